@@ -1,0 +1,28 @@
+"""The execution plan: models, loading/saving, the chunk-to-byte rule, collective specs."""
+
+from mscclang.plan.collectives import CollectiveSpec, Expect, spec_from_plan
+from mscclang.plan.io import load_plan, plan_from_dict, plan_to_dict, plan_to_json, save_plan
+from mscclang.plan.layout import Layout, Piece, make_layout
+from mscclang.plan.models import (
+    PLAN_FORMAT,
+    BufferKind,
+    BufferRef,
+    ChannelDesc,
+    ChannelType,
+    Gpu,
+    Op,
+    OpName,
+    PacketType,
+    Plan,
+    ReduceOp,
+    RemoteBuffer,
+    SemaphoreDesc,
+    ThreadBlock,
+)
+
+__all__ = [
+    "PLAN_FORMAT", "BufferKind", "BufferRef", "ChannelDesc", "ChannelType", "CollectiveSpec",
+    "Expect", "Gpu", "Layout", "Op", "OpName", "PacketType", "Piece", "Plan", "ReduceOp",
+    "RemoteBuffer", "SemaphoreDesc", "ThreadBlock", "load_plan", "make_layout", "plan_from_dict",
+    "plan_to_dict", "plan_to_json", "save_plan", "spec_from_plan",
+]

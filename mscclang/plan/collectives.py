@@ -1,0 +1,139 @@
+"""Collective definitions as data: chunk counts, buffer aliasing, precondition, postcondition.
+
+This module sits at the plan level so that the simulator (which never imports the DSL) can check
+a plan against the collective it claims to implement. The DSL's collective classes wrap these.
+
+Precondition: chunk ``k`` of rank ``r``'s input holds the symbol ``(r, k)``.
+Postcondition: for every output chunk, an :class:`Expect`: the symbols that must reach it, and
+whether they are reduced (each exactly once) or copied (exactly one symbol).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from mscclang.errors import PlanError
+
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv", "broadcast", "test", "custom")
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What one output chunk must hold: ``sources`` are (rank, input chunk) pairs; with
+    ``reduced`` the chunk is the reduction of all of them (each exactly once), otherwise
+    ``sources`` has one entry and the chunk is a copy of it."""
+
+    sources: tuple[tuple[int, int], ...]
+    reduced: bool
+
+
+@dataclass(frozen=True)
+class CollectiveSpec:
+    """A collective over ``num_ranks`` ranks with ``chunk_factor`` chunks per rank."""
+
+    name: str
+    num_ranks: int
+    chunk_factor: int
+    inplace: bool = False
+    root: Optional[int] = None
+    input_chunks_override: Optional[int] = None
+    output_chunks_override: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.name not in COLLECTIVES:
+            raise PlanError(f"unknown collective {self.name!r}; known: {', '.join(COLLECTIVES)}")
+        if self.num_ranks < 1:
+            raise PlanError(f"a collective needs at least one rank, got {self.num_ranks}")
+        if self.name == "broadcast" and (self.root is None or not 0 <= self.root < self.num_ranks):
+            raise PlanError(f"broadcast root {self.root} is not a rank of {self.num_ranks}")
+
+    @property
+    def input_chunks(self) -> int:
+        n, f = self.num_ranks, self.chunk_factor
+        if self.input_chunks_override is not None:
+            return self.input_chunks_override
+        return {"allgather": f, "allreduce": n * f, "reducescatter": n * f, "alltoall": n * f,
+                "sendrecv": f, "broadcast": f}.get(self.name, f)
+
+    @property
+    def output_chunks(self) -> int:
+        n, f = self.num_ranks, self.chunk_factor
+        if self.output_chunks_override is not None:
+            return self.output_chunks_override
+        return {"allgather": n * f, "allreduce": n * f, "reducescatter": f, "alltoall": n * f,
+                "sendrecv": f, "broadcast": f}.get(self.name, f)
+
+    @property
+    def is_reduction(self) -> bool:
+        return self.name in ("allreduce", "reducescatter")
+
+    def input_in_output(self, rank: int) -> Optional[int]:
+        """For in-place collectives: the output chunk index where ``rank``'s input starts (the
+        input aliases the output from there on); ``None`` when out of place."""
+        if not self.inplace:
+            return None
+        if self.name == "allgather":
+            return rank * self.chunk_factor
+        if self.name in ("allreduce", "alltoall", "sendrecv", "broadcast", "test", "custom"):
+            return 0
+        return None
+
+    def output_in_input(self, rank: int) -> Optional[int]:
+        """For in-place reducescatter: the input chunk index where ``rank``'s output starts."""
+        if self.inplace and self.name == "reducescatter":
+            return rank * self.chunk_factor
+        return None
+
+    def expect(self, rank: int, chunk: int) -> Optional[Expect]:
+        """What output chunk ``chunk`` of ``rank`` must hold (``None``: unconstrained)."""
+        n, f = self.num_ranks, self.chunk_factor
+        name = self.name
+        if name == "allreduce":
+            return Expect(tuple((p, chunk) for p in range(n)), True)
+        if name == "allgather":
+            p, j = divmod(chunk, f)
+            return Expect(((p, j),), False)
+        if name == "reducescatter":
+            return Expect(tuple((p, rank * f + chunk) for p in range(n)), True)
+        if name == "alltoall":
+            p, j = divmod(chunk, f)
+            return Expect(((p, rank * f + j),), False)
+        if name == "sendrecv":
+            return Expect((((rank - 1) % n, chunk),), False)
+        if name == "broadcast":
+            return Expect(((self.root, chunk),), False)  # type: ignore[arg-type]
+        return None
+
+    def postcondition(self) -> dict[tuple[int, int], Expect]:
+        """Every constrained (rank, output chunk) and what it must hold."""
+        out: dict[tuple[int, int], Expect] = {}
+        for r in range(self.num_ranks):
+            for c in range(self.output_chunks):
+                e = self.expect(r, c)
+                if e is not None:
+                    out[(r, c)] = e
+        return out
+
+
+def spec_from_plan(plan: "Plan") -> CollectiveSpec:  # noqa: F821
+    """Recover the collective's spec from a plan's metadata and rank 0's chunk counts."""
+    n = len(plan.gpus)
+    g = plan.gpus[0]
+    name = plan.collective
+    f = plan.chunk_factor
+    if f is None:
+        if name == "allgather":
+            f = g.input_chunks
+        elif name in ("allreduce", "reducescatter", "alltoall"):
+            if g.input_chunks % n:
+                raise PlanError(f"{name} plan has {g.input_chunks} input chunks, not a multiple of {n} ranks", "gpus[0].input_chunks")
+            f = g.input_chunks // n
+        else:
+            f = g.input_chunks or g.output_chunks
+    if name not in COLLECTIVES:
+        name = "custom"
+    kw = {}
+    if name in ("test", "custom"):
+        kw = dict(input_chunks_override=g.input_chunks, output_chunks_override=g.output_chunks)
+    return CollectiveSpec(name, n, f, plan.inplace, plan.root, **kw)

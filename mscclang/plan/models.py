@@ -1,0 +1,345 @@
+"""Pydantic models of the execution plan, format ``mscclang.plan/1``.
+
+The plan is the contract between the front half (DSL, compiler) and the back half (simulator,
+GPU runtime). It carries everything an MSCCL++ 0.9 execution plan carries (same key names, same op
+names) plus a few fields of our own (``format``, ``num_ranks``, ``root``, ``reduce_op``,
+``packet_type``, barrier member lists). See ``docs/plan-format.md`` and design.md section 4.
+
+Conventions kept from MSCCL++:
+
+* ``gpus[r].id == r`` and ``threadblocks[t].id == t``.
+* Channel ids in an op index the thread block's local channel list of the op's channel type
+  (``threadblocks[t].channels[k]`` with ``channel_type`` equal to the op's); that list holds
+  per-rank global channel indexes (position among the rank's channel descriptors of that type).
+* A remote buffer reference's ``buffer_id`` indexes the thread block's ``remote_buffer_refs``
+  list for the op's access channel type, which holds indexes into ``gpus[r].remote_buffers``.
+* Switch references' ``switch_channel_id`` index the thread block's switch channel list.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PLAN_FORMAT = "mscclang.plan/1"
+MAX_MESSAGE_SIZE = 2**64 - 1
+
+
+class OpName(str, Enum):
+    """Every op of the plan format (MSCCL++'s names, plus ``glre``)."""
+
+    nop = "nop"
+    barrier = "barrier"
+    signal = "signal"
+    rlxsignal = "rlxsignal"
+    wait = "wait"
+    rlxwait = "rlxwait"
+    flush = "flush"
+    put = "put"
+    pws = "pws"
+    pwsf = "pwsf"
+    get = "get"
+    copy = "copy"
+    cpkt = "cpkt"
+    upkt = "upkt"
+    ppkt = "ppkt"
+    rppkt = "rppkt"
+    re = "re"
+    res = "res"
+    rre = "rre"
+    rres = "rres"
+    repkt = "repkt"
+    respkt = "respkt"
+    recpkt = "recpkt"
+    recspkt = "recspkt"
+    glre = "glre"
+    glres = "glres"
+    gstore = "gstore"
+    gstorepkt = "gstorepkt"
+    sem_acquire = "sem_acquire"
+    sem_release = "sem_release"
+    pipeline = "pipeline"
+
+
+class ChannelType(str, Enum):
+    memory = "memory"
+    port = "port"
+    switch = "switch"
+    none = "none"
+
+
+class BufferKind(str, Enum):
+    """Buffer kinds as the plan spells them."""
+
+    input = "i"
+    output = "o"
+    scratch = "s"
+
+
+class ReduceOp(str, Enum):
+    sum = "sum"
+    min = "min"
+    max = "max"
+
+
+class PacketType(str, Enum):
+    LL8 = "LL8"
+    LL16 = "LL16"
+
+
+SIGNAL_OPS = frozenset({OpName.signal, OpName.rlxsignal})
+WAIT_OPS = frozenset({OpName.wait, OpName.rlxwait})
+SYNC_OPS = frozenset(
+    {OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait, OpName.flush,
+     OpName.sem_acquire, OpName.sem_release}
+)
+REDUCE_OPS = frozenset(
+    {OpName.re, OpName.res, OpName.rre, OpName.rres, OpName.repkt, OpName.respkt,
+     OpName.recpkt, OpName.recspkt, OpName.glre, OpName.glres}
+)
+PACKET_OPS = frozenset(
+    {OpName.cpkt, OpName.upkt, OpName.ppkt, OpName.rppkt, OpName.repkt, OpName.respkt,
+     OpName.recpkt, OpName.recspkt, OpName.gstorepkt}
+)
+SWITCH_OPS = frozenset({OpName.glre, OpName.glres, OpName.gstore, OpName.gstorepkt})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False, use_enum_values=False)
+
+
+class BufferRef(_Strict):
+    """A chunk range of one buffer.
+
+    Exactly one of ``type`` (a local buffer of this rank), ``buffer_id`` (a remote buffer, through
+    the thread block's ``remote_buffer_refs`` of the op's channel type) or ``switch_channel_id``
+    (the multicast view of a switch channel) is set. ``index``/``size`` are in chunks.
+    """
+
+    type: Optional[BufferKind] = None
+    buffer_id: Optional[int] = Field(default=None, ge=0)
+    switch_channel_id: Optional[int] = Field(default=None, ge=0)
+    index: int = Field(ge=0)
+    size: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "BufferRef":
+        n = sum(x is not None for x in (self.type, self.buffer_id, self.switch_channel_id))
+        if n != 1:
+            raise ValueError(
+                "a buffer reference needs exactly one of 'type', 'buffer_id', 'switch_channel_id'"
+            )
+        return self
+
+    @property
+    def is_local(self) -> bool:
+        return self.type is not None
+
+    @property
+    def is_remote(self) -> bool:
+        return self.buffer_id is not None
+
+    @property
+    def is_switch(self) -> bool:
+        return self.switch_channel_id is not None
+
+
+class TbgInfo(_Strict):
+    """Position of this thread block inside a thread-block group that shares one op."""
+
+    tb_id: int = Field(ge=0)
+    tbg_size: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _in_range(self) -> "TbgInfo":
+        if self.tb_id >= self.tbg_size:
+            raise ValueError(f"tb_id {self.tb_id} must be below tbg_size {self.tbg_size}")
+        return self
+
+
+class IterContext(_Strict):
+    """Pipeline loop: inner ops run over ``unit_size``-byte slices of ``num_chunks`` chunks."""
+
+    unit_size: int = Field(ge=1)
+    num_chunks: int = Field(ge=1)
+
+
+class Op(_Strict):
+    """One operation of a thread block."""
+
+    name: OpName
+    src_buff: list[BufferRef] = Field(default_factory=list)
+    dst_buff: list[BufferRef] = Field(default_factory=list)
+    channel_ids: list[int] = Field(default_factory=list)
+    channel_type: ChannelType = ChannelType.none
+    tbg_info: Optional[TbgInfo] = None
+    reduce_op: Optional[ReduceOp] = None
+    barrier_id: Optional[int] = Field(default=None, ge=0)
+    num_threadblocks: Optional[int] = Field(default=None, ge=1)
+    # ours: the ids of the thread blocks meeting at a barrier (MSCCL++ only carries the count)
+    barrier_tbs: Optional[list[int]] = None
+    semaphore_ids: list[int] = Field(default_factory=list)
+    iter_context: Optional[IterContext] = None
+    ops: Optional[list["Op"]] = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "Op":
+        if self.name == OpName.pipeline:
+            if self.iter_context is None or self.ops is None:
+                raise ValueError("a pipeline op needs 'iter_context' and 'ops'")
+            for inner in self.ops:
+                if inner.name == OpName.pipeline:
+                    raise ValueError("pipelines cannot be nested")
+        elif self.ops is not None or self.iter_context is not None:
+            raise ValueError(f"only pipeline ops carry 'ops'/'iter_context', not {self.name.value}")
+        if self.name == OpName.barrier and (self.barrier_id is None or self.num_threadblocks is None):
+            raise ValueError("a barrier op needs 'barrier_id' and 'num_threadblocks'")
+        if self.name in (OpName.sem_acquire, OpName.sem_release) and not self.semaphore_ids:
+            raise ValueError(f"{self.name.value} needs 'semaphore_ids'")
+        return self
+
+
+class ThreadBlockChannels(_Strict):
+    channel_type: ChannelType
+    channel_ids: list[int] = Field(default_factory=list)
+
+
+class RemoteBufferRefs(_Strict):
+    access_channel_type: ChannelType
+    remote_buffer_ids: list[int] = Field(default_factory=list)
+
+
+class ThreadBlock(_Strict):
+    id: int = Field(ge=0)
+    ops: list[Op] = Field(default_factory=list)
+    channels: list[ThreadBlockChannels] = Field(default_factory=list)
+    remote_buffer_refs: list[RemoteBufferRefs] = Field(default_factory=list)
+
+    def channel_list(self, channel_type: ChannelType) -> list[int]:
+        """Global channel indexes this block uses for ``channel_type`` (TB-local order)."""
+        for c in self.channels:
+            if c.channel_type == channel_type:
+                return c.channel_ids
+        return []
+
+    def remote_buffer_list(self, channel_type: ChannelType) -> list[int]:
+        """Indexes into the rank's ``remote_buffers`` for access through ``channel_type``."""
+        for r in self.remote_buffer_refs:
+            if r.access_channel_type == channel_type:
+                return r.remote_buffer_ids
+        return []
+
+
+class RankGroup(_Strict):
+    size: int = Field(ge=1)
+    ranks: list[int]
+
+
+class ChannelDesc(_Strict):
+    """A channel descriptor of one rank.
+
+    memory/port: one channel per ``connected_to`` entry. switch: ``buffer_type`` and one switch
+    channel per rank group.
+    """
+
+    channel_type: ChannelType
+    connected_to: list[int] = Field(default_factory=list)
+    buffer_type: Optional[BufferKind] = None
+    rank_groups: list[RankGroup] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _shape(self) -> "ChannelDesc":
+        if self.channel_type == ChannelType.switch:
+            if self.buffer_type is None:
+                raise ValueError("a switch channel needs 'buffer_type'")
+        elif self.channel_type == ChannelType.none:
+            raise ValueError("channel_type 'none' is not a channel")
+        return self
+
+
+class RemoteBuffer(_Strict):
+    rank: int = Field(ge=0)
+    type: BufferKind
+    access_channel_types: list[ChannelType] = Field(default_factory=list)
+
+
+class SemaphoreDesc(_Strict):
+    init_value: int = 0
+
+
+class Gpu(_Strict):
+    id: int = Field(ge=0)
+    input_chunks: int = Field(ge=0)
+    output_chunks: int = Field(ge=0)
+    scratch_chunks: int = Field(ge=0)
+    threadblocks: list[ThreadBlock] = Field(default_factory=list)
+    channels: list[ChannelDesc] = Field(default_factory=list)
+    remote_buffers: list[RemoteBuffer] = Field(default_factory=list)
+    semaphores: list[SemaphoreDesc] = Field(default_factory=list)
+
+    def peers(self, channel_type: ChannelType) -> list[int]:
+        """Peer rank of each channel of ``channel_type`` (global channel index order)."""
+        out: list[int] = []
+        for c in self.channels:
+            if c.channel_type == channel_type:
+                out.extend(c.connected_to)
+        return out
+
+    def switch_groups(self) -> list[tuple[BufferKind, list[int]]]:
+        """(buffer kind, ranks) of each switch channel, in global switch channel order."""
+        out: list[tuple[BufferKind, list[int]]] = []
+        for c in self.channels:
+            if c.channel_type == ChannelType.switch:
+                for g in c.rank_groups:
+                    out.append((c.buffer_type, list(g.ranks)))  # type: ignore[arg-type]
+        return out
+
+
+class Plan(_Strict):
+    """A whole execution plan: one entry of ``gpus`` per rank."""
+
+    format: Literal["mscclang.plan/1"] = PLAN_FORMAT
+    name: str
+    collective: str
+    protocol: Literal["Simple", "LL"] = "Simple"
+    inplace: bool = False
+    reuse_resources: bool = False
+    num_threads_per_block: int = Field(default=1024, ge=32, le=1024)
+    use_double_scratch_buffer: bool = False
+    buffer_alignment: int = Field(default=16, ge=1)
+    min_message_size: int = Field(default=0, ge=0)
+    max_message_size: int = Field(default=MAX_MESSAGE_SIZE, ge=0)
+    # ours
+    num_ranks: Optional[int] = None
+    root: Optional[int] = None
+    chunk_factor: Optional[int] = None
+    reduce_op: Optional[ReduceOp] = None
+    packet_type: Optional[PacketType] = None
+    gpus: list[Gpu]
+
+    @model_validator(mode="after")
+    def _ids(self) -> "Plan":
+        if self.num_ranks is None:
+            self.num_ranks = len(self.gpus)
+        elif self.num_ranks != len(self.gpus):
+            raise ValueError(f"num_ranks is {self.num_ranks} but there are {len(self.gpus)} gpus")
+        for r, g in enumerate(self.gpus):
+            if g.id != r:
+                raise ValueError(f"gpus[{r}].id is {g.id}, must equal its position {r}")
+            for t, tb in enumerate(g.threadblocks):
+                if tb.id != t:
+                    raise ValueError(
+                        f"gpus[{r}].threadblocks[{t}].id is {tb.id}, must equal its position {t}"
+                    )
+        if self.min_message_size > self.max_message_size:
+            raise ValueError("min_message_size exceeds max_message_size")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return len(self.gpus)
+
+    def max_threadblocks(self) -> int:
+        return max((len(g.threadblocks) for g in self.gpus), default=0)
