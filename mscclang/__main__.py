@@ -1,0 +1,7 @@
+"""``python3 -m mscclang ...`` is the ``mscclang`` command."""
+
+import sys
+
+from mscclang.cli.main import main
+
+sys.exit(main())

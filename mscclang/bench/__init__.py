@@ -1,0 +1,1 @@
+"""mscclang.bench"""

@@ -1,0 +1,69 @@
+"""The ``mscclang`` command. Each subcommand lives in its own module of this package, named in
+``COMMANDS``; a module provides ``add_parser(subparsers)`` (registering one subparser whose
+default ``func`` is its runner) and the runner ``run(args) -> int``. User mistakes are reported
+on stderr with exit code 1, never with a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+from mscclang.errors import MscclangError
+
+# subcommand name -> module under mscclang.cli
+COMMANDS: dict[str, str] = {
+    "compile": "compile_cmd",
+    "import-mscclpp": "import_cmd",
+    "show": "show_cmd",
+    "verify": "verify_cmd",
+    "run": "run_cmd",
+    "build-kernel": "build_kernel_cmd",
+    "bench": "bench_cmd",
+    "tune": "tune_cmd",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mscclang",
+        description="Compile, verify, show and run mscclang collective plans.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        try:
+            mod = importlib.import_module(f"mscclang.cli.{module}")
+        except ModuleNotFoundError as e:
+            if e.name == f"mscclang.cli.{module}":
+                continue  # not built yet
+            raise
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # everything after a bare "--" belongs to the user's program (mscclang compile P.py -- ARGS)
+    passthrough: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, passthrough = argv[:i], argv[i + 1:]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.passthrough = passthrough
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 1
+    try:
+        return int(args.func(args) or 0)
+    except MscclangError as e:
+        print(f"mscclang {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+        print(f"mscclang {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
