@@ -42,10 +42,18 @@ def plan_from_dict(data: Any) -> Plan:
         raise PlanError(err["msg"] + more, json_path(tuple(err["loc"]))) from None
 
 
-def load_plan(source: Union[str, Path, dict]) -> Plan:
-    """Load a plan from a file path, a JSON string or a parsed dict."""
+def load_plan(source: Union[str, Path, dict], check: bool = True) -> Plan:
+    """Load a plan from a file path, a JSON string or a parsed dict.
+
+    With ``check`` (the default) the plan must also pass the semantic checks of
+    :func:`mscclang.plan.check.check_plan` (indexes in range, operands per op kind, chunk counts
+    fitting the collective); failures raise PlanError with the JSON path.
+    """
     if isinstance(source, dict):
-        return plan_from_dict(source)
+        plan = plan_from_dict(source)
+        if check:
+            _check(plan)
+        return plan
     text: str
     if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("{")):
         p = Path(source)
@@ -59,7 +67,16 @@ def load_plan(source: Union[str, Path, dict]) -> Plan:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise PlanError(f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    return plan_from_dict(data)
+    plan = plan_from_dict(data)
+    if check:
+        _check(plan)
+    return plan
+
+
+def _check(plan: Plan) -> None:
+    from mscclang.plan.check import check_plan  # late import: check imports this package
+
+    check_plan(plan)
 
 
 def plan_to_dict(plan: Plan) -> dict:

@@ -1,0 +1,574 @@
+"""Semantic validation of execution plans.
+
+The pydantic models (``mscclang.plan.models``) check the shape of each field; :func:`check_plan`
+checks what only the whole plan can tell: that every index points at something that exists,
+that every op has the operands its kind needs, and that the chunk counts fit the collective.
+Every failure raises :class:`~mscclang.errors.PlanError` whose ``path`` is the JSON path of the
+offending field, e.g. ``gpus[1].threadblocks[2].ops[3].channel_ids[0]``.
+
+What is checked:
+
+* rank channels: memory/port peers are ranks of the plan other than the owner; switch channels
+  name a buffer kind and rank groups whose ``size`` equals the number of (distinct, valid) ranks
+  and which contain the owner;
+* remote buffers: a valid peer rank (not the owner) and memory/port access channel types;
+* thread blocks: at most one channel list and one remote-buffer list per channel type, every
+  index within the rank's channels / remote buffers (and the buffer is accessible through that
+  channel type);
+* ops: the channel type, channel ids and operands each op kind needs (e.g. ``copy`` exactly one
+  local source and one local destination, ``res`` at least two destinations: a local one then
+  remote ones), channel ids within the thread block's list for the op's channel type, remote
+  buffer ids within the block's refs, chunk ranges within the buffers' chunk counts (remote ones
+  against the peer's counts, switch ones against every member's), packet operands in scratch,
+  equal chunk counts of corresponding operands, semaphore ids in range, port channels matching
+  the peer of the buffer they write;
+* barriers: every op with one ``barrier_id`` on a rank agrees on ``num_threadblocks`` (and
+  ``barrier_tbs``), and exactly that many thread blocks use the id;
+* thread-block groups: the members of one grouped op agree on ``tbg_size`` and each position
+  ``0 .. tbg_size-1`` occurs equally often;
+* the collective: chunk counts of every rank equal the collective's (``spec_from_plan``); an
+  in-place plan whose input is its output may give one of the two buffers zero chunks, as
+  MSCCL++ plans do.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from mscclang.errors import PlanError
+from mscclang.plan.collectives import spec_from_plan
+from mscclang.plan.models import (
+    BufferKind,
+    BufferRef,
+    ChannelType,
+    Gpu,
+    Op,
+    OpName,
+    Plan,
+    ThreadBlock,
+)
+
+__all__ = ["check_plan", "OP_RULES", "OpRule"]
+
+# operand kinds of the rule table
+L = "local"  # a local buffer of any kind
+S = "scratch"  # a local scratch buffer (packets)
+R = "remote"  # a peer's buffer through remote_buffer_refs
+RS = "remote-scratch"  # a peer's scratch buffer (packets)
+W = "switch"  # the multicast view of a switch channel
+
+_MEM = frozenset({ChannelType.memory})
+_PORT = frozenset({ChannelType.port})
+_MEMPORT = frozenset({ChannelType.memory, ChannelType.port})
+_NONE = frozenset({ChannelType.none})
+_SWITCH = frozenset({ChannelType.switch})
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """What one op kind needs.
+
+    ``src``/``dst`` describe the operand lists: ``head`` is a fixed prefix of operand kinds,
+    ``tail`` the kind of the remaining operands and ``min_tail``/``max_tail`` how many of them
+    there may be (``None``: no limit). ``pairs``: ``src[i]`` corresponds to ``dst[i]`` (copy-like
+    ops, equal list lengths) rather than every operand having the same chunk count.
+    ``channels``: whether ``channel_ids`` are required, optional or forbidden.
+    """
+
+    channel_types: frozenset
+    src_head: tuple[str, ...] = ()
+    src_tail: Optional[str] = None
+    src_min_tail: int = 0
+    src_max_tail: Optional[int] = None
+    dst_head: tuple[str, ...] = ()
+    dst_tail: Optional[str] = None
+    dst_min_tail: int = 0
+    dst_max_tail: Optional[int] = None
+    pairs: bool = False
+    channels: str = "forbidden"  # "required" | "optional" | "forbidden"
+
+
+def _copy_like(src: str, dst: str, types: frozenset, channels: str = "forbidden") -> OpRule:
+    return OpRule(types, src_tail=src, src_min_tail=1, dst_tail=dst, dst_min_tail=1, pairs=True,
+                  channels=channels)
+
+
+OP_RULES: dict[OpName, OpRule] = {
+    OpName.nop: OpRule(_NONE),
+    OpName.barrier: OpRule(_NONE),
+    OpName.sem_acquire: OpRule(_NONE),
+    OpName.sem_release: OpRule(_NONE),
+    OpName.pipeline: OpRule(_NONE),
+    OpName.signal: OpRule(_MEMPORT, channels="required"),
+    OpName.wait: OpRule(_MEMPORT, channels="required"),
+    OpName.rlxsignal: OpRule(_MEM, channels="required"),
+    OpName.rlxwait: OpRule(_MEM, channels="required"),
+    OpName.flush: OpRule(_PORT, channels="required"),
+    OpName.copy: OpRule(_NONE, src_head=(L,), dst_head=(L,), pairs=True),
+    OpName.cpkt: _copy_like(L, S, _NONE),
+    OpName.upkt: _copy_like(S, L, _NONE),
+    OpName.put: _copy_like(L, R, _MEMPORT, "optional"),
+    OpName.pws: _copy_like(L, R, _PORT, "required"),
+    OpName.pwsf: _copy_like(L, R, _PORT, "required"),
+    OpName.get: _copy_like(R, L, _MEM, "optional"),
+    OpName.ppkt: _copy_like(L, RS, _MEMPORT, "optional"),
+    # one packet source forwarded to every destination (or one source per destination)
+    OpName.rppkt: OpRule(_MEMPORT, src_tail=S, src_min_tail=1, dst_tail=RS, dst_min_tail=1,
+                         channels="optional"),
+    OpName.re: OpRule(_NONE, src_tail=L, src_min_tail=2, dst_head=(L,)),
+    OpName.res: OpRule(_MEMPORT, src_tail=L, src_min_tail=2, dst_head=(L,), dst_tail=R,
+                       dst_min_tail=1, channels="optional"),
+    OpName.rre: OpRule(_MEM, src_head=(L,), src_tail=R, src_min_tail=1, dst_head=(L,),
+                       channels="optional"),
+    OpName.rres: OpRule(_MEM, src_head=(L,), src_tail=R, src_min_tail=1, dst_head=(L,),
+                        dst_tail=R, dst_min_tail=1, channels="optional"),
+    OpName.repkt: OpRule(_NONE, src_head=(L,), src_tail=S, src_min_tail=1, dst_head=(L,)),
+    OpName.respkt: OpRule(_MEMPORT, src_head=(L,), src_tail=S, src_min_tail=1, dst_head=(L,),
+                          dst_tail=RS, dst_min_tail=1, channels="optional"),
+    OpName.recpkt: OpRule(_NONE, src_head=(L,), src_tail=S, src_min_tail=1, dst_head=(L, S)),
+    OpName.recspkt: OpRule(_MEMPORT, src_head=(L,), src_tail=S, src_min_tail=1,
+                           dst_head=(L, S), dst_tail=RS, dst_min_tail=1, channels="optional"),
+    OpName.glre: OpRule(_SWITCH, src_head=(W,), dst_head=(L,), channels="optional"),
+    OpName.gstore: OpRule(_SWITCH, src_head=(L,), dst_head=(W,), channels="optional"),
+    OpName.glres: OpRule(_SWITCH, src_head=(W,), dst_head=(W,), channels="optional"),
+    OpName.gstorepkt: OpRule(_SWITCH, src_head=(L,), dst_head=(W,), channels="optional"),
+}
+
+# ops that never carry a thread-block group (they are not split over threads by bytes)
+_NO_TBG = frozenset({OpName.nop, OpName.barrier, OpName.signal, OpName.rlxsignal, OpName.wait,
+                     OpName.rlxwait, OpName.flush, OpName.sem_acquire, OpName.sem_release})
+# ops whose channel i serves remote operand i
+_CHANNEL_PER_REMOTE = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.ppkt,
+                                 OpName.rppkt})
+# switch refs of these ops are packet destinations (the switch buffer must be scratch)
+_PACKET_SWITCH_DST = frozenset({OpName.gstorepkt})
+
+
+def _chunks(gpu: Gpu, kind: BufferKind) -> int:
+    if kind == BufferKind.input:
+        return gpu.input_chunks
+    if kind == BufferKind.output:
+        return gpu.output_chunks
+    return gpu.scratch_chunks
+
+
+def _kind_name(kind: BufferKind) -> str:
+    return {BufferKind.input: "input", BufferKind.output: "output", BufferKind.scratch: "scratch"}[kind]
+
+
+class _Checker:
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.n = len(plan.gpus)
+
+    # ------------------------------------------------------------------ plan level
+    def run(self) -> None:
+        plan = self.plan
+        if not plan.gpus:
+            raise PlanError("a plan needs at least one rank", "gpus")
+        if plan.root is not None and plan.collective != "broadcast":
+            raise PlanError(f"'root' is only meaningful for broadcast, not {plan.collective}", "root")
+        for r, gpu in enumerate(plan.gpus):
+            self.check_gpu(r, gpu)
+        self.check_collective()
+
+    def check_collective(self) -> None:
+        plan = self.plan
+        try:
+            spec = spec_from_plan(plan)
+        except PlanError as e:
+            raise PlanError(e.message, e.path or "collective") from None
+        if plan.chunk_factor is not None and plan.chunk_factor < 1:
+            raise PlanError(f"chunk_factor must be positive, got {plan.chunk_factor}", "chunk_factor")
+        full_alias = (spec.inplace and spec.input_in_output(0) == 0
+                      and spec.input_chunks == spec.output_chunks)
+        for r, gpu in enumerate(plan.gpus):
+            cin, cout = gpu.input_chunks, gpu.output_chunks
+            ok_in = cin == spec.input_chunks or (full_alias and cin == 0 and cout == spec.output_chunks)
+            ok_out = cout == spec.output_chunks or (full_alias and cout == 0 and cin == spec.input_chunks)
+            if not ok_in:
+                raise PlanError(
+                    f"rank {r} has {cin} input chunks but {spec.name} over {spec.num_ranks} ranks "
+                    f"with chunk factor {spec.chunk_factor} needs {spec.input_chunks}",
+                    f"gpus[{r}].input_chunks")
+            if not ok_out:
+                raise PlanError(
+                    f"rank {r} has {cout} output chunks but {spec.name} over {spec.num_ranks} ranks "
+                    f"with chunk factor {spec.chunk_factor} needs {spec.output_chunks}",
+                    f"gpus[{r}].output_chunks")
+
+    # ------------------------------------------------------------------ rank level
+    def check_gpu(self, r: int, gpu: Gpu) -> None:
+        base = f"gpus[{r}]"
+        for c, ch in enumerate(gpu.channels):
+            p = f"{base}.channels[{c}]"
+            if ch.channel_type == ChannelType.switch:
+                if ch.connected_to:
+                    raise PlanError("a switch channel has rank_groups, not connected_to", f"{p}.connected_to")
+                if not ch.rank_groups:
+                    raise PlanError("a switch channel needs at least one rank group", f"{p}.rank_groups")
+                for g, grp in enumerate(ch.rank_groups):
+                    gp = f"{p}.rank_groups[{g}]"
+                    for k, rank in enumerate(grp.ranks):
+                        self.valid_rank(rank, f"{gp}.ranks[{k}]")
+                    if len(set(grp.ranks)) != len(grp.ranks):
+                        raise PlanError(f"rank group {grp.ranks} lists a rank twice", f"{gp}.ranks")
+                    if grp.size != len(grp.ranks):
+                        raise PlanError(f"rank group size is {grp.size} but it lists {len(grp.ranks)} ranks",
+                                        f"{gp}.size")
+                    if r not in grp.ranks:
+                        raise PlanError(f"rank {r} holds a switch channel over {grp.ranks} without being a member",
+                                        f"{gp}.ranks")
+            else:
+                if ch.buffer_type is not None:
+                    raise PlanError(f"a {ch.channel_type.value} channel has no buffer_type", f"{p}.buffer_type")
+                if ch.rank_groups:
+                    raise PlanError(f"a {ch.channel_type.value} channel has no rank_groups", f"{p}.rank_groups")
+                for k, peer in enumerate(ch.connected_to):
+                    self.valid_peer(r, peer, f"{p}.connected_to[{k}]")
+        for b, rb in enumerate(gpu.remote_buffers):
+            p = f"{base}.remote_buffers[{b}]"
+            self.valid_peer(r, rb.rank, f"{p}.rank")
+            if not rb.access_channel_types:
+                raise PlanError("a remote buffer needs at least one access channel type",
+                                f"{p}.access_channel_types")
+            for k, ct in enumerate(rb.access_channel_types):
+                if ct not in (ChannelType.memory, ChannelType.port):
+                    raise PlanError(f"remote buffers are accessed through memory or port channels, not {ct.value}",
+                                    f"{p}.access_channel_types[{k}]")
+            if len(set(rb.access_channel_types)) != len(rb.access_channel_types):
+                raise PlanError("an access channel type is listed twice", f"{p}.access_channel_types")
+        for t, tb in enumerate(gpu.threadblocks):
+            self.check_tb(r, gpu, t, tb)
+        self.check_barriers(r, gpu)
+        self.check_groups(r, gpu)
+
+    def valid_rank(self, rank: int, path: str) -> None:
+        if not 0 <= rank < self.n:
+            raise PlanError(f"rank {rank} is not a rank of this {self.n}-rank plan", path)
+
+    def valid_peer(self, me: int, peer: int, path: str) -> None:
+        self.valid_rank(peer, path)
+        if peer == me:
+            raise PlanError(f"rank {me} cannot have itself as a peer", path)
+
+    def num_channels(self, gpu: Gpu, ct: ChannelType) -> int:
+        if ct == ChannelType.switch:
+            return len(gpu.switch_groups())
+        return len(gpu.peers(ct))
+
+    # ------------------------------------------------------------------ thread block level
+    def check_tb(self, r: int, gpu: Gpu, t: int, tb: ThreadBlock) -> None:
+        base = f"gpus[{r}].threadblocks[{t}]"
+        seen: set[ChannelType] = set()
+        for c, chl in enumerate(tb.channels):
+            p = f"{base}.channels[{c}]"
+            if chl.channel_type == ChannelType.none:
+                raise PlanError("channel_type 'none' is not a channel", f"{p}.channel_type")
+            if chl.channel_type in seen:
+                raise PlanError(f"a second {chl.channel_type.value} channel list in one thread block",
+                                f"{p}.channel_type")
+            seen.add(chl.channel_type)
+            avail = self.num_channels(gpu, chl.channel_type)
+            for k, cid in enumerate(chl.channel_ids):
+                if not 0 <= cid < avail:
+                    raise PlanError(
+                        f"{chl.channel_type.value} channel {cid} does not exist: rank {r} has {avail}",
+                        f"{p}.channel_ids[{k}]")
+        seen = set()
+        for c, ref in enumerate(tb.remote_buffer_refs):
+            p = f"{base}.remote_buffer_refs[{c}]"
+            ct = ref.access_channel_type
+            if ct not in (ChannelType.memory, ChannelType.port):
+                raise PlanError(f"remote buffers are accessed through memory or port channels, not {ct.value}",
+                                f"{p}.access_channel_type")
+            if ct in seen:
+                raise PlanError(f"a second {ct.value} remote buffer list in one thread block",
+                                f"{p}.access_channel_type")
+            seen.add(ct)
+            for k, bid in enumerate(ref.remote_buffer_ids):
+                if not 0 <= bid < len(gpu.remote_buffers):
+                    raise PlanError(
+                        f"remote buffer {bid} does not exist: rank {r} has {len(gpu.remote_buffers)}",
+                        f"{p}.remote_buffer_ids[{k}]")
+                if ct not in gpu.remote_buffers[bid].access_channel_types:
+                    raise PlanError(f"remote buffer {bid} is not accessible through {ct.value} channels",
+                                    f"{p}.remote_buffer_ids[{k}]")
+        for i, op in enumerate(tb.ops):
+            self.check_op(r, gpu, t, tb, op, f"{base}.ops[{i}]")
+            if op.ops:
+                for j, inner in enumerate(op.ops):
+                    self.check_op(r, gpu, t, tb, inner, f"{base}.ops[{i}].ops[{j}]")
+
+    # ------------------------------------------------------------------ op level
+    def check_op(self, r: int, gpu: Gpu, t: int, tb: ThreadBlock, op: Op, path: str) -> None:
+        rule = OP_RULES[op.name]
+        name = op.name.value
+        ct = op.channel_type
+        if ct not in rule.channel_types:
+            allowed = " or ".join(sorted(c.value for c in rule.channel_types))
+            raise PlanError(f"{name} needs channel_type {allowed}, got {ct.value}", f"{path}.channel_type")
+        # fields that belong to other op kinds
+        if op.name != OpName.barrier:
+            for field in ("barrier_id", "num_threadblocks", "barrier_tbs"):
+                if getattr(op, field) is not None:
+                    raise PlanError(f"{name} does not take '{field}'", f"{path}.{field}")
+        if op.name not in (OpName.sem_acquire, OpName.sem_release) and op.semaphore_ids:
+            raise PlanError(f"{name} does not take 'semaphore_ids'", f"{path}.semaphore_ids")
+        if op.reduce_op is not None and op.name not in (OpName.re, OpName.res, OpName.rre, OpName.rres,
+                                                         OpName.repkt, OpName.respkt, OpName.recpkt,
+                                                         OpName.recspkt, OpName.glre, OpName.glres):
+            raise PlanError(f"{name} is not a reduction and takes no 'reduce_op'", f"{path}.reduce_op")
+        if op.tbg_info is not None and op.name in _NO_TBG:
+            raise PlanError(f"{name} cannot be split over a thread-block group", f"{path}.tbg_info")
+        # channels
+        if rule.channels == "forbidden" and op.channel_ids:
+            raise PlanError(f"{name} takes no channel_ids", f"{path}.channel_ids")
+        if rule.channels == "required" and not op.channel_ids:
+            raise PlanError(f"{name} needs at least one channel in channel_ids", f"{path}.channel_ids")
+        tb_list = tb.channel_list(ct) if ct != ChannelType.none else []
+        for k, cid in enumerate(op.channel_ids):
+            if not 0 <= cid < len(tb_list):
+                raise PlanError(
+                    f"channel id {cid} is outside thread block {t}'s {ct.value} channel list "
+                    f"(length {len(tb_list)}) on rank {r}", f"{path}.channel_ids[{k}]")
+        if op.name in (OpName.signal, OpName.wait, OpName.rlxsignal, OpName.rlxwait, OpName.flush):
+            if len(set(op.channel_ids)) != len(op.channel_ids):
+                raise PlanError(f"{name} lists a channel twice", f"{path}.channel_ids")
+        # semaphores and barriers
+        for k, sid in enumerate(op.semaphore_ids):
+            if not 0 <= sid < len(gpu.semaphores):
+                raise PlanError(f"semaphore {sid} does not exist: rank {r} has {len(gpu.semaphores)}",
+                                f"{path}.semaphore_ids[{k}]")
+        if op.name == OpName.barrier:
+            assert op.num_threadblocks is not None  # guaranteed by the model
+            if op.num_threadblocks > len(gpu.threadblocks):
+                raise PlanError(f"barrier of {op.num_threadblocks} thread blocks on a rank with "
+                                f"{len(gpu.threadblocks)}", f"{path}.num_threadblocks")
+            if op.barrier_tbs is not None:
+                tbs = op.barrier_tbs
+                for k, m in enumerate(tbs):
+                    if not 0 <= m < len(gpu.threadblocks):
+                        raise PlanError(f"thread block {m} does not exist on rank {r}", f"{path}.barrier_tbs[{k}]")
+                if len(set(tbs)) != len(tbs):
+                    raise PlanError("barrier_tbs lists a thread block twice", f"{path}.barrier_tbs")
+                if len(tbs) != op.num_threadblocks:
+                    raise PlanError(f"barrier_tbs lists {len(tbs)} thread blocks but num_threadblocks "
+                                    f"is {op.num_threadblocks}", f"{path}.barrier_tbs")
+                if t not in tbs:
+                    raise PlanError(f"thread block {t} takes part in a barrier whose barrier_tbs {tbs} "
+                                    "leave it out", f"{path}.barrier_tbs")
+        if op.name == OpName.pipeline and op.tbg_info is not None:
+            raise PlanError("a pipeline op carries no tbg_info (its inner ops do)", f"{path}.tbg_info")
+        # operands
+        self.check_operands(r, gpu, t, tb, op, rule, path)
+
+    def check_operands(self, r: int, gpu: Gpu, t: int, tb: ThreadBlock, op: Op, rule: OpRule,
+                       path: str) -> None:
+        name = op.name.value
+        for side, refs, head, tail, mn, mx in (
+            ("src_buff", op.src_buff, rule.src_head, rule.src_tail, rule.src_min_tail, rule.src_max_tail),
+            ("dst_buff", op.dst_buff, rule.dst_head, rule.dst_tail, rule.dst_min_tail, rule.dst_max_tail),
+        ):
+            ntail = len(refs) - len(head)
+            if tail is None:
+                if len(refs) != len(head):
+                    raise PlanError(f"{name} takes exactly {len(head)} operand(s) in {side}, got {len(refs)}",
+                                    f"{path}.{side}")
+            elif ntail < mn or (mx is not None and ntail > mx):
+                need = len(head) + mn
+                raise PlanError(f"{name} takes at least {need} operand(s) in {side}, got {len(refs)}",
+                                f"{path}.{side}")
+            for k, ref in enumerate(refs):
+                want = head[k] if k < len(head) else tail
+                assert want is not None
+                self.check_ref(r, gpu, t, tb, op, ref, want, f"{path}.{side}[{k}]")
+        # sizes
+        if rule.pairs:
+            if len(op.src_buff) != len(op.dst_buff):
+                raise PlanError(f"{name} pairs src_buff[i] with dst_buff[i] but has {len(op.src_buff)} "
+                                f"sources and {len(op.dst_buff)} destinations", f"{path}.dst_buff")
+            for k, (s, d) in enumerate(zip(op.src_buff, op.dst_buff)):
+                if s.size != d.size:
+                    raise PlanError(f"{name} copies {s.size} chunk(s) from src_buff[{k}] into "
+                                    f"{d.size} chunk(s)", f"{path}.dst_buff[{k}].size")
+        else:
+            refs = [("src_buff", k, x) for k, x in enumerate(op.src_buff)] + \
+                   [("dst_buff", k, x) for k, x in enumerate(op.dst_buff)]
+            if refs:
+                size0 = refs[0][2].size
+                for side, k, ref in refs[1:]:
+                    if ref.size != size0:
+                        raise PlanError(f"{name} operands must all span the same number of chunks: "
+                                        f"{refs[0][0]}[0] spans {size0}, this one {ref.size}",
+                                        f"{path}.{side}[{k}].size")
+            if op.name == OpName.rppkt and len(op.src_buff) not in (1, len(op.dst_buff)):
+                raise PlanError("rppkt takes one source or one per destination", f"{path}.src_buff")
+        # port channels (and explicit memory channels) serve the remote operand of the same index
+        if op.name in _CHANNEL_PER_REMOTE and op.channel_ids:
+            remotes = [x for x in (op.src_buff if op.name == OpName.get else op.dst_buff)]
+            if len(op.channel_ids) != len(remotes):
+                raise PlanError(f"{name} needs one channel per remote operand: {len(op.channel_ids)} "
+                                f"channel(s) for {len(remotes)} operand(s)", f"{path}.channel_ids")
+            ct = op.channel_type
+            tb_list = tb.channel_list(ct)
+            peers = gpu.peers(ct)
+            rbl = tb.remote_buffer_list(ct)
+            side = "src_buff" if op.name == OpName.get else "dst_buff"
+            for k, (cid, ref) in enumerate(zip(op.channel_ids, remotes)):
+                peer = peers[tb_list[cid]]
+                owner = gpu.remote_buffers[rbl[ref.buffer_id]].rank  # type: ignore[index]
+                if peer != owner:
+                    raise PlanError(f"channel_ids[{k}] leads to rank {peer} but {side}[{k}] is a buffer "
+                                    f"of rank {owner}", f"{path}.channel_ids[{k}]")
+        if op.tbg_info is not None:
+            pass  # group consistency is checked per rank in check_groups
+
+    def check_ref(self, r: int, gpu: Gpu, t: int, tb: ThreadBlock, op: Op, ref: BufferRef, want: str,
+                  path: str) -> None:
+        name = op.name.value
+        if want in (L, S):
+            if not ref.is_local:
+                raise PlanError(f"{name} needs a local buffer here ('type'), not a "
+                                f"{'remote' if ref.is_remote else 'switch'} reference", path)
+            assert ref.type is not None
+            if want == S and ref.type != BufferKind.scratch:
+                raise PlanError(f"{name} keeps packets here, so this operand must be scratch ('s'), "
+                                f"not {_kind_name(ref.type)}", f"{path}.type")
+            self.in_range(gpu, ref.type, ref, f"rank {r}", path)
+        elif want in (R, RS):
+            if not ref.is_remote:
+                raise PlanError(f"{name} needs a remote buffer here ('buffer_id'), not a "
+                                f"{'local' if ref.is_local else 'switch'} reference", path)
+            assert ref.buffer_id is not None
+            ct = op.channel_type
+            rbl = tb.remote_buffer_list(ct)
+            if not 0 <= ref.buffer_id < len(rbl):
+                raise PlanError(f"buffer_id {ref.buffer_id} is outside thread block {t}'s {ct.value} "
+                                f"remote_buffer_refs (length {len(rbl)}) on rank {r}", f"{path}.buffer_id")
+            rb = gpu.remote_buffers[rbl[ref.buffer_id]]
+            if want == RS and rb.type != BufferKind.scratch:
+                raise PlanError(f"{name} writes packets, so its remote destination must be scratch, "
+                                f"not rank {rb.rank}'s {_kind_name(rb.type)}", f"{path}.buffer_id")
+            self.in_range(self.plan.gpus[rb.rank], rb.type, ref, f"rank {rb.rank} (remote)", path)
+        else:  # switch
+            if not ref.is_switch:
+                raise PlanError(f"{name} needs a switch reference here ('switch_channel_id')", path)
+            assert ref.switch_channel_id is not None
+            tb_list = tb.channel_list(ChannelType.switch)
+            if not 0 <= ref.switch_channel_id < len(tb_list):
+                raise PlanError(f"switch_channel_id {ref.switch_channel_id} is outside thread block {t}'s "
+                                f"switch channel list (length {len(tb_list)}) on rank {r}",
+                                f"{path}.switch_channel_id")
+            kind, ranks = gpu.switch_groups()[tb_list[ref.switch_channel_id]]
+            if op.name in _PACKET_SWITCH_DST and kind != BufferKind.scratch:
+                raise PlanError(f"{name} stores packets, so its switch channel must bind scratch, "
+                                f"not {_kind_name(kind)}", f"{path}.switch_channel_id")
+            for member in ranks:
+                self.in_range(self.plan.gpus[member], kind, ref, f"rank {member} (switch member)", path)
+
+    def in_range(self, gpu: Gpu, kind: BufferKind, ref: BufferRef, who: str, path: str) -> None:
+        count = _chunks(gpu, kind)
+        if ref.index + ref.size > count:
+            raise PlanError(f"chunks {ref.index}..{ref.index + ref.size - 1} are outside {who}'s "
+                            f"{_kind_name(kind)} buffer of {count} chunk(s)", f"{path}.index")
+
+    # ------------------------------------------------------------------ cross-op checks
+    def _all_ops(self, gpu: Gpu):
+        for t, tb in enumerate(gpu.threadblocks):
+            for i, op in enumerate(tb.ops):
+                yield t, f"threadblocks[{t}].ops[{i}]", op, None
+                for j, inner in enumerate(op.ops or []):
+                    yield t, f"threadblocks[{t}].ops[{i}].ops[{j}]", inner, op.iter_context
+
+    def check_barriers(self, r: int, gpu: Gpu) -> None:
+        first: dict[int, tuple[str, Op]] = {}
+        members: dict[int, set[int]] = defaultdict(set)
+        for t, sub, op, _ in self._all_ops(gpu):
+            if op.name != OpName.barrier:
+                continue
+            bid = op.barrier_id
+            assert bid is not None
+            path = f"gpus[{r}].{sub}"
+            members[bid].add(t)
+            if bid not in first:
+                first[bid] = (path, op)
+                continue
+            p0, op0 = first[bid]
+            if op.num_threadblocks != op0.num_threadblocks:
+                raise PlanError(f"barrier {bid} has num_threadblocks {op.num_threadblocks} here but "
+                                f"{op0.num_threadblocks} at {p0}", f"{path}.num_threadblocks")
+            if (op.barrier_tbs is not None and op0.barrier_tbs is not None
+                    and sorted(op.barrier_tbs) != sorted(op0.barrier_tbs)):
+                raise PlanError(f"barrier {bid} meets thread blocks {op.barrier_tbs} here but "
+                                f"{op0.barrier_tbs} at {p0}", f"{path}.barrier_tbs")
+        for bid, tbs in members.items():
+            p0, op0 = first[bid]
+            if len(tbs) != op0.num_threadblocks:
+                raise PlanError(f"barrier {bid} on rank {r} expects {op0.num_threadblocks} thread blocks "
+                                f"but thread blocks {sorted(tbs)} use it", f"{p0}.num_threadblocks")
+            if op0.barrier_tbs is not None and set(op0.barrier_tbs) != tbs:
+                raise PlanError(f"barrier {bid} on rank {r} names thread blocks {sorted(op0.barrier_tbs)} "
+                                f"but thread blocks {sorted(tbs)} use it", f"{p0}.barrier_tbs")
+
+    def _resolve(self, gpu: Gpu, tb: ThreadBlock, op: Op, ctx) -> tuple:
+        """A rank-global description of ``op`` (TB-local indexes replaced by what they name)."""
+        ct = op.channel_type
+
+        def ref_key(ref: BufferRef) -> tuple:
+            if ref.is_local:
+                return ("l", ref.type.value, ref.index, ref.size)  # type: ignore[union-attr]
+            if ref.is_remote:
+                rb = gpu.remote_buffers[tb.remote_buffer_list(ct)[ref.buffer_id]]  # type: ignore[index]
+                return ("r", rb.rank, rb.type.value, ref.index, ref.size)
+            sw = tb.channel_list(ChannelType.switch)[ref.switch_channel_id]  # type: ignore[index]
+            return ("w", sw, ref.index, ref.size)
+
+        chans = tuple(tb.channel_list(ct)[c] for c in op.channel_ids) if ct != ChannelType.none else ()
+        ctx_key = (ctx.unit_size, ctx.num_chunks) if ctx is not None else None
+        return (op.name.value, ct.value, chans, tuple(ref_key(x) for x in op.src_buff),
+                tuple(ref_key(x) for x in op.dst_buff), op.reduce_op, ctx_key)
+
+    def check_groups(self, r: int, gpu: Gpu) -> None:
+        groups: dict[tuple, list[tuple[str, int, int]]] = defaultdict(list)
+        for t, sub, op, ctx in self._all_ops(gpu):
+            if op.tbg_info is None:
+                continue
+            key = self._resolve(gpu, gpu.threadblocks[t], op, ctx)
+            groups[key].append((f"gpus[{r}].{sub}.tbg_info", op.tbg_info.tb_id, op.tbg_info.tbg_size))
+        for entries in groups.values():
+            p0, _, size0 = entries[0]
+            for path, _, size in entries[1:]:
+                if size != size0:
+                    raise PlanError(f"members of one thread-block group disagree on tbg_size: {size} here, "
+                                    f"{size0} at {p0}", f"{path}.tbg_size")
+            counts = Counter(tb_id for _, tb_id, _ in entries)
+            reps = max(counts.values())
+            for pos in range(size0):
+                if counts.get(pos, 0) != reps:
+                    raise PlanError(f"thread-block group of size {size0} on rank {r} has no member at "
+                                    f"position {pos} for every use of this op (positions used: "
+                                    f"{dict(sorted(counts.items()))})", p0)
+
+
+def check_plan(plan: Plan) -> None:
+    """Check a validated plan's cross-references and op shapes.
+
+    Raises :class:`~mscclang.errors.PlanError` with the JSON path of the first offending field;
+    returns ``None`` when the plan is consistent. See the module docstring for what is checked.
+    """
+    _Checker(plan).run()
+
+
+def iter_op_paths(plan: Plan) -> Sequence[tuple[str, Op]]:
+    """Every op of the plan with its JSON path (pipeline inner ops after their pipeline)."""
+    out: list[tuple[str, Op]] = []
+    for r, g in enumerate(plan.gpus):
+        for t, tb in enumerate(g.threadblocks):
+            for i, op in enumerate(tb.ops):
+                out.append((f"gpus[{r}].threadblocks[{t}].ops[{i}]", op))
+                for j, inner in enumerate(op.ops or []):
+                    out.append((f"gpus[{r}].threadblocks[{t}].ops[{i}].ops[{j}]", inner))
+    return out
