@@ -118,17 +118,17 @@ OP_RULES: dict[OpName, OpRule] = {
     OpName.rppkt: OpRule(_MEMPORT, src_tail=S, src_min_tail=1, dst_tail=RS, dst_min_tail=1,
                          channels="optional"),
     OpName.re: OpRule(_NONE, src_tail=L, src_min_tail=2, dst_head=(L,)),
-    OpName.res: OpRule(_MEMPORT, src_tail=L, src_min_tail=2, dst_head=(L,), dst_tail=R,
+    OpName.res: OpRule(_MEM, src_tail=L, src_min_tail=2, dst_head=(L,), dst_tail=R,
                        dst_min_tail=1, channels="optional"),
     OpName.rre: OpRule(_MEM, src_head=(L,), src_tail=R, src_min_tail=1, dst_head=(L,),
                        channels="optional"),
     OpName.rres: OpRule(_MEM, src_head=(L,), src_tail=R, src_min_tail=1, dst_head=(L,),
                         dst_tail=R, dst_min_tail=1, channels="optional"),
     OpName.repkt: OpRule(_NONE, src_head=(L,), src_tail=S, src_min_tail=1, dst_head=(L,)),
-    OpName.respkt: OpRule(_MEMPORT, src_head=(L,), src_tail=S, src_min_tail=1, dst_head=(L,),
+    OpName.respkt: OpRule(_MEM, src_head=(L,), src_tail=S, src_min_tail=1, dst_head=(L,),
                           dst_tail=RS, dst_min_tail=1, channels="optional"),
     OpName.recpkt: OpRule(_NONE, src_head=(L,), src_tail=S, src_min_tail=1, dst_head=(L, S)),
-    OpName.recspkt: OpRule(_MEMPORT, src_head=(L,), src_tail=S, src_min_tail=1,
+    OpName.recspkt: OpRule(_MEM, src_head=(L,), src_tail=S, src_min_tail=1,
                            dst_head=(L, S), dst_tail=RS, dst_min_tail=1, channels="optional"),
     OpName.glre: OpRule(_SWITCH, src_head=(W,), dst_head=(L,), channels="optional"),
     OpName.gstore: OpRule(_SWITCH, src_head=(L,), dst_head=(W,), channels="optional"),
@@ -170,9 +170,9 @@ class _Checker:
             raise PlanError("a plan needs at least one rank", "gpus")
         if plan.root is not None and plan.collective != "broadcast":
             raise PlanError(f"'root' is only meaningful for broadcast, not {plan.collective}", "root")
+        self.check_collective()
         for r, gpu in enumerate(plan.gpus):
             self.check_gpu(r, gpu)
-        self.check_collective()
 
     def check_collective(self) -> None:
         plan = self.plan
@@ -328,6 +328,9 @@ class _Checker:
             raise PlanError(f"{name} takes no channel_ids", f"{path}.channel_ids")
         if rule.channels == "required" and not op.channel_ids:
             raise PlanError(f"{name} needs at least one channel in channel_ids", f"{path}.channel_ids")
+        if ct == ChannelType.port and not op.channel_ids:
+            raise PlanError(f"a port {name} needs channel_ids (the proxy channel of each remote operand)",
+                            f"{path}.channel_ids")
         tb_list = tb.channel_list(ct) if ct != ChannelType.none else []
         for k, cid in enumerate(op.channel_ids):
             if not 0 <= cid < len(tb_list):
