@@ -11,8 +11,43 @@ from mscclang.errors import (  # noqa: F401
     VerificationError,
 )
 
+from mscclang.dsl import (  # noqa: F401
+    JSON,
+    AlgoSpec,
+    AllGather,
+    AllReduce,
+    AllToAll,
+    BaseBuffer,
+    Broadcast,
+    Buffer,
+    BufferType,
+    ChannelType,
+    Chunk,
+    Collective,
+    CollectiveProgram,
+    LoopIterationContext,
+    MemoryChannel,
+    PortChannel,
+    Rank,
+    RankGroup,
+    ReduceOperationType,
+    ReduceScatter,
+    ReplicationPolicy,
+    Semaphore,
+    SendRecv,
+    SwitchChannel,
+    SyncType,
+    TestCollective,
+    ThreadBlockGroup,
+)
+
 __version__ = "0.1.0"
 
 __all__ = ["CollectiveTimeout", "CompileError", "DSLError", "MscclangError", "PlanError",
-           "VerificationError"]
-# The DSL helper adds the DSL's public names here, imported explicitly (no star imports).
+           "VerificationError",
+           # the DSL (mscclang.dsl.__all__)
+           "AlgoSpec", "AllGather", "AllReduce", "AllToAll", "BaseBuffer", "Broadcast", "Buffer",
+           "BufferType", "ChannelType", "Chunk", "Collective", "CollectiveProgram", "JSON",
+           "LoopIterationContext", "MemoryChannel", "PortChannel", "Rank", "RankGroup",
+           "ReduceOperationType", "ReduceScatter", "ReplicationPolicy", "Semaphore", "SendRecv",
+           "SwitchChannel", "SyncType", "TestCollective", "ThreadBlockGroup"]

@@ -1,0 +1,173 @@
+"""Dependencies between ops as a networkx graph, and cycle detection.
+
+Nodes are ``(rank, tb, index)`` for top-level ops and ``(rank, tb, index, j)`` for op ``j`` of a
+pipeline body (the body is taken once, as one iteration). Edges:
+
+* program order inside each thread block (a pipeline node precedes its body, whose last op
+  precedes the block's next op);
+* signal -> wait: the ``m``-th signal sent on a channel end precedes the ``m``-th wait on the
+  paired end (when all signals of that end come from one block and all waits of the paired end
+  from one block, so that the ``m``-th is well defined);
+* barriers: every member's barrier op precedes a virtual node that precedes every member's next op;
+* semaphores: when one block acquires a semaphore and one block releases it, the ``(m - v)``-th
+  release precedes the ``m``-th acquire (``v`` the initial value);
+* LL packets: every op that writes packets into a scratch range of a rank precedes every op of
+  that rank that reads packets from an overlapping range.
+
+A cycle means a deadlock: :func:`check_acyclic` raises :class:`~mscclang.errors.CompileError`
+naming the ops of the cycle.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Optional
+
+import networkx as nx
+
+from mscclang.compiler.ir import IROp, IRProgram
+from mscclang.compiler.validate import paired_channel
+from mscclang.errors import CompileError
+from mscclang.plan.models import BufferKind, ChannelType, OpName
+
+Node = tuple
+
+
+def _flat(rank: int, tb: int, ops: list[IROp]) -> list[tuple[Node, IROp]]:
+    out: list[tuple[Node, IROp]] = []
+    for i, op in enumerate(ops):
+        out.append(((rank, tb, i), op))
+        if op.body is not None:
+            for j, inner in enumerate(op.body):
+                out.append(((rank, tb, i, j), inner))
+    return out
+
+
+def _packet_writes(op: IROp) -> list[tuple[int, int, int]]:
+    """(owner rank, start, end) of scratch packet ranges written by ``op`` (plain chunk units)."""
+    n = op.name
+    refs = []
+    if n in (OpName.cpkt, OpName.ppkt, OpName.rppkt):
+        refs = op.dst
+    elif n in (OpName.respkt, OpName.recpkt, OpName.recspkt):
+        refs = op.dst[1:]
+    return [(r.rank, r.index, r.end) for r in refs if r.buffer == BufferKind.scratch and r.switch is None]
+
+
+def _packet_reads(op: IROp) -> list[tuple[int, int, int]]:
+    n = op.name
+    refs = []
+    if n in (OpName.upkt, OpName.rppkt, OpName.gstorepkt):
+        refs = op.src
+    elif n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt):
+        refs = op.src[1:]
+    return [(r.rank, r.index, r.end) for r in refs if r.buffer == BufferKind.scratch and not r.remote]
+
+
+def build_graph(ir: IRProgram) -> nx.DiGraph:
+    """The dependency graph of ``ir`` (see the module docstring); nodes carry ``label``."""
+    g = nx.DiGraph()
+    flat_by_tb: dict[tuple[int, int], list[tuple[Node, IROp]]] = {}
+    for r in ir.ranks:
+        for t, ops in enumerate(r.tbs):
+            flat = _flat(r.rank, t, ops)
+            flat_by_tb[(r.rank, t)] = flat
+            prev: Optional[Node] = None
+            for node, op in flat:
+                idx = ".".join(str(x) for x in node[2:])
+                g.add_node(node, label=f"rank {node[0]} tb {node[1]} op {idx} ({op.name.value})")
+                if prev is not None:
+                    g.add_edge(prev, node)
+                prev = node
+
+    # signal -> wait per channel end
+    sig: dict[tuple, list[Node]] = defaultdict(list)
+    wai: dict[tuple, list[Node]] = defaultdict(list)
+    for (rank, _t), flat in flat_by_tb.items():
+        for node, op in flat:
+            if op.channel_type not in (ChannelType.memory, ChannelType.port):
+                continue
+            is_sig = op.name in (OpName.signal, OpName.rlxsignal) or (
+                op.channel_type == ChannelType.port and op.name in (OpName.pws, OpName.pwsf))
+            is_wait = op.name in (OpName.wait, OpName.rlxwait)
+            for c in op.channels:
+                if is_sig:
+                    sig[(rank, op.channel_type, c)].append(node)
+                elif is_wait:
+                    wai[(rank, op.channel_type, c)].append(node)
+    for (rank, ctype, c), sends in sig.items():
+        pj = paired_channel(ir, rank, ctype, c)
+        if pj is None:
+            continue
+        peer = ir.ranks[rank].peers(ctype)[c]
+        waits = wai.get((peer, ctype, pj), [])
+        if len({s[:2] for s in sends}) != 1 or len({w[:2] for w in waits}) > 1:
+            continue
+        for s, w in zip(sends, waits):
+            g.add_edge(s, w)
+
+    # barriers
+    occurrences: dict[tuple[int, int], dict[int, list[Node]]] = defaultdict(lambda: defaultdict(list))
+    for (rank, t), flat in flat_by_tb.items():
+        for node, op in flat:
+            if op.name == OpName.barrier and op.barrier_id is not None:
+                occurrences[(rank, op.barrier_id)][t].append(node)
+    for (rank, bid), per_tb in occurrences.items():
+        rounds = min(len(v) for v in per_tb.values())
+        for m in range(rounds):
+            v = ("barrier", rank, bid, m)
+            g.add_node(v, label=f"rank {rank} barrier {bid} (round {m})")
+            for t, nodes in per_tb.items():
+                node = nodes[m]
+                g.add_edge(node, v)
+                flat = flat_by_tb[(rank, t)]
+                pos = [n for n, _ in flat].index(node)
+                if pos + 1 < len(flat):
+                    g.add_edge(v, flat[pos + 1][0])
+
+    # semaphores
+    for r in ir.ranks:
+        acq: dict[int, list[Node]] = defaultdict(list)
+        rel: dict[int, list[Node]] = defaultdict(list)
+        for t in range(len(r.tbs)):
+            for node, op in flat_by_tb[(r.rank, t)]:
+                for s in op.semaphores:
+                    if op.name == OpName.sem_acquire:
+                        acq[s].append(node)
+                    elif op.name == OpName.sem_release:
+                        rel[s].append(node)
+        for s, acquires in acq.items():
+            releases = rel.get(s, [])
+            if len({a[:2] for a in acquires}) != 1 or len({x[:2] for x in releases}) > 1:
+                continue
+            v0 = r.semaphores[s] if s < len(r.semaphores) else 0
+            for m, a in enumerate(acquires, start=1):
+                need = m - v0
+                if 1 <= need <= len(releases):
+                    g.add_edge(releases[need - 1], a)
+
+    # LL packets
+    writes: dict[int, list[tuple[int, int, Node]]] = defaultdict(list)
+    for flat in flat_by_tb.values():
+        for node, op in flat:
+            for owner, a, b in _packet_writes(op):
+                writes[owner].append((a, b, node))
+    for flat in flat_by_tb.values():
+        for node, op in flat:
+            for owner, a, b in _packet_reads(op):
+                for wa, wb, wnode in writes.get(owner, []):
+                    if wa < b and a < wb and wnode != node:
+                        g.add_edge(wnode, node)
+    return g
+
+
+def check_acyclic(ir: IRProgram) -> nx.DiGraph:
+    """Build the graph; raise CompileError naming the ops of a cycle if there is one."""
+    g = build_graph(ir)
+    try:
+        cycle = nx.find_cycle(g)
+    except nx.NetworkXNoCycle:
+        return g
+    names = [g.nodes[u].get("label", str(u)) for u, _v in cycle]
+    names.append(names[0])
+    raise CompileError("dependency cycle (the program would deadlock): " + " -> ".join(names))

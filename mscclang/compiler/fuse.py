@@ -1,0 +1,191 @@
+"""Pass 2: instruction fusion.
+
+Per thread block, left to right, each op is merged into the previous (already fused) op when a
+rule applies; pipeline bodies are fused on their own. The rules (``a`` then ``b``):
+
+* ``nop + nop -> nop``; ``nop + barrier -> barrier``; ``barrier + nop -> barrier``; a pipeline
+  whose last inner op syncs after itself, followed by ``nop`` -> the pipeline.
+* ``signal``/``rlxsignal``/``wait``/``rlxwait``/``flush`` + the same op on the same channel type
+  over disjoint channels -> one op over both channel sets (``data_sync`` flags are or-ed);
+  ``sem_acquire``/``sem_release`` likewise over disjoint semaphores.
+* ``put``/``pws``/``pwsf``/``ppkt`` + the same op (same channel type, equal chunk sizes) ->
+  multi-source/multi-destination op (``src_buff[i]`` pairs with ``dst_buff[i]``);
+  ``rppkt + rppkt`` reading the same source -> one ``rppkt`` with several destinations;
+  ``get + get`` -> multi get.
+* ``re``/``repkt``/``rre`` + the same op whose first source and destination are the first op's
+  destination -> one reduction with the second op's other sources appended (same order of
+  evaluation: ``((a0 OP a1) OP b1)``).
+* ``re``/``res``/``rre``/``rres`` + memory ``put`` of the reduction's destination -> ``res``/``rres``.
+* ``repkt``/``respkt`` + memory ``ppkt`` of the destination -> ``respkt``.
+* ``repkt`` + ``cpkt`` of the destination -> ``recpkt`` (``dst_buff[1]`` is the local packet copy).
+* ``recpkt``/``recspkt`` + memory ``ppkt`` of the destination, or ``rppkt`` of the packet copy ->
+  ``recspkt``.
+* ``glre`` + ``gstore`` on the same switch channel storing the reduction's destination, when that
+  destination is this rank's own part of the multicast range being stored -> ``glres`` (the
+  multicast store writes the local destination too). Otherwise ``glre`` stays alone (ours can run
+  a lone ``glre``).
+
+Every rule needs equal thread-block-group info. Merges of independent ops are refused when the
+second op's accesses conflict with the first's (see :func:`mscclang.compiler.ir.conflicts`), so
+fusion never reorders dependent data movement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from mscclang.compiler.ir import SYNC_AFTER, Access, IROp, IRProgram, Ref, accesses, conflicts
+from mscclang.plan.models import ChannelType, OpName
+
+_CHANNEL_SYNC = frozenset({OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait, OpName.flush})
+_SEM = frozenset({OpName.sem_acquire, OpName.sem_release})
+_PUTS = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.ppkt})
+
+
+def _union(a: list[int], b: list[int]) -> list[int]:
+    out = list(a)
+    for x in b:
+        if x not in out:
+            out.append(x)
+    return out
+
+
+def _independent(a: IROp, b: IROp, allowed: Optional[Ref] = None) -> bool:
+    """No access of ``b`` conflicts with one of ``a`` (ignoring ``b``'s reads of ``allowed``,
+    the value being forwarded from ``a`` to ``b``, which the fused op reads after writing it)."""
+    acc_a = accesses(a)
+    for y in accesses(b):
+        if allowed is not None and not y.write and _is_ref(y, allowed):
+            continue
+        for x in acc_a:
+            if conflicts(x, y):
+                return False
+    return True
+
+
+def _is_ref(acc: Access, ref: Ref) -> bool:
+    key = ("R", ref.rank, ref.buffer) if ref.remote else ("L", ref.buffer)
+    if acc.key != key:
+        return False
+    if acc.packet:
+        return (acc.start, acc.end) == (2 * ref.index, 2 * ref.end)
+    return (acc.start, acc.end) == (ref.index, ref.end)
+
+
+def _merge_common(a: IROp, b: IROp) -> bool:
+    return a.tbg == b.tbg
+
+
+def try_fuse(a: IROp, b: IROp) -> Optional[IROp]:
+    """The op that does ``a`` then ``b``, or ``None`` when no rule applies."""
+    na, nb = a.name, b.name
+    # nops and barriers
+    if na == OpName.nop and nb == OpName.nop:
+        return a
+    if na == OpName.nop and nb == OpName.barrier:
+        return b
+    if na == OpName.barrier and nb == OpName.nop:
+        return a
+    if na == OpName.pipeline and nb == OpName.nop and a.body:
+        last = a.body[-1]
+        if last.name == OpName.nop or (last.name in _CHANNEL_SYNC | _SEM and last.data_sync & SYNC_AFTER):
+            return a
+    if not _merge_common(a, b):
+        return None
+    # channel sync ops
+    if na in _CHANNEL_SYNC and nb == na and a.channel_type == b.channel_type:
+        if set(a.channels) & set(b.channels):
+            return None
+        return replace(a, channels=a.channels + b.channels, data_sync=a.data_sync | b.data_sync,
+                       origin=f"{a.origin} + {b.origin}")
+    if na in _SEM and nb == na:
+        if set(a.semaphores) & set(b.semaphores):
+            return None
+        return replace(a, semaphores=a.semaphores + b.semaphores, data_sync=a.data_sync | b.data_sync,
+                       origin=f"{a.origin} + {b.origin}")
+    # multi puts / gets
+    if na in _PUTS and nb == na and a.channel_type == b.channel_type:
+        if a.src[0].size != b.src[0].size or not _independent(a, b):
+            return None
+        return replace(a, src=a.src + b.src, dst=a.dst + b.dst, channels=a.channels + b.channels,
+                       origin=f"{a.origin} + {b.origin}")
+    if na == OpName.rppkt and nb == OpName.rppkt and a.channel_type == b.channel_type:
+        if a.src != b.src or not _independent(a, b):
+            return None
+        return replace(a, dst=a.dst + b.dst, channels=a.channels + b.channels, origin=f"{a.origin} + {b.origin}")
+    if na == OpName.get and nb == OpName.get and a.channel_type == b.channel_type:
+        if a.src[0].size != b.src[0].size or not _independent(a, b):
+            return None
+        return replace(a, src=a.src + b.src, dst=a.dst + b.dst, channels=_union(a.channels, b.channels),
+                       origin=f"{a.origin} + {b.origin}")
+    # reductions with more sources
+    if na in (OpName.re, OpName.repkt, OpName.rre) and nb == na and len(a.dst) == 1 and len(b.dst) == 1:
+        d = a.dst[0]
+        if b.src[0] != d or b.dst[0] != d or a.reduce_op != b.reduce_op:
+            return None
+        if not _independent(a, b, allowed=d):
+            return None
+        return replace(a, src=a.src + b.src[1:], channels=_union(a.channels, b.channels),
+                       channel_type=a.channel_type if a.channel_type != ChannelType.none else b.channel_type,
+                       origin=f"{a.origin} + {b.origin}")
+    # reduce + put of its result
+    if na in (OpName.re, OpName.res, OpName.rre, OpName.rres) and nb == OpName.put \
+            and b.channel_type == ChannelType.memory and a.channel_type in (ChannelType.none, ChannelType.memory):
+        d = a.dst[0]
+        if all(s == d for s in b.src) and _independent(a, b, allowed=d):
+            name = OpName.res if na in (OpName.re, OpName.res) else OpName.rres
+            return replace(a, name=name, dst=a.dst + b.dst, channels=_union(a.channels, b.channels),
+                           channel_type=ChannelType.memory, origin=f"{a.origin} + {b.origin}")
+        return None
+    # packet reductions
+    if na in (OpName.repkt, OpName.respkt) and nb == OpName.ppkt and b.channel_type == ChannelType.memory:
+        d = a.dst[0]
+        if all(s == d for s in b.src) and _independent(a, b, allowed=d):
+            return replace(a, name=OpName.respkt, dst=a.dst + b.dst, channels=_union(a.channels, b.channels),
+                           channel_type=ChannelType.memory, origin=f"{a.origin} + {b.origin}")
+        return None
+    if na == OpName.repkt and nb == OpName.cpkt and len(a.dst) == 1:
+        d = a.dst[0]
+        if b.src == [d] and _independent(a, b, allowed=d):
+            return replace(a, name=OpName.recpkt, dst=a.dst + b.dst, origin=f"{a.origin} + {b.origin}")
+        return None
+    if na in (OpName.recpkt, OpName.recspkt) and nb in (OpName.ppkt, OpName.rppkt) \
+            and b.channel_type == ChannelType.memory:
+        fwd = a.dst[0] if nb == OpName.ppkt else a.dst[1]
+        if all(s == fwd for s in b.src) and _independent(a, b, allowed=fwd):
+            return replace(a, name=OpName.recspkt, dst=a.dst + b.dst, channels=_union(a.channels, b.channels),
+                           channel_type=ChannelType.memory, origin=f"{a.origin} + {b.origin}")
+        return None
+    # switch: load-reduce + store
+    if na == OpName.glre and nb == OpName.gstore and a.channels == b.channels:
+        d = a.dst[0]
+        store = b.dst[0]
+        if (b.src == [d] and store.size == d.size and d.buffer == store.buffer and d.index == store.index
+                and not d.remote and d.switch is None):
+            return replace(a, name=OpName.glres, dst=[store], origin=f"{a.origin} + {b.origin}")
+        return None
+    return None
+
+
+def fuse_ops(ops: list[IROp]) -> list[IROp]:
+    """Fuse one thread block's op list (pipeline bodies recursively)."""
+    out: list[IROp] = []
+    for op in ops:
+        if op.body is not None:
+            op = replace(op, body=fuse_ops(op.body))
+        if out:
+            merged = try_fuse(out[-1], op)
+            if merged is not None:
+                out[-1] = merged
+                continue
+        out.append(op)
+    return out
+
+
+def fuse(ir: IRProgram) -> IRProgram:
+    """Pass 2: fuse adjacent ops of every thread block (see the module docstring)."""
+    out = ir.copy()
+    for r in out.ranks:
+        r.tbs = [fuse_ops(ops) for ops in r.tbs]
+    return out

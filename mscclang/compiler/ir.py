@@ -1,0 +1,275 @@
+"""The compiler's intermediate representation.
+
+The DSL records a program into an :class:`IRProgram`: per rank, its buffers' chunk counts, its
+channels (in creation order), its semaphores and its thread blocks, each an ordered list of
+:class:`IROp` records. Compiler passes are pure functions ``IRProgram -> IRProgram`` (they copy
+their input); :mod:`mscclang.compiler.emit` turns the final IR into a
+:class:`mscclang.plan.models.Plan`.
+
+Channel ids inside the IR are *rank-global* per channel type (the position among the rank's
+channels of that type, i.e. creation order); the emitter maps them to thread-block-local indexes.
+Buffer references are :class:`Ref` records that still name the owning rank, so remote buffer
+numbering also happens in the emitter.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+from mscclang.plan.collectives import CollectiveSpec
+from mscclang.plan.models import BufferKind, ChannelType, OpName, ReduceOp
+
+# Data-sync bits (same values as mscclang.dsl.types.SyncType; kept as ints here so that the
+# compiler does not import the DSL).
+SYNC_BEFORE = 1
+SYNC_AFTER = 2
+
+#: ops that are executed by one thread per channel/semaphore and honour ``data_sync``
+SYNC_OP_NAMES = frozenset({
+    OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait, OpName.flush,
+    OpName.sem_acquire, OpName.sem_release,
+})
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A chunk range used by an op.
+
+    ``rank`` owns the bytes. A local reference has ``rank`` equal to the op's rank; a remote one
+    (``remote=True``) names a peer's buffer; a switch reference (``switch`` set to the rank-global
+    switch channel id) names the multicast view of ``buffer`` over the channel's group.
+    """
+
+    rank: int
+    buffer: BufferKind
+    index: int
+    size: int
+    remote: bool = False
+    switch: Optional[int] = None
+
+    @property
+    def end(self) -> int:
+        return self.index + self.size
+
+    def moved(self, index: int) -> "Ref":
+        """The same reference starting at chunk ``index``."""
+        return Ref(self.rank, self.buffer, index, self.size, self.remote, self.switch)
+
+    def describe(self) -> str:
+        where = f"switch channel {self.switch} " if self.switch is not None else (
+            f"remote rank {self.rank} " if self.remote else "")
+        return f"{where}{self.buffer.name}[{self.index}:{self.end}]"
+
+
+@dataclass
+class IROp:
+    """One recorded operation of a thread block (see the plan's :class:`~mscclang.plan.models.Op`).
+
+    ``channels`` hold rank-global channel ids of ``channel_type``; ``data_sync`` is the DSL's
+    SyncType value for sync ops (consumed by the sync pass); ``body`` holds a pipeline's inner ops;
+    ``origin`` describes the DSL call that recorded the op (for error messages).
+    """
+
+    name: OpName
+    src: list[Ref] = field(default_factory=list)
+    dst: list[Ref] = field(default_factory=list)
+    channel_type: ChannelType = ChannelType.none
+    channels: list[int] = field(default_factory=list)
+    tbg: Optional[tuple[int, int]] = None
+    reduce_op: Optional[ReduceOp] = None
+    barrier_id: Optional[int] = None
+    barrier_tbs: Optional[list[int]] = None
+    semaphores: list[int] = field(default_factory=list)
+    data_sync: int = 0
+    iter_context: Optional[tuple[int, int]] = None
+    body: Optional[list["IROp"]] = None
+    origin: str = ""
+
+    def describe(self) -> str:
+        return self.origin or self.name.value
+
+
+@dataclass
+class IRSwitch:
+    """A switch channel of one rank: the multicast view of ``buffer`` over ``ranks``."""
+
+    buffer: BufferKind
+    ranks: list[int]
+
+
+@dataclass
+class IRRank:
+    """Everything one rank of the program holds."""
+
+    rank: int
+    input_chunks: int
+    output_chunks: int
+    scratch_chunks: int = 0
+    memory: list[int] = field(default_factory=list)
+    port: list[int] = field(default_factory=list)
+    switch: list[IRSwitch] = field(default_factory=list)
+    semaphores: list[int] = field(default_factory=list)
+    tbs: list[list[IROp]] = field(default_factory=list)
+
+    def chunks(self, kind: BufferKind) -> int:
+        return {BufferKind.input: self.input_chunks, BufferKind.output: self.output_chunks,
+                BufferKind.scratch: self.scratch_chunks}[kind]
+
+    def peers(self, channel_type: ChannelType) -> list[int]:
+        if channel_type == ChannelType.memory:
+            return self.memory
+        if channel_type == ChannelType.port:
+            return self.port
+        return []
+
+    def ensure_tb(self, tb: int) -> list[IROp]:
+        while len(self.tbs) <= tb:
+            self.tbs.append([])
+        return self.tbs[tb]
+
+
+@dataclass
+class IRProgram:
+    """A whole program: settings plus one :class:`IRRank` per rank."""
+
+    name: str
+    spec: CollectiveSpec
+    ranks: list[IRRank]
+    protocol: str = "Simple"
+    instances: int = 1
+    replication_policy: str = "interleaved"
+    instr_fusion: bool = True
+    auto_sync: bool = True
+    reuse_resources: bool = False
+    num_threads_per_block: int = 1024
+    use_double_scratch_buffer: bool = False
+    buffer_alignment: int = 16
+    min_message_size: int = 0
+    max_message_size: int = 2**64 - 1
+    #: set by the replication pass; replicating twice is an error
+    replicated: bool = False
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.ranks)
+
+    def copy(self) -> "IRProgram":
+        return copy.deepcopy(self)
+
+
+def iter_ops(ops: list[IROp]) -> Iterator[IROp]:
+    """Every op of a list, pipeline bodies included (pipeline op first, then its body)."""
+    for op in ops:
+        yield op
+        if op.body:
+            yield from op.body
+
+
+# ------------------------------------------------------------------------------------------------
+# Data accesses (used by fusion legality, hazard syncs and validation)
+
+
+@dataclass(frozen=True)
+class Access:
+    """One op's access to a byte range.
+
+    ``key`` names the buffer: ``("L", kind)`` for this rank's buffer, ``("R", rank, kind)`` for a
+    peer's. ``start``/``end`` are in units of one plain chunk; a scratch range holding LL packets
+    is doubled (packet chunk ``c`` occupies plain units ``[2c, 2c + 2)``), so plain and packet
+    views of scratch compare by bytes.
+    """
+
+    key: tuple
+    start: int
+    end: int
+    write: bool
+    packet: bool
+
+    def overlaps(self, other: "Access") -> bool:
+        return self.key == other.key and self.start < other.end and other.start < self.end
+
+
+def _acc(ref: Ref, write: bool, packet: bool, switch_buffers: Optional[list[IRSwitch]]) -> Access:
+    packet = packet and ref.buffer == BufferKind.scratch
+    start, end = (2 * ref.index, 2 * ref.end) if packet else (ref.index, ref.end)
+    if ref.switch is not None:
+        # the multicast view covers this rank's own buffer of the switch's kind at the same range
+        return Access(("L", ref.buffer), start, end, write, packet)
+    if ref.remote:
+        return Access(("R", ref.rank, ref.buffer), start, end, write, packet)
+    return Access(("L", ref.buffer), start, end, write, packet)
+
+
+def accesses(op: IROp, switch_buffers: Optional[list[IRSwitch]] = None) -> list[Access]:
+    """The byte ranges ``op`` reads and writes (see :class:`Access`).
+
+    Packet-format operands: ``cpkt``/``ppkt``/``rppkt``/``gstorepkt`` destinations, the packet
+    copies and sends of ``respkt``/``recpkt``/``recspkt``; ``upkt``/``rppkt``/``gstorepkt`` sources
+    and the sources after the first of ``repkt``/``respkt``/``recpkt``/``recspkt``.
+    """
+    n = op.name
+    out: list[Access] = []
+
+    def r(ref: Ref, packet: bool = False) -> None:
+        out.append(_acc(ref, False, packet, switch_buffers))
+
+    def w(ref: Ref, packet: bool = False) -> None:
+        out.append(_acc(ref, True, packet, switch_buffers))
+
+    if n == OpName.pipeline:
+        for inner in op.body or []:
+            out.extend(accesses(inner, switch_buffers))
+        return out
+    if n in (OpName.copy, OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.gstore):
+        for s in op.src:
+            r(s)
+        for d in op.dst:
+            w(d)
+    elif n in (OpName.cpkt, OpName.ppkt):
+        for s in op.src:
+            r(s)
+        for d in op.dst:
+            w(d, packet=True)
+    elif n in (OpName.rppkt, OpName.gstorepkt):
+        for s in op.src:
+            r(s, packet=True)
+        for d in op.dst:
+            w(d, packet=True)
+    elif n == OpName.upkt:
+        for s in op.src:
+            r(s, packet=True)
+        for d in op.dst:
+            w(d)
+    elif n in (OpName.re, OpName.rre, OpName.res, OpName.rres, OpName.glre, OpName.glres):
+        for s in op.src:
+            r(s)
+        for d in op.dst:
+            w(d)
+    elif n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt):
+        for i, s in enumerate(op.src):
+            r(s, packet=i > 0)
+        for i, d in enumerate(op.dst):
+            w(d, packet=i > 0)
+    return out
+
+
+def conflicts(earlier: Access, later: Access) -> bool:
+    """Whether ``later`` must not start before ``earlier`` finished on every thread of the block.
+
+    Two accesses to overlapping bytes conflict unless both read, or unless the earlier one writes
+    LL packets and the later one reads them as packets: a packet reader spins on each packet's flag
+    until the writer's single vector store (data and flag together) has landed, so that order is
+    kept by the packets themselves. Every other combination involving packets still conflicts: a
+    packet read followed by a packet write of the same slot (the writer may replace the packet
+    before a slower thread read it, with the same flag), two packet writes of one slot, and any
+    mix of plain and packet views of the same scratch bytes.
+    """
+    if not earlier.overlaps(later):
+        return False
+    if not earlier.write and not later.write:
+        return False
+    if earlier.write and earlier.packet and not later.write and later.packet:
+        return False
+    return True

@@ -1,0 +1,283 @@
+"""Pass 1: validation.
+
+Checks, raising :class:`~mscclang.errors.DSLError` with the rank, thread block, op index and the
+DSL call that recorded the op:
+
+* thread block ids within ``0 .. MAX_THREADBLOCKS-1``; barrier members exist and carry the
+  barrier;
+* every chunk reference inside its buffer (remote: the peer's; switch: every member's);
+* sizes agree between the operands of an op; local operands belong to the op's rank, remote ones
+  to a peer of the op's channels; channel and semaphore ids exist;
+* LL packets only in scratch buffers;
+* signal/wait balance **per channel** and per direction: the signals sent on rank A's ``j``-th
+  channel to B (``signal``, ``rlxsignal`` and, for port channels, ``pws``/``pwsf``) equal the
+  waits on B's paired channel (the one with the same ordinal among B's channels to A), counted
+  separately per pipeline context;
+* semaphores: acquires equal releases per semaphore; a semaphore that starts at 0 needs a thread
+  block that releases it before acquiring it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional
+
+from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref
+from mscclang.errors import DSLError
+from mscclang.plan.models import BufferKind, ChannelType, OpName
+
+#: the largest number of thread blocks one rank may use
+MAX_THREADBLOCKS = 1024
+
+_SAME_SIZE_PAIRS = frozenset({OpName.copy, OpName.cpkt, OpName.upkt, OpName.put, OpName.pws, OpName.pwsf,
+                              OpName.ppkt, OpName.get})
+_REDUCES = frozenset({OpName.re, OpName.res, OpName.rre, OpName.rres, OpName.repkt, OpName.respkt,
+                      OpName.recpkt, OpName.recspkt, OpName.glre, OpName.glres})
+_SWITCH = frozenset({OpName.glre, OpName.glres, OpName.gstore, OpName.gstorepkt})
+
+
+def where(rank: int, tb: int, idx: str, op: IROp) -> str:
+    return f"rank {rank}, tb {tb}, op {idx} ({op.describe()})"
+
+
+def packet_refs(op: IROp) -> list[tuple[str, Ref]]:
+    """Operands of ``op`` that hold LL packets (they must be in scratch)."""
+    n = op.name
+    out: list[tuple[str, Ref]] = []
+    if n in (OpName.cpkt, OpName.ppkt):
+        out += [("destination", d) for d in op.dst]
+    elif n == OpName.upkt:
+        out += [("source", s) for s in op.src]
+    elif n in (OpName.rppkt, OpName.gstorepkt):
+        out += [("source", s) for s in op.src] + [("destination", d) for d in op.dst]
+    elif n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt):
+        out += [("packet source", s) for s in op.src[1:]] + [("packet destination", d) for d in op.dst[1:]]
+    return out
+
+
+def _count(ir_rank: IRRank, ref: Ref, ir: IRProgram) -> int:
+    return ir.ranks[ref.rank].chunks(ref.buffer)
+
+
+def _check_op(ir: IRProgram, r: IRRank, tb: int, idx: str, op: IROp) -> None:
+    w = where(r.rank, tb, idx, op)
+    if op.name == OpName.pipeline:
+        if op.iter_context is None or op.body is None:
+            raise DSLError(f"{w}: a pipeline needs an iteration context and a body")
+        for j, inner in enumerate(op.body):
+            if inner.name == OpName.pipeline:
+                raise DSLError(f"{where(r.rank, tb, f'{idx}.{j}', inner)}: pipelines cannot be nested")
+            _check_op(ir, r, tb, f"{idx}.{j}", inner)
+        return
+    # channels
+    if op.channel_type in (ChannelType.memory, ChannelType.port):
+        peers = r.peers(op.channel_type)
+        for c in op.channels:
+            if not 0 <= c < len(peers):
+                raise DSLError(f"{w}: {op.channel_type.value} channel {c} does not exist (rank {r.rank} has {len(peers)})")
+    elif op.channel_type == ChannelType.switch:
+        for c in op.channels:
+            if not 0 <= c < len(r.switch):
+                raise DSLError(f"{w}: switch channel {c} does not exist (rank {r.rank} has {len(r.switch)})")
+    # semaphores
+    for s in op.semaphores:
+        if not 0 <= s < len(r.semaphores):
+            raise DSLError(f"{w}: semaphore {s} does not exist (rank {r.rank} has {len(r.semaphores)})")
+    # references: rank, bounds
+    peer_set = {r.peers(op.channel_type)[c] for c in op.channels
+                if op.channel_type in (ChannelType.memory, ChannelType.port) and 0 <= c < len(r.peers(op.channel_type))}
+    for role, refs in (("source", op.src), ("destination", op.dst)):
+        for ref in refs:
+            if ref.size < 1 or ref.index < 0:
+                raise DSLError(f"{w}: {role} {ref.describe()} is empty or negative")
+            if ref.switch is not None:
+                if op.name not in _SWITCH:
+                    raise DSLError(f"{w}: {role} {ref.describe()} is a multicast reference outside a switch op")
+                if not 0 <= ref.switch < len(r.switch):
+                    raise DSLError(f"{w}: {role} uses switch channel {ref.switch}, which rank {r.rank} does not have")
+                sw = r.switch[ref.switch]
+                for member in sw.ranks:
+                    n = ir.ranks[member].chunks(sw.buffer)
+                    if ref.end > n:
+                        raise DSLError(f"{w}: {role} {ref.describe()} is out of bounds of rank {member}'s "
+                                       f"{sw.buffer.name} buffer ({n} chunks)")
+                continue
+            if ref.remote:
+                if op.channel_type not in (ChannelType.memory, ChannelType.port):
+                    raise DSLError(f"{w}: {role} {ref.describe()} is remote but the op uses no channel")
+                if ref.rank not in peer_set:
+                    raise DSLError(f"{w}: {role} {ref.describe()} is on rank {ref.rank}, which the op's channels "
+                                   f"do not reach (peers {sorted(peer_set)})")
+            elif ref.rank != r.rank:
+                raise DSLError(f"{w}: local {role} {ref.describe()} belongs to rank {ref.rank}, not {r.rank}")
+            if not 0 <= ref.rank < ir.num_ranks:
+                raise DSLError(f"{w}: {role} names rank {ref.rank}, outside the program's {ir.num_ranks} ranks")
+            n = ir.ranks[ref.rank].chunks(ref.buffer)
+            if ref.end > n:
+                raise DSLError(f"{w}: {role} {ref.describe()} is out of bounds (rank {ref.rank}'s "
+                               f"{ref.buffer.name} buffer has {n} chunks)")
+    # sizes
+    if op.name in _SAME_SIZE_PAIRS:
+        if len(op.src) != len(op.dst):
+            raise DSLError(f"{w}: {len(op.src)} sources but {len(op.dst)} destinations")
+        for s, d in zip(op.src, op.dst):
+            if s.size != d.size:
+                raise DSLError(f"{w}: size mismatch: source {s.describe()} has {s.size} chunks, "
+                               f"destination {d.describe()} has {d.size}")
+    elif op.name in _REDUCES or op.name in (OpName.rppkt, OpName.gstore, OpName.gstorepkt):
+        refs = op.src + op.dst
+        if refs and any(x.size != refs[0].size for x in refs):
+            sizes = ", ".join(f"{x.describe()}: {x.size}" for x in refs)
+            raise DSLError(f"{w}: size mismatch among operands ({sizes})")
+    # packets only in scratch
+    for role, ref in packet_refs(op):
+        if ref.buffer != BufferKind.scratch:
+            raise DSLError(f"{w}: {role} {ref.describe()} holds LL packets and must be a scratch buffer")
+
+
+def paired_channel(ir: IRProgram, rank: int, ctype: ChannelType, j: int) -> Optional[int]:
+    """The channel of the peer paired with ``rank``'s ``j``-th channel of ``ctype`` (same ordinal
+    among the channels that join the two ranks), or ``None``."""
+    peers = ir.ranks[rank].peers(ctype)
+    peer = peers[j]
+    k = sum(1 for p in peers[:j] if p == peer)
+    seen = 0
+    for jj, p in enumerate(ir.ranks[peer].peers(ctype)):
+        if p == rank:
+            if seen == k:
+                return jj
+            seen += 1
+    return None
+
+
+def signal_wait_counts(ir: IRProgram) -> tuple[Counter, Counter]:
+    """(signals, waits): Counters keyed by ``(rank, channel type, channel, pipeline context)``."""
+    sig: Counter = Counter()
+    wai: Counter = Counter()
+
+    def visit(rank: int, ops: list[IROp], ctx: Optional[tuple[int, int]]) -> None:
+        for op in ops:
+            if op.body is not None:
+                visit(rank, op.body, op.iter_context)
+                continue
+            if op.channel_type not in (ChannelType.memory, ChannelType.port):
+                continue
+            is_sig = op.name in (OpName.signal, OpName.rlxsignal) or (
+                op.channel_type == ChannelType.port and op.name in (OpName.pws, OpName.pwsf))
+            is_wait = op.name in (OpName.wait, OpName.rlxwait)
+            for c in op.channels:
+                if is_sig:
+                    sig[(rank, op.channel_type, c, ctx)] += 1
+                elif is_wait:
+                    wai[(rank, op.channel_type, c, ctx)] += 1
+
+    for r in ir.ranks:
+        for ops in r.tbs:
+            visit(r.rank, ops, None)
+    return sig, wai
+
+
+def _ctx_text(ctx: Optional[tuple[int, int]]) -> str:
+    return "" if ctx is None else f" (inside pipelines with unit={ctx[0]}, num_chunks={ctx[1]}, per iteration)"
+
+
+def check_signal_wait(ir: IRProgram) -> None:
+    """Signal/wait balance per channel and direction (see the module docstring)."""
+    sig, wai = signal_wait_counts(ir)
+    for r in ir.ranks:
+        for ctype in (ChannelType.memory, ChannelType.port):
+            for j, peer in enumerate(r.peers(ctype)):
+                pj = paired_channel(ir, r.rank, ctype, j)
+                ctxs = {k[3] for k in sig if k[:3] == (r.rank, ctype, j)}
+                if pj is not None:
+                    ctxs |= {k[3] for k in wai if k[:3] == (peer, ctype, pj)}
+                for ctx in sorted(ctxs, key=lambda c: (-1, -1) if c is None else c):
+                    s = sig[(r.rank, ctype, j, ctx)]
+                    if pj is None:
+                        raise DSLError(
+                            f"unbalanced signal/wait: rank {r.rank} signals {s} times on its {ctype.value} channel "
+                            f"{j} to rank {peer}, but rank {peer} has no {ctype.value} channel paired with it "
+                            f"(so nothing waits){_ctx_text(ctx)}")
+                    wv = wai[(peer, ctype, pj, ctx)]
+                    if s != wv:
+                        raise DSLError(
+                            f"unbalanced signal/wait: rank {r.rank} signals {s} times on its {ctype.value} channel "
+                            f"{j} to rank {peer}, but rank {peer} waits {wv} times on the paired {ctype.value} "
+                            f"channel {pj}{_ctx_text(ctx)}")
+                if pj is None:
+                    continue
+    # waits on channels whose peer has no paired channel at all
+    for (rank, ctype, j, ctx), n in sorted(wai.items(), key=lambda kv: (kv[0][0], kv[0][1].value, kv[0][2])):
+        if n and paired_channel(ir, rank, ctype, j) is None:
+            peer = ir.ranks[rank].peers(ctype)[j]
+            raise DSLError(
+                f"unbalanced signal/wait: rank {rank} waits {n} times on its {ctype.value} channel {j} from rank "
+                f"{peer}, but rank {peer} has no {ctype.value} channel paired with it (so nothing signals)")
+
+
+def check_semaphores(ir: IRProgram) -> None:
+    """Acquire/release balance and the initial-value rule (see the module docstring)."""
+    for r in ir.ranks:
+        acq: Counter = Counter()
+        rel: Counter = Counter()
+        first: dict[int, dict[int, OpName]] = {}
+        for tb, ops in enumerate(r.tbs):
+            flat = []
+            for op in ops:
+                flat.extend(op.body if op.body is not None else [op])
+            for op in flat:
+                for s in op.semaphores:
+                    if op.name == OpName.sem_acquire:
+                        acq[s] += 1
+                    elif op.name == OpName.sem_release:
+                        rel[s] += 1
+                    first.setdefault(s, {}).setdefault(tb, op.name)
+        for s, init in enumerate(r.semaphores):
+            if acq[s] != rel[s]:
+                raise DSLError(f"unbalanced semaphore: semaphore {s} of rank {r.rank} is acquired {acq[s]} times "
+                               f"and released {rel[s]} times per launch")
+            if init == 0 and acq[s] and all(n == OpName.sem_acquire for n in first.get(s, {}).values()):
+                tbs = sorted(first.get(s, {}))
+                raise DSLError(f"semaphore {s} of rank {r.rank} starts at 0, but every thread block that uses it "
+                               f"(tbs {tbs}) acquires it before releasing it: the first acquire can never succeed")
+
+
+def validate(ir: IRProgram) -> IRProgram:
+    """Check the program (see the module docstring); return an unchanged copy."""
+    out = ir.copy()
+    for r in out.ranks:
+        if len(r.tbs) > MAX_THREADBLOCKS:
+            raise DSLError(f"rank {r.rank} uses {len(r.tbs)} thread blocks; at most {MAX_THREADBLOCKS} are allowed")
+        for s, init in enumerate(r.semaphores):
+            if init < 0:
+                raise DSLError(f"semaphore {s} of rank {r.rank} has a negative initial value {init}")
+        barrier_members: dict[int, list[set[int]]] = {}
+        for tb, ops in enumerate(r.tbs):
+            for i, op in enumerate(ops):
+                _check_op(out, r, tb, str(i), op)
+                for inner in ([op] if op.body is None else op.body):
+                    if inner.name == OpName.barrier:
+                        tbs = inner.barrier_tbs or []
+                        if inner.barrier_id is None or tb not in tbs:
+                            raise DSLError(f"{where(r.rank, tb, str(i), inner)}: barrier must list its own thread block")
+                        for t in tbs:
+                            if not 0 <= t < len(r.tbs):
+                                raise DSLError(f"{where(r.rank, tb, str(i), inner)}: barrier member tb {t} does not exist")
+                        barrier_members.setdefault(inner.barrier_id, []).append(set(tbs))
+        for bid, sets in barrier_members.items():
+            if any(s != sets[0] for s in sets):
+                raise DSLError(f"rank {r.rank}: barrier id {bid} is used by different sets of thread blocks")
+            count = Counter()
+            for tb, ops in enumerate(r.tbs):
+                for op in ops:
+                    for inner in ([op] if op.body is None else op.body):
+                        if inner.name == OpName.barrier and inner.barrier_id == bid:
+                            count[tb] += 1
+            members = sorted(sets[0])
+            if len({count[t] for t in members}) != 1:
+                per = ", ".join(f"tb {t}: {count[t]}" for t in members)
+                raise DSLError(f"rank {r.rank}: barrier id {bid} is reached a different number of times by its "
+                               f"thread blocks ({per})")
+    check_signal_wait(out)
+    check_semaphores(out)
+    return out

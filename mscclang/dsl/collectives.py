@@ -1,0 +1,142 @@
+"""Collectives of the DSL. Each wraps a :class:`mscclang.plan.collectives.CollectiveSpec`, which
+states the collective's chunk counts, its precondition and its postcondition as data."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from mscclang.errors import DSLError, PlanError
+from mscclang.plan.collectives import CollectiveSpec, Expect
+from mscclang.plan.models import BufferKind
+
+__all__ = ["AllGather", "AllReduce", "AllToAll", "Broadcast", "Collective", "ReduceScatter",
+           "SendRecv", "TestCollective"]
+
+
+class Collective:
+    """Base class: ``num_ranks`` ranks, ``chunk_factor`` chunks per rank block, ``inplace``.
+
+    In-place collectives keep separate input and output buffers in the program (as MSCCL++ does);
+    the plan's ``inplace`` flag tells the runtime that the input aliases the output (at
+    ``spec.input_in_output(rank)``).
+    """
+
+    name = "custom"
+
+    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool,
+                 root: Optional[int] = None, input_size: Optional[int] = None,
+                 output_size: Optional[int] = None) -> None:
+        for what, v in (("num_ranks", num_ranks), ("chunk_factor", chunk_factor)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise DSLError(f"{type(self).__name__}: {what} must be a positive int, got {v!r}")
+        self.num_ranks = num_ranks
+        self.chunk_factor = chunk_factor
+        self.inplace = bool(inplace)
+        try:
+            self.spec = CollectiveSpec(self.name, num_ranks, chunk_factor, self.inplace, root,
+                                       input_size, output_size)
+        except PlanError as e:
+            raise DSLError(f"{type(self).__name__}: {e.message}") from None
+
+    @property
+    def input_chunks(self) -> int:
+        """Input chunks per rank."""
+        return self.spec.input_chunks
+
+    @property
+    def output_chunks(self) -> int:
+        """Output chunks per rank."""
+        return self.spec.output_chunks
+
+    def buffer_sizes(self) -> dict[BufferKind, int]:
+        return {BufferKind.input: self.input_chunks, BufferKind.output: self.output_chunks}
+
+    def precondition(self) -> dict[tuple[int, int], tuple[int, int]]:
+        """What every input chunk holds: ``(rank, chunk) -> symbol (rank, chunk)``."""
+        return {(r, c): (r, c) for r in range(self.num_ranks) for c in range(self.input_chunks)}
+
+    def postcondition(self) -> dict[tuple[int, int], Expect]:
+        """What every constrained output chunk must hold: ``(rank, chunk) -> Expect`` (the input
+        chunks it must equal, or the set reduced into it)."""
+        return self.spec.postcondition()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.num_ranks}, {self.chunk_factor}, inplace={self.inplace})"
+
+
+class AllGather(Collective):
+    """Every rank ends with all ranks' inputs: input ``f`` chunks, output ``n*f``."""
+
+    name = "allgather"
+
+    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
+        super().__init__(num_ranks, chunk_factor, inplace)
+
+
+class AllReduce(Collective):
+    """Every output chunk is the reduction of that chunk over all ranks: ``n*f`` / ``n*f``."""
+
+    name = "allreduce"
+
+    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
+        super().__init__(num_ranks, chunk_factor, inplace)
+
+
+class ReduceScatter(Collective):
+    """Rank ``r`` ends with block ``r`` reduced over all ranks: ``n*f`` / ``f``."""
+
+    name = "reducescatter"
+
+    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
+        super().__init__(num_ranks, chunk_factor, inplace)
+
+
+class AllToAll(Collective):
+    """Block ``p`` of rank ``r``'s output is block ``r`` of rank ``p``'s input: ``n*f`` / ``n*f``."""
+
+    name = "alltoall"
+
+    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
+        super().__init__(num_ranks, chunk_factor, inplace)
+
+
+class SendRecv(Collective):
+    """Rank ``r`` receives rank ``r-1``'s input: ``f`` / ``f``."""
+
+    name = "sendrecv"
+
+    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
+        super().__init__(num_ranks, chunk_factor, inplace)
+
+
+class Broadcast(Collective):
+    """Every rank ends with the root's input: ``f`` / ``f`` (ours; MSCCL++'s DSL has none)."""
+
+    name = "broadcast"
+
+    def __init__(self, num_ranks: int, chunk_factor: int, root: int = 0, inplace: bool = False) -> None:
+        if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < num_ranks:
+            raise DSLError(f"Broadcast: root {root!r} is not a rank of {num_ranks}")
+        super().__init__(num_ranks, chunk_factor, inplace, root=root)
+        self.root = root
+
+    def __repr__(self) -> str:
+        return f"Broadcast({self.num_ranks}, {self.chunk_factor}, root={self.root})"
+
+
+class TestCollective(Collective):
+    """A collective with free chunk counts and no postcondition (for tests and experiments)."""
+
+    name = "test"
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, num_ranks: int, input_size: int, output_size: int) -> None:
+        for what, v in (("input_size", input_size), ("output_size", output_size)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise DSLError(f"TestCollective: {what} must be a non-negative int, got {v!r}")
+        super().__init__(num_ranks, 1, False, input_size=input_size, output_size=output_size)
+        self.input_size = input_size
+        self.output_size = output_size
+
+    def __repr__(self) -> str:
+        return f"TestCollective({self.num_ranks}, {self.input_size}, {self.output_size})"

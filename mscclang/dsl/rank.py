@@ -1,0 +1,198 @@
+"""Local operations of one rank, buffers, and thread-block semaphores."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from mscclang.compiler.ir import IROp, Ref
+from mscclang.dsl._context import get_program
+from mscclang.dsl.thread_block_group import ThreadBlockGroup
+from mscclang.dsl.types import BufferType, Chunk, ReduceOperationType, SyncType
+from mscclang.errors import DSLError
+from mscclang.plan.models import OpName
+
+__all__ = ["BaseBuffer", "Buffer", "Rank", "Semaphore"]
+
+
+def _local(c: Chunk) -> Ref:
+    return Ref(c.rank, c.buffer, c.index, c.size)
+
+
+class BaseBuffer:
+    """``size`` chunks of one buffer of ``rank`` starting at chunk ``offset``; slice it
+    (``buf[a:b]``) to get a :class:`Chunk`."""
+
+    def __init__(self, rank: int, buffer_type: BufferType, offset: int, size: int) -> None:
+        self.rank = rank
+        self.buffer_type = buffer_type
+        self.offset = offset
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: object) -> Chunk:
+        where = f"rank {self.rank} {self.buffer_type.name} buffer"
+        if isinstance(key, int) and not isinstance(key, bool):
+            start, stop = key, key + 1
+        elif isinstance(key, slice):
+            if key.step not in (None, 1):
+                raise DSLError(f"{where}[{key.start}:{key.stop}:{key.step}]: slices must have step 1")
+            start = 0 if key.start is None else key.start
+            stop = self.size if key.stop is None else key.stop
+        else:
+            raise DSLError(f"{where}[{key!r}]: index with a slice [a:b]")
+        if not isinstance(start, int) or not isinstance(stop, int):
+            raise DSLError(f"{where}[{start!r}:{stop!r}]: slice bounds must be ints")
+        if start < 0 or stop > self.size or start >= stop:
+            raise DSLError(f"{where}[{start}:{stop}]: out of bounds or empty (the buffer has {self.size} chunks)")
+        return Chunk(self.rank, self.buffer_type, self.offset + start, stop - start)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, {self.buffer_type.name}, offset={self.offset}, size={self.size})"
+
+
+class Buffer(BaseBuffer):
+    """``size`` fresh scratch chunks of ``rank`` (allocated after the rank's earlier ones)."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        prog = get_program()
+        call = f"Buffer(rank={rank}, size={size})"
+        prog.check_rank(rank, call)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise prog.error(rank, None, call, f"size must be a positive int, got {size!r}")
+        gpu = prog.gpus[rank]
+        super().__init__(rank, BufferType.scratch, gpu.scratch_chunks, size)
+        gpu.scratch_chunks += size
+        prog.touch()
+
+
+class Semaphore:
+    """A counting semaphore shared by the thread blocks of one rank (value persists across
+    launches, so every launch must release as often as it acquires)."""
+
+    def __init__(self, rank: int, initial_value: int) -> None:
+        prog = get_program()
+        call = f"Semaphore(rank={rank}, initial_value={initial_value})"
+        prog.check_rank(rank, call)
+        if not isinstance(initial_value, int) or isinstance(initial_value, bool) or initial_value < 0:
+            raise prog.error(rank, None, call, f"initial_value must be a non-negative int, got {initial_value!r}")
+        sems = prog.gpus[rank].semaphores
+        self.id = len(sems)
+        self.rank = rank
+        self.initial_value = initial_value
+        sems.append(initial_value)
+        prog.touch()
+
+    def _op(self, name: OpName, tb: int, data_sync: SyncType, what: str) -> None:
+        prog = get_program()
+        call = f"Semaphore(rank={self.rank}, id={self.id}).{what}(tb={tb})"
+        prog.check_tb(self.rank, tb, call)
+        prog.add_op(self.rank, tb, IROp(name, semaphores=[self.id], data_sync=int(data_sync), origin=call))
+
+    def acquire(self, tb: int, data_sync: SyncType = SyncType.both) -> None:
+        """Wait until the value is positive, then decrement it (``sem_acquire``)."""
+        self._op(OpName.sem_acquire, tb, data_sync, "acquire")
+
+    def release(self, tb: int, data_sync: SyncType = SyncType.both) -> None:
+        """Increment the value (``sem_release``)."""
+        self._op(OpName.sem_release, tb, data_sync, "release")
+
+
+class Rank:
+    """Local operations of rank ``rank``."""
+
+    def __init__(self, rank: int) -> None:
+        get_program().check_rank(rank, f"Rank({rank})")
+        self.rank = rank
+
+    def __repr__(self) -> str:
+        return f"Rank({self.rank})"
+
+    def get_input_buffer(self) -> BaseBuffer:
+        """This rank's input buffer."""
+        return get_program().buffers[self.rank][BufferType.input]
+
+    def get_output_buffer(self) -> BaseBuffer:
+        """This rank's output buffer."""
+        return get_program().buffers[self.rank][BufferType.output]
+
+    def _copy(self, name: OpName, what: str, dst_chunk: Chunk, src_chunk: Chunk, tb: Optional[int],
+              tb_group: Optional[ThreadBlockGroup]) -> None:
+        prog = get_program()
+        call = f"Rank({self.rank}).{what}"
+        targets = prog.tb_targets(self.rank, call, tb, tb_group)
+        t0 = targets[0][0]
+        prog.check_chunk(dst_chunk, call, self.rank, t0, "destination")
+        prog.check_chunk(src_chunk, call, self.rank, t0, "source")
+        prog.check_same_size(self.rank, t0, call, ("destination", dst_chunk), ("source", src_chunk))
+        if name == OpName.cpkt:
+            prog.check_scratch(self.rank, t0, call, "destination", dst_chunk)
+        if name == OpName.upkt:
+            prog.check_scratch(self.rank, t0, call, "source", src_chunk)
+        for t, tbg in targets:
+            prog.add_op(self.rank, t, IROp(name, src=[_local(src_chunk)], dst=[_local(dst_chunk)], tbg=tbg,
+                                           origin=f"{call}(tb={t})"))
+
+    def copy(self, dst_chunk: Chunk, src_chunk: Chunk, tb: Optional[int] = None,
+             tb_group: Optional[ThreadBlockGroup] = None) -> None:
+        """Copy ``src_chunk`` to ``dst_chunk`` (``copy``)."""
+        self._copy(OpName.copy, "copy", dst_chunk, src_chunk, tb, tb_group)
+
+    def copy_packets(self, dst_chunk: Chunk, src_chunk: Chunk, tb: Optional[int] = None,
+                     tb_group: Optional[ThreadBlockGroup] = None) -> None:
+        """Pack ``src_chunk`` into LL packets in scratch ``dst_chunk`` (``cpkt``)."""
+        self._copy(OpName.cpkt, "copy_packets", dst_chunk, src_chunk, tb, tb_group)
+
+    def unpack_packets(self, dst_chunk: Chunk, src_chunk: Chunk, tb: Optional[int] = None,
+                       tb_group: Optional[ThreadBlockGroup] = None) -> None:
+        """Wait for the LL packets of scratch ``src_chunk`` and unpack them into ``dst_chunk``
+        (``upkt``)."""
+        self._copy(OpName.upkt, "unpack_packets", dst_chunk, src_chunk, tb, tb_group)
+
+    def reduce(self, src_chunk: Chunk, other_chunks: Sequence[Chunk], tb: Optional[int] = None,
+               tb_group: Optional[ThreadBlockGroup] = None, dst_chunk: Optional[Chunk] = None,
+               reduce_op: ReduceOperationType = ReduceOperationType.sum, packet: bool = False) -> None:
+        """``dst = src OP other_0 OP other_1 ...`` (``re``); with ``packet=True`` the other chunks
+        are LL packets in scratch (``repkt``). ``dst`` defaults to ``src``."""
+        prog = get_program()
+        call = f"Rank({self.rank}).reduce"
+        targets = prog.tb_targets(self.rank, call, tb, tb_group)
+        t0 = targets[0][0]
+        if dst_chunk is None:
+            dst_chunk = src_chunk
+        prog.check_chunk(src_chunk, call, self.rank, t0, "source")
+        prog.check_chunk(dst_chunk, call, self.rank, t0, "destination")
+        others = list(other_chunks) if other_chunks is not None else []
+        if not others:
+            raise prog.error(self.rank, t0, call, "other_chunks is empty: nothing to reduce with")
+        for i, c in enumerate(others):
+            prog.check_chunk(c, call, self.rank, t0, f"other chunk {i}")
+            if packet:
+                prog.check_scratch(self.rank, t0, call, f"other chunk {i}", c)
+        prog.check_same_size(self.rank, t0, call, ("source", src_chunk), ("destination", dst_chunk),
+                             *[(f"other chunk {i}", c) for i, c in enumerate(others)])
+        rop = ReduceOperationType(reduce_op)
+        name = OpName.repkt if packet else OpName.re
+        for t, tbg in targets:
+            prog.add_op(self.rank, t, IROp(name, src=[_local(src_chunk)] + [_local(c) for c in others],
+                                           dst=[_local(dst_chunk)], tbg=tbg, reduce_op=rop,
+                                           origin=f"{call}(tb={t})"))
+
+    def barrier(self, tb_list: Sequence[int]) -> None:
+        """Synchronise thread blocks of this rank: one block -> ``nop``; several -> ``barrier``."""
+        prog = get_program()
+        call = f"Rank({self.rank}).barrier(tb_list={list(tb_list)})"
+        tbs = list(tb_list)
+        if not tbs:
+            raise prog.error(self.rank, None, call, "a barrier needs at least one thread block")
+        for t in tbs:
+            prog.check_tb(self.rank, t, call)
+        if len(set(tbs)) != len(tbs):
+            raise prog.error(self.rank, None, call, "a thread block is listed twice")
+        if len(tbs) == 1:
+            prog.add_op(self.rank, tbs[0], IROp(OpName.nop, origin=call))
+            return
+        bid = prog.barrier_id(self.rank, tbs)
+        for t in tbs:
+            prog.add_op(self.rank, t, IROp(OpName.barrier, barrier_id=bid, barrier_tbs=sorted(tbs), origin=call))
