@@ -9,8 +9,9 @@
 * Per thread block: its channels of each type and the remote buffers of each access type, in
   order of first use; ops refer to them by thread-block-local index (``channel_ids``,
   ``buffer_id``, ``switch_channel_id``).
-* ``channel_ids`` of an op: for signal/wait/flush and memory data ops the distinct channels it
-  uses; for port transfers (``put``/``pws``/``pwsf``/``ppkt``/``rppkt``) one entry per destination.
+* ``channel_ids`` of an op: for ``put``/``pws``/``pwsf``/``ppkt``/``rppkt``/``get`` one entry per
+  remote operand (the channel that reaches it); for signal/wait/flush and reductions the distinct
+  channels the op uses.
 * Plan fields of ours: ``num_ranks``, ``chunk_factor`` (the collective's factor times
   ``instances``), ``root`` (broadcast), ``reduce_op`` when every reduction of the program uses the
   same operator.

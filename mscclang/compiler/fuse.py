@@ -117,7 +117,7 @@ def try_fuse(a: IROp, b: IROp) -> Optional[IROp]:
     if na == OpName.get and nb == OpName.get and a.channel_type == b.channel_type:
         if a.src[0].size != b.src[0].size or not _independent(a, b):
             return None
-        return replace(a, src=a.src + b.src, dst=a.dst + b.dst, channels=_union(a.channels, b.channels),
+        return replace(a, src=a.src + b.src, dst=a.dst + b.dst, channels=a.channels + b.channels,
                        origin=f"{a.origin} + {b.origin}")
     # reductions with more sources
     if na in (OpName.re, OpName.repkt, OpName.rre) and nb == na and len(a.dst) == 1 and len(b.dst) == 1:
