@@ -1,0 +1,303 @@
+"""``mscclang compile PROGRAM.py [-o plan.json] [-- PROGRAM_ARGS...]``: run a DSL program and
+write the plan it builds.
+
+Two kinds of program are accepted.
+
+1. **Scripts** (the MSCCL++ example style). The file is run as ``__main__`` with
+   ``sys.argv = [PROGRAM.py, *PROGRAM_ARGS]`` (everything after ``--``, unchanged, so the script
+   parses its own ``--num_gpus``, ``--instances``, ``--num_threads_per_block``...) and prints
+   ``JSON()``. Its standard output is captured; the JSON plan in it is the result and any other
+   text it prints is passed on to standard error. An MSCCL++ plan (no ``format`` key) is
+   converted.
+
+2. **Functions.** With ``--function NAME`` or any of ``--ranks/--instances/--protocol``, the file
+   is imported (``__name__`` is not ``"__main__"``, so its script part does not run) and
+   ``NAME`` (default ``program``) is called with keyword arguments::
+
+       def program(ranks: int, instances: int = 1, protocol: str = "Simple") -> CollectiveProgram:
+           ...
+
+   ``ranks`` may also be spelled ``num_ranks``, ``num_gpus`` or ``nranks``; parameters the
+   function does not declare are not passed (unless it takes ``**kwargs``). ``--ranks`` is
+   required, ``--instances`` defaults to 1 and ``--protocol`` to ``Simple``. The function may
+   return a ``CollectiveProgram`` (its ``to_json()`` is used), a ``Plan``, a plan dict, JSON text,
+   or ``None`` after printing ``JSON()`` itself.
+
+The plan is validated (``--no-check`` skips the semantic checks) and written to ``-o`` or to
+standard output, as an mscclang plan or, with ``--format mscclpp``, as an MSCCL++ plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import io
+import json
+import runpy
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from mscclang.errors import MscclangError, PlanError
+from mscclang.plan.io import load_plan, plan_to_dict, plan_to_json
+from mscclang.plan.models import Plan
+
+__all__ = ["add_parser", "run", "compile_program", "ProgramError"]
+
+RANK_NAMES = ("ranks", "num_ranks", "num_gpus", "nranks")
+
+
+class ProgramError(MscclangError):
+    """The user's program failed (raised, exited with an error, or printed no plan)."""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "compile", help="run a DSL program and write the plan it builds",
+        description="Run a DSL program and write its plan. A script prints JSON() and gets the "
+                    "arguments after '--'; a program that defines a function is called with "
+                    "--ranks/--instances/--protocol (see --function).",
+        epilog="example: mscclang compile examples/allreduce_8rank.py -o plan.json -- --num_gpus 8")
+    p.add_argument("program", metavar="PROGRAM.py", help="the DSL program")
+    p.add_argument("-o", "--output", metavar="PLAN.json", default=None,
+                   help="where to write the plan (default: standard output)")
+    p.add_argument("--function", metavar="NAME", default=None,
+                   help="call this function of the program instead of running it as a script "
+                        "(default name with --ranks: 'program')")
+    p.add_argument("--ranks", type=int, default=None, help="number of ranks (function programs)")
+    p.add_argument("--instances", type=int, default=None, help="instances (function programs; default 1)")
+    p.add_argument("--protocol", choices=("Simple", "LL"), default=None,
+                   help="protocol (function programs; default Simple)")
+    p.add_argument("--format", choices=("mscclang", "mscclpp"), default="mscclang",
+                   help="write an mscclang plan (default) or an MSCCL++ 0.9 plan")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the semantic plan checks (the plan's fields are still validated)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    function = args.function
+    if function is None and (args.ranks is not None or args.instances is not None
+                             or args.protocol is not None):
+        function = "program"
+    plan = compile_program(args.program, getattr(args, "passthrough", []), function=function,
+                           ranks=args.ranks, instances=args.instances, protocol=args.protocol,
+                           check=not args.no_check)
+    if args.format == "mscclpp":
+        from mscclang.plan.mscclpp import to_mscclpp
+
+        text = json.dumps(to_mscclpp(plan), indent=2) + "\n"
+    else:
+        text = plan_to_json(plan)
+    if args.output:
+        try:
+            Path(args.output).write_text(text)
+        except OSError as e:
+            raise ProgramError(f"cannot write {args.output}: {e.strerror}") from None
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def compile_program(program: str | Path, argv: Sequence[str] = (), function: Optional[str] = None,
+                    ranks: Optional[int] = None, instances: Optional[int] = None,
+                    protocol: Optional[str] = None, check: bool = True) -> Plan:
+    """Run a DSL program (see the module docstring) and return the validated plan it builds."""
+    path = Path(program)
+    if not path.is_file():
+        raise ProgramError(f"program {path} does not exist" if not path.exists()
+                           else f"program {path} is not a file")
+    if function is None:
+        printed, _ = _run_file(path, argv, "__main__")
+        doc = _find_plan(printed, path)
+        if doc is None:
+            raise ProgramError(
+                f"{path} printed no plan: a script must print JSON() (to compile a function of "
+                f"the program instead, pass --function NAME or --ranks N)")
+    else:
+        if ranks is None:
+            raise ProgramError(f"calling {function}() of {path} needs --ranks")
+        if ranks < 1:
+            raise ProgramError(f"--ranks must be at least 1, got {ranks}")
+        if instances is not None and instances < 1:
+            raise ProgramError(f"--instances must be at least 1, got {instances}")
+        printed, namespace = _run_file(path, argv, "__mscclang_program__")
+        _echo(printed)
+        fn = namespace.get(function)
+        if not callable(fn):
+            raise ProgramError(f"{path} defines no function {function!r}")
+        kwargs = _arguments(fn, function, ranks, instances if instances is not None else 1,
+                            protocol or "Simple")
+        buf = io.StringIO()
+        with _program_context(path, argv), contextlib.redirect_stdout(buf):
+            try:
+                result = fn(**kwargs)
+                doc = _result_to_doc(result)
+            except MscclangError:
+                raise
+            except SystemExit as e:
+                raise ProgramError(f"{function}() of {path} exited with status {e.code}") from None
+            except Exception as e:  # a bug in the user's program: say where, without a traceback
+                raise ProgramError(_describe(e, path, f"{function}()")) from None
+        printed = buf.getvalue()
+        if doc is None:
+            doc = _find_plan(printed, path)
+            if doc is None:
+                raise ProgramError(f"{function}() of {path} returned no plan (return the "
+                                   "CollectiveProgram, or print JSON())")
+        else:
+            _echo(printed)
+    return _to_plan(doc, check)
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+@contextlib.contextmanager
+def _program_context(path: Path, argv: Sequence[str]):
+    """sys.argv and sys.path as ``python PROGRAM.py ARGS`` would have them."""
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [str(path), *argv]
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        yield
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+
+
+def _run_file(path: Path, argv: Sequence[str], run_name: str) -> tuple[str, dict]:
+    buf = io.StringIO()
+    namespace: dict = {}
+    with _program_context(path, argv), contextlib.redirect_stdout(buf):
+        try:
+            namespace = runpy.run_path(str(path), run_name=run_name)
+        except MscclangError:
+            _echo(buf.getvalue())
+            raise
+        except SystemExit as e:
+            code = e.code
+            if code not in (None, 0):
+                _echo(buf.getvalue())
+                detail = f": {code}" if isinstance(code, str) else f" with status {code}"
+                raise ProgramError(f"{path} exited{detail}") from None
+        except Exception as e:
+            _echo(buf.getvalue())
+            raise ProgramError(_describe(e, path)) from None
+    return buf.getvalue(), namespace
+
+
+def _describe(e: BaseException, path: Path, what: Optional[str] = None) -> str:
+    """``PROGRAM.py line N: TypeError: message`` from the innermost frame in the user's file."""
+    where = ""
+    if isinstance(e, SyntaxError) and e.lineno is not None:
+        where = f" line {e.lineno}"
+    else:
+        target = str(path.resolve())
+        for frame in reversed(traceback.extract_tb(e.__traceback__)):
+            try:
+                if str(Path(frame.filename).resolve()) == target:
+                    where = f" line {frame.lineno}"
+                    break
+            except OSError:
+                continue
+    msg = str(e) if not isinstance(e, SyntaxError) else (e.msg or str(e))
+    subject = f"{what} of {path}" if what else str(path)
+    return f"{subject} failed at{where or ' an unknown line'}: {type(e).__name__}: {msg}"
+
+
+def _echo(text: str) -> None:
+    if text:
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+
+
+def _find_plan(text: str, path: Path) -> Optional[dict]:
+    """The last JSON object with a ``gpus`` key in ``text``; the rest goes to stderr."""
+    stripped = text.strip()
+    if not stripped:
+        return None
+    try:
+        doc = json.loads(stripped)
+        if isinstance(doc, dict) and "gpus" in doc:
+            return doc
+    except json.JSONDecodeError:
+        pass
+    decoder = json.JSONDecoder()
+    found: Optional[tuple[int, int, dict]] = None
+    pos = 0
+    while True:
+        start = text.find("{", pos)
+        if start < 0:
+            break
+        if start == 0 or text[start - 1] == "\n":
+            try:
+                doc, end = decoder.raw_decode(text, start)
+            except json.JSONDecodeError:
+                pos = start + 1
+                continue
+            if isinstance(doc, dict) and "gpus" in doc:
+                found = (start, end, doc)
+            pos = end
+        else:
+            pos = start + 1
+    if found is None:
+        _echo(text)
+        return None
+    start, end, doc = found
+    _echo((text[:start] + text[end:]).strip("\n"))
+    return doc
+
+
+def _arguments(fn: Any, name: str, ranks: int, instances: int, protocol: str) -> dict:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {"ranks": ranks, "instances": instances, "protocol": protocol}
+    var_kw = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs: dict = {}
+    rank_name = next((n for n in RANK_NAMES if n in params), None)
+    if rank_name is None:
+        if not var_kw:
+            raise ProgramError(f"function {name}() must take the number of ranks as one of "
+                               f"{', '.join(RANK_NAMES)}")
+        rank_name = "ranks"
+    kwargs[rank_name] = ranks
+    for key, value in (("instances", instances), ("protocol", protocol)):
+        if key in params or var_kw:
+            kwargs[key] = value
+    return kwargs
+
+
+def _result_to_doc(result: Any) -> Optional[dict]:
+    if result is None:
+        return None
+    if isinstance(result, Plan):
+        return plan_to_dict(result)
+    if isinstance(result, dict):
+        return result
+    if hasattr(result, "to_json") and callable(result.to_json):
+        result = result.to_json()
+    if isinstance(result, (bytes, bytearray)):
+        result = result.decode()
+    if isinstance(result, str):
+        try:
+            doc = json.loads(result)
+        except json.JSONDecodeError as e:
+            raise ProgramError(f"the program's plan is not valid JSON: {e.msg} at line {e.lineno}") from None
+        if not isinstance(doc, dict):
+            raise ProgramError("the program's plan is not a JSON object")
+        return doc
+    raise ProgramError(f"the program returned a {type(result).__name__}, not a plan "
+                       "(CollectiveProgram, Plan, dict or JSON text)")
+
+
+def _to_plan(doc: dict, check: bool) -> Plan:
+    from mscclang.plan.mscclpp import from_mscclpp, is_mscclpp_plan
+
+    if is_mscclpp_plan(doc):
+        return from_mscclpp(doc, check=check)
+    try:
+        return load_plan(doc, check=check)
+    except PlanError as e:
+        raise PlanError(f"the program built an invalid plan: {e.message}", e.path) from None

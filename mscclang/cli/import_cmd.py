@@ -1,0 +1,52 @@
+"""``mscclang import-mscclpp IN.json [-o OUT.json]``: convert an MSCCL++ 0.9 execution plan into
+an mscclang plan (format ``mscclang.plan/1``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mscclang.errors import PlanError
+from mscclang.plan.io import plan_to_json
+from mscclang.plan.mscclpp import from_mscclpp
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "import-mscclpp", help="convert an MSCCL++ execution plan into an mscclang plan",
+        description="Convert an MSCCL++ 0.9 execution plan (JSON) into an mscclang plan. Unknown "
+                    "keys and inconsistent plans are reported with their JSON path.")
+    p.add_argument("input", metavar="IN.json", help="MSCCL++ plan file ('-' reads standard input)")
+    p.add_argument("-o", "--output", metavar="OUT.json", default=None,
+                   help="where to write the plan (default: standard output)")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the semantic checks (the plan's fields are still validated)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.input == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(args.input).read_text()
+        except OSError as e:
+            raise PlanError(f"cannot read {args.input}: {e.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PlanError(f"{args.input} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    plan = from_mscclpp(data, check=not args.no_check)
+    out = plan_to_json(plan)
+    if args.output:
+        try:
+            Path(args.output).write_text(out)
+        except OSError as e:
+            raise PlanError(f"cannot write {args.output}: {e.strerror}") from None
+    else:
+        sys.stdout.write(out)
+    return 0
