@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from mscclang.errors import MscclangError
 
@@ -25,8 +25,17 @@ COMMANDS: dict[str, str] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors exit with status 1 (like every other user mistake),
+    not argparse's 2. Subcommand parsers inherit the class."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(1, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mscclang",
         description="Compile, verify, show and run mscclang collective plans.",
     )
