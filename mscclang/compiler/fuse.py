@@ -51,12 +51,13 @@ def _union(a: list[int], b: list[int]) -> list[int]:
     return out
 
 
-def _independent(a: IROp, b: IROp, allowed: Optional[Ref] = None) -> bool:
+def _independent(a: IROp, b: IROp, allowed: Optional[Ref] = None, also_writes: bool = False) -> bool:
     """No access of ``b`` conflicts with one of ``a`` (ignoring ``b``'s reads of ``allowed``,
-    the value being forwarded from ``a`` to ``b``, which the fused op reads after writing it)."""
+    the value being forwarded from ``a`` to ``b``, which the fused op reads after writing it, and
+    with ``also_writes`` its writes of ``allowed`` too: the accumulator of a merged reduction)."""
     acc_a = accesses(a)
     for y in accesses(b):
-        if allowed is not None and not y.write and _is_ref(y, allowed):
+        if allowed is not None and (also_writes or not y.write) and _is_ref(y, allowed):
             continue
         for x in acc_a:
             if conflicts(x, y):
@@ -124,7 +125,7 @@ def try_fuse(a: IROp, b: IROp) -> Optional[IROp]:
         d = a.dst[0]
         if b.src[0] != d or b.dst[0] != d or a.reduce_op != b.reduce_op:
             return None
-        if not _independent(a, b, allowed=d):
+        if not _independent(a, b, allowed=d, also_writes=True):
             return None
         return replace(a, src=a.src + b.src[1:], channels=_union(a.channels, b.channels),
                        channel_type=a.channel_type if a.channel_type != ChannelType.none else b.channel_type,

@@ -55,10 +55,6 @@ def packet_refs(op: IROp) -> list[tuple[str, Ref]]:
     return out
 
 
-def _count(ir_rank: IRRank, ref: Ref, ir: IRProgram) -> int:
-    return ir.ranks[ref.rank].chunks(ref.buffer)
-
-
 def _check_op(ir: IRProgram, r: IRRank, tb: int, idx: str, op: IROp) -> None:
     w = where(r.rank, tb, idx, op)
     if op.name == OpName.pipeline:
@@ -191,7 +187,7 @@ def check_signal_wait(ir: IRProgram) -> None:
                 ctxs = {k[3] for k in sig if k[:3] == (r.rank, ctype, j)}
                 if pj is not None:
                     ctxs |= {k[3] for k in wai if k[:3] == (peer, ctype, pj)}
-                for ctx in sorted(ctxs, key=lambda c: (-1, -1) if c is None else c):
+                for ctx in sorted(ctxs, key=lambda c: (1, 0, 0) if c is None else (0, *c)):
                     s = sig[(r.rank, ctype, j, ctx)]
                     if pj is None:
                         raise DSLError(
@@ -204,8 +200,6 @@ def check_signal_wait(ir: IRProgram) -> None:
                             f"unbalanced signal/wait: rank {r.rank} signals {s} times on its {ctype.value} channel "
                             f"{j} to rank {peer}, but rank {peer} waits {wv} times on the paired {ctype.value} "
                             f"channel {pj}{_ctx_text(ctx)}")
-                if pj is None:
-                    continue
     # waits on channels whose peer has no paired channel at all
     for (rank, ctype, j, ctx), n in sorted(wai.items(), key=lambda kv: (kv[0][0], kv[0][1].value, kv[0][2])):
         if n and paired_channel(ir, rank, ctype, j) is None:
