@@ -1,0 +1,359 @@
+"""Compile a plan, for one message size, into per-block lists of resolved ops.
+
+Resolution turns buffer references into operands (rank, buffer kind, packet or plain) and byte
+pieces through :mod:`mscclang.plan.layout` (the only byte math), applies thread-block-group and
+pipeline slicing, and checks bounds. The result does not depend on the launch, the packet type
+or the schedule, so one compiled program serves every run at that size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from mscclang.errors import PlanError
+from mscclang.plan.layout import (
+    Layout,
+    Piece,
+    group_slice,
+    iteration_slice,
+    make_layout,
+    near_equal_split,
+    pipeline_iterations,
+    total_length,
+)
+from mscclang.plan.models import BufferKind, BufferRef, ChannelType, Op, OpName, Plan, ThreadBlock
+
+PLAIN_OUT_REMOTE = frozenset({OpName.res, OpName.rres})
+PKT_SRC_TAIL = frozenset({OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt})
+DATA_OPS = frozenset({
+    OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.copy, OpName.cpkt, OpName.upkt,
+    OpName.ppkt, OpName.rppkt, OpName.re, OpName.res, OpName.rre, OpName.rres, OpName.repkt,
+    OpName.respkt, OpName.recpkt, OpName.recspkt, OpName.glre, OpName.glres, OpName.gstore,
+    OpName.gstorepkt,
+})
+PAIRWISE_OPS = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.copy,
+                          OpName.cpkt, OpName.upkt, OpName.ppkt, OpName.rppkt})
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A buffer an op reads or writes: ``rank``'s buffer ``kind``; ``packet``: LL packets in
+    scratch (plain offsets are payload offsets; the bytes live at twice the offset)."""
+
+    rank: int
+    kind: BufferKind
+    packet: bool = False
+
+
+@dataclass
+class Group:
+    """Sources reduced (or one source copied) into every destination, chunk by chunk."""
+
+    srcs: list[Operand]
+    dsts: list[Operand]
+    pieces: list[Piece]                     # offsets: srcs then dsts
+    reduce: bool = False
+    pads: list[tuple[int, int, int]] = field(default_factory=list)  # (dst index, start, end)
+    channel: Optional[int] = None           # port channel (global index) for proxy puts
+
+    def stream_length(self) -> int:
+        return total_length(self.pieces)
+
+
+@dataclass
+class COp:
+    """One resolved op of a thread block."""
+
+    index: str
+    op: Op
+    groups: list[Group] = field(default_factory=list)
+    channels: list[int] = field(default_factory=list)    # global channel indexes
+    iterations: list[list["COp"]] = field(default_factory=list)  # pipelines
+
+    @property
+    def name(self) -> str:
+        return self.op.name.value
+
+
+@dataclass
+class Program:
+    """A plan resolved for one message size."""
+
+    plan: Plan
+    input_bytes: int
+    output_bytes: int
+    layouts: list[Layout]
+    blocks: list[list[list[COp]]]          # [rank][tb] -> ops
+
+
+def _where(rank: int, tb: int, index: str, name: str) -> str:
+    return f"rank {rank} tb {tb} op {index} ({name})"
+
+
+class _Resolver:
+    def __init__(self, plan: Plan, layouts: list[Layout]) -> None:
+        self.plan = plan
+        self.layouts = layouts
+
+    def ref(self, rank: int, tb: ThreadBlock, op: Op, ref: BufferRef, packet: bool,
+            where: str) -> list[Operand]:
+        gpu = self.plan.gpus[rank]
+        if ref.type is not None:
+            return [Operand(rank, ref.type, packet)]
+        if ref.buffer_id is not None:
+            lst = tb.remote_buffer_list(op.channel_type)
+            if ref.buffer_id >= len(lst):
+                raise PlanError(f"{where}: buffer_id {ref.buffer_id} is not in the thread block's "
+                                f"remote_buffer_refs for {op.channel_type.value} ({len(lst)} entries)")
+            k = lst[ref.buffer_id]
+            if k >= len(gpu.remote_buffers):
+                raise PlanError(f"{where}: remote buffer {k} does not exist on rank {rank}")
+            rb = gpu.remote_buffers[k]
+            if rb.rank >= len(self.plan.gpus):
+                raise PlanError(f"{where}: remote buffer names rank {rb.rank}, not in the plan")
+            return [Operand(rb.rank, rb.type, packet)]
+        lst = tb.channel_list(ChannelType.switch)
+        sid = ref.switch_channel_id
+        assert sid is not None
+        if sid >= len(lst):
+            raise PlanError(f"{where}: switch_channel_id {sid} is not in the thread block's switch channels")
+        groups = gpu.switch_groups()
+        g = lst[sid]
+        if g >= len(groups):
+            raise PlanError(f"{where}: switch channel {g} does not exist on rank {rank}")
+        kind, ranks = groups[g]
+        return [Operand(r, kind, packet) for r in ranks]
+
+    def channels(self, rank: int, tb: ThreadBlock, op: Op, where: str) -> list[int]:
+        if op.channel_type == ChannelType.none:
+            return []
+        lst = tb.channel_list(op.channel_type)
+        out = []
+        for c in op.channel_ids:
+            if c >= len(lst):
+                raise PlanError(f"{where}: channel id {c} is not in the thread block's "
+                                f"{op.channel_type.value} channels ({len(lst)} entries)")
+            out.append(lst[c])
+        if op.channel_type in (ChannelType.memory, ChannelType.port):
+            npeers = len(self.plan.gpus[rank].peers(op.channel_type))
+            for g in out:
+                if g >= npeers:
+                    raise PlanError(f"{where}: {op.channel_type.value} channel {g} does not exist on rank {rank}")
+        return out
+
+    def groups(self, rank: int, tb: ThreadBlock, op: Op, where: str) -> list[Group]:
+        name = op.name
+        lay = self.layouts[rank]
+        srcs_r, dsts_r = op.src_buff, op.dst_buff
+        if not srcs_r or not dsts_r:
+            raise PlanError(f"{where}: needs at least one source and one destination")
+
+        def pk_src(i: int) -> bool:
+            if name in (OpName.upkt, OpName.rppkt):
+                return True
+            if name in PKT_SRC_TAIL:
+                return i > 0
+            if name == OpName.gstorepkt:
+                return srcs_r[i].type == BufferKind.scratch
+            return False
+
+        def pk_dst(i: int) -> bool:
+            if name in (OpName.cpkt, OpName.ppkt, OpName.rppkt, OpName.gstorepkt):
+                return True
+            if name in (OpName.respkt, OpName.recpkt, OpName.recspkt):
+                return i > 0
+            return False
+
+        plans: list[tuple[list[int], list[int], bool]] = []
+        if name in PAIRWISE_OPS:
+            if len(srcs_r) == len(dsts_r):
+                plans = [([i], [i], False) for i in range(len(srcs_r))]
+            elif len(srcs_r) == 1:
+                plans = [([0], list(range(len(dsts_r))), False)]
+            else:
+                raise PlanError(f"{where}: {len(srcs_r)} sources and {len(dsts_r)} destinations do not pair up")
+        elif name == OpName.gstore or name == OpName.gstorepkt:
+            plans = [([0], list(range(len(dsts_r))), False)]
+        else:
+            plans = [(list(range(len(srcs_r))), list(range(len(dsts_r))), True)]
+        out: list[Group] = []
+        chans = self.channels(rank, tb, op, where) if op.channel_type == ChannelType.port else []
+        for gi, (si, di, red) in enumerate(plans):
+            refs = [srcs_r[i] for i in si] + [dsts_r[i] for i in di]
+            size = refs[0].size
+            for r in refs:
+                if r.size != size:
+                    raise PlanError(f"{where}: operands span different chunk counts ({r.size} vs {size})")
+            srcs: list[Operand] = []
+            dsts: list[Operand] = []
+            src_refs: list[BufferRef] = []
+            dst_refs: list[BufferRef] = []
+            for i in si:
+                ops_ = self.ref(rank, tb, op, srcs_r[i], pk_src(i), where)
+                srcs.extend(ops_)
+                src_refs.extend([srcs_r[i]] * len(ops_))
+            for i in di:
+                ops_ = self.ref(rank, tb, op, dsts_r[i], pk_dst(i), where)
+                dsts.extend(ops_)
+                dst_refs.extend([dsts_r[i]] * len(ops_))
+            if len(srcs) > 1 and not red:
+                raise PlanError(f"{where}: a copy needs exactly one source")
+            operands = [(o.kind, r.index) for o, r in zip(srcs + dsts, src_refs + dst_refs)]
+            for o, r in zip(srcs + dsts, src_refs + dst_refs):
+                if o.packet and o.kind != BufferKind.scratch:
+                    raise PlanError(f"{where}: packets must live in scratch, not buffer {o.kind.value!r}")
+                nchunks = self._nchunks(o)
+                if r.index + r.size > nchunks:
+                    raise PlanError(f"{where}: chunks {r.index}..{r.index + r.size - 1} of rank {o.rank} "
+                                    f"buffer {o.kind.value!r} are out of range ({nchunks} chunks)")
+            pieces = lay.pieces(operands, size)
+            pads: list[tuple[int, int, int]] = []
+            if any(d.packet for d in dsts):
+                # slot tails past the data are written as zero-payload packets
+                for t in range(size):
+                    ln: Optional[int] = None
+                    for kind, idx in operands:
+                        if kind != BufferKind.scratch:
+                            _, l2 = lay.span(kind, idx + t)
+                            ln = l2 if ln is None else min(ln, l2)
+                    if ln is None or ln >= lay.chunk_bytes:
+                        continue
+                    for k, (d, r) in enumerate(zip(dsts, dst_refs)):
+                        if d.packet:
+                            s0 = (r.index + t) * lay.chunk_bytes
+                            pads.append((k, t, s0 + ln, s0 + lay.chunk_bytes))  # type: ignore[arg-type]
+            ch = chans[min(gi, len(chans) - 1)] if chans else None
+            g = Group(srcs, dsts, pieces, red, pads, ch)
+            g._chunk_lens = self._chunk_lens(lay, operands, size)  # type: ignore[attr-defined]
+            out.append(g)
+        return out
+
+    def _chunk_lens(self, lay: Layout, operands, size: int) -> list[int]:
+        lens = []
+        for t in range(size):
+            ln = None
+            for kind, idx in operands:
+                if kind != BufferKind.scratch:
+                    _, l2 = lay.span(kind, idx + t)
+                    ln = l2 if ln is None else min(ln, l2)
+            lens.append(lay.chunk_bytes if ln is None else max(ln, 0))
+        return lens
+
+    def _nchunks(self, o: Operand) -> int:
+        g = self.plan.gpus[o.rank]
+        return {BufferKind.input: g.input_chunks, BufferKind.output: g.output_chunks,
+                BufferKind.scratch: g.scratch_chunks}[o.kind]
+
+
+def _owner(total: int, pos: int, size: int, alignment: int) -> int:
+    """The member of a group of ``size`` whose share of ``total`` stream bytes holds ``pos``."""
+    if size <= 1:
+        return 0
+    unit = max(alignment, 8)
+    nunits = -(-total // unit)
+    u = pos // unit
+    for m in range(size):
+        s, e = near_equal_split(nunits, size, m)
+        if s <= u < e:
+            return m
+    return size - 1
+
+
+def _slice_group(g: Group, pieces: list[Piece], pads: list[tuple[int, int, int]]) -> Group:
+    return Group(g.srcs, g.dsts, pieces, g.reduce, pads, g.channel)
+
+
+def _pads_for(g: Group, member: int, size: int, alignment: int, iteration: Optional[int],
+              unit: Optional[int]) -> list[tuple[int, int, int]]:
+    """Pads this (member, iteration) writes: those of chunks whose data ends in its share."""
+    if not g.pads:
+        return []
+    lens: list[int] = g._chunk_lens  # type: ignore[attr-defined]
+    ends = []
+    acc = 0
+    for ln in lens:
+        acc += ln
+        ends.append(acc)
+    total = acc
+    out = []
+    for (k, t, a, b) in g.pads:  # type: ignore[misc]
+        pos = max(ends[t] - 1, 0)
+        if unit is not None:
+            it = pos // unit
+            if it != iteration:
+                continue
+            sl_total = min(total, (it + 1) * unit) - it * unit
+            m = _owner(sl_total, pos - it * unit, size, alignment)
+        else:
+            m = _owner(total, pos, size, alignment)
+        if m == member:
+            out.append((k, a, b))
+    return out
+
+
+def compile_program(plan: Plan, input_bytes: int, output_bytes: int) -> Program:
+    """Resolve every op of every block of ``plan`` for the given byte sizes."""
+    n = len(plan.gpus)
+    layouts = [make_layout(plan, r, input_bytes, output_bytes) for r in range(n)]
+    res = _Resolver(plan, layouts)
+    align = plan.buffer_alignment
+    blocks: list[list[list[COp]]] = []
+    for r, gpu in enumerate(plan.gpus):
+        rank_blocks = []
+        for tb in gpu.threadblocks:
+            cops: list[COp] = []
+            for i, op in enumerate(tb.ops):
+                cops.append(_compile_op(res, r, tb, op, str(i), align))
+            rank_blocks.append(cops)
+        blocks.append(rank_blocks)
+    return Program(plan, input_bytes, output_bytes, layouts, blocks)
+
+
+def _member(op: Op) -> tuple[int, int]:
+    if op.tbg_info is None:
+        return 0, 1
+    return op.tbg_info.tb_id, op.tbg_info.tbg_size
+
+
+def _compile_op(res: _Resolver, r: int, tb: ThreadBlock, op: Op, index: str, align: int) -> COp:
+    where = _where(r, tb.id, index, op.name.value)
+    if op.name == OpName.pipeline:
+        assert op.iter_context is not None and op.ops is not None
+        unit = op.iter_context.unit_size
+        inner_full = []
+        for k, inner in enumerate(op.ops):
+            iw = _where(r, tb.id, f"{index}.{k}", inner.name.value)
+            if inner.name in DATA_OPS:
+                inner_full.append(res.groups(r, tb, inner, iw))
+            else:
+                inner_full.append(None)
+        lengths = [g.stream_length() for gs in inner_full if gs for g in gs]
+        niter = pipeline_iterations(lengths, unit)
+        c = COp(index, op)
+        for j in range(niter):
+            it_ops = []
+            for k, inner in enumerate(op.ops):
+                sub = f"{index}.{k}"
+                gs = inner_full[k]
+                if gs is None:
+                    it_ops.append(COp(sub, inner, [], res.channels(r, tb, inner, _where(r, tb.id, sub, inner.name.value))))
+                    continue
+                m, size = _member(inner)
+                sliced = []
+                for g in gs:
+                    p = group_slice(iteration_slice(g.pieces, j, unit), m, size, align)
+                    sliced.append(_slice_group(g, p, _pads_for(g, m, size, align, j, unit)))
+                it_ops.append(COp(sub, inner, sliced, res.channels(r, tb, inner, where) if inner.channel_type != ChannelType.none else []))
+            c.iterations.append(it_ops)
+        return c
+    if op.name in DATA_OPS:
+        gs = res.groups(r, tb, op, where)
+        m, size = _member(op)
+        if size > 1:
+            gs = [_slice_group(g, group_slice(g.pieces, m, size, align), _pads_for(g, m, size, align, None, None)) for g in gs]
+        else:
+            gs = [_slice_group(g, g.pieces, [(k, a, b) for (k, _t, a, b) in g.pads]) for g in gs]  # type: ignore[misc]
+        chans = res.channels(r, tb, op, where) if op.channel_type == ChannelType.port else []
+        return COp(index, op, gs, chans)
+    return COp(index, op, [], res.channels(r, tb, op, where))

@@ -1,0 +1,268 @@
+"""Happens-before bookkeeping: vector clocks and per-buffer access logs.
+
+Every actor (a thread block of a rank, a rank's host, a port channel's proxy) has a thread id.
+An actor carries two vector clocks:
+
+* ``vc`` (strong): release/acquire edges (signal->wait, barrier, semaphores, launch
+  boundaries). An earlier *write* is ordered before a later access only through ``vc``.
+* ``rvc`` (execution order, ``rvc >= vc``): also relaxed signal->wait edges. An earlier *read*,
+  or anything the host did before a launch started, is ordered before a later access through
+  ``rvc`` ("a relaxed wait orders the signaller's earlier reads and its launch start, not its
+  writes").
+
+A block's own clock component is its *epoch*: it advances at every ``nop``/``barrier``. Two
+accesses of one block in the same epoch are ordered only when the block's threads split the
+bytes the same way (same byte-to-stream alignment ``delta`` and unit); otherwise they race.
+
+Accesses are recorded per storage (a rank's input, output or scratch allocation) as byte
+intervals: the last write of every byte in an interval map, and reads since then in a list.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class OpRef:
+    """Which op made an access: rank, thread block (-1: host, -2: proxy), op index path."""
+
+    rank: int
+    tb: int
+    index: str
+    name: str
+    launch: int
+
+    def __str__(self) -> str:
+        if self.tb == -1:
+            return f"rank {self.rank} host ({self.name}, launch {self.launch})"
+        if self.tb <= -2:
+            return f"rank {self.rank} port proxy {-self.tb - 2} ({self.name}, launch {self.launch})"
+        return f"rank {self.rank} tb {self.tb} op {self.index} {self.name} (launch {self.launch})"
+
+
+@dataclass(frozen=True)
+class Access:
+    """One recorded access to a byte interval."""
+
+    tid: int
+    clk: int
+    write: bool
+    op: OpRef
+    launch: int
+    delta: int = 0          # byte offset minus stream position (thread mapping inside a block)
+    unit: int = 16          # bytes a thread handles at once (16 plain, 4/8 packets)
+    host: bool = False
+    packet: bool = False    # packet-format access (flags synchronise packet reads)
+    exempt: bool = False    # packet write into a peer's double-buffered scratch
+    rvc: Optional[np.ndarray] = field(default=None, compare=False, repr=False)  # packet writes
+
+
+class IntervalMap:
+    """Non-overlapping [start, end) segments, each with a value, sorted by start."""
+
+    __slots__ = ("starts", "ends", "vals")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.vals: list[Access] = []
+
+    def overlapping(self, a: int, b: int) -> list[tuple[int, int, Access]]:
+        i = bisect_right(self.ends, a)
+        out = []
+        n = len(self.starts)
+        while i < n and self.starts[i] < b:
+            out.append((self.starts[i], self.ends[i], self.vals[i]))
+            i += 1
+        return out
+
+    def assign(self, a: int, b: int, v: Access) -> None:
+        i = bisect_right(self.ends, a)
+        j = bisect_left(self.starts, b, lo=i)
+        new_s, new_e, new_v = [], [], []
+        if i < j:
+            if self.starts[i] < a:
+                new_s.append(self.starts[i]); new_e.append(a); new_v.append(self.vals[i])
+            new_s.append(a); new_e.append(b); new_v.append(v)
+            if self.ends[j - 1] > b:
+                new_s.append(b); new_e.append(self.ends[j - 1]); new_v.append(self.vals[j - 1])
+        else:
+            new_s.append(a); new_e.append(b); new_v.append(v)
+        self.starts[i:j] = new_s
+        self.ends[i:j] = new_e
+        self.vals[i:j] = new_v
+
+
+class Actor:
+    """Clock state of one actor (thread block, host or proxy)."""
+
+    __slots__ = ("tid", "vc", "rvc", "sync_vc", "sync_rvc", "pend_vc", "pend_rvc", "dirty",
+                 "dirty_op")
+
+    def __init__(self, tid: int, nthreads: int) -> None:
+        self.tid = tid
+        self.vc = np.zeros(nthreads, dtype=np.int64)
+        self.rvc = np.zeros(nthreads, dtype=np.int64)
+        self.sync_vc = self.vc.copy()      # what a strong signal publishes (as of the last nop)
+        self.sync_rvc = self.rvc.copy()
+        self.pend_vc: Optional[np.ndarray] = None   # acquired since the last nop
+        self.pend_rvc: Optional[np.ndarray] = None
+        self.dirty = False                 # data op since the last nop
+        self.dirty_op: Optional[OpRef] = None
+
+    @property
+    def clk(self) -> int:
+        return int(self.vc[self.tid])
+
+    def start(self, vc: np.ndarray, rvc: np.ndarray) -> None:
+        """Begin a launch after ``vc``/``rvc`` (the host's clocks at launch start)."""
+        self.sync_vc = vc.copy()
+        self.sync_rvc = rvc.copy()
+        self.vc = vc.copy()
+        self.rvc = rvc.copy()
+        self.vc[self.tid] += 1
+        self.rvc[self.tid] = self.vc[self.tid]
+        self.pend_vc = None
+        self.pend_rvc = None
+        self.dirty = False
+
+    def acquire(self, vc: Optional[np.ndarray], rvc: Optional[np.ndarray]) -> None:
+        """An edge arrives at one thread of the block; it reaches the others at the next nop."""
+        if vc is not None:
+            self.pend_vc = vc.copy() if self.pend_vc is None else np.maximum(self.pend_vc, vc)
+        if rvc is not None:
+            self.pend_rvc = rvc.copy() if self.pend_rvc is None else np.maximum(self.pend_rvc, rvc)
+
+    def publish(self) -> tuple[np.ndarray, np.ndarray]:
+        """Clocks a (strong) signal by one thread publishes: the block as of its last nop, plus
+        what the signalling thread itself acquired since."""
+        vc, rvc = self.sync_vc, self.sync_rvc
+        if self.pend_vc is not None:
+            vc = np.maximum(vc, self.pend_vc)
+        if self.pend_rvc is not None:
+            rvc = np.maximum(rvc, self.pend_rvc)
+        return vc, np.maximum(rvc, vc)
+
+    def nop(self) -> None:
+        """Block barrier: merge what was acquired, start a new epoch."""
+        if self.pend_vc is not None:
+            np.maximum(self.vc, self.pend_vc, out=self.vc)
+        if self.pend_rvc is not None:
+            np.maximum(self.rvc, self.pend_rvc, out=self.rvc)
+        np.maximum(self.rvc, self.vc, out=self.rvc)
+        self.pend_vc = self.pend_rvc = None
+        self.sync_vc = self.vc.copy()
+        self.sync_rvc = self.rvc.copy()
+        self.vc[self.tid] += 1
+        self.rvc[self.tid] = self.vc[self.tid]
+        self.dirty = False
+
+    def join(self, vc: np.ndarray, rvc: np.ndarray) -> None:
+        """Merge clocks directly (for actors made of one thread: host, proxy)."""
+        np.maximum(self.vc, vc, out=self.vc)
+        np.maximum(self.rvc, rvc, out=self.rvc)
+        np.maximum(self.rvc, self.vc, out=self.rvc)
+
+    def tick(self) -> None:
+        self.vc[self.tid] += 1
+        self.rvc[self.tid] = self.vc[self.tid]
+        self.sync_vc = self.vc.copy()
+        self.sync_rvc = self.rvc.copy()
+
+
+@dataclass
+class RaceInfo:
+    storage: str
+    start: int
+    end: int
+    first: Access
+    second: Access
+
+
+class AccessLog:
+    """All accesses of one simulation run, keyed by storage name; reports races."""
+
+    def __init__(self, host_tids: set[int], on_race: Callable[[RaceInfo], None]) -> None:
+        self.writes: dict[str, IntervalMap] = {}
+        self.touches: dict[str, tuple[int, int, Access]] = {}
+        self.reads: dict[str, list[tuple[int, int, Access]]] = {}
+        self.host_tids = host_tids
+        self.on_race = on_race
+
+    def packet_clocks(self, storage: str, a: int, b: int) -> list[np.ndarray]:
+        """Execution clocks of the packet writes a packet read of [a, b) observes: the read is
+        ordered after those writes (and what they were ordered after), publishing nothing else."""
+        wm = self.writes.get(storage)
+        if wm is None:
+            return []
+        return [v.rvc for _, _, v in wm.overlapping(a, b) if v.packet and v.rvc is not None]
+
+    def _exempt(self, e: Access, c: Access) -> bool:
+        if c.packet and not c.write and e.packet and e.write:
+            return True  # a packet read is ordered after the write of those bytes by its flag
+        if c.exempt and (e.host or e.launch != c.launch):
+            return True
+        if e.exempt and (c.host or e.launch != c.launch):
+            return True
+        return False
+
+    def access(self, storage: str, a: int, b: int, c: Access, vc: np.ndarray,
+               rvc: np.ndarray, same_thread_ordered: bool, touch: bool = False) -> None:
+        """Record access ``c`` of bytes [a, b) and report any unordered conflicting access.
+
+        A ``touch`` (the host handing a reused buffer to a new launch) is checked like a write
+        and remembered apart, so it does not hide the last real writes of those bytes."""
+        if b <= a:
+            return
+        wm = self.writes.get(storage)
+        if wm is None:
+            wm = self.writes[storage] = IntervalMap()
+            self.reads[storage] = []
+        t = self.touches.get(storage)
+        if t is not None and t[0] < b and a < t[1] and t[2].tid != c.tid:
+            prev = t[2]
+            if not self._exempt(prev, c) and not rvc[prev.tid] >= prev.clk:
+                self.on_race(RaceInfo(storage, max(t[0], a), min(t[1], b), prev, c))
+        for s, e_, prev in wm.overlapping(a, b):
+            if prev.tid == c.tid:
+                if same_thread_ordered or prev.clk < c.clk or (prev.delta == c.delta and prev.unit == c.unit):
+                    continue
+                if self._exempt(prev, c):
+                    continue
+                self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
+                continue
+            if self._exempt(prev, c):
+                continue
+            if prev.host:
+                ok = rvc[prev.tid] >= prev.clk
+            else:
+                ok = vc[prev.tid] >= prev.clk
+            if not ok:
+                self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
+        reads = self.reads[storage]
+        if c.write:
+            keep = []
+            for (s, e_, prev) in reads:
+                if e_ <= a or s >= b:
+                    keep.append((s, e_, prev))
+                    continue
+                if prev.tid == c.tid:
+                    if not (same_thread_ordered or prev.clk < c.clk or (prev.delta == c.delta and prev.unit == c.unit)) \
+                            and not self._exempt(prev, c):
+                        self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
+                elif not self._exempt(prev, c) and not rvc[prev.tid] >= prev.clk:
+                    self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
+                if s < a or e_ > b:
+                    keep.append((s, e_, prev))
+            if touch:
+                self.touches[storage] = (a, b, c)
+                return
+            self.reads[storage] = keep
+            wm.assign(a, b, c)
+        else:
+            reads.append((a, b, c))

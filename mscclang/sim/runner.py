@@ -1,0 +1,99 @@
+"""``mscclang.sim.run``: execute a plan on concrete inputs and return the outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from mscclang.errors import PlanError, VerificationError
+from mscclang.plan.io import load_plan
+from mscclang.plan.models import OpName, Plan, REDUCE_OPS
+from mscclang.sim.dtypes import parse_dtype
+from mscclang.sim.engine import Simulation
+from mscclang.sim.program import compile_program
+
+PlanLike = Union[Plan, str, Path, dict]
+
+
+def as_plan(plan: PlanLike) -> Plan:
+    """Accept a Plan, a path, a JSON string or a parsed dict."""
+    return plan if isinstance(plan, Plan) else load_plan(plan)
+
+
+def resolve_reduce_op(plan: Plan, override: Optional[str] = None) -> str:
+    """The launch's reduce op: the caller's, else the plan's, else the ops' (which must
+    agree), else sum."""
+    if override is not None:
+        if override not in ("sum", "min", "max"):
+            raise VerificationError(f"unknown reduce op {override!r} (sum, min, max)")
+        return override
+    if plan.reduce_op is not None:
+        return plan.reduce_op.value
+    seen: dict[str, str] = {}
+    for g in plan.gpus:
+        for tb in g.threadblocks:
+            for i, op in enumerate(tb.ops):
+                for j, inner in enumerate(op.ops or [op]):
+                    if inner.name in REDUCE_OPS and inner.reduce_op is not None:
+                        where = f"gpus[{g.id}].threadblocks[{tb.id}].ops[{i}]" + (f".ops[{j}]" if op.ops else "")
+                        seen.setdefault(inner.reduce_op.value, where)
+    if len(seen) > 1:
+        (a, wa), (b, wb) = list(seen.items())[:2]
+        raise PlanError(f"reductions disagree on the reduce op: {a} at {wa}, {b} at {wb}")
+    return next(iter(seen), "sum")
+
+
+def default_output_bytes(plan: Plan, input_bytes: int) -> int:
+    """Output size implied by the collective for an input of ``input_bytes``."""
+    n = len(plan.gpus)
+    coll = plan.collective
+    if coll == "allgather":
+        return n * input_bytes
+    if coll == "reducescatter":
+        if input_bytes % n:
+            raise VerificationError(f"reducescatter input of {input_bytes} bytes is not divisible by {n} ranks")
+        return input_bytes // n
+    if coll in ("allreduce", "alltoall", "sendrecv", "broadcast"):
+        return input_bytes
+    g = plan.gpus[0]
+    if g.input_chunks and (input_bytes * g.output_chunks) % g.input_chunks == 0:
+        return input_bytes * g.output_chunks // g.input_chunks
+    raise VerificationError(f"cannot infer the output size of a {coll!r} plan; pass output_bytes")
+
+
+def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[int] = None,
+        reduce_op: Optional[str] = None, packet_type: str = "LL16", launches: int = 1,
+        schedule: str = "round_robin", seed: int = 0) -> list[np.ndarray]:
+    """Run ``plan`` on all ranks at once and return each rank's output of the last launch.
+
+    ``inputs`` holds one 1-D array per rank, all of one supported dtype and size. For in-place
+    plans the input aliases the output as the collective says (``input_in_output`` /
+    ``output_in_input``). With ``launches > 1`` the same inputs are written again before every
+    launch (scratch, flags and semaphores carry over, as on the GPU). The schedule is
+    ``round_robin``, ``random`` or ``adversarial`` (``seed`` drives the last two). Raises
+    :class:`mscclang.sim.Deadlock` (a :class:`VerificationError`) when the plan deadlocks."""
+    p = as_plan(plan)
+    n = len(p.gpus)
+    if len(inputs) != n:
+        raise VerificationError(f"plan {p.name!r} has {n} ranks but {len(inputs)} inputs were given")
+    arrs = [np.ascontiguousarray(x) for x in inputs]
+    dt = parse_dtype(arrs[0].dtype)
+    for r, a in enumerate(arrs):
+        if a.ndim != 1 or a.dtype != dt or a.nbytes != arrs[0].nbytes:
+            raise VerificationError(f"input of rank {r} must be 1-D {dt} of {arrs[0].nbytes} bytes, "
+                                    f"got {a.ndim}-D {a.dtype} of {a.nbytes} bytes")
+    if launches < 1:
+        raise VerificationError("launches must be at least 1")
+    ib = arrs[0].nbytes
+    ob = default_output_bytes(p, ib) if output_bytes is None else output_bytes
+    prog = compile_program(p, ib, ob)
+    sim = Simulation(prog, [a.view(np.uint8) for a in arrs], dtype=dt,
+                     reduce_op=resolve_reduce_op(p, reduce_op), packet_type=packet_type,
+                     launches=launches, schedule=schedule, seed=seed, check_races=False)
+    sim.run()
+    return [o.view(dt).copy() for o in sim.outputs[-1]]
+
+
+__all__ = ["run", "as_plan", "resolve_reduce_op", "default_output_bytes", "OpName"]
