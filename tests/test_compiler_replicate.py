@@ -1,0 +1,178 @@
+"""Pass 5 (replication) and the dependency graph / cycle check."""
+
+from __future__ import annotations
+
+import pytest
+
+from mscclang import (
+    AllGather,
+    AllReduce,
+    CollectiveProgram,
+    CompileError,
+    MemoryChannel,
+    Rank,
+    ReplicationPolicy,
+    Semaphore,
+)
+from mscclang.compiler import build_graph, replicate, validate
+from mscclang.plan.check import check_plan
+
+
+def allgather(n, instances, policy=ReplicationPolicy.interleaved):
+    with CollectiveProgram("ag", AllGather(n, 1, False), n, instances=instances, replication_policy=policy) as p:
+        for r in range(n):
+            for q in range(n):
+                if q != r:
+                    ch = MemoryChannel(q, r)
+                    tb = q if q < r else q - 1
+                    ch.put(Rank(q).get_output_buffer()[r:r + 1], Rank(r).get_input_buffer()[0:1], tb)
+                    ch.signal(tb)
+                    ch.wait(tb)
+            Rank(r).copy(Rank(r).get_output_buffer()[r:r + 1], Rank(r).get_input_buffer()[0:1], tb=n - 1)
+    return p
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_interleaved_counts_never_k_squared(k):
+    p = allgather(3, k)
+    plan = p.to_plan()
+    plan2 = p.to_plan()
+    g = plan.gpus[0]
+    assert len(g.threadblocks) == 3 * k
+    assert (g.input_chunks, g.output_chunks) == (k, 3 * k)
+    assert g.channels[0].connected_to == [p for p in (1, 2) for _ in range(k)]
+    assert plan.chunk_factor == k
+    assert plan == plan2
+    check_plan(plan)
+
+
+def test_interleaved_mapping_of_blocks_channels_chunks():
+    plan = allgather(2, 2).to_plan()
+    tbs = plan.gpus[1].threadblocks
+    # tb 0 of rank 1 (put to rank 0 of out chunk 1) -> tbs 0 and 1, chunks 1*2+0 and 1*2+1
+    puts = [tb.ops[0] for tb in tbs[:2]]
+    assert [op.dst_buff[0].index for op in puts] == [2, 3]
+    assert [op.src_buff[0].index for op in puts] == [0, 1]
+    assert [tb.channel_list(puts[0].channel_type) for tb in tbs[:2]] == [[0], [1]]
+
+
+def test_replicating_twice_is_an_error():
+    ir = validate(allgather(2, 2).ir)
+    once = replicate(ir)
+    with pytest.raises(CompileError, match="already replicated"):
+        replicate(once)
+
+
+def test_none_policy_keeps_rank_blocks_contiguous():
+    plan = allgather(2, 2, ReplicationPolicy.none).to_plan()
+    tbs = plan.gpus[1].threadblocks
+    # rank 1's data goes to block 1 of rank 0's output = chunks 2..3 (instance 0 -> 2, 1 -> 3)
+    puts = [tb.ops[0] for tb in tbs[:2]]
+    assert [op.dst_buff[0].index for op in puts] == [2, 3]
+    # the local copy into out block 1 of rank 1, instances 0 and 1
+    copies = [tb.ops[0] for tb in tbs[2:4]]
+    assert [op.dst_buff[0].index for op in copies] == [2, 3]
+    check_plan(plan)
+
+
+def test_none_policy_on_allreduce_shifts_whole_buffer():
+    with CollectiveProgram("ar", AllReduce(2, 1, False), 2, instances=3,
+                           replication_policy=ReplicationPolicy.none) as p:
+        Rank(0).copy(Rank(0).get_output_buffer()[1:2], Rank(0).get_input_buffer()[1:2], tb=0)
+    tbs = p.to_plan().gpus[0].threadblocks
+    assert [tb.ops[0].dst_buff[0].index for tb in tbs] == [1, 3, 5]
+
+
+def test_none_policy_rejects_block_crossing_reference():
+    with CollectiveProgram("ag", AllGather(2, 1, False), 2, instances=2,
+                           replication_policy=ReplicationPolicy.none) as p:
+        Rank(0).copy(Rank(0).get_output_buffer()[0:2], Rank(0).get_output_buffer()[0:2], tb=0)
+    with pytest.raises(CompileError, match=r"rank 0, tb 0, op 0 .*crosses a block boundary"):
+        p.to_plan()
+
+
+def test_semaphores_and_barriers_replicated():
+    with CollectiveProgram("sb", AllReduce(2, 1, False), 2, instances=2) as p:
+        s = Semaphore(0, 1)
+        s.acquire(0)
+        s.release(0)
+        Rank(0).barrier([0, 1])
+    g = p.to_plan().gpus[0]
+    assert [x.init_value for x in g.semaphores] == [1, 1]
+    bars = [[(op.barrier_id, op.barrier_tbs) for op in tb.ops if op.barrier_id is not None] for tb in g.threadblocks]
+    assert bars == [[(0, [0, 2])], [(1, [1, 3])], [(0, [0, 2])], [(1, [1, 3])]]
+    sems = [op.semaphore_ids for op in g.threadblocks[1].ops if op.semaphore_ids]
+    assert sems == [[1], [1]]
+
+
+# ---------------------------------------------------------------- dependency graph
+
+
+def test_graph_has_signal_wait_edges():
+    ir = validate(allgather(2, 1).ir)
+    g = build_graph(ir)
+    # rank 0 tb 0: put, signal, wait ; rank 1 tb 0 likewise
+    assert g.has_edge((0, 0, 1), (1, 0, 2))
+    assert g.has_edge((1, 0, 1), (0, 0, 2))
+
+
+def test_wait_before_signal_cycle_named():
+    with CollectiveProgram("dl", AllReduce(2, 1, False), 2) as p:
+        a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)
+        a.wait(0)
+        a.signal(0)
+        b.wait(0)
+        b.signal(0)
+    with pytest.raises(CompileError, match=r"dependency cycle .*rank [01] tb 0 op \d \((wait|signal)\)"):
+        p.to_plan()
+
+
+def test_barrier_cycle():
+    with CollectiveProgram("dl", AllReduce(2, 1, False), 2) as p:
+        a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)
+        # rank 0: tb 1 waits for rank 1 before the barrier; rank 1 only signals after its tb 0
+        # passed a barrier with tb 1, which itself waits for rank 0's tb 0 after rank 0's barrier
+        a.wait(1)
+        Rank(0).barrier([0, 1])
+        a.signal(0)
+        b.wait(1)
+        Rank(1).barrier([0, 1])
+        b.signal(0)
+    with pytest.raises(CompileError, match=r"barrier"):
+        p.to_plan()
+
+
+def test_packet_read_before_own_write_is_a_cycle():
+    from mscclang import Buffer
+
+    with CollectiveProgram("dl", AllReduce(2, 1, False), 2) as p:
+        s = Buffer(0, 1)
+        Rank(0).unpack_packets(Rank(0).get_output_buffer()[0:1], s[0:1], tb=0)
+        Rank(0).copy_packets(s[0:1], Rank(0).get_input_buffer()[0:1], tb=0)
+    with pytest.raises(CompileError, match=r"rank 0 tb 0 op \d \((upkt|cpkt)\)"):
+        p.to_plan()
+
+
+def test_semaphore_cycle():
+    with CollectiveProgram("dl", AllReduce(2, 1, False), 2) as p:
+        a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)
+        s = Semaphore(0, 0)
+        s.release(1)
+        s.acquire(0)
+        a.signal(0)
+        b.wait(0)
+        b.signal(0)
+        a.wait(1)
+        # rank 0 tb 1 released before waiting: fine so far; now make tb 1 wait first
+    p.to_plan()
+    with CollectiveProgram("dl", AllReduce(2, 1, False), 2) as p:
+        a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)
+        s = Semaphore(0, 0)
+        a.wait(1)
+        s.release(1)
+        s.acquire(0)
+        a.signal(0)
+        b.wait(0)
+        b.signal(0)
+    with pytest.raises(CompileError, match=r"sem_acquire|sem_release"):
+        p.to_plan()
