@@ -1,1 +1,124 @@
-"""mscclang.algorithms"""
+"""The library of collective algorithms, written as DSL programs.
+
+``ALGORITHMS`` maps each algorithm's name to its :class:`AlgorithmInfo` (collective, protocol,
+buffer mode, suggested size range, supported in-place modes, shipped variants and the builder).
+Build a plan with ``ALGORITHMS[name].build(ranks, instances=..., num_threads_per_block=...,
+inplace=..., **kw)`` or :func:`build`. ``python -m mscclang.algorithms.generate`` writes the
+shipped variants to ``plans/`` with the index ``plans/index.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from mscclang.algorithms.allgather import build_allgather_ll, build_allgather_zero_copy
+from mscclang.algorithms.allreduce import (
+    build_oneshot_ll,
+    build_rsag_pipelined,
+    build_rsag_simple,
+    build_rsag_zero_copy,
+    build_twostep_ll,
+)
+from mscclang.algorithms.alltoall import build_alltoall_ll, build_alltoall_zero_copy
+from mscclang.algorithms.broadcast import build_broadcast_ll, build_broadcast_simple
+from mscclang.algorithms.reducescatter import (
+    build_reducescatter_ll,
+    build_reducescatter_simple,
+    build_reducescatter_zero_copy,
+)
+from mscclang.algorithms.registry import KiB, MiB, AlgorithmInfo, Variant
+from mscclang.algorithms.sendrecv import build_sendrecv_ll, build_sendrecv_simple, build_sendrecv_zero_copy
+from mscclang.errors import DSLError
+from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
+
+__all__ = ["ALGORITHMS", "AlgorithmInfo", "Variant", "build", "algorithms_for"]
+
+SHIPPED_RANKS = (2, 4, 8)
+BOTH = (False, True)
+
+
+def _variants(instances: tuple[int, ...], inplace: tuple[bool, ...] = (False,),
+              params: tuple[tuple[str, Any], ...] = ()) -> tuple[Variant, ...]:
+    return tuple(Variant(n, k, None, ip, params)
+                 for n in SHIPPED_RANKS for k in instances for ip in inplace)
+
+
+def _info(name: str, collective: str, protocol: str, buffer_mode: str, inplace_modes: tuple[bool, ...],
+          size_range: tuple[int, int], builder, description: str, default_threads: int,
+          variants: tuple[Variant, ...]) -> AlgorithmInfo:
+    return AlgorithmInfo(name=name, collective=collective, protocol=protocol, buffer_mode=buffer_mode,
+                         inplace_modes=inplace_modes, min_message_size=size_range[0],
+                         max_message_size=size_range[1], builder=builder, description=description,
+                         default_threads=default_threads, variants=variants)
+
+
+_ALL = (0, MAX_MESSAGE_SIZE)
+
+ALGORITHMS: dict[str, AlgorithmInfo] = {info.name: info for info in (
+    _info("allreduce_oneshot_ll", "allreduce", "LL", "any", BOTH, (0, 256 * KiB), build_oneshot_ll,
+          "each rank packs its whole input into every peer's scratch, then reduces locally",
+          512, _variants((1, 2, 4), BOTH)),
+    _info("allreduce_twostep_ll", "allreduce", "LL", "any", BOTH, (0, 4 * MiB), build_twostep_ll,
+          "packet reduce-scatter, then packet all-gather of the reduced chunks",
+          512, _variants((1, 2, 4), BOTH)),
+    _info("allreduce_rsag_simple", "allreduce", "Simple", "any", BOTH, _ALL, build_rsag_simple,
+          "copy to scratch, read-reduce own chunk from peers' scratch, write back, copy out",
+          1024, _variants((4, 16), BOTH)),
+    _info("allreduce_rsag_zero_copy", "allreduce", "Simple", "symmetric", BOTH, _ALL, build_rsag_zero_copy,
+          "read-reduce own chunk from peers' inputs, write it into every peer's output",
+          1024, _variants((4, 16), BOTH)),
+    _info("allreduce_rsag_pipelined", "allreduce", "Simple", "any", BOTH, (1 * MiB, MAX_MESSAGE_SIZE),
+          build_rsag_pipelined,
+          "rsag through scratch in unit-sized slices, reduce and copy-out blocks overlapping",
+          1024, _variants((4, 16), BOTH)),
+    _info("allgather_ll", "allgather", "LL", "any", BOTH, (0, 1 * MiB), build_allgather_ll,
+          "packets into every peer's scratch, unpacked by the peer", 512, _variants((1, 4))),
+    _info("allgather_zero_copy", "allgather", "Simple", "symmetric", BOTH, _ALL, build_allgather_zero_copy,
+          "direct puts into every peer's output after a ready handshake", 1024, _variants((4, 16))),
+    _info("reducescatter_ll", "reducescatter", "LL", "any", BOTH, (0, 1 * MiB), build_reducescatter_ll,
+          "packets of each peer's chunk into its scratch, local packet reduce", 512, _variants((1, 4))),
+    _info("reducescatter_simple", "reducescatter", "Simple", "any", BOTH, _ALL, build_reducescatter_simple,
+          "copy to scratch, read-reduce own chunk from peers' scratch", 1024, _variants((4, 16))),
+    _info("reducescatter_zero_copy", "reducescatter", "Simple", "symmetric", BOTH, _ALL,
+          build_reducescatter_zero_copy, "read-reduce own chunk from peers' inputs", 1024, _variants((4, 16))),
+    _info("alltoall_ll", "alltoall", "LL", "any", BOTH, (0, 1 * MiB), build_alltoall_ll,
+          "packets of each peer's chunk into its scratch, unpacked by the peer", 512, _variants((1, 4))),
+    _info("alltoall_zero_copy", "alltoall", "Simple", "symmetric", (False,), _ALL, build_alltoall_zero_copy,
+          "direct puts of each peer's chunk into its output after a ready handshake", 1024,
+          _variants((4, 16))),
+    _info("broadcast_ll", "broadcast", "LL", "any", BOTH, (0, 1 * MiB), build_broadcast_ll,
+          "root packs its input into every peer's scratch", 512, _variants((1, 4), BOTH, (("root", 0),))),
+    _info("broadcast_simple", "broadcast", "Simple", "any", BOTH, _ALL, build_broadcast_simple,
+          "root copies into its scratch, peers read it after a data signal", 1024,
+          _variants((4, 16), BOTH, (("root", 0),))),
+    _info("sendrecv_ll", "sendrecv", "LL", "any", BOTH, (0, 1 * MiB), build_sendrecv_ll,
+          "packets into the next rank's scratch", 512, _variants((1, 4))),
+    _info("sendrecv_simple", "sendrecv", "Simple", "any", BOTH, _ALL, build_sendrecv_simple,
+          "put into the next rank's scratch after its ready word, copied out after a data signal",
+          1024, _variants((4, 16))),
+    _info("sendrecv_zero_copy", "sendrecv", "Simple", "symmetric", (False,), _ALL, build_sendrecv_zero_copy,
+          "put straight into the next rank's output after its ready word", 1024, _variants((4, 16))),
+)}
+
+
+def build(name: str, ranks: int, instances: int = 1, num_threads_per_block: Optional[int] = None,
+          inplace: Optional[bool] = None, **kw: Any) -> Plan:
+    """Build the plan of library algorithm ``name`` (see :attr:`AlgorithmInfo.build`)."""
+    info = ALGORITHMS.get(name)
+    if info is None:
+        raise DSLError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
+    return info.build(ranks, instances=instances, num_threads_per_block=num_threads_per_block,
+                      inplace=inplace, **kw)
+
+
+def algorithms_for(collective: str, buffer_mode: Optional[str] = None) -> list[AlgorithmInfo]:
+    """The algorithms implementing ``collective`` (optionally only those of ``buffer_mode``;
+    "any"-mode plans also run on symmetric buffers, so asking for "symmetric" returns both)."""
+    out = []
+    for info in ALGORITHMS.values():
+        if info.collective != collective:
+            continue
+        if buffer_mode == "any" and info.buffer_mode != "any":
+            continue
+        out.append(info)
+    return out
