@@ -13,7 +13,7 @@
   remote operand (the channel that reaches it); for signal/wait/flush and reductions the distinct
   channels the op uses.
 * Plan fields of ours: ``num_ranks``, ``chunk_factor`` (the collective's factor times
-  ``instances``), ``root`` (broadcast), ``reduce_op`` when every reduction of the program uses the
+  ``instances``; not for test collectives, whose chunk counts are free), ``root`` (broadcast), ``reduce_op`` when every reduction of the program uses the
   same operator.
 """
 
@@ -169,7 +169,7 @@ def emit(ir: IRProgram) -> Plan:
         max_message_size=ir.max_message_size,
         num_ranks=ir.num_ranks,
         root=spec.root if spec.name == "broadcast" else None,
-        chunk_factor=spec.chunk_factor * ir.instances,
+        chunk_factor=None if spec.name in ("test", "custom") else spec.chunk_factor * ir.instances,
         reduce_op=next(iter(reduce_ops)) if len(reduce_ops) == 1 else None,
         gpus=gpus,
     )
