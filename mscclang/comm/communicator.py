@@ -1,0 +1,518 @@
+"""The collective API: :class:`Communicator`.
+
+One communicator per rank (process), built from torch.distributed or from an explicit store,
+rank and world size. Each call picks a plan variant through the :class:`~mscclang.comm.Selector`
+and runs it on the GPU runtime; what the library cannot run falls back to torch.distributed
+(NCCL), logged once per reason.
+
+How a call reaches a plan (design §7):
+
+* zero-copy plans (buffer mode ``symmetric``) run directly only on symmetric buffers, i.e.
+  tensors allocated with :meth:`Communicator.empty` on every rank in the same order; other
+  plans run directly on any tensors (the runtime moves data through its registered scratch);
+* an out-of-place call on an in-place plan copies the input into the output first;
+* anything else (a zero-copy plan and ordinary tensors when no other plan is listed; an
+  in-place call on an out-of-place plan; sizes whose blocks are not a multiple of the runtime's
+  granule) is staged through symmetric buffers the communicator owns: blocks are copied in,
+  padded to the granule, and copied back out.
+
+CUDA graphs: the first call of each shape (or :meth:`Communicator.prepare`) does registration
+and staging allocation; calls inside a capture must use shapes prepared before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from mscclang.comm.backend import Backend, RuntimeBackend
+from mscclang.comm.catalog import Catalog, PlanVariant
+from mscclang.comm.errors import CommError
+from mscclang.comm.fallback import TorchFallback
+from mscclang.comm.names import dtype_name, plan_collective, reduce_op_name
+from mscclang.comm.padding import (BlockShape, block_shape, message_bytes, needs_padding,
+                                   padded_block_elems)
+from mscclang.comm.selector import Choice, Selector
+from mscclang.comm.tuning import DEFAULT_TUNING_FILE, TuningTable, load_tuning
+from mscclang.errors import MscclangError
+from mscclang.plan.models import Plan
+
+log = logging.getLogger("mscclang.comm")
+
+_INPLACE_COPY_OK = ("allreduce", "broadcast", "alltoall", "allgather", "sendrecv")
+_MODE_RANK = {"direct": 0, "copy_in": 1, "staged": 2}
+
+
+@dataclass
+class CallPlan:
+    """How one call runs: ``mode`` is ``direct``, ``copy_in`` (out-of-place call, in-place
+    plan), ``staged`` or ``nccl``; ``inp``/``out`` are what the plan runs on."""
+
+    collective: str
+    mode: str
+    choice: Optional[Choice]
+    plan: Optional[Plan]
+    shape: BlockShape
+    padded: BlockShape
+    inp: Any = None
+    out: Any = None
+    reason: str = ""
+    variant: Optional[PlanVariant] = None
+
+    def label(self) -> str:
+        """E.g. ``allreduce_oneshot_ll.r2.i1.ip (direct)`` or ``nccl``."""
+        if self.mode == "nccl" or self.variant is None:
+            return "nccl"
+        pt = f" {self.choice.packet_type}" if self.choice and self.choice.packet_type else ""
+        return f"{self.variant.key}{pt} ({self.mode})"
+
+
+class Communicator:
+    """Collectives over ``world_size`` ranks; one instance per rank.
+
+    Build it with :meth:`from_torch` (torch.distributed's default group or ``group``), or pass
+    ``store``, ``rank`` and ``world_size`` explicitly. ``tuning`` is a tuning file (path, dict or
+    table; default ``$MSCCLANG_TUNING`` or the shipped 2x H200 defaults), ``plans`` a plans folder
+    (default: the shipped ``plans/``). ``backend`` injects an execution engine (tests, the CPU
+    simulator); ``fallback=False`` raises instead of falling back to torch.distributed.
+    """
+
+    def __init__(self, group: Any = None, *, store: Any = None, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, device: Any = None,
+                 tuning: Union[str, os.PathLike, dict, TuningTable, None] = None,
+                 plans: Union[str, os.PathLike, Catalog, None] = None,
+                 backend: Optional[Backend] = None, fallback: Union[bool, Any] = True,
+                 runtime_options: Optional[dict] = None) -> None:
+        self._logged: set[tuple[str, str]] = set()
+        self._staging: dict[str, Any] = {}
+        self._runtime_error: Optional[str] = None
+        self.last: Optional[CallPlan] = None
+        if backend is not None:
+            self.rank, self.world_size = backend.rank, backend.world_size
+            self.device = backend.device
+        else:
+            self.rank, self.world_size, store, self.device = self._resolve(group, store, rank,
+                                                                           world_size, device)
+        if not 0 <= self.rank < self.world_size:
+            raise CommError(f"rank {self.rank} is not in a world of {self.world_size}")
+        # tuning table and plan catalog
+        if tuning is None and os.environ.get("MSCCLANG_TUNING"):
+            tuning = os.environ["MSCCLANG_TUNING"]
+        if tuning is None and not DEFAULT_TUNING_FILE.is_file():
+            self.tuning = TuningTable()
+        else:
+            self.tuning = load_tuning(tuning)
+        self.catalog = plans if isinstance(plans, Catalog) else Catalog.from_dir(plans)
+        extra = self.tuning.extra_plans_dir()
+        if extra is not None and extra.is_dir():
+            for v in Catalog.from_dir(extra):
+                self.catalog.add(v)
+        self.selector = Selector(self.tuning, self.catalog)
+        # the engine
+        if backend is None:
+            backend = self._make_runtime(store, runtime_options or {})
+        self.backend = backend
+        # the fallback
+        if fallback is True:
+            self._fallback = TorchFallback(group, store=store, rank=self.rank,
+                                           world_size=self.world_size, device=self.device)
+        elif fallback is False or fallback is None:
+            self._fallback = None
+        else:
+            self._fallback = fallback
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_torch(cls, group: Any = None, **kw: Any) -> "Communicator":
+        """A communicator over torch.distributed's default group (or ``group``)."""
+        return cls(group, **kw)
+
+    @staticmethod
+    def _resolve(group: Any, store: Any, rank: Optional[int], world_size: Optional[int],
+                 device: Any) -> tuple[int, int, Any, Any]:
+        import torch
+
+        if device is None:
+            device = (torch.device("cuda", torch.cuda.current_device())
+                      if torch.cuda.is_available() else torch.device("cpu"))
+        elif not isinstance(device, torch.device):
+            device = torch.device(device)
+        if store is not None:
+            if rank is None or world_size is None:
+                raise CommError("a communicator built from a store needs rank and world_size")
+            return rank, world_size, store, device
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise CommError("torch.distributed is not initialised: call "
+                            "torch.distributed.init_process_group first, or pass store, rank "
+                            "and world_size")
+        r = dist.get_rank(group) if rank is None else rank
+        n = dist.get_world_size(group) if world_size is None else world_size
+        from torch.distributed import distributed_c10d as c10d
+
+        base = c10d._get_default_store()
+        gname = "default" if group is None else getattr(group, "group_name", str(id(group)))
+        return r, n, dist.PrefixStore(f"mscclang/{gname}/", base), device
+
+    def _make_runtime(self, store: Any, options: dict) -> Optional[Backend]:
+        if getattr(self.device, "type", None) != "cuda":
+            self._runtime_error = f"no GPU runtime on device {self.device}"
+            return None
+        try:
+            return RuntimeBackend(store=store, rank=self.rank, world_size=self.world_size,
+                                  device=self.device, **options)
+        except Exception as e:  # RuntimeUnavailable, driver errors: everything falls back
+            self._runtime_error = f"GPU runtime unavailable: {type(e).__name__}: {e}"
+            return None
+
+    # ------------------------------------------------------------------ buffers
+    def empty(self, *shape: Union[int, tuple], dtype: Any = None) -> Any:
+        """A symmetric tensor (zero-copy plans run on these directly). Collective: every rank
+        must allocate the same shapes in the same order."""
+        import math
+
+        import torch
+
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+            shape = tuple(shape[0])
+        dims = tuple(int(s) for s in shape)
+        dtype = dtype if dtype is not None else torch.float32
+        dtype_name(dtype)
+        numel = math.prod(dims)
+        if self.backend is None:
+            return torch.empty(dims, dtype=dtype, device=self.device)
+        return self.backend.empty(numel, dtype).view(dims)
+
+    def is_symmetric(self, tensor: Any) -> bool:
+        """Whether ``tensor`` lies in a buffer from :meth:`empty`."""
+        return self.backend is not None and self.backend.is_symmetric(tensor)
+
+    def _stage(self, role: str, nbytes: int) -> Any:
+        """A symmetric uint8 staging buffer of at least ``nbytes`` (grown collectively: every
+        rank makes the same calls with the same sizes)."""
+        import torch
+
+        buf = self._staging.get(role)
+        if buf is None or buf.numel() < nbytes:
+            if _capturing():
+                raise CommError(f"the call needs a {nbytes}-byte staging buffer during CUDA graph "
+                                "capture: run it once eagerly or call prepare() before capturing")
+            size = max(1 << max(nbytes - 1, 0).bit_length(), 256)
+            if self.backend is None:
+                raise CommError("staging needs the GPU runtime")
+            self._staging.pop(role, None)
+            buf = self.backend.empty(size, torch.uint8)
+            self._staging[role] = buf
+        return buf[:nbytes]
+
+    # ------------------------------------------------------------------ collectives
+    def all_reduce(self, tensor: Any, op: Any = "sum", out: Any = None) -> Any:
+        """Reduce ``tensor`` over all ranks; in place unless ``out`` is given. Returns the result."""
+        out = tensor if out is None else out
+        return self._call("allreduce", tensor, out, reduce_op_name(op))
+
+    def all_gather(self, tensor: Any, out: Any = None) -> Any:
+        """Gather every rank's ``tensor`` into ``out`` (``world_size`` times as many elements,
+        rank order). In place when ``tensor`` is ``out``'s block of this rank."""
+        if out is None:
+            out = self._new(tensor, tensor.numel() * self.world_size)
+        return self._call("allgather", tensor, out, "sum")
+
+    def reduce_scatter(self, tensor: Any, op: Any = "sum", out: Any = None) -> Any:
+        """Reduce ``tensor`` over all ranks and keep this rank's block (``numel / world_size``
+        elements). In place when ``out`` is ``tensor``'s block of this rank."""
+        if out is None:
+            n = self.world_size
+            if tensor.numel() % n:
+                raise CommError(f"reduce_scatter needs an element count divisible by the world "
+                                f"size {n}, got {tensor.numel()}")
+            out = self._new(tensor, tensor.numel() // n)
+        return self._call("reducescatter", tensor, out, reduce_op_name(op))
+
+    def all_to_all(self, tensor: Any, out: Any = None) -> Any:
+        """Block ``j`` of rank ``i``'s input goes to block ``i`` of rank ``j``'s output; in place
+        unless ``out`` is given."""
+        out = tensor if out is None else out
+        return self._call("alltoall", tensor, out, "sum")
+
+    def broadcast(self, tensor: Any, root: int = 0) -> Any:
+        """Copy ``root``'s ``tensor`` into every rank's ``tensor`` (in place)."""
+        if not 0 <= root < self.world_size:
+            raise CommError(f"broadcast root {root} is not a rank of {self.world_size}")
+        return self._call("broadcast", tensor, tensor, "sum", root=root)
+
+    def send_recv(self, tensor: Any, out: Any = None) -> Any:
+        """Ring shift: every rank sends ``tensor`` to ``rank + 1`` and receives ``rank - 1``'s
+        into ``out`` (in place when ``out`` is None)."""
+        out = tensor if out is None else out
+        return self._call("sendrecv", tensor, out, "sum")
+
+    def send(self, tensor: Any, dst: int) -> None:
+        """Point-to-point send (through torch.distributed: plans are collective, a lone send is
+        not)."""
+        self._check_peer(dst)
+        self._note_fallback("send", "point-to-point send/recv runs through torch.distributed")
+        self._need_fallback("send").send(tensor, dst)
+
+    def recv(self, tensor: Any, src: int) -> Any:
+        """Point-to-point receive into ``tensor`` (through torch.distributed)."""
+        self._check_peer(src)
+        self._note_fallback("recv", "point-to-point send/recv runs through torch.distributed")
+        self._need_fallback("recv").recv(tensor, src)
+        return tensor
+
+    def prepare(self, collective: str, tensor: Any, out: Any = None, op: Any = "sum",
+                root: int = 0) -> CallPlan:
+        """Do a call's setup (selection, staging buffers, registration) without running it, so
+        the call may then be captured in a CUDA graph. Same arguments as the collective."""
+        coll = plan_collective(collective)
+        if out is None:
+            if coll == "allgather":
+                out = self._new(tensor, tensor.numel() * self.world_size)
+            elif coll == "reducescatter":
+                out = self._new(tensor, tensor.numel() // self.world_size)
+            else:
+                out = tensor
+        cp = self._plan_call(coll, tensor, out, reduce_op_name(op), root)
+        if cp.mode != "nccl" and self.backend is not None and cp.plan is not None:
+            pt = cp.choice.packet_type if cp.choice else None
+            self.backend.prepare(cp.plan, cp.inp, cp.out, packet_type=pt)
+        return cp
+
+    def select(self, collective: str, nbytes: int, dtype: Any) -> list[Choice]:
+        """The selector's ordered choices for a message of ``nbytes`` (introspection)."""
+        return self.selector.choices(collective, self.world_size, nbytes, dtype)
+
+    def synchronize(self) -> None:
+        """Wait for this rank's launches (raises a pending CollectiveTimeout)."""
+        if self.backend is not None:
+            self.backend.synchronize()
+
+    def reset(self) -> None:
+        """Collective reset after a CollectiveTimeout (every rank must call it)."""
+        if self.backend is not None:
+            self.backend.reset()
+
+    def close(self) -> None:
+        """Release staging buffers and the runtime."""
+        self._staging.clear()
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _new(self, like: Any, numel: int) -> Any:
+        import torch
+
+        return torch.empty(numel, dtype=like.dtype, device=like.device)
+
+    def _check_peer(self, peer: int) -> None:
+        if not 0 <= peer < self.world_size or peer == self.rank:
+            raise CommError(f"rank {self.rank}: peer {peer} is not another rank of {self.world_size}")
+
+    def _check_tensors(self, coll: str, inp: Any, out: Any) -> None:
+        for what, t in (("input", inp), ("output", out)):
+            if not hasattr(t, "data_ptr"):
+                raise CommError(f"rank {self.rank}: {coll} {what} must be a torch tensor, got {type(t).__name__}")
+            if not t.is_contiguous():
+                raise CommError(f"rank {self.rank}: {coll} {what} must be contiguous")
+        if inp.dtype != out.dtype:
+            raise CommError(f"rank {self.rank}: {coll} input dtype {inp.dtype} differs from "
+                            f"output dtype {out.dtype}")
+        if inp.device != out.device:
+            raise CommError(f"rank {self.rank}: {coll} input on {inp.device}, output on {out.device}")
+        dtype_name(inp.dtype)
+
+    def _inplace_layout(self, coll: str, inp: Any, out: Any, shape: BlockShape) -> bool:
+        """Whether ``inp``/``out`` are the collective's in-place layout; raises on any other
+        overlap."""
+        esz = inp.element_size()
+        a0, a1 = inp.data_ptr(), inp.data_ptr() + inp.numel() * esz
+        b0, b1 = out.data_ptr(), out.data_ptr() + out.numel() * esz
+        if a1 <= b0 or b1 <= a0:
+            return False
+        k = shape.block_elems * esz
+        if coll == "allgather":
+            ok = a0 == b0 + self.rank * k
+        elif coll == "reducescatter":
+            ok = b0 == a0 + self.rank * k
+        else:
+            ok = a0 == b0 and a1 == b1
+        if not ok:
+            where = {"allgather": "this rank's block of the output",
+                     "reducescatter": "this rank's block of the input"}.get(coll, "the same tensor")
+            raise CommError(f"rank {self.rank}: {coll} input and output overlap but are not the "
+                            f"in-place layout (the {'input' if coll == 'allgather' else 'output'} "
+                            f"must be {where})")
+        return True
+
+    def _plan_call(self, coll: str, inp: Any, out: Any, op: str, root: int = 0) -> CallPlan:
+        self._check_tensors(coll, inp, out)
+        n = self.world_size
+        shape = block_shape(coll, n, inp.numel(), out.numel())
+        esz = inp.element_size()
+        inplace = self._inplace_layout(coll, inp, out, shape)
+        nbytes = message_bytes(coll, inp.numel() * esz, out.numel() * esz)
+        if self.backend is None:
+            return CallPlan(coll, "nccl", None, None, shape, shape, inp, out,
+                            reason=self._runtime_error or "no runtime")
+        reason = f"no plan for {coll} of {nbytes} bytes ({dtype_name(inp.dtype)}) on {n} ranks"
+        staged: Optional[CallPlan] = None  # the first choice that needs staging, kept in reserve
+        for choice in self.selector.choices(coll, n, nbytes, inp.dtype):
+            if choice.is_nccl:
+                # measured faster than the plans after it; also preferred to staging copies
+                return CallPlan(coll, "nccl", choice, None, shape, shape, inp, out,
+                                reason="tuning selects torch.distributed")
+            best: Optional[CallPlan] = None
+            # the variant whose in-place mode matches the call first
+            for v in sorted(choice.variants, key=lambda v: v.inplace != inplace):
+                try:
+                    plan = v.load()
+                except MscclangError as e:
+                    self._note_fallback(coll, f"plan {v.key} cannot be loaded: {e}",
+                                        level=logging.ERROR)
+                    continue
+                if coll == "broadcast" and (plan.root or 0) != root:
+                    continue
+                cp = self._fit(coll, v, plan, choice, inp, out, inplace, shape, esz, dry=True)
+                if cp is not None and (best is None or _MODE_RANK[cp.mode] < _MODE_RANK[best.mode]):
+                    best = cp
+            if best is None:
+                continue
+            if best.mode != "staged":
+                return best
+            if staged is None:
+                staged = best
+        if staged is not None:
+            # allocate the staging buffers now
+            got = self._fit(coll, staged.variant, staged.plan, staged.choice, inp, out, inplace,
+                            shape, esz)
+            if got is not None:
+                return got
+        return CallPlan(coll, "nccl", None, None, shape, shape, inp, out, reason=reason)
+
+    def _fit(self, coll: str, v: Any, plan: Any, choice: Choice, inp: Any, out: Any,
+             inplace: bool, shape: BlockShape, esz: int, dry: bool = False) -> Optional[CallPlan]:
+        """How variant ``v`` can run the call (``dry``: decide without allocating staging)."""
+        if self.backend is None:
+            return None
+        granule = max(1, int(self.backend.granule(plan)))
+        pad = needs_padding(shape, esz, granule)
+        sym_ok = not v.symmetric or (self.backend.is_symmetric(inp) and self.backend.is_symmetric(out))
+        if not pad and sym_ok:
+            if plan.inplace == inplace:
+                return CallPlan(coll, "direct", choice, plan, shape, shape, inp, out, variant=v)
+            if plan.inplace and coll in _INPLACE_COPY_OK:
+                in_view = (out[self.rank * shape.block_elems:(self.rank + 1) * shape.block_elems]
+                           if coll == "allgather" else out[:inp.numel()])
+                return CallPlan(coll, "copy_in", choice, plan, shape, shape, in_view, out, variant=v)
+        kp = padded_block_elems(shape.block_elems, esz, granule) if pad else shape.block_elems
+        ps = shape.padded(kp)
+        if dry:
+            return CallPlan(coll, "staged", choice, plan, shape, ps, None, None, variant=v)
+        dt = inp.dtype
+        if plan.inplace:
+            total = max(ps.in_elems, ps.out_elems)
+            buf = self._stage("io", total * esz).view(dt)
+            r = self.rank
+            if coll == "allgather":
+                s_in, s_out = buf[r * kp:(r + 1) * kp], buf[:ps.out_elems]
+            elif coll == "reducescatter":
+                s_in, s_out = buf[:ps.in_elems], buf[r * kp:(r + 1) * kp]
+            else:
+                s_in = s_out = buf[:ps.in_elems]
+        else:
+            s_in = self._stage("in", ps.in_elems * esz).view(dt)
+            s_out = self._stage("out", ps.out_elems * esz).view(dt)
+        return CallPlan(coll, "staged", choice, plan, shape, ps, s_in, s_out, variant=v)
+
+    def _launch(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int) -> None:
+        if cp.mode == "nccl":
+            self._run_fallback(cp, inp, out, op, root)
+            return
+        assert self.backend is not None and cp.plan is not None and cp.choice is not None
+        pt = cp.choice.packet_type
+        k, kp = cp.shape.block_elems, cp.padded.block_elems
+        if cp.mode == "copy_in":
+            cp.inp.copy_(inp)
+        elif cp.mode == "staged":
+            cp.inp.view(cp.shape.in_blocks, kp)[:, :k].copy_(inp.view(cp.shape.in_blocks, k))
+        self.backend.execute(cp.plan, cp.inp, cp.out, reduce_op=op, packet_type=pt)
+        if cp.mode == "staged":
+            out.view(cp.shape.out_blocks, k).copy_(cp.out.view(cp.shape.out_blocks, kp)[:, :k])
+
+    def _call(self, coll: str, inp: Any, out: Any, op: str, root: int = 0) -> Any:
+        if inp.numel() == 0 and out.numel() == 0:
+            return out
+        cp = self._plan_call(coll, inp, out, op, root)
+        self.last = cp
+        if cp.shape.block_elems == 0:
+            return out
+        self._launch(cp, inp, out, op, root)
+        return out
+
+    def _need_fallback(self, what: str) -> TorchFallback:
+        if self._fallback is None:
+            raise CommError(f"rank {self.rank}: {what} cannot run on mscclang and the "
+                            "torch.distributed fallback is disabled")
+        return self._fallback
+
+    def _note_fallback(self, what: str, reason: str, level: int = logging.WARNING) -> None:
+        key = (what, reason)
+        if key in self._logged:
+            return
+        self._logged.add(key)
+        log.log(level, "mscclang rank %d: %s falls back to torch.distributed: %s",
+                self.rank, what, reason)
+
+    def _run_fallback(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int) -> None:
+        coll = cp.collective
+        if cp.choice is not None and cp.choice.is_nccl:
+            # the tuning chose NCCL on purpose: note it quietly
+            self._note_fallback(coll, cp.reason, level=logging.INFO)
+        else:
+            self._note_fallback(coll, _reason_kind(cp.reason))
+        fb = self._need_fallback(coll)
+        if coll == "allreduce":
+            fb.all_reduce(inp, out, op)
+        elif coll == "allgather":
+            fb.all_gather(inp, out)
+        elif coll == "reducescatter":
+            fb.reduce_scatter(inp, out, op)
+        elif coll == "alltoall":
+            fb.all_to_all(inp, out)
+        elif coll == "broadcast":
+            fb.broadcast(out, root)
+        elif coll == "sendrecv":
+            fb.send_recv(inp, out, self.rank, self.world_size)
+        else:  # pragma: no cover - plan_collective only yields the above
+            raise CommError(f"no fallback for {coll}")
+
+
+def _reason_kind(reason: str) -> str:
+    """A log key that does not vary with the message size (so it is logged once)."""
+    if reason.startswith("no plan for "):
+        parts = reason.split(" ")
+        # "no plan for COLL of N bytes (DTYPE) on N ranks" -> drop the byte count
+        if len(parts) > 6:
+            parts[5] = "N"
+        return " ".join(parts)
+    return reason
+
+
+def _capturing() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:  # pragma: no cover
+        return False

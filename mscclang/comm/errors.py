@@ -1,0 +1,22 @@
+"""Errors of the collective API (all subclasses of :class:`mscclang.MscclangError`)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from mscclang.errors import MscclangError
+
+
+class CommError(MscclangError, ValueError):
+    """A collective call that cannot be done as asked (wrong sizes, dtype, device, rank)."""
+
+
+class TuningError(MscclangError):
+    """A tuning file is invalid; ``path`` is the JSON path of the offending field."""
+
+    def __init__(self, message: str, path: Optional[str] = None, file: Optional[str] = None) -> None:
+        self.path = path
+        self.file = file
+        self.message = message
+        where = ":".join(x for x in (file, path) if x)
+        super().__init__(f"{where}: {message}" if where else message)

@@ -1,0 +1,97 @@
+"""The selector: which plan variant runs a call, by (collective, world size, bytes, dtype).
+
+The tuning table names candidates per size range; the catalog says which variants exist. The
+selector turns a call into an ordered list of :class:`Choice` (plan variants, possibly ending with
+torch.distributed); the communicator takes the first one it can run (e.g. a zero-copy plan only
+on symmetric buffers). Without a rule for the call, a built-in heuristic orders the catalog's
+variants whose size range holds the message: LL plans first up to 256 KiB, Simple plans above.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from mscclang.comm.catalog import Catalog, PlanVariant
+from mscclang.comm.names import dtype_name, plan_collective
+from mscclang.comm.tuning import Rule, TuningTable
+
+#: below or at this size the heuristic prefers LL (packet) plans
+LL_THRESHOLD = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One way to run a call: plan variants of one candidate (``variants``, e.g. the in-place
+    and out-of-place plans of an algorithm; the communicator takes the one that fits the call
+    best), or torch.distributed (no variants)."""
+
+    variants: tuple[PlanVariant, ...] = ()
+    packet_type: Optional[str] = None
+    why: str = ""
+
+    @property
+    def is_nccl(self) -> bool:
+        return not self.variants
+
+    @property
+    def variant(self) -> Optional[PlanVariant]:
+        """The first variant (``None`` for torch.distributed)."""
+        return self.variants[0] if self.variants else None
+
+    def label(self) -> str:
+        if not self.variants:
+            return "nccl"
+        lab = self.variants[0].label()
+        return f"{lab} {self.packet_type}" if self.packet_type else lab
+
+
+class Selector:
+    """Maps calls to ordered choices; results are memoised per (collective, n, bytes, dtype)."""
+
+    def __init__(self, table: TuningTable, catalog: Catalog) -> None:
+        self.table = table
+        self.catalog = catalog
+        self._memo: dict[tuple, list[Choice]] = {}
+
+    def choices(self, collective: str, world_size: int, nbytes: int, dtype: object) -> list[Choice]:
+        """Ordered choices for a call; the list ends with torch.distributed when the rule names
+        it, and is empty when no plan can run the call at all (the caller falls back)."""
+        coll = plan_collective(collective)
+        dt = dtype_name(dtype)
+        key = (coll, world_size, nbytes, dt)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        rule = self.table.rule_for(coll, world_size, dt, nbytes)
+        out = self._from_rule(rule, coll, world_size, nbytes) if rule else []
+        if not out:
+            # no rule, or none of its plans exists here: heuristic over the catalog
+            out = self._heuristic(coll, world_size, nbytes)
+        self._memo[key] = out
+        return out
+
+    def _from_rule(self, rule: Rule, coll: str, n: int, nbytes: int) -> list[Choice]:
+        out: list[Choice] = []
+        where = f"rule {coll} n={rule.world_size} <= {rule.max_bytes}"
+        for cand in rule.candidates:
+            if cand.is_nccl:
+                out.append(Choice((), None, f"{where}: nccl"))
+                continue
+            vs = [v for v in self.catalog.find_all(cand.plan, coll, n, cand.instances, cand.threads)
+                  if v.fits(nbytes)]
+            if vs:
+                out.append(Choice(tuple(vs), cand.packet_type, f"{where}: {cand.label()}"))
+        return out
+
+    def _heuristic(self, coll: str, n: int, nbytes: int) -> list[Choice]:
+        variants = [v for v in self.catalog.matching(coll, n) if v.fits(nbytes)]
+        small = nbytes <= LL_THRESHOLD
+
+        def rank(v: PlanVariant) -> tuple:
+            proto_first = 0 if (v.protocol == "LL") == small else 1
+            # larger messages: more instances first; small: fewer
+            inst = v.instances or 1
+            return (proto_first, inst if small else -inst, v.key)
+
+        return [Choice((v,), None, "heuristic") for v in sorted(variants, key=rank)]

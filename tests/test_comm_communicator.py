@@ -1,0 +1,320 @@
+"""The communicator on the CPU: one thread per rank over the reference engine (the collective's
+definition) or the simulator, with stub plans. Checks results of every collective, dtype and odd
+element counts, in place and out of place, the choice of direct / copy-in / staged paths, the
+symmetric-buffer rule, padding to a granule, and the torch.distributed fallback."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from mscclang.comm import Communicator, CommError
+from mscclang.comm.testing import run_ranks, stub_plan
+from mscclang.comm.tuning import tuning_from_dict
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.int32]
+
+
+def rand(seed, numel, dtype):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.int32:
+        return torch.randint(-1000, 1000, (numel,), generator=g, dtype=torch.int32)
+    return torch.randn(numel, generator=g).to(dtype)
+
+
+def ref_reduce(xs, op="sum"):
+    f = {"sum": torch.add, "min": torch.minimum, "max": torch.maximum}[op]
+    dt = xs[0].dtype
+    wide = torch.float32 if dt.is_floating_point else dt
+    acc = xs[0].to(wide)
+    for x in xs[1:]:
+        acc = f(acc, x.to(wide)).to(dt).to(wide)
+    return acc.to(dt)
+
+
+ALL_PLANS = lambda n: [
+    stub_plan("allreduce", n, name="ar_oop"), stub_plan("allreduce", n, name="ar_ip", inplace=True),
+    stub_plan("allgather", n, name="ag_oop"), stub_plan("allgather", n, name="ag_ip", inplace=True),
+    stub_plan("reducescatter", n, name="rs_oop"),
+    stub_plan("reducescatter", n, name="rs_ip", inplace=True),
+    stub_plan("alltoall", n, name="a2a_oop"), stub_plan("broadcast", n, name="bc", inplace=True, root=0),
+    stub_plan("sendrecv", n, name="sr_oop"),
+]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("numel", [1, 7, 64, 1001])
+def test_every_collective_matches_definition(n, dtype, numel):
+    def body(comm):
+        r = comm.rank
+        xs = [rand(100 * p + numel, numel * n, dtype) for p in range(n)]
+        res = {}
+        # allreduce, out of place and in place
+        res["ar"] = comm.all_reduce(xs[r].clone(), out=torch.empty_like(xs[r]))
+        t = xs[r].clone()
+        comm.all_reduce(t)
+        res["ar_ip"] = t
+        res["ar_max"] = comm.all_reduce(xs[r].clone(), op="max")
+        # allgather: out of place and in place (input = my block of the output)
+        small = [x[:numel] for x in xs]
+        res["ag"] = comm.all_gather(small[r].clone())
+        buf = torch.empty(n * numel, dtype=dtype)
+        buf[r * numel:(r + 1) * numel] = small[r]
+        comm.all_gather(buf[r * numel:(r + 1) * numel], out=buf)
+        res["ag_ip"] = buf
+        # reduce-scatter: out of place and in place (output = my block of the input)
+        res["rs"] = comm.reduce_scatter(xs[r].clone())
+        t = xs[r].clone()
+        comm.reduce_scatter(t, out=t[r * numel:(r + 1) * numel])
+        res["rs_ip"] = t[r * numel:(r + 1) * numel].clone()
+        res["a2a"] = comm.all_to_all(xs[r].clone(), out=torch.empty_like(xs[r]))
+        t = xs[r].clone()
+        comm.all_to_all(t)
+        res["a2a_ip"] = t
+        t = xs[r].clone()
+        comm.broadcast(t, root=0)
+        res["bc"] = t
+        res["sr"] = comm.send_recv(xs[r].clone(), out=torch.empty_like(xs[r]))
+        return res, xs
+
+    results, world, fb = run_ranks(n, body, plans=ALL_PLANS(n))
+    assert fb.calls == []  # every call ran on a plan
+    xs = results[0][1]
+    full = ref_reduce(xs)
+    for r, (res, _) in enumerate(results):
+        assert torch.equal(res["ar"], full)
+        assert torch.equal(res["ar_ip"], full)
+        assert torch.equal(res["ar_max"], ref_reduce(xs, "max"))
+        gathered = torch.cat([x[:numel] for x in xs])
+        assert torch.equal(res["ag"], gathered)
+        assert torch.equal(res["ag_ip"], gathered)
+        mine = slice(r * numel, (r + 1) * numel)
+        assert torch.equal(res["rs"], ref_reduce([x[mine] for x in xs]))
+        assert torch.equal(res["rs_ip"], ref_reduce([x[mine] for x in xs]))
+        a2a = torch.cat([xs[p][mine] for p in range(n)])
+        assert torch.equal(res["a2a"], a2a)
+        assert torch.equal(res["a2a_ip"], a2a)
+        assert torch.equal(res["bc"], xs[0])
+        assert torch.equal(res["sr"], xs[(r - 1) % n])
+
+
+def test_paths_direct_copy_in_staged_and_padding():
+    n = 2
+
+    def body(comm):
+        r = comm.rank
+        labels = []
+        x = rand(r, 8, torch.float16)
+        comm.all_reduce(x.clone(), out=torch.empty_like(x))  # out of place on in-place plan: copy_in
+        labels.append(comm.last.mode)
+        comm.all_reduce(x.clone())  # in place on in-place plan: direct
+        labels.append(comm.last.mode)
+        y = rand(r, 7, torch.float16)  # 14 bytes: padded to the 16-byte granule
+        got = comm.all_reduce(y.clone())
+        labels.append(comm.last.mode)
+        return labels, got, y
+
+    results, world, _ = run_ranks(n, body, plans=[stub_plan("allreduce", n, name="ar", inplace=True)],
+                                  granule=16)
+    for labels, got, _ in results:
+        assert labels == ["copy_in", "direct", "staged"]
+        assert torch.equal(got, ref_reduce([results[0][2], results[1][2]]))
+
+
+def test_symmetric_plan_runs_direct_on_comm_empty_and_staged_otherwise():
+    n = 2
+    plans = [stub_plan("allgather", n, name="ag_zc", symmetric=True)]
+
+    def body(comm):
+        r = comm.rank
+        modes = []
+        inp = comm.empty(5, dtype=torch.float32)
+        inp.copy_(torch.arange(5, dtype=torch.float32) + 10 * r)
+        out = comm.empty(10, dtype=torch.float32)
+        comm.all_gather(inp, out=out)
+        modes.append(comm.last.mode)
+        assert comm.is_symmetric(out)
+        plain = torch.arange(5, dtype=torch.float32) + 10 * r
+        res = comm.all_gather(plain)
+        modes.append(comm.last.mode)
+        return modes, out.clone(), res
+
+    results, _, _ = run_ranks(n, body, plans=plans)
+    want = torch.cat([torch.arange(5.0), torch.arange(5.0) + 10])
+    for modes, a, b in results:
+        assert modes == ["direct", "staged"]
+        assert torch.equal(a, want) and torch.equal(b, want)
+
+
+def test_any_mode_plan_preferred_over_staging_a_zero_copy_plan():
+    n = 2
+    plans = [stub_plan("allreduce", n, name="zc", symmetric=True, inplace=True),
+             stub_plan("allreduce", n, name="scratch", inplace=True)]
+    tuning = tuning_from_dict({"format": "mscclang.tuning/1", "rules": [
+        {"collective": "allreduce", "world_size": 2, "max_bytes": None,
+         "candidates": [{"plan": "zc"}, {"plan": "scratch"}]}]})
+
+    def body(comm):
+        x = torch.ones(16)
+        comm.all_reduce(x)  # plain tensor: the zero-copy plan is not direct -> 'scratch' direct
+        first = comm.last.label()
+        s = comm.empty(16, dtype=torch.float32)
+        s.fill_(1)
+        comm.all_reduce(s)
+        return first, comm.last.label(), x, s
+
+    results, world, _ = run_ranks(n, body, plans=plans, tuning=tuning)
+    for first, second, x, s in results:
+        assert first.startswith("scratch") and "(direct)" in first
+        assert second.startswith("zc") and "(direct)" in second
+        assert torch.equal(x, torch.full((16,), 2.0)) and torch.equal(s, torch.full((16,), 2.0))
+    assert world.launches == ["scratch", "zc"]
+
+
+def test_fallback_when_no_plan_logged_once(caplog):
+    n = 2
+
+    def body(comm):
+        outs = []
+        for numel in (4, 8, 16):
+            x = torch.full((numel,), float(comm.rank + 1))
+            outs.append(comm.all_reduce(x))
+        # broadcast from a root no plan serves
+        t = torch.full((3,), float(comm.rank))
+        comm.broadcast(t, root=1)
+        outs.append(t)
+        return outs
+
+    with caplog.at_level(logging.WARNING, logger="mscclang.comm"):
+        results, _, fb = run_ranks(n, body, plans=[stub_plan("broadcast", n, name="bc0", root=0,
+                                                             inplace=True)])
+    for outs in results:
+        for o in outs[:3]:
+            assert torch.equal(o, torch.full_like(o, 3.0))
+        assert torch.equal(outs[3], torch.full((3,), 1.0))
+    assert fb.calls.count("allreduce") == 2 * 3 and fb.calls.count("broadcast") == 2
+    msgs = [r.getMessage() for r in caplog.records if "allreduce" in r.getMessage()]
+    assert len(msgs) == 2  # once per rank, not once per call
+    assert "falls back to torch.distributed" in msgs[0]
+
+
+def test_fallback_disabled_raises():
+    with pytest.raises(CommError, match="fallback is disabled"):
+        run_ranks(2, lambda c: c.all_reduce(torch.ones(4)), plans=[], fallback=False, timeout=5)
+
+
+def test_tuned_nccl_choice_goes_to_fallback():
+    n = 2
+    tuning = tuning_from_dict({"format": "mscclang.tuning/1", "rules": [
+        {"collective": "allreduce", "max_bytes": 64, "candidates": [{"plan": "ar"}]},
+        {"collective": "allreduce", "max_bytes": None, "candidates": [{"plan": "nccl"}, {"plan": "ar"}]}]})
+
+    def body(comm):
+        comm.all_reduce(torch.ones(16))  # 64 bytes -> plan
+        a = comm.last.mode
+        comm.all_reduce(torch.ones(17))  # 68 bytes -> nccl
+        return a, comm.last.mode
+
+    results, world, fb = run_ranks(n, body, plans=[stub_plan("allreduce", n, name="ar", inplace=True)],
+                                   tuning=tuning)
+    assert results == [("direct", "nccl")] * 2
+    assert fb.calls == ["allreduce"] * 2
+
+
+def test_size_range_of_plan_respected():
+    n = 2
+    plans = [stub_plan("allreduce", n, name="small", inplace=True, protocol="LL", max_bytes=1024),
+             stub_plan("allreduce", n, name="large", inplace=True, min_bytes=1025)]
+
+    def body(comm):
+        comm.all_reduce(torch.ones(256))  # 1024 bytes
+        a = comm.last.variant.key
+        comm.all_reduce(torch.ones(257))
+        return a, comm.last.variant.key
+
+    results, _, _ = run_ranks(n, body, plans=plans)
+    assert results == [("small", "large")] * 2
+
+
+@pytest.mark.parametrize("call,msg", [
+    (lambda c: c.all_gather(torch.ones(3), out=torch.empty(5)), "output of 2 x 3"),
+    (lambda c: c.all_reduce(torch.ones(4), out=torch.empty(4, dtype=torch.float16)), "dtype"),
+    (lambda c: c.all_reduce(torch.ones(4, dtype=torch.float64)), "unsupported dtype"),
+    (lambda c: c.all_reduce(torch.ones(4, 4).t()), "contiguous"),
+    (lambda c: c.all_reduce(torch.ones(4), op="prod"), "unsupported reduce op"),
+    (lambda c: c.broadcast(torch.ones(4), root=5), "root 5"),
+    (lambda c: c.reduce_scatter(torch.ones(5)), "divisible"),
+    (lambda c: c.send(torch.ones(4), dst=c.rank), "not another rank"),
+])
+def test_misuse_raises_comm_error(call, msg):
+    def body(comm):
+        try:
+            call(comm)
+        except CommError as e:
+            return str(e)
+        return None
+
+    results, _, _ = run_ranks(2, body, plans=ALL_PLANS(2), timeout=5)
+    for m in results:
+        assert m is not None and msg in m
+
+
+def test_overlapping_non_inplace_layout_rejected():
+    def body(comm):
+        buf = torch.zeros(9)
+        with pytest.raises(CommError, match="in-place layout"):
+            comm.all_gather(buf[1:5], out=buf[:8])  # neither rank's block of the output
+        with pytest.raises(CommError, match="overlap"):
+            comm.all_reduce(buf[:8], out=buf[1:9])
+        return True
+
+    assert run_ranks(2, body, plans=ALL_PLANS(2), timeout=5)[0] == [True, True]
+
+
+def test_zero_elements_is_a_no_op():
+    results, world, fb = run_ranks(2, lambda c: c.all_reduce(torch.ones(0)).numel(), plans=ALL_PLANS(2))
+    assert results == [0, 0] and world.launches == [] and fb.calls == []
+
+
+def test_prepare_allocates_staging_without_launching():
+    def body(comm):
+        x = torch.ones(7, dtype=torch.float16)
+        cp = comm.prepare("all_reduce", x)
+        return cp.mode, comm.backend.prepared
+
+    results, world, _ = run_ranks(2, body, plans=[stub_plan("allreduce", 2, name="ar", inplace=True)],
+                                  granule=16)
+    assert results == [("staged", ["ar"])] * 2 and world.launches == []
+
+
+def test_constructor_needs_initialised_torch_distributed():
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # pragma: no cover - another test initialised it
+        pytest.skip("torch.distributed already initialised")
+    with pytest.raises(CommError, match="not initialised"):
+        Communicator()
+    with pytest.raises(CommError, match="rank and world_size"):
+        Communicator(store=object())
+
+
+def test_cpu_communicator_from_store_falls_back_to_gloo(tmp_path):
+    """No GPU: a store-built communicator has no runtime and runs everything through
+    torch.distributed (here gloo, one process)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # pragma: no cover
+        pytest.skip("torch.distributed already initialised")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    comm = Communicator(store=store, rank=0, world_size=1, device="cpu")
+    try:
+        assert comm.backend is None
+        x = torch.arange(4.0)
+        comm.all_reduce(x)
+        assert torch.equal(x, torch.arange(4.0)) and comm.last.mode == "nccl"
+        assert "no GPU runtime" in comm.last.reason
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,96 @@
+"""Tuning file format: parsing, errors with JSON paths, rule matching, round trip."""
+
+import json
+
+import pytest
+
+from mscclang.comm.errors import TuningError
+from mscclang.comm.tuning import (DEFAULT_TUNING_FILE, TuningTable, load_tuning, save_tuning,
+                                  tuning_from_dict, tuning_to_json)
+
+
+def table(rules):
+    return {"format": "mscclang.tuning/1", "rules": rules}
+
+
+def rule(max_bytes, plan, coll="allreduce", n=2, dtypes=("*",), **cand):
+    return {"collective": coll, "world_size": n, "dtypes": list(dtypes), "max_bytes": max_bytes,
+            "candidates": [dict(plan=plan, **cand)]}
+
+
+def test_rule_for_picks_smallest_fitting_threshold():
+    t = tuning_from_dict(table([rule(None, "big"), rule(4096, "small"), rule(65536, "mid")]))
+    pick = lambda b: t.rule_for("allreduce", 2, "float16", b).candidates[0].plan
+    assert pick(1) == "small"
+    assert pick(4096) == "small"
+    assert pick(4097) == "mid"
+    assert pick(65536) == "mid"
+    assert pick(65537) == "big"
+    assert pick(1 << 40) == "big"
+
+
+def test_exact_dtype_rules_win_and_world_size_filters():
+    t = tuning_from_dict(table([rule(None, "any16"), rule(None, "bf", dtypes=["bfloat16"]),
+                                rule(None, "four", n=4)]))
+    assert t.rule_for("all_reduce", 2, "bfloat16", 10).candidates[0].plan == "bf"
+    assert t.rule_for("allreduce", 2, "float16", 10).candidates[0].plan == "any16"
+    assert t.rule_for("allreduce", 4, "float16", 10).candidates[0].plan == "four"
+    assert t.rule_for("allreduce", 8, "float16", 10) is None
+    assert t.rule_for("allgather", 2, "float16", 10) is None
+
+
+def test_exact_dtype_rule_too_small_falls_to_wildcard():
+    t = tuning_from_dict(table([rule(1024, "bf_small", dtypes=["bfloat16"]), rule(None, "wild")]))
+    assert t.rule_for("allreduce", 2, "bfloat16", 100).candidates[0].plan == "bf_small"
+    assert t.rule_for("allreduce", 2, "bfloat16", 2048).candidates[0].plan == "wild"
+
+
+@pytest.mark.parametrize("doc,path,msg", [
+    ({"format": "nope", "rules": []}, "format", "expected format"),
+    (table([{"collective": "allreduce", "candidates": []}]), "rules[0].candidates", "at least 1"),
+    (table([rule(10, "x", coll="allfoo")]), "rules[0].collective", "unknown collective"),
+    (table([rule(10, "x", dtypes=["float64"])]), "rules[0].dtypes", "unknown dtype"),
+    (table([rule(-1, "x")]), "rules[0].max_bytes", "greater than or equal"),
+    (table([rule(10, "x", threads=7)]), "rules[0].candidates[0].threads", "greater than"),
+    (table([rule(10, "x"), rule(10, "y")]), "rules[1]", "duplicates rules[0]"),
+    (table([dict(rule(10, "x"), bogus=1)]), "rules[0].bogus", "Extra inputs"),
+])
+def test_errors_name_json_path(doc, path, msg):
+    with pytest.raises(TuningError) as ei:
+        tuning_from_dict(doc)
+    assert ei.value.path == path
+    assert msg in str(ei.value)
+
+
+def test_file_round_trip_and_file_errors(tmp_path):
+    t = tuning_from_dict(table([rule(4096, "a", instances=2, threads=512, packet_type="LL8"),
+                                rule(None, "nccl")]))
+    p = tmp_path / "t.json"
+    save_tuning(t, p)
+    t2 = load_tuning(p)
+    assert tuning_to_json(t2) == tuning_to_json(t)
+    assert t2.rules[0].candidates[0].label() == "a i2 t512 LL8"
+    assert t2.rules[1].candidates[0].is_nccl
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(TuningError, match="bad.json.*not valid JSON"):
+        load_tuning(bad)
+    with pytest.raises(TuningError, match="cannot read"):
+        load_tuning(tmp_path / "missing.json")
+
+
+def test_plans_dir_is_relative_to_the_file(tmp_path):
+    doc = table([rule(None, "a")])
+    doc["plans_dir"] = "extra"
+    p = tmp_path / "sub" / "t.json"
+    p.parent.mkdir()
+    p.write_text(json.dumps(doc))
+    assert load_tuning(p).extra_plans_dir() == (tmp_path / "sub" / "extra").resolve()
+
+
+def test_shipped_defaults_parse_and_cover_2_ranks():
+    t = load_tuning(DEFAULT_TUNING_FILE)
+    assert isinstance(t, TuningTable)
+    for coll in ("allreduce", "allgather", "reducescatter", "alltoall"):
+        for nbytes in (1024, 1 << 20, 1 << 30):
+            assert t.rule_for(coll, 2, "bfloat16", nbytes) is not None, (coll, nbytes)
