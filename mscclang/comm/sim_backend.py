@@ -225,6 +225,13 @@ class SimBackend(Backend):
             if wi is None or wo is None:
                 raise CommError(f"rank {self.rank}: zero-copy plan {plan.name} needs symmetric "
                                 "buffers (from Communicator.empty)")
+            # in-place allgather/reducescatter: this rank's block sits at rank * block bytes
+            shift = block_shape(plan.collective, self.world_size, inp.numel(), out.numel()).block_elems \
+                * inp.element_size() * self.rank
+            if plan.inplace and plan.collective == "allgather":
+                wi = (wi[0], wi[1] - shift)
+            elif plan.inplace and plan.collective == "reducescatter":
+                wo = (wo[0], wo[1] - shift)
             sym = (wi, wo)
         dtype_name(inp.dtype)
         launch = _Launch(plan, torch_to_numpy(inp), out.numel(), reduce_op, packet_type, sym)

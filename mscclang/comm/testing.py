@@ -44,8 +44,11 @@ def stub_plan(collective: str, world_size: int, *, name: Optional[str] = None, i
 
 
 def catalog_of(plans: Sequence[Plan]) -> Catalog:
-    """A catalog holding these plans (key = plan name)."""
-    return Catalog(PlanVariant.from_plan(p, key=p.name) for p in plans)
+    """A catalog holding these plans (key = plan name, plus ``.ip`` for an in-place plan whose
+    name an out-of-place plan also has)."""
+    names = [p.name for p in plans]
+    return Catalog(PlanVariant.from_plan(p, key=p.name + (".ip" if p.inplace and names.count(p.name) > 1 else ""))
+                   for p in plans)
 
 
 class ThreadFallback:
