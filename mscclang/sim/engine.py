@@ -195,6 +195,7 @@ class Simulation:
 
         # scheduling
         self.waiting: dict[tuple, list[Task]] = {}
+        self.flag_pages: dict[int, dict[int, bool]] = {}
         self.runnable: list[Task] = []
         self.rr: deque[Task] = deque()
         self.live: dict[int, int] = {}
@@ -263,7 +264,8 @@ class Simulation:
                         if r < n:
                             n = r
                             if n == 0:
-                                yield Wait(("flag", s.rank),
+                                addr = half + 8 * ((piece.offsets[i] + done) // 4)
+                                yield Wait(("flag", s.rank, addr >> 7),
                                            f"packets of rank {s.rank} scratch at payload offset "
                                            f"{piece.offsets[i] + done} with flag {flag}",
                                            ("flag", s.rank))
@@ -324,7 +326,7 @@ class Simulation:
                              unit=unit, packet=True, exempt=exempt, single=single)
                 if m.shadow is not None:
                     m.shadow["scr"][s0 // 4: s1 // 4] = 0
-                self._wake(("flag", d.rank))
+                self._wake_flags(d.rank, s0, s1)
 
     def _write(self, actor: Actor, rank: int, d: Operand, off: int, data: np.ndarray,
                sh: Optional[np.ndarray], flag: int, half: int, launch: int, opref: OpRef,
@@ -339,7 +341,7 @@ class Simulation:
                          delta=s0 - 2 * delta_pos, unit=unit, packet=True, exempt=exempt, single=single)
             if m.shadow is not None:
                 self._sh_put_pkt(m, half, off, n, sh)
-            self._wake(("flag", d.rank))
+            self._wake_flags(d.rank, s0, s1)
         else:
             if d.kind == BufferKind.scratch:
                 base += half
@@ -386,6 +388,20 @@ class Simulation:
             for t in lst:
                 t.wait = None
                 self._make_runnable(t)
+
+    def _wake_flags(self, rank: int, s0: int, s1: int) -> None:
+        """Wake tasks waiting for packets whose flags lie in scratch bytes [s0, s1) of rank."""
+        pages = self.flag_pages.get(rank)
+        if not pages:
+            return
+        p0, p1 = s0 >> 7, (s1 - 1) >> 7
+        if p1 - p0 + 1 > len(pages):
+            hits = [pg for pg in pages if p0 <= pg <= p1]
+        else:
+            hits = [pg for pg in range(p0, p1 + 1) if pg in pages]
+        for pg in hits:
+            pages.pop(pg, None)
+            self._wake(("flag", rank, pg))
 
     def _make_runnable(self, t: Task) -> None:
         if self.schedule == "round_robin":
@@ -561,7 +577,8 @@ class Simulation:
                         r = self.mem[s.rank].ready_bytes(piece.offsets[i], piece.length, mem.flag, mem.half)
                         if r >= piece.length:
                             break
-                        yield Wait(("flag", s.rank), f"packets of rank {s.rank} scratch at payload offset "
+                        addr = mem.half + 8 * ((piece.offsets[i] + r) // 4)
+                        yield Wait(("flag", s.rank, addr >> 7), f"packets of rank {s.rank} scratch at payload offset "
                                    f"{piece.offsets[i] + r} with flag {mem.flag}", ("flag", s.rank))
             c = g.channel if g.channel is not None else (cop.channels[0] if cop.channels else None)
             if c is None:
@@ -768,17 +785,18 @@ class Simulation:
 
     def _adversarial_index(self, lst: list[Task]) -> int:
         """Prefer blocks that read or wait; delay writers and the blocks others wait on."""
-        best = []
-        for i, t in enumerate(lst):
-            if t.proxy is not None:
-                continue
-            nxt = t.cops[t.pos].op.name if t.pos < len(t.cops) else None
-            if t.rank in self.waited_ranks or (nxt is not None and nxt in REMOTE_WRITERS):
-                continue
-            best.append(i)
-        if best and self.rng.random() < 0.9:
-            return best[self.rng.randrange(len(best))]
-        return self.rng.randrange(len(lst))
+        rng = self.rng
+        if rng.random() < 0.9:
+            for _ in range(8):
+                i = rng.randrange(len(lst))
+                t = lst[i]
+                if t.proxy is not None or t.rank in self.waited_ranks:
+                    continue
+                nxt = t.cops[t.pos].op.name if t.pos < len(t.cops) else None
+                if nxt is not None and nxt in REMOTE_WRITERS:
+                    continue
+                return i
+        return rng.randrange(len(lst))
 
     def _step(self, t: Task) -> None:
         self.steps += 1
@@ -803,6 +821,8 @@ class Simulation:
             return
         t.wait = w
         self.waiting.setdefault(w.key, []).append(t)
+        if w.key[0] == "flag":
+            self.flag_pages.setdefault(w.key[1], {})[w.key[2]] = True
         if self.schedule == "adversarial":
             wk = w.info
             if wk[0] == "ctr":

@@ -62,6 +62,9 @@ class Access:
     rvc: Optional[np.ndarray] = field(default=None, compare=False, repr=False)  # packet writes
 
 
+_PAGE_BITS = 12
+
+
 class IntervalMap:
     """Non-overlapping [start, end) segments, each with a value, sorted by start."""
 
@@ -190,7 +193,7 @@ class AccessLog:
     def __init__(self, host_tids: set[int], on_race: Callable[[RaceInfo], None]) -> None:
         self.writes: dict[str, IntervalMap] = {}
         self.touches: dict[str, tuple[int, int, Access]] = {}
-        self.reads: dict[str, list[tuple[int, int, Access]]] = {}
+        self.reads: dict[str, dict[int, list[tuple[int, int, Access]]]] = {}
         self.host_tids = host_tids
         self.on_race = on_race
 
@@ -222,7 +225,7 @@ class AccessLog:
         wm = self.writes.get(storage)
         if wm is None:
             wm = self.writes[storage] = IntervalMap()
-            self.reads[storage] = []
+            self.reads[storage] = {}
         t = self.touches.get(storage)
         if t is not None and t[0] < b and a < t[1] and t[2].tid != c.tid:
             prev = t[2]
@@ -244,25 +247,37 @@ class AccessLog:
                 ok = vc[prev.tid] >= prev.clk
             if not ok:
                 self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
-        reads = self.reads[storage]
+        pages = self.reads[storage]
+        p0, p1 = a >> _PAGE_BITS, (b - 1) >> _PAGE_BITS
         if c.write:
-            keep = []
-            for (s, e_, prev) in reads:
-                if e_ <= a or s >= b:
-                    keep.append((s, e_, prev))
+            checked: set[int] = set()
+            for pg in range(p0, p1 + 1):
+                lst = pages.get(pg)
+                if not lst:
                     continue
-                if prev.tid == c.tid:
-                    if not (same_thread_ordered or prev.clk < c.clk or (prev.delta == c.delta and prev.unit == c.unit)) \
-                            and not self._exempt(prev, c):
-                        self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
-                elif not self._exempt(prev, c) and not rvc[prev.tid] >= prev.clk:
-                    self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
-                if s < a or e_ > b:
-                    keep.append((s, e_, prev))
+                keep = []
+                for item in lst:
+                    s, e_, prev = item
+                    if e_ <= a or s >= b:
+                        keep.append(item)
+                        continue
+                    if id(item) not in checked:
+                        checked.add(id(item))
+                        if prev.tid == c.tid:
+                            if not (same_thread_ordered or prev.clk < c.clk or
+                                    (prev.delta == c.delta and prev.unit == c.unit)) \
+                                    and not self._exempt(prev, c):
+                                self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
+                        elif not self._exempt(prev, c) and not rvc[prev.tid] >= prev.clk:
+                            self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
+                    if s < a or e_ > b:
+                        keep.append(item)
+                pages[pg] = keep
             if touch:
                 self.touches[storage] = (a, b, c)
                 return
-            self.reads[storage] = keep
             wm.assign(a, b, c)
         else:
-            reads.append((a, b, c))
+            item = (a, b, c)
+            for pg in range(p0, p1 + 1):
+                pages.setdefault(pg, []).append(item)
