@@ -86,9 +86,17 @@ def test_op_errors(op, msg):
 
 
 def test_nested_pipeline_in_ir_rejected():
-    inner = IROp(OpName.pipeline, iter_context=(64, 1), body=[])
-    ir = add(base(), 1, 0, IROp(OpName.pipeline, iter_context=(64, 1), body=[inner]))
+    inner = IROp(OpName.pipeline, iter_context=(64, 1), body=[IROp(OpName.copy, src=[loc(1, I, 0)], dst=[loc(1, O, 0)])])
+    copy = IROp(OpName.copy, src=[loc(1, I, 0)], dst=[loc(1, O, 0)])
+    ir = add(base(), 1, 0, IROp(OpName.pipeline, iter_context=(64, 1), body=[inner, copy]))
     with pytest.raises(DSLError, match=r"rank 1, tb 0, op 0.0 \(pipeline\): pipelines cannot be nested"):
+        validate(ir)
+
+
+def test_pipeline_without_data_op_rejected():
+    ir = add(base(), 1, 0, IROp(OpName.pipeline, iter_context=(64, 1),
+                                body=[IROp(OpName.wait, channel_type=ChannelType.memory, channels=[0])]))
+    with pytest.raises(DSLError, match=r"rank 1, tb 0, op 0 \(pipeline\): a pipeline body needs at least one data op"):
         validate(ir)
 
 
@@ -172,6 +180,7 @@ def test_pipeline_signals_counted_per_context():
     with CollectiveProgram("b", AllReduce(2, 1, False), 2) as p:
         a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)
         with LoopIterationContext(1024, 1):
+            a.put(Rank(1).get_output_buffer()[0:1], Rank(0).get_input_buffer()[0:1], tb=0)
             a.signal(0)
         b.wait(0)  # once, outside the pipeline: not the same count per launch
     with pytest.raises(DSLError, match=r"inside pipelines with unit=1024, num_chunks=1, per iteration"):

@@ -8,7 +8,8 @@ DSL call that recorded the op:
 * every chunk reference inside its buffer (remote: the peer's; switch: every member's);
 * sizes agree between the operands of an op; local operands belong to the op's rank, remote ones
   to a peer of the op's channels; channel and semaphore ids exist;
-* LL packets only in scratch buffers;
+* LL packets only in scratch buffers; pipeline bodies hold at least one data op (the longest
+  data op of a body sets its iteration count, see :mod:`mscclang.plan.layout`);
 * signal/wait balance **per channel** and per direction: the signals sent on rank A's ``j``-th
   channel to B (``signal``, ``rlxsignal`` and, for port channels, ``pws``/``pwsf``) equal the
   waits on B's paired channel (the one with the same ordinal among B's channels to A), counted
@@ -60,6 +61,9 @@ def _check_op(ir: IRProgram, r: IRRank, tb: int, idx: str, op: IROp) -> None:
     if op.name == OpName.pipeline:
         if op.iter_context is None or op.body is None:
             raise DSLError(f"{w}: a pipeline needs an iteration context and a body")
+        if not any(inner.src or inner.dst for inner in op.body):
+            raise DSLError(f"{w}: a pipeline body needs at least one data op: its iteration count is that of "
+                           f"its longest data op, so a body of sync ops only would run 0 times")
         for j, inner in enumerate(op.body):
             if inner.name == OpName.pipeline:
                 raise DSLError(f"{where(r.rank, tb, f'{idx}.{j}', inner)}: pipelines cannot be nested")
