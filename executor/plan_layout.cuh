@@ -1,0 +1,138 @@
+// Device-plan layout shared by the interpreter kernel and mscclang.runtime.device_plan.
+//
+// The host (Python) packs one blob per (plan, rank, sizes): a PlanHeader, tables, and one region
+// per thread block holding its ops. Every op's operands are already resolved to
+// (buffer slot, byte offset, length) pieces, so the kernel only walks byte ranges. All offsets and
+// sizes are 64-bit. The Python side describes the same structs field by field and generates
+// `static_assert(offsetof(...) == N)` lines (mscclang.runtime.device_plan.layout_asserts), which
+// CI compiles with NVRTC so the two layouts cannot drift.
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define MSCCLANG_PLAN_MAGIC 0x4C43534Du   // "MSCL"
+#define MSCCLANG_PLAN_VERSION 1u
+#define MSCCLANG_MAX_FLAGS 1024           // flag slots per scratch (>= blocks of any plan)
+#define MSCCLANG_MAX_BARRIERS 64          // barrier ids per rank
+#define MSCCLANG_MAX_OPERANDS 16          // sources + destinations of one op
+#define MSCCLANG_MAX_IDS 32               // channels / semaphores of one op
+
+// Op kinds of the device plan (the Python packer maps plan op names onto these).
+enum DevOpKind : u32 {
+  DOP_NOP = 0,        // __syncthreads
+  DOP_BARRIER = 1,    // barrier among listed blocks: aux0 = barrier id, aux1 = count
+  DOP_SIGNAL = 2,     // thread i signals memory channel ids[i] (flags bit0: relaxed)
+  DOP_WAIT = 3,       // thread i waits on memory channel ids[i] (flags bit0: relaxed)
+  DOP_DATA = 4,       // generic data op: sources (plain or packets) reduced into destinations
+  DOP_SEM_ACQUIRE = 5,
+  DOP_SEM_RELEASE = 6,
+  DOP_PIPELINE = 7,   // aux0 = number of inner ops that follow, aux1 = iterations, total = unit
+  DOP_PORT_PUT = 8,   // port channel ops: device side compiled, refused by the runtime
+  DOP_PORT_SIGNAL = 9,
+  DOP_PORT_FLUSH = 10,
+  DOP_SWITCH_REDUCE = 11,   // glre/glres: multimem load-reduce (compiled only)
+  DOP_SWITCH_STORE = 12,    // gstore: multimem store (compiled only)
+};
+
+// operand descriptor (u16): low byte = slot, high byte = mode bits
+#define OPND_SLOT_INPUT 0
+#define OPND_SLOT_OUTPUT 1
+#define OPND_SLOT_SCRATCH 2
+#define OPND_SLOT_REMOTE0 3       // slot 3 + k = remote buffer k of the rank
+#define OPND_MODE_PACKET 1        // operand holds LL packets (address = base + 2 * offset)
+
+#define BUF_KIND_INPUT 0
+#define BUF_KIND_OUTPUT 1
+#define BUF_KIND_SCRATCH 2
+
+// what a bounded spin waited for (ErrorRecord.what)
+#define WHAT_SIGNAL 1
+#define WHAT_PACKET 2
+#define WHAT_BARRIER 3
+#define WHAT_SEMAPHORE 4
+#define WHAT_PEER_ABORT 5
+#define WHAT_PORT_FIFO 6
+
+struct PlanHeader {
+  u32 magic;
+  u32 version;
+  u32 n_blocks;
+  u32 rank;
+  u64 sync_base;        // this rank's sync area (device pointer)
+  u64 scratch_base;     // this rank's scratch (device pointer)
+  u64 scratch_half;     // bytes of one half with double scratch, else 0
+  u64 flags;            // u32[MSCCLANG_MAX_FLAGS] in device memory
+  u64 abort_word;       // u32 polled by every block of this rank
+  u64 error_record;     // ErrorRecord in host-mapped memory
+  u64 semaphores;       // i64[n_semaphores] in device memory
+  u64 barriers;         // u64[MSCCLANG_MAX_BARRIERS] monotonic arrival counters
+  u32 n_peers;          // entries of the peer-abort table
+  u32 n_remote;         // entries of the remote-buffer table
+  u32 n_channels;       // entries of the channel table
+  u32 n_semaphores;
+  u64 peer_abort_table; // blob offset of u64[n_peers]: peers' abort words (IPC mapped)
+  u64 remote_table;     // blob offset of RemoteBuf[n_remote]
+  u64 channel_table;    // blob offset of ChannelDev[n_channels]
+  u64 block_table;      // blob offset of BlockEntry[n_blocks]
+};
+
+struct RemoteBuf {
+  u64 base;   // peer's allocation base, mapped here through IPC
+  u32 kind;   // BUF_KIND_*
+  u32 pad;
+};
+
+struct ChannelDev {
+  u64 inbound;          // u64 counter the peer signals (local device memory)
+  u64 remote_inbound;   // the peer's counter for the paired channel (IPC mapped)
+  u64 expected;         // u64 expected count for waits (local device memory)
+};
+
+struct BlockEntry {
+  u32 offset;   // blob offset of the block's region
+  u32 bytes;    // size of the region (copied into shared memory)
+};
+
+struct BlockHeader {
+  u32 n_ops;
+  u32 bytes;
+};
+
+// One op record, followed by: u16 operand descriptors [n_src + n_dst] padded to 8 bytes,
+// u16 ids [n_ids] padded to 8 bytes, then n_pieces pieces of (2 + n_src + n_dst) u64 words:
+// {length, valid, offset[operand]...}. Bytes of a piece past `valid` read as zero from plain
+// sources (packet writes cover whole scratch slots).
+struct DevOp {
+  u8 kind;
+  u8 n_src;
+  u8 n_dst;
+  u8 n_ids;
+  u16 n_pieces;
+  u16 flags;        // bit0: relaxed signal/wait
+  u32 bytes;        // size of this record (inner ops of a pipeline follow it, not counted)
+  u32 index;        // op index in the plan's thread block (for error records)
+  u32 tbg_member;
+  u32 tbg_size;
+  u64 total;        // data ops: bytes of the op's stream; pipeline: unit size
+  u32 aux0;
+  u32 aux1;
+  u64 tbg_unit;     // thread-block-group split unit, max(alignment, 8)
+};
+
+// Written by the first block that gives up; read by the host.
+struct ErrorRecord {
+  u32 state;        // 0 none, 1 being written, 2 complete
+  i32 rank;
+  i32 block;
+  i32 op_index;
+  i32 what;
+  i32 channel;
+  u64 expected;
+  u64 seen;
+  u64 elapsed_ns;
+};

@@ -1,0 +1,319 @@
+// Device primitives of the mscclang executor: memory-ordering helpers, 64-bit monotonic channel
+// counters, LL8/LL16 packets, element-wise reduction per dtype, bounded spins with the abort
+// protocol, port-channel FIFO push (compiled, not used by the runtime yet) and switch-channel
+// multimem access (compiled only).
+#pragma once
+#include "plan_layout.cuh"
+
+#define DT_F16 0
+#define DT_BF16 1
+#define DT_F32 2
+#define DT_I32 3
+
+#define ROP_SUM 0
+#define ROP_MIN 1
+#define ROP_MAX 2
+
+struct u32x4 { u32 x, y, z, w; };
+
+// ------------------------------------------------------------------------------------------------
+// memory ordering
+__device__ __forceinline__ u64 ld_acquire_sys_u64(const u64* p) {
+  u64 v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ u64 ld_relaxed_sys_u64(const u64* p) {
+  u64 v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ u64 ld_acquire_gpu_u64(const u64* p) {
+  u64 v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_add_release_sys(u64* p, u64 v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void red_add_relaxed_sys(u64* p, u64 v) {
+  asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ u32 ld_volatile_u32(const u32* p) {
+  u32 v;
+  asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_relaxed_sys_u32(u32* p, u32 v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ u64 global_timer_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// ------------------------------------------------------------------------------------------------
+// LL packets: LL16 = {data0, flag, data1, flag} carries 8 payload bytes, LL8 = {data, flag} 4.
+template <int PKT> struct Packet;
+template <> struct Packet<16> {
+  static constexpr u32 kPayload = 8;
+  static constexpr u32 kWords = 2;
+  __device__ static __forceinline__ void store(u8* p, const u32* w, u32 flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(flag),
+                 "r"(w[1]), "r"(flag)
+                 : "memory");
+  }
+  // true when the packet carries `flag`; payload words in w
+  __device__ static __forceinline__ bool load(const u8* p, u32* w, u32 flag) {
+    u32 a, b, c, d;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+                 : "l"(p)
+                 : "memory");
+    w[0] = a;
+    w[1] = c;
+    return b == flag && d == flag;
+  }
+};
+template <> struct Packet<8> {
+  static constexpr u32 kPayload = 4;
+  static constexpr u32 kWords = 1;
+  __device__ static __forceinline__ void store(u8* p, const u32* w, u32 flag) {
+    asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(w[0]), "r"(flag) : "memory");
+  }
+  __device__ static __forceinline__ bool load(const u8* p, u32* w, u32 flag) {
+    u32 a, b;
+    asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "l"(p) : "memory");
+    w[0] = a;
+    return b == flag;
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+// element-wise reduction: fp16/bf16 every step in fp32 rounded to nearest even, fp32 in fp32,
+// int32 wrapping, min/max exact.
+__device__ __forceinline__ float h2f(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+  u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float b2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
+__device__ __forceinline__ u16 f2b(float f) {
+  u16 h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+template <int OP> __device__ __forceinline__ float fop(float a, float b) {
+  if (OP == ROP_SUM) return __fadd_rn(a, b);
+  if (OP == ROP_MIN) return fminf(a, b);
+  return fmaxf(a, b);
+}
+template <int OP> __device__ __forceinline__ i32 iop(i32 a, i32 b) {
+  if (OP == ROP_SUM) return (i32)((u32)a + (u32)b);
+  if (OP == ROP_MIN) return a < b ? a : b;
+  return a > b ? a : b;
+}
+
+// one 16-bit element
+template <int DT, int OP> __device__ __forceinline__ u16 red_half(u16 a, u16 b) {
+  if (DT == DT_F16) return f2h(fop<OP>(h2f(a), h2f(b)));
+  return f2b(fop<OP>(b2f(a), b2f(b)));
+}
+// one 32-bit word holding whole elements
+template <int DT, int OP> __device__ __forceinline__ u32 red_word(u32 a, u32 b) {
+  if (DT == DT_F32) return __float_as_uint(fop<OP>(__uint_as_float(a), __uint_as_float(b)));
+  if (DT == DT_I32) return (u32)iop<OP>((i32)a, (i32)b);
+  u16 lo = red_half<DT, OP>((u16)(a & 0xffffu), (u16)(b & 0xffffu));
+  u16 hi = red_half<DT, OP>((u16)(a >> 16), (u16)(b >> 16));
+  return ((u32)hi << 16) | lo;
+}
+template <int DT> struct ElemSize { static constexpr u32 value = (DT == DT_F16 || DT == DT_BF16) ? 2 : 4; };
+
+// ------------------------------------------------------------------------------------------------
+// execution context of one block
+struct Ctx {
+  const u8* blob;
+  u8* in;
+  u8* out;
+  u8* scratch;
+  u64 in_delta;
+  u64 out_delta;
+  u64 half;
+  const RemoteBuf* remote;
+  const ChannelDev* chan;
+  const u64* peer_abort;
+  u32 n_peers;
+  u32 flag;
+  i64* sems;
+  u64* bars;
+  u32* abort_word;
+  ErrorRecord* err;
+  u64 timeout_ns;
+  i32 rank;
+  i32 op_index;
+};
+
+__device__ __noinline__ void record_error(const Ctx& c, int what, int channel, u64 expected, u64 seen,
+                                          u64 elapsed) {
+  ErrorRecord* r = c.err;
+  if (atomicCAS(&r->state, 0u, 1u) == 0u) {
+    r->rank = c.rank;
+    r->block = (i32)blockIdx.x;
+    r->op_index = c.op_index;
+    r->what = what;
+    r->channel = channel;
+    r->expected = expected;
+    r->seen = seen;
+    r->elapsed_ns = elapsed;
+    __threadfence_system();
+    atomicExch(&r->state, 2u);
+    __threadfence_system();
+  }
+}
+
+__device__ __noinline__ void raise_abort(const Ctx& c) {
+  st_relaxed_sys_u32(c.abort_word, 1u);
+  for (u32 p = 0; p < c.n_peers; ++p) st_relaxed_sys_u32((u32*)c.peer_abort[p], 1u);
+  __threadfence_system();
+}
+
+// A bounded spin: call tick() once per failed poll; it returns true when the caller must give up
+// (bound expired here, or another block / rank aborted).
+struct Spin {
+  u64 t0;
+  u32 n;
+  __device__ __forceinline__ Spin() : t0(0), n(0) {}
+  __device__ __forceinline__ bool tick(const Ctx& c, int what, int channel, u64 expected, u64 seen) {
+    if ((++n & 15u) != 0u) return false;
+    if (ld_volatile_u32(c.abort_word) != 0u) {
+      record_error(c, WHAT_PEER_ABORT, channel, expected, seen, 0);
+      return true;
+    }
+    u64 now = global_timer_ns();
+    if (t0 == 0) {
+      t0 = now;
+      return false;
+    }
+    if (now - t0 > c.timeout_ns) {
+      record_error(c, what, channel, expected, seen, now - t0);
+      raise_abort(c);
+      return true;
+    }
+    return false;
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+// memory channel signal / wait on monotonic 64-bit counters. Return false on abort.
+__device__ __forceinline__ void channel_signal(const ChannelDev& ch, bool relaxed) {
+  if (relaxed)
+    red_add_relaxed_sys((u64*)ch.remote_inbound, 1ull);
+  else
+    red_add_release_sys((u64*)ch.remote_inbound, 1ull);
+}
+__device__ __forceinline__ bool channel_wait(const Ctx& c, const ChannelDev& ch, int id, bool relaxed) {
+  u64 expected = atomicAdd((unsigned long long*)ch.expected, 1ull) + 1ull;
+  const u64* in = (const u64*)ch.inbound;
+  Spin s;
+  for (;;) {
+    u64 v = relaxed ? ld_relaxed_sys_u64(in) : ld_acquire_sys_u64(in);
+    if (v >= expected) return true;
+    if (s.tick(c, WHAT_SIGNAL, id, expected, v)) return false;
+  }
+}
+
+// intra-GPU semaphores (values persist across launches)
+__device__ __forceinline__ bool semaphore_acquire(const Ctx& c, int id) {
+  unsigned long long* p = (unsigned long long*)&c.sems[id];
+  Spin s;
+  for (;;) {
+    i64 v = (i64)atomicAdd(p, 0ull);
+    if (v > 0 && atomicCAS(p, (unsigned long long)v, (unsigned long long)(v - 1)) == (unsigned long long)v) {
+      __threadfence();
+      return true;
+    }
+    if (v <= 0 && s.tick(c, WHAT_SEMAPHORE, id, 1, (u64)v)) return false;
+  }
+}
+__device__ __forceinline__ void semaphore_release(const Ctx& c, int id) {
+  __threadfence();
+  atomicAdd((unsigned long long*)&c.sems[id], 1ull);
+}
+
+// barrier among `count` blocks of this rank on a monotonic arrival counter (thread 0 only)
+__device__ __forceinline__ bool block_group_barrier(const Ctx& c, u32 id, u32 count) {
+  __threadfence();
+  unsigned long long* p = (unsigned long long*)&c.bars[id];
+  u64 arrive = atomicAdd(p, 1ull);
+  u64 target = (arrive / count + 1ull) * count;
+  Spin s;
+  for (;;) {
+    u64 v = ld_acquire_gpu_u64((const u64*)p);
+    if (v >= target) return true;
+    if (s.tick(c, WHAT_BARRIER, (int)id, target, v)) return false;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// port channel device side: push a 128-bit trigger into a host FIFO (lap-parity commit bit).
+// Compiled so the layout stays honest; the runtime refuses port channels until the proxy exists.
+struct PortFifo {
+  u64 triggers;   // host-pinned u64[2 * size]
+  u64 head;       // device u64
+  u64 tail;       // host-pinned u64 (advanced by the proxy)
+  u64 size;       // power of two
+};
+__device__ __noinline__ bool port_fifo_push(const Ctx& c, const PortFifo* f, u64 w0, u64 w1) {
+  u64 slot = atomicAdd((unsigned long long*)f->head, 1ull);
+  Spin s;
+  while (slot >= f->size + ld_relaxed_sys_u64((const u64*)f->tail)) {
+    if (s.tick(c, WHAT_PORT_FIFO, -1, slot, 0)) return false;
+  }
+  u64 lap = (slot / f->size) & 1ull;
+  w1 = (w1 & ~(1ull << 63)) | ((lap ^ 1ull) << 63);
+  u64* dst = (u64*)f->triggers + 2 * (slot & (f->size - 1));
+  asm volatile("st.release.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(dst), "l"(w0), "l"(w1) : "memory");
+  return true;
+}
+
+// ------------------------------------------------------------------------------------------------
+// switch channel (NVLink multicast) access: compiled only; the runtime refuses switch ops unless
+// MSCCLANG_ENABLE_NVLS=1 and never creates multicast objects itself.
+template <int DT, int OP> __device__ __forceinline__ u32 multimem_ld_reduce_word(const u8* mc) {
+  u32 v = 0;
+  if (DT == DT_F32) {
+    asm volatile("multimem.ld_reduce.relaxed.sys.global.add.f32 %0, [%1];" : "=r"(v) : "l"(mc) : "memory");
+  } else if (DT == DT_F16) {
+    if (OP == ROP_SUM)
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.add.f16x2 %0, [%1];" : "=r"(v) : "l"(mc) : "memory");
+    else if (OP == ROP_MIN)
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.min.f16x2 %0, [%1];" : "=r"(v) : "l"(mc) : "memory");
+    else
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.max.f16x2 %0, [%1];" : "=r"(v) : "l"(mc) : "memory");
+  } else if (DT == DT_BF16) {
+    if (OP == ROP_SUM)
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.add.bf16x2 %0, [%1];" : "=r"(v) : "l"(mc) : "memory");
+    else if (OP == ROP_MIN)
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.min.bf16x2 %0, [%1];" : "=r"(v) : "l"(mc) : "memory");
+    else
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.max.bf16x2 %0, [%1];" : "=r"(v) : "l"(mc) : "memory");
+  } else {
+    if (OP == ROP_SUM)
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.add.u32 %0, [%1];" : "=r"(v) : "l"(mc) : "memory");
+    else if (OP == ROP_MIN)
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.min.s32 %0, [%1];" : "=r"(v) : "l"(mc) : "memory");
+    else
+      asm volatile("multimem.ld_reduce.relaxed.sys.global.max.s32 %0, [%1];" : "=r"(v) : "l"(mc) : "memory");
+  }
+  return v;
+}
+__device__ __forceinline__ void multimem_st_word(u8* mc, u32 v) {
+  asm volatile("multimem.st.relaxed.sys.global.b32 [%0], %1;" ::"l"(mc), "r"(v) : "memory");
+}

@@ -1,0 +1,234 @@
+"""NVRTC build of the interpreter kernel into cubin (machine code for one arch, never PTX JIT),
+with a disk cache keyed by source hash, arch, options and NVRTC version.
+
+The kernel sources live in ``executor/`` (a checkout) or ``mscclang/_executor`` (an installed
+wheel). One module is built per dtype; it holds the six (packet type x reduce op) kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import hashlib
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from mscclang.errors import RuntimeUnavailable
+
+DTYPES = ("f16", "bf16", "f32", "i32")
+PACKET_TYPES = ("ll16", "ll8")
+REDUCE_OPS = ("sum", "min", "max")
+_DT_MACRO = {"f16": "DT_F16", "bf16": "DT_BF16", "f32": "DT_F32", "i32": "DT_I32"}
+BASE_OPTIONS = ("-std=c++17", "--fmad=false")
+
+
+def kernel_name(dtype: str, packet: str, op: str) -> str:
+    """Name of one specialised kernel, e.g. ``mscclang_f16_ll16_sum``."""
+    return f"mscclang_{dtype}_{packet}_{op}"
+
+
+def executor_dir() -> Path:
+    """Directory of the CUDA sources: ``<repo>/executor`` in a checkout, ``mscclang/_executor``
+    in an installed wheel (``MSCCLANG_EXECUTOR_DIR`` overrides)."""
+    env = os.environ.get("MSCCLANG_EXECUTOR_DIR")
+    cands = [Path(env)] if env else []
+    here = Path(__file__).resolve().parent.parent  # mscclang/
+    cands += [here / "_executor", here.parent / "executor"]
+    for c in cands:
+        if (c / "kernels.cu").is_file():
+            return c
+    raise RuntimeUnavailable(
+        "cannot find the executor's CUDA sources (kernels.cu) in " + ", ".join(str(c) for c in cands))
+
+
+def source_files() -> list[Path]:
+    d = executor_dir()
+    return sorted(list(d.glob("*.cu")) + list(d.glob("*.cuh")))
+
+
+def source_hash(extra: str = "") -> str:
+    h = hashlib.sha256()
+    for f in source_files():
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    h.update(extra.encode())
+    return h.hexdigest()
+
+
+def cache_dir() -> Path:
+    d = os.environ.get("MSCCLANG_CACHE_DIR")
+    if d:
+        return Path(d)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "mscclang"
+
+
+_NVRTC_READY = False
+
+
+def _ensure_nvrtc() -> None:
+    """Make sure ``cuda.bindings.nvrtc`` can load libnvrtc: if the default lookup fails, preload
+    a libnvrtc.so* found in site-packages/nvidia/** or /usr/local/cuda*/lib64."""
+    global _NVRTC_READY
+    if _NVRTC_READY:
+        return
+    try:
+        from cuda.bindings import nvrtc
+
+        err, _, _ = nvrtc.nvrtcVersion()
+        if int(err) == 0:
+            _NVRTC_READY = True
+            return
+    except (ImportError, RuntimeError, OSError):
+        pass
+    pats = []
+    for p in sys.path:
+        pats += [os.path.join(p, "nvidia", "**", "libnvrtc.so*")]
+    pats += ["/usr/local/cuda*/lib64/libnvrtc.so*", "/usr/lib/x86_64-linux-gnu/libnvrtc.so*"]
+    for pat in pats:
+        for lib in sorted(glob.glob(pat, recursive=True), reverse=True):
+            if "builtins" in os.path.basename(lib) or "alt" in os.path.basename(lib):
+                continue
+            try:
+                ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                continue
+            try:
+                from cuda.bindings import nvrtc
+
+                err, _, _ = nvrtc.nvrtcVersion()
+                if int(err) == 0:
+                    _NVRTC_READY = True
+                    return
+            except (ImportError, RuntimeError, OSError):
+                continue
+    raise RuntimeUnavailable("NVRTC is not available: install cuda-python and nvidia-cuda-nvrtc "
+                             "(pip) or a CUDA toolkit")
+
+
+def nvrtc_version() -> tuple[int, int]:
+    _ensure_nvrtc()
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    return int(major), int(minor)
+
+
+def _check(err, prog=None, what: str = "nvrtc") -> None:
+    from cuda.bindings import nvrtc
+
+    if int(err) == 0:
+        return
+    log = ""
+    if prog is not None:
+        e2, n = nvrtc.nvrtcGetProgramLogSize(prog)
+        if int(e2) == 0 and n > 1:
+            buf = b" " * n
+            nvrtc.nvrtcGetProgramLog(prog, buf)
+            log = buf.decode(errors="replace")
+    raise RuntimeUnavailable(f"{what} failed ({err}):\n{log}")
+
+
+@dataclass(frozen=True)
+class BuiltModule:
+    """A cubin with the kernels of one dtype."""
+
+    dtype: str
+    arch: str
+    cubin: bytes
+    path: Path
+    cached: bool
+
+
+def arch_string(arch: str | int | tuple[int, int]) -> str:
+    """Normalise ``'sm_90'``, ``'90'``, ``90`` or ``(9, 0)`` to ``'sm_90'``."""
+    if isinstance(arch, tuple):
+        return f"sm_{arch[0]}{arch[1]}"
+    s = str(arch)
+    return s if s.startswith("sm_") else f"sm_{s}"
+
+
+def compile_source(source: str, arch: str, options: Sequence[str] = (), name: str = "mscclang.cu",
+                   include_dir: Optional[Path] = None) -> bytes:
+    """Compile CUDA C++ ``source`` with NVRTC to a cubin for ``arch``; raise RuntimeUnavailable
+    with the compiler log on failure."""
+    _ensure_nvrtc()
+    from cuda.bindings import nvrtc
+
+    inc = include_dir or executor_dir()
+    opts = [f"-arch={arch_string(arch)}", f"-I{inc}", *BASE_OPTIONS, *options]
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    _check(err)
+    try:
+        err, = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        _check(err, prog, f"NVRTC compile of {name} for {arch_string(arch)}")
+        err, n = nvrtc.nvrtcGetCUBINSize(prog)
+        _check(err, prog)
+        buf = b" " * n
+        err, = nvrtc.nvrtcGetCUBIN(prog, buf)
+        _check(err, prog)
+        return bytes(buf)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def module_source(dtype: str) -> str:
+    """Source of the module holding the six kernels of ``dtype``."""
+    if dtype not in DTYPES:
+        raise RuntimeUnavailable(f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}")
+    return ("#define MSCCLANG_ONLY_DTYPE\n#include \"kernels.cu\"\n"
+            f"MSCCLANG_KERNELS_DT({dtype}, {_DT_MACRO[dtype]})\n")
+
+
+def build_module(dtype: str, arch: str | int | tuple[int, int] = "sm_90", options: Sequence[str] = (),
+                 use_cache: bool = True) -> BuiltModule:
+    """Build (or load from the disk cache) the cubin of ``dtype``'s kernels for ``arch``."""
+    arch = arch_string(arch)
+    src = module_source(dtype)
+    ver = nvrtc_version()
+    key = hashlib.sha256(
+        "|".join([source_hash(src), arch, " ".join(BASE_OPTIONS + tuple(options)), f"{ver[0]}.{ver[1]}"]).encode()
+    ).hexdigest()[:32]
+    path = cache_dir() / f"mscclang_{dtype}_{arch}_{key}.cubin"
+    if use_cache and path.is_file():
+        return BuiltModule(dtype, arch, path.read_bytes(), path, True)
+    cubin = compile_source(src, arch, options, name=f"mscclang_{dtype}.cu")
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
+        with os.fdopen(fd, "wb") as f:
+            f.write(cubin)
+        os.replace(tmp, path)
+    return BuiltModule(dtype, arch, cubin, path, False)
+
+
+def prebuilt_name(dtype: str, arch: str) -> str:
+    """File name of a prebuilt cubin (``mscclang build-kernel --out DIR``): keyed by dtype, arch
+    and the sources' hash, so a stale file is never picked up."""
+    return f"mscclang_{dtype}_{arch_string(arch)}_{source_hash(module_source(dtype))[:16]}.cubin"
+
+
+def find_prebuilt(dtype: str, arch: str) -> Optional[Path]:
+    """A prebuilt cubin from ``MSCCLANG_CUBIN_DIR`` matching the current sources, if any."""
+    d = os.environ.get("MSCCLANG_CUBIN_DIR")
+    if not d:
+        return None
+    p = Path(d) / prebuilt_name(dtype, arch)
+    return p if p.is_file() else None
+
+
+def build_all(arch: str | int | tuple[int, int] = "sm_90", dtypes: Sequence[str] = DTYPES,
+              use_cache: bool = True, jobs: int = 1) -> list[BuiltModule]:
+    """Build every variant (all dtypes) for ``arch``; ``jobs`` > 1 compiles dtypes in parallel
+    processes."""
+    if jobs <= 1 or len(dtypes) <= 1:
+        return [build_module(d, arch, use_cache=use_cache) for d in dtypes]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=jobs) as ex:
+        futs = [ex.submit(build_module, d, arch, (), use_cache) for d in dtypes]
+        return [f.result() for f in futs]

@@ -1,0 +1,203 @@
+"""The communicator: bootstrap through torch.distributed's store, store barriers, byte exchange,
+and symmetric allocations (same order on every rank, IPC-mapped by every peer).
+
+Store keys carry the communicator's name and a generation number (each rank counts the
+communicators it created with that name, in the same order), so a stale key is never read.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from mscclang.errors import RuntimeUnavailable
+from mscclang.runtime import cuda as cu
+
+
+@dataclass
+class SymAlloc:
+    """A symmetric allocation: ``index`` is its position in the communicator's allocation order
+    (the same on every rank); ``peer_bases[r]`` is rank r's copy mapped here (own base for self)."""
+
+    index: int
+    base: int
+    size: int
+    buffer_id: int
+    peer_bases: dict[int, int] = field(default_factory=dict)
+    internal: bool = False
+
+
+class _DevMem:
+    """Raw device memory exposed through ``__cuda_array_interface__`` so torch can wrap it."""
+
+    def __init__(self, p: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (p, False), "version": 3, "strides": None,
+        }
+
+
+def default_store() -> Any:
+    """torch.distributed's default store (torchrun, or any launcher torch supports)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeUnavailable(
+            "no store: pass store=, rank=, world_size= or initialise torch.distributed first (torchrun works)")
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_store()
+
+
+class Communicator:
+    """One rank's view of a group of GPUs that run plans together.
+
+    ``store`` is a ``torch.distributed.Store`` shared by all ranks (default: the default process
+    group's). The current CUDA device (or ``device``) is used.
+    """
+
+    def __init__(self, store: Any = None, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 device: Optional[int] = None, name: str = "default", store_timeout_s: float = 300.0) -> None:
+        import torch
+
+        if store is None:
+            import torch.distributed as dist
+
+            store = default_store()
+            rank = dist.get_rank() if rank is None else rank
+            world_size = dist.get_world_size() if world_size is None else world_size
+        if rank is None or world_size is None:
+            raise RuntimeUnavailable("Communicator needs rank and world_size with an explicit store")
+        if not torch.cuda.is_available():
+            raise RuntimeUnavailable("no CUDA device is visible")
+        self.store = store
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.device = torch.cuda.current_device() if device is None else int(device)
+        torch.cuda.set_device(self.device)
+        torch.empty(1, device=f"cuda:{self.device}")  # primary context current on this thread
+        drv = cu.driver()
+        cu.check(drv.cuInit(0), "cuInit")
+        ctx = cu.check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if ctx is None or int(ctx) == 0:
+            dev = cu.check(drv.cuDeviceGet(self.device), "cuDeviceGet")
+            pctx = cu.check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            cu.check(drv.cuCtxSetCurrent(pctx), "cuCtxSetCurrent")
+        self.store_timeout_s = store_timeout_s
+        gen = int(store.add(f"mscclang/{name}/gen/{self.rank}", 1))
+        self.prefix = f"mscclang/{name}/{gen}"
+        self._seq = 0
+        self._sym: list[SymAlloc] = []
+        self._sym_by_id: dict[int, SymAlloc] = {}
+        self._closed = False
+
+    # store primitives ---------------------------------------------------------------------------
+    def _next(self, what: str) -> str:
+        self._seq += 1
+        return f"{self.prefix}/{what}{self._seq}"
+
+    def _wait(self, keys: list[str]) -> None:
+        import datetime
+
+        try:
+            self.store.wait(keys, datetime.timedelta(seconds=self.store_timeout_s))
+        except Exception as e:  # noqa: BLE001 - torch raises several kinds
+            raise RuntimeUnavailable(f"rank {self.rank}: store wait for {keys[:2]}... failed: {e}") from None
+
+    def barrier(self) -> None:
+        """Store barrier among all ranks (host side only)."""
+        k = self._next("bar")
+        self.store.set(f"{k}/{self.rank}", b"1")
+        self._wait([f"{k}/{r}" for r in range(self.world_size)])
+
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data``, by rank."""
+        k = self._next("ag")
+        self.store.set(f"{k}/{self.rank}", data)
+        keys = [f"{k}/{r}" for r in range(self.world_size)]
+        self._wait(keys)
+        return [data if r == self.rank else bytes(self.store.get(keys[r])) for r in range(self.world_size)]
+
+    # symmetric memory -----------------------------------------------------------------------------
+    def _sym_alloc(self, nbytes: int, internal: bool = False) -> SymAlloc:
+        """Collective: allocate ``nbytes`` (zeroed) on every rank and map every peer's copy."""
+        nbytes = max(int(nbytes), 256)
+        nbytes = (nbytes + 2**21 - 1) // 2**21 * 2**21 if nbytes > 2**21 else (nbytes + 255) // 256 * 256
+        p = cu.mem_alloc(nbytes)
+        cu.memset_d8(p, 0, nbytes, 0)
+        drv = cu.driver()
+        cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")  # zeroing done before the handle is published
+        handle = cu.ipc_handle(p)
+        allh = self.allgather_bytes(handle + nbytes.to_bytes(8, "little"))
+        sa = SymAlloc(len(self._sym), p, nbytes, cu.buffer_id(p), internal=internal)
+        for r, h in enumerate(allh):
+            if r == self.rank:
+                sa.peer_bases[r] = p
+            else:
+                size_r = int.from_bytes(h[64:72], "little")
+                if size_r != nbytes:
+                    raise RuntimeUnavailable(f"symmetric allocation {sa.index}: rank {r} has {size_r} bytes, "
+                                             f"rank {self.rank} {nbytes}; allocate in the same order everywhere")
+                sa.peer_bases[r] = cu.ipc_open(h[:64])
+        self._sym.append(sa)
+        self._sym_by_id[sa.buffer_id] = sa
+        return sa
+
+    def alloc(self, shape: Any, dtype: Any = None) -> Any:
+        """Collective: a zeroed torch tensor in symmetric memory (every rank must call it in the same
+        order with the same shape and dtype). Zero-copy plans run on such tensors directly."""
+        import torch
+
+        dtype = dtype or torch.float16
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        n = 1
+        for s in shape:
+            n *= int(s)
+        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        sa = self._sym_alloc(nbytes)
+        t = torch.as_tensor(_DevMem(sa.base, sa.size), device=f"cuda:{self.device}")
+        return t[:nbytes].view(dtype).view(shape)
+
+    def symmetric_of(self, p: int) -> Optional[tuple[SymAlloc, int]]:
+        """(allocation, offset) when device address ``p`` lies in a symmetric allocation."""
+        if not self._sym:
+            return None
+        try:
+            bid = cu.buffer_id(p)
+        except RuntimeUnavailable:
+            return None
+        sa = self._sym_by_id.get(bid)
+        if sa is None:
+            return None
+        return sa, p - sa.base
+
+    def close(self) -> None:
+        """Close IPC mappings and free symmetric allocations (after the GPU finished using them)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            drv = cu.driver()
+            drv.cuCtxSynchronize()
+            for sa in self._sym:
+                for r, b in sa.peer_bases.items():
+                    if r != self.rank:
+                        cu.ipc_close(b)
+                cu.mem_free(sa.base)
+        finally:
+            self._sym.clear()
+            self._sym_by_id.clear()
+
+
+def wait_until(pred: Any, timeout_s: float, poll_s: float = 0.001) -> bool:
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > timeout_s:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+def read_u32(host_addr: int) -> int:
+    return ctypes.c_uint32.from_address(host_addr).value

@@ -1,0 +1,143 @@
+"""Thin helpers over ``cuda.bindings.driver``: error checking, memory, IPC handles."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from mscclang.errors import RuntimeUnavailable
+
+
+def driver() -> Any:
+    try:
+        from cuda.bindings import driver as drv
+    except ImportError as e:  # pragma: no cover - cuda-python is a dependency
+        raise RuntimeUnavailable(f"cuda-python is not installed: {e}") from None
+    return drv
+
+
+def check(result: Any, what: str = "CUDA driver call") -> Any:
+    """Unwrap a cuda.bindings result tuple, raising RuntimeUnavailable on error."""
+    if isinstance(result, tuple):
+        err, rest = result[0], result[1:]
+    else:
+        err, rest = result, ()
+    if int(err) != 0:
+        drv = driver()
+        name = ""
+        try:
+            e2, s = drv.cuGetErrorName(err)
+            name = s.decode() if int(e2) == 0 else ""
+        except Exception:  # noqa: BLE001 - best effort message
+            pass
+        raise RuntimeUnavailable(f"{what} failed: {name or err}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else rest
+
+
+def ptr(x: Any) -> int:
+    """Integer address of a CUdeviceptr / CUstream / int."""
+    if isinstance(x, int):
+        return x
+    try:
+        return int(x)
+    except TypeError:
+        return int(x.getPtr())
+
+
+def mem_alloc(nbytes: int) -> int:
+    drv = driver()
+    return ptr(check(drv.cuMemAlloc(max(int(nbytes), 1)), f"cuMemAlloc({nbytes})"))
+
+
+def mem_free(p: int) -> None:
+    drv = driver()
+    check(drv.cuMemFree(p), "cuMemFree")
+
+
+def memset_d8(p: int, value: int, nbytes: int, stream: int = 0) -> None:
+    drv = driver()
+    if nbytes:
+        check(drv.cuMemsetD8Async(p, value, nbytes, stream), "cuMemsetD8Async")
+
+
+def memset_d32(p: int, value: int, count: int, stream: int = 0) -> None:
+    drv = driver()
+    if count:
+        check(drv.cuMemsetD32Async(p, value, count, stream), "cuMemsetD32Async")
+
+
+def htod(p: int, data: bytes, stream: int = 0) -> None:
+    drv = driver()
+    if data:
+        check(drv.cuMemcpyHtoDAsync(p, data, len(data), stream), "cuMemcpyHtoDAsync")
+
+
+def dtod(dst: int, src: int, nbytes: int, stream: int = 0) -> None:
+    drv = driver()
+    if nbytes:
+        check(drv.cuMemcpyDtoDAsync(dst, src, nbytes, stream), "cuMemcpyDtoDAsync")
+
+
+def address_range(p: int) -> tuple[int, int]:
+    """(base, size) of the allocation holding device address ``p``."""
+    drv = driver()
+    base, size = check(drv.cuMemGetAddressRange(p), "cuMemGetAddressRange")
+    return ptr(base), int(size)
+
+
+def buffer_id(p: int) -> int:
+    """The allocation's unique id (CU_POINTER_ATTRIBUTE_BUFFER_ID), stable across address reuse."""
+    drv = driver()
+    v = check(drv.cuPointerGetAttribute(drv.CUpointer_attribute.CU_POINTER_ATTRIBUTE_BUFFER_ID, p),
+              "cuPointerGetAttribute(BUFFER_ID)")
+    return int(v)
+
+
+def ipc_handle(base: int) -> bytes:
+    """The 64 bytes of the IPC handle of the allocation at ``base``."""
+    drv = driver()
+    h = check(drv.cuIpcGetMemHandle(base), "cuIpcGetMemHandle")
+    return ctypes.string_at(h.getPtr(), 64)
+
+
+def ipc_open(handle: bytes) -> int:
+    drv = driver()
+    h = drv.CUipcMemHandle()
+    ctypes.memmove(h.getPtr(), handle, 64)
+    flags = drv.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+    return ptr(check(drv.cuIpcOpenMemHandle(h, flags), "cuIpcOpenMemHandle"))
+
+
+def ipc_close(p: int) -> None:
+    drv = driver()
+    check(drv.cuIpcCloseMemHandle(p), "cuIpcCloseMemHandle")
+
+
+def host_alloc_mapped(nbytes: int) -> tuple[int, int]:
+    """Pinned host memory mapped into the device: (host address, device address)."""
+    drv = driver()
+    flags = drv.CU_MEMHOSTALLOC_DEVICEMAP | drv.CU_MEMHOSTALLOC_PORTABLE
+    h = check(drv.cuMemHostAlloc(nbytes, flags), "cuMemHostAlloc")
+    hp = int(h)
+    ctypes.memset(hp, 0, nbytes)
+    d = check(drv.cuMemHostGetDevicePointer(hp, 0), "cuMemHostGetDevicePointer")
+    return hp, ptr(d)
+
+
+def host_free(hp: int) -> None:
+    drv = driver()
+    check(drv.cuMemFreeHost(hp), "cuMemFreeHost")
+
+
+def stream_is_capturing(stream: int) -> bool:
+    drv = driver()
+    st = check(drv.cuStreamIsCapturing(stream), "cuStreamIsCapturing")
+    return int(st) != int(drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
+
+
+def device_attribute(dev: int, attr_name: str) -> int:
+    drv = driver()
+    attr = getattr(drv.CUdevice_attribute, attr_name)
+    return int(check(drv.cuDeviceGetAttribute(attr, dev), f"cuDeviceGetAttribute({attr_name})"))

@@ -1,0 +1,531 @@
+"""Packing a plan into the device plan the interpreter kernel reads.
+
+Two steps:
+
+* :func:`check_plan` refuses, at load, what the kernel cannot run (port channels until the proxy
+  exists, switch channels unless allowed, too many ids or operands per op, bad references).
+* :func:`pack_blocks` turns one rank's thread blocks into per-block byte regions for one message
+  size: every op's operands are resolved to (buffer slot, byte offset, length) pieces with
+  :mod:`mscclang.plan.layout`, so the kernel only walks byte ranges. Regions hold no device
+  addresses; :func:`pack_blob` adds the header and the address tables once the runtime knows them.
+
+Packet rules (docs/semantics.md): a scratch slot holding packets lives at twice its plain offset;
+packet writes of ``cpkt``/``ppkt`` cover whole scratch slots, bytes past the source's end being
+zero (a piece's ``valid`` says how many bytes come from the source).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from mscclang.errors import PlanError
+from mscclang.plan.layout import Layout, Piece, make_layout, pipeline_iterations, scratch_bytes_needed
+from mscclang.plan.models import (
+    SWITCH_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, Plan, ThreadBlock,
+)
+from mscclang.runtime.structs import (
+    BLOCK_ENTRY, BLOCK_HEADER, CHANNEL_DEV, CONSTANTS, DEV_OP, PLAN_HEADER, REMOTE_BUF,
+)
+
+MAX_OPERANDS = CONSTANTS["MSCCLANG_MAX_OPERANDS"]
+MAX_IDS = CONSTANTS["MSCCLANG_MAX_IDS"]
+MAX_FLAGS = CONSTANTS["MSCCLANG_MAX_FLAGS"]
+MAX_BARRIERS = CONSTANTS["MSCCLANG_MAX_BARRIERS"]
+MAX_BLOCK_BYTES = 200 * 1024  # dynamic shared memory the kernel may ask for (H100/H200: 227 KiB)
+
+DOP_NOP, DOP_BARRIER, DOP_SIGNAL, DOP_WAIT, DOP_DATA = 0, 1, 2, 3, 4
+DOP_SEM_ACQUIRE, DOP_SEM_RELEASE, DOP_PIPELINE = 5, 6, 7
+SLOT_INPUT, SLOT_OUTPUT, SLOT_SCRATCH, SLOT_REMOTE0 = 0, 1, 2, 3
+MODE_PACKET = 1
+KIND_CODE = {BufferKind.input: 0, BufferKind.output: 1, BufferKind.scratch: 2}
+FLAG_RELAXED = 1
+FLAG_READS_PACKETS = 2
+
+PORT_OPS = frozenset({OpName.flush, OpName.pws, OpName.pwsf})
+
+# sync area of one rank (one per context): abort word, flags, inbound counters, expected counters,
+# semaphores, barrier counters
+SYNC_ABORT_OFF = 0
+SYNC_FLAGS_OFF = 64
+SYNC_INBOUND_OFF = SYNC_FLAGS_OFF + 4 * MAX_FLAGS
+
+
+def _where(rank: int, tb: int, i: int, inner: Optional[int] = None) -> str:
+    s = f"gpus[{rank}].threadblocks[{tb}].ops[{i}]"
+    return s + (f".ops[{inner}]" if inner is not None else "")
+
+
+# --------------------------------------------------------------------------------------------
+# load-time checks
+
+
+def check_plan(plan: Plan, allow_switch: bool = False) -> None:
+    """Refuse plans the executor cannot run, naming rank, thread block and op index."""
+    for g in plan.gpus:
+        for ch in g.channels:
+            if ch.channel_type == ChannelType.port and ch.connected_to:
+                raise PlanError(
+                    f"rank {g.id} declares port channels; port channels are not supported by the GPU "
+                    "executor yet (no proxy)", f"gpus[{g.id}].channels")
+            if ch.channel_type == ChannelType.switch and not allow_switch:
+                raise PlanError(
+                    f"rank {g.id} declares switch channels (NVLink multicast); they are refused unless "
+                    "MSCCLANG_ENABLE_NVLS=1", f"gpus[{g.id}].channels")
+        nmem = len(g.peers(ChannelType.memory))
+        if nmem > 65535:
+            raise PlanError(f"rank {g.id} has {nmem} memory channels, more than 65535", f"gpus[{g.id}].channels")
+        for tb in g.threadblocks:
+            for i, op in enumerate(tb.ops):
+                inner = op.ops if op.name == OpName.pipeline else None
+                for j, o in enumerate(inner or [op]):
+                    _check_op(plan, g.id, tb, i if inner is None else i, o, allow_switch,
+                              None if inner is None else j)
+
+
+def _check_op(plan: Plan, rank: int, tb: ThreadBlock, i: int, op: Op, allow_switch: bool,
+              inner: Optional[int]) -> None:
+    where = _where(rank, tb.id, i, inner)
+    if op.name in PORT_OPS or op.channel_type == ChannelType.port:
+        raise PlanError(f"rank {rank} thread block {tb.id} op {i} ({op.name.value}) uses a port channel; "
+                        "port channels are not supported by the GPU executor yet (no proxy)", where)
+    if op.name in SWITCH_OPS or op.channel_type == ChannelType.switch:
+        raise PlanError(f"rank {rank} thread block {tb.id} op {i} ({op.name.value}) uses a switch channel "
+                        "(NVLink multicast), which this executor does not run"
+                        + ("" if allow_switch else " (refused unless MSCCLANG_ENABLE_NVLS=1)"), where)
+    nt = plan.num_threads_per_block
+    if op.name in (OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait):
+        n = len(op.channel_ids)
+        if n > min(MAX_IDS, nt):
+            raise PlanError(f"rank {rank} thread block {tb.id} op {i} ({op.name.value}) uses {n} channels; "
+                            f"the kernel supports at most {min(MAX_IDS, nt)} per op", where)
+        lst = tb.channel_list(ChannelType.memory)
+        for c in op.channel_ids:
+            if not 0 <= c < len(lst):
+                raise PlanError(f"rank {rank} thread block {tb.id} op {i}: channel id {c} is not in the "
+                                f"thread block's {len(lst)} memory channels", where + ".channel_ids")
+    if op.name in (OpName.sem_acquire, OpName.sem_release):
+        nsem = len(plan.gpus[rank].semaphores)
+        if len(op.semaphore_ids) > min(MAX_IDS, nt):
+            raise PlanError(f"rank {rank} thread block {tb.id} op {i}: too many semaphores in one op", where)
+        for s in op.semaphore_ids:
+            if not 0 <= s < nsem:
+                raise PlanError(f"rank {rank} thread block {tb.id} op {i}: semaphore {s} is not declared "
+                                f"(rank has {nsem})", where + ".semaphore_ids")
+    if op.name == OpName.barrier and (op.barrier_id or 0) >= MAX_BARRIERS:
+        raise PlanError(f"rank {rank} thread block {tb.id} op {i}: barrier id {op.barrier_id} exceeds the "
+                        f"kernel's {MAX_BARRIERS} barriers", where + ".barrier_id")
+    if len(op.src_buff) + len(op.dst_buff) > MAX_OPERANDS:
+        raise PlanError(f"rank {rank} thread block {tb.id} op {i} ({op.name.value}) has "
+                        f"{len(op.src_buff) + len(op.dst_buff)} operands; the kernel supports {MAX_OPERANDS}",
+                        where)
+
+
+# --------------------------------------------------------------------------------------------
+# channel pairing and sync-area layout
+
+
+def memory_channel_ordinals(plan: Plan, rank: int) -> list[tuple[int, int]]:
+    """(peer, ordinal) of each memory channel of ``rank`` in global index order: the j-th channel
+    to B is paired with B's j-th memory channel to this rank."""
+    seen: dict[int, int] = {}
+    out = []
+    for p in plan.gpus[rank].peers(ChannelType.memory):
+        o = seen.get(p, 0)
+        seen[p] = o + 1
+        out.append((p, o))
+    return out
+
+
+def inbound_slots(plan: Plan, rank: int) -> dict[tuple[int, int], int]:
+    """Slot of each inbound counter of ``rank``, keyed by (peer, ordinal). A pair gets
+    max(channels A->B, channels B->A) slots, so unpaired channels still have a counter."""
+    mine: dict[int, int] = {}
+    for p in plan.gpus[rank].peers(ChannelType.memory):
+        mine[p] = mine.get(p, 0) + 1
+    theirs: dict[int, int] = {}
+    for g in plan.gpus:
+        if g.id == rank:
+            continue
+        n = sum(1 for p in g.peers(ChannelType.memory) if p == rank)
+        if n:
+            theirs[g.id] = n
+    slots: dict[tuple[int, int], int] = {}
+    for q in sorted(set(mine) | set(theirs)):
+        for o in range(max(mine.get(q, 0), theirs.get(q, 0))):
+            slots[(q, o)] = len(slots)
+    return slots
+
+
+@dataclass(frozen=True)
+class SyncLayout:
+    """Byte offsets inside one rank's sync area."""
+
+    n_inbound: int
+    n_channels: int
+    n_semaphores: int
+
+    @property
+    def inbound(self) -> int:
+        return SYNC_INBOUND_OFF
+
+    @property
+    def expected(self) -> int:
+        return self.inbound + 8 * self.n_inbound
+
+    @property
+    def semaphores(self) -> int:
+        return self.expected + 8 * self.n_channels
+
+    @property
+    def barriers(self) -> int:
+        return self.semaphores + 8 * self.n_semaphores
+
+    @property
+    def size(self) -> int:
+        return (self.barriers + 8 * MAX_BARRIERS + 255) // 256 * 256
+
+
+def sync_layout(plan: Plan, rank: int) -> SyncLayout:
+    g = plan.gpus[rank]
+    return SyncLayout(len(inbound_slots(plan, rank)), len(g.peers(ChannelType.memory)), len(g.semaphores))
+
+
+def peers_of(plan: Plan, rank: int) -> list[int]:
+    """Ranks this rank talks to (channels or remote buffers, either direction), sorted."""
+    s: set[int] = set()
+    g = plan.gpus[rank]
+    s.update(g.peers(ChannelType.memory))
+    s.update(rb.rank for rb in g.remote_buffers)
+    for h in plan.gpus:
+        if h.id != rank and (rank in h.peers(ChannelType.memory) or any(rb.rank == rank for rb in h.remote_buffers)):
+            s.add(h.id)
+    s.discard(rank)
+    return sorted(s)
+
+
+def is_zero_copy(plan: Plan) -> bool:
+    """True when some rank reads or writes a peer's input/output directly."""
+    return any(rb.type != BufferKind.scratch for g in plan.gpus for rb in g.remote_buffers)
+
+
+# --------------------------------------------------------------------------------------------
+# ops -> device records
+
+
+@dataclass
+class DevRecord:
+    """One device op before packing."""
+
+    kind: int
+    index: int
+    operands: list[int] = field(default_factory=list)   # u16 descriptors
+    n_src: int = 0
+    ids: list[int] = field(default_factory=list)
+    pieces: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)  # (len, valid, offs)
+    flags: int = 0
+    tbg: tuple[int, int] = (0, 1)
+    tbg_unit: int = 8
+    total: int = 0
+    aux0: int = 0
+    aux1: int = 0
+
+    def pack(self) -> bytes:
+        nops = len(self.operands)
+        opnd = b"".join(int(d).to_bytes(2, "little") for d in self.operands)
+        opnd += b"\0" * (-len(opnd) % 8)
+        ids = b"".join(int(d).to_bytes(2, "little") for d in self.ids)
+        ids += b"\0" * (-len(ids) % 8)
+        pcs = bytearray()
+        for ln, valid, offs in self.pieces:
+            if len(offs) != nops:
+                raise PlanError("internal: piece operand count mismatch")
+            for v in (ln, valid, *offs):
+                pcs += int(v).to_bytes(8, "little")
+        size = DEV_OP.size + len(opnd) + len(ids) + len(pcs)
+        head = DEV_OP.pack(kind=self.kind, n_src=self.n_src, n_dst=nops - self.n_src, n_ids=len(self.ids),
+                           n_pieces=len(self.pieces), flags=self.flags, bytes=size, index=self.index,
+                           tbg_member=self.tbg[0], tbg_size=self.tbg[1], total=self.total, aux0=self.aux0,
+                           aux1=self.aux1, tbg_unit=self.tbg_unit)
+        return head + opnd + ids + bytes(pcs)
+
+
+@dataclass
+class BlockPlan:
+    """The packed region of one thread block and what the runtime must know about it."""
+
+    region: bytes
+    n_records: int
+
+
+@dataclass
+class PackedRank:
+    """Everything size-dependent of one rank: block regions and requirements."""
+
+    rank: int
+    input_bytes: int
+    output_bytes: int
+    layout: Layout
+    blocks: list[BlockPlan]
+    scratch_bytes: int
+    packet_align: int   # largest packet size (4 or 8 bytes of payload) all packet offsets allow
+    uses_packets: bool
+
+
+class _Packer:
+    def __init__(self, plan: Plan, rank: int, layout: Layout) -> None:
+        self.plan = plan
+        self.rank = rank
+        self.gpu = plan.gpus[rank]
+        self.layout = layout
+        self.unit = max(plan.buffer_alignment, 8)
+        self.packet_align = 8
+        self.uses_packets = False
+
+    # operands ---------------------------------------------------------------------------------
+    def operand(self, ref: BufferRef, op: Op, tb: ThreadBlock, where: str, packet: bool) -> tuple[int, BufferKind]:
+        mode = (MODE_PACKET << 8) if packet else 0
+        if ref.type is not None:
+            slot = {BufferKind.input: SLOT_INPUT, BufferKind.output: SLOT_OUTPUT,
+                    BufferKind.scratch: SLOT_SCRATCH}[ref.type]
+            kind = ref.type
+        elif ref.buffer_id is not None:
+            ct = op.channel_type if op.channel_type != ChannelType.none else ChannelType.memory
+            lst = tb.remote_buffer_list(ct)
+            if ref.buffer_id >= len(lst):
+                raise PlanError(f"rank {self.rank} thread block {tb.id}: buffer_id {ref.buffer_id} is not in "
+                                f"the thread block's {len(lst)} remote buffers of type {ct.value}", where)
+            k = lst[ref.buffer_id]
+            if not 0 <= k < len(self.gpu.remote_buffers):
+                raise PlanError(f"rank {self.rank} thread block {tb.id}: remote buffer {k} is not declared",
+                                where)
+            kind = self.gpu.remote_buffers[k].type
+            slot = SLOT_REMOTE0 + k
+            if slot > 255:
+                raise PlanError(f"rank {self.rank} has more than {255 - SLOT_REMOTE0} remote buffers", where)
+        else:
+            raise PlanError(f"rank {self.rank} thread block {tb.id}: switch references are not supported", where)
+        if packet and kind != BufferKind.scratch:
+            raise PlanError(f"rank {self.rank} thread block {tb.id}: a packet operand must be in scratch, "
+                            f"got buffer kind {kind.value!r}", where)
+        return slot | mode, kind
+
+    # pieces -----------------------------------------------------------------------------------
+    def pieces(self, kinds: Sequence[BufferKind], refs: Sequence[BufferRef], where: str) -> list[Piece]:
+        sizes = {r.size for r in refs}
+        if len(sizes) != 1:
+            raise PlanError(f"rank {self.rank}: operands of one op must span the same number of chunks, "
+                            f"got {sorted(sizes)}", where)
+        return self.layout.pieces([(k, r.index) for k, r in zip(kinds, refs)], refs[0].size)
+
+    def pack_pieces(self, src_kind: BufferKind, src: BufferRef, dst_kinds: Sequence[BufferKind],
+                    dsts: Sequence[BufferRef], where: str) -> list[tuple[int, int, tuple[int, ...]]]:
+        """Pieces of a plain -> packet op: every destination slot is written whole; bytes past the
+        source's clipped end are zero."""
+        if any(d.size != src.size for d in dsts):
+            raise PlanError(f"rank {self.rank}: source and destination sizes differ", where)
+        lay = self.layout
+        out: list[tuple[int, int, tuple[int, ...]]] = []
+        for t in range(src.size):
+            so, sl = lay.span(src_kind, src.index + t)
+            offs = [so]
+            for dk, d in zip(dst_kinds, dsts):
+                offs.append(lay.span(dk, d.index + t)[0])
+            ln = lay.chunk_bytes
+            if ln <= 0:
+                continue
+            valid = min(sl, ln)
+            if out:
+                pl, pv, po = out[-1]
+                if pv == pl and all(a + pl == b for a, b in zip(po, offs)):
+                    out[-1] = (pl + ln, pv + valid, po)
+                    continue
+            out.append((ln, valid, tuple(offs)))
+        return out
+
+    # records ----------------------------------------------------------------------------------
+    def data_record(self, op: Op, tb: ThreadBlock, index: int, where: str, srcs: Sequence[BufferRef],
+                    src_packet: Sequence[bool], dsts: Sequence[BufferRef], dst_packet: Sequence[bool],
+                    extend: bool = False) -> DevRecord:
+        descs: list[int] = []
+        kinds: list[BufferKind] = []
+        for r, pk in zip(list(srcs) + list(dsts), list(src_packet) + list(dst_packet)):
+            d, k = self.operand(r, op, tb, where, pk)
+            descs.append(d)
+            kinds.append(k)
+        if extend:
+            raw = self.pack_pieces(kinds[0], srcs[0], kinds[1:], list(dsts), where)
+        else:
+            raw = [(p.length, p.length, p.offsets) for p in self.pieces(kinds, list(srcs) + list(dsts), where)]
+        if len(raw) > 65535:
+            raise PlanError(f"rank {self.rank} thread block {tb.id} op {index}: {len(raw)} pieces, more than "
+                            "the kernel's 65535", where)
+        any_packet = any(src_packet) or any(dst_packet)
+        if any_packet:
+            self.uses_packets = True
+            for _, _, offs in raw:
+                for o, pk in zip(offs, list(src_packet) + list(dst_packet)):
+                    if pk:
+                        while self.packet_align > 1 and o % self.packet_align:
+                            self.packet_align //= 2
+        rec = DevRecord(DOP_DATA, index, descs, len(srcs), pieces=raw,
+                        flags=FLAG_READS_PACKETS if any(src_packet) else 0,
+                        total=sum(p[0] for p in raw), tbg_unit=self.unit)
+        if op.tbg_info is not None:
+            rec.tbg = (op.tbg_info.tb_id, op.tbg_info.tbg_size)
+        return rec
+
+    def records(self, op: Op, tb: ThreadBlock, index: int, where: str) -> list[DevRecord]:
+        n = op.name
+        S, D = op.src_buff, op.dst_buff
+        if n == OpName.nop:
+            return [DevRecord(DOP_NOP, index)]
+        if n == OpName.barrier:
+            return [DevRecord(DOP_BARRIER, index, aux0=op.barrier_id or 0, aux1=op.num_threadblocks or 1)]
+        if n in (OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait):
+            lst = tb.channel_list(ChannelType.memory)
+            kind = DOP_SIGNAL if n in (OpName.signal, OpName.rlxsignal) else DOP_WAIT
+            relaxed = FLAG_RELAXED if n in (OpName.rlxsignal, OpName.rlxwait) else 0
+            return [DevRecord(kind, index, ids=[lst[c] for c in op.channel_ids], flags=relaxed)]
+        if n in (OpName.sem_acquire, OpName.sem_release):
+            kind = DOP_SEM_ACQUIRE if n == OpName.sem_acquire else DOP_SEM_RELEASE
+            return [DevRecord(kind, index, ids=list(op.semaphore_ids))]
+        if n in (OpName.put, OpName.get, OpName.copy):
+            if len(S) != len(D) or not S:
+                raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({n.value}) needs as many "
+                                "sources as destinations", where)
+            return [self.data_record(op, tb, index, where, [s], [False], [d], [False]) for s, d in zip(S, D)]
+        if n in (OpName.cpkt, OpName.ppkt):
+            if len(S) != len(D) or not S:
+                raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({n.value}) needs as many "
+                                "sources as destinations", where)
+            return [self.data_record(op, tb, index, where, [s], [False], [d], [True], extend=True)
+                    for s, d in zip(S, D)]
+        if n == OpName.upkt:
+            if len(S) != len(D) or not S:
+                raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} (upkt) needs as many "
+                                "sources as destinations", where)
+            return [self.data_record(op, tb, index, where, [s], [True], [d], [False]) for s, d in zip(S, D)]
+        if n == OpName.rppkt:
+            if len(S) != 1 or not D:
+                raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} (rppkt) needs one source "
+                                "and at least one destination", where)
+            return [self.data_record(op, tb, index, where, S, [True], D, [True] * len(D))]
+        if n in (OpName.re, OpName.res, OpName.rre, OpName.rres):
+            if not S or not D:
+                raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({n.value}) needs sources "
+                                "and a destination", where)
+            return [self.data_record(op, tb, index, where, S, [False] * len(S), D, [False] * len(D))]
+        if n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt):
+            if not S or not D:
+                raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({n.value}) needs sources "
+                                "and a destination", where)
+            src_pk = [False] + [True] * (len(S) - 1)
+            dst_pk = [False] + [True] * (len(D) - 1)
+            return [self.data_record(op, tb, index, where, S, src_pk, D, dst_pk)]
+        raise PlanError(f"rank {self.rank} thread block {tb.id} op {index}: op {n.value!r} is not supported "
+                        "by the GPU executor", where)
+
+    def block(self, tb: ThreadBlock) -> BlockPlan:
+        recs: list[bytes] = []
+        for i, op in enumerate(tb.ops):
+            where = _where(self.rank, tb.id, i)
+            if op.name == OpName.pipeline:
+                inner: list[DevRecord] = []
+                for j, o in enumerate(op.ops or []):
+                    inner += self.records(o, tb, i, _where(self.rank, tb.id, i, j))
+                ic = op.iter_context
+                assert ic is not None
+                totals = [r.total for r in inner if r.kind == DOP_DATA]
+                if any(r.kind == DOP_DATA and (r.operands and any(d >> 8 for d in r.operands)) for r in inner):
+                    if ic.unit_size % 8:
+                        raise PlanError(f"rank {self.rank} thread block {tb.id} op {i}: a pipeline with packet "
+                                        f"ops needs unit_size divisible by 8, got {ic.unit_size}",
+                                        where + ".iter_context.unit_size")
+                iters = pipeline_iterations(totals, ic.unit_size)
+                if iters >= 2**32:
+                    raise PlanError(f"rank {self.rank} thread block {tb.id} op {i}: {iters} pipeline iterations",
+                                    where)
+                recs.append(DevRecord(DOP_PIPELINE, i, total=ic.unit_size, aux0=len(inner), aux1=iters).pack())
+                recs += [r.pack() for r in inner]
+            else:
+                recs += [r.pack() for r in self.records(op, tb, i, where)]
+        body = b"".join(recs)
+        head = BLOCK_HEADER.pack(n_ops=len(recs), bytes=BLOCK_HEADER.size + len(body))
+        region = head + body
+        region += b"\0" * (-len(region) % 16)
+        if len(region) > MAX_BLOCK_BYTES:
+            raise PlanError(f"rank {self.rank} thread block {tb.id}: its device plan takes {len(region)} bytes "
+                            f"at this size, more than the {MAX_BLOCK_BYTES} bytes of shared memory the kernel "
+                            "uses", f"gpus[{self.rank}].threadblocks[{tb.id}]")
+        return BlockPlan(region, len(recs))
+
+
+def pack_blocks(plan: Plan, rank: int, input_bytes: int, output_bytes: int) -> PackedRank:
+    """Pack ``rank``'s thread blocks for one message size (sizes in bytes)."""
+    layout = make_layout(plan, rank, input_bytes, output_bytes)
+    pk = _Packer(plan, rank, layout)
+    blocks = [pk.block(tb) for tb in plan.gpus[rank].threadblocks]
+    sb = scratch_bytes_needed(plan, layout)
+    if pk.uses_packets and not (plan.protocol == "LL"):
+        pass  # scratch_bytes_needed already doubles for plans with packet ops
+    return PackedRank(rank, input_bytes, output_bytes, layout, blocks, sb, pk.packet_align, pk.uses_packets)
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """Device addresses the runtime fills into the header and tables."""
+
+    sync_base: int
+    scratch_base: int
+    scratch_half: int
+    error_record: int
+    peer_abort: Sequence[int]
+    remote: Sequence[tuple[int, int]]          # (base, kind code) per gpus[rank].remote_buffers entry
+    channels: Sequence[tuple[int, int, int]]   # (inbound, remote inbound, expected) per memory channel
+
+
+def pack_blob(plan: Plan, packed: PackedRank, addr: Addresses, sync: SyncLayout) -> bytes:
+    """The whole device plan of one rank: header, tables, block regions."""
+    nb = len(packed.blocks)
+    off = PLAN_HEADER.size
+    peer_off = off
+    off += 8 * len(addr.peer_abort)
+    off = (off + 15) // 16 * 16
+    remote_off = off
+    off += REMOTE_BUF.size * len(addr.remote)
+    chan_off = off
+    off += CHANNEL_DEV.size * len(addr.channels)
+    block_tab = off
+    off += BLOCK_ENTRY.size * nb
+    off = (off + 15) // 16 * 16
+    entries = []
+    regions = []
+    for b in packed.blocks:
+        entries.append((off, len(b.region)))
+        regions.append(b.region)
+        off += len(b.region)
+    if off >= 2**32:
+        raise PlanError(f"rank {packed.rank}: device plan of {off} bytes exceeds 4 GiB")
+    sb = addr.sync_base
+    head = PLAN_HEADER.pack(
+        magic=CONSTANTS["MSCCLANG_PLAN_MAGIC"], version=CONSTANTS["MSCCLANG_PLAN_VERSION"], n_blocks=nb,
+        rank=packed.rank, sync_base=sb, scratch_base=addr.scratch_base, scratch_half=addr.scratch_half,
+        flags=sb + SYNC_FLAGS_OFF, abort_word=sb + SYNC_ABORT_OFF, error_record=addr.error_record,
+        semaphores=sb + sync.semaphores, barriers=sb + sync.barriers, n_peers=len(addr.peer_abort),
+        n_remote=len(addr.remote), n_channels=len(addr.channels), n_semaphores=sync.n_semaphores,
+        peer_abort_table=peer_off, remote_table=remote_off, channel_table=chan_off, block_table=block_tab)
+    out = bytearray(head)
+    for p in addr.peer_abort:
+        out += int(p).to_bytes(8, "little")
+    out += b"\0" * (remote_off - len(out))
+    for base, kind in addr.remote:
+        out += REMOTE_BUF.pack(base=base, kind=kind)
+    for a, b, c in addr.channels:
+        out += CHANNEL_DEV.pack(inbound=a, remote_inbound=b, expected=c)
+    for o, n in entries:
+        out += BLOCK_ENTRY.pack(offset=o, bytes=n)
+    out += b"\0" * (entries[0][0] - len(out) if entries else (-len(out) % 16))
+    for r in regions:
+        out += r
+    return bytes(out)

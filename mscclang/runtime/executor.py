@@ -1,0 +1,500 @@
+"""The GPU executor: runs a plan on the caller's current torch stream through the interpreter
+kernel (design §5, §7).
+
+Per loaded plan a *context* holds the scratch, the sync area (abort word, flags, channel counters,
+semaphores, barrier counters) and the peers' IPC mappings of both; device plans are cached per
+message size. Every cache decision depends only on (plan, sizes, dtype, packet type, reduce op),
+which all ranks share, so every rank takes the same collective steps in the same order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from mscclang.errors import CollectiveTimeout, PlanError, RuntimeUnavailable
+from mscclang.plan.models import BufferKind, ChannelType, OpName, Plan, ReduceOp, REDUCE_OPS
+from mscclang.runtime import cuda as cu
+from mscclang.runtime.build import build_module, find_prebuilt, kernel_name
+from mscclang.runtime.comm import Communicator
+from mscclang.runtime.device_plan import (
+    KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, PackedRank, SyncLayout, check_plan,
+    inbound_slots, is_zero_copy, memory_channel_ordinals, pack_blob, pack_blocks, peers_of, sync_layout,
+)
+from mscclang.runtime.structs import ERROR_RECORD
+
+DEFAULT_TIMEOUT_S = 30.0
+_WHAT = {1: "a signal", 2: "LL packets", 3: "a barrier", 4: "a semaphore", 5: "nothing (a peer or another "
+         "block aborted)", 6: "port FIFO space"}
+
+
+def torch_dtype_code(dtype: Any) -> str:
+    import torch
+
+    m = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.int32: "i32"}
+    if dtype not in m:
+        raise RuntimeUnavailable(f"dtype {dtype} is not supported; use float16, bfloat16, float32 or int32")
+    return m[dtype]
+
+
+def plan_reduce_op(plan: Plan) -> str:
+    """The plan's reduce op: ``plan.reduce_op``, else the ops' (they must agree), else sum."""
+    if plan.reduce_op is not None:
+        return plan.reduce_op.value
+    seen: set[str] = set()
+    for g in plan.gpus:
+        for tb in g.threadblocks:
+            for op in tb.ops:
+                for o in (op.ops or [op]):
+                    if o.name in REDUCE_OPS and o.reduce_op is not None:
+                        seen.add(o.reduce_op.value)
+    if len(seen) > 1:
+        raise PlanError(f"the plan's reductions disagree on the reduce op ({sorted(seen)}); set plan.reduce_op "
+                        "or pass reduce_op= at launch")
+    return seen.pop() if seen else "sum"
+
+
+def _packet_code(p: Any) -> str:
+    if p is None:
+        return "ll16"
+    s = getattr(p, "value", p)
+    s = str(s).lower()
+    if s not in ("ll16", "ll8"):
+        raise RuntimeUnavailable(f"unknown packet type {p!r}; use 'LL16' or 'LL8'")
+    return s
+
+
+def _reduce_code(r: Any) -> str:
+    s = str(getattr(r, "value", r)).lower()
+    if s not in ("sum", "min", "max"):
+        raise RuntimeUnavailable(f"unknown reduce op {r!r}; use sum, min or max")
+    return s
+
+
+@dataclass
+class _DevPlan:
+    blob: int
+    nbytes: int
+    n_blocks: int
+    smem: int
+    packet_align: int
+    uses_packets: bool
+
+
+@dataclass
+class _Context:
+    """Scratch + sync area of one loaded plan on this rank, with peers' mappings."""
+
+    sync: SyncLayout
+    sync_base: int
+    scratch_base: int
+    scratch_bytes: int
+    peer_sync: dict[int, int]
+    peer_scratch: dict[int, int]
+    staging_in: Any = None     # SymAlloc for zero-copy plans given non-symmetric tensors
+    staging_out: Any = None
+    plans: dict[tuple, _DevPlan] = field(default_factory=dict)
+
+
+@dataclass
+class LoadedPlan:
+    """A plan accepted by this executor (load-time checks passed)."""
+
+    plan: Plan
+    zero_copy: bool
+    default_packet: str
+    default_op: str
+    nthreads: int
+    n_blocks: int
+    ctx: Optional[_Context] = None
+    fast: dict[tuple, tuple] = field(default_factory=dict)
+
+
+class Executor:
+    """Runs plans on this rank's GPU. ``comm`` defaults to a Communicator over torch.distributed's
+    default store; ``timeout_s`` bounds every GPU spin (default 30 s, env MSCCLANG_TIMEOUT_S)."""
+
+    def __init__(self, comm: Optional[Communicator] = None, timeout_s: Optional[float] = None,
+                 cooperative: bool = True) -> None:
+        self.comm = comm or Communicator()
+        if timeout_s is None:
+            timeout_s = float(os.environ.get("MSCCLANG_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.cooperative = cooperative
+        self._loaded: dict[int, LoadedPlan] = {}
+        self._modules: dict[str, Any] = {}
+        self._funcs: dict[tuple[str, str, str], Any] = {}
+        self._err_host, self._err_dev = cu.host_alloc_mapped(256)
+        self._aborted = False
+        self._last_stream: Optional[int] = None
+        drv = cu.driver()
+        self._event = cu.check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        self._params = (ctypes.c_uint64 * 6)()
+        self._param_ptrs = (ctypes.c_void_p * 6)(
+            *[ctypes.addressof(self._params) + 8 * i for i in range(6)])
+        self._param_addr = ctypes.addressof(self._param_ptrs)
+        self._sm_count = cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
+        cc = (cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
+              cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
+        self.arch = f"sm_{cc[0]}{cc[1]}"
+        self._first_launch_done = False
+
+    # ------------------------------------------------------------------------------------------
+    # loading
+    def load(self, plan: Plan) -> LoadedPlan:
+        """Check ``plan`` once (refusing what this executor cannot run) and remember it."""
+        lp = self._loaded.get(id(plan))
+        if lp is not None and lp.plan is plan:
+            return lp
+        if plan.world_size != self.comm.world_size:
+            raise PlanError(f"the plan has {plan.world_size} ranks but the communicator has "
+                            f"{self.comm.world_size}", "gpus")
+        allow_switch = os.environ.get("MSCCLANG_ENABLE_NVLS") == "1"
+        check_plan(plan, allow_switch=allow_switch)
+        nb = len(plan.gpus[self.comm.rank].threadblocks)
+        if nb > MAX_FLAGS:
+            raise PlanError(f"rank {self.comm.rank} has {nb} thread blocks; the kernel supports {MAX_FLAGS}",
+                            f"gpus[{self.comm.rank}].threadblocks")
+        if nb > self._sm_count:
+            raise PlanError(f"rank {self.comm.rank} has {nb} thread blocks but the device has {self._sm_count} "
+                            "multiprocessors; the kernel runs one block per multiprocessor and needs all blocks "
+                            "co-resident", f"gpus[{self.comm.rank}].threadblocks")
+        default_packet = _packet_code(plan.packet_type.value if plan.packet_type else None)
+        lp = LoadedPlan(plan, is_zero_copy(plan), default_packet, plan_reduce_op(plan),
+                        plan.num_threads_per_block, nb)
+        self._loaded[id(plan)] = lp
+        return lp
+
+    def _function(self, dtype: str, packet: str, op: str) -> Any:
+        key = (dtype, packet, op)
+        f = self._funcs.get(key)
+        if f is not None:
+            return f
+        drv = cu.driver()
+        mod = self._modules.get(dtype)
+        if mod is None:
+            pre = find_prebuilt(dtype, self.arch)
+            if pre is not None:
+                err, m = drv.cuModuleLoadData(pre.read_bytes())
+                mod = m if int(err) == 0 else None
+            if mod is None:
+                built = build_module(dtype, self.arch)
+                mod = cu.check(drv.cuModuleLoadData(built.cubin), f"cuModuleLoadData({built.path.name})")
+            self._modules[dtype] = mod
+        f = cu.check(drv.cuModuleGetFunction(mod, kernel_name(dtype, packet, op).encode()), "cuModuleGetFunction")
+        self._funcs[key] = f
+        return f
+
+    # ------------------------------------------------------------------------------------------
+    # contexts (collective)
+    def _make_context(self, lp: LoadedPlan, scratch_bytes: int) -> _Context:
+        comm = self.comm
+        plan = lp.plan
+        r = comm.rank
+        sync = sync_layout(plan, r)
+        scratch_bytes = max(int(scratch_bytes), 256)
+        sync_base = cu.mem_alloc(sync.size)
+        scratch_base = cu.mem_alloc(scratch_bytes)
+        self._init_sync(plan, sync, sync_base)
+        cu.memset_d8(scratch_base, 0, scratch_bytes, 0)
+        drv = cu.driver()
+        cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+        mine = cu.ipc_handle(sync_base) + cu.ipc_handle(scratch_base)
+        allh = comm.allgather_bytes(mine)
+        peer_sync: dict[int, int] = {}
+        peer_scratch: dict[int, int] = {}
+        for q in peers_of(plan, r):
+            peer_sync[q] = cu.ipc_open(allh[q][:64])
+            peer_scratch[q] = cu.ipc_open(allh[q][64:128])
+        return _Context(sync, sync_base, scratch_base, scratch_bytes, peer_sync, peer_scratch)
+
+    def _init_sync(self, plan: Plan, sync: SyncLayout, base: int) -> None:
+        cu.memset_d8(base, 0, sync.size, 0)
+        cu.memset_d32(base + SYNC_FLAGS_OFF, 1, MAX_FLAGS, 0)
+        sems = plan.gpus[self.comm.rank].semaphores
+        if sems:
+            data = b"".join(int(s.init_value).to_bytes(8, "little", signed=True) for s in sems)
+            cu.htod(base + sync.semaphores, data, 0)
+
+    def _free_context(self, ctx: _Context) -> None:
+        for p in list(ctx.peer_sync.values()) + list(ctx.peer_scratch.values()):
+            cu.ipc_close(p)
+        for dp in ctx.plans.values():
+            cu.mem_free(dp.blob)
+        cu.mem_free(ctx.sync_base)
+        cu.mem_free(ctx.scratch_base)
+
+    def _ensure_context(self, lp: LoadedPlan, packed: PackedRank) -> _Context:
+        ctx = lp.ctx
+        if ctx is not None and ctx.scratch_bytes >= packed.scratch_bytes:
+            return ctx
+        if self._capturing():
+            raise RuntimeUnavailable("first-time setup cannot happen inside CUDA graph capture: call "
+                                     "Executor.prepare(plan, ...) for every size before capturing")
+        drv = cu.driver()
+        cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+        if ctx is not None:
+            # grow: every rank reaches this at the same call (same sizes), so it stays collective
+            self.comm.barrier()
+            self._free_context(ctx)
+            lp.fast.clear()
+        lp.ctx = self._make_context(lp, packed.scratch_bytes)
+        # a peer still compiling or setting up must not look like a hang: meet before launching
+        self.comm.barrier()
+        return lp.ctx
+
+    def _capturing(self) -> bool:
+        import torch
+
+        return bool(torch.cuda.is_current_stream_capturing())
+
+    # ------------------------------------------------------------------------------------------
+    # device plans
+    def _device_plan(self, lp: LoadedPlan, in_bytes: int, out_bytes: int, sym_in: Any, sym_out: Any) -> _DevPlan:
+        plan = lp.plan
+        r = self.comm.rank
+        packed = pack_blocks(plan, r, in_bytes, out_bytes)
+        ctx = self._ensure_context(lp, packed)
+        key = (in_bytes, out_bytes, getattr(sym_in, "index", None), getattr(sym_out, "index", None))
+        dp = ctx.plans.get(key)
+        if dp is not None:
+            return dp
+        g = plan.gpus[r]
+        remote = []
+        for rb in g.remote_buffers:
+            if rb.type == BufferKind.scratch:
+                base = ctx.peer_scratch[rb.rank]
+            else:
+                sa = sym_in if rb.type == BufferKind.input else sym_out
+                if sa is None:
+                    raise RuntimeUnavailable("internal: zero-copy plan without symmetric buffers")
+                base = sa.peer_bases[rb.rank]
+            remote.append((base, KIND_CODE[rb.type]))
+        slots_me = inbound_slots(plan, r)
+        chans = []
+        for j, (q, o) in enumerate(memory_channel_ordinals(plan, r)):
+            slots_q = inbound_slots(plan, q)
+            chans.append((ctx.sync_base + ctx.sync.inbound + 8 * slots_me[(q, o)],
+                          ctx.peer_sync[q] + sync_layout(plan, q).inbound + 8 * slots_q[(r, o)],
+                          ctx.sync_base + ctx.sync.expected + 8 * j))
+        peers = peers_of(plan, r)
+        # one half size per context: launches of different sizes must never overlap halves
+        half = (ctx.scratch_bytes // 2) // 16 * 16 if plan.use_double_scratch_buffer else 0
+        addr = Addresses(ctx.sync_base, ctx.scratch_base, half, self._err_dev,
+                         [ctx.peer_sync[q] + SYNC_ABORT_OFF for q in peers], remote, chans)
+        blob = pack_blob(plan, packed, addr, ctx.sync)
+        p = cu.mem_alloc(len(blob))
+        cu.htod(p, blob, 0)
+        drv = cu.driver()
+        cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+        smem = max((len(b.region) for b in packed.blocks), default=16)
+        dp = _DevPlan(p, len(blob), len(packed.blocks), smem, packed.packet_align, packed.uses_packets)
+        ctx.plans[key] = dp
+        return dp
+
+    def prepare(self, plan: Plan, input_bytes: int, output_bytes: Optional[int] = None, dtype: Any = None,
+                packet_type: Any = None, reduce_op: Any = None) -> None:
+        """Do every first-time step for one size outside CUDA graph capture: build and load the
+        kernel, create the context (scratch, sync area, IPC mappings, store barrier) and the device
+        plan. Collective: every rank calls it with the same arguments."""
+        import torch
+
+        lp = self.load(plan)
+        if output_bytes is None:
+            output_bytes = input_bytes * (plan.world_size if plan.collective == "allgather" else 1)
+            if plan.collective == "reducescatter":
+                output_bytes = input_bytes // plan.world_size
+        dt = torch_dtype_code(dtype or torch.float16)
+        pkt = _packet_code(packet_type) if packet_type is not None else lp.default_packet
+        op = _reduce_code(reduce_op) if reduce_op is not None else lp.default_op
+        self._function(dt, pkt, op)
+        sym_in = sym_out = None
+        if lp.zero_copy:
+            sym_in, sym_out = self._staging(lp, input_bytes, output_bytes)
+        self._device_plan(lp, input_bytes, output_bytes, sym_in, sym_out)
+
+    def _staging(self, lp: LoadedPlan, in_bytes: int, out_bytes: int) -> tuple[Any, Any]:
+        """Communicator-owned symmetric staging buffers (collective; grows by size only)."""
+        ctx = lp.ctx
+        if ctx is None:
+            packed = pack_blocks(lp.plan, self.comm.rank, in_bytes, out_bytes)
+            ctx = self._ensure_context(lp, packed)
+        if ctx.staging_in is None or ctx.staging_in.size < in_bytes or ctx.staging_out.size < out_bytes:
+            if self._capturing():
+                raise RuntimeUnavailable("zero-copy staging cannot be set up inside CUDA graph capture: call "
+                                         "Executor.prepare(plan, ...) first")
+            ctx.staging_in = self.comm._sym_alloc(in_bytes, internal=True)
+            ctx.staging_out = self.comm._sym_alloc(out_bytes, internal=True)
+            self.comm.barrier()
+        return ctx.staging_in, ctx.staging_out
+
+    # ------------------------------------------------------------------------------------------
+    # launching
+    def check(self) -> None:
+        """Raise CollectiveTimeout if a launch of this executor gave up (until reset())."""
+        st = ctypes.c_uint32.from_address(self._err_host).value
+        if st == 0 and not self._aborted:
+            return
+        if st == 1:
+            cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+        self._aborted = True
+        rec = ERROR_RECORD.unpack(ctypes.string_at(self._err_host, ERROR_RECORD.size))
+        what = _WHAT.get(rec["what"], f"kind {rec['what']}")
+        chan = f" on channel {rec['channel']}" if rec["channel"] >= 0 and rec["what"] in (1, 3, 4) else ""
+        raise CollectiveTimeout(
+            f"rank {rec['rank']} thread block {rec['block']} op {rec['op_index']} gave up waiting for {what}"
+            f"{chan} (expected {rec['expected']}, saw {rec['seen']}) after {rec['elapsed_ns'] / 1e9:.3f} s; "
+            "the collective was aborted on every rank: call Executor.reset() on all ranks to continue")
+
+    def synchronize(self) -> None:
+        """Wait for this executor's launches and raise CollectiveTimeout if one gave up."""
+        cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+        self.check()
+
+    def execute(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
+                reduce_op: Any = None, stream: Any = None) -> None:
+        """Run ``plan`` on this rank with torch tensors ``input``/``output`` on the current torch
+        stream (or ``stream``). ``packet_type``: 'LL16' (default) or 'LL8'; ``reduce_op``: overrides
+        the plan's sum/min/max. Collective: every rank calls it in the same order."""
+        if self._aborted or ctypes.c_uint32.from_address(self._err_host).value:
+            self.check()
+        lp = plan if isinstance(plan, LoadedPlan) else self.load(plan)
+        pkt = _packet_code(packet_type) if packet_type is not None else lp.default_packet
+        op = _reduce_code(reduce_op) if reduce_op is not None else lp.default_op
+        in_bytes = input.numel() * input.element_size()
+        out_bytes = output.numel() * output.element_size()
+        if stream is None:
+            import torch
+
+            s = torch.cuda.current_stream().cuda_stream
+        else:
+            s = int(getattr(stream, "cuda_stream", stream))
+        in_ptr = input.data_ptr()
+        out_ptr = output.data_ptr()
+        if lp.zero_copy:
+            self._execute_zero_copy(lp, input, output, in_ptr, out_ptr, in_bytes, out_bytes, pkt, op, s)
+            return
+        key = (in_bytes, out_bytes, input.dtype, pkt, op)
+        ent = lp.fast.get(key)
+        if ent is None:
+            ent = self._entry(lp, input.dtype, in_bytes, out_bytes, pkt, op, None, None)
+            lp.fast[key] = ent
+        self._launch(ent, in_ptr, out_ptr, 0, 0, s)
+
+    def _entry(self, lp: LoadedPlan, dtype: Any, in_bytes: int, out_bytes: int, pkt: str, op: str,
+               sym_in: Any, sym_out: Any) -> tuple:
+        plan = lp.plan
+        ref = in_bytes if plan.collective != "allgather" else out_bytes
+        if not plan.min_message_size <= ref <= plan.max_message_size:
+            raise PlanError(f"message size {ref} bytes is outside the plan's range "
+                            f"[{plan.min_message_size}, {plan.max_message_size}]")
+        dt = torch_dtype_code(dtype)
+        f = self._function(dt, pkt, op)
+        dp = self._device_plan(lp, in_bytes, out_bytes, sym_in, sym_out)
+        need = 8 if pkt == "ll16" else 4
+        if dp.uses_packets and dp.packet_align < need:
+            raise PlanError(f"rank {self.comm.rank}: packet offsets at this size are only {dp.packet_align}-byte "
+                            f"aligned; {pkt.upper()} needs {need} (raise buffer_alignment or use LL8)")
+        drv = cu.driver()
+        if dp.smem > 48 * 1024:
+            cu.check(drv.cuFuncSetAttribute(
+                f, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dp.smem),
+                "cuFuncSetAttribute")
+        nblk = cu.check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(f, lp.nthreads, dp.smem),
+                        "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        if int(nblk) * self._sm_count < dp.n_blocks:
+            raise PlanError(f"rank {self.comm.rank}: {dp.n_blocks} thread blocks of {lp.nthreads} threads cannot "
+                            f"all be co-resident (at most {int(nblk) * self._sm_count})")
+        return (f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem)
+
+    def _execute_zero_copy(self, lp: LoadedPlan, input: Any, output: Any, in_ptr: int, out_ptr: int,
+                           in_bytes: int, out_bytes: int, pkt: str, op: str, s: int) -> None:
+        comm = self.comm
+        si = comm.symmetric_of(in_ptr)
+        so = comm.symmetric_of(out_ptr)
+        if si is not None and so is not None and not si[0].internal and not so[0].internal:
+            key = (in_bytes, out_bytes, input.dtype, pkt, op, si[0].index, so[0].index)
+            ent = lp.fast.get(key)
+            if ent is None:
+                ent = self._entry(lp, input.dtype, in_bytes, out_bytes, pkt, op, si[0], so[0])
+                lp.fast[key] = ent
+            self._launch(ent, in_ptr, out_ptr, si[1], so[1], s)
+            return
+        # not symmetric: go through the communicator's registered, pre-zeroed staging buffers
+        st_in, st_out = self._staging(lp, in_bytes, out_bytes)
+        inplace = out_ptr <= in_ptr < out_ptr + out_bytes
+        key = (in_bytes, out_bytes, input.dtype, pkt, op, "staged", inplace)
+        ent = lp.fast.get(key)
+        if ent is None:
+            ent = self._entry(lp, input.dtype, in_bytes, out_bytes, pkt, op, st_out if inplace else st_in, st_out)
+            lp.fast[key] = ent
+        if inplace:
+            # the input lives inside the output: stage the whole output, input at its offset
+            cu.dtod(st_out.base, out_ptr, out_bytes, s)
+            delta = in_ptr - out_ptr
+            self._launch(ent, st_out.base + delta, st_out.base, delta, 0, s)
+        else:
+            cu.dtod(st_in.base, in_ptr, in_bytes, s)
+            self._launch(ent, st_in.base, st_out.base, 0, 0, s)
+        cu.dtod(out_ptr, st_out.base, out_bytes, s)
+
+    def _launch(self, ent: tuple, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int) -> None:
+        f, blob, nb, nt, smem = ent
+        drv = cu.driver()
+        if self._last_stream is not None and s != self._last_stream:
+            # launches sharing a scratch are ordered on the GPU, whatever stream the caller uses
+            if not self._capturing():
+                cu.check(drv.cuEventRecord(self._event, self._last_stream), "cuEventRecord")
+                cu.check(drv.cuStreamWaitEvent(s, self._event, 0), "cuStreamWaitEvent")
+        self._last_stream = s
+        p = self._params
+        p[0] = blob
+        p[1] = in_ptr
+        p[2] = out_ptr
+        p[3] = in_delta
+        p[4] = out_delta
+        p[5] = self.timeout_ns
+        if self.cooperative:
+            err, = drv.cuLaunchCooperativeKernel(f, nb, 1, 1, nt, 1, 1, smem, s, self._param_addr)
+            if int(err) != 0:
+                self.cooperative = False
+                cu.check(drv.cuLaunchKernel(f, nb, 1, 1, nt, 1, 1, smem, s, self._param_addr, 0), "cuLaunchKernel")
+        else:
+            cu.check(drv.cuLaunchKernel(f, nb, 1, 1, nt, 1, 1, smem, s, self._param_addr, 0), "cuLaunchKernel")
+
+    # ------------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Collective reset after a CollectiveTimeout: wait for the GPU, clear flags, counters,
+        semaphores, abort words, scratch and the error record on every rank, then meet again."""
+        drv = cu.driver()
+        cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+        self.comm.barrier()
+        for lp in self._loaded.values():
+            ctx = lp.ctx
+            if ctx is None:
+                continue
+            self._init_sync(lp.plan, ctx.sync, ctx.sync_base)
+            cu.memset_d8(ctx.scratch_base, 0, ctx.scratch_bytes, 0)
+        cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+        ctypes.memset(self._err_host, 0, 256)
+        self._aborted = False
+        self.comm.barrier()
+
+    def close(self) -> None:
+        """Free contexts and device plans (after the GPU finished with them)."""
+        drv = cu.driver()
+        drv.cuCtxSynchronize()
+        for lp in self._loaded.values():
+            if lp.ctx is not None:
+                self._free_context(lp.ctx)
+                lp.ctx = None
+        self._loaded.clear()
+        for m in self._modules.values():
+            drv.cuModuleUnload(m)
+        self._modules.clear()
+        self._funcs.clear()
+        if self._err_host:
+            cu.host_free(self._err_host)
+            self._err_host = 0

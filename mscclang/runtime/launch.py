@@ -1,0 +1,147 @@
+"""One worker process per visible GPU, kept alive and driven by commands.
+
+A :class:`WorkerPool` spawns ``world_size`` processes; each binds GPU ``rank``, joins a TCPStore,
+and builds a :class:`~mscclang.runtime.comm.Communicator` and an
+:class:`~mscclang.runtime.executor.Executor`. ``pool.run("module:function", *args)`` calls
+``function(worker, *args)`` on every rank at once and returns the per-rank results (exceptions
+come back as ``WorkerError`` with the rank's traceback). Used by the GPU tests (one pool for the
+whole session) and by ``mscclang run``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from mscclang.errors import MscclangError
+
+
+class WorkerError(MscclangError):
+    """A command failed on a worker; the message holds each failing rank's traceback."""
+
+
+@dataclass
+class Worker:
+    """What a command function receives on its rank."""
+
+    rank: int
+    world_size: int
+    comm: Any
+    executor: Any
+    state: dict = field(default_factory=dict)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, env: dict) -> None:
+    os.environ.update(env)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.cuda.set_device(rank)
+        store = dist.TCPStore("127.0.0.1", port, world, rank == 0, wait_for_workers=False)
+        from mscclang.runtime.comm import Communicator
+        from mscclang.runtime.executor import Executor
+
+        comm = Communicator(store=store, rank=rank, world_size=world, device=rank)
+        ex = Executor(comm, timeout_s=timeout_s)
+        w = Worker(rank, world, comm, ex)
+        conn.send(("ready", None))
+    except BaseException:  # noqa: BLE001 - report any start failure
+        conn.send(("error", traceback.format_exc()))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg is None:
+            break
+        target, args, kwargs = msg
+        try:
+            mod, fn = target.split(":")
+            f = getattr(importlib.import_module(mod), fn)
+            conn.send(("ok", f(w, *args, **kwargs)))
+        except BaseException:  # noqa: BLE001 - send the failure back
+            conn.send(("error", traceback.format_exc()))
+    try:
+        ex.close()
+        comm.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class WorkerPool:
+    """``world_size`` GPU worker processes (default: every visible GPU)."""
+
+    def __init__(self, world_size: Optional[int] = None, timeout_s: float = 30.0,
+                 env: Optional[dict] = None) -> None:
+        import multiprocessing as mp
+
+        import torch
+
+        n = torch.cuda.device_count() if world_size is None else world_size
+        self.world_size = n
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        self._conns = []
+        self._procs = []
+        for r in range(n):
+            a, b = ctx.Pipe()
+            p = ctx.Process(target=_worker_main, args=(r, n, port, timeout_s, b, dict(env or {})), daemon=True)
+            p.start()
+            self._conns.append(a)
+            self._procs.append(p)
+        errs = []
+        for r, c in enumerate(self._conns):
+            kind, val = c.recv()
+            if kind != "ready":
+                errs.append(f"rank {r}:\n{val}")
+        if errs:
+            self.close()
+            raise WorkerError("workers failed to start:\n" + "\n".join(errs))
+
+    def run(self, target: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``target`` ("module:function") on every rank with the same arguments."""
+        for c in self._conns:
+            c.send((target, args, kwargs))
+        out, errs = [], []
+        for r, c in enumerate(self._conns):
+            kind, val = c.recv()
+            if kind == "ok":
+                out.append(val)
+            else:
+                out.append(None)
+                errs.append(f"rank {r}:\n{val}")
+        if errs:
+            raise WorkerError("\n".join(errs))
+        return out
+
+    def close(self) -> None:
+        for c in self._conns:
+            try:
+                c.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        for p in self._procs:
+            p.join(timeout=20)
+            if p.is_alive():
+                p.kill()
+        self._conns.clear()
+        self._procs.clear()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
