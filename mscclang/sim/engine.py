@@ -682,7 +682,9 @@ class Simulation:
         mem.storage[ikey][ibase: ibase + ib] = data
         if mem.shadow is not None:
             self._init_input_shadow(rank)
-        self._record(host, rank, okey, obase, obase + ob, True, op, k, host=True, single=True)
+        self._record(host, rank, okey, obase, obase + ob, True,
+                     self._host_opref(rank, k, "launch start: outputs handed to the kernel"), k,
+                     host=True, single=True)
         self._record(host, rank, ikey, ibase, ibase + ib, True, op, k, host=True, single=True)
         if k >= 2:
             sb = mem.storage["scr"].shape[0]
@@ -943,7 +945,7 @@ class Simulation:
                 lines.append(f"  {t.where()} (launch {t.launch}) waits for {t.wait.what}"  # type: ignore[union-attr]
                              + (f": {notes[id(t)]}" if id(t) in notes else ""))
         first = (cycle[0] if cycle else sorted(blocked, key=lambda x: (x.rank, x.tb))[0])
-        msg = (f"deadlock: all {len(blocked)} live blocks wait; first {first.where()}\n" + "\n".join(lines[:14]))
+        msg = (f"all {len(blocked)} live blocks wait; first {first.where()}\n" + "\n".join(lines[:14]))
         return Problem("deadlock", msg, details={
             "cycle": [(t.rank, t.tb, t.cur.index if t.cur else None, t.wait.what) for t in cycle],  # type: ignore[union-attr]
             "blocked": [(t.rank, t.tb, t.cur.index if t.cur else None, t.wait.what) for t in blocked],  # type: ignore[union-attr]

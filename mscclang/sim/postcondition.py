@@ -30,6 +30,13 @@ def random_inputs(n: int, nbytes: int, dt: np.dtype, seed: int) -> list[np.ndarr
     return out
 
 
+def _fmt(x: object) -> str:
+    try:
+        return f"{float(x):.6g}"  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return str(x)
+
+
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -144,7 +151,7 @@ def check_numeric(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.n
                     probs.append(Problem("postcondition",
                                          f"rank {r} output chunk {c} (launch {launch}) should be a copy of rank {p} "
                                          f"input chunk {k} but differs (element {int(oi[i])} of the output is "
-                                         f"{got[i]!r}, expected {flat[si[0][i]]!r})"))
+                                         f"{_fmt(got[i])}, expected {_fmt(flat[si[0][i]])})"))
             else:
                 vals = flat[si]
                 if is_float(dt):
@@ -168,7 +175,7 @@ def check_numeric(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.n
                     probs.append(Problem("postcondition",
                                          f"rank {r} output chunk {c} (launch {launch}) is not the {op} of "
                                          f"{m} input chunks {list(exp.sources)[:8]}: output element {int(oi[i])} "  # type: ignore[union-attr]
-                                         f"is {got[i]!r}, expected {ref[i]!r}"))
+                                         f"is {_fmt(got[i])}, expected {_fmt(ref[i])}"))
             if len(probs) >= limit:
                 return probs
     return probs
