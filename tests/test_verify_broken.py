@@ -1,0 +1,249 @@
+"""Deliberately broken plans: each must be caught with the right diagnosis (issue 3)."""
+
+from __future__ import annotations
+
+from mscclang.sim import Deadlock, run, verify
+from mscclang.sim.planbuilder import L, PlanBuilder, R
+from mscclang.sim.report import Report
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_sim_library import (
+    ll_allreduce,
+    sem_barrier_allgather,
+    simple_allgather,
+    zero_copy_allreduce,
+)
+
+
+def _verify(plan, **kw) -> Report:
+    kw.setdefault("schedules", 3)
+    rep = verify(plan, **kw)
+    assert not rep.ok, "a broken plan verified"
+    return rep
+
+
+def _messages(rep: Report, kind: str) -> list[str]:
+    return [p.message for p in rep.problems if p.kind == kind]
+
+
+def scratch_allgather(slot: int = 0):
+    """2-rank allgather staged through the peer's scratch slot ``slot``; the peer always copies
+    slot 0 out (so slot != 0 is a put into the wrong scratch offset)."""
+    b = PlanBuilder("scratch_allgather", "allgather", 2, 1, 2, 2)
+    for r in range(2):
+        p = 1 - r
+        b.op(r, 0, "copy", src=[L("i", 0, 1)], dst=[L("o", r, 1)])
+        b.nop(r, 0)
+        b.op(r, 0, "rlxsignal", channels=[p])
+        b.op(r, 0, "rlxwait", channels=[p])
+        b.nop(r, 0)
+        b.op(r, 0, "put", src=[L("i", 0, 1)], dst=[R(p, "s", slot, 1)])
+        b.nop(r, 0)
+        b.op(r, 0, "signal", channels=[p])
+        b.op(r, 0, "wait", channels=[p])
+        b.nop(r, 0)
+        b.op(r, 0, "copy", src=[L("s", 0, 1)], dst=[L("o", p, 1)])
+        b.nop(r, 0)
+    return b.build()
+
+
+def wait_cycle(broken: bool = True):
+    """2-rank allgather where each rank waits for the other before signalling (broken) or
+    signals first (correct)."""
+    b = PlanBuilder("wait_cycle", "allgather", 2, 1, 2)
+    for r in range(2):
+        p = 1 - r
+        b.op(r, 0, "copy", src=[L("i", 0, 1)], dst=[L("o", r, 1)])
+        b.nop(r, 0)
+        if broken:
+            b.op(r, 0, "wait", channels=[p])
+            b.op(r, 0, "signal", channels=[p])
+        else:
+            b.op(r, 0, "rlxsignal", channels=[p])
+            b.op(r, 0, "rlxwait", channels=[p])
+        b.nop(r, 0)
+        b.op(r, 0, "put", src=[L("i", 0, 1)], dst=[R(p, "o", r, 1)])
+        b.nop(r, 0)
+        b.op(r, 0, "signal", channels=[p])
+        b.op(r, 0, "wait", channels=[p])
+        b.nop(r, 0)
+    return b.build()
+
+
+def missing_nop_after_wait():
+    """Data read right after a wait, with no nop: the other threads are not ordered after it."""
+    b = PlanBuilder("no_nop_after_wait", "allgather", 2, 1, 2, 1)
+    for r in range(2):
+        p = 1 - r
+        b.op(r, 0, "copy", src=[L("i", 0, 1)], dst=[L("o", r, 1)])
+        b.nop(r, 0)
+        b.op(r, 0, "rlxsignal", channels=[p])
+        b.op(r, 0, "rlxwait", channels=[p])
+        b.nop(r, 0)
+        b.op(r, 0, "put", src=[L("i", 0, 1)], dst=[R(p, "s", 0, 1)])
+        b.nop(r, 0)
+        b.op(r, 0, "signal", channels=[p])
+        b.op(r, 0, "wait", channels=[p])
+        b.op(r, 0, "copy", src=[L("s", 0, 1)], dst=[L("o", p, 1)])   # no nop before it
+        b.nop(r, 0)
+        b.op(r, 0, "signal", channels=[p])
+        b.op(r, 0, "wait", channels=[p])
+    return b.build()
+
+
+# 1. a missing wait ---------------------------------------------------------------------------
+def test_missing_wait() -> None:
+    rep = _verify(simple_allgather(final_wait=False))
+    races = _messages(rep, "race")
+    assert any("put" in m and "launch end: outputs read" in m for m in races)
+    assert any("signals" in m for m in _messages(rep, "unbalanced-channel"))
+
+
+# 2. a relaxed signal used to publish data ----------------------------------------------------
+def test_relaxed_signal_publishing_data() -> None:
+    rep = _verify(simple_allgather(relaxed_publish=True))
+    races = _messages(rep, "race")
+    assert races and all("put" in m for m in races[:2])
+    assert "unsynced-signal" not in rep.kinds()
+    assert "deadlock" not in rep.kinds()
+
+
+# 3. a wrong peer chunk -----------------------------------------------------------------------
+def test_wrong_peer_chunk() -> None:
+    rep = _verify(simple_allgather(wrong_chunk=True))
+    sym = _messages(rep, "symbolic")
+    assert any("rank 1 output chunk 0" in m and "missing (rank 0, chunk 0)" in m for m in sym), sym
+    assert "postcondition" in rep.kinds()
+
+
+# 4. a double reduction -----------------------------------------------------------------------
+def test_double_reduction() -> None:
+    rep = _verify(zero_copy_allreduce(double_src=True))
+    sym = _messages(rep, "symbolic")
+    assert any("counted more than once (rank 0, chunk 0) x2" in m for m in sym), sym
+    assert "postcondition" in rep.kinds()
+
+
+# 5. packet scratch reused across launches without double buffering ------------------------------
+def test_packet_reuse_without_double_scratch() -> None:
+    rep = _verify(ll_allreduce(double=False))
+    races = _messages(rep, "race")
+    assert any("use_double_scratch_buffer" in m for m in races), races
+    # one launch alone is fine, and so is the double-buffered plan over several launches
+    assert verify(ll_allreduce(double=False), launches=1, schedules=3).ok
+    assert verify(ll_allreduce(double=True), launches=4, schedules=3).ok
+
+
+# 6. a barrier naming a block that never arrives ----------------------------------------------
+def test_barrier_with_absent_block() -> None:
+    rep = _verify(sem_barrier_allgather(bad_barrier=True))
+    dl = _messages(rep, "deadlock")
+    assert dl and "barrier 0" in dl[0] and "tb 3 does not exist" in dl[0]
+    with pytest.raises(Deadlock):
+        run(sem_barrier_allgather(bad_barrier=True), [np.zeros(8, np.float32)] * 2)
+
+
+# 7. an unbalanced semaphore ------------------------------------------------------------------
+def test_unbalanced_semaphore_release() -> None:
+    rep = _verify(sem_barrier_allgather(extra_release=True))
+    msgs = _messages(rep, "unbalanced-semaphore")
+    assert any("semaphore 0 is 1 after launch 1" in m for m in msgs)
+
+
+def test_unbalanced_semaphore_acquire_deadlocks() -> None:
+    rep = _verify(sem_barrier_allgather(double_acquire=True))
+    dl = _messages(rep, "deadlock")
+    assert dl
+    assert ("no block of rank 0 will release semaphore 0" in dl[0]
+            or "no block of rank 1 will release semaphore 0" in dl[0]), dl[0]
+
+
+# 8. a put into the wrong scratch offset ------------------------------------------------------
+def test_put_into_wrong_scratch_offset() -> None:
+    assert verify(scratch_allgather(0), schedules=3).ok
+    rep = _verify(scratch_allgather(1))
+    sym = _messages(rep, "symbolic")
+    assert any("output chunk 1" in m and "missing (rank 1, chunk 0)" in m for m in sym), sym
+
+
+# 9. reading a peer's buffer with no ready handshake from that peer in the same launch ---------
+def test_read_peer_without_handshake() -> None:
+    rep = _verify(zero_copy_allreduce(handshake=False))
+    races = _messages(rep, "race")
+    assert any("rres" in m and "inputs written" in m and "no ready edge" in m for m in races), races
+
+
+def test_put_into_peer_without_handshake() -> None:
+    rep = _verify(simple_allgather(handshake=False))
+    races = _messages(rep, "race")
+    assert any("put" in m and "no ready edge" in m for m in races), races
+
+
+# 10. a cross-rank wait cycle -----------------------------------------------------------------
+def test_cross_rank_wait_cycle() -> None:
+    assert verify(wait_cycle(broken=False), schedules=3).ok
+    rep = _verify(wait_cycle())
+    dl = rep.first("deadlock")
+    assert dl is not None and "wait-for cycle" in dl.message
+    cycle = dl.details["cycle"]
+    assert {(r, tb) for r, tb, _, _ in cycle} == {(0, 0), (1, 0)}
+    assert all(idx == "2" for _, _, idx, _ in cycle)
+
+
+# 11. data published by a signal with no nop before it ----------------------------------------
+def test_signal_without_nop() -> None:
+    rep = _verify(simple_allgather(nop_before_signal=False))
+    msgs = _messages(rep, "unsynced-signal")
+    assert any("op 5 signal follows data op 4 put" in m for m in msgs), msgs
+
+
+# 12. data read after a wait with no nop ------------------------------------------------------
+def test_read_after_wait_without_nop() -> None:
+    rep = _verify(missing_nop_after_wait())
+    races = _messages(rep, "race")
+    assert any("put" in m and "copy" in m and "scr" in m for m in races), races
+
+
+BROKEN_FILES = {
+    "missing_wait.json": lambda: simple_allgather(final_wait=False),
+    "relaxed_publish.json": lambda: simple_allgather(relaxed_publish=True),
+    "wrong_peer_chunk.json": lambda: simple_allgather(wrong_chunk=True),
+    "double_reduction.json": lambda: zero_copy_allreduce(double_src=True),
+    "ll_single_scratch.json": lambda: ll_allreduce(double=False),
+    "barrier_absent_block.json": lambda: sem_barrier_allgather(bad_barrier=True),
+    "unbalanced_semaphore.json": lambda: sem_barrier_allgather(extra_release=True),
+    "wrong_scratch_offset.json": lambda: scratch_allgather(1),
+    "read_without_handshake.json": lambda: zero_copy_allreduce(handshake=False),
+    "wait_cycle.json": lambda: wait_cycle(),
+    "signal_without_nop.json": lambda: simple_allgather(nop_before_signal=False),
+}
+BROKEN_DIR = Path(__file__).parent / "plans_broken"
+
+
+@pytest.mark.parametrize("fname", sorted(BROKEN_FILES))
+def test_broken_plan_files(fname: str) -> None:
+    """tests/plans_broken/*.json are these plans, saved (so `mscclang verify` can be shown them);
+    each fails verification."""
+    from mscclang.plan import load_plan, plan_to_json
+    plan = BROKEN_FILES[fname]()
+    f = BROKEN_DIR / fname
+    assert f.read_text() == plan_to_json(plan), f"{f} is stale; regenerate it from this test"
+    assert not verify(load_plan(f), schedules=2).ok
+
+
+def test_broken_plan_files_fail_in_cli(tmp_path, capsys) -> None:
+    from mscclang.cli.main import main
+    from mscclang.plan import save_plan
+    f = tmp_path / "bad.json"
+    save_plan(wait_cycle(), f)
+    assert main(["verify", str(f), "--schedules", "2", "--sizes", "1K"]) == 1
+    err = capsys.readouterr().err
+    assert "deadlock" in err and "wait-for cycle" in err
+    g = tmp_path / "good.json"
+    save_plan(wait_cycle(broken=False), g)
+    assert main(["verify", str(g), "--schedules", "2", "--sizes", "1K", "4K", "--dtype", "fp16"]) == 0
+    assert "OK" in capsys.readouterr().out
