@@ -318,3 +318,25 @@ def test_cpu_communicator_from_store_falls_back_to_gloo(tmp_path):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_runtime_refusal_is_retried_with_padded_blocks_once():
+    n = 2
+
+    def body(comm):
+        r = comm.rank
+        outs, modes = [], []
+        for _ in range(2):
+            x = torch.arange(7, dtype=torch.float16) + 100 * r
+            outs.append(comm.all_gather(x))
+            modes.append(comm.last.mode)
+        return outs, modes
+
+    results, world, fb = run_ranks(n, body, plans=[stub_plan("allgather", n, name="ag", protocol="LL")],
+                                   refuse_unaligned=16)
+    want = torch.cat([torch.arange(7, dtype=torch.float16), torch.arange(7, dtype=torch.float16) + 100])
+    for outs, modes in results:
+        assert modes == ["staged", "staged"]
+        assert all(torch.equal(o, want) for o in outs)
+    assert world.refusals == n  # refused once per rank, then remembered
+    assert fb.calls == []

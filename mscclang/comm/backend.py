@@ -9,7 +9,7 @@ graph capture, and say which size granule a plan needs. :class:`RuntimeBackend` 
 
 from __future__ import annotations
 
-import inspect
+import os
 from typing import Any, Optional
 
 from mscclang.errors import RuntimeUnavailable
@@ -29,7 +29,8 @@ class Backend:
         in-place plan whose input aliases the start of the output, or views into one buffer)."""
         raise NotImplementedError
 
-    def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None) -> None:
+    def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
+                reduce_op: Optional[str] = None) -> None:
         """Do every setup step of ``execute`` (registration, device plan) without launching, so a
         later launch may be captured in a CUDA graph. Default: nothing to do."""
 
@@ -55,120 +56,76 @@ class Backend:
         """Release resources."""
 
 
-def _call_flex(fn: Any, kwargs: dict[str, Any]) -> Any:
-    """Call ``fn`` with the subset of ``kwargs`` its signature accepts."""
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return fn(**kwargs)
-    params = sig.parameters
-    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return fn(**kwargs)
-    return fn(**{k: v for k, v in kwargs.items() if k in params})
+MULTI_BLOCK = ("allgather", "reducescatter", "alltoall")
 
 
 class RuntimeBackend(Backend):
-    """Adapter to ``mscclang.runtime``'s executor on one CUDA device.
+    """Adapter to ``mscclang.runtime`` (its ``Communicator`` + ``Executor``) on one CUDA device.
 
-    The runtime is developed alongside this module; the adapter only relies on
-    ``Executor.execute(plan, input, output, packet_type=..., reduce_op=...)`` and looks up the
-    optional pieces (``prepare``, symmetric allocation, symmetric check, size granule, reset)
-    by name, degrading gracefully where one is missing.
+    Pass an existing ``executor`` (e.g. a GPU test worker's) or let the adapter build one from
+    ``store``/``rank``/``world_size``/``device``; ``options`` may hold ``timeout_s`` (GPU spin
+    bound) and ``name`` (the runtime communicator's store namespace).
+
+    Granule: collectives whose buffers hold several blocks (allgather, reduce-scatter,
+    all-to-all) have block starts inside the buffer; the runtime needs those aligned (packet
+    offsets), so their blocks are padded to the plan's ``buffer_alignment``. Single-block calls
+    take any element count. ``$MSCCLANG_COMM_GRANULE`` forces a granule for every call.
     """
 
-    _ALLOC_NAMES = ("empty", "empty_symmetric", "symmetric_empty", "alloc_symmetric", "allocate_symmetric")
-    _SYMCHK_NAMES = ("is_symmetric", "is_symmetric_buffer")
-
-    def __init__(self, *, store: Any, rank: int, world_size: int, device: Any = None,
+    def __init__(self, *, store: Any = None, rank: int, world_size: int, device: Any = None,
                  executor: Any = None, **options: Any) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device
         if executor is None:
             try:
-                import mscclang.runtime as rt
-            except Exception as e:  # pragma: no cover - import errors of the runtime
+                from mscclang.runtime.comm import Communicator as RuntimeComm
+                from mscclang.runtime.executor import Executor
+            except ImportError as e:
                 raise RuntimeUnavailable(f"mscclang.runtime cannot be imported: {e}") from e
-            cls = getattr(rt, "Executor", None)
-            if cls is None:
-                raise RuntimeUnavailable("mscclang.runtime has no Executor yet")
-            kwargs = dict(store=store, rank=rank, world_size=world_size, device=device, **options)
-            executor = _call_flex(cls, kwargs)
+            index = getattr(device, "index", device)
+            rc = RuntimeComm(store=store, rank=rank, world_size=world_size, device=index,
+                             name=str(options.get("name", "comm")))
+            executor = Executor(rc, timeout_s=options.get("timeout_s"))
         self.executor = executor
-        self._own_symmetric: list[Any] = []  # used only when the runtime has no allocator
+        if self.device is None:
+            import torch
 
-    def _method(self, names: tuple[str, ...]) -> Any:
-        for n in names:
-            f = getattr(self.executor, n, None)
-            if callable(f):
-                return f
-        return None
+            self.device = torch.device("cuda", int(getattr(executor.comm, "device", 0)))
+        env = os.environ.get("MSCCLANG_COMM_GRANULE")
+        self._forced_granule = int(env) if env else None
 
     def execute(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
                 packet_type: Optional[str] = None) -> None:
-        kw: dict[str, Any] = {"reduce_op": reduce_op}
-        if packet_type is not None:
-            kw["packet_type"] = packet_type
-        self.executor.execute(plan, inp, out, **kw)
+        self.executor.execute(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
 
-    def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None) -> None:
-        f = getattr(self.executor, "prepare", None)
-        if not callable(f):
-            return
-        kw: dict[str, Any] = {}
-        if packet_type is not None:
-            kw["packet_type"] = packet_type
-        try:
-            f(plan, inp, out, **kw)
-        except TypeError:
-            # a prepare(plan, sizes) form: pass the byte sizes
-            f(plan, [(inp.numel() * inp.element_size(), out.numel() * out.element_size())])
+    def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
+                reduce_op: Optional[str] = None) -> None:
+        self.executor.prepare(plan, inp.numel() * inp.element_size(), out.numel() * out.element_size(),
+                              dtype=inp.dtype, packet_type=packet_type, reduce_op=reduce_op)
 
     def empty(self, numel: int, dtype: Any) -> Any:
-        f = self._method(self._ALLOC_NAMES)
-        if f is not None:
-            try:
-                return f(numel, dtype=dtype)
-            except TypeError:
-                return f((numel,), dtype=dtype)
-        import torch
-
-        t = torch.empty(numel, dtype=dtype, device=self.device)
-        self._own_symmetric.append(t)
-        return t
+        return self.executor.comm.alloc(numel, dtype)
 
     def is_symmetric(self, tensor: Any) -> bool:
-        f = self._method(self._SYMCHK_NAMES)
-        if f is not None:
-            return bool(f(tensor))
-        ptr = tensor.data_ptr()
-        for t in self._own_symmetric:
-            base = t.data_ptr()
-            if base <= ptr < base + t.numel() * t.element_size():
-                return True
-        return False
+        got = self.executor.comm.symmetric_of(tensor.data_ptr())
+        return got is not None and not getattr(got[0], "internal", False)
 
     def granule(self, plan: Plan) -> int:
-        for n in ("size_granule", "granule", "size_granularity"):
-            f = getattr(self.executor, n, None)
-            if callable(f):
-                return int(f(plan))
-            if isinstance(f, int):
-                return f
+        if self._forced_granule:
+            return self._forced_granule
+        if plan.collective in MULTI_BLOCK:
+            return max(16, plan.buffer_alignment)
         return 1
 
     def synchronize(self) -> None:
-        f = self._method(("synchronize", "sync"))
-        if f is not None:
-            f()
+        self.executor.synchronize()
 
     def reset(self) -> None:
-        f = self._method(("reset",))
-        if f is not None:
-            f()
+        self.executor.reset()
 
     def close(self) -> None:
-        f = self._method(("close", "shutdown"))
-        if f is not None:
-            f()
-        self._own_symmetric.clear()
+        self.executor.close()
+        comm = getattr(self.executor, "comm", None)
+        if comm is not None and hasattr(comm, "close"):
+            comm.close()

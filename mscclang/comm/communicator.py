@@ -36,7 +36,7 @@ from mscclang.comm.padding import (BlockShape, block_shape, message_bytes, needs
                                    padded_block_elems)
 from mscclang.comm.selector import Choice, Selector
 from mscclang.comm.tuning import DEFAULT_TUNING_FILE, TuningTable, load_tuning
-from mscclang.errors import MscclangError
+from mscclang.errors import MscclangError, PlanError
 from mscclang.plan.models import Plan
 
 log = logging.getLogger("mscclang.comm")
@@ -86,6 +86,8 @@ class Communicator:
                  backend: Optional[Backend] = None, fallback: Union[bool, Any] = True,
                  runtime_options: Optional[dict] = None) -> None:
         self._logged: set[tuple[str, str]] = set()
+        # (variant key, block shape, element size) -> granule, learnt when the runtime refused
+        self._granule_override: dict[tuple, int] = {}
         self._staging: dict[str, Any] = {}
         self._runtime_error: Optional[str] = None
         self.last: Optional[CallPlan] = None
@@ -279,7 +281,7 @@ class Communicator:
         cp = self._plan_call(coll, tensor, out, reduce_op_name(op), root)
         if cp.mode != "nccl" and self.backend is not None and cp.plan is not None:
             pt = cp.choice.packet_type if cp.choice else None
-            self.backend.prepare(cp.plan, cp.inp, cp.out, packet_type=pt)
+            self.backend.prepare(cp.plan, cp.inp, cp.out, packet_type=pt, reduce_op=reduce_op_name(op))
         return cp
 
     def select(self, collective: str, nbytes: int, dtype: Any) -> list[Choice]:
@@ -406,6 +408,7 @@ class Communicator:
         if self.backend is None:
             return None
         granule = max(1, int(self.backend.granule(plan)))
+        granule = max(granule, self._granule_override.get((v.key, shape, esz), 1))
         pad = needs_padding(shape, esz, granule)
         sym_ok = not v.symmetric or (self.backend.is_symmetric(inp) and self.backend.is_symmetric(out))
         if not pad and sym_ok:
@@ -457,7 +460,27 @@ class Communicator:
         self.last = cp
         if cp.shape.block_elems == 0:
             return out
-        self._launch(cp, inp, out, op, root)
+        try:
+            self._launch(cp, inp, out, op, root)
+        except PlanError as e:
+            # The runtime refused this size before launching (e.g. packet offsets that are not
+            # aligned); every rank refuses the same call, so all retry the same way: pad the
+            # blocks to the plan's alignment and stage.
+            if cp.mode not in ("direct", "copy_in") or cp.variant is None or cp.plan is None:
+                raise
+            g = max(16, cp.plan.buffer_alignment)
+            esz = inp.element_size()
+            if not needs_padding(cp.shape, esz, g):
+                raise
+            self._granule_override[(cp.variant.key, cp.shape, esz)] = g
+            self._note(coll, f"mscclang rank {self.rank}: {coll}: plan {cp.variant.key} refused a "
+                       f"size ({e}); padding its blocks to {g} bytes", level=logging.INFO)
+            inplace = self._inplace_layout(coll, inp, out, cp.shape)
+            retry = self._fit(coll, cp.variant, cp.plan, cp.choice, inp, out, inplace, cp.shape, esz)
+            if retry is None or retry.mode != "staged":
+                raise
+            self.last = retry
+            self._launch(retry, inp, out, op, root)
         return out
 
     def _need_fallback(self, what: str) -> TorchFallback:
@@ -466,13 +489,17 @@ class Communicator:
                             "torch.distributed fallback is disabled")
         return self._fallback
 
-    def _note_fallback(self, what: str, reason: str, level: int = logging.WARNING) -> None:
-        key = (what, reason)
+    def _note(self, what: str, message: str, level: int = logging.WARNING) -> None:
+        """Log ``message`` once per (what, message) for this communicator."""
+        key = (what, message)
         if key in self._logged:
             return
         self._logged.add(key)
-        log.log(level, "mscclang rank %d: %s falls back to torch.distributed: %s",
-                self.rank, what, reason)
+        log.log(level, "%s", message)
+
+    def _note_fallback(self, what: str, reason: str, level: int = logging.WARNING) -> None:
+        self._note(what, f"mscclang rank {self.rank}: {what} falls back to torch.distributed: "
+                         f"{reason}", level)
 
     def _run_fallback(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int) -> None:
         coll = cp.collective

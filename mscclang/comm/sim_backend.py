@@ -21,6 +21,7 @@ from mscclang.comm.catalog import SYMMETRIC, infer_buffer_mode
 from mscclang.comm.errors import CommError
 from mscclang.comm.names import dtype_name
 from mscclang.comm.padding import block_shape
+from mscclang.errors import PlanError
 from mscclang.plan.models import Plan
 
 
@@ -96,13 +97,17 @@ class SimWorld:
     """State shared by the ranks' :class:`SimBackend` s (one per thread)."""
 
     def __init__(self, world_size: int, *, engine: str = "sim", granule: int = 1,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, refuse_unaligned: int = 0) -> None:
         if engine not in ("sim", "reference"):
             raise CommError(f"engine must be 'sim' or 'reference', got {engine!r}")
         self.world_size = world_size
         self.engine = engine
         self.granule = granule
         self.timeout = timeout
+        # like the GPU runtime: refuse (PlanError, before launching) multi-block calls whose
+        # blocks are not a multiple of this many bytes; ``refusals`` counts them
+        self.refuse_unaligned = refuse_unaligned
+        self.refusals = 0
         self._barrier = threading.Barrier(world_size, timeout=timeout)
         self._slots: list[Optional[_Launch]] = [None] * world_size
         self._results: list[Optional[np.ndarray]] = [None] * world_size
@@ -193,13 +198,18 @@ class SimBackend(Backend):
     def granule(self, plan: Plan) -> int:
         return self.world.granule
 
-    def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None) -> None:
+    def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
+                reduce_op: Optional[str] = None) -> None:
         self.prepared.append(plan.name)
 
     def _check(self, plan: Plan, inp: Any, out: Any) -> None:
         n = self.world_size
         esz = inp.element_size()
         shape = block_shape(plan.collective, n, inp.numel(), out.numel())
+        if (self.world.refuse_unaligned and shape.in_blocks * shape.out_blocks > 1
+                and (shape.block_elems * esz) % self.world.refuse_unaligned):
+            self.world.refusals += 1
+            raise PlanError(f"rank {self.rank}: packet offsets at this size are not aligned")
         if (shape.block_elems * esz) % self.world.granule:
             raise CommError(f"rank {self.rank}: block of {shape.block_elems * esz} bytes is not a "
                             f"multiple of the granule {self.world.granule}")

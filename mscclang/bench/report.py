@@ -1,0 +1,159 @@
+"""Rendering a bench result: the markdown table (time, bus bandwidth, ratio to each peer), the
+target verdicts, and a PNG plot of latency and bus bandwidth against size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Union
+
+from mscclang.bench.results import IMPL_LABELS, BenchResult, Record
+from mscclang.bench.sizes import format_size
+from mscclang.bench.targets import check_targets
+
+PEERS = ("nccl", "symm")
+
+
+def _cell_us(r: Optional[Record]) -> str:
+    if r is None:
+        return "-"
+    if not r.measured:
+        return "FAIL" if r.error and not r.error.startswith("skipped") else "skip"
+    return f"{r.us:.2f}" if r.us is not None and r.us < 100 else f"{r.us:.1f}"
+
+
+def _cell_bw(r: Optional[Record]) -> str:
+    if r is None or not r.measured or r.busbw is None:
+        return "-"
+    return f"{r.busbw:.1f}"
+
+
+def markdown(res: BenchResult, title: str = "mscclang bench") -> str:
+    """The whole report as markdown: one table per collective and mode, then the targets."""
+    meta = res.meta
+    lines = [f"# {title}", ""]
+    facts = []
+    if meta.get("device"):
+        facts.append(f"{meta.get('world_size', '?')}x {meta['device']}")
+    for key, label in (("dtype", "dtype"), ("torch", "torch"), ("nccl", "NCCL"), ("date", "date")):
+        if meta.get(key):
+            facts.append(f"{label} {meta[key]}")
+    if facts:
+        lines += ["; ".join(facts) + ".", ""]
+    lines += ["Times are medians per call in microseconds; busbw is the bus bandwidth in GB/s "
+              "(nccl-tests convention; allgather sizes are output bytes). `xNCCL` / `xsymm` = the "
+              "peer's time / mscclang's time (above 1: mscclang is faster). Every result was "
+              "checked against a reference before it was timed; FAIL = wrong result or error, "
+              "skip = not run.", ""]
+    impls = res.impls()
+    peers = [p for p in PEERS if p in impls and p != "mscclang"]
+    for coll in res.colls():
+        for mode in res.modes():
+            recs = [r for r in res.records if r.coll == coll and r.mode == mode]
+            if not recs:
+                continue
+            lines += [f"## {coll} ({mode})", ""]
+            head = ["size"]
+            if "mscclang" in impls:
+                head += ["mscclang us", "busbw", "plan"]
+            for p in peers:
+                if any(r.impl == p for r in recs):
+                    head += [f"{IMPL_LABELS.get(p, p)} us", "busbw"]
+            ratio_peers = [p for p in peers if any(r.impl == p for r in recs)] if "mscclang" in impls else []
+            head += [f"x{'NCCL' if p == 'nccl' else p}" for p in ratio_peers]
+            lines.append("| " + " | ".join(head) + " |")
+            lines.append("|" + "---|" * len(head))
+            for nbytes in res.sizes(coll):
+                mine = res.find(coll, "mscclang", mode, nbytes)
+                row = [format_size(nbytes)]
+                if "mscclang" in impls:
+                    row += [_cell_us(mine), _cell_bw(mine), (mine.plan or "-") if mine else "-"]
+                for p in peers:
+                    if any(r.impl == p for r in recs):
+                        pr = res.find(coll, p, mode, nbytes)
+                        row += [_cell_us(pr), _cell_bw(pr)]
+                for p in ratio_peers:
+                    pr = res.find(coll, p, mode, nbytes)
+                    if mine is not None and pr is not None and mine.measured and pr.measured and mine.us:
+                        row.append(f"{pr.us / mine.us:.2f}")
+                    else:
+                        row.append("-")
+                lines.append("| " + " | ".join(row) + " |")
+            lines.append("")
+            errs = [r for r in recs if not r.ok and r.error and not r.error.startswith("skipped")]
+            for r in errs[:8]:
+                lines.append(f"- {r.impl} {format_size(r.bytes)}: {r.error}")
+            if errs:
+                lines.append("")
+    verdicts = check_targets(res, "graph")
+    if verdicts:
+        met = sum(v.ok is True for v in verdicts)
+        judged = sum(v.ok is not None for v in verdicts)
+        lines += ["## Targets (CUDA graph)", "",
+                  f"{met} of {judged} measured targets met.", "",
+                  "| collective | size | goal | mscclang | verdict |", "|---|---|---|---|---|"]
+        lines += [v.row() for v in verdicts]
+        lines.append("")
+    return "\n".join(lines)
+
+
+_STYLE = {"mscclang": ("tab:red", "o"), "nccl": ("tab:blue", "s"), "symm": ("tab:green", "^")}
+
+
+def plot(res: BenchResult, path: Union[str, Path]) -> Path:
+    """Latency and bus bandwidth against size, one row per collective; solid lines for CUDA
+    graph, dashed for eager. Returns the written path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colls = res.colls()
+    fig, axes = plt.subplots(max(1, len(colls)), 2, figsize=(12, 3.6 * max(1, len(colls))), squeeze=False)
+    for row, coll in enumerate(colls):
+        ax_t, ax_b = axes[row]
+        for impl in res.impls():
+            color, marker = _STYLE.get(impl, ("tab:gray", "x"))
+            for mode in res.modes():
+                pts = sorted((r.bytes, r.us, r.busbw) for r in res.records
+                             if r.coll == coll and r.impl == impl and r.mode == mode and r.measured)
+                if not pts:
+                    continue
+                xs = [p[0] for p in pts]
+                style = "-" if mode == "graph" else "--"
+                label = f"{IMPL_LABELS.get(impl, impl)} ({mode})"
+                ax_t.plot(xs, [p[1] for p in pts], style, color=color, marker=marker, ms=4, label=label)
+                ax_b.plot(xs, [p[2] or 0 for p in pts], style, color=color, marker=marker, ms=4, label=label)
+        sizes = res.sizes(coll)
+        for ax in (ax_t, ax_b):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sizes)
+            ax.set_xticklabels([format_size(s) for s in sizes], rotation=45, fontsize=7)
+            ax.grid(True, which="both", alpha=0.3)
+        ax_t.set_yscale("log")
+        ax_t.set_ylabel("time per call (us)")
+        ax_b.set_ylabel("bus bandwidth (GB/s)")
+        ax_t.set_title(f"{coll}: latency")
+        ax_b.set_title(f"{coll}: bus bandwidth")
+        if ax_t.get_legend_handles_labels()[0]:
+            ax_t.legend(fontsize=7)
+    meta = res.meta
+    if meta.get("device"):
+        fig.suptitle(f"{meta.get('world_size', '?')}x {meta['device']}, {meta.get('dtype', '')}")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def render(res: BenchResult, out_dir: Union[str, Path], stem: str = "bench") -> dict[str, Path]:
+    """Write ``<stem>.json``, ``<stem>.md`` and ``<stem>.png`` into ``out_dir``."""
+    from mscclang.bench.results import save_result
+
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    paths = {"json": d / f"{stem}.json", "md": d / f"{stem}.md", "png": d / f"{stem}.png"}
+    save_result(res, paths["json"])
+    paths["md"].write_text(markdown(res) + "\n")
+    plot(res, paths["png"])
+    return paths

@@ -1,0 +1,61 @@
+"""Message sizes: parsing ``1K``/``4M``/``1G`` lists and ranges, and printing them back."""
+
+from __future__ import annotations
+
+import re
+
+from mscclang.comm.errors import CommError
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+
+#: 1 KiB .. 1 GiB in x4 steps (the issue's sweep)
+DEFAULT_SIZES: tuple[int, ...] = tuple(1 << k for k in range(10, 31, 2))
+#: a short sweep for --quick
+QUICK_SIZES: tuple[int, ...] = (1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 28)
+
+
+def parse_size(text: str) -> int:
+    """``"4K"`` -> 4096; accepts B, K, M, G (KiB-based) with optional ``B``/``iB``."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?I?B?)\s*", text.upper())
+    if not m or m.group(2) not in _UNITS:
+        raise CommError(f"bad size {text!r}: use a number with an optional K, M or G suffix (e.g. 64K)")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_sizes(text: str) -> list[int]:
+    """A comma list of sizes and ranges: ``1K,64K`` or ``1K:1G`` (x4 steps) or ``1K:1M:2``
+    (x2 steps). Sorted, without duplicates."""
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if ":" in part:
+            bits = part.split(":")
+            if len(bits) not in (2, 3):
+                raise CommError(f"bad size range {part!r}: use LO:HI or LO:HI:FACTOR")
+            lo, hi = parse_size(bits[0]), parse_size(bits[1])
+            factor = int(bits[2]) if len(bits) == 3 else 4
+            if lo <= 0 or hi < lo or factor < 2:
+                raise CommError(f"bad size range {part!r}: need 0 < LO <= HI and FACTOR >= 2")
+            s = lo
+            while s <= hi:
+                out.add(s)
+                s *= factor
+        else:
+            v = parse_size(part)
+            if v <= 0:
+                raise CommError(f"bad size {part!r}: must be positive")
+            out.add(v)
+    if not out:
+        raise CommError("no sizes given")
+    return sorted(out)
+
+
+def format_size(nbytes: int) -> str:
+    """4096 -> ``4K``; 1536 -> ``1536``; 3 MiB -> ``3M``."""
+    for unit, mult in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= mult and nbytes % mult == 0:
+            return f"{nbytes // mult}{unit}"
+    return str(nbytes)

@@ -1,0 +1,79 @@
+"""The performance targets of the issue (2x H200, CUDA graph, 16-bit), checked on a result.
+
+* allreduce at or below 2.4 / 2.5 / 3.0 / 3.3 / 4.0 / 9 / 17 / 52 us at 1K / 4K / 16K / 64K /
+  256K / 1M / 4M / 16M, and from 64M up at or below the best peer;
+* allgather and reduce-scatter: at most 0.8x NCCL's time below 1 MiB and at least 1.1x its bus
+  bandwidth above 64 MiB;
+* all-to-all: at most 0.8x NCCL's time below 1 MiB and at least NCCL's bandwidth above 64 MiB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from mscclang.bench.results import BenchResult
+from mscclang.bench.sizes import format_size
+
+KiB, MiB = 1 << 10, 1 << 20
+ALLREDUCE_US = {1 * KiB: 2.4, 4 * KiB: 2.5, 16 * KiB: 3.0, 64 * KiB: 3.3, 256 * KiB: 4.0,
+                1 * MiB: 9.0, 4 * MiB: 17.0, 16 * MiB: 52.0}
+PEER_FROM = 64 * MiB
+
+
+@dataclass
+class Verdict:
+    coll: str
+    bytes: int
+    goal: str
+    value: Optional[str]
+    ok: Optional[bool]  # None: not measured
+
+    def row(self) -> str:
+        mark = {True: "met", False: "MISSED", None: "not measured"}[self.ok]
+        return f"| {self.coll} | {format_size(self.bytes)} | {self.goal} | {self.value or '-'} | {mark} |"
+
+
+def check_targets(res: BenchResult, mode: str = "graph") -> list[Verdict]:
+    """Verdicts for every target size the result covers (mscclang vs the peers, one mode)."""
+    out: list[Verdict] = []
+
+    def us(coll: str, impl: str, nbytes: int) -> Optional[float]:
+        r = res.find(coll, impl, mode, nbytes)
+        return r.us if r is not None and r.measured else None
+
+    def bw(coll: str, impl: str, nbytes: int) -> Optional[float]:
+        r = res.find(coll, impl, mode, nbytes)
+        return r.busbw if r is not None and r.measured else None
+
+    if "all_reduce" in res.colls():
+        for nbytes in res.sizes("all_reduce"):
+            mine = us("all_reduce", "mscclang", nbytes)
+            if nbytes in ALLREDUCE_US:
+                goal = ALLREDUCE_US[nbytes]
+                out.append(Verdict("all_reduce", nbytes, f"<= {goal} us",
+                                   f"{mine:.2f} us" if mine is not None else None,
+                                   None if mine is None else mine <= goal))
+            elif nbytes >= PEER_FROM:
+                peers = [u for u in (us("all_reduce", i, nbytes) for i in ("nccl", "symm")) if u is not None]
+                best = min(peers) if peers else None
+                ok = None if mine is None or best is None else mine <= best
+                out.append(Verdict("all_reduce", nbytes,
+                                   f"<= best peer ({best:.1f} us)" if best is not None else "<= best peer",
+                                   f"{mine:.1f} us" if mine is not None else None, ok))
+    for coll, bw_factor in (("all_gather", 1.1), ("reduce_scatter", 1.1), ("all_to_all", 1.0)):
+        if coll not in res.colls():
+            continue
+        for nbytes in res.sizes(coll):
+            if nbytes < 1 * MiB:
+                mine, ref = us(coll, "mscclang", nbytes), us(coll, "nccl", nbytes)
+                ok = None if mine is None or ref is None else mine <= 0.8 * ref
+                out.append(Verdict(coll, nbytes,
+                                   f"<= 0.8 x NCCL ({0.8 * ref:.2f} us)" if ref is not None else "<= 0.8 x NCCL",
+                                   f"{mine:.2f} us" if mine is not None else None, ok))
+            elif nbytes > 64 * MiB:
+                mine, ref = bw(coll, "mscclang", nbytes), bw(coll, "nccl", nbytes)
+                ok = None if mine is None or ref is None else mine >= bw_factor * ref
+                goal = f">= {bw_factor} x NCCL busbw" + (f" ({bw_factor * ref:.1f} GB/s)" if ref is not None else "")
+                out.append(Verdict(coll, nbytes, goal, f"{mine:.1f} GB/s" if mine is not None else None, ok))
+    return out
