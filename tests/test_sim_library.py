@@ -65,7 +65,7 @@ def zero_copy_allreduce(handshake: bool = True, double_src: bool = False) -> "Pl
             b.op(r, 0, "rlxsignal", channels=[p])
             b.op(r, 0, "rlxwait", channels=[p])
             b.nop(r, 0)
-        srcs = [L("i", r, 1), R(p, "i", r, 1)] + ([L("i", r, 1)] if double_src and r == 0 else [])
+        srcs = [L("i", r, 1), R(p, "i", r, 1)] + ([R(p, "i", r, 1)] if double_src and r == 0 else [])
         b.op(r, 0, "rres", src=srcs, dst=[L("o", r, 1), R(p, "o", r, 1)], reduce_op="sum")
         b.nop(r, 0)
         b.op(r, 0, "signal", channels=[p])
@@ -122,6 +122,8 @@ def sem_barrier_allgather(bad_barrier: bool = False, extra_release: bool = False
         b.nop(r, 1)
         b.op(r, 2, "copy", src=[L("i", 0, 1)], dst=[L("o", r, 1)])
         members = [0, 1, 2] if not bad_barrier else [0, 1, 2, 3]
+        if bad_barrier:
+            b.nop(r, 3)  # tb 3 exists but never reaches the barrier
         for tb in (0, 1, 2):
             b.op(r, tb, "barrier", barrier_id=0, num_threadblocks=len(members), barrier_tbs=members)
     return b.build()
