@@ -123,7 +123,10 @@ def sem_barrier_allgather(bad_barrier: bool = False, extra_release: bool = False
         b.op(r, 2, "copy", src=[L("i", 0, 1)], dst=[L("o", r, 1)])
         members = [0, 1, 2] if not bad_barrier else [0, 1, 2, 3]
         if bad_barrier:
-            b.nop(r, 3)  # tb 3 exists but never reaches the barrier
+            # tb 3 meets the others once, at the start; their second barrier waits for it forever
+            for tb in (0, 1, 2, 3):
+                b._tb(r, tb)["ops"].insert(0, b.mkop(r, tb, "barrier", barrier_id=0, num_threadblocks=4,
+                                                     barrier_tbs=members))
         for tb in (0, 1, 2):
             b.op(r, tb, "barrier", barrier_id=0, num_threadblocks=len(members), barrier_tbs=members)
     return b.build()
