@@ -1,5 +1,8 @@
 """Hand-built plans (as JSON dicts in the mscclang format) shared by the plan and CLI tests.
 
+Like plans built by the DSL, they carry ``chunk_factor`` and a plan-wide ``reduce_op`` that every
+reduction also names.
+
 * :func:`kitchen_sink` — a 2-rank allreduce-shaped plan that uses every op kind, every channel
   type, remote buffers through memory and port channels, semaphores, a barrier, switch channels
   over two buffer kinds, a pipeline with nested ops and a thread-block group. It is structurally
@@ -60,21 +63,21 @@ def _ks_gpu(r: int, with_glre: bool) -> dict:
         op("ppkt", [L("i", 1)], [R(1, 2)], "memory"),
         op("ppkt", [L("s", 0)], [R(1, 3)], "port", [0]),
         op("rppkt", [L("s", 2)], [R(1, 4)], "memory"),
-        op("re", [L("i", 0), L("s", 1), L("o", 2)], [L("o", 0)], reduce_op="sum"),
+        op("re", [L("i", 0), L("s", 1), L("o", 2)], [L("o", 0)], reduce_op="max"),
         op("res", [L("i", 0), L("o", 1)], [L("o", 0), R(0, 0)], "memory", reduce_op="max"),
-        op("rre", [L("i", 0), R(2, 0)], [L("o", 0)], "memory", reduce_op="min"),
-        op("rres", [L("i", 0), R(2, 1)], [L("o", 1), R(0, 1)], "memory"),
-        op("repkt", [L("i", 0), L("s", 1)], [L("o", 0)]),
-        op("respkt", [L("i", 0), L("s", 1)], [L("o", 0), R(1, 5)], "memory"),
-        op("recpkt", [L("i", 0), L("s", 1)], [L("o", 0), L("s", 6)]),
-        op("recspkt", [L("i", 0), L("s", 1)], [L("o", 0), L("s", 6), R(1, 7)], "memory"),
+        op("rre", [L("i", 0), R(2, 0)], [L("o", 0)], "memory", reduce_op="max"),
+        op("rres", [L("i", 0), R(2, 1)], [L("o", 1), R(0, 1)], "memory", reduce_op="max"),
+        op("repkt", [L("i", 0), L("s", 1)], [L("o", 0)], reduce_op="max"),
+        op("respkt", [L("i", 0), L("s", 1)], [L("o", 0), R(1, 5)], "memory", reduce_op="max"),
+        op("recpkt", [L("i", 0), L("s", 1)], [L("o", 0), L("s", 6)], reduce_op="max"),
+        op("recspkt", [L("i", 0), L("s", 1)], [L("o", 0), L("s", 6), R(1, 7)], "memory", reduce_op="max"),
         op("sem_release", semaphore_ids=[0]),
         op("sem_acquire", semaphore_ids=[1]),
         op("barrier", barrier_id=0, num_threadblocks=2, barrier_tbs=[0, 1]),
     ]
     tb1_ops = [
         op("barrier", barrier_id=0, num_threadblocks=2, barrier_tbs=[0, 1]),
-        op("glres", [W(0, 0, 2)], [W(0, 0, 2)], "switch", [0], reduce_op="sum"),
+        op("glres", [W(0, 0, 2)], [W(0, 0, 2)], "switch", [0], reduce_op="max"),
         op("gstore", [L("o", 0, 2)], [W(0, 2, 2)], "switch", [0]),
         op("gstorepkt", [L("s", 0)], [W(1, 0)], "switch", [1]),
         op("pipeline", iter_context={"unit_size": 4096, "num_chunks": 2}, ops=[
@@ -84,7 +87,7 @@ def _ks_gpu(r: int, with_glre: bool) -> dict:
         ]),
     ]
     if with_glre:
-        tb1_ops.append(op("glre", [W(0, 0)], [L("o", 0)], "switch", [0]))
+        tb1_ops.append(op("glre", [W(0, 0)], [L("o", 0)], "switch", [0], reduce_op="max"))
     grp = [op("copy", [L("i", 0, 4)], [L("o", 0, 4)], tbg_info={"tb_id": k, "tbg_size": 2})
            for k in range(2)]
     return {
@@ -125,6 +128,8 @@ def kitchen_sink(with_glre: bool = False) -> dict:
         "protocol": "LL",
         "inplace": False,
         "use_double_scratch_buffer": True,
+        "chunk_factor": 2,
+        "reduce_op": "max",
         "gpus": [_ks_gpu(r, with_glre) for r in range(2)],
     }
 
@@ -171,7 +176,7 @@ def allpairs_allreduce(n: int = 8, name: str = "allpairs_allreduce") -> dict:
             "semaphores": [],
         })
     return {"format": "mscclang.plan/1", "name": name, "collective": "allreduce",
-            "protocol": "Simple", "inplace": False, "gpus": gpus}
+            "protocol": "Simple", "inplace": False, "chunk_factor": 1, "reduce_op": "sum", "gpus": gpus}
 
 
 def mscclpp_packet_allreduce() -> dict:

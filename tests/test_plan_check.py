@@ -125,6 +125,9 @@ CASES = [
     ("semaphore out of range", _set(TB0 + ("ops", 25, "semaphore_ids"), [2]), r"ops\[25\]\.semaphore_ids\[0\]", "semaphore 2"),
     ("semaphores on a copy", _set(TB0 + ("ops", 11, "semaphore_ids"), [0]), r"ops\[11\]\.semaphore_ids", "does not take"),
     ("reduce_op on a put", _set(TB0 + ("ops", 3, "reduce_op"), "sum"), r"ops\[3\]\.reduce_op", "not a reduction"),
+    ("reductions disagree with the plan", _set(TB0 + ("ops", 19, "reduce_op"), "min"), r"threadblocks\[0\]\.ops\[19\]\.reduce_op", "one reduce op"),
+    ("reductions disagree", lambda d: [d.pop("reduce_op"), tb(d, 1, 1)["ops"][1].update(reduce_op="sum")],
+     r"gpus\[1\]\.threadblocks\[1\]\.ops\[1\]\.reduce_op", "gpus[0].threadblocks[0].ops[17].reduce_op says max"),
     ("barrier count disagrees with its tbs", _set(TB1 + ("ops", 0, "num_threadblocks"), 3), r"threadblocks\[1\]\.ops\[0\]\.barrier_tbs", "num_threadblocks is 3"),
     ("barrier count disagrees", lambda d: [tb(d, 0, 1)["ops"][0].pop("barrier_tbs"), tb(d, 0, 0)["ops"][27].pop("barrier_tbs"),
                                            tb(d, 0, 1)["ops"][0].update(num_threadblocks=3)],
@@ -225,6 +228,10 @@ def test_inplace_full_alias_may_omit_output_chunks():
 def test_allgather_counts():
     doc = allpairs_allreduce(2)
     doc["collective"] = "allgather"
+    with pytest.raises(PlanError) as ei:
+        check_plan(plan_from_dict(doc))
+    assert ei.value.path == "gpus[0].input_chunks"  # chunk factor 1: one input chunk
+    del doc["chunk_factor"]
     with pytest.raises(PlanError) as ei:
         check_plan(plan_from_dict(doc))
     assert ei.value.path == "gpus[0].output_chunks"  # allgather of 2 chunks needs 4 outputs

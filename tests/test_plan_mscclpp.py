@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -108,6 +109,25 @@ def test_import_fills_barrier_members():
     assert b.name.value == "barrier" and b.barrier_tbs == [0, 1]
 
 
+def test_import_infers_chunk_factor_and_reduce_op():
+    doc = allpairs_allreduce(4)
+    del doc["chunk_factor"], doc["reduce_op"]
+    plan = from_mscclpp(to_mscclpp(plan_from_dict(doc)))
+    assert plan.chunk_factor == 1 and plan.reduce_op.value == "sum"
+    # reductions that name no reduce op leave the plan's unset (a launch then sums)
+    for g in doc["gpus"]:
+        for o in g["threadblocks"][0]["ops"]:
+            o.pop("reduce_op", None)
+    plan = from_mscclpp(to_mscclpp(plan_from_dict(doc)))
+    assert plan.reduce_op is None and plan.chunk_factor == 1
+    # allgather: the chunk factor is the input chunk count
+    d = to_mscclpp(plan_from_dict(doc))
+    d["collective"] = "allgather"
+    for g in d["gpus"]:
+        g["input_chunks"] = 1
+    assert from_mscclpp(d, check=False).chunk_factor == 1
+
+
 def test_plan_wide_reduce_op_moves_into_reductions():
     doc = allpairs_allreduce(2)
     doc["reduce_op"] = "max"
@@ -190,3 +210,18 @@ def test_import_without_check_keeps_inconsistent_plan():
     d["gpus"][0]["threadblocks"][0]["ops"][2]["dst_buff"][0]["index"] = 9
     plan = from_mscclpp(d, check=False)
     assert plan.gpus[0].threadblocks[0].ops[2].dst_buff[0].index == 9
+
+
+PROGRAMS = sorted((Path(__file__).resolve().parent / "programs").glob("*.py")) + [
+    Path(__file__).resolve().parent.parent / "examples" / "allreduce_8rank.py"]
+
+
+@pytest.mark.parametrize("program", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_dsl_plans_round_trip_exactly(program):
+    """Plans built by the DSL carry what import infers, so they survive MSCCL++ and back."""
+    from mscclang.cli.compile_cmd import compile_program
+
+    for argv in (["--num_gpus", "4"], ["--num_gpus", "2", "--instances", "2"]):
+        plan = compile_program(program, argv)
+        back = from_mscclpp(json.loads(json.dumps(to_mscclpp(plan))))
+        assert plan_to_dict(back) == plan_to_dict(plan)

@@ -26,6 +26,8 @@ What is checked:
   ``barrier_tbs``), and exactly that many thread blocks use the id;
 * thread-block groups: the members of one grouped op agree on ``tbg_size`` and each position
   ``0 .. tbg_size-1`` occurs equally often;
+* reduce ops: every reduction that names a reduce op names the same one (and the plan's
+  ``reduce_op``, when set), since one launch runs one reduce op;
 * the collective: chunk counts of every rank equal the collective's (``spec_from_plan``); an
   in-place plan whose input is its output may give one of the two buffers zero chunks, as
   MSCCL++ plans do.
@@ -173,6 +175,21 @@ class _Checker:
         self.check_collective()
         for r, gpu in enumerate(plan.gpus):
             self.check_gpu(r, gpu)
+        self.check_reduce_ops()
+
+    def check_reduce_ops(self) -> None:
+        """A launch runs one reduce op: the reductions that name one must agree (with the
+        plan's ``reduce_op`` when it is set)."""
+        want = self.plan.reduce_op
+        where = "reduce_op" if want is not None else None
+        for path, op in iter_op_paths(self.plan):
+            if op.reduce_op is None:
+                continue
+            if want is None:
+                want, where = op.reduce_op, f"{path}.reduce_op"
+            elif op.reduce_op != want:
+                raise PlanError(f"this op reduces with {op.reduce_op.value} but {where} says {want.value}: "
+                                "one launch runs one reduce op", f"{path}.reduce_op")
 
     def check_collective(self) -> None:
         plan = self.plan

@@ -10,14 +10,18 @@ reference notes), so the conversion is mostly a matter of:
   a ``"rank"`` key inside buffer references (both ignored by MSCCL++'s parser);
 * barriers: MSCCL++ carries only ``barrier_id`` and ``num_threadblocks``; on import we fill in
   ``barrier_tbs`` (the thread blocks of the rank that use the id), on export we drop it;
+* on import ``chunk_factor`` is set to what rank 0's chunk counts imply, and the plan's
+  ``reduce_op`` to the reduce op the reductions name when they all name the same one (as plans
+  built by our DSL carry them); on export a plan-wide ``reduce_op`` is written into every
+  reduction op, where MSCCL++ keeps it;
 * refusing, on export, what MSCCL++ cannot express: a broadcast root, a lone ``glre`` (its
   parser has no such op), an LL8 default packet type, a plan-wide reduce op that disagrees with
   an op's, a chunk factor that the chunk counts do not imply.
 
 ``to_mscclpp`` emits keys in the order MSCCL++'s DSL writes them and omits empty optional fields,
-as that DSL does, so ``from_mscclpp(to_mscclpp(p)) == p`` for every plan ``to_mscclpp`` accepts,
-up to ``barrier_tbs`` (import recomputes them) and a plan-wide ``reduce_op`` (export writes it
-into every reduction op, which is where MSCCL++ keeps it).
+as that DSL does, so ``from_mscclpp(to_mscclpp(p)) == p`` for every plan ``to_mscclpp`` accepts
+whose ``barrier_tbs``, ``chunk_factor`` and ``reduce_op`` are what import infers (true of plans
+built by the DSL).
 """
 
 from __future__ import annotations
@@ -140,6 +144,14 @@ def _gpu_from(d: Any, path: str) -> dict:
     return out
 
 
+def _walk(plan: Plan):
+    for g in plan.gpus:
+        for tb in g.threadblocks:
+            for op in tb.ops:
+                yield op
+                yield from op.ops or []
+
+
 def _fill_barrier_tbs(plan: Plan) -> None:
     for g in plan.gpus:
         users: dict[int, set[int]] = {}
@@ -183,6 +195,11 @@ def from_mscclpp(data: dict, check: bool = True) -> Plan:
         more = f" (and {len(e.errors()) - 1} more errors)" if len(e.errors()) > 1 else ""
         raise PlanError(err["msg"] + more, json_path(tuple(err["loc"]))) from None
     _fill_barrier_tbs(plan)
+    if plan.gpus:
+        plan.chunk_factor = _derived_chunk_factor(plan)
+    named = {o.reduce_op for o in _walk(plan) if o.reduce_op is not None}
+    if len(named) == 1:
+        plan.reduce_op = named.pop()
     if check:
         from mscclang.plan.check import check_plan
 
@@ -245,10 +262,12 @@ def _derived_chunk_factor(plan: Plan) -> Optional[int]:
     g = plan.gpus[0]
     n = len(plan.gpus)
     if plan.collective == "allgather":
-        return g.input_chunks
-    if plan.collective in ("allreduce", "reducescatter", "alltoall"):
-        return g.input_chunks // n if g.input_chunks % n == 0 else None
-    return g.input_chunks or g.output_chunks
+        f = g.input_chunks
+    elif plan.collective in ("allreduce", "reducescatter", "alltoall"):
+        f = g.input_chunks // n if g.input_chunks % n == 0 else 0
+    else:
+        f = g.input_chunks or g.output_chunks
+    return f or None
 
 
 def to_mscclpp(plan: Plan) -> dict:
