@@ -9,9 +9,9 @@ shipped variants to ``plans/`` with the index ``plans/index.json``.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from mscclang.algorithms.allgather import build_allgather_ll, build_allgather_zero_copy
+from mscclang.algorithms.allgather import build_allgather_ll, build_allgather_simple, build_allgather_zero_copy
 from mscclang.algorithms.allreduce import (
     build_oneshot_ll,
     build_rsag_pipelined,
@@ -19,7 +19,7 @@ from mscclang.algorithms.allreduce import (
     build_rsag_zero_copy,
     build_twostep_ll,
 )
-from mscclang.algorithms.alltoall import build_alltoall_ll, build_alltoall_zero_copy
+from mscclang.algorithms.alltoall import build_alltoall_ll, build_alltoall_simple, build_alltoall_zero_copy
 from mscclang.algorithms.broadcast import build_broadcast_ll, build_broadcast_simple
 from mscclang.algorithms.reducescatter import (
     build_reducescatter_ll,
@@ -37,10 +37,15 @@ SHIPPED_RANKS = (2, 4, 8)
 BOTH = (False, True)
 
 
-def _variants(instances: tuple[int, ...], inplace: tuple[bool, ...] = (False,),
+def _variants(instances: Union[tuple[int, ...], dict[int, tuple[int, ...]]],
+              inplace: tuple[bool, ...] = (False,),
               params: tuple[tuple[str, Any], ...] = ()) -> tuple[Variant, ...]:
+    """Variants for every shipped rank count: ``instances`` is a tuple of instance counts, or a
+    dict from rank count to such a tuple (to keep the number of thread blocks sensible)."""
+    def ks(n: int) -> tuple[int, ...]:
+        return instances[n] if isinstance(instances, dict) else instances
     return tuple(Variant(n, k, None, ip, params)
-                 for n in SHIPPED_RANKS for k in instances for ip in inplace)
+                 for n in SHIPPED_RANKS for k in ks(n) for ip in inplace)
 
 
 def _info(name: str, collective: str, protocol: str, buffer_mode: str, inplace_modes: tuple[bool, ...],
@@ -57,47 +62,51 @@ _ALL = (0, MAX_MESSAGE_SIZE)
 ALGORITHMS: dict[str, AlgorithmInfo] = {info.name: info for info in (
     _info("allreduce_oneshot_ll", "allreduce", "LL", "any", BOTH, (0, 256 * KiB), build_oneshot_ll,
           "each rank packs its whole input into every peer's scratch, then reduces locally",
-          512, _variants((1, 2, 4), BOTH)),
+          512, _variants({2: (1, 4), 4: (1, 2), 8: (1, 2)}, BOTH)),
     _info("allreduce_twostep_ll", "allreduce", "LL", "any", BOTH, (0, 4 * MiB), build_twostep_ll,
           "packet reduce-scatter, then packet all-gather of the reduced chunks",
-          512, _variants((1, 2, 4), BOTH)),
+          512, _variants({2: (2, 8), 4: (1, 4), 8: (1, 2)}, BOTH)),
     _info("allreduce_rsag_simple", "allreduce", "Simple", "any", BOTH, _ALL, build_rsag_simple,
           "copy to scratch, read-reduce own chunk from peers' scratch, write back, copy out",
-          1024, _variants((4, 16), BOTH)),
+          1024, _variants((16,), BOTH)),
     _info("allreduce_rsag_zero_copy", "allreduce", "Simple", "symmetric", BOTH, _ALL, build_rsag_zero_copy,
           "read-reduce own chunk from peers' inputs, write it into every peer's output",
-          1024, _variants((4, 16), BOTH)),
+          1024, _variants((16,), BOTH)),
     _info("allreduce_rsag_pipelined", "allreduce", "Simple", "any", BOTH, (1 * MiB, MAX_MESSAGE_SIZE),
           build_rsag_pipelined,
           "rsag through scratch in unit-sized slices, reduce and copy-out blocks overlapping",
-          1024, _variants((4, 16), BOTH)),
+          1024, _variants((8,), BOTH)),
     _info("allgather_ll", "allgather", "LL", "any", BOTH, (0, 1 * MiB), build_allgather_ll,
           "packets into every peer's scratch, unpacked by the peer", 512, _variants((1, 4))),
+    _info("allgather_simple", "allgather", "Simple", "any", BOTH, _ALL, build_allgather_simple,
+          "copy to own scratch, peers read it after a data signal", 1024, _variants((8,))),
     _info("allgather_zero_copy", "allgather", "Simple", "symmetric", BOTH, _ALL, build_allgather_zero_copy,
-          "direct puts into every peer's output after a ready handshake", 1024, _variants((4, 16))),
+          "direct puts into every peer's output after a ready handshake", 1024, _variants((8,))),
     _info("reducescatter_ll", "reducescatter", "LL", "any", BOTH, (0, 1 * MiB), build_reducescatter_ll,
           "packets of each peer's chunk into its scratch, local packet reduce", 512, _variants((1, 4))),
     _info("reducescatter_simple", "reducescatter", "Simple", "any", BOTH, _ALL, build_reducescatter_simple,
-          "copy to scratch, read-reduce own chunk from peers' scratch", 1024, _variants((4, 16))),
+          "copy to scratch, read-reduce own chunk from peers' scratch", 1024, _variants((8,))),
     _info("reducescatter_zero_copy", "reducescatter", "Simple", "symmetric", BOTH, _ALL,
-          build_reducescatter_zero_copy, "read-reduce own chunk from peers' inputs", 1024, _variants((4, 16))),
+          build_reducescatter_zero_copy, "read-reduce own chunk from peers' inputs", 1024, _variants((8,))),
     _info("alltoall_ll", "alltoall", "LL", "any", BOTH, (0, 1 * MiB), build_alltoall_ll,
           "packets of each peer's chunk into its scratch, unpacked by the peer", 512, _variants((1, 4))),
+    _info("alltoall_simple", "alltoall", "Simple", "any", BOTH, _ALL, build_alltoall_simple,
+          "copy to own scratch, peers read their chunk after a data signal", 1024, _variants((8,))),
     _info("alltoall_zero_copy", "alltoall", "Simple", "symmetric", (False,), _ALL, build_alltoall_zero_copy,
           "direct puts of each peer's chunk into its output after a ready handshake", 1024,
-          _variants((4, 16))),
+          _variants((8,))),
     _info("broadcast_ll", "broadcast", "LL", "any", BOTH, (0, 1 * MiB), build_broadcast_ll,
           "root packs its input into every peer's scratch", 512, _variants((1, 4), BOTH, (("root", 0),))),
     _info("broadcast_simple", "broadcast", "Simple", "any", BOTH, _ALL, build_broadcast_simple,
           "root copies into its scratch, peers read it after a data signal", 1024,
-          _variants((4, 16), BOTH, (("root", 0),))),
+          _variants((8,), BOTH, (("root", 0),))),
     _info("sendrecv_ll", "sendrecv", "LL", "any", BOTH, (0, 1 * MiB), build_sendrecv_ll,
           "packets into the next rank's scratch", 512, _variants((1, 4))),
     _info("sendrecv_simple", "sendrecv", "Simple", "any", BOTH, _ALL, build_sendrecv_simple,
           "put into the next rank's scratch after its ready word, copied out after a data signal",
-          1024, _variants((4, 16))),
+          1024, _variants((8,))),
     _info("sendrecv_zero_copy", "sendrecv", "Simple", "symmetric", (False,), _ALL, build_sendrecv_zero_copy,
-          "put straight into the next rank's output after its ready word", 1024, _variants((4, 16))),
+          "put straight into the next rank's output after its ready word", 1024, _variants((8,))),
 )}
 
 

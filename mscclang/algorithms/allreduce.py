@@ -139,7 +139,8 @@ def build_rsag_simple(ranks: int, instances: int = 4, num_threads_per_block: int
             inp = rank.get_input_buffer()
             out = inp if inplace else rank.get_output_buffer()
             ps = peers(r, n)
-            rank.copy(scratch[r][0:n], inp[0:n], tb=0)
+            for p in ps:  # chunk by chunk: with instances > 1 every reference must use one chunk range
+                rank.copy(scratch[r][p:p + 1], inp[p:p + 1], tb=0)
             signal_all(ch, r, ps, 0, data_sync=SyncType.before)
             wait_all(ch, r, ps, 0, data_sync=SyncType.after)
             read_reduce(ch, r, inp[r:r + 1], [(p, scratch[p][r:r + 1]) for p in ps], out[r:r + 1], 0)
@@ -187,7 +188,7 @@ def build_rsag_zero_copy(ranks: int, instances: int = 4, num_threads_per_block: 
 
 def build_rsag_pipelined(ranks: int, instances: int = 4, num_threads_per_block: int = 1024,
                          inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
-                         max_message_size: int = MAX_MESSAGE_SIZE, unit: int = 512 * 1024) -> Plan:
+                         max_message_size: int = MAX_MESSAGE_SIZE, unit: int = 128 * 1024) -> Plan:
     """Pipelined read-reduce + write-back allreduce through scratch, for large messages.
 
     Two thread blocks per instance run the same ``LoopIterationContext`` over ``unit``-byte

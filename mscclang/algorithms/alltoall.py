@@ -12,7 +12,7 @@ from mscclang.algorithms.common import check_common, handshake, make_program, me
 from mscclang.dsl import AllToAll, Buffer, Rank, SyncType
 from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
 
-__all__ = ["build_alltoall_ll", "build_alltoall_zero_copy"]
+__all__ = ["build_alltoall_ll", "build_alltoall_simple", "build_alltoall_zero_copy"]
 
 
 def build_alltoall_ll(ranks: int, instances: int = 1, num_threads_per_block: int = 512,
@@ -41,6 +41,41 @@ def build_alltoall_ll(ranks: int, instances: int = 1, num_threads_per_block: int
                 rank.copy(out[r:r + 1], inp[r:r + 1], tb=0)
             for j, p in enumerate(ps):
                 rank.unpack_packets(out[p:p + 1], scratch[r][p:p + 1], tb=j)
+    return prog.to_plan()
+
+
+def build_alltoall_simple(ranks: int, instances: int = 8, num_threads_per_block: int = 1024,
+                          inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
+                          max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
+    """All-to-all through scratch (any buffers): every rank copies the peers' chunks of its
+    input into its scratch and signals every peer; after the peers' signals it reads its chunk
+    from every peer's scratch into its output (one multi-source ``get``) and copies its own
+    chunk (out of place); a final signal/wait keeps every rank from reusing its scratch while a
+    peer may still read it. Works in place (the input is copied before the output is written).
+    One thread block per instance."""
+    algo = "alltoall_simple"
+    check_common(algo, ranks, instances)
+    n = ranks
+    prog = make_program(plan_name(algo, n, instances, name), AllToAll(n, 1, inplace), n, instances,
+                        "Simple", num_threads_per_block, min_message_size, max_message_size)
+    with prog:
+        scratch = [Buffer(r, n) for r in range(n)]
+        ch = mesh(n)
+        for r in range(n):
+            rank = Rank(r)
+            inp = rank.get_input_buffer()
+            out = inp if inplace else rank.get_output_buffer()
+            ps = peers(r, n)
+            for p in ps:
+                rank.copy(scratch[r][p:p + 1], inp[p:p + 1], tb=0)
+            signal_all(ch, r, ps, 0, data_sync=SyncType.before)
+            wait_all(ch, r, ps, 0, data_sync=SyncType.after)
+            for p in ps:
+                ch[(r, p)].get(out[p:p + 1], scratch[p][r:r + 1], tb=0)
+            if not inplace:
+                rank.copy(out[r:r + 1], inp[r:r + 1], tb=0)
+            signal_all(ch, r, ps, 0, data_sync=SyncType.before)
+            wait_all(ch, r, ps, 0, data_sync=SyncType.after)
     return prog.to_plan()
 
 
