@@ -43,12 +43,14 @@ log = logging.getLogger("mscclang.comm")
 
 _INPLACE_COPY_OK = ("allreduce", "broadcast", "alltoall", "allgather", "sendrecv")
 _MODE_RANK = {"direct": 0, "copy_in": 1, "staged": 2}
+_MEMO_SIZE = 256
 
 
 @dataclass
 class CallPlan:
     """How one call runs: ``mode`` is ``direct``, ``copy_in`` (out-of-place call, in-place
-    plan), ``staged`` or ``nccl``; ``inp``/``out`` are what the plan runs on."""
+    plan), ``staged`` or ``nccl``; ``inp``/``out`` are the staging buffers the plan runs on in
+    ``staged`` mode (the other modes run on the caller's tensors; no reference is kept)."""
 
     collective: str
     mode: str
@@ -88,6 +90,8 @@ class Communicator:
         self._logged: set[tuple[str, str]] = set()
         # (variant key, block shape, element size) -> granule, learnt when the runtime refused
         self._granule_override: dict[tuple, int] = {}
+        # call signature -> CallPlan, so repeated calls skip selection and checks
+        self._memo: dict[tuple, CallPlan] = {}
         self._staging: dict[str, Any] = {}
         self._runtime_error: Optional[str] = None
         self.last: Optional[CallPlan] = None
@@ -281,7 +285,8 @@ class Communicator:
         cp = self._plan_call(coll, tensor, out, reduce_op_name(op), root)
         if cp.mode != "nccl" and self.backend is not None and cp.plan is not None:
             pt = cp.choice.packet_type if cp.choice else None
-            self.backend.prepare(cp.plan, cp.inp, cp.out, packet_type=pt, reduce_op=reduce_op_name(op))
+            a, b = self._operands(cp, tensor, out)
+            self.backend.prepare(cp.plan, a, b, packet_type=pt, reduce_op=reduce_op_name(op))
         return cp
 
     def select(self, collective: str, nbytes: int, dtype: Any) -> list[Choice]:
@@ -301,6 +306,7 @@ class Communicator:
     def close(self) -> None:
         """Release staging buffers and the runtime."""
         self._staging.clear()
+        self._memo.clear()
         if self.backend is not None:
             self.backend.close()
             self.backend = None
@@ -365,14 +371,14 @@ class Communicator:
         inplace = self._inplace_layout(coll, inp, out, shape)
         nbytes = message_bytes(coll, inp.numel() * esz, out.numel() * esz)
         if self.backend is None:
-            return CallPlan(coll, "nccl", None, None, shape, shape, inp, out,
+            return CallPlan(coll, "nccl", None, None, shape, shape,
                             reason=self._runtime_error or "no runtime")
         reason = f"no plan for {coll} of {nbytes} bytes ({dtype_name(inp.dtype)}) on {n} ranks"
         staged: Optional[CallPlan] = None  # the first choice that needs staging, kept in reserve
         for choice in self.selector.choices(coll, n, nbytes, inp.dtype):
             if choice.is_nccl:
                 # measured faster than the plans after it; also preferred to staging copies
-                return CallPlan(coll, "nccl", choice, None, shape, shape, inp, out,
+                return CallPlan(coll, "nccl", choice, None, shape, shape,
                                 reason="tuning selects torch.distributed")
             best: Optional[CallPlan] = None
             # the variant whose in-place mode matches the call first
@@ -400,7 +406,7 @@ class Communicator:
                             shape, esz)
             if got is not None:
                 return got
-        return CallPlan(coll, "nccl", None, None, shape, shape, inp, out, reason=reason)
+        return CallPlan(coll, "nccl", None, None, shape, shape, reason=reason)
 
     def _fit(self, coll: str, v: Any, plan: Any, choice: Choice, inp: Any, out: Any,
              inplace: bool, shape: BlockShape, esz: int, dry: bool = False) -> Optional[CallPlan]:
@@ -413,11 +419,9 @@ class Communicator:
         sym_ok = not v.symmetric or (self.backend.is_symmetric(inp) and self.backend.is_symmetric(out))
         if not pad and sym_ok:
             if plan.inplace == inplace:
-                return CallPlan(coll, "direct", choice, plan, shape, shape, inp, out, variant=v)
+                return CallPlan(coll, "direct", choice, plan, shape, shape, variant=v)
             if plan.inplace and coll in _INPLACE_COPY_OK:
-                in_view = (out[self.rank * shape.block_elems:(self.rank + 1) * shape.block_elems]
-                           if coll == "allgather" else out[:inp.numel()])
-                return CallPlan(coll, "copy_in", choice, plan, shape, shape, in_view, out, variant=v)
+                return CallPlan(coll, "copy_in", choice, plan, shape, shape, variant=v)
         kp = padded_block_elems(shape.block_elems, esz, granule) if pad else shape.block_elems
         ps = shape.padded(kp)
         if dry:
@@ -445,18 +449,40 @@ class Communicator:
         assert self.backend is not None and cp.plan is not None and cp.choice is not None
         pt = cp.choice.packet_type
         k, kp = cp.shape.block_elems, cp.padded.block_elems
+        a, b = self._operands(cp, inp, out)
         if cp.mode == "copy_in":
-            cp.inp.copy_(inp)
+            a.copy_(inp)
         elif cp.mode == "staged":
-            cp.inp.view(cp.shape.in_blocks, kp)[:, :k].copy_(inp.view(cp.shape.in_blocks, k))
-        self.backend.execute(cp.plan, cp.inp, cp.out, reduce_op=op, packet_type=pt)
+            a.view(cp.shape.in_blocks, kp)[:, :k].copy_(inp.view(cp.shape.in_blocks, k))
+        self.backend.execute(cp.plan, a, b, reduce_op=op, packet_type=pt)
         if cp.mode == "staged":
-            out.view(cp.shape.out_blocks, k).copy_(cp.out.view(cp.shape.out_blocks, kp)[:, :k])
+            out.view(cp.shape.out_blocks, k).copy_(b.view(cp.shape.out_blocks, kp)[:, :k])
+
+    def _operands(self, cp: CallPlan, inp: Any, out: Any) -> tuple[Any, Any]:
+        """What the plan runs on: the caller's tensors (direct), the output with the input's
+        place in it (copy_in), or the staging buffers (staged)."""
+        if cp.mode == "staged":
+            return cp.inp, cp.out
+        if cp.mode == "copy_in":
+            k = cp.shape.block_elems
+            a = out[self.rank * k:(self.rank + 1) * k] if cp.collective == "allgather" else out[:inp.numel()]
+            return a, out
+        return inp, out
 
     def _call(self, coll: str, inp: Any, out: Any, op: str, root: int = 0) -> Any:
         if inp.numel() == 0 and out.numel() == 0:
             return out
-        cp = self._plan_call(coll, inp, out, op, root)
+        key = None
+        if getattr(inp, "is_contiguous", None) and inp.is_contiguous() and out.is_contiguous():
+            key = (coll, inp.data_ptr(), out.data_ptr(), inp.numel(), out.numel(), inp.dtype,
+                   out.dtype, inp.device, out.device, root)
+        cp = self._memo.get(key) if key is not None else None
+        if cp is None:
+            cp = self._plan_call(coll, inp, out, op, root)
+            if key is not None:
+                if len(self._memo) >= _MEMO_SIZE:
+                    self._memo.pop(next(iter(self._memo)))
+                self._memo[key] = cp
         self.last = cp
         if cp.shape.block_elems == 0:
             return out
@@ -473,6 +499,7 @@ class Communicator:
             if not needs_padding(cp.shape, esz, g):
                 raise
             self._granule_override[(cp.variant.key, cp.shape, esz)] = g
+            self._memo.clear()
             self._note(coll, f"mscclang rank {self.rank}: {coll}: plan {cp.variant.key} refused a "
                        f"size ({e}); padding its blocks to {g} bytes", level=logging.INFO)
             inplace = self._inplace_layout(coll, inp, out, cp.shape)
@@ -480,6 +507,8 @@ class Communicator:
             if retry is None or retry.mode != "staged":
                 raise
             self.last = retry
+            if key is not None:
+                self._memo[key] = retry
             self._launch(retry, inp, out, op, root)
         return out
 

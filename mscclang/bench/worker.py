@@ -1,0 +1,466 @@
+"""One benchmark process per GPU: every (collective, size, implementation) cell is checked
+against a reference on fresh random data, then timed eagerly and as a CUDA graph.
+
+Implementations: ``mscclang`` (the :class:`~mscclang.comm.Communicator` on symmetric buffers
+from ``comm.empty``), ``nccl`` (torch.distributed, NCCL_NVLS_ENABLE=0), ``symm`` (torch
+SymmetricMemory two-shot allreduce, bf16 only). Ranks agree on every step through a gloo group
+(a failure on one rank never leaves another waiting in a collective), rank 0 streams one JSON
+line per record into ``<out>/results.jsonl``, and nothing new starts after the deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from mscclang.bench.results import Record
+from mscclang.bench.sizes import format_size
+from mscclang.comm.names import busbw_factor
+
+MiB = 1 << 20
+#: unit roundoff per dtype (for the reduction error bound)
+_UNIT = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24, "int32": 0.0}
+
+
+@dataclass
+class BenchConfig:
+    """What one bench run measures (picklable: handed to every worker)."""
+
+    colls: list[str]
+    sizes: list[int]
+    impls: list[str]
+    modes: list[str]
+    dtype: str = "bfloat16"
+    out_dir: str = "."
+    deadline: float = 0.0           # time.time() after which no new cell starts
+    blocks: int = 5                 # timed blocks per cell (median over blocks)
+    warmup: int = 5
+    iters_scale: float = 1.0        # scales the calls per timed block
+    seed: int = 1
+    tuning: Optional[str] = None
+    runtime_timeout_s: float = 10.0
+    max_failures: int = 2           # consecutive failures of an (impl, coll) before skipping it
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def iters_for(nbytes: int, scale: float = 1.0) -> int:
+    """Calls per timed block: many for small messages, few for large ones."""
+    base = 50 if nbytes <= MiB else 20 if nbytes <= 16 * MiB else 10 if nbytes <= 256 * MiB else 5
+    return max(2, int(base * scale))
+
+
+def _sync(device: Any) -> None:
+    """Wait for the device (no-op on the CPU, so the checks can be tested without a GPU)."""
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+            "int32": torch.int32}[name]
+
+
+def gen_input(seed: int, rank: int, numel: int, dtype: Any, device: Any) -> Any:
+    """Rank ``rank``'s input for a cell (every process can regenerate every rank's)."""
+    import torch
+
+    g = torch.Generator(device=device)
+    g.manual_seed(seed * 1000003 + rank)
+    if dtype == torch.int32:
+        return torch.randint(-1000, 1000, (numel,), generator=g, device=device, dtype=dtype)
+    return torch.randn(numel, generator=g, device=device, dtype=torch.float32).to(dtype)
+
+
+class _Cell:
+    """Buffers and the call of one (collective, impl, size)."""
+
+    def __init__(self, op: Callable[[], Any], inp: Any, out: Any, numel_in: int, plan: str = "") -> None:
+        self.op = op
+        self.inp = inp
+        self.out = out
+        self.numel_in = numel_in
+        self.plan = plan
+        self.keep: list[Any] = []
+
+
+class BenchWorker:
+    """The loop of one rank (see the module docstring)."""
+
+    def __init__(self, rank: int, world: int, cfg: BenchConfig) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.rank, self.world, self.cfg = rank, world, cfg
+        self.device = torch.device("cuda", rank)
+        self.dtype = _torch_dtype(cfg.dtype)
+        self.esz = torch.empty((), dtype=self.dtype).element_size()
+        self.ctrl = dist.new_group(backend="gloo")
+        self.out_dir = Path(cfg.out_dir)
+        self.comm: Any = None
+        self.comm_error: Optional[str] = None
+        self.sym: tuple[Any, Any] = (None, None)
+        self.failures: dict[tuple[str, str], int] = {}
+        self.seed = cfg.seed
+
+    # -- agreement over gloo --------------------------------------------------------------------
+    def agree(self, ok: bool) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.ctrl)
+        return bool(t.item())
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=self.ctrl)
+
+    # -- output ---------------------------------------------------------------------------------
+    def emit(self, rec: Record) -> None:
+        if self.rank != 0:
+            return
+        with open(self.out_dir / "results.jsonl", "a") as f:
+            f.write(json.dumps(rec.to_dict()) + "\n")
+        if rec.measured:
+            line = (f"{rec.coll:14s} {rec.impl:8s} {rec.mode:5s} {format_size(rec.bytes):>5s} "
+                    f"{rec.us:10.2f} us {rec.busbw or 0:7.1f} GB/s  {rec.plan or ''}")
+        else:
+            line = (f"{rec.coll:14s} {rec.impl:8s} {rec.mode:5s} {format_size(rec.bytes):>5s} "
+                    f"{'FAIL' if not (rec.error or '').startswith('skipped') else 'skip':>10s}     "
+                    f"{(rec.error or '')[:160]}")
+        print(line, flush=True)
+
+    def write_meta(self) -> None:
+        if self.rank != 0:
+            return
+        import torch
+
+        meta = {
+            "device": torch.cuda.get_device_name(self.device), "world_size": self.world,
+            "dtype": self.cfg.dtype, "torch": torch.__version__,
+            "nccl": ".".join(str(x) for x in torch.cuda.nccl.version()) if hasattr(torch.cuda, "nccl") else None,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "config": self.cfg.to_dict(),
+            "mscclang": {"error": self.comm_error,
+                         "tuning": getattr(getattr(self.comm, "tuning", None), "source", None)},
+        }
+        (self.out_dir / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+    # -- setup ----------------------------------------------------------------------------------
+    def setup(self) -> None:
+        import torch
+
+        if "mscclang" in self.cfg.impls:
+            try:
+                from mscclang.comm import Communicator
+
+                self.comm = Communicator.from_torch(
+                    tuning=self.cfg.tuning, runtime_options={"timeout_s": self.cfg.runtime_timeout_s})
+                if self.comm.backend is None:
+                    self.comm_error = self.comm._runtime_error
+                maxb = max(self.cfg.sizes)
+                self.sym = (self.comm.empty(maxb, dtype=torch.uint8), self.comm.empty(maxb, dtype=torch.uint8))
+            except Exception as e:  # noqa: BLE001 - recorded per cell
+                self.comm_error = f"{type(e).__name__}: {e}"
+                self.comm = None
+        ok = self.agree(self.comm is not None or "mscclang" not in self.cfg.impls)
+        if not ok and self.comm_error is None:
+            self.comm_error = "the communicator failed on another rank"
+        if not ok:
+            self.comm = None
+        self.symm_group = None
+        if "symm" in self.cfg.impls:
+            try:
+                import torch.distributed as dist
+                import torch.distributed._symmetric_memory as symm_mem
+
+                self.symm_group = dist.group.WORLD.group_name
+                if hasattr(symm_mem, "enable_symm_mem_for_group"):
+                    try:
+                        symm_mem.enable_symm_mem_for_group(self.symm_group)
+                    except Exception:  # noqa: BLE001 - newer torch enables it by default
+                        pass
+            except Exception as e:  # noqa: BLE001
+                self.symm_error = f"{type(e).__name__}: {e}"
+                self.symm_group = None
+        self.write_meta()
+
+    # -- cells ----------------------------------------------------------------------------------
+    def make_cell(self, coll: str, impl: str, nbytes: int) -> _Cell:
+        import torch
+        import torch.distributed as dist
+
+        n, esz, dt, dev = self.world, self.esz, self.dtype, self.device
+        total = nbytes // esz
+        per = total // n
+        if impl == "mscclang":
+            if self.comm is None:
+                raise RuntimeError(f"no mscclang communicator: {self.comm_error}")
+            a, b = self.sym
+            comm = self.comm
+            if coll == "all_reduce":
+                x = a[:nbytes].view(dt)
+                return _Cell(lambda: comm.all_reduce(x), x, x, total)
+            if coll == "all_gather":
+                i, o = a[:per * esz].view(dt), b[:nbytes].view(dt)
+                return _Cell(lambda: comm.all_gather(i, out=o), i, o, per)
+            if coll == "reduce_scatter":
+                i, o = a[:nbytes].view(dt), b[:per * esz].view(dt)
+                return _Cell(lambda: comm.reduce_scatter(i, out=o), i, o, total)
+            if coll == "all_to_all":
+                i, o = a[:nbytes].view(dt), b[:nbytes].view(dt)
+                return _Cell(lambda: comm.all_to_all(i, out=o), i, o, total)
+            if coll == "broadcast":
+                x = a[:nbytes].view(dt)
+                return _Cell(lambda: comm.broadcast(x, root=0), x, x, total)
+        elif impl == "nccl":
+            if coll == "all_reduce":
+                x = torch.empty(total, dtype=dt, device=dev)
+                return _Cell(lambda: dist.all_reduce(x), x, x, total)
+            if coll == "all_gather":
+                i, o = torch.empty(per, dtype=dt, device=dev), torch.empty(total, dtype=dt, device=dev)
+                return _Cell(lambda: dist.all_gather_into_tensor(o, i), i, o, per)
+            if coll == "reduce_scatter":
+                i, o = torch.empty(total, dtype=dt, device=dev), torch.empty(per, dtype=dt, device=dev)
+                return _Cell(lambda: dist.reduce_scatter_tensor(o, i), i, o, total)
+            if coll == "all_to_all":
+                i, o = torch.empty(total, dtype=dt, device=dev), torch.empty(total, dtype=dt, device=dev)
+                return _Cell(lambda: dist.all_to_all_single(o, i), i, o, total)
+            if coll == "broadcast":
+                x = torch.empty(total, dtype=dt, device=dev)
+                return _Cell(lambda: dist.broadcast(x, src=0), x, x, total)
+        elif impl == "symm":
+            import torch.distributed._symmetric_memory as symm_mem
+
+            if self.symm_group is None:
+                raise RuntimeError(f"torch SymmetricMemory unavailable: {getattr(self, 'symm_error', '?')}")
+            buf = symm_mem.empty(total, dtype=dt, device=dev)
+            symm_mem.rendezvous(buf, self.symm_group)
+            g = self.symm_group
+            cell = _Cell(lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", g), buf, buf, total)
+            cell.plan = "two_shot_all_reduce_"
+            return cell
+        raise RuntimeError(f"no {impl} implementation of {coll}")
+
+    def check(self, coll: str, cell: _Cell) -> tuple[bool, str]:
+        """Fresh random inputs, poisoned output, one call, compare with the reference."""
+        import torch
+
+        n, r, dt, dev = self.world, self.rank, self.dtype, self.device
+        self.seed += 1
+        seed = self.seed
+        cell.inp.copy_(gen_input(seed, r, cell.numel_in, dt, dev))
+        if cell.out.data_ptr() != cell.inp.data_ptr():
+            cell.out.fill_(float("nan") if dt.is_floating_point else -(2 ** 31))
+        _sync(dev)
+        self.barrier()
+        cell.op()
+        _sync(dev)
+        out = cell.out.reshape(-1)
+        if dt.is_floating_point and not bool(torch.isfinite(out).all()):
+            return False, "non-finite values in the output (unwritten or wrong)"
+        if coll in ("all_reduce", "reduce_scatter"):
+            k = out.numel()
+            lo = r * k if coll == "reduce_scatter" else 0
+            acc = absacc = None
+            for p in range(n):
+                x = gen_input(seed, p, cell.numel_in, dt, dev)[lo:lo + k]
+                xf = x.double() if dt == torch.int32 else x.float()
+                acc = xf.clone() if acc is None else acc + xf
+                absacc = xf.abs() if absacc is None else absacc + xf.abs()
+                del x, xf
+            err = (out.double() if dt == torch.int32 else out.float()) - acc
+            if dt == torch.int32:
+                bad = err != 0
+            else:
+                bound = 2 * n * _UNIT[self.cfg.dtype] * absacc + _UNIT[self.cfg.dtype] * acc.abs() + 1e-30
+                bad = err.abs() > bound
+            nbad = int(bad.sum())
+            if nbad:
+                i = int(bad.nonzero()[0])
+                return False, (f"{nbad} of {k} elements wrong; first at {lo + i}: got {float(out[i])}, "
+                               f"want {float(acc[i])}")
+            return True, ""
+        # copies must be exact
+        if coll == "all_gather":
+            k = cell.numel_in
+            parts = [(p, out[p * k:(p + 1) * k], gen_input(seed, p, k, dt, dev)) for p in range(n)]
+        elif coll == "all_to_all":
+            k = cell.numel_in // n
+            parts = [(p, out[p * k:(p + 1) * k], gen_input(seed, p, cell.numel_in, dt, dev)[r * k:(r + 1) * k])
+                     for p in range(n)]
+        else:  # broadcast
+            parts = [(0, out, gen_input(seed, 0, cell.numel_in, dt, dev))]
+        for p, got, want in parts:
+            if not torch.equal(got, want):
+                nbad = int((got != want).sum())
+                return False, f"block from rank {p}: {nbad} of {got.numel()} elements differ"
+        return True, ""
+
+    def time_eager(self, cell: _Cell, iters: int) -> list[float]:
+        import torch
+
+        for _ in range(self.cfg.warmup):
+            cell.op()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(self.cfg.blocks):
+            self.barrier()
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(iters):
+                cell.op()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1000.0 / iters)
+        return times
+
+    def time_graph(self, cell: _Cell, iters: int) -> list[float]:
+        import torch
+
+        for _ in range(2):
+            cell.op()  # first-time setup (registration, device plans) never inside a capture
+        torch.cuda.synchronize()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s):
+            with torch.cuda.graph(g, stream=s):
+                for _ in range(iters):
+                    cell.op()
+        torch.cuda.current_stream().wait_stream(s)
+        cell.keep.append(g)
+        g.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(self.cfg.blocks):
+            self.barrier()
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1000.0 / iters)
+        return times
+
+    def _after_failure(self, impl: str) -> None:
+        if impl == "mscclang" and self.comm is not None:
+            try:
+                self.comm.reset()
+            except Exception:  # noqa: BLE001 - nothing more to do
+                pass
+
+    def run_cell(self, coll: str, impl: str, nbytes: int) -> None:
+        import torch
+
+        modes = self.cfg.modes
+        base = dict(coll=coll, impl=impl, bytes=nbytes, dtype=self.cfg.dtype)
+        key = (impl, coll)
+        if self.failures.get(key, 0) >= self.cfg.max_failures:
+            for m in modes:
+                self.emit(Record(mode=m, error="skipped: earlier failures of this collective", **base))
+            return
+        if not self.agree(time.time() < self.cfg.deadline):
+            for m in modes:
+                self.emit(Record(mode=m, error="skipped: time limit", **base))
+            return
+        n = self.world
+        if (nbytes // self.esz) % n or nbytes % self.esz:
+            for m in modes:
+                self.emit(Record(mode=m, error=f"skipped: {nbytes} bytes do not split into {n} ranks of "
+                                               f"{self.cfg.dtype}", **base))
+            return
+        cell: Optional[_Cell] = None
+        err = ""
+        try:
+            cell = self.make_cell(coll, impl, nbytes)
+            ok, err = self.check(coll, cell)
+            if impl == "mscclang" and self.comm is not None and self.comm.last is not None:
+                cell.plan = self.comm.last.label()
+        except Exception as e:  # noqa: BLE001 - recorded
+            ok, err = False, f"{type(e).__name__}: {str(e)[:300]}"
+            if os.environ.get("MSCCLANG_BENCH_DEBUG"):
+                traceback.print_exc()
+        all_ok = self.agree(ok)
+        if not all_ok:
+            self.failures[key] = self.failures.get(key, 0) + 1
+            self._after_failure(impl)
+            msg = err or "wrong result or error on another rank"
+            for m in modes:
+                self.emit(Record(mode=m, error=f"check failed: {msg}", plan=cell.plan if cell else None, **base))
+            return
+        self.failures[key] = 0
+        if cell is None:  # pragma: no cover - agree(ok) implies a cell
+            return
+        iters = iters_for(nbytes, self.cfg.iters_scale)
+        factor = busbw_factor(coll, n)
+        for m in modes:
+            times: list[float] = []
+            err = ""
+            try:
+                times = self.time_graph(cell, iters) if m == "graph" else self.time_eager(cell, iters)
+                ok = all(math.isfinite(t) and t > 0 for t in times)
+            except Exception as e:  # noqa: BLE001
+                ok, err = False, f"{type(e).__name__}: {str(e)[:300]}"
+                torch.cuda.synchronize()
+            if not self.agree(ok):
+                self._after_failure(impl)
+                self.emit(Record(mode=m, error=f"{m} run failed: {err or 'on another rank'}", plan=cell.plan, **base))
+                continue
+            times.sort()
+            med = times[len(times) // 2]
+            self.emit(Record(mode=m, us=round(med, 3), busbw=round(nbytes / med / 1e3 * factor, 2), ok=True,
+                             plan=cell.plan or None, iters=iters, us_min=round(times[0], 3),
+                             us_max=round(times[-1], 3), **base))
+        cell.keep.clear()
+        del cell
+
+    def run(self) -> None:
+        import torch
+
+        self.setup()
+        for coll in self.cfg.colls:
+            for nbytes in self.cfg.sizes:
+                for impl in self.cfg.impls:
+                    if impl == "symm" and (coll != "all_reduce" or self.cfg.dtype != "bfloat16"):
+                        continue
+                    self.run_cell(coll, impl, nbytes)
+            torch.cuda.empty_cache()
+
+
+def worker_entry(rank: int, world: int, cfg: BenchConfig, port: int) -> None:
+    """``torch.multiprocessing`` entry point of one rank."""
+    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            device_id=torch.device("cuda", rank))
+    code = 0
+    try:
+        w = BenchWorker(rank, world, cfg)
+        w.run()
+        w.barrier()
+        torch.cuda.synchronize()
+    except BaseException:  # noqa: BLE001 - report, then leave with an error code
+        traceback.print_exc()
+        code = 1
+    # destroy_process_group after CUDA-graph capture has hung at exit on the H200 machine:
+    # leave directly (the parent collects the streamed results)
+    os._exit(code)

@@ -1,0 +1,100 @@
+"""``mscclang bench``: collectives x sizes x {mscclang, NCCL, torch SymmetricMemory two-shot},
+eager and CUDA graph, one process per GPU; writes JSON, a markdown table and a PNG plot."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mscclang.comm.errors import CommError
+
+ALL_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+DEFAULT_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+IMPLS = ("mscclang", "nccl", "symm")
+MODES = ("graph", "eager")
+
+
+def _list(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    from mscclang.comm.names import PLAN_TO_API, plan_collective
+
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if what == "collective":
+            part = PLAN_TO_API.get(plan_collective(part), part)
+        if part not in allowed:
+            raise CommError(f"unknown {what} {part!r}; choose from {', '.join(allowed)}")
+        if part not in out:
+            out.append(part)
+    if not out:
+        raise CommError(f"no {what} given")
+    return out
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench", help="benchmark collectives against NCCL and torch SymmetricMemory",
+        description="Benchmark mscclang's collectives against NCCL (torch.distributed) and torch "
+                    "SymmetricMemory's two-shot allreduce, eager and as CUDA graphs, one process "
+                    "per GPU. Each result is checked before it is timed. Writes DIR/bench.json, "
+                    "DIR/bench.md (table) and DIR/bench.png (plot).")
+    p.add_argument("--out", default="bench_out", metavar="DIR", help="output folder (default bench_out)")
+    p.add_argument("--quick", action="store_true",
+                   help="5 sizes (1K, 64K, 1M, 16M, 256M), 3 timed blocks, fewer calls per block")
+    p.add_argument("--sizes", help="sizes, e.g. 1K,64K,1M or 1K:1G (x4 steps); default 1K:1G")
+    p.add_argument("--collectives", default=",".join(DEFAULT_COLLS),
+                   help=f"comma list of {', '.join(ALL_COLLS)} (default: the first four)")
+    p.add_argument("--impls", default=",".join(IMPLS), help="comma list of mscclang, nccl, symm")
+    p.add_argument("--modes", default=",".join(MODES), help="comma list of graph, eager")
+    p.add_argument("--dtype", default="bfloat16", help="float16, bfloat16 (default), float32 or int32")
+    p.add_argument("--time-limit", type=float, default=420.0, metavar="S",
+                   help="no new measurement starts after S seconds (default 420); workers are "
+                        "stopped 90 s later")
+    p.add_argument("--nprocs", type=int, default=None, help="processes (GPUs) to use (default: all)")
+    p.add_argument("--tuning", help="tuning file for mscclang (default: $MSCCLANG_TUNING or the shipped one)")
+    p.add_argument("--from-json", metavar="FILE",
+                   help="do not measure: render FILE (a bench.json, or a baseline list) into --out")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mscclang.bench.report import markdown, render
+    from mscclang.bench.results import load_result
+    from mscclang.bench.sizes import DEFAULT_SIZES, QUICK_SIZES, parse_sizes
+    from mscclang.comm.names import dtype_name
+
+    if args.from_json:
+        res = load_result(args.from_json)
+        paths = render(res, args.out)
+        print(markdown(res))
+        print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", file=sys.stderr)
+        return 0
+    from mscclang.bench.runner import run_bench
+    from mscclang.bench.worker import BenchConfig
+
+    sizes = parse_sizes(args.sizes) if args.sizes else list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    cfg = BenchConfig(
+        colls=_list(args.collectives, ALL_COLLS, "collective"),
+        sizes=sizes,
+        impls=_list(args.impls, IMPLS, "implementation"),
+        modes=_list(args.modes, MODES, "mode"),
+        dtype=dtype_name(args.dtype),
+        out_dir=args.out,
+        blocks=3 if args.quick else 5,
+        iters_scale=0.5 if args.quick else 1.0,
+        tuning=args.tuning,
+    )
+    if args.time_limit <= 0:
+        raise CommError("--time-limit must be positive")
+    res, paths, problems = run_bench(cfg, args.time_limit, args.nprocs)
+    print(paths["md"].read_text())
+    for p in problems:
+        print(f"mscclang bench: warning: {p}", file=sys.stderr)
+    failed = [r for r in res.records if not r.ok and r.error and not r.error.startswith("skipped")]
+    if failed:
+        print(f"mscclang bench: {len(failed)} cells failed their check or run (see the table)",
+              file=sys.stderr)
+    # 0 only when every cell that ran was checked correct and timed
+    return 1 if failed or problems or not any(r.measured for r in res.records) else 0

@@ -1,0 +1,150 @@
+"""Bench output on the CPU: size parsing, records, markdown table (time, busbw, ratio to each
+peer), target verdicts and the PNG plot, from a fixture result; the CLI without GPUs."""
+
+import json
+import pytest
+
+from mscclang.bench.report import markdown, plot, render
+from mscclang.bench.results import BenchResult, Record, load_result, merge, read_jsonl
+from mscclang.bench.sizes import DEFAULT_SIZES, format_size, parse_size, parse_sizes
+from mscclang.bench.targets import check_targets
+from mscclang.comm.errors import CommError
+from mscclang.comm.names import busbw_factor
+
+K, M = 1 << 10, 1 << 20
+
+
+def test_parse_sizes():
+    assert parse_size("4K") == 4096 and parse_size("1GiB") == 1 << 30 and parse_size("12") == 12
+    assert parse_sizes("1K:1G") == list(DEFAULT_SIZES)
+    assert len(DEFAULT_SIZES) == 11 and DEFAULT_SIZES[0] == K and DEFAULT_SIZES[-1] == 1 << 30
+    assert parse_sizes("64K,1K,1K:4K:2") == [1024, 2048, 4096, 65536]
+    for bad in ("", "1X", "4K:1K", "1K:4K:1", "0"):
+        with pytest.raises(CommError):
+            parse_sizes(bad)
+    assert [format_size(x) for x in (1024, 1536, 3 << 20, 1 << 30)] == ["1K", "1536", "3M", "1G"]
+
+
+def test_busbw_factors():
+    assert busbw_factor("all_reduce", 2) == 1.0 and busbw_factor("allreduce", 8) == 1.75
+    assert busbw_factor("all_gather", 4) == 0.75 and busbw_factor("broadcast", 8) == 1.0
+
+
+def fixture() -> BenchResult:
+    """mscclang 2x faster than NCCL on allreduce at 1K, a failure at 4K, allgather above 64M."""
+    recs = []
+
+    def add(coll, impl, nbytes, us, mode="graph", **kw):
+        bw = nbytes / us / 1e3 * busbw_factor(coll, 2)
+        recs.append(Record(coll, impl, mode, nbytes, "bfloat16", us=us, busbw=round(bw, 2), ok=True, **kw))
+
+    add("all_reduce", "mscclang", K, 2.0, plan="allreduce_oneshot_ll.r2.i1 (direct)")
+    add("all_reduce", "nccl", K, 9.6)
+    add("all_reduce", "symm", K, 6.0)
+    recs.append(Record("all_reduce", "mscclang", "graph", 4 * K, "bfloat16", ok=False,
+                       error="check failed: 3 of 2048 elements wrong"))
+    add("all_reduce", "nccl", 4 * K, 10.0)
+    add("all_reduce", "mscclang", 64 * M, 200.0)
+    add("all_reduce", "nccl", 64 * M, 250.0)
+    add("all_reduce", "symm", 64 * M, 210.0)
+    add("all_reduce", "mscclang", K, 5.0, mode="eager")
+    add("all_reduce", "nccl", K, 12.0, mode="eager")
+    add("all_gather", "mscclang", 256 * M, 1000.0)
+    add("all_gather", "nccl", 256 * M, 1050.0)
+    add("all_gather", "mscclang", 64 * K, 5.0)
+    add("all_gather", "nccl", 64 * K, 10.0)
+    return BenchResult({"device": "NVIDIA H200", "world_size": 2, "dtype": "bfloat16"}, recs)
+
+
+def test_markdown_table_has_times_bandwidth_and_ratios():
+    md = markdown(fixture())
+    assert "2x NVIDIA H200" in md
+    assert "## all_reduce (graph)" in md and "## all_reduce (eager)" in md
+    assert "| size | mscclang us | busbw | plan | NCCL us | busbw | torch symm two-shot us | busbw | xNCCL | xsymm |" in md
+    row1k = next(line for line in md.splitlines() if line.startswith("| 1K |") and "oneshot" in line)
+    cells = [c.strip() for c in row1k.strip("|").split("|")]
+    assert cells[1] == "2.00" and cells[4] == "9.60" and cells[6] == "6.00"
+    assert cells[-2] == "4.80" and cells[-1] == "3.00"  # 9.6/2 and 6/2
+    row4k = next(line for line in md.splitlines() if line.startswith("| 4K |"))
+    assert "FAIL" in row4k
+    assert "check failed: 3 of 2048 elements wrong" in md
+
+
+def test_targets():
+    verdicts = {(v.coll, v.bytes): v for v in check_targets(fixture())}
+    assert verdicts[("all_reduce", K)].ok is True            # 2.0 <= 2.4
+    assert verdicts[("all_reduce", 4 * K)].ok is None        # failed: not measured
+    assert verdicts[("all_reduce", 64 * M)].ok is True       # 200 <= min(250, 210)
+    assert verdicts[("all_gather", 64 * K)].ok is True       # 5 <= 0.8 * 10
+    assert verdicts[("all_gather", 256 * M)].ok is False     # 1.05x bandwidth < 1.1x
+    md = markdown(fixture())
+    assert "3 of 4 measured targets met." in md
+
+
+def test_plot_and_render(tmp_path):
+    paths = render(fixture(), tmp_path)
+    png = paths["png"].read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    again = load_result(paths["json"])
+    assert len(again.records) == len(fixture().records)
+    assert again.find("all_reduce", "mscclang", "graph", K).plan.startswith("allreduce_oneshot_ll")
+    assert paths["md"].read_text().startswith("# mscclang bench")
+
+
+def test_baseline_lists_load(tmp_path):
+    base = [{"coll": "all_reduce", "bytes": 1024, "us": 9.67, "busbw": 0.1, "graph": True},
+            {"coll": "all_reduce", "impl": "two_shot", "bytes": 1024, "us": 6.2, "busbw": 0.2,
+             "graph": True, "ok": True}]
+    p = tmp_path / "b.json"
+    p.write_text(json.dumps(base))
+    res = load_result(p)
+    assert [(r.impl, r.mode, r.ok) for r in res.records] == [("nccl", "graph", True), ("symm", "graph", True)]
+    plot(res, tmp_path / "b.png")
+
+
+def test_jsonl_stream_and_merge(tmp_path):
+    p = tmp_path / "results.jsonl"
+    a = Record("all_reduce", "nccl", "graph", 1024, "float16", us=1.0, ok=True)
+    b = Record("all_reduce", "nccl", "graph", 1024, "float16", us=2.0, ok=True)
+    p.write_text(json.dumps(a.to_dict()) + "\n" + json.dumps(b.to_dict()) + "\n{\"coll\": \"all_")
+    recs = read_jsonl(p)
+    assert len(recs) == 2 and [r.us for r in merge(recs)] == [2.0]
+
+
+def test_bad_result_files(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text("{")
+    with pytest.raises(CommError, match="not valid JSON"):
+        load_result(p)
+    with pytest.raises(CommError, match="'results'"):
+        load_result({"meta": {}})
+    with pytest.raises(CommError, match="lacks"):
+        load_result({"results": [{"coll": "all_reduce"}]})
+
+
+def test_cli_without_gpus_explains(tmp_path, capsys):
+    import torch
+
+    from mscclang.cli.main import main
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:  # pragma: no cover
+        pytest.skip("this machine has GPUs")
+    assert main(["bench", "--out", str(tmp_path / "o"), "--quick"]) == 1
+    err = capsys.readouterr().err
+    assert "needs at least 2 CUDA GPUs" in err and "--from-json" in err
+
+
+def test_cli_renders_json_and_rejects_bad_options(tmp_path, capsys):
+    from mscclang.cli.main import main
+
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps(fixture().to_dict()))
+    assert main(["bench", "--from-json", str(src), "--out", str(tmp_path / "o")]) == 0
+    assert "| 1K | 2.00 |" in capsys.readouterr().out
+    assert (tmp_path / "o" / "bench.png").is_file() and (tmp_path / "o" / "bench.md").is_file()
+    for args, msg in ((["--collectives", "all_foo"], "unknown collective"),
+                      (["--impls", "mpi"], "unknown implementation"),
+                      (["--sizes", "1X"], "bad size"),
+                      (["--dtype", "float64"], "unsupported dtype")):
+        assert main(["bench", *args, "--out", str(tmp_path / "p")]) == 1
+        assert msg in capsys.readouterr().err
