@@ -814,6 +814,7 @@ class Simulation:
             w = next(t.gen)  # type: ignore[arg-type]
         except StopIteration:
             t.done = True
+            t.actor.nop()  # the block has ended: everything it acquired is part of its history
             self.live[t.rank] -= 1
             if self.live[t.rank] == 0:
                 self._end_launch(t.rank)
