@@ -108,3 +108,41 @@ def test_library_plan_through_communicator(coll, name, numel, dtype):
             want = xs[0]
         for mode, t in got.items():
             assert torch.equal(t, want), (r, mode, label)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_shipped_defaults_and_plans_end_to_end(dtype):
+    """The default tuning file and the shipped plans/ pick plans that compute every collective
+    right on the simulator, odd element counts included (multi-block calls refused when their
+    blocks are unaligned, as the GPU runtime does, and retried padded)."""
+    from mscclang.comm.catalog import Catalog, default_plans_dir
+    from mscclang.comm.tuning import load_tuning
+
+    folder = default_plans_dir()
+    if folder is None or not (folder / "index.json").is_file():
+        pytest.skip("no plans/ in this checkout")
+    cat = Catalog.from_dir(folder)
+    numel = 22 if dtype == torch.float16 else 14  # 44 / 56 bytes: blocks of 22 / 28 bytes
+
+    def body(comm):
+        r = comm.rank
+        xs = inputs(numel, dtype)
+        x = xs[r]
+        got = {"ar": comm.all_reduce(x.clone()), "ag": comm.all_gather(x.clone()),
+               "rs": comm.reduce_scatter(x.clone()), "a2a": comm.all_to_all(x.clone()),
+               "bc": comm.broadcast(x.clone(), root=0)}
+        return got
+
+    results, world, fb = run_ranks(N, body, catalog=cat, tuning=load_tuning(), engine="sim",
+                                   refuse_unaligned=16)
+    assert fb.calls == []
+    assert {name.split(".")[0] for name in world.launches} == {
+        "allreduce_oneshot_ll", "allgather_ll", "reducescatter_ll", "alltoall_ll", "broadcast_ll"}
+    xs = inputs(numel, dtype)
+    k = numel // N
+    for r, got in enumerate(results):
+        assert torch.equal(got["ar"], ref_sum(xs))
+        assert torch.equal(got["ag"], torch.cat(xs))
+        assert torch.equal(got["rs"], ref_sum([x[r * k:(r + 1) * k] for x in xs]))
+        assert torch.equal(got["a2a"], torch.cat([x[r * k:(r + 1) * k] for x in xs]))
+        assert torch.equal(got["bc"], xs[0])

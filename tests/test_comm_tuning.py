@@ -94,3 +94,22 @@ def test_shipped_defaults_parse_and_cover_2_ranks():
     for coll in ("allreduce", "allgather", "reducescatter", "alltoall"):
         for nbytes in (1024, 1 << 20, 1 << 30):
             assert t.rule_for(coll, 2, "bfloat16", nbytes) is not None, (coll, nbytes)
+
+
+def test_shipped_defaults_name_shipped_plans():
+    """Every 2-rank candidate of the defaults exists in plans/index.json (when plans/ ships)."""
+    from mscclang.comm.catalog import Catalog, default_plans_dir
+
+    folder = default_plans_dir()
+    if folder is None or not (folder / "index.json").is_file():
+        pytest.skip("no plans/index.json in this checkout")
+    cat = Catalog.from_dir(folder)
+    t = load_tuning(DEFAULT_TUNING_FILE)
+    missing = []
+    for i, r in enumerate(t.rules):
+        if r.world_size != 2:
+            continue
+        for c in r.candidates:
+            if not c.is_nccl and not cat.find_all(c.plan, r.collective, 2, c.instances, c.threads):
+                missing.append(f"rules[{i}] {c.label()}")
+    assert not missing, missing

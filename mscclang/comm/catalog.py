@@ -50,6 +50,7 @@ class PlanVariant:
     max_bytes: int = MAX_MESSAGE_SIZE
     instances: Optional[int] = None
     threads: Optional[int] = None
+    root: Optional[int] = None
     path: Optional[Path] = None
     _plan: Optional[Plan] = field(default=None, repr=False, compare=False)
 
@@ -92,7 +93,8 @@ class PlanVariant:
             collective=plan.collective, ranks=plan.world_size, protocol=plan.protocol,
             buffer_mode=infer_buffer_mode(plan), inplace=plan.inplace,
             min_bytes=plan.min_message_size, max_bytes=plan.max_message_size,
-            instances=instances, threads=plan.num_threads_per_block, path=path, _plan=plan)
+            instances=instances, threads=plan.num_threads_per_block, root=plan.root, path=path,
+            _plan=plan)
 
 
 def _algorithm_of(key: str) -> str:
@@ -140,7 +142,7 @@ def _variant_from_entry(e: dict, folder: Path, where: str) -> PlanVariant:
         min_bytes=int(lo) if lo is not None else 0,
         max_bytes=int(hi) if hi is not None else MAX_MESSAGE_SIZE,
         instances=_get(e, "instances"), threads=_get(e, "threads", "num_threads_per_block"),
-        path=path)
+        root=_get(e, "root"), path=path)
     if not v.collective or not v.ranks or not v.buffer_mode:
         # fill the gaps from the plan itself
         p = v.load()

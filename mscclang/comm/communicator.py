@@ -383,6 +383,8 @@ class Communicator:
             best: Optional[CallPlan] = None
             # the variant whose in-place mode matches the call first
             for v in sorted(choice.variants, key=lambda v: v.inplace != inplace):
+                if coll == "broadcast" and v.root is not None and v.root != root:
+                    continue
                 try:
                     plan = v.load()
                 except MscclangError as e:
@@ -492,12 +494,12 @@ class Communicator:
             # The runtime refused this size before launching (e.g. packet offsets that are not
             # aligned); every rank refuses the same call, so all retry the same way: pad the
             # blocks to the plan's alignment and stage.
-            if cp.mode not in ("direct", "copy_in") or cp.variant is None or cp.plan is None:
+            if cp.mode == "nccl" or cp.variant is None or cp.plan is None:
                 raise
             g = max(16, cp.plan.buffer_alignment)
             esz = inp.element_size()
-            if not needs_padding(cp.shape, esz, g):
-                raise
+            if not needs_padding(cp.padded, esz, g):
+                raise  # already padded: padding cannot help
             self._granule_override[(cp.variant.key, cp.shape, esz)] = g
             self._memo.clear()
             self._note(coll, f"mscclang rank {self.rank}: {coll}: plan {cp.variant.key} refused a "
