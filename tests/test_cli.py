@@ -10,8 +10,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from _plan_samples import allpairs_allreduce, kitchen_sink, mscclpp_packet_allreduce
 from mscclang.plan import from_mscclpp, load_plan, plan_to_dict
 

@@ -73,8 +73,8 @@ class OpRule:
     """What one op kind needs.
 
     ``src``/``dst`` describe the operand lists: ``head`` is a fixed prefix of operand kinds,
-    ``tail`` the kind of the remaining operands and ``min_tail``/``max_tail`` how many of them
-    there may be (``None``: no limit). ``pairs``: ``src[i]`` corresponds to ``dst[i]`` (copy-like
+    ``tail`` the kind of the remaining operands (``None``: none allowed) and ``min_tail`` how
+    many of them there must be at least. ``pairs``: ``src[i]`` corresponds to ``dst[i]`` (copy-like
     ops, equal list lengths) rather than every operand having the same chunk count.
     ``channels``: whether ``channel_ids`` are required, optional or forbidden.
     """
@@ -83,11 +83,9 @@ class OpRule:
     src_head: tuple[str, ...] = ()
     src_tail: Optional[str] = None
     src_min_tail: int = 0
-    src_max_tail: Optional[int] = None
     dst_head: tuple[str, ...] = ()
     dst_tail: Optional[str] = None
     dst_min_tail: int = 0
-    dst_max_tail: Optional[int] = None
     pairs: bool = False
     channels: str = "forbidden"  # "required" | "optional" | "forbidden"
 
@@ -388,16 +386,16 @@ class _Checker:
     def check_operands(self, r: int, gpu: Gpu, t: int, tb: ThreadBlock, op: Op, rule: OpRule,
                        path: str) -> None:
         name = op.name.value
-        for side, refs, head, tail, mn, mx in (
-            ("src_buff", op.src_buff, rule.src_head, rule.src_tail, rule.src_min_tail, rule.src_max_tail),
-            ("dst_buff", op.dst_buff, rule.dst_head, rule.dst_tail, rule.dst_min_tail, rule.dst_max_tail),
+        for side, refs, head, tail, mn in (
+            ("src_buff", op.src_buff, rule.src_head, rule.src_tail, rule.src_min_tail),
+            ("dst_buff", op.dst_buff, rule.dst_head, rule.dst_tail, rule.dst_min_tail),
         ):
             ntail = len(refs) - len(head)
             if tail is None:
                 if len(refs) != len(head):
                     raise PlanError(f"{name} takes exactly {len(head)} operand(s) in {side}, got {len(refs)}",
                                     f"{path}.{side}")
-            elif ntail < mn or (mx is not None and ntail > mx):
+            elif ntail < mn:
                 need = len(head) + mn
                 raise PlanError(f"{name} takes at least {need} operand(s) in {side}, got {len(refs)}",
                                 f"{path}.{side}")
@@ -443,8 +441,6 @@ class _Checker:
                 if peer != owner:
                     raise PlanError(f"channel_ids[{k}] leads to rank {peer} but {side}[{k}] is a buffer "
                                     f"of rank {owner}", f"{path}.channel_ids[{k}]")
-        if op.tbg_info is not None:
-            pass  # group consistency is checked per rank in check_groups
 
     def check_ref(self, r: int, gpu: Gpu, t: int, tb: ThreadBlock, op: Op, ref: BufferRef, want: str,
                   path: str) -> None:
