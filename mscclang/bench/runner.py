@@ -37,27 +37,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_bench(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = None,
-              log=sys.stderr) -> tuple[BenchResult, dict[str, Path], list[str]]:
-    """Run the benchmark; return the result, the written files and problems (worker crashes,
-    the time limit). Raises :class:`RuntimeUnavailable` without at least two GPUs."""
-    n = gpu_count() if nprocs is None else nprocs
+def _need_gpus(nprocs: Optional[int], what: str) -> int:
     have = gpu_count()
+    n = have if nprocs is None else nprocs
     if have < 2 or n < 2 or n > have:
         raise RuntimeUnavailable(
-            f"mscclang bench needs at least 2 CUDA GPUs (one process per GPU); this machine has "
-            f"{have}. Render an earlier run with --from-json FILE.")
+            f"mscclang {what} needs at least 2 CUDA GPUs (one process per GPU); this machine has "
+            f"{have}." + (" Render an earlier run with --from-json FILE." if what == "bench" else
+                          " Use --dry-run to compile and verify the candidates without GPUs."))
+    return n
+
+
+def spawn_workers(entry, n: int, cfg: BenchConfig, time_limit_s: float) -> list[str]:
+    """Run ``entry(rank, n, cfg, port)`` on ``n`` processes; stop them GRACE_S after the time
+    limit or when one fails. Returns the problems seen."""
     import torch.multiprocessing as mp
 
     os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast (inherited by the workers)
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in ("results.jsonl", "meta.json"):
-        (out / stale).unlink(missing_ok=True)
-    start = time.time()
-    cfg.deadline = start + time_limit_s
+    cfg.deadline = time.time() + time_limit_s
     problems: list[str] = []
-    ctx = mp.start_processes(worker_entry, args=(n, cfg, _free_port()), nprocs=n, join=False,
+    ctx = mp.start_processes(entry, args=(n, cfg, _free_port()), nprocs=n, join=False,
                              start_method="spawn")
     hard = cfg.deadline + GRACE_S
     while True:
@@ -65,13 +64,28 @@ def run_bench(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = Non
             if ctx.join(timeout=2):
                 break
         except Exception as e:  # a worker exited with an error: stop the others
-            problems.append(f"worker failed: {str(e).strip().splitlines()[0] if str(e).strip() else e}")
+            text = str(e).strip()
+            problems.append(f"worker failed: {text.splitlines()[0] if text else type(e).__name__}")
             _kill(ctx)
             break
         if time.time() > hard:
             problems.append(f"workers still running {GRACE_S:.0f} s after the time limit: stopped them")
             _kill(ctx)
             break
+    return problems
+
+
+def run_bench(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = None,
+              log=sys.stderr) -> tuple[BenchResult, dict[str, Path], list[str]]:
+    """Run the benchmark; return the result, the written files and problems (worker crashes,
+    the time limit). Raises :class:`RuntimeUnavailable` without at least two GPUs."""
+    n = _need_gpus(nprocs, "bench")
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("results.jsonl", "meta.json"):
+        (out / stale).unlink(missing_ok=True)
+    start = time.time()
+    problems = spawn_workers(worker_entry, n, cfg, time_limit_s)
     meta = {}
     if (out / "meta.json").is_file():
         try:
@@ -89,6 +103,34 @@ def run_bench(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = Non
     print(f"mscclang bench: {len(res.records)} records in {meta['elapsed_s']} s -> "
           f"{paths['json']}, {paths['md']}, {paths['png']}", file=log)
     return res, paths, problems
+
+
+def run_tune_measure(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = None) -> tuple[list[dict], dict, list[str]]:
+    """Measure tuning candidates on every GPU; returns the records, the meta and problems."""
+    from mscclang.bench.tune_worker import tune_entry
+
+    n = _need_gpus(nprocs, "tune")
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("tune.jsonl", "meta.json"):
+        (out / stale).unlink(missing_ok=True)
+    problems = spawn_workers(tune_entry, n, cfg, time_limit_s)
+    recs = []
+    p = out / "tune.jsonl"
+    if p.is_file():
+        for line in p.read_text().splitlines():
+            try:
+                recs.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    meta = {}
+    if (out / "meta.json").is_file():
+        try:
+            meta = json.loads((out / "meta.json").read_text())
+        except json.JSONDecodeError:
+            pass
+    meta["world_size"] = n
+    return recs, meta, problems
 
 
 def _kill(ctx) -> None:

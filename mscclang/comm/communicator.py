@@ -289,6 +289,13 @@ class Communicator:
             self.backend.prepare(cp.plan, a, b, packet_type=pt, reduce_op=reduce_op_name(op))
         return cp
 
+    def use_tuning(self, tuning: Union[str, os.PathLike, dict, TuningTable]) -> None:
+        """Replace the tuning table (e.g. the tuner forcing one candidate); the plan catalog and
+        everything the runtime set up stay. Every rank must make the same change."""
+        self.tuning = load_tuning(tuning)
+        self.selector = Selector(self.tuning, self.catalog)
+        self._memo.clear()
+
     def select(self, collective: str, nbytes: int, dtype: Any) -> list[Choice]:
         """The selector's ordered choices for a message of ``nbytes`` (introspection)."""
         return self.selector.choices(collective, self.world_size, nbytes, dtype)
