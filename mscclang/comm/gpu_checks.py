@@ -1,0 +1,254 @@
+"""Commands for the GPU test workers (:mod:`mscclang.runtime.launch`): the communicator on the
+worker's executor, every collective against a reference computed on each rank from every rank's
+(regenerated) input, eager and under CUDA-graph replay. Used by ``tests/gpu/test_comm_gpu.py``.
+
+Each command returns ``{"rank", "checked", "failures": [...], "plans": [...]}``; a failure names
+the collective, dtype, element count, buffer kind, in-place mode and the first wrong element.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any, Optional
+
+from mscclang.bench.worker import gen_input
+
+DTYPES = ("float16", "bfloat16", "float32", "int32")
+
+
+def _sync(comm: Any) -> None:
+    import torch
+
+    if getattr(comm.device, "type", "cpu") == "cuda":
+        torch.cuda.synchronize()
+    comm.synchronize()
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+            "int32": torch.int32}[name]
+
+
+def communicator(w: Any, fallback: bool = False) -> Any:
+    """The worker's communicator over its executor (made once per worker and fallback mode)."""
+    import torch
+
+    from mscclang.comm import Communicator, RuntimeBackend
+
+    key = f"mscclang.comm/{fallback}"
+    comm = w.state.get(key)
+    if comm is None:
+        backend = RuntimeBackend(executor=w.executor, rank=w.rank, world_size=w.world_size,
+                                 device=torch.device("cuda", w.rank))
+        comm = Communicator(backend=backend, fallback=fallback)
+        w.state[key] = comm
+    return comm
+
+
+def _reduce(xs: list, op: str, dtype: Any) -> Any:
+    import torch
+
+    f = {"sum": torch.add, "min": torch.minimum, "max": torch.maximum}[op]
+    if dtype == torch.int32:
+        acc = xs[0].clone()
+        for x in xs[1:]:
+            acc = f(acc, x)
+        return acc
+    acc = xs[0].float()
+    for x in xs[1:]:
+        acc = f(acc, x.float()).to(dtype).float()
+    return acc.to(dtype)
+
+
+def _expected(coll: str, rank: int, n: int, xs: list, op: str, root: int) -> Any:
+    import torch
+
+    k = xs[0].numel() // n
+    if coll == "all_reduce":
+        return _reduce(xs, op, xs[0].dtype)
+    if coll == "all_gather":
+        return torch.cat(xs)
+    if coll == "reduce_scatter":
+        return _reduce([x[rank * k:(rank + 1) * k] for x in xs], op, xs[0].dtype)
+    if coll == "all_to_all":
+        return torch.cat([x[rank * k:(rank + 1) * k] for x in xs])
+    if coll == "broadcast":
+        return xs[root].clone()
+    if coll == "send_recv":
+        return xs[(rank - 1) % n].clone()
+    raise ValueError(coll)
+
+
+def _compare(got: Any, want: Any, exact: bool) -> Optional[str]:
+    import torch
+
+    g, e = got.reshape(-1), want.reshape(-1)
+    if g.numel() != e.numel():
+        return f"{g.numel()} elements, want {e.numel()}"
+    if exact or not e.dtype.is_floating_point:
+        bad = (g.view(torch.int16) != e.view(torch.int16)) if g.element_size() == 2 else (g != e)
+    else:
+        bad = (g.float() - e.float()).abs() > 1e-2 * (e.float().abs() + 1.0)
+    nbad = int(bad.sum())
+    if not nbad:
+        return None
+    i = int(bad.nonzero()[0])
+    return f"{nbad} of {g.numel()} wrong; first at {i}: got {float(g[i])}, want {float(e[i])}"
+
+
+def _call(comm: Any, coll: str, x: Any, out: Optional[Any], inplace: bool, op: str, root: int) -> Any:
+    """Run one call; returns the tensor holding this rank's result."""
+    r, n = comm.rank, comm.world_size
+    if coll == "all_reduce":
+        return comm.all_reduce(x, op=op) if inplace else comm.all_reduce(x, op=op, out=out)
+    if coll == "all_gather":
+        if inplace:  # x is this rank's block of out
+            comm.all_gather(x, out=out)
+            return out
+        return comm.all_gather(x, out=out)
+    if coll == "reduce_scatter":
+        k = x.numel() // n
+        if inplace:
+            comm.reduce_scatter(x, op=op, out=x[r * k:(r + 1) * k])
+            return x[r * k:(r + 1) * k]
+        return comm.reduce_scatter(x, op=op, out=out)
+    if coll == "all_to_all":
+        return comm.all_to_all(x) if inplace else comm.all_to_all(x, out=out)
+    if coll == "broadcast":
+        return comm.broadcast(x, root=root)
+    if coll == "send_recv":
+        return comm.send_recv(x) if inplace else comm.send_recv(x, out=out)
+    raise ValueError(coll)
+
+
+def _buffers(comm: Any, coll: str, numel: int, dtype: Any, symmetric: bool, inplace: bool,
+             device: Any) -> tuple[Any, Optional[Any]]:
+    """(input, output) for a call of ``numel`` message elements (allgather: output elements)."""
+    import torch
+
+    n, r = comm.world_size, comm.rank
+    alloc = (lambda m: comm.empty(m, dtype=dtype)) if symmetric else (
+        lambda m: torch.empty(m, dtype=dtype, device=device))
+    if coll == "all_gather":
+        out = alloc(numel)
+        k = numel // n
+        return (out[r * k:(r + 1) * k], out) if inplace else (alloc(k), out)
+    if coll == "reduce_scatter":
+        return alloc(numel), (None if inplace else alloc(numel // n))
+    x = alloc(numel)
+    return x, (None if inplace or coll == "broadcast" else alloc(numel))
+
+
+def check_collective(w: Any, coll: str, dtypes=DTYPES, numels=(), ops=("sum",),
+                     symmetric=(False, True), inplace=(False, True), graph: bool = False,
+                     seed: int = 11, root: int = 0) -> dict:
+    """Every combination of dtype x element count x reduce op x buffer kind x in-place mode,
+    eager (or captured once and replayed on fresh data with ``graph``)."""
+    import torch
+
+    comm = communicator(w)
+    n, r = w.world_size, w.rank
+    dev = comm.device
+    failures: list[str] = []
+    plans: set[str] = set()
+    checked = 0
+    reduces = coll in ("all_reduce", "reduce_scatter")
+    for dname in dtypes:
+        dt = _torch_dtype(dname)
+        for numel in numels:
+            for op in (ops if reduces else ("sum",)):
+                for sym in symmetric:
+                    for ip in inplace:
+                        if coll == "broadcast" and not ip:
+                            continue
+                        where = (f"{coll} {dname} numel={numel} op={op} "
+                                 f"{'symmetric' if sym else 'plain'} {'in-place' if ip else 'out-of-place'}"
+                                 f"{' graph' if graph else ''}")
+                        seed += 1
+                        try:
+                            err = _one(comm, coll, numel, dt, op, sym, ip, graph, seed, root, dev, n, r)
+                        except Exception as e:  # noqa: BLE001 - reported to the test
+                            err = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+                            try:
+                                _sync(comm)
+                            except Exception:  # noqa: BLE001
+                                pass
+                        checked += 1
+                        if comm.last is not None:
+                            plans.add(comm.last.label())
+                        if err:
+                            failures.append(f"rank {r}: {where}: {err}")
+    return {"rank": r, "checked": checked, "failures": failures, "plans": sorted(plans)}
+
+
+def _one(comm: Any, coll: str, numel: int, dt: Any, op: str, sym: bool, ip: bool, graph: bool,
+         seed: int, root: int, dev: Any, n: int, r: int) -> Optional[str]:
+    import torch
+
+    x, out = _buffers(comm, coll, numel, dt, sym, ip, dev)
+    per_rank = x.numel()
+    xs = [gen_input(seed, q, per_rank, dt, dev) for q in range(n)]
+    want = _expected(coll, r, n, xs, op, root)
+    if out is not None:
+        (out.view(torch.int16) if out.element_size() == 2 else out.view(torch.int32)).fill_(0x7F7F)
+    if not graph:
+        x.copy_(xs[r])
+        got = _call(comm, coll, x, out, ip, op, root)
+        _sync(comm)
+        return _compare(got, want, exact=(n == 2))
+    # graph: one eager call does the first-time setup, then capture and replay on new data
+    x.copy_(xs[r])
+    _call(comm, coll, x, out, ip, op, root)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            got = _call(comm, coll, x, out, ip, op, root)
+    torch.cuda.current_stream().wait_stream(s)
+    for rep in range(3):
+        xs = [gen_input(seed * 7 + rep, q, per_rank, dt, dev) for q in range(n)]
+        want = _expected(coll, r, n, xs, op, root)
+        x.copy_(xs[r])
+        torch.cuda.synchronize()
+        g.replay()
+        torch.cuda.synchronize()
+        comm.synchronize()
+        err = _compare(got, want, exact=(n == 2))
+        if err:
+            return f"replay {rep}: {err}"
+    return None
+
+
+def check_fallback_logged_once(w: Any) -> dict:
+    """A broadcast from a root no plan serves runs through torch.distributed (created lazily
+    from the worker's store) and is logged once."""
+    import logging
+
+    import torch
+
+    comm = communicator(w, fallback=True)
+    records: list[str] = []
+
+    class _H(logging.Handler):
+        def emit(self, rec: logging.LogRecord) -> None:
+            records.append(rec.getMessage())
+
+    h = _H()
+    logging.getLogger("mscclang.comm").addHandler(h)
+    try:
+        root = w.world_size - 1
+        bad = 0
+        for i in range(3):
+            x = torch.full((1000 + i,), float(w.rank + 1), device=f"cuda:{w.rank}")
+            comm.broadcast(x, root=root)
+            torch.cuda.synchronize()
+            bad += int((x != float(root + 1)).sum())
+        mode = comm.last.mode if comm.last else None
+    finally:
+        logging.getLogger("mscclang.comm").removeHandler(h)
+    return {"rank": w.rank, "bad": bad, "mode": mode,
+            "logged": [m for m in records if "falls back" in m]}
