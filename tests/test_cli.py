@@ -24,7 +24,28 @@ def cli(*args: str, cwd: Path = ROOT, stdin: str | None = None) -> subprocess.Co
                           capture_output=True, text=True, input=stdin, timeout=120)
 
 
-def user_error(res: subprocess.CompletedProcess, *needles: str) -> None:
+class Result:
+    """What an in-process ``main()`` call gave: ``returncode``, ``stdout``, ``stderr``."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def cli_inproc(capsys, *args: str) -> Result:
+    """The same command through ``mscclang.cli.main.main`` in this process (faster; used for the
+    many error cases, the subprocess runs above cover the real entry point)."""
+    from mscclang.cli.main import main
+
+    capsys.readouterr()
+    try:
+        rc = main(list(args))
+    except SystemExit as e:  # argparse
+        rc = e.code if isinstance(e.code, int) else 1
+    out, err = capsys.readouterr()
+    return Result(rc, out, err)
+
+
+def user_error(res, *needles: str) -> None:
     assert res.returncode == 1, (res.returncode, res.stderr)
     assert "Traceback" not in res.stderr, res.stderr
     for n in needles:
@@ -130,19 +151,24 @@ def test_compile_can_write_mscclpp_format(tmp_path):
     assert len(from_mscclpp(doc).gpus) == 4
 
 
-def test_compile_user_mistakes(tmp_path):
-    user_error(cli("compile", str(tmp_path / "missing.py")), "does not exist")
+def test_compile_user_mistakes(tmp_path, capsys):
     boom = script(tmp_path, "x = 1\ny = x / 0\n", "boom.py")
-    user_error(cli("compile", str(boom)), "boom.py failed at line 2", "ZeroDivisionError")
+    user_error(cli("compile", str(boom)), "boom.py failed at line 2", "ZeroDivisionError")  # real process
+
+    def run(*args):
+        return cli_inproc(capsys, *args)
+
+    user_error(run("compile", str(tmp_path / "missing.py")), "does not exist")
+    user_error(run("compile", str(boom)), "boom.py failed at line 2", "ZeroDivisionError")
     syntax = script(tmp_path, "def f(:\n", "syn.py")
-    user_error(cli("compile", str(syntax)), "SyntaxError", "line 1")
+    user_error(run("compile", str(syntax)), "SyntaxError", "line 1")
     quiet = script(tmp_path, "x = 1\n", "quiet.py")
-    user_error(cli("compile", str(quiet)), "printed no plan")
+    user_error(run("compile", str(quiet)), "printed no plan")
     parses = script(tmp_path, """
         import argparse
         argparse.ArgumentParser().parse_args()
         """, "parses.py")
-    user_error(cli("compile", str(parses), "--", "--bogus"), "exited with status 2", "unrecognized arguments")
+    user_error(run("compile", str(parses), "--", "--bogus"), "exited with status 2", "unrecognized arguments")
     dsl = script(tmp_path, """
         from mscclang.dsl import AllReduce, CollectiveProgram, JSON, Rank
         with CollectiveProgram("bad", AllReduce(2, 1, False), 2):
@@ -150,7 +176,7 @@ def test_compile_user_mistakes(tmp_path):
             Rank(0).copy(Rank(0).get_output_buffer()[0:1], inp[0:3], tb=0)
             print(JSON())
         """, "dsl.py")
-    res = cli("compile", str(dsl))
+    res = run("compile", str(dsl))
     user_error(res, "mscclang compile: error:")
     # an invalid plan is reported with the JSON path of the bad field
     doc = allpairs_allreduce(2)
@@ -158,10 +184,10 @@ def test_compile_user_mistakes(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
     badplan = script(tmp_path, f"print(open({str(bad)!r}).read())\n", "badplan.py")
-    user_error(cli("compile", str(badplan)), "gpus[1].threadblocks[0].ops[4].src_buff[0].index", "invalid plan")
-    assert cli("compile", str(badplan), "--no-check").returncode == 0
-    user_error(cli("compile", str(EXAMPLE), "--ranks", "0"), "at least 1")
-    user_error(cli("compile", str(EXAMPLE), "--protocol", "LL128"), "invalid choice")
+    user_error(run("compile", str(badplan)), "gpus[1].threadblocks[0].ops[4].src_buff[0].index", "invalid plan")
+    assert run("compile", str(badplan), "--no-check").returncode == 0
+    user_error(run("compile", str(EXAMPLE), "--ranks", "0"), "at least 1")
+    user_error(run("compile", str(EXAMPLE), "--protocol", "LL128"), "invalid choice")
 
 
 # ------------------------------------------------------------------------------ import-mscclpp
@@ -179,19 +205,22 @@ def test_import_mscclpp(tmp_path):
     assert res.returncode == 0 and json.loads(res.stdout) == json.loads(out.read_text())
 
 
-def test_import_mscclpp_errors(tmp_path):
-    user_error(cli("import-mscclpp", str(tmp_path / "nope.json")), "cannot read")
+def test_import_mscclpp_errors(tmp_path, capsys):
+    def run(*args):
+        return cli_inproc(capsys, *args)
+
+    user_error(run("import-mscclpp", str(tmp_path / "nope.json")), "cannot read")
     junk = tmp_path / "junk.json"
     junk.write_text("{not json")
-    user_error(cli("import-mscclpp", str(junk)), "not valid JSON")
+    user_error(run("import-mscclpp", str(junk)), "not valid JSON")
     d = mscclpp_packet_allreduce()
     d["gpus"][1]["threadblocks"][0]["ops"][1]["channel_type"] = "carrier-pigeon"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(d))
-    user_error(cli("import-mscclpp", str(bad)), "gpus[1].threadblocks[0].ops[1].channel_type")
+    user_error(run("import-mscclpp", str(bad)), "gpus[1].threadblocks[0].ops[1].channel_type")
     ours = tmp_path / "ours.json"
     ours.write_text(json.dumps(allpairs_allreduce(2)))
-    user_error(cli("import-mscclpp", str(ours)), "already an mscclang plan")
+    user_error(run("import-mscclpp", str(ours)), "already an mscclang plan")
 
 
 # ------------------------------------------------------------------------------------ show
@@ -212,27 +241,32 @@ def test_show_kitchen_sink(tmp_path):
     assert "rank 1:" in one and "rank 0:" not in one and "tb 1:" in one and "tb 0:" not in one
 
 
-def test_show_mscclpp_and_errors(tmp_path):
+def test_show_mscclpp_and_errors(tmp_path, capsys):
     m = tmp_path / "m.json"
     m.write_text(json.dumps(mscclpp_packet_allreduce()))
     res = cli("show", str(m))
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("(converted from an MSCCL++ plan)")
     assert "respkt" in res.stdout and "tbg 0/2" in res.stdout
-    user_error(cli("show", str(m), "--rank", "2"), "ranks 0..1")
-    user_error(cli("show", str(tmp_path / "none.json")), "cannot read")
+
+    def run(*args):
+        return cli_inproc(capsys, *args)
+
+    assert run("show", str(m)).stdout == res.stdout  # in-process and real runs agree
+    user_error(run("show", str(m), "--rank", "2"), "ranks 0..1")
+    user_error(run("show", str(tmp_path / "none.json")), "cannot read")
     doc = kitchen_sink()
     doc["gpus"][0]["threadblocks"][0]["ops"][3]["dst_buff"][0]["buffer_id"] = 9
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
-    user_error(cli("show", str(bad)), "gpus[0].threadblocks[0].ops[3].dst_buff[0].buffer_id")
-    res = cli("show", str(bad), "--no-check")
+    user_error(run("show", str(bad)), "gpus[0].threadblocks[0].ops[3].dst_buff[0].buffer_id")
+    res = run("show", str(bad), "--no-check")
     assert res.returncode == 0 and "?[0:2]@remote#9" in res.stdout
 
 
-def test_usage_errors_exit_1():
+def test_usage_errors_exit_1(capsys):
     user_error(cli("show"), "PLAN.json")
-    user_error(cli("frobnicate"), "invalid choice")
+    user_error(cli_inproc(capsys, "frobnicate"), "invalid choice")
     res = cli()
     assert res.returncode == 1 and "usage" in res.stderr
 
