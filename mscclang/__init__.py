@@ -51,3 +51,21 @@ __all__ = ["CollectiveTimeout", "CompileError", "DSLError", "MscclangError", "Pl
            "LoopIterationContext", "MemoryChannel", "PortChannel", "Rank", "RankGroup",
            "ReduceOperationType", "ReduceScatter", "ReplicationPolicy", "Semaphore", "SendRecv",
            "SwitchChannel", "SyncType", "TestCollective", "ThreadBlockGroup"]
+
+
+def __getattr__(name: str):
+    """Heavier entry points load on first use, so ``import mscclang`` (and DSL programs) stay
+    fast: ``mscclang.verify``, ``mscclang.Communicator``, ``mscclang.Executor``."""
+    if name == "verify":
+        from mscclang.sim.verify import verify
+
+        return verify
+    if name == "Communicator":
+        from mscclang.comm import Communicator
+
+        return Communicator
+    if name == "Executor":
+        from mscclang.runtime import Executor
+
+        return Executor
+    raise AttributeError(f"module 'mscclang' has no attribute {name!r}")
