@@ -149,14 +149,15 @@ __device__ bool packet_range(const Ctx& c, u8* const* p, const u16* opnd, int ns
       if (opnd[k] >> 8 & OPND_MODE_PACKET) {
         Pk::store(p[k] + 2ull * o, acc, c.flag);
       } else {
+        // plain destinations get only the valid bytes (packet slots are written whole)
         u8* a = p[k] + o;
-        if (nb == P && (((u64)a) & 3u) == 0) {
+        if (vb == P && (((u64)a) & 3u) == 0) {
 #pragma unroll
           for (u32 i = 0; i < W; ++i) ((u32*)a)[i] = acc[i];
         } else if (ES == 2) {
-          for (u32 b = 0; b < nb; b += 2) *(u16*)(a + b) = (u16)(acc[b / 4] >> ((b & 2u) * 8u));
+          for (u32 b = 0; b < vb; b += 2) *(u16*)(a + b) = (u16)(acc[b / 4] >> ((b & 2u) * 8u));
         } else {
-          for (u32 b = 0; b < nb; b += 4) *(u32*)(a + b) = acc[b / 4];
+          for (u32 b = 0; b < vb; b += 4) *(u32*)(a + b) = acc[b / 4];
         }
       }
     }
@@ -336,7 +337,16 @@ __device__ __forceinline__ void interpret(const u8* __restrict__ blob, u8* in, u
     s_stop = ld_volatile_u32((const u32*)H->abort_word);
   }
   __syncthreads();
-  if (s_stop) return;  // a previous launch aborted: the host raises until reset
+  if (s_stop) {  // a peer or an earlier launch aborted: record it (if nobody did) and exit
+    if (threadIdx.x == 0) {
+      Ctx c0;
+      c0.err = (ErrorRecord*)H->error_record;
+      c0.rank = (i32)H->rank;
+      c0.op_index = -1;
+      record_error(c0, WHAT_PEER_ABORT, -1, 0, 0, 0);
+    }
+    return;
+  }
 
   Ctx c;
   c.blob = blob;

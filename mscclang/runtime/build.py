@@ -32,12 +32,14 @@ def kernel_name(dtype: str, packet: str, op: str) -> str:
 
 
 def executor_dir() -> Path:
-    """Directory of the CUDA sources: ``<repo>/executor`` in a checkout, ``mscclang/_executor``
-    in an installed wheel (``MSCCLANG_EXECUTOR_DIR`` overrides)."""
+    """Directory of the CUDA sources: ``<repo>/executor`` in a checkout; in an installed wheel
+    ``<prefix>/share/mscclang/executor`` (or ``mscclang/_executor``); ``MSCCLANG_EXECUTOR_DIR``
+    overrides."""
     env = os.environ.get("MSCCLANG_EXECUTOR_DIR")
     cands = [Path(env)] if env else []
     here = Path(__file__).resolve().parent.parent  # mscclang/
-    cands += [here / "_executor", here.parent / "executor"]
+    cands += [here / "_executor", here.parent / "executor",
+              Path(sys.prefix) / "share" / "mscclang" / "executor"]  # wheel data files
     for c in cands:
         if (c / "kernels.cu").is_file():
             return c

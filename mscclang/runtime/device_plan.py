@@ -318,23 +318,28 @@ class _Packer:
                             f"got {sorted(sizes)}", where)
         return self.layout.pieces([(k, r.index) for k, r in zip(kinds, refs)], refs[0].size)
 
-    def pack_pieces(self, src_kind: BufferKind, src: BufferRef, dst_kinds: Sequence[BufferKind],
-                    dsts: Sequence[BufferRef], where: str) -> list[tuple[int, int, tuple[int, ...]]]:
-        """Pieces of a plain -> packet op: every destination slot is written whole; bytes past the
-        source's clipped end are zero."""
-        if any(d.size != src.size for d in dsts):
-            raise PlanError(f"rank {self.rank}: source and destination sizes differ", where)
+    def pack_pieces(self, kinds: Sequence[BufferKind], refs: Sequence[BufferRef],
+                    where: str) -> list[tuple[int, int, tuple[int, ...]]]:
+        """Pieces of an op that writes packets into scratch: every destination slot is written
+        whole (``length`` = slot bytes); ``valid`` bytes come from the user buffers' clipped
+        chunks, the rest of a plain source reads as zero and is never written plainly."""
+        sizes = {r.size for r in refs}
+        if len(sizes) != 1:
+            raise PlanError(f"rank {self.rank}: operands of one op must span the same number of chunks, "
+                            f"got {sorted(sizes)}", where)
         lay = self.layout
         out: list[tuple[int, int, tuple[int, ...]]] = []
-        for t in range(src.size):
-            so, sl = lay.span(src_kind, src.index + t)
-            offs = [so]
-            for dk, d in zip(dst_kinds, dsts):
-                offs.append(lay.span(dk, d.index + t)[0])
-            ln = lay.chunk_bytes
-            if ln <= 0:
-                continue
-            valid = min(sl, ln)
+        ln = lay.chunk_bytes
+        if ln <= 0:
+            return out
+        for t in range(refs[0].size):
+            offs = []
+            valid = ln
+            for k, r in zip(kinds, refs):
+                o, l_ = lay.span(k, r.index + t)
+                offs.append(o)
+                if k != BufferKind.scratch:
+                    valid = min(valid, l_)
             if out:
                 pl, pv, po = out[-1]
                 if pv == pl and all(a + pl == b for a, b in zip(po, offs)):
@@ -353,8 +358,8 @@ class _Packer:
             d, k = self.operand(r, op, tb, where, pk)
             descs.append(d)
             kinds.append(k)
-        if extend:
-            raw = self.pack_pieces(kinds[0], srcs[0], kinds[1:], list(dsts), where)
+        if extend or any(dst_packet):
+            raw = self.pack_pieces(kinds, list(srcs) + list(dsts), where)
         else:
             raw = [(p.length, p.length, p.offsets) for p in self.pieces(kinds, list(srcs) + list(dsts), where)]
         if len(raw) > 65535:

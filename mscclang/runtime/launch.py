@@ -53,7 +53,7 @@ def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, 
         from mscclang.runtime.comm import Communicator
         from mscclang.runtime.executor import Executor
 
-        comm = Communicator(store=store, rank=rank, world_size=world, device=rank)
+        comm = Communicator(store=store, rank=rank, world_size=world, device=rank, store_timeout_s=60.0)
         ex = Executor(comm, timeout_s=timeout_s)
         w = Worker(rank, world, comm, ex)
         conn.send(("ready", None))
@@ -111,8 +111,9 @@ class WorkerPool:
             self.close()
             raise WorkerError("workers failed to start:\n" + "\n".join(errs))
 
-    def run(self, target: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call ``target`` ("module:function") on every rank with the same arguments."""
+    def run(self, target: str, *args: Any, reset_on_error: bool = True, **kwargs: Any) -> list[Any]:
+        """Call ``target`` ("module:function") on every rank with the same arguments. When a rank
+        fails, every rank's executor is reset (collectively) before WorkerError is raised."""
         for c in self._conns:
             c.send((target, args, kwargs))
         out, errs = [], []
@@ -124,6 +125,11 @@ class WorkerPool:
                 out.append(None)
                 errs.append(f"rank {r}:\n{val}")
         if errs:
+            if reset_on_error:
+                try:
+                    self.run("mscclang.runtime.checks:reset", reset_on_error=False)
+                except WorkerError:
+                    pass
             raise WorkerError("\n".join(errs))
         return out
 

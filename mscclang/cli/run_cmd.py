@@ -1,0 +1,79 @@
+"""``mscclang run plan.json [--size BYTES ...] [--dtype ...] [--graph]``: run a plan on every
+visible GPU (one process each, started here), check the output against the simulator (small
+sizes) and a torch reference, and print the time per launch. Without GPUs it says so and verifies
+the plan on the simulator instead."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _size(s: str) -> int:
+    s = s.strip().upper()
+    mult = 1
+    for suf, m in (("KIB", 1024), ("MIB", 1 << 20), ("GIB", 1 << 30), ("K", 1024), ("M", 1 << 20), ("G", 1 << 30)):
+        if s.endswith(suf):
+            s, mult = s[: -len(suf)], m
+            break
+    return int(float(s) * mult)
+
+
+def add_parser(sub: "argparse._SubParsersAction") -> None:
+    p = sub.add_parser("run", help="run a plan on all visible GPUs, check it and time it")
+    p.add_argument("plan", help="plan JSON file")
+    p.add_argument("--size", action="append", type=_size,
+                   help="message size in bytes (input bytes; allgather: per rank), e.g. 1K, 4MiB; repeatable")
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32", "int32"])
+    p.add_argument("--packet-type", default=None, choices=["LL16", "LL8"])
+    p.add_argument("--reduce-op", default=None, choices=["sum", "min", "max"])
+    p.add_argument("--graph", action="store_true", help="time CUDA-graph replays instead of eager calls")
+    p.add_argument("--iters", type=int, default=200, help="timed launches per size")
+    p.add_argument("--timeout", type=float, default=30.0, help="bound of every GPU spin, seconds")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mscclang.plan.io import load_plan, plan_to_json
+
+    plan = load_plan(args.plan)
+    sizes = args.size or [1024, 1 << 20]
+    ngpu = 0
+    try:
+        import torch
+
+        ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001
+        ngpu = 0
+    if ngpu < plan.world_size:
+        print(f"mscclang run: {ngpu} GPU(s) visible, the plan needs {plan.world_size}; verifying on the "
+              "simulator instead", file=sys.stderr)
+        from mscclang.sim import verify
+
+        esize = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4}[args.dtype]
+        rep = verify(plan, sizes=[max(s // esize * esize, esize) for s in sizes], dtypes=[args.dtype], schedules=3)
+        print(rep.summary() if hasattr(rep, "summary") else rep)
+        return 0 if getattr(rep, "ok", not getattr(rep, "problems", [])) else 1
+    from mscclang.runtime.launch import WorkerPool
+
+    j = plan_to_json(plan)
+    op = args.reduce_op or "sum"
+    C = "mscclang.runtime.checks"
+    failed = False
+    with WorkerPool(world_size=plan.world_size, timeout_s=args.timeout) as pool:
+        print(f"{plan.name}: {plan.collective} on {pool.world_size} GPUs, {args.dtype}, "
+              f"{'CUDA graph' if args.graph else 'eager'}")
+        print(f"{'bytes':>12} {'check':>8} {'us/launch':>10}")
+        for nb in sizes:
+            res = pool.run(f"{C}:check_plan", j, nb, args.dtype, args.packet_type, op)
+            bad = sum(r["bad"] for r in res)
+            via = "sim+ref" if res[0].get("sim_bad") is not None else "ref"
+            if args.graph:
+                t = pool.run(f"{C}:time_graph", j, nb, max(args.iters // 10, 1), 10, args.dtype, args.packet_type)
+                us = max(r["us_per_launch"] for r in t)
+            else:
+                t = pool.run(f"{C}:time_eager", j, nb, args.iters, args.dtype, args.packet_type)
+                us = max(r["us_per_call"] for r in t)
+            failed |= bad > 0
+            print(f"{nb:>12} {('ok ' + via) if bad == 0 else f'{bad} BAD':>8} {us:>10.2f}")
+    return 1 if failed else 0
