@@ -43,7 +43,7 @@ def build_allgather_ll(ranks: int, instances: int = 1, num_threads_per_block: in
     return prog.to_plan()
 
 
-def build_allgather_simple(ranks: int, instances: int = 8, num_threads_per_block: int = 1024,
+def build_allgather_simple(ranks: int, instances: int = 1, num_threads_per_block: int = 1024,
                            inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                            max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
     """Allgather through scratch (any buffers): every rank copies its input into its scratch
@@ -76,7 +76,7 @@ def build_allgather_simple(ranks: int, instances: int = 8, num_threads_per_block
     return prog.to_plan()
 
 
-def build_allgather_zero_copy(ranks: int, instances: int = 2, num_threads_per_block: int = 1024,
+def build_allgather_zero_copy(ranks: int, instances: int = 1, num_threads_per_block: int = 1024,
                               inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                               max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
     """Zero-copy allgather (symmetric buffers): after a relaxed ready handshake every rank puts

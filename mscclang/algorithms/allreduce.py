@@ -112,17 +112,17 @@ def build_twostep_ll(ranks: int, instances: int = 1, num_threads_per_block: int 
     return prog.to_plan()
 
 
-def build_rsag_simple(ranks: int, instances: int = 4, num_threads_per_block: int = 1024,
+def build_rsag_simple(ranks: int, instances: int = 1, num_threads_per_block: int = 1024,
                       inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                       max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
     """Read-reduce + write-back allreduce through scratch (Simple protocol, any buffers).
 
-    Every rank copies its input into its own scratch and signals every peer (data signal).
-    After the peers' signals, rank ``r`` reads chunk ``r`` from every peer's scratch, reduces it
-    with its own input into its output and writes the result back into every peer's scratch
-    slot ``r`` (one ``rres``); a second signal/wait round publishes the results, which every
-    rank copies from its scratch into its output. Peers only ever touch each other's scratch.
-    One thread block per instance.
+    Every rank copies the peers' chunks of its input into its own scratch (slots ``0..n-1``)
+    and signals every peer (data signal). After the peers' signals, rank ``r`` reads chunk ``r``
+    from every peer's scratch, reduces it with its own input into its output and writes the
+    result into every peer's scratch slot ``n + r`` (one ``rres``); a second signal/wait round
+    publishes the results, which every rank copies from its scratch into its output. Peers only
+    ever touch each other's scratch. One thread block per instance.
     """
     algo = "allreduce_rsag_simple"
     check_common(algo, ranks, instances)
@@ -153,7 +153,7 @@ def build_rsag_simple(ranks: int, instances: int = 4, num_threads_per_block: int
     return prog.to_plan()
 
 
-def build_rsag_zero_copy(ranks: int, instances: int = 4, num_threads_per_block: int = 1024,
+def build_rsag_zero_copy(ranks: int, instances: int = 1, num_threads_per_block: int = 1024,
                          inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                          max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
     """Zero-copy reduce-scatter + all-gather (symmetric buffers).
@@ -186,16 +186,17 @@ def build_rsag_zero_copy(ranks: int, instances: int = 4, num_threads_per_block: 
     return prog.to_plan()
 
 
-def build_rsag_pipelined(ranks: int, instances: int = 4, num_threads_per_block: int = 1024,
+def build_rsag_pipelined(ranks: int, instances: int = 1, num_threads_per_block: int = 1024,
                          inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                          max_message_size: int = MAX_MESSAGE_SIZE, unit: int = 128 * 1024) -> Plan:
     """Pipelined read-reduce + write-back allreduce through scratch, for large messages.
 
     Two thread blocks per instance run the same ``LoopIterationContext`` over ``unit``-byte
     slices of every chunk. Block 0, per slice: copy the slice of every other rank's chunk of the
-    input into scratch, signal the peers, wait for theirs, read-reduce the slice of chunk ``r``
-    from the peers' scratch into local scratch and write it back into the peers' scratch
-    (``rres``), signal the peers again and release a semaphore. Block 1, per slice: wait for the
+    input into scratch (slots ``0..n-1``), signal the peers, wait for theirs, read-reduce the
+    slice of chunk ``r`` from the peers' scratch into local scratch slot ``n + r`` and write it
+    into the peers' slot ``n + r`` too (``rres``), signal the peers again and release a
+    semaphore. Block 1, per slice: wait for the
     peers' second signal and the semaphore, then copy every chunk's slice from scratch into the
     output. So block 1 copies out slice ``j`` while block 0 already works on slice ``j + 1``.
     Every block covers all chunks, so all blocks of all ranks run the same number of iterations

@@ -44,7 +44,7 @@ def build_alltoall_ll(ranks: int, instances: int = 1, num_threads_per_block: int
     return prog.to_plan()
 
 
-def build_alltoall_simple(ranks: int, instances: int = 8, num_threads_per_block: int = 1024,
+def build_alltoall_simple(ranks: int, instances: int = 1, num_threads_per_block: int = 1024,
                           inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                           max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
     """All-to-all through scratch (any buffers): every rank copies the peers' chunks of its
@@ -79,7 +79,7 @@ def build_alltoall_simple(ranks: int, instances: int = 8, num_threads_per_block:
     return prog.to_plan()
 
 
-def build_alltoall_zero_copy(ranks: int, instances: int = 2, num_threads_per_block: int = 1024,
+def build_alltoall_zero_copy(ranks: int, instances: int = 1, num_threads_per_block: int = 1024,
                              inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                              max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
     """Zero-copy all-to-all (symmetric buffers, out of place only): after a relaxed ready

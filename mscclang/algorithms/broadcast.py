@@ -28,9 +28,14 @@ def _name(algo: str, ranks: int, instances: int, root: int, name: Optional[str])
 def build_broadcast_ll(ranks: int, instances: int = 1, num_threads_per_block: int = 512,
                        inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                        max_message_size: int = MAX_MESSAGE_SIZE, root: int = 0) -> Plan:
-    """LL broadcast: the root packs its input into every peer's scratch (one multi-destination
+    """LL broadcast: every other rank tells the root that its launch started (relaxed signal);
+    after those words the root packs its input into every peer's scratch (one multi-destination
     ``ppkt``) and copies it into its output (out of place); every other rank unpacks the
-    packets into its output. Double scratch; one thread block per instance."""
+    packets into its output. Double scratch; one thread block per instance.
+
+    The ready words are needed because nothing else flows back to the root: without them the
+    root could run two launches ahead and overwrite packets of the double-buffered scratch that
+    a slow peer has not read yet."""
     algo = "broadcast_ll"
     check_common(algo, ranks, instances)
     _check_root(algo, ranks, root)
@@ -40,22 +45,25 @@ def build_broadcast_ll(ranks: int, instances: int = 1, num_threads_per_block: in
                         double_scratch=True)
     with prog:
         scratch = [Buffer(r, 1) for r in range(n)]
-        ch = mesh(n, [(root, p) for p in peers(root, n)])
+        others = peers(root, n)
+        ch = mesh(n, [(root, p) for p in others] + [(p, root) for p in others])
         for r in range(n):
             rank = Rank(r)
             inp = rank.get_input_buffer()
             out = inp if inplace else rank.get_output_buffer()
             if r == root:
-                for p in peers(root, n):
+                wait_all(ch, r, others, 0, relaxed=True, data_sync=SyncType.after)
+                for p in others:
                     ch[(root, p)].put_packets(scratch[p][0:1], inp[0:1], tb=0)
                 if not inplace:
                     rank.copy(out[0:1], inp[0:1], tb=0)
             else:
+                ch[(r, root)].signal(0, data_sync=SyncType.none, relaxed=True)
                 rank.unpack_packets(out[0:1], scratch[r][0:1], tb=0)
     return prog.to_plan()
 
 
-def build_broadcast_simple(ranks: int, instances: int = 2, num_threads_per_block: int = 1024,
+def build_broadcast_simple(ranks: int, instances: int = 1, num_threads_per_block: int = 1024,
                            inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                            max_message_size: int = MAX_MESSAGE_SIZE, root: int = 0) -> Plan:
     """Broadcast through the root's scratch (any buffers): the root copies its input into its

@@ -180,10 +180,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="write nothing; fail (exit 1) if any plan or the index differs from a fresh generation")
     parser.add_argument("--out", type=Path, default=None, help="plans directory (default: the checkout's plans/)")
+    parser.add_argument("--only", action="append", metavar="ALGORITHM",
+                        help="only this algorithm (repeatable); the index then lists only these, and "
+                             "plans of other algorithms count as stale")
     args = parser.parse_args(argv)
     out_dir = args.out if args.out is not None else default_plans_dir()
     try:
-        files = generate_files()
+        files = generate_files(args.only)
     except MscclangError as e:
         print(f"generate: error: {e}", file=sys.stderr)
         return 1

@@ -57,7 +57,7 @@ def build_reducescatter_ll(ranks: int, instances: int = 1, num_threads_per_block
     return prog.to_plan()
 
 
-def build_reducescatter_simple(ranks: int, instances: int = 4, num_threads_per_block: int = 1024,
+def build_reducescatter_simple(ranks: int, instances: int = 1, num_threads_per_block: int = 1024,
                                inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                                max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
     """Reduce-scatter through scratch (any buffers): copy the peers' chunks of the input into
@@ -86,7 +86,7 @@ def build_reducescatter_simple(ranks: int, instances: int = 4, num_threads_per_b
     return prog.to_plan()
 
 
-def build_reducescatter_zero_copy(ranks: int, instances: int = 4, num_threads_per_block: int = 1024,
+def build_reducescatter_zero_copy(ranks: int, instances: int = 1, num_threads_per_block: int = 1024,
                                   inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                                   max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
     """Zero-copy reduce-scatter (symmetric buffers): after a relaxed ready handshake read chunk

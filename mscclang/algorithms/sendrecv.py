@@ -28,7 +28,13 @@ def build_sendrecv_ll(ranks: int, instances: int = 1, num_threads_per_block: int
                       inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                       max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
     """LL send/recv: pack the input into the next rank's scratch, unpack the previous rank's
-    packets into the output. Double scratch; one thread block per instance."""
+    packets into the output. Double scratch; one thread block per instance.
+
+    With more than two ranks nothing flows back from the receiver to the sender, so the sender
+    first waits for the receiver's relaxed "launch started" word (sent at the start of its
+    launch); otherwise it could run two launches ahead and overwrite packets of the
+    double-buffered scratch that the receiver has not read yet. With two ranks every rank
+    receives from the rank it sends to, which bounds the lead to one launch."""
     algo = "sendrecv_ll"
     check_common(algo, ranks, instances)
     n = ranks
@@ -41,13 +47,16 @@ def build_sendrecv_ll(ranks: int, instances: int = 1, num_threads_per_block: int
             rank = Rank(r)
             inp = rank.get_input_buffer()
             out = inp if inplace else rank.get_output_buffer()
-            nxt = (r + 1) % n
+            nxt, prv = (r + 1) % n, (r - 1) % n
+            if n > 2:
+                ch[(r, prv)].signal(0, data_sync=SyncType.none, relaxed=True)
+                ch[(r, nxt)].wait(0, data_sync=SyncType.after, relaxed=True)
             ch[(r, nxt)].put_packets(scratch[nxt][0:1], inp[0:1], tb=0)
             rank.unpack_packets(out[0:1], scratch[r][0:1], tb=0)
     return prog.to_plan()
 
 
-def build_sendrecv_simple(ranks: int, instances: int = 2, num_threads_per_block: int = 1024,
+def build_sendrecv_simple(ranks: int, instances: int = 1, num_threads_per_block: int = 1024,
                           inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                           max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
     """Send/recv through the receiver's scratch (any buffers): tell the previous rank that this
@@ -76,7 +85,7 @@ def build_sendrecv_simple(ranks: int, instances: int = 2, num_threads_per_block:
     return prog.to_plan()
 
 
-def build_sendrecv_zero_copy(ranks: int, instances: int = 2, num_threads_per_block: int = 1024,
+def build_sendrecv_zero_copy(ranks: int, instances: int = 1, num_threads_per_block: int = 1024,
                              inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                              max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
     """Zero-copy send/recv (symmetric buffers, out of place only): after the relaxed ready word
