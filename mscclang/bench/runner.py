@@ -18,7 +18,7 @@ from mscclang.bench.worker import BenchConfig, worker_entry
 from mscclang.errors import RuntimeUnavailable
 
 #: seconds the parent waits past the workers' deadline before killing them
-GRACE_S = 90.0
+GRACE_S = 60.0
 
 
 def gpu_count() -> int:

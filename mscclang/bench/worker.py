@@ -149,10 +149,14 @@ class BenchWorker:
             return
         import torch
 
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+        except Exception:  # noqa: BLE001
+            nccl = None
         meta = {
             "device": torch.cuda.get_device_name(self.device), "world_size": self.world,
-            "dtype": self.cfg.dtype, "torch": torch.__version__,
-            "nccl": ".".join(str(x) for x in torch.cuda.nccl.version()) if hasattr(torch.cuda, "nccl") else None,
+            "dtype": self.cfg.dtype, "torch": torch.__version__, "nccl": nccl,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "config": self.cfg.to_dict(),
             "mscclang": {"error": self.comm_error,
                          "tuning": getattr(getattr(self.comm, "tuning", None), "source", None)},

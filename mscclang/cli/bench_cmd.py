@@ -49,9 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--impls", default=",".join(IMPLS), help="comma list of mscclang, nccl, symm")
     p.add_argument("--modes", default=",".join(MODES), help="comma list of graph, eager")
     p.add_argument("--dtype", default="bfloat16", help="float16, bfloat16 (default), float32 or int32")
-    p.add_argument("--time-limit", type=float, default=420.0, metavar="S",
-                   help="no new measurement starts after S seconds (default 420); workers are "
-                        "stopped 90 s later")
+    p.add_argument("--time-limit", type=float, default=400.0, metavar="S",
+                   help="no new measurement starts after S seconds (default 400); workers are "
+                        "stopped 60 s later, so a run ends within 8 minutes")
     p.add_argument("--nprocs", type=int, default=None, help="processes (GPUs) to use (default: all)")
     p.add_argument("--tuning", help="tuning file for mscclang (default: $MSCCLANG_TUNING or the shipped one)")
     p.add_argument("--from-json", metavar="FILE",
