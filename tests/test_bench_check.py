@@ -86,3 +86,36 @@ def test_wrong_or_unwritten_results_fail(coll, corrupt):
 def test_iters_scale_down_with_size():
     assert iters_for(1024) > iters_for(64 << 20) > iters_for(1 << 30) >= 2
     assert iters_for(1024, 0.5) == 25
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_mscclang_cells_over_the_simulator(dtype):
+    """The bench's mscclang cells (views into two symmetric pools) run the shipped plans on the
+    simulator and pass the bench's own check."""
+    from mscclang.comm.catalog import Catalog, default_plans_dir
+    from mscclang.comm.testing import run_ranks
+    from mscclang.comm.tuning import load_tuning
+
+    folder = default_plans_dir()
+    if folder is None or not (folder / "index.json").is_file():
+        pytest.skip("no plans/ in this checkout")
+
+    def body(comm):
+        w = worker(comm.rank, comm.world_size, dtype)
+        w.comm = comm
+        w.sym = (comm.empty(8192, dtype=torch.uint8), comm.empty(8192, dtype=torch.uint8))
+        out = []
+        for coll in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"):
+            for nbytes in (1024, 8192):
+                cell = w.make_cell(coll, "mscclang", nbytes)
+                ok, err = w.check(coll, cell)
+                out.append((coll, nbytes, ok, err, comm.last.label()))
+        return out
+
+    results, world, fb = run_ranks(2, body, catalog=Catalog.from_dir(folder), tuning=load_tuning(),
+                                   engine="sim", refuse_unaligned=16)
+    assert fb.calls == []
+    for res in results:
+        for coll, nbytes, ok, err, label in res:
+            assert ok, (coll, nbytes, err, label)
+            assert "nccl" not in label

@@ -75,3 +75,48 @@ def test_compile_extra_verifies_and_rejects(monkeypatch, tmp_path):
     assert {v.instances for v in again} == {2}
     # a second pass compiles nothing new
     assert compile_extra(cat, ["allgather"], 2, [2], [], None).added == []
+
+
+def test_tune_worker_forces_each_candidate_over_the_simulator():
+    """The GPU tuner's per-candidate step (force the candidate, run, check, confirm it ran),
+    over the simulator: every shipped allreduce/allgather candidate that fits 4 KiB runs."""
+    import torch
+
+    from mscclang.bench.tune_worker import TuneWorker
+    from mscclang.bench.worker import BenchConfig
+    from mscclang.comm.catalog import default_plans_dir
+    from mscclang.comm.testing import run_ranks
+    from mscclang.comm.tuning import load_tuning
+
+    folder = default_plans_dir()
+    if folder is None or not (folder / "index.json").is_file():
+        pytest.skip("no plans/ in this checkout")
+    cat = Catalog.from_dir(folder)
+
+    def body(comm):
+        w = object.__new__(TuneWorker)
+        w.rank, w.world = comm.rank, comm.world_size
+        w.cfg = BenchConfig(colls=[], sizes=[], impls=[], modes=[], dtype="float16")
+        w.device, w.dtype, w.esz, w.seed = torch.device("cpu"), torch.float16, 2, 3
+        w.barrier = lambda: None
+        w.comm = comm
+        w.sym = (comm.empty(4096, dtype=torch.uint8), comm.empty(4096, dtype=torch.uint8))
+        out = []
+        for coll in ("allreduce", "allgather"):
+            for key in candidates(comm.catalog, coll, 2):
+                if not any(v.fits(4096) for v in comm.catalog.find_all(key.algorithm, coll, 2,
+                                                                        key.instances, key.threads)):
+                    continue
+                ok, err, cell, plan = w.check_candidate(coll, 4096, key)
+                out.append((key.label(), ok, err, plan))
+        return out
+
+    results, world, fb = run_ranks(2, body, catalog=cat, tuning=load_tuning(), engine="sim",
+                                   refuse_unaligned=16)
+    labels = [r[0] for r in results[0]]
+    assert any(lab.startswith("allreduce_oneshot_ll") for lab in labels)
+    assert any(lab.startswith("allgather_zero_copy") for lab in labels)
+    for res in results:
+        for label, ok, err, plan in res:
+            assert ok, (label, err)
+            assert plan.startswith(label.split()[0])

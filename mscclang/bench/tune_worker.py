@@ -9,7 +9,7 @@ import os
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from mscclang.bench.worker import BenchConfig, BenchWorker, iters_for
 from mscclang.comm.names import PLAN_TO_API
@@ -23,10 +23,37 @@ class TuneWorker(BenchWorker):
             with open(self.out_dir / "tune.jsonl", "a") as f:
                 f.write(json.dumps(rec) + "\n")
 
+    def check_candidate(self, coll: str, nbytes: int, key: Any) -> tuple[bool, str, Any, Optional[str]]:
+        """Force candidate ``key`` (or NCCL), build its cell and check one call. Returns
+        (ok, error, cell, plan label)."""
+        from mscclang.comm.tuning import Candidate, Rule, TuningTable
+
+        api = PLAN_TO_API[coll]
+        cell, plan = None, None
+        try:
+            if key.is_nccl:
+                cell = self.make_cell(api, "nccl", nbytes)
+            else:
+                self.comm.use_tuning(TuningTable(rules=[Rule(
+                    collective=coll, world_size=self.world, candidates=[Candidate(
+                        plan=key.algorithm, instances=key.instances, threads=key.threads)])]))
+                cell = self.make_cell(api, "mscclang", nbytes)
+            ok, err = self.check(api, cell)
+            if ok and not key.is_nccl:
+                last = self.comm.last
+                if last is None or last.variant is None or last.variant.algorithm != key.algorithm:
+                    ok, err = False, f"not selected (ran {last.label() if last else '?'})"
+                else:
+                    plan = last.label()
+        except Exception as e:  # noqa: BLE001
+            ok, err = False, f"{type(e).__name__}: {str(e)[:300]}"
+            if os.environ.get("MSCCLANG_BENCH_DEBUG"):
+                traceback.print_exc()
+        return ok, err, cell, plan
+
     def run(self) -> None:
         from mscclang.comm.catalog import Catalog
         from mscclang.comm.tune import NCCL_KEY, candidates
-        from mscclang.comm.tuning import Candidate, Rule, TuningTable
 
         self.setup()
         if self.comm is None:
@@ -63,27 +90,10 @@ class TuneWorker(BenchWorker):
                 if bar is not None:
                     bar.update(1)
                 continue
-            api = PLAN_TO_API[coll]
-            ok, err, us = False, "", None
-            try:
-                if key.is_nccl:
-                    cell = self.make_cell(api, "nccl", nbytes)
-                else:
-                    self.comm.use_tuning(TuningTable(rules=[Rule(
-                        collective=coll, world_size=n, candidates=[Candidate(
-                            plan=key.algorithm, instances=key.instances, threads=key.threads)])]))
-                    cell = self.make_cell(api, "mscclang", nbytes)
-                ok, err = self.check(api, cell)
-                if ok and not key.is_nccl:
-                    last = self.comm.last
-                    if last is None or last.variant is None or last.variant.algorithm != key.algorithm:
-                        ok, err = False, f"not selected (ran {last.label() if last else '?'})"
-                    else:
-                        rec["plan"] = last.label()
-            except Exception as e:  # noqa: BLE001
-                ok, err = False, f"{type(e).__name__}: {str(e)[:300]}"
-                if os.environ.get("MSCCLANG_BENCH_DEBUG"):
-                    traceback.print_exc()
+            ok, err, cell, plan = self.check_candidate(coll, nbytes, key)
+            us = None
+            if plan:
+                rec["plan"] = plan
             if self.agree(ok):
                 try:
                     times = self.time_graph(cell, iters_for(nbytes, self.cfg.iters_scale))

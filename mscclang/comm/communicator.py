@@ -185,8 +185,7 @@ class Communicator:
         if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
             shape = tuple(shape[0])
         dims = tuple(int(s) for s in shape)
-        dtype = dtype if dtype is not None else torch.float32
-        dtype_name(dtype)
+        dtype = dtype if dtype is not None else torch.float32  # any dtype: byte pools too
         numel = math.prod(dims)
         if self.backend is None:
             return torch.empty(dims, dtype=dtype, device=self.device)
