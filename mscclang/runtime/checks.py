@@ -207,10 +207,11 @@ def back_to_back(w: Any, plan_json: str, nbytes: int, iters: int, dtype: str = "
 
 
 def time_eager(w: Any, plan_json: str, nbytes: int, iters: int = 2000, dtype: str = "float16",
-               packet_type: Optional[str] = None) -> dict:
+               packet_type: Optional[str] = None, cooperative: bool = False) -> dict:
     """Back-to-back wall time per eager call from Python (us)."""
     import torch
 
+    w.executor.cooperative = cooperative
     plan = _plan(w, plan_json)
     dt = _dtype(dtype)
     dev = torch.device(f"cuda:{w.rank}")
@@ -233,11 +234,12 @@ def time_eager(w: Any, plan_json: str, nbytes: int, iters: int = 2000, dtype: st
 
 
 def time_graph(w: Any, plan_json: str, nbytes: int, per_graph: int = 100, replays: int = 20,
-               dtype: str = "float16", packet_type: Optional[str] = None) -> dict:
+               dtype: str = "float16", packet_type: Optional[str] = None, cooperative: bool = False) -> dict:
     """CUDA-graph time per launch (us): ``per_graph`` launches captured, replayed ``replays``
     times, timed with CUDA events (median of replays)."""
     import torch
 
+    w.executor.cooperative = cooperative
     plan = _plan(w, plan_json)
     dt = _dtype(dtype)
     dev = torch.device(f"cuda:{w.rank}")

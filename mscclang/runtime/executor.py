@@ -114,10 +114,12 @@ class LoadedPlan:
 
 class Executor:
     """Runs plans on this rank's GPU. ``comm`` defaults to a Communicator over torch.distributed's
-    default store; ``timeout_s`` bounds every GPU spin (default 30 s, env MSCCLANG_TIMEOUT_S)."""
+    default store; ``timeout_s`` bounds every GPU spin (default 30 s, env MSCCLANG_TIMEOUT_S).
+    Co-residency of all blocks is checked with the occupancy API before the first launch of a
+    size; ``cooperative=True`` also launches through cuLaunchCooperativeKernel."""
 
     def __init__(self, comm: Optional[Communicator] = None, timeout_s: Optional[float] = None,
-                 cooperative: bool = True) -> None:
+                 cooperative: bool = False) -> None:
         self.comm = comm or Communicator()
         if timeout_s is None:
             timeout_s = float(os.environ.get("MSCCLANG_TIMEOUT_S", DEFAULT_TIMEOUT_S))

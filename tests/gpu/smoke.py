@@ -50,9 +50,13 @@ def main() -> int:
           step("timeout", f"{C}:timeout_and_reset", plan_to_json(sp.missing_signal(n)), j1, 1.0)
         if perf:
             step("eager us 1KiB oneshot", f"{C}:time_eager", j1, 1024, 3000)
-            step("eager us 1KiB oneshot (2nd)", f"{C}:time_eager", j1, 1024, 3000)
-            for nb in (1, 2, 4):
-                for nt in (128, 256, 512):
+            step("eager us 1KiB oneshot cooperative", f"{C}:time_eager", j1, 1024, 3000, "float16", None, True)
+            j128 = plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=1, nthreads=128))
+            step("graph us 1KiB oneshot 1x128 cooperative", f"{C}:time_graph", j128, 1024, 100, 20, "float16",
+                 None, True)
+            step("graph us 1KiB oneshot 1x128 LL8", f"{C}:time_graph", j128, 1024, 100, 20, "float16", "LL8")
+            for nb in (1, 2):
+                for nt in (64, 128, 256):
                     jj = plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=nb, nthreads=nt))
                     step(f"graph us 1KiB oneshot {nb}x{nt}", f"{C}:time_graph", jj, 1024)
     with open(sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv else "/dev/null", "w") as f:
