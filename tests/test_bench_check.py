@@ -1,8 +1,6 @@
 """The bench's result check (reference and error bound), exercised on the CPU with one rank
 emulating what every rank computes: right results pass, wrong, unwritten or corrupted ones fail."""
 
-import types
-
 import pytest
 import torch
 

@@ -5,7 +5,6 @@ symmetric-buffer rule, padding to a granule, and the torch.distributed fallback.
 
 import logging
 
-import numpy as np
 import pytest
 import torch
 
