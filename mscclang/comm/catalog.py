@@ -157,12 +157,16 @@ def _variant_from_entry(e: dict, folder: Path, where: str) -> PlanVariant:
 
 
 def default_plans_dir() -> Optional[Path]:
-    """``$MSCCLANG_PLANS_DIR``, else ``plans/`` of the checkout, else ``mscclang/plans`` (wheel)."""
+    """``$MSCCLANG_PLANS_DIR``, else ``plans/`` of the checkout, else the installed copy
+    (``mscclang/plans``, ``mscclang/_plans`` or ``<prefix>/share/mscclang/plans``)."""
+    import sys
+
     env = os.environ.get("MSCCLANG_PLANS_DIR")
     if env:
         return Path(env)
     here = Path(__file__).resolve().parent.parent
-    for cand in (here.parent / "plans", here / "plans", here / "_plans"):
+    for cand in (here.parent / "plans", here / "plans", here / "_plans",
+                 Path(sys.prefix) / "share" / "mscclang" / "plans"):
         if cand.is_dir():
             return cand
     return None
