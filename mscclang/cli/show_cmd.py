@@ -47,6 +47,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tb", type=int, default=None, help="show only this thread block")
     p.add_argument("--no-check", action="store_true",
                    help="show a plan that fails the semantic checks (indexes out of range print as ?)")
+    p.add_argument("--png", metavar="OUT.png", default=None,
+                   help="draw the plan as a picture instead (per rank, per thread block, ops as a timeline "
+                        "with signal/wait and packet edges; --rank/--tb restrict it); needs matplotlib")
     p.set_defaults(func=run)
 
 
@@ -77,6 +80,13 @@ def run(args: argparse.Namespace) -> int:
         raise PlanError(f"--rank {args.rank}: the plan has ranks 0..{len(plan.gpus) - 1}")
     if args.tb is not None and args.tb < 0:
         raise PlanError(f"--tb {args.tb}: thread block ids are not negative")
+    if getattr(args, "png", None):
+        from mscclang.viz import draw_plan
+
+        pic = draw_plan(plan, args.png, ranks=None if args.rank is None else [args.rank],
+                        tbs=None if args.tb is None else [args.tb])
+        sys.stdout.write(f"wrote {pic.path} ({pic.width_px} x {pic.height_px} px, {pic.num_ops} ops)\n")
+        return 0
     text = format_plan(plan, rank=args.rank, tb=args.tb)
     if was_mscclpp:
         text = "(converted from an MSCCL++ plan)\n" + text
