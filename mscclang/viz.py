@@ -112,14 +112,14 @@ class OpNode:
     op: Op
     pipeline: Optional[int] = None  # index of the enclosing pipeline op, if any
     x: float = 0.0
+    width: float = field(init=False)  # in steps: 1, or less for a nop
+
+    def __post_init__(self) -> None:
+        self.width = _NOP_WIDTH if self.op.name is OpName.nop else 1.0
 
     @property
     def key(self) -> NodeKey:
         return (self.rank, self.tb, self.pos)
-
-    @property
-    def width(self) -> float:
-        return _NOP_WIDTH if self.op.name == OpName.nop else 1.0
 
 
 @dataclass(frozen=True)
@@ -589,10 +589,17 @@ def draw_plan(plan: Plan, path: Union[str, Path], *, ranks: Optional[Sequence[in
         ax.add_collection(PolyCollection(heads[kind], facecolors=color, edgecolors="none",
                                          alpha=min(1.0, alpha + 0.2), zorder=5))
 
-    handles = [Patch(facecolor=c, edgecolor="#333333", label=f) for f, c in FAMILY_COLORS.items()]
-    handles += [Line2D([0], [0], color=c, linestyle=s, label=f"{k} edge") for k, (c, s) in EDGE_STYLES.items()]
-    handles.append(Line2D([0], [0], color="black", linewidth=1.6, label="barrier"))
-    fig.legend(handles=handles, loc="upper left", ncol=max(1, min(len(handles), int((width_in - 1.4) / 1.15))),
+    # legend: only the families and edge kinds that appear in the picture
+    fams = {op_family(n.op.name) for k, n in graph.nodes.items() if (k[0], k[1]) in rows}
+    kinds = {e.kind for e in visible}
+    handles = [Patch(facecolor=c, edgecolor="#333333", label=f) for f, c in FAMILY_COLORS.items() if f in fams]
+    handles += [Line2D([0], [0], color=c, linestyle=s, label=f"{k} edge")
+                for k, (c, s) in EDGE_STYLES.items() if k in kinds]
+    if any(sum(1 for k in g if (k[0], k[1]) in rows) > 1 for g in graph.barriers):
+        handles.append(Line2D([0], [0], color="black", linewidth=1.6, label="barrier"))
+    if "pipeline" in fams or any(n.pipeline is not None for n in graph.nodes.values()):
+        handles.append(Patch(facecolor="none", edgecolor="#555555", linestyle=":", label="pipeline"))
+    fig.legend(handles=handles, loc="upper left", ncol=max(1, min(len(handles), int((width_in - 1.6) / 1.35))),
                fontsize=6, frameon=False,
                bbox_to_anchor=(left, 1 - 0.32 / height_in))
     if title is None:
