@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from mscclang.errors import DSLError
-from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
+from mscclang.plan.models import Plan
 
 KiB = 1024
 MiB = 1024 * 1024
-GiB = 1024 * MiB
 
 BUFFER_MODES = ("any", "symmetric")
 
@@ -70,6 +69,14 @@ class AlgorithmInfo:
     max_ranks: int = 8
     variants: tuple[Variant, ...] = field(default_factory=tuple)
 
+    def __post_init__(self) -> None:
+        if self.buffer_mode not in BUFFER_MODES:
+            raise DSLError(f"algorithm {self.name}: buffer mode must be one of {BUFFER_MODES}, got {self.buffer_mode!r}")
+        if self.protocol not in ("LL", "Simple"):
+            raise DSLError(f"algorithm {self.name}: protocol must be 'LL' or 'Simple', got {self.protocol!r}")
+        if not self.inplace_modes or self.min_message_size > self.max_message_size:
+            raise DSLError(f"algorithm {self.name}: needs in-place modes and a valid size range")
+
     @property
     def supports_inplace(self) -> bool:
         return True in self.inplace_modes
@@ -89,8 +96,3 @@ class AlgorithmInfo:
         return self.builder(ranks, instances=instances,
                             num_threads_per_block=num_threads_per_block or self.default_threads,
                             inplace=inplace, **kw)
-
-
-def full_range() -> tuple[int, int]:
-    """The widest size range a plan can state."""
-    return 0, MAX_MESSAGE_SIZE
