@@ -485,8 +485,10 @@ def draw_plan(plan: Plan, path: Union[str, Path], *, ranks: Optional[Sequence[in
 
     fig = Figure(figsize=(width_in, height_in), dpi=dpi_eff)
     FigureCanvasAgg(fig)
-    left = 1.2 / width_in
+    left = 1.3 / width_in
     ax = fig.add_axes((left, 0.55 / height_in, 1 - left - 0.2 / width_in, 1 - 1.45 / height_in))
+    ax_w_in = width_in * ax.get_position().width
+    ax_h_in = height_in * ax.get_position().height
     ax.set_xlim(-0.3, span + 0.3)
     ax.set_ylim(bottom - 0.2, 0.7)
     # thread block labels as plain texts (matplotlib's tick objects are costly by the hundred);
@@ -506,8 +508,9 @@ def draw_plan(plan: Plan, path: Union[str, Path], *, ranks: Optional[Sequence[in
     for i, (r, top, bot) in enumerate(bands):
         ax.add_patch(Rectangle((-0.3, bot), span + 0.6, top - bot,
                                facecolor="#f3f3f3" if i % 2 == 0 else "#ffffff", edgecolor="none", zorder=0))
-        ax.text(-0.045 * 8.0 / width_in, (top + bot) / 2, f"rank {r}", transform=ytrans, ha="right",
-                va="center", fontsize=8, fontweight="bold", rotation=90)
+        # horizontal, left of the block labels (0.45 inch), so one-row bands stay legible
+        ax.text(-0.45 / ax_w_in, (top + bot) / 2, f"rank {r}", transform=ytrans, ha="right",
+                va="center", fontsize=8, fontweight="bold")
 
     # pipeline brackets
     pipes: dict[tuple[int, int, int], list[OpNode]] = defaultdict(list)
@@ -556,8 +559,6 @@ def draw_plan(plan: Plan, path: Union[str, Path], *, ranks: Optional[Sequence[in
 
     # edges: one LineCollection per kind (quadratic curves, sampled) plus arrow heads as polygons,
     # computed in inches so heads keep their shape whatever the aspect ratio
-    ax_w_in = width_in * ax.get_position().width
-    ax_h_in = height_in * ax.get_position().height
     sx = (span + 0.6) / ax_w_in  # data units per inch
     sy = (0.9 - bottom) / ax_h_in
     visible = [e for e in graph.edges
