@@ -59,6 +59,17 @@ class Backend:
 MULTI_BLOCK = ("allgather", "reducescatter", "alltoall")
 
 
+def runtime_granule(plan: Plan) -> int:
+    """The GPU runtime's granule for ``plan``: collectives whose buffers hold several blocks
+    (allgather, reduce-scatter, all-to-all) have block starts inside the buffer, which the
+    runtime needs aligned (packet offsets), so their blocks are padded to the plan's
+    ``buffer_alignment`` (at least 16 bytes); single-block calls take any element count. The CPU
+    backend can apply the same rule (``SimWorld(granule=runtime_granule)``)."""
+    if plan.collective in MULTI_BLOCK:
+        return max(16, plan.buffer_alignment)
+    return 1
+
+
 class RuntimeBackend(Backend):
     """Adapter to ``mscclang.runtime`` (its ``Communicator`` + ``Executor``) on one CUDA device.
 
@@ -114,9 +125,7 @@ class RuntimeBackend(Backend):
     def granule(self, plan: Plan) -> int:
         if self._forced_granule:
             return self._forced_granule
-        if plan.collective in MULTI_BLOCK:
-            return max(16, plan.buffer_alignment)
-        return 1
+        return runtime_granule(plan)
 
     def synchronize(self) -> None:
         self.executor.synchronize()

@@ -380,34 +380,36 @@ class Communicator:
             return CallPlan(coll, "nccl", None, None, shape, shape,
                             reason=self._runtime_error or "no runtime")
         reason = f"no plan for {coll} of {nbytes} bytes ({dtype_name(inp.dtype)}) on {n} ranks"
+        dtype = inp.dtype
+        # 1. the tuning's choices, in order: the first that runs without staging wins; a
+        #    torch.distributed choice wins only over the choices after it (a plan listed before
+        #    it that needs staging still runs on mscclang: the rule ranked it faster, and staging
+        #    costs two device copies); with the fallback disabled torch.distributed is skipped.
+        # 2. nothing listed can run: any other variant of the catalog (heuristic order).
         staged: Optional[CallPlan] = None  # the first choice that needs staging, kept in reserve
-        for choice in self.selector.choices(coll, n, nbytes, inp.dtype):
-            if choice.is_nccl:
-                # measured faster than the plans after it; also preferred to staging copies
-                return CallPlan(coll, "nccl", choice, None, shape, shape,
-                                reason="tuning selects torch.distributed")
-            best: Optional[CallPlan] = None
-            # the variant whose in-place mode matches the call first
-            for v in sorted(choice.variants, key=lambda v: v.inplace != inplace):
-                if coll == "broadcast" and v.root is not None and v.root != root:
+        nccl: Optional[CallPlan] = None
+        for phase in (1, 2):
+            if phase == 2 and (staged is not None or nccl is not None):
+                break
+            choices = (self.selector.choices(coll, n, nbytes, dtype) if phase == 1
+                       else self.selector.extra_choices(coll, n, nbytes, dtype))
+            for choice in choices:
+                if choice.is_nccl:
+                    if self._fallback is None:
+                        continue
+                    if staged is None:
+                        nccl = CallPlan(coll, "nccl", choice, None, shape, shape,
+                                        reason="tuning selects torch.distributed")
+                    break
+                best = self._best_variant(coll, choice, inp, out, inplace, shape, esz, root)
+                if best is None:
                     continue
-                try:
-                    plan = v.load()
-                except MscclangError as e:
-                    self._note_fallback(coll, f"plan {v.key} cannot be loaded: {e}",
-                                        level=logging.ERROR)
-                    continue
-                if coll == "broadcast" and (plan.root or 0) != root:
-                    continue
-                cp = self._fit(coll, v, plan, choice, inp, out, inplace, shape, esz, dry=True)
-                if cp is not None and (best is None or _MODE_RANK[cp.mode] < _MODE_RANK[best.mode]):
-                    best = cp
-            if best is None:
-                continue
-            if best.mode != "staged":
-                return best
-            if staged is None:
-                staged = best
+                if best.mode != "staged":
+                    return best
+                if staged is None:
+                    staged = best
+        if nccl is not None:
+            return nccl
         if staged is not None:
             # allocate the staging buffers now
             got = self._fit(coll, staged.variant, staged.plan, staged.choice, inp, out, inplace,
@@ -415,6 +417,26 @@ class Communicator:
             if got is not None:
                 return got
         return CallPlan(coll, "nccl", None, None, shape, shape, reason=reason)
+
+    def _best_variant(self, coll: str, choice: Choice, inp: Any, out: Any, inplace: bool,
+                      shape: BlockShape, esz: int, root: int) -> Optional[CallPlan]:
+        """The best way one choice's variants can run the call (direct over copy-in over
+        staged; the variant whose in-place mode matches the call first), or ``None``."""
+        best: Optional[CallPlan] = None
+        for v in sorted(choice.variants, key=lambda v: v.inplace != inplace):
+            if coll == "broadcast" and v.root is not None and v.root != root:
+                continue
+            try:
+                plan = v.load()
+            except MscclangError as e:
+                self._note_fallback(coll, f"plan {v.key} cannot be loaded: {e}", level=logging.ERROR)
+                continue
+            if coll == "broadcast" and (plan.root or 0) != root:
+                continue
+            cp = self._fit(coll, v, plan, choice, inp, out, inplace, shape, esz, dry=True)
+            if cp is not None and (best is None or _MODE_RANK[cp.mode] < _MODE_RANK[best.mode]):
+                best = cp
+        return best
 
     def _fit(self, coll: str, v: Any, plan: Any, choice: Choice, inp: Any, out: Any,
              inplace: bool, shape: BlockShape, esz: int, dry: bool = False) -> Optional[CallPlan]:
@@ -432,6 +454,10 @@ class Communicator:
                 return CallPlan(coll, "copy_in", choice, plan, shape, shape, variant=v)
         kp = padded_block_elems(shape.block_elems, esz, granule) if pad else shape.block_elems
         ps = shape.padded(kp)
+        if pad and not (plan.min_message_size
+                        <= message_bytes(coll, ps.in_elems * esz, ps.out_elems * esz)
+                        <= plan.max_message_size):
+            return None  # the padded message leaves the plan's size range
         if dry:
             return CallPlan(coll, "staged", choice, plan, shape, ps, None, None, variant=v)
         dt = inp.dtype

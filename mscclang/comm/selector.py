@@ -67,9 +67,18 @@ class Selector:
         out = self._from_rule(rule, coll, world_size, nbytes) if rule else []
         if not out:
             # no rule, or none of its plans exists here: heuristic over the catalog
-            out = self._heuristic(coll, world_size, nbytes)
+            out = self.heuristic(coll, world_size, nbytes)
         self._memo[key] = out
         return out
+
+    def extra_choices(self, collective: str, world_size: int, nbytes: int, dtype: object) -> list[Choice]:
+        """The catalog's other variants for a call, in heuristic order: those :meth:`choices`
+        does not list. The communicator tries them only when nothing :meth:`choices` lists can
+        run the call (e.g. every named variant is missing, or only torch.distributed is left and
+        the fallback is disabled)."""
+        listed = {v.key for c in self.choices(collective, world_size, nbytes, dtype) for v in c.variants}
+        return [c for c in self.heuristic(plan_collective(collective), world_size, nbytes)
+                if c.variants and c.variants[0].key not in listed]
 
     def _from_rule(self, rule: Rule, coll: str, n: int, nbytes: int) -> list[Choice]:
         out: list[Choice] = []
@@ -84,7 +93,10 @@ class Selector:
                 out.append(Choice(tuple(vs), cand.packet_type, f"{where}: {cand.label()}"))
         return out
 
-    def _heuristic(self, coll: str, n: int, nbytes: int) -> list[Choice]:
+    def heuristic(self, coll: str, n: int, nbytes: int) -> list[Choice]:
+        """Every catalog variant of ``coll`` on ``n`` ranks whose size range holds ``nbytes``:
+        LL plans first up to :data:`LL_THRESHOLD`, Simple plans first above; among them more
+        instances first for large messages, fewer for small ones."""
         variants = [v for v in self.catalog.matching(coll, n) if v.fits(nbytes)]
         small = nbytes <= LL_THRESHOLD
 

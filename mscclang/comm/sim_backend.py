@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
@@ -96,12 +96,15 @@ class _Launch:
 class SimWorld:
     """State shared by the ranks' :class:`SimBackend` s (one per thread)."""
 
-    def __init__(self, world_size: int, *, engine: str = "sim", granule: int = 1,
+    def __init__(self, world_size: int, *, engine: str = "sim",
+                 granule: Union[int, Callable[[Plan], int]] = 1,
                  timeout: float = 60.0, refuse_unaligned: int = 0) -> None:
         if engine not in ("sim", "reference"):
             raise CommError(f"engine must be 'sim' or 'reference', got {engine!r}")
         self.world_size = world_size
         self.engine = engine
+        # bytes every block must be a multiple of: a number, or a function of the plan (e.g.
+        # mscclang.comm.backend.runtime_granule, the GPU runtime's rule)
         self.granule = granule
         self.timeout = timeout
         # like the GPU runtime: refuse (PlanError, before launching) multi-block calls whose
@@ -196,7 +199,8 @@ class SimBackend(Backend):
         return self._where(tensor) is not None
 
     def granule(self, plan: Plan) -> int:
-        return self.world.granule
+        g = self.world.granule
+        return int(g(plan)) if callable(g) else int(g)
 
     def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
                 reduce_op: Optional[str] = None) -> None:
@@ -210,9 +214,10 @@ class SimBackend(Backend):
                 and (shape.block_elems * esz) % self.world.refuse_unaligned):
             self.world.refusals += 1
             raise PlanError(f"rank {self.rank}: packet offsets at this size are not aligned")
-        if (shape.block_elems * esz) % self.world.granule:
+        granule = self.granule(plan)
+        if (shape.block_elems * esz) % granule:
             raise CommError(f"rank {self.rank}: block of {shape.block_elems * esz} bytes is not a "
-                            f"multiple of the granule {self.world.granule}")
+                            f"multiple of the granule {granule}")
         a0, a1 = inp.data_ptr(), inp.data_ptr() + inp.numel() * esz
         b0, b1 = out.data_ptr(), out.data_ptr() + out.numel() * esz
         overlap = not (a1 <= b0 or b1 <= a0)

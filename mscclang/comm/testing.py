@@ -5,7 +5,7 @@ torch.distributed's part)."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 from mscclang.comm.catalog import Catalog, PlanVariant
 from mscclang.comm.communicator import Communicator
@@ -102,7 +102,8 @@ class _BoundFallback:
 
 def run_ranks(world_size: int, fn: Callable[[Communicator], Any], *, plans: Sequence[Plan] = (),
               catalog: Optional[Catalog] = None, tuning: Optional[TuningTable] = None,
-              engine: str = "reference", granule: int = 1, fallback: bool = True,
+              engine: str = "reference", granule: Union[int, Callable[[Plan], int]] = 1,
+              fallback: bool = True,
               timeout: float = 60.0, refuse_unaligned: int = 0) -> tuple[list[Any], SimWorld, ThreadFallback]:
     """Run ``fn(comm)`` on ``world_size`` threads, one communicator each; return the results
     (rank order), the world and the fallback. The first exception of any rank is re-raised."""
