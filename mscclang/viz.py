@@ -13,13 +13,15 @@ of the ops it waits for and the arrows between blocks point forward in time. Edg
   ``rppkt``, ``respkt``, ``recpkt``, ``recspkt``, ``gstorepkt``) -> every op that reads packets
   from an overlapping slot of that rank (``upkt``, ``rppkt``, the packet reductions).
 * semaphores (purple): the k-th ``sem_release`` -> the (k + initial value)-th ``sem_acquire``.
-* barriers: a black vertical bar through the blocks that meet.
+* barriers: a black vertical bar through the blocks that meet; a dotted bracket groups the inner
+  ops of a pipeline (labelled ``i.j``: op j of pipeline op i).
 
 Chunk references read ``i0:2`` (input chunks 0 and 1), ``s4@r1`` (scratch chunk 4 of rank 1),
 ``o0:2@sw0`` (through switch channel 0). A plan whose graph has a cycle (it deadlocks) is drawn
 with ops at their op index instead, and the title says so.
 
-The module needs matplotlib (the ``plot`` extra) and always uses its Agg backend.
+The module needs matplotlib (the ``plot`` extra); it draws on an Agg canvas of its own and leaves
+pyplot's backend and figures alone.
 """
 
 from __future__ import annotations
@@ -432,10 +434,11 @@ def _select_ranks(plan: Plan, ranks: Optional[Iterable[int]]) -> list[int]:
     return out
 
 
-def draw_plan(plan: Plan, path: Union[str, Path], *, ranks: Optional[Sequence[int]] = None,
-              tbs: Optional[Sequence[int]] = None, dpi: int = 120,
+def draw_plan(plan: Union[Plan, str, Path, dict], path: Union[str, Path], *,
+              ranks: Optional[Sequence[int]] = None, tbs: Optional[Sequence[int]] = None, dpi: int = 120,
               title: Optional[str] = None, labels: Optional[bool] = None) -> PlanPicture:
-    """Draw ``plan`` as a PNG timeline at ``path`` and return what was written.
+    """Draw ``plan`` (a Plan, or a plan file / JSON text / dict for :func:`load_plan`) as a PNG
+    timeline at ``path`` and return what was written.
 
     ``ranks`` / ``tbs`` restrict the picture to those ranks / thread block ids (the layout is
     still computed over the whole plan, so positions agree between pictures); edges to ops that
@@ -451,6 +454,10 @@ def draw_plan(plan: Plan, path: Union[str, Path], *, ranks: Optional[Sequence[in
     from matplotlib.collections import LineCollection, PolyCollection
     from matplotlib.patches import Patch, Rectangle
 
+    if not isinstance(plan, Plan):
+        from mscclang.plan.io import load_plan
+
+        plan = load_plan(plan)
     graph = build_graph(plan)
     shown_ranks = _select_ranks(plan, ranks)
     tb_filter = None if tbs is None else set(int(t) for t in tbs)
@@ -521,11 +528,9 @@ def draw_plan(plan: Plan, path: Union[str, Path], *, ranks: Optional[Sequence[in
         x0 = min(m.x for m in members)
         x1 = max(m.x + m.width for m in members)
         yy = rows[(r, t)]
-        ax.add_patch(Rectangle((x0 - 0.08, yy - 0.47), x1 - x0 + 0.16, 0.94, facecolor="none",
-                               edgecolor="#555555", linestyle=":", linewidth=0.8, zorder=1))
-        ic = plan.gpus[r].threadblocks[t].ops[i].iter_context
-        unit = f" unit {ic.unit_size} B" if ic is not None else ""
-        ax.text(x0, yy + 0.47, f"pipeline {i}{unit}", fontsize=4.5, va="bottom", ha="left", color="#555555")
+        # inner ops are labelled "i.j" (op j of pipeline i); the bracket groups them
+        ax.add_patch(Rectangle((x0 - 0.08, yy - 0.45), x1 - x0 + 0.16, 0.9, facecolor="#fafafa",
+                               edgecolor="#444444", linestyle=":", linewidth=0.9, zorder=1))
 
     drawn = 0
     boxes: list[list[tuple[float, float]]] = []
@@ -605,7 +610,8 @@ def draw_plan(plan: Plan, path: Union[str, Path], *, ranks: Optional[Sequence[in
     if any(sum(1 for k in g if (k[0], k[1]) in rows) > 1 for g in graph.barriers):
         handles.append(Line2D([0], [0], color="black", linewidth=1.6, label="barrier"))
     if "pipeline" in fams or any(n.pipeline is not None for n in graph.nodes.values()):
-        handles.append(Patch(facecolor="none", edgecolor="#555555", linestyle=":", label="pipeline"))
+        handles.append(Patch(facecolor="none", edgecolor="#555555", linestyle=":",
+                             label="pipeline (ops i.0, i.1, ...)"))
     fig.legend(handles=handles, loc="upper left", ncol=max(1, min(len(handles), int((width_in - 1.6) / 1.35))),
                fontsize=6, frameon=False,
                bbox_to_anchor=(left, 1 - 0.32 / height_in))
