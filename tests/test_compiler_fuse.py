@@ -192,12 +192,103 @@ def test_reduce_then_put_becomes_res_and_rres():
         ch.reduce(inp(0)[2:3], [inp(1)[2:3]], tb=1)
         ch.put(out(1)[2:3], inp(0)[2:3], tb=1)
         ch.put(Buffer(1, 1)[0:1], inp(0)[2:3], tb=1)
-        ch.put(inp(1)[2:3], inp(0)[2:3], tb=1)  # overwrites what rres read: not fused
+        ch.put(inp(1)[3:4], inp(0)[2:3], tb=1)  # a peer chunk nobody read: fused too
     ops = fused(p)
     assert nm(ops) == ["res"] and ops[0].channel_type == ChannelType.memory
     assert [(d.remote, d.rank) for d in ops[0].dst] == [(False, 0), (True, 1)]
     t1 = fused(p, tb=1)
-    assert nm(t1) == ["rres", "put"] and len(t1[0].dst) == 3
+    assert nm(t1) == ["rres"] and len(t1[0].dst) == 4
+
+
+def _rre_writeback(dst_of_put, n=3, instr_fusion=True):
+    """rank 0 read-reduces chunk 0 of every peer's input into its output, then puts the result
+    into ``dst_of_put(peer)`` of each peer."""
+    with prog(n=n, f=2, instr_fusion=instr_fusion) as p:
+        chans = {q: MemoryChannel(q, 0) for q in range(1, n)}
+        cur = inp(0)[0:1]
+        for q in range(1, n):
+            chans[q].reduce(cur, [inp(q)[0:1]], tb=0, local_dst_chunk=out(0)[0:1])
+            cur = out(0)[0:1]
+        for q in range(1, n):
+            chans[q].put(dst_of_put(q), out(0)[0:1], tb=0)
+    return p
+
+
+def test_rre_write_back_into_the_ranges_it_read_becomes_rres():
+    p = _rre_writeback(lambda q: inp(q)[0:1])
+    ops = fused(p)
+    assert nm(ops) == ["rres"]
+    assert [(r.rank, r.remote, r.buffer.value, r.index) for r in ops[0].src] == [
+        (0, False, "i", 0), (1, True, "i", 0), (2, True, "i", 0)]
+    assert [(r.rank, r.remote, r.buffer.value, r.index) for r in ops[0].dst] == [
+        (0, False, "o", 0), (1, True, "i", 0), (2, True, "i", 0)]
+    assert ops[0].channels == [0, 1]
+    # compiled: one rres, no hazard nop between a reduction and its write-back
+    plan = p.to_plan()
+    assert [o.name.value for o in plan.gpus[0].threadblocks[0].ops] == ["rres"]
+
+
+def test_partial_overlap_with_a_range_read_is_not_a_write_back():
+    # the put's destination starts inside the range the reduction read: element i of the write
+    # would clobber element i+1 of the read, read by another thread
+    with prog(n=2, f=2) as p:
+        ch = MemoryChannel(1, 0)
+        ch.reduce(inp(0)[0:2], [inp(1)[0:2]], tb=0, local_dst_chunk=out(0)[0:2])
+        ch.put(inp(1)[1:3], out(0)[0:2], tb=0)
+    assert nm(fused(p)) == ["rre", "put"]
+    # a write-back into a range the reduction writes too (two writes of one range) stays apart
+    with prog(n=2, f=2) as p:
+        ch = MemoryChannel(1, 0)
+        ch.reduce(inp(0)[0:1], [inp(1)[0:1]], tb=0, local_dst_chunk=out(0)[0:1])
+        ch.put(inp(1)[0:1], out(0)[0:1], tb=0)
+        ch.put(inp(1)[0:1], out(0)[0:1], tb=0)
+    assert nm(fused(p)) == ["rres", "put"]
+
+
+def test_write_back_only_for_remote_reads_of_read_reduce():
+    # a local reduction followed by a put into a peer: nothing remote was read, plain res
+    with prog(n=2, f=2) as p:
+        Rank(0).reduce(inp(0)[0:1], [inp(0)[1:2]], tb=0, dst_chunk=out(0)[0:1])
+        MemoryChannel(1, 0).put(out(1)[0:1], out(0)[0:1], tb=0)
+    assert nm(fused(p)) == ["res"]
+    # the put writes the *local* source the reduction read: not a write-back, not fused
+    with prog(n=2, f=2) as p:
+        ch = MemoryChannel(1, 0)
+        ch.reduce(inp(0)[0:1], [inp(1)[0:1]], tb=0, local_dst_chunk=out(0)[0:1])
+        Rank(0).copy(inp(0)[0:1], out(0)[0:1], tb=0)
+    assert nm(fused(p)) == ["rre", "copy"]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_fused_write_back_verifies_in_simulator(ranks):
+    """The fused rres reads each peer's chunk and writes the result back into it; with a ready
+    handshake before and a done handshake after, the simulator finds no race, and the output
+    and every peer's written-back chunk hold the reduction."""
+    from mscclang.sim import verify
+
+    with CollectiveProgram("wb", AllReduce(ranks, 1, True), ranks) as p:
+        ch = {(a, b): MemoryChannel(b, a) for a in range(ranks) for b in range(ranks) if a != b}
+        for r in range(ranks):
+            others = [q for q in range(ranks) if q != r]
+            for q in others:
+                ch[(r, q)].signal(0, relaxed=True, data_sync=SyncType.none)
+            for q in others:
+                ch[(r, q)].wait(0, relaxed=True, data_sync=SyncType.after)
+            cur = inp(r)[r:r + 1]
+            for q in others:
+                ch[(r, q)].reduce(cur, [inp(q)[r:r + 1]], tb=0, local_dst_chunk=inp(r)[r:r + 1])
+                cur = inp(r)[r:r + 1]
+            for q in others:
+                ch[(r, q)].put(inp(q)[r:r + 1], inp(r)[r:r + 1], tb=0)
+            for q in others:
+                ch[(r, q)].signal(0, data_sync=SyncType.before)
+            for q in others:
+                ch[(r, q)].wait(0, data_sync=SyncType.after)
+    plan = p.to_plan()
+    names = [o.name.value for o in plan.gpus[0].threadblocks[0].ops]
+    assert names.count("rres") == 1 and "put" not in names and "rre" not in names
+    rep = verify(plan, schedules=4)
+    assert rep.ok, str(rep)
 
 
 def test_reduce_then_put_of_other_chunk_stays():

@@ -183,3 +183,62 @@ def test_auto_sync_false_skips_hazards():
         r.copy(out(0)[0:1], inp(0)[0:1], tb=0)
         r.copy(inp(0)[1:2], out(0)[0:1], tb=0)
     assert [o.name.value for o in p.to_plan().gpus[0].threadblocks[0].ops] == ["copy", "nop", "copy"]
+
+
+# in-place collectives: input and output are one memory --------------------------------------
+def _inplace(collective, ops):
+    """A program over ``collective`` whose rank-0 block 0 runs ``ops(p)``; hazard ops of it."""
+    with CollectiveProgram("alias", collective, 2) as p:
+        ops(p)
+    return nm(hazards(p))
+
+
+def test_inplace_allreduce_input_and_output_chunks_are_the_same_bytes():
+    from mscclang import AllReduce as AR
+
+    def body(p):
+        Rank(0).copy(out(0)[1:2], inp(0)[0:1], tb=0)   # writes output chunk 1 ...
+        Rank(0).copy(out(0)[3:4], inp(0)[1:2], tb=0)   # ... which is input chunk 1: read-after-write
+
+    assert _inplace(AR(2, 2, True), body) == ["copy", "nop", "copy"]
+    assert _inplace(AR(2, 2, False), body) == ["copy", "copy"]     # distinct buffers
+
+
+def test_inplace_allgather_input_is_this_ranks_block_of_the_output():
+    from mscclang import AllGather
+
+    def reads_own_block(p):
+        # rank 0's input chunk 0 is its output chunk 0 (rank 0's block); output chunk 1 is rank 1's
+        Rank(0).copy(out(0)[0:1], Buffer(0, 1)[0:1], tb=0)
+        Rank(0).copy(out(0)[1:2], inp(0)[0:1], tb=0)
+
+    assert _inplace(AllGather(2, 1, True), reads_own_block) == ["copy", "nop", "copy"]
+
+    def other_block(p):
+        Rank(0).copy(out(0)[1:2], Buffer(0, 1)[0:1], tb=0)   # rank 1's block: not the input
+        Rank(0).copy(Buffer(0, 1)[0:1], inp(0)[0:1], tb=0)
+
+    assert _inplace(AllGather(2, 1, True), other_block) == ["copy", "copy"]
+
+
+def test_inplace_reducescatter_output_is_inside_the_input():
+    from mscclang import ReduceScatter
+
+    def body(p):
+        Rank(0).copy(out(0)[0:1], inp(0)[1:2], tb=0)    # output 0 == input 0 on rank 0
+        Rank(0).copy(Buffer(0, 1)[0:1], inp(0)[0:1], tb=0)  # reads input 0: after the write above
+
+    assert _inplace(ReduceScatter(2, 1, True), body) == ["copy", "nop", "copy"]
+    assert _inplace(ReduceScatter(2, 1, False), body) == ["copy", "copy"]
+
+
+def test_inplace_alias_of_a_peer_buffer():
+    from mscclang import AllGather
+
+    def body(p):
+        ch = MemoryChannel(1, 0)
+        ch.put(out(1)[1:2], inp(0)[0:1], tb=0)     # rank 1's output chunk 1 is its input chunk 0
+        ch.get(Buffer(0, 1)[0:1], inp(1)[0:1], tb=0)  # ... read back through the input alias
+
+    assert _inplace(AllGather(2, 1, True), body) == ["put", "nop", "get"]
+    assert _inplace(AllGather(2, 1, False), body) == ["put", "get"]

@@ -16,6 +16,12 @@ rule applies; pipeline bodies are fused on their own. The rules (``a`` then ``b`
   destination -> one reduction with the second op's other sources appended (same order of
   evaluation: ``((a0 OP a1) OP b1)``).
 * ``re``/``res``/``rre``/``rres`` + memory ``put`` of the reduction's destination -> ``res``/``rres``.
+  The put may write the result back into a peer range the ``rre``/``rres`` read (a *write-back*:
+  its destination is exactly one of the reduction's remote sources, same rank, buffer, chunk
+  index and size): every element of that range is read, reduced and written back by the same
+  thread within the one fused op, since all operands of a reduction are split among the threads
+  identically (chunk by chunk, byte for byte). A put that only partly overlaps a range the
+  reduction touches still refuses fusion.
 * ``repkt``/``respkt`` + memory ``ppkt`` of the destination -> ``respkt``.
 * ``repkt`` + ``cpkt`` of the destination -> ``recpkt`` (``dst_buff[1]`` is the local packet copy).
 * ``recpkt``/``recspkt`` + memory ``ppkt`` of the destination, or ``rppkt`` of the packet copy ->
@@ -26,8 +32,9 @@ rule applies; pipeline bodies are fused on their own. The rules (``a`` then ``b`
   a lone ``glre``).
 
 Every rule needs equal thread-block-group info. Merges of independent ops are refused when the
-second op's accesses conflict with the first's (see :func:`mscclang.compiler.ir.conflicts`), so
-fusion never reorders dependent data movement.
+second op's accesses conflict with the first's (see :func:`mscclang.compiler.ir.conflicts`; for
+in-place collectives input and output ranges are compared as the same bytes, see
+:func:`mscclang.compiler.ir.alias_range`), so fusion never reorders dependent data movement.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from mscclang.compiler.ir import SYNC_AFTER, Access, IROp, IRProgram, Ref, accesses, conflicts
+from mscclang.compiler.ir import SYNC_AFTER, Access, IROp, IRProgram, Ref, accesses, alias_range, conflicts
+from mscclang.plan.collectives import CollectiveSpec
 from mscclang.plan.models import ChannelType, OpName
 
 _CHANNEL_SYNC = frozenset({OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait, OpName.flush})
@@ -51,35 +59,50 @@ def _union(a: list[int], b: list[int]) -> list[int]:
     return out
 
 
-def _independent(a: IROp, b: IROp, allowed: Optional[Ref] = None, also_writes: bool = False) -> bool:
+def _independent(a: IROp, b: IROp, allowed: Optional[Ref] = None, also_writes: bool = False,
+                 spec: Optional[CollectiveSpec] = None, writeback: bool = False) -> bool:
     """No access of ``b`` conflicts with one of ``a`` (ignoring ``b``'s reads of ``allowed``,
     the value being forwarded from ``a`` to ``b``, which the fused op reads after writing it, and
-    with ``also_writes`` its writes of ``allowed`` too: the accumulator of a merged reduction)."""
-    acc_a = accesses(a)
-    for y in accesses(b):
-        if allowed is not None and (also_writes or not y.write) and _is_ref(y, allowed):
+    with ``also_writes`` its writes of ``allowed`` too: the accumulator of a merged reduction).
+
+    With ``writeback`` (``a`` is a read-reduce), a write of ``b`` that covers exactly a remote
+    range ``a`` only reads (same peer, buffer and chunks) is allowed: in the fused op each thread
+    reads, reduces and writes back the same elements. Any other access of ``a`` that the write
+    overlaps still refuses the merge."""
+    acc_a = accesses(a, spec=spec)
+    for y in accesses(b, spec=spec):
+        if allowed is not None and (also_writes or not y.write) and _is_ref(y, allowed, spec):
             continue
         for x in acc_a:
-            if conflicts(x, y):
-                return False
+            if not conflicts(x, y):
+                continue
+            if writeback and _is_writeback(x, y):
+                continue
+            return False
     return True
 
 
-def _is_ref(acc: Access, ref: Ref) -> bool:
-    key = ("R", ref.rank, ref.buffer) if ref.remote else ("L", ref.buffer)
-    if acc.key != key:
-        return False
-    if acc.packet:
-        return (acc.start, acc.end) == (2 * ref.index, 2 * ref.end)
-    return (acc.start, acc.end) == (ref.index, ref.end)
+def _is_writeback(read: Access, write: Access) -> bool:
+    """``write`` stores into exactly the remote plain range ``read`` loads."""
+    return (not read.write and write.write and read.key[0] == "R" and read.key == write.key
+            and not read.packet and not write.packet
+            and (read.start, read.end) == (write.start, write.end))
+
+
+def _is_ref(acc: Access, ref: Ref, spec: Optional[CollectiveSpec] = None) -> bool:
+    scale = 2 if acc.packet else 1
+    buffer, start, end = alias_range(spec, ref.rank, ref.buffer, scale * ref.index, scale * ref.end)
+    key = ("R", ref.rank, buffer) if ref.remote else ("L", buffer)
+    return acc.key == key and (acc.start, acc.end) == (start, end)
 
 
 def _merge_common(a: IROp, b: IROp) -> bool:
     return a.tbg == b.tbg
 
 
-def try_fuse(a: IROp, b: IROp) -> Optional[IROp]:
-    """The op that does ``a`` then ``b``, or ``None`` when no rule applies."""
+def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None) -> Optional[IROp]:
+    """The op that does ``a`` then ``b``, or ``None`` when no rule applies; ``spec`` (the
+    program's collective) makes in-place input/output aliases count as the same bytes."""
     na, nb = a.name, b.name
     # nops and barriers
     if na == OpName.nop and nb == OpName.nop:
@@ -107,16 +130,16 @@ def try_fuse(a: IROp, b: IROp) -> Optional[IROp]:
                        origin=f"{a.origin} + {b.origin}")
     # multi puts / gets
     if na in _PUTS and nb == na and a.channel_type == b.channel_type:
-        if a.src[0].size != b.src[0].size or not _independent(a, b):
+        if a.src[0].size != b.src[0].size or not _independent(a, b, spec=spec):
             return None
         return replace(a, src=a.src + b.src, dst=a.dst + b.dst, channels=a.channels + b.channels,
                        origin=f"{a.origin} + {b.origin}")
     if na == OpName.rppkt and nb == OpName.rppkt and a.channel_type == b.channel_type:
-        if a.src != b.src or not _independent(a, b):
+        if a.src != b.src or not _independent(a, b, spec=spec):
             return None
         return replace(a, dst=a.dst + b.dst, channels=a.channels + b.channels, origin=f"{a.origin} + {b.origin}")
     if na == OpName.get and nb == OpName.get and a.channel_type == b.channel_type:
-        if a.src[0].size != b.src[0].size or not _independent(a, b):
+        if a.src[0].size != b.src[0].size or not _independent(a, b, spec=spec):
             return None
         return replace(a, src=a.src + b.src, dst=a.dst + b.dst, channels=a.channels + b.channels,
                        origin=f"{a.origin} + {b.origin}")
@@ -125,7 +148,7 @@ def try_fuse(a: IROp, b: IROp) -> Optional[IROp]:
         d = a.dst[0]
         if b.src[0] != d or b.dst[0] != d or a.reduce_op != b.reduce_op:
             return None
-        if not _independent(a, b, allowed=d, also_writes=True):
+        if not _independent(a, b, allowed=d, also_writes=True, spec=spec):
             return None
         return replace(a, src=a.src + b.src[1:], channels=_union(a.channels, b.channels),
                        channel_type=a.channel_type if a.channel_type != ChannelType.none else b.channel_type,
@@ -134,7 +157,8 @@ def try_fuse(a: IROp, b: IROp) -> Optional[IROp]:
     if na in (OpName.re, OpName.res, OpName.rre, OpName.rres) and nb == OpName.put \
             and b.channel_type == ChannelType.memory and a.channel_type in (ChannelType.none, ChannelType.memory):
         d = a.dst[0]
-        if all(s == d for s in b.src) and _independent(a, b, allowed=d):
+        writeback = na in (OpName.rre, OpName.rres)
+        if all(s == d for s in b.src) and _independent(a, b, allowed=d, spec=spec, writeback=writeback):
             name = OpName.res if na in (OpName.re, OpName.res) else OpName.rres
             return replace(a, name=name, dst=a.dst + b.dst, channels=_union(a.channels, b.channels),
                            channel_type=ChannelType.memory, origin=f"{a.origin} + {b.origin}")
@@ -142,19 +166,19 @@ def try_fuse(a: IROp, b: IROp) -> Optional[IROp]:
     # packet reductions
     if na in (OpName.repkt, OpName.respkt) and nb == OpName.ppkt and b.channel_type == ChannelType.memory:
         d = a.dst[0]
-        if all(s == d for s in b.src) and _independent(a, b, allowed=d):
+        if all(s == d for s in b.src) and _independent(a, b, allowed=d, spec=spec):
             return replace(a, name=OpName.respkt, dst=a.dst + b.dst, channels=_union(a.channels, b.channels),
                            channel_type=ChannelType.memory, origin=f"{a.origin} + {b.origin}")
         return None
     if na == OpName.repkt and nb == OpName.cpkt and len(a.dst) == 1:
         d = a.dst[0]
-        if b.src == [d] and _independent(a, b, allowed=d):
+        if b.src == [d] and _independent(a, b, allowed=d, spec=spec):
             return replace(a, name=OpName.recpkt, dst=a.dst + b.dst, origin=f"{a.origin} + {b.origin}")
         return None
     if na in (OpName.recpkt, OpName.recspkt) and nb in (OpName.ppkt, OpName.rppkt) \
             and b.channel_type == ChannelType.memory:
         fwd = a.dst[0] if nb == OpName.ppkt else a.dst[1]
-        if all(s == fwd for s in b.src) and _independent(a, b, allowed=fwd):
+        if all(s == fwd for s in b.src) and _independent(a, b, allowed=fwd, spec=spec):
             return replace(a, name=OpName.recspkt, dst=a.dst + b.dst, channels=_union(a.channels, b.channels),
                            channel_type=ChannelType.memory, origin=f"{a.origin} + {b.origin}")
         return None
@@ -169,14 +193,14 @@ def try_fuse(a: IROp, b: IROp) -> Optional[IROp]:
     return None
 
 
-def fuse_ops(ops: list[IROp]) -> list[IROp]:
+def fuse_ops(ops: list[IROp], spec: Optional[CollectiveSpec] = None) -> list[IROp]:
     """Fuse one thread block's op list (pipeline bodies recursively)."""
     out: list[IROp] = []
     for op in ops:
         if op.body is not None:
-            op = replace(op, body=fuse_ops(op.body))
+            op = replace(op, body=fuse_ops(op.body, spec))
         if out:
-            merged = try_fuse(out[-1], op)
+            merged = try_fuse(out[-1], op, spec)
             if merged is not None:
                 out[-1] = merged
                 continue
@@ -188,5 +212,5 @@ def fuse(ir: IRProgram) -> IRProgram:
     """Pass 2: fuse adjacent ops of every thread block (see the module docstring)."""
     out = ir.copy()
     for r in out.ranks:
-        r.tbs = [fuse_ops(ops) for ops in r.tbs]
+        r.tbs = [fuse_ops(ops, ir.spec) for ops in r.tbs]
     return out

@@ -15,6 +15,12 @@ of the same slot needs no ``nop`` — the reader waits for the data itself. Ever
 another thread of the block read it), *packet write -> packet write* (readers could see either),
 and any plain access to bytes also used as packets.
 
+In-place collectives: the input and the output are the same memory, so ranges are compared
+after :func:`mscclang.compiler.ir.alias_range` maps them into one buffer's chunks (an in-place
+allreduce's ``input[c]`` is ``output[c]``; an in-place allgather's ``input[c]`` is rank ``r``'s
+``output[r*f + c]``; an in-place reduce-scatter's ``output[c]`` is ``input[r*f + c]``), on this
+rank and on peers alike.
+
 A pipeline body is checked on its own (fresh ranges at the start of the body; iterations touch
 different slices); the pipeline op as a whole counts as touching everything its body touches.
 """
@@ -22,23 +28,26 @@ different slices); the pipeline op as a whole counts as touching everything its 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Optional
 
 from mscclang.compiler.ir import Access, IROp, IRProgram, accesses, conflicts
+from mscclang.plan.collectives import CollectiveSpec
 from mscclang.plan.models import OpName
 
 
-def hazard_ops(ops: list[IROp]) -> list[IROp]:
-    """Insert hazard nops into one op list (pipeline bodies recursively)."""
+def hazard_ops(ops: list[IROp], spec: Optional[CollectiveSpec] = None) -> list[IROp]:
+    """Insert hazard nops into one op list (pipeline bodies recursively); ``spec`` (the
+    program's collective) makes in-place input/output aliases count as the same bytes."""
     out: list[IROp] = []
     seen: list[Access] = []
     for op in ops:
         if op.body is not None:
-            op = replace(op, body=hazard_ops(op.body))
+            op = replace(op, body=hazard_ops(op.body, spec))
         if op.name in (OpName.nop, OpName.barrier):
             seen = []
             out.append(op)
             continue
-        acc = accesses(op)
+        acc = accesses(op, spec=spec)
         if any(conflicts(p, a) for a in acc for p in seen):
             out.append(IROp(OpName.nop, origin=f"hazard before {op.describe()}"))
             seen = []
@@ -52,5 +61,5 @@ def insert_hazard_syncs(ir: IRProgram) -> IRProgram:
     docstring)."""
     out = ir.copy()
     for r in out.ranks:
-        r.tbs = [hazard_ops(ops) for ops in r.tbs]
+        r.tbs = [hazard_ops(ops, ir.spec) for ops in r.tbs]
     return out

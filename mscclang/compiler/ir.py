@@ -191,36 +191,63 @@ class Access:
         return self.key == other.key and self.start < other.end and other.start < self.end
 
 
-def _acc(ref: Ref, write: bool, packet: bool, switch_buffers: Optional[list[IRSwitch]]) -> Access:
+def alias_range(spec: Optional[CollectiveSpec], owner: int, buffer: BufferKind, start: int,
+                end: int) -> tuple[BufferKind, int, int]:
+    """The canonical (buffer, start, end) of chunks ``[start, end)`` of ``owner``'s ``buffer``.
+
+    For in-place collectives the input and the output are the same memory
+    (:meth:`CollectiveSpec.input_in_output` / :meth:`~CollectiveSpec.output_in_input` give the
+    chunk offset): the input range is expressed in output chunks (or, for an in-place
+    reduce-scatter, the output range in input chunks), so overlapping input and output ranges
+    compare as the same bytes. Scratch, and every buffer of an out-of-place collective, is
+    returned unchanged."""
+    if spec is None or buffer == BufferKind.scratch:
+        return buffer, start, end
+    off = spec.input_in_output(owner)
+    if off is not None and buffer == BufferKind.input:
+        return BufferKind.output, start + off, end + off
+    off = spec.output_in_input(owner)
+    if off is not None and buffer == BufferKind.output:
+        return BufferKind.input, start + off, end + off
+    return buffer, start, end
+
+
+def _acc(ref: Ref, write: bool, packet: bool, spec: Optional[CollectiveSpec]) -> Access:
     packet = packet and ref.buffer == BufferKind.scratch
     start, end = (2 * ref.index, 2 * ref.end) if packet else (ref.index, ref.end)
+    buffer, start, end = alias_range(spec, ref.rank, ref.buffer, start, end)
     if ref.switch is not None:
         # the multicast view covers this rank's own buffer of the switch's kind at the same range
-        return Access(("L", ref.buffer), start, end, write, packet)
+        return Access(("L", buffer), start, end, write, packet)
     if ref.remote:
-        return Access(("R", ref.rank, ref.buffer), start, end, write, packet)
-    return Access(("L", ref.buffer), start, end, write, packet)
+        return Access(("R", ref.rank, buffer), start, end, write, packet)
+    return Access(("L", buffer), start, end, write, packet)
 
 
-def accesses(op: IROp, switch_buffers: Optional[list[IRSwitch]] = None) -> list[Access]:
+def accesses(op: IROp, switch_buffers: Optional[list[IRSwitch]] = None,
+             spec: Optional[CollectiveSpec] = None) -> list[Access]:
     """The byte ranges ``op`` reads and writes (see :class:`Access`).
 
     Packet-format operands: ``cpkt``/``ppkt``/``rppkt``/``gstorepkt`` destinations, the packet
     copies and sends of ``respkt``/``recpkt``/``recspkt``; ``upkt``/``rppkt``/``gstorepkt`` sources
     and the sources after the first of ``repkt``/``respkt``/``recpkt``/``recspkt``.
+
+    With ``spec`` (the program's collective), ranges of in-place input/output buffers are
+    expressed in one buffer's chunks (see :func:`alias_range`), so aliases of the same bytes
+    overlap; without it, input and output are compared as distinct buffers.
     """
     n = op.name
     out: list[Access] = []
 
     def r(ref: Ref, packet: bool = False) -> None:
-        out.append(_acc(ref, False, packet, switch_buffers))
+        out.append(_acc(ref, False, packet, spec))
 
     def w(ref: Ref, packet: bool = False) -> None:
-        out.append(_acc(ref, True, packet, switch_buffers))
+        out.append(_acc(ref, True, packet, spec))
 
     if n == OpName.pipeline:
         for inner in op.body or []:
-            out.extend(accesses(inner, switch_buffers))
+            out.extend(accesses(inner, switch_buffers, spec))
         return out
     if n in (OpName.copy, OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.gstore):
         for s in op.src:
