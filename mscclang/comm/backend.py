@@ -22,6 +22,9 @@ class Backend:
     rank: int = 0
     world_size: int = 1
     device: Any = None
+    #: a torch.distributed store shared by the ranks, when the engine has one (the
+    #: communicator's torch.distributed fallback can build its group from it)
+    store: Any = None
 
     def execute(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
                 packet_type: Optional[str] = None) -> None:
@@ -99,6 +102,7 @@ class RuntimeBackend(Backend):
                              name=str(options.get("name", "comm")))
             executor = Executor(rc, timeout_s=options.get("timeout_s"))
         self.executor = executor
+        self.store = store if store is not None else getattr(getattr(executor, "comm", None), "store", None)
         if self.device is None:
             import torch
 

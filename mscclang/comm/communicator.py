@@ -78,7 +78,10 @@ class Communicator:
     ``store``, ``rank`` and ``world_size`` explicitly. ``tuning`` is a tuning file (path, dict or
     table; default ``$MSCCLANG_TUNING`` or the shipped 2x H200 defaults), ``plans`` a plans folder
     (default: the shipped ``plans/``). ``backend`` injects an execution engine (tests, the CPU
-    simulator); ``fallback=False`` raises instead of falling back to torch.distributed.
+    simulator); ``fallback=False`` raises instead of falling back to torch.distributed. The
+    fallback runs on ``group``; else on a group of its own over the store (the explicit one, or
+    the back end's ``store``: NCCL on CUDA, gloo on the CPU), made at the first fallback call;
+    else on torch.distributed's default group.
     """
 
     def __init__(self, group: Any = None, *, store: Any = None, rank: Optional[int] = None,
@@ -95,9 +98,14 @@ class Communicator:
         self._staging: dict[str, Any] = {}
         self._runtime_error: Optional[str] = None
         self.last: Optional[CallPlan] = None
+        # the store the fallback may build its own group from: an explicit one, or the back
+        # end's (e.g. the GPU runtime's); None when built from torch.distributed's group
+        own_store = store
         if backend is not None:
             self.rank, self.world_size = backend.rank, backend.world_size
             self.device = backend.device
+            if own_store is None and group is None:
+                own_store = getattr(backend, "store", None)
         else:
             self.rank, self.world_size, store, self.device = self._resolve(group, store, rank,
                                                                            world_size, device)
@@ -122,7 +130,7 @@ class Communicator:
         self.backend = backend
         # the fallback
         if fallback is True:
-            self._fallback = TorchFallback(group, store=store, rank=self.rank,
+            self._fallback = TorchFallback(group, store=own_store, rank=self.rank,
                                            world_size=self.world_size, device=self.device)
         elif fallback is False or fallback is None:
             self._fallback = None
@@ -313,6 +321,8 @@ class Communicator:
         """Release staging buffers and the runtime."""
         self._staging.clear()
         self._memo.clear()
+        if isinstance(self._fallback, TorchFallback):
+            self._fallback.close()
         if self.backend is not None:
             self.backend.close()
             self.backend = None

@@ -1,13 +1,31 @@
-"""torch.distributed (NCCL) for what the library cannot do, logged once per reason."""
+"""torch.distributed (NCCL on CUDA, gloo on the CPU) for what the library cannot do.
+
+Where the group comes from:
+
+* a process group handed in (``group``): torch.distributed's collectives on that group;
+* a store (the communicator was built from ``store``/``rank``/``world_size``, or its back end
+  has a store, like the GPU test workers' runtime): a process-group back end of its own over
+  that store, created on the first fallback call (every rank reaches it at the same call, since
+  every rank selects the same way). It is not registered with torch.distributed, so it neither
+  needs nor changes torch.distributed's default group, and it goes away with the communicator;
+* neither: torch.distributed's default group, when it is initialised.
+
+NVLink multicast (NVLS) stays off: ``NCCL_NVLS_ENABLE=0`` is set before an NCCL group is made.
+"""
 
 from __future__ import annotations
 
+import datetime
 import logging
+import os
 from typing import Any, Optional
 
 from mscclang.comm.errors import CommError
 
 log = logging.getLogger("mscclang.comm")
+
+#: Default time a fallback collective may wait for its peers.
+DEFAULT_TIMEOUT_S = 300.0
 
 
 def _torch_op(op: str) -> Any:
@@ -16,98 +34,192 @@ def _torch_op(op: str) -> Any:
     return {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
 
 
-class TorchFallback:
-    """Collectives through torch.distributed on ``group`` (None: the default group).
+def _overlap(a: Any, b: Any) -> bool:
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
-    With ``store``/``rank``/``world_size`` and no initialised default group, the first call
-    creates an NCCL (CUDA) or gloo (CPU) group from that store (under a key prefix of its own).
-    """
+
+class TorchFallback:
+    """Collectives through torch.distributed for one rank (see the module docstring for where
+    the group comes from). ``timeout_s`` bounds each collective of a group made from a store."""
 
     def __init__(self, group: Any = None, *, store: Any = None, rank: Optional[int] = None,
-                 world_size: Optional[int] = None, device: Any = None) -> None:
+                 world_size: Optional[int] = None, device: Any = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self._group = group
         self._store = store
         self._rank = rank
         self._world = world_size
         self._device = device
+        self._timeout = datetime.timedelta(seconds=timeout_s)
+        self._pg: Any = None  # our own back end over the store
         self._ready = group is not None
+
+    # ------------------------------------------------------------------ the group
+    @property
+    def backend_name(self) -> str:
+        """``nccl`` on CUDA devices, else ``gloo``."""
+        return "nccl" if getattr(self._device, "type", "cpu") == "cuda" else "gloo"
+
+    def _setup(self) -> None:
+        if self._ready:
+            return
+        import torch.distributed as dist
+
+        if self._store is not None:
+            if self._rank is None or self._world is None:
+                raise CommError("the torch.distributed fallback over a store needs rank and world_size")
+            self._pg = self._make_backend(dist)
+        elif not (dist.is_available() and dist.is_initialized()):
+            raise CommError("torch.distributed fallback needs an initialised process group or a store")
+        self._ready = True
+
+    def _make_backend(self, dist: Any) -> Any:
+        """A process-group back end of our own over the store (collective: every rank makes its
+        fallback groups in the same order, so the generation numbers agree)."""
+        gen = int(self._store.add(f"mscclang/fallback/gen/{self._rank}", 1))
+        prefix = dist.PrefixStore(f"mscclang/fallback/{gen}/", self._store)
+        if self.backend_name == "nccl":
+            if not dist.is_nccl_available():
+                raise CommError(f"rank {self._rank}: the torch.distributed fallback on {self._device} "
+                                "needs NCCL, which this torch build lacks")
+            os.environ["NCCL_NVLS_ENABLE"] = "0"
+            opts = dist.ProcessGroupNCCL.Options()
+            try:
+                opts._timeout = self._timeout
+            except AttributeError:  # pragma: no cover - older torch
+                pass
+            pg = dist.ProcessGroupNCCL(prefix, self._rank, self._world, opts)
+        else:
+            pg = dist.ProcessGroupGloo(prefix, self._rank, self._world, self._timeout)
+        log.debug("mscclang rank %s: torch.distributed fallback: %s group %d over the store",
+                  self._rank, self.backend_name, gen)
+        return pg
 
     @property
     def group(self) -> Any:
-        if not self._ready:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                self._group = None  # the default group
-            elif self._store is not None:
-                backend = "nccl" if getattr(self._device, "type", "cpu") == "cuda" else "gloo"
-                prefix = dist.PrefixStore("mscclang_fallback/", self._store)
-                kw: dict[str, Any] = {}
-                if backend == "nccl" and self._device is not None:
-                    kw["device_id"] = self._device
-                dist.init_process_group(backend, store=prefix, rank=self._rank,
-                                        world_size=self._world, **kw)
-                self._group = None
-            else:
-                raise CommError("torch.distributed fallback needs an initialised process group "
-                                "or a store")
-            self._ready = True
+        """The torch.distributed group the public API runs on (``None``: the default group);
+        ``None`` too when our own back end over a store is used (see :attr:`own_backend`)."""
+        self._setup()
         return self._group
 
+    @property
+    def own_backend(self) -> Any:
+        """The back end made from the store, or ``None``."""
+        self._setup()
+        return self._pg
+
+    def _peer(self, g: Any, r: int) -> int:
+        import torch.distributed as dist
+
+        return r if g is None else dist.get_global_rank(g, r)
+
+    # ------------------------------------------------------------------ collectives
     def all_reduce(self, inp: Any, out: Any, op: str) -> None:
         import torch.distributed as dist
 
         if out.data_ptr() != inp.data_ptr():
             out.copy_(inp)
+        pg = self.own_backend
+        if pg is not None:
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = _torch_op(op)
+            pg.allreduce([out], opts).wait()
+            return
         dist.all_reduce(out, op=_torch_op(op), group=self.group)
 
     def all_gather(self, inp: Any, out: Any) -> None:
         import torch.distributed as dist
 
+        pg = self.own_backend
+        if pg is not None:
+            src = inp.clone() if _overlap(inp, out) else inp
+            pg._allgather_base(out, src).wait()
+            return
         dist.all_gather_into_tensor(out, inp, group=self.group)
 
     def reduce_scatter(self, inp: Any, out: Any, op: str) -> None:
         import torch.distributed as dist
 
+        pg = self.own_backend
+        if pg is not None:
+            opts = dist.ReduceScatterOptions()
+            opts.reduceOp = _torch_op(op)
+            src = inp.clone() if _overlap(inp, out) else inp
+            pg._reduce_scatter_base(out, src, opts).wait()
+            return
         dist.reduce_scatter_tensor(out, inp, op=_torch_op(op), group=self.group)
 
     def all_to_all(self, inp: Any, out: Any) -> None:
         import torch.distributed as dist
 
-        if out.data_ptr() == inp.data_ptr():
-            tmp = inp.clone()
-            dist.all_to_all_single(out, tmp, group=self.group)
-        else:
-            dist.all_to_all_single(out, inp, group=self.group)
+        src = inp.clone() if _overlap(inp, out) else inp
+        pg = self.own_backend
+        if pg is not None:
+            pg.alltoall_base(out, src, [], [], dist.AllToAllOptions()).wait()
+            return
+        dist.all_to_all_single(out, src, group=self.group)
 
     def broadcast(self, tensor: Any, root: int) -> None:
         import torch.distributed as dist
 
+        pg = self.own_backend
+        if pg is not None:
+            opts = dist.BroadcastOptions()
+            opts.rootRank = root
+            opts.rootTensor = 0
+            pg.broadcast([tensor], opts).wait()
+            return
         g = self.group
-        src = root if g is None else dist.get_global_rank(g, root)
-        dist.broadcast(tensor, src=src, group=g)
+        dist.broadcast(tensor, src=self._peer(g, root), group=g)
 
     def send(self, tensor: Any, dst: int) -> None:
         import torch.distributed as dist
 
+        pg = self.own_backend
+        if pg is not None:
+            pg.send([tensor], dst, 0).wait()
+            return
         g = self.group
-        dist.send(tensor, dst if g is None else dist.get_global_rank(g, dst), group=g)
+        dist.send(tensor, self._peer(g, dst), group=g)
 
     def recv(self, tensor: Any, src: int) -> None:
         import torch.distributed as dist
 
+        pg = self.own_backend
+        if pg is not None:
+            pg.recv([tensor], src, 0).wait()
+            return
         g = self.group
-        dist.recv(tensor, src if g is None else dist.get_global_rank(g, src), group=g)
+        dist.recv(tensor, self._peer(g, src), group=g)
 
     def send_recv(self, inp: Any, out: Any, rank: int, world_size: int) -> None:
         """Ring shift: send to rank+1, receive from rank-1."""
         import torch.distributed as dist
 
-        g = self.group
         nxt, prv = (rank + 1) % world_size, (rank - 1) % world_size
-        if g is not None:
-            nxt, prv = dist.get_global_rank(g, nxt), dist.get_global_rank(g, prv)
-        src = inp.clone() if out.data_ptr() == inp.data_ptr() else inp
-        ops = [dist.P2POp(dist.isend, src, nxt, g), dist.P2POp(dist.irecv, out, prv, g)]
+        src = inp.clone() if _overlap(inp, out) else inp
+        pg = self.own_backend
+        if pg is not None:
+            # one all-to-all with uneven splits (everything to rank+1, from rank-1): a single
+            # collective, so no send/recv ordering can deadlock
+            m = src.numel()
+            send_splits = [m if q == nxt else 0 for q in range(world_size)]
+            recv_splits = [m if q == prv else 0 for q in range(world_size)]
+            if nxt == prv == rank:  # one rank: a copy
+                out.reshape(-1).copy_(src.reshape(-1))
+                return
+            pg.alltoall_base(out.reshape(-1), src.reshape(-1), recv_splits, send_splits,
+                             dist.AllToAllOptions()).wait()
+            return
+        g = self.group
+        ops = [dist.P2POp(dist.isend, src, self._peer(g, nxt), g),
+               dist.P2POp(dist.irecv, out, self._peer(g, prv), g)]
         for w in dist.batch_isend_irecv(ops):
             w.wait()
+
+    def close(self) -> None:
+        """Drop the back end made from the store (if any)."""
+        self._pg = None
+        if self._store is not None and self._group is None:
+            self._ready = False

@@ -32,7 +32,8 @@ def _torch_dtype(name: str) -> Any:
 
 
 def communicator(w: Any, fallback: bool = False) -> Any:
-    """The worker's communicator over its executor (made once per worker and fallback mode)."""
+    """The worker's communicator over its executor (made once per worker and fallback mode);
+    its torch.distributed fallback builds a group of its own from the worker's store."""
     import torch
 
     from mscclang.comm import Communicator, RuntimeBackend
@@ -41,7 +42,8 @@ def communicator(w: Any, fallback: bool = False) -> Any:
     comm = w.state.get(key)
     if comm is None:
         backend = RuntimeBackend(executor=w.executor, rank=w.rank, world_size=w.world_size,
-                                 device=torch.device("cuda", w.rank))
+                                 device=torch.device("cuda", w.rank),
+                                 store=getattr(w.comm, "store", None))
         comm = Communicator(backend=backend, fallback=fallback)
         w.state[key] = comm
     return comm
@@ -224,8 +226,8 @@ def _one(comm: Any, coll: str, numel: int, dt: Any, op: str, sym: bool, ip: bool
 
 
 def check_fallback_logged_once(w: Any) -> dict:
-    """A broadcast from a root no plan serves runs through torch.distributed (created lazily
-    from the worker's store) and is logged once."""
+    """A broadcast from a root no plan serves runs through torch.distributed (a group created
+    lazily from the store of the worker's runtime) and is logged once."""
     import logging
 
     import torch
@@ -243,9 +245,9 @@ def check_fallback_logged_once(w: Any) -> dict:
         root = w.world_size - 1
         bad = 0
         for i in range(3):
-            x = torch.full((1000 + i,), float(w.rank + 1), device=f"cuda:{w.rank}")
+            x = torch.full((1000 + i,), float(w.rank + 1), device=comm.device)
             comm.broadcast(x, root=root)
-            torch.cuda.synchronize()
+            _sync(comm)
             bad += int((x != float(root + 1)).sum())
         mode = comm.last.mode if comm.last else None
     finally:
