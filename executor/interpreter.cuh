@@ -1,6 +1,15 @@
 // The interpreter: each block copies its region of the device plan into shared memory and runs
 // its ops in order (design §5). Data ops are done by all threads of the block; channel and
 // semaphore ops map thread i to the op's i-th id.
+//
+// Performance notes (notes/perf.md):
+// * prologue: the block table sits right after the header (fixed offset), so the block's entry and
+//   the header load in parallel; thread 0 fills the block's Ctx in shared memory while the others
+//   copy the region; one barrier.
+// * data ops need no barrier of their own: every thread resolves the operand bases itself (the
+//   address tables are prefetched into L1 by the prologue). Hazards between ops are the plan's
+//   business (`nop`), as in the simulator.
+// * data loops move 16-byte vectors, U independent vectors (or packets) in flight per thread.
 #pragma once
 #include "primitives.cuh"
 
@@ -29,20 +38,20 @@ __device__ __forceinline__ u8* operand_base(const Ctx& c, u16 d) {
 
 // ---------------------------------------------------------------------------------------------
 // plain path: no packet operands. Sources are reduced in listed order; every destination gets the
-// result. Vector width V bytes (16, 4 or the element size).
+// result.
+template <int DT, int OP>
+__device__ __forceinline__ uint4 red16(uint4 a, uint4 b) {
+  a.x = red_word<DT, OP>(a.x, b.x);
+  a.y = red_word<DT, OP>(a.y, b.y);
+  a.z = red_word<DT, OP>(a.z, b.z);
+  a.w = red_word<DT, OP>(a.w, b.w);
+  return a;
+}
+
+// one unit of V bytes (V = 4 or 2) at offset o
 template <int DT, int OP, int V>
 __device__ __forceinline__ void plain_unit(u8* const* p, int ns, int nd, u64 o) {
-  if (V == 16) {
-    uint4 acc = *(const uint4*)(p[0] + o);
-    for (int k = 1; k < ns; ++k) {
-      uint4 b = *(const uint4*)(p[k] + o);
-      acc.x = red_word<DT, OP>(acc.x, b.x);
-      acc.y = red_word<DT, OP>(acc.y, b.y);
-      acc.z = red_word<DT, OP>(acc.z, b.z);
-      acc.w = red_word<DT, OP>(acc.w, b.w);
-    }
-    for (int k = 0; k < nd; ++k) *(uint4*)(p[ns + k] + o) = acc;
-  } else if (V == 4) {
+  if (V == 4) {
     u32 acc = *(const u32*)(p[0] + o);
     for (int k = 1; k < ns; ++k) acc = red_word<DT, OP>(acc, *(const u32*)(p[k] + o));
     for (int k = 0; k < nd; ++k) *(u32*)(p[ns + k] + o) = acc;
@@ -53,23 +62,89 @@ __device__ __forceinline__ void plain_unit(u8* const* p, int ns, int nd, u64 o) 
   }
 }
 
-template <int DT, int OP>
+// 16-byte vectors over [lo, hi) (offsets 16-aligned in every operand), U vectors in flight per
+// thread, coalesced across the block (vector j of a thread at o + j * nt * 16).
+template <int DT, int OP, int U>
+__device__ __forceinline__ void plain_vec16(u8* const* p, int ns, int nd, u64 lo, u64 hi) {
+  const u64 step = (u64)blockDim.x * 16ull;
+  u64 o = lo + (u64)threadIdx.x * 16ull;
+  if (ns == 1 && nd == 1) {  // copy / put / get
+    const u8* s = p[0];
+    u8* d = p[1];
+    for (; o + (U - 1) * step < hi; o += U * step) {
+      uint4 v[U];
+#pragma unroll
+      for (int j = 0; j < U; ++j) v[j] = *(const uint4*)(s + o + j * step);
+#pragma unroll
+      for (int j = 0; j < U; ++j) *(uint4*)(d + o + j * step) = v[j];
+    }
+    for (; o < hi; o += step) *(uint4*)(d + o) = *(const uint4*)(s + o);
+    return;
+  }
+  if (ns == 2) {  // the common reductions: local + one peer
+    const u8* s0 = p[0];
+    const u8* s1 = p[1];
+    for (; o + (U - 1) * step < hi; o += U * step) {
+      uint4 a[U], b[U];
+#pragma unroll
+      for (int j = 0; j < U; ++j) a[j] = *(const uint4*)(s0 + o + j * step);
+#pragma unroll
+      for (int j = 0; j < U; ++j) b[j] = *(const uint4*)(s1 + o + j * step);
+#pragma unroll
+      for (int j = 0; j < U; ++j) a[j] = red16<DT, OP>(a[j], b[j]);
+      for (int k = 0; k < nd; ++k) {
+        u8* d = p[2 + k];
+#pragma unroll
+        for (int j = 0; j < U; ++j) *(uint4*)(d + o + j * step) = a[j];
+      }
+    }
+    for (; o < hi; o += step) {
+      uint4 a = red16<DT, OP>(*(const uint4*)(s0 + o), *(const uint4*)(s1 + o));
+      for (int k = 0; k < nd; ++k) *(uint4*)(p[2 + k] + o) = a;
+    }
+    return;
+  }
+  for (; o + (U - 1) * step < hi; o += U * step) {
+    uint4 a[U];
+    const u8* s0 = p[0];
+#pragma unroll
+    for (int j = 0; j < U; ++j) a[j] = *(const uint4*)(s0 + o + j * step);
+    for (int k = 1; k < ns; ++k) {
+      const u8* sk = p[k];
+      uint4 b[U];
+#pragma unroll
+      for (int j = 0; j < U; ++j) b[j] = *(const uint4*)(sk + o + j * step);
+#pragma unroll
+      for (int j = 0; j < U; ++j) a[j] = red16<DT, OP>(a[j], b[j]);
+    }
+    for (int k = 0; k < nd; ++k) {
+      u8* d = p[ns + k];
+#pragma unroll
+      for (int j = 0; j < U; ++j) *(uint4*)(d + o + j * step) = a[j];
+    }
+  }
+  for (; o < hi; o += step) {
+    uint4 a = *(const uint4*)(p[0] + o);
+    for (int k = 1; k < ns; ++k) a = red16<DT, OP>(a, *(const uint4*)(p[k] + o));
+    for (int k = 0; k < nd; ++k) *(uint4*)(p[ns + k] + o) = a;
+  }
+}
+
+template <int DT, int OP, int U>
 __device__ void plain_range(u8* const* p, int ns, int nd, u64 len) {
   constexpr u32 ES = ElemSize<DT>::value;
   const u32 tid = threadIdx.x, nt = blockDim.x;
   int n = ns + nd;
-  u32 m16 = 0, mis16 = 0, mis4 = 0;
+  u32 mis16 = 0, mis4 = 0;
   u64 a0 = (u64)p[0];
   for (int k = 1; k < n; ++k) {
     u64 ak = (u64)p[k];
     mis16 |= (u32)((ak ^ a0) & 15u);
     mis4 |= (u32)((ak ^ a0) & 3u);
   }
-  m16 = (u32)a0 & 15u;
   if (mis16 == 0) {
-    u64 head = (16u - m16) & 15u;
+    u64 head = (16u - ((u32)a0 & 15u)) & 15u;
     if (head > len) head = len;
-    // head and tail elements
     u64 body = (len - head) & ~15ull;
     u64 tail0 = head + body;
     if (ES == 2) {
@@ -79,7 +154,7 @@ __device__ void plain_range(u8* const* p, int ns, int nd, u64 len) {
       for (u64 o = tid * 4ull; o < head; o += nt * 4ull) plain_unit<DT, OP, 4>(p, ns, nd, o);
       for (u64 o = tail0 + tid * 4ull; o < len; o += nt * 4ull) plain_unit<DT, OP, 4>(p, ns, nd, o);
     }
-    for (u64 o = head + tid * 16ull; o < tail0; o += nt * 16ull) plain_unit<DT, OP, 16>(p, ns, nd, o);
+    if (body) plain_vec16<DT, OP, U>(p, ns, nd, head, tail0);
   } else if (mis4 == 0) {
     u64 head = (4u - ((u32)a0 & 3u)) & 3u;
     if (head > len) head = len;
@@ -97,68 +172,125 @@ __device__ void plain_range(u8* const* p, int ns, int nd, u64 len) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// packet path: at least one operand holds packets. Thread handles whole packets (P payload bytes).
-template <int DT, int OP, int PKT>
-__device__ bool packet_range(const Ctx& c, u8* const* p, const u16* opnd, int ns, int nd, u64 len, u64 valid) {
+// packet path: at least one operand holds packets. A thread handles U packets per round (unit u
+// and u + nt, u + 2 nt, ...): every load of a round is issued before the first flag check.
+
+// payload words of a plain source for the unit at a (vb valid bytes of P); zero past vb
+template <int DT, int PKT>
+__device__ __forceinline__ void plain_payload(const u8* a, u32 vb, u32* w) {
   typedef Packet<PKT> Pk;
   constexpr u32 P = Pk::kPayload;
   constexpr u32 W = Pk::kWords;
   constexpr u32 ES = ElemSize<DT>::value;
+  if (vb == P && (((u64)a) & 3u) == 0) {
+    if (W == 2 && (((u64)a) & 7u) == 0) {
+      uint2 v = *(const uint2*)a;
+      w[0] = v.x;
+      w[W - 1] = v.y;
+    } else {
+#pragma unroll
+      for (u32 i = 0; i < W; ++i) w[i] = ((const u32*)a)[i];
+    }
+    return;
+  }
+#pragma unroll
+  for (u32 i = 0; i < W; ++i) w[i] = 0;
+  if (ES == 2) {
+    for (u32 b = 0; b < vb; b += 2) {
+      u32 e = *(const u16*)(a + b);
+      w[b / 4] |= e << ((b & 2u) * 8u);
+    }
+  } else {
+    for (u32 b = 0; b < vb; b += 4) w[b / 4] = *(const u32*)(a + b);
+  }
+}
+
+template <int DT, int PKT>
+__device__ __forceinline__ void plain_store_payload(u8* a, u32 vb, const u32* w) {
+  typedef Packet<PKT> Pk;
+  constexpr u32 P = Pk::kPayload;
+  constexpr u32 W = Pk::kWords;
+  constexpr u32 ES = ElemSize<DT>::value;
+  if (vb == P && (((u64)a) & 3u) == 0) {
+    if (W == 2 && (((u64)a) & 7u) == 0) {
+      *(uint2*)a = make_uint2(w[0], w[W - 1]);
+    } else {
+#pragma unroll
+      for (u32 i = 0; i < W; ++i) ((u32*)a)[i] = w[i];
+    }
+  } else if (ES == 2) {
+    for (u32 b = 0; b < vb; b += 2) *(u16*)(a + b) = (u16)(w[b / 4] >> ((b & 2u) * 8u));
+  } else {
+    for (u32 b = 0; b < vb; b += 4) *(u32*)(a + b) = w[b / 4];
+  }
+}
+
+template <int DT, int OP, int PKT, int U>
+__device__ bool packet_range(const Ctx& c, int opi, u8* const* p, u32 pmask, int ns, int nd, u64 len,
+                             u64 valid) {
+  typedef Packet<PKT> Pk;
+  constexpr u32 P = Pk::kPayload;
+  constexpr u32 W = Pk::kWords;
   const u32 tid = threadIdx.x, nt = blockDim.x;
-  u64 nunits = (len + P - 1) / P;
-  for (u64 u = tid; u < nunits; u += nt) {
-    u64 o = u * P;
-    u32 nb = (u32)((len - o) < P ? (len - o) : P);
-    u32 vb = valid > o ? (u32)((valid - o) < nb ? (valid - o) : nb) : 0u;
-    u32 acc[W];
+  const u32 flag = c.flag;
+  const u64 nunits = (len + P - 1) / P;
+  for (u64 u0 = tid; u0 < nunits; u0 += (u64)U * nt) {
+    u32 acc[U][W];
+    u32 nb[U], vb[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      u64 o = (u0 + (u64)j * nt) * P;
+      u32 b = o < len ? (u32)((len - o) < P ? (len - o) : P) : 0u;
+      nb[j] = b;
+      vb[j] = valid > o ? (u32)((valid - o) < b ? (valid - o) : b) : 0u;
+    }
     for (int k = 0; k < ns; ++k) {
-      u32 w[W];
-      if (opnd[k] >> 8 & OPND_MODE_PACKET) {
-        const u8* a = p[k] + 2ull * o;
-        Spin s;
-        while (!Pk::load(a, w, c.flag)) {
-          if (s.tick(c, WHAT_PACKET, -1, c.flag, 0)) return false;
+      u32 w[U][W];
+      if (pmask >> k & 1u) {
+        const u8* a = p[k] + 2ull * u0 * P;
+        bool ok[U];
+#pragma unroll
+        for (int j = 0; j < U; ++j) ok[j] = nb[j] == 0u || Pk::load(a + 2ull * j * nt * P, w[j], flag);
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+          if (!ok[j]) {
+            Spin s(opi);
+            while (!Pk::load(a + 2ull * j * nt * P, w[j], flag)) {
+              if (s.tick(c, WHAT_PACKET, -1, flag, 0)) return false;
+            }
+          }
         }
       } else {
-        const u8* a = p[k] + o;
-        if (vb == P && (((u64)a) & 3u) == 0) {
+        const u8* a = p[k] + u0 * P;
 #pragma unroll
-          for (u32 i = 0; i < W; ++i) w[i] = ((const u32*)a)[i];
-        } else {
-#pragma unroll
-          for (u32 i = 0; i < W; ++i) w[i] = 0;
-          if (ES == 2) {
-            for (u32 b = 0; b < vb; b += 2) {
-              u32 e = *(const u16*)(a + b);
-              w[b / 4] |= e << ((b & 2u) * 8u);
-            }
-          } else {
-            for (u32 b = 0; b < vb; b += 4) w[b / 4] = *(const u32*)(a + b);
-          }
+        for (int j = 0; j < U; ++j) {
+          if (nb[j]) plain_payload<DT, PKT>(a + (u64)j * nt * P, vb[j], w[j]);
         }
       }
       if (k == 0) {
 #pragma unroll
-        for (u32 i = 0; i < W; ++i) acc[i] = w[i];
+        for (int j = 0; j < U; ++j)
+#pragma unroll
+          for (u32 i = 0; i < W; ++i) acc[j][i] = w[j][i];
       } else {
 #pragma unroll
-        for (u32 i = 0; i < W; ++i) acc[i] = red_word<DT, OP>(acc[i], w[i]);
+        for (int j = 0; j < U; ++j)
+#pragma unroll
+          for (u32 i = 0; i < W; ++i) acc[j][i] = red_word<DT, OP>(acc[j][i], w[j][i]);
       }
     }
     for (int k = ns; k < ns + nd; ++k) {
-      if (opnd[k] >> 8 & OPND_MODE_PACKET) {
-        Pk::store(p[k] + 2ull * o, acc, c.flag);
+      if (pmask >> k & 1u) {
+        u8* a = p[k] + 2ull * u0 * P;
+#pragma unroll
+        for (int j = 0; j < U; ++j)
+          if (nb[j]) Pk::store(a + 2ull * j * nt * P, acc[j], flag);
       } else {
         // plain destinations get only the valid bytes (packet slots are written whole)
-        u8* a = p[k] + o;
-        if (vb == P && (((u64)a) & 3u) == 0) {
+        u8* a = p[k] + u0 * P;
 #pragma unroll
-          for (u32 i = 0; i < W; ++i) ((u32*)a)[i] = acc[i];
-        } else if (ES == 2) {
-          for (u32 b = 0; b < vb; b += 2) *(u16*)(a + b) = (u16)(acc[b / 4] >> ((b & 2u) * 8u));
-        } else {
-          for (u32 b = 0; b < vb; b += 4) *(u32*)(a + b) = acc[b / 4];
-        }
+        for (int j = 0; j < U; ++j)
+          if (nb[j]) plain_store_payload<DT, PKT>(a + (u64)j * nt * P, vb[j], acc[j]);
       }
     }
   }
@@ -190,48 +322,37 @@ __device__ __forceinline__ void op_range(const DevOp* op, long long iter, u64 un
   }
 }
 
-// shared per-op operand bases, double-buffered by data-op parity (one barrier per data op)
-struct OpScratch {
-  u8* base[2][MSCCLANG_MAX_OPERANDS];
-};
-
-template <int DT, int OP, int PKT>
-__device__ bool run_data(const Ctx& c, const DevOp* op, long long iter, u64 unit, OpScratch* sh, u32& parity) {
-  const u16* opnd = op_operands(op);
-  int ns = op->n_src, nd = op->n_dst, n = ns + nd;
-  u8** base = sh->base[parity & 1u];
-  parity++;
-  if ((int)threadIdx.x < n) base[threadIdx.x] = operand_base(c, opnd[threadIdx.x]);
-  bool any_packet = false;
-  for (int k = 0; k < n; ++k) any_packet |= (opnd[k] >> 8 & OPND_MODE_PACKET) != 0;
-  __syncthreads();
+template <int DT, int OP, int PKT, int U, int UP>
+__device__ bool run_data(const Ctx& c, const DevOp* op, int opi, long long iter, u64 unit) {
   u64 A, B;
   op_range(op, iter, unit, A, B);
   if (A >= B) return true;
+  const u16* opnd = op_operands(op);
+  const int ns = op->n_src, n = ns + op->n_dst;
+  u32 pmask = 0;
+  for (int k = 0; k < n; ++k) pmask |= (u32)((opnd[k] >> 8) & OPND_MODE_PACKET) << k;
   const u64* pc = op_pieces(op);
-  u32 stride = 2u + (u32)n;
+  const u32 stride = 2u + (u32)n;
   u64 pos = 0;
   u8* p[MSCCLANG_MAX_OPERANDS];
   for (u32 i = 0; i < op->n_pieces; ++i, pc += stride) {
-    u64 plen = pc[0], pvalid = pc[1];
+    u64 plen = pc[0];
     u64 lo = A > pos ? A : pos;
     u64 hi = B < pos + plen ? B : pos + plen;
     if (lo < hi) {
       u64 d = lo - pos;
       u64 len = hi - lo;
-      u64 valid = pvalid > d ? pvalid - d : 0ull;
-      if (any_packet) {
 #pragma unroll 1
-        for (int k = 0; k < n; ++k) {
-          bool pk = (opnd[k] >> 8 & OPND_MODE_PACKET) != 0;
-          u64 off = pc[2 + k] + d;
-          p[k] = base[k] + (pk ? 2ull * off : off);
-        }
-        if (!packet_range<DT, OP, PKT>(c, p, opnd, ns, nd, len, valid)) return false;
+      for (int k = 0; k < n; ++k) {
+        u64 off = pc[2 + k] + d;
+        p[k] = operand_base(c, opnd[k]) + ((pmask >> k & 1u) ? 2ull * off : off);
+      }
+      if (pmask) {
+        u64 pvalid = pc[1];
+        u64 valid = pvalid > d ? pvalid - d : 0ull;
+        if (!packet_range<DT, OP, PKT, UP>(c, opi, p, pmask, ns, n - ns, len, valid)) return false;
       } else {
-#pragma unroll 1
-        for (int k = 0; k < n; ++k) p[k] = base[k] + pc[2 + k] + d;
-        plain_range<DT, OP>(p, ns, nd, len);
+        plain_range<DT, OP, U>(p, ns, n - ns, len);
       }
     }
     pos += plen;
@@ -260,11 +381,12 @@ __device__ void run_switch(const Ctx& c, const DevOp* op, bool store) {
   }
 }
 
-// Runs one op; returns false when the block must stop (abort).
-template <int DT, int OP, int PKT>
-__device__ bool run_op(Ctx& c, const DevOp* op, long long iter, u64 unit, OpScratch* sh, u32& parity) {
+// Runs one op; returns false when the block must stop (abort). `last`: no op of this block
+// follows (a failed packet read then needs no block-wide agreement: every thread just ends).
+template <int DT, int OP, int PKT, int U, int UP>
+__device__ bool run_op(const Ctx& c, const DevOp* op, long long iter, u64 unit, bool last) {
   const u32 tid = threadIdx.x;
-  c.op_index = (i32)op->index;
+  const int opi = (int)op->index;
   switch (op->kind) {
     case DOP_NOP:
       __syncthreads();
@@ -272,7 +394,7 @@ __device__ bool run_op(Ctx& c, const DevOp* op, long long iter, u64 unit, OpScra
     case DOP_BARRIER: {
       bool ok = true;
       __syncthreads();
-      if (tid == 0) ok = block_group_barrier(c, op->aux0, op->aux1);
+      if (tid == 0) ok = block_group_barrier(c, opi, op->aux0, op->aux1);
       return !__syncthreads_or(!ok);
     }
     case DOP_SIGNAL: {
@@ -283,18 +405,18 @@ __device__ bool run_op(Ctx& c, const DevOp* op, long long iter, u64 unit, OpScra
     case DOP_WAIT: {
       const u16* ids = op_ids(op);
       bool ok = true;
-      if (tid < op->n_ids) ok = channel_wait(c, c.chan[ids[tid]], ids[tid], (op->flags & 1u) != 0);
+      if (tid < op->n_ids) ok = channel_wait(c, opi, c.chan[ids[tid]], ids[tid], (op->flags & 1u) != 0);
       return !__syncthreads_or(!ok);
     }
     case DOP_DATA: {
-      bool ok = run_data<DT, OP, PKT>(c, op, iter, unit, sh, parity);
-      if (op->flags & 2u) return !__syncthreads_or(!ok);  // op reads packets: may have aborted
-      return true;
+      bool ok = run_data<DT, OP, PKT, U, UP>(c, op, opi, iter, unit);
+      if ((op->flags & 2u) && !last) return !__syncthreads_or(!ok);  // reads packets: may have aborted
+      return ok;
     }
     case DOP_SEM_ACQUIRE: {
       const u16* ids = op_ids(op);
       bool ok = true;
-      if (tid < op->n_ids) ok = semaphore_acquire(c, ids[tid]);
+      if (tid < op->n_ids) ok = semaphore_acquire(c, opi, ids[tid]);
       return !__syncthreads_or(!ok);
     }
     case DOP_SEM_RELEASE: {
@@ -306,7 +428,7 @@ __device__ bool run_op(Ctx& c, const DevOp* op, long long iter, u64 unit, OpScra
     case DOP_PORT_SIGNAL:
     case DOP_PORT_FLUSH: {
       bool ok = true;
-      if (tid == 0) ok = port_fifo_push(c, (const PortFifo*)op->total, (u64)op->aux0, (u64)op->aux1);
+      if (tid == 0) ok = port_fifo_push(c, opi, (const PortFifo*)op->total, (u64)op->aux0, (u64)op->aux1);
       return !__syncthreads_or(!ok);
     }
     case DOP_SWITCH_REDUCE:
@@ -320,59 +442,56 @@ __device__ bool run_op(Ctx& c, const DevOp* op, long long iter, u64 unit, OpScra
   }
 }
 
-template <int DT, int OP, int PKT>
+template <int DT, int OP, int PKT, int U, int UP>
 __device__ __forceinline__ void interpret(const u8* __restrict__ blob, u8* in, u8* out, u64 in_delta,
                                           u64 out_delta, u64 timeout_ns) {
   extern __shared__ __align__(16) u8 smem[];
-  __shared__ u32 s_flag;
+  __shared__ Ctx s_c;
   __shared__ u32 s_stop;
-  __shared__ OpScratch s_ops;
   const PlanHeader* H = (const PlanHeader*)blob;
-  const BlockEntry be = ((const BlockEntry*)(blob + H->block_table))[blockIdx.x];
+  // the block table follows the header at a fixed offset: no dependent load on the header
+  const BlockEntry be = ((const BlockEntry*)(blob + sizeof(PlanHeader)))[blockIdx.x];
+  if (threadIdx.x == 0) {
+    Ctx& c = s_c;
+    const u32 flag = ld_volatile_u32((const u32*)H->flags + blockIdx.x);
+    s_stop = ld_volatile_u32((const u32*)H->abort_word);
+    c.blob = blob;
+    c.in = in;
+    c.out = out;
+    c.scratch = (u8*)H->scratch_base;
+    c.in_delta = in_delta;
+    c.out_delta = out_delta;
+    c.flag = flag;
+    c.half = (flag & 1u) ? 0ull : H->scratch_half;
+    c.remote = (const RemoteBuf*)(blob + H->remote_table);
+    c.chan = (const ChannelDev*)(blob + H->channel_table);
+    c.peer_abort = (const u64*)(blob + H->peer_abort_table);
+    c.n_peers = H->n_peers;
+    c.sems = (i64*)H->semaphores;
+    c.bars = (u64*)H->barriers;
+    c.abort_word = (u32*)H->abort_word;
+    c.err = (ErrorRecord*)H->error_record;
+    c.timeout_ns = timeout_ns;
+    c.rank = (i32)H->rank;
+  } else if (threadIdx.x >= 32 && threadIdx.x < 40) {
+    // warm L1 with the address tables (peer aborts, remote buffers, channels) that lie between
+    // the block table and the first region
+    const u32 off = (u32)sizeof(PlanHeader) + 128u * (threadIdx.x - 31u);
+    if (off < be.offset) asm volatile("prefetch.global.L1 [%0];" ::"l"(blob + off));
+  }
   const uint4* src = (const uint4*)(blob + be.offset);
   for (u32 i = threadIdx.x; i < be.bytes / 16u; i += blockDim.x) ((uint4*)smem)[i] = src[i];
-  u32* flags = (u32*)H->flags;
-  if (threadIdx.x == 0) {
-    s_flag = ld_volatile_u32(flags + blockIdx.x);
-    s_stop = ld_volatile_u32((const u32*)H->abort_word);
-  }
   __syncthreads();
+  const Ctx& c = s_c;
   if (s_stop) {  // a peer or an earlier launch aborted: record it (if nobody did) and exit
-    if (threadIdx.x == 0) {
-      Ctx c0;
-      c0.err = (ErrorRecord*)H->error_record;
-      c0.rank = (i32)H->rank;
-      c0.op_index = -1;
-      record_error(c0, WHAT_PEER_ABORT, -1, 0, 0, 0);
-    }
+    if (threadIdx.x == 0) record_error(c, -1, WHAT_PEER_ABORT, -1, 0, 0, 0);
     return;
   }
 
-  Ctx c;
-  c.blob = blob;
-  c.in = in;
-  c.out = out;
-  c.scratch = (u8*)H->scratch_base;
-  c.in_delta = in_delta;
-  c.out_delta = out_delta;
-  c.flag = s_flag;
-  c.half = (c.flag & 1u) ? 0ull : H->scratch_half;
-  c.remote = (const RemoteBuf*)(blob + H->remote_table);
-  c.chan = (const ChannelDev*)(blob + H->channel_table);
-  c.peer_abort = (const u64*)(blob + H->peer_abort_table);
-  c.n_peers = H->n_peers;
-  c.sems = (i64*)H->semaphores;
-  c.bars = (u64*)H->barriers;
-  c.abort_word = (u32*)H->abort_word;
-  c.err = (ErrorRecord*)H->error_record;
-  c.timeout_ns = timeout_ns;
-  c.rank = (i32)H->rank;
-  c.op_index = -1;
-
   const BlockHeader* bh = (const BlockHeader*)smem;
   const u8* cur = smem + sizeof(BlockHeader);
-  u32 parity = 0;
-  for (u32 i = 0; i < bh->n_ops; ++i) {
+  const u32 n_ops = bh->n_ops;
+  for (u32 i = 0; i < n_ops; ++i) {
     const DevOp* op = (const DevOp*)cur;
     if (op->kind == DOP_PIPELINE) {
       u32 n_inner = op->aux0, iters = op->aux1;
@@ -384,21 +503,22 @@ __device__ __forceinline__ void interpret(const u8* __restrict__ blob, u8* in, u
         const u8* q = first;
         for (u32 j = 0; j < n_inner; ++j) {
           const DevOp* inner = (const DevOp*)q;
-          if (!run_op<DT, OP, PKT>(c, inner, (long long)it, unit, &s_ops, parity)) return;
+          if (!run_op<DT, OP, PKT, U, UP>(c, inner, (long long)it, unit, false)) return;
           q += inner->bytes;
         }
       }
       cur = after;
       i += n_inner;
     } else {
-      if (!run_op<DT, OP, PKT>(c, op, -1, 0, &s_ops, parity)) return;
+      if (!run_op<DT, OP, PKT, U, UP>(c, op, -1, 0, i + 1 == n_ops)) return;
       cur += op->bytes;
     }
   }
-  // advance this block's flag (block 0 also the slots at and beyond gridDim)
-  __syncthreads();
+  // advance this block's flag (block 0 also the slots at and beyond gridDim). No barrier: the
+  // flag is read again only by the next launch, which starts after this one ends.
   u32 next = c.flag + 1u;
   if (next == 0u) next = 1u;
+  u32* flags = (u32*)H->flags;
   if (threadIdx.x == 0) flags[blockIdx.x] = next;
   if (blockIdx.x == 0)
     for (u32 b = gridDim.x + threadIdx.x; b < MSCCLANG_MAX_FLAGS; b += blockDim.x) flags[b] = next;

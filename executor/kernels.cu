@@ -1,24 +1,44 @@
-// The interpreter kernel, specialised per dtype, packet type (LL8/LL16) and reduce op.
-// Kernel names: mscclang_<dtype>_<ll8|ll16>_<sum|min|max>, all with the same parameters:
+// The interpreter kernel, specialised per dtype, packet type (LL8/LL16), reduce op and block-size
+// bound. Kernel names: mscclang_<dtype>_<ll8|ll16>_<sum|min|max>[_t512], all with the same
+// parameters:
 //   (const u8* plan, u8* input, u8* output, u64 input_delta, u64 output_delta, u64 timeout_ns)
 // input_delta/output_delta: offsets of the user buffers inside their (symmetric) allocations, added
 // to peers' allocation bases for zero-copy references.
+// Variants: the plain name is bounded at 1024 threads (64 registers per thread); `_t512` at 512
+// threads (128 registers), used for plans of at most 512 threads per block. MSCCLANG_UNROLL is the
+// number of 16-byte vectors (or packets) each thread keeps in flight.
 #include "interpreter.cuh"
 
-#define MSCCLANG_KERNEL(NAME, DT, PKT, OP)                                                         \
-  extern "C" __global__ void __launch_bounds__(1024, 1)                                            \
+#ifndef MSCCLANG_UNROLL
+#define MSCCLANG_UNROLL 4
+#endif
+// packets per thread per round: fewer under the 1024-thread bound's 64 registers
+#ifndef MSCCLANG_UNROLL_PKT_1024
+#define MSCCLANG_UNROLL_PKT_1024 2
+#endif
+#ifndef MSCCLANG_UNROLL_PKT
+#define MSCCLANG_UNROLL_PKT 4
+#endif
+
+#define MSCCLANG_KERNEL(NAME, DT, PKT, OP, NT)                                                     \
+  extern "C" __global__ void __launch_bounds__(NT, 1)                                              \
       NAME(const u8* __restrict__ plan, u8* input, u8* output, u64 input_delta, u64 output_delta,  \
            u64 timeout_ns) {                                                                       \
-    interpret<DT, OP, PKT>(plan, input, output, input_delta, output_delta, timeout_ns);            \
+    interpret<DT, OP, PKT, MSCCLANG_UNROLL, (NT > 512 ? MSCCLANG_UNROLL_PKT_1024 : MSCCLANG_UNROLL_PKT)>( \
+        plan, input, output, input_delta, output_delta, timeout_ns);                               \
   }
 
-#define MSCCLANG_KERNELS_DT(DTNAME, DT)                                \
-  MSCCLANG_KERNEL(mscclang_##DTNAME##_ll16_sum, DT, 16, ROP_SUM)       \
-  MSCCLANG_KERNEL(mscclang_##DTNAME##_ll16_min, DT, 16, ROP_MIN)       \
-  MSCCLANG_KERNEL(mscclang_##DTNAME##_ll16_max, DT, 16, ROP_MAX)       \
-  MSCCLANG_KERNEL(mscclang_##DTNAME##_ll8_sum, DT, 8, ROP_SUM)         \
-  MSCCLANG_KERNEL(mscclang_##DTNAME##_ll8_min, DT, 8, ROP_MIN)         \
-  MSCCLANG_KERNEL(mscclang_##DTNAME##_ll8_max, DT, 8, ROP_MAX)
+#define MSCCLANG_KERNELS_NT(DTNAME, DT, SUFFIX, NT)                                  \
+  MSCCLANG_KERNEL(mscclang_##DTNAME##_ll16_sum##SUFFIX, DT, 16, ROP_SUM, NT)         \
+  MSCCLANG_KERNEL(mscclang_##DTNAME##_ll16_min##SUFFIX, DT, 16, ROP_MIN, NT)         \
+  MSCCLANG_KERNEL(mscclang_##DTNAME##_ll16_max##SUFFIX, DT, 16, ROP_MAX, NT)         \
+  MSCCLANG_KERNEL(mscclang_##DTNAME##_ll8_sum##SUFFIX, DT, 8, ROP_SUM, NT)           \
+  MSCCLANG_KERNEL(mscclang_##DTNAME##_ll8_min##SUFFIX, DT, 8, ROP_MIN, NT)           \
+  MSCCLANG_KERNEL(mscclang_##DTNAME##_ll8_max##SUFFIX, DT, 8, ROP_MAX, NT)
+
+#define MSCCLANG_KERNELS_DT(DTNAME, DT)          \
+  MSCCLANG_KERNELS_NT(DTNAME, DT, , 1024)        \
+  MSCCLANG_KERNELS_NT(DTNAME, DT, _t512, 512)
 
 #ifndef MSCCLANG_ONLY_DTYPE
 MSCCLANG_KERNELS_DT(f16, DT_F16)

@@ -137,7 +137,8 @@ template <int DT, int OP> __device__ __forceinline__ u32 red_word(u32 a, u32 b) 
 template <int DT> struct ElemSize { static constexpr u32 value = (DT == DT_F16 || DT == DT_BF16) ? 2 : 4; };
 
 // ------------------------------------------------------------------------------------------------
-// execution context of one block
+// execution context of one block (lives in shared memory: one copy per block, read by every
+// thread, so it costs no registers across the op loop)
 struct Ctx {
   const u8* blob;
   u8* in;
@@ -157,16 +158,15 @@ struct Ctx {
   ErrorRecord* err;
   u64 timeout_ns;
   i32 rank;
-  i32 op_index;
 };
 
-__device__ __noinline__ void record_error(const Ctx& c, int what, int channel, u64 expected, u64 seen,
-                                          u64 elapsed) {
+__device__ __noinline__ void record_error(const Ctx& c, int op_index, int what, int channel, u64 expected,
+                                          u64 seen, u64 elapsed) {
   ErrorRecord* r = c.err;
   if (atomicCAS(&r->state, 0u, 1u) == 0u) {
     r->rank = c.rank;
     r->block = (i32)blockIdx.x;
-    r->op_index = c.op_index;
+    r->op_index = op_index;
     r->what = what;
     r->channel = channel;
     r->expected = expected;
@@ -189,11 +189,12 @@ __device__ __noinline__ void raise_abort(const Ctx& c) {
 struct Spin {
   u64 t0;
   u32 n;
-  __device__ __forceinline__ Spin() : t0(0), n(0) {}
+  i32 op;   // op index, for the error record
+  __device__ __forceinline__ explicit Spin(int op_index) : t0(0), n(0), op(op_index) {}
   __device__ __forceinline__ bool tick(const Ctx& c, int what, int channel, u64 expected, u64 seen) {
     if ((++n & 15u) != 0u) return false;
     if (ld_volatile_u32(c.abort_word) != 0u) {
-      record_error(c, WHAT_PEER_ABORT, channel, expected, seen, 0);
+      record_error(c, op, WHAT_PEER_ABORT, channel, expected, seen, 0);
       return true;
     }
     u64 now = global_timer_ns();
@@ -202,7 +203,7 @@ struct Spin {
       return false;
     }
     if (now - t0 > c.timeout_ns) {
-      record_error(c, what, channel, expected, seen, now - t0);
+      record_error(c, op, what, channel, expected, seen, now - t0);
       raise_abort(c);
       return true;
     }
@@ -218,10 +219,10 @@ __device__ __forceinline__ void channel_signal(const ChannelDev& ch, bool relaxe
   else
     red_add_release_sys((u64*)ch.remote_inbound, 1ull);
 }
-__device__ __forceinline__ bool channel_wait(const Ctx& c, const ChannelDev& ch, int id, bool relaxed) {
+__device__ __forceinline__ bool channel_wait(const Ctx& c, int opi, const ChannelDev& ch, int id, bool relaxed) {
   u64 expected = atomicAdd((unsigned long long*)ch.expected, 1ull) + 1ull;
   const u64* in = (const u64*)ch.inbound;
-  Spin s;
+  Spin s(opi);
   for (;;) {
     u64 v = relaxed ? ld_relaxed_sys_u64(in) : ld_acquire_sys_u64(in);
     if (v >= expected) return true;
@@ -230,9 +231,9 @@ __device__ __forceinline__ bool channel_wait(const Ctx& c, const ChannelDev& ch,
 }
 
 // intra-GPU semaphores (values persist across launches)
-__device__ __forceinline__ bool semaphore_acquire(const Ctx& c, int id) {
+__device__ __forceinline__ bool semaphore_acquire(const Ctx& c, int opi, int id) {
   unsigned long long* p = (unsigned long long*)&c.sems[id];
-  Spin s;
+  Spin s(opi);
   for (;;) {
     i64 v = (i64)atomicAdd(p, 0ull);
     if (v > 0 && atomicCAS(p, (unsigned long long)v, (unsigned long long)(v - 1)) == (unsigned long long)v) {
@@ -248,12 +249,12 @@ __device__ __forceinline__ void semaphore_release(const Ctx& c, int id) {
 }
 
 // barrier among `count` blocks of this rank on a monotonic arrival counter (thread 0 only)
-__device__ __forceinline__ bool block_group_barrier(const Ctx& c, u32 id, u32 count) {
+__device__ __forceinline__ bool block_group_barrier(const Ctx& c, int opi, u32 id, u32 count) {
   __threadfence();
   unsigned long long* p = (unsigned long long*)&c.bars[id];
   u64 arrive = atomicAdd(p, 1ull);
   u64 target = (arrive / count + 1ull) * count;
-  Spin s;
+  Spin s(opi);
   for (;;) {
     u64 v = ld_acquire_gpu_u64((const u64*)p);
     if (v >= target) return true;
@@ -270,9 +271,9 @@ struct PortFifo {
   u64 tail;       // host-pinned u64 (advanced by the proxy)
   u64 size;       // power of two
 };
-__device__ __noinline__ bool port_fifo_push(const Ctx& c, const PortFifo* f, u64 w0, u64 w1) {
+__device__ __noinline__ bool port_fifo_push(const Ctx& c, int opi, const PortFifo* f, u64 w0, u64 w1) {
   u64 slot = atomicAdd((unsigned long long*)f->head, 1ull);
-  Spin s;
+  Spin s(opi);
   while (slot >= f->size + ld_relaxed_sys_u64((const u64*)f->tail)) {
     if (s.tick(c, WHAT_PORT_FIFO, -1, slot, 0)) return false;
   }

@@ -44,7 +44,17 @@ def test_every_variant_builds_for_sm90():
         assert m.cubin[:4] == b"\x7fELF"
         for pkt in build.PACKET_TYPES:
             for op in build.REDUCE_OPS:
-                assert build.kernel_name(m.dtype, pkt, op).encode() in m.cubin
+                for nt in (1024, 512):
+                    assert build.kernel_name(m.dtype, pkt, op, nt).encode() in m.cubin
+
+
+def test_kernel_variant_by_block_size():
+    assert build.block_variant(1024) == 1024 and build.block_variant(513) == 1024
+    assert build.block_variant(512) == 512 and build.block_variant(64) == 512
+    assert build.kernel_name("f16", "ll16", "sum", 128) == "mscclang_f16_ll16_sum_t512"
+    assert build.kernel_name("f16", "ll16", "sum", 1024) == "mscclang_f16_ll16_sum"
+    with pytest.raises(Exception, match="threads per block"):
+        build.block_variant(2048)
 
 
 def test_struct_offsets_natural_alignment():
@@ -214,6 +224,13 @@ def test_blob_header_and_tables():
     ent = structs.BLOCK_ENTRY.unpack(blob, h["block_table"])
     assert ent["offset"] % 16 == 0 and blob[ent["offset"]:ent["offset"] + ent["bytes"]] == packed.blocks[0].region
     assert structs.REMOTE_BUF.unpack(blob, h["remote_table"]) == {"base": 0x30000, "kind": 2, "pad": 0}
+    # the kernel reads its block entry at a fixed offset, right after the header
+    assert h["block_table"] == structs.PLAN_HEADER.size
+    assert structs.CHANNEL_DEV.unpack(blob, h["channel_table"]) == {"inbound": 1, "remote_inbound": 2, "expected": 3}
+    assert int.from_bytes(blob[h["peer_abort_table"]:h["peer_abort_table"] + 8], "little") == 0x5000
+    tables_end = h["channel_table"] + structs.CHANNEL_DEV.size
+    assert h["block_table"] + structs.BLOCK_ENTRY.size * len(packed.blocks) <= h["peer_abort_table"]
+    assert tables_end <= ent["offset"]
 
 
 def test_size_dependent_limits():

@@ -2,7 +2,8 @@
 with a disk cache keyed by source hash, arch, options and NVRTC version.
 
 The kernel sources live in ``executor/`` (a checkout) or ``mscclang/_executor`` (an installed
-wheel). One module is built per dtype; it holds the six (packet type x reduce op) kernels.
+wheel). One module is built per dtype; it holds the (packet type x reduce op x block-size bound)
+kernels.
 """
 
 from __future__ import annotations
@@ -26,9 +27,22 @@ _DT_MACRO = {"f16": "DT_F16", "bf16": "DT_BF16", "f32": "DT_F32", "i32": "DT_I32
 BASE_OPTIONS = ("-std=c++17", "--fmad=false")
 
 
-def kernel_name(dtype: str, packet: str, op: str) -> str:
-    """Name of one specialised kernel, e.g. ``mscclang_f16_ll16_sum``."""
-    return f"mscclang_{dtype}_{packet}_{op}"
+BLOCK_VARIANTS = (1024, 512)  # __launch_bounds__ of the kernel variants (kernels.cu)
+
+
+def block_variant(nthreads: int) -> int:
+    """The smallest kernel variant bound that fits ``nthreads`` threads per block (fewer threads
+    allowed per block leave more registers per thread)."""
+    if not 1 <= nthreads <= BLOCK_VARIANTS[0]:
+        raise RuntimeUnavailable(f"{nthreads} threads per block: the kernel supports 1..{BLOCK_VARIANTS[0]}")
+    return min(v for v in BLOCK_VARIANTS if v >= nthreads)
+
+
+def kernel_name(dtype: str, packet: str, op: str, nthreads: int = 1024) -> str:
+    """Name of one specialised kernel, e.g. ``mscclang_f16_ll16_sum`` (1024-thread bound) or
+    ``mscclang_f16_ll16_sum_t512`` (plans of at most 512 threads per block)."""
+    v = block_variant(nthreads)
+    return f"mscclang_{dtype}_{packet}_{op}" + ("" if v == BLOCK_VARIANTS[0] else f"_t{v}")
 
 
 def executor_dir() -> Path:

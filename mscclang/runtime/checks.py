@@ -234,9 +234,12 @@ def time_eager(w: Any, plan_json: str, nbytes: int, iters: int = 2000, dtype: st
 
 
 def time_graph(w: Any, plan_json: str, nbytes: int, per_graph: int = 100, replays: int = 20,
-               dtype: str = "float16", packet_type: Optional[str] = None, cooperative: bool = False) -> dict:
+               dtype: str = "float16", packet_type: Optional[str] = None, cooperative: bool = False,
+               symmetric: bool = False) -> dict:
     """CUDA-graph time per launch (us): ``per_graph`` launches captured, replayed ``replays``
-    times, timed with CUDA events (median of replays)."""
+    times, timed with CUDA events (median of replays). ``symmetric``: buffers from the
+    communicator (zero-copy plans then skip the staging copies). Also reports GB/s of input
+    bytes per launch (``algbw_gbs``)."""
     import torch
 
     w.executor.cooperative = cooperative
@@ -245,8 +248,13 @@ def time_graph(w: Any, plan_json: str, nbytes: int, per_graph: int = 100, replay
     dev = torch.device(f"cuda:{w.rank}")
     esize = torch.empty((), dtype=dt).element_size()
     n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
-    inp = make_input(w.rank, n_in, dt, 4, dev)
-    out = torch.empty(n_out, dtype=dt, device=dev)
+    if symmetric:
+        inp = w.comm.alloc(n_in, dt)
+        inp.copy_(make_input(w.rank, n_in, dt, 4, dev))
+        out = w.comm.alloc(n_out, dt)
+    else:
+        inp = make_input(w.rank, n_in, dt, 4, dev)
+        out = torch.empty(n_out, dtype=dt, device=dev)
     ex = w.executor
     ex.prepare(plan, n_in * esize, n_out * esize, dt, packet_type)
     s = torch.cuda.Stream(device=dev)
@@ -276,7 +284,9 @@ def time_graph(w: Any, plan_json: str, nbytes: int, per_graph: int = 100, replay
         times.append(a.elapsed_time(b) * 1e3 / per_graph)
     ex.check()
     times.sort()
-    return {"rank": w.rank, "us_per_launch": times[len(times) // 2], "min_us": times[0]}
+    med = times[len(times) // 2]
+    return {"rank": w.rank, "us_per_launch": round(med, 3), "min_us": round(times[0], 3),
+            "algbw_gbs": round(n_in * esize / (med * 1e3), 2)}
 
 
 def timeout_and_reset(w: Any, bad_json: str, good_json: str, timeout_s: float = 1.0) -> dict:

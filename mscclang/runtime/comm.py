@@ -160,17 +160,16 @@ class Communicator:
         return t[:nbytes].view(dtype).view(shape)
 
     def symmetric_of(self, p: int) -> Optional[tuple[SymAlloc, int]]:
-        """(allocation, offset) when device address ``p`` lies in a symmetric allocation."""
-        if not self._sym:
-            return None
-        try:
-            bid = cu.buffer_id(p)
-        except RuntimeUnavailable:
-            return None
-        sa = self._sym_by_id.get(bid)
-        if sa is None:
-            return None
-        return sa, p - sa.base
+        """(allocation, offset) when device address ``p`` lies in a symmetric allocation.
+
+        The communicator owns these allocations and frees them only in close(), so an address
+        inside one's range belongs to it: a range check (no driver call) is exact here. Other
+        memory (torch's, whose addresses are reused) is never matched by address alone."""
+        for sa in self._sym:
+            d = p - sa.base
+            if 0 <= d < sa.size:
+                return sa, d
+        return None
 
     def close(self) -> None:
         """Close IPC mappings and free symmetric allocations (after the GPU finished using them)."""

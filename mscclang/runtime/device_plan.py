@@ -493,7 +493,12 @@ class Addresses:
 def pack_blob(plan: Plan, packed: PackedRank, addr: Addresses, sync: SyncLayout) -> bytes:
     """The whole device plan of one rank: header, tables, block regions."""
     nb = len(packed.blocks)
+    # the block table sits right after the header: the kernel reads its entry without waiting for
+    # the header (interpreter.cuh)
     off = PLAN_HEADER.size
+    block_tab = off
+    off += BLOCK_ENTRY.size * nb
+    off = (off + 15) // 16 * 16
     peer_off = off
     off += 8 * len(addr.peer_abort)
     off = (off + 15) // 16 * 16
@@ -501,8 +506,6 @@ def pack_blob(plan: Plan, packed: PackedRank, addr: Addresses, sync: SyncLayout)
     off += REMOTE_BUF.size * len(addr.remote)
     chan_off = off
     off += CHANNEL_DEV.size * len(addr.channels)
-    block_tab = off
-    off += BLOCK_ENTRY.size * nb
     off = (off + 15) // 16 * 16
     entries = []
     regions = []
@@ -521,6 +524,9 @@ def pack_blob(plan: Plan, packed: PackedRank, addr: Addresses, sync: SyncLayout)
         n_remote=len(addr.remote), n_channels=len(addr.channels), n_semaphores=sync.n_semaphores,
         peer_abort_table=peer_off, remote_table=remote_off, channel_table=chan_off, block_table=block_tab)
     out = bytearray(head)
+    for o, n in entries:
+        out += BLOCK_ENTRY.pack(offset=o, bytes=n)
+    out += b"\0" * (peer_off - len(out))
     for p in addr.peer_abort:
         out += int(p).to_bytes(8, "little")
     out += b"\0" * (remote_off - len(out))
@@ -528,8 +534,6 @@ def pack_blob(plan: Plan, packed: PackedRank, addr: Addresses, sync: SyncLayout)
         out += REMOTE_BUF.pack(base=base, kind=kind)
     for a, b, c in addr.channels:
         out += CHANNEL_DEV.pack(inbound=a, remote_inbound=b, expected=c)
-    for o, n in entries:
-        out += BLOCK_ENTRY.pack(offset=o, bytes=n)
     out += b"\0" * (entries[0][0] - len(out) if entries else (-len(out) % 16))
     for r in regions:
         out += r

@@ -17,7 +17,7 @@ from typing import Any, Optional, Union
 from mscclang.errors import CollectiveTimeout, PlanError, RuntimeUnavailable
 from mscclang.plan.models import BufferKind, ChannelType, OpName, Plan, ReduceOp, REDUCE_OPS
 from mscclang.runtime import cuda as cu
-from mscclang.runtime.build import build_module, find_prebuilt, kernel_name
+from mscclang.runtime.build import block_variant, build_module, find_prebuilt, kernel_name
 from mscclang.runtime.comm import Communicator
 from mscclang.runtime.device_plan import (
     KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, PackedRank, SyncLayout, check_plan,
@@ -127,8 +127,9 @@ class Executor:
         self.cooperative = cooperative
         self._loaded: dict[int, LoadedPlan] = {}
         self._modules: dict[str, Any] = {}
-        self._funcs: dict[tuple[str, str, str], Any] = {}
+        self._funcs: dict[tuple[str, str, str, int], Any] = {}
         self._err_host, self._err_dev = cu.host_alloc_mapped(256)
+        self._err_state = ctypes.c_uint32.from_address(self._err_host)
         self._aborted = False
         self._last_stream: Optional[int] = None
         drv = cu.driver()
@@ -137,6 +138,8 @@ class Executor:
         self._param_ptrs = (ctypes.c_void_p * 6)(
             *[ctypes.addressof(self._params) + 8 * i for i in range(6)])
         self._param_addr = ctypes.addressof(self._param_ptrs)
+        self._raw_launch = cu.raw_launch_kernel()   # ctypes cuLaunchKernel (None: use cuda.bindings)
+        self._raw_stream = cu.raw_current_stream()  # torch's current raw stream getter (or None)
         self._sm_count = cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
         cc = (cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
               cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
@@ -169,8 +172,8 @@ class Executor:
         self._loaded[id(plan)] = lp
         return lp
 
-    def _function(self, dtype: str, packet: str, op: str) -> Any:
-        key = (dtype, packet, op)
+    def _function(self, dtype: str, packet: str, op: str, nthreads: int = 1024) -> Any:
+        key = (dtype, packet, op, block_variant(nthreads))
         f = self._funcs.get(key)
         if f is not None:
             return f
@@ -185,7 +188,8 @@ class Executor:
                 built = build_module(dtype, self.arch)
                 mod = cu.check(drv.cuModuleLoadData(built.cubin), f"cuModuleLoadData({built.path.name})")
             self._modules[dtype] = mod
-        f = cu.check(drv.cuModuleGetFunction(mod, kernel_name(dtype, packet, op).encode()), "cuModuleGetFunction")
+        f = cu.check(drv.cuModuleGetFunction(mod, kernel_name(dtype, packet, op, nthreads).encode()),
+                     "cuModuleGetFunction")
         self._funcs[key] = f
         return f
 
@@ -311,7 +315,7 @@ class Executor:
         dt = torch_dtype_code(dtype or torch.float16)
         pkt = _packet_code(packet_type) if packet_type is not None else lp.default_packet
         op = _reduce_code(reduce_op) if reduce_op is not None else lp.default_op
-        self._function(dt, pkt, op)
+        self._function(dt, pkt, op, lp.nthreads)
         sym_in = sym_out = None
         if lp.zero_copy:
             sym_in, sym_out = self._staging(lp, input_bytes, output_bytes)
@@ -360,17 +364,20 @@ class Executor:
         """Run ``plan`` on this rank with torch tensors ``input``/``output`` on the current torch
         stream (or ``stream``). ``packet_type``: 'LL16' (default) or 'LL8'; ``reduce_op``: overrides
         the plan's sum/min/max. Collective: every rank calls it in the same order."""
-        if self._aborted or ctypes.c_uint32.from_address(self._err_host).value:
+        if self._aborted or self._err_state.value:
             self.check()
-        lp = plan if isinstance(plan, LoadedPlan) else self.load(plan)
+        if isinstance(plan, LoadedPlan):
+            lp = plan
+        else:
+            lp = self._loaded.get(id(plan))
+            if lp is None or lp.plan is not plan:
+                lp = self.load(plan)
         pkt = _packet_code(packet_type) if packet_type is not None else lp.default_packet
         op = _reduce_code(reduce_op) if reduce_op is not None else lp.default_op
         in_bytes = input.numel() * input.element_size()
         out_bytes = output.numel() * output.element_size()
         if stream is None:
-            import torch
-
-            s = torch.cuda.current_stream().cuda_stream
+            s = self._current_stream()
         else:
             s = int(getattr(stream, "cuda_stream", stream))
         in_ptr = input.data_ptr()
@@ -393,7 +400,7 @@ class Executor:
             raise PlanError(f"message size {ref} bytes is outside the plan's range "
                             f"[{plan.min_message_size}, {plan.max_message_size}]")
         dt = torch_dtype_code(dtype)
-        f = self._function(dt, pkt, op)
+        f = self._function(dt, pkt, op, lp.nthreads)
         dp = self._device_plan(lp, in_bytes, out_bytes, sym_in, sym_out)
         need = 8 if pkt == "ll16" else 4
         if dp.uses_packets and dp.packet_align < need:
@@ -409,7 +416,7 @@ class Executor:
         if int(nblk) * self._sm_count < dp.n_blocks:
             raise PlanError(f"rank {self.comm.rank}: {dp.n_blocks} thread blocks of {lp.nthreads} threads cannot "
                             f"all be co-resident (at most {int(nblk) * self._sm_count})")
-        return (f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem)
+        return (f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f))
 
     def _execute_zero_copy(self, lp: LoadedPlan, input: Any, output: Any, in_ptr: int, out_ptr: int,
                            in_bytes: int, out_bytes: int, pkt: str, op: str, s: int) -> None:
@@ -442,12 +449,20 @@ class Executor:
             self._launch(ent, st_in.base, st_out.base, 0, 0, s)
         cu.dtod(out_ptr, st_out.base, out_bytes, s)
 
+    def _current_stream(self) -> int:
+        """The caller's current torch stream (raw handle), without building a Stream object."""
+        if self._raw_stream is not None:
+            return self._raw_stream(self.comm.device)
+        import torch
+
+        return torch.cuda.current_stream().cuda_stream
+
     def _launch(self, ent: tuple, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int) -> None:
-        f, blob, nb, nt, smem = ent
-        drv = cu.driver()
-        if self._last_stream is not None and s != self._last_stream:
+        f, blob, nb, nt, smem, fh = ent
+        if s != self._last_stream and self._last_stream is not None:
             # launches sharing a scratch are ordered on the GPU, whatever stream the caller uses
             if not self._capturing():
+                drv = cu.driver()
                 cu.check(drv.cuEventRecord(self._event, self._last_stream), "cuEventRecord")
                 cu.check(drv.cuStreamWaitEvent(s, self._event, 0), "cuStreamWaitEvent")
         self._last_stream = s
@@ -458,6 +473,13 @@ class Executor:
         p[3] = in_delta
         p[4] = out_delta
         p[5] = self.timeout_ns
+        raw = self._raw_launch
+        if raw is not None and not self.cooperative:
+            err = raw(fh, nb, 1, 1, nt, 1, 1, smem, s, self._param_addr, None)
+            if err:
+                cu.check(err, "cuLaunchKernel")
+            return
+        drv = cu.driver()
         if self.cooperative:
             err, = drv.cuLaunchCooperativeKernel(f, nb, 1, 1, nt, 1, 1, smem, s, self._param_addr)
             if int(err) != 0:

@@ -199,6 +199,33 @@ def allgather_simple(n: int = 2) -> Plan:
     return _plan(f"allgather_simple_{n}r", "allgather", n, gpus)
 
 
+def allgather_put(n: int = 2, nblocks: int = 1, nthreads: int = 1024) -> Plan:
+    """Zero-copy allgather over ``nblocks`` blocks (one thread-block group, one memory channel per
+    block and peer): copy own input into own output, ready handshake, put the block's share of
+    the input into every peer's output, signal/wait. For measuring how bandwidth scales with
+    blocks."""
+    gpus = []
+    for r in range(n):
+        peers = _peers(n, r)
+        k = len(peers)
+        tbs = []
+        for b in range(nblocks):
+            tbg = TbgInfo(tb_id=b, tbg_size=nblocks)
+            ops = [Op(name=OpName.copy, src_buff=[_l(I, 0)], dst_buff=[_l(O, r)], tbg_info=tbg),
+                   _sig(True, k), _wait(True, k), NOP,
+                   Op(name=OpName.put, channel_type=MEM, src_buff=[_l(I, 0)] * k,
+                      dst_buff=[_r(pi, r) for pi in range(k)], tbg_info=tbg),
+                   NOP, _sig(False, k), _wait(False, k), NOP]
+            tbs.append(ThreadBlock(
+                id=b, ops=ops,
+                channels=[ThreadBlockChannels(channel_type=MEM, channel_ids=[b * k + pi for pi in range(k)])],
+                remote_buffer_refs=[RemoteBufferRefs(access_channel_type=MEM, remote_buffer_ids=list(range(k)))]))
+        gpus.append(Gpu(id=r, input_chunks=1, output_chunks=n, scratch_chunks=0, threadblocks=tbs,
+                        channels=[ChannelDesc(channel_type=MEM, connected_to=peers * nblocks)],
+                        remote_buffers=[RemoteBuffer(rank=q, type=O, access_channel_types=[MEM]) for q in peers]))
+    return _plan(f"allgather_put_{n}r_{nblocks}b", "allgather", n, gpus, nthreads=nthreads)
+
+
 def allgather_pipeline(n: int = 2, unit: int = 1 << 16) -> Plan:
     """Allgather over two blocks, with a pipeline, a semaphore and a barrier: block 0 copies the
     input into scratch (pipelined) and releases a semaphore; block 1 acquires it, meets block 0 at
@@ -251,6 +278,7 @@ SAMPLES: dict[str, Callable[[int], Plan]] = {
     "allreduce_read_simple_fused": lambda n: allreduce_read_simple(n, fused=True),
     "allgather_simple": allgather_simple,
     "allgather_pipeline": allgather_pipeline,
+    "allgather_put_4b": lambda n: allgather_put(n, nblocks=4),
 }
 
 

@@ -56,9 +56,19 @@ def main() -> int:
                  None, True)
             step("graph us 1KiB oneshot 1x128 LL8", f"{C}:time_graph", j128, 1024, 100, 20, "float16", "LL8")
             for nb in (1, 2):
-                for nt in (64, 128, 256):
+                for nt in (64, 128, 256, 512):
                     jj = plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=nb, nthreads=nt))
                     step(f"graph us 1KiB oneshot {nb}x{nt}", f"{C}:time_graph", jj, 1024)
+        if "--scaling" in sys.argv:
+            # bandwidth over blocks: zero-copy put allgather (64 MiB per rank, symmetric buffers)
+            # and one-shot LL allreduce (1 MiB)
+            for nb in (1, 2, 4, 8, 16, 32):
+                jj = plan_to_json(sp.allgather_put(n, nblocks=nb))
+                step(f"put allgather 64MiB {nb}x1024", f"{C}:time_graph", jj, 64 << 20, 10, 5, "float16", None,
+                     False, True)
+            for nb in (1, 2, 4, 8, 16, 32):
+                jj = plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=nb, nthreads=512))
+                step(f"oneshot LL 1MiB {nb}x512", f"{C}:time_graph", jj, 1 << 20, 20, 10)
     with open(sys.argv[sys.argv.index("--json") + 1] if "--json" in sys.argv else "/dev/null", "w") as f:
         json.dump(out, f, indent=1, default=str)
     print(f"done in {time.time() - t0:.1f}s")

@@ -28,7 +28,7 @@ def _ok(results):
 LL_PLANS = ["allreduce_oneshot_ll", "allreduce_oneshot_ll_4b", "allreduce_twostep_ll", "allreduce_copyfwd_ll",
             "allreduce_copyfwd_ll_fused"]
 SIMPLE_PLANS = ["allreduce_scratch_simple", "allreduce_read_simple", "allreduce_read_simple_fused",
-                "allgather_simple", "allgather_pipeline"]
+                "allgather_simple", "allgather_pipeline", "allgather_put_4b"]
 
 
 @pytest.mark.parametrize("name", LL_PLANS)
