@@ -176,3 +176,99 @@ def test_semaphore_cycle():
         b.signal(0)
     with pytest.raises(CompileError, match=r"sem_acquire|sem_release"):
         p.to_plan()
+
+
+# ---------------------------------------------------------------- interleaved-replication trap
+# (mscclpp-notes section 10 item 35)
+
+
+def _staged(instances, policy=ReplicationPolicy.interleaved, split_read=True, inplace=False):
+    """Rank 0 stages its input in scratch with one 2-chunk copy, then copies the scratch out
+    chunk by chunk (``split_read``) or with one 2-chunk copy; rank 1 copies its input out."""
+    from mscclang import Buffer, TestCollective
+
+    with CollectiveProgram("trap", TestCollective(2, 2, 2), 2, instances=instances,
+                           replication_policy=policy) as p:
+        s = Buffer(0, 2)
+        r0 = Rank(0)
+        r0.copy(s[0:2], r0.get_input_buffer()[0:2], tb=0)
+        if split_read:
+            r0.copy(r0.get_output_buffer()[0:1], s[0:1], tb=0)
+            r0.copy(r0.get_output_buffer()[1:2], s[1:2], tb=0)
+        else:
+            r0.copy(r0.get_output_buffer()[0:2], s[0:2], tb=0)
+        Rank(1).copy(Rank(1).get_output_buffer()[0:2], Rank(1).get_input_buffer()[0:2], tb=0)
+    return p
+
+
+def test_interleaved_trap_is_a_dsl_error_naming_both_ops():
+    from mscclang import DSLError
+
+    p = _staged(2)
+    with pytest.raises(DSLError) as e:
+        p.to_plan()
+    msg = str(e.value)
+    assert "instances=2" in msg and "interleaved" in msg
+    assert "rank 0's scratch buffer" in msg and "[0:2]" in msg and "[0:1]" in msg
+    assert "rank 0, tb 0, op 0 (Rank(0).copy(tb=0)) writes scratch[0:2]" in msg
+    assert "rank 0, tb 0, op 1 (Rank(0).copy(tb=0)) reads scratch[0:1]" in msg
+
+
+def test_interleaved_trap_only_with_instances_and_interleaving():
+    for p in (_staged(1), _staged(2, ReplicationPolicy.none), _staged(3, split_read=False)):
+        check_plan(p.to_plan())
+
+
+def test_interleaved_trap_is_real_in_the_simulator():
+    """What the error prevents: replicated anyway (passes run by hand, skipping validation),
+    instance 0's block reads scratch chunk 2, which instance 1's block writes, with no order."""
+    from mscclang.compiler import emit, fuse, insert_hazard_syncs, insert_syncs
+    from mscclang.sim import verify
+
+    ir = _staged(2).ir
+    plan = emit(replicate(insert_hazard_syncs(insert_syncs(fuse(ir)))))
+    rep = verify(plan, schedules=3, symbolic=False)
+    races = [pr.message for pr in rep.problems if pr.kind == "race"]
+    assert any("rank 0 tb 0" in m and "rank 0 tb 1" in m and "rank0.scr" in m for m in races), str(rep)
+    # identical ranges everywhere: the same passes give a race-free plan
+    ok = emit(replicate(insert_hazard_syncs(insert_syncs(fuse(_staged(2, split_read=False).ir)))))
+    assert verify(ok, schedules=3, symbolic=False).ok
+
+
+def test_interleaved_read_only_sharing_and_ll_packets_are_allowed():
+    """Two ops that only read the shared chunks, and LL packets written as one range and read as
+    single chunks (the one-shot LL allreduce of MSCCL++'s examples), stay legal: flags order
+    packet reads after their writes whichever block wrote them."""
+    from mscclang import Buffer
+    from mscclang.sim import verify
+
+    n = 2
+    with CollectiveProgram("ll", AllReduce(n, 1, False), n, instances=2, protocol="LL",
+                           use_double_scratch_buffer=True) as p:
+        scratch = [Buffer(r, n) for r in range(n)]
+        for r in range(n):
+            q = 1 - r
+            MemoryChannel(q, r).put_packets(scratch[q][0:n], Rank(r).get_input_buffer()[0:n], tb=0)
+        for r in range(n):
+            for c in range(n):
+                Rank(r).reduce(Rank(r).get_input_buffer()[c:c + 1], [scratch[r][c:c + 1]], tb=c,
+                               dst_chunk=Rank(r).get_output_buffer()[c:c + 1], packet=True)
+    plan = p.to_plan()
+    assert verify(plan, schedules=3).ok
+
+
+def test_interleaved_trap_through_a_peer_and_an_inplace_alias():
+    """A put writes two chunks of the peer's output; the peer reads them as one chunk of its
+    *input* (the same bytes in an in-place allreduce)."""
+    from mscclang import Buffer, DSLError, SyncType
+
+    with CollectiveProgram("trap", AllReduce(2, 1, True), 2, instances=2) as p:
+        a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)
+        a.put(Rank(1).get_output_buffer()[0:2], Rank(0).get_input_buffer()[0:2], tb=0)
+        a.signal(0, data_sync=SyncType.before)
+        b.wait(0, data_sync=SyncType.after)
+        Rank(1).copy(Buffer(1, 1)[0:1], Rank(1).get_input_buffer()[1:2], tb=0)
+    with pytest.raises(DSLError, match=r"rank 1's output buffer .*\[0:2\] and \[1:2\].*rank 0, tb 0, op 0 "
+                                       r"\(MemoryChannel\(dst=1, src=0\)\.put\(tb=0\)\) writes remote rank 1 "
+                                       r"output\[0:2\].*rank 1, tb 0, op 1 \(Rank\(1\)\.copy\(tb=0\)\) reads input\[1:2\]"):
+        p.to_plan()

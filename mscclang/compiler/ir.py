@@ -224,6 +224,31 @@ def _acc(ref: Ref, write: bool, packet: bool, spec: Optional[CollectiveSpec]) ->
     return Access(("L", buffer), start, end, write, packet)
 
 
+def operand_roles(op: IROp) -> list[tuple[Ref, bool, bool]]:
+    """``(ref, write, packet)`` for every operand of ``op`` (pipeline bodies included), in the
+    order sources then destinations; ``packet``: the operand holds LL packets (see
+    :func:`accesses`)."""
+    n = op.name
+    out: list[tuple[Ref, bool, bool]] = []
+    if n == OpName.pipeline:
+        for inner in op.body or []:
+            out.extend(operand_roles(inner))
+        return out
+    if n in (OpName.copy, OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.gstore,
+             OpName.re, OpName.rre, OpName.res, OpName.rres, OpName.glre, OpName.glres):
+        out += [(s, False, False) for s in op.src] + [(d, True, False) for d in op.dst]
+    elif n in (OpName.cpkt, OpName.ppkt):
+        out += [(s, False, False) for s in op.src] + [(d, True, True) for d in op.dst]
+    elif n in (OpName.rppkt, OpName.gstorepkt):
+        out += [(s, False, True) for s in op.src] + [(d, True, True) for d in op.dst]
+    elif n == OpName.upkt:
+        out += [(s, False, True) for s in op.src] + [(d, True, False) for d in op.dst]
+    elif n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt):
+        out += [(s, False, i > 0) for i, s in enumerate(op.src)]
+        out += [(d, True, i > 0) for i, d in enumerate(op.dst)]
+    return out
+
+
 def accesses(op: IROp, switch_buffers: Optional[list[IRSwitch]] = None,
              spec: Optional[CollectiveSpec] = None) -> list[Access]:
     """The byte ranges ``op`` reads and writes (see :class:`Access`).
@@ -236,50 +261,7 @@ def accesses(op: IROp, switch_buffers: Optional[list[IRSwitch]] = None,
     expressed in one buffer's chunks (see :func:`alias_range`), so aliases of the same bytes
     overlap; without it, input and output are compared as distinct buffers.
     """
-    n = op.name
-    out: list[Access] = []
-
-    def r(ref: Ref, packet: bool = False) -> None:
-        out.append(_acc(ref, False, packet, spec))
-
-    def w(ref: Ref, packet: bool = False) -> None:
-        out.append(_acc(ref, True, packet, spec))
-
-    if n == OpName.pipeline:
-        for inner in op.body or []:
-            out.extend(accesses(inner, switch_buffers, spec))
-        return out
-    if n in (OpName.copy, OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.gstore):
-        for s in op.src:
-            r(s)
-        for d in op.dst:
-            w(d)
-    elif n in (OpName.cpkt, OpName.ppkt):
-        for s in op.src:
-            r(s)
-        for d in op.dst:
-            w(d, packet=True)
-    elif n in (OpName.rppkt, OpName.gstorepkt):
-        for s in op.src:
-            r(s, packet=True)
-        for d in op.dst:
-            w(d, packet=True)
-    elif n == OpName.upkt:
-        for s in op.src:
-            r(s, packet=True)
-        for d in op.dst:
-            w(d)
-    elif n in (OpName.re, OpName.rre, OpName.res, OpName.rres, OpName.glre, OpName.glres):
-        for s in op.src:
-            r(s)
-        for d in op.dst:
-            w(d)
-    elif n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt):
-        for i, s in enumerate(op.src):
-            r(s, packet=i > 0)
-        for i, d in enumerate(op.dst):
-            w(d, packet=i > 0)
-    return out
+    return [_acc(ref, write, packet, spec) for ref, write, packet in operand_roles(op)]
 
 
 def conflicts(earlier: Access, later: Access) -> bool:

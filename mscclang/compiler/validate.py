@@ -15,7 +15,10 @@ DSL call that recorded the op:
   waits on B's paired channel (the one with the same ordinal among B's channels to A), counted
   separately per pipeline context;
 * semaphores: acquires equal releases per semaphore; a semaphore that starts at 0 needs a thread
-  block that releases it before acquiring it.
+  block that releases it before acquiring it;
+* with ``instances > 1`` and the interleaved replication policy, overlapping chunks of one buffer
+  are addressed with identical ranges everywhere
+  (:func:`mscclang.compiler.replicate.check_interleaved_ranges`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections import Counter
 from typing import Optional
 
 from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref
+from mscclang.compiler.replicate import check_interleaved_ranges
 from mscclang.errors import DSLError
 from mscclang.plan.models import BufferKind, ChannelType, OpName
 
@@ -278,4 +282,5 @@ def validate(ir: IRProgram) -> IRProgram:
                                f"thread blocks ({per})")
     check_signal_wait(out)
     check_semaphores(out)
+    check_interleaved_ranges(out)
     return out
