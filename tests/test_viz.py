@@ -4,7 +4,7 @@ plans render to valid PNGs of plausible size, and the drawn edges follow the pla
 
 Default run: every golden plan at the default settings; every library plan's dependency graph
 (edges, timeline order); per library algorithm its smallest variant drawn without labels. ``-m
-slow`` draws every library plan at the default settings (about a minute on 2 cores)."""
+slow`` draws every library plan at the default settings (2-3 minutes on 2 cores)."""
 
 from __future__ import annotations
 
