@@ -272,3 +272,63 @@ def test_interleaved_trap_through_a_peer_and_an_inplace_alias():
                                        r"\(MemoryChannel\(dst=1, src=0\)\.put\(tb=0\)\) writes remote rank 1 "
                                        r"output\[0:2\].*rank 1, tb 0, op 1 \(Rank\(1\)\.copy\(tb=0\)\) reads input\[1:2\]"):
         p.to_plan()
+
+
+# ---------------------------------------------------------------- signal -> wait across blocks
+
+
+def _split_cycle(broken: bool):
+    """Rank 0 signals rank 1 twice, from tb 1 and from tb 0; rank 1's tb 0 waits twice, then
+    signals back, and rank 0's tb 0 waits for that. Broken: rank 0's tb 0 waits *before* its
+    signal, so rank 1's second wait can never be satisfied."""
+    with CollectiveProgram("split", AllReduce(2, 1, False), 2) as p:
+        a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)   # rank 0's end, rank 1's end
+        a.signal(1)
+        if broken:
+            a.wait(0)
+            a.signal(0)
+        else:
+            a.signal(0)
+            a.wait(0)
+        b.wait(0)
+        b.wait(0)
+        b.signal(0)
+    return p
+
+
+def test_cross_block_signals_pair_with_waits():
+    ir = validate(_split_cycle(broken=False).ir)
+    g = build_graph(ir)
+    # rank 1 tb 0's second wait needs both signals: one from each of rank 0's blocks
+    r1 = [n for n in g.nodes if n[:2] == (1, 0) and g.nodes[n]["label"].endswith("(wait)")]
+    second = sorted(r1)[1]
+    preds = {u for u, _ in g.in_edges(second)}
+    assert (0, 1, 0) in preds and (0, 0, 0) in preds
+    _split_cycle(broken=False).to_plan()   # acyclic
+
+
+def test_cross_rank_cycle_split_over_blocks_is_reported():
+    with pytest.raises(CompileError) as e:
+        _split_cycle(broken=True).to_plan()
+    msg = str(e.value)
+    assert "dependency cycle" in msg
+    assert "rank 0 tb 0" in msg and "rank 1 tb 0" in msg
+    assert "(signal)" in msg and "(wait)" in msg
+
+
+def test_cross_block_waits_use_a_lower_bound():
+    """Waits spread over two blocks: each block's first wait needs only one signal, so two
+    signals from one block followed by a wait on a second channel never form a false cycle."""
+    with CollectiveProgram("spread", AllReduce(2, 1, False), 2) as p:
+        a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)
+        a.signal(0)
+        a.signal(0)
+        a.wait(0)
+        b.wait(0)     # rank 1 tb 0
+        b.signal(0)
+        b.wait(1)     # rank 1 tb 1
+    p.to_plan()
+    g = build_graph(validate(p.ir))
+    # each block's first wait follows rank 0's first signal only
+    assert g.has_edge((0, 0, 0), (1, 0, 0)) and g.has_edge((0, 0, 0), (1, 1, 0))
+    assert not g.has_edge((0, 0, 1), (1, 0, 0)) and not g.has_edge((0, 0, 1), (1, 1, 0))

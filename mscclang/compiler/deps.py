@@ -5,9 +5,17 @@ pipeline body (the body is taken once, as one iteration). Edges:
 
 * program order inside each thread block (a pipeline node precedes its body, whose last op
   precedes the block's next op);
-* signal -> wait: the ``m``-th signal sent on a channel end precedes the ``m``-th wait on the
-  paired end (when all signals of that end come from one block and all waits of the paired end
-  from one block, so that the ``m``-th is well defined);
+* signal -> wait, per channel end and launch, across thread blocks: a wait that is the ``j``-th
+  wait on its channel end in its own block (program order) needs at least ``j`` signals on the
+  paired end (waits of other blocks can only raise its expected count). When the signals come
+  from blocks ``B`` with ``n_B`` signals each (``N`` in all), at least ``j - (N - n_B)`` of them
+  must come from ``B``, so ``B``'s signal number ``j - (N - n_B)`` (program order) precedes the
+  wait whenever that number is positive. With one signalling block this pairs the ``j``-th signal
+  with the ``j``-th wait; with several it still gives every edge that holds whatever the
+  blocks' relative speed, so cycles through channels shared by several blocks are found too.
+  (A signal of a later launch cannot stand in: a rank starts its next launch only after all its
+  blocks finished this one.) Channel ends with a signal or wait inside a pipeline body are paired
+  only when one block signals and one block waits (``m``-th with ``m``-th, the body taken once);
 * barriers: every member's barrier op precedes a virtual node that precedes every member's next op;
 * semaphores: when one block acquires a semaphore and one block releases it, the ``(m - v)``-th
   release precedes the ``m``-th acquire (``v`` the initial value);
@@ -64,6 +72,34 @@ def _packet_reads(op: IROp) -> list[tuple[int, int, int]]:
     return [(r.rank, r.index, r.end) for r in refs if r.buffer == BufferKind.scratch and not r.remote]
 
 
+def signal_wait_pairs(sends: list[Node], waits: list[Node]) -> list[tuple[Node, Node]]:
+    """The (signal, wait) edges of one channel end pair (see the module docstring). ``sends`` and
+    ``waits`` are nodes in program order within each block (blocks may be interleaved)."""
+    if not sends or not waits:
+        return []
+    in_pipeline = any(len(x) > 3 for x in sends + waits)
+    send_blocks = {s[:2] for s in sends}
+    wait_blocks = {w[:2] for w in waits}
+    if in_pipeline:
+        if len(send_blocks) != 1 or len(wait_blocks) != 1:
+            return []
+        return list(zip(sends, waits))
+    per_block: dict[tuple, list[Node]] = defaultdict(list)
+    for s in sends:
+        per_block[s[:2]].append(s)
+    total = len(sends)
+    out: list[tuple[Node, Node]] = []
+    seen: dict[tuple, int] = defaultdict(int)
+    for w in waits:
+        seen[w[:2]] += 1
+        j = seen[w[:2]]
+        for blk, lst in sorted(per_block.items()):
+            need = j - (total - len(lst))
+            if 1 <= need <= len(lst):
+                out.append((lst[need - 1], w))
+    return out
+
+
 def build_graph(ir: IRProgram) -> nx.DiGraph:
     """The dependency graph of ``ir`` (see the module docstring); nodes carry ``label``."""
     g = nx.DiGraph()
@@ -101,9 +137,7 @@ def build_graph(ir: IRProgram) -> nx.DiGraph:
             continue
         peer = ir.ranks[rank].peers(ctype)[c]
         waits = wai.get((peer, ctype, pj), [])
-        if len({s[:2] for s in sends}) != 1 or len({w[:2] for w in waits}) > 1:
-            continue
-        for s, w in zip(sends, waits):
+        for s, w in signal_wait_pairs(sends, waits):
             g.add_edge(s, w)
 
     # barriers
