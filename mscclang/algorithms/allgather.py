@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mscclang.algorithms.common import check_common, handshake, make_program, mesh, peers, plan_name, signal_all, wait_all
-from mscclang.dsl import AllGather, Buffer, Rank, SyncType
+from mscclang.algorithms.common import (data_handshake, get_from_peers, input_of, library_program, mesh,
+                                        output_of, peers, put_to_peers, ready_handshake,
+                                        send_packets_to_peers, unpack_packets_from_peers)
+from mscclang.dsl import AllGather, Buffer, Rank
 from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
 
 __all__ = ["build_allgather_ll", "build_allgather_simple", "build_allgather_zero_copy"]
@@ -21,25 +23,18 @@ def build_allgather_ll(ranks: int, instances: int = 1, num_threads_per_block: in
     """LL allgather: thread block ``j`` packs the input into the ``j``-th peer's scratch (slot
     of the sender) and unpacks that peer's packets into its output chunk; block 0 also copies
     the input into the rank's own output chunk (out of place). Double scratch."""
-    algo = "allgather_ll"
-    check_common(algo, ranks, instances)
+    prog = library_program("allgather_ll", AllGather, ranks, instances, inplace, "LL", num_threads_per_block,
+                           name, min_message_size, max_message_size, double_scratch=True)
     n = ranks
-    prog = make_program(plan_name(algo, n, instances, name), AllGather(n, 1, inplace), n, instances, "LL",
-                        num_threads_per_block, min_message_size, max_message_size, double_scratch=True)
     with prog:
         scratch = [Buffer(r, n) for r in range(n)]
         ch = mesh(n)
         for r in range(n):
-            rank = Rank(r)
-            inp = rank.get_input_buffer()
-            out = rank.get_output_buffer()
-            ps = peers(r, n)
-            for j, p in enumerate(ps):
-                ch[(r, p)].put_packets(scratch[p][r:r + 1], inp[0:1], tb=j)
+            inp, out, ps = input_of(r), output_of(r), peers(r, n)
+            send_packets_to_peers(ch, r, ps, scratch, src=lambda p: inp[0])
             if not inplace:
-                rank.copy(out[r:r + 1], inp[0:1], tb=0)
-            for j, p in enumerate(ps):
-                rank.unpack_packets(out[p:p + 1], scratch[r][p:p + 1], tb=j)
+                Rank(r).copy(out[r], inp[0], tb=0)
+            unpack_packets_from_peers(r, ps, scratch[r], dst=lambda p: out[p])
     return prog.to_plan()
 
 
@@ -51,28 +46,20 @@ def build_allgather_simple(ranks: int, instances: int = 1, num_threads_per_block
     output (one multi-source ``get``) and copies its own input (out of place); a final
     signal/wait keeps every rank from reusing its scratch while a peer may still read it. One
     thread block per instance."""
-    algo = "allgather_simple"
-    check_common(algo, ranks, instances)
+    prog = library_program("allgather_simple", AllGather, ranks, instances, inplace, "Simple",
+                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    prog = make_program(plan_name(algo, n, instances, name), AllGather(n, 1, inplace), n, instances,
-                        "Simple", num_threads_per_block, min_message_size, max_message_size)
     with prog:
         scratch = [Buffer(r, 1) for r in range(n)]
         ch = mesh(n)
         for r in range(n):
-            rank = Rank(r)
-            inp = rank.get_input_buffer()
-            out = rank.get_output_buffer()
-            ps = peers(r, n)
-            rank.copy(scratch[r][0:1], inp[0:1], tb=0)
-            signal_all(ch, r, ps, 0, data_sync=SyncType.before)
-            wait_all(ch, r, ps, 0, data_sync=SyncType.after)
-            for p in ps:
-                ch[(r, p)].get(out[p:p + 1], scratch[p][0:1], tb=0)
+            rank, inp, out, ps = Rank(r), input_of(r), output_of(r), peers(r, n)
+            rank.copy(scratch[r][0], inp[0], tb=0)
+            data_handshake(ch, r, ps, ps, 0)
+            get_from_peers(ch, r, ps, dst=lambda p: out[p], src=lambda p: scratch[p][0], tb=0)
             if not inplace:
-                rank.copy(out[r:r + 1], inp[0:1], tb=0)
-            signal_all(ch, r, ps, 0, data_sync=SyncType.before)
-            wait_all(ch, r, ps, 0, data_sync=SyncType.after)
+                rank.copy(out[r], inp[0], tb=0)
+            data_handshake(ch, r, ps, ps, 0)
     return prog.to_plan()
 
 
@@ -83,23 +70,16 @@ def build_allgather_zero_copy(ranks: int, instances: int = 1, num_threads_per_bl
     its input straight into its chunk of every peer's output (one multi-destination ``put``),
     copies it into its own output (out of place), then signals every peer and waits for theirs.
     One thread block per instance."""
-    algo = "allgather_zero_copy"
-    check_common(algo, ranks, instances)
+    prog = library_program("allgather_zero_copy", AllGather, ranks, instances, inplace, "Simple",
+                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    prog = make_program(plan_name(algo, n, instances, name), AllGather(n, 1, inplace), n, instances,
-                        "Simple", num_threads_per_block, min_message_size, max_message_size)
     with prog:
         ch = mesh(n)
         for r in range(n):
-            rank = Rank(r)
-            inp = rank.get_input_buffer()
-            out = rank.get_output_buffer()
-            ps = peers(r, n)
-            handshake(ch, r, ps, ps, 0)
-            for p in ps:
-                ch[(r, p)].put(Rank(p).get_output_buffer()[r:r + 1], inp[0:1], tb=0)
+            inp, out, ps = input_of(r), output_of(r), peers(r, n)
+            ready_handshake(ch, r, ps, ps, 0)
+            put_to_peers(ch, r, ps, dst=lambda p: output_of(p)[r], src=lambda p: inp[0], tb=0)
             if not inplace:
-                rank.copy(out[r:r + 1], inp[0:1], tb=0)
-            signal_all(ch, r, ps, 0, data_sync=SyncType.before)
-            wait_all(ch, r, ps, 0, data_sync=SyncType.after)
+                Rank(r).copy(out[r], inp[0], tb=0)
+            data_handshake(ch, r, ps, ps, 0)
     return prog.to_plan()

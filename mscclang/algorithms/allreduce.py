@@ -22,18 +22,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mscclang.algorithms.common import (
-    check_common,
-    handshake,
-    make_program,
-    mesh,
-    peers,
-    plan_name,
-    read_reduce,
-    sender_slot,
-    signal_all,
-    wait_all,
-)
+from mscclang.algorithms.common import (check_common, data_handshake, input_of, library_program, mesh,
+                                        output_of, peers, put_to_peers, read_reduce, ready_handshake,
+                                        reduce_packets_from_peers, send_packets_to_peers, sender_slot,
+                                        signal_all, stage_peer_chunks, unpack_packets_from_peers, wait_all)
 from mscclang.dsl import AllReduce, Buffer, LoopIterationContext, Rank, Semaphore, SyncType, ThreadBlockGroup
 from mscclang.errors import DSLError
 from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
@@ -54,24 +46,25 @@ def build_oneshot_ll(ranks: int, instances: int = 1, num_threads_per_block: int 
     input chunk with the packets every peer sent for that chunk into the output (one ``repkt``).
     Scratch: one slot of ``ranks`` chunks per peer, double buffered. Two ops per block.
     """
-    algo = "allreduce_oneshot_ll"
-    check_common(algo, ranks, instances)
+    prog = library_program("allreduce_oneshot_ll", AllReduce, ranks, instances, inplace, "LL",
+                           num_threads_per_block, name, min_message_size, max_message_size,
+                           double_scratch=True)
     n = ranks
-    prog = make_program(plan_name(algo, n, instances, name), AllReduce(n, 1, inplace), n, instances, "LL",
-                        num_threads_per_block, min_message_size, max_message_size, double_scratch=True)
+
+    def slot(sender: int, receiver: int, c: int) -> int:
+        """Where ``sender``'s packets of chunk ``c`` land in ``receiver``'s scratch."""
+        return sender_slot(sender, receiver) * n + c
+
     with prog:
         scratch = [Buffer(r, (n - 1) * n) for r in range(n)]
         ch = mesh(n)
         for r in range(n):
-            rank = Rank(r)
-            inp = rank.get_input_buffer()
-            out = inp if inplace else rank.get_output_buffer()
+            rank, inp, out, ps = Rank(r), input_of(r), output_of(r, inplace), peers(r, n)
             for c in range(n):
-                for p in peers(r, n):
-                    s = sender_slot(r, p) * n + c
-                    ch[(r, p)].put_packets(scratch[p][s:s + 1], inp[c:c + 1], tb=c)
-                got = [scratch[r][sender_slot(q, r) * n + c:sender_slot(q, r) * n + c + 1] for q in peers(r, n)]
-                rank.reduce(inp[c:c + 1], got, tb=c, dst_chunk=out[c:c + 1], packet=True)
+                for p in ps:
+                    ch[(r, p)].put_packets(scratch[p][slot(r, p, c)], inp[c], tb=c)
+                got = [scratch[r][slot(q, r, c)] for q in ps]
+                rank.reduce(inp[c], got, tb=c, dst_chunk=out[c], packet=True)
     return prog.to_plan()
 
 
@@ -87,28 +80,21 @@ def build_twostep_ll(ranks: int, instances: int = 1, num_threads_per_block: int 
     (``respkt``), and finally unpacks ``p``'s reduced chunk into the output (``upkt``).
     Scratch: ``ranks`` reduce-scatter slots then ``ranks`` all-gather slots, double buffered.
     """
-    algo = "allreduce_twostep_ll"
-    check_common(algo, ranks, instances)
+    prog = library_program("allreduce_twostep_ll", AllReduce, ranks, instances, inplace, "LL",
+                           num_threads_per_block, name, min_message_size, max_message_size,
+                           double_scratch=True)
     n = ranks
-    prog = make_program(plan_name(algo, n, instances, name), AllReduce(n, 1, inplace), n, instances, "LL",
-                        num_threads_per_block, min_message_size, max_message_size, double_scratch=True)
     with prog:
         scratch = [Buffer(r, 2 * n) for r in range(n)]
         ch = mesh(n)
         for r in range(n):
-            rank = Rank(r)
-            inp = rank.get_input_buffer()
-            out = inp if inplace else rank.get_output_buffer()
-            ps = peers(r, n)
+            inp, out, ps = input_of(r), output_of(r, inplace), peers(r, n)
             group = ThreadBlockGroup(list(range(len(ps))))
-            for j, p in enumerate(ps):
-                ch[(r, p)].put_packets(scratch[p][r:r + 1], inp[p:p + 1], tb=j)
-            got = [scratch[r][q:q + 1] for q in ps]
-            rank.reduce(inp[r:r + 1], got, tb_group=group, dst_chunk=out[r:r + 1], packet=True)
+            send_packets_to_peers(ch, r, ps, scratch, src=lambda p: inp[p])
+            reduce_packets_from_peers(r, ps, scratch[r], own=inp[r], dst=out[r], group=group)
             for p in ps:
-                ch[(r, p)].put_packets(scratch[p][n + r:n + r + 1], out[r:r + 1], tb_group=group)
-            for j, p in enumerate(ps):
-                rank.unpack_packets(out[p:p + 1], scratch[r][n + p:n + p + 1], tb=j)
+                ch[(r, p)].put_packets(scratch[p][n + r], out[r], tb_group=group)
+            unpack_packets_from_peers(r, ps, scratch[r], dst=lambda p: out[p], slot_base=n)
     return prog.to_plan()
 
 
@@ -124,32 +110,23 @@ def build_rsag_simple(ranks: int, instances: int = 1, num_threads_per_block: int
     publishes the results, which every rank copies from its scratch into its output. Peers only
     ever touch each other's scratch. One thread block per instance.
     """
-    algo = "allreduce_rsag_simple"
-    check_common(algo, ranks, instances)
+    prog = library_program("allreduce_rsag_simple", AllReduce, ranks, instances, inplace, "Simple",
+                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    prog = make_program(plan_name(algo, n, instances, name), AllReduce(n, 1, inplace), n, instances,
-                        "Simple", num_threads_per_block, min_message_size, max_message_size)
     with prog:
         # slots 0..n-1: copies of the inputs; n..2n-1: reduced chunks (separate, so that the
         # reduction and the write-back fuse into one rres)
         scratch = [Buffer(r, 2 * n) for r in range(n)]
         ch = mesh(n)
         for r in range(n):
-            rank = Rank(r)
-            inp = rank.get_input_buffer()
-            out = inp if inplace else rank.get_output_buffer()
-            ps = peers(r, n)
-            for p in ps:  # chunk by chunk: with instances > 1 every reference must use one chunk range
-                rank.copy(scratch[r][p:p + 1], inp[p:p + 1], tb=0)
-            signal_all(ch, r, ps, 0, data_sync=SyncType.before)
-            wait_all(ch, r, ps, 0, data_sync=SyncType.after)
-            read_reduce(ch, r, inp[r:r + 1], [(p, scratch[p][r:r + 1]) for p in ps], out[r:r + 1], 0)
+            rank, inp, out, ps = Rank(r), input_of(r), output_of(r, inplace), peers(r, n)
+            stage_peer_chunks(r, ps, scratch[r], inp)
+            data_handshake(ch, r, ps, ps, 0)
+            read_reduce(ch, r, inp[r], [(p, scratch[p][r]) for p in ps], out[r], 0)
+            put_to_peers(ch, r, ps, dst=lambda p: scratch[p][n + r], src=lambda p: out[r], tb=0)
+            data_handshake(ch, r, ps, ps, 0)
             for p in ps:
-                ch[(r, p)].put(scratch[p][n + r:n + r + 1], out[r:r + 1], tb=0)
-            signal_all(ch, r, ps, 0, data_sync=SyncType.before)
-            wait_all(ch, r, ps, 0, data_sync=SyncType.after)
-            for p in ps:
-                rank.copy(out[p:p + 1], scratch[r][n + p:n + p + 1], tb=0)
+                rank.copy(out[p], scratch[r][n + p], tb=0)
     return prog.to_plan()
 
 
@@ -163,26 +140,17 @@ def build_rsag_zero_copy(ranks: int, instances: int = 1, num_threads_per_block: 
     every peer's output (one ``rres``); a final signal/wait publishes the writes and keeps every
     rank alive until its peers are done with its buffers. One thread block per instance.
     """
-    algo = "allreduce_rsag_zero_copy"
-    check_common(algo, ranks, instances)
+    prog = library_program("allreduce_rsag_zero_copy", AllReduce, ranks, instances, inplace, "Simple",
+                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    prog = make_program(plan_name(algo, n, instances, name), AllReduce(n, 1, inplace), n, instances,
-                        "Simple", num_threads_per_block, min_message_size, max_message_size)
     with prog:
         ch = mesh(n)
         for r in range(n):
-            rank = Rank(r)
-            inp = rank.get_input_buffer()
-            out = inp if inplace else rank.get_output_buffer()
-            ps = peers(r, n)
-            handshake(ch, r, ps, ps, 0)
-            remote_in = [(p, (Rank(p).get_input_buffer())[r:r + 1]) for p in ps]
-            read_reduce(ch, r, inp[r:r + 1], remote_in, out[r:r + 1], 0)
-            for p in ps:
-                peer_out = Rank(p).get_input_buffer() if inplace else Rank(p).get_output_buffer()
-                ch[(r, p)].put(peer_out[r:r + 1], out[r:r + 1], tb=0)
-            signal_all(ch, r, ps, 0, data_sync=SyncType.before)
-            wait_all(ch, r, ps, 0, data_sync=SyncType.after)
+            inp, out, ps = input_of(r), output_of(r, inplace), peers(r, n)
+            ready_handshake(ch, r, ps, ps, 0)
+            read_reduce(ch, r, inp[r], [(p, input_of(p)[r]) for p in ps], out[r], 0)
+            put_to_peers(ch, r, ps, dst=lambda p: output_of(p, inplace)[r], src=lambda p: out[r], tb=0)
+            data_handshake(ch, r, ps, ps, 0)
     return prog.to_plan()
 
 
@@ -203,12 +171,12 @@ def build_rsag_pipelined(ranks: int, instances: int = 1, num_threads_per_block: 
     at any message size.
     """
     algo = "allreduce_rsag_pipelined"
-    check_common(algo, ranks, instances)
+    check_common(algo, ranks, instances)  # before the unit, as the other builders check first
     if not isinstance(unit, int) or unit < 16 or unit % 16:
         raise DSLError(f"{algo}: unit must be a positive multiple of 16 bytes, got {unit!r}")
+    prog = library_program(algo, AllReduce, ranks, instances, inplace, "Simple", num_threads_per_block,
+                           name, min_message_size, max_message_size)
     n = ranks
-    prog = make_program(plan_name(algo, n, instances, name), AllReduce(n, 1, inplace), n, instances,
-                        "Simple", num_threads_per_block, min_message_size, max_message_size)
     with prog:
         # slots 0..n-1: copies of the inputs; n..2n-1: reduced chunks
         scratch = [Buffer(r, 2 * n) for r in range(n)]
@@ -217,22 +185,18 @@ def build_rsag_pipelined(ranks: int, instances: int = 1, num_threads_per_block: 
         sems = [Semaphore(r, 0) for r in range(n)]
         with LoopIterationContext(unit, 1):
             for r in range(n):
-                rank = Rank(r)
-                inp = rank.get_input_buffer()
-                out = inp if inplace else rank.get_output_buffer()
-                ps = peers(r, n)
-                for p in ps:
-                    rank.copy(scratch[r][p:p + 1], inp[p:p + 1], tb=0)
-                signal_all(ready, r, ps, 0, data_sync=SyncType.before)
-                wait_all(ready, r, ps, 0, data_sync=SyncType.after)
-                mine = scratch[r][n + r:n + r + 1]
-                read_reduce(ready, r, inp[r:r + 1], [(p, scratch[p][r:r + 1]) for p in ps], mine, 0)
-                for p in ps:
-                    ready[(r, p)].put(scratch[p][n + r:n + r + 1], mine, tb=0)
+                rank, inp, out, ps = Rank(r), input_of(r), output_of(r, inplace), peers(r, n)
+                # block 0: stage, reduce this rank's slice, write it back to every peer
+                stage_peer_chunks(r, ps, scratch[r], inp)
+                data_handshake(ready, r, ps, ps, 0)
+                mine = scratch[r][n + r]
+                read_reduce(ready, r, inp[r], [(p, scratch[p][r]) for p in ps], mine, 0)
+                put_to_peers(ready, r, ps, dst=lambda p: scratch[p][n + r], src=lambda p: mine, tb=0)
                 signal_all(done, r, ps, 0, data_sync=SyncType.before)
                 sems[r].release(0, data_sync=SyncType.before)
+                # block 1: once every reduced slice is in, copy them all out
                 wait_all(done, r, ps, 1, data_sync=SyncType.none)
                 sems[r].acquire(1, data_sync=SyncType.after)
                 for c in range(n):
-                    rank.copy(out[c:c + 1], scratch[r][n + c:n + c + 1], tb=1)
+                    rank.copy(out[c], scratch[r][n + c], tb=1)
     return prog.to_plan()

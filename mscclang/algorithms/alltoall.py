@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mscclang.algorithms.common import check_common, handshake, make_program, mesh, peers, plan_name, signal_all, wait_all
-from mscclang.dsl import AllToAll, Buffer, Rank, SyncType
+from mscclang.algorithms.common import (data_handshake, get_from_peers, input_of, library_program, mesh,
+                                        output_of, peers, put_to_peers, ready_handshake,
+                                        send_packets_to_peers, stage_peer_chunks, unpack_packets_from_peers)
+from mscclang.dsl import AllToAll, Buffer, Rank
 from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
 
 __all__ = ["build_alltoall_ll", "build_alltoall_simple", "build_alltoall_zero_copy"]
@@ -22,25 +24,18 @@ def build_alltoall_ll(ranks: int, instances: int = 1, num_threads_per_block: int
     peer's scratch (slot of the sender), then unpacks the chunk that peer sent into the output;
     block 0 also copies the rank's own chunk (out of place). Works in place: each block reads a
     chunk before it overwrites it. Double scratch."""
-    algo = "alltoall_ll"
-    check_common(algo, ranks, instances)
+    prog = library_program("alltoall_ll", AllToAll, ranks, instances, inplace, "LL", num_threads_per_block,
+                           name, min_message_size, max_message_size, double_scratch=True)
     n = ranks
-    prog = make_program(plan_name(algo, n, instances, name), AllToAll(n, 1, inplace), n, instances, "LL",
-                        num_threads_per_block, min_message_size, max_message_size, double_scratch=True)
     with prog:
         scratch = [Buffer(r, n) for r in range(n)]
         ch = mesh(n)
         for r in range(n):
-            rank = Rank(r)
-            inp = rank.get_input_buffer()
-            out = inp if inplace else rank.get_output_buffer()
-            ps = peers(r, n)
-            for j, p in enumerate(ps):
-                ch[(r, p)].put_packets(scratch[p][r:r + 1], inp[p:p + 1], tb=j)
+            inp, out, ps = input_of(r), output_of(r, inplace), peers(r, n)
+            send_packets_to_peers(ch, r, ps, scratch, src=lambda p: inp[p])
             if not inplace:
-                rank.copy(out[r:r + 1], inp[r:r + 1], tb=0)
-            for j, p in enumerate(ps):
-                rank.unpack_packets(out[p:p + 1], scratch[r][p:p + 1], tb=j)
+                Rank(r).copy(out[r], inp[r], tb=0)
+            unpack_packets_from_peers(r, ps, scratch[r], dst=lambda p: out[p])
     return prog.to_plan()
 
 
@@ -53,29 +48,20 @@ def build_alltoall_simple(ranks: int, instances: int = 1, num_threads_per_block:
     chunk (out of place); a final signal/wait keeps every rank from reusing its scratch while a
     peer may still read it. Works in place (the input is copied before the output is written).
     One thread block per instance."""
-    algo = "alltoall_simple"
-    check_common(algo, ranks, instances)
+    prog = library_program("alltoall_simple", AllToAll, ranks, instances, inplace, "Simple",
+                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    prog = make_program(plan_name(algo, n, instances, name), AllToAll(n, 1, inplace), n, instances,
-                        "Simple", num_threads_per_block, min_message_size, max_message_size)
     with prog:
         scratch = [Buffer(r, n) for r in range(n)]
         ch = mesh(n)
         for r in range(n):
-            rank = Rank(r)
-            inp = rank.get_input_buffer()
-            out = inp if inplace else rank.get_output_buffer()
-            ps = peers(r, n)
-            for p in ps:
-                rank.copy(scratch[r][p:p + 1], inp[p:p + 1], tb=0)
-            signal_all(ch, r, ps, 0, data_sync=SyncType.before)
-            wait_all(ch, r, ps, 0, data_sync=SyncType.after)
-            for p in ps:
-                ch[(r, p)].get(out[p:p + 1], scratch[p][r:r + 1], tb=0)
+            inp, out, ps = input_of(r), output_of(r, inplace), peers(r, n)
+            stage_peer_chunks(r, ps, scratch[r], inp)
+            data_handshake(ch, r, ps, ps, 0)
+            get_from_peers(ch, r, ps, dst=lambda p: out[p], src=lambda p: scratch[p][r], tb=0)
             if not inplace:
-                rank.copy(out[r:r + 1], inp[r:r + 1], tb=0)
-            signal_all(ch, r, ps, 0, data_sync=SyncType.before)
-            wait_all(ch, r, ps, 0, data_sync=SyncType.after)
+                Rank(r).copy(out[r], inp[r], tb=0)
+            data_handshake(ch, r, ps, ps, 0)
     return prog.to_plan()
 
 
@@ -86,22 +72,15 @@ def build_alltoall_zero_copy(ranks: int, instances: int = 1, num_threads_per_blo
     handshake put each peer's chunk of the input straight into that peer's output (one
     multi-destination ``put``), copy the own chunk, then signal every peer and wait for theirs.
     One thread block per instance."""
-    algo = "alltoall_zero_copy"
-    check_common(algo, ranks, instances)
+    prog = library_program("alltoall_zero_copy", AllToAll, ranks, instances, inplace, "Simple",
+                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    prog = make_program(plan_name(algo, n, instances, name), AllToAll(n, 1, inplace), n, instances,
-                        "Simple", num_threads_per_block, min_message_size, max_message_size)
     with prog:
         ch = mesh(n)
         for r in range(n):
-            rank = Rank(r)
-            inp = rank.get_input_buffer()
-            out = rank.get_output_buffer()
-            ps = peers(r, n)
-            handshake(ch, r, ps, ps, 0)
-            for p in ps:
-                ch[(r, p)].put(Rank(p).get_output_buffer()[r:r + 1], inp[p:p + 1], tb=0)
-            rank.copy(out[r:r + 1], inp[r:r + 1], tb=0)
-            signal_all(ch, r, ps, 0, data_sync=SyncType.before)
-            wait_all(ch, r, ps, 0, data_sync=SyncType.after)
+            inp, out, ps = input_of(r), output_of(r), peers(r, n)
+            ready_handshake(ch, r, ps, ps, 0)
+            put_to_peers(ch, r, ps, dst=lambda p: output_of(p)[r], src=lambda p: inp[p], tb=0)
+            Rank(r).copy(out[r], inp[r], tb=0)
+            data_handshake(ch, r, ps, ps, 0)
     return prog.to_plan()

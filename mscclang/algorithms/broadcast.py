@@ -8,21 +8,31 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mscclang.algorithms.common import check_common, make_program, mesh, peers, signal_all, wait_all
-from mscclang.dsl import Broadcast, Buffer, Rank, SyncType
+from mscclang.algorithms.common import (Channels, announce_ready, await_ready, check_common, input_of,
+                                        library_program, mesh, output_of, peers, signal_all, wait_all)
+from mscclang.dsl import Broadcast, Buffer, CollectiveProgram, Rank, SyncType
 from mscclang.errors import DSLError
 from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
 
 __all__ = ["build_broadcast_ll", "build_broadcast_simple"]
 
 
-def _check_root(algo: str, ranks: int, root: int) -> None:
+def _program(algo: str, ranks: int, instances: int, inplace: bool, protocol: str, num_threads_per_block: int,
+             name: Optional[str], min_message_size: int, max_message_size: int, root: int,
+             double_scratch: bool = False) -> CollectiveProgram:
+    """The broadcast program: checks ``root`` too and names the plan after it by default."""
+    check_common(algo, ranks, instances)
     if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < ranks:
         raise DSLError(f"{algo}: root {root!r} is not a rank of {ranks}")
+    return library_program(algo, Broadcast, ranks, instances, inplace, protocol, num_threads_per_block,
+                           name if name else f"{algo}.r{ranks}.i{instances}.root{root}", min_message_size,
+                           max_message_size, double_scratch=double_scratch, root=root)
 
 
-def _name(algo: str, ranks: int, instances: int, root: int, name: Optional[str]) -> str:
-    return name if name else f"{algo}.r{ranks}.i{instances}.root{root}"
+def _star(num_ranks: int, root: int) -> Channels:
+    """Channels root -> every other rank, then every other rank -> root."""
+    others = peers(root, num_ranks)
+    return mesh(num_ranks, [(root, p) for p in others] + [(p, root) for p in others])
 
 
 def build_broadcast_ll(ranks: int, instances: int = 1, num_threads_per_block: int = 512,
@@ -36,30 +46,24 @@ def build_broadcast_ll(ranks: int, instances: int = 1, num_threads_per_block: in
     The ready words are needed because nothing else flows back to the root: without them the
     root could run two launches ahead and overwrite packets of the double-buffered scratch that
     a slow peer has not read yet."""
-    algo = "broadcast_ll"
-    check_common(algo, ranks, instances)
-    _check_root(algo, ranks, root)
+    prog = _program("broadcast_ll", ranks, instances, inplace, "LL", num_threads_per_block, name,
+                    min_message_size, max_message_size, root, double_scratch=True)
     n = ranks
-    prog = make_program(_name(algo, n, instances, root, name), Broadcast(n, 1, root=root, inplace=inplace), n,
-                        instances, "LL", num_threads_per_block, min_message_size, max_message_size,
-                        double_scratch=True)
     with prog:
         scratch = [Buffer(r, 1) for r in range(n)]
         others = peers(root, n)
-        ch = mesh(n, [(root, p) for p in others] + [(p, root) for p in others])
+        ch = _star(n, root)
         for r in range(n):
-            rank = Rank(r)
-            inp = rank.get_input_buffer()
-            out = inp if inplace else rank.get_output_buffer()
+            inp, out = input_of(r), output_of(r, inplace)
             if r == root:
-                wait_all(ch, r, others, 0, relaxed=True, data_sync=SyncType.after)
+                await_ready(ch, r, others, 0)
                 for p in others:
-                    ch[(root, p)].put_packets(scratch[p][0:1], inp[0:1], tb=0)
+                    ch[(root, p)].put_packets(scratch[p][0], inp[0], tb=0)
                 if not inplace:
-                    rank.copy(out[0:1], inp[0:1], tb=0)
+                    Rank(r).copy(out[0], inp[0], tb=0)
             else:
-                ch[(r, root)].signal(0, data_sync=SyncType.none, relaxed=True)
-                rank.unpack_packets(out[0:1], scratch[r][0:1], tb=0)
+                announce_ready(ch, r, [root], 0)
+                Rank(r).unpack_packets(out[0], scratch[r][0], tb=0)
     return prog.to_plan()
 
 
@@ -70,28 +74,23 @@ def build_broadcast_simple(ranks: int, instances: int = 1, num_threads_per_block
     scratch and signals every peer; each peer waits, reads the root's scratch into its output
     (``get``) and signals the root, which waits for all of them before it finishes (so its
     scratch is not reused while a peer still reads it). One thread block per instance."""
-    algo = "broadcast_simple"
-    check_common(algo, ranks, instances)
-    _check_root(algo, ranks, root)
+    prog = _program("broadcast_simple", ranks, instances, inplace, "Simple", num_threads_per_block, name,
+                    min_message_size, max_message_size, root)
     n = ranks
-    prog = make_program(_name(algo, n, instances, root, name), Broadcast(n, 1, root=root, inplace=inplace), n,
-                        instances, "Simple", num_threads_per_block, min_message_size, max_message_size)
     with prog:
         scratch = [Buffer(r, 1) for r in range(n)]
         others = peers(root, n)
-        ch = mesh(n, [(root, p) for p in others] + [(p, root) for p in others])
+        ch = _star(n, root)
         for r in range(n):
-            rank = Rank(r)
-            inp = rank.get_input_buffer()
-            out = inp if inplace else rank.get_output_buffer()
+            rank, inp, out = Rank(r), input_of(r), output_of(r, inplace)
             if r == root:
-                rank.copy(scratch[r][0:1], inp[0:1], tb=0)
+                rank.copy(scratch[r][0], inp[0], tb=0)
                 signal_all(ch, r, others, 0, data_sync=SyncType.before)
                 if not inplace:
-                    rank.copy(out[0:1], inp[0:1], tb=0)
+                    rank.copy(out[0], inp[0], tb=0)
                 wait_all(ch, r, others, 0, data_sync=SyncType.after)
             else:
                 ch[(r, root)].wait(0, data_sync=SyncType.after)
-                ch[(r, root)].get(out[0:1], scratch[root][0:1], tb=0)
+                ch[(r, root)].get(out[0], scratch[root][0], tb=0)
                 ch[(r, root)].signal(0, data_sync=SyncType.before)
     return prog.to_plan()
