@@ -339,3 +339,58 @@ def test_runtime_refusal_is_retried_with_padded_blocks_once():
         assert all(torch.equal(o, want) for o in outs)
     assert world.refusals == n  # refused once per rank, then remembered
     assert fb.calls == []
+
+
+def _rules(coll, *cands):
+    return tuning_from_dict({"format": "mscclang.tuning/1", "rules": [
+        {"collective": coll, "candidates": [{"plan": c} for c in cands]}]})
+
+
+def test_staged_plan_listed_before_nccl_wins_over_the_fallback():
+    """Regression (GPU run 1): blocks not a multiple of the granule made every listed plan need
+    staging, and the rule's trailing "nccl" was taken instead; with the fallback disabled the
+    call failed. A plan listed before "nccl" runs (staged)."""
+    n = 2
+    plans = [stub_plan("allgather", n, name="ag_zc", symmetric=True), stub_plan("allgather", n, name="ag")]
+
+    def body(comm):
+        x = torch.arange(7, dtype=torch.float16) + 10 * comm.rank  # 14-byte blocks, granule 16
+        out = comm.all_gather(x)
+        return comm.last.label(), out
+
+    for fallback in (True, False):
+        results, world, fb = run_ranks(n, body, plans=plans, granule=16, fallback=fallback,
+                                       tuning=_rules("allgather", "ag_zc", "ag", "nccl"))
+        want = torch.cat([torch.arange(7, dtype=torch.float16) + 10 * q for q in range(n)])
+        for label, out in results:
+            assert label == "ag_zc (staged)" and torch.equal(out, want)
+        assert fb.calls == [] and world.launches == ["ag_zc"]
+
+
+def test_nccl_choice_skipped_when_the_fallback_is_disabled():
+    n = 2
+
+    def body(comm):
+        comm.all_reduce(torch.ones(16))
+        return comm.last.label()
+
+    results, world, _ = run_ranks(n, body, plans=[stub_plan("allreduce", n, name="ar", inplace=True)],
+                                  tuning=_rules("allreduce", "nccl", "ar"), fallback=False)
+    assert results == ["ar (direct)"] * n and world.launches == ["ar"]
+
+
+def test_catalog_variants_tried_when_no_listed_plan_can_run():
+    """The rule's only plan cannot take the padded size (its range ends below it): another
+    variant of the catalog runs instead of the fallback."""
+    n = 2
+    plans = [stub_plan("allgather", n, name="small", max_bytes=60), stub_plan("allgather", n, name="other")]
+
+    def body(comm):
+        x = torch.arange(15, dtype=torch.float16)  # output 60 bytes; padded blocks: 64 bytes
+        comm.all_gather(x)
+        return comm.last.label()
+
+    for fallback in (True, False):
+        results, world, fb = run_ranks(n, body, plans=plans, granule=16, fallback=fallback,
+                                       tuning=_rules("allgather", "small"))
+        assert results == ["other (staged)"] * n and fb.calls == [] and world.launches == ["other"]

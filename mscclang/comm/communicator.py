@@ -518,8 +518,13 @@ class Communicator:
             return out
         key = None
         if getattr(inp, "is_contiguous", None) and inp.is_contiguous() and out.is_contiguous():
+            # whether the tensors are symmetric is part of the key: an address may come back as
+            # an ordinary tensor on one rank and a symmetric one on another, and the ranks must
+            # choose alike
+            be = self.backend
+            sym = (be.is_symmetric(inp), be.is_symmetric(out)) if be is not None else None
             key = (coll, inp.data_ptr(), out.data_ptr(), inp.numel(), out.numel(), inp.dtype,
-                   out.dtype, inp.device, out.device, root)
+                   out.dtype, inp.device, out.device, root, sym)
         cp = self._memo.get(key) if key is not None else None
         if cp is None:
             cp = self._plan_call(coll, inp, out, op, root)

@@ -183,7 +183,7 @@ class SimBackend(Backend):
     def empty(self, numel: int, dtype: Any) -> Any:
         import torch
 
-        t = torch.empty(numel, dtype=dtype)
+        t = torch.zeros(numel, dtype=dtype)  # zeroed, like the GPU runtime's symmetric memory
         self._allocs.append(t)
         return t
 
