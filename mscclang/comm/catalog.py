@@ -156,18 +156,36 @@ def _variant_from_entry(e: dict, folder: Path, where: str) -> PlanVariant:
     return v
 
 
+def installed_data_dirs() -> list[Path]:
+    """Where a wheel's data files (``share/...``) may have been installed: ``sys.prefix``, the
+    scheme's data path, the user scheme's base (``pip install --user``)."""
+    import site
+    import sys
+    import sysconfig
+
+    roots = [Path(sys.prefix), Path(sysconfig.get_path("data"))]
+    user_base = getattr(site, "USER_BASE", None)
+    if user_base:
+        roots.append(Path(user_base))
+    out: list[Path] = []
+    for r in roots:
+        if r not in out:
+            out.append(r)
+    return out
+
+
 def default_plans_dir() -> Optional[Path]:
     """``$MSCCLANG_PLANS_DIR``, else ``plans/`` of the checkout, else the installed copy
-    (``mscclang/plans``, ``mscclang/_plans`` or ``<prefix>/share/mscclang/plans``)."""
-    import sys
-
+    (``mscclang/plans``, ``mscclang/_plans`` or ``<data root>/share/mscclang/plans``, see
+    :func:`installed_data_dirs`)."""
     env = os.environ.get("MSCCLANG_PLANS_DIR")
     if env:
         return Path(env)
     here = Path(__file__).resolve().parent.parent
-    for cand in (here.parent / "plans", here / "plans", here / "_plans",
-                 Path(sys.prefix) / "share" / "mscclang" / "plans"):
-        if cand.is_dir():
+    cands = [here.parent / "plans", here / "plans", here / "_plans"]
+    cands += [root / "share" / "mscclang" / "plans" for root in installed_data_dirs()]
+    for cand in cands:
+        if (cand / "index.json").is_file() or (cand.is_dir() and any(cand.glob("*.json"))):
             return cand
     return None
 
