@@ -49,7 +49,7 @@ def test_two_rank_allreduce_bit_exact(builder, dtype, op) -> None:
 
 
 @pytest.mark.parametrize("builder", [pipelined_allgather, port_allgather, rppkt_allgather])
-@pytest.mark.parametrize("schedule", ["round_robin", "random", "adversarial"])
+@pytest.mark.parametrize("schedule", ["round_robin", "random", "adversarial", "runahead"])
 def test_allgather_outputs(builder, schedule) -> None:
     plan = builder()
     n = len(plan.gpus)
@@ -96,3 +96,27 @@ def test_parse_size() -> None:
     assert parse_size("2KiB") == 2048
     with pytest.raises(MscclangError):
         parse_size("lots")
+
+
+def test_verify_rotation_includes_runahead_with_rotating_leads() -> None:
+    from mscclang.sim import SCHEDULES
+
+    assert SCHEDULES == ("round_robin", "random", "adversarial", "runahead")
+    rep = verify(ll_allreduce(double=True), schedules=8, launches=3)
+    assert rep.ok, str(rep)
+    assert rep.schedules == list(SCHEDULES) * 2
+
+
+def test_runahead_lead_is_checked_and_run_accepts_it() -> None:
+    from mscclang.errors import PlanError
+    from mscclang.sim import Simulation, compile_program
+
+    plan = ll_allreduce(double=True)
+    prog = compile_program(plan, 64, 64)
+    with pytest.raises(PlanError, match="lead rank 2"):
+        Simulation(prog, [np.zeros(64, np.uint8)] * 2, dtype=np.dtype(np.float16), schedule="runahead", lead=2)
+    xs = [np.arange(16, dtype=np.float32) * (r + 1) for r in range(2)]
+    for seed in (0, 1):   # lead = seed % ranks
+        outs = run(plan, xs, launches=3, schedule="runahead", seed=seed)
+        for o in outs:
+            assert np.array_equal(o, xs[0] + xs[1])

@@ -6,6 +6,7 @@ from mscclang.sim import Deadlock, run, verify
 from mscclang.sim.planbuilder import L, PlanBuilder, R
 from mscclang.sim.report import Report
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -208,6 +209,79 @@ def test_read_after_wait_without_nop() -> None:
     assert any("put" in m and "copy" in m and "scr" in m for m in races), races
 
 
+# 13. an LL sender with no ready handshake from its receiver, over several launches -------------
+def ll_broadcast(ranks: int = 2, ready: bool = False):
+    """LL broadcast from rank 0: rank 0 packs its input into every receiver's double-buffered
+    scratch, each receiver unpacks it into its output. Without ``ready`` nothing stops rank 0
+    from running two launches ahead of a receiver and overwriting (same half, newer flag) packets
+    the receiver has not read yet: the receiver then spins forever on the old flag. With
+    ``ready`` every receiver signals rank 0 (relaxed) at the start of each launch and rank 0 waits
+    for that before writing, so it is never more than one launch ahead (double buffering covers
+    one). This is the library's old broadcast_ll bug."""
+    b = PlanBuilder(f"ll_broadcast{'_ready' if ready else ''}", "broadcast", ranks, 1, 1, 1,
+                    protocol="LL", use_double_scratch_buffer=True, root=0)
+    dsts = [R(q, "s", 0, 1) for q in range(1, ranks)]
+    if ready:
+        for q in range(1, ranks):
+            b.op(q, 0, "rlxsignal", channels=[0])
+        b.op(0, 0, "rlxwait", channels=list(range(1, ranks)))
+        b.nop(0, 0)
+    b.op(0, 0, "ppkt", src=[L("i", 0, 1)], dst=dsts, channels=list(range(1, ranks)))
+    b.op(0, 0, "copy", src=[L("i", 0, 1)], dst=[L("o", 0, 1)])
+    for q in range(1, ranks):
+        b.op(q, 0, "upkt", src=[L("s", 0, 1)], dst=[L("o", 0, 1)])
+    return b.build()
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_ll_sender_runs_two_launches_ahead(ranks: int) -> None:
+    """Caught deterministically by the runahead schedule (the sender leads, receivers starved),
+    at 2 and 3 ranks, as a deadlock: the receiver waits for flag-1 packets that launch 3
+    overwrote. (Round-robin, random and adversarial schedules let the receiver keep up: over 20
+    seeds at 4 launches they found it once at 2 ranks and never at 3.) Two launches are not
+    enough to show it; the ready handshake fixes it."""
+    from mscclang.sim import Simulation, compile_program
+    from mscclang.sim.report import Deadlock
+
+    plan = ll_broadcast(ranks)
+    prog = compile_program(plan, 64, 64)
+    inputs = [np.zeros(64, np.uint8) for _ in range(ranks)]
+    for seed in range(5):
+        sim = Simulation(prog, inputs, dtype=np.dtype(np.float16), launches=4, schedule="runahead",
+                         seed=seed, lead=0)
+        with pytest.raises(Deadlock) as e:
+            sim.run()
+        msg = e.value.problem.message
+        assert "rank 0" not in msg.splitlines()[0] and "flag 1" in msg, msg
+        assert "no block will write packets into rank" in msg, msg
+    # verify(): the first runahead run of the rotation (the 4th) finds it
+    rep = _verify(plan, launches=4, schedules=4, symbolic=False)
+    dl = [p for p in rep.problems if p.kind == "deadlock"]
+    assert dl and all("flag 1" in p.message for p in dl), str(rep)
+    assert any("runahead" in p.context and "rank 0 runs ahead" in p.context for p in dl), str(rep)
+    # with two launches the sender can be one launch ahead at most: double buffering holds
+    assert verify(plan, launches=2, schedules=8).ok
+    # the fixed plan is fine however far the schedule lets the sender run
+    assert verify(ll_broadcast(ranks, ready=True), launches=5, schedules=8).ok
+
+
+def test_runahead_schedule_lets_the_lead_rank_run_launches_ahead() -> None:
+    """Runahead with lead 0 on the broken broadcast: rank 0 finishes all its launches while
+    rank 1 has not finished its first; with lead 1 (receiver first) nothing goes wrong."""
+    from mscclang.sim import Simulation, compile_program
+    from mscclang.sim.report import Deadlock
+
+    prog = compile_program(ll_broadcast(2), 64, 64)
+    inputs = [np.zeros(64, np.uint8)] * 2
+    sim = Simulation(prog, inputs, dtype=np.dtype(np.float16), launches=4, schedule="runahead", lead=0)
+    with pytest.raises(Deadlock):
+        sim.run()
+    assert sim.rank_launch == [4, 1] and len(sim.outputs) == 4 and sim.outputs[0][1] is None
+    sim = Simulation(prog, inputs, dtype=np.dtype(np.float16), launches=4, schedule="runahead", lead=1)
+    sim.run()
+    assert sim.rank_launch == [4, 4]
+
+
 BROKEN_FILES = {
     "missing_wait.json": lambda: simple_allgather(final_wait=False),
     "relaxed_publish.json": lambda: simple_allgather(relaxed_publish=True),
@@ -220,8 +294,12 @@ BROKEN_FILES = {
     "read_without_handshake.json": lambda: zero_copy_allreduce(handshake=False),
     "wait_cycle.json": lambda: wait_cycle(),
     "signal_without_nop.json": lambda: simple_allgather(nop_before_signal=False),
+    "ll_no_ready.json": lambda: ll_broadcast(2),
 }
 BROKEN_DIR = Path(__file__).parent / "plans_broken"
+#: files whose defect shows only over more than two launches (verify them with --launches 4)
+NEEDS_LAUNCHES = {"ll_no_ready.json"}
+REGEN = bool(os.environ.get("MSCCLANG_REGEN_BROKEN"))
 
 
 @pytest.mark.parametrize("fname", sorted(BROKEN_FILES))
@@ -231,8 +309,11 @@ def test_broken_plan_files(fname: str) -> None:
     from mscclang.plan import load_plan, plan_to_json
     plan = BROKEN_FILES[fname]()
     f = BROKEN_DIR / fname
+    if not f.exists() and REGEN:
+        f.write_text(plan_to_json(plan))
     assert f.read_text() == plan_to_json(plan), f"{f} is stale; regenerate it from this test"
-    assert not verify(load_plan(f), schedules=2).ok
+    kw = {"launches": 4, "schedules": 4} if fname in NEEDS_LAUNCHES else {"schedules": 2}
+    assert not verify(load_plan(f), **kw).ok
 
 
 def test_broken_plan_files_fail_in_cli(tmp_path, capsys) -> None:

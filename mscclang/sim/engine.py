@@ -7,6 +7,21 @@ rest, so two blocks streaming packets to each other both progress. A waiting tas
 the state it waits on (a channel counter, a rank's packets, a barrier, a semaphore, a proxy)
 changes. When nothing can run while some task waits, the run is a deadlock and the wait-for
 cycle is reported.
+
+Port channels: a port ``put``/``pws``/``pwsf``/``signal`` posts a trigger to the channel's proxy
+(a task of its own, processing its queue in order, with the clocks the block published). The
+proxy reads the sources and writes the peer when it gets to the trigger, so a plain ``pws`` orders
+nothing on the sending rank: reusing its source (even after the block ended: the next launch's
+inputs) races with the proxy's read until a flush or a signal from the receiver says otherwise.
+``flush`` and ``pwsf`` make the whole block wait until the proxy finished every request posted on
+the channel: the proxy's reads and writes then precede every later op of the block, with no
+``nop`` needed (:meth:`mscclang.sim.races.Actor.complete`).
+
+Schedules (:data:`SCHEDULES`): ``round_robin``; ``random`` (seeded); ``adversarial`` (prefers
+readers and waiters, delays writers and the ranks others wait on); ``runahead``: one lead rank
+(``lead``, default ``seed % ranks``) always runs when it can, then the next rank in order, and so
+on, so the lead runs as many launches ahead as the plan lets it while the last ranks are starved
+(a block of a starved rank runs only when no block of a rank before it can progress).
 """
 
 from __future__ import annotations
@@ -27,7 +42,7 @@ from mscclang.sim.races import Access, AccessLog, Actor, OpRef, RaceInfo
 from mscclang.sim.report import Deadlock, Problem
 from mscclang.sim.state import RankMemory
 
-SCHEDULES = ("round_robin", "random", "adversarial")
+SCHEDULES = ("round_robin", "random", "adversarial", "runahead")
 REMOTE_WRITERS = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.ppkt, OpName.rppkt,
                             OpName.res, OpName.rres, OpName.respkt, OpName.recspkt,
                             OpName.gstore, OpName.gstorepkt, OpName.glres, OpName.signal,
@@ -123,7 +138,8 @@ class Simulation:
                  reduce_op: str = "sum", packet_type: str = "LL16", launches: int = 1,
                  schedule: str = "round_robin", seed: int = 0, check_races: bool = True,
                  nsym: int = 0, spec: Optional[CollectiveSpec] = None,
-                 poison_outputs: bool = False, max_steps: int = 10_000_000) -> None:
+                 poison_outputs: bool = False, max_steps: int = 10_000_000,
+                 lead: Optional[int] = None) -> None:
         plan = program.plan
         self.plan: Plan = plan
         self.program = program
@@ -138,6 +154,11 @@ class Simulation:
             raise PlanError(f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
         self.schedule = schedule
         self.rng = random.Random(seed)
+        n = len(plan.gpus)
+        if lead is not None and not (isinstance(lead, int) and 0 <= lead < max(n, 1)):
+            raise PlanError(f"runahead lead rank {lead!r} is not a rank of the plan ({n} ranks)")
+        #: the rank the ``runahead`` schedule lets run ahead (the others in order after it)
+        self.lead = (seed % max(n, 1)) if lead is None else lead
         self.spec = spec or spec_from_plan(plan)
         self.nsym = nsym
         self.poison = poison_outputs
@@ -482,7 +503,9 @@ class Simulation:
                 while px.processed < want:
                     yield Wait(("proxy", rank, c), f"port proxy of channel {c} to finish {want} requests",
                                ("proxy", rank, c))
-                actor.acquire(px.actor.vc.copy(), px.actor.rvc.copy())
+                # the block continues only once the proxy is done: its reads of the sources and
+                # its writes precede every later op of the block (a pws without flush: no order)
+                actor.complete(px.actor.vc, px.actor.rvc)
             return
         if name in (OpName.sem_acquire, OpName.sem_release):
             for sid in cop.op.semaphore_ids:
@@ -596,7 +619,7 @@ class Simulation:
                 while px.processed < want:
                     yield Wait(("proxy", rank, c), f"port proxy of channel {c} to finish {want} requests",
                                ("proxy", rank, c))
-                task.actor.acquire(px.actor.vc.copy(), px.actor.rvc.copy())
+                task.actor.complete(px.actor.vc, px.actor.rvc)
 
     def _proxy_step(self, task: Task) -> bool:
         """Process one trigger; False when the queue is empty."""
@@ -780,10 +803,29 @@ class Simulation:
             return None
         if self.schedule == "random":
             i = self.rng.randrange(len(lst))
+        elif self.schedule == "runahead":
+            i = self._runahead_index(lst)
         else:
             i = self._adversarial_index(lst)
         lst[i], lst[-1] = lst[-1], lst[i]
         return lst.pop()
+
+    def _runahead_index(self, lst: list[Task]) -> int:
+        """A runnable task of the first rank, counting from the lead rank, that has one (a
+        seeded pick among that rank's blocks and proxies): the lead runs as far ahead as the
+        plan lets it, launch after launch, and a rank runs only when every rank before it is
+        blocked or finished."""
+        n = self.n
+        best = n
+        cands: list[int] = []
+        for i, t in enumerate(lst):
+            pr = (t.rank - self.lead) % n
+            if pr < best:
+                best = pr
+                cands = [i]
+            elif pr == best:
+                cands.append(i)
+        return cands[self.rng.randrange(len(cands))] if len(cands) > 1 else cands[0]
 
     def _adversarial_index(self, lst: list[Task]) -> int:
         """Prefer blocks that read or wait; delay writers and the blocks others wait on."""

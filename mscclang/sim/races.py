@@ -141,6 +141,17 @@ class Actor:
         if rvc is not None:
             self.pend_rvc = rvc.copy() if self.pend_rvc is None else np.maximum(self.pend_rvc, rvc)
 
+    def complete(self, vc: np.ndarray, rvc: np.ndarray) -> None:
+        """The whole block waited for an event (a port flush: the proxy finished the block's
+        earlier requests): every thread's later accesses, and what a later signal publishes, are
+        ordered after it, with no ``nop`` needed."""
+        np.maximum(self.vc, vc, out=self.vc)
+        np.maximum(self.rvc, rvc, out=self.rvc)
+        np.maximum(self.rvc, self.vc, out=self.rvc)
+        np.maximum(self.sync_vc, vc, out=self.sync_vc)
+        np.maximum(self.sync_rvc, rvc, out=self.sync_rvc)
+        np.maximum(self.sync_rvc, self.sync_vc, out=self.sync_rvc)
+
     def publish(self) -> tuple[np.ndarray, np.ndarray]:
         """Clocks a (strong) signal by one thread publishes: the block as of its last nop, plus
         what the signalling thread itself acquired since."""

@@ -72,7 +72,8 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
     plans the input aliases the output as the collective says (``input_in_output`` /
     ``output_in_input``). With ``launches > 1`` the same inputs are written again before every
     launch (scratch, flags and semaphores carry over, as on the GPU). The schedule is
-    ``round_robin``, ``random`` or ``adversarial`` (``seed`` drives the last two). Raises
+    ``round_robin``, ``random``, ``adversarial`` or ``runahead`` (``seed`` drives the last
+    three; ``runahead`` lets rank ``seed % ranks`` run ahead of the others). Raises
     :class:`mscclang.sim.Deadlock` (a :class:`VerificationError`) when the plan deadlocks."""
     p = as_plan(plan)
     n = len(p.gpus)

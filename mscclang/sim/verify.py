@@ -86,7 +86,9 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
            packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
            max_problems: int = 40) -> Report:
     """Verify ``plan``. For every message size, ``schedules`` runs are made: run ``i`` uses
-    schedule round_robin / random / adversarial in turn (seeded ``seed + i``), and takes the
+    schedule round_robin / random / adversarial / runahead in turn (seeded ``seed + i``; the
+    ``runahead`` runs of the ``s``-th size lead with rank ``(s + i // 4) % ranks``, so with the
+    default 10 schedules and 3 sizes up to four ranks each get to run ahead), and takes the
     dtype, reduce op and packet type in rotation, so every value of each appears. Each run
     checks races and every launch's outputs; one extra round-robin run per plan checks the
     symbolic postcondition at the smallest size. Returns a :class:`Report`."""
@@ -112,7 +114,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     rep.reduce_ops = rops
     pts = list(packet_types) or ["LL16"]
     rep.packet_types = pts
-    scheds = [SCHEDULES[i % 3] for i in range(max(schedules, 1))]
+    scheds = [SCHEDULES[i % len(SCHEDULES)] for i in range(max(schedules, 1))]
     rep.schedules = scheds
     seen: set = set()
 
@@ -136,7 +138,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
         rep.seconds = time.perf_counter() - t0
         return rep
 
-    for size in sizes:
+    for si, size in enumerate(sizes):
         prog = progs[size]
         ib = prog.input_bytes
         for i, sched in enumerate(scheds):
@@ -144,11 +146,13 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             dt = fitting[i % len(fitting)]
             rop = rops[i % len(rops)]
             pt = pts[i % len(pts)]
-            ctx = f"size {size}, {dtype_name(dt)}, {rop}, {pt}, {sched} schedule seed {seed + i}"
+            lead = (si + i // len(SCHEDULES)) % len(p.gpus) if sched == "runahead" else None
+            ctx = f"size {size}, {dtype_name(dt)}, {rop}, {pt}, {sched} schedule seed {seed + i}" + (
+                f" (rank {lead} runs ahead)" if lead is not None else "")
             inputs = random_inputs(len(p.gpus), ib, dt, seed * 1000 + i)
             sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=dt, reduce_op=rop,
                              packet_type=pt, launches=launches, schedule=sched, seed=seed + i,
-                             spec=spec, poison_outputs=True)
+                             spec=spec, poison_outputs=True, lead=lead)
             rep.runs += 1
             try:
                 sim.run()
