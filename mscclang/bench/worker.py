@@ -17,13 +17,14 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from mscclang.bench.results import Record
 from mscclang.bench.sizes import format_size
 from mscclang.comm.names import busbw_factor
 
 MiB = 1 << 20
+_T = TypeVar("_T")
 #: unit roundoff per dtype (for the reduction error bound)
 _UNIT = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24, "int32": 0.0}
 
@@ -58,6 +59,22 @@ def iters_for(nbytes: int, scale: float = 1.0) -> int:
     return max(2, int(base * scale))
 
 
+def median(times: list[float]) -> float:
+    """The middle of ``times`` (sorted), the upper one of the two middles for an even count."""
+    return sorted(times)[len(times) // 2]
+
+
+def error_text(e: BaseException) -> str:
+    """How a failure is recorded: the exception's type and the start of its message."""
+    return f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def _debug_traceback() -> None:
+    """Print the current exception's traceback when ``MSCCLANG_BENCH_DEBUG`` is set."""
+    if os.environ.get("MSCCLANG_BENCH_DEBUG"):
+        traceback.print_exc()
+
+
 def _sync(device: Any) -> None:
     """Wait for the device (no-op on the CPU, so the checks can be tested without a GPU)."""
     import torch
@@ -82,6 +99,22 @@ def gen_input(seed: int, rank: int, numel: int, dtype: Any, device: Any) -> Any:
     if dtype == torch.int32:
         return torch.randint(-1000, 1000, (numel,), generator=g, device=device, dtype=dtype)
     return torch.randn(numel, generator=g, device=device, dtype=torch.float32).to(dtype)
+
+
+def capture_graph(body: Callable[[], _T]) -> tuple[Any, _T]:
+    """Capture ``body()`` into a new CUDA graph on a side stream (after a device sync) and
+    return the graph and what ``body`` returned; do first-time setup before, never inside."""
+    import torch
+
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            result = body()
+    torch.cuda.current_stream().wait_stream(s)
+    return g, result
 
 
 class _Cell:
@@ -129,12 +162,21 @@ class BenchWorker:
 
         dist.barrier(group=self.ctrl)
 
+    def in_time(self) -> bool:
+        """Whether every rank is still before the deadline (so a new measurement may start)."""
+        return self.agree(time.time() < self.cfg.deadline)
+
     # -- output ---------------------------------------------------------------------------------
+    def append_line(self, filename: str, obj: dict) -> None:
+        """Rank 0 appends ``obj`` as one JSON line to ``<out>/<filename>``."""
+        if self.rank == 0:
+            with open(self.out_dir / filename, "a") as f:
+                f.write(json.dumps(obj) + "\n")
+
     def emit(self, rec: Record) -> None:
         if self.rank != 0:
             return
-        with open(self.out_dir / "results.jsonl", "a") as f:
-            f.write(json.dumps(rec.to_dict()) + "\n")
+        self.append_line("results.jsonl", rec.to_dict())
         if rec.measured:
             line = (f"{rec.coll:14s} {rec.impl:8s} {rec.mode:5s} {format_size(rec.bytes):>5s} "
                     f"{rec.us:10.2f} us {rec.busbw or 0:7.1f} GB/s  {rec.plan or ''}")
@@ -314,53 +356,76 @@ class BenchWorker:
                 return False, f"block from rank {p}: {nbad} of {got.numel()} elements differ"
         return True, ""
 
+    def check_call(self, coll: str, impl: str, nbytes: int,
+                   prepare: Optional[Callable[[], None]] = None) -> tuple[bool, str, Optional[_Cell]]:
+        """``prepare()`` (if given), build the cell of ``(coll, impl, nbytes)`` and :meth:`check`
+        one call. An exception fails the check with :func:`error_text`. For ``mscclang`` the
+        cell's plan becomes the label of the plan that ran. Returns (ok, error, cell or None)."""
+        cell: Optional[_Cell] = None
+        try:
+            if prepare is not None:
+                prepare()
+            cell = self.make_cell(coll, impl, nbytes)
+            ok, err = self.check(coll, cell)
+            if impl == "mscclang" and self.comm is not None and self.comm.last is not None:
+                cell.plan = self.comm.last.label()
+        except Exception as e:  # noqa: BLE001 - recorded
+            ok, err = False, error_text(e)
+            _debug_traceback()
+        return ok, err, cell
+
+    def _timed_blocks(self, launch: Callable[[], None], iters: int) -> list[float]:
+        """Microseconds per call of ``cfg.blocks`` timed runs of ``launch`` (``iters`` calls
+        each), every block started together on all ranks."""
+        import torch
+
+        times = []
+        for _ in range(self.cfg.blocks):
+            self.barrier()
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            launch()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1000.0 / iters)
+        return times
+
     def time_eager(self, cell: _Cell, iters: int) -> list[float]:
+        """Per-call times of ``iters`` eager calls a block, after ``cfg.warmup`` calls."""
         import torch
 
         for _ in range(self.cfg.warmup):
             cell.op()
         torch.cuda.synchronize()
-        times = []
-        for _ in range(self.cfg.blocks):
-            self.barrier()
-            torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
+
+        def calls() -> None:
             for _ in range(iters):
                 cell.op()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1000.0 / iters)
-        return times
+
+        return self._timed_blocks(calls, iters)
 
     def time_graph(self, cell: _Cell, iters: int) -> list[float]:
+        """Per-call times of one CUDA graph of ``iters`` calls, replayed once a block."""
         import torch
 
         for _ in range(2):
             cell.op()  # first-time setup (registration, device plans) never inside a capture
-        torch.cuda.synchronize()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(s):
-            with torch.cuda.graph(g, stream=s):
-                for _ in range(iters):
-                    cell.op()
-        torch.cuda.current_stream().wait_stream(s)
+
+        def calls() -> None:
+            for _ in range(iters):
+                cell.op()
+
+        g, _ = capture_graph(calls)
         cell.keep.append(g)
         g.replay()
         torch.cuda.synchronize()
-        times = []
-        for _ in range(self.cfg.blocks):
-            self.barrier()
-            torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1000.0 / iters)
-        return times
+        return self._timed_blocks(g.replay, iters)
+
+    def measure(self, cell: _Cell, mode: str, iters: int) -> list[float]:
+        """Sorted per-call times of ``cell`` in ``mode`` ("graph" or "eager")."""
+        times = self.time_graph(cell, iters) if mode == "graph" else self.time_eager(cell, iters)
+        return sorted(times)
 
     def _after_failure(self, impl: str) -> None:
         if impl == "mscclang" and self.comm is not None:
@@ -374,39 +439,28 @@ class BenchWorker:
 
         modes = self.cfg.modes
         base = dict(coll=coll, impl=impl, bytes=nbytes, dtype=self.cfg.dtype)
+
+        def emit_all(error: str, plan: Optional[str] = None) -> None:
+            for m in modes:
+                self.emit(Record(mode=m, error=error, plan=plan, **base))
+
         key = (impl, coll)
         if self.failures.get(key, 0) >= self.cfg.max_failures:
-            for m in modes:
-                self.emit(Record(mode=m, error="skipped: earlier failures of this collective", **base))
+            emit_all("skipped: earlier failures of this collective")
             return
-        if not self.agree(time.time() < self.cfg.deadline):
-            for m in modes:
-                self.emit(Record(mode=m, error="skipped: time limit", **base))
+        if not self.in_time():
+            emit_all("skipped: time limit")
             return
         n = self.world
         if (nbytes // self.esz) % n or nbytes % self.esz:
-            for m in modes:
-                self.emit(Record(mode=m, error=f"skipped: {nbytes} bytes do not split into {n} ranks of "
-                                               f"{self.cfg.dtype}", **base))
+            emit_all(f"skipped: {nbytes} bytes do not split into {n} ranks of {self.cfg.dtype}")
             return
-        cell: Optional[_Cell] = None
-        err = ""
-        try:
-            cell = self.make_cell(coll, impl, nbytes)
-            ok, err = self.check(coll, cell)
-            if impl == "mscclang" and self.comm is not None and self.comm.last is not None:
-                cell.plan = self.comm.last.label()
-        except Exception as e:  # noqa: BLE001 - recorded
-            ok, err = False, f"{type(e).__name__}: {str(e)[:300]}"
-            if os.environ.get("MSCCLANG_BENCH_DEBUG"):
-                traceback.print_exc()
-        all_ok = self.agree(ok)
-        if not all_ok:
+        ok, err, cell = self.check_call(coll, impl, nbytes)
+        if not self.agree(ok):
             self.failures[key] = self.failures.get(key, 0) + 1
             self._after_failure(impl)
-            msg = err or "wrong result or error on another rank"
-            for m in modes:
-                self.emit(Record(mode=m, error=f"check failed: {msg}", plan=cell.plan if cell else None, **base))
+            emit_all(f"check failed: {err or 'wrong result or error on another rank'}",
+                     plan=cell.plan if cell else None)
             return
         self.failures[key] = 0
         if cell is None:  # pragma: no cover - agree(ok) implies a cell
@@ -417,17 +471,16 @@ class BenchWorker:
             times: list[float] = []
             err = ""
             try:
-                times = self.time_graph(cell, iters) if m == "graph" else self.time_eager(cell, iters)
+                times = self.measure(cell, m, iters)
                 ok = all(math.isfinite(t) and t > 0 for t in times)
             except Exception as e:  # noqa: BLE001
-                ok, err = False, f"{type(e).__name__}: {str(e)[:300]}"
+                ok, err = False, error_text(e)
                 torch.cuda.synchronize()
             if not self.agree(ok):
                 self._after_failure(impl)
                 self.emit(Record(mode=m, error=f"{m} run failed: {err or 'on another rank'}", plan=cell.plan, **base))
                 continue
-            times.sort()
-            med = times[len(times) // 2]
+            med = median(times)
             self.emit(Record(mode=m, us=round(med, 3), busbw=round(nbytes / med / 1e3 * factor, 2), ok=True,
                              plan=cell.plan or None, iters=iters, us_min=round(times[0], 3),
                              us_max=round(times[-1], 3), **base))
@@ -447,8 +500,9 @@ class BenchWorker:
             torch.cuda.empty_cache()
 
 
-def worker_entry(rank: int, world: int, cfg: BenchConfig, port: int) -> None:
-    """``torch.multiprocessing`` entry point of one rank."""
+def run_rank(worker_cls: type[BenchWorker], rank: int, world: int, cfg: BenchConfig, port: int) -> None:
+    """The body of one rank's process: join the NCCL process group (NVLink multicast off), run
+    ``worker_cls(rank, world, cfg)``, and leave the process (exit status 1 after an error)."""
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     import torch
     import torch.distributed as dist
@@ -458,7 +512,7 @@ def worker_entry(rank: int, world: int, cfg: BenchConfig, port: int) -> None:
                             device_id=torch.device("cuda", rank))
     code = 0
     try:
-        w = BenchWorker(rank, world, cfg)
+        w = worker_cls(rank, world, cfg)
         w.run()
         w.barrier()
         torch.cuda.synchronize()
@@ -468,3 +522,8 @@ def worker_entry(rank: int, world: int, cfg: BenchConfig, port: int) -> None:
     # destroy_process_group after CUDA-graph capture has hung at exit on the H200 machine:
     # leave directly (the parent collects the streamed results)
     os._exit(code)
+
+
+def worker_entry(rank: int, world: int, cfg: BenchConfig, port: int) -> None:
+    """``torch.multiprocessing`` entry point of one rank."""
+    run_rank(BenchWorker, rank, world, cfg, port)
