@@ -149,3 +149,25 @@ def test_gpu_check_fallback_logged_once_runs_on_the_backends_store():
         assert len(mine) == 1 and "broadcast" in mine[0], res["logged"]
         assert res["plan_mode"] == "direct" and torch.equal(res["x"], torch.zeros(8))
     assert world.launches == ["bc0"]
+
+
+def test_default_group_made_when_a_private_group_cannot_be(monkeypatch):
+    """A torch whose back-end classes cannot be built directly: the fallback initialises
+    torch.distributed's default group from the store instead (one process, gloo)."""
+    if dist.is_initialized():  # pragma: no cover
+        pytest.skip("torch.distributed already initialised")
+
+    def broken(self, d):
+        raise TypeError("no such constructor")
+
+    monkeypatch.setattr(TorchFallback, "_make_backend", broken)
+    fb = TorchFallback(store=dist.HashStore(), rank=0, world_size=1, device=torch.device("cpu"),
+                       timeout_s=TIMEOUT)
+    try:
+        x = torch.arange(3.0)
+        out = torch.empty(3)
+        fb.all_reduce(x, out, "sum")
+        assert torch.equal(out, x) and dist.is_initialized() and fb.own_backend is None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

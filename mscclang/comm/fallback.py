@@ -69,7 +69,18 @@ class TorchFallback:
         if self._store is not None:
             if self._rank is None or self._world is None:
                 raise CommError("the torch.distributed fallback over a store needs rank and world_size")
-            self._pg = self._make_backend(dist)
+            try:
+                self._pg = self._make_backend(dist)
+            except CommError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a torch whose back-end classes differ
+                if dist.is_initialized():
+                    raise
+                # every rank fails alike: make torch.distributed's default group instead
+                log.warning("mscclang rank %s: cannot make a private %s group (%s: %s); "
+                            "initialising torch.distributed's default group from the store",
+                            self._rank, self.backend_name, type(e).__name__, e)
+                self._init_default_group(dist)
         elif not (dist.is_available() and dist.is_initialized()):
             raise CommError("torch.distributed fallback needs an initialised process group or a store")
         self._ready = True
@@ -95,6 +106,15 @@ class TorchFallback:
         log.debug("mscclang rank %s: torch.distributed fallback: %s group %d over the store",
                   self._rank, self.backend_name, gen)
         return pg
+
+    def _init_default_group(self, dist: Any) -> None:
+        gen = int(self._store.add(f"mscclang/fallback/default/{self._rank}", 1))
+        prefix = dist.PrefixStore(f"mscclang/fallback/default/{gen}/", self._store)
+        if self.backend_name == "nccl":
+            os.environ["NCCL_NVLS_ENABLE"] = "0"
+        dist.init_process_group(self.backend_name, store=prefix, rank=self._rank,
+                                world_size=self._world, timeout=self._timeout)
+        self._group = None
 
     @property
     def group(self) -> Any:
