@@ -16,6 +16,13 @@ How a call reaches a plan (design §7):
   granule) is staged through symmetric buffers the communicator owns: blocks are copied in,
   padded to the granule, and copied back out.
 
+Selection: the first tuning choice that runs directly (or copy-in) wins; a choice that needs
+staging is kept in reserve while later ones are tried. A torch.distributed ("nccl") choice is
+taken only when no plan listed before it can run at all, and skipped when the fallback is
+disabled; when nothing listed can run, the catalog's other variants are tried (heuristic order)
+before falling back. The memo of past calls is keyed by the tensors' addresses, sizes, dtypes and
+whether they are symmetric, so every rank chooses alike.
+
 CUDA graphs: the first call of each shape (or :meth:`Communicator.prepare`) does registration
 and staging allocation; calls inside a capture must use shapes prepared before.
 """
