@@ -244,27 +244,49 @@ __device__ bool packet_range(const Ctx& c, int opi, u8* const* p, u32 pmask, int
       nb[j] = b;
       vb[j] = valid > o ? (u32)((valid - o) < b ? (valid - o) : b) : 0u;
     }
+    // units of this round past the end are clamped to the last unit (loaded, never used), so
+    // every load of the round is issued unconditionally, before any result is looked at
+    u64 uc[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+      u64 uj = u0 + (u64)j * nt;
+      uc[j] = uj < nunits ? uj : nunits - 1;
+    }
+    const bool full = (u0 + (u64)(U - 1) * nt + 1) * P <= valid;  // every unit whole and valid
     for (int k = 0; k < ns; ++k) {
       u32 w[U][W];
       if (pmask >> k & 1u) {
-        const u8* a = p[k] + 2ull * u0 * P;
+        const u8* a = p[k];
         bool ok[U];
 #pragma unroll
-        for (int j = 0; j < U; ++j) ok[j] = nb[j] == 0u || Pk::load(a + 2ull * j * nt * P, w[j], flag);
+        for (int j = 0; j < U; ++j) ok[j] = Pk::load(a + 2ull * uc[j] * P, w[j], flag);
 #pragma unroll
         for (int j = 0; j < U; ++j) {
-          if (!ok[j]) {
+          if (!ok[j] && nb[j]) {
             Spin s(opi);
-            while (!Pk::load(a + 2ull * j * nt * P, w[j], flag)) {
+            while (!Pk::load(a + 2ull * uc[j] * P, w[j], flag)) {
               if (s.tick(c, WHAT_PACKET, -1, flag, 0)) return false;
             }
           }
         }
       } else {
-        const u8* a = p[k] + u0 * P;
+        const u8* a = p[k];
+        if (full && (((u64)a) & (W == 2 ? 7u : 3u)) == 0) {
 #pragma unroll
-        for (int j = 0; j < U; ++j) {
-          if (nb[j]) plain_payload<DT, PKT>(a + (u64)j * nt * P, vb[j], w[j]);
+          for (int j = 0; j < U; ++j) {
+            if (W == 2) {
+              uint2 v = *(const uint2*)(a + uc[j] * P);
+              w[j][0] = v.x;
+              w[j][W - 1] = v.y;
+            } else {
+              w[j][0] = *(const u32*)(a + uc[j] * P);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < U; ++j) {
+            if (nb[j]) plain_payload<DT, PKT>(a + uc[j] * P, vb[j], w[j]);
+          }
         }
       }
       if (k == 0) {

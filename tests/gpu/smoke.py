@@ -15,6 +15,23 @@ from mscclang.runtime.launch import WorkerPool
 C = "mscclang.runtime.checks"
 
 
+def stage_plan(n: int, stage: str, nthreads: int = 128) -> str:
+    """The 1-block one-shot LL plan cut down for timing (not a correct collective): ``nop`` (launch,
+    prologue, epilogue), ``cpkt`` (pack the input into local scratch), ``ppkt`` (pack it into the
+    peer's scratch, no wait), ``full`` (the whole plan)."""
+    d = json.loads(plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=1, nthreads=nthreads)))
+    for g in d["gpus"]:
+        ops = g["threadblocks"][0]["ops"]
+        if stage == "nop":
+            ops[:] = [{"name": "nop"}]
+        elif stage == "cpkt":
+            ops[:] = [{"name": "cpkt", "src_buff": [{"type": "i", "index": 0, "size": n}],
+                       "dst_buff": [{"type": "s", "index": 0, "size": n}]}]
+        elif stage == "ppkt":
+            ops[:] = [o for o in ops if o["name"] == "ppkt"]
+    return json.dumps(d)
+
+
 def main() -> int:
     perf = "--perf" in sys.argv
     t0 = time.time()
@@ -59,6 +76,11 @@ def main() -> int:
                 for nt in (64, 128, 256, 512):
                     jj = plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=nb, nthreads=nt))
                     step(f"graph us 1KiB oneshot {nb}x{nt}", f"{C}:time_graph", jj, 1024)
+        if "--stages" in sys.argv:
+            # where the 1 KiB one-shot time goes: the same plan cut down to a prefix of its work
+            for stage in ("nop", "cpkt", "ppkt", "full"):
+                jj = stage_plan(n, stage)
+                step(f"stage graph us 1KiB 1x128 {stage}", f"{C}:time_graph", jj, 1024)
         if "--scaling" in sys.argv:
             # bandwidth over blocks: zero-copy put allgather (64 MiB per rank, symmetric buffers)
             # and one-shot LL allreduce (1 MiB)
