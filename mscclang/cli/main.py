@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "build-kernel": "build_kernel_cmd",
     "bench": "bench_cmd",
     "tune": "tune_cmd",
+    "demo": "demo_cmd",
 }
 
 
