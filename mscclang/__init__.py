@@ -65,7 +65,7 @@ def __getattr__(name: str):
 
         return Communicator
     if name == "Executor":
-        from mscclang.runtime import Executor
+        from mscclang.runtime.executor import Executor
 
         return Executor
     raise AttributeError(f"module 'mscclang' has no attribute {name!r}")
