@@ -283,7 +283,7 @@ def _readme_block(title: str) -> str:
 
 
 def test_ci_runs_exactly_the_readme_test_command():
-    cmd = _readme_block("Run the tests")
+    cmd = _readme_block("**Tests**")
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert cmd in [x.strip() for x in ci], (cmd, ci)
     torch_line = next(i for i, x in enumerate(ci) if "torch==2.13.0" in x and "install" in x)
@@ -291,7 +291,7 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 
 def test_readme_main_job_compiles_and_shows_an_8_rank_allreduce():
-    cmd = _readme_block("Run the main job")
+    cmd = _readme_block("**Main job**")
     assert "mscclang compile examples/allreduce_8rank.py" in cmd and "mscclang show" in cmd
     assert "torch==2.13.0" in cmd
 

@@ -252,3 +252,16 @@ def test_load_plan_checks_by_default(tmp_path):
         load_plan(json.dumps(doc))
     with pytest.raises(PlanError):
         load_plan(doc)
+
+
+def test_double_scratch_needs_equal_scratch_counts():
+    from mscclang.errors import PlanError
+    from mscclang.plan import check_plan
+    from mscclang.plan.models import Plan
+
+    gpus = [{"id": r, "input_chunks": 2, "output_chunks": 2, "scratch_chunks": 2 * (r + 1)} for r in range(2)]
+    plan = Plan.model_validate({"name": "x", "collective": "allreduce", "protocol": "LL",
+                                "use_double_scratch_buffer": True, "gpus": gpus})
+    with pytest.raises(PlanError) as e:
+        check_plan(plan)
+    assert e.value.path == "gpus[1].scratch_chunks" and "same scratch_chunks" in str(e.value)

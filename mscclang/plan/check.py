@@ -174,6 +174,20 @@ class _Checker:
         for r, gpu in enumerate(plan.gpus):
             self.check_gpu(r, gpu)
         self.check_reduce_ops()
+        self.check_double_scratch()
+
+    def check_double_scratch(self) -> None:
+        """With double scratch a launch picks a half of every scratch it touches, the peer's too,
+        by the same offset rule: every rank must have the same scratch chunk count."""
+        if not self.plan.use_double_scratch_buffer:
+            return
+        first = self.plan.gpus[0].scratch_chunks
+        for r, gpu in enumerate(self.plan.gpus):
+            if gpu.scratch_chunks != first:
+                raise PlanError(
+                    f"use_double_scratch_buffer needs the same scratch_chunks on every rank: rank {r} "
+                    f"has {gpu.scratch_chunks}, rank 0 has {first} (give every rank the largest count)",
+                    f"gpus[{r}].scratch_chunks")
 
     def check_reduce_ops(self) -> None:
         """A launch runs one reduce op: the reductions that name one must agree (with the
