@@ -68,6 +68,8 @@ def test_run_matches_reference_bit_for_bit(program: Path) -> None:
     """fp16 sums in the plan's reduction order, each step rounded through fp32, equal a direct
     computation when the order is the same for every element (2 ranks: a + b)."""
     plan = _compile(program, 2, 1)
+    if len(plan.gpus) != 2:
+        pytest.skip(f"{program.name} builds a fixed {len(plan.gpus)}-rank plan (it takes no --num_gpus)")
     rng = np.random.default_rng(1)
     n = 8 * plan.gpus[0].input_chunks * 4 + 6   # odd size: short last chunk
     xs = [rng.standard_normal(n).astype(np.float16) for _ in range(2)]
