@@ -15,7 +15,10 @@ nothing on the sending rank: reusing its source (even after the block ended: the
 inputs) races with the proxy's read until a flush or a signal from the receiver says otherwise.
 ``flush`` and ``pwsf`` make the whole block wait until the proxy finished every request posted on
 the channel: the proxy's reads and writes then precede every later op of the block, with no
-``nop`` needed (:meth:`mscclang.sim.races.Actor.complete`).
+``nop`` needed (:meth:`mscclang.sim.races.Actor.complete`). The proxy's queue persists across
+launches and a launch's end does not wait for it; each launch after the first starts with the
+host handing it the scratch (only the half it uses with double scratch), which races with any
+earlier proxy access of those bytes that no flush or edge ordered before it.
 
 Schedules (:data:`SCHEDULES`): ``round_robin``; ``random`` (seeded); ``adversarial`` (prefers
 readers and waiters, delays writers and the ranks others wait on); ``runahead``: one lead rank
@@ -234,12 +237,22 @@ class Simulation:
         self._race_keys.add(key)
         kinds = ("write" if a.write else "read", "write" if b.write else "read")
         hint = ""
-        if (a.host and a.op.name.startswith("launch start: scratch")) or \
-                (b.host and b.op.name.startswith("launch start: scratch")):
+        handover = (a.host and a.op.name.startswith("launch start: scratch")) or \
+            (b.host and b.op.name.startswith("launch start: scratch"))
+        other = b if a.host else a
+        if handover and other.op.tb <= -2 and other.op.rank == (a if a.host else b).op.rank:
+            half = " half" if self.plan.use_double_scratch_buffer else ""
+            hint = (f" (the launch that reuses this scratch{half} is not ordered after this "
+                    "rank's port proxy's access of an earlier launch: a kernel exit does not wait "
+                    "for the proxy; a flush of the channel, in that launch or a later one before "
+                    "the reuse, or an edge from a rank that received the proxy's data would order "
+                    "it)")
+        elif handover:
             pk = a.packet or b.packet
             hint = (" (scratch reused by the next launch while a peer writes it with no edge from "
                     "this rank's current launch" + ("; packet scratch reused across launches needs "
-                    "use_double_scratch_buffer" if pk else "") + ")")
+                    "use_double_scratch_buffer" if pk and not self.plan.use_double_scratch_buffer
+                                                    else "") + ")")
         elif (a.host and a.op.name.startswith("launch start")) or (b.host and b.op.name.startswith("launch start")):
             hint = " (a peer touches this rank's buffer with no ready edge from its current launch)"
         elif (a.host and a.op.name.startswith("launch end")) or (b.host and b.op.name.startswith("launch end")):
@@ -267,8 +280,15 @@ class Simulation:
 
     # ---------------------------------------------------------------- data movement
     def _exec_group(self, task: Task, actor: Actor, cop: COp, g: Group, rank: int, flag: int,
-                    half: int, launch: int, opref: OpRef, single: bool) -> Iterator:
-        """Run one group (a copy or a reduction over pieces), consuming ready packets."""
+                    half: int, launch: int, opref: OpRef, single: bool,
+                    raw: bool = False) -> Iterator:
+        """Run one group (a copy or a reduction over pieces), consuming ready packets.
+
+        ``raw`` (a port proxy): the block checked the source packets' flags before posting the
+        request and the proxy copies the bytes as they are, never waiting. Packets that no
+        longer carry the request's flag were overwritten by a later launch before the proxy got
+        to them: the proxy still reads them, as a plain read ordered by nothing the flags say
+        (so the overwrite, and the hand-over of that scratch, race with it)."""
         mem = self.mem
         nsrc = len(g.srcs)
         pkt_op = any(o.packet for o in g.srcs) or any(o.packet for o in g.dsts)
@@ -279,10 +299,13 @@ class Simulation:
             L0 = piece.length
             while done < L0:
                 n = L0 - done
+                stale: set[int] = set()
                 for i, s in enumerate(g.srcs):
                     if s.packet:
                         r = mem[s.rank].ready_bytes(piece.offsets[i] + done, n, flag, half)
-                        if r < n:
+                        if r < n and raw:
+                            stale.add(i)
+                        elif r < n:
                             n = r
                             if n == 0:
                                 addr = half + 8 * ((piece.offsets[i] + done) // 4)
@@ -307,11 +330,12 @@ class Simulation:
                         w1 = -(-(off + n) // 4)
                         a = half + 8 * w0
                         b = half + 8 * w1
-                        if self.log is not None:
+                        if self.log is not None and i not in stale:
                             for c in self.log.packet_clocks(f"rank{s.rank}.scr", a, b):
                                 np.maximum(actor.rvc, c, out=actor.rvc)
                         self._record(actor, s.rank, key, a, b, False, opref, launch,
-                                     delta=a - 2 * (pos + done), unit=unit, packet=True, single=single)
+                                     delta=a - 2 * (pos + done), unit=unit,
+                                     packet=i not in stale, single=single)
                         if m.shadow is not None:
                             shadows.append(self._sh_pkt(m, key, half, off, n))
                     else:
@@ -635,9 +659,9 @@ class Simulation:
             assert trig.group is not None
             popref = OpRef(px.rank, -2 - px.channel, trig.op.index, f"proxy for tb {trig.op.tb} {trig.op.name}", trig.launch)
             gen = self._exec_group(task, a, None, trig.group, px.rank, trig.flag, trig.half,  # type: ignore[arg-type]
-                                   trig.launch, popref, True)
+                                   trig.launch, popref, True, raw=True)
             for w in gen:
-                if isinstance(w, Wait):  # cannot happen: sources were ready when triggered
+                if isinstance(w, Wait):  # cannot happen: a raw copy never waits
                     raise PlanError(f"{trig.op}: port proxy found packets not ready")
         else:
             dst = self.pair[trig.end_key]  # type: ignore[index]
@@ -710,8 +734,13 @@ class Simulation:
                      host=True, single=True)
         self._record(host, rank, ikey, ibase, ibase + ib, True, op, k, host=True, single=True)
         if k >= 2:
-            sb = mem.storage["scr"].shape[0]
-            self._record(host, rank, "scr", 0, sb, True,
+            # the scratch is handed to the new launch: with double scratch only the half this
+            # launch uses (launch k-1 used the other one), else all of it
+            if mem.double:
+                s0, s1 = mem.half, mem.half + mem.scratch_half
+            else:
+                s0, s1 = 0, mem.storage["scr"].shape[0]
+            self._record(host, rank, "scr", s0, s1, True,
                          self._host_opref(rank, k, "launch start: scratch reused"), k, host=True,
                          single=True, touch=True)
         tasks = []

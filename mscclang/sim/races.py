@@ -203,7 +203,7 @@ class AccessLog:
 
     def __init__(self, host_tids: set[int], on_race: Callable[[RaceInfo], None]) -> None:
         self.writes: dict[str, IntervalMap] = {}
-        self.touches: dict[str, tuple[int, int, Access]] = {}
+        self.touches: dict[str, IntervalMap] = {}
         self.reads: dict[str, dict[int, list[tuple[int, int, Access]]]] = {}
         self.host_tids = host_tids
         self.on_race = on_race
@@ -229,19 +229,21 @@ class AccessLog:
                rvc: np.ndarray, same_thread_ordered: bool, touch: bool = False) -> None:
         """Record access ``c`` of bytes [a, b) and report any unordered conflicting access.
 
-        A ``touch`` (the host handing a reused buffer to a new launch) is checked like a write
-        and remembered apart, so it does not hide the last real writes of those bytes."""
+        A ``touch`` (the host handing a reused buffer, or the half of a double scratch, to a new
+        launch) is checked like a write and remembered apart, per byte interval (a later touch
+        replaces only the bytes it covers, so the two halves of a double scratch keep their own
+        hand-overs), so it does not hide the last real writes of those bytes."""
         if b <= a:
             return
         wm = self.writes.get(storage)
         if wm is None:
             wm = self.writes[storage] = IntervalMap()
             self.reads[storage] = {}
-        t = self.touches.get(storage)
-        if t is not None and t[0] < b and a < t[1] and t[2].tid != c.tid:
-            prev = t[2]
-            if not self._exempt(prev, c) and not rvc[prev.tid] >= prev.clk:
-                self.on_race(RaceInfo(storage, max(t[0], a), min(t[1], b), prev, c))
+        tm = self.touches.get(storage)
+        if tm is not None:
+            for s, e_, prev in tm.overlapping(a, b):
+                if prev.tid != c.tid and not self._exempt(prev, c) and not rvc[prev.tid] >= prev.clk:
+                    self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
         for s, e_, prev in wm.overlapping(a, b):
             if prev.tid == c.tid:
                 if same_thread_ordered or prev.clk < c.clk or (prev.delta == c.delta and prev.unit == c.unit):
@@ -285,7 +287,7 @@ class AccessLog:
                         keep.append(item)
                 pages[pg] = keep
             if touch:
-                self.touches[storage] = (a, b, c)
+                self.touches.setdefault(storage, IntervalMap()).assign(a, b, c)
                 return
             wm.assign(a, b, c)
         else:
