@@ -15,6 +15,7 @@ from typing import Callable
 import pytest
 
 from mscclang import (
+    AllGather,
     AllReduce,
     Buffer,
     BufferType,
@@ -85,6 +86,12 @@ def _signal_wait(relaxed):
 
 
 def _port(method):
+    """A port put into the peer's output after the ready handshake, its data published by the
+    port signal. ``put``: flush, then a separate signal. ``put_with_signal``: the flush comes
+    after it (the proxy may read the source after the block, even the kernel, ended: without
+    the flush the next launch's input write races with that read; the flush orders the proxy's
+    read and write before the rest of the block, so before the launch ends). ``pwsf`` flushes
+    by itself."""
     def build():
         with P(method) as p:
             ready(MemoryChannel(1, 0), MemoryChannel(0, 1))
@@ -93,6 +100,8 @@ def _port(method):
             if method == "put":
                 a.flush(0)
                 a.signal(0)
+            elif method == "put_with_signal":
+                a.flush(0, data_sync=SyncType.none)  # the whole block waits: no nop needed
             b.wait(0)
         return p
     return build
@@ -201,25 +210,71 @@ def _packet_reduce(kind):
     return build
 
 
+def _both_ways(a, b, relaxed, ready_only=False, tb=0):
+    """Each rank signals the other, then waits for the other's signal (no rank waits first).
+
+    ``ready_only``: the signal needs no block sync before it (it announces that the launch
+    started, it publishes nothing), the wait one after it."""
+    sig = SyncType.none if ready_only else SyncType.both
+    a.signal(tb, data_sync=sig, relaxed=relaxed)
+    b.signal(tb, data_sync=sig, relaxed=relaxed)
+    a.wait(tb, data_sync=SyncType.after if ready_only else SyncType.both, relaxed=relaxed)
+    b.wait(tb, data_sync=SyncType.after if ready_only else SyncType.both, relaxed=relaxed)
+
+
 def _switch(kind):
+    """One switch op in a correct program of its collective, with the ready handshake before
+    any rank touches a peer's buffer through the multicast range and, after it, the writes
+    published (or, for ``glre``, which only reads peers, a relaxed "done reading" signal).
+
+    * ``glre``: out-of-place allreduce, each rank reduces the whole multicast input into its
+      own output (``glre`` alone: the destination is not in the multicast range).
+    * ``glres``: in-place allreduce, rank r reduces chunk r over the group and stores it back
+      into every member's chunk r (``glre`` + ``gstore`` fused).
+    * ``gstore``: allgather, rank r stores its input into every member's output chunk r.
+    * ``gstorepkt``: LL allgather, rank r packs its input into local scratch and re-emits the
+      packets into every member's scratch slot 2 + r, then unpacks both slots. Packets carry
+      their own flags and the scratch is double buffered, so no handshake is needed.
+    """
     def build():
-        buf = BufferType.scratch if kind == "gstorepkt" else BufferType.input
-        with CollectiveProgram(f"op_{kind}", AllReduce(2, 1, True), 2) as p:
+        if kind == "glre":
+            coll, kw = AllReduce(2, 1, False), {}
+        elif kind == "glres":
+            coll, kw = AllReduce(2, 1, True), {}
+        elif kind == "gstore":
+            coll, kw = AllGather(2, 1, False), {}
+        else:
+            coll, kw = AllGather(2, 1, False), {"protocol": "LL", "use_double_scratch_buffer": True}
+        with CollectiveProgram(f"op_{kind}", coll, 2, **kw) as p:
             if kind == "gstorepkt":
                 scratch = [Buffer(r, 4) for r in range(2)]
-            sw = SwitchChannel([0, 1], buf)
+                sw = SwitchChannel([0, 1], BufferType.scratch)
+                for r in range(2):
+                    Rank(r).copy_packets(scratch[r][r:r + 1], inp(r)[0:1], tb=0)
+                    sw.at_rank(r).broadcast_packets(scratch[r][r:r + 1], 2 + r, 1, tb=0)
+                for r in range(2):
+                    Rank(r).unpack_packets(out(r)[0:2], scratch[r][2:4], tb=0)
+                return p
+            sw = SwitchChannel([0, 1], BufferType.output if kind == "gstore" else BufferType.input)
+            a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)
+            # ready: each rank's launch started, so peers may touch its buffers
+            _both_ways(a, b, relaxed=True, ready_only=True)
             for r in range(2):
                 v = sw.at_rank(r)
                 if kind == "glre":
-                    v.reduce(r, 1, out(r)[r:r + 1], tb=0)
+                    v.reduce(0, 2, out(r)[0:2], tb=0)
                 elif kind == "glres":
                     v.reduce(r, 1, inp(r)[r:r + 1], tb=0)
                     v.broadcast(inp(r)[r:r + 1], r, 1, tb=0)
-                elif kind == "gstore":
-                    v.broadcast(out(r)[r:r + 1], r, 1, tb=0)
                 else:
-                    Rank(r).copy_packets(scratch[r][r:r + 1], inp(r)[r:r + 1], tb=0)
-                    v.broadcast_packets(scratch[r][r:r + 1], 2 + r, 1, tb=0)
+                    v.broadcast(inp(r)[0:1], r, 1, tb=0)
+            if kind == "glre":
+                # only peers' inputs were read: a relaxed "done reading" (after a block sync, so
+                # it covers every thread's reads) lets each rank's launch end, and the next
+                # launch rewrite its input, only after the peer's reads
+                _both_ways(a, b, relaxed=True)
+            else:
+                _both_ways(a, b, relaxed=False)  # publish the multicast writes
         return p
     return build
 
@@ -287,6 +342,8 @@ def test_golden_plan(name):
     plan = load_plan(text)
     check_plan(plan)
     assert name in _op_names(plan)
+    if name == "glre":  # the lone multicast load-reduce, not fused into glres
+        assert "glres" not in _op_names(plan)
     path = GOLDEN / f"op_{name}.json"
     if REGEN or not path.exists():
         if not REGEN:
@@ -323,15 +380,10 @@ def test_mscclpp_round_trip(name):
     assert a == b
 
 
-# Switch programs need a cross-rank handshake around the multicast ops, and a plain put-with-
-# signal leaves the proxy reading the source after the block ended (a real race with the next
-# launch's inputs, see tests/test_sim_port.py); they are compiler goldens only. ``pwsf`` flushes,
-# so it verifies.
-_NOT_SIMULATED = {"glre", "glres", "gstore", "gstorepkt", "pws"}
-
-
-@pytest.mark.parametrize("name", sorted(set(BUILDERS) - _NOT_SIMULATED))
+@pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_op_program_verifies_in_simulator(name):
+    """Every op's program is a correct program of its collective (no race, deadlock, or wrong
+    output under several schedules and two launches)."""
     sim = pytest.importorskip("mscclang.sim")
     report = sim.verify(BUILDERS[name]().to_plan(), schedules=4)
     assert report.ok, str(report)
