@@ -3,7 +3,9 @@
 Each program's plan is compared byte for byte with ``tests/golden/op_<name>.json``. Regenerate
 with ``MSCCLANG_REGEN_GOLDEN=1 python -m pytest tests/test_compiler_golden.py`` and review the diff.
 Every plan must also pass :func:`mscclang.plan.check.check_plan`, contain the op it is named for,
-and (where MSCCL++ can express it) survive ``from_mscclpp(to_mscclpp(plan))``.
+verify in the simulator (each program is a correct program of its collective: ready handshakes
+before touching peers, writes published, port sources flushed) and (where MSCCL++ can express it)
+survive ``from_mscclpp(to_mscclpp(plan))``.
 """
 
 from __future__ import annotations
