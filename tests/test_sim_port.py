@@ -69,10 +69,18 @@ def test_pws_without_flush_races_on_its_source():
 
 
 def test_golden_pwsf_verifies_and_pws_races_with_the_next_launch():
-    """The compiler's one-op goldens: ``pwsf`` is complete (no race over several launches);
-    ``pws`` leaves rank 0's proxy reading the input while the next launch rewrites it."""
+    """The compiler's one-op goldens: ``pwsf`` is complete (no race over several launches), and
+    so is ``pws`` followed by a flush; the same ``pws`` without its flush leaves rank 0's proxy
+    reading the input while the next launch rewrites it."""
+    import json
+
     rep = verify(load_plan(GOLDEN / "op_pwsf.json"), schedules=6, launches=3)
     assert rep.ok, str(rep)
-    rep = verify(load_plan(GOLDEN / "op_pws.json"), schedules=3, launches=2, symbolic=False)
+    doc = json.loads((GOLDEN / "op_pws.json").read_text())
+    assert verify(load_plan(GOLDEN / "op_pws.json"), schedules=6, launches=3).ok
+    ops = doc["gpus"][0]["threadblocks"][0]["ops"]
+    assert ops[-1]["name"] == "flush"
+    ops.pop()  # pws with no flush
+    rep = verify(load_plan(json.dumps(doc)), schedules=3, launches=2, symbolic=False)
     races = _races(rep)
     assert races and all("port proxy" in m and "launch start: inputs written" in m for m in races), str(rep)
