@@ -138,7 +138,9 @@ template <int DT> struct ElemSize { static constexpr u32 value = (DT == DT_F16 |
 
 // ------------------------------------------------------------------------------------------------
 // execution context of one block (lives in shared memory: one copy per block, read by every
-// thread, so it costs no registers across the op loop)
+// thread, so it costs no registers across the op loop). The helpers below take any context type C
+// with the fields they use (err, rank, abort_word, peer_abort[], n_peers, timeout_ns, sems, bars):
+// the interpreter passes its Ctx, a plan-specialised kernel its kernel-parameter struct.
 struct Ctx {
   const u8* blob;
   u8* in;
@@ -160,7 +162,8 @@ struct Ctx {
   i32 rank;
 };
 
-__device__ __noinline__ void record_error(const Ctx& c, int op_index, int what, int channel, u64 expected,
+template <class C>
+__device__ __noinline__ void record_error(const C& c, int op_index, int what, int channel, u64 expected,
                                           u64 seen, u64 elapsed) {
   ErrorRecord* r = c.err;
   if (atomicCAS(&r->state, 0u, 1u) == 0u) {
@@ -178,7 +181,8 @@ __device__ __noinline__ void record_error(const Ctx& c, int op_index, int what, 
   }
 }
 
-__device__ __noinline__ void raise_abort(const Ctx& c) {
+template <class C>
+__device__ __noinline__ void raise_abort(const C& c) {
   st_relaxed_sys_u32(c.abort_word, 1u);
   for (u32 p = 0; p < c.n_peers; ++p) st_relaxed_sys_u32((u32*)c.peer_abort[p], 1u);
   __threadfence_system();
@@ -191,7 +195,8 @@ struct Spin {
   u32 n;
   i32 op;   // op index, for the error record
   __device__ __forceinline__ explicit Spin(int op_index) : t0(0), n(0), op(op_index) {}
-  __device__ __forceinline__ bool tick(const Ctx& c, int what, int channel, u64 expected, u64 seen) {
+  template <class C>
+  __device__ __forceinline__ bool tick(const C& c, int what, int channel, u64 expected, u64 seen) {
     if ((++n & 15u) != 0u) return false;
     if (ld_volatile_u32(c.abort_word) != 0u) {
       record_error(c, op, WHAT_PEER_ABORT, channel, expected, seen, 0);
@@ -219,7 +224,8 @@ __device__ __forceinline__ void channel_signal(const ChannelDev& ch, bool relaxe
   else
     red_add_release_sys((u64*)ch.remote_inbound, 1ull);
 }
-__device__ __forceinline__ bool channel_wait(const Ctx& c, int opi, const ChannelDev& ch, int id, bool relaxed) {
+template <class C>
+__device__ __forceinline__ bool channel_wait(const C& c, int opi, const ChannelDev& ch, int id, bool relaxed) {
   u64 expected = atomicAdd((unsigned long long*)ch.expected, 1ull) + 1ull;
   const u64* in = (const u64*)ch.inbound;
   Spin s(opi);
@@ -231,7 +237,8 @@ __device__ __forceinline__ bool channel_wait(const Ctx& c, int opi, const Channe
 }
 
 // intra-GPU semaphores (values persist across launches)
-__device__ __forceinline__ bool semaphore_acquire(const Ctx& c, int opi, int id) {
+template <class C>
+__device__ __forceinline__ bool semaphore_acquire(const C& c, int opi, int id) {
   unsigned long long* p = (unsigned long long*)&c.sems[id];
   Spin s(opi);
   for (;;) {
@@ -243,13 +250,15 @@ __device__ __forceinline__ bool semaphore_acquire(const Ctx& c, int opi, int id)
     if (v <= 0 && s.tick(c, WHAT_SEMAPHORE, id, 1, (u64)v)) return false;
   }
 }
-__device__ __forceinline__ void semaphore_release(const Ctx& c, int id) {
+template <class C>
+__device__ __forceinline__ void semaphore_release(const C& c, int id) {
   __threadfence();
   atomicAdd((unsigned long long*)&c.sems[id], 1ull);
 }
 
 // barrier among `count` blocks of this rank on a monotonic arrival counter (thread 0 only)
-__device__ __forceinline__ bool block_group_barrier(const Ctx& c, int opi, u32 id, u32 count) {
+template <class C>
+__device__ __forceinline__ bool block_group_barrier(const C& c, int opi, u32 id, u32 count) {
   __threadfence();
   unsigned long long* p = (unsigned long long*)&c.bars[id];
   u64 arrive = atomicAdd(p, 1ull);
@@ -271,7 +280,8 @@ struct PortFifo {
   u64 tail;       // host-pinned u64 (advanced by the proxy)
   u64 size;       // power of two
 };
-__device__ __noinline__ bool port_fifo_push(const Ctx& c, int opi, const PortFifo* f, u64 w0, u64 w1) {
+template <class C>
+__device__ __noinline__ bool port_fifo_push(const C& c, int opi, const PortFifo* f, u64 w0, u64 w1) {
   u64 slot = atomicAdd((unsigned long long*)f->head, 1ull);
   Spin s(opi);
   while (slot >= f->size + ld_relaxed_sys_u64((const u64*)f->tail)) {

@@ -1,5 +1,7 @@
 """The GPU executor: runs a plan on the caller's current torch stream through the interpreter
-kernel (design §5, §7).
+kernel or, for small messages, a kernel specialised to the plan (design §5, §7;
+:mod:`mscclang.runtime.spec_source`). Both kernels keep the same flags, scratch halves, counters
+and abort protocol, so they can take turns on one context launch by launch.
 
 Per loaded plan a *context* holds the scratch, the sync area (abort word, flags, channel counters,
 semaphores, barrier counters) and the peers' IPC mappings of both; device plans are cached per
@@ -23,6 +25,8 @@ from mscclang.runtime.device_plan import (
     KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, PackedRank, SyncLayout, check_plan,
     inbound_slots, is_zero_copy, memory_channel_ordinals, pack_blob, pack_blocks, peers_of, sync_layout,
 )
+from mscclang.runtime.spec_build import SpecBuilder, pack_args, spec_mode, wanted
+from mscclang.runtime.spec_source import SpecUnsupported, generate
 from mscclang.runtime.structs import ERROR_RECORD
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -81,6 +85,33 @@ class _DevPlan:
     smem: int
     packet_align: int
     uses_packets: bool
+    packed: Any = None       # PackedRank (the specialised kernel's source comes from it)
+    addr: Any = None         # Addresses (the specialised kernel's parameters)
+
+
+@dataclass
+class _Spec:
+    """A loaded specialised kernel of one (plan, sizes, dtype, packet type, reduce op)."""
+
+    func: Any
+    fh: int
+    n_blocks: int
+    nthreads: int
+    steps: int
+    origin: str          # 'prebuilt', 'cache' or 'nvrtc'
+    name: str
+    layout: Any          # spec_source.ArgsLayout
+
+
+@dataclass
+class _SpecLaunch:
+    """What one launch of a specialised kernel needs: the function and its parameter struct (the
+    first five u64 words are written per launch)."""
+
+    spec: _Spec
+    args: Any
+    param_addr: int
+    keep: Any
 
 
 @dataclass
@@ -110,16 +141,19 @@ class LoadedPlan:
     n_blocks: int
     ctx: Optional[_Context] = None
     fast: dict[tuple, tuple] = field(default_factory=dict)
+    spec: dict[tuple, Any] = field(default_factory=dict)   # key -> _Spec, or the reason it is not used
 
 
 class Executor:
     """Runs plans on this rank's GPU. ``comm`` defaults to a Communicator over torch.distributed's
     default store; ``timeout_s`` bounds every GPU spin (default 30 s, env MSCCLANG_TIMEOUT_S).
     Co-residency of all blocks is checked with the occupancy API before the first launch of a
-    size; ``cooperative=True`` also launches through cuLaunchCooperativeKernel."""
+    size; ``cooperative=True`` also launches through cuLaunchCooperativeKernel. ``specialize``:
+    'auto' (default, env MSCCLANG_SPECIALIZE; plan-specialised kernels for messages up to
+    MSCCLANG_SPEC_MAX_BYTES), 'always' or 'never' (see :mod:`mscclang.runtime.spec_build`)."""
 
     def __init__(self, comm: Optional[Communicator] = None, timeout_s: Optional[float] = None,
-                 cooperative: bool = False) -> None:
+                 cooperative: bool = False, specialize: Optional[str] = None) -> None:
         self.comm = comm or Communicator()
         if timeout_s is None:
             timeout_s = float(os.environ.get("MSCCLANG_TIMEOUT_S", DEFAULT_TIMEOUT_S))
@@ -145,6 +179,16 @@ class Executor:
               cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
         self.arch = f"sm_{cc[0]}{cc[1]}"
         self._first_launch_done = False
+        self.specialize = spec_mode(specialize)
+        self._spec_builder = SpecBuilder(self.arch)
+        self._spec_mods: dict[str, tuple[Any, Any]] = {}   # cubin name -> (module, function)
+        self.last_kernel = ""   # 'spec' or 'interpreter': the kernel of the latest launch
+
+    def set_specialize(self, mode: str) -> None:
+        """Switch the kernel policy ('auto', 'always', 'never'); later calls re-pick their kernel."""
+        self.specialize = spec_mode(mode)
+        for lp in self._loaded.values():
+            lp.fast.clear()
 
     # ------------------------------------------------------------------------------------------
     # loading
@@ -296,7 +340,8 @@ class Executor:
         drv = cu.driver()
         cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
         smem = max((len(b.region) for b in packed.blocks), default=16)
-        dp = _DevPlan(p, len(blob), len(packed.blocks), smem, packed.packet_align, packed.uses_packets)
+        dp = _DevPlan(p, len(blob), len(packed.blocks), smem, packed.packet_align, packed.uses_packets,
+                      packed, addr)
         ctx.plans[key] = dp
         return dp
 
@@ -319,7 +364,58 @@ class Executor:
         sym_in = sym_out = None
         if lp.zero_copy:
             sym_in, sym_out = self._staging(lp, input_bytes, output_bytes)
-        self._device_plan(lp, input_bytes, output_bytes, sym_in, sym_out)
+        dp = self._device_plan(lp, input_bytes, output_bytes, sym_in, sym_out)
+        self._spec_kernel(lp, dt, input_bytes, output_bytes, pkt, op, dp)
+
+    # ------------------------------------------------------------------------------------------
+    # plan-specialised kernels
+    def _spec_kernel(self, lp: LoadedPlan, dt: str, in_bytes: int, out_bytes: int, pkt: str, op: str,
+                     dp: _DevPlan) -> Optional[_Spec]:
+        """The specialised kernel for these sizes, built (or found) now; None when the policy or
+        the generator says no, or the build failed (the reason is kept in ``lp.spec``). Never
+        builds inside a CUDA graph capture."""
+        if not wanted(self.specialize, in_bytes, out_bytes):
+            return None
+        key = (in_bytes, out_bytes, dt, pkt, op)
+        got = lp.spec.get(key)
+        if got is not None:
+            return got if isinstance(got, _Spec) else None
+        if self._capturing():
+            return None
+        try:
+            src = generate(lp.plan, dp.packed, dt, pkt, op)
+            name = self._spec_builder.name(src)
+            loaded = self._spec_mods.get(name)
+            origin = "loaded"
+            if loaded is None:
+                built = self._spec_builder.get(src)
+                origin = built.origin
+                drv = cu.driver()
+                mod = cu.check(drv.cuModuleLoadData(built.cubin), f"cuModuleLoadData({name})")
+                func = cu.check(drv.cuModuleGetFunction(mod, src.kernel.encode()), "cuModuleGetFunction")
+                loaded = (mod, func)
+                self._spec_mods[name] = loaded
+            func = loaded[1]
+            drv = cu.driver()
+            nblk = cu.check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(func, src.nthreads, 0),
+                            "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+            if int(nblk) * self._sm_count < src.n_blocks:
+                raise SpecUnsupported(f"{src.n_blocks} blocks of the specialised kernel cannot be co-resident")
+            sp = _Spec(func, cu.ptr(func), src.n_blocks, src.nthreads, src.steps, origin, name, src.args)
+        except (SpecUnsupported, RuntimeUnavailable, PlanError) as e:
+            lp.spec[key] = f"{type(e).__name__}: {e}"
+            return None
+        lp.spec[key] = sp
+        return sp
+
+    def spec_status(self, plan: Plan) -> dict[tuple, str]:
+        """Per (input bytes, output bytes, dtype, packet, reduce op) seen so far: how the
+        specialised kernel was obtained ('spec NT threads, origin') or why the interpreter runs."""
+        lp = self._loaded.get(id(plan))
+        if lp is None:
+            return {}
+        return {k: (f"spec {v.nthreads} threads x {v.n_blocks} blocks, {v.steps} steps, {v.origin}"
+                    if isinstance(v, _Spec) else v) for k, v in lp.spec.items()}
 
     def _staging(self, lp: LoadedPlan, in_bytes: int, out_bytes: int) -> tuple[Any, Any]:
         """Communicator-owned symmetric staging buffers (collective; grows by size only)."""
@@ -416,7 +512,13 @@ class Executor:
         if int(nblk) * self._sm_count < dp.n_blocks:
             raise PlanError(f"rank {self.comm.rank}: {dp.n_blocks} thread blocks of {lp.nthreads} threads cannot "
                             f"all be co-resident (at most {int(nblk) * self._sm_count})")
-        return (f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f))
+        launch = None
+        sp = self._spec_kernel(lp, dt, in_bytes, out_bytes, pkt, op, dp)
+        if sp is not None and lp.ctx is not None:
+            args = pack_args(sp.layout, dp.addr, lp.ctx.sync, self.comm.rank)
+            ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+            launch = _SpecLaunch(sp, args, ctypes.addressof(ptrs), ptrs)
+        return (f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), launch)
 
     def _execute_zero_copy(self, lp: LoadedPlan, input: Any, output: Any, in_ptr: int, out_ptr: int,
                            in_bytes: int, out_bytes: int, pkt: str, op: str, s: int) -> None:
@@ -458,7 +560,7 @@ class Executor:
         return torch.cuda.current_stream().cuda_stream
 
     def _launch(self, ent: tuple, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int) -> None:
-        f, blob, nb, nt, smem, fh = ent
+        f, blob, nb, nt, smem, fh, spec = ent
         if s != self._last_stream and self._last_stream is not None:
             # launches sharing a scratch are ordered on the GPU, whatever stream the caller uses
             if not self._capturing():
@@ -466,6 +568,32 @@ class Executor:
                 cu.check(drv.cuEventRecord(self._event, self._last_stream), "cuEventRecord")
                 cu.check(drv.cuStreamWaitEvent(s, self._event, 0), "cuStreamWaitEvent")
         self._last_stream = s
+        if spec is not None and not (in_ptr | out_ptr | in_delta | out_delta) & 15:
+            # the specialised kernel assumes 16-byte aligned buffers; others take the interpreter
+            a = spec.args
+            a[0] = in_ptr
+            a[1] = out_ptr
+            a[2] = in_delta
+            a[3] = out_delta
+            a[4] = self.timeout_ns
+            sp = spec.spec
+            self.last_kernel = "spec"
+            raw = self._raw_launch
+            if raw is not None and not self.cooperative:
+                err = raw(sp.fh, sp.n_blocks, 1, 1, sp.nthreads, 1, 1, 0, s, spec.param_addr, None)
+                if err:
+                    cu.check(err, "cuLaunchKernel")
+                return
+            drv = cu.driver()
+            launch = drv.cuLaunchCooperativeKernel if self.cooperative else None
+            if launch is not None:
+                err, = launch(sp.func, sp.n_blocks, 1, 1, sp.nthreads, 1, 1, 0, s, spec.param_addr)
+                if int(err) == 0:
+                    return
+            cu.check(drv.cuLaunchKernel(sp.func, sp.n_blocks, 1, 1, sp.nthreads, 1, 1, 0, s, spec.param_addr, 0),
+                     "cuLaunchKernel")
+            return
+        self.last_kernel = "interpreter"
         p = self._params
         p[0] = blob
         p[1] = in_ptr
@@ -518,6 +646,9 @@ class Executor:
         for m in self._modules.values():
             drv.cuModuleUnload(m)
         self._modules.clear()
+        for m, _ in self._spec_mods.values():
+            drv.cuModuleUnload(m)
+        self._spec_mods.clear()
         self._funcs.clear()
         if self._err_host:
             cu.host_free(self._err_host)

@@ -1,0 +1,253 @@
+"""Building, caching and choosing plan-specialised kernels (see :mod:`mscclang.runtime.spec_source`).
+
+* Policy: ``$MSCCLANG_SPECIALIZE`` (or ``Executor(specialize=...)``) is ``auto`` (default: small
+  messages, at most ``$MSCCLANG_SPEC_MAX_BYTES`` = 256 KiB, and plans the generator accepts),
+  ``always`` (any size the generator accepts) or ``never`` (the interpreter only).
+* Build: NVRTC to cubin for the device's arch (never PTX), at ``Executor.prepare()`` or the first
+  eager call, never inside a CUDA graph capture. Looked up first in ``$MSCCLANG_CUBIN_DIR`` (files
+  named by arch and source hash, written by :func:`prebuild` / ``python -m
+  mscclang.runtime.spec_build``, so a machine without a usable NVRTC can run prebuilt kernels),
+  then in the disk cache (``<cache_dir>/spec``, keyed by source hash, arch, options and NVRTC
+  version), then compiled. Any failure leaves the interpreter in charge.
+* Parameters: :func:`pack_args` fills the ``SpecArgs`` struct the kernel takes by value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from mscclang.errors import MscclangError, RuntimeUnavailable
+from mscclang.runtime import build
+from mscclang.runtime.device_plan import (
+    SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, PackedRank, SyncLayout,
+)
+from mscclang.runtime.spec_source import ArgsLayout, SpecSource, SpecUnsupported, generate
+
+MODES = ("auto", "always", "never")
+DEFAULT_MAX_BYTES = 256 * 1024
+_ALIASES = {"": "auto", "auto": "auto", "1": "always", "on": "always", "always": "always", "force": "always",
+            "0": "never", "off": "never", "never": "never", "interpreter": "never"}
+
+
+def spec_mode(value: Optional[str] = None) -> str:
+    """Normalised mode: ``value``, else ``$MSCCLANG_SPECIALIZE``, else ``auto``."""
+    raw = value if value is not None else os.environ.get("MSCCLANG_SPECIALIZE", "auto")
+    m = _ALIASES.get(str(raw).strip().lower())
+    if m is None:
+        raise RuntimeUnavailable(f"MSCCLANG_SPECIALIZE={raw!r}: use auto, always or never")
+    return m
+
+
+def spec_max_bytes() -> int:
+    """Largest message (input or output bytes) ``auto`` specialises (``$MSCCLANG_SPEC_MAX_BYTES``)."""
+    v = os.environ.get("MSCCLANG_SPEC_MAX_BYTES")
+    return int(v) if v else DEFAULT_MAX_BYTES
+
+
+def wanted(mode: str, input_bytes: int, output_bytes: int) -> bool:
+    """Whether ``mode`` asks for a specialised kernel at these sizes."""
+    if mode == "never":
+        return False
+    if mode == "always":
+        return True
+    return max(input_bytes, output_bytes) <= spec_max_bytes()
+
+
+class _FilesHash:
+    """Hash of the executor's CUDA sources (read once per builder)."""
+
+    def __init__(self) -> None:
+        self._h: Optional[str] = None
+
+    def get(self) -> str:
+        if self._h is None:
+            self._h = build.source_hash()
+        return self._h
+
+
+def source_key(source: str, files_hash: str) -> str:
+    """Hash of a generated source together with the headers it includes."""
+    return hashlib.sha256((files_hash + "\n" + source).encode()).hexdigest()
+
+
+def prebuilt_name(source: str, arch: str, files_hash: str) -> str:
+    """File name of a prebuilt specialised cubin: arch and source hash (no NVRTC version, so a
+    cubin built elsewhere is found)."""
+    return f"mscclang_spec_{build.arch_string(arch)}_{source_key(source, files_hash)[:24]}.cubin"
+
+
+@dataclass(frozen=True)
+class BuiltSpec:
+    """A specialised cubin and where it came from ('prebuilt', 'cache' or 'nvrtc')."""
+
+    cubin: bytes
+    origin: str
+    name: str
+
+
+class SpecBuilder:
+    """Finds or compiles specialised cubins for one arch."""
+
+    def __init__(self, arch: str = "sm_90") -> None:
+        self.arch = build.arch_string(arch)
+        self._files = _FilesHash()
+
+    def name(self, spec: SpecSource) -> str:
+        return prebuilt_name(spec.source, self.arch, self._files.get())
+
+    def get(self, spec: SpecSource, use_cache: bool = True) -> BuiltSpec:
+        """The cubin of ``spec``: prebuilt, cached or compiled now (RuntimeUnavailable when NVRTC
+        is missing or the compile fails)."""
+        name = self.name(spec)
+        d = os.environ.get("MSCCLANG_CUBIN_DIR")
+        if d:
+            p = Path(d) / name
+            if p.is_file():
+                return BuiltSpec(p.read_bytes(), "prebuilt", name)
+        ver = build.nvrtc_version()
+        cpath = build.cache_dir() / "spec" / name.replace(".cubin", f"_nvrtc{ver[0]}.{ver[1]}.cubin")
+        if use_cache and cpath.is_file():
+            return BuiltSpec(cpath.read_bytes(), "cache", name)
+        cubin = build.compile_source(spec.source, self.arch, name=name.replace(".cubin", ".cu"))
+        if use_cache:
+            _write_atomic(cpath, cubin)
+        return BuiltSpec(cubin, "nvrtc", name)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".cubin")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------
+# kernel parameters
+
+
+def pack_args(layout: ArgsLayout, addr: Addresses, sync: SyncLayout, rank: int) -> ctypes.Array:
+    """The ``SpecArgs`` bytes as a ctypes u64 array; the per-launch words (input, output, deltas,
+    timeout: indices 0-4) are written by the launcher."""
+    words = [0] * (layout.size // 8)
+    sb = addr.sync_base
+
+    def put(name: str, v: int) -> None:
+        words[layout.offset(name) // 8] = int(v)
+
+    put("flags", sb + SYNC_FLAGS_OFF)
+    put("abort_word", sb + SYNC_ABORT_OFF)
+    put("err", addr.error_record)
+    put("sems", sb + sync.semaphores)
+    put("bars", sb + sync.barriers)
+    put("scratch", addr.scratch_base)
+    put("half", addr.scratch_half)
+    if len(addr.peer_abort) != layout.n_peers or len(addr.remote) != layout.n_remote \
+            or len(addr.channels) != layout.n_channels:
+        raise RuntimeUnavailable("internal: specialised kernel parameters do not match the device plan's tables")
+    put("rank_npeers", (rank & 0xFFFFFFFF) | (len(addr.peer_abort) << 32))
+    for i, p in enumerate(addr.peer_abort):
+        words[layout.peer_abort // 8 + i] = int(p)
+    for i, (base, _kind) in enumerate(addr.remote):
+        words[layout.remote // 8 + i] = int(base)
+    for i, (a, b, c) in enumerate(addr.channels):
+        o = layout.chan // 8 + 3 * i
+        words[o:o + 3] = [int(a), int(b), int(c)]
+    return (ctypes.c_uint64 * len(words))(*words)
+
+
+# --------------------------------------------------------------------------------------------
+# prebuilding (no GPU needed)
+
+
+def prebuild(plan, sizes: Sequence[tuple[int, int]], dtypes: Sequence[str], packets: Sequence[str],
+             reduce_ops: Sequence[str], out_dir: Path, arch: str = "sm_90",
+             ranks: Optional[Sequence[int]] = None, nthreads: Optional[int] = None) -> list[tuple[str, str]]:
+    """Compile the specialised kernels of ``plan`` for every rank (or ``ranks``), size (input,
+    output bytes), dtype ('f16'...), packet type and reduce op into ``out_dir`` (the directory
+    ``$MSCCLANG_CUBIN_DIR`` names on the GPU machine). Returns (label, file or reason) pairs;
+    combinations the generator refuses are reported, not raised."""
+    from mscclang.runtime.device_plan import pack_blocks
+
+    b = SpecBuilder(arch)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done: list[tuple[str, str]] = []
+    for r in (ranks if ranks is not None else range(plan.world_size)):
+        for ib, ob in sizes:
+            packed = pack_blocks(plan, r, ib, ob)
+            for dt in dtypes:
+                for pk in packets:
+                    for op in reduce_ops:
+                        label = f"{plan.name} rank {r} {ib}/{ob} B {dt} {pk} {op}"
+                        try:
+                            spec = generate(plan, packed, dt, pk, op, nthreads)
+                        except SpecUnsupported as e:
+                            done.append((label, f"not specialised: {e}"))
+                            continue
+                        name = b.name(spec)
+                        path = out_dir / name
+                        if not path.is_file():
+                            _write_atomic(path, b.get(spec).cubin)
+                        done.append((label, name))
+    return done
+
+
+def _parse_size(s: str) -> int:
+    s = s.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if s and s[-1] in mult:
+        return int(float(s[:-1]) * mult[s[-1]])
+    return int(s)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m mscclang.runtime.spec_build --out DIR (--plan FILE | --sample NAME) ...``"""
+    from mscclang.plan.io import load_plan
+
+    p = argparse.ArgumentParser(prog="python -m mscclang.runtime.spec_build",
+                                description="prebuild plan-specialised kernels into a cubin directory")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--plan", action="append", default=[], help="plan JSON file (repeatable)")
+    p.add_argument("--sample", action="append", default=[], help="mscclang.runtime.sample_plans name")
+    p.add_argument("--ranks", type=int, default=2, help="world size for --sample plans")
+    p.add_argument("--sizes", default="1K", help="comma-separated input sizes (bytes, K, M)")
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--packet", default="ll16")
+    p.add_argument("--op", default="sum")
+    p.add_argument("--arch", default="sm_90")
+    args = p.parse_args(argv)
+    plans = [load_plan(Path(f).read_text()) for f in args.plan]
+    if args.sample:
+        from mscclang.plan.io import plan_to_json
+        from mscclang.runtime import sample_plans as sp
+
+        plans += [load_plan(plan_to_json(sp.SAMPLES[n](args.ranks))) for n in args.sample]
+    for plan in plans:
+        sizes = []
+        for s in args.sizes.split(","):
+            n = _parse_size(s)
+            out = n * plan.world_size if plan.collective == "allgather" else n
+            if plan.collective == "reducescatter":
+                out = n // plan.world_size
+            sizes.append((n, out))
+        try:
+            res = prebuild(plan, sizes, args.dtype.split(","), args.packet.split(","), args.op.split(","),
+                           args.out, args.arch)
+        except MscclangError as e:
+            print(f"{plan.name}: {e}", file=sys.stderr)
+            return 1
+        for label, what in res:
+            print(f"{label}: {what}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
