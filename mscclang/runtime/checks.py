@@ -122,7 +122,52 @@ def check_plan(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", pack
         idx = (_bits(out) != _bits(ref)).nonzero()[0].item()
         first = (idx, float(out[idx].float().item()), float(ref[idx].float().item()))
     return {"rank": w.rank, "bad": bad + (sim_bad or 0), "ref_bad": bad, "sim_bad": sim_bad, "n": n_out,
-            "first_bad": first}
+            "first_bad": first, "kernel": w.executor.last_kernel, "spec": _spec_status(w, plan)}
+
+
+def _spec_status(w: Any, plan: Plan) -> str:
+    """The executor's specialised-kernel status lines for ``plan`` (for failure messages)."""
+    st = getattr(w.executor, "spec_status", None)
+    return "; ".join(f"{k}: {v}" for k, v in st(plan).items()) if st else ""
+
+
+def set_specialize(w: Any, mode: str) -> str:
+    """Switch the worker executor's kernel policy ('auto', 'always', 'never')."""
+    w.executor.set_specialize(mode)
+    return w.executor.specialize
+
+
+def alternate_kernels(w: Any, plan_json: str, nbytes: int, iters: int = 64, dtype: str = "float16",
+                      packet_type: Optional[str] = None, seed: int = 5) -> dict:
+    """Launches that alternate between the specialised kernel and the interpreter on one context
+    (same flags, scratch halves and counters), the input's sign flipped before each; every output
+    checked. Ends in the 'auto' policy."""
+    import torch
+
+    plan = _plan(w, plan_json)
+    dt = _dtype(dtype)
+    dev = torch.device(f"cuda:{w.rank}")
+    esize = torch.empty((), dtype=dt).element_size()
+    n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
+    inputs = [make_input(q, n_in, dt, seed, dev) for q in range(w.world_size)]
+    ref = reference(plan, inputs, "sum", w.rank)
+    inp = inputs[w.rank].clone()
+    out = torch.empty(n_out, dtype=dt, device=dev)
+    bad = torch.zeros((), dtype=torch.int64, device=dev)
+    ex = w.executor
+    kinds = []
+    try:
+        for i in range(iters):
+            ex.set_specialize("always" if i % 2 == 0 else "never")
+            inp.neg_()
+            ex.execute(plan, inp, out, packet_type=packet_type)
+            kinds.append(ex.last_kernel)
+            bad.add_((_bits(out) != _bits(ref if i % 2 else -ref)).sum())
+        ex.synchronize()
+    finally:
+        ex.set_specialize("auto")
+    return {"rank": w.rank, "bad": int(bad.item()), "kernels": sorted(set(kinds)), "launches": iters,
+            "spec": _spec_status(w, plan)}
 
 
 def to_numpy(t: Any) -> Any:
@@ -203,7 +248,8 @@ def back_to_back(w: Any, plan_json: str, nbytes: int, iters: int, dtype: str = "
             g.replay()
         launches = 2 + iters // 2 * 2
     ex.synchronize()
-    return {"rank": w.rank, "bad": int(bad.item()), "launches": launches}
+    return {"rank": w.rank, "bad": int(bad.item()), "launches": launches, "kernel": ex.last_kernel,
+            "spec": _spec_status(w, plan)}
 
 
 def time_eager(w: Any, plan_json: str, nbytes: int, iters: int = 2000, dtype: str = "float16",
@@ -230,7 +276,7 @@ def time_eager(w: Any, plan_json: str, nbytes: int, iters: int = 2000, dtype: st
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     ex.check()
-    return {"rank": w.rank, "us_per_call": (t1 - t0) / iters * 1e6}
+    return {"rank": w.rank, "us_per_call": (t1 - t0) / iters * 1e6, "kernel": ex.last_kernel}
 
 
 def time_graph(w: Any, plan_json: str, nbytes: int, per_graph: int = 100, replays: int = 20,
@@ -286,7 +332,7 @@ def time_graph(w: Any, plan_json: str, nbytes: int, per_graph: int = 100, replay
     times.sort()
     med = times[len(times) // 2]
     return {"rank": w.rank, "us_per_launch": round(med, 3), "min_us": round(times[0], 3),
-            "algbw_gbs": round(n_in * esize / (med * 1e3), 2)}
+            "algbw_gbs": round(n_in * esize / (med * 1e3), 2), "kernel": ex.last_kernel}
 
 
 def timeout_and_reset(w: Any, bad_json: str, good_json: str, timeout_s: float = 1.0) -> dict:
@@ -316,11 +362,12 @@ def timeout_and_reset(w: Any, bad_json: str, good_json: str, timeout_s: float = 
         ex.execute(bad, inp, out)
     except CollectiveTimeout as e:
         again = str(e)
+    kernel = ex.last_kernel
     ex.timeout_ns = old
     ex.reset()
     res = check_plan(w, good_json, 4096, "float16", seed=7)
     return {"rank": w.rank, "raised": raised, "raised_again": bool(again), "elapsed_s": elapsed,
-            "after_reset_bad": res["bad"]}
+            "after_reset_bad": res["bad"], "kernel": kernel, "after_reset_kernel": res["kernel"]}
 
 
 def reset(w: Any) -> bool:

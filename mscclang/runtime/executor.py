@@ -402,7 +402,7 @@ class Executor:
             if int(nblk) * self._sm_count < src.n_blocks:
                 raise SpecUnsupported(f"{src.n_blocks} blocks of the specialised kernel cannot be co-resident")
             sp = _Spec(func, cu.ptr(func), src.n_blocks, src.nthreads, src.steps, origin, name, src.args)
-        except (SpecUnsupported, RuntimeUnavailable, PlanError) as e:
+        except (SpecUnsupported, RuntimeUnavailable, PlanError, OSError) as e:
             lp.spec[key] = f"{type(e).__name__}: {e}"
             return None
         lp.spec[key] = sp

@@ -401,6 +401,9 @@ class _Gen:
                 body += self.sync(r)
         if not flat:
             body.append(_STOP_CHECK)
+        if self.nt > 32 and not any("__syncthreads" in ln for ln in body):
+            # every warp must have read the flag before thread 0 advances it
+            body.append("  __syncthreads();  // flag reads before the flag advances")
         lines += ["  " + ln for ln in "\n".join(body).split("\n")]
         lines.append("    } break;")
         return lines

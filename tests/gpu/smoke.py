@@ -1,5 +1,7 @@
 """Quick GPU smoke + measurements in one process tree (for the device machine):
-python tests/gpu/smoke.py [--perf]. Prints one line per check."""
+python tests/gpu/smoke.py [--perf] [--perf-only] [--stages] [--scaling] [--spec] [--json FILE].
+Prints one line per check. ``--spec``: graph/eager latency of the plan-specialised kernel next to
+the interpreter's (1 KiB one-shot shapes, LL16/LL8, stage breakdown) and a summary table last."""
 
 from __future__ import annotations
 
@@ -50,14 +52,15 @@ def main() -> int:
                 print(f"{label}: FAILED {e}"[:3000], flush=True)
                 out[label] = str(e)[:3000]
 
-        for name in ([] if "--perf-only" in sys.argv else sp.SAMPLES):
+        quick = "--perf-only" in sys.argv or ("--spec" in sys.argv and "--perf" not in sys.argv)
+        for name in ([] if quick else sp.SAMPLES):
             j = plan_to_json(sp.SAMPLES[name](n))
             step(f"{name} 1KiB", f"{C}:check_plan", j, 1024, "float16")
             step(f"{name} 3000B", f"{C}:check_plan", j, 3000, "float16")
         j1 = plan_to_json(sp.allreduce_oneshot_ll(n))
         if "--perf-only" in sys.argv:
             perf = True
-        else:
+        elif not quick:
           step("oneshot LL8", f"{C}:check_plan", j1, 4096, "float16", "LL8")
           step("oneshot bf16 max", f"{C}:check_plan", j1, 4096, "bfloat16", None, "max")
           step("oneshot graph", f"{C}:back_to_back", j1, 1024, 200, "float16", None, True)
@@ -81,6 +84,37 @@ def main() -> int:
             for stage in ("nop", "cpkt", "ppkt", "full"):
                 jj = stage_plan(n, stage)
                 step(f"stage graph us 1KiB 1x128 {stage}", f"{C}:time_graph", jj, 1024)
+        if "--spec" in sys.argv:
+            table = []
+            for kern, mode in (("spec", "always"), ("interp", "never")):
+                pool.run(f"{C}:set_specialize", mode)
+                for nb, nt in ((1, 128), (1, 512), (2, 512)):
+                    jj = plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=nb, nthreads=nt))
+                    for pk in ("LL16", "LL8"):
+                        lab = f"{kern} graph us 1KiB oneshot {nb}x{nt} {pk}"
+                        step(lab, f"{C}:time_graph", jj, 1024, 100, 20, "float16", pk)
+                        table.append(lab)
+                for stage in ("nop", "cpkt", "ppkt", "full"):
+                    lab = f"{kern} stage graph us 1KiB 1x128 {stage}"
+                    step(lab, f"{C}:time_graph", stage_plan(n, stage), 1024)
+                    table.append(lab)
+                for size in (4096, 16384, 65536, 262144):
+                    jj = plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=1 if size <= 16384 else 4, nthreads=512))
+                    lab = f"{kern} graph us {size // 1024}KiB oneshot {'1' if size <= 16384 else '4'}x512"
+                    step(lab, f"{C}:time_graph", jj, size)
+                    table.append(lab)
+                lab = f"{kern} eager us 1KiB oneshot"
+                step(lab, f"{C}:time_eager", j1, 1024, 3000)
+                table.append(lab)
+            pool.run(f"{C}:set_specialize", "auto")
+            print("\n| what | rank 0 | rank 1 | kernel |\n|---|---|---|---|")
+            for lab in table:
+                r = out.get(lab)
+                if isinstance(r, list):
+                    v = [x.get("us_per_launch", x.get("us_per_call")) for x in r]
+                    print(f"| {lab} | {v[0]:.2f} | {v[-1]:.2f} | {r[0].get('kernel', '')} |")
+                else:
+                    print(f"| {lab} | FAILED | | |")
         if "--scaling" in sys.argv:
             # bandwidth over blocks: zero-copy put allgather (64 MiB per rank, symmetric buffers)
             # and one-shot LL allreduce (1 MiB)

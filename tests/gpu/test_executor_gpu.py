@@ -2,7 +2,10 @@
 packet types, four dtypes, sizes from 1 KiB to 256 MiB (odd ones too), back-to-back and CUDA-graph
 launches, and the timeout/abort/reset protocol. Outputs are compared bit for bit with the
 collective's reference computed in the executor's reduction order (and with the simulator when
-``mscclang.sim`` provides ``run``)."""
+``mscclang.sim`` provides ``run``).
+
+Every test runs twice: with the interpreter kernel (policy 'never') and with the plan-specialised
+kernels (policy 'always', asserting that the specialised kernel really ran)."""
 
 from __future__ import annotations
 
@@ -20,9 +23,19 @@ def _json(pool, name):
     return plan_to_json(sp.SAMPLES[name](pool.world_size))
 
 
-def _ok(results):
+@pytest.fixture(params=["interpreter", "spec"])
+def kernel(pool, request):
+    """The kernel policy of the test: every worker's executor switched before, 'auto' after."""
+    pool.run(f"{C}:set_specialize", "never" if request.param == "interpreter" else "always")
+    yield request.param
+    pool.run(f"{C}:set_specialize", "auto")
+
+
+def _ok(results, kernel=None):
     for r in results:
         assert r["bad"] == 0, f"rank {r['rank']}: {r['bad']} wrong elements, first {r.get('first_bad')}"
+        if kernel is not None:
+            assert r["kernel"] == kernel, f"rank {r['rank']} ran the {r['kernel']} kernel, not {kernel}: {r['spec']}"
 
 
 LL_PLANS = ["allreduce_oneshot_ll", "allreduce_oneshot_ll_4b", "allreduce_twostep_ll", "allreduce_copyfwd_ll",
@@ -33,59 +46,59 @@ SIMPLE_PLANS = ["allreduce_scratch_simple", "allreduce_read_simple", "allreduce_
 
 @pytest.mark.parametrize("name", LL_PLANS)
 @pytest.mark.parametrize("packet", ["LL16", "LL8"])
-def test_packet_plans(pool, name, packet):
+def test_packet_plans(pool, name, packet, kernel):
     j = _json(pool, name)
     for nbytes in (1024, 4096 + 96, 65536):
-        _ok(pool.run(f"{C}:check_plan", j, nbytes, "float16", packet))
+        _ok(pool.run(f"{C}:check_plan", j, nbytes, "float16", packet), kernel)
 
 
 @pytest.mark.parametrize("name", SIMPLE_PLANS)
-def test_simple_plans(pool, name):
+def test_simple_plans(pool, name, kernel):
     j = _json(pool, name)
     for nbytes in (1024, 3000, 1 << 20):
-        _ok(pool.run(f"{C}:check_plan", j, nbytes, "float16"))
+        _ok(pool.run(f"{C}:check_plan", j, nbytes, "float16"), kernel)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "int32"])
 @pytest.mark.parametrize("op", ["sum", "min", "max"])
-def test_dtypes_and_reduce_ops(pool, dtype, op):
+def test_dtypes_and_reduce_ops(pool, dtype, op, kernel):
     for name in ("allreduce_oneshot_ll", "allreduce_scratch_simple"):
-        _ok(pool.run(f"{C}:check_plan", _json(pool, name), 8192 + 64, dtype, None, op))
+        _ok(pool.run(f"{C}:check_plan", _json(pool, name), 8192 + 64, dtype, None, op), kernel)
 
 
 @pytest.mark.parametrize("nbytes", [1024, 1000, 1 << 14, (1 << 20) + 6, 16 << 20, 256 << 20])
-def test_sizes(pool, nbytes):
+def test_sizes(pool, nbytes, kernel):
     if nbytes <= (1 << 20) + 6:
-        _ok(pool.run(f"{C}:check_plan", _json(pool, "allreduce_oneshot_ll_4b"), nbytes, "bfloat16"))
-    _ok(pool.run(f"{C}:check_plan", _json(pool, "allreduce_read_simple"), nbytes, "float16"))
-    _ok(pool.run(f"{C}:check_plan", _json(pool, "allgather_simple"), nbytes // 2 // 16 * 16 or 16, "float32"))
+        _ok(pool.run(f"{C}:check_plan", _json(pool, "allreduce_oneshot_ll_4b"), nbytes, "bfloat16"), kernel)
+    _ok(pool.run(f"{C}:check_plan", _json(pool, "allreduce_read_simple"), nbytes, "float16"), kernel)
+    _ok(pool.run(f"{C}:check_plan", _json(pool, "allgather_simple"), nbytes // 2 // 16 * 16 or 16, "float32"), kernel)
 
 
-def test_symmetric_and_inplace(pool):
+def test_symmetric_and_inplace(pool, kernel):
     j = _json(pool, "allreduce_read_simple")
-    _ok(pool.run(f"{C}:check_plan", j, 1 << 16, "float16", None, "sum", 5, False, True))
-    _ok(pool.run(f"{C}:check_plan", j, 1 << 16, "float16", None, "sum", 6, True, False))
-    _ok(pool.run(f"{C}:check_plan", _json(pool, "allreduce_oneshot_ll"), 1 << 12, "float16", None, "sum", 7, True))
+    _ok(pool.run(f"{C}:check_plan", j, 1 << 16, "float16", None, "sum", 5, False, True), kernel)
+    _ok(pool.run(f"{C}:check_plan", j, 1 << 16, "float16", None, "sum", 6, True, False), kernel)
+    _ok(pool.run(f"{C}:check_plan", _json(pool, "allreduce_oneshot_ll"), 1 << 12, "float16", None, "sum", 7, True), kernel)
 
 
-def test_back_to_back_eager(pool):
+def test_back_to_back_eager(pool, kernel):
     res = pool.run(f"{C}:back_to_back", _json(pool, "allreduce_oneshot_ll"), 1024, 10000)
-    _ok(res)
+    _ok(res, kernel)
     res = pool.run(f"{C}:back_to_back", _json(pool, "allgather_simple"), 4096, 2000)
-    _ok(res)
+    _ok(res, kernel)
 
 
 @pytest.mark.parametrize("packet", ["LL16", "LL8"])
-def test_graph_replays(pool, packet):
+def test_graph_replays(pool, packet, kernel):
     res = pool.run(f"{C}:back_to_back", _json(pool, "allreduce_oneshot_ll"), 1024, 1000, "float16", packet, True)
-    _ok(res)
+    _ok(res, kernel)
 
 
-def test_graph_replays_simple(pool):
-    _ok(pool.run(f"{C}:back_to_back", _json(pool, "allgather_simple"), 1 << 14, 1000, "float16", None, True))
+def test_graph_replays_simple(pool, kernel):
+    _ok(pool.run(f"{C}:back_to_back", _json(pool, "allgather_simple"), 1 << 14, 1000, "float16", None, True), kernel)
 
 
-def test_timeout_then_reset(pool):
+def test_timeout_then_reset(pool, kernel):
     bad = plan_to_json(sp.missing_signal(pool.world_size))
     good = _json(pool, "allreduce_oneshot_ll")
     res = pool.run(f"{C}:timeout_and_reset", bad, good, 1.0)
@@ -94,3 +107,15 @@ def test_timeout_then_reset(pool):
         assert r["raised_again"], r
         assert r["elapsed_s"] < 10.0, r
         assert r["after_reset_bad"] == 0, r
+        assert r["kernel"] == kernel and r["after_reset_kernel"] == kernel, r
+
+
+def test_kernels_take_turns_on_one_context(pool):
+    """The specialised kernel and the interpreter alternate launch by launch on one context: same
+    flags, scratch halves and counters, so every output stays right."""
+    for name, nbytes in (("allreduce_oneshot_ll", 1024), ("allreduce_twostep_ll", 4096 + 96),
+                         ("allreduce_scratch_simple", 8192), ("allgather_pipeline", 5000 // 16 * 16)):
+        res = pool.run(f"{C}:alternate_kernels", _json(pool, name), nbytes, 64)
+        for r in res:
+            assert r["bad"] == 0, (name, r)
+            assert r["kernels"] == ["interpreter", "spec"], (name, r)

@@ -1,0 +1,303 @@
+"""CPU tests of the plan-specialised kernels: reading packed regions back, the host copy of the
+interpreter's range split, generated sources (NVRTC builds for sm_90: a few representative ones by
+default, every library plan shape under ``slow``), kernel parameters, thread choice, policy and the
+prebuilt-cubin lookup. No GPU needed; GPU runs are in tests/gpu/test_executor_gpu.py."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from mscclang.plan.io import load_plan, plan_to_json
+from mscclang.runtime import build, device_plan as dp, sample_plans as sp, spec_build as sb
+from mscclang.runtime.device_plan import DOP_DATA, DOP_PIPELINE, MODE_PACKET, DevRecord
+from mscclang.runtime.spec_source import (
+    ArgsLayout, SpecUnsupported, choose_threads, generate, parse_region, sub_ranges,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _nvrtc_ok() -> bool:
+    try:
+        build.nvrtc_version()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+needs_nvrtc = pytest.mark.skipif(not _nvrtc_ok() and not os.environ.get("CI"), reason="NVRTC not available")
+
+
+def _sample(name: str, n: int = 2):
+    return load_plan(plan_to_json(sp.SAMPLES[name](n)))
+
+
+def _out_bytes(plan, n: int) -> int:
+    if plan.collective == "allgather":
+        return n * plan.world_size
+    if plan.collective == "reducescatter":
+        return n // plan.world_size
+    return n
+
+
+def _library(pattern: str = "*.json"):
+    files = [f for f in sorted(glob.glob(str(REPO / "plans" / pattern))) if not f.endswith("index.json")]
+    return [load_plan(Path(f).read_text()) for f in files]
+
+
+# --------------------------------------------------------------------------------------------
+# regions and ranges
+
+
+def _repack(recs) -> bytes:
+    out = b""
+    for r in recs:
+        dr = DevRecord(r.kind, r.index, list(r.operands), r.n_src, list(r.ids), list(r.pieces), r.flags,
+                       (r.tbg_member, r.tbg_size), r.tbg_unit, r.total, r.aux0, r.aux1)
+        out += dr.pack()
+        if r.kind == DOP_PIPELINE:
+            out += _repack(r.inner)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(sp.SAMPLES))
+def test_parse_region_reads_back_every_record(name):
+    plan = _sample(name)
+    for r in range(2):
+        for b in dp.pack_blocks(plan, r, 3000, _out_bytes(plan, 3000)).blocks:
+            recs = parse_region(b.region)
+            body = _repack(recs)
+            assert b.region[8:8 + len(body)] == body
+            assert b.region[8 + len(body):].strip(b"\0") == b""
+
+
+def _data_records(recs):
+    for r in recs:
+        if r.kind == DOP_PIPELINE:
+            yield from ((x, r) for x in r.inner if x.kind == DOP_DATA)
+        elif r.kind == DOP_DATA:
+            yield r, None
+
+
+@pytest.mark.parametrize("name,nbytes", [("allreduce_oneshot_ll_4b", 4096 + 96), ("allreduce_oneshot_ll_4b", 1000),
+                                         ("allgather_pipeline", 5000), ("allgather_put_4b", 3000),
+                                         ("allreduce_twostep_ll", 3000)])
+def test_sub_ranges_partition_every_record(name, nbytes):
+    """Over a thread-block group's members and a pipeline's iterations, the host's range split
+    covers each record's pieces exactly once (same total, disjoint, inside the pieces)."""
+    plan = _sample(name)
+    packed = dp.pack_blocks(plan, 0, nbytes, _out_bytes(plan, nbytes))
+    for b in packed.blocks:
+        for r, pipe in _data_records(parse_region(b.region)):
+            its = range(pipe.aux1) if pipe is not None else [None]
+            unit = pipe.total if pipe is not None else 0
+            got = []
+            for m in range(r.tbg_size):
+                r.tbg_member = m
+                for it in its:
+                    got += sub_ranges(r, it, unit)
+            assert sum(s.length for s in got) == r.total
+            scale = 2 if (r.operands[0] >> 8) & MODE_PACKET else 1
+            spans = sorted((s.offsets[0], s.offsets[0] + scale * s.length) for s in got)
+            assert all(a[1] <= b_[0] for a, b_ in zip(spans, spans[1:])), spans
+            pieces = [(scale * o[0], scale * (o[0] + ln)) for ln, _, o in r.pieces]
+            assert all(any(p0 <= a and e <= p1 for p0, p1 in pieces) for a, e in spans)
+            assert all(0 <= s.valid <= s.length for s in got)
+
+
+# --------------------------------------------------------------------------------------------
+# generated sources
+
+
+def _gen(plan, rank=0, nbytes=1024, dtype="f16", packet="ll16", op="sum", **kw):
+    return generate(plan, dp.pack_blocks(plan, rank, nbytes, _out_bytes(plan, nbytes)), dtype, packet, op, **kw)
+
+
+def test_oneshot_source_is_straight_line_with_constants():
+    plan = load_plan(plan_to_json(sp.allreduce_oneshot_ll(2, nblocks=1, nthreads=128)))
+    s = _gen(plan)
+    assert s.nthreads == 128 and s.n_blocks == 1 and s.steps == 2
+    src = s.source
+    # ppkt: 128 whole LL16 units, gated (first op); repkt: input + packets into output
+    assert "sp_packets<DT, OP, PKT, NT, 1, 1, 1, 0x2u, 128u, true>" in src
+    assert "sp_packets<DT, OP, PKT, NT, 1, 2, 1, 0x2u, 128u, false>" in src
+    assert "{a.in + 0ull, rscr0 + 0ull}" in src and "{a.in + 0ull, scr + 0ull, a.out + 0ull}" in src
+    assert "#define DT DT_F16" in src and "#define PKT 16" in src and "__launch_bounds__(128, 1)" in src
+    assert "__syncthreads();  // flag reads" in src   # no other barrier in the block
+    assert src.count("record_error(a, -1, WHAT_PEER_ABORT") == 1
+    # rank 1 packs into the same slot of rank 0's scratch: only the comment line differs
+    s1 = _gen(plan, rank=1)
+    assert [ln for ln in s1.source.splitlines() if not ln.startswith("//")] == \
+           [ln for ln in src.splitlines() if not ln.startswith("//")]
+
+
+def test_sources_depend_on_plan_and_size_only():
+    plan = _sample("allreduce_twostep_ll")
+    a, b = _gen(plan, nbytes=4096), _gen(plan, nbytes=4096)
+    assert a.source == b.source
+    assert _gen(plan, nbytes=8192).source != a.source
+    assert _gen(plan, nbytes=4096, packet="ll8").source != a.source
+    assert "0x" not in re.sub(r"0x[0-9a-f]+u", "", a.source)  # no device address baked in
+
+
+def test_clipped_units_take_the_generic_path():
+    # 3000 B over 2 ranks: rank 1's chunk is clipped inside an LL16 unit-aligned scratch slot
+    plan = _sample("allreduce_copyfwd_ll")
+    src = _gen(plan, rank=1, nbytes=3000).source
+    assert "sp_packets_generic<" in src and "sp_packets<" in src
+
+
+def test_plain_split_head_body_tail():
+    plan = _sample("allreduce_read_simple")
+    src = _gen(plan, nbytes=3000).source
+    units = [(int(v), int(n)) for v, n in re.findall(r"sp_plain<DT, OP, \d+, \d+, NT, \d+, (\d+), (\d+)u", src)]
+    assert units and all(v in (2, 16) for v, _ in units)
+    assert any(v == 16 for v, _ in units)
+
+
+def test_threads_choice(monkeypatch):
+    plan = load_plan(plan_to_json(sp.allreduce_oneshot_ll(2, nblocks=1, nthreads=512)))
+    packed = dp.pack_blocks(plan, 0, 1024, 1024)
+    monkeypatch.delenv("MSCCLANG_SPEC_THREADS", raising=False)
+    assert choose_threads(plan, packed) == 128          # 1 KiB = 128 LL16 packets per op
+    assert choose_threads(plan, packed, "ll8") == 256   # LL8 carries 4 bytes per packet
+    assert choose_threads(plan, packed, mode="plan") == 512
+    assert choose_threads(plan, packed, mode="96") == 96
+    big = dp.pack_blocks(plan, 0, 1 << 20, 1 << 20)
+    assert choose_threads(plan, big) == 512
+    monkeypatch.setenv("MSCCLANG_SPEC_THREADS", "plan")
+    assert _gen(plan).nthreads == 512
+    with pytest.raises(SpecUnsupported):
+        choose_threads(plan, packed, mode="4096")
+
+
+def test_refusals():
+    plan = _sample("allreduce_scratch_simple")
+    with pytest.raises(SpecUnsupported, match="op segments"):
+        _gen(plan, nbytes=4096, max_steps=1)
+    with pytest.raises(SpecUnsupported, match="unsupported combination"):
+        _gen(plan, dtype="f64")
+    # packet offsets that are not LL16-aligned: 1000 B over 2 chunks puts a slot at 500 bytes
+    packed = dp.pack_blocks(_sample("allreduce_twostep_ll"), 0, 1000, 1000)
+    if packed.packet_align < 8:
+        with pytest.raises(SpecUnsupported, match="packet"):
+            generate(_sample("allreduce_twostep_ll"), packed, "f16", "ll16", "sum")
+
+
+def test_args_layout_and_packing():
+    lay = ArgsLayout(n_peers=2, n_remote=3, n_channels=4)
+    assert lay.offset("in") == 0 and lay.offset("timeout_ns") == 32
+    assert lay.peer_abort == 104 and lay.remote == 120 and lay.chan == 144 and lay.size == 144 + 96
+    addr = dp.Addresses(0x10000, 0x20000, 0x800, 0x9000, [0x5000, 0x5100], [(0x30000, 2), (0x31000, 0), (0x32000, 1)],
+                        [(1, 2, 3), (4, 5, 6), (7, 8, 9), (10, 11, 12)])
+    plan = _sample("allreduce_oneshot_ll")
+    sync = dp.sync_layout(plan, 0)
+    w = list(sb.pack_args(lay, addr, sync, 1))
+    assert w[lay.offset("flags") // 8] == 0x10000 + dp.SYNC_FLAGS_OFF
+    assert w[lay.offset("abort_word") // 8] == 0x10000 + dp.SYNC_ABORT_OFF
+    assert w[lay.offset("sems") // 8] == 0x10000 + sync.semaphores
+    assert w[lay.offset("bars") // 8] == 0x10000 + sync.barriers
+    assert w[lay.offset("scratch") // 8] == 0x20000 and w[lay.offset("half") // 8] == 0x800
+    assert w[lay.offset("err") // 8] == 0x9000
+    assert w[lay.offset("rank_npeers") // 8] == 1 | (2 << 32)
+    assert w[13:15] == [0x5000, 0x5100] and w[15:18] == [0x30000, 0x31000, 0x32000]
+    assert w[18:30] == list(range(1, 13)) and w[:5] == [0] * 5
+    with pytest.raises(Exception, match="do not match"):
+        sb.pack_args(ArgsLayout(1, 3, 4), addr, sync, 0)
+
+
+def test_policy(monkeypatch):
+    monkeypatch.delenv("MSCCLANG_SPECIALIZE", raising=False)
+    monkeypatch.delenv("MSCCLANG_SPEC_MAX_BYTES", raising=False)
+    assert sb.spec_mode() == "auto"
+    assert sb.spec_mode("0") == "never" and sb.spec_mode("ALWAYS") == "always"
+    monkeypatch.setenv("MSCCLANG_SPECIALIZE", "off")
+    assert sb.spec_mode() == "never"
+    with pytest.raises(Exception, match="auto, always or never"):
+        sb.spec_mode("maybe")
+    assert sb.wanted("auto", 1024, 1024) and sb.wanted("auto", 256 << 10, 256 << 10)
+    assert not sb.wanted("auto", 1 << 20, 1 << 20) and sb.wanted("always", 1 << 30, 1 << 30)
+    assert not sb.wanted("never", 1024, 1024)
+    monkeypatch.setenv("MSCCLANG_SPEC_MAX_BYTES", "4096")
+    assert not sb.wanted("auto", 8192, 8192)
+
+
+# --------------------------------------------------------------------------------------------
+# NVRTC builds
+
+REPRESENTATIVE = [
+    ("allreduce_oneshot_ll", 1024, "f16", "ll16", "sum"),
+    ("allreduce_oneshot_ll_4b", 4096 + 96, "i32", "ll8", "max"),
+    ("allreduce_twostep_ll", 3000, "bf16", "ll16", "min"),
+    ("allreduce_scratch_simple", 8192 + 64, "f32", "ll16", "sum"),   # signal/wait, plain reduce
+    ("allgather_pipeline", 5000, "f16", "ll16", "sum"),              # pipeline, semaphore, barrier
+]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name,nbytes,dtype,packet,op", REPRESENTATIVE)
+def test_representative_sources_build_for_sm90(name, nbytes, dtype, packet, op):
+    plan = _sample(name)
+    s = _gen(plan, rank=1, nbytes=nbytes, dtype=dtype, packet=packet, op=op)
+    cubin = build.compile_source(s.source, "sm_90", name="spec.cu")
+    assert cubin[:4] == b"\x7fELF" and b"mscclang_spec" in cubin
+
+
+@needs_nvrtc
+def test_args_static_asserts_catch_drift():
+    s = _gen(_sample("allreduce_oneshot_ll"))
+    bad = s.source.replace("== 104, \"SpecArgs.peer_abort", "== 112, \"SpecArgs.peer_abort")
+    assert bad != s.source
+    with pytest.raises(Exception, match="drifted"):
+        build.compile_source(bad, "sm_90", name="drift.cu")
+
+
+@needs_nvrtc
+def test_prebuilt_cubins_are_found_without_nvrtc(tmp_path, monkeypatch):
+    plan = load_plan(plan_to_json(sp.allreduce_oneshot_ll(2, nblocks=1, nthreads=128)))
+    monkeypatch.setenv("MSCCLANG_CACHE_DIR", str(tmp_path / "cache"))
+    done = sb.prebuild(plan, [(1024, 1024)], ["f16"], ["ll16"], ["sum"], tmp_path / "cubins")
+    assert len(done) == 2 and all(name.endswith(".cubin") for _, name in done)
+    assert len(list((tmp_path / "cubins").glob("mscclang_spec_sm_90_*.cubin"))) == 2
+    spec = _gen(plan)
+    builder = sb.SpecBuilder("sm_90")
+    assert builder.get(spec).origin == "cache"          # prebuild filled the disk cache too
+    monkeypatch.setenv("MSCCLANG_CUBIN_DIR", str(tmp_path / "cubins"))
+
+    def no_nvrtc():
+        raise build.RuntimeUnavailable("no NVRTC here")
+
+    monkeypatch.setattr(build, "nvrtc_version", no_nvrtc)
+    got = builder.get(spec)
+    assert got.origin == "prebuilt" and got.cubin[:4] == b"\x7fELF"
+    other = _gen(plan, nbytes=2048)
+    with pytest.raises(build.RuntimeUnavailable, match="no NVRTC"):
+        builder.get(other)
+
+
+def test_every_library_plan_generates():
+    """Every shipped plan shape (rank 0, 4 KiB, bf16): generated, or refused only for the reasons
+    the generator names."""
+    n_ok = 0
+    for plan in _library():
+        try:
+            s = _gen(plan, nbytes=4096, dtype="bf16")
+        except SpecUnsupported as e:  # pragma: no cover - shipped plans are all specialisable at 4 KiB
+            pytest.fail(f"{plan.name}: {e}")
+        assert s.n_blocks == len(plan.gpus[0].threadblocks) and s.args.size <= 4096
+        n_ok += 1
+    assert n_ok > 50
+
+
+@pytest.mark.slow
+@needs_nvrtc
+def test_every_library_plan_builds_for_sm90():
+    for plan in _library():
+        for nbytes in (1024, 65536):
+            s = _gen(plan, nbytes=nbytes, dtype="bf16")
+            assert build.compile_source(s.source, "sm_90", name=f"{plan.name}.cu")[:4] == b"\x7fELF"
