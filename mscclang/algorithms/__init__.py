@@ -9,7 +9,7 @@ shipped variants to ``plans/`` with the index ``plans/index.json``.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from mscclang.algorithms.allgather import build_allgather_ll, build_allgather_simple, build_allgather_zero_copy
 from mscclang.algorithms.allreduce import (
@@ -57,56 +57,102 @@ def _info(name: str, collective: str, protocol: str, buffer_mode: str, inplace_m
                          default_threads=default_threads, variants=variants)
 
 
+#: grid sizes (thread blocks per rank) the bandwidth variants aim at, by rank count
+#: (notes/perf.md, 2x H200: plain zero-copy puts move ~23 GB/s per block, so >= 16 blocks pass
+#: 220 GB/s and 32 reach ~265 GB/s per direction; LL plans scale linearly to 16 blocks and still
+#: gain at 32). With 4 or 8 ranks every block already writes to several peers and 16 blocks
+#: (~370 GB/s of remote stores) come near a GPU's NVLink bandwidth, so only 16 ship there (the
+#: plans grow with ranks squared; the tuner can build others). Every plan's blocks must be
+#: co-resident (at most ~132 on an H200); the shipped grids stay at or below 64 blocks.
+SIMPLE_BLOCKS: dict[int, tuple[int, ...]] = {2: (16, 32), 4: (16,), 8: (16,)}
+LL_BLOCKS: dict[int, tuple[int, ...]] = {2: (16, 32), 4: (16,), 8: (16,)}
+
+
+def _by_blocks(blocks_per_instance: Callable[[int], int],
+               base: Union[tuple[int, ...], dict[int, tuple[int, ...]]] = (),
+               targets: dict[int, tuple[int, ...]] = SIMPLE_BLOCKS) -> dict[int, tuple[int, ...]]:
+    """Instance counts per shipped rank count ``n``: ``base`` (a tuple, or a dict by rank count)
+    plus, for every target grid size of ``targets[n]``, the largest power of two ``k`` with
+    ``k * blocks_per_instance(n) <= target`` (at least 1)."""
+    out: dict[int, tuple[int, ...]] = {}
+    for n in SHIPPED_RANKS:
+        per = blocks_per_instance(n)
+        ks = set(base[n] if isinstance(base, dict) else base)
+        for t in targets[n]:
+            k = 1
+            while 2 * k * per <= t:
+                k *= 2
+            ks.add(k)
+        out[n] = tuple(sorted(ks))
+    return out
+
+
+def _one(n: int) -> int:
+    return 1
+
+
+def _two(n: int) -> int:
+    return 2
+
+
+def _per_rank(n: int) -> int:
+    return n
+
+
+def _per_peer(n: int) -> int:
+    return n - 1
+
+
 _ALL = (0, MAX_MESSAGE_SIZE)
 
 ALGORITHMS: dict[str, AlgorithmInfo] = {info.name: info for info in (
-    _info("allreduce_oneshot_ll", "allreduce", "LL", "any", BOTH, (0, 256 * KiB), build_oneshot_ll,
+    _info("allreduce_oneshot_ll", "allreduce", "LL", "any", BOTH, (0, 1 * MiB), build_oneshot_ll,
           "each rank packs its whole input into every peer's scratch, then reduces locally",
-          512, _variants({2: (1, 4), 4: (1, 2), 8: (1, 2)}, BOTH)),
+          512, _variants(_by_blocks(_per_rank, {2: (1, 4), 4: (1, 2), 8: (1, 2)}, LL_BLOCKS), BOTH)),
     _info("allreduce_twostep_ll", "allreduce", "LL", "any", BOTH, (0, 4 * MiB), build_twostep_ll,
           "packet reduce-scatter, then packet all-gather of the reduced chunks",
-          512, _variants({2: (2, 8), 4: (1, 4), 8: (1, 2)}, BOTH)),
+          512, _variants(_by_blocks(_per_peer, {2: (2, 8), 4: (1, 4), 8: (1, 2)}, LL_BLOCKS), BOTH)),
     _info("allreduce_rsag_simple", "allreduce", "Simple", "any", BOTH, _ALL, build_rsag_simple,
           "copy to scratch, read-reduce own chunk from peers' scratch, write back, copy out",
-          1024, _variants((16,), BOTH)),
+          1024, _variants(_by_blocks(_one), BOTH)),
     _info("allreduce_rsag_zero_copy", "allreduce", "Simple", "symmetric", BOTH, _ALL, build_rsag_zero_copy,
           "read-reduce own chunk from peers' inputs, write it into every peer's output",
-          1024, _variants((16,), BOTH)),
+          1024, _variants(_by_blocks(_one), BOTH)),
     _info("allreduce_rsag_pipelined", "allreduce", "Simple", "any", BOTH, (1 * MiB, MAX_MESSAGE_SIZE),
           build_rsag_pipelined,
           "rsag through scratch in unit-sized slices, reduce and copy-out blocks overlapping",
-          1024, _variants((8,), BOTH)),
+          1024, _variants(_by_blocks(_two, (8,)), BOTH)),
     _info("allgather_ll", "allgather", "LL", "any", BOTH, (0, 1 * MiB), build_allgather_ll,
-          "packets into every peer's scratch, unpacked by the peer", 512, _variants((1, 4))),
+          "packets into every peer's scratch, unpacked by the peer", 512, _variants(_by_blocks(_per_peer, (1, 4), LL_BLOCKS))),
     _info("allgather_simple", "allgather", "Simple", "any", BOTH, _ALL, build_allgather_simple,
-          "copy to own scratch, peers read it after a data signal", 1024, _variants((8,))),
+          "copy to own scratch, peers read it after a data signal", 1024, _variants(_by_blocks(_one))),
     _info("allgather_zero_copy", "allgather", "Simple", "symmetric", BOTH, _ALL, build_allgather_zero_copy,
-          "direct puts into every peer's output after a ready handshake", 1024, _variants((8,))),
+          "direct puts into every peer's output after a ready handshake", 1024, _variants(_by_blocks(_one))),
     _info("reducescatter_ll", "reducescatter", "LL", "any", BOTH, (0, 1 * MiB), build_reducescatter_ll,
-          "packets of each peer's chunk into its scratch, local packet reduce", 512, _variants((1, 4))),
+          "packets of each peer's chunk into its scratch, local packet reduce", 512, _variants(_by_blocks(_per_peer, (1, 4), LL_BLOCKS))),
     _info("reducescatter_simple", "reducescatter", "Simple", "any", BOTH, _ALL, build_reducescatter_simple,
-          "copy to scratch, read-reduce own chunk from peers' scratch", 1024, _variants((8,))),
+          "copy to scratch, read-reduce own chunk from peers' scratch", 1024, _variants(_by_blocks(_one))),
     _info("reducescatter_zero_copy", "reducescatter", "Simple", "symmetric", BOTH, _ALL,
-          build_reducescatter_zero_copy, "read-reduce own chunk from peers' inputs", 1024, _variants((8,))),
+          build_reducescatter_zero_copy, "read-reduce own chunk from peers' inputs", 1024, _variants(_by_blocks(_one))),
     _info("alltoall_ll", "alltoall", "LL", "any", BOTH, (0, 1 * MiB), build_alltoall_ll,
-          "packets of each peer's chunk into its scratch, unpacked by the peer", 512, _variants((1, 4))),
+          "packets of each peer's chunk into its scratch, unpacked by the peer", 512, _variants(_by_blocks(_per_peer, (1, 4), LL_BLOCKS))),
     _info("alltoall_simple", "alltoall", "Simple", "any", BOTH, _ALL, build_alltoall_simple,
-          "copy to own scratch, peers read their chunk after a data signal", 1024, _variants((8,))),
+          "copy to own scratch, peers read their chunk after a data signal", 1024, _variants(_by_blocks(_one))),
     _info("alltoall_zero_copy", "alltoall", "Simple", "symmetric", (False,), _ALL, build_alltoall_zero_copy,
           "direct puts of each peer's chunk into its output after a ready handshake", 1024,
-          _variants((8,))),
+          _variants(_by_blocks(_one))),
     _info("broadcast_ll", "broadcast", "LL", "any", BOTH, (0, 1 * MiB), build_broadcast_ll,
-          "root packs its input into every peer's scratch", 512, _variants((1, 4), BOTH, (("root", 0),))),
+          "root packs its input into every peer's scratch", 512, _variants(_by_blocks(_one, (1, 4), LL_BLOCKS), BOTH, (("root", 0),))),
     _info("broadcast_simple", "broadcast", "Simple", "any", BOTH, _ALL, build_broadcast_simple,
           "root copies into its scratch, peers read it after a data signal", 1024,
-          _variants((8,), BOTH, (("root", 0),))),
+          _variants(_by_blocks(_one), BOTH, (("root", 0),))),
     _info("sendrecv_ll", "sendrecv", "LL", "any", BOTH, (0, 1 * MiB), build_sendrecv_ll,
-          "packets into the next rank's scratch", 512, _variants((1, 4))),
+          "packets into the next rank's scratch", 512, _variants(_by_blocks(_one, (1, 4), LL_BLOCKS))),
     _info("sendrecv_simple", "sendrecv", "Simple", "any", BOTH, _ALL, build_sendrecv_simple,
           "put into the next rank's scratch after its ready word, copied out after a data signal",
-          1024, _variants((8,))),
+          1024, _variants(_by_blocks(_one))),
     _info("sendrecv_zero_copy", "sendrecv", "Simple", "symmetric", (False,), _ALL, build_sendrecv_zero_copy,
-          "put straight into the next rank's output after its ready word", 1024, _variants((8,))),
+          "put straight into the next rank's output after its ready word", 1024, _variants(_by_blocks(_one))),
 )}
 
 

@@ -103,30 +103,31 @@ def build_rsag_simple(ranks: int, instances: int = 1, num_threads_per_block: int
                       max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
     """Read-reduce + write-back allreduce through scratch (Simple protocol, any buffers).
 
-    Every rank copies the peers' chunks of its input into its own scratch (slots ``0..n-1``)
-    and signals every peer (data signal). After the peers' signals, rank ``r`` reads chunk ``r``
-    from every peer's scratch, reduces it with its own input into its output and writes the
-    result into every peer's scratch slot ``n + r`` (one ``rres``); a second signal/wait round
-    publishes the results, which every rank copies from its scratch into its output. Peers only
-    ever touch each other's scratch. One thread block per instance.
+    Every rank copies the peers' chunks of its input into its own scratch (slot ``p`` holds
+    chunk ``p``) and signals every peer (data signal). After the peers' signals, rank ``r`` reads
+    chunk ``r`` from slot ``r`` of every peer's scratch, reduces it with its own input into its
+    output and writes the result back into the very slot it read (one ``rres``: every element
+    is read, reduced and written back by the same thread). A second signal/wait round publishes
+    the results, which every rank copies from its scratch slots into its output. Scratch: one
+    slot per chunk (``ranks`` chunks, slot ``r`` unused on rank ``r``). Peers only ever touch
+    each other's scratch. One thread block per instance.
     """
     prog = library_program("allreduce_rsag_simple", AllReduce, ranks, instances, inplace, "Simple",
                            num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
     with prog:
-        # slots 0..n-1: copies of the inputs; n..2n-1: reduced chunks (separate, so that the
-        # reduction and the write-back fuse into one rres)
-        scratch = [Buffer(r, 2 * n) for r in range(n)]
+        scratch = [Buffer(r, n) for r in range(n)]
         ch = mesh(n)
         for r in range(n):
             rank, inp, out, ps = Rank(r), input_of(r), output_of(r, inplace), peers(r, n)
             stage_peer_chunks(r, ps, scratch[r], inp)
             data_handshake(ch, r, ps, ps, 0)
             read_reduce(ch, r, inp[r], [(p, scratch[p][r]) for p in ps], out[r], 0)
-            put_to_peers(ch, r, ps, dst=lambda p: scratch[p][n + r], src=lambda p: out[r], tb=0)
+            # write-back into the slots just read (fused into the rres above)
+            put_to_peers(ch, r, ps, dst=lambda p: scratch[p][r], src=lambda p: out[r], tb=0)
             data_handshake(ch, r, ps, ps, 0)
             for p in ps:
-                rank.copy(out[p], scratch[r][n + p], tb=0)
+                rank.copy(out[p], scratch[r][p], tb=0)
     return prog.to_plan()
 
 
@@ -161,14 +162,16 @@ def build_rsag_pipelined(ranks: int, instances: int = 1, num_threads_per_block: 
 
     Two thread blocks per instance run the same ``LoopIterationContext`` over ``unit``-byte
     slices of every chunk. Block 0, per slice: copy the slice of every other rank's chunk of the
-    input into scratch (slots ``0..n-1``), signal the peers, wait for theirs, read-reduce the
-    slice of chunk ``r`` from the peers' scratch into local scratch slot ``n + r`` and write it
-    into the peers' slot ``n + r`` too (``rres``), signal the peers again and release a
-    semaphore. Block 1, per slice: wait for the
-    peers' second signal and the semaphore, then copy every chunk's slice from scratch into the
-    output. So block 1 copies out slice ``j`` while block 0 already works on slice ``j + 1``.
-    Every block covers all chunks, so all blocks of all ranks run the same number of iterations
-    at any message size.
+    input into scratch (slot ``p`` holds chunk ``p``), signal the peers, wait for theirs,
+    read-reduce the slice of chunk ``r`` from slot ``r`` of every peer's scratch into its own
+    slot ``r`` and write the result back into the slots it read (one ``rres``: each element is
+    read, reduced and written back by the same thread), signal the peers again and release a
+    semaphore. Block 1, per slice: wait for the peers' second signal and the semaphore, then
+    copy every chunk's reduced slice from scratch into the output. So block 1 copies out slice
+    ``j`` while block 0 already works on slice ``j + 1``. Every block covers all chunks (block 1
+    copies the own chunk too, rather than block 0 reducing into the output), so all blocks of
+    all ranks run the same number of iterations at any message size. Scratch: one slot per
+    chunk (``ranks`` chunks), half of what a separate result area would take.
     """
     algo = "allreduce_rsag_pipelined"
     check_common(algo, ranks, instances)  # before the unit, as the other builders check first
@@ -178,25 +181,24 @@ def build_rsag_pipelined(ranks: int, instances: int = 1, num_threads_per_block: 
                            name, min_message_size, max_message_size)
     n = ranks
     with prog:
-        # slots 0..n-1: copies of the inputs; n..2n-1: reduced chunks
-        scratch = [Buffer(r, 2 * n) for r in range(n)]
+        scratch = [Buffer(r, n) for r in range(n)]
         ready = mesh(n)   # block 0 -> peers' block 0: "my copy of your chunk's slice is in my scratch"
         done = mesh(n)    # block 0 -> peers' block 1: "your scratch holds my reduced slice"
         sems = [Semaphore(r, 0) for r in range(n)]
         with LoopIterationContext(unit, 1):
             for r in range(n):
                 rank, inp, out, ps = Rank(r), input_of(r), output_of(r, inplace), peers(r, n)
-                # block 0: stage, reduce this rank's slice, write it back to every peer
+                # block 0: stage, reduce this rank's slice, write it back where it was read
                 stage_peer_chunks(r, ps, scratch[r], inp)
                 data_handshake(ready, r, ps, ps, 0)
-                mine = scratch[r][n + r]
+                mine = scratch[r][r]
                 read_reduce(ready, r, inp[r], [(p, scratch[p][r]) for p in ps], mine, 0)
-                put_to_peers(ready, r, ps, dst=lambda p: scratch[p][n + r], src=lambda p: mine, tb=0)
+                put_to_peers(ready, r, ps, dst=lambda p: scratch[p][r], src=lambda p: mine, tb=0)
                 signal_all(done, r, ps, 0, data_sync=SyncType.before)
                 sems[r].release(0, data_sync=SyncType.before)
                 # block 1: once every reduced slice is in, copy them all out
                 wait_all(done, r, ps, 1, data_sync=SyncType.none)
                 sems[r].acquire(1, data_sync=SyncType.after)
                 for c in range(n):
-                    rank.copy(out[c], scratch[r][n + c], tb=1)
+                    rank.copy(out[c], scratch[r][c], tb=1)
     return prog.to_plan()
