@@ -34,7 +34,43 @@ def stage_plan(n: int, stage: str, nthreads: int = 128) -> str:
     return json.dumps(d)
 
 
+def prebuild(out_dir: str) -> int:
+    """Prebuild (here, no GPU) the specialised kernels this script's ``--spec`` run and a graph
+    bench of the shipped 2-rank allreduce plans (1K-256K, bfloat16) use, into ``out_dir`` (the
+    GPU machine finds them through MSCCLANG_CUBIN_DIR even without a usable NVRTC)."""
+    from pathlib import Path
+
+    from mscclang.plan.io import load_plan
+    from mscclang.runtime.spec_build import prebuild as pb
+
+    out = Path(out_dir)
+    n = 2
+    jobs = []
+    for nb, nt in ((1, 128), (1, 512), (2, 512)):
+        jobs.append((sp.allreduce_oneshot_ll(n, nblocks=nb, nthreads=nt), [1024], "f16", ["ll16", "ll8"]))
+    for stage in ("nop", "cpkt", "ppkt", "full"):
+        jobs.append((load_plan(stage_plan(n, stage)), [1024], "f16", ["ll16"]))
+    jobs.append((sp.allreduce_oneshot_ll(n, nblocks=1, nthreads=512), [4096, 16384], "f16", ["ll16"]))
+    jobs.append((sp.allreduce_oneshot_ll(n, nblocks=4, nthreads=512), [65536, 262144], "f16", ["ll16"]))
+    jobs.append((sp.allreduce_oneshot_ll(n), [1024], "f16", ["ll16"]))
+    root = Path(__file__).resolve().parent.parent.parent / "plans"
+    sizes = [1 << k for k in range(10, 19, 2)]
+    for f in ("allreduce_oneshot_ll.r2.i1", "allreduce_oneshot_ll.r2.i4", "allreduce_twostep_ll.r2.i2"):
+        for suffix in (".json", ".inplace.json"):
+            jobs.append((load_plan((root / (f + suffix)).read_text()), sizes, "bf16", ["ll16"]))
+    count = 0
+    for plan, szs, dt, pkts in jobs:
+        for label, what in pb(plan, [(s, s) for s in szs], [dt], pkts, ["sum"], out):
+            count += what.endswith(".cubin")
+            if not what.endswith(".cubin"):
+                print(label, what)
+    print(f"{count} specialised cubins in {out}")
+    return 0
+
+
 def main() -> int:
+    if "--prebuild" in sys.argv:
+        return prebuild(sys.argv[sys.argv.index("--prebuild") + 1])
     perf = "--perf" in sys.argv
     t0 = time.time()
     out = {}
