@@ -55,7 +55,8 @@ def prebuild(out_dir: str) -> int:
     jobs.append((sp.allreduce_oneshot_ll(n), [1024], "f16", ["ll16"]))
     root = Path(__file__).resolve().parent.parent.parent / "plans"
     sizes = [1 << k for k in range(10, 19, 2)]
-    for f in ("allreduce_oneshot_ll.r2.i1", "allreduce_oneshot_ll.r2.i4", "allreduce_twostep_ll.r2.i2"):
+    for f in ("allreduce_oneshot_ll.r2.i1", "allreduce_oneshot_ll.r2.i4", "allreduce_oneshot_ll.r2.i8",
+              "allreduce_twostep_ll.r2.i2"):
         for suffix in (".json", ".inplace.json"):
             jobs.append((load_plan((root / (f + suffix)).read_text()), sizes, "bf16", ["ll16"]))
     count = 0
