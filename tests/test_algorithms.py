@@ -147,6 +147,47 @@ def test_any_buffer_plans_cover_every_size() -> None:
                 assert select(ENTRIES, coll, n, size, buffer_mode="any", inplace=False), (coll, n, size)
 
 
+def test_bandwidth_variants_ship() -> None:
+    """notes/perf.md (2x H200): plain puts need >= 16 thread blocks for 220 GB/s and 32 for
+    ~265 GB/s per direction, LL plans scale to 32 blocks. Every algorithm ships grids of 16 and
+    32 blocks at 2 ranks and one of 14-16 blocks at 4 and 8 ranks; no grid exceeds 64 blocks
+    (all blocks of a plan must be co-resident)."""
+    for name in ALGORITHMS:
+        grids = {n: {e["threadblocks"] for e in ENTRIES if e["algorithm"] == name and e["ranks"] == n}
+                 for n in (2, 4, 8)}
+        assert {16, 32} <= grids[2], (name, grids[2])
+        for n in (4, 8):
+            assert any(14 <= g <= 16 for g in grids[n]), (name, n, grids[n])
+    assert ENTRIES and max(e["threadblocks"] for e in ENTRIES) <= 64
+
+
+def _flat_ops(plan: Plan, rank: int):
+    for tb in plan.gpus[rank].threadblocks:
+        for op in tb.ops:
+            for inner in (op.ops or [op]):
+                yield tb, inner
+
+
+@pytest.mark.parametrize("name", ["allreduce_rsag_simple", "allreduce_rsag_pipelined"])
+def test_rsag_writes_back_into_the_slots_it_read(name: str) -> None:
+    """The reduced chunk goes back into the peers' scratch slots it was read from (one fused
+    ``rres`` per instance), so the scratch holds one slot per chunk: ``ranks * instances``."""
+    for n, k, ip in ((2, 1, False), (4, 2, True), (3, 3, False)):
+        plan = build(name, n, instances=k, inplace=ip)
+        for g in plan.gpus:
+            assert g.scratch_chunks == n * k, (name, n, k, g.id)
+            rres = [(tb, op) for tb, op in _flat_ops(plan, g.id) if op.name == OpName.rres]
+            assert len(rres) == k, (name, n, k, g.id)
+            for tb, op in rres:
+                refs = tb.remote_buffer_list(ChannelType.memory)
+
+                def remote(bufs):
+                    return sorted((g.remote_buffers[refs[b.buffer_id]].rank, b.index, b.size)
+                                  for b in bufs if b.is_remote)
+                assert len(remote(op.src_buff)) == n - 1
+                assert remote(op.dst_buff) == remote(op.src_buff), (name, n, k, g.id, tb.id)
+
+
 # -- simulator verification of every shipped plan ---------------------------------------------
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e["file"] for e in ENTRIES])

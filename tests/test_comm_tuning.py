@@ -113,3 +113,63 @@ def test_shipped_defaults_name_shipped_plans():
             if not c.is_nccl and not cat.find_all(c.plan, r.collective, 2, c.instances, c.threads):
                 missing.append(f"rules[{i}] {c.label()}")
     assert not missing, missing
+
+
+def _shipped_catalog_and_grids():
+    from mscclang.algorithms.index import load_index
+    from mscclang.comm.catalog import Catalog, default_plans_dir
+
+    folder = default_plans_dir()
+    if folder is None or not (folder / "index.json").is_file():
+        pytest.skip("no plans/index.json in this checkout")
+    grids = {e["file"][:-len(".json")]: e["threadblocks"] for e in load_index(folder)}
+    return Catalog.from_dir(folder), grids
+
+
+def _probe_sizes(t, coll):
+    """Both ends of every 2-rank rule's size range for ``coll`` (and a huge size)."""
+    bounds = sorted({r.max_bytes for r in t.rules
+                     if r.collective == coll and r.world_size == 2 and r.max_bytes is not None})
+    sizes = [1024] + [b for b in bounds] + [b + 1 for b in bounds] + [1 << 34]
+    return sorted(set(sizes))
+
+
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
+
+
+@pytest.mark.parametrize("coll", COLLECTIVES)
+def test_shipped_defaults_keep_an_any_buffer_plan_before_nccl(coll):
+    """Zero-copy plans need symmetric buffers, so at every 2-rank size the selector lists a
+    plan for any buffers (its size range holding the message) before torch.distributed."""
+    from mscclang.comm.selector import Selector
+
+    cat, _ = _shipped_catalog_and_grids()
+    t = load_tuning(DEFAULT_TUNING_FILE)
+    sel = Selector(t, cat)
+    for nbytes in _probe_sizes(t, coll):
+        choices = sel.choices(coll, 2, nbytes, "bfloat16")
+        assert choices, (coll, nbytes)
+        upto = next((i for i, c in enumerate(choices) if c.is_nccl), len(choices))
+        assert any(not v.symmetric and v.fits(nbytes) for c in choices[:upto] for v in c.variants), \
+            (coll, nbytes, [c.label() for c in choices])
+
+
+@pytest.mark.parametrize("coll", COLLECTIVES)
+def test_shipped_defaults_use_the_bandwidth_variants(coll):
+    """notes/perf.md: plain puts need >= 16 blocks for 220 GB/s and 32 for ~265 GB/s, LL plans
+    scale to 32 blocks. At 2 ranks the first choice above 64 KiB runs >= 16 blocks, and above
+    1 MiB every plan choice runs 32 blocks (zero-copy first where the collective has one)."""
+    from mscclang.comm.selector import Selector
+
+    cat, grids = _shipped_catalog_and_grids()
+    t = load_tuning(DEFAULT_TUNING_FILE)
+    sel = Selector(t, cat)
+    for nbytes in _probe_sizes(t, coll):
+        plans = [c for c in sel.choices(coll, 2, nbytes, "bfloat16") if not c.is_nccl]
+        blocks = [grids[c.variant.key] for c in plans]
+        if nbytes > 64 * 1024:
+            assert blocks[0] >= 16, (coll, nbytes, [c.label() for c in plans])
+        if nbytes > 1 << 20:
+            assert set(blocks) == {32}, (coll, nbytes, [c.label() for c in plans])
+            if coll != "broadcast":
+                assert plans[0].variant.symmetric, (coll, nbytes, plans[0].label())

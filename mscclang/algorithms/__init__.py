@@ -72,17 +72,18 @@ def _by_blocks(blocks_per_instance: Callable[[int], int],
                base: Union[tuple[int, ...], dict[int, tuple[int, ...]]] = (),
                targets: dict[int, tuple[int, ...]] = SIMPLE_BLOCKS) -> dict[int, tuple[int, ...]]:
     """Instance counts per shipped rank count ``n``: ``base`` (a tuple, or a dict by rank count)
-    plus, for every target grid size of ``targets[n]``, the largest power of two ``k`` with
-    ``k * blocks_per_instance(n) <= target`` (at least 1)."""
+    plus, for every target grid size of ``targets[n]``, the most instances whose blocks fit in
+    it (``target // blocks_per_instance(n)``, at least 1).
+
+    More blocks come from instances rather than thread block groups: a group's op is still
+    recorded once on every member block, so it saves no ops, and the Simple plans would need a
+    cross-block barrier around every handshake, where instances run their own channels and
+    never wait for each other."""
     out: dict[int, tuple[int, ...]] = {}
     for n in SHIPPED_RANKS:
         per = blocks_per_instance(n)
         ks = set(base[n] if isinstance(base, dict) else base)
-        for t in targets[n]:
-            k = 1
-            while 2 * k * per <= t:
-                k *= 2
-            ks.add(k)
+        ks.update(max(1, t // per) for t in targets[n])
         out[n] = tuple(sorted(ks))
     return out
 
@@ -104,14 +105,17 @@ def _per_peer(n: int) -> int:
 
 
 _ALL = (0, MAX_MESSAGE_SIZE)
+#: latency variants of the LL plans with one block per peer: 1 and 4 instances at 2 ranks, one
+#: instance with more ranks (the bandwidth variants come from :data:`LL_BLOCKS`)
+_LL_SMALL = {2: (1, 4), 4: (1,), 8: (1,)}
 
 ALGORITHMS: dict[str, AlgorithmInfo] = {info.name: info for info in (
     _info("allreduce_oneshot_ll", "allreduce", "LL", "any", BOTH, (0, 1 * MiB), build_oneshot_ll,
           "each rank packs its whole input into every peer's scratch, then reduces locally",
-          512, _variants(_by_blocks(_per_rank, {2: (1, 4), 4: (1, 2), 8: (1, 2)}, LL_BLOCKS), BOTH)),
+          512, _variants(_by_blocks(_per_rank, {2: (1, 4), 4: (1, 2), 8: (1,)}, LL_BLOCKS), BOTH)),
     _info("allreduce_twostep_ll", "allreduce", "LL", "any", BOTH, (0, 4 * MiB), build_twostep_ll,
           "packet reduce-scatter, then packet all-gather of the reduced chunks",
-          512, _variants(_by_blocks(_per_peer, {2: (2, 8), 4: (1, 4), 8: (1, 2)}, LL_BLOCKS), BOTH)),
+          512, _variants(_by_blocks(_per_peer, {2: (2, 8), 4: (1,), 8: (1,)}, LL_BLOCKS), BOTH)),
     _info("allreduce_rsag_simple", "allreduce", "Simple", "any", BOTH, _ALL, build_rsag_simple,
           "copy to scratch, read-reduce own chunk from peers' scratch, write back, copy out",
           1024, _variants(_by_blocks(_one), BOTH)),
@@ -123,19 +127,19 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {info.name: info for info in (
           "rsag through scratch in unit-sized slices, reduce and copy-out blocks overlapping",
           1024, _variants(_by_blocks(_two, (8,)), BOTH)),
     _info("allgather_ll", "allgather", "LL", "any", BOTH, (0, 1 * MiB), build_allgather_ll,
-          "packets into every peer's scratch, unpacked by the peer", 512, _variants(_by_blocks(_per_peer, (1, 4), LL_BLOCKS))),
+          "packets into every peer's scratch, unpacked by the peer", 512, _variants(_by_blocks(_per_peer, _LL_SMALL, LL_BLOCKS))),
     _info("allgather_simple", "allgather", "Simple", "any", BOTH, _ALL, build_allgather_simple,
           "copy to own scratch, peers read it after a data signal", 1024, _variants(_by_blocks(_one))),
     _info("allgather_zero_copy", "allgather", "Simple", "symmetric", BOTH, _ALL, build_allgather_zero_copy,
           "direct puts into every peer's output after a ready handshake", 1024, _variants(_by_blocks(_one))),
     _info("reducescatter_ll", "reducescatter", "LL", "any", BOTH, (0, 1 * MiB), build_reducescatter_ll,
-          "packets of each peer's chunk into its scratch, local packet reduce", 512, _variants(_by_blocks(_per_peer, (1, 4), LL_BLOCKS))),
+          "packets of each peer's chunk into its scratch, local packet reduce", 512, _variants(_by_blocks(_per_peer, _LL_SMALL, LL_BLOCKS))),
     _info("reducescatter_simple", "reducescatter", "Simple", "any", BOTH, _ALL, build_reducescatter_simple,
           "copy to scratch, read-reduce own chunk from peers' scratch", 1024, _variants(_by_blocks(_one))),
     _info("reducescatter_zero_copy", "reducescatter", "Simple", "symmetric", BOTH, _ALL,
           build_reducescatter_zero_copy, "read-reduce own chunk from peers' inputs", 1024, _variants(_by_blocks(_one))),
     _info("alltoall_ll", "alltoall", "LL", "any", BOTH, (0, 1 * MiB), build_alltoall_ll,
-          "packets of each peer's chunk into its scratch, unpacked by the peer", 512, _variants(_by_blocks(_per_peer, (1, 4), LL_BLOCKS))),
+          "packets of each peer's chunk into its scratch, unpacked by the peer", 512, _variants(_by_blocks(_per_peer, _LL_SMALL, LL_BLOCKS))),
     _info("alltoall_simple", "alltoall", "Simple", "any", BOTH, _ALL, build_alltoall_simple,
           "copy to own scratch, peers read their chunk after a data signal", 1024, _variants(_by_blocks(_one))),
     _info("alltoall_zero_copy", "alltoall", "Simple", "symmetric", (False,), _ALL, build_alltoall_zero_copy,
