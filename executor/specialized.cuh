@@ -95,14 +95,15 @@ __device__ __forceinline__ bool sp_plain_round(u8* const* p, u32 stop, u32 u0) {
 template <int DT, int OP, int NS, int ND, int NT, int U, int V, u32 N, bool GATE>
 __device__ __forceinline__ bool sp_plain(u8* const* p, u32 stop) {
   const u32 tid = threadIdx.x;
-  if (N <= (u32)U * NT) {
+  if constexpr (N <= (u32)U * NT) {
     if (tid < N) return sp_plain_round<DT, OP, NS, ND, NT, U, V, N, GATE>(p, stop, tid);
     return true;
-  }
+  } else {
 #pragma unroll 1
-  for (u32 u0 = tid; u0 < N; u0 += (u32)U * NT)
-    if (!sp_plain_round<DT, OP, NS, ND, NT, U, V, N, GATE>(p, stop, u0)) return false;
-  return true;
+    for (u32 u0 = tid; u0 < N; u0 += (u32)U * NT)
+      if (!sp_plain_round<DT, OP, NS, ND, NT, U, V, N, GATE>(p, stop, u0)) return false;
+    return true;
+  }
 }
 
 // payload words of a plain operand at unit u (aligned, whole unit)
@@ -191,14 +192,15 @@ __device__ __forceinline__ bool sp_packets_round(const C& c, int opi, u8* const*
 template <int DT, int OP, int PKT, int NT, int U, int NS, int ND, u32 PMASK, u32 N, bool GATE, class C>
 __device__ __forceinline__ bool sp_packets(const C& c, int opi, u8* const* p, u32 flag, u32 stop) {
   const u32 tid = threadIdx.x;
-  if (N <= (u32)U * NT) {
+  if constexpr (N <= (u32)U * NT) {
     if (tid < N) return sp_packets_round<DT, OP, PKT, NT, U, NS, ND, PMASK, N, GATE>(c, opi, p, flag, stop, tid);
     return true;
-  }
+  } else {
 #pragma unroll 1
-  for (u32 u0 = tid; u0 < N; u0 += (u32)U * NT)
-    if (!sp_packets_round<DT, OP, PKT, NT, U, NS, ND, PMASK, N, GATE>(c, opi, p, flag, stop, u0)) return false;
-  return true;
+    for (u32 u0 = tid; u0 < N; u0 += (u32)U * NT)
+      if (!sp_packets_round<DT, OP, PKT, NT, U, NS, ND, PMASK, N, GATE>(c, opi, p, flag, stop, u0)) return false;
+    return true;
+  }
 }
 
 // Packet range, any units: units [U0, U1) of a range of LEN bytes whose first VALID bytes come

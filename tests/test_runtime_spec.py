@@ -118,7 +118,8 @@ def _gen(plan, rank=0, nbytes=1024, dtype="f16", packet="ll16", op="sum", **kw):
     return generate(plan, dp.pack_blocks(plan, rank, nbytes, _out_bytes(plan, nbytes)), dtype, packet, op, **kw)
 
 
-def test_oneshot_source_is_straight_line_with_constants():
+def test_oneshot_source_is_straight_line_with_constants(monkeypatch):
+    monkeypatch.delenv("MSCCLANG_SPEC_FLAGS", raising=False)
     plan = load_plan(plan_to_json(sp.allreduce_oneshot_ll(2, nblocks=1, nthreads=128)))
     s = _gen(plan)
     assert s.nthreads == 128 and s.n_blocks == 1 and s.steps == 2
@@ -128,8 +129,20 @@ def test_oneshot_source_is_straight_line_with_constants():
     assert "sp_packets<DT, OP, PKT, NT, 1, 2, 1, 0x2u, 128u, false>" in src
     assert "{a.in + 0ull, rscr0 + 0ull}" in src and "{a.in + 0ull, scr + 0ull, a.out + 0ull}" in src
     assert "#define DT DT_F16" in src and "#define PKT 16" in src and "__launch_bounds__(128, 1)" in src
-    assert "__syncthreads();  // flag reads" in src   # no other barrier in the block
     assert src.count("record_error(a, -1, WHAT_PEER_ABORT") == 1
+    # flags advance once per block, after the first op and its abort check, behind a barrier
+    body = src[src.index("case 0:"):]
+    i_stop, i_adv = body.index("if (stop)"), body.index("sp_advance_flags<NT, 1u>")
+    assert i_stop < body.index("__syncthreads();  // every warp") < i_adv < body.index("0x2u, 128u, false>")
+    assert src.count("sp_advance_flags<") == 1
+    monkeypatch.setenv("MSCCLANG_SPEC_FLAGS", "end")
+    end = _gen(plan).source
+    assert end.index("sp_advance_flags<NT, 1u>") > end.index("default: break;")
+    assert "__syncthreads();  // flag reads" in end   # no other barrier in the block
+    monkeypatch.setenv("MSCCLANG_SPEC_FLAGS", "sometimes")
+    with pytest.raises(SpecUnsupported, match="early or end"):
+        _gen(plan)
+    monkeypatch.delenv("MSCCLANG_SPEC_FLAGS")
     # rank 1 packs into the same slot of rank 0's scratch: only the comment line differs
     s1 = _gen(plan, rank=1)
     assert [ln for ln in s1.source.splitlines() if not ln.startswith("//")] == \
@@ -244,15 +257,20 @@ REPRESENTATIVE = [
 def test_representative_sources_build_for_sm90(name, nbytes, dtype, packet, op):
     plan = _sample(name)
     s = _gen(plan, rank=1, nbytes=nbytes, dtype=dtype, packet=packet, op=op)
-    cubin = build.compile_source(s.source, "sm_90", name="spec.cu")
+    cubin = build.compile_source(s.source, "sm_90", ["-DMSCCLANG_CHECK_LAYOUT"], name="spec.cu")
     assert cubin[:4] == b"\x7fELF" and b"mscclang_spec" in cubin
 
 
 @needs_nvrtc
 def test_args_static_asserts_catch_drift():
     s = _gen(_sample("allreduce_oneshot_ll"))
+    assert "#ifdef MSCCLANG_CHECK_LAYOUT" in s.source   # offsets only where __builtin_offsetof exists
+    build.compile_source(s.source, "sm_90", ["-DMSCCLANG_CHECK_LAYOUT"], name="layout.cu")
     bad = s.source.replace("== 104, \"SpecArgs.peer_abort", "== 112, \"SpecArgs.peer_abort")
     assert bad != s.source
+    with pytest.raises(Exception, match="drifted"):
+        build.compile_source(bad, "sm_90", ["-DMSCCLANG_CHECK_LAYOUT"], name="drift.cu")
+    bad = s.source.replace(f"sizeof(SpecArgs) == {s.args.size}", f"sizeof(SpecArgs) == {s.args.size + 8}")
     with pytest.raises(Exception, match="drifted"):
         build.compile_source(bad, "sm_90", name="drift.cu")
 

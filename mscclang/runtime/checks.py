@@ -131,6 +131,18 @@ def _spec_status(w: Any, plan: Plan) -> str:
     return "; ".join(f"{k}: {v}" for k, v in st(plan).items()) if st else ""
 
 
+def set_env(w: Any, name: str, value: Optional[str]) -> bool:
+    """Set (or, with None, remove) an environment variable in the worker (e.g. the specialised
+    kernels' MSCCLANG_SPEC_FLAGS / MSCCLANG_SPEC_THREADS, read when a kernel is generated)."""
+    import os
+
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    return True
+
+
 def set_specialize(w: Any, mode: str) -> str:
     """Switch the worker executor's kernel policy ('auto', 'always', 'never')."""
     w.executor.set_specialize(mode)

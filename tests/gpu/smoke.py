@@ -6,9 +6,11 @@ the interpreter's (1 KiB one-shot shapes, LL16/LL8, stage breakdown) and a summa
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
 from mscclang.plan.io import plan_to_json
 from mscclang.runtime import sample_plans as sp
@@ -60,11 +62,14 @@ def prebuild(out_dir: str) -> int:
         for suffix in (".json", ".inplace.json"):
             jobs.append((load_plan((root / (f + suffix)).read_text()), sizes, "bf16", ["ll16"]))
     count = 0
-    for plan, szs, dt, pkts in jobs:
-        for label, what in pb(plan, [(s, s) for s in szs], [dt], pkts, ["sum"], out):
-            count += what.endswith(".cubin")
-            if not what.endswith(".cubin"):
-                print(label, what)
+    for flags in ("early", "end"):
+        os.environ["MSCCLANG_SPEC_FLAGS"] = flags
+        for plan, szs, dt, pkts in jobs:
+            for label, what in pb(plan, [(s, s) for s in szs], [dt], pkts, ["sum"], out):
+                count += what.endswith(".cubin")
+                if not what.endswith(".cubin"):
+                    print(label, what)
+    os.environ.pop("MSCCLANG_SPEC_FLAGS")
     print(f"{count} specialised cubins in {out}")
     return 0
 
@@ -122,29 +127,41 @@ def main() -> int:
                 jj = stage_plan(n, stage)
                 step(f"stage graph us 1KiB 1x128 {stage}", f"{C}:time_graph", jj, 1024)
         if "--spec" in sys.argv:
+            # CUDA-graph time per launch, 1000 launches per graph (rank skew / 1000), median of 10
             table = []
-            for kern, mode in (("spec", "always"), ("interp", "never")):
-                pool.run(f"{C}:set_specialize", mode)
-                for nb, nt in ((1, 128), (1, 512), (2, 512)):
-                    jj = plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=nb, nthreads=nt))
-                    for pk in ("LL16", "LL8"):
-                        lab = f"{kern} graph us 1KiB oneshot {nb}x{nt} {pk}"
-                        step(lab, f"{C}:time_graph", jj, 1024, 100, 20, "float16", pk)
-                        table.append(lab)
-                for stage in ("nop", "cpkt", "ppkt", "full"):
-                    lab = f"{kern} stage graph us 1KiB 1x128 {stage}"
-                    step(lab, f"{C}:time_graph", stage_plan(n, stage), 1024)
-                    table.append(lab)
-                for size in (4096, 16384, 65536, 262144):
-                    jj = plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=1 if size <= 16384 else 4, nthreads=512))
-                    lab = f"{kern} graph us {size // 1024}KiB oneshot {'1' if size <= 16384 else '4'}x512"
-                    step(lab, f"{C}:time_graph", jj, size)
-                    table.append(lab)
-                lab = f"{kern} eager us 1KiB oneshot"
-                step(lab, f"{C}:time_eager", j1, 1024, 3000)
+
+            def timed(lab, *args):
+                step(lab, f"{C}:time_graph", *args)
                 table.append(lab)
+
+            lib = (Path(__file__).resolve().parent.parent.parent / "plans"
+                   / "allreduce_oneshot_ll.r2.i1.inplace.json").read_text()
+            j128 = plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=1, nthreads=128))
+            j2 = plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=2, nthreads=512))
+            for kern, mode, flags in (("spec", "always", "early"), ("spec-end", "always", "end"),
+                                      ("interp", "never", "early")):
+                pool.run(f"{C}:set_specialize", mode)
+                pool.run(f"{C}:set_env", "MSCCLANG_SPEC_FLAGS", flags)
+                full = kern == "spec"
+                for rep in ((1, 2) if full else (1,)):
+                    timed(f"{kern} 1KiB oneshot 1x128 LL16 #{rep}", j128, 1024, 1000, 10)
+                timed(f"{kern} 1KiB oneshot 2x512 LL16", j2, 1024, 1000, 10)
+                timed(f"{kern} 1KiB lib oneshot i1 inplace bf16", lib, 1024, 1000, 10, "bfloat16")
+                for stage in (("nop", "cpkt", "ppkt", "full") if full else ("nop", "full")):
+                    timed(f"{kern} stage 1KiB 1x128 {stage}", stage_plan(n, stage), 1024, 1000, 10)
+                if full:
+                    timed(f"{kern} 1KiB oneshot 1x128 LL8", j128, 1024, 1000, 10, "float16", "LL8")
+                    for size in (4096, 16384, 65536, 262144):
+                        nb = 1 if size <= 16384 else 4
+                        jj = plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=nb, nthreads=512))
+                        timed(f"{kern} {size // 1024}KiB oneshot {nb}x512", jj, size, 200, 10)
+                if kern != "spec-end":
+                    lab = f"{kern} eager 1KiB oneshot"
+                    step(lab, f"{C}:time_eager", j1, 1024, 3000)
+                    table.append(lab)
             pool.run(f"{C}:set_specialize", "auto")
-            print("\n| what | rank 0 | rank 1 | kernel |\n|---|---|---|---|")
+            pool.run(f"{C}:set_env", "MSCCLANG_SPEC_FLAGS", None)
+            print("\n| us per launch (graph) / per call (eager) | rank 0 | rank 1 | kernel |\n|---|---|---|---|")
             for lab in table:
                 r = out.get(lab)
                 if isinstance(r, list):
