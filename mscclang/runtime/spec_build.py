@@ -26,9 +26,7 @@ from typing import Optional, Sequence
 
 from mscclang.errors import MscclangError, RuntimeUnavailable
 from mscclang.runtime import build
-from mscclang.runtime.device_plan import (
-    SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, PackedRank, SyncLayout,
-)
+from mscclang.runtime.device_plan import SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, SyncLayout
 from mscclang.runtime.spec_source import ArgsLayout, SpecSource, SpecUnsupported, generate
 
 MODES = ("auto", "always", "never")

@@ -78,7 +78,8 @@ def test_symmetric_and_inplace(pool, kernel):
     j = _json(pool, "allreduce_read_simple")
     _ok(pool.run(f"{C}:check_plan", j, 1 << 16, "float16", None, "sum", 5, False, True), kernel)
     _ok(pool.run(f"{C}:check_plan", j, 1 << 16, "float16", None, "sum", 6, True, False), kernel)
-    _ok(pool.run(f"{C}:check_plan", _json(pool, "allreduce_oneshot_ll"), 1 << 12, "float16", None, "sum", 7, True), kernel)
+    j = _json(pool, "allreduce_oneshot_ll")
+    _ok(pool.run(f"{C}:check_plan", j, 1 << 12, "float16", None, "sum", 7, True), kernel)
 
 
 def test_back_to_back_eager(pool, kernel):
