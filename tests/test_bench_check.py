@@ -83,7 +83,7 @@ def test_wrong_or_unwritten_results_fail(coll, corrupt):
 
 def test_iters_scale_down_with_size():
     assert iters_for(1024) > iters_for(64 << 20) > iters_for(1 << 30) >= 2
-    assert iters_for(1024, 0.5) == 25
+    assert iters_for(1024, 0.5) == 100 and iters_for(1 << 20, 0.5) == 25
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

@@ -54,8 +54,9 @@ class BenchConfig:
 
 
 def iters_for(nbytes: int, scale: float = 1.0) -> int:
-    """Calls per timed block: many for small messages, few for large ones."""
-    base = 50 if nbytes <= MiB else 20 if nbytes <= 16 * MiB else 10 if nbytes <= 256 * MiB else 5
+    """Calls per timed block: many for small messages (so the ranks' start skew spreads over
+    many calls of a graph), few for large ones."""
+    base = 200 if nbytes <= 256 * 1024 else 50 if nbytes <= MiB else 20 if nbytes <= 16 * MiB else 10 if nbytes <= 256 * MiB else 5
     return max(2, int(base * scale))
 
 
