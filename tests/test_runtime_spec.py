@@ -234,7 +234,7 @@ def test_policy(monkeypatch):
     with pytest.raises(Exception, match="auto, always or never"):
         sb.spec_mode("maybe")
     assert sb.wanted("auto", 1024, 1024) and sb.wanted("auto", 256 << 10, 256 << 10)
-    assert sb.wanted("auto", 64 << 20, 64 << 20) and not sb.wanted("auto", 256 << 20, 256 << 20)
+    assert sb.wanted("auto", 256 << 10, 256 << 10) and not sb.wanted("auto", 1 << 20, 1 << 20)
     assert sb.wanted("always", 1 << 30, 1 << 30)
     assert not sb.wanted("never", 1024, 1024)
     monkeypatch.setenv("MSCCLANG_SPEC_MAX_BYTES", "4096")
