@@ -86,24 +86,25 @@ def cache_dir() -> Path:
 _NVRTC_READY = False
 
 
-def _ensure_nvrtc() -> None:
-    """Make sure ``cuda.bindings.nvrtc`` can load libnvrtc: if the default lookup fails, preload
-    a libnvrtc.so* found in site-packages/nvidia/** or /usr/local/cuda*/lib64."""
-    global _NVRTC_READY
-    if _NVRTC_READY:
-        return
+def _nvrtc_loads() -> bool:
+    """Whether ``cuda.bindings.nvrtc`` finds a working libnvrtc."""
     try:
         from cuda.bindings import nvrtc
 
         err, _, _ = nvrtc.nvrtcVersion()
-        if int(err) == 0:
-            _NVRTC_READY = True
-            return
+        return int(err) == 0
     except (ImportError, RuntimeError, OSError):
-        pass
-    pats = []
-    for p in sys.path:
-        pats += [os.path.join(p, "nvidia", "**", "libnvrtc.so*")]
+        return False
+
+
+def _ensure_nvrtc() -> None:
+    """Make sure ``cuda.bindings.nvrtc`` can load libnvrtc: if the default lookup fails, preload
+    a libnvrtc.so* found in site-packages/nvidia/** or /usr/local/cuda*/lib64."""
+    global _NVRTC_READY
+    if _NVRTC_READY or _nvrtc_loads():
+        _NVRTC_READY = True
+        return
+    pats = [os.path.join(p, "nvidia", "**", "libnvrtc.so*") for p in sys.path]
     pats += ["/usr/local/cuda*/lib64/libnvrtc.so*", "/usr/lib/x86_64-linux-gnu/libnvrtc.so*"]
     for pat in pats:
         for lib in sorted(glob.glob(pat, recursive=True), reverse=True):
@@ -113,15 +114,9 @@ def _ensure_nvrtc() -> None:
                 ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
             except OSError:
                 continue
-            try:
-                from cuda.bindings import nvrtc
-
-                err, _, _ = nvrtc.nvrtcVersion()
-                if int(err) == 0:
-                    _NVRTC_READY = True
-                    return
-            except (ImportError, RuntimeError, OSError):
-                continue
+            if _nvrtc_loads():
+                _NVRTC_READY = True
+                return
     raise RuntimeUnavailable("NVRTC is not available: install cuda-python and nvidia-cuda-nvrtc "
                              "(pip) or a CUDA toolkit")
 
