@@ -2,13 +2,26 @@
 reference, back-to-back and CUDA-graph runs, timing, and the timeout/reset check.
 
 Every rank generates every rank's input from the same seed on its GPU, so each rank computes the
-collective's expected output itself (reductions rank by rank, 16-bit floats through fp32 each
-step, exactly the executor's and the simulator's order for 2 ranks).
+collective's expected output itself (:func:`expectation`). How the output is checked:
+
+* ``exact``: bit for bit against a torch reference where the result does not depend on the order
+  the plan reduces in: copies (allgather), int32 sums (wrap-around addition is associative),
+  min/max, and any 2-rank reduction (one binary step, commutative);
+* ``simulator``: bit for bit against :func:`mscclang.sim.run` (the definition of the plan's
+  reduction order) up to ``sim_max_bytes``;
+* ``bound``: floating-point sums over 3 or more ranks above that size: every output element
+  must lie within the error bound of recursive summation in ANY order (each of the ``n - 1``
+  steps adds in fp32 and rounds to the element type): ``|out - sum| <= gamma * sum|x| +
+  (n - 1) * tiny`` with ``gamma = k u / (1 - k u)``, ``k = n - 1`` and ``u`` the unit roundoff
+  of one step (see :data:`UNIT_ROUNDOFF`). The exact sum and the bound are computed in float64
+  on the device. The plan's own order is not derived for these sizes; a missing, doubled or
+  wrong contribution moves an element by about one input (~1), far more than the bound.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from mscclang.errors import CollectiveTimeout
@@ -55,8 +68,119 @@ def make_input(rank: int, nelem: int, dtype: Any, seed: int, device: Any) -> Any
     return torch.randn(nelem, generator=g, device=device, dtype=torch.float32).to(dtype)
 
 
+#: unit roundoff of one reduction step (fp32 addition, then rounding to the element type)
+UNIT_ROUNDOFF = {"float16": 2.0 ** -11 + 2.0 ** -23, "bfloat16": 2.0 ** -8 + 2.0 ** -23, "float32": 2.0 ** -24}
+#: spacing of the subnormals (absolute rounding error bound of one step near zero, doubled)
+_TINY = {"float16": 2.0 ** -24, "bfloat16": 2.0 ** -133, "float32": 2.0 ** -149}
+
+
+def _dtype_name(dt: Any) -> str:
+    import torch
+
+    return {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+            torch.int32: "int32"}[dt]
+
+
+def order_free(collective: str, dtype: Any, reduce_op: str, nranks: int) -> bool:
+    """Whether the collective's result is the same bits in every reduction order (so a torch
+    reference in rank order is exact): copies, int32, min/max, or at most 2 contributions."""
+    import torch
+
+    return (collective not in ("allreduce", "reducescatter") or dtype == torch.int32
+            or reduce_op in ("min", "max") or nranks <= 2)
+
+
+def sum_bound(inputs: list) -> tuple[Any, Any]:
+    """(exact sum, error bound) in float64 for a floating-point sum of ``inputs`` (same dtype and
+    shape) in any order and association, every step rounded to the element type."""
+    import torch
+
+    k = len(inputs) - 1
+    name = _dtype_name(inputs[0].dtype)
+    u = UNIT_ROUNDOFF[name]
+    gamma = k * u / (1.0 - k * u)
+    total = torch.zeros(inputs[0].shape, dtype=torch.float64, device=inputs[0].device)
+    mag = torch.zeros_like(total)
+    for x in inputs:
+        xd = x.double()
+        total.add_(xd)
+        mag.add_(xd.abs())
+    return total, mag.mul_(gamma).add_(k * _TINY[name])
+
+
+@dataclass
+class Expected:
+    """What an output must be: ``exact`` (compare bits) or ``approx`` +/- ``bound`` (float64).
+    ``how`` says which ('exact', 'simulator' or 'bound')."""
+
+    how: str
+    exact: Any = None
+    approx: Any = None
+    bound: Any = None
+    #: the output is a floating-point sum: a zero result is +0 for either sign of the inputs
+    summed: bool = False
+
+    def negated(self) -> "Expected":
+        """The expectation for negated inputs (rounding to nearest is symmetric; an exact zero
+        from a sum stays +0)."""
+        if self.exact is not None:
+            neg = -self.exact
+            if self.summed and neg.dtype.is_floating_point:
+                neg = torch_where_zero_positive(neg)
+            return Expected(self.how, exact=neg, summed=self.summed)
+        return Expected(self.how, approx=-self.approx, bound=self.bound, summed=self.summed)
+
+    def wrong(self, out: Any) -> Any:
+        """Boolean tensor: the elements of ``out`` that are not as expected (NaN is wrong)."""
+        if self.exact is not None:
+            if out.numel() != self.exact.numel():
+                raise ValueError(f"output has {out.numel()} elements, expected {self.exact.numel()}")
+            return _bits(out) != _bits(self.exact)
+        return ~((out.double() - self.approx).abs() <= self.bound)
+
+    def count_bad(self, out: Any) -> int:
+        """Number of wrong elements of ``out``."""
+        return int(self.wrong(out).sum().item())
+
+    def first_bad(self, out: Any) -> Optional[tuple]:
+        """(index, got, want) of the first wrong element, or None."""
+        bad = self.wrong(out)
+        if not bool(bad.any()):
+            return None
+        i = int(bad.nonzero()[0].item())
+        want = self.exact[i] if self.exact is not None else self.approx[i]
+        return (i, float(out[i].float().item()), float(want.double().item()))
+
+
+def torch_where_zero_positive(t: Any) -> Any:
+    """``t`` with every zero (+0 or -0) as +0."""
+    return t.masked_fill(t == 0, 0)
+
+
+def expectation(plan: Plan, inputs: list, reduce_op: str, rank: int, packet_type: Optional[str] = None,
+                sim_max_bytes: int = 0, out_numel: Optional[int] = None) -> Expected:
+    """The expected output of ``rank`` for torch ``inputs`` (one per rank): exact in rank order
+    when the order cannot matter (:func:`order_free`), else the simulator's output when the
+    output is at most ``sim_max_bytes`` (the plan's own order, bit exact), else the sum's error
+    bound (:func:`sum_bound`)."""
+    coll = plan.collective
+    summed = coll == "allreduce" and reduce_op == "sum" and len(inputs) > 1
+    if order_free(coll, inputs[0].dtype, reduce_op, len(inputs)):
+        return Expected("exact", exact=reference(plan, inputs, reduce_op, rank), summed=summed)
+    if coll != "allreduce":
+        raise ValueError(f"no reference for collective {coll!r}")
+    n_out = inputs[0].numel() if out_numel is None else out_numel
+    if n_out * inputs[0].element_size() <= sim_max_bytes:
+        got = sim_output(plan, inputs, reduce_op, packet_type, rank, n_out * inputs[0].element_size())
+        if got is not None:
+            return Expected("simulator", exact=got, summed=summed)
+    approx, bound = sum_bound(inputs)
+    return Expected("bound", approx=approx, bound=bound, summed=summed)
+
+
 def reference(plan: Plan, inputs: list, reduce_op: str, rank: int) -> Any:
-    """Expected output of ``rank`` on torch inputs."""
+    """Output of ``rank`` on torch inputs, reduced in the order rank, rank+1, ... (16-bit floats
+    through fp32 each step): the exact expected output whenever :func:`order_free` holds."""
     import torch
 
     coll = plan.collective
@@ -64,7 +188,7 @@ def reference(plan: Plan, inputs: list, reduce_op: str, rank: int) -> Any:
         return torch.cat(inputs)
     if coll != "allreduce":
         raise ValueError(f"no reference for collective {coll!r}")
-    order = [rank] + [q for q in range(len(inputs)) if q != rank]
+    order = [(rank + i) % len(inputs) for i in range(len(inputs))]
     acc = inputs[order[0]]
     for q in order[1:]:
         x = inputs[q]
@@ -75,6 +199,14 @@ def reference(plan: Plan, inputs: list, reduce_op: str, rank: int) -> Any:
         r = a + b if reduce_op == "sum" else (torch.minimum(a, b) if reduce_op == "min" else torch.maximum(a, b))
         acc = r.to(inputs[0].dtype)
     return acc
+
+
+def _device(w: Any) -> Any:
+    """The worker's torch device: ``w.device`` when it has one (CPU test harness), else its GPU."""
+    import torch
+
+    dev = getattr(w, "device", None)
+    return dev if dev is not None else torch.device(f"cuda:{w.rank}")
 
 
 def _sizes(plan: Plan, nbytes: int, esize: int, world: int) -> tuple[int, int]:
@@ -95,7 +227,7 @@ def check_plan(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", pack
 
     plan = _plan(w, plan_json)
     dt = _dtype(dtype)
-    dev = torch.device(f"cuda:{w.rank}")
+    dev = _device(w)
     esize = torch.empty((), dtype=dt).element_size()
     n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
     inputs = [make_input(q, n_in, dt, seed, dev) for q in range(w.world_size)]
@@ -115,14 +247,12 @@ def check_plan(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", pack
     sim_bad = None
     if nbytes <= sim_max_bytes and not inplace:
         sim_bad = _compare_with_sim(plan, inputs, out, reduce_op, packet_type, w.rank)
-    ref = reference(plan, inputs, reduce_op, w.rank)
-    bad = int((_bits(out) != _bits(ref)).sum().item())
-    first = None
-    if bad:
-        idx = (_bits(out) != _bits(ref)).nonzero()[0].item()
-        first = (idx, float(out[idx].float().item()), float(ref[idx].float().item()))
+    exp = expectation(plan, inputs, reduce_op, w.rank, packet_type)
+    bad = exp.count_bad(out)
+    first = exp.first_bad(out) if bad else None
     return {"rank": w.rank, "bad": bad + (sim_bad or 0), "ref_bad": bad, "sim_bad": sim_bad, "n": n_out,
-            "first_bad": first, "kernel": w.executor.last_kernel, "spec": _spec_status(w, plan)}
+            "ref_mode": exp.how, "first_bad": first, "kernel": w.executor.last_kernel,
+            "spec": _spec_status(w, plan)}
 
 
 def _spec_status(w: Any, plan: Plan) -> str:
@@ -150,7 +280,7 @@ def set_specialize(w: Any, mode: str) -> str:
 
 
 def alternate_kernels(w: Any, plan_json: str, nbytes: int, iters: int = 64, dtype: str = "float16",
-                      packet_type: Optional[str] = None, seed: int = 5) -> dict:
+                      packet_type: Optional[str] = None, seed: int = 5, sim_max_bytes: int = 1 << 16) -> dict:
     """Launches that alternate between the specialised kernel and the interpreter on one context
     (same flags, scratch halves and counters), the input's sign flipped before each; every output
     checked. Ends in the 'auto' policy."""
@@ -158,11 +288,12 @@ def alternate_kernels(w: Any, plan_json: str, nbytes: int, iters: int = 64, dtyp
 
     plan = _plan(w, plan_json)
     dt = _dtype(dtype)
-    dev = torch.device(f"cuda:{w.rank}")
+    dev = _device(w)
     esize = torch.empty((), dtype=dt).element_size()
     n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
     inputs = [make_input(q, n_in, dt, seed, dev) for q in range(w.world_size)]
-    ref = reference(plan, inputs, "sum", w.rank)
+    exp = expectation(plan, inputs, "sum", w.rank, packet_type, sim_max_bytes, n_out)
+    neg = exp.negated()
     inp = inputs[w.rank].clone()
     out = torch.empty(n_out, dtype=dt, device=dev)
     bad = torch.zeros((), dtype=torch.int64, device=dev)
@@ -174,11 +305,12 @@ def alternate_kernels(w: Any, plan_json: str, nbytes: int, iters: int = 64, dtyp
             inp.neg_()
             ex.execute(plan, inp, out, packet_type=packet_type)
             kinds.append(ex.last_kernel)
-            bad.add_((_bits(out) != _bits(ref if i % 2 else -ref)).sum())
+            bad.add_((exp if i % 2 else neg).wrong(out).sum())
         ex.synchronize()
     finally:
         ex.set_specialize("auto")
     return {"rank": w.rank, "bad": int(bad.item()), "kernels": sorted(set(kinds)), "launches": iters,
+            "ref_mode": exp.how,
             "spec": _spec_status(w, plan)}
 
 
@@ -193,37 +325,52 @@ def to_numpy(t: Any) -> Any:
     return t.detach().cpu().numpy()
 
 
-def _compare_with_sim(plan: Plan, inputs: list, out: Any, reduce_op: str, packet_type: Optional[str],
-                      rank: int) -> Optional[int]:
-    """Wrong elements of ``out`` against the simulator's output of ``rank`` (None without one)."""
+def sim_output(plan: Plan, inputs: list, reduce_op: str, packet_type: Optional[str], rank: int,
+               output_bytes: int) -> Any:
+    """The simulator's output of ``rank`` for torch ``inputs`` as a tensor like ``inputs[0]`` (on
+    its device), or None without :mod:`mscclang.sim`."""
     try:
         from mscclang.sim import run as sim_run
     except ImportError:
         return None
     import numpy as np
+    import torch
 
     outs = sim_run(plan, [to_numpy(x) for x in inputs], reduce_op=reduce_op, packet_type=packet_type or "LL16",
-                   output_bytes=out.numel() * out.element_size())
-    got = to_numpy(out)
-    a = got.view(np.int16 if got.itemsize == 2 else np.int32)
-    b = np.ascontiguousarray(outs[rank]).view(a.dtype)
-    return int((a != b).sum())
+                   output_bytes=output_bytes)
+    a = np.ascontiguousarray(outs[rank])
+    like = inputs[0]
+    if like.dtype == torch.bfloat16:
+        t = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(a.copy())
+    return t.to(like.device)
+
+
+def _compare_with_sim(plan: Plan, inputs: list, out: Any, reduce_op: str, packet_type: Optional[str],
+                      rank: int) -> Optional[int]:
+    """Wrong elements of ``out`` against the simulator's output of ``rank`` (None without one)."""
+    want = sim_output(plan, inputs, reduce_op, packet_type, rank, out.numel() * out.element_size())
+    if want is None:
+        return None
+    return Expected("simulator", exact=want).count_bad(out)
 
 
 def back_to_back(w: Any, plan_json: str, nbytes: int, iters: int, dtype: str = "float16",
-                 packet_type: Optional[str] = None, graph: bool = False, seed: int = 1) -> dict:
+                 packet_type: Optional[str] = None, graph: bool = False, seed: int = 1,
+                 sim_max_bytes: int = 1 << 16) -> dict:
     """``iters`` launches (eager, or CUDA-graph replays) with the input's sign flipped before
     each, every output compared on the GPU with the expected one (sum or allgather only)."""
     import torch
 
     plan = _plan(w, plan_json)
     dt = _dtype(dtype)
-    dev = torch.device(f"cuda:{w.rank}")
+    dev = _device(w)
     esize = torch.empty((), dtype=dt).element_size()
     n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
     inputs = [make_input(q, n_in, dt, seed, dev) for q in range(w.world_size)]
-    ref = reference(plan, inputs, "sum", w.rank)
-    neg_ref = -ref
+    ref = expectation(plan, inputs, "sum", w.rank, packet_type, sim_max_bytes, n_out)
+    neg_ref = ref.negated()
     inp = inputs[w.rank].clone()
     out = torch.empty(n_out, dtype=dt, device=dev)
     bad = torch.zeros((), dtype=torch.int64, device=dev)
@@ -233,7 +380,7 @@ def back_to_back(w: Any, plan_json: str, nbytes: int, iters: int, dtype: str = "
     def step(expect: Any) -> None:
         inp.neg_()
         ex.execute(plan, inp, out, packet_type=packet_type)
-        bad.add_((_bits(out) != _bits(expect)).sum())
+        bad.add_(expect.wrong(out).sum())
 
     w.comm.barrier()
     if not graph:
@@ -261,7 +408,7 @@ def back_to_back(w: Any, plan_json: str, nbytes: int, iters: int, dtype: str = "
         launches = 2 + iters // 2 * 2
     ex.synchronize()
     return {"rank": w.rank, "bad": int(bad.item()), "launches": launches, "kernel": ex.last_kernel,
-            "spec": _spec_status(w, plan)}
+            "ref_mode": ref.how, "spec": _spec_status(w, plan)}
 
 
 def time_eager(w: Any, plan_json: str, nbytes: int, iters: int = 2000, dtype: str = "float16",
@@ -272,7 +419,7 @@ def time_eager(w: Any, plan_json: str, nbytes: int, iters: int = 2000, dtype: st
     w.executor.cooperative = cooperative
     plan = _plan(w, plan_json)
     dt = _dtype(dtype)
-    dev = torch.device(f"cuda:{w.rank}")
+    dev = _device(w)
     esize = torch.empty((), dtype=dt).element_size()
     n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
     inp = make_input(w.rank, n_in, dt, 3, dev)
@@ -303,7 +450,7 @@ def time_graph(w: Any, plan_json: str, nbytes: int, per_graph: int = 100, replay
     w.executor.cooperative = cooperative
     plan = _plan(w, plan_json)
     dt = _dtype(dtype)
-    dev = torch.device(f"cuda:{w.rank}")
+    dev = _device(w)
     esize = torch.empty((), dtype=dt).element_size()
     n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
     if symmetric:
@@ -356,7 +503,7 @@ def timeout_and_reset(w: Any, bad_json: str, good_json: str, timeout_s: float = 
     old = ex.timeout_ns
     ex.timeout_ns = int(timeout_s * 1e9)
     bad = _plan(w, bad_json)
-    dev = torch.device(f"cuda:{w.rank}")
+    dev = _device(w)
     n = 1024
     inp = torch.ones(n, dtype=torch.float16, device=dev)
     out = torch.empty_like(inp)
