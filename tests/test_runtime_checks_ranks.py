@@ -1,0 +1,144 @@
+"""The GPU worker commands of mscclang.runtime.checks (check_plan, back_to_back) at 4 and 8 ranks
+on the CPU: one thread per rank, every launch run for all ranks by the simulator
+(mscclang.comm.sim_backend.SimWorld) behind a stand-in for the GPU executor. The commands'
+references, size arithmetic and result fields are the ones the GPU tests use."""
+
+from __future__ import annotations
+
+import threading
+import types
+from typing import Any, Callable, Optional
+
+import pytest
+import torch
+
+from mscclang.comm.catalog import SYMMETRIC, infer_buffer_mode
+from mscclang.comm.sim_backend import SimWorld
+from mscclang.plan.io import plan_to_json
+from mscclang.runtime import checks
+from mscclang.runtime import sample_plans as sp
+
+
+class SimExecutor:
+    """The executor calls the checks make, run by one rank's SimBackend; ``corrupt`` (rank ->
+    function of the output) makes a rank's result wrong."""
+
+    def __init__(self, backend: Any, corrupt: Optional[Callable[[Any], None]] = None) -> None:
+        self.backend = backend
+        self.corrupt = corrupt
+        self.last_kernel = "sim"
+        self.staging: dict = {}
+
+    def execute(self, plan, inp, out, packet_type=None, reduce_op="sum") -> None:
+        b = self.backend
+        if infer_buffer_mode(plan) == SYMMETRIC and not (b.is_symmetric(inp) and b.is_symmetric(out)):
+            # like the GPU executor: zero-copy plans on plain tensors run through staging buffers
+            key = (plan.name, inp.numel(), out.numel(), inp.dtype)
+            if key not in self.staging:
+                self.staging[key] = (b.empty(inp.numel(), inp.dtype), b.empty(out.numel(), out.dtype))
+            si, so = self.staging[key]
+            si.copy_(inp)
+            b.execute(plan, si, so, reduce_op=reduce_op, packet_type=packet_type)
+            out.copy_(so)
+        else:
+            b.execute(plan, inp, out, reduce_op=reduce_op, packet_type=packet_type)
+        if self.corrupt is not None:
+            self.corrupt(out)
+
+    def prepare(self, *args, **kw) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def check(self) -> None:
+        pass
+
+
+def on_ranks(n: int, fn: Callable[[Any], dict], corrupt: Optional[dict] = None) -> list[dict]:
+    world = SimWorld(n, engine="sim", timeout=60.0)
+    results: list[Any] = [None] * n
+    errors: list[Optional[BaseException]] = [None] * n
+
+    def body(r: int) -> None:
+        b = world.backend(r)
+        w = types.SimpleNamespace(rank=r, world_size=n, device=torch.device("cpu"), state={},
+                                  executor=SimExecutor(b, (corrupt or {}).get(r)),
+                                  comm=types.SimpleNamespace(alloc=b.empty, barrier=lambda: None))
+        try:
+            results[r] = fn(w)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors[r] = e
+            world._barrier.abort()
+
+    ts = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    for e in errors:
+        if e is not None and not isinstance(e, threading.BrokenBarrierError):
+            raise e
+    return results
+
+
+@pytest.mark.parametrize("n", [4, 8])
+@pytest.mark.parametrize("name", ["allreduce_oneshot_ll", "allreduce_twostep_ll", "allreduce_read_simple",
+                                  "allgather_simple"])
+def test_check_plan_passes_on_a_correct_engine(n, name):
+    plan = sp.SAMPLES[name](n)
+    j = plan_to_json(plan)
+    # zero-copy plans: symmetric buffers (plain ones go through the stand-in's staging)
+    sym = infer_buffer_mode(plan) == SYMMETRIC and n == 4
+    # 3000 B: simulator bits and the reference; 192 KiB: above sim_max_bytes, the bound alone
+    for nbytes, dtype in ((3000, "float16"), (192 << 10, "bfloat16"), (4096, "int32")):
+        res = on_ranks(n, lambda w: checks.check_plan(w, j, nbytes, dtype, symmetric=sym))
+        assert [r["rank"] for r in res] == list(range(n))
+        for r in res:
+            assert r["bad"] == 0, (name, nbytes, r)
+            small = nbytes <= 1 << 16
+            assert (r["sim_bad"] is not None) == small
+            reduces = name.startswith("allreduce") and dtype != "int32"
+            assert r["ref_mode"] == ("bound" if reduces else "exact")
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_check_plan_reports_a_wrong_rank(n):
+    j = plan_to_json(sp.allreduce_oneshot_ll(n))
+
+    def bump(out):
+        out[5:9] += 1
+
+    for nbytes in (2048, 256 << 10):
+        res = on_ranks(n, lambda w: checks.check_plan(w, j, nbytes, "float16"), corrupt={n - 1: bump})
+        for r in res:
+            if r["rank"] == n - 1:
+                assert r["ref_bad"] == 4 and r["first_bad"][0] == 5
+                assert r["sim_bad"] == (4 if nbytes <= 1 << 16 else None)
+            else:
+                assert r["bad"] == 0
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_back_to_back_at_n_ranks(n):
+    for name, nbytes in (("allreduce_oneshot_ll", 1024), ("allreduce_scratch_simple", 96 << 10),
+                         ("allgather_simple", 4096)):
+        j = plan_to_json(sp.SAMPLES[name](n))
+        res = on_ranks(n, lambda w: checks.back_to_back(w, j, nbytes, 4, "bfloat16"))
+        for r in res:
+            assert r["bad"] == 0 and r["launches"] == 4, (name, r)
+        if name.startswith("allreduce"):
+            assert res[0]["ref_mode"] == ("simulator" if nbytes <= 1 << 16 else "bound")
+    # a rank that drops the sign flip is caught on every other launch
+    flip = {1: lambda out: out.neg_()}
+    res = on_ranks(n, lambda w: checks.back_to_back(w, plan_to_json(sp.allreduce_oneshot_ll(n)), 1024, 4),
+                   corrupt=flip)
+    assert res[1]["bad"] > 0 and all(r["bad"] == 0 for r in res if r["rank"] != 1)
+
+
+@pytest.mark.parametrize("n", [3, 4, 8])
+def test_sample_plans_take_n(n):
+    for name, make in sp.SAMPLES.items():
+        plan = make(n)
+        assert plan.world_size == n and len(plan.gpus) == n, name
+    assert sp.missing_signal(n).world_size == n
