@@ -41,6 +41,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def recv_from(conn: Any, proc: Any, rank: int, timeout_s: Optional[float] = None) -> tuple[str, Any]:
+    """The next message of rank ``rank``'s worker, without hanging on a worker that died (its
+    exit code reported as a WorkerError) or, with ``timeout_s``, one that stays silent."""
+    import time
+
+    start = time.monotonic()
+    while not conn.poll(0.5):
+        if not proc.is_alive():
+            if conn.poll(0):  # it sent its last message before it left
+                break
+            raise WorkerError(f"rank {rank}: worker process exited (code {proc.exitcode}) without answering")
+        if timeout_s is not None and time.monotonic() - start > timeout_s:
+            raise WorkerError(f"rank {rank}: no answer from the worker within {timeout_s:.0f} s")
+    try:
+        return conn.recv()
+    except EOFError as e:
+        raise WorkerError(f"rank {rank}: worker closed its pipe (exit code {proc.exitcode})") from e
+
+
 def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, env: dict) -> None:
     os.environ.update(env)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -82,15 +101,19 @@ def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, 
 
 
 class WorkerPool:
-    """``world_size`` GPU worker processes (default: every visible GPU)."""
+    """``world_size`` GPU worker processes (default: every visible GPU; any number from 1 to the
+    visible GPUs). ``start_timeout_s`` bounds the workers' start (CUDA context, store, executor)."""
 
     def __init__(self, world_size: Optional[int] = None, timeout_s: float = 30.0,
-                 env: Optional[dict] = None) -> None:
+                 env: Optional[dict] = None, start_timeout_s: float = 300.0) -> None:
         import multiprocessing as mp
 
         import torch
 
-        n = torch.cuda.device_count() if world_size is None else world_size
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        n = visible if world_size is None else world_size
+        if n < 1 or n > visible:
+            raise WorkerError(f"a pool of {n} workers needs {max(n, 1)} visible GPU(s); {visible} visible")
         self.world_size = n
         ctx = mp.get_context("spawn")
         port = _free_port()
@@ -104,7 +127,10 @@ class WorkerPool:
             self._procs.append(p)
         errs = []
         for r, c in enumerate(self._conns):
-            kind, val = c.recv()
+            try:
+                kind, val = recv_from(c, self._procs[r], r, start_timeout_s)
+            except WorkerError as e:
+                kind, val = "error", str(e)
             if kind != "ready":
                 errs.append(f"rank {r}:\n{val}")
         if errs:
@@ -117,14 +143,20 @@ class WorkerPool:
         for c in self._conns:
             c.send((target, args, kwargs))
         out, errs = [], []
+        dead = False
         for r, c in enumerate(self._conns):
-            kind, val = c.recv()
+            try:
+                kind, val = recv_from(c, self._procs[r], r)
+            except WorkerError as e:
+                kind, val, dead = "error", str(e), True
             if kind == "ok":
                 out.append(val)
             else:
                 out.append(None)
                 errs.append(f"rank {r}:\n{val}")
         if errs:
+            if dead:
+                raise WorkerError("a worker process died; the pool is unusable:\n" + "\n".join(errs))
             if reset_on_error:
                 try:
                     self.run("mscclang.runtime.checks:reset", reset_on_error=False)
