@@ -1,7 +1,11 @@
 """``mscclang run plan.json [--size BYTES ...] [--dtype ...] [--graph]``: run a plan on every
 visible GPU (one process each, started here), check the output against the simulator (small
-sizes) and a torch reference, and print the time per launch. Without GPUs it says so and verifies
-the plan on the simulator instead."""
+sizes) and a torch reference, and print the time per launch. Works for any world size up to the
+visible GPUs (a plan for fewer ranks than GPUs runs on the first ones). The check column says how
+the output was checked: ``sim`` bit for bit against the simulator (up to 64 KiB), then ``exact``
+(bit for bit against torch: copies, int32, min/max, 2 ranks) or ``bound`` (floating-point sums
+over 3+ ranks: within the any-order summation error bound, see mscclang.runtime.checks). Without
+enough GPUs it says so and verifies the plan on the simulator instead."""
 
 from __future__ import annotations
 
@@ -63,11 +67,12 @@ def run(args: argparse.Namespace) -> int:
     with WorkerPool(world_size=plan.world_size, timeout_s=args.timeout) as pool:
         print(f"{plan.name}: {plan.collective} on {pool.world_size} GPUs, {args.dtype}, "
               f"{'CUDA graph' if args.graph else 'eager'}")
-        print(f"{'bytes':>12} {'check':>8} {'us/launch':>10}")
+        print(f"{'bytes':>12} {'check':>14} {'us/launch':>10}")
         for nb in sizes:
             res = pool.run(f"{C}:check_plan", j, nb, args.dtype, args.packet_type, op)
             bad = sum(r["bad"] for r in res)
-            via = "sim+ref" if res[0].get("sim_bad") is not None else "ref"
+            mode = res[0].get("ref_mode", "exact")
+            via = f"sim+{mode}" if res[0].get("sim_bad") is not None else mode
             if args.graph:
                 t = pool.run(f"{C}:time_graph", j, nb, max(args.iters // 10, 1), 10, args.dtype, args.packet_type)
                 us = max(r["us_per_launch"] for r in t)
@@ -75,5 +80,5 @@ def run(args: argparse.Namespace) -> int:
                 t = pool.run(f"{C}:time_eager", j, nb, args.iters, args.dtype, args.packet_type)
                 us = max(r["us_per_call"] for r in t)
             failed |= bad > 0
-            print(f"{nb:>12} {('ok ' + via) if bad == 0 else f'{bad} BAD':>8} {us:>10.2f}")
+            print(f"{nb:>12} {('ok ' + via) if bad == 0 else f'{bad} BAD ({via})':>14} {us:>10.2f}")
     return 1 if failed else 0

@@ -1,0 +1,40 @@
+"""``mscclang run`` without (enough) GPUs: any world size verifies on the simulator and the exit
+status says whether the plan is correct."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mscclang.cli.main import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def no_gpus(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.mark.parametrize("name", ["allreduce_twostep_ll.r8.i1.json", "allgather_ll.r8.i2.json",
+                                  "allreduce_oneshot_ll.r4.i1.inplace.json"])
+def test_run_verifies_n_rank_plans_on_the_simulator(name, capsys):
+    path = ROOT / "plans" / name
+    if not path.is_file():
+        pytest.skip(f"no {path}")
+    assert main(["run", str(path), "--size", "4K", "--size", "3000"]) == 0
+    cap = capsys.readouterr()
+    ranks = name.split(".r")[1].split(".")[0]
+    assert f"the plan needs {ranks}" in cap.err
+    assert "OK" in cap.out
+
+
+def test_run_fails_on_a_broken_plan(capsys):
+    path = ROOT / "tests" / "plans_broken" / "missing_wait.json"
+    if not path.is_file():
+        pytest.skip(f"no {path}")
+    assert main(["run", str(path), "--size", "1K"]) == 1
+    assert "OK" not in capsys.readouterr().out.split("\n")[0]
