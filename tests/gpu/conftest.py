@@ -1,6 +1,7 @@
 """GPU test session: one worker process per visible GPU, kept for the whole session.
 
-Skipped cleanly without CUDA or with fewer than 2 GPUs. World size = visible GPUs.
+Skipped cleanly without CUDA or with fewer than 2 GPUs. World size = visible GPUs, or
+``MSCCLANG_TEST_WORLD`` (2 .. visible GPUs) to use the first ones only.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ def pool():
         pytest.skip("refusing to run GPU tests with MSCCLANG_ENABLE_NVLS set")
     from mscclang.runtime.launch import WorkerPool
 
-    p = WorkerPool(timeout_s=float(os.environ.get("MSCCLANG_TEST_TIMEOUT_S", "10")))
+    world = os.environ.get("MSCCLANG_TEST_WORLD")
+    n = int(world) if world else None
+    if n is not None and not 2 <= n <= _gpus():
+        pytest.skip(f"MSCCLANG_TEST_WORLD={n} needs 2 <= n <= {_gpus()} visible GPUs")
+    p = WorkerPool(world_size=n, timeout_s=float(os.environ.get("MSCCLANG_TEST_TIMEOUT_S", "10")))
     yield p
     p.close()

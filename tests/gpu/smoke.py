@@ -1,5 +1,6 @@
 """Quick GPU smoke + measurements in one process tree (for the device machine):
-python tests/gpu/smoke.py [--perf] [--perf-only] [--stages] [--scaling] [--spec] [--json FILE].
+python tests/gpu/smoke.py [--perf] [--perf-only] [--stages] [--scaling] [--spec] [--json FILE]
+(every visible GPU; any world size), or, without a GPU, ``--prebuild DIR [--world N]``.
 Prints one line per check. ``--spec``: graph/eager latency of the plan-specialised kernel next to
 the interpreter's (1 KiB one-shot shapes, LL16/LL8, stage breakdown) and a summary table last."""
 
@@ -36,9 +37,9 @@ def stage_plan(n: int, stage: str, nthreads: int = 128) -> str:
     return json.dumps(d)
 
 
-def prebuild(out_dir: str) -> int:
+def prebuild(out_dir: str, n: int = 2) -> int:
     """Prebuild (here, no GPU) the specialised kernels this script's ``--spec`` run and a graph
-    bench of the shipped 2-rank allreduce plans (1K-256K, bfloat16) use, into ``out_dir`` (the
+    bench of the shipped ``n``-rank allreduce plans (1K-256K, bfloat16) use, into ``out_dir`` (the
     GPU machine finds them through MSCCLANG_CUBIN_DIR even without a usable NVRTC)."""
     from pathlib import Path
 
@@ -46,7 +47,6 @@ def prebuild(out_dir: str) -> int:
     from mscclang.runtime.spec_build import prebuild as pb
 
     out = Path(out_dir)
-    n = 2
     jobs = []
     for nb, nt in ((1, 128), (1, 512), (2, 512)):
         jobs.append((sp.allreduce_oneshot_ll(n, nblocks=nb, nthreads=nt), [1024], "f16", ["ll16", "ll8"]))
@@ -57,10 +57,8 @@ def prebuild(out_dir: str) -> int:
     jobs.append((sp.allreduce_oneshot_ll(n), [1024], "f16", ["ll16"]))
     root = Path(__file__).resolve().parent.parent.parent / "plans"
     sizes = [1 << k for k in range(10, 19, 2)]
-    for f in ("allreduce_oneshot_ll.r2.i1", "allreduce_oneshot_ll.r2.i4", "allreduce_oneshot_ll.r2.i8",
-              "allreduce_twostep_ll.r2.i2"):
-        for suffix in (".json", ".inplace.json"):
-            jobs.append((load_plan((root / (f + suffix)).read_text()), sizes, "bf16", ["ll16"]))
+    for f in sorted(root.glob(f"allreduce_*_ll.r{n}.i*.json")):
+        jobs.append((load_plan(f.read_text()), sizes, "bf16", ["ll16"]))
     count = 0
     for flags in ("early", "end"):
         os.environ["MSCCLANG_SPEC_FLAGS"] = flags
@@ -76,7 +74,8 @@ def prebuild(out_dir: str) -> int:
 
 def main() -> int:
     if "--prebuild" in sys.argv:
-        return prebuild(sys.argv[sys.argv.index("--prebuild") + 1])
+        world = int(sys.argv[sys.argv.index("--world") + 1]) if "--world" in sys.argv else 2
+        return prebuild(sys.argv[sys.argv.index("--prebuild") + 1], world)
     perf = "--perf" in sys.argv
     t0 = time.time()
     out = {}
@@ -135,7 +134,7 @@ def main() -> int:
                 table.append(lab)
 
             lib = (Path(__file__).resolve().parent.parent.parent / "plans"
-                   / "allreduce_oneshot_ll.r2.i1.inplace.json").read_text()
+                   / f"allreduce_oneshot_ll.r{n}.i1.inplace.json").read_text()
             j128 = plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=1, nthreads=128))
             j2 = plan_to_json(sp.allreduce_oneshot_ll(n, nblocks=2, nthreads=512))
             for kern, mode, flags in (("spec", "always", "early"), ("spec-end", "always", "end"),
@@ -161,7 +160,7 @@ def main() -> int:
                     table.append(lab)
             pool.run(f"{C}:set_specialize", "auto")
             pool.run(f"{C}:set_env", "MSCCLANG_SPEC_FLAGS", None)
-            print("\n| us per launch (graph) / per call (eager) | rank 0 | rank 1 | kernel |\n|---|---|---|---|")
+            print(f"\n| us per launch (graph) / per call (eager) | rank 0 | rank {n - 1} | kernel |\n|---|---|---|---|")
             for lab in table:
                 r = out.get(lab)
                 if isinstance(r, list):
