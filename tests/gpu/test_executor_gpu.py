@@ -1,8 +1,10 @@
 """GPU tests of the executor (``pytest -m gpu``): every op kind in small hand-built plans, both
 packet types, four dtypes, sizes from 1 KiB to 256 MiB (odd ones too), back-to-back and CUDA-graph
-launches, and the timeout/abort/reset protocol. Outputs are compared bit for bit with the
-collective's reference computed in the executor's reduction order (and with the simulator when
-``mscclang.sim`` provides ``run``).
+launches, and the timeout/abort/reset protocol, at any world size (every visible GPU, or
+MSCCLANG_TEST_WORLD). Outputs are compared bit for bit with the simulator up to 64 KiB (the
+definition of the plan's reduction order) and with a torch reference: bit for bit where the order
+cannot matter (copies, int32, min/max, 2 ranks), else within the error bound of a floating-point
+sum in any order (``mscclang.runtime.checks``, ``ref_mode`` 'bound').
 
 Every test runs twice: with the interpreter kernel (policy 'never') and with the plan-specialised
 kernels (policy 'always', asserting that the specialised kernel really ran)."""
@@ -33,7 +35,8 @@ def kernel(pool, request):
 
 def _ok(results, kernel=None):
     for r in results:
-        assert r["bad"] == 0, f"rank {r['rank']}: {r['bad']} wrong elements, first {r.get('first_bad')}"
+        assert r["bad"] == 0, (f"rank {r['rank']}: {r['bad']} wrong elements ({r.get('ref_mode')}, simulator: "
+                               f"{r.get('sim_bad')}), first {r.get('first_bad')}")
         if kernel is not None:
             assert r["kernel"] == kernel, f"rank {r['rank']} ran the {r['kernel']} kernel, not {kernel}: {r['spec']}"
 
@@ -120,3 +123,17 @@ def test_kernels_take_turns_on_one_context(pool):
         for r in res:
             assert r["bad"] == 0, (name, r)
             assert r["kernels"] == ["interpreter", "spec"], (name, r)
+
+
+def test_reference_modes(pool):
+    """How outputs are checked at this world size: the simulator up to 64 KiB, then exact
+    (2 ranks, int32) or the any-order summation bound (float sums over 3+ ranks)."""
+    n = pool.world_size
+    j = _json(pool, "allreduce_oneshot_ll")
+    for nbytes, dtype in ((4096, "float16"), (1 << 20, "bfloat16"), (1 << 20, "int32")):
+        res = pool.run(f"{C}:check_plan", j, nbytes, dtype)
+        _ok(res)
+        for r in res:
+            assert (r["sim_bad"] is not None) == (nbytes <= 1 << 16), r
+            want = "exact" if n == 2 or dtype == "int32" else "bound"
+            assert r["ref_mode"] == want, r
