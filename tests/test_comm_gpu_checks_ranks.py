@@ -44,8 +44,8 @@ def run_check(catalog, n, coll, **kw):
 def test_check_collective_on_n_ranks(catalog, n, coll):
     # tests/gpu/_numels(n) minus the 4M-element one (the simulator's time)
     numels = [n * 7, n * 513]
-    results, world, fb = run_check(catalog, n, coll, dtypes=("bfloat16", "float32"), numels=numels,
-                                   ops=("sum", "max"))
+    dtypes = ("bfloat16",) if n == 8 else ("float32",)
+    results, world, fb = run_check(catalog, n, coll, dtypes=dtypes, numels=numels, ops=("sum", "max"))
     fails = [f for r in results for f in r["failures"]]
     assert not fails, "\n".join(fails[:4])
     assert all(r["checked"] > 0 for r in results)
