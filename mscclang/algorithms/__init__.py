@@ -26,7 +26,7 @@ from mscclang.algorithms.reducescatter import (
     build_reducescatter_simple,
     build_reducescatter_zero_copy,
 )
-from mscclang.algorithms.registry import KiB, MiB, AlgorithmInfo, Variant
+from mscclang.algorithms.registry import MiB, AlgorithmInfo, Variant
 from mscclang.algorithms.sendrecv import build_sendrecv_ll, build_sendrecv_simple, build_sendrecv_zero_copy
 from mscclang.errors import DSLError
 from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan

@@ -167,8 +167,6 @@ def check_collective(w: Any, coll: str, dtypes=DTYPES, numels=(), ops=("sum",),
                      seed: int = 11, root: int = 0) -> dict:
     """Every combination of dtype x element count x reduce op x buffer kind x in-place mode,
     eager (or captured once and replayed on fresh data with ``graph``)."""
-    import torch
-
     comm = communicator(w)
     n, r = w.world_size, w.rank
     dev = comm.device

@@ -11,9 +11,12 @@ whether they are reduced (each exactly once) or copied (exactly one symbol).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from mscclang.errors import PlanError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mscclang.plan.models import Plan
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv", "broadcast", "test", "custom")
 
@@ -116,7 +119,7 @@ class CollectiveSpec:
         return out
 
 
-def spec_from_plan(plan: "Plan") -> CollectiveSpec:  # noqa: F821
+def spec_from_plan(plan: "Plan") -> CollectiveSpec:
     """Recover the collective's spec from a plan's metadata and rank 0's chunk counts."""
     n = len(plan.gpus)
     g = plan.gpus[0]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from mscclang.errors import CollectiveTimeout, PlanError, RuntimeUnavailable
-from mscclang.plan.models import BufferKind, ChannelType, OpName, Plan, ReduceOp, REDUCE_OPS
+from mscclang.plan.models import BufferKind, Plan, REDUCE_OPS
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.build import block_variant, build_module, find_prebuilt, kernel_name
 from mscclang.runtime.comm import Communicator

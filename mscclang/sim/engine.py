@@ -32,13 +32,13 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 import numpy as np
 
 from mscclang.errors import PlanError
 from mscclang.plan.collectives import CollectiveSpec, spec_from_plan
-from mscclang.plan.models import BufferKind, ChannelType, OpName, PacketType, Plan
+from mscclang.plan.models import BufferKind, ChannelType, OpName, Plan
 from mscclang.sim.dtypes import reduce_bytes
 from mscclang.sim.program import COp, Group, Operand, Program
 from mscclang.sim.races import Access, AccessLog, Actor, OpRef, RaceInfo
@@ -513,7 +513,6 @@ class Simulation:
                 targets.append((key, end, end.expected))
             for key, end, target in targets:
                 while end.counter < target:
-                    peer = self.pair.get(key)
                     yield Wait(("ctr", key),
                                f"{ctype} channel {key[2]} (to rank {self._peer_of(key)}) to reach "
                                f"{target} signals, has {end.counter}", ("ctr", key, target))

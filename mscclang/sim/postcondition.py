@@ -3,7 +3,6 @@ the reduction order) and symbolic (which input chunks reached each output elemen
 
 from __future__ import annotations
 
-from typing import Optional
 
 import numpy as np
 

@@ -10,7 +10,6 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 from mscclang.plan.io import plan_to_json

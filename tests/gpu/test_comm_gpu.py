@@ -40,7 +40,6 @@ def test_reduce_ops(pool, coll):
 
 
 def test_allreduce_odd_counts_and_large(pool):
-    n = pool.world_size
     _ok(pool.run(f"{C}:check_collective", "all_reduce", dtypes=("float16", "bfloat16"),
                  numels=[1, 3, 1001, (8 << 20) + 5, 64 << 20], inplace=(True,)))
 
