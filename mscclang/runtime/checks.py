@@ -279,11 +279,11 @@ def set_specialize(w: Any, mode: str) -> str:
     return w.executor.specialize
 
 
-def alternate_kernels(w: Any, plan_json: str, nbytes: int, iters: int = 64, dtype: str = "float16",
-                      packet_type: Optional[str] = None, seed: int = 5, sim_max_bytes: int = 1 << 16) -> dict:
-    """Launches that alternate between the specialised kernel and the interpreter on one context
-    (same flags, scratch halves and counters), the input's sign flipped before each; every output
-    checked. Ends in the 'auto' policy."""
+def _sign_flip_setup(w: Any, plan_json: str, nbytes: int, dtype: str, packet_type: Optional[str],
+                     seed: int, sim_max_bytes: int) -> tuple:
+    """Common set-up of the sign-flipping repeat checks: (plan, dtype, element size, input and
+    output element counts, this rank's input copy, output, bad-element counter, expected output
+    and its negation)."""
     import torch
 
     plan = _plan(w, plan_json)
@@ -293,10 +293,19 @@ def alternate_kernels(w: Any, plan_json: str, nbytes: int, iters: int = 64, dtyp
     n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
     inputs = [make_input(q, n_in, dt, seed, dev) for q in range(w.world_size)]
     exp = expectation(plan, inputs, "sum", w.rank, packet_type, sim_max_bytes, n_out)
-    neg = exp.negated()
     inp = inputs[w.rank].clone()
     out = torch.empty(n_out, dtype=dt, device=dev)
     bad = torch.zeros((), dtype=torch.int64, device=dev)
+    return plan, dt, esize, n_in, n_out, inp, out, bad, exp, exp.negated()
+
+
+def alternate_kernels(w: Any, plan_json: str, nbytes: int, iters: int = 64, dtype: str = "float16",
+                      packet_type: Optional[str] = None, seed: int = 5, sim_max_bytes: int = 1 << 16) -> dict:
+    """Launches that alternate between the specialised kernel and the interpreter on one context
+    (same flags, scratch halves and counters), the input's sign flipped before each; every output
+    checked. Ends in the 'auto' policy."""
+    plan, dt, esize, n_in, n_out, inp, out, bad, exp, neg = _sign_flip_setup(
+        w, plan_json, nbytes, dtype, packet_type, seed, sim_max_bytes)
     ex = w.executor
     kinds = []
     try:
@@ -363,17 +372,9 @@ def back_to_back(w: Any, plan_json: str, nbytes: int, iters: int, dtype: str = "
     each, every output compared on the GPU with the expected one (sum or allgather only)."""
     import torch
 
-    plan = _plan(w, plan_json)
-    dt = _dtype(dtype)
     dev = _device(w)
-    esize = torch.empty((), dtype=dt).element_size()
-    n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
-    inputs = [make_input(q, n_in, dt, seed, dev) for q in range(w.world_size)]
-    ref = expectation(plan, inputs, "sum", w.rank, packet_type, sim_max_bytes, n_out)
-    neg_ref = ref.negated()
-    inp = inputs[w.rank].clone()
-    out = torch.empty(n_out, dtype=dt, device=dev)
-    bad = torch.zeros((), dtype=torch.int64, device=dev)
+    plan, dt, esize, n_in, n_out, inp, out, bad, ref, neg_ref = _sign_flip_setup(
+        w, plan_json, nbytes, dtype, packet_type, seed, sim_max_bytes)
     ex = w.executor
     ex.prepare(plan, n_in * esize, n_out * esize, dt, packet_type)
 
