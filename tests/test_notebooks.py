@@ -22,21 +22,28 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 
 
-def execute(name: str, out_dir: Path, monkeypatch: pytest.MonkeyPatch):
-    """Run notebook ``name`` in a fresh kernel; returns it with outputs and a tag -> cell map."""
+def execute(name: str, out_dir: Path, monkeypatch: pytest.MonkeyPatch, gpus: bool = False):
+    """Run notebook ``name`` in a fresh kernel; returns it with outputs and a tag -> cell map.
+    ``gpus``: leave the machine's GPUs visible (else the CI path: none). With
+    ``$MSCCLANG_NB_SAVE`` set, the executed notebook is also written into that folder."""
     from jupyter_client.kernelspec import NoSuchKernel
 
     monkeypatch.setenv("MSCCLANG_NB_OUT", str(out_dir))
     monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CI path: no GPU, whatever the machine has
+    if not gpus:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CI path: no GPU, whatever the machine has
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(NOTEBOOKS)}})
     try:
         client.execute()
     except NoSuchKernel:  # pragma: no cover - depends on the machine
         pytest.fail("no 'python3' Jupyter kernel: run `python3 -m ipykernel install --user`")
+    save = os.environ.get("MSCCLANG_NB_SAVE")
+    if save:
+        Path(save).mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, Path(save) / name)
     tagged = {}
     for cell in nb.cells:
         for tag in cell.get("metadata", {}).get("tags", []):
@@ -104,3 +111,32 @@ def test_gpu_vs_nccl_notebook_without_gpus(tmp_path, monkeypatch):
     assert "SKIP comparison" in text_of(tagged["compare"])
     plan = load_plan(tmp_path / "oneshot_ll_2.json")
     assert plan.protocol == "LL" and plan.world_size == 2
+
+
+def _cuda_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+@pytest.mark.gpu
+def test_gpu_vs_nccl_notebook_on_gpus(tmp_path, monkeypatch):
+    """The GPU branch: with 2+ GPUs the notebook runs the plan with `mscclang run` (checked, CUDA
+    graph) and NCCL through `mscclang bench`, and prints the comparison table."""
+    n = _cuda_gpus()
+    if n < 2:
+        pytest.skip("needs at least 2 CUDA GPUs")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    nb, tagged = execute("02_gpu_vs_nccl.ipynb", tmp_path, monkeypatch, gpus=True)
+    check_common(nb, tagged)
+    assert f"{n} GPUs:" in text_of(tagged["device-check"])
+    assert "SKIP" not in text_of(tagged["gpu-run"])
+    table = text_of(tagged["compare"])
+    assert "SKIP" not in table and "speedup" in table
+    rows = [ln.split() for ln in table.splitlines()[1:] if ln.strip()]
+    assert {int(r[0]) for r in rows} == {4096, 65536, 1 << 20}, table
+    for r in rows:
+        assert r[1] != "-" and r[2] != "-" and r[3].endswith("x"), table

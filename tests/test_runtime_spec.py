@@ -233,12 +233,28 @@ def test_policy(monkeypatch):
     assert sb.spec_mode() == "never"
     with pytest.raises(Exception, match="auto, always or never"):
         sb.spec_mode("maybe")
-    assert sb.wanted("auto", 1024, 1024) and sb.wanted("auto", 256 << 10, 256 << 10)
-    assert sb.wanted("auto", 256 << 10, 256 << 10) and not sb.wanted("auto", 1 << 20, 1 << 20)
-    assert sb.wanted("always", 1 << 30, 1 << 30)
-    assert not sb.wanted("never", 1024, 1024)
+    for v in ("MSCCLANG_SPEC_FIRST_BYTES", "MSCCLANG_SPEC_HOT_CALLS"):
+        monkeypatch.delenv(v, raising=False)
+    assert sb.when("auto", 1024, 1024) == "first" and sb.when("auto", 256 << 10, 256 << 10) == "first"
+    assert sb.when("auto", 1 << 20, 1 << 20) == "hot" and sb.when("auto", 64 << 20, 64 << 20) == "hot"
+    assert sb.when("auto", 1 << 20, 128 << 20) == "never" and sb.when("auto", 1 << 30, 1 << 30) == "never"
+    assert sb.when("always", 1 << 30, 1 << 30) == "first"
+    assert sb.when("never", 1024, 1024) == "never"
+    assert sb.spec_hot_calls() == 3
+    monkeypatch.setenv("MSCCLANG_SPEC_HOT_CALLS", "1")
+    assert sb.when("auto", 1 << 20, 1 << 20) == "first"
+    monkeypatch.setenv("MSCCLANG_SPEC_HOT_CALLS", "0")
+    with pytest.raises(Exception, match="MSCCLANG_SPEC_HOT_CALLS=0: must be at least 1"):
+        sb.when("auto", 1 << 20, 1 << 20)
+    monkeypatch.setenv("MSCCLANG_SPEC_HOT_CALLS", "x")
+    with pytest.raises(Exception, match="not an integer"):
+        sb.spec_hot_calls()
+    monkeypatch.delenv("MSCCLANG_SPEC_HOT_CALLS")
     monkeypatch.setenv("MSCCLANG_SPEC_MAX_BYTES", "4096")
-    assert not sb.wanted("auto", 8192, 8192)
+    assert sb.when("auto", 8192, 8192) == "never" and sb.when("auto", 4096, 4096) == "first"
+    monkeypatch.setenv("MSCCLANG_SPEC_MAX_BYTES", str(1 << 20))
+    monkeypatch.setenv("MSCCLANG_SPEC_FIRST_BYTES", "0")
+    assert sb.when("auto", 1024, 1024) == "hot" and sb.when("auto", 2 << 20, 2 << 20) == "never"
 
 
 # --------------------------------------------------------------------------------------------

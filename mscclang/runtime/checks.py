@@ -323,6 +323,50 @@ def alternate_kernels(w: Any, plan_json: str, nbytes: int, iters: int = 64, dtyp
             "spec": _spec_status(w, plan)}
 
 
+def hot_promotion(w: Any, plan_json: str, nbytes: int, iters: int = 6, dtype: str = "float16",
+                  packet_type: Optional[str] = None, seed: int = 9, sim_max_bytes: int = 1 << 16) -> dict:
+    """The 'auto' policy on one size it specialises only when hot: the same call ``iters`` times
+    (input sign flipped before each, every output checked); returns the kernel of each call, so
+    the test can see the interpreter run until ``MSCCLANG_SPEC_HOT_CALLS`` and the specialised
+    kernel from then on."""
+    plan, dt, esize, n_in, n_out, inp, out, bad, exp, neg = _sign_flip_setup(
+        w, plan_json, nbytes, dtype, packet_type, seed, sim_max_bytes)
+    ex = w.executor
+    ex.set_specialize("auto")
+    kinds = []
+    for i in range(iters):
+        inp.neg_()
+        ex.execute(plan, inp, out, packet_type=packet_type)
+        kinds.append(ex.last_kernel)
+        bad.add_((neg if i % 2 == 0 else exp).wrong(out).sum())
+    ex.synchronize()
+    return {"rank": w.rank, "bad": int(bad.item()), "kernels": kinds, "ref_mode": exp.how,
+            "spec": _spec_status(w, plan)}
+
+
+def mixed_kernels(w: Any, plan_json: str, nbytes: int, iters: int = 16, dtype: str = "float16",
+                  packet_type: Optional[str] = None, seed: int = 11, sim_max_bytes: int = 1 << 16) -> dict:
+    """Even ranks run the specialised kernel, odd ranks the interpreter, in the same launches
+    (what happens when one rank's build fails): both kernels speak the same protocol, so every
+    output must stay right. Ends in the 'auto' policy."""
+    plan, dt, esize, n_in, n_out, inp, out, bad, exp, neg = _sign_flip_setup(
+        w, plan_json, nbytes, dtype, packet_type, seed, sim_max_bytes)
+    ex = w.executor
+    kinds = []
+    try:
+        ex.set_specialize("always" if w.rank % 2 == 0 else "never")
+        for i in range(iters):
+            inp.neg_()
+            ex.execute(plan, inp, out, packet_type=packet_type)
+            kinds.append(ex.last_kernel)
+            bad.add_((neg if i % 2 == 0 else exp).wrong(out).sum())
+        ex.synchronize()
+    finally:
+        ex.set_specialize("auto")
+    return {"rank": w.rank, "bad": int(bad.item()), "kernels": sorted(set(kinds)), "ref_mode": exp.how,
+            "spec": _spec_status(w, plan)}
+
+
 def to_numpy(t: Any) -> Any:
     """A torch tensor as numpy, bfloat16 through ml_dtypes."""
     import torch

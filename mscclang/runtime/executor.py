@@ -25,7 +25,7 @@ from mscclang.runtime.device_plan import (
     KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, PackedRank, SyncLayout, check_plan,
     inbound_slots, is_zero_copy, memory_channel_ordinals, pack_blob, pack_blocks, peers_of, sync_layout,
 )
-from mscclang.runtime.spec_build import SpecBuilder, pack_args, spec_mode, wanted
+from mscclang.runtime.spec_build import SpecBuilder, pack_args, spec_hot_calls, spec_mode, when
 from mscclang.runtime.spec_source import SpecUnsupported, generate
 from mscclang.runtime.structs import ERROR_RECORD
 
@@ -149,8 +149,9 @@ class Executor:
     default store; ``timeout_s`` bounds every GPU spin (default 30 s, env MSCCLANG_TIMEOUT_S).
     Co-residency of all blocks is checked with the occupancy API before the first launch of a
     size; ``cooperative=True`` also launches through cuLaunchCooperativeKernel. ``specialize``:
-    'auto' (default, env MSCCLANG_SPECIALIZE; plan-specialised kernels for messages up to
-    MSCCLANG_SPEC_MAX_BYTES), 'always' or 'never' (see :mod:`mscclang.runtime.spec_build`)."""
+    'auto' (default, env MSCCLANG_SPECIALIZE: plan-specialised kernels up to 256 KiB at first use,
+    up to 64 MiB once a size is prepared or called a third time), 'always' or 'never' (see
+    :mod:`mscclang.runtime.spec_build`)."""
 
     def __init__(self, comm: Optional[Communicator] = None, timeout_s: Optional[float] = None,
                  cooperative: bool = False, specialize: Optional[str] = None) -> None:
@@ -365,21 +366,23 @@ class Executor:
         if lp.zero_copy:
             sym_in, sym_out = self._staging(lp, input_bytes, output_bytes)
         dp = self._device_plan(lp, input_bytes, output_bytes, sym_in, sym_out)
-        self._spec_kernel(lp, dt, input_bytes, output_bytes, pkt, op, dp)
+        self._spec_kernel(lp, dt, input_bytes, output_bytes, pkt, op, dp, force=True)
 
     # ------------------------------------------------------------------------------------------
     # plan-specialised kernels
     def _spec_kernel(self, lp: LoadedPlan, dt: str, in_bytes: int, out_bytes: int, pkt: str, op: str,
-                     dp: _DevPlan) -> Optional[_Spec]:
+                     dp: _DevPlan, force: bool = False) -> Optional[_Spec]:
         """The specialised kernel for these sizes, built (or found) now; None when the policy or
-        the generator says no, or the build failed (the reason is kept in ``lp.spec``). Never
-        builds inside a CUDA graph capture."""
-        if not wanted(self.specialize, in_bytes, out_bytes):
-            return None
+        the generator says no, the build failed (the reason is kept in ``lp.spec``), or the size
+        is one the policy builds only when hot and ``force`` (``prepare``, a hot call) is not set.
+        Never builds inside a CUDA graph capture."""
         key = (in_bytes, out_bytes, dt, pkt, op)
         got = lp.spec.get(key)
         if got is not None:
             return got if isinstance(got, _Spec) else None
+        w = when(self.specialize, in_bytes, out_bytes)
+        if w == "never" or (w == "hot" and not force):
+            return None
         if self._capturing():
             return None
         try:
@@ -486,10 +489,15 @@ class Executor:
         if ent is None:
             ent = self._entry(lp, input.dtype, in_bytes, out_bytes, pkt, op, None, None)
             lp.fast[key] = ent
+        elif ent[7] is not None:
+            ent = self._promote(lp, key, ent)
         self._launch(ent, in_ptr, out_ptr, 0, 0, s)
 
     def _entry(self, lp: LoadedPlan, dtype: Any, in_bytes: int, out_bytes: int, pkt: str, op: str,
-               sym_in: Any, sym_out: Any) -> tuple:
+               sym_in: Any, sym_out: Any, force: bool = False) -> tuple:
+        """The launch entry of one (sizes, dtype, packet, op, buffers): interpreter function,
+        device plan, launch shape, the specialised launch (or None) and, for a size the policy
+        specialises once hot, a pending record ``[calls left, arguments]`` (else None)."""
         plan = lp.plan
         ref = in_bytes if plan.collective != "allgather" else out_bytes
         if not plan.min_message_size <= ref <= plan.max_message_size:
@@ -513,12 +521,28 @@ class Executor:
             raise PlanError(f"rank {self.comm.rank}: {dp.n_blocks} thread blocks of {lp.nthreads} threads cannot "
                             f"all be co-resident (at most {int(nblk) * self._sm_count})")
         launch = None
-        sp = self._spec_kernel(lp, dt, in_bytes, out_bytes, pkt, op, dp)
+        sp = self._spec_kernel(lp, dt, in_bytes, out_bytes, pkt, op, dp, force)
         if sp is not None and lp.ctx is not None:
             args = pack_args(sp.layout, dp.addr, lp.ctx.sync, self.comm.rank)
             ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(args))
             launch = _SpecLaunch(sp, args, ctypes.addressof(ptrs), ptrs)
-        return (f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), launch)
+        pending = None
+        if launch is None and not force and (in_bytes, out_bytes, dt, pkt, op) not in lp.spec \
+                and when(self.specialize, in_bytes, out_bytes) == "hot":
+            pending = [spec_hot_calls() - 1, (lp, dtype, in_bytes, out_bytes, pkt, op, sym_in, sym_out)]
+        return (f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), launch, pending)
+
+    def _promote(self, lp: LoadedPlan, key: tuple, ent: tuple) -> tuple:
+        """Count one more call of a pending entry; at the policy's call count (outside a graph
+        capture) build its specialised kernel and replace the entry."""
+        pend = ent[7]
+        pend[0] -= 1
+        if pend[0] > 0 or self._capturing():
+            return ent
+        new = self._entry(*pend[1], force=True)
+        new = new[:7] + (None,)
+        lp.fast[key] = new
+        return new
 
     def _execute_zero_copy(self, lp: LoadedPlan, input: Any, output: Any, in_ptr: int, out_ptr: int,
                            in_bytes: int, out_bytes: int, pkt: str, op: str, s: int) -> None:
@@ -531,6 +555,8 @@ class Executor:
             if ent is None:
                 ent = self._entry(lp, input.dtype, in_bytes, out_bytes, pkt, op, si[0], so[0])
                 lp.fast[key] = ent
+            elif ent[7] is not None:
+                ent = self._promote(lp, key, ent)
             self._launch(ent, in_ptr, out_ptr, si[1], so[1], s)
             return
         # not symmetric: go through the communicator's registered, pre-zeroed staging buffers
@@ -541,6 +567,8 @@ class Executor:
         if ent is None:
             ent = self._entry(lp, input.dtype, in_bytes, out_bytes, pkt, op, st_out if inplace else st_in, st_out)
             lp.fast[key] = ent
+        elif ent[7] is not None:
+            ent = self._promote(lp, key, ent)
         if inplace:
             # the input lives inside the output: stage the whole output, input at its offset
             cu.dtod(st_out.base, out_ptr, out_bytes, s)
@@ -560,7 +588,7 @@ class Executor:
         return torch.cuda.current_stream().cuda_stream
 
     def _launch(self, ent: tuple, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int) -> None:
-        f, blob, nb, nt, smem, fh, spec = ent
+        f, blob, nb, nt, smem, fh, spec = ent[:7]
         if s != self._last_stream and self._last_stream is not None:
             # launches sharing a scratch are ordered on the GPU, whatever stream the caller uses
             if not self._capturing():

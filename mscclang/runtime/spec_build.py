@@ -1,10 +1,14 @@
 """Building, caching and choosing plan-specialised kernels (see :mod:`mscclang.runtime.spec_source`).
 
-* Policy: ``$MSCCLANG_SPECIALIZE`` (or ``Executor(specialize=...)``) is ``auto`` (default: small
-  messages, at most ``$MSCCLANG_SPEC_MAX_BYTES`` = 256 KiB, and plans the generator accepts),
-  ``always`` (any size the generator accepts) or ``never`` (the interpreter only).
-* Build: NVRTC to cubin for the device's arch (never PTX), at ``Executor.prepare()`` or the first
-  eager call, never inside a CUDA graph capture. Looked up first in ``$MSCCLANG_CUBIN_DIR`` (files
+* Policy: ``$MSCCLANG_SPECIALIZE`` (or ``Executor(specialize=...)``) is ``auto`` (default),
+  ``always`` (any size the generator accepts, built at first use) or ``never`` (the interpreter
+  only). ``auto`` (:func:`when`): messages up to ``$MSCCLANG_SPEC_FIRST_BYTES`` (256 KiB) get
+  their kernel at first use; larger ones up to ``$MSCCLANG_SPEC_MAX_BYTES`` (64 MiB) at
+  ``Executor.prepare()`` (``Communicator.prepare``) or once the same (plan, sizes, dtype) has
+  been called ``$MSCCLANG_SPEC_HOT_CALLS`` (3) times, so one-off sizes cost no build; above
+  that the interpreter runs (the kernels are bandwidth-bound there).
+* Build: NVRTC to cubin for the device's arch (never PTX, ~1 s), never inside a CUDA graph
+  capture. Looked up first in ``$MSCCLANG_CUBIN_DIR`` (files
   named by arch and source hash, written by :func:`prebuild` / ``python -m
   mscclang.runtime.spec_build``, so a machine without a usable NVRTC can run prebuilt kernels),
   then in the disk cache (``<cache_dir>/spec``, keyed by source hash, arch, options and NVRTC
@@ -30,9 +34,12 @@ from mscclang.runtime.device_plan import SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Address
 from mscclang.runtime.spec_source import ArgsLayout, SpecSource, SpecUnsupported, generate
 
 MODES = ("auto", "always", "never")
-# 64 MiB halves the 1-4 MiB times on 2x H200 (notes/perf.md v5) but costs one NVRTC build per new
-# (plan, size) at first use, which made the GPU suite outrun its time budget: opt in with the env var
-DEFAULT_MAX_BYTES = 256 * 1024
+# Specialising up to 64 MiB halves the 1-4 MiB times on 2x H200 (notes/perf.md v5); each new
+# (plan, size) costs one NVRTC build, so above 256 KiB only sizes that are prepared or called again
+# get one (building every size at first use made the GPU suite outrun its time budget).
+DEFAULT_FIRST_BYTES = 256 * 1024
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_HOT_CALLS = 3
 _ALIASES = {"": "auto", "auto": "auto", "1": "always", "on": "always", "always": "always", "force": "always",
             "0": "never", "off": "never", "never": "never", "interpreter": "never"}
 
@@ -46,19 +53,50 @@ def spec_mode(value: Optional[str] = None) -> str:
     return m
 
 
+def _env_int(name: str, default: int, lo: int) -> int:
+    v = os.environ.get(name, "").strip()
+    if not v:
+        return default
+    try:
+        n = int(v)
+    except ValueError:
+        raise RuntimeUnavailable(f"{name}={v!r}: not an integer") from None
+    if n < lo:
+        raise RuntimeUnavailable(f"{name}={n}: must be at least {lo}")
+    return n
+
+
 def spec_max_bytes() -> int:
     """Largest message (input or output bytes) ``auto`` specialises (``$MSCCLANG_SPEC_MAX_BYTES``)."""
-    v = os.environ.get("MSCCLANG_SPEC_MAX_BYTES")
-    return int(v) if v else DEFAULT_MAX_BYTES
+    return _env_int("MSCCLANG_SPEC_MAX_BYTES", DEFAULT_MAX_BYTES, 0)
 
 
-def wanted(mode: str, input_bytes: int, output_bytes: int) -> bool:
-    """Whether ``mode`` asks for a specialised kernel at these sizes."""
+def spec_first_bytes() -> int:
+    """Largest message ``auto`` specialises at its first call (``$MSCCLANG_SPEC_FIRST_BYTES``,
+    never above :func:`spec_max_bytes`)."""
+    return min(_env_int("MSCCLANG_SPEC_FIRST_BYTES", DEFAULT_FIRST_BYTES, 0), spec_max_bytes())
+
+
+def spec_hot_calls() -> int:
+    """Calls of one (plan, sizes, dtype, packet, op) after which ``auto`` builds its kernel for a
+    size above :func:`spec_first_bytes` (``$MSCCLANG_SPEC_HOT_CALLS``; the kernel runs from that
+    call on; 1 = at first use)."""
+    return _env_int("MSCCLANG_SPEC_HOT_CALLS", DEFAULT_HOT_CALLS, 1)
+
+
+def when(mode: str, input_bytes: int, output_bytes: int) -> str:
+    """When ``mode`` wants a specialised kernel at these sizes: 'first' (at the first call),
+    'hot' (at ``prepare()`` or once called :func:`spec_hot_calls` times) or 'never'."""
     if mode == "never":
-        return False
+        return "never"
     if mode == "always":
-        return True
-    return max(input_bytes, output_bytes) <= spec_max_bytes()
+        return "first"
+    n = max(input_bytes, output_bytes)
+    if n <= spec_first_bytes():
+        return "first"
+    if n <= spec_max_bytes():
+        return "first" if spec_hot_calls() <= 1 else "hot"
+    return "never"
 
 
 class _FilesHash:

@@ -137,3 +137,28 @@ def test_reference_modes(pool):
             assert (r["sim_bad"] is not None) == (nbytes <= 1 << 16), r
             want = "exact" if n == 2 or dtype == "int32" else "bound"
             assert r["ref_mode"] == want, r
+
+
+def test_auto_policy_specialises_hot_sizes(pool):
+    """'auto' above 256 KiB: the interpreter runs the first MSCCLANG_SPEC_HOT_CALLS - 1 calls of a
+    size, the specialised kernel every call from then on, all outputs right across the switch."""
+    from mscclang.runtime.spec_build import spec_hot_calls
+
+    hot = spec_hot_calls()
+    for name, nbytes in (("allreduce_oneshot_ll", 1 << 20), ("allreduce_read_simple", (1 << 20) + 4096)):
+        res = pool.run(f"{C}:hot_promotion", _json(pool, name), nbytes, hot + 3)
+        for r in res:
+            assert r["bad"] == 0, (name, r)
+            want = ["interpreter"] * (hot - 1) + ["spec"] * 4
+            assert r["kernels"] == want, (name, r)
+
+
+def test_kernels_mix_across_ranks(pool):
+    """Even ranks run the specialised kernel and odd ranks the interpreter in the same launches
+    (one rank's build failing must not break the collective)."""
+    for name, nbytes in (("allreduce_oneshot_ll", 1024), ("allreduce_twostep_ll", 4096 + 96),
+                         ("allreduce_read_simple", 1 << 16), ("allgather_pipeline", 5000 // 16 * 16)):
+        res = pool.run(f"{C}:mixed_kernels", _json(pool, name), nbytes, 16)
+        for r in res:
+            assert r["bad"] == 0, (name, r)
+            assert r["kernels"] == ["spec" if r["rank"] % 2 == 0 else "interpreter"], (name, r)
