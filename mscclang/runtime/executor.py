@@ -376,12 +376,14 @@ class Executor:
         the generator says no, the build failed (the reason is kept in ``lp.spec``), or the size
         is one the policy builds only when hot and ``force`` (``prepare``, a hot call) is not set.
         Never builds inside a CUDA graph capture."""
+        w = when(self.specialize, in_bytes, out_bytes)
+        if w == "never":
+            return None
         key = (in_bytes, out_bytes, dt, pkt, op)
         got = lp.spec.get(key)
-        if got is not None:
+        if got is not None:   # built earlier (e.g. by prepare) or refused earlier
             return got if isinstance(got, _Spec) else None
-        w = when(self.specialize, in_bytes, out_bytes)
-        if w == "never" or (w == "hot" and not force):
+        if w == "hot" and not force:
             return None
         if self._capturing():
             return None
