@@ -139,14 +139,26 @@ COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast
 
 @pytest.mark.parametrize("coll", COLLECTIVES)
 def test_shipped_defaults_keep_an_any_buffer_plan_before_nccl(coll):
-    """Zero-copy plans need symmetric buffers, so at every 2-rank size the selector lists a
-    plan for any buffers (its size range holding the message) before torch.distributed."""
+    """Zero-copy plans need symmetric buffers, so at every 2-rank size of an estimated rule the
+    selector lists a plan for any buffers (its size range holding the message) before
+    torch.distributed. Measured rules (``mscclang tune``: candidates carry times) keep the
+    measured order, NCCL included, where NCCL beat every any-buffer plan."""
     from mscclang.comm.selector import Selector
 
     cat, _ = _shipped_catalog_and_grids()
     t = load_tuning(DEFAULT_TUNING_FILE)
     sel = Selector(t, cat)
     for nbytes in _probe_sizes(t, coll):
+        rule = t.rule_for(coll, 2, "bfloat16", nbytes)
+        if rule is not None and any(c.us is not None for c in rule.candidates):
+            nccl = next((c.us for c in rule.candidates if c.plan == "nccl"), None)
+            anyb = [c.us for c in rule.candidates if c.us is not None and c.plan != "nccl"
+                    and "zero_copy" not in c.plan]
+            if nccl is not None and anyb and min(anyb) < nccl:
+                names = [c.plan for c in rule.candidates]
+                assert names.index("nccl") > min(i for i, c in enumerate(rule.candidates)
+                                                 if c.us == min(anyb)), (coll, nbytes, names)
+            continue
         choices = sel.choices(coll, 2, nbytes, "bfloat16")
         assert choices, (coll, nbytes)
         upto = next((i for i, c in enumerate(choices) if c.is_nccl), len(choices))
@@ -158,7 +170,8 @@ def test_shipped_defaults_keep_an_any_buffer_plan_before_nccl(coll):
 def test_shipped_defaults_use_the_bandwidth_variants(coll):
     """notes/perf.md: plain puts need >= 16 blocks for 220 GB/s and 32 for ~265 GB/s, LL plans
     scale to 32 blocks. At 2 ranks the first choice above 64 KiB runs >= 16 blocks, and above
-    1 MiB every plan choice runs 32 blocks (zero-copy first where the collective has one)."""
+    1 MiB every plan choice of an estimated rule runs 32 blocks (zero-copy first where the
+    collective has one)."""
     from mscclang.comm.selector import Selector
 
     cat, grids = _shipped_catalog_and_grids()
@@ -169,7 +182,12 @@ def test_shipped_defaults_use_the_bandwidth_variants(coll):
         blocks = [grids[c.variant.key] for c in plans]
         if nbytes > 64 * 1024:
             assert blocks[0] >= 16, (coll, nbytes, [c.label() for c in plans])
-        if nbytes > 1 << 20:
+        rule = t.rule_for(coll, 2, "bfloat16", nbytes)
+        measured = rule is not None and any(c.us is not None for c in rule.candidates)
+        if nbytes > 1 << 20 and measured:
+            # measured order (mscclang tune): the fastest plan first, whatever its grid
+            assert blocks[0] >= 16, (coll, nbytes, [c.label() for c in plans])
+        elif nbytes > 1 << 20:
             assert set(blocks) == {32}, (coll, nbytes, [c.label() for c in plans])
             if coll != "broadcast":
                 assert plans[0].variant.symmetric, (coll, nbytes, plans[0].label())

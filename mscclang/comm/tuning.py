@@ -16,8 +16,9 @@ Format ``mscclang.tuning/1`` (JSON)::
 
 A rule applies to a call when the collective and world size agree (``world_size`` null: any),
 the call's dtype is listed (``"*"``: any; rules naming the dtype exactly win over ``"*"`` rules)
-and the message is at most ``max_bytes`` (null: no limit); among the applicable rules the one with
-the smallest ``max_bytes`` wins. The message size of allgather is its output size, of every other
+and the message is at most ``max_bytes`` (null: no limit). Rules naming the world size win over
+rules for any world size (so a tuned machine's thresholds are never cut by a generic rule's);
+among the remaining rules the one with the smallest ``max_bytes`` wins. The message size of allgather is its output size, of every other
 collective its input size (the same convention as the plans' size range).
 
 ``candidates`` are tried in order: ``plan`` names an algorithm (``allreduce_oneshot_ll``) or one
@@ -134,11 +135,12 @@ class TuningTable(_Strict):
         """The rule that applies to a call, or ``None`` (see the module docstring)."""
         coll = plan_collective(collective)
         rules = [r for r in self.rules if r.applies(coll, world_size, dtype)]
-        for group in ([r for r in rules if r.exact_dtype(dtype)], [r for r in rules if "*" in r.dtypes]):
-            fitting = [r for r in group if r.max_bytes is None or nbytes <= r.max_bytes]
-            if fitting:
-                return min(fitting, key=lambda r: (r.max_bytes is None, r.max_bytes or 0,
-                                                   r.world_size is None))
+        for by_dtype in ([r for r in rules if r.exact_dtype(dtype)], [r for r in rules if "*" in r.dtypes]):
+            for group in ([r for r in by_dtype if r.world_size is not None],
+                          [r for r in by_dtype if r.world_size is None]):
+                fitting = [r for r in group if r.max_bytes is None or nbytes <= r.max_bytes]
+                if fitting:
+                    return min(fitting, key=lambda r: (r.max_bytes is None, r.max_bytes or 0))
         return None
 
     def check(self) -> None:
