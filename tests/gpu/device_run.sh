@@ -15,7 +15,6 @@ unset MSCCLANG_ENABLE_NVLS
 nvidia-smi -L | tee "$OUT/gpus.txt"
 have=$(nvidia-smi -L | grep -c '^GPU')
 [ "$have" = "$N" ] || echo "WARNING: $have GPUs visible, expected $N"
-git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/gpus.txt"
 t0=$(date +%s)
 timeout -k 10 "$PYTEST_S" python3 -m pytest -m gpu tests/gpu tests/test_notebooks.py -o addopts="" -q -rfE \
   --durations=10 > "$OUT/gpu_tests.log" 2>&1
