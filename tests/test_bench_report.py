@@ -148,3 +148,20 @@ def test_cli_renders_json_and_rejects_bad_options(tmp_path, capsys):
                       (["--dtype", "float64"], "unsupported dtype")):
         assert main(["bench", *args, "--out", str(tmp_path / "p")]) == 1
         assert msg in capsys.readouterr().err
+
+
+def test_targets_never_count_an_nccl_fallback_as_met():
+    """Where a tuning rule made the library run NCCL, equal bandwidth is not our kernel's: the
+    verdict says so and counts as missed; other world sizes get the 2-GPU targets as reference."""
+    res = fixture()
+    bw = 256 * M / 480.0 / 1e3 * busbw_factor("all_to_all", 2)
+    res.records.append(Record("all_to_all", "mscclang", "graph", 256 * M, "bfloat16", us=480.0,
+                              busbw=round(bw, 2), ok=True, plan="nccl"))
+    res.records.append(Record("all_to_all", "nccl", "graph", 256 * M, "bfloat16", us=480.0,
+                              busbw=round(bw, 2), ok=True))
+    v = {(x.coll, x.bytes): x for x in check_targets(res)}[("all_to_all", 256 * M)]
+    assert v.fallback and v.ok is False and "fell back to NCCL" in v.row()
+    md = markdown(res)
+    assert "3 of 5 measured targets met." in md and "## Targets (CUDA graph)" in md
+    res.meta["world_size"] = 4
+    assert "for reference only: this run used 4 GPUs" in markdown(res)

@@ -88,7 +88,11 @@ def markdown(res: BenchResult, title: str = "mscclang bench") -> str:
     if verdicts:
         met = sum(v.ok is True for v in verdicts)
         judged = sum(v.ok is not None for v in verdicts)
-        lines += ["## Targets (CUDA graph)", "",
+        world = res.meta.get("world_size")
+        head = "## Targets (CUDA graph)"
+        if world not in (None, 2):
+            head = f"## Targets of 2x H200 (CUDA graph; for reference only: this run used {world} GPUs)"
+        lines += [head, "",
                   f"{met} of {judged} measured targets met.", "",
                   "| collective | size | goal | mscclang | verdict |", "|---|---|---|---|---|"]
         lines += [v.row() for v in verdicts]

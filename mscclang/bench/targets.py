@@ -28,9 +28,12 @@ class Verdict:
     goal: str
     value: Optional[str]
     ok: Optional[bool]  # None: not measured
+    fallback: bool = False  # the library ran NCCL (a tuning rule put NCCL first): never "met"
 
     def row(self) -> str:
         mark = {True: "met", False: "MISSED", None: "not measured"}[self.ok]
+        if self.fallback:
+            mark = "MISSED (the library fell back to NCCL here)"
         return f"| {self.coll} | {format_size(self.bytes)} | {self.goal} | {self.value or '-'} | {mark} |"
 
 
@@ -46,19 +49,27 @@ def check_targets(res: BenchResult, mode: str = "graph") -> list[Verdict]:
         r = res.find(coll, impl, mode, nbytes)
         return r.busbw if r is not None and r.measured else None
 
+    def fell_back(coll: str, nbytes: int) -> bool:
+        r = res.find(coll, "mscclang", mode, nbytes)
+        return r is not None and (r.plan or "").startswith("nccl")
+
+    def verdict(coll: str, nbytes: int, goal: str, value: Optional[str], ok: Optional[bool]) -> Verdict:
+        fb = fell_back(coll, nbytes)
+        return Verdict(coll, nbytes, goal, value, False if fb and ok is not None else ok, fb)
+
     if "all_reduce" in res.colls():
         for nbytes in res.sizes("all_reduce"):
             mine = us("all_reduce", "mscclang", nbytes)
             if nbytes in ALLREDUCE_US:
                 goal = ALLREDUCE_US[nbytes]
-                out.append(Verdict("all_reduce", nbytes, f"<= {goal} us",
+                out.append(verdict("all_reduce", nbytes, f"<= {goal} us",
                                    f"{mine:.2f} us" if mine is not None else None,
                                    None if mine is None else mine <= goal))
             elif nbytes >= PEER_FROM:
                 peers = [u for u in (us("all_reduce", i, nbytes) for i in ("nccl", "symm")) if u is not None]
                 best = min(peers) if peers else None
                 ok = None if mine is None or best is None else mine <= best
-                out.append(Verdict("all_reduce", nbytes,
+                out.append(verdict("all_reduce", nbytes,
                                    f"<= best peer ({best:.1f} us)" if best is not None else "<= best peer",
                                    f"{mine:.1f} us" if mine is not None else None, ok))
     for coll, bw_factor in (("all_gather", 1.1), ("reduce_scatter", 1.1), ("all_to_all", 1.0)):
@@ -68,12 +79,12 @@ def check_targets(res: BenchResult, mode: str = "graph") -> list[Verdict]:
             if nbytes < 1 * MiB:
                 mine, ref = us(coll, "mscclang", nbytes), us(coll, "nccl", nbytes)
                 ok = None if mine is None or ref is None else mine <= 0.8 * ref
-                out.append(Verdict(coll, nbytes,
+                out.append(verdict(coll, nbytes,
                                    f"<= 0.8 x NCCL ({0.8 * ref:.2f} us)" if ref is not None else "<= 0.8 x NCCL",
                                    f"{mine:.2f} us" if mine is not None else None, ok))
             elif nbytes > 64 * MiB:
                 mine, ref = bw(coll, "mscclang", nbytes), bw(coll, "nccl", nbytes)
                 ok = None if mine is None or ref is None else mine >= bw_factor * ref
                 goal = f">= {bw_factor} x NCCL busbw" + (f" ({bw_factor * ref:.1f} GB/s)" if ref is not None else "")
-                out.append(Verdict(coll, nbytes, goal, f"{mine:.1f} GB/s" if mine is not None else None, ok))
+                out.append(verdict(coll, nbytes, goal, f"{mine:.1f} GB/s" if mine is not None else None, ok))
     return out
