@@ -27,7 +27,11 @@ class SimExecutor:
         self.backend = backend
         self.corrupt = corrupt
         self.last_kernel = "sim"
+        self.policy = "auto"
         self.staging: dict = {}
+
+    def set_specialize(self, mode: str) -> None:
+        self.policy = mode
 
     def execute(self, plan, inp, out, packet_type=None, reduce_op="sum") -> None:
         b = self.backend
@@ -44,6 +48,7 @@ class SimExecutor:
             b.execute(plan, inp, out, reduce_op=reduce_op, packet_type=packet_type)
         if self.corrupt is not None:
             self.corrupt(out)
+        self.last_kernel = {"always": "spec", "never": "interpreter"}.get(self.policy, "sim")
 
     def prepare(self, *args, **kw) -> None:
         pass
@@ -142,3 +147,21 @@ def test_sample_plans_take_n(n):
         plan = make(n)
         assert plan.world_size == n and len(plan.gpus) == n, name
     assert sp.missing_signal(n).world_size == n
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_kernel_switching_commands_at_n_ranks(n):
+    """alternate_kernels / mixed_kernels / hot_promotion (the GPU tests' sign-flipping repeat
+    commands): right outputs pass with the policy each launch asked for, a rank that drops a
+    sign flip is caught."""
+    j = plan_to_json(sp.allreduce_oneshot_ll(n))
+    res = on_ranks(n, lambda w: checks.alternate_kernels(w, j, 1024, 4))
+    assert all(r["bad"] == 0 and r["kernels"] == ["interpreter", "spec"] for r in res), res
+    res = on_ranks(n, lambda w: checks.mixed_kernels(w, j, 3000, 4))
+    for r in res:
+        assert r["bad"] == 0 and r["kernels"] == ["spec" if r["rank"] % 2 == 0 else "interpreter"], r
+    res = on_ranks(n, lambda w: checks.hot_promotion(w, j, 96 << 10, 3))
+    assert all(r["bad"] == 0 and r["kernels"] == ["sim"] * 3 for r in res), res
+    flip = {2: lambda out: out.neg_()}
+    res = on_ranks(n, lambda w: checks.mixed_kernels(w, j, 1024, 4), corrupt=flip)
+    assert res[2]["bad"] > 0 and all(r["bad"] == 0 for r in res if r["rank"] != 2)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from mscclang.errors import CollectiveTimeout
 from mscclang.plan.io import load_plan
@@ -299,6 +299,23 @@ def _sign_flip_setup(w: Any, plan_json: str, nbytes: int, dtype: str, packet_typ
     return plan, dt, esize, n_in, n_out, inp, out, bad, exp, exp.negated()
 
 
+def _sign_flip_runs(ex: Any, plan: Plan, inp: Any, out: Any, bad: Any, exp: Any, neg: Any, iters: int,
+                    packet_type: Optional[str], policy: Optional[Callable[[int], str]] = None) -> list[str]:
+    """``iters`` launches of ``plan``, the input's sign flipped before each and every output
+    checked into ``bad``; ``policy(i)`` (if given) sets the kernel policy of launch ``i``. Returns
+    the kernel of each launch."""
+    kinds = []
+    for i in range(iters):
+        if policy is not None:
+            ex.set_specialize(policy(i))
+        inp.neg_()
+        ex.execute(plan, inp, out, packet_type=packet_type)
+        kinds.append(ex.last_kernel)
+        bad.add_((neg if i % 2 == 0 else exp).wrong(out).sum())
+    ex.synchronize()
+    return kinds
+
+
 def alternate_kernels(w: Any, plan_json: str, nbytes: int, iters: int = 64, dtype: str = "float16",
                       packet_type: Optional[str] = None, seed: int = 5, sim_max_bytes: int = 1 << 16) -> dict:
     """Launches that alternate between the specialised kernel and the interpreter on one context
@@ -306,21 +323,13 @@ def alternate_kernels(w: Any, plan_json: str, nbytes: int, iters: int = 64, dtyp
     checked. Ends in the 'auto' policy."""
     plan, dt, esize, n_in, n_out, inp, out, bad, exp, neg = _sign_flip_setup(
         w, plan_json, nbytes, dtype, packet_type, seed, sim_max_bytes)
-    ex = w.executor
-    kinds = []
     try:
-        for i in range(iters):
-            ex.set_specialize("always" if i % 2 == 0 else "never")
-            inp.neg_()
-            ex.execute(plan, inp, out, packet_type=packet_type)
-            kinds.append(ex.last_kernel)
-            bad.add_((exp if i % 2 else neg).wrong(out).sum())
-        ex.synchronize()
+        kinds = _sign_flip_runs(w.executor, plan, inp, out, bad, exp, neg, iters, packet_type,
+                                lambda i: "always" if i % 2 == 0 else "never")
     finally:
-        ex.set_specialize("auto")
+        w.executor.set_specialize("auto")
     return {"rank": w.rank, "bad": int(bad.item()), "kernels": sorted(set(kinds)), "launches": iters,
-            "ref_mode": exp.how,
-            "spec": _spec_status(w, plan)}
+            "ref_mode": exp.how, "spec": _spec_status(w, plan)}
 
 
 def hot_promotion(w: Any, plan_json: str, nbytes: int, iters: int = 6, dtype: str = "float16",
@@ -331,15 +340,8 @@ def hot_promotion(w: Any, plan_json: str, nbytes: int, iters: int = 6, dtype: st
     kernel from then on."""
     plan, dt, esize, n_in, n_out, inp, out, bad, exp, neg = _sign_flip_setup(
         w, plan_json, nbytes, dtype, packet_type, seed, sim_max_bytes)
-    ex = w.executor
-    ex.set_specialize("auto")
-    kinds = []
-    for i in range(iters):
-        inp.neg_()
-        ex.execute(plan, inp, out, packet_type=packet_type)
-        kinds.append(ex.last_kernel)
-        bad.add_((neg if i % 2 == 0 else exp).wrong(out).sum())
-    ex.synchronize()
+    w.executor.set_specialize("auto")
+    kinds = _sign_flip_runs(w.executor, plan, inp, out, bad, exp, neg, iters, packet_type)
     return {"rank": w.rank, "bad": int(bad.item()), "kernels": kinds, "ref_mode": exp.how,
             "spec": _spec_status(w, plan)}
 
@@ -351,18 +353,11 @@ def mixed_kernels(w: Any, plan_json: str, nbytes: int, iters: int = 16, dtype: s
     output must stay right. Ends in the 'auto' policy."""
     plan, dt, esize, n_in, n_out, inp, out, bad, exp, neg = _sign_flip_setup(
         w, plan_json, nbytes, dtype, packet_type, seed, sim_max_bytes)
-    ex = w.executor
-    kinds = []
+    mine = "always" if w.rank % 2 == 0 else "never"
     try:
-        ex.set_specialize("always" if w.rank % 2 == 0 else "never")
-        for i in range(iters):
-            inp.neg_()
-            ex.execute(plan, inp, out, packet_type=packet_type)
-            kinds.append(ex.last_kernel)
-            bad.add_((neg if i % 2 == 0 else exp).wrong(out).sum())
-        ex.synchronize()
+        kinds = _sign_flip_runs(w.executor, plan, inp, out, bad, exp, neg, iters, packet_type, lambda i: mine)
     finally:
-        ex.set_specialize("auto")
+        w.executor.set_specialize("auto")
     return {"rank": w.rank, "bad": int(bad.item()), "kernels": sorted(set(kinds)), "ref_mode": exp.how,
             "spec": _spec_status(w, plan)}
 
