@@ -6,7 +6,7 @@ reduction also names.
 * :func:`kitchen_sink` — a 2-rank allreduce-shaped plan that uses every op kind, every channel
   type, remote buffers through memory and port channels, semaphores, a barrier, switch channels
   over two buffer kinds, a pipeline with nested ops and a thread-block group. It is structurally
-  valid (passes ``check_plan``) but is not a correct allreduce.
+  valid (passes ``validate_plan``) but is not a correct allreduce.
 * :func:`allpairs_allreduce` — a correct n-rank allreduce: each rank puts chunk p of its input
   into peer p's scratch, reduces its own chunk, then puts the result into every peer's output.
 """

@@ -2,7 +2,7 @@
 
 Each program's plan is compared byte for byte with ``tests/golden/op_<name>.json``. Regenerate
 with ``MSCCLANG_REGEN_GOLDEN=1 python -m pytest tests/test_compiler_golden.py`` and review the diff.
-Every plan must also pass :func:`mscclang.plan.check.check_plan`, contain the op it is named for,
+Every plan must also pass :func:`mscclang.plan.check.validate_plan`, contain the op it is named for,
 verify in the simulator (each program is a correct program of its collective: ready handshakes
 before touching peers, writes published, port sources flushed) and (where MSCCL++ can express it)
 survive ``from_mscclpp(to_mscclpp(plan))``.
@@ -32,7 +32,7 @@ from mscclang import (
     TestCollective,
 )
 from mscclang.plan import load_plan
-from mscclang.plan.check import check_plan
+from mscclang.plan.check import validate_plan
 from mscclang.plan.models import OpName, Plan
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -342,7 +342,7 @@ def test_golden_plan(name):
     prog = BUILDERS[name]()
     text = prog.to_json()
     plan = load_plan(text)
-    check_plan(plan)
+    validate_plan(plan)
     assert name in _op_names(plan)
     if name == "glre":  # the lone multicast load-reduce, not fused into glres
         assert "glres" not in _op_names(plan)

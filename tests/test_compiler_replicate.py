@@ -15,7 +15,7 @@ from mscclang import (
     Semaphore,
 )
 from mscclang.compiler import build_graph, replicate, validate
-from mscclang.plan.check import check_plan
+from mscclang.plan.check import validate_plan
 
 
 def allgather(n, instances, policy=ReplicationPolicy.interleaved):
@@ -43,7 +43,7 @@ def test_interleaved_counts_never_k_squared(k):
     assert g.channels[0].connected_to == [p for p in (1, 2) for _ in range(k)]
     assert plan.chunk_factor == k
     assert plan == plan2
-    check_plan(plan)
+    validate_plan(plan)
 
 
 def test_interleaved_mapping_of_blocks_channels_chunks():
@@ -72,7 +72,7 @@ def test_none_policy_keeps_rank_blocks_contiguous():
     # the local copy into out block 1 of rank 1, instances 0 and 1
     copies = [tb.ops[0] for tb in tbs[2:4]]
     assert [op.dst_buff[0].index for op in copies] == [2, 3]
-    check_plan(plan)
+    validate_plan(plan)
 
 
 def test_none_policy_on_allreduce_shifts_whole_buffer():
@@ -216,7 +216,7 @@ def test_interleaved_trap_is_a_dsl_error_naming_both_ops():
 
 def test_interleaved_trap_only_with_instances_and_interleaving():
     for p in (_staged(1), _staged(2, ReplicationPolicy.none), _staged(3, split_read=False)):
-        check_plan(p.to_plan())
+        validate_plan(p.to_plan())
 
 
 def test_interleaved_trap_is_real_in_the_simulator():

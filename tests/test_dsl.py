@@ -35,7 +35,7 @@ from mscclang import (
     ThreadBlockGroup,
 )
 from mscclang.plan import load_plan
-from mscclang.plan.check import check_plan
+from mscclang.plan.check import validate_plan
 from mscclang.plan.models import OpName
 
 
@@ -160,7 +160,7 @@ def test_broadcast_root_checked_and_emitted():
         Rank(1).copy(Rank(1).get_output_buffer()[0:1], Rank(1).get_input_buffer()[0:1], tb=1)
     plan = prog.to_plan()
     assert plan.root == 1 and plan.collective == "broadcast"
-    check_plan(plan)
+    validate_plan(plan)
 
 
 # ---------------------------------------------------------------- recording and output
@@ -175,7 +175,7 @@ def test_json_is_plan_format_and_idempotent():
     data = json.loads(text1)
     assert data["format"] == "mscclang.plan/1"
     plan = load_plan(text1)
-    check_plan(plan)
+    validate_plan(plan)
     assert names(plan) == ["rlxsignal", "rlxwait", "nop", "put", "nop", "signal", "wait", "nop"]
 
 
@@ -255,7 +255,7 @@ def test_thread_block_group_records_tbg_info():
     assert len(tbs) == 4 and tbs[0].ops == [] and tbs[2].ops == []
     assert (tbs[3].ops[0].tbg_info.tb_id, tbs[3].ops[0].tbg_info.tbg_size) == (0, 2)
     assert (tbs[1].ops[0].tbg_info.tb_id, tbs[1].ops[0].tbg_info.tbg_size) == (1, 2)
-    check_plan(plan)
+    validate_plan(plan)
 
 
 def test_pipeline_wraps_ops_per_block():

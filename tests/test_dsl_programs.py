@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mscclang.plan import load_plan
-from mscclang.plan.check import check_plan
+from mscclang.plan.check import validate_plan
 from mscclang.plan.models import OpName
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def ops_of(plan, rank, tb):
 def test_program_compiles_checks_and_matches_golden(name, n):
     text = run_program(name, "--num_gpus", str(n))
     plan = load_plan(text)
-    check_plan(plan)
+    validate_plan(plan)
     assert plan.num_ranks == n and len(plan.gpus) == n
     assert text == run_program(name, "--num_gpus", str(n))
     path = GOLDEN / f"prog_{name}_{n}.json"
@@ -62,7 +62,7 @@ def test_program_compiles_checks_and_matches_golden(name, n):
 def test_program_instances(name, k):
     one = load_plan(run_program(name, "--num_gpus", "4"))
     plan = load_plan(run_program(name, "--num_gpus", "4", "--instances", str(k)))
-    check_plan(plan)
+    validate_plan(plan)
     for g1, gk in zip(one.gpus, plan.gpus):
         assert len(gk.threadblocks) == k * len(g1.threadblocks)
         assert (gk.input_chunks, gk.output_chunks, gk.scratch_chunks) == (

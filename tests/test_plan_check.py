@@ -10,7 +10,7 @@ import pytest
 
 from _plan_samples import L, R, W, allpairs_allreduce, kitchen_sink, op
 from mscclang.errors import PlanError
-from mscclang.plan import check_plan, load_plan, plan_from_dict
+from mscclang.plan import validate_plan, load_plan, plan_from_dict
 from mscclang.plan.check import OP_RULES
 from mscclang.plan.models import OpName
 
@@ -26,7 +26,7 @@ def tb0op(d: dict, i: int, r: int = 0) -> dict:
 def test_valid_samples_pass():
     for doc in (kitchen_sink(), kitchen_sink(with_glre=True), allpairs_allreduce(2),
                 allpairs_allreduce(8)):
-        check_plan(plan_from_dict(doc))
+        validate_plan(plan_from_dict(doc))
 
 
 def test_kitchen_sink_covers_every_op_kind():
@@ -158,7 +158,7 @@ def test_broken_plan_rejected_with_path(what, mutate, path_re, msg):
     mutate(doc)
     plan = plan_from_dict(doc)
     with pytest.raises(PlanError) as ei:
-        check_plan(plan)
+        validate_plan(plan)
     err = ei.value
     assert err.path is not None
     assert re.search(path_re, err.path), f"{what}: path {err.path!r} (message {err.message!r})"
@@ -175,10 +175,10 @@ def test_port_channel_must_lead_to_the_buffer_owner():
     t["channels"].append({"channel_type": "port", "channel_ids": [0, 1]})
     t["remote_buffer_refs"].append({"access_channel_type": "port", "remote_buffer_ids": [4]})
     t["ops"].append(op("put", [L("o", 0)], [R(0, 0)], "port", [1]))
-    check_plan(plan_from_dict(doc))  # channel 1 leads to rank 2: fine
+    validate_plan(plan_from_dict(doc))  # channel 1 leads to rank 2: fine
     t["ops"][-1]["channel_ids"] = [0]
     with pytest.raises(PlanError) as ei:
-        check_plan(plan_from_dict(doc))
+        validate_plan(plan_from_dict(doc))
     assert ei.value.path == "gpus[0].threadblocks[0].ops[16].channel_ids[0]"
     assert "rank 1" in ei.value.message and "rank 2" in ei.value.message
 
@@ -189,7 +189,7 @@ def test_remote_range_checked_against_peer_counts():
     doc["gpus"][1]["scratch_chunks"] = 4  # rank 0's ppkt writes peer scratch chunk 4.. (rppkt)
     plan = plan_from_dict(doc)
     with pytest.raises(PlanError) as ei:
-        check_plan(plan)
+        validate_plan(plan)
     assert "rank 1 (remote)" in ei.value.message
     assert ei.value.path.startswith("gpus[0].threadblocks[0].ops[")
     assert ei.value.path.endswith(".index")
@@ -203,7 +203,7 @@ def test_barrier_needs_as_many_users_as_it_counts():
                 o["num_threadblocks"] = 3
                 o["barrier_tbs"] = [0, 1, 2]
     with pytest.raises(PlanError) as ei:
-        check_plan(plan_from_dict(doc))
+        validate_plan(plan_from_dict(doc))
     assert "expects 3 thread blocks" in ei.value.message
     assert ei.value.path.startswith("gpus[0].threadblocks[0].ops[27]")
 
@@ -218,10 +218,10 @@ def test_inplace_full_alias_may_omit_output_chunks():
                 if ref.get("type") == "o":
                     ref["type"] = "i"
         g["remote_buffers"] = [dict(b, type="i") if b["type"] == "o" else b for b in g["remote_buffers"]]
-    check_plan(plan_from_dict(doc))
+    validate_plan(plan_from_dict(doc))
     doc["inplace"] = False
     with pytest.raises(PlanError) as ei:
-        check_plan(plan_from_dict(doc))
+        validate_plan(plan_from_dict(doc))
     assert ei.value.path == "gpus[0].output_chunks"
 
 
@@ -229,11 +229,11 @@ def test_allgather_counts():
     doc = allpairs_allreduce(2)
     doc["collective"] = "allgather"
     with pytest.raises(PlanError) as ei:
-        check_plan(plan_from_dict(doc))
+        validate_plan(plan_from_dict(doc))
     assert ei.value.path == "gpus[0].input_chunks"  # chunk factor 1: one input chunk
     del doc["chunk_factor"]
     with pytest.raises(PlanError) as ei:
-        check_plan(plan_from_dict(doc))
+        validate_plan(plan_from_dict(doc))
     assert ei.value.path == "gpus[0].output_chunks"  # allgather of 2 chunks needs 4 outputs
 
 
@@ -256,12 +256,12 @@ def test_load_plan_checks_by_default(tmp_path):
 
 def test_double_scratch_needs_equal_scratch_counts():
     from mscclang.errors import PlanError
-    from mscclang.plan import check_plan
+    from mscclang.plan import validate_plan
     from mscclang.plan.models import Plan
 
     gpus = [{"id": r, "input_chunks": 2, "output_chunks": 2, "scratch_chunks": 2 * (r + 1)} for r in range(2)]
     plan = Plan.model_validate({"name": "x", "collective": "allreduce", "protocol": "LL",
                                 "use_double_scratch_buffer": True, "gpus": gpus})
     with pytest.raises(PlanError) as e:
-        check_plan(plan)
+        validate_plan(plan)
     assert e.value.path == "gpus[1].scratch_chunks" and "same scratch_chunks" in str(e.value)

@@ -13,7 +13,8 @@ from mscclang.plan.layout import make_layout, total_length
 from mscclang.plan.models import (
     BufferRef, ChannelDesc, ChannelType, Op, OpName, RemoteBuffer, ThreadBlockChannels,
 )
-from mscclang.runtime import build, device_plan as dp, sample_plans as sp, structs
+from mscclang.runtime import build, device_plan as dp, structs
+from mscclang.testing import sample_plans as sp
 
 
 def _nvrtc_ok() -> bool:
@@ -96,7 +97,7 @@ def _walk(region: bytes):
 @pytest.mark.parametrize("nbytes", [1024, 3000, 12290])
 def test_sample_plans_pack(name, nbytes):
     plan = load_plan(plan_to_json(sp.SAMPLES[name](2)))
-    dp.check_plan(plan)
+    dp.check_runnable(plan)
     out_bytes = nbytes * 2 if plan.collective == "allgather" else nbytes
     for r in range(2):
         packed = dp.pack_blocks(plan, r, nbytes, out_bytes)
@@ -170,10 +171,10 @@ def test_refuses_port_channels():
     plan = sp.allgather_simple(2)
     plan.gpus[1].channels.append(ChannelDesc(channel_type=ChannelType.port, connected_to=[0]))
     with pytest.raises(PlanError, match="port channel"):
-        dp.check_plan(plan)
+        dp.check_runnable(plan)
     plan = _with_op(sp.allgather_simple(2), Op(name=OpName.flush, channel_type=ChannelType.port, channel_ids=[0]))
     with pytest.raises(PlanError, match=r"rank 0 thread block 0 op \d+ \(flush\)"):
-        dp.check_plan(plan)
+        dp.check_runnable(plan)
 
 
 def test_refuses_switch_ops():
@@ -181,7 +182,7 @@ def test_refuses_switch_ops():
     plan.gpus[0].channels.append(ChannelDesc(channel_type=ChannelType.switch, buffer_type="o",
                                              rank_groups=[{"size": 2, "ranks": [0, 1]}]))
     with pytest.raises(PlanError, match="MSCCLANG_ENABLE_NVLS"):
-        dp.check_plan(plan)
+        dp.check_runnable(plan)
 
 
 def test_refuses_too_many_channels_per_op():
@@ -191,16 +192,16 @@ def test_refuses_too_many_channels_per_op():
     g.threadblocks[0].channels = [ThreadBlockChannels(channel_type=ChannelType.memory, channel_ids=list(range(40)))]
     _with_op(plan, Op(name=OpName.signal, channel_type=ChannelType.memory, channel_ids=list(range(40))))
     with pytest.raises(PlanError, match="at most 32"):
-        dp.check_plan(plan)
+        dp.check_runnable(plan)
 
 
 def test_refuses_bad_semaphore_and_barrier():
     plan = _with_op(sp.allgather_simple(2), Op(name=OpName.sem_release, semaphore_ids=[3]))
     with pytest.raises(PlanError, match="semaphore 3 is not declared"):
-        dp.check_plan(plan)
+        dp.check_runnable(plan)
     plan = _with_op(sp.allgather_simple(2), Op(name=OpName.barrier, barrier_id=99, num_threadblocks=1))
     with pytest.raises(PlanError, match="barrier id 99"):
-        dp.check_plan(plan)
+        dp.check_runnable(plan)
 
 
 def test_refuses_packets_outside_scratch_and_bad_buffer_ids():

@@ -1,6 +1,6 @@
-"""The GPU worker commands of mscclang.runtime.checks (check_plan, back_to_back) at 4 and 8 ranks
+"""The GPU worker commands of mscclang.testing.runtime_checks (run_plan_check, back_to_back) at 4 and 8 ranks
 on the CPU: one thread per rank, every launch run for all ranks by the simulator
-(mscclang.comm.sim_backend.SimWorld) behind a stand-in for the GPU executor. The commands'
+(mscclang.testing.sim_backend.SimWorld) behind a stand-in for the GPU executor. The commands'
 references, size arithmetic and result fields are the ones the GPU tests use."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from mscclang.comm.catalog import SYMMETRIC, infer_buffer_mode
-from mscclang.comm.sim_backend import SimWorld
+from mscclang.testing.sim_backend import SimWorld
 from mscclang.plan.io import plan_to_json
-from mscclang.runtime import checks
-from mscclang.runtime import sample_plans as sp
+from mscclang.testing import runtime_checks as checks
+from mscclang.testing import sample_plans as sp
 
 
 class SimExecutor:
@@ -90,14 +90,14 @@ def on_ranks(n: int, fn: Callable[[Any], dict], corrupt: Optional[dict] = None) 
 @pytest.mark.parametrize("n", [4, 8])
 @pytest.mark.parametrize("name", ["allreduce_oneshot_ll", "allreduce_twostep_ll", "allreduce_read_simple",
                                   "allgather_simple"])
-def test_check_plan_passes_on_a_correct_engine(n, name):
+def test_run_plan_check_passes_on_a_correct_engine(n, name):
     plan = sp.SAMPLES[name](n)
     j = plan_to_json(plan)
     # zero-copy plans: symmetric buffers (plain ones go through the stand-in's staging)
     sym = infer_buffer_mode(plan) == SYMMETRIC and n == 4
     # 3000 B: simulator bits and the reference; 192 KiB: above sim_max_bytes, the bound alone
     for nbytes, dtype in ((3000, "float16"), (192 << 10, "bfloat16"), (4096, "int32")):
-        res = on_ranks(n, lambda w: checks.check_plan(w, j, nbytes, dtype, symmetric=sym))
+        res = on_ranks(n, lambda w: checks.run_plan_check(w, j, nbytes, dtype, symmetric=sym))
         assert [r["rank"] for r in res] == list(range(n))
         for r in res:
             assert r["bad"] == 0, (name, nbytes, r)
@@ -108,14 +108,14 @@ def test_check_plan_passes_on_a_correct_engine(n, name):
 
 
 @pytest.mark.parametrize("n", [4, 8])
-def test_check_plan_reports_a_wrong_rank(n):
+def test_run_plan_check_reports_a_wrong_rank(n):
     j = plan_to_json(sp.allreduce_oneshot_ll(n))
 
     def bump(out):
         out[5:9] += 1
 
     for nbytes in (2048, 256 << 10):
-        res = on_ranks(n, lambda w: checks.check_plan(w, j, nbytes, "float16"), corrupt={n - 1: bump})
+        res = on_ranks(n, lambda w: checks.run_plan_check(w, j, nbytes, "float16"), corrupt={n - 1: bump})
         for r in res:
             if r["rank"] == n - 1:
                 assert r["ref_bad"] == 4 and r["first_bad"][0] == 5

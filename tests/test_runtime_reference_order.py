@@ -1,4 +1,4 @@
-"""The GPU checks' expected outputs (mscclang.runtime.checks.expectation) against the simulator,
+"""The GPU checks' expected outputs (mscclang.testing.runtime_checks.expectation) against the simulator,
 the definition of a plan's reduction order, at 2, 3, 4 and 8 ranks on the shipped plans and the
 hand-built sample plans: exact where the order cannot matter, the simulator's bits where it is
 run, and the any-order error bound above that. The bound must also reject wrong outputs."""
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from mscclang.plan.io import load_plan
-from mscclang.runtime import checks
-from mscclang.runtime import sample_plans as sp
+from mscclang.testing import runtime_checks as checks
+from mscclang.testing import sample_plans as sp
 from mscclang.sim import run as sim_run
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"

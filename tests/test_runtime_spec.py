@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from mscclang.plan.io import load_plan, plan_to_json
-from mscclang.runtime import build, device_plan as dp, sample_plans as sp, spec_build as sb
+from mscclang.runtime import build, device_plan as dp, spec_build as sb
+from mscclang.testing import sample_plans as sp
 from mscclang.runtime.device_plan import DOP_DATA, DOP_PIPELINE, MODE_PACKET, DevRecord
 from mscclang.runtime.spec_source import (
     ArgsLayout, SpecUnsupported, choose_threads, generate, parse_region, sub_ranges,

@@ -4,7 +4,7 @@ sizes) and a torch reference, and print the time per launch. Works for any world
 visible GPUs (a plan for fewer ranks than GPUs runs on the first ones). The check column says how
 the output was checked: ``sim`` bit for bit against the simulator (up to 64 KiB), then ``exact``
 (bit for bit against torch: copies, int32, min/max, 2 ranks) or ``bound`` (floating-point sums
-over 3+ ranks: within the any-order summation error bound, see mscclang.runtime.checks). Without
+over 3+ ranks: within the any-order summation error bound, see mscclang.testing.runtime_checks). Without
 enough GPUs it says so and verifies the plan on the simulator instead."""
 
 from __future__ import annotations
@@ -62,14 +62,14 @@ def run(args: argparse.Namespace) -> int:
 
     j = plan_to_json(plan)
     op = args.reduce_op or "sum"
-    C = "mscclang.runtime.checks"
+    C = "mscclang.testing.runtime_checks"
     failed = False
     with WorkerPool(world_size=plan.world_size, timeout_s=args.timeout) as pool:
         print(f"{plan.name}: {plan.collective} on {pool.world_size} GPUs, {args.dtype}, "
               f"{'CUDA graph' if args.graph else 'eager'}")
         print(f"{'bytes':>12} {'check':>14} {'us/launch':>10}")
         for nb in sizes:
-            res = pool.run(f"{C}:check_plan", j, nb, args.dtype, args.packet_type, op)
+            res = pool.run(f"{C}:run_plan_check", j, nb, args.dtype, args.packet_type, op)
             bad = sum(r["bad"] for r in res)
             mode = res[0].get("ref_mode", "exact")
             via = f"sim+{mode}" if res[0].get("sim_bad") is not None else mode

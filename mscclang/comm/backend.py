@@ -3,7 +3,7 @@
 :class:`Backend` is the small interface the :class:`~mscclang.comm.Communicator` codes against:
 run a plan on one rank's tensors, allocate symmetric buffers, prepare (register) before CUDA
 graph capture, and say which size granule a plan needs. :class:`RuntimeBackend` adapts
-``mscclang.runtime`` (the GPU executor); ``mscclang.comm.sim_backend`` provides a CPU backend
+``mscclang.runtime`` (the GPU executor); ``mscclang.testing.sim_backend`` provides a CPU backend
 (threads + the simulator) for tests and for machines without GPUs.
 """
 

@@ -1,6 +1,6 @@
 """Semantic validation of execution plans.
 
-The pydantic models (``mscclang.plan.models``) check the shape of each field; :func:`check_plan`
+The pydantic models (``mscclang.plan.models``) check the shape of each field; :func:`validate_plan`
 checks what only the whole plan can tell: that every index points at something that exists,
 that every op has the operands its kind needs, and that the chunk counts fit the collective.
 Every failure raises :class:`~mscclang.errors.PlanError` whose ``path`` is the JSON path of the
@@ -52,7 +52,7 @@ from mscclang.plan.models import (
     ThreadBlock,
 )
 
-__all__ = ["check_plan", "OP_RULES", "OpRule"]
+__all__ = ["validate_plan", "OP_RULES", "OpRule"]
 
 # operand kinds of the rule table
 L = "local"  # a local buffer of any kind
@@ -583,7 +583,7 @@ class _Checker:
                                     f"{dict(sorted(counts.items()))})", p0)
 
 
-def check_plan(plan: Plan) -> None:
+def validate_plan(plan: Plan) -> None:
     """Check a validated plan's cross-references and op shapes.
 
     Raises :class:`~mscclang.errors.PlanError` with the JSON path of the first offending field;

@@ -46,7 +46,7 @@ def load_plan(source: Union[str, Path, dict], check: bool = True) -> Plan:
     """Load a plan from a file path, a JSON string or a parsed dict.
 
     With ``check`` (the default) the plan must also pass the semantic checks of
-    :func:`mscclang.plan.check.check_plan` (indexes in range, operands per op kind, chunk counts
+    :func:`mscclang.plan.check.validate_plan` (indexes in range, operands per op kind, chunk counts
     fitting the collective); failures raise PlanError with the JSON path.
     """
     if isinstance(source, dict):
@@ -74,9 +74,9 @@ def load_plan(source: Union[str, Path, dict], check: bool = True) -> Plan:
 
 
 def _check(plan: Plan) -> None:
-    from mscclang.plan.check import check_plan  # late import: check imports this package
+    from mscclang.plan.check import validate_plan  # late import: check imports this package
 
-    check_plan(plan)
+    validate_plan(plan)
 
 
 def plan_to_dict(plan: Plan) -> dict:

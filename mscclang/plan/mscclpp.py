@@ -171,7 +171,7 @@ def from_mscclpp(data: dict, check: bool = True) -> Plan:
     """Convert a parsed MSCCL++ 0.9 execution plan into a :class:`Plan`.
 
     Unknown keys are refused (with their JSON path) rather than dropped. With ``check`` (the
-    default) the result also passes :func:`mscclang.plan.check.check_plan`.
+    default) the result also passes :func:`mscclang.plan.check.validate_plan`.
     """
     d = _need_dict(data, "$")
     if "format" in d:
@@ -201,9 +201,9 @@ def from_mscclpp(data: dict, check: bool = True) -> Plan:
     if len(named) == 1:
         plan.reduce_op = named.pop()
     if check:
-        from mscclang.plan.check import check_plan
+        from mscclang.plan.check import validate_plan
 
-        check_plan(plan)
+        validate_plan(plan)
     return plan
 
 

@@ -8,7 +8,7 @@
     python -m mscclang.plan.schema --check    # exit status 1 when the file is out of date
 
 The schema describes the shape of a plan (fields, types, enums, bounds, no unknown keys). The
-cross-references that :func:`mscclang.plan.check.check_plan` verifies (channel and buffer indexes
+cross-references that :func:`mscclang.plan.check.validate_plan` verifies (channel and buffer indexes
 in range, operands per op kind, ids equal to positions) are not expressible in it.
 """
 

@@ -2,7 +2,7 @@
 
 Two steps:
 
-* :func:`check_plan` refuses, at load, what the kernel cannot run (port channels until the proxy
+* :func:`check_runnable` refuses, at load, what the kernel cannot run (port channels until the proxy
   exists, switch channels unless allowed, too many ids or operands per op, bad references).
 * :func:`pack_blocks` turns one rank's thread blocks into per-block byte regions for one message
   size: every op's operands are resolved to (buffer slot, byte offset, length) pieces with
@@ -60,7 +60,7 @@ def _where(rank: int, tb: int, i: int, inner: Optional[int] = None) -> str:
 # load-time checks
 
 
-def check_plan(plan: Plan, allow_switch: bool = False) -> None:
+def check_runnable(plan: Plan, allow_switch: bool = False) -> None:
     """Refuse plans the executor cannot run, naming rank, thread block and op index."""
     for g in plan.gpus:
         for ch in g.channels:

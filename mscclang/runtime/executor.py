@@ -22,7 +22,7 @@ from mscclang.runtime import cuda as cu
 from mscclang.runtime.build import block_variant, build_module, find_prebuilt, kernel_name
 from mscclang.runtime.comm import Communicator
 from mscclang.runtime.device_plan import (
-    KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, PackedRank, SyncLayout, check_plan,
+    KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, PackedRank, SyncLayout, check_runnable,
     inbound_slots, is_zero_copy, memory_channel_ordinals, pack_blob, pack_blocks, peers_of, sync_layout,
 )
 from mscclang.runtime.spec_build import SpecBuilder, pack_args, spec_hot_calls, spec_mode, when
@@ -202,7 +202,7 @@ class Executor:
             raise PlanError(f"the plan has {plan.world_size} ranks but the communicator has "
                             f"{self.comm.world_size}", "gpus")
         allow_switch = os.environ.get("MSCCLANG_ENABLE_NVLS") == "1"
-        check_plan(plan, allow_switch=allow_switch)
+        check_runnable(plan, allow_switch=allow_switch)
         nb = len(plan.gpus[self.comm.rank].threadblocks)
         if nb > MAX_FLAGS:
             raise PlanError(f"rank {self.comm.rank} has {nb} thread blocks; the kernel supports {MAX_FLAGS}",

@@ -159,7 +159,7 @@ class WorkerPool:
                 raise WorkerError("a worker process died; the pool is unusable:\n" + "\n".join(errs))
             if reset_on_error:
                 try:
-                    self.run("mscclang.runtime.checks:reset", reset_on_error=False)
+                    self.run("mscclang.testing.runtime_checks:reset", reset_on_error=False)
                 except WorkerError:
                     pass
             raise WorkerError("\n".join(errs))

@@ -254,7 +254,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 description="prebuild plan-specialised kernels into a cubin directory")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--plan", action="append", default=[], help="plan JSON file (repeatable)")
-    p.add_argument("--sample", action="append", default=[], help="mscclang.runtime.sample_plans name")
+    p.add_argument("--sample", action="append", default=[], help="mscclang.testing.sample_plans name")
     p.add_argument("--ranks", type=int, default=2, help="world size for --sample plans")
     p.add_argument("--sizes", default="1K", help="comma-separated input sizes (bytes, K, M)")
     p.add_argument("--dtype", default="bf16")
@@ -265,7 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     plans = [load_plan(Path(f).read_text()) for f in args.plan]
     if args.sample:
         from mscclang.plan.io import plan_to_json
-        from mscclang.runtime import sample_plans as sp
+        from mscclang.testing import sample_plans as sp
 
         plans += [load_plan(plan_to_json(sp.SAMPLES[n](args.ranks))) for n in args.sample]
     for plan in plans:

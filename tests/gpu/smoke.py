@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 from mscclang.plan.io import plan_to_json
-from mscclang.runtime import sample_plans as sp
+from mscclang.testing import sample_plans as sp
 from mscclang.runtime.launch import WorkerPool
 
-C = "mscclang.runtime.checks"
+C = "mscclang.testing.runtime_checks"
 
 
 def stage_plan(n: int, stage: str, nthreads: int = 128) -> str:
@@ -95,14 +95,14 @@ def main() -> int:
         quick = "--perf-only" in sys.argv or ("--spec" in sys.argv and "--perf" not in sys.argv)
         for name in ([] if quick else sp.SAMPLES):
             j = plan_to_json(sp.SAMPLES[name](n))
-            step(f"{name} 1KiB", f"{C}:check_plan", j, 1024, "float16")
-            step(f"{name} 3000B", f"{C}:check_plan", j, 3000, "float16")
+            step(f"{name} 1KiB", f"{C}:run_plan_check", j, 1024, "float16")
+            step(f"{name} 3000B", f"{C}:run_plan_check", j, 3000, "float16")
         j1 = plan_to_json(sp.allreduce_oneshot_ll(n))
         if "--perf-only" in sys.argv:
             perf = True
         elif not quick:
-          step("oneshot LL8", f"{C}:check_plan", j1, 4096, "float16", "LL8")
-          step("oneshot bf16 max", f"{C}:check_plan", j1, 4096, "bfloat16", None, "max")
+          step("oneshot LL8", f"{C}:run_plan_check", j1, 4096, "float16", "LL8")
+          step("oneshot bf16 max", f"{C}:run_plan_check", j1, 4096, "bfloat16", None, "max")
           step("oneshot graph", f"{C}:back_to_back", j1, 1024, 200, "float16", None, True)
           step("oneshot eager b2b", f"{C}:back_to_back", j1, 1024, 2000)
           step("allgather graph", f"{C}:back_to_back", plan_to_json(sp.allgather_simple(n)), 4096, 200, "float16",

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-C = "mscclang.comm.gpu_checks"
+C = "mscclang.testing.comm_checks"
 
 
 def _numels(n: int) -> list[int]:

@@ -4,7 +4,7 @@ launches, and the timeout/abort/reset protocol, at any world size (every visible
 MSCCLANG_TEST_WORLD). Outputs are compared bit for bit with the simulator up to 64 KiB (the
 definition of the plan's reduction order) and with a torch reference: bit for bit where the order
 cannot matter (copies, int32, min/max, 2 ranks), else within the error bound of a floating-point
-sum in any order (``mscclang.runtime.checks``, ``ref_mode`` 'bound').
+sum in any order (``mscclang.testing.runtime_checks``, ``ref_mode`` 'bound').
 
 Every test runs twice: with the interpreter kernel (policy 'never') and with the plan-specialised
 kernels (policy 'always', asserting that the specialised kernel really ran)."""
@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 
 from mscclang.plan.io import plan_to_json
-from mscclang.runtime import sample_plans as sp
+from mscclang.testing import sample_plans as sp
 
 pytestmark = pytest.mark.gpu
 
-C = "mscclang.runtime.checks"
+C = "mscclang.testing.runtime_checks"
 
 
 def _json(pool, name):
@@ -52,37 +52,37 @@ SIMPLE_PLANS = ["allreduce_scratch_simple", "allreduce_read_simple", "allreduce_
 def test_packet_plans(pool, name, packet, kernel):
     j = _json(pool, name)
     for nbytes in (1024, 4096 + 96, 65536):
-        _ok(pool.run(f"{C}:check_plan", j, nbytes, "float16", packet), kernel)
+        _ok(pool.run(f"{C}:run_plan_check", j, nbytes, "float16", packet), kernel)
 
 
 @pytest.mark.parametrize("name", SIMPLE_PLANS)
 def test_simple_plans(pool, name, kernel):
     j = _json(pool, name)
     for nbytes in (1024, 3000, 1 << 20):
-        _ok(pool.run(f"{C}:check_plan", j, nbytes, "float16"), kernel)
+        _ok(pool.run(f"{C}:run_plan_check", j, nbytes, "float16"), kernel)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "int32"])
 @pytest.mark.parametrize("op", ["sum", "min", "max"])
 def test_dtypes_and_reduce_ops(pool, dtype, op, kernel):
     for name in ("allreduce_oneshot_ll", "allreduce_scratch_simple"):
-        _ok(pool.run(f"{C}:check_plan", _json(pool, name), 8192 + 64, dtype, None, op), kernel)
+        _ok(pool.run(f"{C}:run_plan_check", _json(pool, name), 8192 + 64, dtype, None, op), kernel)
 
 
 @pytest.mark.parametrize("nbytes", [1024, 1000, 1 << 14, (1 << 20) + 6, 16 << 20, 256 << 20])
 def test_sizes(pool, nbytes, kernel):
     if nbytes <= (1 << 20) + 6:
-        _ok(pool.run(f"{C}:check_plan", _json(pool, "allreduce_oneshot_ll_4b"), nbytes, "bfloat16"), kernel)
-    _ok(pool.run(f"{C}:check_plan", _json(pool, "allreduce_read_simple"), nbytes, "float16"), kernel)
-    _ok(pool.run(f"{C}:check_plan", _json(pool, "allgather_simple"), nbytes // 2 // 16 * 16 or 16, "float32"), kernel)
+        _ok(pool.run(f"{C}:run_plan_check", _json(pool, "allreduce_oneshot_ll_4b"), nbytes, "bfloat16"), kernel)
+    _ok(pool.run(f"{C}:run_plan_check", _json(pool, "allreduce_read_simple"), nbytes, "float16"), kernel)
+    _ok(pool.run(f"{C}:run_plan_check", _json(pool, "allgather_simple"), nbytes // 2 // 16 * 16 or 16, "float32"), kernel)
 
 
 def test_symmetric_and_inplace(pool, kernel):
     j = _json(pool, "allreduce_read_simple")
-    _ok(pool.run(f"{C}:check_plan", j, 1 << 16, "float16", None, "sum", 5, False, True), kernel)
-    _ok(pool.run(f"{C}:check_plan", j, 1 << 16, "float16", None, "sum", 6, True, False), kernel)
+    _ok(pool.run(f"{C}:run_plan_check", j, 1 << 16, "float16", None, "sum", 5, False, True), kernel)
+    _ok(pool.run(f"{C}:run_plan_check", j, 1 << 16, "float16", None, "sum", 6, True, False), kernel)
     j = _json(pool, "allreduce_oneshot_ll")
-    _ok(pool.run(f"{C}:check_plan", j, 1 << 12, "float16", None, "sum", 7, True), kernel)
+    _ok(pool.run(f"{C}:run_plan_check", j, 1 << 12, "float16", None, "sum", 7, True), kernel)
 
 
 def test_back_to_back_eager(pool, kernel):
@@ -131,7 +131,7 @@ def test_reference_modes(pool):
     n = pool.world_size
     j = _json(pool, "allreduce_oneshot_ll")
     for nbytes, dtype in ((4096, "float16"), (1 << 20, "bfloat16"), (1 << 20, "int32")):
-        res = pool.run(f"{C}:check_plan", j, nbytes, dtype)
+        res = pool.run(f"{C}:run_plan_check", j, nbytes, dtype)
         _ok(res)
         for r in res:
             assert (r["sim_bad"] is not None) == (nbytes <= 1 << 16), r

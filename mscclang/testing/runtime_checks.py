@@ -218,7 +218,7 @@ def _sizes(plan: Plan, nbytes: int, esize: int, world: int) -> tuple[int, int]:
     return n_in, n_in
 
 
-def check_plan(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", packet_type: Optional[str] = None,
+def run_plan_check(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", packet_type: Optional[str] = None,
                reduce_op: str = "sum", seed: int = 0, inplace: bool = False, symmetric: bool = False,
                sim_max_bytes: int = 1 << 16) -> dict:
     """Run the plan once on random data and compare it bit for bit with the reference and, up to
@@ -564,7 +564,7 @@ def timeout_and_reset(w: Any, bad_json: str, good_json: str, timeout_s: float = 
     kernel = ex.last_kernel
     ex.timeout_ns = old
     ex.reset()
-    res = check_plan(w, good_json, 4096, "float16", seed=7)
+    res = run_plan_check(w, good_json, 4096, "float16", seed=7)
     return {"rank": w.rank, "raised": raised, "raised_again": bool(again), "elapsed_s": elapsed,
             "after_reset_bad": res["bad"], "kernel": kernel, "after_reset_kernel": res["kernel"]}
 
