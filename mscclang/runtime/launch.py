@@ -63,6 +63,9 @@ def recv_from(conn: Any, proc: Any, rank: int, timeout_s: Optional[float] = None
 def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, env: dict) -> None:
     os.environ.update(env)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    # the commands check every launch themselves: an asynchronous exception from the watchdog
+    # could land in the command loop instead of the command
+    os.environ.setdefault("MSCCLANG_ASYNC_ERROR", "log")
     try:
         import torch
         import torch.distributed as dist
