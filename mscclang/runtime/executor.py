@@ -186,6 +186,8 @@ class Executor:
         self._user_thread: Optional[int] = threading.get_ident()   # the thread launching collectives
         self._last_call: Optional[tuple] = None
         self._reported = False   # the current abort was raised to the caller by a host call
+        self._abort_msg: Optional[str] = None   # its message, built once
+        self._abort_gen = 0      # resets so far (the same on every rank): names store keys
         self._sm_count = cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
         cc = (cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
               cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
@@ -196,7 +198,7 @@ class Executor:
         self._spec_mods: dict[str, tuple[Any, Any]] = {}   # cubin name -> (module, function)
         self.last_kernel = ""   # 'spec' or 'interpreter': the kernel of the latest launch
         self._watchdog: Optional[AbortWatchdog] = AbortWatchdog(
-            state=lambda: self._err_state.value if self._err_host else 0, describe=self._abort_message,
+            state=lambda: self._err_state.value if self._err_host else 0, describe=self._abort_text,
             reported=lambda: self._reported, target=lambda: self._user_thread,
             mode=watchdog, poll_s=float(os.environ.get("MSCCLANG_WATCHDOG_POLL_S", "0.05")))
 
@@ -493,10 +495,16 @@ class Executor:
             cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
         self._aborted = True
         self._reported = True
-        msg = self._abort_message()
+        msg = self._abort_text()
         if self._watchdog is not None and self._watchdog.fired:
             msg += " (reported earlier by the watchdog)"
         raise CollectiveTimeout(msg)
+
+    def _abort_text(self) -> str:
+        """The current abort's message, built once (the watchdog's thread or the caller's)."""
+        if self._abort_msg is None:
+            self._abort_msg = self._abort_message()
+        return self._abort_msg
 
     def _abort_message(self) -> str:
         """The error record as a sentence, with what this rank called last and, when the other
@@ -524,15 +532,16 @@ class Executor:
             import datetime
 
             try:
-                store.set(f"{prefix}/lastcall/{self.comm.rank}", mine.encode())
+                store.set(f"{prefix}/lastcall/{self._abort_gen}/{self.comm.rank}", mine.encode())
             except Exception:  # noqa: BLE001 - the store may be gone with a dead rank 0
                 return [f"rank {self.comm.rank}: {mine}"]
             for q in range(self.comm.world_size):
                 if q == self.comm.rank:
                     continue
                 try:
-                    store.wait([f"{prefix}/lastcall/{q}"], datetime.timedelta(seconds=1))
-                    out[q] = bytes(store.get(f"{prefix}/lastcall/{q}")).decode("utf-8", "replace")
+                    key = f"{prefix}/lastcall/{self._abort_gen}/{q}"
+                    store.wait([key], datetime.timedelta(seconds=1))
+                    out[q] = bytes(store.get(key)).decode("utf-8", "replace")
                 except Exception:  # noqa: BLE001 - silent rank
                     out[q] = "no answer (dead or hung?)"
         return [f"rank {q}: {out[q]}" for q in sorted(out)]
@@ -724,7 +733,7 @@ class Executor:
         """What a call is, as the ranks compare it: collective, sizes, dtype, plan, packet and op."""
         plan = lp.plan
         size = f"{in_bytes} B" if in_bytes == out_bytes else f"{in_bytes} B in, {out_bytes} B out"
-        extra = f" {pkt.upper()}" if plan.protocol.value == "LL" else ""
+        extra = f" {pkt.upper()}" if plan.protocol == "LL" else ""
         red = f" {op}" if plan.collective in ("allreduce", "reducescatter") else ""
         return f"{plan.collective} of {size} {dt} on plan {plan.name}{extra}{red}"
 
@@ -826,6 +835,8 @@ class Executor:
         ctypes.memset(self._err_host, 0, 256)
         self._aborted = False
         self._reported = False
+        self._abort_msg = None
+        self._abort_gen += 1
         if self._watchdog is not None:
             self._watchdog.rearm()
         self.comm.barrier("reset done")
