@@ -147,11 +147,10 @@ def serving_graphs(w: Any, hidden: int = 8192, batches=(1, 2, 4, 8, 16), rounds:
     failures: list[str] = []
     checked = 0
     try:
-        for b in batches:
+        for b in batches:   # in batch order: prepare, then capture (a later prepare may grow a context)
             c = _Case(comm, "all_reduce", b * hidden, "bfloat16", "sum", sym, True, seed + b)
             c.prepare()
             cases.append(c)
-        for c in cases:   # capture in batch order, after every prepare
             torch.cuda.synchronize()
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())

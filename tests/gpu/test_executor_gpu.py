@@ -92,7 +92,7 @@ def test_symmetric_and_inplace(pool, kernel):
         if not f.exists():
             continue
         for sym in (False, True):
-            for nbytes in (1 << 12, (1 << 20) + 64):
+            for nbytes in (1 << 12, (1 << 16) + 64):
                 _ok(pool.run(f"{C}:run_plan_check", f.read_text(), nbytes, "float16", None, "sum", 6 + i, False, sym))
 
 

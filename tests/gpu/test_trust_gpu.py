@@ -20,6 +20,8 @@ T = "mscclang.testing.trust_checks"
 
 def _ok(results):
     fails = [f for r in results for f in r["failures"]]
+    if fails:   # shown at once (run with -s), not only in the summary
+        print("\nFAILURES:\n" + "\n".join(fails[:10]), flush=True)
     assert not fails, f"{len(fails)} failures:\n" + "\n".join(fails[:20])
     assert all(r["checked"] > 0 for r in results)
 
