@@ -128,7 +128,6 @@ class _Context:
     peer_sync: dict[int, int]
     peer_scratch: dict[int, int]
     plans: dict[tuple, _DevPlan] = field(default_factory=dict)
-    captured: bool = False     # a CUDA graph captured a launch on it: never freed before close()
 
 
 @dataclass
@@ -142,7 +141,7 @@ class LoadedPlan:
     nthreads: int
     n_blocks: int
     ctx: Optional[_Context] = None
-    retired: list = field(default_factory=list)   # outgrown contexts a captured graph may still use
+    retired: list = field(default_factory=list)   # outgrown contexts: prepared entries and graphs still use them
     staging: tuple = (None, None)                 # (input, output) SymAlloc for ordinary tensors
     fast: dict[tuple, tuple] = field(default_factory=dict)
     spec: dict[tuple, Any] = field(default_factory=dict)   # key -> _Spec, or the reason it is not used
@@ -304,8 +303,10 @@ class Executor:
 
     def _ensure_context(self, lp: LoadedPlan, packed: PackedRank) -> _Context:
         """The plan's context, made or grown (collective: every rank reaches this at the same
-        call). A context outgrown after a CUDA graph captured a launch on it is retired, not
-        freed: the graph's replays still use its scratch, flags and device plans."""
+        call). An outgrown context is retired, not freed, and the launch entries made on it stay:
+        a prepared call, or a CUDA graph that captured one, keeps running on its scratch, flags
+        and device plans (every rank's entry for a size lives on the same generation of context,
+        so peers always meet on matching ones). Retired contexts are freed by close()."""
         ctx = lp.ctx
         if ctx is not None and ctx.scratch_bytes >= packed.scratch_bytes:
             return ctx
@@ -318,12 +319,8 @@ class Executor:
         size = packed.scratch_bytes
         if ctx is not None:
             self.comm.barrier("grow context")
-            size = max(size, 2 * ctx.scratch_bytes)   # geometric: few contexts per plan
-            if ctx.captured:
-                lp.retired.append(ctx)
-            else:
-                self._free_context(ctx)
-            lp.fast.clear()
+            size = max(size, 2 * ctx.scratch_bytes)   # geometric: few contexts per plan, at most 2x held
+            lp.retired.append(ctx)
         lp.ctx = self._make_context(lp, size)
         # a peer still compiling or setting up must not look like a hang: meet before launching
         self.comm.barrier("context ready")
@@ -761,10 +758,8 @@ class Executor:
 
     def _launch(self, ent: tuple, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int) -> None:
         f, blob, nb, nt, smem, fh, spec = ent[:7]
-        if self._stream_capturing(s):
-            ent[8].captured = True   # this context is now referenced by a graph: never freed early
-        else:
-            if s != self._last_stream and self._last_stream is not None:
+        if s != self._last_stream:
+            if self._last_stream is not None and not self._stream_capturing(s):
                 # launches sharing a scratch are ordered on the GPU, whatever stream the caller uses
                 drv = cu.driver()
                 cu.check(drv.cuEventRecord(self._event, self._last_stream), "cuEventRecord")

@@ -133,7 +133,7 @@ def _err(e: BaseException) -> str:
 
 
 def serving_graphs(w: Any, hidden: int = 8192, batches=(1, 2, 4, 8, 16), rounds: int = 200,
-                   eager_every: int = 3, sym: bool = False, seed: int = 100) -> dict:
+                   eager_every: int = 3, sym: bool = False, seed: int = 100, prepare_first: bool = False) -> dict:
     """A serving engine's pattern: one CUDA graph per batch size, each capturing one in-place
     all_reduce of ``batch x hidden`` bf16 after ``prepare``, captured in batch order; then
     ``rounds`` rounds that replay the graphs grouped (each 3 times in a row) or interleaved (a
@@ -147,10 +147,16 @@ def serving_graphs(w: Any, hidden: int = 8192, batches=(1, 2, 4, 8, 16), rounds:
     failures: list[str] = []
     checked = 0
     try:
-        for b in batches:   # in batch order: prepare, then capture (a later prepare may grow a context)
-            c = _Case(comm, "all_reduce", b * hidden, "bfloat16", "sum", sym, True, seed + b)
-            c.prepare()
-            cases.append(c)
+        if prepare_first:   # every batch prepared before any capture (a later prepare grows a context)
+            cases = [_Case(comm, "all_reduce", b * hidden, "bfloat16", "sum", sym, True, seed + b) for b in batches]
+            for c in cases:
+                c.prepare()
+        for k, b in enumerate(batches):   # in batch order: (prepare,) capture
+            if not prepare_first:
+                c = _Case(comm, "all_reduce", b * hidden, "bfloat16", "sum", sym, True, seed + b)
+                c.prepare()
+                cases.append(c)
+            c = cases[k]
             torch.cuda.synchronize()
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
@@ -467,7 +473,7 @@ def soak(w: Any, calls: int = 100000, graph_replays: int = 10000, graphs: int = 
     ``time_limit_s`` and reports how many it did."""
     import torch
 
-    comm = _fresh_comm(w, f"soak{seed}")
+    comm = _fresh_comm(w, f"soak{seed}", fallback=True)
     rng = random.Random(seed)   # the same on every rank: the ranks make the same calls
     n, r = w.world_size, w.rank
     failures: list[str] = []

@@ -35,6 +35,12 @@ def test_serving_graphs_shared_plans(pool):
     assert res[0]["checked"] >= 3000
 
 
+def test_serving_graphs_every_batch_prepared_first(pool):
+    """Every batch prepared, then every graph captured: the batch-16 prepare grows the context
+    that batch 8 was prepared on, and the batch-8 capture must still find its entry."""
+    _ok(pool.run(f"{T}:serving_graphs", rounds=40, prepare_first=True, seed=150))
+
+
 def test_serving_graphs_large_batches_symmetric(pool):
     """Defect 2 in the serving pattern: batches 32..512 (512K..8M) on ordinary and symmetric
     tensors capture after prepare and replay exactly."""
