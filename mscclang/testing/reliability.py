@@ -37,20 +37,31 @@ def main(argv: Any = None) -> int:
         soak = pool.run("mscclang.testing.trust_checks:soak", calls=a.calls, graph_replays=a.replays,
                         time_limit_s=a.soak_s)
     res["soak"] = soak
+    path = os.path.join(a.out, "reliability.json")
+
+    def save() -> None:   # after every piece: a run cut short keeps what it measured
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+
+    save()
+    for r in soak:
+        print(f"soak rank {r['rank']}: {r['eager']} eager, {r['graph']} graph replays, "
+              f"{len(r['failures'])} mismatches, {r['elapsed_s']:.0f} s", flush=True)
     if a.faults:
         from mscclang.testing.faults import run
 
         res["faults"] = []
-        for mode, size, fault, path in (("eager", 4096, "kill", "mscclang"), ("eager", 8 << 20, "kill", "mscclang"),
-                                        ("graph", 4096, "kill", "mscclang"), ("eager", 4096, "hang", "mscclang"),
-                                        ("graph", 4096, "hang", "mscclang"), ("eager", 4096, "kill", "nccl")):
+        for mode, size, fault, path_ in (("eager", 4096, "kill", "mscclang"), ("graph", 4096, "kill", "mscclang"),
+                                         ("graph", 4096, "hang", "mscclang"), ("eager", 4096, "kill", "nccl"),
+                                         ("eager", 8 << 20, "kill", "mscclang"), ("eager", 4096, "hang", "mscclang")):
             try:
-                r = run(mode, size, fault, a.fault_timeout, path)
+                r = run(mode, size, fault, a.fault_timeout, path_)
             except Exception as e:  # noqa: BLE001 - a broken experiment is a result too
-                r = {"mode": mode, "size": size, "fault": fault, "path": path, "error": repr(e)}
+                r = {"mode": mode, "size": size, "fault": fault, "path": path_, "error": repr(e)}
             res["faults"].append(r)
-    with open(os.path.join(a.out, "reliability.json"), "w") as f:
-        json.dump(res, f, indent=1)
+            save()
+            print(f"fault {path_} {mode} {size} {fault}: {r.get('type')} after {r.get('time_to_error_s')} s",
+                  flush=True)
     print("| rank | eager calls | graph replays | mismatches | seconds |")
     print("|---|---|---|---|---|")
     for r in soak:
