@@ -356,3 +356,12 @@ def test_race_messages_show_source_lines() -> None:
     rep = verify(plan, schedules=2)
     race = next(p for p in rep.problems if p.kind == "race" and "put" in p.message)
     assert "op 4 (ag.py:3" in race.message and ") put (launch" in race.message, race.message
+
+
+def test_run_on_the_simulator_exits_0_for_a_plan_without_postcondition(tmp_path, capsys, monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    f = _write(tmp_path, _test_plan())
+    res = cli_inproc(capsys, "run", str(f), "--size", "1K")
+    assert res.returncode == 0 and "NO POSTCONDITION" in res.stdout, (res.stdout, res.stderr)
