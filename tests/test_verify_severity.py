@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from mscclang.plan.models import Plan
 from mscclang.sim.engine import Simulation
 from mscclang.sim.planbuilder import PlanBuilder, S
 from mscclang.sim.program import compile_program
 
 
-def switch_allreduce(final: str = "strong") -> "Plan":  # noqa: F821
+def switch_allreduce(final: str = "strong") -> Plan:
     """2-rank in-place switch allreduce (glres over the outputs); ``final`` is how the ranks
     publish the multimem stores at the end: ``strong`` signal/wait, ``relaxed`` rlxsignal/rlxwait,
     or ``none`` (no final synchronisation at all)."""

@@ -179,8 +179,8 @@ def group_key(problem: Problem) -> tuple:
     return (k, first)
 
 
-#: op names whose writes through a switch channel are multimem stores
 def _multimem_store(op: Optional[Op]) -> bool:
+    """Whether ``op`` writes through a switch channel (a multimem store)."""
     return op is not None and op.channel_type == ChannelType.switch and op.name.value in (
         "gstore", "glres", "gstorepkt")
 
