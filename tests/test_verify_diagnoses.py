@@ -268,6 +268,7 @@ def test_failed_count_is_a_count_not_a_cap() -> None:
     assert text.splitlines()[0] == f"verify lonely_allgather: FAILED ({2 * want} problems)"
     assert len(text.splitlines()) <= SHOW_PROBLEMS * 3 + 8
     assert f"... and {2 * want - SHOW_PROBLEMS} more: " in text
+    assert f"note: output chunks never written ({want}): rank 0 chunks 4-31; rank 1 chunks 0-3, 8-31;" in text
 
 
 # ---------------------------------------------------------------- never-written output
@@ -293,7 +294,7 @@ def test_postcondition_failure_names_the_chunks_never_written() -> None:
     assert "it should be a copy of rank 0 input chunk 0" in post.message
     sym = rep.first("symbolic")
     assert sym is not None and "rank 0 output chunk 0 (launch 1) was never written" in sym.message
-    assert "output chunks never written: rank 0 chunk 0" in rep.notes
+    assert "output chunks never written (1): rank 0 chunk 0" in rep.notes
     # a chunk written with the wrong data is not called unwritten
     wrong = verify(simple_allgather(wrong_chunk=True), schedules=2)
     assert all(not p.details.get("unwritten") or p.details["chunk"] == 0 for p in wrong.problems

@@ -78,6 +78,19 @@ def message_to_bytes(plan: Plan, size: int) -> tuple[int, int]:
     return size, size
 
 
+def _ranges(xs: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
 def _moves_bytes(prog: Program) -> bool:
     """Whether any data op of ``prog`` moves at least one byte."""
     def walk(cops: list) -> bool:
@@ -282,7 +295,8 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
         per: dict[int, list[int]] = {}
         for r, c in unwritten:
             per.setdefault(r, []).append(c)
-        rep.notes.append("output chunks never written: " + "; ".join(
-            f"rank {r} chunk{'s' * (len(cs) != 1)} {', '.join(map(str, cs))}" for r, cs in per.items()))
+        shown = [f"rank {r} chunk{'s' * (len(cs) != 1)} {_ranges(cs)}" for r, cs in list(per.items())[:8]]
+        more = f"; and {len(per) - 8} more ranks" if len(per) > 8 else ""
+        rep.notes.append(f"output chunks never written ({len(unwritten)}): " + "; ".join(shown) + more)
     rep.seconds = time.perf_counter() - t0
     return rep
