@@ -232,7 +232,7 @@ def test_interleaved_trap_is_real_in_the_simulator():
     assert any("rank 0 tb 0" in m and "rank 0 tb 1" in m and "rank0.scr" in m for m in races), str(rep)
     # identical ranges everywhere: the same passes give a race-free plan
     ok = emit(replicate(insert_hazard_syncs(insert_syncs(fuse(_staged(2, split_read=False).ir)))))
-    assert verify(ok, schedules=3, symbolic=False).ok
+    assert verify(ok, schedules=3, symbolic=False).passed()
 
 
 def test_interleaved_read_only_sharing_and_ll_packets_are_allowed():
@@ -254,7 +254,7 @@ def test_interleaved_read_only_sharing_and_ll_packets_are_allowed():
                 Rank(r).reduce(Rank(r).get_input_buffer()[c:c + 1], [scratch[r][c:c + 1]], tb=c,
                                dst_chunk=Rank(r).get_output_buffer()[c:c + 1], packet=True)
     plan = p.to_plan()
-    assert verify(plan, schedules=3).ok
+    assert verify(plan, schedules=3).passed()
 
 
 def test_interleaved_trap_through_a_peer_and_an_inplace_alias():
