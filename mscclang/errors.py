@@ -38,3 +38,13 @@ class CollectiveTimeout(MscclangError):
 
 class RuntimeUnavailable(MscclangError):
     """No usable GPU runtime (no CUDA device, or a feature this machine cannot run)."""
+
+
+class MscclangWarning(UserWarning):
+    """Base class of every warning mscclang issues (through Python's :mod:`warnings`)."""
+
+
+class DSLWarning(MscclangWarning):
+    """A DSL program that compiles but is probably wrong, e.g. a signal/wait imbalance on one
+    channel (the plan is emitted and ``mscclang verify`` reports the deadlock; compile with
+    ``strict=True`` / ``mscclang compile --strict`` to make it an error)."""

@@ -148,6 +148,8 @@ class IRProgram:
     buffer_alignment: int = 16
     min_message_size: int = 0
     max_message_size: int = 2**64 - 1
+    #: signal/wait imbalances are errors, not warnings (``CollectiveProgram(strict=True)``)
+    strict: bool = False
     #: set by the replication pass; replicating twice is an error
     replicated: bool = False
 

@@ -40,6 +40,10 @@ class CollectiveProgram:
     :class:`~mscclang.plan.models.Plan`; ``to_json()`` / ``JSON()`` serialise it. Compiling never
     changes the recorded program, so both can be called any number of times with identical output.
     All ids (channels, semaphores, barriers, scratch offsets) live in this object.
+
+    ``strict`` (ours): a signal/wait imbalance on one channel is a :class:`~mscclang.DSLError`
+    instead of a :class:`~mscclang.DSLWarning` (MSCCL++'s DSL compiles such programs; by default
+    so do we, and ``mscclang verify`` reports the deadlock). The other arguments are MSCCL++'s.
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class CollectiveProgram:
         buffer_alignment: int = 16,
         min_message_size: int = 0,
         max_message_size: int = 2**64 - 1,
+        strict: bool = False,
     ) -> None:
         call = f"CollectiveProgram({name!r})"
         if not isinstance(collective, Collective):
@@ -96,6 +101,7 @@ class CollectiveProgram:
         self.buffer_alignment = buffer_alignment
         self.min_message_size = min_message_size
         self.max_message_size = max_message_size
+        self.strict = bool(strict)
 
         from mscclang.dsl.rank import BaseBuffer
 
@@ -107,7 +113,7 @@ class CollectiveProgram:
             reuse_resources=bool(reuse_resources), num_threads_per_block=num_threads_per_block,
             use_double_scratch_buffer=bool(use_double_scratch_buffer),
             buffer_alignment=buffer_alignment, min_message_size=min_message_size,
-            max_message_size=max_message_size)
+            max_message_size=max_message_size, strict=bool(strict))
         #: per rank, the collective's buffers (MSCCL++'s ``prog.buffers[rank][BufferType.input]``)
         self.buffers: list[dict[BufferType, "BaseBuffer"]] = [
             {BufferType.input: BaseBuffer(r, BufferType.input, 0, collective.input_chunks),
@@ -121,7 +127,7 @@ class CollectiveProgram:
         self._plan_cache: Optional[tuple[int, Plan]] = None
 
     @classmethod
-    def from_spec(cls, spec: AlgoSpec) -> "CollectiveProgram":
+    def from_spec(cls, spec: AlgoSpec, strict: bool = False) -> "CollectiveProgram":
         """A program built from an :class:`AlgoSpec` (fields map one to one)."""
         return cls(spec.name, spec.collective, spec.world_size, instances=spec.instances,
                    protocol=spec.protocol, instr_fusion=spec.instr_fusion, auto_sync=spec.auto_sync,
@@ -129,7 +135,7 @@ class CollectiveProgram:
                    num_threads_per_block=spec.num_threads_per_block,
                    use_double_scratch_buffer=spec.use_double_scratch_buffer,
                    buffer_alignment=spec.buffer_alignment, min_message_size=spec.min_message_size,
-                   max_message_size=spec.max_message_size)
+                   max_message_size=spec.max_message_size, strict=strict)
 
     # -- context -----------------------------------------------------------------------------
 
