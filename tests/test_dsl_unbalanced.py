@@ -1,4 +1,4 @@
-"""MSCCL++'s signal/wait fusion unit tests (rewritten in tests/programs/) are balanced per rank
+"""MSCCL++'s signal/wait fusion unit tests (rewritten in tests/programs_unbalanced/) are balanced per rank
 pair but not per channel. MSCCL++'s DSL compiles them, so ours must too: the plan is emitted with
 a DSLWarning per unbalanced channel, strict mode refuses it, and the verifier reports the
 deadlock the imbalance causes."""
@@ -19,7 +19,8 @@ from mscclang.plan import load_plan
 from mscclang.plan.models import OpName
 from mscclang.sim import verify
 
-PROGRAMS = Path(__file__).parent / "programs"
+# not in tests/programs/: those are correct collectives, compiled and verified by other tests
+PROGRAMS = Path(__file__).parent / "programs_unbalanced"
 CASES = {"signal_wait_fuse": (OpName.signal, OpName.wait),
          "relaxed_signal_wait_fuse": (OpName.rlxsignal, OpName.rlxwait)}
 

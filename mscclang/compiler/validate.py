@@ -29,7 +29,7 @@ import warnings
 from collections import Counter
 from typing import Optional
 
-from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref
+from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref, op_where
 from mscclang.compiler.replicate import check_interleaved_ranges
 from mscclang.compiler.source import user_stacklevel
 from mscclang.errors import DSLError, DSLWarning
@@ -45,8 +45,7 @@ _REDUCES = frozenset({OpName.re, OpName.res, OpName.rre, OpName.rres, OpName.rep
 _SWITCH = frozenset({OpName.glre, OpName.glres, OpName.gstore, OpName.gstorepkt})
 
 
-def where(rank: int, tb: int, idx: str, op: IROp) -> str:
-    return f"rank {rank}, tb {tb}, op {idx} ({op.describe()})"
+where = op_where
 
 
 def packet_refs(op: IROp) -> list[tuple[str, Ref]]:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from mscclang.compiler.driver import compile_program
 from mscclang.compiler.ir import IROp, IRProgram, IRRank
+from mscclang.compiler.source import source_line
 from mscclang.compiler.validate import MAX_THREADBLOCKS
 from mscclang.dsl import _context
 from mscclang.dsl.collectives import (  # noqa: F401  (re-exported like MSCCL++'s program module)
@@ -222,8 +223,11 @@ class CollectiveProgram:
             raise self.error(rank, tb, call, f"{what} {chunk} holds packets and must be a scratch buffer")
 
     def add_op(self, rank: int, tb: int, op: IROp) -> None:
-        """Append ``op`` to thread block ``tb`` of ``rank`` (or to the open pipeline body)."""
+        """Append ``op`` to thread block ``tb`` of ``rank`` (or to the open pipeline body); an op
+        without a ``source`` gets the program line of the DSL call being made."""
         self._version += 1
+        if op.source is None:
+            op.source = source_line()
         if self._loop is not None:
             self._loop_ops.setdefault((rank, tb), []).append(op)
         else:
@@ -254,10 +258,12 @@ class CollectiveProgram:
         if self._loop is None:
             return
         ctx = (self._loop.unit, self._loop.num_chunks)
+        source = self._loop.source
         body, self._loop, self._loop_ops = self._loop_ops, None, {}
         for (rank, tb), ops in body.items():
             self.add_op(rank, tb, IROp(name=OpName.pipeline, iter_context=ctx, body=ops,
-                                       origin=f"LoopIterationContext(unit={ctx[0]}, num_chunks={ctx[1]})"))
+                                       origin=f"LoopIterationContext(unit={ctx[0]}, num_chunks={ctx[1]})",
+                                       source=source))
 
     # -- output -------------------------------------------------------------------------------
 
