@@ -133,3 +133,26 @@ def test_compile_given_a_plan_says_so(tmp_path, capsys):
     broken.write_text('{"gpus": [')
     rc, _, stderr = run(capsys, "compile", str(broken))
     assert rc == 1 and "ends in .json, so it is not a DSL program" in stderr and "Traceback" not in stderr
+
+
+def test_dsl_errors_name_the_program_line(tmp_path, capsys):
+    prog = tmp_path / "mistake.py"
+    prog.write_text("from mscclang import *\n"
+                    "with CollectiveProgram('bad', AllReduce(2, 1, False), 2):\n"
+                    "    inp = Rank(0).get_input_buffer()\n"
+                    "    Rank(0).copy(Rank(0).get_output_buffer()[0:1], inp[0:2], tb=0)\n"
+                    "    print(JSON())\n")
+    rc, _, stderr = run(capsys, "compile", str(prog))
+    assert rc == 1 and "Traceback" not in stderr
+    assert stderr.startswith("mscclang compile: error: mistake.py line 4: rank 0, tb 0: Rank(0).copy: size mismatch")
+    # errors found when compiling name the op's source line
+    prog.write_text("from mscclang import *\n"
+                    "with CollectiveProgram('dl', AllReduce(2, 1, False), 2):\n"
+                    "    a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)\n"
+                    "    a.wait(0)\n"
+                    "    a.signal(0)\n"
+                    "    b.wait(0)\n"
+                    "    b.signal(0)\n"
+                    "    print(JSON())\n")
+    rc, _, stderr = run(capsys, "compile", str(prog))
+    assert rc == 1 and "mistake.py line 8: dependency cycle" in stderr and "(wait, mistake.py:4)" in stderr

@@ -51,7 +51,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mscclang.errors import DSLError, MscclangError, MscclangWarning, PlanError
+from mscclang.errors import CompileError, DSLError, MscclangError, MscclangWarning, PlanError
 from mscclang.plan.io import load_plan, plan_to_dict, plan_to_json
 from mscclang.plan.models import Plan
 
@@ -235,7 +235,8 @@ def _compile(path: Path, argv: Sequence[str], function: Optional[str], ranks: Op
             try:
                 result = fn(**kwargs)
                 doc = _result_to_doc(result)
-            except MscclangError:
+            except MscclangError as e:
+                _locate(e, path)
                 raise
             except SystemExit as e:
                 raise ProgramError(f"{function}() of {path} exited with status {e.code}") from None
@@ -273,8 +274,9 @@ def _run_file(path: Path, argv: Sequence[str], run_name: str) -> tuple[str, dict
     with _program_context(path, argv), contextlib.redirect_stdout(buf):
         try:
             namespace = runpy.run_path(str(path), run_name=run_name)
-        except MscclangError:
+        except MscclangError as e:
             _echo(buf.getvalue())
+            _locate(e, path)
             raise
         except SystemExit as e:
             code = e.code
@@ -288,20 +290,37 @@ def _run_file(path: Path, argv: Sequence[str], run_name: str) -> tuple[str, dict
     return buf.getvalue(), namespace
 
 
+def _user_line(e: BaseException, path: Path) -> Optional[int]:
+    """The line of the innermost traceback frame in the user's program file, if any."""
+    target = str(path.resolve())
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        try:
+            if str(Path(frame.filename).resolve()) == target:
+                return frame.lineno
+        except OSError:
+            continue
+    return None
+
+
+def _locate(e: MscclangError, path: Path) -> None:
+    """Prefix a DSL or compile error raised by the user's program with ``PROGRAM.py line N:``
+    (the DSL call that failed), so the CLI's one-line message points at the program."""
+    if not isinstance(e, (DSLError, CompileError)) or len(e.args) != 1 or not isinstance(e.args[0], str):
+        return
+    line = _user_line(e, path)
+    if line is not None and not e.args[0].startswith(path.name):
+        e.args = (f"{path.name} line {line}: {e.args[0]}",)
+
+
 def _describe(e: BaseException, path: Path, what: Optional[str] = None) -> str:
     """``PROGRAM.py line N: TypeError: message`` from the innermost frame in the user's file."""
     where = ""
     if isinstance(e, SyntaxError) and e.lineno is not None:
         where = f" line {e.lineno}"
     else:
-        target = str(path.resolve())
-        for frame in reversed(traceback.extract_tb(e.__traceback__)):
-            try:
-                if str(Path(frame.filename).resolve()) == target:
-                    where = f" line {frame.lineno}"
-                    break
-            except OSError:
-                continue
+        line = _user_line(e, path)
+        if line is not None:
+            where = f" line {line}"
     msg = str(e) if not isinstance(e, SyntaxError) else (e.msg or str(e))
     subject = f"{what} of {path}" if what else str(path)
     return f"{subject} failed at{where or ' an unknown line'}: {type(e).__name__}: {msg}"
