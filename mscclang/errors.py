@@ -54,3 +54,13 @@ class CallMismatch(MscclangError):
 class NotPrepared(RuntimeUnavailable):
     """A call inside CUDA graph capture needs first-time set-up (allocation, registration, a
     kernel build) that cannot be captured: prepare the call, or run it once, before capturing."""
+
+
+class MscclangWarning(UserWarning):
+    """Base class of every warning mscclang issues (through Python's :mod:`warnings`)."""
+
+
+class DSLWarning(MscclangWarning):
+    """A DSL program that compiles but is probably wrong, e.g. a signal/wait imbalance on one
+    channel (the plan is emitted and ``mscclang verify`` reports the deadlock; compile with
+    ``strict=True`` / ``mscclang compile --strict`` to make it an error)."""

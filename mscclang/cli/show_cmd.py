@@ -147,7 +147,7 @@ def format_op(op: Op, names: _Names, label: str) -> list[str]:
     if op.name == OpName.pipeline:
         assert op.iter_context is not None and op.ops is not None  # the model guarantees both
         head = (f"{label:>6}  pipeline   unit {_size(op.iter_context.unit_size)}, "
-                f"{op.iter_context.num_chunks} chunk(s) per iteration")
+                f"{op.iter_context.num_chunks} chunk(s) per iteration{_src(op)}")
         lines = [head]
         for j, inner in enumerate(op.ops):
             lines.extend(format_op(inner, names, f"{label}.{j}"))
@@ -176,7 +176,13 @@ def format_op(op: Op, names: _Names, label: str) -> list[str]:
         extras.append(op.reduce_op.value)
     tail = ("  [" + "; ".join(extras) + "]") if extras else ""
     sep = "  " if body else ""
-    return [f"{label:>6}  {op.name.value:<10}{sep}{body}{tail}".rstrip()]
+    return [f"{label:>6}  {op.name.value:<10}{sep}{body}{tail}".rstrip() + _src(op)]
+
+
+def _src(op: Op) -> str:
+    """``  # program.py:42`` when the op records the DSL line that made it, else ``""``."""
+    src = getattr(op, "src", None)
+    return f"  # {src}" if src else ""
 
 
 def _rank_lines(plan: Plan, r: int, tb_filter: Optional[int]) -> list[str]:
