@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -84,14 +84,17 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
            dtypes: Sequence[str] = DEFAULT_DTYPES, schedules: int = 10, seed: int = 0,
            launches: int = 2, reduce_ops: Optional[Sequence[str]] = None,
            packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
-           max_problems: int = 40) -> Report:
+           max_problems: int = 40,
+           progress: Optional[Callable[[int, int], None]] = None) -> Report:
     """Verify ``plan``. For every message size, ``schedules`` runs are made: run ``i`` uses
     schedule round_robin / random / adversarial / runahead in turn (seeded ``seed + i``; the
     ``runahead`` runs of the ``s``-th size lead with rank ``(s + i // 4) % ranks``, so with the
     default 10 schedules and 3 sizes up to four ranks each get to run ahead), and takes the
     dtype, reduce op and packet type in rotation, so every value of each appears. Each run
     checks races and every launch's outputs; one extra round-robin run per plan checks the
-    symbolic postcondition at the smallest size. Returns a :class:`Report`."""
+    symbolic postcondition at the smallest size. ``progress(done, total)`` is called after
+    every run (``total`` counts the planned runs; a run that stops early stops short of it).
+    Returns a :class:`Report`."""
     t0 = time.perf_counter()
     p = as_plan(plan)
     spec = spec_from_plan(p)
@@ -138,6 +141,12 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
         rep.seconds = time.perf_counter() - t0
         return rep
 
+    planned = len(sizes) * len(scheds) + (1 if symbolic and sizes else 0)
+
+    def ran() -> None:
+        if progress is not None:
+            progress(rep.runs, planned)
+
     for si, size in enumerate(sizes):
         prog = progs[size]
         ib = prog.input_bytes
@@ -159,6 +168,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             except Deadlock as e:
                 add(sim.problems, ctx)
                 add([e.problem], ctx)
+                ran()
                 continue
             except PlanError as e:
                 add([Problem("plan", str(e))], ctx)
@@ -167,6 +177,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             add(sim.problems, ctx)
             for k, outs in enumerate(sim.outputs):
                 add(check_numeric(spec, prog.layouts, inputs, outs, dt, rop, k + 1), ctx)
+            ran()
             if len(rep.problems) >= max_problems:
                 break
 
@@ -192,6 +203,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
                     rep.notes.append(f"symbolic check skipped: size {size} moves bytes that are not 4-byte aligned")
             except Deadlock as e:
                 add([e.problem], ctx)
+            ran()
         else:
             rep.notes.append(f"symbolic check skipped at size {size}")
     rep.seconds = time.perf_counter() - t0
