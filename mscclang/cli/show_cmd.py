@@ -74,12 +74,25 @@ def read_plan_any(source: str, check: bool = True) -> tuple[Plan, bool]:
     return load_plan(data, check=check), False
 
 
+def check_tb(plan: Plan, tb: int, rank: Optional[int]) -> None:
+    """PlanError naming the valid range unless thread block ``tb`` exists on ``rank`` (or, without
+    a rank, on some rank)."""
+    ranks = [rank] if rank is not None else list(range(len(plan.gpus)))
+    counts = [len(plan.gpus[r].threadblocks) for r in ranks]
+    if 0 <= tb < max(counts, default=0):
+        return
+    where = f"rank {rank} has" if rank is not None else "the plan has"
+    most = max(counts, default=0)
+    have = f"thread blocks 0..{most - 1}" if most > 1 else ("thread block 0 only" if most == 1 else "no thread blocks")
+    raise PlanError(f"--tb {tb}: {where} {have}")
+
+
 def run(args: argparse.Namespace) -> int:
     plan, was_mscclpp = read_plan_any(args.plan, check=not args.no_check)
     if args.rank is not None and not 0 <= args.rank < len(plan.gpus):
         raise PlanError(f"--rank {args.rank}: the plan has ranks 0..{len(plan.gpus) - 1}")
-    if args.tb is not None and args.tb < 0:
-        raise PlanError(f"--tb {args.tb}: thread block ids are not negative")
+    if args.tb is not None:
+        check_tb(plan, args.tb, args.rank)
     if getattr(args, "png", None):
         from mscclang.viz import draw_plan
 
