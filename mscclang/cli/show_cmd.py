@@ -49,7 +49,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="show a plan that fails the semantic checks (indexes out of range print as ?)")
     p.add_argument("--png", metavar="OUT.png", default=None,
                    help="draw the plan as a picture instead (per rank, per thread block, ops as a timeline "
-                        "with signal/wait and packet edges; --rank/--tb restrict it); needs matplotlib")
+                        "with signal/wait, data and packet edges; --rank/--tb restrict it). A long timeline "
+                        "wraps into rows; rows that do not fit a page go to OUT-2.png, OUT-3.png...; "
+                        "needs matplotlib")
     p.set_defaults(func=run)
 
 
@@ -98,7 +100,12 @@ def run(args: argparse.Namespace) -> int:
 
         pic = draw_plan(plan, args.png, ranks=None if args.rank is None else [args.rank],
                         tbs=None if args.tb is None else [args.tb])
-        sys.stdout.write(f"wrote {pic.path} ({pic.width_px} x {pic.height_px} px, {pic.num_ops} ops)\n")
+        wrapped = f", timeline wrapped into {pic.panels} rows" if pic.panels > 1 else ""
+        if len(pic.paths) > 1:
+            sys.stdout.write(f"wrote {len(pic.paths)} pages: {', '.join(str(p) for p in pic.paths)} "
+                             f"({pic.width_px} px wide, {pic.num_ops} ops{wrapped})\n")
+        else:
+            sys.stdout.write(f"wrote {pic.path} ({pic.width_px} x {pic.height_px} px, {pic.num_ops} ops{wrapped})\n")
         return 0
     text = format_plan(plan, rank=args.rank, tb=args.tb)
     if was_mscclpp:
