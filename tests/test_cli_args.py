@@ -316,3 +316,15 @@ def test_verify_reports_progress_through_its_callback():
     rep = verify(str(SMALL), sizes=[1024, 4096], schedules=3, progress=lambda d, t: calls.append((d, t)))
     assert rep.ok
     assert calls == [(i, 7) for i in range(1, 8)]  # 2 sizes x 3 schedules + the symbolic run
+
+
+def test_dtype_lists_for_the_kernel_prebuilder():
+    from mscclang.cli.args import dtype_list_arg
+
+    assert dtype_list_arg(GPU_DTYPES)("fp16, bf16,fp16") == ["float16", "bfloat16"]
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown dtype 'fp64'"):
+        dtype_list_arg(GPU_DTYPES)("fp16,fp64")
+    with pytest.raises(argparse.ArgumentTypeError, match="no dtype"):
+        dtype_list_arg(GPU_DTYPES)(" , ")

@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Optional, Sequence
 __all__ = [
     "SIZE_FORMS", "SIZES_FORMS", "GPU_DTYPES", "SIM_DTYPES", "DTYPE_ALIASES", "BUILD_DTYPE",
     "MAX_SCHEDULES", "MAX_LAUNCHES", "parse_size", "parse_sizes", "parse_dtype",
-    "size_arg", "sizes_arg", "dtype_arg", "int_range_arg", "add_progress_flag", "flatten_sizes",
+    "size_arg", "sizes_arg", "dtype_arg", "dtype_list_arg", "int_range_arg", "add_progress_flag", "flatten_sizes",
 ]
 
 #: the accepted spellings of one size, for error messages and help texts
@@ -137,6 +137,19 @@ def sizes_arg() -> Callable[[str], object]:
 def dtype_arg(allowed: Sequence[str] = SIM_DTYPES) -> Callable[[str], object]:
     """argparse ``type`` of a dtype: returns the canonical name, one of ``allowed``."""
     return _argtype(lambda t: parse_dtype(t, allowed), "dtype")
+
+
+def dtype_list_arg(allowed: Sequence[str] = SIM_DTYPES) -> Callable[[str], object]:
+    """argparse ``type`` of a comma list of dtypes: returns their canonical names, in order,
+    without duplicates."""
+
+    def parse(text: str) -> list[str]:
+        names = [parse_dtype(t, allowed) for t in text.split(",") if t.strip()]
+        if not names:
+            raise ValueError(f"no dtype in {text!r}")
+        return list(dict.fromkeys(names))
+
+    return _argtype(parse, "dtypes")
 
 
 def int_range_arg(lo: int, hi: int) -> Callable[[str], object]:

@@ -240,7 +240,7 @@ def prebuild(plan, sizes: Sequence[tuple[int, int]], dtypes: Sequence[str], pack
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m mscclang.runtime.spec_build --out DIR (--plan FILE | --sample NAME) ...``"""
-    from mscclang.cli.args import SIZES_FORMS, sizes_arg
+    from mscclang.cli.args import BUILD_DTYPE, GPU_DTYPES, SIZES_FORMS, dtype_list_arg, sizes_arg
 
     from mscclang.plan.io import load_plan
 
@@ -251,7 +251,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--sample", action="append", default=[], help="mscclang.testing.sample_plans name")
     p.add_argument("--ranks", type=int, default=2, help="world size for --sample plans")
     p.add_argument("--sizes", default=[1024], type=sizes_arg(), help="input sizes: " + SIZES_FORMS)
-    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--dtype", default=["bfloat16"], type=dtype_list_arg(GPU_DTYPES),
+                   help="comma list of dtypes (float16/f16, bfloat16/bf16, float32/f32, int32/i32)")
     p.add_argument("--packet", default="ll16")
     p.add_argument("--op", default="sum")
     p.add_argument("--arch", default="sm_90")
@@ -270,7 +271,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 out = n // plan.world_size
             sizes.append((n, out))
         try:
-            res = prebuild(plan, sizes, args.dtype.split(","), args.packet.split(","), args.op.split(","),
+            res = prebuild(plan, sizes, [BUILD_DTYPE[d] for d in args.dtype], args.packet.split(","), args.op.split(","),
                            args.out, args.arch)
         except MscclangError as e:
             print(f"{plan.name}: {e}", file=sys.stderr)
