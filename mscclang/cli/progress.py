@@ -59,14 +59,22 @@ class Progress:
         self._last_draw = 0.0
         self._drawn = False
         self._closed = False
+        self._tqdm = None
         if self.enabled and use_tqdm:
             try:
                 from tqdm import tqdm
+
+                self._tqdm = tqdm
             except ImportError:
-                tqdm = None
-            if tqdm is not None:
-                self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True,
-                                 leave=False)
+                pass
+        if total is not None:
+            self._start()
+
+    def _start(self) -> None:
+        """Create the tqdm bar (once the total is known, so it never shows a count without one)."""
+        if self._tqdm is not None and self._bar is None and not self._closed:
+            self._bar = self._tqdm(total=self.total, desc=self.desc, unit=self.unit, file=self.stream,
+                                   dynamic_ncols=True, leave=False)
 
     def set_total(self, total: int) -> None:
         """Set (or change) the number of steps."""
@@ -76,9 +84,12 @@ class Progress:
         if self._bar is not None:
             self._bar.total = total
             self._bar.refresh()
+        else:
+            self._start()
 
     def set_note(self, text: str) -> None:
         """A short note shown after the counts (what is running now)."""
+        self._start()
         if self._bar is not None:
             self._bar.set_postfix_str(text[:50], refresh=False)
 
@@ -87,6 +98,7 @@ class Progress:
         self.n += n
         if not self.enabled or self._closed:
             return
+        self._start()
         if self._bar is not None:
             self._bar.update(n)
             return
