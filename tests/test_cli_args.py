@@ -5,7 +5,6 @@ argument checks of verify/show/build-kernel/tune, Ctrl-C, and the progress bars
 from __future__ import annotations
 
 import io
-import json
 import os
 import signal
 import subprocess
