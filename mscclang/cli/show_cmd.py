@@ -49,7 +49,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="show a plan that fails the semantic checks (indexes out of range print as ?)")
     p.add_argument("--png", metavar="OUT.png", default=None,
                    help="draw the plan as a picture instead (per rank, per thread block, ops as a timeline "
-                        "with signal/wait and packet edges; --rank/--tb restrict it); needs matplotlib")
+                        "with signal/wait, data and packet edges; --rank/--tb restrict it). A long timeline "
+                        "wraps into rows; rows that do not fit a page go to OUT-2.png, OUT-3.png...; "
+                        "needs matplotlib")
     p.set_defaults(func=run)
 
 
@@ -74,18 +76,36 @@ def read_plan_any(source: str, check: bool = True) -> tuple[Plan, bool]:
     return load_plan(data, check=check), False
 
 
+def check_tb(plan: Plan, tb: int, rank: Optional[int]) -> None:
+    """PlanError naming the valid range unless thread block ``tb`` exists on ``rank`` (or, without
+    a rank, on some rank)."""
+    ranks = [rank] if rank is not None else list(range(len(plan.gpus)))
+    counts = [len(plan.gpus[r].threadblocks) for r in ranks]
+    if 0 <= tb < max(counts, default=0):
+        return
+    where = f"rank {rank} has" if rank is not None else "the plan has"
+    most = max(counts, default=0)
+    have = f"thread blocks 0..{most - 1}" if most > 1 else ("thread block 0 only" if most == 1 else "no thread blocks")
+    raise PlanError(f"--tb {tb}: {where} {have}")
+
+
 def run(args: argparse.Namespace) -> int:
     plan, was_mscclpp = read_plan_any(args.plan, check=not args.no_check)
     if args.rank is not None and not 0 <= args.rank < len(plan.gpus):
         raise PlanError(f"--rank {args.rank}: the plan has ranks 0..{len(plan.gpus) - 1}")
-    if args.tb is not None and args.tb < 0:
-        raise PlanError(f"--tb {args.tb}: thread block ids are not negative")
+    if args.tb is not None:
+        check_tb(plan, args.tb, args.rank)
     if getattr(args, "png", None):
         from mscclang.viz import draw_plan
 
         pic = draw_plan(plan, args.png, ranks=None if args.rank is None else [args.rank],
                         tbs=None if args.tb is None else [args.tb])
-        sys.stdout.write(f"wrote {pic.path} ({pic.width_px} x {pic.height_px} px, {pic.num_ops} ops)\n")
+        wrapped = f", timeline wrapped into {pic.panels} rows" if pic.panels > 1 else ""
+        if len(pic.paths) > 1:
+            sys.stdout.write(f"wrote {len(pic.paths)} pages: {', '.join(str(p) for p in pic.paths)} "
+                             f"({pic.width_px} px wide, {pic.num_ops} ops{wrapped})\n")
+        else:
+            sys.stdout.write(f"wrote {pic.path} ({pic.width_px} x {pic.height_px} px, {pic.num_ops} ops{wrapped})\n")
         return 0
     text = format_plan(plan, rank=args.rank, tb=args.tb)
     if was_mscclpp:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -146,7 +146,8 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
            launches: int = 2, reduce_ops: Optional[Sequence[str]] = None,
            packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
            max_problems: Optional[int] = None,
-           senders: Optional[Sequence[int]] = None) -> Report:
+           senders: Optional[Sequence[int]] = None,
+           progress: Optional[Callable[[int, int], None]] = None) -> Report:
     """Verify ``plan``. For every message size, ``schedules`` runs are made: run ``i`` uses
     schedule round_robin / random / adversarial / runahead in turn (seeded ``seed + i``; the
     ``runahead`` runs of the ``s``-th size lead with rank ``(s + i // 4) % ranks``, so with the
@@ -161,7 +162,8 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     cover the runs made, which a note says). ``senders`` (sendrecv only): per rank, the rank
     whose input it receives; by default taken from the plan's data flow. A plan of a collective
     without a postcondition (``test``, ``custom``) is checked for deadlocks and races only
-    (status ``NO POSTCONDITION``). Returns a :class:`Report`."""
+    (status ``NO POSTCONDITION``). ``progress(done, total)`` is called after every run (``total``
+    counts the planned runs; a run that stops early stops short of it). Returns a :class:`Report`."""
     t0 = time.perf_counter()
     p = as_plan(plan)
     spec = spec_from_plan(p)
@@ -228,6 +230,12 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
                 groups[group_key(pr)] = pr
 
     stopped = False
+    planned = len(sizes) * len(scheds) + (1 if symbolic and sizes and spec.has_postcondition else 0)
+
+    def ran() -> None:
+        if progress is not None:
+            progress(rep.runs, planned)
+
     for si, size in enumerate(sizes):
         prog = progs[size]
         ib = prog.input_bytes
@@ -252,6 +260,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             except Deadlock as e:
                 add(sim.problems, ctx)
                 add([e.problem], ctx)
+                ran()
                 continue
             except PlanError as e:
                 add([Problem("plan", str(e))], ctx)
@@ -261,6 +270,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             if spec.has_postcondition:
                 for k, outs in enumerate(sim.outputs):
                     add(check_numeric(spec, prog.layouts, inputs, outs, dt, rop, k + 1), ctx)
+            ran()
 
     if symbolic and sizes and spec.has_postcondition and not stopped:
         size = min(sizes)
@@ -284,6 +294,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
                     rep.notes.append(f"symbolic check skipped: size {size} moves bytes that are not 4-byte aligned")
             except Deadlock as e:
                 add([e.problem], ctx)
+            ran()
         else:
             rep.notes.append(f"symbolic check skipped at size {size}")
     if stopped:
