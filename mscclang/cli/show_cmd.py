@@ -61,6 +61,8 @@ def read_plan_any(source: str, check: bool = True) -> tuple[Plan, bool]:
 
     if source == "-":
         text = sys.stdin.read()
+        if not text.strip():
+            raise PlanError("no plan on standard input ('-' reads the plan JSON from stdin)")
     else:
         path = Path(source)
         try:
@@ -70,7 +72,8 @@ def read_plan_any(source: str, check: bool = True) -> tuple[Plan, bool]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise PlanError(f"{source} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        what = "standard input" if source == "-" else source
+        raise PlanError(f"{what} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     if is_mscclpp_plan(data):
         return from_mscclpp(data, check=check), True
     return load_plan(data, check=check), False
