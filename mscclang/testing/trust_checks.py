@@ -17,8 +17,8 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-from mscclang.bench.worker import gen_input
-from mscclang.testing.comm_checks import _call, _compare, _expectation, _sync, _torch_dtype
+from mscclang.bench.worker import capture_graph, gen_input
+from mscclang.testing.comm_checks import _buffers, _call, _compare, _expectation, _sync, _torch_dtype
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 _ESIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4}
@@ -69,24 +69,10 @@ def _layout(comm: Any, coll: str, numel: int, dtype: Any, sym: Any, inplace: boo
     """(input, output-or-None) for a call of ``numel`` message elements (allgather: output);
     ``sym``: an :class:`Arena` to carve symmetric tensors from, True for new symmetric
     allocations, or False for ordinary torch tensors."""
-    import torch
-
-    n, r = comm.world_size, comm.rank
     if isinstance(sym, Arena):
         sym.reset()
-        alloc = lambda m: sym.take(m, dtype)  # noqa: E731
-    elif sym:
-        alloc = lambda m: comm.empty(m, dtype=dtype)  # noqa: E731
-    else:
-        alloc = lambda m: torch.empty(m, dtype=dtype, device=comm.device)  # noqa: E731
-    if coll == "all_gather":
-        out = alloc(numel)
-        k = numel // n
-        return (out[r * k:(r + 1) * k], out) if inplace else (alloc(k), out)
-    if coll == "reduce_scatter":
-        return alloc(numel), (None if inplace else alloc(numel // n))
-    x = alloc(numel)
-    return x, (None if inplace or coll == "broadcast" else alloc(numel))
+        return _buffers(comm, coll, numel, dtype, True, inplace, comm.device, alloc=lambda m: sym.take(m, dtype))
+    return _buffers(comm, coll, numel, dtype, bool(sym), inplace, comm.device)
 
 
 class _Case:
@@ -135,12 +121,11 @@ def _err(e: BaseException) -> str:
 def serving_graphs(w: Any, hidden: int = 8192, batches=(1, 2, 4, 8, 16), rounds: int = 200,
                    eager_every: int = 3, sym: bool = False, seed: int = 100, prepare_first: bool = False) -> dict:
     """A serving engine's pattern: one CUDA graph per batch size, each capturing one in-place
-    all_reduce of ``batch x hidden`` bf16 after ``prepare``, captured in batch order; then
-    ``rounds`` rounds that replay the graphs grouped (each 3 times in a row) or interleaved (a
-    random order), with eager calls of random batch sizes on fresh tensors mixed in every
-    ``eager_every`` replays; every replay and call checked bit for bit."""
-    import torch
-
+    all_reduce of ``batch x hidden`` bf16 after its ``prepare``, prepared and captured in batch
+    order (with ``prepare_first``: every batch prepared before the first capture); then ``rounds``
+    rounds that replay the graphs grouped (each 3 times in a row) or interleaved (a random order),
+    with eager calls of random batch sizes on fresh tensors mixed in every ``eager_every``
+    replays; every replay and call checked bit for bit."""
     comm = _fresh_comm(w, f"serving{seed}")
     rng = random.Random(seed)
     cases, graphs = [], []
@@ -156,14 +141,7 @@ def serving_graphs(w: Any, hidden: int = 8192, batches=(1, 2, 4, 8, 16), rounds:
                 c = _Case(comm, "all_reduce", b * hidden, "bfloat16", "sum", sym, True, seed + b)
                 c.prepare()
                 cases.append(c)
-            c = cases[k]
-            torch.cuda.synchronize()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-                c.call()
-            torch.cuda.current_stream().wait_stream(s)
+            g, _ = capture_graph(cases[k].call)
             graphs.append(g)
         plans = sorted({comm.last.label()} if comm.last else set())
         step = 0
@@ -251,13 +229,7 @@ def prepare_capture(w: Any, colls=COLLECTIVES, sizes=(1024,), dtypes=("bfloat16"
                                 c = _Case(comm, coll, numel, dname, op, arena if sym else False, ip, seed)
                                 try:
                                     c.prepare()
-                                    torch.cuda.synchronize()
-                                    s = torch.cuda.Stream()
-                                    s.wait_stream(torch.cuda.current_stream())
-                                    g = torch.cuda.CUDAGraph()
-                                    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-                                        c.call()
-                                    torch.cuda.current_stream().wait_stream(s)
+                                    g, _ = capture_graph(c.call)
                                     if comm.last is not None:
                                         plans.add(comm.last.label())
                                     for rep in range(replays):
@@ -471,7 +443,6 @@ def soak(w: Any, calls: int = 100000, graph_replays: int = 10000, graphs: int = 
     reduce ops: ``calls`` eager calls, then ``graphs`` captured calls replayed ``graph_replays``
     times in all, every result compared bit for bit (2 ranks) with the reference. Stops at
     ``time_limit_s`` and reports how many it did."""
-    import torch
 
     comm = _fresh_comm(w, f"soak{seed}", fallback=True)
     rng = random.Random(seed)   # the same on every rank: the ranks make the same calls
@@ -518,13 +489,7 @@ def soak(w: Any, calls: int = 100000, graph_replays: int = 10000, graphs: int = 
         for k in range(graphs):
             c = draw()
             c.prepare()
-            torch.cuda.synchronize()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-                c.call()
-            torch.cuda.current_stream().wait_stream(s)
+            g, _ = capture_graph(c.call)
             captured.append((g, c))
             pool.pop((c.coll, c.dname, c.numel, c.sym, c.inplace), None)  # its tensors are the graph's
         for j in range(graph_replays):
