@@ -468,6 +468,11 @@ class Communicator:
                 continue
             if coll == "broadcast" and (plan.root or 0) != root:
                 continue
+            why = self.backend.runnable(plan) if self.backend is not None else None
+            if why is not None:
+                self._note(coll, f"mscclang rank {self.rank}: plan {v.key} cannot run here: {why}",
+                           level=logging.INFO)
+                continue
             cp = self._fit(coll, v, plan, choice, inp, out, inplace, shape, esz, dry=True)
             if cp is not None and (best is None or _MODE_RANK[cp.mode] < _MODE_RANK[best.mode]):
                 best = cp

@@ -30,6 +30,7 @@ from mscclang.runtime.device_plan import (
 from mscclang.runtime.spec_build import SpecBuilder, pack_args, spec_hot_calls, spec_mode, when
 from mscclang.runtime.spec_source import SpecUnsupported, generate
 from mscclang.runtime.structs import ERROR_RECORD
+from mscclang.runtime.topology import topology_from_env
 from mscclang.runtime.watchdog import AbortWatchdog
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -192,6 +193,8 @@ class Executor:
               cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
         self.arch = f"sm_{cc[0]}{cc[1]}"
         self._first_launch_done = False
+        #: which ranks share a node (launcher's LOCAL_WORLD_SIZE, MSCCLANG_GPUS_PER_NODE overrides)
+        self.topology = topology_from_env(self.comm.world_size)
         self.specialize = spec_mode(specialize)
         self._spec_builder = SpecBuilder(self.arch)
         self._spec_mods: dict[str, tuple[Any, Any]] = {}   # cubin name -> (module, function)
@@ -209,6 +212,18 @@ class Executor:
 
     # ------------------------------------------------------------------------------------------
     # loading
+    def runnable(self, plan: Plan) -> Optional[str]:
+        """Why this executor cannot run ``plan`` (None when it can): the load-time checks, without
+        keeping the plan."""
+        try:
+            if plan.world_size != self.comm.world_size:
+                return f"the plan has {plan.world_size} ranks but the communicator has {self.comm.world_size}"
+            check_runnable(plan, allow_switch=os.environ.get("MSCCLANG_ENABLE_NVLS") == "1",
+                           topology=self.topology)
+        except PlanError as e:
+            return str(e)
+        return None
+
     def load(self, plan: Plan) -> LoadedPlan:
         """Check ``plan`` once (refusing what this executor cannot run) and remember it."""
         lp = self._loaded.get(id(plan))
@@ -218,7 +233,7 @@ class Executor:
             raise PlanError(f"the plan has {plan.world_size} ranks but the communicator has "
                             f"{self.comm.world_size}", "gpus")
         allow_switch = os.environ.get("MSCCLANG_ENABLE_NVLS") == "1"
-        check_runnable(plan, allow_switch=allow_switch)
+        check_runnable(plan, allow_switch=allow_switch, topology=self.topology)
         nb = len(plan.gpus[self.comm.rank].threadblocks)
         if nb > MAX_FLAGS:
             raise PlanError(f"rank {self.comm.rank} has {nb} thread blocks; the kernel supports {MAX_FLAGS}",
