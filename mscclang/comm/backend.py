@@ -49,6 +49,10 @@ class Backend:
         """Bytes every block of a call must be a multiple of (1: any size the layout accepts)."""
         return 1
 
+    def memory(self) -> dict[str, int]:
+        """GPU memory the engine holds, by kind, in bytes (and counts); empty when unknown."""
+        return {}
+
     def runnable(self, plan: Plan) -> Optional[str]:
         """Why this engine cannot run ``plan`` here (e.g. a channel the node layout cannot carry),
         or None when it can."""
@@ -139,6 +143,13 @@ class RuntimeBackend(Backend):
     def is_symmetric(self, tensor: Any) -> bool:
         got = self.executor.comm.symmetric_of(tensor.data_ptr())
         return got is not None and not getattr(got[0], "internal", False)
+
+    def memory(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for part in (getattr(self.executor, "memory", None), getattr(getattr(self.executor, "comm", None), "memory", None)):
+            if part is not None:
+                out.update(part())
+        return out
 
     def runnable(self, plan: Plan) -> Optional[str]:
         got = self._runnable.get(id(plan))

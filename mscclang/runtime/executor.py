@@ -467,6 +467,26 @@ class Executor:
         lp.spec[key] = sp
         return sp
 
+    def memory(self) -> dict[str, int]:
+        """GPU memory this executor holds, in bytes (device allocations it made; symmetric buffers
+        are the communicator's, see :meth:`mscclang.runtime.comm.Communicator.memory`):
+        ``scratch`` and ``sync`` of live contexts, ``retired_scratch`` / ``retired_sync`` of
+        outgrown ones (kept for prepared calls and captured graphs), ``device_plans``, and the counts
+        ``contexts``, ``retired_contexts``, ``launch_entries``, ``kernels`` (modules loaded)."""
+        out = dict(scratch=0, sync=0, retired_scratch=0, retired_sync=0, device_plans=0, contexts=0,
+                   retired_contexts=0, launch_entries=0, kernels=len(self._modules) + len(self._spec_mods))
+        for lp in self._loaded.values():
+            out["launch_entries"] += len(lp.fast)
+            for ctx, live in [(lp.ctx, True)] + [(c, False) for c in lp.retired]:
+                if ctx is None:
+                    continue
+                pre = "" if live else "retired_"
+                out[pre + "scratch"] += ctx.scratch_bytes
+                out[pre + "sync"] += ctx.sync.size
+                out["contexts" if live else "retired_contexts"] += 1
+                out["device_plans"] += sum(dp.nbytes for dp in ctx.plans.values())
+        return out
+
     def spec_status(self, plan: Plan) -> dict[tuple, str]:
         """Per (input bytes, output bytes, dtype, packet, reduce op) seen so far: how the
         specialised kernel was obtained ('spec NT threads, origin') or why the interpreter runs."""
