@@ -164,6 +164,11 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
                     "this rank's current launch" + ("; packet scratch reused across launches needs "
                     "use_double_scratch_buffer" if pk and not self.plan.use_double_scratch_buffer
                                                     else "") + ")")
+        elif a.launch != b.launch and ((a.packet and a.write) or (b.packet and b.write)) and \
+                info.storage.endswith(".scr") and not self.plan.use_double_scratch_buffer:
+            hint = (" (packet scratch reused by a later launch: no chain of edges orders the "
+                    "earlier launch's access before the reuse; use_double_scratch_buffer, or an "
+                    "edge from the reader to the writer's next launch, would order it)")
         elif (a.host and a.op.name.startswith("launch start")) or (b.host and b.op.name.startswith("launch start")):
             hint = " (a peer touches this rank's buffer with no ready edge from its current launch)"
         elif (a.host and a.op.name.startswith("launch end")) or (b.host and b.op.name.startswith("launch end")):

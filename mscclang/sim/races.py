@@ -232,7 +232,16 @@ class AccessLog:
         A ``touch`` (the host handing a reused buffer, or the half of a double scratch, to a new
         launch) is checked like a write and remembered apart, per byte interval (a later touch
         replaces only the bytes it covers, so the two halves of a double scratch keep their own
-        hand-overs), so it does not hide the last real writes of those bytes."""
+        hand-overs), so it does not hide the last real writes of those bytes.
+
+        Packet writes and hand-overs are not checked against each other: nothing touches a
+        scratch between launches, and LL readers take only packets that carry their launch's
+        flag, so reusing a packet slot is a hazard only where a packet write meets an access of
+        another launch that no chain of edges orders (a read that has not happened yet, a plain
+        write), and the direct checks below find exactly that: a packet write of launch ``k+1``
+        against a read of launch ``k`` is ordered when the reader's later actions (packets it
+        sent after reading, which the writer's rank consumed before its launch ``k`` ended) lead
+        to the writer."""
         if b <= a:
             return
         wm = self.writes.get(storage)
@@ -240,11 +249,13 @@ class AccessLog:
             wm = self.writes[storage] = IntervalMap()
             self.reads[storage] = {}
         tm = self.touches.get(storage)
-        if tm is not None:
+        if tm is not None and not (c.packet and c.write):
             for s, e_, prev in tm.overlapping(a, b):
                 if prev.tid != c.tid and not self._exempt(prev, c) and not rvc[prev.tid] >= prev.clk:
                     self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
         for s, e_, prev in wm.overlapping(a, b):
+            if touch and prev.packet:
+                continue  # packet writes meet a hand-over only through the accesses it orders
             if prev.tid == c.tid:
                 if same_thread_ordered or prev.clk < c.clk or (prev.delta == c.delta and prev.unit == c.unit):
                     continue
@@ -283,8 +294,8 @@ class AccessLog:
                                 self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
                         elif not self._exempt(prev, c) and not rvc[prev.tid] >= prev.clk:
                             self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
-                    if s < a or e_ > b:
-                        keep.append(item)
+                    if touch or s < a or e_ > b:
+                        keep.append(item)  # a hand-over does not hide the reads before it
                 pages[pg] = keep
             if touch:
                 self.touches.setdefault(storage, IntervalMap()).assign(a, b, c)
