@@ -186,12 +186,12 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
     # ---------------------------------------------------------------- access recording
     def _record(self, actor: Actor, rank: int, key: str, a: int, b: int, write: bool,
                 op: OpRef, launch: int, delta: int = 0, unit: int = 16, packet: bool = False,
-                exempt: bool = False, host: bool = False, single: bool = False,
+                host: bool = False, single: bool = False,
                 touch: bool = False) -> None:
         if self.log is None or b <= a:
             return
         acc = Access(actor.tid, int(actor.vc[actor.tid]), write, op, launch, delta, unit, host,
-                     packet, exempt, actor.rvc.copy() if (packet and write) else None)
+                     packet, actor.rvc.copy() if (packet and write) else None)
         self.log.access(f"rank{rank}.{key}", a, b, acc, actor.vc, actor.rvc, single, touch)
 
     # ---------------------------------------------------------------- op references

@@ -115,9 +115,8 @@ class PacketMixin:
             m = mem[d.rank]
             s0, s1 = m.pad_packets(a, b, flag, self.ll16, half)
             if s1 > s0:
-                exempt = d.rank != rank and m.double
                 self._record(actor, d.rank, "scr", s0, s1, True, opref, launch, delta=0,
-                             unit=unit, packet=True, exempt=exempt, single=single)
+                             unit=unit, packet=True, single=single)
                 if m.shadow is not None:
                     m.shadow["scr"][s0 // 4: s1 // 4] = 0
                 self._wake_flags(d.rank, s0, s1)
@@ -130,9 +129,8 @@ class PacketMixin:
         n = data.shape[0]
         if d.packet:
             s0, s1 = m.write_packets(off, data, flag, self.ll16, half)
-            exempt = d.rank != rank and m.double
             self._record(actor, d.rank, key, s0, s1, True, opref, launch,
-                         delta=s0 - 2 * delta_pos, unit=unit, packet=True, exempt=exempt, single=single)
+                         delta=s0 - 2 * delta_pos, unit=unit, packet=True, single=single)
             if m.shadow is not None:
                 self._sh_put_pkt(m, half, off, n, sh)
             self._wake_flags(d.rank, s0, s1)

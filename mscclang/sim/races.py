@@ -58,7 +58,6 @@ class Access:
     unit: int = 16          # bytes a thread handles at once (16 plain, 4/8 packets)
     host: bool = False
     packet: bool = False    # packet-format access (flags synchronise packet reads)
-    exempt: bool = False    # packet write into a peer's double-buffered scratch
     rvc: Optional[np.ndarray] = field(default=None, compare=False, repr=False)  # packet writes
 
 
@@ -219,10 +218,6 @@ class AccessLog:
     def _exempt(self, e: Access, c: Access) -> bool:
         if c.packet and not c.write and e.packet and e.write:
             return True  # a packet read is ordered after the write of those bytes by its flag
-        if c.exempt and (e.host or e.launch != c.launch):
-            return True
-        if e.exempt and (c.host or e.launch != c.launch):
-            return True
         return False
 
     def access(self, storage: str, a: int, b: int, c: Access, vc: np.ndarray,

@@ -77,12 +77,20 @@ def message_to_bytes(plan: Plan, size: int) -> tuple[int, int]:
     return size, size
 
 
+def default_launches(plan: Plan) -> int:
+    """Consecutive launches a default verify simulates: enough for every scratch area to be
+    reused by a later launch, so that what orders the reuse is checked. Two launches reuse a
+    single scratch; a double scratch alternates halves, so its halves are reused from the third
+    launch on."""
+    return 3 if plan.use_double_scratch_buffer else 2
+
+
 _LAUNCH = re.compile(r"launch \d+")
 
 
 def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
            dtypes: Sequence[str] = DEFAULT_DTYPES, schedules: int = 10, seed: int = 0,
-           launches: int = 2, reduce_ops: Optional[Sequence[str]] = None,
+           launches: Optional[int] = None, reduce_ops: Optional[Sequence[str]] = None,
            packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
            max_problems: int = 40) -> Report:
     """Verify ``plan``. For every message size, ``schedules`` runs are made: run ``i`` uses
@@ -90,11 +98,14 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     ``runahead`` runs of the ``s``-th size lead with rank ``(s + i // 4) % ranks``, so with the
     default 10 schedules and 3 sizes up to four ranks each get to run ahead), and takes the
     dtype, reduce op and packet type in rotation, so every value of each appears. Each run
-    checks races and every launch's outputs; one extra round-robin run per plan checks the
-    symbolic postcondition at the smallest size. Returns a :class:`Report`."""
+    checks races and every launch's outputs over ``launches`` consecutive launches (default:
+    :func:`default_launches`); one extra round-robin run per plan checks the symbolic
+    postcondition at the smallest size. Returns a :class:`Report`."""
     t0 = time.perf_counter()
     p = as_plan(plan)
     spec = spec_from_plan(p)
+    if launches is None:
+        launches = default_launches(p)
     rep = Report(p.name, launches=launches)
     if sizes is None:
         sizes = default_sizes(p)
