@@ -35,7 +35,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="dtypes (fp16, bf16, fp32, int32, uint8, fp8_e4m3, fp8_e5m2)")
     p.add_argument("--reduce-op", nargs="+", default=None, choices=("sum", "min", "max"))
     p.add_argument("--packet-type", nargs="+", default=None, choices=("LL8", "LL16"))
-    p.add_argument("--launches", type=int, default=2, help="consecutive launches (default 2)")
+    p.add_argument("--launches", type=int, default=None,
+                   help="consecutive launches (default: 3 for double-scratch plans, else 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-symbolic", action="store_true", help="skip the symbolic postcondition")
     p.set_defaults(func=run)
