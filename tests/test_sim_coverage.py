@@ -79,3 +79,26 @@ def test_two_rank_send_recv_needs_no_ready_pair() -> None:
     and verifies over many launches."""
     rep = verify(load_plan(PLANS / "sendrecv_ll.r2.i1.json"), launches=5, schedules=4)
     assert rep.ok, str(rep)
+
+
+def _duplicate_op(doc: dict, rank: int, tb: int, index: int, at: int) -> dict:
+    doc = copy.deepcopy(doc)
+    ops = doc["gpus"][rank]["threadblocks"][tb]["ops"]
+    ops.insert(at, copy.deepcopy(ops[index]))
+    return doc
+
+
+def test_duplicated_packet_put_is_judged_the_same_wherever_it_stands() -> None:
+    """6e: a packet put repeated right after itself, or at the end of the block (after the
+    block's packet read, in the same epoch), rewrites packets the peer may be reading. Both are
+    races. The end-of-block duplicate used to pass: the peer's packets, read by this block
+    before the duplicate, carried the peer's clock as of its whole epoch, which covered the
+    peer's own later read of this rank's packets; a packet write now publishes only the ops up
+    to the writing one."""
+    doc = _doc("sendrecv_ll.r2.i1.json")
+    ops = [o["name"] for o in doc["gpus"][0]["threadblocks"][0]["ops"]]
+    assert ops == ["ppkt", "upkt"], ops
+    for at in (1, 2):
+        rep = verify(load_plan(json.dumps(_duplicate_op(doc, 0, 0, 0, at))), schedules=1)
+        races = [p.message for p in rep.problems if p.kind == "race"]
+        assert any(f"rank 0 tb 0 op {at} ppkt (launch" in m and "upkt" in m for m in races), str(rep)

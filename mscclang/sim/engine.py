@@ -220,6 +220,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
                     yield from self._op(task, inner, cop)
                 yield None
             return
+        actor.step()
         if name == OpName.nop:
             actor.nop()
             return

@@ -10,9 +10,15 @@ An actor carries two vector clocks:
   ``rvc`` ("a relaxed wait orders the signaller's earlier reads and its launch start, not its
   writes").
 
-A block's own clock component is its *epoch*: it advances at every ``nop``/``barrier``. Two
-accesses of one block in the same epoch are ordered only when the block's threads split the
-bytes the same way (same byte-to-stream alignment ``delta`` and unit); otherwise they race.
+A block's own clock component is its *epoch* and, below it, the op's position in the epoch
+(``epoch << EPOCH_SHIFT | op``): the epoch advances at every ``nop``/``barrier``, the op
+number at every op. Two accesses of one block in the same epoch are ordered only when the
+block's threads split the bytes the same way (same byte-to-stream alignment ``delta`` and
+unit); otherwise they race. What the block publishes through a barrier or a signal covers
+whole epochs (the block as of its last ``nop``); what a packet write publishes (its execution
+clock, which the packet's reader acquires through the flag) covers the writing op and the ops
+before it, not the ops after it in the same epoch, so a race is judged the same way wherever in
+the epoch the conflicting op stands.
 
 Accesses are recorded per storage (a rank's input, output or scratch allocation) as byte
 intervals: the last write of every byte in an interval map, and reads since then in a list.
@@ -62,6 +68,18 @@ class Access:
 
 
 _PAGE_BITS = 12
+
+#: bits of a block's own clock component below its epoch (the op number inside the epoch)
+EPOCH_SHIFT = 32
+
+
+def epoch(clk: int) -> int:
+    """The epoch of a clock value (an actor's own component)."""
+    return int(clk) >> EPOCH_SHIFT
+
+
+def _next_epoch(clk: int) -> int:
+    return (epoch(clk) + 1) << EPOCH_SHIFT
 
 
 class IntervalMap:
@@ -127,7 +145,7 @@ class Actor:
         self.sync_rvc = rvc.copy()
         self.vc = vc.copy()
         self.rvc = rvc.copy()
-        self.vc[self.tid] += 1
+        self.vc[self.tid] = _next_epoch(self.vc[self.tid])
         self.rvc[self.tid] = self.vc[self.tid]
         self.pend_vc = None
         self.pend_rvc = None
@@ -171,9 +189,14 @@ class Actor:
         self.pend_vc = self.pend_rvc = None
         self.sync_vc = self.vc.copy()
         self.sync_rvc = self.rvc.copy()
-        self.vc[self.tid] += 1
+        self.vc[self.tid] = _next_epoch(self.vc[self.tid])
         self.rvc[self.tid] = self.vc[self.tid]
         self.dirty = False
+
+    def step(self) -> None:
+        """The block goes on to its next op (in the same epoch)."""
+        self.vc[self.tid] += 1
+        self.rvc[self.tid] = self.vc[self.tid]
 
     def join(self, vc: np.ndarray, rvc: np.ndarray) -> None:
         """Merge clocks directly (for actors made of one thread: host, proxy)."""
@@ -182,7 +205,8 @@ class Actor:
         np.maximum(self.rvc, self.vc, out=self.rvc)
 
     def tick(self) -> None:
-        self.vc[self.tid] += 1
+        """One step of a one-thread actor (host, proxy): a new epoch."""
+        self.vc[self.tid] = _next_epoch(self.vc[self.tid])
         self.rvc[self.tid] = self.vc[self.tid]
         self.sync_vc = self.vc.copy()
         self.sync_rvc = self.rvc.copy()
@@ -252,7 +276,7 @@ class AccessLog:
             if touch and prev.packet:
                 continue  # packet writes meet a hand-over only through the accesses it orders
             if prev.tid == c.tid:
-                if same_thread_ordered or prev.clk < c.clk or (prev.delta == c.delta and prev.unit == c.unit):
+                if same_thread_ordered or epoch(prev.clk) < epoch(c.clk) or (prev.delta == c.delta and prev.unit == c.unit):
                     continue
                 if self._exempt(prev, c):
                     continue
@@ -283,7 +307,7 @@ class AccessLog:
                     if id(item) not in checked:
                         checked.add(id(item))
                         if prev.tid == c.tid:
-                            if not (same_thread_ordered or prev.clk < c.clk or
+                            if not (same_thread_ordered or epoch(prev.clk) < epoch(c.clk) or
                                     (prev.delta == c.delta and prev.unit == c.unit)) \
                                     and not self._exempt(prev, c):
                                 self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
