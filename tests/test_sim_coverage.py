@@ -102,3 +102,27 @@ def test_duplicated_packet_put_is_judged_the_same_wherever_it_stands() -> None:
         rep = verify(load_plan(json.dumps(_duplicate_op(doc, 0, 0, 0, at))), schedules=1)
         races = [p.message for p in rep.problems if p.kind == "race"]
         assert any(f"rank 0 tb 0 op {at} ppkt (launch" in m and "upkt" in m for m in races), str(rep)
+
+
+def test_wrong_semaphore_initial_value_is_found_under_every_schedule() -> None:
+    """6c: the semaphore's initial value is a token an acquire may take without any release. An
+    initial value of 1 instead of 0 lets the copying block of the pipelined allreduce run ahead
+    of the reducing block; the acquire that takes the initial token is ordered after nothing,
+    so every schedule reports the race (before, only the schedules in which the acquire ran
+    before the first release did)."""
+    import numpy as np
+
+    from mscclang.sim import SCHEDULES, Simulation, compile_program
+
+    doc = _doc("allreduce_rsag_pipelined.r2.i8.json")
+    assert doc["gpus"][0]["semaphores"][0]["init_value"] == 0
+    doc["gpus"][0]["semaphores"][0]["init_value"] = 1
+    plan = load_plan(json.dumps(doc))
+    size = 1 << 20
+    prog = compile_program(plan, size, size)
+    for sched in SCHEDULES:
+        for seed in range(2):
+            sim = Simulation(prog, [np.zeros(size, np.uint8)] * 2, dtype=np.dtype(np.float32),
+                             launches=2, schedule=sched, seed=seed)
+            sim.run()
+            assert any(p.kind == "race" for p in sim.problems), (sched, seed)

@@ -122,10 +122,12 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
                     back = [i for i, x in enumerate(peers[b]) if x == a]
                     key_b = (b, ctype.value, back[j]) if j < len(back) else (b, ctype.value, f"hidden{a}.{j}")
                     self.pair[(a, ctype.value, gidx)] = key_b
+        #: semaphores as tokens: [value, initial tokens left (negative: releases still owed),
+        #: queue of (vc, rvc) of the releases not yet acquired]
         self.sems: dict[tuple[int, int], list] = {}
         for r, g in enumerate(plan.gpus):
             for i, s in enumerate(g.semaphores):
-                self.sems[(r, i)] = [s.init_value, None, None]
+                self.sems[(r, i)] = [s.init_value, s.init_value, deque()]
         self.barriers: dict[tuple[int, int], dict] = {}
 
         # scheduling
@@ -279,18 +281,26 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
                     raise PlanError(f"rank {rank} tb {task.tb} op {cop.index} {cop.name}: semaphore "
                                     f"{sid} does not exist (rank has {len(self.plan.gpus[rank].semaphores)})")
                 if name == OpName.sem_release:
+                    # a release adds a token carrying what it publishes (or pays off a negative
+                    # initial value); an acquire takes the oldest token, the initial ones first,
+                    # and is ordered after that release only: an acquire that a wrong initial
+                    # value lets through orders nothing, whatever the schedule
                     vc, rvc = actor.publish()
                     s[0] += 1
-                    s[1] = vc.copy() if s[1] is None else np.maximum(s[1], vc)
-                    s[2] = rvc.copy() if s[2] is None else np.maximum(s[2], rvc)
+                    if s[1] < 0:
+                        s[1] += 1
+                    else:
+                        s[2].append((vc.copy(), rvc.copy()))
                     self._wake(("sem", rank, sid))
                 else:
                     while s[0] <= 0:
                         yield Wait(("sem", rank, sid), f"semaphore {sid} to become positive (is {s[0]})",
                                    ("sem", rank, sid))
                     s[0] -= 1
-                    if s[1] is not None:
-                        actor.acquire(s[1], s[2])
+                    if s[1] > 0:
+                        s[1] -= 1
+                    else:
+                        actor.acquire(*s[2].popleft())
             return
         # data ops
         if cop.op.channel_type == ChannelType.port and name in (
