@@ -126,3 +126,18 @@ def test_wrong_semaphore_initial_value_is_found_under_every_schedule() -> None:
                              launches=2, schedule=sched, seed=seed)
             sim.run()
             assert any(p.kind == "race" for p in sim.problems), (sched, seed)
+
+
+def test_a_wait_does_not_synchronise_the_whole_block() -> None:
+    """6d (docs/semantics.md, "Does a wait synchronise the whole block?"): no. Only the waiting
+    thread acquires; the other threads need the nop after the wait. Without it, the put of the
+    ready handshake pattern (rlxsignal, rlxwait, nop, put) races with the peer's hand-over of its
+    buffer to the launch, although this repository's kernel (a block barrier after every wait)
+    would run it correctly: the plan is not portable to MSCCL++'s executor."""
+    doc = _doc("sendrecv_simple.r2.i16.json")
+    ops = doc["gpus"][0]["threadblocks"][0]["ops"]
+    assert [o["name"] for o in ops[:4]] == ["rlxsignal", "rlxwait", "nop", "put"]
+    del ops[2]
+    rep = verify(load_plan(json.dumps(doc)), schedules=1)
+    races = [p.message for p in rep.problems if p.kind == "race"]
+    assert any("rank 0 tb 0 op 2 put" in m for m in races), str(rep)
