@@ -141,3 +141,54 @@ def test_a_wait_does_not_synchronise_the_whole_block() -> None:
     rep = verify(load_plan(json.dumps(doc)), schedules=1)
     races = [p.message for p in rep.problems if p.kind == "race"]
     assert any("rank 0 tb 0 op 2 put" in m for m in races), str(rep)
+
+
+def test_default_sizes_run_every_pipeline_at_least_twice() -> None:
+    """6b: the pipelined plans' smallest size (their minimum, 1 MiB) runs one iteration; the
+    default sizes add the smallest size at which every pipeline runs two."""
+    from mscclang.sim import compile_program, default_sizes
+    from mscclang.sim.verify import message_to_bytes
+
+    for name in ("allreduce_rsag_pipelined.r2.i8.json", "allreduce_rsag_pipelined.r8.i8.json"):
+        plan = load_plan(PLANS / name)
+        sizes = default_sizes(plan)
+        prog = compile_program(plan, *message_to_bytes(plan, max(sizes)))
+        iters = [len(c.iterations) for blocks in prog.blocks for cops in blocks for c in cops
+                 if c.name == "pipeline"]
+        assert iters and min(iters) >= 2, (name, sizes, set(iters))
+    assert default_sizes(load_plan(PLANS / "sendrecv_ll.r2.i1.json")) == [16, 52, 512]
+
+
+def test_default_verify_catches_a_wrong_unit_size() -> None:
+    """6b: one block's pipeline with half (or twice) the unit size: same single iteration at
+    1 MiB, caught at the two-iteration size."""
+    doc = _doc("allreduce_rsag_pipelined.r2.i8.json")
+    for tb, factor in ((1, 2), (0, 0.5)):
+        bad = copy.deepcopy(doc)
+        ctx = bad["gpus"][0]["threadblocks"][tb]["ops"][0]["iter_context"]
+        ctx["unit_size"] = int(ctx["unit_size"] * factor)
+        rep = verify(load_plan(json.dumps(bad)), schedules=2, dtypes=["float32"])
+        assert not rep.ok, (tb, factor)
+
+
+def test_symbolic_check_runs_for_4_and_8_rank_pipelined_plans() -> None:
+    """6b: the symbolic shadows of the 4- and 8-rank pipelined plans (256 and 512 symbols) at
+    1 MiB no longer exceed the budget: one row per 4 KiB granule, as every byte they move is
+    4 KiB-aligned."""
+    for name in ("allreduce_rsag_pipelined.r4.i8.json", "allreduce_rsag_pipelined.r8.i8.json"):
+        rep = verify(load_plan(PLANS / name), sizes=[1 << 20], schedules=1, dtypes=["float32"])
+        assert rep.ok, str(rep)
+        assert not any("symbolic" in n for n in rep.notes), rep.notes
+        assert rep.runs == 2  # the schedule and the symbolic run
+
+
+def test_symbolic_granule_still_finds_a_wrong_chunk() -> None:
+    """The coarse symbolic shadow (4 KiB rows) still names a chunk put in the wrong place: the
+    8-rank pipelined allreduce with one rank copying a peer's chunk into the wrong output slot."""
+    doc = _doc("allreduce_rsag_pipelined.r8.i8.json")
+    ops = doc["gpus"][0]["threadblocks"][1]["ops"][0]["ops"]
+    copies = [o for o in ops if o["name"] == "copy"]
+    copies[1]["dst_buff"][0]["index"] = copies[2]["dst_buff"][0]["index"]
+    rep = verify(load_plan(json.dumps(doc)), sizes=[1 << 20], schedules=1, dtypes=["float32"])
+    sym = [p.message for p in rep.problems if p.kind == "symbolic"]
+    assert any("missing" in m for m in sym), str(rep)

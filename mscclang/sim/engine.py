@@ -53,7 +53,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
                  schedule: str = "round_robin", seed: int = 0, check_races: bool = True,
                  nsym: int = 0, spec: Optional[CollectiveSpec] = None,
                  poison_outputs: bool = False, max_steps: int = 10_000_000,
-                 lead: Optional[int] = None) -> None:
+                 lead: Optional[int] = None, sym_granule: int = 4) -> None:
         plan = program.plan
         self.plan: Plan = plan
         self.program = program
@@ -75,9 +75,14 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
         self.lead = (seed % max(n, 1)) if lead is None else lead
         self.spec = spec or spec_from_plan(plan)
         self.nsym = nsym
+        if not (isinstance(sym_granule, int) and sym_granule >= 4 and sym_granule & (sym_granule - 1) == 0):
+            raise PlanError(f"symbolic granule must be a power of two of at least 4 bytes, got {sym_granule!r}")
+        #: bytes per row of the symbolic shadows
+        self.sym_granule = sym_granule
         self.poison = poison_outputs
         self.max_steps = max_steps
-        self.mem = [RankMemory(plan, self.spec, r, program.layouts[r], nsym) for r in range(self.n)]
+        self.mem = [RankMemory(plan, self.spec, r, program.layouts[r], nsym, sym_granule)
+                    for r in range(self.n)]
         self.inputs = inputs
         self.problems: list[Problem] = []
         self._race_keys: set = set()
@@ -393,8 +398,9 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
         ob = mem.layout.output_bytes
         if self.poison and ob:
             mem.storage[okey][obase: obase + ob] = 0xFF
+        g = self.sym_granule
         if mem.shadow is not None:
-            mem.shadow[okey][obase // 4: (obase + ob + 3) // 4] = 0
+            mem.shadow[okey][obase // g: -(-(obase + ob) // g)] = 0
         data = self.inputs[rank]
         mem.storage[ikey][ibase: ibase + ib] = data
         if mem.shadow is not None:
@@ -432,15 +438,16 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
         ikey, ibase = mem.alias[BufferKind.input]
         cin = self.plan.gpus[rank].input_chunks
         sh = mem.shadow[ikey]  # type: ignore[index]
-        sh[ibase // 4: (ibase + mem.layout.input_bytes + 3) // 4] = 0
+        g = self.sym_granule
+        sh[ibase // g: -(-(ibase + mem.layout.input_bytes) // g)] = 0
         for c in range(cin):
             off, ln = mem.layout.span(BufferKind.input, c)
             if ln == 0:
                 continue
-            if (ibase + off) % 4 or ln % 4:
+            if (ibase + off) % g or ln % g:
                 self.sym_ok = False
                 continue
-            sh[(ibase + off) // 4: (ibase + off + ln) // 4, rank * cin + c] = 1
+            sh[(ibase + off) // g: (ibase + off + ln) // g, rank * cin + c] = 1
 
     def _end_launch(self, rank: int) -> None:
         k = self.rank_launch[rank]
@@ -458,7 +465,8 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
             self.out_shadows.append([None] * self.n)  # type: ignore[list-item]
         self.outputs[k - 1][rank] = mem.storage[okey][obase: obase + ob].copy()
         if mem.shadow is not None:
-            self.out_shadows[k - 1][rank] = mem.shadow[okey][obase // 4: (obase + ob) // 4].copy()
+            g = self.sym_granule
+            self.out_shadows[k - 1][rank] = mem.shadow[okey][obase // g: (obase + ob) // g].copy()
         for (r, sid), s in self.sems.items():
             if r == rank and s[0] != self.plan.gpus[r].semaphores[sid].init_value:
                 self.problem("unbalanced-semaphore",

@@ -25,8 +25,8 @@ PKT_WRITERS = frozenset({OpName.cpkt, OpName.ppkt, OpName.rppkt, OpName.respkt, 
 
 class PacketMixin:
     """Data movement and packets; mixed into :class:`mscclang.sim.engine.Simulation`, whose
-    ``mem``, ``log``, ``ll16``, ``dtype``, ``reduce_op``, ``flag_pages`` and ``_record`` it
-    uses."""
+    ``mem``, ``log``, ``ll16``, ``dtype``, ``reduce_op``, ``flag_pages``, ``sym_granule``,
+    ``sym_ok`` and ``_record`` it uses."""
 
     def _exec_group(self, task: Task, actor: Actor, cop: COp, g: Group, rank: int, flag: int,
                     half: int, launch: int, opref: OpRef, single: bool,
@@ -118,7 +118,7 @@ class PacketMixin:
                 self._record(actor, d.rank, "scr", s0, s1, True, opref, launch, delta=0,
                              unit=unit, packet=True, single=single)
                 if m.shadow is not None:
-                    m.shadow["scr"][s0 // 4: s1 // 4] = 0
+                    self._sh_clear(m, s0, s1)
                 self._wake_flags(d.rank, s0, s1)
 
     def _write(self, actor: Actor, rank: int, d: Operand, off: int, data: np.ndarray,
@@ -144,34 +144,47 @@ class PacketMixin:
             if m.shadow is not None:
                 self._sh_put_plain(m, key, a, n, sh)
 
-    # symbolic shadows (one row of symbol counts per 4-byte word)
+    # symbolic shadows (one row of symbol counts per granule of ``sym_granule`` bytes: 4, or a
+    # larger power of two when every access of the run is aligned to it)
     def _sh_plain(self, m: RankMemory, key: str, a: int, n: int) -> Optional[np.ndarray]:
-        if a % 4 or n % 4:
+        g = self.sym_granule
+        if a % g or n % g:
             self.sym_ok = False
             return None
-        return m.shadow[key][a // 4: (a + n) // 4].copy()  # type: ignore[index]
+        return m.shadow[key][a // g: (a + n) // g].copy()  # type: ignore[index]
 
     def _sh_pkt(self, m: RankMemory, key: str, half: int, off: int, n: int) -> Optional[np.ndarray]:
-        if off % 4 or n % 4:
+        g = self.sym_granule
+        if off % g or n % g or half % g:
             self.sym_ok = False
             return None
-        w0, w1 = off // 4, (off + n) // 4
-        h4 = half // 4
+        w0, w1 = off // g, (off + n) // g
+        h4 = half // g
         return m.shadow["scr"][h4 + 2 * w0: h4 + 2 * w1: 2].copy()  # type: ignore[index]
 
     def _sh_put_plain(self, m: RankMemory, key: str, a: int, n: int, sh: Optional[np.ndarray]) -> None:
-        if sh is None or a % 4 or n % 4:
+        g = self.sym_granule
+        if sh is None or a % g or n % g:
             self.sym_ok = False
             return
-        m.shadow[key][a // 4: (a + n) // 4] = sh  # type: ignore[index]
+        m.shadow[key][a // g: (a + n) // g] = sh  # type: ignore[index]
 
     def _sh_put_pkt(self, m: RankMemory, half: int, off: int, n: int, sh: Optional[np.ndarray]) -> None:
-        if sh is None or off % 4 or n % 4:
+        g = self.sym_granule
+        if sh is None or off % g or n % g or half % g:
             self.sym_ok = False
             return
-        w0, w1 = off // 4, (off + n) // 4
-        h4 = half // 4
+        w0, w1 = off // g, (off + n) // g
+        h4 = half // g
         m.shadow["scr"][h4 + 2 * w0: h4 + 2 * w1: 2] = sh  # type: ignore[index]
+
+    def _sh_clear(self, m: RankMemory, s0: int, s1: int) -> None:
+        """Scratch bytes [s0, s1) now hold zero-payload packets."""
+        g = self.sym_granule
+        if s0 % g or s1 % g:
+            self.sym_ok = False
+            return
+        m.shadow["scr"][s0 // g: s1 // g] = 0  # type: ignore[index]
 
     def _wake_flags(self, rank: int, s0: int, s1: int) -> None:
         """Wake tasks waiting for packets whose flags lie in scratch bytes [s0, s1) of rank."""

@@ -4,6 +4,7 @@ semaphores, and wrong outputs (numeric and symbolic)."""
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from typing import Optional, Sequence
@@ -12,7 +13,8 @@ import numpy as np
 
 from mscclang.errors import MscclangError, PlanError, VerificationError
 from mscclang.plan.collectives import spec_from_plan
-from mscclang.plan.models import Plan
+from mscclang.plan.layout import scratch_bytes_needed
+from mscclang.plan.models import BufferKind, Plan
 from mscclang.sim.dtypes import dtype_name, parse_dtype
 from mscclang.sim.engine import SCHEDULES, Simulation
 from mscclang.sim.postcondition import check_numeric, check_symbolic, random_inputs
@@ -41,9 +43,17 @@ def _block_chunks(plan: Plan) -> int:
     return g.input_chunks or g.output_chunks or 1
 
 
+#: the largest row of a symbolic shadow, in bytes (see :func:`symbolic_granule`)
+MAX_SYMBOLIC_GRANULE = 4096
+#: the most memory the symbolic shadows of one run may take
+SYMBOLIC_BUDGET = 256 << 20
+
+
 def default_sizes(plan: Plan) -> list[int]:
-    """Three message sizes: one where every chunk is one alignment unit, an odd one whose last
-    chunk is short, and a larger one; kept inside the plan's message size range."""
+    """Message sizes a default verify runs: one where every chunk is one alignment unit, an odd
+    one whose last chunk is short, and a larger one, kept inside the plan's message size range;
+    and, for a plan with pipelines, the smallest size in range at which every pipeline runs at
+    least two iterations (:func:`pipeline_size`), so that the slicing is checked. Ascending."""
     a = max(plan.buffer_alignment, 4)
     bc = max(_block_chunks(plan), 1)
     f = _blocks_per_message(plan)
@@ -54,7 +64,98 @@ def default_sizes(plan: Plan) -> list[int]:
         s = max(plan.min_message_size, 4 * f)
         s -= s % (4 * f)
         ok = [s]
+    ps = pipeline_size(plan)
+    if ps is not None and ps not in ok:
+        ok = sorted(ok + [ps])
     return ok
+
+
+def _pipeline_ops(plan: Plan) -> list:
+    return [op for g in plan.gpus for tb in g.threadblocks for op in tb.ops
+            if op.name.value == "pipeline" and op.iter_context is not None]
+
+
+def _fewest_iterations(prog: Program) -> int:
+    counts = [len(c.iterations) for blocks in prog.blocks for cops in blocks for c in cops
+              if c.name == "pipeline"]
+    return min(counts) if counts else 0
+
+
+def pipeline_size(plan: Plan, max_tries: int = 12) -> Optional[int]:
+    """The smallest message size (a multiple of the plan's block, in its size range) at which
+    every pipeline of the plan runs at least two iterations; ``None`` for a plan without
+    pipelines or when no size in range does. Chunks are then a little over one ``unit_size``
+    (by :data:`MAX_SYMBOLIC_GRANULE` bytes, so the symbolic shadows stay coarse)."""
+    pipes = _pipeline_ops(plan)
+    if not pipes:
+        return None
+    a = max(plan.buffer_alignment, 4)
+    bc = max(_block_chunks(plan), 1)
+    f = _blocks_per_message(plan)
+    unit = max(op.iter_context.unit_size for op in pipes)
+    step = bc * f * (a * MAX_SYMBOLIC_GRANULE // math.gcd(a, MAX_SYMBOLIC_GRANULE))
+    size = bc * f * (unit + MAX_SYMBOLIC_GRANULE)
+    size = max(size, plan.min_message_size)
+    size = -(-size // step) * step
+    for _ in range(max_tries):
+        if size > plan.max_message_size:
+            return None
+        try:
+            ib, ob = message_to_bytes(plan, size)
+            if _fewest_iterations(compile_program(plan, ib, ob)) >= 2:
+                return size
+        except MscclangError:
+            return None
+        size *= 2
+    return None
+
+
+def symbolic_granule(prog: Program) -> int:
+    """The largest power of two (at most :data:`MAX_SYMBOLIC_GRANULE`, at least 4) that divides
+    every byte offset and length the program moves (chunks, pieces of every op and pipeline
+    iteration, slot tails, scratch halves): one row of the symbolic shadow per such granule
+    then follows the bytes exactly."""
+    plan = prog.plan
+    vals: list[int] = [prog.input_bytes, prog.output_bytes]
+    for lay in prog.layouts:
+        for kind, count in ((BufferKind.input, lay.input.num_chunks),
+                            (BufferKind.output, lay.output.num_chunks)):
+            for c in range(count):
+                vals.extend(lay.span(kind, c))
+        sb = scratch_bytes_needed(plan, lay)
+        sb += (-sb) % 8
+        vals.append(sb // 2 if plan.use_double_scratch_buffer else sb)
+
+    def walk(cops: list) -> None:
+        for c in cops:
+            for it in c.iterations:
+                walk(it)
+            for g in c.groups:
+                for piece in g.pieces:
+                    vals.append(piece.length)
+                    vals.extend(piece.offsets)
+                for (_, x, y) in g.pads:
+                    vals.extend((x, y))
+
+    for blocks in prog.blocks:
+        for cops in blocks:
+            walk(cops)
+    g = MAX_SYMBOLIC_GRANULE
+    for v in vals:
+        while g > 4 and v % g:
+            g //= 2
+    return g
+
+
+def symbolic_bytes(prog: Program, nsym: int, granule: int) -> int:
+    """Memory the symbolic shadows of a run of ``prog`` take (rows of ``nsym`` int16 counts)."""
+    plan = prog.plan
+    rows = 0
+    for lay in prog.layouts:
+        sb = scratch_bytes_needed(plan, lay)
+        for nbytes in (lay.input_bytes, lay.output_bytes, sb + (-sb) % 8):
+            rows += -(-nbytes // granule)
+    return rows * nsym * 2
 
 
 def message_to_bytes(plan: Plan, size: int) -> tuple[int, int]:
@@ -186,19 +287,22 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
         prog = progs[size]
         nsym = len(p.gpus) * max(p.gpus[0].input_chunks, 1)
         ib = prog.input_bytes
-        if ib % 4 == 0 and nsym * (ib + prog.output_bytes) <= 64 << 20:
+        gran = symbolic_granule(prog)
+        if ib % 4 == 0 and symbolic_bytes(prog, nsym, gran) <= SYMBOLIC_BUDGET:
             dt = parse_dtype("float32")
             inputs = random_inputs(len(p.gpus), ib, dt, seed)
             sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=dt, reduce_op="sum",
                              packet_type=pts[0], launches=launches, schedule="round_robin",
-                             seed=seed, spec=spec, check_races=False, nsym=nsym, poison_outputs=True)
+                             seed=seed, spec=spec, check_races=False, nsym=nsym, poison_outputs=True,
+                             sym_granule=gran)
             rep.runs += 1
             ctx = f"symbolic, size {size}"
             try:
                 sim.run()
                 if sim.sym_ok:
                     for k, sh in enumerate(sim.out_shadows):
-                        add(check_symbolic(spec, prog.layouts, sh, p.gpus[0].input_chunks, k + 1), ctx)
+                        add(check_symbolic(spec, prog.layouts, sh, p.gpus[0].input_chunks, k + 1,
+                                           granule=gran), ctx)
                 else:
                     rep.notes.append(f"symbolic check skipped: size {size} moves bytes that are not 4-byte aligned")
             except Deadlock as e:
