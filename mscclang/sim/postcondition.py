@@ -181,14 +181,16 @@ def check_numeric(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.n
 
 
 def check_symbolic(spec: CollectiveSpec, layouts: list[Layout], shadows: list[np.ndarray],
-                   input_chunks: int, launch: int, limit: int = 4) -> list[Problem]:
-    """Each output word's multiset of (rank, input chunk) contributions against the spec."""
+                   input_chunks: int, launch: int, limit: int = 4,
+                   granule: int = 4) -> list[Problem]:
+    """Each output word's multiset of (rank, input chunk) contributions against the spec
+    (``shadows`` hold one row per ``granule`` bytes of each rank's output)."""
     probs: list[Problem] = []
     for (r, c), exp in _postcondition(spec).items():
         off, ln = layouts[r].span(BufferKind.output, c)
         if ln == 0:
             continue
-        rows = shadows[r][off // 4: (off + ln) // 4]
+        rows = shadows[r][off // granule: (off + ln) // granule]
         want = np.zeros(rows.shape[1], dtype=np.int16)
         for (p, k) in exp.sources:
             want[p * input_chunks + k] += 1
@@ -209,7 +211,7 @@ def check_symbolic(spec: CollectiveSpec, layouts: list[Layout], shadows: list[np
             parts.append("unexpected " + ", ".join(f"(rank {p}, chunk {k}) x{n}" for (p, k), n in foreign[:6]))
         kind = "reduction of" if exp.reduced else "copy of"
         probs.append(Problem("symbolic",
-                             f"rank {r} output chunk {c} (launch {launch}, byte {off + 4 * int(badrows[0])}) "
+                             f"rank {r} output chunk {c} (launch {launch}, byte {off + granule * int(badrows[0])}) "
                              f"should hold the {kind} {list(exp.sources)[:8]}{'...' if len(exp.sources) > 8 else ''}: "
                              + "; ".join(parts),
                              details={"rank": r, "chunk": c, "missing": missing,
