@@ -121,6 +121,77 @@ def _gather(spec: CollectiveSpec, layouts: list[Layout], isz: int) -> _Gather:
     return g
 
 
+#: outputs of more elements than this (on some rank) are checked chunk by chunk, with no index
+#: arrays (which take 8 bytes per element and source, and are cached per layout)
+CHUNKWISE_ELEMENTS = 1 << 16
+
+
+def _bad_reduction(vals: list[np.ndarray], got: np.ndarray, dt: np.dtype, op: str,
+                   m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(mask of wrong elements, reference) of a reduction of ``vals`` (equal-length arrays)."""
+    u = unit_roundoff(dt)
+    if is_float(dt):
+        v64 = np.stack([v.astype(np.float64) for v in vals])
+        if op == "sum":
+            ref = v64.sum(axis=0)
+            bound = m * u * np.abs(v64).sum(axis=0) + 1e-30
+        else:
+            ref = v64.min(axis=0) if op == "min" else v64.max(axis=0)
+            bound = np.zeros_like(ref)
+        with np.errstate(invalid="ignore"):
+            return ~(np.abs(got.astype(np.float64) - ref) <= bound), ref
+    v64 = np.stack([v.astype(np.int64) for v in vals])
+    ref = (v64.sum(axis=0) if op == "sum" else v64.min(axis=0) if op == "min" else v64.max(axis=0)).astype(dt)
+    return got != ref, ref
+
+
+def _check_numeric_chunkwise(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.ndarray],
+                             outputs: list[np.ndarray], dt: np.dtype, op: str, launch: int,
+                             limit: int) -> list[Problem]:
+    """:func:`check_numeric` for large outputs: one output chunk at a time, on slices."""
+    probs: list[Problem] = []
+    isz = dt.itemsize
+    ut = _UINT[isz]
+    ins = [np.ascontiguousarray(x).view(dt)[: lay.input_bytes // isz] for x, lay in zip(inputs, layouts)]
+    outs = [np.ascontiguousarray(o[: (o.shape[0] // isz) * isz]).view(dt) for o in outputs]
+    for (r, c), exp in _postcondition(spec).items():
+        off, ln = layouts[r].span(BufferKind.output, c)
+        if ln == 0:
+            continue
+        k = ln // isz
+        vals = []
+        for (p, j) in exp.sources:
+            soff, sln = layouts[p].span(BufferKind.input, j)
+            if sln != ln:
+                probs.append(Problem("postcondition", f"rank {r} output chunk {c}: source chunks have other lengths than the output chunk"))
+                vals = []
+                break
+            vals.append(ins[p][soff // isz: soff // isz + k])
+        if vals:
+            o0 = off // isz
+            got = outs[r][o0: o0 + k]
+            if not exp.reduced:
+                bad = got.view(ut) != vals[0].view(ut)
+                if bad.any():
+                    i = int(np.argmax(bad))
+                    p, j = exp.sources[0]
+                    probs.append(Problem("postcondition",
+                                         f"rank {r} output chunk {c} (launch {launch}) should be a copy of rank {p} "
+                                         f"input chunk {j} but differs (element {o0 + i} of the output is "
+                                         f"{_fmt(got[i])}, expected {_fmt(vals[0][i])})"))
+            else:
+                bad, ref = _bad_reduction(vals, got, dt, op, len(vals))
+                if bad.any():
+                    i = int(np.argmax(bad))
+                    probs.append(Problem("postcondition",
+                                         f"rank {r} output chunk {c} (launch {launch}) is not the {op} of "
+                                         f"{len(vals)} input chunks {list(exp.sources)[:8]}: output element {o0 + i} "
+                                         f"is {_fmt(got[i])}, expected {_fmt(ref[i])}"))
+        if len(probs) >= limit:
+            return probs[:limit]
+    return probs
+
+
 def check_numeric(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.ndarray],
                   outputs: list[np.ndarray], dt: np.dtype, op: str, launch: int,
                   limit: int = 4) -> list[Problem]:
@@ -129,6 +200,8 @@ def check_numeric(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.n
     roundoff, m: the number of reduced chunks), min/max and integers exactly."""
     probs: list[Problem] = []
     isz = dt.itemsize
+    if max((lay.output_bytes for lay in layouts), default=0) // isz > CHUNKWISE_ELEMENTS:
+        return _check_numeric_chunkwise(spec, layouts, inputs, outputs, dt, op, launch, limit)
     g = _gather(spec, layouts, isz)
     for (r, c) in g.bad_lengths[:limit]:
         probs.append(Problem("postcondition", f"rank {r} output chunk {c}: source chunks have other lengths than the output chunk"))
