@@ -41,7 +41,7 @@ from mscclang.errors import MscclangError, PlanError
 WAITS = ("wait", "rlxwait")
 SIGNALS = ("signal", "rlxsignal")
 REDUCES = ("re", "res", "rre", "rres", "repkt", "respkt", "recpkt", "recspkt", "glre", "glres")
-PACKET_WRITERS = ("cpkt", "ppkt", "rppkt", "repkt", "respkt", "recpkt", "recspkt", "gstorepkt")
+PACKET_WRITERS = ("cpkt", "ppkt", "rppkt", "respkt", "recpkt", "recspkt", "gstorepkt")
 _SWAP = {"i": "o", "o": "i", "s": "o"}          # buffer kinds as the plan spells them
 _COUNT_KEY = {"i": "input_chunks", "o": "output_chunks", "s": "scratch_chunks"}
 
@@ -381,6 +381,124 @@ def mutate(doc: dict, site: Site) -> dict:
     return out
 
 
+# ------------------------------------------------------------------------------- judging
+SYNC_OPS = ("nop", "barrier", "signal", "rlxsignal", "wait", "rlxwait", "flush", "sem_acquire",
+            "sem_release", "pipeline")
+PACKET_OPS = ("cpkt", "upkt", "ppkt", "rppkt", "repkt", "respkt", "recpkt", "recspkt", "gstorepkt")
+
+
+def _refs(doc: dict, rank: int, tb: int, op: dict) -> list[tuple[Optional[tuple], bool, tuple]]:
+    """(buffer: (rank, kind) or None for a multicast view, written?, (index, size)) of every
+    operand of ``op``."""
+    out = []
+    for key, write in (("src_buff", False), ("dst_buff", True)):
+        for ref in op.get(key) or []:
+            if ref.get("type") is not None:
+                buf: Optional[tuple] = (rank, ref["type"])
+            elif ref.get("buffer_id") is not None:
+                ctype = op.get("channel_type", "none")
+                lst = next((r["remote_buffer_ids"] for r in doc["gpus"][rank]["threadblocks"][tb].get(
+                    "remote_buffer_refs", []) if r["access_channel_type"] == ctype), [])
+                rb = doc["gpus"][rank]["remote_buffers"][lst[ref["buffer_id"]]]
+                buf = (rb["rank"], rb["type"])
+            else:
+                buf = None
+            out.append((buf, write, (ref["index"], ref["size"])))
+    return out
+
+
+def _alias(doc: dict, buf: Optional[tuple]) -> Optional[tuple]:
+    """In-place allreduce-like plans: input and output are one buffer, chunk for chunk."""
+    if buf is None or not _same_grid_inplace(doc) or buf[1] not in ("i", "o"):
+        return buf
+    return (buf[0], "io")
+
+
+def _same_grid_inplace(doc: dict) -> bool:
+    return bool(doc.get("inplace")) and doc.get("collective") in ("allreduce", "broadcast", "sendrecv") \
+        and all(g["input_chunks"] == g["output_chunks"] for g in doc["gpus"])
+
+
+def _conflicts(doc: dict, rank: int, tb: int, a: dict, b: dict) -> list[tuple[tuple, tuple, tuple]]:
+    """Operands of ``a`` and ``b`` that overlap, one of them written: (buffer, a's range, b's range)."""
+    out = []
+    for ba, wa, ra in _refs(doc, rank, tb, a):
+        for bb, wb, rb in _refs(doc, rank, tb, b):
+            if not (wa or wb):
+                continue
+            if ba is None or bb is None:
+                out.append((None, ra, rb))
+                continue
+            if _alias(doc, ba) != _alias(doc, bb):
+                continue
+            if ra[0] < rb[0] + rb[1] and rb[0] < ra[0] + ra[1]:
+                out.append((ba, ra, rb))
+    return out
+
+
+def _same_mapping(a: dict, b: dict, conflicts: list) -> bool:
+    """Every conflict between ``a`` and ``b`` is over the same chunks, split among the block's
+    threads the same way (same range, both packet ops or both plain, same thread-block group)."""
+    if (a["name"] in PACKET_OPS) != (b["name"] in PACKET_OPS) or a.get("tbg_info") != b.get("tbg_info"):
+        return not conflicts
+    return all(buf is not None and ra == rb for buf, ra, rb in conflicts)
+
+
+def _epoch_around(lst: list[dict], k: int, step: int) -> list[dict]:
+    """Data ops from position ``k`` walking by ``step`` up to the first sync op."""
+    out = []
+    while 0 <= k < len(lst) and lst[k]["name"] not in SYNC_OPS:
+        out.append(lst[k])
+        k += step
+    return out
+
+
+def _meet_ok(doc: dict, site: Site, xs: list[dict], ys: list[dict]) -> bool:
+    return all(_same_mapping(x, y, _conflicts(doc, site.rank, site.tb, x, y)) for x in xs for y in ys)
+
+
+def judge(doc: dict, site: Site) -> Optional[str]:
+    """Why the mutant of ``doc`` at ``site`` is *equivalent* (still a correct plan), when it
+    falls in one of the classes judged so by hand in notes/reliability_mutation.md; None
+    otherwise (a survivor ``judge`` does not explain is a candidate miss). The rules assume the
+    mutant passed ``verify`` (no deadlock, no wrong output at the sizes run)."""
+    if site.operator == "sem_init":
+        return None
+    op, lst, k = _locate(doc, site)
+    if site.operator == "swap_buffer" and _same_grid_inplace(doc):
+        ref = next(x for x in op["dst_buff" if site.arg == 0 else "src_buff"] if x.get("type") is not None)
+        if ref["type"] in ("i", "o"):
+            return "in place: input and output are one buffer, chunk for chunk"
+    if site.operator == "drop_nop":
+        if k == len(lst) - 1 and site.inner is None:
+            return "the block's last op: the kernel's end orders everything before it"
+        if _meet_ok(doc, site, _epoch_around(lst, k - 1, -1), _epoch_around(lst, k + 1, 1)):
+            return ("the ops the nop separated touch no common bytes, or the same bytes split among "
+                    "the threads the same way")
+    if site.operator == "swap_ops":
+        a, b = lst[k], lst[k + 1]
+        names = {a["name"], b["name"]}
+        if a["name"] not in SYNC_OPS and b["name"] not in SYNC_OPS:
+            if not _conflicts(doc, site.rank, site.tb, a, b):
+                return ("two data ops over different bytes: their order orders nothing (a receive "
+                        "moved before a send could only deadlock, and none did)")
+        elif names == {"rlxsignal", "rlxwait"}:
+            return ("the relaxed ready signal and wait in the other order on one rank: the wait still "
+                    "precedes the block's accesses, the signal still follows the launch start")
+        elif k + 2 == len(lst) and site.inner is None and names <= {"nop", "wait", "rlxwait"}:
+            return "the block's last wait and nop in the other order: the kernel's end orders both"
+        elif "nop" in names and (a if b["name"] == "nop" else b)["name"] not in SYNC_OPS:
+            # the data op crosses the nop and now shares an epoch with the ops on the other side
+            if a["name"] == "nop":
+                crossing, side = b, _epoch_around(lst, k - 1, -1)
+            else:
+                crossing, side = a, _epoch_around(lst, k + 2, 1)
+            if _meet_ok(doc, site, [crossing], side):
+                return ("a data op moved across a nop meets only ops over other bytes, or the same "
+                        "bytes split among the threads the same way")
+    return None
+
+
 # ------------------------------------------------------------------------------- running
 class _Timeout(Exception):
     pass
@@ -506,7 +624,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--per-operator", type=int, default=0,
                     help="sites per operator per plan, spread over the plan (default 0: all)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per mutant (default 300)")
+    ap.add_argument("--max-memory", type=float, default=8.0,
+                    help="address-space limit of the sweep in GiB (a mutant over it ends as an "
+                         "'error' with MemoryError; default 8, 0: none)")
     args = ap.parse_args(argv)
+    if args.max_memory > 0:
+        import resource
+        lim = int(args.max_memory * (1 << 30))
+        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
     if args.plans:
         paths = [Path(p) for p in args.plans]
     else:
