@@ -6,7 +6,9 @@ from mscclang.errors import (  # noqa: F401
     CollectiveTimeout,
     CompileError,
     DSLError,
+    DSLWarning,
     MscclangError,
+    MscclangWarning,
     PlanError,
     VerificationError,
 )
@@ -43,8 +45,8 @@ from mscclang.dsl import (  # noqa: F401
 
 __version__ = "0.1.0"
 
-__all__ = ["CollectiveTimeout", "CompileError", "DSLError", "MscclangError", "PlanError",
-           "VerificationError",
+__all__ = ["CollectiveTimeout", "CompileError", "DSLError", "DSLWarning", "MscclangError",
+           "MscclangWarning", "PlanError", "VerificationError",
            # the DSL (mscclang.dsl.__all__)
            "AlgoSpec", "AllGather", "AllReduce", "AllToAll", "BaseBuffer", "Broadcast", "Buffer",
            "BufferType", "ChannelType", "Chunk", "Collective", "CollectiveProgram", "JSON",

@@ -38,3 +38,29 @@ class CollectiveTimeout(MscclangError):
 
 class RuntimeUnavailable(MscclangError):
     """No usable GPU runtime (no CUDA device, or a feature this machine cannot run)."""
+
+
+class InvalidCall(MscclangError, ValueError):
+    """A call's arguments cannot run: a tensor on the wrong device, an unsupported dtype, a
+    non-contiguous tensor, sizes that do not fit the plan, buffers that overlap wrongly. Raised
+    before anything reaches the GPU; the executor stays usable."""
+
+
+class CallMismatch(MscclangError):
+    """The ranks disagree on a collective call (different collective, size, dtype or plan); the
+    message lists what each rank called."""
+
+
+class NotPrepared(RuntimeUnavailable):
+    """A call inside CUDA graph capture needs first-time set-up (allocation, registration, a
+    kernel build) that cannot be captured: prepare the call, or run it once, before capturing."""
+
+
+class MscclangWarning(UserWarning):
+    """Base class of every warning mscclang issues (through Python's :mod:`warnings`)."""
+
+
+class DSLWarning(MscclangWarning):
+    """A DSL program that compiles but is probably wrong, e.g. a signal/wait imbalance on one
+    channel (the plan is emitted and ``mscclang verify`` reports the deadlock; compile with
+    ``strict=True`` / ``mscclang compile --strict`` to make it an error)."""

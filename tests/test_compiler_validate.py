@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from mscclang import (
@@ -9,8 +11,10 @@ from mscclang import (
     Buffer,
     CollectiveProgram,
     DSLError,
+    DSLWarning,
     LoopIterationContext,
     MemoryChannel,
+    MscclangWarning,
     PortChannel,
     Rank,
     Semaphore,
@@ -124,23 +128,55 @@ def test_barrier_errors():
 # ---------------------------------------------------------------- signal / wait balance
 
 
-def test_balance_is_per_channel_not_per_rank_pair():
+def _per_channel_unbalanced(strict: bool) -> CollectiveProgram:
     """Two channels 0->1; rank 0 signals twice on the first, rank 1 waits once on each paired
     channel: balanced per rank pair (MSCCL++ accepts it) but not per channel."""
-    with CollectiveProgram("b", AllReduce(2, 1, False), 2) as p:
+    with CollectiveProgram("b", AllReduce(2, 1, False), 2, strict=strict) as p:
         a0, a1 = MemoryChannel(1, 0), MemoryChannel(1, 0)
         b0, b1 = MemoryChannel(0, 1), MemoryChannel(0, 1)
         a0.signal(0)
         a0.signal(0)
         b0.wait(0)
         b1.wait(0)
+    return p
+
+
+def test_balance_is_per_channel_not_per_rank_pair_strict():
     with pytest.raises(DSLError, match=r"unbalanced signal/wait: rank 0 signals 2 times on its memory channel 0 "
-                                       r"to rank 1, but rank 1 waits 1 times on the paired memory channel 0"):
+                                       r"to rank 1, but rank 1 waits 1 times on the paired memory channel 0 "
+                                       r"\(and 1 more unbalanced channels\) \[strict mode\]"):
+        _per_channel_unbalanced(strict=True).to_plan()
+
+
+def test_unbalanced_per_channel_is_a_warning_by_default():
+    """MSCCL++'s DSL compiles it, so ours does too: one DSLWarning per unbalanced channel, naming
+    ranks, channels and counts, attributed to the caller's line, and the plan is emitted."""
+    p = _per_channel_unbalanced(strict=False)
+    with pytest.warns(DSLWarning) as record:
+        plan = p.to_plan()
+    msgs = [str(w.message) for w in record if issubclass(w.category, DSLWarning)]
+    assert len(msgs) == 2
+    assert msgs[0].startswith("unbalanced signal/wait: rank 0 signals 2 times on its memory channel 0 to rank 1, "
+                              "but rank 1 waits 1 times on the paired memory channel 0")
+    assert msgs[1].startswith("unbalanced signal/wait: rank 0 signals 0 times on its memory channel 1 to rank 1, "
+                              "but rank 1 waits 1 times on the paired memory channel 1")
+    assert all(w.filename == __file__ for w in record)
+    assert [o.name for o in plan.gpus[0].threadblocks[0].ops if o.name != OpName.nop] == [OpName.signal] * 2
+    assert issubclass(DSLWarning, MscclangWarning) and issubclass(MscclangWarning, UserWarning)
+
+
+def test_balanced_program_gives_no_warning():
+    with CollectiveProgram("ok", AllReduce(2, 1, False), 2, strict=True) as p:
+        a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)
+        a.signal(0)
+        b.wait(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         p.to_plan()
 
 
 def test_balance_per_direction_and_type():
-    with CollectiveProgram("b", AllReduce(2, 1, False), 2) as p:
+    with CollectiveProgram("b", AllReduce(2, 1, False), 2, strict=True) as p:
         m01, m10 = MemoryChannel(1, 0), MemoryChannel(0, 1)
         p01, p10 = PortChannel(1, 0), PortChannel(0, 1)
         m01.signal(0)
@@ -158,7 +194,7 @@ def test_port_put_with_signal_counts_as_signal():
         p01.put_with_signal(Rank(1).get_output_buffer()[0:1], Rank(0).get_input_buffer()[0:1], 0)
         p10.wait(0)
     p.to_plan()
-    with CollectiveProgram("b", AllReduce(2, 1, False), 2) as p:
+    with CollectiveProgram("b", AllReduce(2, 1, False), 2, strict=True) as p:
         p01, p10 = PortChannel(1, 0), PortChannel(0, 1)
         p01.put_with_signal(Rank(1).get_output_buffer()[0:1], Rank(0).get_input_buffer()[0:1], 0)
     with pytest.raises(DSLError, match=r"rank 0 signals 1 times on its port channel 0 to rank 1, but rank 1 waits 0"):
@@ -166,18 +202,18 @@ def test_port_put_with_signal_counts_as_signal():
 
 
 def test_signal_without_paired_channel():
-    with CollectiveProgram("b", AllReduce(2, 1, False), 2) as p:
+    with CollectiveProgram("b", AllReduce(2, 1, False), 2, strict=True) as p:
         MemoryChannel(1, 0).signal(0)
     with pytest.raises(DSLError, match=r"rank 1 has no memory channel paired with it \(so nothing waits\)"):
         p.to_plan()
-    with CollectiveProgram("b", AllReduce(2, 1, False), 2) as p:
+    with CollectiveProgram("b", AllReduce(2, 1, False), 2, strict=True) as p:
         MemoryChannel(1, 0).wait(0)
     with pytest.raises(DSLError, match=r"rank 0 waits 1 times on its memory channel 0 from rank 1, but rank 1 has no"):
         p.to_plan()
 
 
 def test_pipeline_signals_counted_per_context():
-    with CollectiveProgram("b", AllReduce(2, 1, False), 2) as p:
+    with CollectiveProgram("b", AllReduce(2, 1, False), 2, strict=True) as p:
         a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)
         with LoopIterationContext(1024, 1):
             a.put(Rank(1).get_output_buffer()[0:1], Rank(0).get_input_buffer()[0:1], tb=0)

@@ -95,7 +95,9 @@ def test_program_signature_and_defaults():
     assert defaults == dict(instances=1, protocol="Simple", instr_fusion=True, auto_sync=True,
                             replication_policy=ReplicationPolicy.interleaved, reuse_resources=False,
                             num_threads_per_block=1024, use_double_scratch_buffer=False, buffer_alignment=16,
-                            min_message_size=0, max_message_size=2**64 - 1)
+                            min_message_size=0, max_message_size=2**64 - 1, strict=False)
+    # MSCCL++'s parameters, in MSCCL++'s order; ours (strict) come after them
+    assert list(sig.parameters)[-1] == "strict"
     assert list(sig.parameters)[1:4] == ["name", "collective", "num_ranks"]
 
 

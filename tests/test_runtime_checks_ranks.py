@@ -39,9 +39,15 @@ class SimExecutor:
             # like the GPU executor: zero-copy plans on plain tensors run through staging buffers
             key = (plan.name, inp.numel(), out.numel(), inp.dtype)
             if key not in self.staging:
-                self.staging[key] = (b.empty(inp.numel(), inp.dtype), b.empty(out.numel(), out.dtype))
+                so = b.empty(out.numel(), out.dtype)
+                self.staging[key] = (None if plan.inplace else b.empty(inp.numel(), inp.dtype), so)
             si, so = self.staging[key]
-            si.copy_(inp)
+            if plan.inplace:   # the input lies in the output: stage the output, input at its offset
+                so.copy_(out)
+                k = (inp.data_ptr() - out.data_ptr()) // inp.element_size()
+                si = so[k:k + inp.numel()]
+            else:
+                si.copy_(inp)
             b.execute(plan, si, so, reduce_op=reduce_op, packet_type=packet_type)
             out.copy_(so)
         else:
@@ -85,6 +91,29 @@ def on_ranks(n: int, fn: Callable[[Any], dict], corrupt: Optional[dict] = None) 
         if e is not None and not isinstance(e, threading.BrokenBarrierError):
             raise e
     return results
+
+
+@pytest.mark.parametrize("name", ["allreduce_oneshot_ll.r4.i1.inplace", "allreduce_rsag_zero_copy.r4.i16.inplace",
+                                  "allreduce_rsag_simple.r4.i16.inplace", "allgather_simple_inplace"])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_run_plan_check_runs_inplace_plans_in_place(name, symmetric):
+    """In-place plans (the library's, and one made in place by the DSL) run on the in-place
+    layout: the check used to hand them separate buffers, which the GPU executor ran wrong."""
+    from pathlib import Path
+
+    from mscclang.algorithms.allgather import build_allgather_simple
+    from mscclang.plan.io import load_plan
+
+    n = 4
+    if name == "allgather_simple_inplace":
+        plan = build_allgather_simple(n, 1, inplace=True)
+    else:
+        plan = load_plan(Path(__file__).resolve().parents[1] / "plans" / f"{name}.json")
+    assert plan.inplace
+    j = plan_to_json(plan)
+    res = on_ranks(n, lambda w: checks.run_plan_check(w, j, 4096, "float16", symmetric=symmetric))
+    for r in res:
+        assert r["bad"] == 0 and r["sim_bad"] == 0, (name, r)
 
 
 @pytest.mark.parametrize("n", [4, 8])

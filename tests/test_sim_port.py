@@ -57,7 +57,7 @@ def staged_port_puts(mode: str, nop_after: bool = False):
 def test_flush_orders_the_proxy_reads_before_the_blocks_later_ops(mode):
     # no nop between the (flushed) put and the copy that overwrites its source
     rep = verify(staged_port_puts(mode), schedules=6, launches=3)
-    assert rep.ok, str(rep)
+    assert rep.passed() and rep.status == "NO POSTCONDITION", str(rep)
 
 
 def test_pws_without_flush_races_on_its_source():
@@ -75,9 +75,9 @@ def test_golden_pwsf_verifies_and_pws_races_with_the_next_launch():
     import json
 
     rep = verify(load_plan(GOLDEN / "op_pwsf.json"), schedules=6, launches=3)
-    assert rep.ok, str(rep)
+    assert rep.passed() and rep.status == "NO POSTCONDITION", str(rep)
     doc = json.loads((GOLDEN / "op_pws.json").read_text())
-    assert verify(load_plan(GOLDEN / "op_pws.json"), schedules=6, launches=3).ok
+    assert verify(load_plan(GOLDEN / "op_pws.json"), schedules=6, launches=3).passed()
     ops = doc["gpus"][0]["threadblocks"][0]["ops"]
     assert ops[-1]["name"] == "flush"
     ops.pop()  # pws with no flush

@@ -69,7 +69,7 @@ def forward_plan(double: bool = True, flush: str = "none", consume: bool = False
 def test_double_scratch_next_launch_uses_the_other_half():
     # two launches: launch 2 hands over half 1 only, the proxy read half 0 in launch 1
     rep = verify(forward_plan(), schedules=8, launches=2)
-    assert rep.ok, str(rep)
+    assert rep.passed() and rep.status == "NO POSTCONDITION", str(rep)
 
 
 def test_double_scratch_reuse_of_the_same_half_two_launches_later_races():
@@ -91,7 +91,7 @@ def test_flush_orders_the_proxy_read_before_the_reuse(where):
     # "after": the block of launch 1 waits for its own request; "start": launch 2's flush waits
     # for launch 1's request (the FIFO runs in order), and launch 2 ends before launch 3 starts
     rep = verify(forward_plan(flush=where), schedules=8, launches=4)
-    assert rep.ok, str(rep)
+    assert rep.passed() and rep.status == "NO POSTCONDITION", str(rep)
 
 
 def test_flush_at_start_does_not_cover_a_single_buffered_handover():
@@ -102,7 +102,7 @@ def test_flush_at_start_does_not_cover_a_single_buffered_handover():
 
 def test_consumer_back_pressure_orders_the_proxy_read_two_launches_later():
     rep = verify(forward_plan(consume=True), schedules=12, launches=4)
-    assert rep.ok, str(rep)
+    assert rep.passed() and rep.status == "NO POSTCONDITION", str(rep)
 
 
 def test_consumer_without_double_scratch_still_races():
@@ -141,4 +141,4 @@ def test_reference_hierarchical_reducescatter_is_clean_over_several_launches():
     # rank r's proxy writes the packets rank r^2 waits for, and r^2's proxy does the same back,
     # so each launch of a rank is ordered after its proxy's reads two launches earlier
     rep = verify(load_plan(REF_RS), schedules=10, launches=4)
-    assert rep.ok, str(rep)
+    assert rep.passed() and rep.status == "NO POSTCONDITION", str(rep)

@@ -144,9 +144,11 @@ def test_packet_edges_of_eight_rank_oneshot_reach_every_peer():
 
 def test_semaphore_and_barrier_edges():
     g = build_graph(_golden("op_sem_acquire"))
-    (e,) = g.edges
-    assert e.kind == "semaphore"
+    (e,) = [e for e in g.edges if e.kind == "semaphore"]
     assert g.nodes[e.src].op.name == OpName.sem_release and g.nodes[e.dst].op.name == OpName.sem_acquire
+    # tb 0 copies into o[0:1] before the release; tb 1 copies o[0:1] after the acquire
+    (d,) = [e for e in g.edges if e.kind == "data"]
+    assert (d.src, d.dst) == ((0, 0, 0), (0, 1, 3))
     g = build_graph(_golden("op_barrier"))
     assert len(g.barriers) == 1 and len(g.barriers[0]) == 2
     a, b = (g.nodes[k] for k in g.barriers[0])
@@ -281,3 +283,111 @@ def test_every_library_plan_renders(path, tmp_path):
     pic = draw_plan(plan, tmp_path / "p.png")
     check_png(pic)
     assert pic.num_ops == flat_op_count(plan)
+
+
+# ------------------------------------------------------------------------------------------------
+# long plans: wrapped, paged, readable
+
+
+@pytest.fixture(scope="module")
+def ring8() -> Plan:
+    """An 8-rank ring allreduce: 75 ops per rank on one thread block (one 7512 px strip before)."""
+    from mscclang.cli.compile_cmd import compile_program
+
+    plan = compile_program(ROOT / "tests" / "programs" / "allreduce_ring.py", ["--num_gpus", "8"])
+    assert all(flat_op_count(plan, ranks={r}) == 75 for r in range(8))
+    return plan
+
+
+def _overlaps(boxes, slack: float = 0.5) -> list[tuple[str, str]]:
+    """Pairs of texts whose pixel boxes intersect (by more than ``slack`` px each way)."""
+    found = []
+    items = sorted(boxes, key=lambda b: b[1][0])
+    for i, (ta, (ax0, ay0, ax1, ay1)) in enumerate(items):
+        for tb, (bx0, by0, bx1, by1) in items[i + 1:]:
+            if bx0 >= ax1 - slack:
+                break  # sorted by left edge: no later box reaches back
+            if min(ay1, by1) - max(ay0, by0) > slack:
+                found.append((ta, tb))
+    return found
+
+
+def test_a_long_plan_wraps_into_rows_of_bounded_width(ring8, tmp_path):
+    pic = draw_plan(ring8, tmp_path / "ring.png", measure_text=True)
+    check_png(pic)
+    assert pic.width_px <= 3000 and pic.panels >= 2 and pic.paths == [pic.path]
+    assert pic.labels and pic.num_ops == 600
+    (boxes,) = pic.text_boxes
+    texts = [t for t, _ in boxes]
+    # every op but the nops carries its label, exactly once, each fitting its box (0.8 inch)
+    for r in range(8):
+        assert texts.count(f"rank {r}") == pic.panels
+    labelled = [t for t in texts if "\n" in t]  # "k name\ndetail"; every op of this plan has a detail
+    assert len(labelled) == sum(1 for g in ring8.gpus for op in g.threadblocks[0].ops if op.name != OpName.nop)
+    for t, (x0, _, x1, _) in boxes:
+        if t in labelled:
+            assert x1 - x0 <= 0.8 * 120, t
+    assert _overlaps(boxes) == []
+
+
+def test_labels_of_the_old_layout_would_have_overlapped():
+    """The check above can fail: two texts drawn on top of each other are reported."""
+    a = ("rank 0", (10.0, 10.0, 60.0, 20.0))
+    b = ("tb 0", (50.0, 12.0, 70.0, 18.0))
+    c = ("tb 1", (50.0, 30.0, 70.0, 40.0))
+    assert _overlaps([a, b, c]) == [("rank 0", "tb 0")]
+
+
+def test_every_page_of_a_paged_plan(ring8, tmp_path):
+    pic = draw_plan(ring8, tmp_path / "ring.png", max_width_px=1500, max_height_px=1200, measure_text=True)
+    assert len(pic.paths) >= 3 and pic.paths[0] == tmp_path / "ring.png"
+    assert [p.name for p in pic.paths[1:3]] == ["ring-2.png", "ring-3.png"]
+    for path, (w, h), boxes in zip(pic.paths, pic.page_sizes, pic.text_boxes):
+        assert png_size(path) == (w, h)
+        assert w <= 1500 and h <= 1200, (path, w, h)
+        assert _overlaps(boxes) == []
+        texts = " ".join(t for t, _ in boxes)
+        assert "Box labels:" in texts and "put = write into a peer's buffer" in texts  # the key, per page
+        assert "page " in texts
+    # every op is drawn once over all pages
+    labels = [t for boxes in pic.text_boxes for t, _ in boxes if "\n" in t]
+    assert len(labels) == 8 * sum(1 for op in ring8.gpus[0].threadblocks[0].ops if op.name != OpName.nop)
+
+
+def test_wrapped_edges_leave_and_enter_at_the_panel_borders(ring8, tmp_path):
+    from mscclang.viz import _cuts
+
+    graph = build_graph(ring8)
+    pic = draw_plan(ring8, tmp_path / "ring.png", labels=False)
+    cuts = _cuts(graph, list(graph.nodes), graph.span, 8.0)
+    assert len(cuts) > 3 and cuts == sorted(cuts)
+    for c in cuts[1:-1]:  # no box is cut in two
+        assert not any(n.x < c - 1e-9 < c + 1e-9 < n.x + n.width for n in graph.nodes.values())
+    assert pic.panels >= 2
+
+
+def test_data_edges_follow_the_ring(ring8):
+    """Each put/res into the next rank's buffer -> the op of the next rank that reads it."""
+    g = build_graph(ring8)
+    data = [e for e in g.edges if e.kind == "data"]
+    # 7 reduce-scatter steps + 6 allgather forwards (the last one's chunk is not read again), per rank
+    assert len(data) == 8 * 13
+    for e in data:
+        a, b = g.nodes[e.src], g.nodes[e.dst]
+        assert b.rank == (a.rank + 1) % 8
+        assert a.op.name in (OpName.put, OpName.res) and b.op.name in (OpName.res, OpName.put)
+        assert b.x >= a.x + a.width
+    check_timeline(g)
+
+
+def test_cli_show_png_of_a_long_plan(ring8, tmp_path, capsys):
+    from mscclang.cli.main import main
+    from mscclang.plan import plan_to_json
+
+    f = tmp_path / "ring.json"
+    f.write_text(plan_to_json(ring8))
+    assert main(["show", str(f), "--png", str(tmp_path / "ring.png")]) == 0
+    out = capsys.readouterr().out
+    assert "timeline wrapped into" in out
+    w, _ = png_size(tmp_path / "ring.png")
+    assert w <= 3000

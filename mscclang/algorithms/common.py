@@ -4,6 +4,9 @@ They only call the public DSL (``mscclang.dsl``), so every program stays an ordi
 program, and each helper records its ops in the order a hand-written loop would. Nothing here
 keeps state between programs.
 
+Ops recorded through these helpers name the calling algorithm's line as their ``src`` (this
+module is marked ``__mscclang_helper__``, see :mod:`mscclang.compiler.source`).
+
 Conventions: ``chans`` is a channel set from :func:`mesh`, keyed ``(src, dst)``; ``rank`` is the
 rank whose ops are recorded; ``to`` / ``frm`` / ``ps`` are peer ranks; ``dst`` / ``src`` given
 as callables map a peer rank to the chunk used for that peer.
@@ -32,6 +35,9 @@ __all__ = [
     "ready_handshake", "reduce_packets_from_peers", "send_packets_to_peers", "sender_slot",
     "signal_all", "stage_peer_chunks", "unpack_packets_from_peers", "wait_all",
 ]
+
+#: skip this module's frames when recording an op's source line (mscclang.compiler.source)
+__mscclang_helper__ = True
 
 #: channels keyed ``(src, dst)`` (see :func:`mesh`)
 Channels = dict[tuple[int, int], MemoryChannel]

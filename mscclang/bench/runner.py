@@ -59,19 +59,23 @@ def spawn_workers(entry, n: int, cfg: BenchConfig, time_limit_s: float) -> list[
     ctx = mp.start_processes(entry, args=(n, cfg, _free_port()), nprocs=n, join=False,
                              start_method="spawn")
     hard = cfg.deadline + GRACE_S
-    while True:
-        try:
-            if ctx.join(timeout=2):
+    try:
+        while True:
+            try:
+                if ctx.join(timeout=2):
+                    break
+            except Exception as e:  # a worker exited with an error: stop the others
+                text = str(e).strip()
+                problems.append(f"worker failed: {text.splitlines()[0] if text else type(e).__name__}")
+                _kill(ctx)
                 break
-        except Exception as e:  # a worker exited with an error: stop the others
-            text = str(e).strip()
-            problems.append(f"worker failed: {text.splitlines()[0] if text else type(e).__name__}")
-            _kill(ctx)
-            break
-        if time.time() > hard:
-            problems.append(f"workers still running {GRACE_S:.0f} s after the time limit: stopped them")
-            _kill(ctx)
-            break
+            if time.time() > hard:
+                problems.append(f"workers still running {GRACE_S:.0f} s after the time limit: stopped them")
+                _kill(ctx)
+                break
+    except KeyboardInterrupt:  # Ctrl-C: the workers ignore it; stop them before leaving
+        _kill(ctx)
+        raise
     return problems
 
 

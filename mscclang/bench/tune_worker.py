@@ -90,7 +90,7 @@ class TuneWorker(BenchWorker):
                             k.algorithm, coll, n, k.instances, k.threads))]
                 work += [(coll, nbytes, k) for k in fits] + [(coll, nbytes, NCCL_KEY)]
         bar = None
-        if self.rank == 0:
+        if self.rank == 0 and self.cfg.extra.get("progress", True):
             try:
                 from tqdm import tqdm
 

@@ -511,7 +511,12 @@ class BenchWorker:
 
 def run_rank(worker_cls: type[BenchWorker], rank: int, world: int, cfg: BenchConfig, port: int) -> None:
     """The body of one rank's process: join the NCCL process group (NVLink multicast off), run
-    ``worker_cls(rank, world, cfg)``, and leave the process (exit status 1 after an error)."""
+    ``worker_cls(rank, world, cfg)``, and leave the process (exit status 1 after an error).
+    Ctrl-C is the parent's to handle (it stops the workers): ignored here, so no rank prints a
+    traceback."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     import torch
     import torch.distributed as dist

@@ -1,41 +1,125 @@
 """``mscclang build-kernel``: compile every kernel variant with NVRTC for one arch, no GPU needed
-(CI runs it), and compile the device-plan layout checks."""
+(CI runs it), and compile the device-plan layout checks.
+
+``--arch`` takes ``sm_90``, ``90`` or ``sm_90a``; an architecture the installed NVRTC cannot
+target is refused before anything is compiled, with the list of those it can. A progress bar with
+an ETA is drawn on stderr when it is a terminal (or with ``--progress``)."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
+import signal
 import time
 from pathlib import Path
+from typing import Optional
+
+from mscclang.cli.args import BUILD_DTYPE, GPU_DTYPES, add_progress_flag, dtype_arg
+from mscclang.errors import RuntimeUnavailable
+
+_ARCH = re.compile(r"^(?:sm_|compute_)?(\d{2,3})([af]?)$")
 
 
 def add_parser(sub: "argparse._SubParsersAction") -> None:
     p = sub.add_parser("build-kernel", help="compile all interpreter-kernel variants with NVRTC (no GPU needed)")
-    p.add_argument("--arch", default="sm_90", help="target arch, e.g. sm_90 (default)")
-    p.add_argument("--dtype", action="append", choices=["f16", "bf16", "f32", "i32"],
-                   help="only these dtypes (repeatable; default all)")
+    p.add_argument("--arch", default="sm_90", help="target arch, e.g. sm_90 (default), sm_90a, sm_100")
+    p.add_argument("--dtype", action="append", type=dtype_arg(GPU_DTYPES),
+                   help="only these dtypes (repeatable; float16/f16, bfloat16/bf16, float32/f32, int32/i32; "
+                        "default all)")
     p.add_argument("--out", help="also copy the cubins here, named for MSCCLANG_CUBIN_DIR")
     p.add_argument("--no-cache", action="store_true", help="ignore the disk cache")
     p.add_argument("--jobs", type=int, default=1, help="parallel compiler processes")
+    add_progress_flag(p)
     p.set_defaults(func=run)
 
 
+def supported_archs() -> Optional[list[int]]:
+    """The compute capabilities (``90`` for sm_90) the installed NVRTC can target; None when
+    NVRTC cannot tell (then the compiler itself judges ``--arch``)."""
+    from mscclang.runtime import build
+
+    build._ensure_nvrtc()  # raises RuntimeUnavailable without NVRTC
+    try:
+        from cuda.bindings import nvrtc
+
+        err, archs = nvrtc.nvrtcGetSupportedArchs()
+    except (ImportError, AttributeError, RuntimeError):
+        return None
+    if int(err) != 0:
+        return None
+    return sorted(int(a) for a in archs)
+
+
+def check_arch(text: str, supported: Optional[list[int]]) -> str:
+    """``text`` as ``sm_NN[a|f]``; RuntimeUnavailable listing the valid ones when it is not one
+    of ``supported``."""
+    listing = ", ".join(f"sm_{a}" for a in supported) if supported else "sm_75, sm_80, sm_90, ..."
+    m = _ARCH.match(text.strip())
+    if not m or (supported is not None and int(m.group(1)) not in supported):
+        raise RuntimeUnavailable(f"--arch {text}: not an architecture this NVRTC can compile for; "
+                                 f"valid: {listing} (an 'a' or 'f' suffix, e.g. sm_90a, selects the "
+                                 "arch-specific features)")
+    return f"sm_{m.group(1)}{m.group(2)}"
+
+
+def _ignore_sigint() -> None:
+    """Compiler processes leave Ctrl-C to the parent (no traceback from each child)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _build_one(job: tuple[str, str, bool]) -> "object":
+    from mscclang.runtime import build
+
+    dtype, arch, use_cache = job
+    return build.build_module(dtype, arch, use_cache=use_cache)
+
+
 def run(args: argparse.Namespace) -> int:
+    from mscclang.cli.progress import Progress
     from mscclang.runtime import build
     from mscclang.runtime.structs import layout_asserts
 
+    if args.jobs < 1:
+        raise RuntimeUnavailable(f"--jobs {args.jobs}: need at least 1")
+    arch = check_arch(args.arch, supported_archs())
     t0 = time.time()
-    build.compile_source(layout_asserts(), args.arch, name="layout_asserts.cu")
-    print(f"layout static_asserts: ok ({args.arch})")
-    dtypes = args.dtype or list(build.DTYPES)
-    mods = build.build_all(args.arch, dtypes, use_cache=not args.no_cache, jobs=args.jobs)
+    dtypes = [BUILD_DTYPE[d] for d in dict.fromkeys(args.dtype or GPU_DTYPES)]
+    mods = []
+    with Progress(1 + len(dtypes), f"build kernels for {arch}", unit="module", enabled=args.progress) as bar:
+        bar.set_note("layout checks")
+        build.compile_source(layout_asserts(), arch, name="layout_asserts.cu")
+        bar.update()
+        if args.jobs <= 1 or len(dtypes) <= 1:
+            for d in dtypes:
+                bar.set_note(d)
+                mods.append(build.build_module(d, arch, use_cache=not args.no_cache))
+                bar.update()
+        else:
+            import multiprocessing as mp
+
+            bar.set_note(f"{len(dtypes)} dtypes on {min(args.jobs, len(dtypes))} processes")
+
+            # a Pool, not a ProcessPoolExecutor: on Ctrl-C it can be terminated at once
+            pool = mp.get_context("spawn").Pool(min(args.jobs, len(dtypes)), initializer=_ignore_sigint)
+            try:
+                done = {}
+                for m in pool.imap_unordered(_build_one, [(d, arch, not args.no_cache) for d in dtypes]):
+                    done[m.dtype] = m
+                    bar.update()
+                mods = [done[d] for d in dtypes]
+                pool.close()
+            finally:
+                pool.terminate()
+                pool.join()
     maj, mnr = build.nvrtc_version()
+    print(f"layout static_asserts: ok ({arch})")
     for m in mods:
         print(f"{m.dtype}: {len(m.cubin)} bytes {'(cached) ' if m.cached else ''}{m.path}")
         if args.out:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(m.path, out / build.prebuilt_name(m.dtype, args.arch))
+            shutil.copyfile(m.path, out / build.prebuilt_name(m.dtype, arch))
     n = len(mods) * len(build.PACKET_TYPES) * len(build.REDUCE_OPS)
-    print(f"{n} kernels for {args.arch} with NVRTC {maj}.{mnr} in {time.time() - t0:.1f}s")
+    print(f"{n} kernels for {arch} with NVRTC {maj}.{mnr} in {time.time() - t0:.1f}s")
     return 0

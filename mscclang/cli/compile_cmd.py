@@ -24,7 +24,17 @@ Two kinds of program are accepted.
    or ``None`` after printing ``JSON()`` itself.
 
 The plan is validated (``--no-check`` skips the semantic checks) and written to ``-o`` or to
-standard output, as an mscclang plan or, with ``--format mscclpp``, as an MSCCL++ plan.
+standard output (``-o -`` too), as an mscclang plan or, with ``--format mscclpp``, as an MSCCL++
+plan. What was written (plan name, collective, ranks, thread blocks, ops, where) is reported on
+standard error (``-q`` silences it), so standard output holds nothing but the plan.
+
+Warnings of the DSL (:class:`~mscclang.DSLWarning`, e.g. a signal/wait imbalance on one channel,
+which MSCCL++'s DSL compiles and ``mscclang verify`` reports as a deadlock) are printed on
+standard error as ``PROGRAM.py:LINE: warning: ...``; ``--strict`` makes them errors (exit 1, no
+plan written).
+
+Given a JSON plan instead of a program, the command says so (and suggests ``verify`` and
+``show``) instead of running it.
 """
 
 from __future__ import annotations
@@ -37,14 +47,15 @@ import json
 import runpy
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from mscclang.errors import MscclangError, PlanError
+from mscclang.errors import CompileError, DSLError, MscclangError, MscclangWarning, PlanError
 from mscclang.plan.io import load_plan, plan_to_dict, plan_to_json
 from mscclang.plan.models import Plan
 
-__all__ = ["add_parser", "run", "compile_program", "ProgramError"]
+__all__ = ["add_parser", "run", "compile_program", "describe_output", "ProgramError"]
 
 RANK_NAMES = ("ranks", "num_ranks", "num_gpus", "nranks")
 
@@ -62,7 +73,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog="example: mscclang compile examples/allreduce_8rank.py -o plan.json -- --num_gpus 8")
     p.add_argument("program", metavar="PROGRAM.py", help="the DSL program")
     p.add_argument("-o", "--output", metavar="PLAN.json", default=None,
-                   help="where to write the plan (default: standard output)")
+                   help="where to write the plan (default, or '-': standard output)")
     p.add_argument("--function", metavar="NAME", default=None,
                    help="call this function of the program instead of running it as a script "
                         "(default name with --ranks: 'program')")
@@ -74,6 +85,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="write an mscclang plan (default) or an MSCCL++ 0.9 plan")
     p.add_argument("--no-check", action="store_true",
                    help="skip the semantic plan checks (the plan's fields are still validated)")
+    p.add_argument("--strict", action="store_true",
+                   help="treat DSL warnings (e.g. a signal/wait imbalance on one channel) as errors")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="do not report what was written (warnings and errors are still printed)")
     p.set_defaults(func=run)
 
 
@@ -82,33 +97,118 @@ def run(args: argparse.Namespace) -> int:
     if function is None and (args.ranks is not None or args.instances is not None
                              or args.protocol is not None):
         function = "program"
-    plan = compile_program(args.program, getattr(args, "passthrough", []), function=function,
-                           ranks=args.ranks, instances=args.instances, protocol=args.protocol,
-                           check=not args.no_check)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", MscclangWarning)
+        try:
+            plan = compile_program(args.program, getattr(args, "passthrough", []), function=function,
+                                   ranks=args.ranks, instances=args.instances, protocol=args.protocol,
+                                   check=not args.no_check, strict=args.strict)
+        finally:
+            _print_warnings(caught)
     if args.format == "mscclpp":
         from mscclang.plan.mscclpp import to_mscclpp
 
         text = json.dumps(to_mscclpp(plan), indent=2) + "\n"
     else:
         text = plan_to_json(plan)
-    if args.output:
+    to_stdout = args.output in (None, "-")
+    if to_stdout:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
         try:
             Path(args.output).write_text(text)
         except OSError as e:
             raise ProgramError(f"cannot write {args.output}: {e.strerror}") from None
-    else:
-        sys.stdout.write(text)
+    if not args.quiet:
+        where = "standard output" if to_stdout else args.output
+        print(f"mscclang compile: {describe_output(plan, args.format)}, to {where}", file=sys.stderr)
     return 0
+
+
+def describe_output(plan: Plan, fmt: str = "mscclang") -> str:
+    """``wrote allreduce plan 'name' (format): R ranks, T thread blocks per rank, N ops`` (ops
+    counts every op record of every rank and thread block, inner ops of pipelines included)."""
+    per_rank = [len(g.threadblocks) for g in plan.gpus]
+    lo, hi = min(per_rank, default=0), max(per_rank, default=0)
+    tbs = f"{hi}" if lo == hi else f"{lo}-{hi}"
+    n_ops = 0
+    for g in plan.gpus:
+        for tb in g.threadblocks:
+            for op in tb.ops:
+                n_ops += 1 + len(op.ops or [])
+    n = len(plan.gpus)
+    form = "MSCCL++ 0.9 format" if fmt == "mscclpp" else plan.format
+    return (f"wrote {plan.collective} plan {plan.name!r} ({form}): {n} rank{'s' if n != 1 else ''}, "
+            f"{tbs} thread block{'s' if hi != 1 else ''} per rank ({sum(per_rank)} in all), {n_ops} ops")
+
+
+def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
+    """Print recorded warnings on stderr: ``FILE:LINE: warning: message``."""
+    for w in caught:
+        where = f"{Path(w.filename).name}:{w.lineno}: " if w.filename else ""
+        kind = "warning" if issubclass(w.category, MscclangWarning) else w.category.__name__
+        print(f"{where}{kind}: {w.message}", file=sys.stderr)
 
 
 def compile_program(program: str | Path, argv: Sequence[str] = (), function: Optional[str] = None,
                     ranks: Optional[int] = None, instances: Optional[int] = None,
-                    protocol: Optional[str] = None, check: bool = True) -> Plan:
-    """Run a DSL program (see the module docstring) and return the validated plan it builds."""
+                    protocol: Optional[str] = None, check: bool = True, strict: bool = False) -> Plan:
+    """Run a DSL program (see the module docstring) and return the validated plan it builds.
+
+    The DSL's warnings (:class:`~mscclang.MscclangWarning`) reach the caller through
+    :mod:`warnings` as usual; with ``strict`` the first one raises :class:`~mscclang.DSLError`
+    instead (naming how many there were)."""
     path = Path(program)
     if not path.is_file():
         raise ProgramError(f"program {path} does not exist" if not path.exists()
                            else f"program {path} is not a file")
+    _refuse_plan_file(path)
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", MscclangWarning)
+            plan = _compile(path, argv, function, ranks, instances, protocol, check)
+    finally:
+        ours = [w for w in caught if issubclass(w.category, MscclangWarning)]
+        for w in caught:  # hand them on (the CLI prints them; a library caller sees them as usual)
+            if not (strict and w in ours):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    if strict and ours:
+        more = f" (and {len(ours) - 1} more warnings)" if len(ours) > 1 else ""
+        first = ours[0]
+        raise DSLError(f"{Path(first.filename).name}:{first.lineno}: {first.message}{more} "
+                       "[strict: warnings are errors]")
+    return plan
+
+
+def _refuse_plan_file(path: Path) -> None:
+    """A JSON file (a plan, most likely) given where a Python program is expected."""
+    try:
+        head = path.read_bytes()[:4096].lstrip()
+    except OSError as e:
+        raise ProgramError(f"cannot read {path}: {e.strerror}") from None
+    if path.suffix.lower() != ".json" and not head.startswith((b"{", b"[")):
+        return
+    try:
+        doc = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        if path.suffix.lower() == ".json":
+            raise ProgramError(f"{path} ends in .json, so it is not a DSL program: `mscclang compile` runs a "
+                               "Python program that builds a plan (plan files are read by `mscclang verify` "
+                               "and `mscclang show`)") from None
+        return
+    hint = f"`mscclang verify {path}` checks it in the simulator and `mscclang show {path}` prints it"
+    if isinstance(doc, dict) and "gpus" in doc:
+        kind = "an MSCCL++ execution plan" if "format" not in doc else "an execution plan"
+        raise ProgramError(f"{path} is {kind}, not a DSL program: `mscclang compile` runs a Python program "
+                           f"that builds a plan; {hint}")
+    raise ProgramError(f"{path} is a JSON file, not a DSL program: `mscclang compile` runs a Python program "
+                       "that builds a plan")
+
+
+def _compile(path: Path, argv: Sequence[str], function: Optional[str], ranks: Optional[int],
+             instances: Optional[int], protocol: Optional[str], check: bool) -> Plan:
     if function is None:
         printed, _ = _run_file(path, argv, "__main__")
         doc = _find_plan(printed, path)
@@ -135,7 +235,8 @@ def compile_program(program: str | Path, argv: Sequence[str] = (), function: Opt
             try:
                 result = fn(**kwargs)
                 doc = _result_to_doc(result)
-            except MscclangError:
+            except MscclangError as e:
+                _locate(e, path)
                 raise
             except SystemExit as e:
                 raise ProgramError(f"{function}() of {path} exited with status {e.code}") from None
@@ -173,8 +274,9 @@ def _run_file(path: Path, argv: Sequence[str], run_name: str) -> tuple[str, dict
     with _program_context(path, argv), contextlib.redirect_stdout(buf):
         try:
             namespace = runpy.run_path(str(path), run_name=run_name)
-        except MscclangError:
+        except MscclangError as e:
             _echo(buf.getvalue())
+            _locate(e, path)
             raise
         except SystemExit as e:
             code = e.code
@@ -188,20 +290,37 @@ def _run_file(path: Path, argv: Sequence[str], run_name: str) -> tuple[str, dict
     return buf.getvalue(), namespace
 
 
+def _user_line(e: BaseException, path: Path) -> Optional[int]:
+    """The line of the innermost traceback frame in the user's program file, if any."""
+    target = str(path.resolve())
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        try:
+            if str(Path(frame.filename).resolve()) == target:
+                return frame.lineno
+        except OSError:
+            continue
+    return None
+
+
+def _locate(e: MscclangError, path: Path) -> None:
+    """Prefix a DSL or compile error raised by the user's program with ``PROGRAM.py line N:``
+    (the DSL call that failed), so the CLI's one-line message points at the program."""
+    if not isinstance(e, (DSLError, CompileError)) or len(e.args) != 1 or not isinstance(e.args[0], str):
+        return
+    line = _user_line(e, path)
+    if line is not None and not e.args[0].startswith(path.name):
+        e.args = (f"{path.name} line {line}: {e.args[0]}",)
+
+
 def _describe(e: BaseException, path: Path, what: Optional[str] = None) -> str:
     """``PROGRAM.py line N: TypeError: message`` from the innermost frame in the user's file."""
     where = ""
     if isinstance(e, SyntaxError) and e.lineno is not None:
         where = f" line {e.lineno}"
     else:
-        target = str(path.resolve())
-        for frame in reversed(traceback.extract_tb(e.__traceback__)):
-            try:
-                if str(Path(frame.filename).resolve()) == target:
-                    where = f" line {frame.lineno}"
-                    break
-            except OSError:
-                continue
+        line = _user_line(e, path)
+        if line is not None:
+            where = f" line {line}"
     msg = str(e) if not isinstance(e, SyntaxError) else (e.msg or str(e))
     subject = f"{what} of {path}" if what else str(path)
     return f"{subject} failed at{where or ' an unknown line'}: {type(e).__name__}: {msg}"

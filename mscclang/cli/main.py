@@ -1,12 +1,14 @@
 """The ``mscclang`` command. Each subcommand lives in its own module of this package, named in
 ``COMMANDS``; a module provides ``add_parser(subparsers)`` (registering one subparser whose
 default ``func`` is its runner) and the runner ``run(args) -> int``. User mistakes are reported
-on stderr with exit code 1, never with a traceback."""
+on stderr with exit code 1, never with a traceback; Ctrl-C ends any command with the one line
+``mscclang COMMAND: interrupted`` and exit code 130 (128 + SIGINT, as shells report it)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from typing import NoReturn, Optional, Sequence
 
@@ -52,15 +54,57 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: options whose value may look like a negative number (``--size -4K``): joined to their option
+#: (``--size=-4K``) so the size parser, not argparse's "expected one argument", reports it
+_VALUE_OPTIONS = frozenset({"--size", "--sizes"})
+_NEGATIVE = re.compile(r"^-\d")
+
+#: exit status after Ctrl-C
+INTERRUPTED = 130
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in _VALUE_OPTIONS and i + 1 < len(argv) and _NEGATIVE.match(argv[i + 1]):
+            out.append(f"{a}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(a)
+        i += 1
+    return out
+
+
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        return False
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), "")
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # on a terminal, start a fresh line after the echoed ^C (or a progress bar)
+        fresh = "\n" if _isatty(sys.stderr) else ""
+        sys.stderr.write(f"{fresh}mscclang{' ' + command if command in COMMANDS else ''}: interrupted\n")
+        sys.stderr.flush()
+        return INTERRUPTED
+
+
+def _main(argv: list[str]) -> int:
     # everything after a bare "--" belongs to the user's program (mscclang compile P.py -- ARGS)
     passthrough: list[str] = []
     if "--" in argv:
         i = argv.index("--")
         argv, passthrough = argv[:i], argv[i + 1:]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_join_negative_values(argv))
     args.passthrough = passthrough
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

@@ -12,28 +12,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-
-def _size(s: str) -> int:
-    s = s.strip().upper()
-    mult = 1
-    for suf, m in (("KIB", 1024), ("MIB", 1 << 20), ("GIB", 1 << 30), ("K", 1024), ("M", 1 << 20), ("G", 1 << 30)):
-        if s.endswith(suf):
-            s, mult = s[: -len(suf)], m
-            break
-    return int(float(s) * mult)
+from mscclang.cli.args import GPU_DTYPES, SIZES_FORMS, add_progress_flag, dtype_arg, flatten_sizes, sizes_arg
 
 
 def add_parser(sub: "argparse._SubParsersAction") -> None:
     p = sub.add_parser("run", help="run a plan on all visible GPUs, check it and time it")
     p.add_argument("plan", help="plan JSON file")
-    p.add_argument("--size", action="append", type=_size,
-                   help="message size in bytes (input bytes; allgather: per rank), e.g. 1K, 4MiB; repeatable")
-    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32", "int32"])
+    p.add_argument("--size", action="append", type=sizes_arg(), metavar="SIZES",
+                   help="message sizes (input bytes; allgather: per rank), repeatable: " + SIZES_FORMS +
+                        " (default 1K and 1M)")
+    p.add_argument("--dtype", default="float16", type=dtype_arg(GPU_DTYPES),
+                   help=f"{', '.join(GPU_DTYPES)} or an alias (fp16, bf16, fp32, i32); default float16")
     p.add_argument("--packet-type", default=None, choices=["LL16", "LL8"])
     p.add_argument("--reduce-op", default=None, choices=["sum", "min", "max"])
     p.add_argument("--graph", action="store_true", help="time CUDA-graph replays instead of eager calls")
     p.add_argument("--iters", type=int, default=200, help="timed launches per size")
     p.add_argument("--timeout", type=float, default=30.0, help="bound of every GPU spin, seconds")
+    add_progress_flag(p)
     p.set_defaults(func=run)
 
 
@@ -41,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from mscclang.plan.io import load_plan, plan_to_json
 
     plan = load_plan(args.plan)
-    sizes = args.size or [1024, 1 << 20]
+    sizes = flatten_sizes(args.size) or [1024, 1 << 20]
     ngpu = 0
     try:
         import torch
@@ -52,12 +47,19 @@ def run(args: argparse.Namespace) -> int:
     if ngpu < plan.world_size:
         print(f"mscclang run: {ngpu} GPU(s) visible, the plan needs {plan.world_size}; verifying on the "
               "simulator instead", file=sys.stderr)
+        from mscclang.cli.progress import Progress
         from mscclang.sim import verify
 
         esize = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4}[args.dtype]
-        rep = verify(plan, sizes=[max(s // esize * esize, esize) for s in sizes], dtypes=[args.dtype], schedules=3)
-        print(rep.summary() if hasattr(rep, "summary") else rep)
-        return 0 if getattr(rep, "ok", not getattr(rep, "problems", [])) else 1
+        with Progress(None, f"simulate {plan.name}", unit="run", enabled=args.progress) as bar:
+            def step(done: int, total: int) -> None:
+                bar.set_total(total)
+                bar.update(done - bar.n)
+
+            rep = verify(plan, sizes=sorted({max(s // esize * esize, esize) for s in sizes}),
+                         dtypes=[args.dtype], schedules=3, progress=step)
+        print(rep)
+        return rep.exit_code()  # NO POSTCONDITION (test/custom plans) and warnings: 0
     from mscclang.runtime.launch import WorkerPool
 
     j = plan_to_json(plan)

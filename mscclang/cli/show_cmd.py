@@ -49,7 +49,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="show a plan that fails the semantic checks (indexes out of range print as ?)")
     p.add_argument("--png", metavar="OUT.png", default=None,
                    help="draw the plan as a picture instead (per rank, per thread block, ops as a timeline "
-                        "with signal/wait and packet edges; --rank/--tb restrict it); needs matplotlib")
+                        "with signal/wait, data and packet edges; --rank/--tb restrict it). A long timeline "
+                        "wraps into rows; rows that do not fit a page go to OUT-2.png, OUT-3.png...; "
+                        "needs matplotlib")
     p.set_defaults(func=run)
 
 
@@ -59,6 +61,8 @@ def read_plan_any(source: str, check: bool = True) -> tuple[Plan, bool]:
 
     if source == "-":
         text = sys.stdin.read()
+        if not text.strip():
+            raise PlanError("no plan on standard input ('-' reads the plan JSON from stdin)")
     else:
         path = Path(source)
         try:
@@ -68,24 +72,43 @@ def read_plan_any(source: str, check: bool = True) -> tuple[Plan, bool]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise PlanError(f"{source} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        what = "standard input" if source == "-" else source
+        raise PlanError(f"{what} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     if is_mscclpp_plan(data):
         return from_mscclpp(data, check=check), True
     return load_plan(data, check=check), False
+
+
+def check_tb(plan: Plan, tb: int, rank: Optional[int]) -> None:
+    """PlanError naming the valid range unless thread block ``tb`` exists on ``rank`` (or, without
+    a rank, on some rank)."""
+    ranks = [rank] if rank is not None else list(range(len(plan.gpus)))
+    counts = [len(plan.gpus[r].threadblocks) for r in ranks]
+    if 0 <= tb < max(counts, default=0):
+        return
+    where = f"rank {rank} has" if rank is not None else "the plan has"
+    most = max(counts, default=0)
+    have = f"thread blocks 0..{most - 1}" if most > 1 else ("thread block 0 only" if most == 1 else "no thread blocks")
+    raise PlanError(f"--tb {tb}: {where} {have}")
 
 
 def run(args: argparse.Namespace) -> int:
     plan, was_mscclpp = read_plan_any(args.plan, check=not args.no_check)
     if args.rank is not None and not 0 <= args.rank < len(plan.gpus):
         raise PlanError(f"--rank {args.rank}: the plan has ranks 0..{len(plan.gpus) - 1}")
-    if args.tb is not None and args.tb < 0:
-        raise PlanError(f"--tb {args.tb}: thread block ids are not negative")
+    if args.tb is not None:
+        check_tb(plan, args.tb, args.rank)
     if getattr(args, "png", None):
         from mscclang.viz import draw_plan
 
         pic = draw_plan(plan, args.png, ranks=None if args.rank is None else [args.rank],
                         tbs=None if args.tb is None else [args.tb])
-        sys.stdout.write(f"wrote {pic.path} ({pic.width_px} x {pic.height_px} px, {pic.num_ops} ops)\n")
+        wrapped = f", timeline wrapped into {pic.panels} rows" if pic.panels > 1 else ""
+        if len(pic.paths) > 1:
+            sys.stdout.write(f"wrote {len(pic.paths)} pages: {', '.join(str(p) for p in pic.paths)} "
+                             f"({pic.width_px} px wide, {pic.num_ops} ops{wrapped})\n")
+        else:
+            sys.stdout.write(f"wrote {pic.path} ({pic.width_px} x {pic.height_px} px, {pic.num_ops} ops{wrapped})\n")
         return 0
     text = format_plan(plan, rank=args.rank, tb=args.tb)
     if was_mscclpp:
@@ -147,7 +170,7 @@ def format_op(op: Op, names: _Names, label: str) -> list[str]:
     if op.name == OpName.pipeline:
         assert op.iter_context is not None and op.ops is not None  # the model guarantees both
         head = (f"{label:>6}  pipeline   unit {_size(op.iter_context.unit_size)}, "
-                f"{op.iter_context.num_chunks} chunk(s) per iteration")
+                f"{op.iter_context.num_chunks} chunk(s) per iteration{_src(op)}")
         lines = [head]
         for j, inner in enumerate(op.ops):
             lines.extend(format_op(inner, names, f"{label}.{j}"))
@@ -176,7 +199,13 @@ def format_op(op: Op, names: _Names, label: str) -> list[str]:
         extras.append(op.reduce_op.value)
     tail = ("  [" + "; ".join(extras) + "]") if extras else ""
     sep = "  " if body else ""
-    return [f"{label:>6}  {op.name.value:<10}{sep}{body}{tail}".rstrip()]
+    return [f"{label:>6}  {op.name.value:<10}{sep}{body}{tail}".rstrip() + _src(op)]
+
+
+def _src(op: Op) -> str:
+    """``  # program.py:42`` when the op records the DSL line that made it, else ``""``."""
+    src = getattr(op, "src", None)
+    return f"  # {src}" if src else ""
 
 
 def _rank_lines(plan: Plan, r: int, tb_filter: Optional[int]) -> list[str]:

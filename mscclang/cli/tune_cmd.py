@@ -1,13 +1,22 @@
 """``mscclang tune``: measure the candidate plans (shipped variants and extra ones compiled and
 simulator-verified now) per collective and size on this machine's GPUs, with a progress bar, and
-write a tuning file for the selector."""
+write a tuning file for the selector.
+
+Without ``--dry-run`` it checks for GPUs before compiling anything. A failed or interrupted run
+removes what it created (the tuning file, its ``.plans/`` and ``.work/`` folders); the tuning file
+is written through a temporary file, so it is never left half written."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
+from typing import Iterable, Iterator, Optional
 
+from mscclang.cli.args import GPU_DTYPES, SIZES_FORMS, add_progress_flag, dtype_arg, sizes_arg
 from mscclang.comm.errors import CommError
 
 DEFAULT_COLLS = ("allreduce", "allgather", "reducescatter", "alltoall")
@@ -23,13 +32,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="mscclang_tuning.json", metavar="FILE",
                    help="tuning file to write (extra plans go to FILE's stem + '.plans/')")
     p.add_argument("--collectives", default=",".join(DEFAULT_COLLS), help="comma list")
-    p.add_argument("--sizes", help="sizes, e.g. 1K:1G (default) or 1K,64K,1M")
+    p.add_argument("--sizes", type=sizes_arg(), metavar="SIZES",
+                   help="message sizes: " + SIZES_FORMS + "; default 1K:1G")
     p.add_argument("--instances", default="1,2,4,8,16",
                    help="instances of the extra variants to compile (default 1,2,4,8,16)")
     p.add_argument("--threads", default="",
                    help="threads per block of the extra variants (default: each algorithm's own)")
     p.add_argument("--no-extra", action="store_true", help="measure only the shipped variants")
-    p.add_argument("--dtype", default="bfloat16", help="dtype to measure with (default bfloat16)")
+    p.add_argument("--dtype", default="bfloat16", type=dtype_arg(GPU_DTYPES),
+                   help=f"dtype to measure with: {', '.join(GPU_DTYPES)} or an alias; default bfloat16")
     p.add_argument("--quick", action="store_true", help="5 sizes, 3 timed blocks, no extra variants")
     p.add_argument("--time-limit", type=float, default=480.0, metavar="S",
                    help="no new measurement after S seconds (default 480)")
@@ -38,6 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="no GPUs needed: compile and verify the extra variants, list the candidates")
     p.add_argument("--ranks", type=int, default=None,
                    help="world size for --dry-run (default: visible GPUs, else 2)")
+    add_progress_flag(p)
     p.set_defaults(func=run)
 
 
@@ -48,16 +60,49 @@ def _ints(text: str, what: str) -> list[int]:
         raise CommError(f"--{what} takes a comma list of integers, got {text!r}") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+def _check_gpus(nprocs: Optional[int]) -> None:
+    """Refuse to start (before compiling anything) unless at least two GPUs can be measured."""
+    from mscclang.bench.runner import gpu_count
+    from mscclang.errors import RuntimeUnavailable
 
-    from mscclang.bench.runner import gpu_count, run_tune_measure
-    from mscclang.bench.sizes import DEFAULT_SIZES, QUICK_SIZES, parse_sizes
-    from mscclang.bench.worker import BenchConfig
-    from mscclang.comm.catalog import Catalog
-    from mscclang.comm.names import dtype_name, plan_collective
-    from mscclang.comm.tune import CandidateKey, build_table, candidates, compile_extra
-    from mscclang.comm.tuning import save_tuning
+    have = gpu_count()
+    n = have if nprocs is None else nprocs
+    if have < 2 or n < 2 or n > have:
+        want = "at least 2" if nprocs is None or nprocs < 2 else str(nprocs)
+        raise RuntimeUnavailable(f"mscclang tune needs {want} CUDA GPUs to measure; this machine has {have}. "
+                                 "Use --dry-run to compile and verify the candidates without GPUs.")
+
+
+class _Created:
+    """Paths this run creates; :meth:`remove` deletes them again (a failed run leaves nothing)."""
+
+    def __init__(self, *paths: Path) -> None:
+        self.paths = [p for p in paths if not p.exists()]
+
+    def remove(self) -> None:
+        for p in self.paths:
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            elif p.exists():
+                p.unlink()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder: an interrupted
+    write leaves no partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    from mscclang.comm.names import plan_collective
 
     colls = []
     for c in args.collectives.split(","):
@@ -67,15 +112,38 @@ def run(args: argparse.Namespace) -> int:
                 colls.append(pc)
     if not colls:
         raise CommError("no collective given")
-    sizes = parse_sizes(args.sizes) if args.sizes else list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
     instances = _ints(args.instances, "instances")
     threads = _ints(args.threads, "threads") if args.threads else []
     for t in threads:
         if not 32 <= t <= 1024 or t % 32:
             raise CommError(f"--threads: {t} is not a multiple of 32 in 32..1024")
-    dtype = dtype_name(args.dtype)
+    if args.time_limit <= 0:
+        raise CommError("--time-limit must be positive")
+    if not args.dry_run:
+        _check_gpus(args.nprocs)
     out = Path(args.out)
     plans_dir = out.parent / (out.stem + ".plans")
+    work_dir = out.parent / (out.stem + ".work")
+    created = _Created(out, plans_dir, work_dir)
+    try:
+        return _tune(args, colls, instances, threads, out, plans_dir, work_dir)
+    except BaseException:
+        created.remove()
+        raise
+
+
+def _tune(args: argparse.Namespace, colls: list[str], instances: list[int], threads: list[int],
+          out: Path, plans_dir: Path, work_dir: Path) -> int:
+    from mscclang.bench.runner import gpu_count, run_tune_measure
+    from mscclang.bench.sizes import DEFAULT_SIZES, QUICK_SIZES
+    from mscclang.bench.worker import BenchConfig
+    from mscclang.cli.progress import Progress, progress_wanted
+    from mscclang.comm.catalog import Catalog
+    from mscclang.comm.tune import CandidateKey, build_table, candidates, compile_extra
+    from mscclang.comm.tuning import tuning_to_json
+
+    sizes = args.sizes or list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    dtype = args.dtype
     have = gpu_count()
     n = args.ranks or args.nprocs or (have if have >= 2 else 2)
     catalog = Catalog.from_dir()
@@ -83,9 +151,16 @@ def run(args: argparse.Namespace) -> int:
         raise CommError("no shipped plans found (plans/index.json); set MSCCLANG_PLANS_DIR")
     added = []
     if not (args.no_extra or args.quick):
+        def with_bar(jobs: Iterable) -> Iterator:
+            jobs = list(jobs)
+            with Progress(len(jobs), "compile + verify extra variants", unit="plan",
+                          enabled=args.progress) as bar:
+                for job in jobs:
+                    yield job
+                    bar.update()
+
         res = compile_extra(catalog, colls, n, instances, threads, None if args.dry_run else plans_dir,
-                            progress=lambda jobs: tqdm(jobs, desc="compile + verify extra variants",
-                                                       unit="plan", file=sys.stderr))
+                            progress=with_bar)
         added = res.added
         for key, why in res.rejected:
             print(f"mscclang tune: rejected {key}: {why}", file=sys.stderr)
@@ -97,15 +172,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {k.label()}")
         print(f"{len(added)} extra variants compiled and verified")
         return 0
-    if have < 2:
-        from mscclang.errors import RuntimeUnavailable
-
-        raise RuntimeUnavailable(f"mscclang tune needs at least 2 CUDA GPUs to measure; this machine "
-                                 f"has {have}. Use --dry-run to compile and verify the candidates.")
     cfg = BenchConfig(colls=colls, sizes=sizes, impls=["mscclang", "nccl"], modes=["graph"],
-                      dtype=dtype, out_dir=str(out.parent / (out.stem + ".work")),
+                      dtype=dtype, out_dir=str(work_dir),
                       blocks=3 if args.quick else 5, iters_scale=0.5 if args.quick else 1.0,
-                      extra={"plans_dir": str(plans_dir) if added else None})
+                      extra={"plans_dir": str(plans_dir) if added else None,
+                             "progress": progress_wanted(args.progress)})
     recs, meta, problems = run_tune_measure(cfg, args.time_limit, args.nprocs)
     measured: dict = {}
     for r in recs:
@@ -122,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     table = build_table(measured, meta.get("world_size", n), machine=machine,
                         source=f"mscclang tune ({dtype}, CUDA graph, {len(recs)} measurements)",
                         plans_dir=plans_dir.name if added else None)
-    save_tuning(table, out)
+    _write_atomic(out, tuning_to_json(table))
     failed = [r for r in recs if not r.get("ok") and not str(r.get("error", "")).startswith("skipped")]
     for r in failed[:20]:
         c = r["candidate"]

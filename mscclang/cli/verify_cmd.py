@@ -1,25 +1,24 @@
-"""``mscclang verify PLAN.json [--schedules N] [--sizes 1K 4M ...] [--dtype fp16 ...]``: prove a
-plan in the CPU simulator. Exits 0 with a one-screen report when the plan is correct, 1 with the
-diagnosis (deadlock cycle, races, wrong outputs) otherwise."""
+"""``mscclang verify PLAN.json [--schedules N] [--sizes 1K 4M ...] [--dtype fp16 ...] [--strict]``:
+prove a plan in the CPU simulator.
+
+Exit status: 1 with the diagnosis when an error is found (deadlock cycle, race, wrong output);
+otherwise 0, with the report's status: ``OK``; ``OK`` with warnings (``multimem-relaxed``) or
+vacuous (the plan moves no bytes); ``NO POSTCONDITION`` (a ``test``/``custom`` plan: deadlocks and
+races checked). ``--strict`` makes every status but a clean, non-vacuous ``OK`` exit 1. An
+MSCCL++ plan is imported first (a note on standard error says so); ``-`` reads the plan from
+standard input. Sizes and dtypes follow :mod:`mscclang.cli.args`; ``--schedules`` is capped at
+:data:`~mscclang.cli.args.MAX_SCHEDULES` (1000) and ``--launches`` at
+:data:`~mscclang.cli.args.MAX_LAUNCHES` (16). A progress bar with an ETA is drawn on stderr when
+it is a terminal (or with ``--progress``)."""
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
+from mscclang.cli.args import (MAX_LAUNCHES, MAX_SCHEDULES, SIM_DTYPES, SIZES_FORMS, add_progress_flag,
+                               dtype_arg, flatten_sizes, int_range_arg, sizes_arg)
 from mscclang.errors import MscclangError
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([kKmMgG]?)(i?[bB])?\s*$")
-
-
-def parse_size(text: str) -> int:
-    """``"4096"``, ``"1K"``, ``"4M"``, ``"1G"`` (powers of 1024; a trailing B/iB is allowed)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise MscclangError(f"not a size: {text!r} (use e.g. 4096, 1K, 4M)")
-    mult = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
-    return int(m.group(1)) * mult
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -27,32 +26,66 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "verify", help="prove a plan in the CPU simulator (deadlocks, races, outputs)",
         description="Run a plan in the CPU simulator under several schedules, sizes and dtypes; "
                     "report deadlocks, races and wrong outputs. Exit 0 when correct, 1 otherwise.")
-    p.add_argument("plan", help="plan JSON file")
-    p.add_argument("--schedules", type=int, default=10, help="runs per size (default 10)")
-    p.add_argument("--sizes", nargs="+", default=None,
-                   help="message sizes (input bytes; allgather: output bytes), e.g. 1K 4M")
-    p.add_argument("--dtype", nargs="+", default=None,
-                   help="dtypes (fp16, bf16, fp32, int32, uint8, fp8_e4m3, fp8_e5m2)")
+    p.add_argument("plan", help="plan JSON file (mscclang or MSCCL++ format; '-' reads standard input)")
+    p.add_argument("--schedules", type=int_range_arg(1, MAX_SCHEDULES), default=10,
+                   help=f"runs per size, 1..{MAX_SCHEDULES} (default 10)")
+    p.add_argument("--sizes", nargs="+", type=sizes_arg(), default=None, metavar="SIZES",
+                   help="message sizes (input bytes; allgather: output bytes): " + SIZES_FORMS)
+    p.add_argument("--dtype", nargs="+", type=dtype_arg(SIM_DTYPES), default=None,
+                   help="dtypes: " + ", ".join(SIM_DTYPES) + " or an alias (fp16, bf16, fp32, i32, ...)")
     p.add_argument("--reduce-op", nargs="+", default=None, choices=("sum", "min", "max"))
     p.add_argument("--packet-type", nargs="+", default=None, choices=("LL8", "LL16"))
-    p.add_argument("--launches", type=int, default=None,
-                   help="consecutive launches (default: 3 for double-scratch plans, else 2)")
+    p.add_argument("--launches", type=int_range_arg(1, MAX_LAUNCHES), default=None,
+                   help=f"consecutive launches, 1..{MAX_LAUNCHES} (default: 3 for double-scratch plans, else 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-symbolic", action="store_true", help="skip the symbolic postcondition")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 unless the plan is proven OK: also on warnings (multimem-relaxed), "
+                        "on NO POSTCONDITION (test/custom plans) and on a vacuous OK")
+    p.add_argument("--senders", default=None, metavar="S0,S1,...",
+                   help="sendrecv only: the rank each rank receives from, e.g. 3,0,1,2 "
+                        "(default: taken from the plan's data flow)")
+    add_progress_flag(p)
     p.set_defaults(func=run)
 
 
+def parse_senders(text: str) -> list[int]:
+    """``"3,0,1,2"`` -> ``[3, 0, 1, 2]``."""
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise MscclangError(f"--senders {text!r}: expected comma-separated ranks, e.g. 3,0,1,2") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    from mscclang.sim.runner import as_plan
+    from mscclang.cli.progress import Progress
+    from mscclang.cli.show_cmd import read_plan_any
     from mscclang.sim.verify import DEFAULT_DTYPES, verify
 
-    plan = as_plan(args.plan)
-    sizes = [parse_size(s) for s in args.sizes] if args.sizes else None
-    kw = {}
+    plan, was_mscclpp = read_plan_any(args.plan)
+    if was_mscclpp:
+        print(f"note: {args.plan} is an MSCCL++ plan; verifying it as imported "
+              "(`mscclang import-mscclpp` writes the converted plan)", file=sys.stderr)
+    sizes = flatten_sizes(args.sizes)
+    kw: dict = {}
     if args.packet_type:
         kw["packet_types"] = args.packet_type
-    rep = verify(plan, sizes=sizes, dtypes=args.dtype or DEFAULT_DTYPES,
-                 schedules=args.schedules, seed=args.seed, launches=args.launches,
-                 reduce_ops=args.reduce_op, symbolic=not args.no_symbolic, **kw)
-    print(str(rep), file=sys.stdout if rep.ok else sys.stderr)
-    return 0 if rep.ok else 1
+    if args.senders is not None:
+        kw["senders"] = parse_senders(args.senders)
+    if args.launches is not None:
+        kw["launches"] = args.launches
+    with Progress(None, f"verify {plan.name}", unit="run", enabled=args.progress) as bar:
+        def step(done: int, total: int) -> None:
+            bar.set_total(total)
+            bar.update(done - bar.n)
+
+        rep = verify(plan, sizes=sizes, dtypes=args.dtype or DEFAULT_DTYPES, schedules=args.schedules,
+                     seed=args.seed, reduce_ops=args.reduce_op, symbolic=not args.no_symbolic,
+                     progress=step, **kw)
+    code = rep.exit_code(strict=args.strict)
+    print(str(rep), file=sys.stdout if code == 0 else sys.stderr)
+    if code and not rep.failed:
+        print(f"--strict: {rep.status}{' (vacuous)' if rep.vacuous else ''}"
+              f"{f' with {len(rep.warnings)} warning(s)' if rep.warnings else ''} is not a proof",
+              file=sys.stderr)
+    return code

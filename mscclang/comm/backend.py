@@ -52,6 +52,13 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for this rank's launches (and raise a pending CollectiveTimeout)."""
 
+    def check(self) -> None:
+        """Raise a pending CollectiveTimeout without waiting (cheap: no device call)."""
+
+    def describe_call(self, desc: str) -> None:
+        """Name the call being set up (``""`` when done), so that setup steps the ranks must take
+        together can say what each rank called when they disagree."""
+
     def reset(self) -> None:
         """Collective reset after an abort."""
 
@@ -77,7 +84,8 @@ class RuntimeBackend(Backend):
     """Adapter to ``mscclang.runtime`` (its ``Communicator`` + ``Executor``) on one CUDA device.
 
     Pass an existing ``executor`` (e.g. a GPU test worker's) or let the adapter build one from
-    ``store``/``rank``/``world_size``/``device``; ``options`` may hold ``timeout_s`` (GPU spin
+    ``store``/``rank``/``world_size``/``device``; ``options`` may hold ``specialize`` and
+    ``watchdog`` (see :class:`~mscclang.runtime.executor.Executor`), ``timeout_s`` (GPU spin
     bound) and ``name`` (the runtime communicator's store namespace).
 
     Granule: collectives whose buffers hold several blocks (allgather, reduce-scatter,
@@ -100,7 +108,8 @@ class RuntimeBackend(Backend):
             index = getattr(device, "index", device)
             rc = RuntimeComm(store=store, rank=rank, world_size=world_size, device=index,
                              name=str(options.get("name", "comm")))
-            executor = Executor(rc, timeout_s=options.get("timeout_s"))
+            executor = Executor(rc, timeout_s=options.get("timeout_s"), specialize=options.get("specialize"),
+                                watchdog=options.get("watchdog"))
         self.executor = executor
         self.store = store if store is not None else getattr(getattr(executor, "comm", None), "store", None)
         if self.device is None:
@@ -116,8 +125,7 @@ class RuntimeBackend(Backend):
 
     def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
                 reduce_op: Optional[str] = None) -> None:
-        self.executor.prepare(plan, inp.numel() * inp.element_size(), out.numel() * out.element_size(),
-                              dtype=inp.dtype, packet_type=packet_type, reduce_op=reduce_op)
+        self.executor.prepare(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
 
     def empty(self, numel: int, dtype: Any) -> Any:
         return self.executor.comm.alloc(numel, dtype)
@@ -133,6 +141,16 @@ class RuntimeBackend(Backend):
 
     def synchronize(self) -> None:
         self.executor.synchronize()
+
+    def describe_call(self, desc: str) -> None:
+        comm = getattr(self.executor, "comm", None)
+        if comm is not None and hasattr(comm, "call"):
+            comm.call = desc
+
+    def check(self) -> None:
+        check = getattr(self.executor, "check", None)
+        if check is not None:
+            check()
 
     def reset(self) -> None:
         self.executor.reset()

@@ -137,8 +137,12 @@ class Communicator:
         self.backend = backend
         # the fallback
         if fallback is True:
+            # a fallback group made here is bounded like the runtime's spins: a dead or hung peer
+            # ends in torch's NCCL watchdog within the same timeout (a caller's group keeps its own)
+            t = (runtime_options or {}).get("timeout_s") or os.environ.get("MSCCLANG_TIMEOUT_S")
             self._fallback = TorchFallback(group, store=own_store, rank=self.rank,
-                                           world_size=self.world_size, device=self.device)
+                                           world_size=self.world_size, device=self.device,
+                                           **({"timeout_s": float(t)} if t else {}))
         elif fallback is False or fallback is None:
             self._fallback = None
         else:
@@ -274,12 +278,16 @@ class Communicator:
         """Point-to-point send (through torch.distributed: plans are collective, a lone send is
         not)."""
         self._check_peer(dst)
+        self._check_tensor("send tensor", tensor)
+        dtype_name(tensor.dtype)
         self._note_fallback("send", "point-to-point send/recv runs through torch.distributed")
         self._need_fallback("send").send(tensor, dst)
 
     def recv(self, tensor: Any, src: int) -> Any:
         """Point-to-point receive into ``tensor`` (through torch.distributed)."""
         self._check_peer(src)
+        self._check_tensor("recv tensor", tensor)
+        dtype_name(tensor.dtype)
         self._note_fallback("recv", "point-to-point send/recv runs through torch.distributed")
         self._need_fallback("recv").recv(tensor, src)
         return tensor
@@ -296,7 +304,9 @@ class Communicator:
                 out = self._new(tensor, tensor.numel() // self.world_size)
             else:
                 out = tensor
-        cp = self._plan_call(coll, tensor, out, reduce_op_name(op), root)
+        if tensor.numel() == 0 and out.numel() == 0:
+            return self._plan_call(coll, tensor, out, reduce_op_name(op), root)
+        _, cp = self._lookup(coll, tensor, out, reduce_op_name(op), root)
         if cp.mode != "nccl" and self.backend is not None and cp.plan is not None:
             pt = cp.choice.packet_type if cp.choice else None
             a, b = self._operands(cp, tensor, out)
@@ -350,17 +360,25 @@ class Communicator:
         if not 0 <= peer < self.world_size or peer == self.rank:
             raise CommError(f"rank {self.rank}: peer {peer} is not another rank of {self.world_size}")
 
+    def _check_tensor(self, what: str, t: Any) -> None:
+        """A tensor argument: a contiguous torch tensor on this communicator's device."""
+        if not hasattr(t, "data_ptr") or not hasattr(t, "is_contiguous"):
+            raise CommError(f"rank {self.rank}: {what} must be a torch tensor, got {type(t).__name__}")
+        dev = self.device
+        td = t.device
+        if td.type != getattr(dev, "type", dev) or (td.type == "cuda" and dev.index is not None
+                                                    and td.index != dev.index):
+            raise CommError(f"rank {self.rank}: {what} is on {td}, but this communicator runs on {dev}; "
+                            "move the tensor there first")
+        if not t.is_contiguous():
+            raise CommError(f"rank {self.rank}: {what} must be contiguous")
+
     def _check_tensors(self, coll: str, inp: Any, out: Any) -> None:
         for what, t in (("input", inp), ("output", out)):
-            if not hasattr(t, "data_ptr"):
-                raise CommError(f"rank {self.rank}: {coll} {what} must be a torch tensor, got {type(t).__name__}")
-            if not t.is_contiguous():
-                raise CommError(f"rank {self.rank}: {coll} {what} must be contiguous")
+            self._check_tensor(f"{coll} {what}", t)
         if inp.dtype != out.dtype:
             raise CommError(f"rank {self.rank}: {coll} input dtype {inp.dtype} differs from "
                             f"output dtype {out.dtype}")
-        if inp.device != out.device:
-            raise CommError(f"rank {self.rank}: {coll} input on {inp.device}, output on {out.device}")
         dtype_name(inp.dtype)
 
     def _inplace_layout(self, coll: str, inp: Any, out: Any, shape: BlockShape) -> bool:
@@ -495,6 +513,8 @@ class Communicator:
 
     def _launch(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int) -> None:
         if cp.mode == "nccl":
+            if self.backend is not None:
+                self.backend.check()   # a pending abort of the runtime surfaces at any call
             self._run_fallback(cp, inp, out, op, root)
             return
         assert self.backend is not None and cp.plan is not None and cp.choice is not None
@@ -520,9 +540,9 @@ class Communicator:
             return a, out
         return inp, out
 
-    def _call(self, coll: str, inp: Any, out: Any, op: str, root: int = 0) -> Any:
-        if inp.numel() == 0 and out.numel() == 0:
-            return out
+    def _lookup(self, coll: str, inp: Any, out: Any, op: str, root: int) -> tuple[Optional[tuple], CallPlan]:
+        """The memo key of a call and its CallPlan (planned and memoised on a miss). Shared by the
+        collectives and :meth:`prepare`, so a prepared call is found again when captured."""
         key = None
         if getattr(inp, "is_contiguous", None) and inp.is_contiguous() and out.is_contiguous():
             # whether the tensors are symmetric is part of the key: an address may come back as
@@ -534,11 +554,28 @@ class Communicator:
                    out.dtype, inp.device, out.device, root, sym)
         cp = self._memo.get(key) if key is not None else None
         if cp is None:
-            cp = self._plan_call(coll, inp, out, op, root)
+            be = self.backend
+            if be is not None:
+                be.describe_call(f"{coll} of {inp.numel()} x {dtype_name(inp.dtype)}"
+                                 f"{f' into {out.numel()}' if out.numel() != inp.numel() else ''}")
+            try:
+                cp = self._plan_call(coll, inp, out, op, root)
+            finally:
+                if be is not None:
+                    be.describe_call("")
             if key is not None:
                 if len(self._memo) >= _MEMO_SIZE:
                     self._memo.pop(next(iter(self._memo)))
                 self._memo[key] = cp
+        return key, cp
+
+    def _call(self, coll: str, inp: Any, out: Any, op: str, root: int = 0) -> Any:
+        if not (hasattr(inp, "data_ptr") and hasattr(out, "data_ptr")):
+            self._check_tensors(coll, inp, out)   # raises: not tensors
+        if inp.numel() == 0 and out.numel() == 0:
+            self._check_tensors(coll, inp, out)
+            return out
+        key, cp = self._lookup(coll, inp, out, op, root)
         self.last = cp
         if cp.shape.block_elems == 0:
             return out

@@ -152,9 +152,13 @@ def run_simulator(sizes: list[int], dtype: str, world: int = 2) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    from mscclang.cli.args import SIZES_FORMS, dtype_arg, sizes_arg
+
     ap = argparse.ArgumentParser(prog="python -m mscclang.comm.demo", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default=None, help="sizes (default 1K,64K,1M,16M on GPUs; 1K,16K on the CPU)")
-    ap.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16", "float32"))
+    ap.add_argument("--sizes", default=None, type=sizes_arg(),
+                    help="sizes: " + SIZES_FORMS + " (default 1K,64K,1M,16M on GPUs; 1K,16K on the CPU)")
+    ap.add_argument("--dtype", default="bfloat16", type=dtype_arg(("float16", "bfloat16", "float32")),
+                    help="float16, bfloat16 (default) or float32, or an alias (fp16, bf16, fp32)")
     ap.add_argument("--cpu", action="store_true", help="use the simulator even with GPUs")
     args = ap.parse_args(argv)
     try:
@@ -164,8 +168,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except Exception:  # noqa: BLE001
         ngpu = 0
     if ngpu >= 2 and not args.cpu:
-        return run_gpus(parse_sizes(args.sizes or "1K,64K,1M,16M"), args.dtype, ngpu)
-    return run_simulator(parse_sizes(args.sizes or "1K,16K"), args.dtype)
+        return run_gpus(args.sizes or parse_sizes("1K,64K,1M,16M"), args.dtype, ngpu)
+    return run_simulator(args.sizes or parse_sizes("1K,16K"), args.dtype)
 
 
 if __name__ == "__main__":  # pragma: no cover

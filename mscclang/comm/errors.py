@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mscclang.errors import MscclangError
+from mscclang.errors import InvalidCall, MscclangError
 
 
-class CommError(MscclangError, ValueError):
+class CommError(InvalidCall):
     """A collective call that cannot be done as asked (wrong sizes, dtype, device, rank)."""
 
 

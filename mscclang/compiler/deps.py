@@ -111,7 +111,8 @@ def build_graph(ir: IRProgram) -> nx.DiGraph:
             prev: Optional[Node] = None
             for node, op in flat:
                 idx = ".".join(str(x) for x in node[2:])
-                g.add_node(node, label=f"rank {node[0]} tb {node[1]} op {idx} ({op.name.value})")
+                at = f", {op.source}" if op.source else ""
+                g.add_node(node, label=f"rank {node[0]} tb {node[1]} op {idx} ({op.name.value}{at})")
                 if prev is not None:
                     g.add_edge(prev, node)
                 prev = node

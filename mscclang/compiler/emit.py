@@ -12,6 +12,7 @@
 * ``channel_ids`` of an op: for ``put``/``pws``/``pwsf``/``ppkt``/``rppkt``/``get`` one entry per
   remote operand (the channel that reaches it); for signal/wait/flush and reductions the distinct
   channels the op uses.
+* Each op's ``src``: the program line that recorded it (see :mod:`mscclang.compiler.source`).
 * Plan fields of ours: ``num_ranks``, ``chunk_factor`` (the collective's factor times
   ``instances``; not for test collectives, whose chunk counts are free), ``root`` (broadcast), ``reduce_op`` when every reduction of the program uses the
   same operator.
@@ -100,7 +101,8 @@ def _op(op: IROp, tables: _TbTables) -> Op:
     if op.body is not None and op.iter_context is not None:
         inner = [_op(x, tables) for x in op.body]
         return Op(name=op.name, iter_context=IterContext(unit_size=op.iter_context[0],
-                                                         num_chunks=op.iter_context[1]), ops=inner)
+                                                         num_chunks=op.iter_context[1]), ops=inner,
+                  src=op.source)
     # channels first (first-use order follows the op's channel list), then buffers
     chan_ids = [tables.channel(op.channel_type, c) for c in op.channels] if op.channel_type != ChannelType.none else []
     src = [_ref(x, op, tables) for x in op.src]
@@ -117,6 +119,8 @@ def _op(op: IROp, tables: _TbTables) -> Op:
         fields["barrier_tbs"] = list(op.barrier_tbs or [])
     if op.semaphores:
         fields["semaphore_ids"] = list(op.semaphores)
+    if op.source is not None:
+        fields["src"] = op.source
     return Op(**fields)
 
 

@@ -68,7 +68,8 @@ def pipeline_body(body: list[IROp], spec: Optional[CollectiveSpec] = None,
         for k in range(first):
             head = stream_accesses(body[k], cls, spec)
             if any(cross_iteration_conflict(p, a) for a in head for p in tail):
-                nop = IROp(OpName.nop, origin=f"hazard across pipeline iterations before {body[k].describe()}")
+                nop = IROp(OpName.nop, origin=f"hazard across pipeline iterations before {body[k].describe()}",
+                           source=body[k].source)
                 body = body[:k] + [nop] + body[k:]
                 break
         else:
@@ -91,7 +92,7 @@ def hazard_ops(ops: list[IROp], spec: Optional[CollectiveSpec] = None,
             continue
         acc = accesses(op, spec=spec)
         if any(conflicts(p, a) for a in acc for p in seen):
-            out.append(IROp(OpName.nop, origin=f"hazard before {op.describe()}"))
+            out.append(IROp(OpName.nop, origin=f"hazard before {op.describe()}", source=op.source))
             seen = []
         seen.extend(acc)
         out.append(op)

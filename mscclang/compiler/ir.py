@@ -69,7 +69,11 @@ class IROp:
 
     ``channels`` hold rank-global channel ids of ``channel_type``; ``data_sync`` is the DSL's
     SyncType value for sync ops (consumed by the sync pass); ``body`` holds a pipeline's inner ops;
-    ``origin`` describes the DSL call that recorded the op (for error messages).
+    ``origin`` describes the DSL call that recorded the op (for error messages); ``source`` is
+    where the user's program made that call (``"program.py:42"``, see
+    :mod:`mscclang.compiler.source`), kept by every pass (a fused op keeps its first
+    constituent's, an inserted ``nop`` that of the op it was inserted for) and emitted as the
+    plan op's ``src``.
     """
 
     name: OpName
@@ -86,9 +90,17 @@ class IROp:
     iter_context: Optional[tuple[int, int]] = None
     body: Optional[list["IROp"]] = None
     origin: str = ""
+    source: Optional[str] = None
 
     def describe(self) -> str:
         return self.origin or self.name.value
+
+
+def op_where(rank: int, tb: int, idx: str, op: IROp) -> str:
+    """``rank R, tb T, op I (the DSL call, program.py:42)`` for error messages (``idx`` is the op's
+    index in the recorded block, ``"i.j"`` inside a pipeline)."""
+    at = f", {op.source}" if op.source else ""
+    return f"rank {rank}, tb {tb}, op {idx} ({op.describe()}{at})"
 
 
 @dataclass
@@ -148,6 +160,8 @@ class IRProgram:
     buffer_alignment: int = 16
     min_message_size: int = 0
     max_message_size: int = 2**64 - 1
+    #: signal/wait imbalances are errors, not warnings (``CollectiveProgram(strict=True)``)
+    strict: bool = False
     #: set by the replication pass; replicating twice is an error
     replicated: bool = False
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from mscclang.compiler.ir import IROp, IRProgram, IRRank, IRSwitch, Ref, alias_range, operand_roles
+from mscclang.compiler.ir import IROp, IRProgram, IRRank, IRSwitch, Ref, alias_range, op_where, operand_roles
 from mscclang.errors import CompileError, DSLError
 from mscclang.plan.models import BufferKind
 
@@ -135,7 +135,7 @@ def check_interleaved_ranges(ir: IRProgram) -> None:
                             verb = "writes" if write else "reads"
                             uses.setdefault(key, {}).setdefault((a, b), {}).setdefault(
                                 (write, packet),
-                                f"rank {r.rank}, tb {t}, op {idx} ({x.describe()}) {verb} "
+                                f"{op_where(r.rank, t, idx, x)} {verb} "
                                 f"{'packets in ' if packet else ''}{ref.describe()}")
     for (owner, kind), ranges in sorted(uses.items(), key=lambda kv: (kv[0][0], kv[0][1].value)):
         order = sorted(ranges)
@@ -205,7 +205,7 @@ def replicate(ir: IRProgram) -> IRProgram:
                 move = _mapper(ir, k, i)
                 new_ops = []
                 for idx, op in enumerate(ops):
-                    where = f"rank {r.rank}, tb {t}, op {idx} ({op.describe()})"
+                    where = op_where(r.rank, t, str(idx), op)
                     new = _replicate_op(op, k, i, move, where)
                     new_ops.append(_fix_switch(new, k, i))
                 nr.tbs[t * k + i] = new_ops

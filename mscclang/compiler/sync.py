@@ -39,10 +39,10 @@ def sync_ops(ops: list[IROp]) -> list[IROp]:
         if op.body is not None:
             op = replace(op, body=sync_ops(op.body))
         if op.name in SYNC_OP_NAMES and op.data_sync & SYNC_BEFORE:
-            out.append(IROp(OpName.nop, origin=f"sync before {op.describe()}"))
+            out.append(IROp(OpName.nop, origin=f"sync before {op.describe()}", source=op.source))
         out.append(op)
         if op.name in SYNC_OP_NAMES and op.data_sync & SYNC_AFTER:
-            out.append(IROp(OpName.nop, origin=f"sync after {op.describe()}"))
+            out.append(IROp(OpName.nop, origin=f"sync after {op.describe()}", source=op.source))
     return merge_syncs(out)
 
 

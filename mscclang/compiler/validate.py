@@ -13,7 +13,9 @@ DSL call that recorded the op:
 * signal/wait balance **per channel** and per direction: the signals sent on rank A's ``j``-th
   channel to B (``signal``, ``rlxsignal`` and, for port channels, ``pws``/``pwsf``) equal the
   waits on B's paired channel (the one with the same ordinal among B's channels to A), counted
-  separately per pipeline context;
+  separately per pipeline context. An imbalance is a :class:`~mscclang.errors.DSLWarning` (the
+  plan is emitted, as MSCCL++'s DSL does, and the simulator reports the deadlock) unless the
+  program is compiled with ``strict=True``, which makes it a ``DSLError``;
 * semaphores: acquires equal releases per semaphore; a semaphore that starts at 0 needs a thread
   block that releases it before acquiring it;
 * with ``instances > 1`` and the interleaved replication policy, overlapping chunks of one buffer
@@ -23,12 +25,14 @@ DSL call that recorded the op:
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from typing import Optional
 
-from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref
+from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref, op_where
 from mscclang.compiler.replicate import check_interleaved_ranges
-from mscclang.errors import DSLError
+from mscclang.compiler.source import user_stacklevel
+from mscclang.errors import DSLError, DSLWarning
 from mscclang.plan.models import BufferKind, ChannelType, OpName
 
 #: the largest number of thread blocks one rank may use
@@ -41,8 +45,7 @@ _REDUCES = frozenset({OpName.re, OpName.res, OpName.rre, OpName.rres, OpName.rep
 _SWITCH = frozenset({OpName.glre, OpName.glres, OpName.gstore, OpName.gstorepkt})
 
 
-def where(rank: int, tb: int, idx: str, op: IROp) -> str:
-    return f"rank {rank}, tb {tb}, op {idx} ({op.describe()})"
+where = op_where
 
 
 def packet_refs(op: IROp) -> list[tuple[str, Ref]]:
@@ -185,9 +188,11 @@ def _ctx_text(ctx: Optional[tuple[int, int]]) -> str:
     return "" if ctx is None else f" (inside pipelines with unit={ctx[0]}, num_chunks={ctx[1]}, per iteration)"
 
 
-def check_signal_wait(ir: IRProgram) -> None:
-    """Signal/wait balance per channel and direction (see the module docstring)."""
+def signal_wait_imbalances(ir: IRProgram) -> list[str]:
+    """One message per unbalanced channel and direction (see the module docstring), naming the
+    ranks, channels and counts; empty when every channel is balanced."""
     sig, wai = signal_wait_counts(ir)
+    out: list[str] = []
     for r in ir.ranks:
         for ctype in (ChannelType.memory, ChannelType.port):
             for j, peer in enumerate(r.peers(ctype)):
@@ -198,13 +203,14 @@ def check_signal_wait(ir: IRProgram) -> None:
                 for ctx in sorted(ctxs, key=lambda c: (1, 0, 0) if c is None else (0, *c)):
                     s = sig[(r.rank, ctype, j, ctx)]
                     if pj is None:
-                        raise DSLError(
+                        out.append(
                             f"unbalanced signal/wait: rank {r.rank} signals {s} times on its {ctype.value} channel "
                             f"{j} to rank {peer}, but rank {peer} has no {ctype.value} channel paired with it "
                             f"(so nothing waits){_ctx_text(ctx)}")
+                        continue
                     wv = wai[(peer, ctype, pj, ctx)]
                     if s != wv:
-                        raise DSLError(
+                        out.append(
                             f"unbalanced signal/wait: rank {r.rank} signals {s} times on its {ctype.value} channel "
                             f"{j} to rank {peer}, but rank {peer} waits {wv} times on the paired {ctype.value} "
                             f"channel {pj}{_ctx_text(ctx)}")
@@ -212,9 +218,31 @@ def check_signal_wait(ir: IRProgram) -> None:
     for (rank, ctype, j, ctx), n in sorted(wai.items(), key=lambda kv: (kv[0][0], kv[0][1].value, kv[0][2])):
         if n and paired_channel(ir, rank, ctype, j) is None:
             peer = ir.ranks[rank].peers(ctype)[j]
-            raise DSLError(
+            out.append(
                 f"unbalanced signal/wait: rank {rank} waits {n} times on its {ctype.value} channel {j} from rank "
-                f"{peer}, but rank {peer} has no {ctype.value} channel paired with it (so nothing signals)")
+                f"{peer}, but rank {peer} has no {ctype.value} channel paired with it (so nothing signals)"
+                f"{_ctx_text(ctx)}")
+    return out
+
+
+_IMBALANCE_HINT = " (the plan can hang: `mscclang verify` reports where)"
+
+
+def check_signal_wait(ir: IRProgram) -> None:
+    """Signal/wait balance per channel and direction (see the module docstring).
+
+    MSCCL++'s DSL only balances signals and waits per rank pair and compiles programs that are
+    unbalanced on one channel, so by default each imbalance is a
+    :class:`~mscclang.errors.DSLWarning` and the plan is still emitted; with ``ir.strict`` the
+    first one raises :class:`~mscclang.errors.DSLError` (naming how many there are)."""
+    problems = signal_wait_imbalances(ir)
+    if not problems:
+        return
+    if ir.strict:
+        more = f" (and {len(problems) - 1} more unbalanced channels)" if len(problems) > 1 else ""
+        raise DSLError(problems[0] + more + " [strict mode]")
+    for msg in problems:
+        warnings.warn(DSLWarning(msg + _IMBALANCE_HINT), stacklevel=user_stacklevel())
 
 
 def check_semaphores(ir: IRProgram) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
+from mscclang.compiler.source import source_line
 from mscclang.dsl._context import get_program
 from mscclang.errors import DSLError
 
@@ -20,6 +23,8 @@ class LoopIterationContext:
             raise DSLError(f"LoopIterationContext(unit={unit!r}, num_chunks={num_chunks!r}): num_chunks must be a positive int")
         self.unit = unit
         self.num_chunks = num_chunks
+        #: the program line of the ``with LoopIterationContext(...)`` (the pipeline op's ``src``)
+        self.source: Optional[str] = source_line()
 
     def __enter__(self) -> "LoopIterationContext":
         get_program().set_loop_context(self)

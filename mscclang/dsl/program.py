@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from mscclang.compiler.driver import compile_program
 from mscclang.compiler.ir import IROp, IRProgram, IRRank
+from mscclang.compiler.source import source_line
 from mscclang.compiler.validate import MAX_THREADBLOCKS
 from mscclang.dsl import _context
 from mscclang.dsl.collectives import (  # noqa: F401  (re-exported like MSCCL++'s program module)
@@ -40,6 +41,10 @@ class CollectiveProgram:
     :class:`~mscclang.plan.models.Plan`; ``to_json()`` / ``JSON()`` serialise it. Compiling never
     changes the recorded program, so both can be called any number of times with identical output.
     All ids (channels, semaphores, barriers, scratch offsets) live in this object.
+
+    ``strict`` (ours): a signal/wait imbalance on one channel is a :class:`~mscclang.DSLError`
+    instead of a :class:`~mscclang.DSLWarning` (MSCCL++'s DSL compiles such programs; by default
+    so do we, and ``mscclang verify`` reports the deadlock). The other arguments are MSCCL++'s.
     """
 
     def __init__(
@@ -58,6 +63,7 @@ class CollectiveProgram:
         buffer_alignment: int = 16,
         min_message_size: int = 0,
         max_message_size: int = 2**64 - 1,
+        strict: bool = False,
     ) -> None:
         call = f"CollectiveProgram({name!r})"
         if not isinstance(collective, Collective):
@@ -96,6 +102,7 @@ class CollectiveProgram:
         self.buffer_alignment = buffer_alignment
         self.min_message_size = min_message_size
         self.max_message_size = max_message_size
+        self.strict = bool(strict)
 
         from mscclang.dsl.rank import BaseBuffer
 
@@ -107,7 +114,7 @@ class CollectiveProgram:
             reuse_resources=bool(reuse_resources), num_threads_per_block=num_threads_per_block,
             use_double_scratch_buffer=bool(use_double_scratch_buffer),
             buffer_alignment=buffer_alignment, min_message_size=min_message_size,
-            max_message_size=max_message_size)
+            max_message_size=max_message_size, strict=bool(strict))
         #: per rank, the collective's buffers (MSCCL++'s ``prog.buffers[rank][BufferType.input]``)
         self.buffers: list[dict[BufferType, "BaseBuffer"]] = [
             {BufferType.input: BaseBuffer(r, BufferType.input, 0, collective.input_chunks),
@@ -121,7 +128,7 @@ class CollectiveProgram:
         self._plan_cache: Optional[tuple[int, Plan]] = None
 
     @classmethod
-    def from_spec(cls, spec: AlgoSpec) -> "CollectiveProgram":
+    def from_spec(cls, spec: AlgoSpec, strict: bool = False) -> "CollectiveProgram":
         """A program built from an :class:`AlgoSpec` (fields map one to one)."""
         return cls(spec.name, spec.collective, spec.world_size, instances=spec.instances,
                    protocol=spec.protocol, instr_fusion=spec.instr_fusion, auto_sync=spec.auto_sync,
@@ -129,7 +136,7 @@ class CollectiveProgram:
                    num_threads_per_block=spec.num_threads_per_block,
                    use_double_scratch_buffer=spec.use_double_scratch_buffer,
                    buffer_alignment=spec.buffer_alignment, min_message_size=spec.min_message_size,
-                   max_message_size=spec.max_message_size)
+                   max_message_size=spec.max_message_size, strict=strict)
 
     # -- context -----------------------------------------------------------------------------
 
@@ -216,8 +223,11 @@ class CollectiveProgram:
             raise self.error(rank, tb, call, f"{what} {chunk} holds packets and must be a scratch buffer")
 
     def add_op(self, rank: int, tb: int, op: IROp) -> None:
-        """Append ``op`` to thread block ``tb`` of ``rank`` (or to the open pipeline body)."""
+        """Append ``op`` to thread block ``tb`` of ``rank`` (or to the open pipeline body); an op
+        without a ``source`` gets the program line of the DSL call being made."""
         self._version += 1
+        if op.source is None:
+            op.source = source_line()
         if self._loop is not None:
             self._loop_ops.setdefault((rank, tb), []).append(op)
         else:
@@ -248,10 +258,12 @@ class CollectiveProgram:
         if self._loop is None:
             return
         ctx = (self._loop.unit, self._loop.num_chunks)
+        source = self._loop.source
         body, self._loop, self._loop_ops = self._loop_ops, None, {}
         for (rank, tb), ops in body.items():
             self.add_op(rank, tb, IROp(name=OpName.pipeline, iter_context=ctx, body=ops,
-                                       origin=f"LoopIterationContext(unit={ctx[0]}, num_chunks={ctx[1]})"))
+                                       origin=f"LoopIterationContext(unit={ctx[0]}, num_chunks={ctx[1]})",
+                                       source=source))
 
     # -- output -------------------------------------------------------------------------------
 

@@ -10,8 +10,9 @@ whether they are reduced (each exactly once) or copied (exactly one symbol).
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from mscclang.errors import PlanError
 
@@ -19,6 +20,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from mscclang.plan.models import Plan
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv", "broadcast", "test", "custom")
+
+#: collectives whose plans state no postcondition (op-emission tests and experiments): the
+#: simulator checks them for deadlocks and races only
+NO_POSTCONDITION = ("test", "custom")
+
+
+def unknown_collective_message(name: object) -> str:
+    """The error text for a collective name that is not one of :data:`COLLECTIVES`."""
+    close = difflib.get_close_matches(str(name), COLLECTIVES, n=1) if isinstance(name, str) else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown collective {name!r}{hint}; known: {', '.join(COLLECTIVES)}"
 
 
 @dataclass(frozen=True)
@@ -42,14 +54,32 @@ class CollectiveSpec:
     root: Optional[int] = None
     input_chunks_override: Optional[int] = None
     output_chunks_override: Optional[int] = None
+    #: sendrecv only: ``senders[r]`` is the rank whose input rank ``r`` receives (a permutation
+    #: of the ranks); ``None`` means rank ``r - 1`` (a ring)
+    senders: Optional[tuple[int, ...]] = None
 
     def __post_init__(self) -> None:
         if self.name not in COLLECTIVES:
-            raise PlanError(f"unknown collective {self.name!r}; known: {', '.join(COLLECTIVES)}")
+            raise PlanError(unknown_collective_message(self.name), "collective")
         if self.num_ranks < 1:
             raise PlanError(f"a collective needs at least one rank, got {self.num_ranks}")
         if self.name == "broadcast" and (self.root is None or not 0 <= self.root < self.num_ranks):
             raise PlanError(f"broadcast root {self.root} is not a rank of {self.num_ranks}")
+        if self.senders is not None:
+            if self.name != "sendrecv":
+                raise PlanError(f"senders are only meaningful for sendrecv, not {self.name}")
+            check_senders(self.senders, self.num_ranks)
+
+    @property
+    def has_postcondition(self) -> bool:
+        """Whether the collective says what its outputs must hold (``test``/``custom``: no)."""
+        return self.name not in NO_POSTCONDITION
+
+    def sender(self, rank: int) -> int:
+        """sendrecv: the rank whose input ``rank`` receives."""
+        if self.senders is not None:
+            return self.senders[rank]
+        return (rank - 1) % self.num_ranks
 
     @property
     def input_chunks(self) -> int:
@@ -103,7 +133,7 @@ class CollectiveSpec:
             p, j = divmod(chunk, f)
             return Expect(((p, rank * f + j),), False)
         if name == "sendrecv":
-            return Expect((((rank - 1) % n, chunk),), False)
+            return Expect(((self.sender(rank), chunk),), False)
         if name == "broadcast":
             return Expect(((self.root, chunk),), False)  # type: ignore[arg-type]
         return None
@@ -119,11 +149,37 @@ class CollectiveSpec:
         return out
 
 
-def spec_from_plan(plan: "Plan") -> CollectiveSpec:
-    """Recover the collective's spec from a plan's metadata and rank 0's chunk counts."""
+def check_senders(senders: Sequence[int], num_ranks: int) -> tuple[int, ...]:
+    """Validate a sendrecv sender map (``senders[r]``: the rank ``r`` receives from): one entry
+    per rank, each a rank, every rank sending to exactly one rank (a permutation)."""
+    s = tuple(senders)
+    if len(s) != num_ranks:
+        raise PlanError(f"senders has {len(s)} entries but the plan has {num_ranks} ranks")
+    for r, p in enumerate(s):
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < num_ranks:
+            raise PlanError(f"senders[{r}] = {p!r} is not a rank of {num_ranks}")
+    seen: dict[int, int] = {}
+    for r, p in enumerate(s):
+        if p in seen:
+            raise PlanError(f"ranks {seen[p]} and {r} both receive from rank {p}: a send/recv "
+                            "sender map must be a permutation (every rank sends to one rank)")
+        seen[p] = r
+    return s
+
+
+def spec_from_plan(plan: "Plan", senders: Optional[Sequence[int]] = None) -> CollectiveSpec:
+    """Recover the collective's spec from a plan's metadata and rank 0's chunk counts.
+
+    ``senders`` (sendrecv only) gives, per rank, the rank whose input it receives; the default is
+    rank ``r - 1``. An unknown collective name raises :class:`PlanError` at JSON path
+    ``collective``."""
     n = len(plan.gpus)
-    g = plan.gpus[0]
     name = plan.collective
+    if name not in COLLECTIVES:
+        raise PlanError(unknown_collective_message(name), "collective")
+    if not plan.gpus:
+        raise PlanError("a plan needs at least one rank", "gpus")
+    g = plan.gpus[0]
     f = plan.chunk_factor
     if f is None:
         if name == "allgather":
@@ -134,9 +190,9 @@ def spec_from_plan(plan: "Plan") -> CollectiveSpec:
             f = g.input_chunks // n
         else:
             f = g.input_chunks or g.output_chunks
-    if name not in COLLECTIVES:
-        name = "custom"
-    kw = {}
-    if name in ("test", "custom"):
+    kw: dict = {}
+    if name in NO_POSTCONDITION:
         kw = dict(input_chunks_override=g.input_chunks, output_chunks_override=g.output_chunks)
+    if senders is not None:
+        kw["senders"] = tuple(senders)
     return CollectiveSpec(name, n, f, plan.inplace, plan.root, **kw)

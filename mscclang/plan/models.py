@@ -183,6 +183,10 @@ class Op(_Strict):
     semaphore_ids: list[int] = Field(default_factory=list)
     iter_context: Optional[IterContext] = None
     ops: Optional[list["Op"]] = None
+    # ours: debug info, the DSL source line that made the op ("program.py:42"; base name of the
+    # program file and line of the DSL call). Optional; ignored by execution; not exported to
+    # MSCCL++ plans.
+    src: Optional[str] = Field(default=None, max_length=1024)
 
     @model_validator(mode="after")
     def _shape(self) -> "Op":

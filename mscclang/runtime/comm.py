@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from mscclang.errors import RuntimeUnavailable
+from mscclang.errors import CallMismatch, RuntimeUnavailable
 from mscclang.runtime import cuda as cu
 
 
@@ -91,33 +91,63 @@ class Communicator:
         self._sym: list[SymAlloc] = []
         self._sym_by_id: dict[int, SymAlloc] = {}
         self._closed = False
+        #: the call being set up (e.g. "allreduce of 2048 B bfloat16, plan X"): it travels with
+        #: every setup exchange so that ranks making different calls get a clear error
+        self.call = ""
 
     # store primitives ---------------------------------------------------------------------------
     def _next(self, what: str) -> str:
         self._seq += 1
         return f"{self.prefix}/{what}{self._seq}"
 
-    def _wait(self, keys: list[str]) -> None:
+    def _wait(self, keys: list[str], tag: str = "", timeout_s: Optional[float] = None) -> None:
         import datetime
 
+        t = self.store_timeout_s if timeout_s is None else timeout_s
         try:
-            self.store.wait(keys, datetime.timedelta(seconds=self.store_timeout_s))
+            self.store.wait(keys, datetime.timedelta(seconds=t))
         except Exception as e:  # noqa: BLE001 - torch raises several kinds
-            raise RuntimeUnavailable(f"rank {self.rank}: store wait for {keys[:2]}... failed: {e}") from None
+            missing = []
+            for r, k in enumerate(keys):
+                try:
+                    if not self.store.check([k]):
+                        missing.append(r)
+                except Exception:  # noqa: BLE001 - the store itself may be gone
+                    missing.append(r)
+            what = f" at {tag!r}" if tag else ""
+            raise CallMismatch(
+                f"rank {self.rank}: waited {t:.0f} s for the other ranks{what}; rank(s) {missing} did not "
+                f"arrive: the ranks disagree on the call (a rank made a different call or none), or a peer "
+                f"is hung or dead ({type(e).__name__})") from None
 
-    def barrier(self) -> None:
-        """Store barrier among all ranks (host side only)."""
-        k = self._next("bar")
-        self.store.set(f"{k}/{self.rank}", b"1")
-        self._wait([f"{k}/{r}" for r in range(self.world_size)])
-
-    def allgather_bytes(self, data: bytes) -> list[bytes]:
-        """Every rank's ``data``, by rank."""
-        k = self._next("ag")
-        self.store.set(f"{k}/{self.rank}", data)
+    def exchange(self, data: bytes, tag: str, timeout_s: Optional[float] = None) -> list[bytes]:
+        """Every rank's ``data``, by rank, for a setup step named ``tag``. The step's tag and the
+        call being set up (:attr:`call`) travel with the data: when the ranks' tags differ (they
+        are setting up different calls), :class:`CallMismatch` is raised on every rank, naming what
+        each rank called, instead of pairing one rank's bytes with another step's."""
+        k = self._next("x")
+        head = f"{tag}|{self.call}".encode("utf-8", "replace")
+        self.store.set(f"{k}/{self.rank}", len(head).to_bytes(4, "little") + head + data)
         keys = [f"{k}/{r}" for r in range(self.world_size)]
-        self._wait(keys)
-        return [data if r == self.rank else bytes(self.store.get(keys[r])) for r in range(self.world_size)]
+        self._wait(keys, f"{tag} of {self.call}" if self.call else tag, timeout_s)
+        heads, datas = [], []
+        for r in range(self.world_size):
+            raw = bytes(self.store.get(keys[r]))
+            n = int.from_bytes(raw[:4], "little")
+            heads.append(raw[4:4 + n].decode("utf-8", "replace"))
+            datas.append(raw[4 + n:])
+        if len(set(heads)) > 1:
+            what = ", ".join(f"rank {r}: {_describe(h)}" for r, h in enumerate(heads))
+            raise CallMismatch(f"ranks disagree on the call ({what})")
+        return datas
+
+    def barrier(self, tag: str = "barrier", timeout_s: Optional[float] = None) -> None:
+        """Store barrier among all ranks (host side only); checks that the ranks agree on the step."""
+        self.exchange(b"", tag, timeout_s)
+
+    def allgather_bytes(self, data: bytes, tag: str = "exchange") -> list[bytes]:
+        """Every rank's ``data``, by rank (see :meth:`exchange`)."""
+        return self.exchange(data, tag)
 
     # symmetric memory -----------------------------------------------------------------------------
     def _sym_alloc(self, nbytes: int, internal: bool = False) -> SymAlloc:
@@ -129,16 +159,16 @@ class Communicator:
         drv = cu.driver()
         cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")  # zeroing done before the handle is published
         handle = cu.ipc_handle(p)
-        allh = self.allgather_bytes(handle + nbytes.to_bytes(8, "little"))
+        try:
+            allh = self.exchange(handle, f"symmetric allocation #{len(self._sym)} of {nbytes} B")
+        except BaseException:
+            cu.mem_free(p)
+            raise
         sa = SymAlloc(len(self._sym), p, nbytes, cu.buffer_id(p), internal=internal)
         for r, h in enumerate(allh):
             if r == self.rank:
                 sa.peer_bases[r] = p
             else:
-                size_r = int.from_bytes(h[64:72], "little")
-                if size_r != nbytes:
-                    raise RuntimeUnavailable(f"symmetric allocation {sa.index}: rank {r} has {size_r} bytes, "
-                                             f"rank {self.rank} {nbytes}; allocate in the same order everywhere")
                 sa.peer_bases[r] = cu.ipc_open(h[:64])
         self._sym.append(sa)
         self._sym_by_id[sa.buffer_id] = sa
@@ -187,6 +217,12 @@ class Communicator:
         finally:
             self._sym.clear()
             self._sym_by_id.clear()
+
+
+def _describe(head: str) -> str:
+    """``"tag|call"`` as a reader sees it: ``call (tag)``, or the tag alone."""
+    tag, _, call = head.partition("|")
+    return f"{call} ({tag})" if call else tag
 
 
 def wait_until(pred: Any, timeout_s: float, poll_s: float = 0.001) -> bool:

@@ -169,3 +169,31 @@ def raw_current_stream() -> Any:
     except (ImportError, AttributeError):
         return None
     return fn
+
+
+_CAPTURE_IMPLICIT = 906  # CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+
+
+def raw_stream_is_capturing() -> Any:
+    """``f(stream) -> bool``: whether ``stream`` is capturing a CUDA graph, through libcuda's
+    ``cuStreamIsCapturing`` over ctypes (a fraction of a microsecond), falling back to the
+    cuda.bindings wrapper when libcuda cannot be opened that way."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuStreamIsCapturing
+    except (OSError, AttributeError):
+        return stream_is_capturing
+    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    fn.restype = ctypes.c_int
+    status = ctypes.c_int(0)
+    ref = ctypes.byref(status)
+
+    def capturing(stream: int) -> bool:
+        err = fn(stream, ref)
+        if err == _CAPTURE_IMPLICIT:   # the legacy stream while another stream captures globally
+            return True
+        if err:
+            check(err, "cuStreamIsCapturing")
+        return status.value != 0
+
+    return capturing

@@ -11,12 +11,14 @@ which all ranks share, so every rank takes the same collective steps in the same
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
-from mscclang.errors import CollectiveTimeout, PlanError, RuntimeUnavailable
+from mscclang.errors import CollectiveTimeout, InvalidCall, NotPrepared, PlanError, RuntimeUnavailable
 from mscclang.plan.models import BufferKind, Plan, REDUCE_OPS
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.build import block_variant, build_module, find_prebuilt, kernel_name
@@ -28,6 +30,7 @@ from mscclang.runtime.device_plan import (
 from mscclang.runtime.spec_build import SpecBuilder, pack_args, spec_hot_calls, spec_mode, when
 from mscclang.runtime.spec_source import SpecUnsupported, generate
 from mscclang.runtime.structs import ERROR_RECORD
+from mscclang.runtime.watchdog import AbortWatchdog
 
 DEFAULT_TIMEOUT_S = 30.0
 _WHAT = {1: "a signal", 2: "LL packets", 3: "a barrier", 4: "a semaphore", 5: "nothing (a peer or another "
@@ -39,7 +42,7 @@ def torch_dtype_code(dtype: Any) -> str:
 
     m = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.int32: "i32"}
     if dtype not in m:
-        raise RuntimeUnavailable(f"dtype {dtype} is not supported; use float16, bfloat16, float32 or int32")
+        raise InvalidCall(f"dtype {dtype} is not supported; use float16, bfloat16, float32 or int32")
     return m[dtype]
 
 
@@ -124,8 +127,6 @@ class _Context:
     scratch_bytes: int
     peer_sync: dict[int, int]
     peer_scratch: dict[int, int]
-    staging_in: Any = None     # SymAlloc for zero-copy plans given non-symmetric tensors
-    staging_out: Any = None
     plans: dict[tuple, _DevPlan] = field(default_factory=dict)
 
 
@@ -140,6 +141,8 @@ class LoadedPlan:
     nthreads: int
     n_blocks: int
     ctx: Optional[_Context] = None
+    retired: list = field(default_factory=list)   # outgrown contexts: prepared entries and graphs still use them
+    staging: tuple = (None, None)                 # (input, output) SymAlloc for ordinary tensors
     fast: dict[tuple, tuple] = field(default_factory=dict)
     spec: dict[tuple, Any] = field(default_factory=dict)   # key -> _Spec, or the reason it is not used
 
@@ -151,10 +154,13 @@ class Executor:
     size; ``cooperative=True`` also launches through cuLaunchCooperativeKernel. ``specialize``:
     'auto' (default, env MSCCLANG_SPECIALIZE: plan-specialised kernels up to 256 KiB at first use,
     up to 64 MiB once a size is prepared or called a third time), 'always' or 'never' (see
-    :mod:`mscclang.runtime.spec_build`)."""
+    :mod:`mscclang.runtime.spec_build`). ``watchdog``: what to do when a launch gives up while
+    no host call would notice (CUDA graph replays): 'raise' (default, env MSCCLANG_ASYNC_ERROR),
+    'abort' or 'log' (see :mod:`mscclang.runtime.watchdog`)."""
 
     def __init__(self, comm: Optional[Communicator] = None, timeout_s: Optional[float] = None,
-                 cooperative: bool = False, specialize: Optional[str] = None) -> None:
+                 cooperative: bool = False, specialize: Optional[str] = None,
+                 watchdog: Optional[str] = None) -> None:
         self.comm = comm or Communicator()
         if timeout_s is None:
             timeout_s = float(os.environ.get("MSCCLANG_TIMEOUT_S", DEFAULT_TIMEOUT_S))
@@ -175,6 +181,12 @@ class Executor:
         self._param_addr = ctypes.addressof(self._param_ptrs)
         self._raw_launch = cu.raw_launch_kernel()   # ctypes cuLaunchKernel (None: use cuda.bindings)
         self._raw_stream = cu.raw_current_stream()  # torch's current raw stream getter (or None)
+        self._stream_capturing = cu.raw_stream_is_capturing()
+        self._user_thread: Optional[int] = threading.get_ident()   # the thread launching collectives
+        self._last_call: Optional[tuple] = None
+        self._reported = False   # the current abort was raised to the caller by a host call
+        self._abort_msg: Optional[str] = None   # its message, built once
+        self._abort_gen = 0      # resets so far (the same on every rank): names store keys
         self._sm_count = cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
         cc = (cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
               cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
@@ -184,6 +196,10 @@ class Executor:
         self._spec_builder = SpecBuilder(self.arch)
         self._spec_mods: dict[str, tuple[Any, Any]] = {}   # cubin name -> (module, function)
         self.last_kernel = ""   # 'spec' or 'interpreter': the kernel of the latest launch
+        self._watchdog: Optional[AbortWatchdog] = AbortWatchdog(
+            state=lambda: self._err_state.value if self._err_host else 0, describe=self._abort_text,
+            reported=lambda: self._reported, target=lambda: self._user_thread,
+            mode=watchdog, poll_s=float(os.environ.get("MSCCLANG_WATCHDOG_POLL_S", "0.05")))
 
     def set_specialize(self, mode: str) -> None:
         """Switch the kernel policy ('auto', 'always', 'never'); later calls re-pick their kernel."""
@@ -248,17 +264,25 @@ class Executor:
         scratch_bytes = max(int(scratch_bytes), 256)
         sync_base = cu.mem_alloc(sync.size)
         scratch_base = cu.mem_alloc(scratch_bytes)
-        self._init_sync(plan, sync, sync_base)
-        cu.memset_d8(scratch_base, 0, scratch_bytes, 0)
-        drv = cu.driver()
-        cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
-        mine = cu.ipc_handle(sync_base) + cu.ipc_handle(scratch_base)
-        allh = comm.allgather_bytes(mine)
         peer_sync: dict[int, int] = {}
         peer_scratch: dict[int, int] = {}
-        for q in peers_of(plan, r):
-            peer_sync[q] = cu.ipc_open(allh[q][:64])
-            peer_scratch[q] = cu.ipc_open(allh[q][64:128])
+        try:
+            self._init_sync(plan, sync, sync_base)
+            cu.memset_d8(scratch_base, 0, scratch_bytes, 0)
+            drv = cu.driver()
+            cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+            mine = cu.ipc_handle(sync_base) + cu.ipc_handle(scratch_base)
+            allh = comm.allgather_bytes(mine, f"context of plan {plan.name} ({scratch_bytes} B scratch)")
+            for q in peers_of(plan, r):
+                peer_sync[q] = cu.ipc_open(allh[q][:64])
+                peer_scratch[q] = cu.ipc_open(allh[q][64:128])
+        except BaseException:
+            # e.g. CallMismatch: the ranks disagreed; leave nothing behind, the next call retries
+            for p in list(peer_sync.values()) + list(peer_scratch.values()):
+                cu.ipc_close(p)
+            cu.mem_free(sync_base)
+            cu.mem_free(scratch_base)
+            raise
         return _Context(sync, sync_base, scratch_base, scratch_bytes, peer_sync, peer_scratch)
 
     def _init_sync(self, plan: Plan, sync: SyncLayout, base: int) -> None:
@@ -278,22 +302,28 @@ class Executor:
         cu.mem_free(ctx.scratch_base)
 
     def _ensure_context(self, lp: LoadedPlan, packed: PackedRank) -> _Context:
+        """The plan's context, made or grown (collective: every rank reaches this at the same
+        call). An outgrown context is retired, not freed, and the launch entries made on it stay:
+        a prepared call, or a CUDA graph that captured one, keeps running on its scratch, flags
+        and device plans (every rank's entry for a size lives on the same generation of context,
+        so peers always meet on matching ones). Retired contexts are freed by close()."""
         ctx = lp.ctx
         if ctx is not None and ctx.scratch_bytes >= packed.scratch_bytes:
             return ctx
         if self._capturing():
-            raise RuntimeUnavailable("first-time setup cannot happen inside CUDA graph capture: call "
-                                     "Executor.prepare(plan, ...) for every size before capturing")
+            raise NotPrepared(f"rank {self.comm.rank}: plan {lp.plan.name} needs {packed.scratch_bytes} B of "
+                              "scratch; first-time set-up cannot happen inside CUDA graph capture: prepare the "
+                              "call (or run it once) before capturing")
         drv = cu.driver()
         cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+        size = packed.scratch_bytes
         if ctx is not None:
-            # grow: every rank reaches this at the same call (same sizes), so it stays collective
-            self.comm.barrier()
-            self._free_context(ctx)
-            lp.fast.clear()
-        lp.ctx = self._make_context(lp, packed.scratch_bytes)
+            self.comm.barrier("grow context")
+            size = max(size, 2 * ctx.scratch_bytes)   # geometric: few contexts per plan, at most 2x held
+            lp.retired.append(ctx)
+        lp.ctx = self._make_context(lp, size)
         # a peer still compiling or setting up must not look like a hang: meet before launching
-        self.comm.barrier()
+        self.comm.barrier("context ready")
         return lp.ctx
 
     def _capturing(self) -> bool:
@@ -346,27 +376,36 @@ class Executor:
         ctx.plans[key] = dp
         return dp
 
-    def prepare(self, plan: Plan, input_bytes: int, output_bytes: Optional[int] = None, dtype: Any = None,
+    def prepare(self, plan: Plan, input: Any, output: Any = None, dtype: Any = None,
                 packet_type: Any = None, reduce_op: Any = None) -> None:
-        """Do every first-time step for one size outside CUDA graph capture: build and load the
-        kernel, create the context (scratch, sync area, IPC mappings, store barrier) and the device
-        plan. Collective: every rank calls it with the same arguments."""
+        """Do every first-time step of a call outside CUDA graph capture, so the same call can
+        then be captured: build and load the kernel (the specialised one too, at any size the
+        policy allows), create the context (scratch, sync area, IPC mappings, store barrier),
+        staging and the device plan. ``input``/``output``: the tensors of the call to come (the
+        same ones: a zero-copy plan's entry depends on whether they are symmetric), checked as
+        :meth:`execute` checks them; or byte counts (``output`` defaults from the collective), which
+        prepare calls on ordinary tensors of ``dtype`` (default float16). Collective: every rank
+        calls it with the same arguments."""
         import torch
 
         lp = self.load(plan)
-        if output_bytes is None:
-            output_bytes = input_bytes * (plan.world_size if plan.collective == "allgather" else 1)
-            if plan.collective == "reducescatter":
-                output_bytes = input_bytes // plan.world_size
-        dt = torch_dtype_code(dtype or torch.float16)
         pkt = _packet_code(packet_type) if packet_type is not None else lp.default_packet
         op = _reduce_code(reduce_op) if reduce_op is not None else lp.default_op
-        self._function(dt, pkt, op, lp.nthreads)
-        sym_in = sym_out = None
-        if lp.zero_copy:
-            sym_in, sym_out = self._staging(lp, input_bytes, output_bytes)
-        dp = self._device_plan(lp, input_bytes, output_bytes, sym_in, sym_out)
-        self._spec_kernel(lp, dt, input_bytes, output_bytes, pkt, op, dp, force=True)
+        if hasattr(input, "data_ptr"):
+            if output is None:
+                output = input
+            in_bytes, out_bytes = self._check_call(lp, input, output)
+            self._resolve(lp, input.dtype, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes, pkt, op, True)
+            return
+        in_bytes = int(input)
+        if output is None:
+            n = plan.world_size
+            output = in_bytes * n if plan.collective == "allgather" else (
+                in_bytes // n if plan.collective == "reducescatter" else in_bytes)
+        dt = dtype or torch.float16
+        torch_dtype_code(dt)
+        # ordinary tensors: their addresses play no part in the entry (zero-copy plans stage)
+        self._resolve(lp, dt, 0, 1, in_bytes, int(output), pkt, op, True)
 
     # ------------------------------------------------------------------------------------------
     # plan-specialised kernels
@@ -423,19 +462,24 @@ class Executor:
                     if isinstance(v, _Spec) else v) for k, v in lp.spec.items()}
 
     def _staging(self, lp: LoadedPlan, in_bytes: int, out_bytes: int) -> tuple[Any, Any]:
-        """Communicator-owned symmetric staging buffers (collective; grows by size only)."""
-        ctx = lp.ctx
-        if ctx is None:
-            packed = pack_blocks(lp.plan, self.comm.rank, in_bytes, out_bytes)
-            ctx = self._ensure_context(lp, packed)
-        if ctx.staging_in is None or ctx.staging_in.size < in_bytes or ctx.staging_out.size < out_bytes:
+        """The plan's symmetric staging buffers for ordinary tensors (collective; grown by size
+        only, in powers of two; buffers outgrown stay mapped until close, since a captured graph
+        may still use them). In-place plans stage input and output in one buffer."""
+        if lp.ctx is None:
+            self._ensure_context(lp, pack_blocks(lp.plan, self.comm.rank, in_bytes, out_bytes))
+        si, so = lp.staging
+        need_in = 0 if lp.plan.inplace else in_bytes
+        if so is None or so.size < out_bytes or (si is not None and si.size < need_in) or (si is None and need_in):
             if self._capturing():
-                raise RuntimeUnavailable("zero-copy staging cannot be set up inside CUDA graph capture: call "
-                                         "Executor.prepare(plan, ...) first")
-            ctx.staging_in = self.comm._sym_alloc(in_bytes, internal=True)
-            ctx.staging_out = self.comm._sym_alloc(out_bytes, internal=True)
-            self.comm.barrier()
-        return ctx.staging_in, ctx.staging_out
+                raise NotPrepared(f"rank {self.comm.rank}: staging for {in_bytes} B on plan {lp.plan.name} cannot "
+                                  "be allocated inside CUDA graph capture: prepare the call (or run it once) first")
+            grow = lambda cur, n: self.comm._sym_alloc(max(1 << max(n - 1, 0).bit_length(), 256), internal=True) \
+                if cur is None or cur.size < n else cur
+            so = grow(so, out_bytes)
+            si = so if lp.plan.inplace else grow(si, in_bytes)
+            lp.staging = (si, so)
+            self.comm.barrier("staging")
+        return si, so
 
     # ------------------------------------------------------------------------------------------
     # launching
@@ -447,13 +491,57 @@ class Executor:
         if st == 1:
             cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
         self._aborted = True
+        self._reported = True
+        msg = self._abort_text()
+        if self._watchdog is not None and self._watchdog.fired:
+            msg += " (reported earlier by the watchdog)"
+        raise CollectiveTimeout(msg)
+
+    def _abort_text(self) -> str:
+        """The current abort's message, built once (the watchdog's thread or the caller's)."""
+        if self._abort_msg is None:
+            self._abort_msg = self._abort_message()
+        return self._abort_msg
+
+    def _abort_message(self) -> str:
+        """The error record as a sentence, with what this rank called last and, when the other
+        ranks can be heard within a second, what they called."""
         rec = ERROR_RECORD.unpack(ctypes.string_at(self._err_host, ERROR_RECORD.size))
         what = _WHAT.get(rec["what"], f"kind {rec['what']}")
         chan = f" on channel {rec['channel']}" if rec["channel"] >= 0 and rec["what"] in (1, 3, 4) else ""
-        raise CollectiveTimeout(
-            f"rank {rec['rank']} thread block {rec['block']} op {rec['op_index']} gave up waiting for {what}"
-            f"{chan} (expected {rec['expected']}, saw {rec['seen']}) after {rec['elapsed_ns'] / 1e9:.3f} s; "
-            "the collective was aborted on every rank: call Executor.reset() on all ranks to continue")
+        msg = (f"rank {rec['rank']} thread block {rec['block']} op {rec['op_index']} gave up waiting for {what}"
+               f"{chan} (expected {rec['expected']}, saw {rec['seen']}) after {rec['elapsed_ns'] / 1e9:.3f} s; "
+               "the collective was aborted on every rank: call Executor.reset() on all ranks to continue")
+        calls = self._calls_of_ranks()
+        if calls:
+            msg += "; last calls: " + ", ".join(calls)
+        return msg
+
+    def _calls_of_ranks(self) -> list[str]:
+        """``rank R: <its last call>`` for this rank and the ranks that publish theirs within a
+        second (a dead or hung rank does not: it is named as silent)."""
+        last = self._last_call
+        mine = self._describe_call(*last[:3], torch_dtype_code(last[3]), *last[4:]) if last else "nothing yet"
+        out = {self.comm.rank: mine}
+        store = getattr(self.comm, "store", None)
+        prefix = getattr(self.comm, "prefix", None)
+        if store is not None and prefix is not None:
+            import datetime
+
+            try:
+                store.set(f"{prefix}/lastcall/{self._abort_gen}/{self.comm.rank}", mine.encode())
+            except Exception:  # noqa: BLE001 - the store may be gone with a dead rank 0
+                return [f"rank {self.comm.rank}: {mine}"]
+            for q in range(self.comm.world_size):
+                if q == self.comm.rank:
+                    continue
+                try:
+                    key = f"{prefix}/lastcall/{self._abort_gen}/{q}"
+                    store.wait([key], datetime.timedelta(seconds=1))
+                    out[q] = bytes(store.get(key)).decode("utf-8", "replace")
+                except Exception:  # noqa: BLE001 - silent rank
+                    out[q] = "no answer (dead or hung?)"
+        return [f"rank {q}: {out[q]}" for q in sorted(out)]
 
     def synchronize(self) -> None:
         """Wait for this executor's launches and raise CollectiveTimeout if one gave up."""
@@ -464,122 +552,201 @@ class Executor:
                 reduce_op: Any = None, stream: Any = None) -> None:
         """Run ``plan`` on this rank with torch tensors ``input``/``output`` on the current torch
         stream (or ``stream``). ``packet_type``: 'LL16' (default) or 'LL8'; ``reduce_op``: overrides
-        the plan's sum/min/max. Collective: every rank calls it in the same order."""
+        the plan's sum/min/max. An in-place plan (``plan.inplace``) runs only on the in-place layout
+        (the same tensor; allgather: the input is this rank's block of the output; reduce-scatter:
+        the output is this rank's block of the input), an out-of-place plan only on buffers that do
+        not overlap. The tensors are checked (CUDA on this executor's device, dtype, contiguity,
+        sizes, layout) before anything reaches the GPU: :class:`~mscclang.errors.InvalidCall`.
+        Collective: every rank calls it in the same order."""
         if self._aborted or self._err_state.value:
             self.check()
-        if isinstance(plan, LoadedPlan):
-            lp = plan
-        else:
-            lp = self._loaded.get(id(plan))
-            if lp is None or lp.plan is not plan:
-                lp = self.load(plan)
+        lp = plan if isinstance(plan, LoadedPlan) else self._loaded.get(id(plan))
+        if lp is None or (not isinstance(plan, LoadedPlan) and lp.plan is not plan):
+            lp = self.load(plan)
         pkt = _packet_code(packet_type) if packet_type is not None else lp.default_packet
         op = _reduce_code(reduce_op) if reduce_op is not None else lp.default_op
-        in_bytes = input.numel() * input.element_size()
-        out_bytes = output.numel() * output.element_size()
-        if stream is None:
-            s = self._current_stream()
+        in_bytes, out_bytes = self._check_call(lp, input, output)
+        s = self._current_stream() if stream is None else int(getattr(stream, "cuda_stream", stream))
+        self._user_thread = threading.get_ident()
+        self._last_call = (lp, in_bytes, out_bytes, input.dtype, pkt, op)
+        ent, st = self._resolve(lp, input.dtype, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes,
+                                pkt, op, False)
+        if st is None:
+            self._launch(ent, input.data_ptr(), output.data_ptr(), 0, 0, s)
+        elif st[0] == "sym":
+            self._launch(ent, input.data_ptr(), output.data_ptr(), st[1], st[2], s)
         else:
-            s = int(getattr(stream, "cuda_stream", stream))
-        in_ptr = input.data_ptr()
-        out_ptr = output.data_ptr()
+            st_in, st_out = st[1], st[2]
+            if lp.plan.inplace:
+                # the input lies in the output (in-place layout): stage the whole output
+                cu.dtod(st_out.base, output.data_ptr(), out_bytes, s)
+                delta = input.data_ptr() - output.data_ptr()
+                self._launch(ent, st_out.base + delta, st_out.base, delta, 0, s)
+            else:
+                cu.dtod(st_in.base, input.data_ptr(), in_bytes, s)
+                self._launch(ent, st_in.base, st_out.base, 0, 0, s)
+            cu.dtod(output.data_ptr(), st_out.base, out_bytes, s)
+
+    def _check_call(self, lp: LoadedPlan, input: Any, output: Any) -> tuple[int, int]:
+        """(input bytes, output bytes) of a call, after checking every argument; raises
+        InvalidCall before anything reaches the GPU."""
+        r = self.comm.rank
+        dev = self.comm.device
+        for what, t in (("input", input), ("output", output)):
+            if not hasattr(t, "data_ptr") or not hasattr(t, "is_cuda"):
+                raise InvalidCall(f"rank {r}: {what} must be a torch tensor, got {type(t).__name__}")
+            if not t.is_cuda or t.get_device() != dev:
+                raise InvalidCall(f"rank {r}: {what} is on {t.device}, but this executor runs on cuda:{dev}; "
+                                  "move the tensor to that GPU")
+            if not t.is_contiguous():
+                raise InvalidCall(f"rank {r}: {what} must be contiguous")
+        if input.dtype != output.dtype:
+            raise InvalidCall(f"rank {r}: input dtype {input.dtype} differs from output dtype {output.dtype}")
+        torch_dtype_code(input.dtype)
+        esz = input.element_size()
+        in_bytes, out_bytes = input.numel() * esz, output.numel() * esz
+        plan = lp.plan
+        coll, n = plan.collective, plan.world_size
+        if coll == "allgather" and out_bytes != in_bytes * n:
+            raise InvalidCall(f"rank {r}: allgather output has {out_bytes} bytes; it must be {n} x the "
+                              f"input's {in_bytes}")
+        if coll == "reducescatter" and in_bytes != out_bytes * n:
+            raise InvalidCall(f"rank {r}: reducescatter input has {in_bytes} bytes; it must be {n} x the "
+                              f"output's {out_bytes}")
+        if coll in ("allreduce", "alltoall", "sendrecv", "broadcast") and in_bytes != out_bytes:
+            raise InvalidCall(f"rank {r}: {coll} input has {in_bytes} bytes and output {out_bytes}; they must "
+                              "be equal")
+        if in_bytes == 0 and out_bytes == 0:
+            raise InvalidCall(f"rank {r}: {coll} on empty tensors")
+        a0, b0 = input.data_ptr(), output.data_ptr()
+        overlap = a0 < b0 + out_bytes and b0 < a0 + in_bytes
+        if plan.inplace:
+            if coll == "allgather":
+                ok, where = a0 == b0 + r * in_bytes, "the input must be this rank's block of the output"
+            elif coll == "reducescatter":
+                ok, where = b0 == a0 + r * out_bytes, "the output must be this rank's block of the input"
+            else:
+                ok, where = a0 == b0, "input and output must be the same tensor"
+            if not ok:
+                raise InvalidCall(f"rank {r}: plan {plan.name!r} is in place: {where} (got input at "
+                                  f"{a0:#x}, output at {b0:#x}); use an out-of-place plan for separate buffers")
+        elif overlap:
+            raise InvalidCall(f"rank {r}: plan {plan.name!r} is out of place but its input and output overlap")
+        return in_bytes, out_bytes
+
+    def _resolve(self, lp: LoadedPlan, dtype: Any, in_ptr: int, out_ptr: int, in_bytes: int, out_bytes: int,
+                 pkt: str, op: str, prepare: bool) -> tuple[tuple, Optional[tuple]]:
+        """The launch entry of a call and how its buffers map: None (the caller's tensors),
+        ``("sym", in offset, out offset)`` (symmetric buffers) or ``("staged", in, out)`` (the
+        context's staging buffers). ``prepare``: do every first-time step now, specialised kernel
+        included. Shared by :meth:`execute` and :meth:`prepare`, so a prepared call finds its
+        entry when captured."""
+        st: Optional[tuple] = None
+        sym_in = sym_out = None
         if lp.zero_copy:
-            self._execute_zero_copy(lp, input, output, in_ptr, out_ptr, in_bytes, out_bytes, pkt, op, s)
-            return
-        key = (in_bytes, out_bytes, input.dtype, pkt, op)
+            comm = self.comm
+            si = comm.symmetric_of(in_ptr)
+            so = comm.symmetric_of(out_ptr)
+            if si is not None and so is not None and not si[0].internal and not so[0].internal:
+                key = (in_bytes, out_bytes, dtype, pkt, op, si[0].index, so[0].index)
+                st = ("sym", si[1], so[1])
+                sym_in, sym_out = si[0], so[0]
+            else:
+                # not symmetric: the context's registered, pre-zeroed staging buffers; the key
+                # names them, so an entry never runs on staging other than its device plan's
+                st_in, st_out = self._staging(lp, in_bytes, out_bytes)
+                key = (in_bytes, out_bytes, dtype, pkt, op, "staged", st_in.index, st_out.index)
+                st = ("staged", st_in, st_out)
+                sym_in, sym_out = (st_out if lp.plan.inplace else st_in), st_out
+        else:
+            key = (in_bytes, out_bytes, dtype, pkt, op)
         ent = lp.fast.get(key)
         if ent is None:
-            ent = self._entry(lp, input.dtype, in_bytes, out_bytes, pkt, op, None, None)
+            ent = self._entry(lp, dtype, in_bytes, out_bytes, pkt, op, sym_in, sym_out, force=prepare)
             lp.fast[key] = ent
         elif ent[7] is not None:
-            ent = self._promote(lp, key, ent)
-        self._launch(ent, in_ptr, out_ptr, 0, 0, s)
+            ent = self._promote(lp, key, ent, prepare)
+        return ent, st
 
     def _entry(self, lp: LoadedPlan, dtype: Any, in_bytes: int, out_bytes: int, pkt: str, op: str,
                sym_in: Any, sym_out: Any, force: bool = False) -> tuple:
         """The launch entry of one (sizes, dtype, packet, op, buffers): interpreter function,
-        device plan, launch shape, the specialised launch (or None) and, for a size the policy
-        specialises once hot, a pending record ``[calls left, arguments]`` (else None)."""
+        device plan, launch shape, the specialised launch (or None), for a size the policy
+        specialises once hot a pending record ``[calls left, arguments]`` (else None), and the
+        context. First-time set-up: refused inside a CUDA graph capture (NotPrepared)."""
         plan = lp.plan
         ref = in_bytes if plan.collective != "allgather" else out_bytes
         if not plan.min_message_size <= ref <= plan.max_message_size:
             raise PlanError(f"message size {ref} bytes is outside the plan's range "
                             f"[{plan.min_message_size}, {plan.max_message_size}]")
         dt = torch_dtype_code(dtype)
-        f = self._function(dt, pkt, op, lp.nthreads)
-        dp = self._device_plan(lp, in_bytes, out_bytes, sym_in, sym_out)
-        need = 8 if pkt == "ll16" else 4
-        if dp.uses_packets and dp.packet_align < need:
-            raise PlanError(f"rank {self.comm.rank}: packet offsets at this size are only {dp.packet_align}-byte "
-                            f"aligned; {pkt.upper()} needs {need} (raise buffer_alignment or use LL8)")
-        drv = cu.driver()
-        if dp.smem > 48 * 1024:
-            cu.check(drv.cuFuncSetAttribute(
-                f, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dp.smem),
-                "cuFuncSetAttribute")
-        nblk = cu.check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(f, lp.nthreads, dp.smem),
-                        "cuOccupancyMaxActiveBlocksPerMultiprocessor")
-        if int(nblk) * self._sm_count < dp.n_blocks:
-            raise PlanError(f"rank {self.comm.rank}: {dp.n_blocks} thread blocks of {lp.nthreads} threads cannot "
-                            f"all be co-resident (at most {int(nblk) * self._sm_count})")
-        launch = None
-        sp = self._spec_kernel(lp, dt, in_bytes, out_bytes, pkt, op, dp, force)
-        if sp is not None and lp.ctx is not None:
-            args = pack_args(sp.layout, dp.addr, lp.ctx.sync, self.comm.rank)
-            ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(args))
-            launch = _SpecLaunch(sp, args, ctypes.addressof(ptrs), ptrs)
-        pending = None
-        if launch is None and not force and (in_bytes, out_bytes, dt, pkt, op) not in lp.spec \
-                and when(self.specialize, in_bytes, out_bytes) == "hot":
-            pending = [spec_hot_calls() - 1, (lp, dtype, in_bytes, out_bytes, pkt, op, sym_in, sym_out)]
-        return (f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), launch, pending)
+        desc = self._describe_call(lp, in_bytes, out_bytes, dt, pkt, op)
+        if self._capturing():
+            raise NotPrepared(f"rank {self.comm.rank}: {desc} was not prepared: its first-time set-up "
+                              "(device plan, scratch, kernel) cannot happen inside CUDA graph capture; call "
+                              "prepare with the same tensors (or run the call once) before capturing")
+        with self._calling(desc):
+            f = self._function(dt, pkt, op, lp.nthreads)
+            dp = self._device_plan(lp, in_bytes, out_bytes, sym_in, sym_out)
+            need = 8 if pkt == "ll16" else 4
+            if dp.uses_packets and dp.packet_align < need:
+                raise PlanError(f"rank {self.comm.rank}: packet offsets at this size are only {dp.packet_align}-byte "
+                                f"aligned; {pkt.upper()} needs {need} (raise buffer_alignment or use LL8)")
+            drv = cu.driver()
+            if dp.smem > 48 * 1024:
+                cu.check(drv.cuFuncSetAttribute(
+                    f, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dp.smem),
+                    "cuFuncSetAttribute")
+            nblk = cu.check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(f, lp.nthreads, dp.smem),
+                            "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+            if int(nblk) * self._sm_count < dp.n_blocks:
+                raise PlanError(f"rank {self.comm.rank}: {dp.n_blocks} thread blocks of {lp.nthreads} threads cannot "
+                                f"all be co-resident (at most {int(nblk) * self._sm_count})")
+            launch = None
+            sp = self._spec_kernel(lp, dt, in_bytes, out_bytes, pkt, op, dp, force)
+            if sp is not None and lp.ctx is not None:
+                args = pack_args(sp.layout, dp.addr, lp.ctx.sync, self.comm.rank)
+                ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+                launch = _SpecLaunch(sp, args, ctypes.addressof(ptrs), ptrs)
+            pending = None
+            if launch is None and not force and (in_bytes, out_bytes, dt, pkt, op) not in lp.spec \
+                    and when(self.specialize, in_bytes, out_bytes) == "hot":
+                pending = [spec_hot_calls() - 1, (lp, dtype, in_bytes, out_bytes, pkt, op, sym_in, sym_out)]
+        return (f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), launch, pending, lp.ctx)
 
-    def _promote(self, lp: LoadedPlan, key: tuple, ent: tuple) -> tuple:
-        """Count one more call of a pending entry; at the policy's call count (outside a graph
-        capture) build its specialised kernel and replace the entry."""
+    def _promote(self, lp: LoadedPlan, key: tuple, ent: tuple, now: bool = False) -> tuple:
+        """Count one more call of a pending entry; at the policy's call count (or ``now``, for
+        prepare), outside a graph capture, build its specialised kernel and replace the entry."""
         pend = ent[7]
         pend[0] -= 1
-        if pend[0] > 0 or self._capturing():
+        if (pend[0] > 0 and not now) or self._capturing():
             return ent
         new = self._entry(*pend[1], force=True)
-        new = new[:7] + (None,)
+        new = new[:7] + (None,) + new[8:]
         lp.fast[key] = new
         return new
 
-    def _execute_zero_copy(self, lp: LoadedPlan, input: Any, output: Any, in_ptr: int, out_ptr: int,
-                           in_bytes: int, out_bytes: int, pkt: str, op: str, s: int) -> None:
-        comm = self.comm
-        si = comm.symmetric_of(in_ptr)
-        so = comm.symmetric_of(out_ptr)
-        if si is not None and so is not None and not si[0].internal and not so[0].internal:
-            key = (in_bytes, out_bytes, input.dtype, pkt, op, si[0].index, so[0].index)
-            ent = lp.fast.get(key)
-            if ent is None:
-                ent = self._entry(lp, input.dtype, in_bytes, out_bytes, pkt, op, si[0], so[0])
-                lp.fast[key] = ent
-            elif ent[7] is not None:
-                ent = self._promote(lp, key, ent)
-            self._launch(ent, in_ptr, out_ptr, si[1], so[1], s)
+    def _describe_call(self, lp: LoadedPlan, in_bytes: int, out_bytes: int, dt: str, pkt: str, op: str) -> str:
+        """What a call is, as the ranks compare it: collective, sizes, dtype, plan, packet and op."""
+        plan = lp.plan
+        size = f"{in_bytes} B" if in_bytes == out_bytes else f"{in_bytes} B in, {out_bytes} B out"
+        extra = f" {pkt.upper()}" if plan.protocol == "LL" else ""
+        red = f" {op}" if plan.collective in ("allreduce", "reducescatter") else ""
+        return f"{plan.collective} of {size} {dt} on plan {plan.name}{extra}{red}"
+
+    @contextlib.contextmanager
+    def _calling(self, desc: str) -> Iterator[None]:
+        """Name the call being set up in every store exchange it makes (CallMismatch otherwise)."""
+        prev = getattr(self.comm, "call", "")
+        try:
+            self.comm.call = desc
+        except AttributeError:  # a communicator without the attribute (tests' fakes)
+            yield
             return
-        # not symmetric: go through the communicator's registered, pre-zeroed staging buffers
-        st_in, st_out = self._staging(lp, in_bytes, out_bytes)
-        inplace = out_ptr <= in_ptr < out_ptr + out_bytes
-        key = (in_bytes, out_bytes, input.dtype, pkt, op, "staged", inplace)
-        ent = lp.fast.get(key)
-        if ent is None:
-            ent = self._entry(lp, input.dtype, in_bytes, out_bytes, pkt, op, st_out if inplace else st_in, st_out)
-            lp.fast[key] = ent
-        elif ent[7] is not None:
-            ent = self._promote(lp, key, ent)
-        if inplace:
-            # the input lives inside the output: stage the whole output, input at its offset
-            cu.dtod(st_out.base, out_ptr, out_bytes, s)
-            delta = in_ptr - out_ptr
-            self._launch(ent, st_out.base + delta, st_out.base, delta, 0, s)
-        else:
-            cu.dtod(st_in.base, in_ptr, in_bytes, s)
-            self._launch(ent, st_in.base, st_out.base, 0, 0, s)
-        cu.dtod(out_ptr, st_out.base, out_bytes, s)
+        try:
+            yield
+        finally:
+            self.comm.call = prev
 
     def _current_stream(self) -> int:
         """The caller's current torch stream (raw handle), without building a Stream object."""
@@ -591,13 +758,13 @@ class Executor:
 
     def _launch(self, ent: tuple, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int) -> None:
         f, blob, nb, nt, smem, fh, spec = ent[:7]
-        if s != self._last_stream and self._last_stream is not None:
-            # launches sharing a scratch are ordered on the GPU, whatever stream the caller uses
-            if not self._capturing():
+        if s != self._last_stream:
+            if self._last_stream is not None and not self._stream_capturing(s):
+                # launches sharing a scratch are ordered on the GPU, whatever stream the caller uses
                 drv = cu.driver()
                 cu.check(drv.cuEventRecord(self._event, self._last_stream), "cuEventRecord")
                 cu.check(drv.cuStreamWaitEvent(s, self._event, 0), "cuStreamWaitEvent")
-        self._last_stream = s
+            self._last_stream = s
         if spec is not None and not (in_ptr | out_ptr | in_delta | out_delta) & 15:
             # the specialised kernel assumes 16-byte aligned buffers; others take the interpreter
             a = spec.args
@@ -652,26 +819,37 @@ class Executor:
         semaphores, abort words, scratch and the error record on every rank, then meet again."""
         drv = cu.driver()
         cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
-        self.comm.barrier()
+        self.comm.barrier("reset")
         for lp in self._loaded.values():
-            ctx = lp.ctx
-            if ctx is None:
-                continue
-            self._init_sync(lp.plan, ctx.sync, ctx.sync_base)
-            cu.memset_d8(ctx.scratch_base, 0, ctx.scratch_bytes, 0)
+            for ctx in [lp.ctx, *lp.retired]:
+                if ctx is None:
+                    continue
+                self._init_sync(lp.plan, ctx.sync, ctx.sync_base)
+                cu.memset_d8(ctx.scratch_base, 0, ctx.scratch_bytes, 0)
         cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
         ctypes.memset(self._err_host, 0, 256)
         self._aborted = False
-        self.comm.barrier()
+        self._reported = False
+        self._abort_msg = None
+        self._abort_gen += 1
+        if self._watchdog is not None:
+            self._watchdog.rearm()
+        self.comm.barrier("reset done")
 
     def close(self) -> None:
-        """Free contexts and device plans (after the GPU finished with them)."""
+        """Free contexts (retired ones too), device plans and kernels, after the GPU finished with
+        them, and stop the watchdog."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         drv = cu.driver()
         drv.cuCtxSynchronize()
         for lp in self._loaded.values():
-            if lp.ctx is not None:
-                self._free_context(lp.ctx)
-                lp.ctx = None
+            for ctx in [lp.ctx, *lp.retired]:
+                if ctx is not None:
+                    self._free_context(ctx)
+            lp.ctx = None
+            lp.retired.clear()
         self._loaded.clear()
         for m in self._modules.values():
             drv.cuModuleUnload(m)

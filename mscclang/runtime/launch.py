@@ -61,8 +61,14 @@ def recv_from(conn: Any, proc: Any, rank: int, timeout_s: Optional[float] = None
 
 
 def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, env: dict) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: no traceback per worker
     os.environ.update(env)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    # the commands check every launch themselves: an asynchronous exception from the watchdog
+    # could land in the command loop instead of the command
+    os.environ.setdefault("MSCCLANG_ASYNC_ERROR", "log")
     try:
         import torch
         import torch.distributed as dist
@@ -181,5 +187,9 @@ class WorkerPool:
     def __enter__(self) -> "WorkerPool":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, et: Any, *exc: Any) -> None:
+        if et is not None and issubclass(et, KeyboardInterrupt):
+            for p in self._procs:  # Ctrl-C: do not wait for the workers' current call
+                if p.is_alive():
+                    p.kill()
         self.close()

@@ -238,16 +238,10 @@ def prebuild(plan, sizes: Sequence[tuple[int, int]], dtypes: Sequence[str], pack
     return done
 
 
-def _parse_size(s: str) -> int:
-    s = s.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if s and s[-1] in mult:
-        return int(float(s[:-1]) * mult[s[-1]])
-    return int(s)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m mscclang.runtime.spec_build --out DIR (--plan FILE | --sample NAME) ...``"""
+    from mscclang.cli.args import BUILD_DTYPE, GPU_DTYPES, SIZES_FORMS, dtype_list_arg, sizes_arg
+
     from mscclang.plan.io import load_plan
 
     p = argparse.ArgumentParser(prog="python -m mscclang.runtime.spec_build",
@@ -256,8 +250,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--plan", action="append", default=[], help="plan JSON file (repeatable)")
     p.add_argument("--sample", action="append", default=[], help="mscclang.testing.sample_plans name")
     p.add_argument("--ranks", type=int, default=2, help="world size for --sample plans")
-    p.add_argument("--sizes", default="1K", help="comma-separated input sizes (bytes, K, M)")
-    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--sizes", default=[1024], type=sizes_arg(), help="input sizes: " + SIZES_FORMS)
+    p.add_argument("--dtype", default=["bfloat16"], type=dtype_list_arg(GPU_DTYPES),
+                   help="comma list of dtypes (float16/f16, bfloat16/bf16, float32/f32, int32/i32)")
     p.add_argument("--packet", default="ll16")
     p.add_argument("--op", default="sum")
     p.add_argument("--arch", default="sm_90")
@@ -270,14 +265,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         plans += [load_plan(plan_to_json(sp.SAMPLES[n](args.ranks))) for n in args.sample]
     for plan in plans:
         sizes = []
-        for s in args.sizes.split(","):
-            n = _parse_size(s)
+        for n in args.sizes:
             out = n * plan.world_size if plan.collective == "allgather" else n
             if plan.collective == "reducescatter":
                 out = n // plan.world_size
             sizes.append((n, out))
         try:
-            res = prebuild(plan, sizes, args.dtype.split(","), args.packet.split(","), args.op.split(","),
+            res = prebuild(plan, sizes, [BUILD_DTYPE[d] for d in args.dtype], args.packet.split(","), args.op.split(","),
                            args.out, args.arch)
         except MscclangError as e:
             print(f"{plan.name}: {e}", file=sys.stderr)

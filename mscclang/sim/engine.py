@@ -185,7 +185,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
             f"{a.op} {kinds[0]}s and {b.op} {kinds[1]}s bytes [{info.start}, {info.end}) of "
             f"{info.storage} with no happens-before order between them{hint}",
             details={"first": a.op, "second": b.op, "storage": info.storage,
-                     "range": (info.start, info.end)}))
+                     "range": (info.start, info.end), "exec_ordered": info.exec_ordered}))
 
     def problem(self, kind: str, message: str, **details) -> None:
         self.problems.append(Problem(kind, message, details=details))

@@ -3,6 +3,7 @@ the reduction order) and symbolic (which input chunks reached each output elemen
 
 from __future__ import annotations
 
+from typing import Optional
 
 import numpy as np
 
@@ -10,6 +11,7 @@ from mscclang.plan.collectives import CollectiveSpec
 from mscclang.plan.layout import Layout
 from mscclang.plan.models import BufferKind
 from mscclang.sim.dtypes import is_float, unit_roundoff
+from mscclang.sim.program import Program
 from mscclang.sim.report import Problem
 
 
@@ -121,6 +123,20 @@ def _gather(spec: CollectiveSpec, layouts: list[Layout], isz: int) -> _Gather:
     return g
 
 
+#: the byte the simulator fills every output with before each launch (``poison_outputs``)
+POISON = 0xFF
+
+
+def _never_written(out_bytes: np.ndarray, off: int, ln: int, dt: np.dtype) -> bool:
+    """Whether output bytes [off, off+ln) still hold only the poison: for float dtypes all-0xFF
+    is a NaN no finite input makes; for others a chunk of 16 bytes or more is required."""
+    if ln <= 0 or off + ln > out_bytes.shape[0]:
+        return False
+    if not is_float(dt) and ln < 16:
+        return False
+    return bool((out_bytes[off: off + ln] == POISON).all())
+
+
 #: outputs of more elements than this (on some rank) are checked chunk by chunk, with no index
 #: arrays (which take 8 bytes per element and source, and are cached per layout)
 CHUNKWISE_ELEMENTS = 1 << 16
@@ -147,83 +163,93 @@ def _bad_reduction(vals: list[np.ndarray], got: np.ndarray, dt: np.dtype, op: st
 
 def _check_numeric_chunkwise(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.ndarray],
                              outputs: list[np.ndarray], dt: np.dtype, op: str, launch: int,
-                             limit: int) -> list[Problem]:
-    """:func:`check_numeric` for large outputs: one output chunk at a time, on slices."""
+                             limit: Optional[int]) -> list[Problem]:
+    """:func:`check_numeric` for large outputs: one output chunk at a time, on slices (the
+    same problems, with the same messages)."""
     probs: list[Problem] = []
     isz = dt.itemsize
     ut = _UINT[isz]
     ins = [np.ascontiguousarray(x).view(dt)[: lay.input_bytes // isz] for x, lay in zip(inputs, layouts)]
-    outs = [np.ascontiguousarray(o[: (o.shape[0] // isz) * isz]).view(dt) for o in outputs]
-    for (r, c), exp in _postcondition(spec).items():
+    raws = [np.ascontiguousarray(o) for o in outputs]
+    outs = [raw[: (raw.shape[0] // isz) * isz].view(dt) for raw in raws]
+    todo = []
+    for (r, c), exp in sorted(_postcondition(spec).items()):
         off, ln = layouts[r].span(BufferKind.output, c)
         if ln == 0:
             continue
+        spans = [layouts[p].span(BufferKind.input, j) for (p, j) in exp.sources]
+        if any(sln != ln for _, sln in spans):
+            probs.append(Problem("postcondition", f"rank {r} output chunk {c}: source chunks have other "
+                                 "lengths than the output chunk", details={"rank": r, "chunk": c}))
+            continue
+        todo.append((r, c, exp, off, ln, spans))
+    for r, c, exp, off, ln, spans in todo:
         k = ln // isz
-        vals = []
-        for (p, j) in exp.sources:
-            soff, sln = layouts[p].span(BufferKind.input, j)
-            if sln != ln:
-                probs.append(Problem("postcondition", f"rank {r} output chunk {c}: source chunks have other lengths than the output chunk"))
-                vals = []
-                break
-            vals.append(ins[p][soff // isz: soff // isz + k])
-        if vals:
-            o0 = off // isz
-            got = outs[r][o0: o0 + k]
-            if not exp.reduced:
-                bad = got.view(ut) != vals[0].view(ut)
-                if bad.any():
-                    i = int(np.argmax(bad))
-                    p, j = exp.sources[0]
-                    probs.append(Problem("postcondition",
-                                         f"rank {r} output chunk {c} (launch {launch}) should be a copy of rank {p} "
-                                         f"input chunk {j} but differs (element {o0 + i} of the output is "
-                                         f"{_fmt(got[i])}, expected {_fmt(vals[0][i])})"))
-            else:
-                bad, ref = _bad_reduction(vals, got, dt, op, len(vals))
-                if bad.any():
-                    i = int(np.argmax(bad))
-                    probs.append(Problem("postcondition",
-                                         f"rank {r} output chunk {c} (launch {launch}) is not the {op} of "
-                                         f"{len(vals)} input chunks {list(exp.sources)[:8]}: output element {o0 + i} "
-                                         f"is {_fmt(got[i])}, expected {_fmt(ref[i])}"))
-        if len(probs) >= limit:
-            return probs[:limit]
+        o0 = off // isz
+        vals = [ins[p][soff // isz: soff // isz + k] for (p, _), (soff, _) in zip(exp.sources, spans)]
+        got = outs[r][o0: o0 + k]
+        m = len(vals)
+        if not exp.reduced:
+            bad = got.view(ut) != vals[0].view(ut)
+            ref = vals[0]
+        else:
+            bad, ref = _bad_reduction(vals, got, dt, op, m)
+        if not bad.any():
+            continue
+        i = int(np.argmax(bad))
+        unwritten = _never_written(raws[r], off, ln, dt)
+        if exp.reduced:
+            should = f"the {op} of {m} input chunks {list(exp.sources)[:8]}"
+        else:
+            p, j = exp.sources[0]
+            should = f"a copy of rank {p} input chunk {j}"
+        if unwritten:
+            msg = (f"rank {r} output chunk {c} (launch {launch}) was never written: it still "
+                   f"holds the 0x{POISON:02X} bytes the simulator fills outputs with before "
+                   f"each launch; it should be {should}")
+        elif exp.reduced:
+            msg = (f"rank {r} output chunk {c} (launch {launch}) is not {should}: output "
+                   f"element {o0 + i} is {_fmt(got[i])}, expected {_fmt(ref[i])}")
+        else:
+            msg = (f"rank {r} output chunk {c} (launch {launch}) should be {should} but "
+                   f"differs (element {o0 + i} of the output is {_fmt(got[i])}, "
+                   f"expected {_fmt(ref[i])})")
+        probs.append(Problem("postcondition", msg, details={"rank": r, "chunk": c, "unwritten": unwritten}))
+        if limit is not None and len(probs) >= limit:
+            return probs
     return probs
 
 
 def check_numeric(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.ndarray],
                   outputs: list[np.ndarray], dt: np.dtype, op: str, launch: int,
-                  limit: int = 4) -> list[Problem]:
+                  limit: Optional[int] = None) -> list[Problem]:
     """Compare every constrained output chunk with the collective's definition: copies bit for
     bit, reductions within ``m * u * sum(|x|)`` of a float64 reference (u: the dtype's unit
-    roundoff, m: the number of reduced chunks), min/max and integers exactly."""
+    roundoff, m: the number of reduced chunks), min/max and integers exactly.
+
+    One problem per wrong (rank, output chunk), all of them unless ``limit`` is given; a chunk
+    that still holds the poison the outputs are filled with before the launch is reported as
+    never written. Each problem's details carry ``rank``, ``chunk`` and ``unwritten``."""
     probs: list[Problem] = []
     isz = dt.itemsize
     if max((lay.output_bytes for lay in layouts), default=0) // isz > CHUNKWISE_ELEMENTS:
         return _check_numeric_chunkwise(spec, layouts, inputs, outputs, dt, op, launch, limit)
     g = _gather(spec, layouts, isz)
-    for (r, c) in g.bad_lengths[:limit]:
-        probs.append(Problem("postcondition", f"rank {r} output chunk {c}: source chunks have other lengths than the output chunk"))
+    for (r, c) in g.bad_lengths:
+        probs.append(Problem("postcondition", f"rank {r} output chunk {c}: source chunks have other "
+                             "lengths than the output chunk", details={"rank": r, "chunk": c}))
     u = unit_roundoff(dt)
     flat = np.concatenate([np.ascontiguousarray(x).view(dt)[: g.nin[p]] for p, x in enumerate(inputs)])
     ut = _UINT[isz]
     flat_u = flat.view(ut)
     for r in range(spec.num_ranks):
-        out = np.ascontiguousarray(outputs[r][: (outputs[r].shape[0] // isz) * isz]).view(dt)
+        raw = np.ascontiguousarray(outputs[r])
+        out = raw[: (raw.shape[0] // isz) * isz].view(dt)
         for (reduced, m), (oi, si, ch) in g.per_rank[r].items():
             got = out[oi]
             if not reduced:
                 bad = got.view(ut) != flat_u[si[0]]
-                if bad.any():
-                    i = int(np.argmax(bad))
-                    c = int(ch[i])
-                    exp = spec.expect(r, c)
-                    p, k = exp.sources[0]  # type: ignore[union-attr]
-                    probs.append(Problem("postcondition",
-                                         f"rank {r} output chunk {c} (launch {launch}) should be a copy of rank {p} "
-                                         f"input chunk {k} but differs (element {int(oi[i])} of the output is "
-                                         f"{_fmt(got[i])}, expected {_fmt(flat[si[0][i]])})"))
+                ref = flat[si[0]]
             else:
                 vals = flat[si]
                 if is_float(dt):
@@ -240,24 +266,45 @@ def check_numeric(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.n
                     v64 = vals.astype(np.int64)
                     ref = (v64.sum(axis=0) if op == "sum" else v64.min(axis=0) if op == "min" else v64.max(axis=0)).astype(dt)
                     bad = got != ref
-                if bad.any():
-                    i = int(np.argmax(bad))
-                    c = int(ch[i])
-                    exp = spec.expect(r, c)
-                    probs.append(Problem("postcondition",
-                                         f"rank {r} output chunk {c} (launch {launch}) is not the {op} of "
-                                         f"{m} input chunks {list(exp.sources)[:8]}: output element {int(oi[i])} "  # type: ignore[union-attr]
-                                         f"is {_fmt(got[i])}, expected {_fmt(ref[i])}"))
-            if len(probs) >= limit:
-                return probs
+            if not bad.any():
+                continue
+            idx = np.nonzero(bad)[0]
+            chunks, firsts = np.unique(ch[idx], return_index=True)
+            for c, fi in zip(chunks.tolist(), firsts.tolist()):
+                i = int(idx[fi])
+                exp = spec.expect(r, c)
+                off, ln = layouts[r].span(BufferKind.output, c)
+                unwritten = _never_written(raw, off, ln, dt)
+                if reduced:
+                    should = f"the {op} of {m} input chunks {list(exp.sources)[:8]}"  # type: ignore[union-attr]
+                else:
+                    p, k = exp.sources[0]  # type: ignore[union-attr]
+                    should = f"a copy of rank {p} input chunk {k}"
+                if unwritten:
+                    msg = (f"rank {r} output chunk {c} (launch {launch}) was never written: it still "
+                           f"holds the 0x{POISON:02X} bytes the simulator fills outputs with before "
+                           f"each launch; it should be {should}")
+                elif reduced:
+                    msg = (f"rank {r} output chunk {c} (launch {launch}) is not {should}: output "
+                           f"element {int(oi[i])} is {_fmt(got[i])}, expected {_fmt(ref[i])}")
+                else:
+                    msg = (f"rank {r} output chunk {c} (launch {launch}) should be {should} but "
+                           f"differs (element {int(oi[i])} of the output is {_fmt(got[i])}, "
+                           f"expected {_fmt(ref[i])})")
+                probs.append(Problem("postcondition", msg,
+                                     details={"rank": r, "chunk": c, "unwritten": unwritten}))
+                if limit is not None and len(probs) >= limit:
+                    return probs
     return probs
 
 
 def check_symbolic(spec: CollectiveSpec, layouts: list[Layout], shadows: list[np.ndarray],
-                   input_chunks: int, launch: int, limit: int = 4,
+                   input_chunks: int, launch: int, limit: Optional[int] = None,
                    granule: int = 4) -> list[Problem]:
-    """Each output word's multiset of (rank, input chunk) contributions against the spec
-    (``shadows`` hold one row per ``granule`` bytes of each rank's output)."""
+    """Each output word's multiset of (rank, input chunk) contributions against the spec; one
+    problem per wrong (rank, output chunk), all of them unless ``limit`` is given. A chunk no
+    word of which received any contribution (out-of-place outputs start empty) is reported as
+    never written. ``shadows`` hold one row per ``granule`` bytes of each rank's output."""
     probs: list[Problem] = []
     for (r, c), exp in _postcondition(spec).items():
         off, ln = layouts[r].span(BufferKind.output, c)
@@ -273,6 +320,9 @@ def check_symbolic(spec: CollectiveSpec, layouts: list[Layout], shadows: list[np
         row = rows[badrows[0]]
         missing = [divmod(int(s), input_chunks) for s in np.nonzero((want > 0) & (row < want))[0]]
         extra = [(divmod(int(s), input_chunks), int(row[s])) for s in np.nonzero(row > want)[0]]
+        kind = "reduction of" if exp.reduced else "copy of"
+        srcs = f"{list(exp.sources)[:8]}{'...' if len(exp.sources) > 8 else ''}"
+        unwritten = bool(rows.shape[0]) and not rows.any()
         parts = []
         if missing:
             parts.append("missing " + ", ".join(f"(rank {p}, chunk {k})" for p, k in missing[:6]))
@@ -282,13 +332,63 @@ def check_symbolic(spec: CollectiveSpec, layouts: list[Layout], shadows: list[np
             parts.append("counted more than once " + ", ".join(f"(rank {p}, chunk {k}) x{n}" for (p, k), n in doubled[:6]))
         if foreign:
             parts.append("unexpected " + ", ".join(f"(rank {p}, chunk {k}) x{n}" for (p, k), n in foreign[:6]))
-        kind = "reduction of" if exp.reduced else "copy of"
-        probs.append(Problem("symbolic",
-                             f"rank {r} output chunk {c} (launch {launch}, byte {off + granule * int(badrows[0])}) "
-                             f"should hold the {kind} {list(exp.sources)[:8]}{'...' if len(exp.sources) > 8 else ''}: "
-                             + "; ".join(parts),
+        if unwritten:
+            msg = (f"rank {r} output chunk {c} (launch {launch}) was never written (no byte of it "
+                   f"received any input): it should hold the {kind} {srcs}: " + "; ".join(parts))
+        else:
+            msg = (f"rank {r} output chunk {c} (launch {launch}, byte {off + granule * int(badrows[0])}) "
+                   f"should hold the {kind} {srcs}: " + "; ".join(parts))
+        probs.append(Problem("symbolic", msg,
                              details={"rank": r, "chunk": c, "missing": missing,
-                                      "extra": [pk for pk, _ in extra]}))
-        if len(probs) >= limit:
+                                      "extra": [pk for pk, _ in extra], "unwritten": unwritten}))
+        if limit is not None and len(probs) >= limit:
             break
     return probs
+
+
+def derive_senders(program: Program) -> list[set[int]]:
+    """For a send/recv plan: per rank, the other ranks whose input can reach its output.
+
+    Data flow is followed at buffer granularity over every data op of every thread block
+    (pipelines included): a rank's input starts with its own rank as origin; each op adds the
+    origins of its sources' buffers to its destinations' buffers, until nothing changes. So a
+    put into the peer's output, a put into its scratch that it copies out, and a relay through
+    a third rank's scratch all name the rank whose input it was. Order is not considered:
+    this says who sends to whom, the simulation checks what arrives."""
+    n = len(program.plan.gpus)
+    inplace = program.plan.inplace
+    origin: dict[tuple[int, BufferKind], set[int]] = {(r, BufferKind.input): {r} for r in range(n)}
+    flows: set[tuple[tuple[tuple[int, BufferKind], ...], tuple[tuple[int, BufferKind], ...]]] = set()
+
+    def walk(cops: list) -> None:
+        for cop in cops:
+            for it in cop.iterations:
+                walk(it)
+            for grp in cop.groups:
+                if grp.stream_length() == 0:
+                    continue
+                flows.add((tuple((o.rank, o.kind) for o in grp.srcs),
+                           tuple((o.rank, o.kind) for o in grp.dsts)))
+
+    for blocks in program.blocks:
+        for cops in blocks:
+            walk(cops)
+    changed = True
+    while changed:
+        changed = False
+        for srcs, dsts in flows:
+            got: set[int] = set()
+            for s in srcs:
+                got |= origin.get(s, set())
+            if not got:
+                continue
+            for d in dsts:
+                if d[1] == BufferKind.input:
+                    if not inplace:
+                        continue  # an input's origin is its own rank
+                    d = (d[0], BufferKind.output)  # in place: the input is the output
+                cur = origin.setdefault(d, set())
+                if not got <= cur:
+                    cur |= got
+                    changed = True
+    return [origin.get((r, BufferKind.output), set()) - {r} for r in range(n)]

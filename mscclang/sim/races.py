@@ -219,6 +219,9 @@ class RaceInfo:
     end: int
     first: Access
     second: Access
+    #: the execution clock (``rvc``: relaxed signal->wait edges too) orders the pair, only the
+    #: strong clock does not: the earlier write was published by a relaxed edge alone
+    exec_ordered: bool = False
 
 
 class AccessLog:
@@ -289,7 +292,8 @@ class AccessLog:
             else:
                 ok = vc[prev.tid] >= prev.clk
             if not ok:
-                self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
+                self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c,
+                                      exec_ordered=not prev.host and bool(rvc[prev.tid] >= prev.clk)))
         pages = self.reads[storage]
         p0, p1 = a >> _PAGE_BITS, (b - 1) >> _PAGE_BITS
         if c.write:

@@ -1,4 +1,14 @@
-"""Problems the simulator finds, and the report that gathers them."""
+"""Problems the simulator finds, and the report that gathers them.
+
+Severity: every kind is an *error* except those in :data:`WARNING_KINDS`. A report's status is
+
+* ``FAILED``: at least one error (exit 1);
+* ``NO POSTCONDITION``: no error, but the collective (``test``, ``custom``) says nothing about
+  its outputs, so only deadlocks, races and synchronisation were checked (exit 0, 1 under
+  ``--strict``);
+* ``OK``: no error and the postcondition held. ``OK`` can be *vacuous* (no op moved a byte at any
+  size checked) and can carry warnings; both exit 0, 1 under ``--strict``.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +19,18 @@ from mscclang.errors import VerificationError
 
 #: every kind of problem, in the order a report lists them
 KINDS = ("plan", "deadlock", "race", "unsynced-signal", "unbalanced-channel",
-         "unbalanced-semaphore", "postcondition", "symbolic")
+         "unbalanced-semaphore", "postcondition", "symbolic", "multimem-relaxed")
+
+#: kinds that are warnings: reported, but they fail a run only under ``strict``.
+#: ``multimem-relaxed``: a hazard that exists only because a relaxed signal/wait is the one edge
+#: publishing multimem (switch-channel) stores; a plain missing synchronisation is a ``race``.
+WARNING_KINDS = frozenset({"multimem-relaxed"})
+
+#: how many problems ``str(report)`` prints, and how many cases of each
+SHOW_PROBLEMS = 8
+SHOW_CASES = 3
+#: cases (contexts) remembered per problem; the count goes on past it
+KEEP_CASES = 64
 
 
 class Deadlock(VerificationError):
@@ -23,21 +44,64 @@ class Deadlock(VerificationError):
 @dataclass
 class Problem:
     """One finding. ``kind`` is one of :data:`KINDS`; ``message`` names rank, thread block, op
-    index and op name; ``context`` says under which size/dtype/schedule it was seen."""
+    index and op name (and the op's DSL source line when the plan records it); ``context`` says
+    under which size/dtype/schedule it was first seen.
+
+    In a :class:`Report` one problem stands for every time the same bug was seen: ``count`` is
+    how many times (over runs and launches), ``cases`` the distinct contexts (the first
+    :data:`KEEP_CASES` of them; ``ncases`` counts them all)."""
 
     kind: str
     message: str
     context: str = ""
     details: dict = field(default_factory=dict)
+    count: int = 1
+    cases: list[str] = field(default_factory=list)
+    ncases: int = 0
+
+    @property
+    def severity(self) -> str:
+        """``"warning"`` for :data:`WARNING_KINDS`, else ``"error"``."""
+        return "warning" if self.kind in WARNING_KINDS else "error"
+
+    def seen(self, context: str) -> None:
+        """Count one more occurrence, under ``context``."""
+        self.count += 1
+        self.add_case(context)
+
+    def add_case(self, context: str) -> None:
+        """Remember ``context`` as one of the cases (once; the first :data:`KEEP_CASES`)."""
+        if not context or context in self.cases:
+            return
+        self.ncases += 1
+        if len(self.cases) < KEEP_CASES:
+            self.cases.append(context)
+
+    def where_seen(self, show: int = SHOW_CASES) -> str:
+        """``[case]`` or ``[seen N times in K cases: a; b; c; and K-3 more]``."""
+        cases = self.cases or ([self.context] if self.context else [])
+        ncases = max(self.ncases, len(cases))
+        if self.count <= 1 and ncases <= 1:
+            return f" [{cases[0]}]" if cases else ""
+        times = f"seen {self.count} time{'s' * (self.count != 1)}"
+        if ncases == 0:
+            return f" [{times}]"
+        listed = "; ".join(cases[:show])
+        more = f"; and {ncases - show} more" if ncases > show else ""
+        return f" [{times} in {ncases} case{'s' * (ncases != 1)}: {listed}{more}]"
 
     def __str__(self) -> str:
-        ctx = f" [{self.context}]" if self.context else ""
-        return f"{self.kind}: {self.message}{ctx}"
+        tag = "warning: " if self.severity == "warning" else ""
+        return f"{tag}{self.kind}: {self.message}{self.where_seen()}"
 
 
 @dataclass
 class Report:
-    """Result of :func:`mscclang.sim.verify`. ``ok`` is true when no problem was found."""
+    """Result of :func:`mscclang.sim.verify`.
+
+    ``status`` is ``"OK"``, ``"NO POSTCONDITION"`` or ``"FAILED"``; ``ok`` is true only for
+    ``"OK"`` (a plan without a postcondition is never OK), ``failed`` when an error was found.
+    ``problems`` holds one entry per distinct bug (with its true count), errors and warnings."""
 
     plan_name: str
     problems: list[Problem] = field(default_factory=list)
@@ -50,10 +114,48 @@ class Report:
     packet_types: list[str] = field(default_factory=list)
     launches: int = 1
     notes: list[str] = field(default_factory=list)
+    #: whether the collective has a postcondition (``test`` and ``custom`` have none)
+    postcondition: bool = True
+    #: no op moved any byte at any size checked: an OK is then vacuous
+    vacuous: bool = False
+
+    @property
+    def errors(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.problems if p.severity == "warning"]
+
+    @property
+    def failed(self) -> bool:
+        """An error (deadlock, race, wrong output, ...) was found."""
+        return bool(self.errors)
+
+    @property
+    def status(self) -> str:
+        if self.failed:
+            return "FAILED"
+        if not self.postcondition:
+            return "NO POSTCONDITION"
+        return "OK"
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        """No error, and the postcondition was checked and held (warnings allowed)."""
+        return self.status == "OK"
+
+    def passed(self, strict: bool = False) -> bool:
+        """Whether ``mscclang verify`` exits 0: no error; with ``strict`` also a postcondition
+        that was checked, held non-vacuously, and no warning."""
+        if self.failed:
+            return False
+        if strict:
+            return self.postcondition and not self.vacuous and not self.warnings
+        return True
+
+    def exit_code(self, strict: bool = False) -> int:
+        return 0 if self.passed(strict) else 1
 
     def kinds(self) -> set[str]:
         return {p.kind for p in self.problems}
@@ -64,26 +166,42 @@ class Report:
                 return p
         return None
 
+    def headline(self) -> str:
+        """``OK``, ``OK (vacuous: ...)``, ``NO POSTCONDITION (...)``, ``FAILED (N problems)``,
+        with the warning count."""
+        nw = len(self.warnings)
+        warn = f"{nw} warning{'s' * (nw != 1)}"
+        if self.failed:
+            ne = len(self.errors)
+            extra = f", {warn}" if nw else ""
+            return f"FAILED ({ne} problem{'s' * (ne != 1)}{extra})"
+        vac = "; vacuous: no op moves any byte at any size checked" if self.vacuous else ""
+        if not self.postcondition:
+            return f"NO POSTCONDITION (deadlocks and races checked{vac})"
+        inner = [s for s in (vac[2:], warn if nw else "") if s]
+        return "OK" + (f" ({'; '.join(inner)})" if inner else "")
+
     def __str__(self) -> str:
-        status = "OK" if self.ok else f"FAILED ({len(self.problems)} problem{'s' * (len(self.problems) != 1)})"
-        lines = [f"verify {self.plan_name}: {status}",
+        lines = [f"verify {self.plan_name}: {self.headline()}",
                  f"  {self.runs} runs in {self.seconds:.2f} s: sizes {', '.join(_fmt_size(s) for s in self.sizes)}; "
                  f"dtypes {', '.join(self.dtypes)}; reduce ops {', '.join(self.reduce_ops) or '-'}; "
                  f"packets {', '.join(self.packet_types)}; {len(self.schedules)} schedules; {self.launches} launches"]
         for n in self.notes:
             lines.append(f"  note: {n}")
         shown = 0
-        for kind in KINDS:
-            for p in self.problems:
-                if p.kind != kind:
-                    continue
-                if shown >= 8:
-                    break
-                text = str(p)
-                lines.extend("  " + ln for ln in text.splitlines()[:10])
-                shown += 1
-        if len(self.problems) > shown:
-            lines.append(f"  ... and {len(self.problems) - shown} more")
+        ordered = [p for kind in KINDS for p in self.problems if p.kind == kind]
+        ordered += [p for p in self.problems if p.kind not in KINDS]
+        for p in ordered[:SHOW_PROBLEMS]:
+            lines.extend("  " + ln for ln in str(p).splitlines()[:12])
+            shown += 1
+        if len(ordered) > shown:
+            rest: dict[str, int] = {}
+            for p in ordered[shown:]:
+                rest[p.kind] = rest.get(p.kind, 0) + 1
+            lines.append(f"  ... and {len(ordered) - shown} more: "
+                         + ", ".join(f"{n} {k}" for k, n in rest.items()))
+        if self.warnings and not self.failed:
+            lines.append("  (warnings fail only under --strict; see docs/verify.md)")
         return "\n".join(lines)
 
 

@@ -4,20 +4,21 @@ semaphores, and wrong outputs (numeric and symbolic)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import re
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from mscclang.errors import MscclangError, PlanError, VerificationError
-from mscclang.plan.collectives import spec_from_plan
+from mscclang.plan.collectives import CollectiveSpec, check_senders, spec_from_plan
 from mscclang.plan.layout import scratch_bytes_needed
 from mscclang.plan.models import BufferKind, Plan
 from mscclang.sim.dtypes import dtype_name, parse_dtype
 from mscclang.sim.engine import SCHEDULES, Simulation
-from mscclang.sim.postcondition import check_numeric, check_symbolic, random_inputs
+from mscclang.sim.diagnosis import annotate_sources, classify, group_key, rotate_cycle
+from mscclang.sim.postcondition import check_numeric, check_symbolic, derive_senders, random_inputs
 from mscclang.sim.program import Program, compile_program
 from mscclang.sim.report import Deadlock, Problem, Report
 from mscclang.sim.runner import PlanLike, as_plan, resolve_reduce_op
@@ -186,14 +187,76 @@ def default_launches(plan: Plan) -> int:
     return 3 if plan.use_double_scratch_buffer else 2
 
 
-_LAUNCH = re.compile(r"launch \d+")
+def _ranges(xs: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _moves_bytes(prog: Program) -> bool:
+    """Whether any data op of ``prog`` moves at least one byte."""
+    def walk(cops: list) -> bool:
+        for c in cops:
+            if any(g.stream_length() > 0 for g in c.groups) or any(walk(it) for it in c.iterations):
+                return True
+        return False
+    return any(walk(cops) for blocks in prog.blocks for cops in blocks)
+
+
+def _sendrecv_spec(p: Plan, spec: CollectiveSpec, prog: Program,
+                   senders: Optional[Sequence[int]], rep: Report) -> CollectiveSpec:
+    """The sendrecv spec with each rank's sender: ``senders`` when given, else taken from the
+    plan's data flow (:func:`derive_senders`); problems and notes go to ``rep``."""
+    n = len(p.gpus)
+    if senders is not None:
+        s = check_senders(senders, n)
+        return dataclasses.replace(spec, senders=s)
+    derived = derive_senders(prog)
+    chosen: list[int] = []
+    for r, got in enumerate(derived):
+        ring = (r - 1) % n
+        if len(got) == 1:
+            chosen.append(next(iter(got)))
+            continue
+        if len(got) > 1:
+            rep.problems.append(Problem(
+                "postcondition",
+                f"send/recv: rank {r}'s output receives the inputs of ranks {sorted(got)}, but a "
+                f"send/recv rank receives one peer's input (pass senders=[...] / --senders to say "
+                f"which one is meant)", details={"rank": r, "senders": sorted(got)}))
+        chosen.append(ring if ring in got or not got else min(got))
+    if sorted(chosen) != list(range(n)):
+        first: dict[int, int] = {}
+        for r, q in enumerate(chosen):
+            if q in first:
+                rep.problems.append(Problem(
+                    "postcondition",
+                    f"send/recv: ranks {first[q]} and {r} both receive rank {q}'s input: every rank "
+                    f"sends to exactly one rank (the senders must be a permutation)",
+                    details={"rank": r, "sender": q}))
+                break
+            first[q] = r
+        return spec
+    if any(q != (r - 1) % n for r, q in enumerate(chosen)):
+        rep.notes.append("send/recv senders taken from the plan: "
+                         + ", ".join(f"{r}<-{q}" for r, q in enumerate(chosen)))
+    return dataclasses.replace(spec, senders=tuple(chosen))
 
 
 def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
            dtypes: Sequence[str] = DEFAULT_DTYPES, schedules: int = 10, seed: int = 0,
            launches: Optional[int] = None, reduce_ops: Optional[Sequence[str]] = None,
            packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
-           max_problems: int = 40) -> Report:
+           max_problems: Optional[int] = None,
+           senders: Optional[Sequence[int]] = None,
+           progress: Optional[Callable[[int, int], None]] = None) -> Report:
     """Verify ``plan``. For every message size, ``schedules`` runs are made: run ``i`` uses
     schedule round_robin / random / adversarial / runahead in turn (seeded ``seed + i``; the
     ``runahead`` runs of the ``s``-th size lead with rank ``(s + i // 4) % ranks``, so with the
@@ -201,13 +264,25 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     dtype, reduce op and packet type in rotation, so every value of each appears. Each run
     checks races and every launch's outputs over ``launches`` consecutive launches (default:
     :func:`default_launches`); one extra round-robin run per plan checks the symbolic
-    postcondition at the smallest size. Returns a :class:`Report`."""
+    postcondition at the smallest size.
+
+    Findings are grouped: one :class:`Problem` per bug, whatever the sizes, dtypes, schedules
+    and launches it was seen under, with its true ``count`` and its ``cases``. ``max_problems``
+    (default: none) stops starting runs once that many distinct problems are known (counts then
+    cover the runs made, which a note says). ``senders`` (sendrecv only): per rank, the rank
+    whose input it receives; by default taken from the plan's data flow. A plan of a collective
+    without a postcondition (``test``, ``custom``) is checked for deadlocks and races only
+    (status ``NO POSTCONDITION``). ``progress(done, total)`` is called after every run (``total``
+    counts the planned runs; a run that stops early stops short of it). Returns a :class:`Report`."""
     t0 = time.perf_counter()
     p = as_plan(plan)
     spec = spec_from_plan(p)
     if launches is None:
         launches = default_launches(p)
     rep = Report(p.name, launches=launches)
+    rep.postcondition = spec.has_postcondition
+    if senders is not None and spec.name != "sendrecv":
+        raise VerificationError(f"senders are only meaningful for sendrecv plans, not {spec.name}")
     if sizes is None:
         sizes = default_sizes(p)
     sizes = list(sizes)
@@ -228,16 +303,26 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     rep.packet_types = pts
     scheds = [SCHEDULES[i % len(SCHEDULES)] for i in range(max(schedules, 1))]
     rep.schedules = scheds
-    seen: set = set()
+    groups: dict[tuple, Problem] = {}
 
     def add(probs: list[Problem], ctx: str) -> None:
         for pr in probs:
-            key = (pr.kind, _LAUNCH.sub("launch N", pr.message.splitlines()[0]))
-            if key in seen or len(rep.problems) >= max_problems:
+            classify(pr, p)
+            key = group_key(pr)
+            known = groups.get(key)
+            if known is not None:
+                known.seen(ctx)
                 continue
-            seen.add(key)
+            rotate_cycle(pr, p)
+            annotate_sources(pr, p)
             pr.context = ctx
+            pr.count, pr.cases, pr.ncases = 1, [], 0
+            pr.add_case(ctx)
+            groups[key] = pr
             rep.problems.append(pr)
+
+    def enough() -> bool:
+        return max_problems is not None and len(rep.problems) >= max_problems
 
     progs: dict[int, Program] = {}
     for size in sizes:
@@ -249,11 +334,27 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     if any(pr.kind == "plan" for pr in rep.problems):
         rep.seconds = time.perf_counter() - t0
         return rep
+    if progs:
+        rep.vacuous = not any(_moves_bytes(pr) for pr in progs.values())
+        if spec.name == "sendrecv":
+            spec = _sendrecv_spec(p, spec, progs[max(progs)], senders, rep)
+            for pr in rep.problems:
+                groups[group_key(pr)] = pr
+
+    stopped = False
+    planned = len(sizes) * len(scheds) + (1 if symbolic and sizes and spec.has_postcondition else 0)
+
+    def ran() -> None:
+        if progress is not None:
+            progress(rep.runs, planned)
 
     for si, size in enumerate(sizes):
         prog = progs[size]
         ib = prog.input_bytes
         for i, sched in enumerate(scheds):
+            if enough():
+                stopped = True
+                break
             fitting = [d for d in dts if ib % d.itemsize == 0] or [parse_dtype("uint8")]
             dt = fitting[i % len(fitting)]
             rop = rops[i % len(rops)]
@@ -271,18 +372,19 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             except Deadlock as e:
                 add(sim.problems, ctx)
                 add([e.problem], ctx)
+                ran()
                 continue
             except PlanError as e:
                 add([Problem("plan", str(e))], ctx)
                 rep.seconds = time.perf_counter() - t0
                 return rep
             add(sim.problems, ctx)
-            for k, outs in enumerate(sim.outputs):
-                add(check_numeric(spec, prog.layouts, inputs, outs, dt, rop, k + 1), ctx)
-            if len(rep.problems) >= max_problems:
-                break
+            if spec.has_postcondition:
+                for k, outs in enumerate(sim.outputs):
+                    add(check_numeric(spec, prog.layouts, inputs, outs, dt, rop, k + 1), ctx)
+            ran()
 
-    if symbolic and sizes:
+    if symbolic and sizes and spec.has_postcondition and not stopped:
         size = min(sizes)
         prog = progs[size]
         nsym = len(p.gpus) * max(p.gpus[0].input_chunks, 1)
@@ -307,7 +409,20 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
                     rep.notes.append(f"symbolic check skipped: size {size} moves bytes that are not 4-byte aligned")
             except Deadlock as e:
                 add([e.problem], ctx)
+            ran()
         else:
             rep.notes.append(f"symbolic check skipped at size {size}")
+    if stopped:
+        rep.notes.append(f"stopped after {len(rep.problems)} distinct problems (max_problems): "
+                         "counts cover the runs made")
+    unwritten = sorted({(pr.details["rank"], pr.details["chunk"]) for pr in rep.problems
+                        if pr.details.get("unwritten")})
+    if unwritten:
+        per: dict[int, list[int]] = {}
+        for r, c in unwritten:
+            per.setdefault(r, []).append(c)
+        shown = [f"rank {r} chunk{'s' * (len(cs) != 1)} {_ranges(cs)}" for r, cs in list(per.items())[:8]]
+        more = f"; and {len(per) - 8} more ranks" if len(per) > 8 else ""
+        rep.notes.append(f"output chunks never written ({len(unwritten)}): " + "; ".join(shown) + more)
     rep.seconds = time.perf_counter() - t0
     return rep

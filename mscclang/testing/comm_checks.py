@@ -145,13 +145,15 @@ def _call(comm: Any, coll: str, x: Any, out: Optional[Any], inplace: bool, op: s
 
 
 def _buffers(comm: Any, coll: str, numel: int, dtype: Any, symmetric: bool, inplace: bool,
-             device: Any) -> tuple[Any, Optional[Any]]:
-    """(input, output) for a call of ``numel`` message elements (allgather: output elements)."""
+             device: Any, alloc: Optional[Any] = None) -> tuple[Any, Optional[Any]]:
+    """(input, output) for a call of ``numel`` message elements (allgather: output elements);
+    ``alloc(numel)`` makes each tensor (default: ``comm.empty`` when ``symmetric``, else torch)."""
     import torch
 
     n, r = comm.world_size, comm.rank
-    alloc = (lambda m: comm.empty(m, dtype=dtype)) if symmetric else (
-        lambda m: torch.empty(m, dtype=dtype, device=device))
+    if alloc is None:
+        alloc = (lambda m: comm.empty(m, dtype=dtype)) if symmetric else (
+            lambda m: torch.empty(m, dtype=dtype, device=device))
     if coll == "all_gather":
         out = alloc(numel)
         k = numel // n

@@ -218,11 +218,27 @@ def _sizes(plan: Plan, nbytes: int, esize: int, world: int) -> tuple[int, int]:
     return n_in, n_in
 
 
+def inplace_input(plan: Plan, out: Any, inp: Any, rank: int) -> Any:
+    """The in-place layout of a call: ``inp``'s data copied to where the plan reads it inside
+    ``out`` (allgather: this rank's block; the other collectives here: the whole output), and
+    that view returned as the input."""
+    if plan.collective == "allgather":
+        k = inp.numel()
+        view = out[rank * k:(rank + 1) * k]
+    elif plan.collective in ("allreduce", "alltoall", "sendrecv", "broadcast"):
+        view = out[:inp.numel()]
+    else:
+        raise ValueError(f"no in-place layout for a {plan.collective} check (allreduce and allgather only)")
+    view.copy_(inp)
+    return view
+
+
 def run_plan_check(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", packet_type: Optional[str] = None,
                reduce_op: str = "sum", seed: int = 0, inplace: bool = False, symmetric: bool = False,
                sim_max_bytes: int = 1 << 16) -> dict:
     """Run the plan once on random data and compare it bit for bit with the reference and, up to
-    ``sim_max_bytes``, with the simulator's output."""
+    ``sim_max_bytes``, with the simulator's output. An in-place plan (or ``inplace``) runs on the
+    in-place layout (:func:`inplace_input`)."""
     import torch
 
     plan = _plan(w, plan_json)
@@ -239,13 +255,12 @@ def run_plan_check(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", 
         out = torch.empty(n_out, dtype=dt, device=dev)
         inp = inputs[w.rank].clone()
     _bits(out).fill_(0x7F7F if esize == 2 else 0x7F7F7F7F)  # poison
-    if inplace and plan.collective == "allreduce":
-        out.copy_(inp)
-        inp = out
+    if inplace or plan.inplace:
+        inp = inplace_input(plan, out, inp, w.rank)
     w.executor.execute(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
     w.executor.synchronize()
     sim_bad = None
-    if nbytes <= sim_max_bytes and not inplace:
+    if nbytes <= sim_max_bytes:
         sim_bad = _compare_with_sim(plan, inputs, out, reduce_op, packet_type, w.rank)
     exp = expectation(plan, inputs, reduce_op, w.rank, packet_type)
     bad = exp.count_bad(out)
@@ -295,8 +310,28 @@ def _sign_flip_setup(w: Any, plan_json: str, nbytes: int, dtype: str, packet_typ
     exp = expectation(plan, inputs, "sum", w.rank, packet_type, sim_max_bytes, n_out)
     inp = inputs[w.rank].clone()
     out = torch.empty(n_out, dtype=dt, device=dev)
+    if plan.inplace:
+        inp = _Flipping(inplace_input(plan, out, inp, w.rank))
     bad = torch.zeros((), dtype=torch.int64, device=dev)
     return plan, dt, esize, n_in, n_out, inp, out, bad, exp, exp.negated()
+
+
+class _Flipping:
+    """The input of an in-place plan for the sign-flipping checks: the launch overwrites the
+    input's place with the output, so each flip rewrites it from a kept copy."""
+
+    def __init__(self, view: Any) -> None:
+        self.view = view
+        self.base = view.clone()
+
+    def neg_(self) -> None:
+        self.base.neg_()
+        self.view.copy_(self.base)
+
+
+def _arg(t: Any) -> Any:
+    """The tensor a check passes to the executor (the view of a :class:`_Flipping`)."""
+    return t.view if isinstance(t, _Flipping) else t
 
 
 def _sign_flip_runs(ex: Any, plan: Plan, inp: Any, out: Any, bad: Any, exp: Any, neg: Any, iters: int,
@@ -309,7 +344,7 @@ def _sign_flip_runs(ex: Any, plan: Plan, inp: Any, out: Any, bad: Any, exp: Any,
         if policy is not None:
             ex.set_specialize(policy(i))
         inp.neg_()
-        ex.execute(plan, inp, out, packet_type=packet_type)
+        ex.execute(plan, _arg(inp), out, packet_type=packet_type)
         kinds.append(ex.last_kernel)
         bad.add_((neg if i % 2 == 0 else exp).wrong(out).sum())
     ex.synchronize()
@@ -415,11 +450,11 @@ def back_to_back(w: Any, plan_json: str, nbytes: int, iters: int, dtype: str = "
     plan, dt, esize, n_in, n_out, inp, out, bad, ref, neg_ref = _sign_flip_setup(
         w, plan_json, nbytes, dtype, packet_type, seed, sim_max_bytes)
     ex = w.executor
-    ex.prepare(plan, n_in * esize, n_out * esize, dt, packet_type)
+    ex.prepare(plan, _arg(inp), out, packet_type=packet_type)
 
     def step(expect: Any) -> None:
         inp.neg_()
-        ex.execute(plan, inp, out, packet_type=packet_type)
+        ex.execute(plan, _arg(inp), out, packet_type=packet_type)
         bad.add_(expect.wrong(out).sum())
 
     w.comm.barrier()
@@ -464,6 +499,8 @@ def time_eager(w: Any, plan_json: str, nbytes: int, iters: int = 2000, dtype: st
     n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
     inp = make_input(w.rank, n_in, dt, 3, dev)
     out = torch.empty(n_out, dtype=dt, device=dev)
+    if plan.inplace:
+        inp = inplace_input(plan, out, inp, w.rank)
     ex = w.executor
     for _ in range(50):
         ex.execute(plan, inp, out, packet_type=packet_type)
@@ -500,8 +537,10 @@ def time_graph(w: Any, plan_json: str, nbytes: int, per_graph: int = 100, replay
     else:
         inp = make_input(w.rank, n_in, dt, 4, dev)
         out = torch.empty(n_out, dtype=dt, device=dev)
+    if plan.inplace:
+        inp = inplace_input(plan, out, inp, w.rank)
     ex = w.executor
-    ex.prepare(plan, n_in * esize, n_out * esize, dt, packet_type)
+    ex.prepare(plan, inp, out, packet_type=packet_type)
     s = torch.cuda.Stream(device=dev)
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):

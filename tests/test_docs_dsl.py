@@ -1,0 +1,129 @@
+"""docs/dsl.md, the DSL reference: it names every public name of ``mscclang.dsl`` with its
+signature (constructor and user-facing method parameters), and every ```python block runs on its
+own, and every ``CollectiveProgram`` a block leaves in a variable compiles and verifies on the
+simulator (a block that calls ``verify`` itself checks its own results; one marked
+``# a fragment`` is only run)."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import inspect
+import io
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+
+import mscclang.dsl as dsl
+from mscclang.dsl import CollectiveProgram
+from mscclang.sim import verify
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "dsl.md"
+TEXT = DOC.read_text()
+BLOCKS = re.findall(r"```python\n(.*?)```", TEXT, flags=re.S)
+
+#: user-facing methods whose parameters the reference must list (beyond the constructors)
+METHODS = {
+    "CollectiveProgram": ["from_spec", "to_plan", "to_json", "post_process_operations"],
+    "Rank": ["get_input_buffer", "get_output_buffer", "copy", "copy_packets", "unpack_packets",
+             "reduce", "barrier"],
+    "MemoryChannel": ["signal", "wait", "put", "get", "put_packets", "read_put_packets", "reduce"],
+    "PortChannel": ["signal", "wait", "flush", "put", "put_with_signal", "put_with_signal_and_flush",
+                    "put_packets", "read_put_packets"],
+    "SwitchChannel": ["at_rank", "reduce", "broadcast", "broadcast_packets"],
+    "SwitchChannel.SwitchChannelRankView": ["reduce", "broadcast", "broadcast_packets"],
+    "Semaphore": ["acquire", "release"],
+    "ThreadBlockGroup": ["numtb", "get_internal_id"],
+    "Collective": ["precondition", "postcondition"],
+}
+
+
+def _params(fn) -> list[str]:
+    return [p.name for p in inspect.signature(fn).parameters.values()
+            if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+
+
+def _documented_call(name: str, params: list[str]) -> bool:
+    """Some stretch of the doc spells ``name(`` followed by every parameter name, in order,
+    before the closing parenthesis (signatures may wrap lines)."""
+    for m in re.finditer(rf"(?<!\w){re.escape(name)}\(", TEXT):
+        depth, i = 1, m.end()
+        while i < len(TEXT) and depth:
+            depth += {"(": 1, ")": -1}.get(TEXT[i], 0)
+            i += 1
+        args = TEXT[m.end():i - 1]
+        pos = 0
+        for p in params:
+            hit = re.search(rf"\b{re.escape(p)}\b", args[pos:])
+            if hit is None:
+                break
+            pos += hit.end()
+        else:
+            return True
+    return False
+
+
+def test_every_public_name_is_documented():
+    missing = [n for n in dsl.__all__ if f"`{n}" not in TEXT]
+    assert not missing, f"docs/dsl.md does not mention {missing}"
+    for extra in ("DSLError", "DSLWarning", "MscclangWarning", "CompileError", "strict=True",
+                  "__mscclang_helper__", "src"):
+        assert extra in TEXT, extra
+
+
+@pytest.mark.parametrize("name", dsl.__all__)
+def test_signatures_are_documented(name):
+    obj = getattr(dsl, name)
+    if isinstance(obj, type) and issubclass(obj, enum.Enum):
+        for member in ("none", "before", "after", "both") if name == "SyncType" else [m.name for m in obj]:
+            assert re.search(rf"`{name}`: .*`{member}`", TEXT), (name, member)
+        return
+    params = _params(obj)
+    assert _documented_call(name, params), f"no '{name}(' listing {params} in docs/dsl.md"
+
+
+@pytest.mark.parametrize("owner", sorted(METHODS))
+def test_methods_are_documented(owner):
+    cls = dsl
+    for part in owner.split("."):
+        cls = getattr(cls, part)
+    for method in METHODS[owner]:
+        params = _params(getattr(cls, method))
+        assert _documented_call(method, params), f"no '{method}(' listing {params} for {owner}"
+
+
+def test_methods_list_is_complete():
+    """Every public method of the user-facing classes is in METHODS (a new one needs docs)."""
+    internal = {"ir", "gpus", "error", "check_rank", "check_tb", "tb_targets", "check_chunk",
+                "check_same_size", "check_scratch", "add_op", "barrier_id", "touch",
+                "set_loop_context", "input_chunks", "output_chunks", "buffer_sizes",
+                "SwitchChannelRankView"}
+    for owner, listed in METHODS.items():
+        cls = dsl
+        for part in owner.split("."):
+            cls = getattr(cls, part)
+        public = {m for m, v in vars(cls).items()
+                  if not m.startswith("_") and m not in internal and (callable(v) or isinstance(v, classmethod))}
+        assert public <= set(listed), (owner, public - set(listed))
+
+
+def test_doc_has_python_examples():
+    assert len(BLOCKS) >= 15
+    assert any("relaxed=True" in b and ".put(" in b for b in BLOCKS)  # the ready handshake
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)), ids=lambda i: f"block{i}")
+def test_example_runs_and_verifies(index):
+    code = BLOCKS[index]
+    namespace: dict = {"__name__": "__dsl_doc__"}
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a block that expects warnings checks them itself
+        exec(compile(code, f"dsl.md block {index}", "exec"), namespace)
+    progs = {id(v): v for v in namespace.values() if isinstance(v, CollectiveProgram)}
+    if "verify(" in code or "# a fragment" in code:
+        return
+    for prog in progs.values():
+        report = verify(prog.to_plan(), schedules=3)
+        assert report.ok, f"docs/dsl.md block {index}: {report}"

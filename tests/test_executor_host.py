@@ -1,0 +1,96 @@
+"""The executor's host-side logic without a GPU: argument checks (device, dtype, contiguity,
+sizes, in-place layout, overlap) and the call descriptions ranks compare. Tensors are stand-ins
+that say they live on a CUDA device, so every check after the device check is reached."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from mscclang.errors import InvalidCall
+from mscclang.runtime.executor import Executor, LoadedPlan
+from mscclang.testing.comm_harness import stub_plan
+
+
+class FakeCuda:
+    """What :meth:`Executor._check_call` reads of a tensor, at a chosen address."""
+
+    def __init__(self, numel: int, addr: int, dtype=torch.float16, device: int = 0, cuda: bool = True,
+                 contiguous: bool = True) -> None:
+        self._n, self._a, self.dtype = numel, addr, dtype
+        self.is_cuda, self._dev, self._contig = cuda, device, contiguous
+        self.device = f"cuda:{device}" if cuda else "cpu"
+
+    def data_ptr(self) -> int:
+        return self._a
+
+    def numel(self) -> int:
+        return self._n
+
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def get_device(self) -> int:
+        return self._dev if self.is_cuda else -1
+
+    def is_contiguous(self) -> bool:
+        return self._contig
+
+
+def _ex(rank: int = 1, world: int = 2) -> Executor:
+    ex = object.__new__(Executor)
+    ex.comm = types.SimpleNamespace(rank=rank, world_size=world, device=0)
+    return ex
+
+
+def _lp(coll: str, inplace: bool, world: int = 2) -> LoadedPlan:
+    plan = stub_plan(coll, world, inplace=inplace, protocol="LL")
+    return LoadedPlan(plan, False, "ll16", "sum", 1024, 1)
+
+
+def test_good_calls_give_their_sizes():
+    ex = _ex()
+    assert ex._check_call(_lp("allreduce", False), FakeCuda(512, 0x1000), FakeCuda(512, 0x9000)) == (1024, 1024)
+    assert ex._check_call(_lp("allreduce", True), FakeCuda(512, 0x1000), FakeCuda(512, 0x1000)) == (1024, 1024)
+    # in-place allgather: the input is rank 1's block of the output
+    assert ex._check_call(_lp("allgather", True), FakeCuda(256, 0x1000 + 512), FakeCuda(512, 0x1000)) == (512, 1024)
+    # in-place reduce-scatter: the output is rank 1's block of the input
+    assert ex._check_call(_lp("reducescatter", True), FakeCuda(512, 0x1000), FakeCuda(256, 0x1000 + 512)) \
+        == (1024, 512)
+
+
+@pytest.mark.parametrize("coll,inplace,inp,out,match", [
+    ("allreduce", False, FakeCuda(512, 0x1000, cuda=False), FakeCuda(512, 0x9000), "is on cpu"),
+    ("allreduce", False, FakeCuda(512, 0x1000), FakeCuda(512, 0x9000, device=1), "is on cuda:1"),
+    ("allreduce", False, FakeCuda(512, 0x1000, contiguous=False), FakeCuda(512, 0x9000), "contiguous"),
+    ("allreduce", False, FakeCuda(512, 0x1000, torch.float64), FakeCuda(512, 0x9000, torch.float64),
+     "not supported"),
+    ("allreduce", False, FakeCuda(512, 0x1000), FakeCuda(512, 0x9000, torch.float32), "differs"),
+    ("allreduce", False, FakeCuda(512, 0x1000), FakeCuda(500, 0x9000), "must be equal"),
+    ("allgather", False, FakeCuda(256, 0x1000), FakeCuda(256, 0x9000), "2 x the input"),
+    ("reducescatter", False, FakeCuda(256, 0x1000), FakeCuda(256, 0x9000), "2 x the output"),
+    ("allreduce", False, FakeCuda(0, 0x1000), FakeCuda(0, 0x9000), "empty"),
+    ("allreduce", True, FakeCuda(512, 0x1000), FakeCuda(512, 0x9000), "same tensor"),
+    ("allgather", True, FakeCuda(256, 0x1000), FakeCuda(512, 0x1000), "this rank's block of the output"),
+    ("reducescatter", True, FakeCuda(512, 0x1000), FakeCuda(256, 0x1000), "this rank's block of the input"),
+    ("allreduce", False, FakeCuda(512, 0x1000), FakeCuda(512, 0x1000), "overlap"),
+    ("allreduce", False, FakeCuda(512, 0x1000), FakeCuda(512, 0x1200), "overlap"),
+])
+def test_bad_calls_are_refused(coll, inplace, inp, out, match):
+    with pytest.raises(InvalidCall, match=match):
+        _ex()._check_call(_lp(coll, inplace), inp, out)
+
+
+def test_not_a_tensor():
+    with pytest.raises(InvalidCall, match="must be a torch tensor"):
+        _ex()._check_call(_lp("allreduce", False), [1, 2], FakeCuda(2, 0x10))
+
+
+def test_call_description_names_collective_sizes_dtype_plan_packet_and_op():
+    ex = _ex()
+    d = ex._describe_call(_lp("allreduce", False), 2048, 2048, "bf16", "ll16", "sum")
+    assert d.startswith("allreduce of 2048 B bf16 on plan ") and d.endswith(" LL16 sum")
+    d = ex._describe_call(_lp("allgather", False), 512, 1024, "f32", "ll8", "sum")
+    assert "512 B in, 1024 B out" in d and "sum" not in d
