@@ -279,26 +279,39 @@ def _sem(doc: dict, site: Site) -> None:
 
 
 def _ready_pair_sites(doc: dict, operator: str) -> list[Site]:
-    """An ``rlxsignal`` channel of rank b to rank a, where a has an ``rlxwait`` on a channel to b:
-    the ready (back-pressure) handshake of that pair."""
+    """An ``rlxsignal`` channel of rank b to rank a whose paired channel end on a has an
+    ``rlxwait``: the ready (back-pressure) handshake of that pair."""
     out = []
     for r, t, i, j, op, _ in _each_op(doc):
         if op["name"] != "rlxsignal" or op.get("channel_type") != "memory":
             continue
-        for k, c in enumerate(op.get("channel_ids") or []):
-            a = _peer_of(doc, r, t, "memory", c)
-            if a is not None and _find_wait(doc, a, r) is not None:
+        for k in range(len(op.get("channel_ids") or [])):
+            if _paired_wait(doc, Site(operator, r, t, i, j, k)) is not None:
                 out.append(Site(operator, r, t, i, j, k))
     return out
 
 
-def _find_wait(doc: dict, rank: int, peer: int) -> Optional[tuple[Site, int]]:
-    for r, t, i, j, op, _ in _each_op(doc):
-        if r != rank or op["name"] != "rlxwait" or op.get("channel_type") != "memory":
+def _paired_wait(doc: dict, site: Site) -> Optional[tuple[Site, int]]:
+    """The ``rlxwait`` (site, position in its channel list) on the channel end paired with the
+    channel of the ``rlxsignal`` at ``site`` (arg: the position of that channel): the j-th memory
+    channel from b to a is paired with the j-th from a to b."""
+    op, _, _ = _locate(doc, site)
+    b = site.rank
+    gidx = _tb_channels(doc, b, site.tb, "memory")[op["channel_ids"][site.arg]]
+    peers_b = _peers(doc, b, "memory")
+    a = peers_b[gidx]
+    j = peers_b[:gidx].count(a)
+    back = [g for g, p in enumerate(_peers(doc, a, "memory")) if p == b]
+    if j >= len(back):
+        return None
+    want = back[j]
+    for r, t, i, jj, w, _ in _each_op(doc):
+        if r != a or w["name"] != "rlxwait" or w.get("channel_type") != "memory":
             continue
-        for k, c in enumerate(op.get("channel_ids") or []):
-            if _peer_of(doc, r, t, "memory", c) == peer:
-                return Site("drop_wait", r, t, i, j), k
+        ids = _tb_channels(doc, a, t, "memory")
+        for k, c in enumerate(w.get("channel_ids") or []):
+            if 0 <= c < len(ids) and ids[c] == want:
+                return Site("drop_wait", a, t, i, jj), k
     return None
 
 
@@ -311,9 +324,7 @@ def _drop_channel_or_op(doc: dict, site: Site, k: int) -> None:
 
 
 def _drop_ready_pair(doc: dict, site: Site) -> None:
-    op, _, _ = _locate(doc, site)
-    a = _peer_of(doc, site.rank, site.tb, "memory", op["channel_ids"][site.arg])
-    found = _find_wait(doc, a, site.rank) if a is not None else None
+    found = _paired_wait(doc, site)
     if found is None:
         raise MutationError(f"{site}: no relaxed wait of the peer to drop")
     wsite, k = found
@@ -469,12 +480,36 @@ def judge(doc: dict, site: Site) -> Optional[str]:
         ref = next(x for x in op["dst_buff" if site.arg == 0 else "src_buff"] if x.get("type") is not None)
         if ref["type"] in ("i", "o"):
             return "in place: input and output are one buffer, chunk for chunk"
+    back_pressure = ("a relaxed back-pressure wait of a double-buffered LL plan: what it orders "
+                     "(the receiver's previous launch before this rank's packet writes into the "
+                     "same half) is needed only by this rank's next launch, which the kernel's end "
+                     "orders after the wait; no thread of this launch needs it, so no nop after it")
+    ll_double = doc.get("protocol") == "LL" and bool(doc.get("use_double_scratch_buffer"))
+
+    def packet_writes_follow(at: int) -> bool:
+        ops = _epoch_around(lst, at, 1)
+        return bool(ops) and all(x["name"] in PACKET_WRITERS for x in ops)
     if site.operator == "drop_nop":
-        if k == len(lst) - 1 and site.inner is None:
+        prev = lst[k - 1]["name"] if k > 0 else None
+        nxt = lst[k + 1]["name"] if k + 1 < len(lst) else None
+        if nxt is None and site.inner is None:
             return "the block's last op: the kernel's end orders everything before it"
-        if _meet_ok(doc, site, _epoch_around(lst, k - 1, -1), _epoch_around(lst, k + 1, 1)):
+        if prev is not None and nxt is not None and prev not in SYNC_OPS and nxt not in SYNC_OPS \
+                and _meet_ok(doc, site, _epoch_around(lst, k - 1, -1), _epoch_around(lst, k + 1, 1)):
             return ("the ops the nop separated touch no common bytes, or the same bytes split among "
                     "the threads the same way")
+        if prev == "rlxwait" and ll_double and packet_writes_follow(k + 1):
+            return back_pressure
+    if site.operator == "drop_ready_pair":
+        mutant = mutate(doc, site)
+        pairs = [x for x in sites(mutant, ["drop_ready_pair"]) if x.rank == site.rank]
+        peer = _peer_of(doc, site.rank, site.tb, "memory", op["channel_ids"][site.arg])
+        if any(_peer_of(mutant, x.rank, x.tb, "memory",
+                        _locate(mutant, x)[0]["channel_ids"][x.arg]) == peer for x in pairs):
+            return ("another block's ready pair between the same two ranks remains (an other "
+                    "instance): its signal comes from the receiver's launch after the one that "
+                    "read the packets, since a launch ends as a whole, so it orders the sender's "
+                    "reuse as well")
     if site.operator == "swap_ops":
         a, b = lst[k], lst[k + 1]
         names = {a["name"], b["name"]}
@@ -482,6 +517,8 @@ def judge(doc: dict, site: Site) -> Optional[str]:
             if not _conflicts(doc, site.rank, site.tb, a, b):
                 return ("two data ops over different bytes: their order orders nothing (a receive "
                         "moved before a send could only deadlock, and none did)")
+        elif [a["name"], b["name"]] == ["rlxwait", "nop"] and ll_double and packet_writes_follow(k + 2):
+            return back_pressure
         elif names == {"rlxsignal", "rlxwait"}:
             return ("the relaxed ready signal and wait in the other order on one rank: the wait still "
                     "precedes the block's accesses, the signal still follows the launch start")
