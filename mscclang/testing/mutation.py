@@ -487,8 +487,11 @@ def judge(doc: dict, site: Site) -> Optional[str]:
     ll_double = doc.get("protocol") == "LL" and bool(doc.get("use_double_scratch_buffer"))
 
     def packet_writes_follow(at: int) -> bool:
+        """The data ops from ``at`` to the next sync op touch peers only by writing packets."""
         ops = _epoch_around(lst, at, 1)
-        return bool(ops) and all(x["name"] in PACKET_WRITERS for x in ops)
+        return bool(ops) and all(x["name"] in PACKET_WRITERS or not any(
+            ref.get("buffer_id") is not None or ref.get("switch_channel_id") is not None
+            for ref in (x.get("src_buff") or []) + (x.get("dst_buff") or [])) for x in ops)
     if site.operator == "drop_nop":
         prev = lst[k - 1]["name"] if k > 0 else None
         nxt = lst[k + 1]["name"] if k + 1 < len(lst) else None
