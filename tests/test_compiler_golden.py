@@ -149,7 +149,11 @@ def _ppkt():
     with P("ppkt", protocol="LL", use_double_scratch_buffer=True) as p:
         Buffer(0, 2)
         s1 = Buffer(1, 2)
-        MemoryChannel(1, 0).put_packets(s1[0:2], inp(0)[0:2], tb=0)
+        a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)
+        # back-pressure: without it rank 0 may run two launches ahead and overwrite the scratch
+        # half rank 1 has not read yet (nothing else leads from rank 1 back to rank 0)
+        ready(a, b)
+        a.put_packets(s1[0:2], inp(0)[0:2], tb=0)
         Rank(1).unpack_packets(out(1)[0:2], s1[0:2], tb=0)
     return p
 
@@ -202,6 +206,9 @@ def _packet_reduce(kind):
             s0, s1 = Buffer(0, 4), Buffer(1, 4)
             a = MemoryChannel(1, 0)
             b = MemoryChannel(0, 1)
+            if kind not in ("respkt", "recspkt"):
+                # back-pressure (with respkt/recspkt, rank 0's packets back to rank 1 give it)
+                ready(b, a)
             b.put_packets(s0[0:1], inp(1)[0:1], tb=0)
             Rank(0).reduce(inp(0)[0:1], [s0[0:1]], tb=0, dst_chunk=out(0)[0:1], packet=True)
             if kind in ("recpkt", "recspkt"):
@@ -397,7 +404,7 @@ def _without_src(doc):
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_op_program_verifies_in_simulator(name):
     """Every op's program is a correct program of its collective (no race, deadlock, or wrong
-    output under several schedules and two launches)."""
+    output under several schedules and the default launches: three for double scratch)."""
     sim = pytest.importorskip("mscclang.sim")
     plan = BUILDERS[name]().to_plan()
     report = sim.verify(plan, schedules=4)

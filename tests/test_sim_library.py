@@ -30,6 +30,21 @@ def ll_allreduce(double: bool = True, n_tbs: int = 2) -> "Plan":  # noqa: F821
     return b.build()
 
 
+def ll_oneshot_allreduce(double: bool = True) -> "Plan":  # noqa: F821
+    """2-rank out-of-place one-shot LL allreduce: each rank packs its whole input into the peer's
+    scratch, then reduces every chunk from its input and the peer's packets. Without double
+    scratch this is a hazard: a rank's next launch may overwrite packets its peer has not read,
+    since nothing the peer does after reading reaches the writer."""
+    b = PlanBuilder("ll_oneshot_allreduce", "allreduce", 2, 2, 2, 2, protocol="LL",
+                    use_double_scratch_buffer=double)
+    for r in range(2):
+        p = 1 - r
+        b.op(r, 0, "ppkt", src=[L("i", 0, 2)], dst=[R(p, "s", 0, 2)])
+        for c in range(2):
+            b.op(r, c, "repkt", src=[L("i", c, 1), L("s", c, 1)], dst=[L("o", c, 1)], reduce_op="sum")
+    return b.build()
+
+
 def simple_allgather(n: int = 3, final_wait: bool = True, relaxed_publish: bool = False,
                      nop_before_signal: bool = True, wrong_chunk: bool = False,
                      handshake: bool = True) -> "Plan":  # noqa: F821
@@ -222,6 +237,8 @@ def rppkt_allgather() -> "Plan":  # noqa: F821
 
 GOOD = {
     "ll_allreduce": ll_allreduce,
+    "ll_allreduce_single_scratch": lambda: ll_allreduce(double=False),
+    "ll_oneshot_allreduce": ll_oneshot_allreduce,
     "simple_allgather": simple_allgather,
     "zero_copy_allreduce": zero_copy_allreduce,
     "get_allreduce": get_allreduce,

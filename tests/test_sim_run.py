@@ -13,6 +13,7 @@ from mscclang.sim import Deadlock, run, verify
 from test_sim_library import (
     get_allreduce,
     ll_allreduce,
+    ll_oneshot_allreduce,
     pipelined_allgather,
     port_allgather,
     rppkt_allgather,
@@ -81,10 +82,10 @@ def test_bad_inputs_rejected() -> None:
 
 
 def test_report_is_one_screen() -> None:
-    rep = verify(ll_allreduce(double=False), schedules=3)
+    rep = verify(ll_oneshot_allreduce(double=False), schedules=3)
     text = str(rep)
     assert not rep.ok and len(text.splitlines()) <= 24
-    assert text.startswith("verify ll_allreduce: FAILED")
+    assert text.startswith("verify ll_oneshot_allreduce: FAILED")
     ok = verify(ll_allreduce(), schedules=3, sizes=[64, 1000])
     assert ok.ok and str(ok).startswith("verify ll_allreduce: OK") and ok.sizes == [64, 1000]
 

@@ -14,6 +14,7 @@ import pytest
 
 from test_sim_library import (
     ll_allreduce,
+    ll_oneshot_allreduce,
     sem_barrier_allgather,
     simple_allgather,
     zero_copy_allreduce,
@@ -131,12 +132,28 @@ def test_double_reduction() -> None:
 
 # 5. packet scratch reused across launches without double buffering ------------------------------
 def test_packet_reuse_without_double_scratch() -> None:
-    rep = _verify(ll_allreduce(double=False))
+    """A one-shot LL allreduce on a single scratch: a rank's next launch overwrites packets the
+    peer may not have read (nothing the peer does after reading reaches the writer)."""
+    rep = _verify(ll_oneshot_allreduce(double=False))
     races = _messages(rep, "race")
-    assert any("use_double_scratch_buffer" in m for m in races), races
+    assert any("use_double_scratch_buffer" in m and "(launch 1) reads" in m and "(launch 2) writes" in m
+               for m in races), races
+    # round robin alone finds it (deterministically, no lucky schedule needed)
+    assert not verify(ll_oneshot_allreduce(double=False), schedules=1).ok
     # one launch alone is fine, and so is the double-buffered plan over several launches
-    assert verify(ll_allreduce(double=False), launches=1, schedules=3).ok
-    assert verify(ll_allreduce(double=True), launches=4, schedules=3).ok
+    assert verify(ll_oneshot_allreduce(double=False), launches=1, schedules=3).ok
+    assert verify(ll_oneshot_allreduce(double=True), launches=4, schedules=3).ok
+
+
+def test_single_scratch_reuse_ordered_by_a_chain_of_edges_is_not_a_race() -> None:
+    """Fidelity item 1 (issue 14): a two-step LL allreduce on a single scratch is correct. The
+    peer sends its reduced block after reading my packets, and I unpack it before my launch ends,
+    so my next launch's packets reach the peer's slot only after the peer read it (a chain of
+    packet-flag edges, execution order only). The host hand-over of the scratch at each launch
+    start used to be ordered against packet writes by the strong clock alone and reported it."""
+    for launches in (2, 4):
+        rep = verify(ll_allreduce(double=False), launches=launches, schedules=6)
+        assert rep.ok, str(rep)
 
 
 # 6. a barrier naming a block that never arrives ----------------------------------------------
@@ -287,7 +304,7 @@ BROKEN_FILES = {
     "relaxed_publish.json": lambda: simple_allgather(relaxed_publish=True),
     "wrong_peer_chunk.json": lambda: simple_allgather(wrong_chunk=True),
     "double_reduction.json": lambda: zero_copy_allreduce(double_src=True),
-    "ll_single_scratch.json": lambda: ll_allreduce(double=False),
+    "ll_single_scratch.json": lambda: ll_oneshot_allreduce(double=False),
     "barrier_absent_block.json": lambda: sem_barrier_allgather(bad_barrier=True),
     "unbalanced_semaphore.json": lambda: sem_barrier_allgather(extra_release=True),
     "wrong_scratch_offset.json": lambda: scratch_allgather(1),

@@ -8,30 +8,18 @@ the state it waits on (a channel counter, a rank's packets, a barrier, a semapho
 changes. When nothing can run while some task waits, the run is a deadlock and the wait-for
 cycle is reported.
 
-Port channels: a port ``put``/``pws``/``pwsf``/``signal`` posts a trigger to the channel's proxy
-(a task of its own, processing its queue in order, with the clocks the block published). The
-proxy reads the sources and writes the peer when it gets to the trigger, so a plain ``pws`` orders
-nothing on the sending rank: reusing its source (even after the block ended: the next launch's
-inputs) races with the proxy's read until a flush or a signal from the receiver says otherwise.
-``flush`` and ``pwsf`` make the whole block wait until the proxy finished every request posted on
-the channel: the proxy's reads and writes then precede every later op of the block, with no
-``nop`` needed (:meth:`mscclang.sim.races.Actor.complete`). The proxy's queue persists across
-launches and a launch's end does not wait for it; each launch after the first starts with the
-host handing it the scratch (only the half it uses with double scratch), which races with any
-earlier proxy access of those bytes that no flush or edge ordered before it.
-
-Schedules (:data:`SCHEDULES`): ``round_robin``; ``random`` (seeded); ``adversarial`` (prefers
-readers and waiters, delays writers and the ranks others wait on); ``runahead``: one lead rank
-(``lead``, default ``seed % ranks``) always runs when it can, then the next rank in order, and so
-on, so the lead runs as many launches ahead as the plan lets it while the last ranks are starved
-(a block of a starved rank runs only when no block of a rank before it can progress).
+:class:`Simulation` holds the state of one run, the op interpreter, channels, barriers,
+semaphores and launches, and composes the concepts kept in their own modules:
+:mod:`mscclang.sim.tasks` (tasks and what they wait for), :mod:`mscclang.sim.schedules`
+(picking and waking tasks), :mod:`mscclang.sim.packets` (data movement and the LL packet model),
+:mod:`mscclang.sim.ports` (port channels and their proxies) and :mod:`mscclang.sim.deadlock`
+(the wait-for diagnosis).
 """
 
 from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import numpy as np
@@ -39,98 +27,21 @@ import numpy as np
 from mscclang.errors import PlanError
 from mscclang.plan.collectives import CollectiveSpec, spec_from_plan
 from mscclang.plan.models import BufferKind, ChannelType, OpName, Plan
-from mscclang.sim.dtypes import reduce_bytes
-from mscclang.sim.program import COp, Group, Operand, Program
+from mscclang.sim.deadlock import DeadlockMixin
+from mscclang.sim.packets import PKT_WRITERS, PacketMixin
+from mscclang.sim.ports import PortMixin, Proxy, Trigger
+from mscclang.sim.program import COp, Program
 from mscclang.sim.races import Access, AccessLog, Actor, OpRef, RaceInfo
 from mscclang.sim.report import Deadlock, Problem
+from mscclang.sim.schedules import REMOTE_WRITERS, SCHEDULES, ScheduleMixin
 from mscclang.sim.state import RankMemory
+from mscclang.sim.tasks import ChannelEnd, Task, Wait
 
-SCHEDULES = ("round_robin", "random", "adversarial", "runahead")
-REMOTE_WRITERS = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.ppkt, OpName.rppkt,
-                            OpName.res, OpName.rres, OpName.respkt, OpName.recspkt,
-                            OpName.gstore, OpName.gstorepkt, OpName.glres, OpName.signal,
-                            OpName.rlxsignal, OpName.sem_release})
-PKT_WRITERS = frozenset({OpName.cpkt, OpName.ppkt, OpName.rppkt, OpName.respkt, OpName.recpkt,
-                         OpName.recspkt, OpName.gstorepkt})
+__all__ = ["ChannelEnd", "PKT_WRITERS", "Proxy", "REMOTE_WRITERS", "SCHEDULES", "Simulation",
+           "Task", "Trigger", "Wait"]
 
 
-class Wait:
-    """Why a task cannot go on: ``key`` (what wakes it) and a description for reports."""
-
-    __slots__ = ("key", "what", "info")
-
-    def __init__(self, key: tuple, what: str, info: tuple) -> None:
-        self.key = key
-        self.what = what
-        self.info = info
-
-
-class ChannelEnd:
-    """The inbound counter of one channel end and what each signal published."""
-
-    __slots__ = ("counter", "expected", "clocks", "label")
-
-    def __init__(self, label: str) -> None:
-        self.counter = 0
-        self.expected = 0
-        self.clocks: list[tuple[np.ndarray, np.ndarray]] = []  # prefix joins (vc, rvc)
-        self.label = label
-
-
-class Task:
-    __slots__ = ("rank", "tb", "launch", "actor", "gen", "cops", "pos", "cur", "wait", "done",
-                 "proxy", "woken")
-
-    def __init__(self, rank: int, tb: int, launch: int, actor: Actor, cops: list[COp]) -> None:
-        self.rank = rank
-        self.tb = tb
-        self.launch = launch
-        self.actor = actor
-        self.cops = cops
-        self.pos = 0
-        self.cur: Optional[COp] = None
-        self.wait: Optional[Wait] = None
-        self.done = False
-        self.proxy: Optional["Proxy"] = None
-        self.gen: Optional[Iterator] = None
-        self.woken = False
-
-    def where(self) -> str:
-        if self.proxy is not None:
-            return f"rank {self.rank} port proxy {self.proxy.channel}"
-        if self.cur is None:
-            return f"rank {self.rank} tb {self.tb}"
-        return f"rank {self.rank} tb {self.tb} op {self.cur.index} {self.cur.name}"
-
-
-@dataclass
-class Trigger:
-    kind: str                  # "data" or "signal"
-    group: Optional[Group]
-    flag: int
-    half: int
-    launch: int
-    vc: np.ndarray
-    rvc: np.ndarray
-    op: OpRef
-    end: Optional[ChannelEnd] = None
-    end_key: Optional[tuple] = None
-
-
-class Proxy:
-    """The host proxy of one port channel: processes triggers in order."""
-
-    def __init__(self, rank: int, channel: int, actor: Actor) -> None:
-        self.rank = rank
-        self.channel = channel
-        self.actor = actor
-        self.queue: deque[Trigger] = deque()
-        self.issued = 0
-        self.processed = 0
-        self.task: Optional[Task] = None
-
-
-class Simulation:
+class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
     """One run of a compiled plan on given inputs under one schedule.
 
     ``inputs`` are byte arrays, one per rank. After :meth:`run`, ``outputs[k][r]`` holds rank
@@ -142,7 +53,7 @@ class Simulation:
                  schedule: str = "round_robin", seed: int = 0, check_races: bool = True,
                  nsym: int = 0, spec: Optional[CollectiveSpec] = None,
                  poison_outputs: bool = False, max_steps: int = 10_000_000,
-                 lead: Optional[int] = None) -> None:
+                 lead: Optional[int] = None, sym_granule: int = 4) -> None:
         plan = program.plan
         self.plan: Plan = plan
         self.program = program
@@ -164,9 +75,14 @@ class Simulation:
         self.lead = (seed % max(n, 1)) if lead is None else lead
         self.spec = spec or spec_from_plan(plan)
         self.nsym = nsym
+        if not (isinstance(sym_granule, int) and sym_granule >= 4 and sym_granule & (sym_granule - 1) == 0):
+            raise PlanError(f"symbolic granule must be a power of two of at least 4 bytes, got {sym_granule!r}")
+        #: bytes per row of the symbolic shadows
+        self.sym_granule = sym_granule
         self.poison = poison_outputs
         self.max_steps = max_steps
-        self.mem = [RankMemory(plan, self.spec, r, program.layouts[r], nsym) for r in range(self.n)]
+        self.mem = [RankMemory(plan, self.spec, r, program.layouts[r], nsym, sym_granule)
+                    for r in range(self.n)]
         self.inputs = inputs
         self.problems: list[Problem] = []
         self._race_keys: set = set()
@@ -211,10 +127,12 @@ class Simulation:
                     back = [i for i, x in enumerate(peers[b]) if x == a]
                     key_b = (b, ctype.value, back[j]) if j < len(back) else (b, ctype.value, f"hidden{a}.{j}")
                     self.pair[(a, ctype.value, gidx)] = key_b
+        #: semaphores as tokens: [value, initial tokens left (negative: releases still owed),
+        #: queue of (vc, rvc) of the releases not yet acquired]
         self.sems: dict[tuple[int, int], list] = {}
         for r, g in enumerate(plan.gpus):
             for i, s in enumerate(g.semaphores):
-                self.sems[(r, i)] = [s.init_value, None, None]
+                self.sems[(r, i)] = [s.init_value, s.init_value, deque()]
         self.barriers: dict[tuple[int, int], dict] = {}
 
         # scheduling
@@ -253,6 +171,11 @@ class Simulation:
                     "this rank's current launch" + ("; packet scratch reused across launches needs "
                     "use_double_scratch_buffer" if pk and not self.plan.use_double_scratch_buffer
                                                     else "") + ")")
+        elif a.launch != b.launch and ((a.packet and a.write) or (b.packet and b.write)) and \
+                info.storage.endswith(".scr") and not self.plan.use_double_scratch_buffer:
+            hint = (" (packet scratch reused by a later launch: no chain of edges orders the "
+                    "earlier launch's access before the reuse; use_double_scratch_buffer, or an "
+                    "edge from the reader to the writer's next launch, would order it)")
         elif (a.host and a.op.name.startswith("launch start")) or (b.host and b.op.name.startswith("launch start")):
             hint = " (a peer touches this rank's buffer with no ready edge from its current launch)"
         elif (a.host and a.op.name.startswith("launch end")) or (b.host and b.op.name.startswith("launch end")):
@@ -270,190 +193,15 @@ class Simulation:
     # ---------------------------------------------------------------- access recording
     def _record(self, actor: Actor, rank: int, key: str, a: int, b: int, write: bool,
                 op: OpRef, launch: int, delta: int = 0, unit: int = 16, packet: bool = False,
-                exempt: bool = False, host: bool = False, single: bool = False,
+                host: bool = False, single: bool = False,
                 touch: bool = False) -> None:
         if self.log is None or b <= a:
             return
         acc = Access(actor.tid, int(actor.vc[actor.tid]), write, op, launch, delta, unit, host,
-                     packet, exempt, actor.rvc.copy() if (packet and write) else None)
+                     packet, actor.rvc.copy() if (packet and write) else None)
         self.log.access(f"rank{rank}.{key}", a, b, acc, actor.vc, actor.rvc, single, touch)
 
-    # ---------------------------------------------------------------- data movement
-    def _exec_group(self, task: Task, actor: Actor, cop: COp, g: Group, rank: int, flag: int,
-                    half: int, launch: int, opref: OpRef, single: bool,
-                    raw: bool = False) -> Iterator:
-        """Run one group (a copy or a reduction over pieces), consuming ready packets.
-
-        ``raw`` (a port proxy): the block checked the source packets' flags before posting the
-        request and the proxy copies the bytes as they are, never waiting. Packets that no
-        longer carry the request's flag were overwritten by a later launch before the proxy got
-        to them: the proxy still reads them, as a plain read ordered by nothing the flags say
-        (so the overwrite, and the hand-over of that scratch, race with it)."""
-        mem = self.mem
-        nsrc = len(g.srcs)
-        pkt_op = any(o.packet for o in g.srcs) or any(o.packet for o in g.dsts)
-        unit = (8 if self.ll16 else 4) if pkt_op else 16
-        pos = 0
-        for piece in g.pieces:
-            done = 0
-            L0 = piece.length
-            while done < L0:
-                n = L0 - done
-                stale: set[int] = set()
-                for i, s in enumerate(g.srcs):
-                    if s.packet:
-                        r = mem[s.rank].ready_bytes(piece.offsets[i] + done, n, flag, half)
-                        if r < n and raw:
-                            stale.add(i)
-                        elif r < n:
-                            n = r
-                            if n == 0:
-                                addr = half + 8 * ((piece.offsets[i] + done) // 4)
-                                yield Wait(("flag", s.rank, addr >> 7),
-                                           f"packets of rank {s.rank} scratch at payload offset "
-                                           f"{piece.offsets[i] + done} with flag {flag}",
-                                           ("flag", s.rank))
-                                break
-                if n == 0:
-                    continue
-                datas = []
-                shadows = []
-                for i, s in enumerate(g.srcs):
-                    off = piece.offsets[i] + done
-                    m = mem[s.rank]
-                    key, base = m.alias[s.kind]
-                    if s.kind == BufferKind.scratch:
-                        base += half
-                    if s.packet:
-                        datas.append(m.read_packets(off, n, half))
-                        w0 = off // 4
-                        w1 = -(-(off + n) // 4)
-                        a = half + 8 * w0
-                        b = half + 8 * w1
-                        if self.log is not None and i not in stale:
-                            for c in self.log.packet_clocks(f"rank{s.rank}.scr", a, b):
-                                np.maximum(actor.rvc, c, out=actor.rvc)
-                        self._record(actor, s.rank, key, a, b, False, opref, launch,
-                                     delta=a - 2 * (pos + done), unit=unit,
-                                     packet=i not in stale, single=single)
-                        if m.shadow is not None:
-                            shadows.append(self._sh_pkt(m, key, half, off, n))
-                    else:
-                        a = base + off
-                        datas.append(m.storage[key][a: a + n].copy())
-                        self._record(actor, s.rank, key, a, a + n, False, opref, launch,
-                                     delta=a - (pos + done), unit=unit, single=single)
-                        if m.shadow is not None:
-                            shadows.append(self._sh_plain(m, key, a, n))
-                if g.reduce and nsrc > 1:
-                    result = reduce_bytes(datas, self.dtype, self.reduce_op)
-                    sh = None
-                    if shadows and all(x is not None for x in shadows):
-                        sh = shadows[0].astype(np.int16)
-                        for x in shadows[1:]:
-                            sh = sh + x
-                else:
-                    result = datas[0]
-                    sh = shadows[0] if shadows else None
-                for j, d in enumerate(g.dsts):
-                    off = piece.offsets[nsrc + j] + done
-                    self._write(actor, rank, d, off, result, sh, flag, half, launch, opref,
-                                delta_pos=pos + done, unit=unit, single=single)
-                done += n
-            pos += L0
-        for (k, a, b) in g.pads:
-            d = g.dsts[k]
-            m = mem[d.rank]
-            s0, s1 = m.pad_packets(a, b, flag, self.ll16, half)
-            if s1 > s0:
-                exempt = d.rank != rank and m.double
-                self._record(actor, d.rank, "scr", s0, s1, True, opref, launch, delta=0,
-                             unit=unit, packet=True, exempt=exempt, single=single)
-                if m.shadow is not None:
-                    m.shadow["scr"][s0 // 4: s1 // 4] = 0
-                self._wake_flags(d.rank, s0, s1)
-
-    def _write(self, actor: Actor, rank: int, d: Operand, off: int, data: np.ndarray,
-               sh: Optional[np.ndarray], flag: int, half: int, launch: int, opref: OpRef,
-               delta_pos: int, unit: int, single: bool) -> None:
-        m = self.mem[d.rank]
-        key, base = m.alias[d.kind]
-        n = data.shape[0]
-        if d.packet:
-            s0, s1 = m.write_packets(off, data, flag, self.ll16, half)
-            exempt = d.rank != rank and m.double
-            self._record(actor, d.rank, key, s0, s1, True, opref, launch,
-                         delta=s0 - 2 * delta_pos, unit=unit, packet=True, exempt=exempt, single=single)
-            if m.shadow is not None:
-                self._sh_put_pkt(m, half, off, n, sh)
-            self._wake_flags(d.rank, s0, s1)
-        else:
-            if d.kind == BufferKind.scratch:
-                base += half
-            a = base + off
-            m.storage[key][a: a + n] = data
-            self._record(actor, d.rank, key, a, a + n, True, opref, launch,
-                         delta=a - delta_pos, unit=unit, single=single)
-            if m.shadow is not None:
-                self._sh_put_plain(m, key, a, n, sh)
-
-    # symbolic shadows (one row of symbol counts per 4-byte word)
-    def _sh_plain(self, m: RankMemory, key: str, a: int, n: int) -> Optional[np.ndarray]:
-        if a % 4 or n % 4:
-            self.sym_ok = False
-            return None
-        return m.shadow[key][a // 4: (a + n) // 4].copy()  # type: ignore[index]
-
-    def _sh_pkt(self, m: RankMemory, key: str, half: int, off: int, n: int) -> Optional[np.ndarray]:
-        if off % 4 or n % 4:
-            self.sym_ok = False
-            return None
-        w0, w1 = off // 4, (off + n) // 4
-        h4 = half // 4
-        return m.shadow["scr"][h4 + 2 * w0: h4 + 2 * w1: 2].copy()  # type: ignore[index]
-
-    def _sh_put_plain(self, m: RankMemory, key: str, a: int, n: int, sh: Optional[np.ndarray]) -> None:
-        if sh is None or a % 4 or n % 4:
-            self.sym_ok = False
-            return
-        m.shadow[key][a // 4: (a + n) // 4] = sh  # type: ignore[index]
-
-    def _sh_put_pkt(self, m: RankMemory, half: int, off: int, n: int, sh: Optional[np.ndarray]) -> None:
-        if sh is None or off % 4 or n % 4:
-            self.sym_ok = False
-            return
-        w0, w1 = off // 4, (off + n) // 4
-        h4 = half // 4
-        m.shadow["scr"][h4 + 2 * w0: h4 + 2 * w1: 2] = sh  # type: ignore[index]
-
-    # ---------------------------------------------------------------- scheduling helpers
-    def _wake(self, key: tuple) -> None:
-        lst = self.waiting.pop(key, None)
-        if lst:
-            for t in lst:
-                t.wait = None
-                self._make_runnable(t)
-
-    def _wake_flags(self, rank: int, s0: int, s1: int) -> None:
-        """Wake tasks waiting for packets whose flags lie in scratch bytes [s0, s1) of rank."""
-        pages = self.flag_pages.get(rank)
-        if not pages:
-            return
-        p0, p1 = s0 >> 7, (s1 - 1) >> 7
-        if p1 - p0 + 1 > len(pages):
-            hits = [pg for pg in pages if p0 <= pg <= p1]
-        else:
-            hits = [pg for pg in range(p0, p1 + 1) if pg in pages]
-        for pg in hits:
-            pages.pop(pg, None)
-            self._wake(("flag", rank, pg))
-
-    def _make_runnable(self, t: Task) -> None:
-        if self.schedule == "round_robin":
-            self.rr.append(t)
-        else:
-            self.runnable.append(t)
-
+    # ---------------------------------------------------------------- op references
     def _opref(self, task: Task, cop: COp) -> OpRef:
         return OpRef(task.rank, task.tb, cop.index, cop.name, task.launch)
 
@@ -479,6 +227,7 @@ class Simulation:
                     yield from self._op(task, inner, cop)
                 yield None
             return
+        actor.step()
         if name == OpName.nop:
             actor.nop()
             return
@@ -537,18 +286,26 @@ class Simulation:
                     raise PlanError(f"rank {rank} tb {task.tb} op {cop.index} {cop.name}: semaphore "
                                     f"{sid} does not exist (rank has {len(self.plan.gpus[rank].semaphores)})")
                 if name == OpName.sem_release:
+                    # a release adds a token carrying what it publishes (or pays off a negative
+                    # initial value); an acquire takes the oldest token, the initial ones first,
+                    # and is ordered after that release only: an acquire that a wrong initial
+                    # value lets through orders nothing, whatever the schedule
                     vc, rvc = actor.publish()
                     s[0] += 1
-                    s[1] = vc.copy() if s[1] is None else np.maximum(s[1], vc)
-                    s[2] = rvc.copy() if s[2] is None else np.maximum(s[2], rvc)
+                    if s[1] < 0:
+                        s[1] += 1
+                    else:
+                        s[2].append((vc.copy(), rvc.copy()))
                     self._wake(("sem", rank, sid))
                 else:
                     while s[0] <= 0:
                         yield Wait(("sem", rank, sid), f"semaphore {sid} to become positive (is {s[0]})",
                                    ("sem", rank, sid))
                     s[0] -= 1
-                    if s[1] is not None:
-                        actor.acquire(s[1], s[2])
+                    if s[1] > 0:
+                        s[1] -= 1
+                    else:
+                        actor.acquire(*s[2].popleft())
             return
         # data ops
         if cop.op.channel_type == ChannelType.port and name in (
@@ -589,87 +346,6 @@ class Simulation:
         self._signal_clock(end, None if relaxed else vc, rvc)
         self._wake(("ctr", dst))
 
-    # ---------------------------------------------------------------- port channels
-    def _proxy_for(self, rank: int, c: int) -> Proxy:
-        return self.proxies[(rank, c)]
-
-    def _enqueue(self, px: Proxy, trig: Trigger) -> None:
-        px.queue.append(trig)
-        px.issued += 1
-        if px.task is None:
-            t = Task(px.rank, -2 - px.channel, trig.launch, px.actor, [])
-            t.proxy = px
-            px.task = t
-            self._make_runnable(t)
-
-    def _trigger_signal(self, task: Task, rank: int, c: int, opref: OpRef) -> None:
-        px = self._proxy_for(rank, c)
-        vc, rvc = task.actor.publish()
-        mem = self.mem[rank]
-        self._enqueue(px, Trigger("signal", None, mem.flag, mem.half, task.launch, vc.copy(),
-                                  rvc.copy(), opref, end_key=(rank, "port", c)))
-
-    def _port_data(self, task: Task, cop: COp, opref: OpRef) -> Iterator:
-        rank = task.rank
-        mem = self.mem[rank]
-        name = cop.op.name
-        for g in cop.groups:
-            # packets to forward must be there before the trigger is posted
-            for i, s in enumerate(g.srcs):
-                if not s.packet:
-                    continue
-                for piece in g.pieces:
-                    while True:
-                        r = self.mem[s.rank].ready_bytes(piece.offsets[i], piece.length, mem.flag, mem.half)
-                        if r >= piece.length:
-                            break
-                        addr = mem.half + 8 * ((piece.offsets[i] + r) // 4)
-                        yield Wait(("flag", s.rank, addr >> 7), f"packets of rank {s.rank} scratch at payload offset "
-                                   f"{piece.offsets[i] + r} with flag {mem.flag}", ("flag", s.rank))
-            c = g.channel if g.channel is not None else (cop.channels[0] if cop.channels else None)
-            if c is None:
-                raise PlanError(f"rank {rank} tb {task.tb} op {cop.index} {cop.name}: a port op needs a channel id")
-            px = self._proxy_for(rank, c)
-            vc, rvc = task.actor.publish()
-            self._enqueue(px, Trigger("data", g, mem.flag, mem.half, task.launch, vc.copy(), rvc.copy(), opref))
-            if name in (OpName.pws, OpName.pwsf):
-                self._enqueue(px, Trigger("signal", None, mem.flag, mem.half, task.launch, vc.copy(),
-                                          rvc.copy(), opref, end_key=(rank, "port", c)))
-        if name == OpName.pwsf:
-            for c in sorted({g.channel for g in cop.groups if g.channel is not None}):
-                px = self._proxy_for(rank, c)
-                want = px.issued
-                while px.processed < want:
-                    yield Wait(("proxy", rank, c), f"port proxy of channel {c} to finish {want} requests",
-                               ("proxy", rank, c))
-                task.actor.complete(px.actor.vc, px.actor.rvc)
-
-    def _proxy_step(self, task: Task) -> bool:
-        """Process one trigger; False when the queue is empty."""
-        px = task.proxy
-        assert px is not None
-        if not px.queue:
-            return False
-        trig = px.queue.popleft()
-        a = px.actor
-        a.join(trig.vc, trig.rvc)
-        a.tick()
-        if trig.kind == "data":
-            assert trig.group is not None
-            popref = OpRef(px.rank, -2 - px.channel, trig.op.index, f"proxy for tb {trig.op.tb} {trig.op.name}", trig.launch)
-            gen = self._exec_group(task, a, None, trig.group, px.rank, trig.flag, trig.half,  # type: ignore[arg-type]
-                                   trig.launch, popref, True, raw=True)
-            for w in gen:
-                if isinstance(w, Wait):  # cannot happen: a raw copy never waits
-                    raise PlanError(f"{trig.op}: port proxy found packets not ready")
-        else:
-            dst = self.pair[trig.end_key]  # type: ignore[index]
-            end = self._end(dst)
-            self._signal_clock(end, a.vc.copy(), a.rvc.copy())
-            self._wake(("ctr", dst))
-        px.processed += 1
-        self._wake(("proxy", px.rank, px.channel))
-        return bool(px.queue)
 
     # ---------------------------------------------------------------- barriers
     def _barrier(self, task: Task, cop: COp) -> Iterator:
@@ -722,8 +398,9 @@ class Simulation:
         ob = mem.layout.output_bytes
         if self.poison and ob:
             mem.storage[okey][obase: obase + ob] = 0xFF
+        g = self.sym_granule
         if mem.shadow is not None:
-            mem.shadow[okey][obase // 4: (obase + ob + 3) // 4] = 0
+            mem.shadow[okey][obase // g: -(-(obase + ob) // g)] = 0
         data = self.inputs[rank]
         mem.storage[ikey][ibase: ibase + ib] = data
         if mem.shadow is not None:
@@ -761,15 +438,16 @@ class Simulation:
         ikey, ibase = mem.alias[BufferKind.input]
         cin = self.plan.gpus[rank].input_chunks
         sh = mem.shadow[ikey]  # type: ignore[index]
-        sh[ibase // 4: (ibase + mem.layout.input_bytes + 3) // 4] = 0
+        g = self.sym_granule
+        sh[ibase // g: -(-(ibase + mem.layout.input_bytes) // g)] = 0
         for c in range(cin):
             off, ln = mem.layout.span(BufferKind.input, c)
             if ln == 0:
                 continue
-            if (ibase + off) % 4 or ln % 4:
+            if (ibase + off) % g or ln % g:
                 self.sym_ok = False
                 continue
-            sh[(ibase + off) // 4: (ibase + off + ln) // 4, rank * cin + c] = 1
+            sh[(ibase + off) // g: (ibase + off + ln) // g, rank * cin + c] = 1
 
     def _end_launch(self, rank: int) -> None:
         k = self.rank_launch[rank]
@@ -787,7 +465,8 @@ class Simulation:
             self.out_shadows.append([None] * self.n)  # type: ignore[list-item]
         self.outputs[k - 1][rank] = mem.storage[okey][obase: obase + ob].copy()
         if mem.shadow is not None:
-            self.out_shadows[k - 1][rank] = mem.shadow[okey][obase // 4: (obase + ob) // 4].copy()
+            g = self.sym_granule
+            self.out_shadows[k - 1][rank] = mem.shadow[okey][obase // g: (obase + ob) // g].copy()
         for (r, sid), s in self.sems.items():
             if r == rank and s[0] != self.plan.gpus[r].semaphores[sid].init_value:
                 self.problem("unbalanced-semaphore",
@@ -823,53 +502,6 @@ class Simulation:
                 return a[0]
         return -1
 
-    def _pick(self) -> Optional[Task]:
-        if self.schedule == "round_robin":
-            return self.rr.popleft() if self.rr else None
-        lst = self.runnable
-        if not lst:
-            return None
-        if self.schedule == "random":
-            i = self.rng.randrange(len(lst))
-        elif self.schedule == "runahead":
-            i = self._runahead_index(lst)
-        else:
-            i = self._adversarial_index(lst)
-        lst[i], lst[-1] = lst[-1], lst[i]
-        return lst.pop()
-
-    def _runahead_index(self, lst: list[Task]) -> int:
-        """A runnable task of the first rank, counting from the lead rank, that has one (a
-        seeded pick among that rank's blocks and proxies): the lead runs as far ahead as the
-        plan lets it, launch after launch, and a rank runs only when every rank before it is
-        blocked or finished."""
-        n = self.n
-        best = n
-        cands: list[int] = []
-        for i, t in enumerate(lst):
-            pr = (t.rank - self.lead) % n
-            if pr < best:
-                best = pr
-                cands = [i]
-            elif pr == best:
-                cands.append(i)
-        return cands[self.rng.randrange(len(cands))] if len(cands) > 1 else cands[0]
-
-    def _adversarial_index(self, lst: list[Task]) -> int:
-        """Prefer blocks that read or wait; delay writers and the blocks others wait on."""
-        rng = self.rng
-        if rng.random() < 0.9:
-            for _ in range(8):
-                i = rng.randrange(len(lst))
-                t = lst[i]
-                if t.proxy is not None or t.rank in self.waited_ranks:
-                    continue
-                nxt = t.cops[t.pos].op.name if t.pos < len(t.cops) else None
-                if nxt is not None and nxt in REMOTE_WRITERS:
-                    continue
-                return i
-        return rng.randrange(len(lst))
-
     def _step(self, t: Task) -> None:
         self.steps += 1
         if self.steps > self.max_steps:
@@ -901,123 +533,3 @@ class Simulation:
             if wk[0] == "ctr":
                 self.waited_ranks.add(self._peer_of(wk[1]))
 
-    # ---------------------------------------------------------------- deadlock diagnosis
-    def _remaining(self, t: Task) -> list[COp]:
-        out = []
-        for c in t.cops[t.pos:]:
-            if c.op.name == OpName.pipeline:
-                for it in c.iterations:
-                    out.extend(it)
-            else:
-                out.append(c)
-        return out
-
-    def _could_unblock(self, w: Wait) -> tuple[list[Task], str]:
-        """Live tasks that could end wait ``w``, and a note when none can."""
-        info = w.info
-        live = [t for r in range(self.n) for t in self.tasks_of[r] if not t.done]
-        if info[0] == "ctr":
-            key = info[1]
-            src = next((a for a, b in self.pair.items() if b == key), None)
-            if src is None:
-                return [], f"no channel of rank {self._peer_of(key)} is paired with it"
-            srank, stype, sch = src
-            out = []
-            for t in live:
-                if t.rank != srank:
-                    continue
-                for c in self._remaining(t):
-                    n = c.op.name
-                    if n in (OpName.signal, OpName.rlxsignal, OpName.pws, OpName.pwsf) and \
-                            c.op.channel_type.value == stype and sch in (c.channels or [g.channel for g in c.groups]):
-                        out.append(t)
-                        break
-            return out, "" if out else f"no block of rank {srank} will signal its {stype} channel {sch} again"
-        if info[0] == "flag":
-            r = info[1]
-            out = []
-            for t in live:
-                for c in self._remaining(t):
-                    if c.op.name in PKT_WRITERS and any(d.rank == r and d.packet for g in c.groups for d in g.dsts):
-                        out.append(t)
-                        break
-            return out, "" if out else f"no block will write packets into rank {r}'s scratch again"
-        if info[0] == "bar":
-            _, r, bid, g, need, members = info
-            arrived = self.barriers.get((r, bid), {}).get("arrivals", {}).get(g, {})
-            ntb = len(self.plan.gpus[r].threadblocks)
-            out = []
-            notes = []
-            cands = members if members else range(ntb)
-            for m in cands:
-                if m in arrived:
-                    continue
-                if m >= ntb:
-                    notes.append(f"tb {m} does not exist on rank {r}")
-                    continue
-                t = self.tasks_of[r][m]
-                if t.done:
-                    notes.append(f"tb {m} finished without reaching it")
-                elif any(c.op.name == OpName.barrier and c.op.barrier_id == bid for c in self._remaining(t)):
-                    out.append(t)
-                else:
-                    notes.append(f"tb {m} never reaches barrier {bid}")
-            return out, "; ".join(notes)
-        if info[0] == "sem":
-            _, r, sid = info
-            out = [t for t in live if t.rank == r and any(
-                c.op.name == OpName.sem_release and sid in c.op.semaphore_ids for c in self._remaining(t))]
-            return out, "" if out else f"no block of rank {r} will release semaphore {sid} again"
-        return [], ""
-
-    def _deadlock_problem(self) -> Problem:
-        blocked = [t for lst in self.waiting.values() for t in lst]
-        edges: dict[int, list[Task]] = {}
-        notes: dict[int, str] = {}
-        for t in blocked:
-            outs, note = self._could_unblock(t.wait)  # type: ignore[arg-type]
-            edges[id(t)] = [o for o in outs if o.wait is not None and o is not t]
-            if note:
-                notes[id(t)] = note
-        # find a cycle
-        cycle: list[Task] = []
-        color: dict[int, int] = {}
-        stack: list[Task] = []
-
-        def dfs(t: Task) -> bool:
-            color[id(t)] = 1
-            stack.append(t)
-            for o in edges.get(id(t), []):
-                c = color.get(id(o), 0)
-                if c == 1:
-                    i = next(k for k, s in enumerate(stack) if s is o)
-                    cycle.extend(stack[i:])
-                    return True
-                if c == 0 and dfs(o):
-                    return True
-            stack.pop()
-            color[id(t)] = 2
-            return False
-
-        for t in sorted(blocked, key=lambda x: (x.rank, x.tb)):
-            if color.get(id(t), 0) == 0 and dfs(t):
-                break
-        lines = []
-        if cycle:
-            lines.append("wait-for cycle: " + " -> ".join(f"(rank {t.rank}, tb {t.tb}, op {t.cur.index if t.cur else '-'})" for t in cycle + cycle[:1]))
-            for t in cycle:
-                lines.append(f"  {t.where()} (launch {t.launch}) waits for {t.wait.what}")  # type: ignore[union-attr]
-        else:
-            lines.append("no wait-for cycle: blocks wait for something that will never happen")
-        for t in sorted(blocked, key=lambda x: (x.rank, x.tb)):
-            if id(t) in notes or not cycle:
-                if cycle and t in cycle:
-                    continue
-                lines.append(f"  {t.where()} (launch {t.launch}) waits for {t.wait.what}"  # type: ignore[union-attr]
-                             + (f": {notes[id(t)]}" if id(t) in notes else ""))
-        first = (cycle[0] if cycle else sorted(blocked, key=lambda x: (x.rank, x.tb))[0])
-        msg = (f"all {len(blocked)} live blocks wait; first {first.where()}\n" + "\n".join(lines[:14]))
-        return Problem("deadlock", msg, details={
-            "cycle": [(t.rank, t.tb, t.cur.index if t.cur else None, t.wait.what) for t in cycle],  # type: ignore[union-attr]
-            "blocked": [(t.rank, t.tb, t.cur.index if t.cur else None, t.wait.what) for t in blocked],  # type: ignore[union-attr]
-        })

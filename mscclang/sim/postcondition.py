@@ -137,6 +137,89 @@ def _never_written(out_bytes: np.ndarray, off: int, ln: int, dt: np.dtype) -> bo
     return bool((out_bytes[off: off + ln] == POISON).all())
 
 
+#: outputs of more elements than this (on some rank) are checked chunk by chunk, with no index
+#: arrays (which take 8 bytes per element and source, and are cached per layout)
+CHUNKWISE_ELEMENTS = 1 << 16
+
+
+def _bad_reduction(vals: list[np.ndarray], got: np.ndarray, dt: np.dtype, op: str,
+                   m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(mask of wrong elements, reference) of a reduction of ``vals`` (equal-length arrays)."""
+    u = unit_roundoff(dt)
+    if is_float(dt):
+        v64 = np.stack([v.astype(np.float64) for v in vals])
+        if op == "sum":
+            ref = v64.sum(axis=0)
+            bound = m * u * np.abs(v64).sum(axis=0) + 1e-30
+        else:
+            ref = v64.min(axis=0) if op == "min" else v64.max(axis=0)
+            bound = np.zeros_like(ref)
+        with np.errstate(invalid="ignore"):
+            return ~(np.abs(got.astype(np.float64) - ref) <= bound), ref
+    v64 = np.stack([v.astype(np.int64) for v in vals])
+    ref = (v64.sum(axis=0) if op == "sum" else v64.min(axis=0) if op == "min" else v64.max(axis=0)).astype(dt)
+    return got != ref, ref
+
+
+def _check_numeric_chunkwise(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.ndarray],
+                             outputs: list[np.ndarray], dt: np.dtype, op: str, launch: int,
+                             limit: Optional[int]) -> list[Problem]:
+    """:func:`check_numeric` for large outputs: one output chunk at a time, on slices (the
+    same problems, with the same messages)."""
+    probs: list[Problem] = []
+    isz = dt.itemsize
+    ut = _UINT[isz]
+    ins = [np.ascontiguousarray(x).view(dt)[: lay.input_bytes // isz] for x, lay in zip(inputs, layouts)]
+    raws = [np.ascontiguousarray(o) for o in outputs]
+    outs = [raw[: (raw.shape[0] // isz) * isz].view(dt) for raw in raws]
+    todo = []
+    for (r, c), exp in sorted(_postcondition(spec).items()):
+        off, ln = layouts[r].span(BufferKind.output, c)
+        if ln == 0:
+            continue
+        spans = [layouts[p].span(BufferKind.input, j) for (p, j) in exp.sources]
+        if any(sln != ln for _, sln in spans):
+            probs.append(Problem("postcondition", f"rank {r} output chunk {c}: source chunks have other "
+                                 "lengths than the output chunk", details={"rank": r, "chunk": c}))
+            continue
+        todo.append((r, c, exp, off, ln, spans))
+    for r, c, exp, off, ln, spans in todo:
+        k = ln // isz
+        o0 = off // isz
+        vals = [ins[p][soff // isz: soff // isz + k] for (p, _), (soff, _) in zip(exp.sources, spans)]
+        got = outs[r][o0: o0 + k]
+        m = len(vals)
+        if not exp.reduced:
+            bad = got.view(ut) != vals[0].view(ut)
+            ref = vals[0]
+        else:
+            bad, ref = _bad_reduction(vals, got, dt, op, m)
+        if not bad.any():
+            continue
+        i = int(np.argmax(bad))
+        unwritten = _never_written(raws[r], off, ln, dt)
+        if exp.reduced:
+            should = f"the {op} of {m} input chunks {list(exp.sources)[:8]}"
+        else:
+            p, j = exp.sources[0]
+            should = f"a copy of rank {p} input chunk {j}"
+        if unwritten:
+            msg = (f"rank {r} output chunk {c} (launch {launch}) was never written: it still "
+                   f"holds the 0x{POISON:02X} bytes the simulator fills outputs with before "
+                   f"each launch; it should be {should}")
+        elif exp.reduced:
+            msg = (f"rank {r} output chunk {c} (launch {launch}) is not {should}: output "
+                   f"element {o0 + i} is {_fmt(got[i])}, expected {_fmt(ref[i])}")
+        else:
+            msg = (f"rank {r} output chunk {c} (launch {launch}) should be {should} but "
+                   f"differs (element {o0 + i} of the output is {_fmt(got[i])}, "
+                   f"expected {_fmt(ref[i])})")
+        probs.append(Problem("postcondition", msg, details={"rank": r, "chunk": c, "unwritten": unwritten}))
+        if limit is not None and len(probs) >= limit:
+            return probs
+    return probs
+
+
 def check_numeric(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.ndarray],
                   outputs: list[np.ndarray], dt: np.dtype, op: str, launch: int,
                   limit: Optional[int] = None) -> list[Problem]:
@@ -149,6 +232,8 @@ def check_numeric(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.n
     never written. Each problem's details carry ``rank``, ``chunk`` and ``unwritten``."""
     probs: list[Problem] = []
     isz = dt.itemsize
+    if max((lay.output_bytes for lay in layouts), default=0) // isz > CHUNKWISE_ELEMENTS:
+        return _check_numeric_chunkwise(spec, layouts, inputs, outputs, dt, op, launch, limit)
     g = _gather(spec, layouts, isz)
     for (r, c) in g.bad_lengths:
         probs.append(Problem("postcondition", f"rank {r} output chunk {c}: source chunks have other "
@@ -214,17 +299,18 @@ def check_numeric(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.n
 
 
 def check_symbolic(spec: CollectiveSpec, layouts: list[Layout], shadows: list[np.ndarray],
-                   input_chunks: int, launch: int, limit: Optional[int] = None) -> list[Problem]:
+                   input_chunks: int, launch: int, limit: Optional[int] = None,
+                   granule: int = 4) -> list[Problem]:
     """Each output word's multiset of (rank, input chunk) contributions against the spec; one
     problem per wrong (rank, output chunk), all of them unless ``limit`` is given. A chunk no
     word of which received any contribution (out-of-place outputs start empty) is reported as
-    never written."""
+    never written. ``shadows`` hold one row per ``granule`` bytes of each rank's output."""
     probs: list[Problem] = []
     for (r, c), exp in _postcondition(spec).items():
         off, ln = layouts[r].span(BufferKind.output, c)
         if ln == 0:
             continue
-        rows = shadows[r][off // 4: (off + ln) // 4]
+        rows = shadows[r][off // granule: (off + ln) // granule]
         want = np.zeros(rows.shape[1], dtype=np.int16)
         for (p, k) in exp.sources:
             want[p * input_chunks + k] += 1
@@ -250,7 +336,7 @@ def check_symbolic(spec: CollectiveSpec, layouts: list[Layout], shadows: list[np
             msg = (f"rank {r} output chunk {c} (launch {launch}) was never written (no byte of it "
                    f"received any input): it should hold the {kind} {srcs}: " + "; ".join(parts))
         else:
-            msg = (f"rank {r} output chunk {c} (launch {launch}, byte {off + 4 * int(badrows[0])}) "
+            msg = (f"rank {r} output chunk {c} (launch {launch}, byte {off + granule * int(badrows[0])}) "
                    f"should hold the {kind} {srcs}: " + "; ".join(parts))
         probs.append(Problem("symbolic", msg,
                              details={"rank": r, "chunk": c, "missing": missing,

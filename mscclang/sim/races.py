@@ -10,9 +10,15 @@ An actor carries two vector clocks:
   ``rvc`` ("a relaxed wait orders the signaller's earlier reads and its launch start, not its
   writes").
 
-A block's own clock component is its *epoch*: it advances at every ``nop``/``barrier``. Two
-accesses of one block in the same epoch are ordered only when the block's threads split the
-bytes the same way (same byte-to-stream alignment ``delta`` and unit); otherwise they race.
+A block's own clock component is its *epoch* and, below it, the op's position in the epoch
+(``epoch << EPOCH_SHIFT | op``): the epoch advances at every ``nop``/``barrier``, the op
+number at every op. Two accesses of one block in the same epoch are ordered only when the
+block's threads split the bytes the same way (same byte-to-stream alignment ``delta`` and
+unit); otherwise they race. What the block publishes through a barrier or a signal covers
+whole epochs (the block as of its last ``nop``); what a packet write publishes (its execution
+clock, which the packet's reader acquires through the flag) covers the writing op and the ops
+before it, not the ops after it in the same epoch, so a race is judged the same way wherever in
+the epoch the conflicting op stands.
 
 Accesses are recorded per storage (a rank's input, output or scratch allocation) as byte
 intervals: the last write of every byte in an interval map, and reads since then in a list.
@@ -58,11 +64,22 @@ class Access:
     unit: int = 16          # bytes a thread handles at once (16 plain, 4/8 packets)
     host: bool = False
     packet: bool = False    # packet-format access (flags synchronise packet reads)
-    exempt: bool = False    # packet write into a peer's double-buffered scratch
     rvc: Optional[np.ndarray] = field(default=None, compare=False, repr=False)  # packet writes
 
 
 _PAGE_BITS = 12
+
+#: bits of a block's own clock component below its epoch (the op number inside the epoch)
+EPOCH_SHIFT = 32
+
+
+def epoch(clk: int) -> int:
+    """The epoch of a clock value (an actor's own component)."""
+    return int(clk) >> EPOCH_SHIFT
+
+
+def _next_epoch(clk: int) -> int:
+    return (epoch(clk) + 1) << EPOCH_SHIFT
 
 
 class IntervalMap:
@@ -128,7 +145,7 @@ class Actor:
         self.sync_rvc = rvc.copy()
         self.vc = vc.copy()
         self.rvc = rvc.copy()
-        self.vc[self.tid] += 1
+        self.vc[self.tid] = _next_epoch(self.vc[self.tid])
         self.rvc[self.tid] = self.vc[self.tid]
         self.pend_vc = None
         self.pend_rvc = None
@@ -172,9 +189,14 @@ class Actor:
         self.pend_vc = self.pend_rvc = None
         self.sync_vc = self.vc.copy()
         self.sync_rvc = self.rvc.copy()
-        self.vc[self.tid] += 1
+        self.vc[self.tid] = _next_epoch(self.vc[self.tid])
         self.rvc[self.tid] = self.vc[self.tid]
         self.dirty = False
+
+    def step(self) -> None:
+        """The block goes on to its next op (in the same epoch)."""
+        self.vc[self.tid] += 1
+        self.rvc[self.tid] = self.vc[self.tid]
 
     def join(self, vc: np.ndarray, rvc: np.ndarray) -> None:
         """Merge clocks directly (for actors made of one thread: host, proxy)."""
@@ -183,7 +205,8 @@ class Actor:
         np.maximum(self.rvc, self.vc, out=self.rvc)
 
     def tick(self) -> None:
-        self.vc[self.tid] += 1
+        """One step of a one-thread actor (host, proxy): a new epoch."""
+        self.vc[self.tid] = _next_epoch(self.vc[self.tid])
         self.rvc[self.tid] = self.vc[self.tid]
         self.sync_vc = self.vc.copy()
         self.sync_rvc = self.rvc.copy()
@@ -222,10 +245,6 @@ class AccessLog:
     def _exempt(self, e: Access, c: Access) -> bool:
         if c.packet and not c.write and e.packet and e.write:
             return True  # a packet read is ordered after the write of those bytes by its flag
-        if c.exempt and (e.host or e.launch != c.launch):
-            return True
-        if e.exempt and (c.host or e.launch != c.launch):
-            return True
         return False
 
     def access(self, storage: str, a: int, b: int, c: Access, vc: np.ndarray,
@@ -235,7 +254,16 @@ class AccessLog:
         A ``touch`` (the host handing a reused buffer, or the half of a double scratch, to a new
         launch) is checked like a write and remembered apart, per byte interval (a later touch
         replaces only the bytes it covers, so the two halves of a double scratch keep their own
-        hand-overs), so it does not hide the last real writes of those bytes."""
+        hand-overs), so it does not hide the last real writes of those bytes.
+
+        Packet writes and hand-overs are not checked against each other: nothing touches a
+        scratch between launches, and LL readers take only packets that carry their launch's
+        flag, so reusing a packet slot is a hazard only where a packet write meets an access of
+        another launch that no chain of edges orders (a read that has not happened yet, a plain
+        write), and the direct checks below find exactly that: a packet write of launch ``k+1``
+        against a read of launch ``k`` is ordered when the reader's later actions (packets it
+        sent after reading, which the writer's rank consumed before its launch ``k`` ended) lead
+        to the writer."""
         if b <= a:
             return
         wm = self.writes.get(storage)
@@ -243,13 +271,15 @@ class AccessLog:
             wm = self.writes[storage] = IntervalMap()
             self.reads[storage] = {}
         tm = self.touches.get(storage)
-        if tm is not None:
+        if tm is not None and not (c.packet and c.write):
             for s, e_, prev in tm.overlapping(a, b):
                 if prev.tid != c.tid and not self._exempt(prev, c) and not rvc[prev.tid] >= prev.clk:
                     self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
         for s, e_, prev in wm.overlapping(a, b):
+            if touch and prev.packet:
+                continue  # packet writes meet a hand-over only through the accesses it orders
             if prev.tid == c.tid:
-                if same_thread_ordered or prev.clk < c.clk or (prev.delta == c.delta and prev.unit == c.unit):
+                if same_thread_ordered or epoch(prev.clk) < epoch(c.clk) or (prev.delta == c.delta and prev.unit == c.unit):
                     continue
                 if self._exempt(prev, c):
                     continue
@@ -281,14 +311,14 @@ class AccessLog:
                     if id(item) not in checked:
                         checked.add(id(item))
                         if prev.tid == c.tid:
-                            if not (same_thread_ordered or prev.clk < c.clk or
+                            if not (same_thread_ordered or epoch(prev.clk) < epoch(c.clk) or
                                     (prev.delta == c.delta and prev.unit == c.unit)) \
                                     and not self._exempt(prev, c):
                                 self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
                         elif not self._exempt(prev, c) and not rvc[prev.tid] >= prev.clk:
                             self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
-                    if s < a or e_ > b:
-                        keep.append(item)
+                    if touch or s < a or e_ > b:
+                        keep.append(item)  # a hand-over does not hide the reads before it
                 pages[pg] = keep
             if touch:
                 self.touches.setdefault(storage, IntervalMap()).assign(a, b, c)

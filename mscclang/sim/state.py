@@ -1,5 +1,6 @@
 """Per-rank memory of a simulation: user buffers (with in-place aliasing), scratch with LL
-packets, and the optional symbolic shadow that follows every byte moved.
+packets, and the optional symbolic shadow that follows every byte moved (one row of symbol
+counts per ``granule`` bytes).
 
 Packets: payload word ``w`` (plain scratch bytes ``4w .. 4w+3``) lives at scratch byte
 ``half + 8w`` with its flag word at ``half + 8w + 4``. This is exactly the LL8 layout
@@ -22,7 +23,7 @@ class RankMemory:
     """Buffers of one rank. Storage keys: ``"in"``, ``"out"``, ``"scr"``."""
 
     def __init__(self, plan: Plan, spec: CollectiveSpec, rank: int, layout: Layout,
-                 nsym: int = 0) -> None:
+                 nsym: int = 0, granule: int = 4) -> None:
         self.rank = rank
         self.layout = layout
         ib, ob = layout.input_bytes, layout.output_bytes
@@ -56,7 +57,7 @@ class RankMemory:
         self.flag = 0
         self.shadow: Optional[dict[str, np.ndarray]] = None
         if nsym:
-            self.shadow = {k: np.zeros(((v.shape[0] + 3) // 4, nsym), dtype=np.int16)
+            self.shadow = {k: np.zeros((-(-v.shape[0] // granule), nsym), dtype=np.int16)
                            for k, v in self.storage.items()}
 
     def set_launch(self, launch: int) -> None:

@@ -5,6 +5,7 @@ semaphores, and wrong outputs (numeric and symbolic)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Callable, Optional, Sequence
 
@@ -12,7 +13,8 @@ import numpy as np
 
 from mscclang.errors import MscclangError, PlanError, VerificationError
 from mscclang.plan.collectives import CollectiveSpec, check_senders, spec_from_plan
-from mscclang.plan.models import Plan
+from mscclang.plan.layout import scratch_bytes_needed
+from mscclang.plan.models import BufferKind, Plan
 from mscclang.sim.dtypes import dtype_name, parse_dtype
 from mscclang.sim.engine import SCHEDULES, Simulation
 from mscclang.sim.diagnosis import annotate_sources, classify, group_key, rotate_cycle
@@ -42,9 +44,17 @@ def _block_chunks(plan: Plan) -> int:
     return g.input_chunks or g.output_chunks or 1
 
 
+#: the largest row of a symbolic shadow, in bytes (see :func:`symbolic_granule`)
+MAX_SYMBOLIC_GRANULE = 4096
+#: the most memory the symbolic shadows of one run may take
+SYMBOLIC_BUDGET = 256 << 20
+
+
 def default_sizes(plan: Plan) -> list[int]:
-    """Three message sizes: one where every chunk is one alignment unit, an odd one whose last
-    chunk is short, and a larger one; kept inside the plan's message size range."""
+    """Message sizes a default verify runs: one where every chunk is one alignment unit, an odd
+    one whose last chunk is short, and a larger one, kept inside the plan's message size range;
+    and, for a plan with pipelines, the smallest size in range at which every pipeline runs at
+    least two iterations (:func:`pipeline_size`), so that the slicing is checked. Ascending."""
     a = max(plan.buffer_alignment, 4)
     bc = max(_block_chunks(plan), 1)
     f = _blocks_per_message(plan)
@@ -55,7 +65,98 @@ def default_sizes(plan: Plan) -> list[int]:
         s = max(plan.min_message_size, 4 * f)
         s -= s % (4 * f)
         ok = [s]
+    ps = pipeline_size(plan)
+    if ps is not None and ps not in ok:
+        ok = sorted(ok + [ps])
     return ok
+
+
+def _pipeline_ops(plan: Plan) -> list:
+    return [op for g in plan.gpus for tb in g.threadblocks for op in tb.ops
+            if op.name.value == "pipeline" and op.iter_context is not None]
+
+
+def _fewest_iterations(prog: Program) -> int:
+    counts = [len(c.iterations) for blocks in prog.blocks for cops in blocks for c in cops
+              if c.name == "pipeline"]
+    return min(counts) if counts else 0
+
+
+def pipeline_size(plan: Plan, max_tries: int = 12) -> Optional[int]:
+    """The smallest message size (a multiple of the plan's block, in its size range) at which
+    every pipeline of the plan runs at least two iterations; ``None`` for a plan without
+    pipelines or when no size in range does. Chunks are then a little over one ``unit_size``
+    (by :data:`MAX_SYMBOLIC_GRANULE` bytes, so the symbolic shadows stay coarse)."""
+    pipes = _pipeline_ops(plan)
+    if not pipes:
+        return None
+    a = max(plan.buffer_alignment, 4)
+    bc = max(_block_chunks(plan), 1)
+    f = _blocks_per_message(plan)
+    unit = max(op.iter_context.unit_size for op in pipes)
+    step = bc * f * (a * MAX_SYMBOLIC_GRANULE // math.gcd(a, MAX_SYMBOLIC_GRANULE))
+    size = bc * f * (unit + MAX_SYMBOLIC_GRANULE)
+    size = max(size, plan.min_message_size)
+    size = -(-size // step) * step
+    for _ in range(max_tries):
+        if size > plan.max_message_size:
+            return None
+        try:
+            ib, ob = message_to_bytes(plan, size)
+            if _fewest_iterations(compile_program(plan, ib, ob)) >= 2:
+                return size
+        except MscclangError:
+            return None
+        size *= 2
+    return None
+
+
+def symbolic_granule(prog: Program) -> int:
+    """The largest power of two (at most :data:`MAX_SYMBOLIC_GRANULE`, at least 4) that divides
+    every byte offset and length the program moves (chunks, pieces of every op and pipeline
+    iteration, slot tails, scratch halves): one row of the symbolic shadow per such granule
+    then follows the bytes exactly."""
+    plan = prog.plan
+    vals: list[int] = [prog.input_bytes, prog.output_bytes]
+    for lay in prog.layouts:
+        for kind, count in ((BufferKind.input, lay.input.num_chunks),
+                            (BufferKind.output, lay.output.num_chunks)):
+            for c in range(count):
+                vals.extend(lay.span(kind, c))
+        sb = scratch_bytes_needed(plan, lay)
+        sb += (-sb) % 8
+        vals.append(sb // 2 if plan.use_double_scratch_buffer else sb)
+
+    def walk(cops: list) -> None:
+        for c in cops:
+            for it in c.iterations:
+                walk(it)
+            for g in c.groups:
+                for piece in g.pieces:
+                    vals.append(piece.length)
+                    vals.extend(piece.offsets)
+                for (_, x, y) in g.pads:
+                    vals.extend((x, y))
+
+    for blocks in prog.blocks:
+        for cops in blocks:
+            walk(cops)
+    g = MAX_SYMBOLIC_GRANULE
+    for v in vals:
+        while g > 4 and v % g:
+            g //= 2
+    return g
+
+
+def symbolic_bytes(prog: Program, nsym: int, granule: int) -> int:
+    """Memory the symbolic shadows of a run of ``prog`` take (rows of ``nsym`` int16 counts)."""
+    plan = prog.plan
+    rows = 0
+    for lay in prog.layouts:
+        sb = scratch_bytes_needed(plan, lay)
+        for nbytes in (lay.input_bytes, lay.output_bytes, sb + (-sb) % 8):
+            rows += -(-nbytes // granule)
+    return rows * nsym * 2
 
 
 def message_to_bytes(plan: Plan, size: int) -> tuple[int, int]:
@@ -76,6 +177,14 @@ def message_to_bytes(plan: Plan, size: int) -> tuple[int, int]:
     if g.input_chunks:
         return size, size * g.output_chunks // g.input_chunks
     return size, size
+
+
+def default_launches(plan: Plan) -> int:
+    """Consecutive launches a default verify simulates: enough for every scratch area to be
+    reused by a later launch, so that what orders the reuse is checked. Two launches reuse a
+    single scratch; a double scratch alternates halves, so its halves are reused from the third
+    launch on."""
+    return 3 if plan.use_double_scratch_buffer else 2
 
 
 def _ranges(xs: list[int]) -> str:
@@ -143,7 +252,7 @@ def _sendrecv_spec(p: Plan, spec: CollectiveSpec, prog: Program,
 
 def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
            dtypes: Sequence[str] = DEFAULT_DTYPES, schedules: int = 10, seed: int = 0,
-           launches: int = 2, reduce_ops: Optional[Sequence[str]] = None,
+           launches: Optional[int] = None, reduce_ops: Optional[Sequence[str]] = None,
            packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
            max_problems: Optional[int] = None,
            senders: Optional[Sequence[int]] = None,
@@ -153,8 +262,9 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     ``runahead`` runs of the ``s``-th size lead with rank ``(s + i // 4) % ranks``, so with the
     default 10 schedules and 3 sizes up to four ranks each get to run ahead), and takes the
     dtype, reduce op and packet type in rotation, so every value of each appears. Each run
-    checks races and every launch's outputs; one extra round-robin run per plan checks the
-    symbolic postcondition at the smallest size.
+    checks races and every launch's outputs over ``launches`` consecutive launches (default:
+    :func:`default_launches`); one extra round-robin run per plan checks the symbolic
+    postcondition at the smallest size.
 
     Findings are grouped: one :class:`Problem` per bug, whatever the sizes, dtypes, schedules
     and launches it was seen under, with its true ``count`` and its ``cases``. ``max_problems``
@@ -167,6 +277,8 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     t0 = time.perf_counter()
     p = as_plan(plan)
     spec = spec_from_plan(p)
+    if launches is None:
+        launches = default_launches(p)
     rep = Report(p.name, launches=launches)
     rep.postcondition = spec.has_postcondition
     if senders is not None and spec.name != "sendrecv":
@@ -277,19 +389,22 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
         prog = progs[size]
         nsym = len(p.gpus) * max(p.gpus[0].input_chunks, 1)
         ib = prog.input_bytes
-        if ib % 4 == 0 and nsym * (ib + prog.output_bytes) <= 64 << 20:
+        gran = symbolic_granule(prog)
+        if ib % 4 == 0 and symbolic_bytes(prog, nsym, gran) <= SYMBOLIC_BUDGET:
             dt = parse_dtype("float32")
             inputs = random_inputs(len(p.gpus), ib, dt, seed)
             sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=dt, reduce_op="sum",
                              packet_type=pts[0], launches=launches, schedule="round_robin",
-                             seed=seed, spec=spec, check_races=False, nsym=nsym, poison_outputs=True)
+                             seed=seed, spec=spec, check_races=False, nsym=nsym, poison_outputs=True,
+                             sym_granule=gran)
             rep.runs += 1
             ctx = f"symbolic, size {size}"
             try:
                 sim.run()
                 if sim.sym_ok:
                     for k, sh in enumerate(sim.out_shadows):
-                        add(check_symbolic(spec, prog.layouts, sh, p.gpus[0].input_chunks, k + 1), ctx)
+                        add(check_symbolic(spec, prog.layouts, sh, p.gpus[0].input_chunks, k + 1,
+                                           granule=gran), ctx)
                 else:
                     rep.notes.append(f"symbolic check skipped: size {size} moves bytes that are not 4-byte aligned")
             except Deadlock as e:

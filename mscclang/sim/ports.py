@@ -1,0 +1,142 @@
+"""The port channel model of a simulation: triggers, proxies, and what they order.
+
+A port ``put``/``pws``/``pwsf``/``signal`` posts a trigger to the channel's proxy (a task of its
+own, processing its queue in order, with the clocks the block published). The proxy reads the
+sources and writes the peer when it gets to the trigger, so a plain ``pws`` orders nothing on the
+sending rank: reusing its source (even after the block ended: the next launch's inputs) races
+with the proxy's read until a flush or a signal from the receiver says otherwise. ``flush`` and
+``pwsf`` make the whole block wait until the proxy finished every request posted on the channel:
+the proxy's reads and writes then precede every later op of the block, with no ``nop`` needed
+(:meth:`mscclang.sim.races.Actor.complete`). The proxy's queue persists across launches and a
+launch's end does not wait for it; each launch after the first starts with the host handing it
+the scratch (only the half it uses with double scratch), which races with any earlier proxy
+access of those bytes that no flush or edge ordered before it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import numpy as np
+
+from mscclang.errors import PlanError
+from mscclang.plan.models import OpName
+from mscclang.sim.program import COp, Group
+from mscclang.sim.races import Actor, OpRef
+from mscclang.sim.tasks import ChannelEnd, Task, Wait
+
+
+@dataclass
+class Trigger:
+    kind: str                  # "data" or "signal"
+    group: Optional[Group]
+    flag: int
+    half: int
+    launch: int
+    vc: np.ndarray
+    rvc: np.ndarray
+    op: OpRef
+    end: Optional[ChannelEnd] = None
+    end_key: Optional[tuple] = None
+
+
+class Proxy:
+    """The host proxy of one port channel: processes triggers in order."""
+
+    def __init__(self, rank: int, channel: int, actor: Actor) -> None:
+        self.rank = rank
+        self.channel = channel
+        self.actor = actor
+        self.queue: deque[Trigger] = deque()
+        self.issued = 0
+        self.processed = 0
+        self.task: Optional[Task] = None
+
+
+class PortMixin:
+    """Port channels; mixed into :class:`mscclang.sim.engine.Simulation`, whose ``mem``,
+    ``proxies``, ``pair``, ``_exec_group``, ``_end``, ``_signal_clock``, ``_wake`` and
+    ``_make_runnable`` it uses."""
+
+    def _proxy_for(self, rank: int, c: int) -> Proxy:
+        return self.proxies[(rank, c)]
+
+    def _enqueue(self, px: Proxy, trig: Trigger) -> None:
+        px.queue.append(trig)
+        px.issued += 1
+        if px.task is None:
+            t = Task(px.rank, -2 - px.channel, trig.launch, px.actor, [])
+            t.proxy = px
+            px.task = t
+            self._make_runnable(t)
+
+    def _trigger_signal(self, task: Task, rank: int, c: int, opref: OpRef) -> None:
+        px = self._proxy_for(rank, c)
+        vc, rvc = task.actor.publish()
+        mem = self.mem[rank]
+        self._enqueue(px, Trigger("signal", None, mem.flag, mem.half, task.launch, vc.copy(),
+                                  rvc.copy(), opref, end_key=(rank, "port", c)))
+
+    def _port_data(self, task: Task, cop: COp, opref: OpRef) -> Iterator:
+        rank = task.rank
+        mem = self.mem[rank]
+        name = cop.op.name
+        for g in cop.groups:
+            # packets to forward must be there before the trigger is posted
+            for i, s in enumerate(g.srcs):
+                if not s.packet:
+                    continue
+                for piece in g.pieces:
+                    while True:
+                        r = self.mem[s.rank].ready_bytes(piece.offsets[i], piece.length, mem.flag, mem.half)
+                        if r >= piece.length:
+                            break
+                        addr = mem.half + 8 * ((piece.offsets[i] + r) // 4)
+                        yield Wait(("flag", s.rank, addr >> 7), f"packets of rank {s.rank} scratch at payload offset "
+                                   f"{piece.offsets[i] + r} with flag {mem.flag}", ("flag", s.rank))
+            c = g.channel if g.channel is not None else (cop.channels[0] if cop.channels else None)
+            if c is None:
+                raise PlanError(f"rank {rank} tb {task.tb} op {cop.index} {cop.name}: a port op needs a channel id")
+            px = self._proxy_for(rank, c)
+            vc, rvc = task.actor.publish()
+            self._enqueue(px, Trigger("data", g, mem.flag, mem.half, task.launch, vc.copy(), rvc.copy(), opref))
+            if name in (OpName.pws, OpName.pwsf):
+                self._enqueue(px, Trigger("signal", None, mem.flag, mem.half, task.launch, vc.copy(),
+                                          rvc.copy(), opref, end_key=(rank, "port", c)))
+        if name == OpName.pwsf:
+            for c in sorted({g.channel for g in cop.groups if g.channel is not None}):
+                px = self._proxy_for(rank, c)
+                want = px.issued
+                while px.processed < want:
+                    yield Wait(("proxy", rank, c), f"port proxy of channel {c} to finish {want} requests",
+                               ("proxy", rank, c))
+                task.actor.complete(px.actor.vc, px.actor.rvc)
+
+    def _proxy_step(self, task: Task) -> bool:
+        """Process one trigger; False when the queue is empty."""
+        px = task.proxy
+        assert px is not None
+        if not px.queue:
+            return False
+        trig = px.queue.popleft()
+        a = px.actor
+        a.join(trig.vc, trig.rvc)
+        a.tick()
+        if trig.kind == "data":
+            assert trig.group is not None
+            popref = OpRef(px.rank, -2 - px.channel, trig.op.index, f"proxy for tb {trig.op.tb} {trig.op.name}", trig.launch)
+            gen = self._exec_group(task, a, None, trig.group, px.rank, trig.flag, trig.half,  # type: ignore[arg-type]
+                                   trig.launch, popref, True, raw=True)
+            for w in gen:
+                if isinstance(w, Wait):  # cannot happen: a raw copy never waits
+                    raise PlanError(f"{trig.op}: port proxy found packets not ready")
+        else:
+            dst = self.pair[trig.end_key]  # type: ignore[index]
+            end = self._end(dst)
+            self._signal_clock(end, a.vc.copy(), a.rvc.copy())
+            self._wake(("ctr", dst))
+        px.processed += 1
+        self._wake(("proxy", px.rank, px.channel))
+        return bool(px.queue)
