@@ -6,6 +6,7 @@ from mscclang.errors import (  # noqa: F401
     CollectiveTimeout,
     CompileError,
     DSLError,
+    LimitError,
     MscclangError,
     PlanError,
     VerificationError,
@@ -43,7 +44,7 @@ from mscclang.dsl import (  # noqa: F401
 
 __version__ = "0.1.0"
 
-__all__ = ["CollectiveTimeout", "CompileError", "DSLError", "MscclangError", "PlanError",
+__all__ = ["CollectiveTimeout", "CompileError", "DSLError", "LimitError", "MscclangError", "PlanError",
            "VerificationError",
            # the DSL (mscclang.dsl.__all__)
            "AlgoSpec", "AllGather", "AllReduce", "AllToAll", "BaseBuffer", "Broadcast", "Buffer",

@@ -12,13 +12,11 @@ channel 3 of the op's type, leading to rank 2. MSCCL++ plans are converted on th
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Optional
 
 from mscclang.errors import PlanError
-from mscclang.plan.io import load_plan
+from mscclang.plan.io import plan_from_document, read_plan_document
 from mscclang.plan.models import (
     BufferRef,
     ChannelType,
@@ -57,21 +55,10 @@ def read_plan_any(source: str, check: bool = True) -> tuple[Plan, bool]:
     """Load a plan file in either format; returns (plan, was_mscclpp)."""
     from mscclang.plan.mscclpp import from_mscclpp, is_mscclpp_plan
 
-    if source == "-":
-        text = sys.stdin.read()
-    else:
-        path = Path(source)
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise PlanError(f"cannot read plan file {path}: {e.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise PlanError(f"{source} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    data = read_plan_document(source)
     if is_mscclpp_plan(data):
         return from_mscclpp(data, check=check), True
-    return load_plan(data, check=check), False
+    return plan_from_document(data, check=check), False
 
 
 def run(args: argparse.Namespace) -> int:

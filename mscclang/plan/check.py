@@ -26,6 +26,8 @@ What is checked:
   ``barrier_tbs``), and exactly that many thread blocks use the id;
 * thread-block groups: the members of one grouped op agree on ``tbg_size`` and each position
   ``0 .. tbg_size-1`` occurs equally often;
+* packets: a plan with packet ops has ``buffer_alignment`` of at least 8 and its packet
+  pipelines a ``unit_size`` divisible by 8 (an LL16 packet carries 8 payload bytes);
 * reduce ops: every reduction that names a reduce op names the same one (and the plan's
   ``reduce_op``, when set), since one launch runs one reduce op;
 * the collective: chunk counts of every rank equal the collective's (``spec_from_plan``); an
@@ -46,6 +48,7 @@ from mscclang.plan.models import (
     BufferRef,
     ChannelType,
     Gpu,
+    PACKET_OPS,
     Op,
     OpName,
     Plan,
@@ -175,6 +178,27 @@ class _Checker:
             self.check_gpu(r, gpu)
         self.check_reduce_ops()
         self.check_double_scratch()
+        self.check_packet_alignment()
+
+    def check_packet_alignment(self) -> None:
+        """Packet offsets are multiples of the alignment (chunk slots), of 8 (thread-block
+        group shares) and of a pipeline's ``unit_size`` (its slices). An LL16 packet carries 8
+        payload bytes, so a plan with packet ops needs ``buffer_alignment`` of at least 8 and
+        packet pipelines a ``unit_size`` divisible by 8, as the GPU's device plan does."""
+        first: Optional[str] = None
+        for path, op in iter_op_paths(self.plan):
+            if op.name in PACKET_OPS and first is None:
+                first = path
+            if op.name == OpName.pipeline and op.iter_context is not None and op.iter_context.unit_size % 8:
+                inner = [o.name.value for o in op.ops or [] if o.name in PACKET_OPS]
+                if inner:
+                    raise PlanError(f"a pipeline with packet ops ({inner[0]}) needs unit_size divisible "
+                                    f"by 8 (the payload of one LL16 packet), got {op.iter_context.unit_size}",
+                                    f"{path}.iter_context.unit_size")
+        a = self.plan.buffer_alignment
+        if first is not None and a < 8:
+            raise PlanError(f"a plan with packet ops (the first at {first}) needs buffer_alignment of at "
+                            f"least 8 (the payload of one LL16 packet), got {a}", "buffer_alignment")
 
     def check_double_scratch(self) -> None:
         """With double scratch a launch picks a half of every scratch it touches, the peer's too,
