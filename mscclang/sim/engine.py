@@ -39,6 +39,7 @@ import numpy as np
 from mscclang.errors import PlanError
 from mscclang.plan.collectives import CollectiveSpec, spec_from_plan
 from mscclang.plan.models import BufferKind, ChannelType, OpName, Plan
+from mscclang.sim.budget import Deadline
 from mscclang.sim.dtypes import reduce_bytes
 from mscclang.sim.program import COp, Group, Operand, Program
 from mscclang.sim.races import Access, AccessLog, Actor, OpRef, RaceInfo
@@ -142,7 +143,7 @@ class Simulation:
                  schedule: str = "round_robin", seed: int = 0, check_races: bool = True,
                  nsym: int = 0, spec: Optional[CollectiveSpec] = None,
                  poison_outputs: bool = False, max_steps: int = 10_000_000,
-                 lead: Optional[int] = None) -> None:
+                 lead: Optional[int] = None, deadline: Optional[Deadline] = None) -> None:
         plan = program.plan
         self.plan: Plan = plan
         self.program = program
@@ -166,6 +167,8 @@ class Simulation:
         self.nsym = nsym
         self.poison = poison_outputs
         self.max_steps = max_steps
+        #: checked at every step: a run past its time limit stops with a LimitError
+        self.deadline = deadline
         self.mem = [RankMemory(plan, self.spec, r, program.layouts[r], nsym) for r in range(self.n)]
         self.inputs = inputs
         self.problems: list[Problem] = []
@@ -874,6 +877,8 @@ class Simulation:
         self.steps += 1
         if self.steps > self.max_steps:
             raise PlanError(f"simulation exceeded {self.max_steps} steps")
+        if self.deadline is not None:
+            self.deadline.check()
         if t.proxy is not None:
             if self._proxy_step(t):
                 self._make_runnable(t)
