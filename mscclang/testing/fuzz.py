@@ -79,8 +79,8 @@ def fully_connected_plan(n: int) -> dict[str, Any]:
 
 def seed_documents(root: Path = ROOT, max_bytes: int = 600_000) -> list[tuple[str, Any]]:
     """(name, parsed JSON) of every seed: the shipped plans, the tests' golden and broken plans,
-    MSCCL++ conversions of a few of them and small fully connected plans. Files above
-    ``max_bytes`` are left out."""
+    the hand-built plans of :mod:`mscclang.testing.sample_plans`, MSCCL++ conversions of a few of
+    them and small fully connected plans. Files above ``max_bytes`` are left out."""
     files = sorted((root / "plans").glob("*.json")) + sorted((root / "tests" / "golden").glob("*.json")) \
         + sorted((root / "tests" / "plans_broken").glob("*.json"))
     out: list[tuple[str, Any]] = []
@@ -92,8 +92,13 @@ def seed_documents(root: Path = ROOT, max_bytes: int = 600_000) -> list[tuple[st
         except (OSError, ValueError):
             continue
     from mscclang.errors import MscclangError
-    from mscclang.plan import load_plan, to_mscclpp
+    from mscclang.plan import load_plan, plan_to_dict, to_mscclpp
+    from mscclang.testing import sample_plans
 
+    for fname in ("allreduce_oneshot_ll", "allreduce_twostep_ll", "allreduce_copyfwd_ll",
+                  "allreduce_scratch_simple", "allreduce_read_simple", "allgather_simple", "allgather_put",
+                  "allgather_pipeline", "missing_signal"):
+        out.append((f"sample_plans/{fname}", plan_to_dict(getattr(sample_plans, fname)())))
     for name, doc in list(out)[::9]:
         try:
             out.append((f"mscclpp:{name}", to_mscclpp(load_plan(doc))))
@@ -364,7 +369,71 @@ def _m_scale(rng: random.Random, doc: Any, paths: list[tuple]) -> tuple[Any, str
     return doc, f"ranks x{k}"
 
 
+def _ops_lists(doc: Any) -> list[list]:
+    if not isinstance(doc, dict) or not isinstance(doc.get("gpus"), list):
+        return []
+    return [tb["ops"] for g in doc["gpus"] if isinstance(g, dict) and isinstance(g.get("threadblocks"), list)
+            for tb in g["threadblocks"] if isinstance(tb, dict) and isinstance(tb.get("ops"), list) and tb["ops"]]
+
+
+def _m_plausible(rng: random.Random, doc: Any, paths: list[tuple]) -> tuple[Any, str]:
+    """Changes that often keep the plan valid, so the simulator and ``show`` see odd but loadable
+    plans: another alignment, thread count, size range, reduce op or flag; ops dropped, moved or
+    duplicated; a chunk index shifted by one; more scratch; pipeline units and thread-block
+    groups changed."""
+    if not isinstance(doc, dict):
+        return _m_flip_type(rng, doc, paths)
+    kind = rng.choice(["align", "threads", "range", "reduce", "flag", "drop-op", "move-op", "dup-op",
+                       "shift", "scratch", "unit", "tbg", "packet"])
+    ops_lists = _ops_lists(doc)
+    if kind == "align":
+        doc["buffer_alignment"] = rng.choice([8, 16, 32, 64, 128, 1024, 65536, 1 << 20])
+    elif kind == "threads":
+        doc["num_threads_per_block"] = rng.choice([32, 64, 96, 256, 1000, 1024])
+    elif kind == "range":
+        lo = rng.choice([0, 1, 4, 1024, 1 << 20, 2**40, 2**64 - 1])
+        doc["min_message_size"] = lo
+        doc["max_message_size"] = rng.choice([lo, lo + 1, 2**64 - 1, max(lo, 4096)])
+    elif kind == "reduce":
+        doc["reduce_op"] = rng.choice(["sum", "min", "max"])
+    elif kind == "flag":
+        key = rng.choice(["inplace", "use_double_scratch_buffer", "reuse_resources"])
+        doc[key] = not doc.get(key, False)
+    elif kind == "packet":
+        doc["packet_type"] = rng.choice(["LL8", "LL16"])
+    elif kind in ("drop-op", "move-op", "dup-op") and ops_lists:
+        ops = rng.choice(ops_lists)
+        i = rng.randrange(len(ops))
+        if kind == "drop-op":
+            del ops[i]
+        elif kind == "move-op":
+            ops.insert(rng.randrange(len(ops)), ops.pop(i))
+        else:
+            ops.insert(i, copy.deepcopy(ops[i]))
+    elif kind == "shift":
+        refs = [p for p in paths if p and p[-1] == "index" and isinstance(_get(doc, p), int)]
+        if refs:
+            p = rng.choice(refs)
+            _set(doc, p, max(0, _get(doc, p) + rng.choice([-1, 1])))
+    elif kind == "scratch":
+        for g in doc.get("gpus") or []:
+            if isinstance(g, dict) and isinstance(g.get("scratch_chunks"), int):
+                g["scratch_chunks"] += rng.choice([1, 8, 1000])
+    elif kind == "unit":
+        ctx = [p for p in paths if p and p[-1] == "iter_context" and isinstance(_get(doc, p), dict)]
+        if ctx:
+            _get(doc, rng.choice(ctx))["unit_size"] = rng.choice([1, 8, 16, 24, 4096, 1 << 30])
+    elif kind == "tbg":
+        tbg = [p for p in paths if p and p[-1] == "tbg_info" and isinstance(_get(doc, p), dict)]
+        if tbg:
+            t = _get(doc, rng.choice(tbg))
+            t["tbg_size"] = rng.choice([1, 2, 3, 64])
+            t["tb_id"] = rng.randrange(t["tbg_size"])
+    return doc, f"plausible {kind}"
+
+
 _STRUCTURAL: list[tuple[float, Callable]] = [
+    (18, _m_plausible),
     (10, _m_flip_type), (12, _m_number), (14, _m_index), (12, _m_count), (8, _m_enum),
     (8, _m_delete_key), (5, _m_add_key), (8, _m_list), (5, _m_swap), (2, _m_nest), (3, _m_string),
     (1.5, _m_top), (0.4, _m_scale),
@@ -465,8 +534,9 @@ _VERIFY_ARGS: list[tuple[float, list[str]]] = [
     (1, ["--no-symbolic", "--schedules", "1"]),
 ]
 _SHOW_ARGS: list[tuple[float, list[str]]] = [
-    (60, []), (8, ["--rank", "0"]), (5, ["--rank", "-1"]), (5, ["--rank", "99"]), (5, ["--tb", "0"]),
-    (4, ["--tb", "-3"]), (4, ["--tb", "999"]), (10, ["--no-check"]), (3, ["--rank", "1", "--tb", "1"]),
+    (45, []), (8, ["--rank", "0"]), (5, ["--rank", "-1"]), (5, ["--rank", "99"]), (5, ["--tb", "0"]),
+    (4, ["--tb", "-3"]), (4, ["--tb", "999"]), (25, ["--no-check"]), (3, ["--rank", "1", "--tb", "1"]),
+    (3, ["--no-check", "--rank", "1"]),
 ]
 
 
@@ -499,12 +569,14 @@ def generate_cases(count: int, seed: int = 0, seeds: Optional[list[tuple[str, An
         else:
             doc = copy.deepcopy(base)
             paths = paths_cache.get(k) or paths_cache.setdefault(k, _paths(base))
+            plausible_only = r < 0.34  # a third of the files: changes that tend to keep a plan valid
             for j in range(rng.choice([1, 1, 1, 2, 3])):
                 if j:
                     paths = _paths(doc)
                 if not paths:
                     break
-                doc, what = _pick(rng, _STRUCTURAL)(rng, doc, paths)
+                mutate = _m_plausible if plausible_only else _pick(rng, _STRUCTURAL)
+                doc, what = mutate(rng, doc, paths)
                 muts.append(what)
             data, what = _serialize(rng, doc)
             if what:
