@@ -242,3 +242,23 @@ def test_standard_input_is_bounded(monkeypatch):
     monkeypatch.setenv("MSCCLANG_MAX_PLAN_BYTES", "4K")
     with pytest.raises(PlanError, match="standard input is more than"):
         read_plan_document("-")
+
+
+def test_default_op_limit_refuses_a_700k_op_plan_before_validating():
+    import time
+
+    d = _doc()
+    tb = d["gpus"][1]["threadblocks"][0]
+    tb["ops"] = tb["ops"] * 700_000  # one dict shared 700k times: cheap to build, slow to validate
+    t = time.perf_counter()
+    e = _error(d)
+    assert "more than 100,000 ops" in str(e) and "MSCCLANG_MAX_PLAN_OPS" in str(e)
+    assert time.perf_counter() - t < 2
+
+
+def test_default_file_limit_is_checked_before_reading(tmp_path):
+    f = tmp_path / "big.json"
+    with open(f, "wb") as fh:
+        fh.truncate(40 << 20)  # a sparse 40 MiB file: only its size is looked at
+    e = _error(f)
+    assert "40 MiB" in str(e) and "32 MiB limit" in str(e)

@@ -1,8 +1,8 @@
 """Limits on what mscclang reads and simulates, each with the environment variable that raises it.
 
 Loading a plan is bounded before any validation work: the file size
-(``MSCCLANG_MAX_PLAN_BYTES``, default 64 MiB) and the number of ops, pipeline inner ops included
-(``MSCCLANG_MAX_PLAN_OPS``, default 200,000). The simulator's limits (memory and time of a run)
+(``MSCCLANG_MAX_PLAN_BYTES``, default 32 MiB) and the number of ops, pipeline inner ops included
+(``MSCCLANG_MAX_PLAN_OPS``, default 100,000). The simulator's limits (memory and time of a run)
 live in :mod:`mscclang.sim.budget` and use :func:`env_limit` too.
 
 Values are read from the environment when a limit is needed, never cached, so a program (or a
@@ -21,8 +21,8 @@ __all__ = ["env_limit", "max_plan_bytes", "max_plan_ops", "MAX_PLAN_BYTES_ENV", 
 
 MAX_PLAN_BYTES_ENV = "MSCCLANG_MAX_PLAN_BYTES"
 MAX_PLAN_OPS_ENV = "MSCCLANG_MAX_PLAN_OPS"
-DEFAULT_MAX_PLAN_BYTES = 64 << 20
-DEFAULT_MAX_PLAN_OPS = 200_000
+DEFAULT_MAX_PLAN_BYTES = 32 << 20
+DEFAULT_MAX_PLAN_OPS = 100_000
 
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*$")
 _SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

@@ -576,7 +576,10 @@ def generate_cases(count: int, seed: int = 0, seeds: Optional[list[tuple[str, An
                 if not paths:
                     break
                 mutate = _m_plausible if plausible_only else _pick(rng, _STRUCTURAL)
-                doc, what = mutate(rng, doc, paths)
+                try:
+                    doc, what = mutate(rng, doc, paths)
+                except RecursionError:  # a deep nest made by an earlier mutation: keep it as it is
+                    break
                 muts.append(what)
             data, what = _serialize(rng, doc)
             if what:
