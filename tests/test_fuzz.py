@@ -1,4 +1,4 @@
-"""The plan fuzzer (mscclang.testing.fuzz): a fixed-seed sample in CI, the 10,000-file campaign
+"""The plan fuzzer (mscclang.testing.fuzz: load_plan, show, verify, import-mscclpp): a fixed-seed sample in CI, the 10,000-file campaign
 under ``-m slow``. Every run must end ``ok`` or ``clear`` (exit status 0, or 1 with a message):
 no traceback, hang, memory blow-up or crash."""
 
@@ -56,8 +56,8 @@ def test_fixed_seed_sample(small_seeds, tmp_path, monkeypatch):
     (b"null", "clear"),
 ])
 def test_classification_of_known_inputs(data, cls, tmp_path):
-    case = Case(0, "inline", ["inline"], data, [("load", []), ("show", []), ("verify", [])])
-    assert [o.cls for o in run_case(case, tmp_path, timeout=30)] == [cls] * 3
+    case = Case(0, "inline", ["inline"], data, [("load", []), ("show", []), ("verify", []), ("import", [])])
+    assert [o.cls for o in run_case(case, tmp_path, timeout=30)] == [cls] * 4
 
 
 def test_a_traceback_is_classified_as_one(tmp_path, monkeypatch):
@@ -88,10 +88,10 @@ def test_a_hang_is_classified_as_one(tmp_path, monkeypatch):
 def test_batched_workers_with_a_memory_limit(tmp_path, small_seeds):
     """The campaign machinery itself: worker processes under RLIMIT_AS, results and summary."""
     s = campaign(12, tmp_path / "out", seed=3, mem_limit="3G", timeout=60, batch_size=6, sim_seconds=5)
-    assert s["files"] == 12 and s["runs"] == 36
+    assert s["files"] == 12 and s["runs"] == 48
     assert sum(s["totals"][c] for c in BAD_CLASSES) == 0, s
     lines = (tmp_path / "out" / "results.jsonl").read_text().splitlines()
-    assert len(lines) == 36 and all(json.loads(x)["cls"] in ("ok", "clear") for x in lines)
+    assert len(lines) == 48 and all(json.loads(x)["cls"] in ("ok", "clear") for x in lines)
 
 
 @pytest.mark.slow

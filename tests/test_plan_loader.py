@@ -262,3 +262,20 @@ def test_default_file_limit_is_checked_before_reading(tmp_path):
         fh.truncate(40 << 20)  # a sparse 40 MiB file: only its size is looked at
     e = _error(f)
     assert "40 MiB" in str(e) and "32 MiB limit" in str(e)
+
+
+@pytest.mark.parametrize("data,words", [(b"\xff{}", "not UTF-8"), (b"null", "expected a JSON object"),
+                                        (b"[" * 100_000, "nested too deeply"), (b"{", "not valid JSON")])
+def test_import_mscclpp_reads_through_the_loader(data, words, tmp_path, capsys):
+    f = tmp_path / "p.json"
+    f.write_bytes(data)
+    rc, err = _cli(["import-mscclpp", str(f)], capsys)
+    assert rc == 1 and words in err
+
+
+def test_json_text_with_a_byte_order_mark_or_lines_is_not_a_path():
+    text = "\ufeff" + COPY_PLAN.read_text()
+    assert load_plan(text).name == "op_copy"  # as read_text() returns a file with a BOM
+    assert load_plan("\n" + COPY_PLAN.read_text()).name == "op_copy"
+    e = _error("x" * 5000)  # not a path either: reported as JSON, not echoed as a file name
+    assert "not valid JSON" in str(e) and len(str(e)) < 200

@@ -154,6 +154,8 @@ def parse_plan_json(text: str) -> Any:
     if len(text) > limit:  # characters: a cheap bound before encoding
         raise PlanError(f"the plan text is more than the {format_bytes(limit)} limit "
                         f"(set {MAX_PLAN_BYTES_ENV} to raise it)")
+    if text.startswith("\ufeff"):  # a byte-order mark, as a file read with read_text() keeps it
+        text = text[1:]
     try:
         return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
@@ -177,6 +179,12 @@ def read_plan_document(source: Union[str, Path]) -> Any:
     return parse_plan_json(read_plan_text(source))
 
 
+def _looks_like_json(text: str) -> bool:
+    """A string ``load_plan`` takes as JSON text rather than as a path: it starts (after
+    whitespace or a byte-order mark) with ``{`` or ``[``, or no path is that long or has lines."""
+    return text.lstrip(" \t\r\n\ufeff")[:1] in ("{", "[") or len(text) > 4096 or "\n" in text
+
+
 def load_plan(source: Union[str, Path, dict, Any], check: bool = True) -> Plan:
     """Load a plan from a file path, a JSON string or parsed JSON (a dict).
 
@@ -187,10 +195,10 @@ def load_plan(source: Union[str, Path, dict, Any], check: bool = True) -> Plan:
     """
     if isinstance(source, dict):
         data: Any = source
-    elif isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("{")):
-        data = parse_plan_json(read_plan_text(source))
-    elif isinstance(source, str):
+    elif isinstance(source, str) and _looks_like_json(source):
         data = parse_plan_json(source)
+    elif isinstance(source, (str, Path)):
+        data = parse_plan_json(read_plan_text(source))
     else:  # parsed JSON that is not an object: plan_from_dict says what it is
         data = source
     return plan_from_document(data, check)

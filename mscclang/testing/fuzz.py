@@ -1,12 +1,12 @@
 """A fuzzer for everything that reads a plan file: :func:`mscclang.plan.load_plan`,
-``mscclang verify`` and ``mscclang show``.
+``mscclang verify``, ``mscclang show`` and ``mscclang import-mscclpp``.
 
 It takes the shipped plans and the tests' plans as seeds and mutates them, structurally (type
 flips, extreme and negative numbers, indexes out of range, giant counts, missing and unknown
 fields, deep nesting, duplicated ops and ranks, strings that are not valid Unicode, other
 top-level values, conversion to the MSCCL++ format) and as bytes (truncation, bytes that are not
 UTF-8, UTF-16, numbers of thousands of digits, ``NaN``, garbage); ``verify`` and ``show`` also get
-mutated arguments. Every file runs through the three targets, in worker processes that each take
+mutated arguments. Every file runs through the four targets, in worker processes that each take
 a batch of files under a memory limit (``RLIMIT_AS``) with a time limit per run, and each run is
 classified:
 
@@ -54,7 +54,8 @@ __all__ = ["fully_connected_plan", "Case", "Outcome", "seed_documents", "generat
 
 CLASSES = ("ok", "clear", "traceback", "memory", "hang", "crash")
 BAD_CLASSES = ("traceback", "memory", "hang", "crash")
-TARGETS = ("load", "show", "verify")
+TARGETS = ("load", "show", "verify", "import")
+_COMMANDS = {"show": "show", "verify": "verify", "import": "import-mscclpp"}
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -587,7 +588,8 @@ def generate_cases(count: int, seed: int = 0, seeds: Optional[list[tuple[str, An
             if r > 0.78:
                 data, what = _pick(rng, _BYTES)(rng, data)
                 muts.append(what)
-        runs = [("load", []), ("show", _pick_args(rng, _SHOW_ARGS)), ("verify", _pick_args(rng, _VERIFY_ARGS))]
+        runs = [("load", []), ("show", _pick_args(rng, _SHOW_ARGS)), ("verify", _pick_args(rng, _VERIFY_ARGS)),
+                ("import", ["--no-check"] if rng.random() < 0.3 else [])]
         yield Case(i, name, muts, data, runs)
 
 
@@ -660,7 +662,7 @@ def run_target(target: str, path: str, args: Sequence[str], timeout: float) -> t
 
                 with redirect_stdout(out), redirect_stderr(err):
                     try:
-                        rc = main([target, path, *args])
+                        rc = main([_COMMANDS[target], path, *args])
                     except SystemExit as e:
                         rc = e.code if isinstance(e.code, int) else 1
         finally:
