@@ -44,7 +44,7 @@ _MAX_DEFAULT_MEMORY = 8 << 30
 # 32 ranks, pipelines down to 16-byte units) on CPython 3.11 / numpy 2; memory with a margin
 # (measured/estimated 0.6 .. 1.0), time without one (measured/estimated 0.7 .. 4).
 _MEM_BASE = 72 << 20             # the interpreter, numpy, pydantic and the plan
-_MEM_PER_FOOTPRINT_BYTE = 1.6    # buffers, plus reads copied per op and reduce temporaries
+_MEM_PER_FOOTPRINT_BYTE = 2.5    # buffers, plus packet, read and reduce temporaries
 _MEM_PER_INDEX_ENTRY = 8 * 1.6   # postcondition index arrays: int64 per output element and source
 _MEM_PER_DRAWN = 8 * 1.5         # random inputs are drawn as float64
 _MEM_PER_OP_OBJECT = 1000        # one resolved op (COp, groups, pieces) of a compiled program
@@ -100,6 +100,7 @@ class SizeCost:
     chunks: int             # chunks of every rank's buffers (walked at each launch start)
     signal_execs: int = 0   # channels signalled per launch (each keeps a copy of the clocks)
     packet_writes: int = 0  # packet destinations written per launch (each keeps a clock copy)
+    op_bytes: int = 0       # the largest op's operand bytes (copies and reduce temporaries)
 
 
 @dataclass
@@ -162,7 +163,7 @@ def size_cost(plan: Plan, size: int, input_bytes: int, output_bytes: int) -> Siz
     ``output_bytes`` out per rank). Raises the layout's PlanError for sizes the collective does
     not allow."""
     footprint = outputs = chunks = 0
-    op_execs = operand_execs = chunk_refs = signals = packet_writes = 0
+    op_execs = operand_execs = chunk_refs = signals = packet_writes = op_bytes = 0
     for r, g in enumerate(plan.gpus):
         lay = make_layout(plan, r, input_bytes, output_bytes)
         footprint += input_bytes + output_bytes + scratch_bytes_needed(plan, lay)
@@ -181,6 +182,8 @@ def size_cost(plan: Plan, size: int, input_bytes: int, output_bytes: int) -> Siz
                         inner_packets += len(inner.dst_buff) if inner.name in PACKET_OPS else 0
                         chunk_refs += sum(x.size for x in refs)
                         longest = max([longest] + [x.size * cb for x in refs])
+                        op_bytes = max([op_bytes] + [(len(refs) + 2) * min(x.size * cb, op.iter_context.unit_size)
+                                                     for x in refs])
                     iters = _ceil_div(longest, op.iter_context.unit_size) if longest else 0
                     op_execs += 1 + iters * len(op.ops)
                     operand_execs += iters * inner_operands
@@ -194,10 +197,11 @@ def size_cost(plan: Plan, size: int, input_bytes: int, output_bytes: int) -> Siz
                     signals += len(op.channel_ids) if op.name in SIGNAL_OPS else 0
                     packet_writes += len(op.dst_buff) if op.name in PACKET_OPS else 0
                     chunk_refs += sum(x.size for x in refs)
+                    op_bytes = max([op_bytes] + [(len(refs) + 2) * x.size * cb for x in refs])
     n = len(plan.gpus)
     return SizeCost(size, input_bytes, output_bytes, footprint, outputs, n * input_bytes,
                     outputs * _sources_per_element(plan), op_execs, operand_execs, chunk_refs,
-                    chunks, signals, packet_writes)
+                    chunks, signals, packet_writes, op_bytes)
 
 
 def _actors(plan: Plan) -> int:
@@ -236,8 +240,10 @@ def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, int, int]], runs_per_si
         if runs:
             logs = launches * (c.operand_execs * _MEM_PER_ACCESS
                                + (c.signal_execs * 2 + c.packet_writes) * actors * 8)
+            # transients: the largest op's copies (as float64 when reducing), one rank's check
+            transient = c.op_bytes * 8 / used[0] + (checked / len(plan.gpus) / used[0] * 16 if plan.gpus else 0)
             peak_run = max(peak_run, c.footprint * _MEM_PER_FOOTPRINT_BYTE + launches * c.outputs
-                           + c.inputs / used[0] * _MEM_PER_DRAWN + logs)
+                           + c.inputs / used[0] * _MEM_PER_DRAWN + logs + transient)
         per_launch = (c.op_execs * (_SEC_PER_OP + actors * _SEC_PER_CLOCK_ENTRY)
                       + (c.signal_execs * 2 + c.packet_writes) * actors * _SEC_PER_CLOCK_COPY
                       + c.operand_execs * _SEC_PER_OPERAND + c.footprint * _SEC_PER_BYTE
