@@ -96,6 +96,14 @@ class _Names:
     def __init__(self, gpu: Gpu, tb: ThreadBlock) -> None:
         self.gpu = gpu
         self.tb = tb
+        self._peers: dict[ChannelType, list[int]] = {}
+        self._groups: Optional[list] = None
+
+    def peers(self, ct: ChannelType) -> list[int]:
+        got = self._peers.get(ct)
+        if got is None:
+            got = self._peers[ct] = self.gpu.peers(ct)
+        return got
 
     def ref(self, ref: BufferRef, ct: ChannelType) -> str:
         rng = f"[{ref.index}:{ref.index + ref.size}]"
@@ -108,7 +116,9 @@ class _Names:
                 return f"{rb.type.value}{rng}@r{rb.rank}"
             return f"?{rng}@remote#{ref.buffer_id}"
         lst = self.tb.channel_list(ChannelType.switch)
-        groups = self.gpu.switch_groups()
+        if self._groups is None:
+            self._groups = self.gpu.switch_groups()
+        groups = self._groups
         sid = ref.switch_channel_id
         if sid is not None and sid < len(lst) and lst[sid] < len(groups):
             kind, _ = groups[lst[sid]]
@@ -122,7 +132,7 @@ class _Names:
         g = lst[cid]
         if ct == ChannelType.switch:
             return f"sw{g}"
-        peers = self.gpu.peers(ct)
+        peers = self.peers(ct)
         return f"ch{g}->r{peers[g]}" if g < len(peers) else f"ch{g}->?"
 
 

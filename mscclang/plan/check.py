@@ -165,6 +165,23 @@ class _Checker:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.n = len(plan.gpus)
+        self._peers: dict[tuple[int, ChannelType], list[int]] = {}
+        self._switch: dict[int, list] = {}
+
+    def peers(self, gpu: Gpu, ct: ChannelType) -> list[int]:
+        """``gpu.peers(ct)``, computed once per rank (ops look it up again and again)."""
+        key = (gpu.id, ct)
+        got = self._peers.get(key)
+        if got is None:
+            got = self._peers[key] = gpu.peers(ct)
+        return got
+
+    def switch_groups(self, gpu: Gpu) -> list:
+        """``gpu.switch_groups()``, computed once per rank."""
+        got = self._switch.get(gpu.id)
+        if got is None:
+            got = self._switch[gpu.id] = gpu.switch_groups()
+        return got
 
     # ------------------------------------------------------------------ plan level
     def run(self) -> None:
@@ -309,8 +326,8 @@ class _Checker:
 
     def num_channels(self, gpu: Gpu, ct: ChannelType) -> int:
         if ct == ChannelType.switch:
-            return len(gpu.switch_groups())
-        return len(gpu.peers(ct))
+            return len(self.switch_groups(gpu))
+        return len(self.peers(gpu, ct))
 
     # ------------------------------------------------------------------ thread block level
     def check_tb(self, r: int, gpu: Gpu, t: int, tb: ThreadBlock) -> None:
@@ -470,7 +487,7 @@ class _Checker:
                                 f"channel(s) for {len(remotes)} operand(s)", f"{path}.channel_ids")
             ct = op.channel_type
             tb_list = tb.channel_list(ct)
-            peers = gpu.peers(ct)
+            peers = self.peers(gpu, ct)
             rbl = tb.remote_buffer_list(ct)
             side = "src_buff" if op.name == OpName.get else "dst_buff"
             for k, (cid, ref) in enumerate(zip(op.channel_ids, remotes)):
@@ -516,7 +533,7 @@ class _Checker:
                 raise PlanError(f"switch_channel_id {ref.switch_channel_id} is outside thread block {t}'s "
                                 f"switch channel list (length {len(tb_list)}) on rank {r}",
                                 f"{path}.switch_channel_id")
-            kind, ranks = gpu.switch_groups()[tb_list[ref.switch_channel_id]]
+            kind, ranks = self.switch_groups(gpu)[tb_list[ref.switch_channel_id]]
             if op.name in _PACKET_SWITCH_DST and kind != BufferKind.scratch:
                 raise PlanError(f"{name} stores packets, so its switch channel must bind scratch, "
                                 f"not {_kind_name(kind)}", f"{path}.switch_channel_id")

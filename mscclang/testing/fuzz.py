@@ -537,7 +537,7 @@ _VERIFY_ARGS: list[tuple[float, list[str]]] = [
 _SHOW_ARGS: list[tuple[float, list[str]]] = [
     (45, []), (8, ["--rank", "0"]), (5, ["--rank", "-1"]), (5, ["--rank", "99"]), (5, ["--tb", "0"]),
     (4, ["--tb", "-3"]), (4, ["--tb", "999"]), (25, ["--no-check"]), (3, ["--rank", "1", "--tb", "1"]),
-    (3, ["--no-check", "--rank", "1"]),
+    (3, ["--no-check", "--rank", "1"]), (3, ["--png", "{dir}/fuzz.png"]), (1, ["--png", "{dir}/fuzz.png", "--rank", "0"]),
 ]
 
 
@@ -639,6 +639,7 @@ def run_target(target: str, path: str, args: Sequence[str], timeout: float) -> t
     strict UTF-8 encoder, as a terminal's would be."""
     from mscclang.errors import MscclangError
 
+    args = [a.replace("{dir}", str(Path(path).parent)) for a in args]  # e.g. where --png writes
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
     err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
     use_alarm = timeout > 0 and hasattr(signal, "setitimer")
