@@ -42,7 +42,8 @@ _MAX_DEFAULT_MEMORY = 8 << 30
 
 # --- coefficients fitted to 38 verify runs of library and synthetic plans (2 KiB .. 16 MiB, 2 to
 # 32 ranks, pipelines down to 16-byte units) on CPython 3.11 / numpy 2; memory with a margin
-# (measured/estimated 0.6 .. 1.0), time without one (measured/estimated 0.7 .. 4).
+# (measured/estimated 0.5 .. 0.9), time without one (measured/estimated 0.9 .. 5 for runs over
+# 0.1 s; runs of a few milliseconds are mostly fixed cost).
 _MEM_BASE = 72 << 20             # the interpreter, numpy, pydantic and the plan
 _MEM_PER_FOOTPRINT_BYTE = 2.5    # buffers, plus packet, read and reduce temporaries
 _MEM_PER_INDEX_ENTRY = 8 * 1.6   # postcondition index arrays: int64 per output element and source
