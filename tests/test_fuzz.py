@@ -96,7 +96,7 @@ def test_batched_workers_with_a_memory_limit(tmp_path, small_seeds):
 
 @pytest.mark.slow
 def test_campaign_of_ten_thousand_files(tmp_path):
-    """The reliability figure of notes/reliability_fuzz.md (takes about an hour on 2 cores)."""
+    """The reliability figure of notes/reliability_fuzz.md (about 11 minutes on 2 shared cores)."""
     s = campaign(10_000, tmp_path / "out", seed=1, mem_limit="4G", timeout=60, batch_size=250)
     assert s["files"] >= 10_000
     bad = {c: s["totals"][c] for c in BAD_CLASSES}
