@@ -33,7 +33,10 @@ PIPELINED = PLANS / "allreduce_rsag_pipelined.r2.i8.json"
 
 
 def _cli(argv: list[str], capsys) -> tuple[int, str]:
-    rc = main(argv)
+    try:
+        rc = main(argv)
+    except SystemExit as e:   # argparse's usage errors (exit status 1, like other mistakes)
+        rc = e.code
     cap = capsys.readouterr()
     assert "Traceback" not in cap.err
     return rc, cap.err
@@ -107,7 +110,19 @@ def test_pipeline_unit_size_one_is_refused(tmp_path):
 @pytest.mark.parametrize("flag", ["--schedules", "--launches"])
 def test_uncapped_schedules_and_launches_are_refused(flag):
     r = _cli_subprocess(["verify", str(ONESHOT), flag, "1000000000"], timeout=30)
-    assert r.returncode == 1 and "Traceback" not in r.stderr and "MSCCLANG_SIM_MAX_" in r.stderr
+    # refused by the option's cap (mscclang.cli.args), or by the budget when the cap allows it
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "out of range" in r.stderr or "MSCCLANG_SIM_MAX_" in r.stderr
+
+
+def test_the_budget_refuses_what_the_caps_allow():
+    """Within the CLI's caps the API's budget still refuses what would not fit."""
+    from mscclang.errors import LimitError
+    from mscclang.sim.budget import Limits
+
+    with pytest.raises(LimitError, match="MSCCLANG_SIM_MAX_"):
+        verify(load_plan(ONESHOT), schedules=1000, launches=16, sizes=[1 << 20],
+               limits=Limits(memory_bytes=1 << 30, seconds=1.0))
 
 
 def test_thousand_fully_connected_ranks_are_refused(tmp_path):
@@ -118,7 +133,7 @@ def test_thousand_fully_connected_ranks_are_refused(tmp_path):
 
 def test_a_few_fully_connected_ranks_verify():
     rep = verify(load_plan(fully_connected_plan(6)), schedules=2)
-    assert rep.ok, str(rep)
+    assert rep.passed() and not rep.failed, str(rep)   # a test plan: NO POSTCONDITION, no error
 
 
 @pytest.mark.parametrize("argv,words", [

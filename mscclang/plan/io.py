@@ -175,7 +175,13 @@ def read_plan_document(source: Union[str, Path]) -> Any:
         if len(raw) > limit:
             raise PlanError(f"the plan on standard input is more than the {format_bytes(limit)} "
                             f"limit (set {MAX_PLAN_BYTES_ENV} to raise it)")
-        return parse_plan_json(decode_plan_bytes(raw, "standard input"))
+        text = decode_plan_bytes(raw, "standard input")
+        if not text.strip():
+            raise PlanError("no plan on standard input ('-' reads the plan JSON from stdin)")
+        try:
+            return parse_plan_json(text)
+        except PlanError as e:
+            raise PlanError(f"standard input is {e.message}", e.path) from None
     return parse_plan_json(read_plan_text(source))
 
 

@@ -98,11 +98,19 @@ def pipeline_size(plan: Plan, max_tries: int = 12) -> Optional[int]:
     unit = max(op.iter_context.unit_size for op in pipes)
     step = bc * f * (a * MAX_SYMBOLIC_GRANULE // math.gcd(a, MAX_SYMBOLIC_GRANULE))
     size = bc * f * (unit + MAX_SYMBOLIC_GRANULE)
+    if unit * 16 < MAX_SYMBOLIC_GRANULE:
+        # tiny units: a chunk of unit + granule bytes would be hundreds of iterations (slow to
+        # compile, and the budget refuses such plans at real sizes anyway): aim at a few
+        step = bc * f * a
+        size = bc * f * 2 * unit
     size = max(size, plan.min_message_size)
     size = -(-size // step) * step
+    least = min(op.iter_context.unit_size for op in pipes)
     for _ in range(max_tries):
         if size > plan.max_message_size:
             return None
+        if size // (bc * f) > 4096 * max(least, 1):
+            return None   # thousands of iterations per chunk: not a size to compile here (the budget judges it)
         try:
             ib, ob = message_to_bytes(plan, size)
             if _fewest_iterations(compile_program(plan, ib, ob)) >= 2:
