@@ -551,26 +551,36 @@ def _on_alarm(signum: int, frame: object) -> None:
 def classify(plan_name: str, doc: dict, site: Site, timeout: float = 0.0,
              verify_kwargs: Optional[dict] = None) -> Result:
     """Build the mutant of ``doc`` at ``site``, load it and run a default verify (``verify_kwargs``
-    overrides options, for quick tests only). ``timeout`` (seconds, 0: none) bounds the run
-    through ``SIGALRM``, so it applies in the main thread only."""
+    overrides options, for quick tests only). ``timeout`` (seconds, 0: none) bounds the run: as
+    the simulator's time limit (its budget refuses, or its deadline stops, a run that would take
+    longer), with ``SIGALRM`` as a backstop (main thread only) for time spent outside the
+    simulator's steps."""
+    from mscclang.errors import LimitError
     from mscclang.plan import load_plan
     from mscclang.sim import verify
+    from mscclang.sim.budget import Limits
 
     t0 = time.perf_counter()
     mutant = mutate(doc, site)
     old = None
+    kw = dict(verify_kwargs or {})
     if timeout > 0:
+        kw.setdefault("limits", Limits(Limits.from_env().memory_bytes, timeout))
         old = signal.signal(signal.SIGALRM, _on_alarm)
         # repeating: an alarm that lands in a garbage-collector callback or a finaliser is
         # swallowed there (Python reports it as unraisable), so the next one must follow
-        signal.setitimer(signal.ITIMER_REAL, timeout, max(timeout, 0.5))
+        backstop = 2 * timeout + 1.0
+        signal.setitimer(signal.ITIMER_REAL, backstop, backstop)
     try:
         try:
             plan = load_plan(json.dumps(mutant))
         except PlanError as e:
             return Result(plan_name, site, "rejected", ["load"], str(e).splitlines()[0],
                           time.perf_counter() - t0)
-        rep = verify(plan, max_problems=1, **(verify_kwargs or {}))
+        try:
+            rep = verify(plan, max_problems=1, **kw)
+        except LimitError as e:   # the budget refused it, or its deadline stopped it
+            return Result(plan_name, site, "timeout", [], str(e).splitlines()[0], time.perf_counter() - t0)
         if rep.ok:
             return Result(plan_name, site, "survived", [], "", time.perf_counter() - t0)
         first = rep.problems[0] if rep.problems else None
