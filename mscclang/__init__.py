@@ -7,6 +7,7 @@ from mscclang.errors import (  # noqa: F401
     CompileError,
     DSLError,
     DSLWarning,
+    LimitError,
     MscclangError,
     MscclangWarning,
     PlanError,
@@ -45,7 +46,7 @@ from mscclang.dsl import (  # noqa: F401
 
 __version__ = "0.1.0"
 
-__all__ = ["CollectiveTimeout", "CompileError", "DSLError", "DSLWarning", "MscclangError",
+__all__ = ["CollectiveTimeout", "CompileError", "DSLError", "DSLWarning", "LimitError", "MscclangError",
            "MscclangWarning", "PlanError", "VerificationError",
            # the DSL (mscclang.dsl.__all__)
            "AlgoSpec", "AllGather", "AllReduce", "AllToAll", "BaseBuffer", "Broadcast", "Buffer",

@@ -27,6 +27,12 @@ class PlanError(MscclangError):
         super().__init__(f"{path}: {message}" if path else message)
 
 
+class LimitError(MscclangError):
+    """An input or a requested run exceeds a documented limit (plan file size, op count, the
+    simulator's memory or time budget); the message names the limit and the environment variable
+    that raises it."""
+
+
 class VerificationError(MscclangError):
     """The simulator found a plan incorrect (deadlock, race or wrong output)."""
 

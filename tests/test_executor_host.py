@@ -94,3 +94,32 @@ def test_call_description_names_collective_sizes_dtype_plan_packet_and_op():
     assert d.startswith("allreduce of 2048 B bf16 on plan ") and d.endswith(" LL16 sum")
     d = ex._describe_call(_lp("allgather", False), 512, 1024, "f32", "ll8", "sum")
     assert "512 B in, 1024 B out" in d and "sum" not in d
+
+
+def test_memory_report_counts_live_and_retired_contexts_and_symmetric_buffers():
+    from mscclang.comm import Communicator
+    from mscclang.comm.backend import RuntimeBackend
+    from mscclang.comm.tuning import TuningTable
+    from mscclang.runtime.comm import Communicator as RuntimeComm, SymAlloc
+    from mscclang.testing.comm_harness import catalog_of
+
+    ex = _ex()
+    ex._modules, ex._spec_mods = {"bf16": object()}, {"a": (None, None), "b": (None, None)}
+    ctx = lambda scratch, plans: types.SimpleNamespace(  # noqa: E731
+        scratch_bytes=scratch, sync=types.SimpleNamespace(size=4096),
+        plans={i: types.SimpleNamespace(nbytes=n) for i, n in enumerate(plans)})
+    lp = _lp("allreduce", False)
+    lp.ctx, lp.retired, lp.fast = ctx(1 << 20, [100, 200]), [ctx(1 << 19, [50])], {1: None, 2: None}
+    ex._loaded = {1: lp}
+    m = ex.memory()
+    assert m == dict(scratch=1 << 20, sync=4096, retired_scratch=1 << 19, retired_sync=4096, device_plans=350,
+                     contexts=1, retired_contexts=1, launch_entries=2, kernels=3)
+    rc = object.__new__(RuntimeComm)
+    rc._sym = [SymAlloc(0, 0, 1 << 21, 1), SymAlloc(1, 0, 256, 2, internal=True)]
+    assert rc.memory() == {"symmetric": 1 << 21, "staging": 256, "symmetric_buffers": 1, "staging_buffers": 1}
+    ex.comm = rc
+    be = RuntimeBackend(rank=0, world_size=2, device=torch.device("cpu"), executor=ex)
+    comm = Communicator(backend=be, plans=catalog_of([]), tuning=TuningTable(), fallback=False)
+    got = comm.memory()
+    assert got["total_bytes"] == (1 << 20) + 4096 + (1 << 19) + 4096 + 350 + (1 << 21) + 256
+    assert got["kernels"] == 3

@@ -4,12 +4,11 @@ an mscclang plan (format ``mscclang.plan/1``)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from mscclang.errors import PlanError
-from mscclang.plan.io import plan_to_json
+from mscclang.plan.io import plan_to_json, read_plan_document
 from mscclang.plan.mscclpp import from_mscclpp
 
 __all__ = ["add_parser", "run"]
@@ -29,17 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.input == "-":
-        text = sys.stdin.read()
-    else:
-        try:
-            text = Path(args.input).read_text()
-        except OSError as e:
-            raise PlanError(f"cannot read {args.input}: {e.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise PlanError(f"{args.input} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    data = read_plan_document(args.input)  # bounded, UTF-8, JSON errors as PlanError
     plan = from_mscclpp(data, check=not args.no_check)
     out = plan_to_json(plan)
     if args.output:

@@ -5,12 +5,21 @@ visible GPUs (a plan for fewer ranks than GPUs runs on the first ones). The chec
 the output was checked: ``sim`` bit for bit against the simulator (up to 64 KiB), then ``exact``
 (bit for bit against torch: copies, int32, min/max, 2 ranks) or ``bound`` (floating-point sums
 over 3+ ranks: within the any-order summation error bound, see mscclang.testing.runtime_checks). Without
-enough GPUs it says so and verifies the plan on the simulator instead."""
+enough GPUs it says so and verifies the plan on the simulator instead, at each requested size
+scaled down (with a message) until the simulation fits ``MSCCLANG_SIM_MAX_MEMORY`` and
+``MSCCLANG_SIM_MAX_SECONDS`` (see :mod:`mscclang.sim.budget`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING, Optional
+
+from mscclang.errors import LimitError, MscclangError
+
+if TYPE_CHECKING:
+    from mscclang.plan.models import Plan
+    from mscclang.sim.budget import Estimate, Limits
 
 from mscclang.cli.args import GPU_DTYPES, SIZES_FORMS, add_progress_flag, dtype_arg, flatten_sizes, sizes_arg
 
@@ -32,11 +41,72 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
     p.set_defaults(func=run)
 
 
+#: schedules per size when ``run`` falls back to the simulator
+SIM_SCHEDULES = 3
+
+
+def _fitting_size(plan: "Plan", want: int, unit: int, dtype: str, limits: "Limits",
+                  share: int) -> tuple[int, "Estimate"]:
+    """The largest size, ``want`` halved as often as needed (kept a multiple of ``unit``), whose
+    verification takes at most ``1/share`` of ``limits``; with the estimate of ``want``."""
+    from mscclang.sim.budget import Limits
+    from mscclang.sim.dtypes import parse_dtype
+    from mscclang.sim.verify import estimate_verify
+
+    part = Limits(limits.memory_bytes // share, limits.seconds / share)
+    dts = [parse_dtype(dtype)]
+    first = est = estimate_verify(plan, [want], dts, SIM_SCHEDULES, 2)
+    size = want
+    while not est.fits(part):
+        size = (size // 2) // unit * unit
+        if size < unit:
+            raise LimitError(f"{first.what} would take {' and '.join(first.problems(part))}, and so "
+                             f"would any size down to {unit} bytes")
+        est = estimate_verify(plan, [size], dts, SIM_SCHEDULES, 2)
+    return size, first
+
+
+def _simulate_instead(plan: "Plan", sizes: list[int], dtype: str, progress: "Optional[bool]" = None) -> int:
+    """Without GPUs: verify the plan on the simulator at the requested sizes, each scaled down
+    (with a message) until its simulation fits the simulator's limits
+    (``MSCCLANG_SIM_MAX_MEMORY`` / ``MSCCLANG_SIM_MAX_SECONDS``, shared among the sizes)."""
+    from mscclang.plan.limits import format_bytes
+    from mscclang.sim.budget import Limits
+    from mscclang.sim.verify import verify
+
+    esize = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4}[dtype]
+    limits = Limits.from_env()
+    unit = esize * len(plan.gpus)
+    chosen: list[int] = []
+    for nb in sizes:
+        want = max(nb // unit * unit, unit)
+        got, est = _fitting_size(plan, want, unit, dtype, limits, len(sizes))
+        if got != want:
+            print(f"mscclang run: simulating {format_bytes(got)} instead of {format_bytes(want)}: "
+                  f"{format_bytes(want)} would take {' and '.join(est.problems(limits))}",
+                  file=sys.stderr)
+        chosen.append(got)
+    from mscclang.cli.progress import Progress
+
+    with Progress(None, f"simulate {plan.name}", unit="run", enabled=progress) as bar:
+        def step(done: int, total: int) -> None:
+            bar.set_total(total)
+            bar.update(done - bar.n)
+
+        rep = verify(plan, sizes=sorted(set(chosen)), dtypes=[dtype], schedules=SIM_SCHEDULES, limits=limits,
+                     progress=step)
+    print(rep)
+    return rep.exit_code()  # NO POSTCONDITION (test/custom plans) and warnings: 0
+
+
 def run(args: argparse.Namespace) -> int:
     from mscclang.plan.io import load_plan, plan_to_json
 
     plan = load_plan(args.plan)
     sizes = flatten_sizes(args.size) or [1024, 1 << 20]
+    for nb in sizes:
+        if nb <= 0:
+            raise MscclangError(f"--size {nb}: message sizes must be positive (bytes)")
     ngpu = 0
     try:
         import torch
@@ -47,19 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if ngpu < plan.world_size:
         print(f"mscclang run: {ngpu} GPU(s) visible, the plan needs {plan.world_size}; verifying on the "
               "simulator instead", file=sys.stderr)
-        from mscclang.cli.progress import Progress
-        from mscclang.sim import verify
-
-        esize = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4}[args.dtype]
-        with Progress(None, f"simulate {plan.name}", unit="run", enabled=args.progress) as bar:
-            def step(done: int, total: int) -> None:
-                bar.set_total(total)
-                bar.update(done - bar.n)
-
-            rep = verify(plan, sizes=sorted({max(s // esize * esize, esize) for s in sizes}),
-                         dtypes=[args.dtype], schedules=3, progress=step)
-        print(rep)
-        return rep.exit_code()  # NO POSTCONDITION (test/custom plans) and warnings: 0
+        return _simulate_instead(plan, sizes, args.dtype, args.progress)
     from mscclang.runtime.launch import WorkerPool
 
     j = plan_to_json(plan)

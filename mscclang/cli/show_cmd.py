@@ -12,13 +12,11 @@ channel 3 of the op's type, leading to rank 2. MSCCL++ plans are converted on th
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Optional
 
 from mscclang.errors import PlanError
-from mscclang.plan.io import load_plan
+from mscclang.plan.io import plan_from_document, read_plan_document
 from mscclang.plan.models import (
     BufferRef,
     ChannelType,
@@ -59,24 +57,10 @@ def read_plan_any(source: str, check: bool = True) -> tuple[Plan, bool]:
     """Load a plan file in either format; returns (plan, was_mscclpp)."""
     from mscclang.plan.mscclpp import from_mscclpp, is_mscclpp_plan
 
-    if source == "-":
-        text = sys.stdin.read()
-        if not text.strip():
-            raise PlanError("no plan on standard input ('-' reads the plan JSON from stdin)")
-    else:
-        path = Path(source)
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise PlanError(f"cannot read plan file {path}: {e.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        what = "standard input" if source == "-" else source
-        raise PlanError(f"{what} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    data = read_plan_document(source)
     if is_mscclpp_plan(data):
         return from_mscclpp(data, check=check), True
-    return load_plan(data, check=check), False
+    return plan_from_document(data, check=check), False
 
 
 def check_tb(plan: Plan, tb: int, rank: Optional[int]) -> None:
@@ -132,6 +116,14 @@ class _Names:
     def __init__(self, gpu: Gpu, tb: ThreadBlock) -> None:
         self.gpu = gpu
         self.tb = tb
+        self._peers: dict[ChannelType, list[int]] = {}
+        self._groups: Optional[list] = None
+
+    def peers(self, ct: ChannelType) -> list[int]:
+        got = self._peers.get(ct)
+        if got is None:
+            got = self._peers[ct] = self.gpu.peers(ct)
+        return got
 
     def ref(self, ref: BufferRef, ct: ChannelType) -> str:
         rng = f"[{ref.index}:{ref.index + ref.size}]"
@@ -144,7 +136,9 @@ class _Names:
                 return f"{rb.type.value}{rng}@r{rb.rank}"
             return f"?{rng}@remote#{ref.buffer_id}"
         lst = self.tb.channel_list(ChannelType.switch)
-        groups = self.gpu.switch_groups()
+        if self._groups is None:
+            self._groups = self.gpu.switch_groups()
+        groups = self._groups
         sid = ref.switch_channel_id
         if sid is not None and sid < len(lst) and lst[sid] < len(groups):
             kind, _ = groups[lst[sid]]
@@ -158,7 +152,7 @@ class _Names:
         g = lst[cid]
         if ct == ChannelType.switch:
             return f"sw{g}"
-        peers = self.gpu.peers(ct)
+        peers = self.peers(ct)
         return f"ch{g}->r{peers[g]}" if g < len(peers) else f"ch{g}->?"
 
 

@@ -49,6 +49,15 @@ class Backend:
         """Bytes every block of a call must be a multiple of (1: any size the layout accepts)."""
         return 1
 
+    def memory(self) -> dict[str, int]:
+        """GPU memory the engine holds, by kind, in bytes (and counts); empty when unknown."""
+        return {}
+
+    def runnable(self, plan: Plan) -> Optional[str]:
+        """Why this engine cannot run ``plan`` here (e.g. a channel the node layout cannot carry),
+        or None when it can."""
+        return None
+
     def synchronize(self) -> None:
         """Wait for this rank's launches (and raise a pending CollectiveTimeout)."""
 
@@ -118,6 +127,7 @@ class RuntimeBackend(Backend):
             self.device = torch.device("cuda", int(getattr(executor.comm, "device", 0)))
         env = os.environ.get("MSCCLANG_COMM_GRANULE")
         self._forced_granule = int(env) if env else None
+        self._runnable: dict[int, tuple] = {}   # id(plan) -> (plan, reason or None)
 
     def execute(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
                 packet_type: Optional[str] = None) -> None:
@@ -133,6 +143,21 @@ class RuntimeBackend(Backend):
     def is_symmetric(self, tensor: Any) -> bool:
         got = self.executor.comm.symmetric_of(tensor.data_ptr())
         return got is not None and not getattr(got[0], "internal", False)
+
+    def memory(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for part in (getattr(self.executor, "memory", None), getattr(getattr(self.executor, "comm", None), "memory", None)):
+            if part is not None:
+                out.update(part())
+        return out
+
+    def runnable(self, plan: Plan) -> Optional[str]:
+        got = self._runnable.get(id(plan))
+        if got is None or got[0] is not plan:
+            check = getattr(self.executor, "runnable", None)
+            got = (plan, check(plan) if check is not None else None)
+            self._runnable[id(plan)] = got
+        return got[1]
 
     def granule(self, plan: Plan) -> int:
         if self._forced_granule:

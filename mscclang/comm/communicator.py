@@ -51,6 +51,9 @@ log = logging.getLogger("mscclang.comm")
 _INPLACE_COPY_OK = ("allreduce", "broadcast", "alltoall", "allgather", "sendrecv")
 _MODE_RANK = {"direct": 0, "copy_in": 1, "staged": 2}
 _MEMO_SIZE = 256
+#: the byte-valued kinds of :meth:`Communicator.memory` (the others are counts)
+_BYTE_KINDS = frozenset({"scratch", "sync", "retired_scratch", "retired_sync", "device_plans", "symmetric",
+                         "staging"})
 
 
 @dataclass
@@ -324,6 +327,16 @@ class Communicator:
         """The selector's ordered choices for a message of ``nbytes`` (introspection)."""
         return self.selector.choices(collective, self.world_size, nbytes, dtype)
 
+    def memory(self) -> dict[str, int]:
+        """What this communicator holds on its GPU, in bytes by kind (and counts): the runtime's
+        scratch, sync areas and device plans (live and retired contexts), its staging for ordinary
+        tensors, the symmetric buffers (``symmetric``: those from :meth:`empty`, the
+        communicator's own staging included) and the kernels loaded. ``total_bytes`` sums the
+        byte kinds. The torch.distributed fallback's memory (NCCL's) is not included."""
+        out = dict(self.backend.memory()) if self.backend is not None else {}
+        out["total_bytes"] = sum(v for k, v in out.items() if k in _BYTE_KINDS)
+        return out
+
     def synchronize(self) -> None:
         """Wait for this rank's launches (raises a pending CollectiveTimeout)."""
         if self.backend is not None:
@@ -467,6 +480,11 @@ class Communicator:
                 self._note_fallback(coll, f"plan {v.key} cannot be loaded: {e}", level=logging.ERROR)
                 continue
             if coll == "broadcast" and (plan.root or 0) != root:
+                continue
+            why = self.backend.runnable(plan) if self.backend is not None else None
+            if why is not None:
+                self._note(coll, f"mscclang rank {self.rank}: plan {v.key} cannot run here: {why}",
+                           level=logging.INFO)
                 continue
             cp = self._fit(coll, v, plan, choice, inp, out, inplace, shape, esz, dry=True)
             if cp is not None and (best is None or _MODE_RANK[cp.mode] < _MODE_RANK[best.mode]):

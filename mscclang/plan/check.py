@@ -26,6 +26,8 @@ What is checked:
   ``barrier_tbs``), and exactly that many thread blocks use the id;
 * thread-block groups: the members of one grouped op agree on ``tbg_size`` and each position
   ``0 .. tbg_size-1`` occurs equally often;
+* packets: a plan with packet ops has ``buffer_alignment`` of at least 8 and its packet
+  pipelines a ``unit_size`` divisible by 8 (an LL16 packet carries 8 payload bytes);
 * reduce ops: every reduction that names a reduce op names the same one (and the plan's
   ``reduce_op``, when set), since one launch runs one reduce op;
 * the collective: chunk counts of every rank equal the collective's (``spec_from_plan``); an
@@ -46,6 +48,7 @@ from mscclang.plan.models import (
     BufferRef,
     ChannelType,
     Gpu,
+    PACKET_OPS,
     Op,
     OpName,
     Plan,
@@ -162,6 +165,23 @@ class _Checker:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.n = len(plan.gpus)
+        self._peers: dict[tuple[int, ChannelType], list[int]] = {}
+        self._switch: dict[int, list] = {}
+
+    def peers(self, gpu: Gpu, ct: ChannelType) -> list[int]:
+        """``gpu.peers(ct)``, computed once per rank (ops look it up again and again)."""
+        key = (gpu.id, ct)
+        got = self._peers.get(key)
+        if got is None:
+            got = self._peers[key] = gpu.peers(ct)
+        return got
+
+    def switch_groups(self, gpu: Gpu) -> list:
+        """``gpu.switch_groups()``, computed once per rank."""
+        got = self._switch.get(gpu.id)
+        if got is None:
+            got = self._switch[gpu.id] = gpu.switch_groups()
+        return got
 
     # ------------------------------------------------------------------ plan level
     def run(self) -> None:
@@ -175,6 +195,27 @@ class _Checker:
             self.check_gpu(r, gpu)
         self.check_reduce_ops()
         self.check_double_scratch()
+        self.check_packet_alignment()
+
+    def check_packet_alignment(self) -> None:
+        """Packet offsets are multiples of the alignment (chunk slots), of 8 (thread-block
+        group shares) and of a pipeline's ``unit_size`` (its slices). An LL16 packet carries 8
+        payload bytes, so a plan with packet ops needs ``buffer_alignment`` of at least 8 and
+        packet pipelines a ``unit_size`` divisible by 8, as the GPU's device plan does."""
+        first: Optional[str] = None
+        for path, op in iter_op_paths(self.plan):
+            if op.name in PACKET_OPS and first is None:
+                first = path
+            if op.name == OpName.pipeline and op.iter_context is not None and op.iter_context.unit_size % 8:
+                inner = [o.name.value for o in op.ops or [] if o.name in PACKET_OPS]
+                if inner:
+                    raise PlanError(f"a pipeline with packet ops ({inner[0]}) needs unit_size divisible "
+                                    f"by 8 (the payload of one LL16 packet), got {op.iter_context.unit_size}",
+                                    f"{path}.iter_context.unit_size")
+        a = self.plan.buffer_alignment
+        if first is not None and a < 8:
+            raise PlanError(f"a plan with packet ops (the first at {first}) needs buffer_alignment of at "
+                            f"least 8 (the payload of one LL16 packet), got {a}", "buffer_alignment")
 
     def check_double_scratch(self) -> None:
         """With double scratch a launch picks a half of every scratch it touches, the peer's too,
@@ -285,8 +326,8 @@ class _Checker:
 
     def num_channels(self, gpu: Gpu, ct: ChannelType) -> int:
         if ct == ChannelType.switch:
-            return len(gpu.switch_groups())
-        return len(gpu.peers(ct))
+            return len(self.switch_groups(gpu))
+        return len(self.peers(gpu, ct))
 
     # ------------------------------------------------------------------ thread block level
     def check_tb(self, r: int, gpu: Gpu, t: int, tb: ThreadBlock) -> None:
@@ -446,7 +487,7 @@ class _Checker:
                                 f"channel(s) for {len(remotes)} operand(s)", f"{path}.channel_ids")
             ct = op.channel_type
             tb_list = tb.channel_list(ct)
-            peers = gpu.peers(ct)
+            peers = self.peers(gpu, ct)
             rbl = tb.remote_buffer_list(ct)
             side = "src_buff" if op.name == OpName.get else "dst_buff"
             for k, (cid, ref) in enumerate(zip(op.channel_ids, remotes)):
@@ -492,7 +533,7 @@ class _Checker:
                 raise PlanError(f"switch_channel_id {ref.switch_channel_id} is outside thread block {t}'s "
                                 f"switch channel list (length {len(tb_list)}) on rank {r}",
                                 f"{path}.switch_channel_id")
-            kind, ranks = gpu.switch_groups()[tb_list[ref.switch_channel_id]]
+            kind, ranks = self.switch_groups(gpu)[tb_list[ref.switch_channel_id]]
             if op.name in _PACKET_SWITCH_DST and kind != BufferKind.scratch:
                 raise PlanError(f"{name} stores packets, so its switch channel must bind scratch, "
                                 f"not {_kind_name(kind)}", f"{path}.switch_channel_id")

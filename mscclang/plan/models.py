@@ -19,12 +19,36 @@ Conventions kept from MSCCL++:
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StrictBool, model_validator
 
 PLAN_FORMAT = "mscclang.plan/1"
+#: largest message size a plan can name (an unsigned 64-bit byte count)
 MAX_MESSAGE_SIZE = 2**64 - 1
+#: largest chunk count, chunk index, id or rank a plan can name (a signed 32-bit value)
+MAX_COUNT = 2**31 - 1
+#: largest ``buffer_alignment`` (a power of two from 1 to this)
+MAX_BUFFER_ALIGNMENT = 2**20
+#: longest plan ``name`` / ``collective`` string
+MAX_NAME_LENGTH = 1024
+
+
+def _power_of_two(value: int) -> int:
+    if value & (value - 1):
+        raise ValueError(f"buffer_alignment must be a power of two, got {value}")
+    return value
+
+
+# JSON integers only: "1", true and 16.0 are not integers (strict mode), and every value is bounded.
+Count = Annotated[int, Strict(), Field(ge=0, le=MAX_COUNT)]
+Positive = Annotated[int, Strict(), Field(ge=1, le=MAX_COUNT)]
+ByteCount = Annotated[int, Strict(), Field(ge=0, le=MAX_MESSAGE_SIZE)]
+Text = Annotated[str, Strict(), Field(max_length=MAX_NAME_LENGTH)]  # pydantic refuses lone surrogates
+Alignment = Annotated[int, Strict(), Field(
+    ge=1, le=MAX_BUFFER_ALIGNMENT, description="a power of two from 1 to 1048576 (1 MiB)",
+    json_schema_extra={"enum": [1 << k for k in range(MAX_BUFFER_ALIGNMENT.bit_length())]}),
+    AfterValidator(_power_of_two)]
 
 
 class OpName(str, Enum):
@@ -119,10 +143,10 @@ class BufferRef(_Strict):
     """
 
     type: Optional[BufferKind] = None
-    buffer_id: Optional[int] = Field(default=None, ge=0)
-    switch_channel_id: Optional[int] = Field(default=None, ge=0)
-    index: int = Field(ge=0)
-    size: int = Field(ge=0)
+    buffer_id: Optional[Count] = None
+    switch_channel_id: Optional[Count] = None
+    index: Count
+    size: Count
 
     @model_validator(mode="after")
     def _one_kind(self) -> "BufferRef":
@@ -149,8 +173,8 @@ class BufferRef(_Strict):
 class TbgInfo(_Strict):
     """Position of this thread block inside a thread-block group that shares one op."""
 
-    tb_id: int = Field(ge=0)
-    tbg_size: int = Field(ge=1)
+    tb_id: Count
+    tbg_size: Positive
 
     @model_validator(mode="after")
     def _in_range(self) -> "TbgInfo":
@@ -162,8 +186,8 @@ class TbgInfo(_Strict):
 class IterContext(_Strict):
     """Pipeline loop: inner ops run over ``unit_size``-byte slices of ``num_chunks`` chunks."""
 
-    unit_size: int = Field(ge=1)
-    num_chunks: int = Field(ge=1)
+    unit_size: Annotated[int, Strict(), Field(ge=1, le=MAX_MESSAGE_SIZE)]
+    num_chunks: Positive
 
 
 class Op(_Strict):
@@ -172,15 +196,15 @@ class Op(_Strict):
     name: OpName
     src_buff: list[BufferRef] = Field(default_factory=list)
     dst_buff: list[BufferRef] = Field(default_factory=list)
-    channel_ids: list[int] = Field(default_factory=list)
+    channel_ids: list[Count] = Field(default_factory=list)
     channel_type: ChannelType = ChannelType.none
     tbg_info: Optional[TbgInfo] = None
     reduce_op: Optional[ReduceOp] = None
-    barrier_id: Optional[int] = Field(default=None, ge=0)
-    num_threadblocks: Optional[int] = Field(default=None, ge=1)
+    barrier_id: Optional[Count] = None
+    num_threadblocks: Optional[Positive] = None
     # ours: the ids of the thread blocks meeting at a barrier (MSCCL++ only carries the count)
-    barrier_tbs: Optional[list[int]] = None
-    semaphore_ids: list[int] = Field(default_factory=list)
+    barrier_tbs: Optional[list[Count]] = None
+    semaphore_ids: list[Count] = Field(default_factory=list)
     iter_context: Optional[IterContext] = None
     ops: Optional[list["Op"]] = None
     # ours: debug info, the DSL source line that made the op ("program.py:42"; base name of the
@@ -207,16 +231,16 @@ class Op(_Strict):
 
 class ThreadBlockChannels(_Strict):
     channel_type: ChannelType
-    channel_ids: list[int] = Field(default_factory=list)
+    channel_ids: list[Count] = Field(default_factory=list)
 
 
 class RemoteBufferRefs(_Strict):
     access_channel_type: ChannelType
-    remote_buffer_ids: list[int] = Field(default_factory=list)
+    remote_buffer_ids: list[Count] = Field(default_factory=list)
 
 
 class ThreadBlock(_Strict):
-    id: int = Field(ge=0)
+    id: Count
     ops: list[Op] = Field(default_factory=list)
     channels: list[ThreadBlockChannels] = Field(default_factory=list)
     remote_buffer_refs: list[RemoteBufferRefs] = Field(default_factory=list)
@@ -237,8 +261,8 @@ class ThreadBlock(_Strict):
 
 
 class RankGroup(_Strict):
-    size: int = Field(ge=1)
-    ranks: list[int]
+    size: Positive
+    ranks: list[Count]
 
 
 class ChannelDesc(_Strict):
@@ -249,7 +273,7 @@ class ChannelDesc(_Strict):
     """
 
     channel_type: ChannelType
-    connected_to: list[int] = Field(default_factory=list)
+    connected_to: list[Count] = Field(default_factory=list)
     buffer_type: Optional[BufferKind] = None
     rank_groups: list[RankGroup] = Field(default_factory=list)
 
@@ -264,20 +288,20 @@ class ChannelDesc(_Strict):
 
 
 class RemoteBuffer(_Strict):
-    rank: int = Field(ge=0)
+    rank: Count
     type: BufferKind
     access_channel_types: list[ChannelType] = Field(default_factory=list)
 
 
 class SemaphoreDesc(_Strict):
-    init_value: int = 0
+    init_value: Count = 0
 
 
 class Gpu(_Strict):
-    id: int = Field(ge=0)
-    input_chunks: int = Field(ge=0)
-    output_chunks: int = Field(ge=0)
-    scratch_chunks: int = Field(ge=0)
+    id: Count
+    input_chunks: Count
+    output_chunks: Count
+    scratch_chunks: Count
     threadblocks: list[ThreadBlock] = Field(default_factory=list)
     channels: list[ChannelDesc] = Field(default_factory=list)
     remote_buffers: list[RemoteBuffer] = Field(default_factory=list)
@@ -305,20 +329,20 @@ class Plan(_Strict):
     """A whole execution plan: one entry of ``gpus`` per rank."""
 
     format: Literal["mscclang.plan/1"] = PLAN_FORMAT
-    name: str
-    collective: str
+    name: Text
+    collective: Text
     protocol: Literal["Simple", "LL"] = "Simple"
-    inplace: bool = False
-    reuse_resources: bool = False
-    num_threads_per_block: int = Field(default=1024, ge=32, le=1024)
-    use_double_scratch_buffer: bool = False
-    buffer_alignment: int = Field(default=16, ge=1)
-    min_message_size: int = Field(default=0, ge=0)
-    max_message_size: int = Field(default=MAX_MESSAGE_SIZE, ge=0)
+    inplace: StrictBool = False
+    reuse_resources: StrictBool = False
+    num_threads_per_block: Annotated[int, Strict(), Field(ge=32, le=1024)] = 1024
+    use_double_scratch_buffer: StrictBool = False
+    buffer_alignment: Alignment = 16
+    min_message_size: ByteCount = 0
+    max_message_size: ByteCount = MAX_MESSAGE_SIZE
     # ours
-    num_ranks: Optional[int] = None
-    root: Optional[int] = None
-    chunk_factor: Optional[int] = None
+    num_ranks: Optional[Positive] = None
+    root: Optional[Count] = None
+    chunk_factor: Optional[Positive] = None
     reduce_op: Optional[ReduceOp] = None
     packet_type: Optional[PacketType] = None
     gpus: list[Gpu]

@@ -31,7 +31,7 @@ from typing import Any, Optional
 from pydantic import ValidationError
 
 from mscclang.errors import PlanError
-from mscclang.plan.io import json_path
+from mscclang.plan.io import count_ops, validation_error
 from mscclang.plan.models import (
     MAX_MESSAGE_SIZE,
     PLAN_FORMAT,
@@ -177,7 +177,9 @@ def from_mscclpp(data: dict, check: bool = True) -> Plan:
     if "format" in d:
         raise PlanError(f"this is already an mscclang plan (format {d['format']!r}), not an MSCCL++ one",
                         "format")
-    if "colletive" in d or any(isinstance(g, dict) and "inputChunks" in g for g in d.get("gpus", []) or []):
+    gpus = d.get("gpus")
+    if "colletive" in d or (isinstance(gpus, list) and any(isinstance(g, dict) and "inputChunks" in g
+                                                            for g in gpus)):
         raise PlanError("this is a pre-0.9 MSCCL++ plan (camelCase keys); only the 0.9 format is supported")
     _unknown(d, _TOP_KEYS, "")
     for key in ("name", "collective", "gpus"):
@@ -187,13 +189,12 @@ def from_mscclpp(data: dict, check: bool = True) -> Plan:
     for k in _TOP_KEYS:
         if k in d and k != "gpus":
             doc[k] = d[k]
+    count_ops(d)  # bounded, and nested pipelines refused before the recursive conversion
     doc["gpus"] = [_gpu_from(g, f"gpus[{i}]") for i, g in enumerate(_need_list(d["gpus"], "gpus"))]
     try:
         plan = Plan.model_validate(doc)
     except ValidationError as e:
-        err = e.errors()[0]
-        more = f" (and {len(e.errors()) - 1} more errors)" if len(e.errors()) > 1 else ""
-        raise PlanError(err["msg"] + more, json_path(tuple(err["loc"]))) from None
+        raise validation_error(e) from None
     _fill_barrier_tbs(plan)
     if plan.gpus:
         plan.chunk_factor = _derived_chunk_factor(plan)

@@ -189,6 +189,17 @@ class Communicator:
         t = torch.as_tensor(_DevMem(sa.base, sa.size), device=f"cuda:{self.device}")
         return t[:nbytes].view(dtype).view(shape)
 
+    def memory(self) -> dict[str, int]:
+        """Bytes of symmetric memory this communicator allocated: ``symmetric`` (the caller's,
+        from :meth:`alloc`) and ``staging`` (the runtime's own, for ordinary tensors); peers'
+        mappings of them are not counted (they are the peers' memory)."""
+        out = {"symmetric": 0, "staging": 0, "symmetric_buffers": 0, "staging_buffers": 0}
+        for sa in self._sym:
+            k = "staging" if sa.internal else "symmetric"
+            out[k] += sa.size
+            out[k + "_buffers"] += 1
+        return out
+
     def symmetric_of(self, p: int) -> Optional[tuple[SymAlloc, int]]:
         """(allocation, offset) when device address ``p`` lies in a symmetric allocation.
 

@@ -24,6 +24,7 @@ from mscclang.plan.layout import Layout, Piece, make_layout, pipeline_iterations
 from mscclang.plan.models import (
     SWITCH_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, Plan, ThreadBlock,
 )
+from mscclang.runtime.topology import Topology, channel_transports
 from mscclang.runtime.structs import (
     BLOCK_ENTRY, BLOCK_HEADER, CHANNEL_DEV, CONSTANTS, DEV_OP, PLAN_HEADER, REMOTE_BUF,
 )
@@ -60,14 +61,19 @@ def _where(rank: int, tb: int, i: int, inner: Optional[int] = None) -> str:
 # load-time checks
 
 
-def check_runnable(plan: Plan, allow_switch: bool = False) -> None:
-    """Refuse plans the executor cannot run, naming rank, thread block and op index."""
+def check_runnable(plan: Plan, allow_switch: bool = False, topology: Optional[Topology] = None) -> None:
+    """Refuse plans the executor cannot run, naming rank, thread block and op index, or the
+    rank, the channel and the reason: a channel the node layout (``topology``, default one node)
+    cannot carry, or a port channel (no proxy in this runtime yet)."""
+    topo = topology or Topology(plan.world_size, plan.world_size)
     for g in plan.gpus:
-        for ch in g.channels:
-            if ch.channel_type == ChannelType.port and ch.connected_to:
+        for kind, k, q, how in channel_transports(plan, g.id, topo):
+            if kind == ChannelType.port:
                 raise PlanError(
-                    f"rank {g.id} declares port channels; port channels are not supported by the GPU "
-                    "executor yet (no proxy)", f"gpus[{g.id}].channels")
+                    f"rank {g.id} port channel {k} to rank {q}: port channels do not run on the GPU "
+                    f"executor yet (their transport here would be {how}, driven by a proxy this runtime does "
+                    "not have); use a plan with memory channels", f"gpus[{g.id}].channels")
+        for ch in g.channels:
             if ch.channel_type == ChannelType.switch and not allow_switch:
                 raise PlanError(
                     f"rank {g.id} declares switch channels (NVLink multicast); they are refused unless "

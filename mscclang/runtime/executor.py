@@ -30,6 +30,7 @@ from mscclang.runtime.device_plan import (
 from mscclang.runtime.spec_build import SpecBuilder, pack_args, spec_hot_calls, spec_mode, when
 from mscclang.runtime.spec_source import SpecUnsupported, generate
 from mscclang.runtime.structs import ERROR_RECORD
+from mscclang.runtime.topology import topology_from_env
 from mscclang.runtime.watchdog import AbortWatchdog
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -192,6 +193,8 @@ class Executor:
               cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
         self.arch = f"sm_{cc[0]}{cc[1]}"
         self._first_launch_done = False
+        #: which ranks share a node (launcher's LOCAL_WORLD_SIZE, MSCCLANG_GPUS_PER_NODE overrides)
+        self.topology = topology_from_env(self.comm.world_size)
         self.specialize = spec_mode(specialize)
         self._spec_builder = SpecBuilder(self.arch)
         self._spec_mods: dict[str, tuple[Any, Any]] = {}   # cubin name -> (module, function)
@@ -209,6 +212,18 @@ class Executor:
 
     # ------------------------------------------------------------------------------------------
     # loading
+    def runnable(self, plan: Plan) -> Optional[str]:
+        """Why this executor cannot run ``plan`` (None when it can): the load-time checks, without
+        keeping the plan."""
+        try:
+            if plan.world_size != self.comm.world_size:
+                return f"the plan has {plan.world_size} ranks but the communicator has {self.comm.world_size}"
+            check_runnable(plan, allow_switch=os.environ.get("MSCCLANG_ENABLE_NVLS") == "1",
+                           topology=self.topology)
+        except PlanError as e:
+            return str(e)
+        return None
+
     def load(self, plan: Plan) -> LoadedPlan:
         """Check ``plan`` once (refusing what this executor cannot run) and remember it."""
         lp = self._loaded.get(id(plan))
@@ -218,7 +233,7 @@ class Executor:
             raise PlanError(f"the plan has {plan.world_size} ranks but the communicator has "
                             f"{self.comm.world_size}", "gpus")
         allow_switch = os.environ.get("MSCCLANG_ENABLE_NVLS") == "1"
-        check_runnable(plan, allow_switch=allow_switch)
+        check_runnable(plan, allow_switch=allow_switch, topology=self.topology)
         nb = len(plan.gpus[self.comm.rank].threadblocks)
         if nb > MAX_FLAGS:
             raise PlanError(f"rank {self.comm.rank} has {nb} thread blocks; the kernel supports {MAX_FLAGS}",
@@ -451,6 +466,26 @@ class Executor:
             return None
         lp.spec[key] = sp
         return sp
+
+    def memory(self) -> dict[str, int]:
+        """GPU memory this executor holds, in bytes (device allocations it made; symmetric buffers
+        are the communicator's, see :meth:`mscclang.runtime.comm.Communicator.memory`):
+        ``scratch`` and ``sync`` of live contexts, ``retired_scratch`` / ``retired_sync`` of
+        outgrown ones (kept for prepared calls and captured graphs), ``device_plans``, and the counts
+        ``contexts``, ``retired_contexts``, ``launch_entries``, ``kernels`` (modules loaded)."""
+        out = dict(scratch=0, sync=0, retired_scratch=0, retired_sync=0, device_plans=0, contexts=0,
+                   retired_contexts=0, launch_entries=0, kernels=len(self._modules) + len(self._spec_mods))
+        for lp in self._loaded.values():
+            out["launch_entries"] += len(lp.fast)
+            for ctx, live in [(lp.ctx, True)] + [(c, False) for c in lp.retired]:
+                if ctx is None:
+                    continue
+                pre = "" if live else "retired_"
+                out[pre + "scratch"] += ctx.scratch_bytes
+                out[pre + "sync"] += ctx.sync.size
+                out["contexts" if live else "retired_contexts"] += 1
+                out["device_plans"] += sum(dp.nbytes for dp in ctx.plans.values())
+        return out
 
     def spec_status(self, plan: Plan) -> dict[tuple, str]:
         """Per (input bytes, output bytes, dtype, packet, reduce op) seen so far: how the

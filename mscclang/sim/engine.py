@@ -31,6 +31,7 @@ from mscclang.sim.deadlock import DeadlockMixin
 from mscclang.sim.packets import PKT_WRITERS, PacketMixin
 from mscclang.sim.ports import PortMixin, Proxy, Trigger
 from mscclang.sim.program import COp, Program
+from mscclang.sim.budget import Deadline
 from mscclang.sim.races import Access, AccessLog, Actor, OpRef, RaceInfo
 from mscclang.sim.report import Deadlock, Problem
 from mscclang.sim.schedules import REMOTE_WRITERS, SCHEDULES, ScheduleMixin
@@ -53,7 +54,8 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
                  schedule: str = "round_robin", seed: int = 0, check_races: bool = True,
                  nsym: int = 0, spec: Optional[CollectiveSpec] = None,
                  poison_outputs: bool = False, max_steps: int = 10_000_000,
-                 lead: Optional[int] = None, sym_granule: int = 4) -> None:
+                 lead: Optional[int] = None, sym_granule: int = 4,
+                 deadline: Optional[Deadline] = None) -> None:
         plan = program.plan
         self.plan: Plan = plan
         self.program = program
@@ -81,6 +83,8 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
         self.sym_granule = sym_granule
         self.poison = poison_outputs
         self.max_steps = max_steps
+        #: checked at every step: a run past its time limit stops with a LimitError
+        self.deadline = deadline
         self.mem = [RankMemory(plan, self.spec, r, program.layouts[r], nsym, sym_granule)
                     for r in range(self.n)]
         self.inputs = inputs
@@ -506,6 +510,8 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
         self.steps += 1
         if self.steps > self.max_steps:
             raise PlanError(f"simulation exceeded {self.max_steps} steps")
+        if self.deadline is not None:
+            self.deadline.check()
         if t.proxy is not None:
             if self._proxy_step(t):
                 self._make_runnable(t)

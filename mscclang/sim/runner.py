@@ -10,6 +10,7 @@ import numpy as np
 from mscclang.errors import PlanError, VerificationError
 from mscclang.plan.io import load_plan
 from mscclang.plan.models import OpName, Plan, REDUCE_OPS
+from mscclang.sim.budget import Deadline, Limits, check_runs
 from mscclang.sim.dtypes import parse_dtype
 from mscclang.sim.engine import Simulation
 from mscclang.sim.program import compile_program
@@ -65,7 +66,8 @@ def default_output_bytes(plan: Plan, input_bytes: int) -> int:
 
 def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[int] = None,
         reduce_op: Optional[str] = None, packet_type: str = "LL16", launches: int = 1,
-        schedule: str = "round_robin", seed: int = 0) -> list[np.ndarray]:
+        schedule: str = "round_robin", seed: int = 0,
+        limits: Optional[Limits] = None) -> list[np.ndarray]:
     """Run ``plan`` on all ranks at once and return each rank's output of the last launch.
 
     ``inputs`` holds one 1-D array per rank, all of one supported dtype and size. For in-place
@@ -74,7 +76,9 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
     launch (scratch, flags and semaphores carry over, as on the GPU). The schedule is
     ``round_robin``, ``random``, ``adversarial`` or ``runahead`` (``seed`` drives the last
     three; ``runahead`` lets rank ``seed % ranks`` run ahead of the others). Raises
-    :class:`mscclang.sim.Deadlock` (a :class:`VerificationError`) when the plan deadlocks."""
+    :class:`mscclang.sim.Deadlock` (a :class:`VerificationError`) when the plan deadlocks, and
+    :class:`~mscclang.errors.LimitError` when the run would exceed (or runs past) ``limits``
+    (default: the environment's, see :mod:`mscclang.sim.budget`)."""
     p = as_plan(plan)
     n = len(p.gpus)
     if len(inputs) != n:
@@ -89,10 +93,14 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
         raise VerificationError("launches must be at least 1")
     ib = arrs[0].nbytes
     ob = default_output_bytes(p, ib) if output_bytes is None else output_bytes
+    check_runs(p, [(ib, ib, ob)], 1, launches, itemsizes=[dt.itemsize], postcondition=False,
+               what=f"simulating {p.name} on {ib:,} input bytes with {launches} launch(es)", limits=limits)
+    deadline = Deadline(limits, f"simulating {p.name}")
     prog = compile_program(p, ib, ob)
     sim = Simulation(prog, [a.view(np.uint8) for a in arrs], dtype=dt,
                      reduce_op=resolve_reduce_op(p, reduce_op), packet_type=packet_type,
-                     launches=launches, schedule=schedule, seed=seed, check_races=False)
+                     launches=launches, schedule=schedule, seed=seed, check_races=False,
+                     deadline=deadline)
     sim.run()
     return [o.view(dt).copy() for o in sim.outputs[-1]]
 

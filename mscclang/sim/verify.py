@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import time
 from typing import Callable, Optional, Sequence
 
@@ -15,6 +16,7 @@ from mscclang.errors import MscclangError, PlanError, VerificationError
 from mscclang.plan.collectives import CollectiveSpec, check_senders, spec_from_plan
 from mscclang.plan.layout import scratch_bytes_needed
 from mscclang.plan.models import BufferKind, Plan
+from mscclang.sim.budget import Deadline, Estimate, Limits, estimate_runs
 from mscclang.sim.dtypes import dtype_name, parse_dtype
 from mscclang.sim.engine import SCHEDULES, Simulation
 from mscclang.sim.diagnosis import annotate_sources, classify, group_key, rotate_cycle
@@ -96,11 +98,19 @@ def pipeline_size(plan: Plan, max_tries: int = 12) -> Optional[int]:
     unit = max(op.iter_context.unit_size for op in pipes)
     step = bc * f * (a * MAX_SYMBOLIC_GRANULE // math.gcd(a, MAX_SYMBOLIC_GRANULE))
     size = bc * f * (unit + MAX_SYMBOLIC_GRANULE)
+    if unit * 16 < MAX_SYMBOLIC_GRANULE:
+        # tiny units: a chunk of unit + granule bytes would be hundreds of iterations (slow to
+        # compile, and the budget refuses such plans at real sizes anyway): aim at a few
+        step = bc * f * a
+        size = bc * f * 2 * unit
     size = max(size, plan.min_message_size)
     size = -(-size // step) * step
+    least = min(op.iter_context.unit_size for op in pipes)
     for _ in range(max_tries):
         if size > plan.max_message_size:
             return None
+        if size // (bc * f) > 4096 * max(least, 1):
+            return None   # thousands of iterations per chunk: not a size to compile here (the budget judges it)
         try:
             ib, ob = message_to_bytes(plan, size)
             if _fewest_iterations(compile_program(plan, ib, ob)) >= 2:
@@ -250,13 +260,60 @@ def _sendrecv_spec(p: Plan, spec: CollectiveSpec, prog: Program,
     return dataclasses.replace(spec, senders=tuple(chosen))
 
 
+#: the symbolic run's shadow (one int16 per 4 bytes and input chunk) is estimated up to this
+_SYMBOLIC_MAX = 64 << 20
+
+
+def _symbolic_fits(p: Plan, ib: int, ob: int) -> bool:
+    nsym = len(p.gpus) * max(p.gpus[0].input_chunks, 1)
+    return ib % 4 == 0 and nsym * (ib + ob) <= _SYMBOLIC_MAX
+
+
+def _check_arguments(sizes: Optional[Sequence[int]], schedules: int, seed: int, launches: int) -> None:
+    """Refuse arguments no run can take, before any work."""
+    for name, value, low in (("schedules", schedules, 1), ("launches", launches, 1), ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise VerificationError(f"{name} must be an integer of at least {low}, got {value!r}")
+    for s in sizes or ():
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s <= 0:
+            raise VerificationError(f"message sizes must be positive integers (bytes), got {s!r}")
+
+
+def estimate_verify(p: Plan, sizes: Sequence[int], dtypes: Sequence[np.dtype], schedules: int,
+                    launches: int, symbolic: bool = True) -> Estimate:
+    """What :func:`verify` with these arguments would take (:mod:`mscclang.sim.budget`)."""
+    shaped = []
+    for s in sizes:
+        try:
+            shaped.append((s, *message_to_bytes(p, s)))
+        except MscclangError:
+            continue  # reported by the run itself
+    sym = None
+    if symbolic and shaped:
+        small = min(shaped)
+        if _symbolic_fits(p, small[1], small[2]):
+            sym = small
+    what = (f"verifying {p.name} at {len(sizes)} size(s) up to {max(sizes, default=0):,} bytes with "
+            f"{schedules} schedule(s) and {launches} launch(es)")
+    return estimate_runs(p, shaped, schedules, launches, itemsizes=[d.itemsize for d in dtypes],
+                         symbolic_size=sym, what=what)
+
+
+def _within_budget(p: Plan, sizes: Sequence[int], dts: Sequence[np.dtype], schedules: int,
+                   launches: int, symbolic: bool, limits: Optional[Limits]) -> Deadline:
+    """Refuse (LimitError) runs the budget cannot hold; the deadline of the ones it can."""
+    estimate_verify(p, sizes, dts, schedules, launches, symbolic).check(limits)
+    return Deadline(limits, f"verifying {p.name}")
+
+
 def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
            dtypes: Sequence[str] = DEFAULT_DTYPES, schedules: int = 10, seed: int = 0,
            launches: Optional[int] = None, reduce_ops: Optional[Sequence[str]] = None,
            packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
            max_problems: Optional[int] = None,
            senders: Optional[Sequence[int]] = None,
-           progress: Optional[Callable[[int, int], None]] = None) -> Report:
+           progress: Optional[Callable[[int, int], None]] = None,
+           limits: Optional[Limits] = None) -> Report:
     """Verify ``plan``. For every message size, ``schedules`` runs are made: run ``i`` uses
     schedule round_robin / random / adversarial / runahead in turn (seeded ``seed + i``; the
     ``runahead`` runs of the ``s``-th size lead with rank ``(s + i // 4) % ranks``, so with the
@@ -273,12 +330,19 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     whose input it receives; by default taken from the plan's data flow. A plan of a collective
     without a postcondition (``test``, ``custom``) is checked for deadlocks and races only
     (status ``NO POSTCONDITION``). ``progress(done, total)`` is called after every run (``total``
-    counts the planned runs; a run that stops early stops short of it). Returns a :class:`Report`."""
+    counts the planned runs; a run that stops early stops short of it). Returns a :class:`Report`.
+
+    The runs are estimated first (:mod:`mscclang.sim.budget`): what would exceed ``limits``
+    (default: ``MSCCLANG_SIM_MAX_MEMORY`` / ``MSCCLANG_SIM_MAX_SECONDS``) raises
+    :class:`~mscclang.errors.LimitError` before anything is allocated, and a run that passes the
+    time limit anyway stops with one. Sizes must be positive, ``schedules`` and ``launches`` at
+    least 1 and ``seed`` not negative (:class:`VerificationError` otherwise)."""
     t0 = time.perf_counter()
     p = as_plan(plan)
     spec = spec_from_plan(p)
     if launches is None:
         launches = default_launches(p)
+    _check_arguments(sizes, schedules, seed, launches)
     rep = Report(p.name, launches=launches)
     rep.postcondition = spec.has_postcondition
     if senders is not None and spec.name != "sendrecv":
@@ -288,6 +352,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     sizes = list(sizes)
     rep.sizes = sizes
     dts = [parse_dtype(d) for d in dtypes] or [parse_dtype("float16")]
+    deadline = _within_budget(p, sizes, dts, schedules, launches, symbolic, limits)
     rep.dtypes = [dtype_name(d) for d in dts]
     try:
         plan_op = resolve_reduce_op(p)
@@ -365,7 +430,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             inputs = random_inputs(len(p.gpus), ib, dt, seed * 1000 + i)
             sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=dt, reduce_op=rop,
                              packet_type=pt, launches=launches, schedule=sched, seed=seed + i,
-                             spec=spec, poison_outputs=True, lead=lead)
+                             spec=spec, poison_outputs=True, lead=lead, deadline=deadline)
             rep.runs += 1
             try:
                 sim.run()
@@ -396,7 +461,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=dt, reduce_op="sum",
                              packet_type=pts[0], launches=launches, schedule="round_robin",
                              seed=seed, spec=spec, check_races=False, nsym=nsym, poison_outputs=True,
-                             sym_granule=gran)
+                             sym_granule=gran, deadline=deadline)
             rep.runs += 1
             ctx = f"symbolic, size {size}"
             try:

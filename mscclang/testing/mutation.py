@@ -561,7 +561,9 @@ def classify(plan_name: str, doc: dict, site: Site, timeout: float = 0.0,
     old = None
     if timeout > 0:
         old = signal.signal(signal.SIGALRM, _on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, timeout)
+        # repeating: an alarm that lands in a garbage-collector callback or a finaliser is
+        # swallowed there (Python reports it as unraisable), so the next one must follow
+        signal.setitimer(signal.ITIMER_REAL, timeout, max(timeout, 0.5))
     try:
         try:
             plan = load_plan(json.dumps(mutant))
