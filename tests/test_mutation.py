@@ -147,13 +147,15 @@ def test_classify_reports_a_timeout() -> None:
 
 
 @pytest.mark.slow
-def test_full_sweep_leaves_no_error_and_kills_the_core_operators_mostly() -> None:
-    """The sweep of notes/reliability_mutation.md (three sites per operator per shipped plan):
-    no traceback from the verifier, no timeout, and every survivor of a class judged there."""
+def test_full_sweep_has_no_miss() -> None:
+    """The sweep of notes/reliability_mutation.md (three sites per operator per shipped plan,
+    about 15 minutes): no traceback from the verifier, no timeout, and every survivor in a class
+    judged equivalent there (``judge``); a survivor outside them is a candidate miss to look at."""
+    from mscclang.testing.mutation import judge
+
     paths = sorted(p for p in PLANS.glob("*.json") if p.name != "index.json")
     results = sweep(paths, per_operator=3, timeout=300)
     assert len(results) >= 500
     assert not [r for r in results if r.outcome in ("error", "timeout")]
-    from mscclang.testing.mutation import judge
     misses = [r for r in results if r.outcome == "survived" and judge(_doc(r.plan), r.site) is None]
     assert not misses, [(r.plan, str(r.site)) for r in misses[:20]]
