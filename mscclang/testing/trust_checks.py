@@ -106,6 +106,14 @@ class _Case:
         self.result = _call(self.comm, self.coll, self.x, self.out, self.inplace, self.op, 0)
         return self.result
 
+    def check(self, seed: int, run: Optional[Callable[[], Any]] = None) -> Optional[str]:
+        """Fresh inputs for ``seed``, one call (or ``run()``, e.g. a graph replay), then the
+        result compared: None when exact, else what is wrong."""
+        want = self.load(seed)
+        (run or self.call)()
+        _sync(self.comm)
+        return _compare(self.result, want)
+
     def load(self, seed: int) -> Any:
         """Fresh inputs for ``seed`` (this rank's into the tensor); returns the expectation."""
         n, r = self.comm.world_size, self.comm.rank
@@ -156,10 +164,7 @@ def serving_graphs(w: Any, hidden: int = 8192, batches=(1, 2, 4, 8, 16), rounds:
             for i in seq:
                 step += 1
                 c = cases[i]
-                want = c.load(seed * 100003 + step)
-                graphs[i].replay()
-                _sync(comm)
-                bad = _compare(c.result, want)
+                bad = c.check(seed * 100003 + step, graphs[i].replay)
                 checked += 1
                 if bad:
                     failures.append(f"rank {w.rank}: round {rnd} ({'grouped' if grouped else 'interleaved'}) "
@@ -168,10 +173,7 @@ def serving_graphs(w: Any, hidden: int = 8192, batches=(1, 2, 4, 8, 16), rounds:
                     b = rng.choice(batches)
                     e = _Case(comm, "all_reduce", b * hidden, "bfloat16", "sum", False, True,
                               seed + 7 * step)
-                    want = e.load(seed * 7 + step)
-                    e.call()
-                    _sync(comm)
-                    bad = _compare(e.result, want)
+                    bad = e.check(seed * 7 + step)
                     checked += 1
                     if comm.last is not None:
                         plans.append(comm.last.label())
@@ -233,10 +235,7 @@ def prepare_capture(w: Any, colls=COLLECTIVES, sizes=(1024,), dtypes=("bfloat16"
                                     if comm.last is not None:
                                         plans.add(comm.last.label())
                                     for rep in range(replays):
-                                        want = c.load(seed * 31 + rep)
-                                        g.replay()
-                                        _sync(comm)
-                                        bad = _compare(c.result, want)
+                                        bad = c.check(seed * 31 + rep, g.replay)
                                         checked += 1
                                         if bad:
                                             failures.append(f"rank {w.rank}: {c.label()} replay {rep}: {bad}")
@@ -323,11 +322,8 @@ def bad_inputs(w: Any) -> dict:
     checked = 0
     for numel in (1024, 4097, 1 << 20):
         c = _Case(comm, "all_reduce", numel, "bfloat16", "sum", False, True, 900 + numel)
-        want = c.load(77 + numel)
         try:
-            c.call()
-            _sync(comm)
-            bad = _compare(c.result, want)
+            bad = c.check(77 + numel)
         except Exception as e:  # noqa: BLE001
             bad = _err(e)
         checked += 1
@@ -371,10 +367,7 @@ def disagree(w: Any, numels=(1024, 1 << 20)) -> dict:
     try:
         comm.reset()
         c = _Case(comm, "all_reduce", 4096, "bfloat16", "sum", False, True, 5)
-        want = c.load(5)
-        c.call()
-        _sync(comm)
-        after = _compare(c.result, want) or "ok"
+        after = c.check(5) or "ok"
     except Exception as e:  # noqa: BLE001
         after = _err(e)
     _safe_close(comm)
@@ -476,10 +469,7 @@ def soak(w: Any, calls: int = 100000, graph_replays: int = 10000, graphs: int = 
             if time.monotonic() - t0 > time_limit_s * 0.7:
                 break
             c = draw()
-            want = c.load(seed + i)
-            c.call()
-            _sync(comm)
-            bad = _compare(c.result, want)
+            bad = c.check(seed + i)
             done_eager += 1
             if bad:
                 failures.append(f"rank {r}: eager call {i}: {c.label()}: {bad}")
@@ -496,10 +486,7 @@ def soak(w: Any, calls: int = 100000, graph_replays: int = 10000, graphs: int = 
             if time.monotonic() - t0 > time_limit_s:
                 break
             g, c = captured[rng.randrange(len(captured))]
-            want = c.load(seed * 3 + j)
-            g.replay()
-            _sync(comm)
-            bad = _compare(c.result, want)
+            bad = c.check(seed * 3 + j, g.replay)
             done_graph += 1
             if bad:
                 failures.append(f"rank {r}: graph replay {j}: {c.label()}: {bad}")
