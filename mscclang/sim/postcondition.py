@@ -238,7 +238,6 @@ def check_numeric(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.n
     for (r, c) in g.bad_lengths:
         probs.append(Problem("postcondition", f"rank {r} output chunk {c}: source chunks have other "
                              "lengths than the output chunk", details={"rank": r, "chunk": c}))
-    u = unit_roundoff(dt)
     flat = np.concatenate([np.ascontiguousarray(x).view(dt)[: g.nin[p]] for p, x in enumerate(inputs)])
     ut = _UINT[isz]
     flat_u = flat.view(ut)
@@ -251,21 +250,7 @@ def check_numeric(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.n
                 bad = got.view(ut) != flat_u[si[0]]
                 ref = flat[si[0]]
             else:
-                vals = flat[si]
-                if is_float(dt):
-                    v64 = vals.astype(np.float64)
-                    if op == "sum":
-                        ref = v64.sum(axis=0)
-                        bound = m * u * np.abs(v64).sum(axis=0) + 1e-30
-                    else:
-                        ref = v64.min(axis=0) if op == "min" else v64.max(axis=0)
-                        bound = np.zeros_like(ref)
-                    with np.errstate(invalid="ignore"):
-                        bad = ~(np.abs(got.astype(np.float64) - ref) <= bound)
-                else:
-                    v64 = vals.astype(np.int64)
-                    ref = (v64.sum(axis=0) if op == "sum" else v64.min(axis=0) if op == "min" else v64.max(axis=0)).astype(dt)
-                    bad = got != ref
+                bad, ref = _bad_reduction(list(flat[si]), got, dt, op, m)
             if not bad.any():
                 continue
             idx = np.nonzero(bad)[0]
