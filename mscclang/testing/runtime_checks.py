@@ -218,6 +218,19 @@ def _sizes(plan: Plan, nbytes: int, esize: int, world: int) -> tuple[int, int]:
     return n_in, n_in
 
 
+def _case(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int) -> tuple:
+    """What a check command starts from: (plan, torch dtype, device, element size, input and
+    output element counts, every rank's input)."""
+    import torch
+
+    plan = _plan(w, plan_json)
+    dt = _dtype(dtype)
+    dev = _device(w)
+    esize = torch.empty((), dtype=dt).element_size()
+    n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
+    return plan, dt, dev, esize, n_in, n_out, [make_input(q, n_in, dt, seed, dev) for q in range(w.world_size)]
+
+
 def inplace_input(plan: Plan, out: Any, inp: Any, rank: int) -> Any:
     """The in-place layout of a call: ``inp``'s data copied to where the plan reads it inside
     ``out`` (allgather: this rank's block; the other collectives here: the whole output), and
@@ -241,12 +254,7 @@ def run_plan_check(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", 
     in-place layout (:func:`inplace_input`)."""
     import torch
 
-    plan = _plan(w, plan_json)
-    dt = _dtype(dtype)
-    dev = _device(w)
-    esize = torch.empty((), dtype=dt).element_size()
-    n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
-    inputs = [make_input(q, n_in, dt, seed, dev) for q in range(w.world_size)]
+    plan, dt, dev, esize, n_in, n_out, inputs = _case(w, plan_json, nbytes, dtype, seed)
     if symmetric:
         out = w.comm.alloc(n_out, dt)
         inp = w.comm.alloc(n_in, dt)
@@ -301,12 +309,7 @@ def _sign_flip_setup(w: Any, plan_json: str, nbytes: int, dtype: str, packet_typ
     and its negation)."""
     import torch
 
-    plan = _plan(w, plan_json)
-    dt = _dtype(dtype)
-    dev = _device(w)
-    esize = torch.empty((), dtype=dt).element_size()
-    n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
-    inputs = [make_input(q, n_in, dt, seed, dev) for q in range(w.world_size)]
+    plan, dt, dev, esize, n_in, n_out, inputs = _case(w, plan_json, nbytes, dtype, seed)
     exp = expectation(plan, inputs, "sum", w.rank, packet_type, sim_max_bytes, n_out)
     inp = inputs[w.rank].clone()
     out = torch.empty(n_out, dtype=dt, device=dev)
