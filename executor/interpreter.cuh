@@ -446,13 +446,31 @@ __device__ bool run_op(const Ctx& c, const DevOp* op, long long iter, u64 unit, 
       if (tid < op->n_ids) semaphore_release(c, ids[tid]);
       return true;
     }
-    case DOP_PORT_PUT:
-    case DOP_PORT_SIGNAL:
-    case DOP_PORT_FLUSH: {
+    case DOP_PORT_TRIGGER: {
+      // every thread's earlier writes (the data the copy engine reads) before the trigger
+      __syncthreads();
+      const u16* ids = op_ids(op);
+      const u64 step = iter >= 0 ? (u64)iter : 0ull;
+      const u32 t = op->aux0 + (u32)(step * (op->total & 0xffffffffull));
       bool ok = true;
-      if (tid == 0) ok = port_fifo_push(c, opi, (const PortFifo*)op->total, (u64)op->aux0, (u64)op->aux1);
+      if (tid == 0) {
+        const ChannelDev& ch = c.chan[ids[0]];
+        port_trigger(ch, t, op->aux1 + (u32)(step * (op->total >> 32)), (op->flags & PORT_SIGNAL) != 0u);
+        if (op->flags & PORT_FLUSH) ok = port_flush_wait(c, opi, ch, ids[0], t);
+      }
+      if (op->flags & PORT_FLUSH) return !__syncthreads_or(!ok);
+      return true;
+    }
+    case DOP_PORT_FLUSH: {
+      const u16* ids = op_ids(op);
+      const u64 step = iter >= 0 ? (u64)iter : 0ull;
+      const u32 t = op->aux0 + (u32)(step * op->total);
+      bool ok = true;
+      if (tid == 0 && t > 0u) ok = port_flush_wait(c, opi, c.chan[ids[0]], ids[0], t);
       return !__syncthreads_or(!ok);
     }
+    case DOP_PORT_FINAL:
+      return true;
     case DOP_SWITCH_REDUCE:
       run_switch<DT, OP>(c, op, false);
       return true;
@@ -461,6 +479,51 @@ __device__ bool run_op(const Ctx& c, const DevOp* op, long long iter, u64 unit, 
       return true;
     default:
       return true;
+  }
+}
+
+// The block's ops in order; false when it must stop (abort).
+template <int DT, int OP, int PKT, int U, int UP>
+__device__ __forceinline__ bool run_block(const Ctx& c, const u8* smem) {
+  const BlockHeader* bh = (const BlockHeader*)smem;
+  const u8* cur = smem + sizeof(BlockHeader);
+  const u32 n_ops = bh->n_ops;
+  for (u32 i = 0; i < n_ops; ++i) {
+    const DevOp* op = (const DevOp*)cur;
+    if (op->kind == DOP_PIPELINE) {
+      u32 n_inner = op->aux0, iters = op->aux1;
+      u64 unit = op->total;
+      const u8* first = cur + op->bytes;
+      const u8* after = first;
+      for (u32 j = 0; j < n_inner; ++j) after += ((const DevOp*)after)->bytes;
+      for (u32 it = 0; it < iters; ++it) {
+        const u8* q = first;
+        for (u32 j = 0; j < n_inner; ++j) {
+          const DevOp* inner = (const DevOp*)q;
+          if (!run_op<DT, OP, PKT, U, UP>(c, inner, (long long)it, unit, false)) return false;
+          q += inner->bytes;
+        }
+      }
+      cur = after;
+      i += n_inner;
+    } else {
+      if (!run_op<DT, OP, PKT, U, UP>(c, op, -1, 0, i + 1 == n_ops)) return false;
+      cur += op->bytes;
+    }
+  }
+  return true;
+}
+
+// Block exit, on every path: a port channel's trigger gets its final value for the launch, so no
+// wait its proxy enqueued can outlive the kernel (the DOP_PORT_FINAL records end the region).
+__device__ __forceinline__ void port_finals(const Ctx& c, const u8* smem) {
+  const BlockHeader* bh = (const BlockHeader*)smem;
+  if (threadIdx.x != 0 || bh->n_finals == 0u) return;
+  const u8* cur = smem + sizeof(BlockHeader);
+  for (u32 i = 0; i < bh->n_ops; ++i) {
+    const DevOp* op = (const DevOp*)cur;
+    if (op->kind == DOP_PORT_FINAL) port_release(c.chan[op_ids(op)[0]], op->aux0);
+    cur += op->bytes;
   }
 }
 
@@ -507,35 +570,15 @@ __device__ __forceinline__ void interpret(const u8* __restrict__ blob, u8* in, u
   const Ctx& c = s_c;
   if (s_stop) {  // a peer or an earlier launch aborted: record it (if nobody did) and exit
     if (threadIdx.x == 0) record_error(c, -1, WHAT_PEER_ABORT, -1, 0, 0, 0);
+    port_finals(c, smem);
     return;
   }
 
-  const BlockHeader* bh = (const BlockHeader*)smem;
-  const u8* cur = smem + sizeof(BlockHeader);
-  const u32 n_ops = bh->n_ops;
-  for (u32 i = 0; i < n_ops; ++i) {
-    const DevOp* op = (const DevOp*)cur;
-    if (op->kind == DOP_PIPELINE) {
-      u32 n_inner = op->aux0, iters = op->aux1;
-      u64 unit = op->total;
-      const u8* first = cur + op->bytes;
-      const u8* after = first;
-      for (u32 j = 0; j < n_inner; ++j) after += ((const DevOp*)after)->bytes;
-      for (u32 it = 0; it < iters; ++it) {
-        const u8* q = first;
-        for (u32 j = 0; j < n_inner; ++j) {
-          const DevOp* inner = (const DevOp*)q;
-          if (!run_op<DT, OP, PKT, U, UP>(c, inner, (long long)it, unit, false)) return;
-          q += inner->bytes;
-        }
-      }
-      cur = after;
-      i += n_inner;
-    } else {
-      if (!run_op<DT, OP, PKT, U, UP>(c, op, -1, 0, i + 1 == n_ops)) return;
-      cur += op->bytes;
-    }
+  if (!run_block<DT, OP, PKT, U, UP>(c, smem)) {
+    port_finals(c, smem);
+    return;
   }
+  port_finals(c, smem);
   // advance this block's flag (block 0 also the slots at and beyond gridDim). No barrier: the
   // flag is read again only by the next launch, which starts after this one ends.
   u32 next = c.flag + 1u;

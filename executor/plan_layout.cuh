@@ -32,9 +32,10 @@ enum DevOpKind : u32 {
   DOP_SEM_ACQUIRE = 5,
   DOP_SEM_RELEASE = 6,
   DOP_PIPELINE = 7,   // aux0 = number of inner ops that follow, aux1 = iterations, total = unit
-  DOP_PORT_PUT = 8,   // port channel ops: device side compiled, refused by the runtime
-  DOP_PORT_SIGNAL = 9,
-  DOP_PORT_FLUSH = 10,
+  DOP_PORT_TRIGGER = 8,  // port put/signal: ids[0] = channel entry; flags PORT_SIGNAL/PORT_FLUSH;
+                         // trigger aux0 + it * (total & 0xffffffff), slot aux1 + it * (total >> 32)
+  DOP_PORT_FLUSH = 9,    // wait until the proxy finished trigger aux0 + it * total (0: nothing posted)
+  DOP_PORT_FINAL = 10,   // at block exit: set channel ids[0]'s trigger to aux0 (releases the proxy)
   DOP_SWITCH_REDUCE = 11,   // glre/glres: multimem load-reduce (compiled only)
   DOP_SWITCH_STORE = 12,    // gstore: multimem store (compiled only)
 };
@@ -56,7 +57,7 @@ enum DevOpKind : u32 {
 #define WHAT_BARRIER 3
 #define WHAT_SEMAPHORE 4
 #define WHAT_PEER_ABORT 5
-#define WHAT_PORT_FIFO 6
+#define WHAT_PORT_FLUSH 6
 
 struct PlanHeader {
   u32 magic;
@@ -101,6 +102,8 @@ struct BlockEntry {
 struct BlockHeader {
   u32 n_ops;
   u32 bytes;
+  u32 n_finals;   // DOP_PORT_FINAL records at the end of the region (port channels the block owns)
+  u32 pad;
 };
 
 // One op record, followed by: u16 operand descriptors [n_src + n_dst] padded to 8 bytes,

@@ -272,26 +272,51 @@ __device__ __forceinline__ bool block_group_barrier(const C& c, int opi, u32 id,
 }
 
 // ------------------------------------------------------------------------------------------------
-// port channel device side: push a 128-bit trigger into a host FIFO (lap-parity commit bit).
-// Compiled so the layout stays honest; the runtime refuses port channels until the proxy exists.
-struct PortFifo {
-  u64 triggers;   // host-pinned u64[2 * size]
-  u64 head;       // device u64
-  u64 tail;       // host-pinned u64 (advanced by the proxy)
-  u64 size;       // power of two
-};
-template <class C>
-__device__ __noinline__ bool port_fifo_push(const C& c, int opi, const PortFifo* f, u64 w0, u64 w1) {
-  u64 slot = atomicAdd((unsigned long long*)f->head, 1ull);
-  Spin s(opi);
-  while (slot >= f->size + ld_relaxed_sys_u64((const u64*)f->tail)) {
-    if (s.tick(c, WHAT_PORT_FIFO, -1, slot, 0)) return false;
+// port channel device side (mscclang.runtime.proxy is the host side). A port channel's ChannelDev
+// entry (after the memory channels) holds: inbound = the u64 counter the peer's proxy writes (its
+// monotonic signal count), expected = {u64 expected count, u64 signals sent}, remote_inbound = the
+// device plan's port block of the channel: {u32 trigger, u32 done, u64 slot[signals per launch]}.
+// The stream front end waits for `trigger >= t` (cuStreamWaitValue32), copies the put's bytes,
+// copies slot s (the sent count the block wrote) into the peer's inbound counter for a signal,
+// then writes `done = t`. The host zeroes trigger and done before every launch.
+#define PORT_SIGNAL 1u
+#define PORT_FLUSH 2u
+__device__ __forceinline__ void st_release_sys_u32(u32* p, u32 v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ u32 ld_acquire_sys_u32(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// Post trigger t (thread 0, after the block's earlier writes: the caller syncs first). A signal
+// first publishes the channel's next sent count in its slot.
+__device__ __forceinline__ void port_trigger(const ChannelDev& ch, u32 t, u32 slot, bool signal) {
+  u8* blk = (u8*)ch.remote_inbound;
+  if (signal) {
+    u64* sent = (u64*)ch.expected + 1;
+    const u64 v = *sent + 1ull;
+    *sent = v;
+    ((volatile u64*)(blk + 8))[slot] = v;
   }
-  u64 lap = (slot / f->size) & 1ull;
-  w1 = (w1 & ~(1ull << 63)) | ((lap ^ 1ull) << 63);
-  u64* dst = (u64*)f->triggers + 2 * (slot & (f->size - 1));
-  asm volatile("st.release.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(dst), "l"(w0), "l"(w1) : "memory");
-  return true;
+  __threadfence_system();
+  st_release_sys_u32((u32*)blk, t);
+}
+// Wait until the proxy finished trigger t of the channel (bounded).
+template <class C>
+__device__ __noinline__ bool port_flush_wait(const C& c, int opi, const ChannelDev& ch, int id, u32 t) {
+  const u32* done = (const u32*)ch.remote_inbound + 1;
+  Spin s(opi);
+  for (;;) {
+    const u32 v = ld_acquire_sys_u32(done);
+    if (v >= t) return true;
+    if (s.tick(c, WHAT_PORT_FLUSH, id, t, v)) return false;
+  }
+}
+// Block exit (any path): release every wait the proxy enqueued for this launch on the channel.
+__device__ __forceinline__ void port_release(const ChannelDev& ch, u32 final_t) {
+  __threadfence_system();
+  st_release_sys_u32((u32*)ch.remote_inbound, final_t);
 }
 
 // ------------------------------------------------------------------------------------------------

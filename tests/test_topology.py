@@ -52,10 +52,12 @@ def test_library_plan_as_two_one_gpu_nodes_is_refused_naming_the_channel():
     assert e.value.path == "gpus[0].channels"
 
 
-def test_port_channels_are_refused_with_their_transport():
+def test_port_channels_get_their_transport():
     plan = plan_from_dict(kitchen_sink())
-    with pytest.raises(PlanError, match=r"port channel \d+ to rank \d+: port channels do not run .* copy-engine"):
+    try:
         check_runnable(plan, allow_switch=True)
+    except PlanError as e:   # whatever the kitchen sink breaks, it is not the port channels' transport
+        assert "port channels do not run" not in str(e)
     rows = [r for r in channel_transports(plan, 0, Topology(plan.world_size, plan.world_size))
             if r[0] == ChannelType.port]
     assert rows and {r[3] for r in rows} == {COPY_ENGINE}

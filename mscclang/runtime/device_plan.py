@@ -2,8 +2,9 @@
 
 Two steps:
 
-* :func:`check_runnable` refuses, at load, what the kernel cannot run (port channels until the proxy
-  exists, switch channels unless allowed, too many ids or operands per op, bad references).
+* :func:`check_runnable` refuses, at load, what the kernel cannot run (channels the node layout
+  cannot carry, switch channels unless allowed, port-channel rules of :mod:`mscclang.runtime.ports`,
+  too many ids or operands per op, bad references).
 * :func:`pack_blocks` turns one rank's thread blocks into per-block byte regions for one message
   size: every op's operands are resolved to (buffer slot, byte offset, length) pieces with
   :mod:`mscclang.plan.layout`, so the kernel only walks byte ranges. Regions hold no device
@@ -24,6 +25,7 @@ from mscclang.plan.layout import Layout, Piece, make_layout, pipeline_iterations
 from mscclang.plan.models import (
     SWITCH_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, Plan, ThreadBlock,
 )
+from mscclang.runtime.ports import PortPacker, PortScript, check_port_plan, is_port_op, port_inbound_slots, port_peers
 from mscclang.runtime.topology import Topology, channel_transports
 from mscclang.runtime.structs import (
     BLOCK_ENTRY, BLOCK_HEADER, CHANNEL_DEV, CONSTANTS, DEV_OP, PLAN_HEADER, REMOTE_BUF,
@@ -64,15 +66,14 @@ def _where(rank: int, tb: int, i: int, inner: Optional[int] = None) -> str:
 def check_runnable(plan: Plan, allow_switch: bool = False, topology: Optional[Topology] = None) -> None:
     """Refuse plans the executor cannot run, naming rank, thread block and op index, or the
     rank, the channel and the reason: a channel the node layout (``topology``, default one node)
-    cannot carry, or a port channel (no proxy in this runtime yet)."""
+    cannot carry, or a port-channel op the proxy cannot serve."""
     topo = topology or Topology(plan.world_size, plan.world_size)
     for g in plan.gpus:
-        for kind, k, q, how in channel_transports(plan, g.id, topo):
-            if kind == ChannelType.port:
-                raise PlanError(
-                    f"rank {g.id} port channel {k} to rank {q}: port channels do not run on the GPU "
-                    f"executor yet (their transport here would be {how}, driven by a proxy this runtime does "
-                    "not have); use a plan with memory channels", f"gpus[{g.id}].channels")
+        channel_transports(plan, g.id, topo)
+        check_port_plan(plan, g.id)
+        for q in g.peers(ChannelType.port):
+            if q == g.id:
+                raise PlanError(f"rank {g.id} has a port channel to itself", f"gpus[{g.id}].channels")
         for ch in g.channels:
             if ch.channel_type == ChannelType.switch and not allow_switch:
                 raise PlanError(
@@ -92,9 +93,8 @@ def check_runnable(plan: Plan, allow_switch: bool = False, topology: Optional[To
 def _check_op(plan: Plan, rank: int, tb: ThreadBlock, i: int, op: Op, allow_switch: bool,
               inner: Optional[int]) -> None:
     where = _where(rank, tb.id, i, inner)
-    if op.name in PORT_OPS or op.channel_type == ChannelType.port:
-        raise PlanError(f"rank {rank} thread block {tb.id} op {i} ({op.name.value}) uses a port channel; "
-                        "port channels are not supported by the GPU executor yet (no proxy)", where)
+    if is_port_op(op):
+        return   # checked while packing (mscclang.runtime.ports)
     if op.name in SWITCH_OPS or op.channel_type == ChannelType.switch:
         raise PlanError(f"rank {rank} thread block {tb.id} op {i} ({op.name.value}) uses a switch channel "
                         "(NVLink multicast), which this executor does not run"
@@ -170,6 +170,8 @@ class SyncLayout:
     n_inbound: int
     n_channels: int
     n_semaphores: int
+    n_port_inbound: int = 0
+    n_port: int = 0
 
     @property
     def inbound(self) -> int:
@@ -188,13 +190,24 @@ class SyncLayout:
         return self.semaphores + 8 * self.n_semaphores
 
     @property
+    def port_inbound(self) -> int:
+        """u64 counters the peers' proxies write (one per peer port channel to this rank)."""
+        return self.barriers + 8 * MAX_BARRIERS
+
+    @property
+    def port_counters(self) -> int:
+        """{expected, sent} u64 pairs, one per port channel of this rank."""
+        return self.port_inbound + 8 * self.n_port_inbound
+
+    @property
     def size(self) -> int:
-        return (self.barriers + 8 * MAX_BARRIERS + 255) // 256 * 256
+        return (self.port_counters + 16 * self.n_port + 255) // 256 * 256
 
 
 def sync_layout(plan: Plan, rank: int) -> SyncLayout:
     g = plan.gpus[rank]
-    return SyncLayout(len(inbound_slots(plan, rank)), len(g.peers(ChannelType.memory)), len(g.semaphores))
+    return SyncLayout(len(inbound_slots(plan, rank)), len(g.peers(ChannelType.memory)), len(g.semaphores),
+                      len(port_inbound_slots(plan, rank)), len(g.peers(ChannelType.port)))
 
 
 def peers_of(plan: Plan, rank: int) -> list[int]:
@@ -208,6 +221,13 @@ def peers_of(plan: Plan, rank: int) -> list[int]:
             s.add(h.id)
     s.discard(rank)
     return sorted(s)
+
+
+def mapped_peers(plan: Plan, rank: int, topo: Optional[Topology] = None) -> list[int]:
+    """The peers whose memory this rank maps (CUDA IPC): :func:`peers_of` on this rank's node.
+    Peers on other nodes are reached only through port channels and the engine."""
+    topo = topo or Topology(plan.world_size, plan.world_size)
+    return [q for q in peers_of(plan, rank) if topo.same_node(rank, q)]
 
 
 def is_zero_copy(plan: Plan) -> bool:
@@ -276,6 +296,7 @@ class PackedRank:
     scratch_bytes: int
     packet_align: int   # largest packet size (4 or 8 bytes of payload) all packet offsets allow
     uses_packets: bool
+    port: Optional[PortScript] = None   # the proxy's work (port channels only)
 
 
 class _Packer:
@@ -284,6 +305,7 @@ class _Packer:
         self.rank = rank
         self.gpu = plan.gpus[rank]
         self.layout = layout
+        self.port = PortPacker(plan, rank)
         self.unit = max(plan.buffer_alignment, 8)
         self.packet_align = 8
         self.uses_packets = False
@@ -386,9 +408,41 @@ class _Packer:
             rec.tbg = (op.tbg_info.tb_id, op.tbg_info.tbg_size)
         return rec
 
+    def _port_rec(self, kind: int, index: int, ids: list[int], flags: int, aux0: int, aux1: int) -> DevRecord:
+        return DevRecord(kind, index, ids=ids, flags=flags, aux0=aux0, aux1=aux1)
+
+    def port_records(self, op: Op, tb: ThreadBlock, index: int, where: str) -> list[DevRecord]:
+        """Device records of a port-channel op (and its part of the proxy's script)."""
+        n = op.name
+        pp = self.port
+        if n == OpName.wait:
+            return [DevRecord(DOP_WAIT, index, ids=pp.wait_ids(op, tb, index, where))]
+        if n == OpName.flush:
+            return pp.flush(op, tb, index, where, self._port_rec)
+        if n == OpName.signal:
+            return pp.trigger(op, tb, index, where, True, False, [], self._port_rec)
+        if n in (OpName.put, OpName.pws, OpName.pwsf):
+            S, D = op.src_buff, op.dst_buff
+            if len(S) != len(D) or not S:
+                raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({n.value}) needs as many "
+                                "sources as destinations", where)
+            pairs = []
+            for s, d in zip(S, D):
+                if s.type is None or d.buffer_id is None:
+                    raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({n.value}): a port put "
+                                    "copies from a local buffer into a remote buffer", where)
+                ds, dk = self.operand(d, op, tb, where, False)
+                pcs = self.pieces([s.type, dk], [s, d], where)
+                pairs.append((s.type, (ds & 0xFF) - SLOT_REMOTE0, [(p.length, (p.offsets[0], p.offsets[1])) for p in pcs]))
+            return pp.trigger(op, tb, index, where, n != OpName.put, n == OpName.pwsf, pairs, self._port_rec)
+        raise PlanError(f"rank {self.rank} thread block {tb.id} op {index}: op {n.value!r} cannot run on a port "
+                        "channel (put, pws, pwsf, signal, wait, flush)", where)
+
     def records(self, op: Op, tb: ThreadBlock, index: int, where: str) -> list[DevRecord]:
         n = op.name
         S, D = op.src_buff, op.dst_buff
+        if is_port_op(op):
+            return self.port_records(op, tb, index, where)
         if n == OpName.nop:
             return [DevRecord(DOP_NOP, index)]
         if n == OpName.barrier:
@@ -443,11 +497,12 @@ class _Packer:
             where = _where(self.rank, tb.id, i)
             if op.name == OpName.pipeline:
                 inner: list[DevRecord] = []
+                self.port.begin_pipeline()
                 for j, o in enumerate(op.ops or []):
                     inner += self.records(o, tb, i, _where(self.rank, tb.id, i, j))
                 ic = op.iter_context
                 assert ic is not None
-                totals = [r.total for r in inner if r.kind == DOP_DATA]
+                totals = [r.total for r in inner if r.kind == DOP_DATA] + self.port.pipe_totals()
                 if any(r.kind == DOP_DATA and (r.operands and any(d >> 8 for d in r.operands)) for r in inner):
                     if ic.unit_size % 8:
                         raise PlanError(f"rank {self.rank} thread block {tb.id} op {i}: a pipeline with packet "
@@ -457,12 +512,15 @@ class _Packer:
                 if iters >= 2**32:
                     raise PlanError(f"rank {self.rank} thread block {tb.id} op {i}: {iters} pipeline iterations",
                                     where)
+                self.port.end_pipeline(iters, ic.unit_size)
                 recs.append(DevRecord(DOP_PIPELINE, i, total=ic.unit_size, aux0=len(inner), aux1=iters).pack())
                 recs += [r.pack() for r in inner]
             else:
                 recs += [r.pack() for r in self.records(op, tb, i, where)]
+        finals = [r.pack() for r in self.port.finals(tb, self._port_rec)]
+        recs += finals
         body = b"".join(recs)
-        head = BLOCK_HEADER.pack(n_ops=len(recs), bytes=BLOCK_HEADER.size + len(body))
+        head = BLOCK_HEADER.pack(n_ops=len(recs), bytes=BLOCK_HEADER.size + len(body), n_finals=len(finals))
         region = head + body
         region += b"\0" * (-len(region) % 16)
         if len(region) > MAX_BLOCK_BYTES:
@@ -480,7 +538,8 @@ def pack_blocks(plan: Plan, rank: int, input_bytes: int, output_bytes: int) -> P
     sb = scratch_bytes_needed(plan, layout)
     if pk.uses_packets and not (plan.protocol == "LL"):
         pass  # scratch_bytes_needed already doubles for plans with packet ops
-    return PackedRank(rank, input_bytes, output_bytes, layout, blocks, sb, pk.packet_align, pk.uses_packets)
+    return PackedRank(rank, input_bytes, output_bytes, layout, blocks, sb, pk.packet_align, pk.uses_packets,
+                      pk.port.script())
 
 
 @dataclass(frozen=True)
@@ -493,7 +552,8 @@ class Addresses:
     error_record: int
     peer_abort: Sequence[int]
     remote: Sequence[tuple[int, int]]          # (base, kind code) per gpus[rank].remote_buffers entry
-    channels: Sequence[tuple[int, int, int]]   # (inbound, remote inbound, expected) per memory channel
+    channels: Sequence[tuple[int, int, int]]   # (inbound, remote inbound, expected) per memory channel, then
+    # per port channel (inbound, the device plan's port block, {expected, sent})
 
 
 def pack_blob(plan: Plan, packed: PackedRank, addr: Addresses, sync: SyncLayout) -> bytes:

@@ -19,23 +19,27 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Union
 
 from mscclang.errors import CollectiveTimeout, InvalidCall, NotPrepared, PlanError, RuntimeUnavailable
-from mscclang.plan.models import BufferKind, Plan, REDUCE_OPS
+from mscclang.plan.models import BufferKind, ChannelType, Plan, REDUCE_OPS
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.build import block_variant, build_module, find_prebuilt, kernel_name
 from mscclang.runtime.comm import Communicator
 from mscclang.runtime.device_plan import (
     KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, PackedRank, SyncLayout, check_runnable,
-    inbound_slots, is_zero_copy, memory_channel_ordinals, pack_blob, pack_blocks, peers_of, sync_layout,
+    inbound_slots, is_zero_copy, mapped_peers, memory_channel_ordinals, pack_blob, pack_blocks, peers_of,
+    sync_layout,
 )
 from mscclang.runtime.spec_build import SpecBuilder, pack_args, spec_hot_calls, spec_mode, when
 from mscclang.runtime.spec_source import SpecUnsupported, generate
 from mscclang.runtime.structs import ERROR_RECORD
+from mscclang.runtime.engine import Engine, bindings as engine_bindings
+from mscclang.runtime.ports import port_inbound_slots, port_peers
+from mscclang.runtime.proxy import Incoming, PortLaunch, PortProxy
 from mscclang.runtime.topology import topology_from_env
 from mscclang.runtime.watchdog import AbortWatchdog
 
 DEFAULT_TIMEOUT_S = 30.0
 _WHAT = {1: "a signal", 2: "LL packets", 3: "a barrier", 4: "a semaphore", 5: "nothing (a peer or another "
-         "block aborted)", 6: "port FIFO space"}
+         "block aborted)", 6: "a port channel's proxy to finish its copies (flush)"}
 
 
 def torch_dtype_code(dtype: Any) -> str:
@@ -91,6 +95,7 @@ class _DevPlan:
     uses_packets: bool
     packed: Any = None       # PackedRank (the specialised kernel's source comes from it)
     addr: Any = None         # Addresses (the specialised kernel's parameters)
+    port_area: int = 0       # device port area (port channels: triggers, done words, signal slots)
 
 
 @dataclass
@@ -129,6 +134,7 @@ class _Context:
     peer_sync: dict[int, int]
     peer_scratch: dict[int, int]
     plans: dict[tuple, _DevPlan] = field(default_factory=dict)
+    serial: int = 0          # engine channel keys of this context's plan
 
 
 @dataclass
@@ -146,6 +152,9 @@ class LoadedPlan:
     staging: tuple = (None, None)                 # (input, output) SymAlloc for ordinary tensors
     fast: dict[tuple, tuple] = field(default_factory=dict)
     spec: dict[tuple, Any] = field(default_factory=dict)   # key -> _Spec, or the reason it is not used
+    has_port: bool = False   # port channels on some rank: the interpreter runs it, with the proxy
+    engine_keys: list = field(default_factory=list)   # (src, dst, ordinal) of port channels between nodes
+    serial: int = -1         # engine communicators' namespace (assigned collectively at first context)
 
 
 class Executor:
@@ -193,6 +202,9 @@ class Executor:
               cu.device_attribute(self.comm.device, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
         self.arch = f"sm_{cc[0]}{cc[1]}"
         self._first_launch_done = False
+        self._engine = Engine(self.comm.rank)
+        self._engine_serial = 0
+        self._proxy = PortProxy(self._engine.send, self._engine.recv)
         #: which ranks share a node (launcher's LOCAL_WORLD_SIZE, MSCCLANG_GPUS_PER_NODE overrides)
         self.topology = topology_from_env(self.comm.world_size)
         self.specialize = spec_mode(specialize)
@@ -245,6 +257,11 @@ class Executor:
         default_packet = _packet_code(plan.packet_type.value if plan.packet_type else None)
         lp = LoadedPlan(plan, is_zero_copy(plan), default_packet, plan_reduce_op(plan),
                         plan.num_threads_per_block, nb)
+        lp.has_port = any(g.peers(ChannelType.port) for g in plan.gpus)
+        lp.engine_keys = [(g.id, q, o) for g in plan.gpus for q, o in port_peers(plan, g.id)
+                          if not self.topology.same_node(g.id, q)]
+        if lp.engine_keys:
+            engine_bindings()   # RuntimeUnavailable now, naming nccl4py, rather than at the first call
         self._loaded[id(plan)] = lp
         return lp
 
@@ -288,7 +305,11 @@ class Executor:
             cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
             mine = cu.ipc_handle(sync_base) + cu.ipc_handle(scratch_base)
             allh = comm.allgather_bytes(mine, f"context of plan {plan.name} ({scratch_bytes} B scratch)")
-            for q in peers_of(plan, r):
+            if lp.engine_keys and lp.serial < 0:
+                lp.serial = self._engine_serial
+                self._engine_serial += 1
+                self._engine.connect([(lp.serial, *k) for k in lp.engine_keys], comm.allgather_bytes)
+            for q in mapped_peers(plan, r, self.topology):
                 peer_sync[q] = cu.ipc_open(allh[q][:64])
                 peer_scratch[q] = cu.ipc_open(allh[q][64:128])
         except BaseException:
@@ -313,6 +334,8 @@ class Executor:
             cu.ipc_close(p)
         for dp in ctx.plans.values():
             cu.mem_free(dp.blob)
+            if dp.port_area:
+                cu.mem_free(dp.port_area)
         cu.mem_free(ctx.sync_base)
         cu.mem_free(ctx.scratch_base)
 
@@ -360,6 +383,9 @@ class Executor:
         g = plan.gpus[r]
         remote = []
         for rb in g.remote_buffers:
+            if not self.topology.same_node(r, rb.rank):
+                remote.append((0, KIND_CODE[rb.type]))   # reached only through the engine
+                continue
             if rb.type == BufferKind.scratch:
                 base = ctx.peer_scratch[rb.rank]
             else:
@@ -375,7 +401,16 @@ class Executor:
             chans.append((ctx.sync_base + ctx.sync.inbound + 8 * slots_me[(q, o)],
                           ctx.peer_sync[q] + sync_layout(plan, q).inbound + 8 * slots_q[(r, o)],
                           ctx.sync_base + ctx.sync.expected + 8 * j))
-        peers = peers_of(plan, r)
+        area = 0
+        if packed.port is not None:
+            area = cu.mem_alloc(packed.port.area_bytes)
+            cu.memset_d8(area, 0, packed.port.area_bytes, 0)
+            pin = port_inbound_slots(plan, r)
+            for k, (q, o) in enumerate(port_peers(plan, r)):
+                chans.append((ctx.sync_base + ctx.sync.port_inbound + 8 * pin[(q, o)],
+                              area + packed.port.block_offset(k),
+                              ctx.sync_base + ctx.sync.port_counters + 16 * k))
+        peers = mapped_peers(plan, r, self.topology)
         # one half size per context: launches of different sizes must never overlap halves
         half = (ctx.scratch_bytes // 2) // 16 * 16 if plan.use_double_scratch_buffer else 0
         addr = Addresses(ctx.sync_base, ctx.scratch_base, half, self._err_dev,
@@ -387,7 +422,7 @@ class Executor:
         cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
         smem = max((len(b.region) for b in packed.blocks), default=16)
         dp = _DevPlan(p, len(blob), len(packed.blocks), smem, packed.packet_align, packed.uses_packets,
-                      packed, addr)
+                      packed, addr, area)
         ctx.plans[key] = dp
         return dp
 
@@ -543,7 +578,7 @@ class Executor:
         ranks can be heard within a second, what they called."""
         rec = ERROR_RECORD.unpack(ctypes.string_at(self._err_host, ERROR_RECORD.size))
         what = _WHAT.get(rec["what"], f"kind {rec['what']}")
-        chan = f" on channel {rec['channel']}" if rec["channel"] >= 0 and rec["what"] in (1, 3, 4) else ""
+        chan = f" on channel {rec['channel']}" if rec["channel"] >= 0 and rec["what"] in (1, 3, 4, 6) else ""
         msg = (f"rank {rec['rank']} thread block {rec['block']} op {rec['op_index']} gave up waiting for {what}"
                f"{chan} (expected {rec['expected']}, saw {rec['seen']}) after {rec['elapsed_ns'] / 1e9:.3f} s; "
                "the collective was aborted on every rank: call Executor.reset() on all ranks to continue")
@@ -738,7 +773,9 @@ class Executor:
                 raise PlanError(f"rank {self.comm.rank}: {dp.n_blocks} thread blocks of {lp.nthreads} threads cannot "
                                 f"all be co-resident (at most {int(nblk) * self._sm_count})")
             launch = None
-            sp = self._spec_kernel(lp, dt, in_bytes, out_bytes, pkt, op, dp, force)
+            port = self._port_launch(lp, dp, in_bytes, out_bytes) if lp.has_port else None
+            # port plans run on the interpreter (the specialised kernel has no port ops)
+            sp = None if lp.has_port else self._spec_kernel(lp, dt, in_bytes, out_bytes, pkt, op, dp, force)
             if sp is not None and lp.ctx is not None:
                 args = pack_args(sp.layout, dp.addr, lp.ctx.sync, self.comm.rank)
                 ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(args))
@@ -747,7 +784,51 @@ class Executor:
             if launch is None and not force and (in_bytes, out_bytes, dt, pkt, op) not in lp.spec \
                     and when(self.specialize, in_bytes, out_bytes) == "hot":
                 pending = [spec_hot_calls() - 1, (lp, dtype, in_bytes, out_bytes, pkt, op, sym_in, sym_out)]
-        return (f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), launch, pending, lp.ctx)
+        return (f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), launch, pending, lp.ctx, port)
+
+    def _port_launch(self, lp: LoadedPlan, dp: _DevPlan, in_bytes: int, out_bytes: int) -> Optional[PortLaunch]:
+        """What the proxy needs for every launch of this entry (None: no port work on this rank)."""
+        plan = lp.plan
+        r = self.comm.rank
+        ctx = lp.ctx
+        script = dp.packed.port
+        incoming: list[Incoming] = []
+        pin = port_inbound_slots(plan, r)
+        for g in plan.gpus:
+            if g.id == r or self.topology.same_node(g.id, r):
+                continue
+            theirs = None
+            for kq, (q, o) in enumerate(port_peers(plan, g.id)):
+                if q != r:
+                    continue
+                if theirs is None:
+                    theirs = pack_blocks(plan, g.id, in_bytes, out_bytes).port
+                incoming.append(Incoming(theirs.channels[kq], ctx.sync_base + ctx.sync.port_inbound + 8 * pin[(g.id, o)],
+                                         [rb.type for rb in g.remote_buffers],
+                                         self._engine.comm((lp.serial, g.id, r, o))))
+        if script is None and not incoming:
+            return None
+        if script is None:
+            from mscclang.runtime.ports import PortScript
+            script = PortScript([])
+        g = plan.gpus[r]
+        remote_base: list[Optional[int]] = []
+        for j, rb in enumerate(g.remote_buffers):
+            remote_base.append(dp.addr.remote[j][0] if self.topology.same_node(r, rb.rank) else None)
+        peer_inbound: list[Optional[int]] = []
+        comms: list = []
+        for k, (q, o) in enumerate(port_peers(plan, r)):
+            if self.topology.same_node(r, q):
+                peer_inbound.append(ctx.peer_sync[q] + sync_layout(plan, q).port_inbound
+                                    + 8 * port_inbound_slots(plan, q)[(r, o)])
+                comms.append(None)
+            else:
+                peer_inbound.append(None)
+                comms.append(self._engine.comm((lp.serial, r, q, o)))
+        pl = PortLaunch(script, dp.port_area, remote_base,
+                        [rb.type for rb in g.remote_buffers], ctx.scratch_base, peer_inbound, comms, incoming)
+        self._proxy.prepare(len(script.channels) + len(incoming))
+        return pl
 
     def _promote(self, lp: LoadedPlan, key: tuple, ent: tuple, now: bool = False) -> tuple:
         """Count one more call of a pending entry; at the policy's call count (or ``now``, for
@@ -792,14 +873,33 @@ class Executor:
         return torch.cuda.current_stream().cuda_stream
 
     def _launch(self, ent: tuple, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int) -> None:
+        port = ent[9]
+        if port is not None:
+            self._launch_port(ent, port, in_ptr, out_ptr, in_delta, out_delta, s)
+            return
+        self._launch_kernel(ent, in_ptr, out_ptr, in_delta, out_delta, s)
+
+    def _launch_port(self, ent: tuple, port: PortLaunch, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int,
+                     s: int) -> None:
+        """A launch of a port plan: the proxy's stream operations around the kernel."""
+        if s != self._last_stream:
+            self._order_streams(s)
+        n = self._proxy.before(port, s, in_ptr, out_ptr, in_delta, out_delta)
+        self._launch_kernel(ent, in_ptr, out_ptr, in_delta, out_delta, s)
+        self._proxy.after(s, n)
+
+    def _order_streams(self, s: int) -> None:
+        if self._last_stream is not None and not self._stream_capturing(s):
+            # launches sharing a scratch are ordered on the GPU, whatever stream the caller uses
+            drv = cu.driver()
+            cu.check(drv.cuEventRecord(self._event, self._last_stream), "cuEventRecord")
+            cu.check(drv.cuStreamWaitEvent(s, self._event, 0), "cuStreamWaitEvent")
+        self._last_stream = s
+
+    def _launch_kernel(self, ent: tuple, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int) -> None:
         f, blob, nb, nt, smem, fh, spec = ent[:7]
         if s != self._last_stream:
-            if self._last_stream is not None and not self._stream_capturing(s):
-                # launches sharing a scratch are ordered on the GPU, whatever stream the caller uses
-                drv = cu.driver()
-                cu.check(drv.cuEventRecord(self._event, self._last_stream), "cuEventRecord")
-                cu.check(drv.cuStreamWaitEvent(s, self._event, 0), "cuStreamWaitEvent")
-            self._last_stream = s
+            self._order_streams(s)
         if spec is not None and not (in_ptr | out_ptr | in_delta | out_delta) & 15:
             # the specialised kernel assumes 16-byte aligned buffers; others take the interpreter
             a = spec.args
@@ -878,7 +978,11 @@ class Executor:
             self._watchdog.stop()
             self._watchdog = None
         drv = cu.driver()
+        if self._engine.comms and self._aborted:
+            self._engine.close(abort=True)   # unblocks engine calls waiting for a dead peer
         drv.cuCtxSynchronize()
+        self._engine.close()
+        self._proxy.close()
         for lp in self._loaded.values():
             for ctx in [lp.ctx, *lp.retired]:
                 if ctx is not None:

@@ -93,7 +93,7 @@ PLAN_HEADER = Struct("PlanHeader", (
 REMOTE_BUF = Struct("RemoteBuf", (("base", "u64"), ("kind", "u32"), ("pad", "u32")))
 CHANNEL_DEV = Struct("ChannelDev", (("inbound", "u64"), ("remote_inbound", "u64"), ("expected", "u64")))
 BLOCK_ENTRY = Struct("BlockEntry", (("offset", "u32"), ("bytes", "u32")))
-BLOCK_HEADER = Struct("BlockHeader", (("n_ops", "u32"), ("bytes", "u32")))
+BLOCK_HEADER = Struct("BlockHeader", (("n_ops", "u32"), ("bytes", "u32"), ("n_finals", "u32"), ("pad", "u32")))
 DEV_OP = Struct("DevOp", (
     ("kind", "u8"), ("n_src", "u8"), ("n_dst", "u8"), ("n_ids", "u8"), ("n_pieces", "u16"),
     ("flags", "u16"), ("bytes", "u32"), ("index", "u32"), ("tbg_member", "u32"), ("tbg_size", "u32"),
@@ -119,7 +119,8 @@ CONSTANTS = {
     "OPND_SLOT_INPUT": 0, "OPND_SLOT_OUTPUT": 1, "OPND_SLOT_SCRATCH": 2, "OPND_SLOT_REMOTE0": 3,
     "OPND_MODE_PACKET": 1, "BUF_KIND_INPUT": 0, "BUF_KIND_OUTPUT": 1, "BUF_KIND_SCRATCH": 2,
     "WHAT_SIGNAL": 1, "WHAT_PACKET": 2, "WHAT_BARRIER": 3, "WHAT_SEMAPHORE": 4,
-    "WHAT_PEER_ABORT": 5, "WHAT_PORT_FIFO": 6,
+    "WHAT_PEER_ABORT": 5, "WHAT_PORT_FLUSH": 6,
+    "DOP_PORT_TRIGGER": 8, "DOP_PORT_FLUSH": 9, "DOP_PORT_FINAL": 10,
 }
 
 

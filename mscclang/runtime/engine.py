@@ -1,0 +1,136 @@
+"""The inter-node engine of port channels: NCCL point-to-point through NVIDIA's nccl4py bindings.
+
+A port channel whose peer is on another node (:mod:`mscclang.runtime.topology`) moves its bytes
+with ``ncclSend``/``ncclRecv`` on a two-rank NCCL communicator of its own (the sender is NCCL
+rank 0, the receiver rank 1). One communicator per channel keeps every communicator's calls in
+one stream and in the same order on both ends (the channel's trigger order), so the sends and
+receives of different channels, directions and peers can never wait on each other; NCCL chooses
+the transport (InfiniBand, RoCE, sockets) as it does for any job, and every call is a stream
+operation, so CUDA graphs capture it.
+
+Bootstrap: the senders' NCCL unique ids go through torch.distributed's store (the runtime
+communicator's tagged exchange); all communicators of a plan are created together inside one
+``ncclGroupStart/End``. :meth:`Engine.close` destroys them (``ncclCommAbort`` when the job
+aborted, so a dead peer cannot block it).
+
+Why nccl4py and not torch.distributed's send/recv: torch's process group runs point-to-point on
+its own internal streams, so a send could not be made to wait on the kernel's trigger in the
+same stream, and two directions between one pair share a stream there (a deadlock when both
+sides send first). nccl4py gives the raw calls on our streams. It is optional
+(``pip install nccl4py``, which finds the libnccl that torch installs); a plan that needs it
+without it is refused with that message.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+from mscclang.errors import RuntimeUnavailable
+
+NCCL_UINT8 = 1
+
+
+def bindings() -> Any:
+    """nccl4py's low-level bindings (RuntimeUnavailable when missing)."""
+    try:
+        from nccl.bindings import nccl as nb  # type: ignore[import-not-found]
+    except Exception as e:  # noqa: BLE001 - ImportError, or libnccl not found at import
+        raise RuntimeUnavailable(
+            "port channels between nodes need NCCL point-to-point through nccl4py, which is not usable "
+            f"here ({type(e).__name__}: {e}); install it with `pip install nccl4py` (it loads the libnccl "
+            "that torch ships)") from None
+    return nb
+
+
+Key = tuple[int, int, int]   # (sending rank, receiving rank, ordinal of the sender's channel to it)
+
+
+class Engine:
+    """Two-rank NCCL communicators for the inter-node port channels of one executor."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.comms: dict[Key, Any] = {}
+        self._nb: Any = None
+        self.aborted = False
+
+    def _b(self) -> Any:
+        if self._nb is None:
+            self._nb = bindings()
+        return self._nb
+
+    def connect(self, keys: Sequence[Key], exchange: Callable[[bytes, str], list[bytes]]) -> None:
+        """Create the communicators of ``keys`` that involve this rank and do not exist yet.
+        Collective over every rank (``exchange`` is the store allgather): every rank passes the
+        same keys in the same order."""
+        want = sorted({k for k in keys if k not in self.comms})
+        mine = [k for k in want if self.rank in (k[0], k[1])]
+        nb = self._b() if mine else None
+        ids: dict[Key, bytes] = {}
+        blob = b""
+        for k in mine:
+            if k[0] == self.rank:
+                uid = bytes(nb.get_unique_id())
+                ids[k] = uid
+                blob += len(uid).to_bytes(4, "little") + k[1].to_bytes(4, "little") + k[2].to_bytes(4, "little") + uid
+        got = exchange(blob, f"engine communicators {want}") if want else []
+        for src, data in enumerate(got):
+            pos = 0
+            while pos < len(data):
+                n = int.from_bytes(data[pos:pos + 4], "little")
+                dst = int.from_bytes(data[pos + 4:pos + 8], "little")
+                o = int.from_bytes(data[pos + 8:pos + 12], "little")
+                ids[(src, dst, o)] = data[pos + 12:pos + 12 + n]
+                pos += 12 + n
+        if not mine:
+            return
+        missing = [k for k in mine if k not in ids]
+        if missing:
+            raise RuntimeUnavailable(f"rank {self.rank}: no NCCL unique id arrived for engine channels {missing}")
+        nb.group_start()
+        try:
+            for k in mine:
+                me = 0 if k[0] == self.rank else 1
+                self.comms[k] = nb.comm_init_rank_scalable(2, me, 1, bytearray(ids[k]), 0)
+        finally:
+            nb.group_end()
+
+    def comm(self, key: Key) -> Any:
+        c = self.comms.get(key)
+        if c is None:
+            raise RuntimeUnavailable(f"internal: engine channel {key} was not connected")
+        return c
+
+    def send(self, ptr: int, nbytes: int, comm: Any, stream: int) -> None:
+        if nbytes:
+            self._b().send(ptr, nbytes, NCCL_UINT8, 1, comm, stream)
+
+    def recv(self, ptr: int, nbytes: int, comm: Any, stream: int) -> None:
+        if nbytes:
+            self._b().recv(ptr, nbytes, NCCL_UINT8, 0, comm, stream)
+
+    def check(self) -> Optional[str]:
+        """The first communicator's asynchronous error, or None."""
+        if not self.comms:
+            return None
+        nb = self._b()
+        for k, c in self.comms.items():
+            err = int(nb.comm_get_async_error(c))
+            if err not in (0, 7):   # 7: ncclInProgress
+                return f"NCCL error {err} on engine channel {k}"
+        return None
+
+    def close(self, abort: bool = False) -> None:
+        """Destroy the communicators (abort them when ``abort``: a peer may be gone)."""
+        if not self.comms:
+            return
+        nb = self._b()
+        for c in self.comms.values():
+            try:
+                if abort or self.aborted:
+                    nb.comm_abort(c)
+                else:
+                    nb.comm_destroy(c)
+            except Exception:  # noqa: BLE001 - closing must not raise past close()
+                pass
+        self.comms.clear()

@@ -1,0 +1,128 @@
+"""GPU checks of port-channel plans (run in WorkerPool workers by tests/gpu/test_ports_gpu.py and
+the notes' measurements): eager calls and CUDA-graph replays compared bit for bit with the
+simulator's result, a peer that never calls, and the put+signal round trip.
+
+Every command takes the worker ``w`` (its ``executor``, ``comm``, ``rank``, ``world_size``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mscclang.errors import CollectiveTimeout
+from mscclang.plan.io import load_plan
+from mscclang.testing.runtime_checks import _case, _compare_with_sim, expectation, make_input
+
+
+def _tensors(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int, symmetric: bool) -> tuple:
+    import torch
+
+    plan, dt, dev, esize, n_in, n_out, inputs = _case(w, plan_json, nbytes, dtype, seed)
+    if symmetric:
+        out = w.comm.alloc(n_out, dt)
+        inp = w.comm.alloc(n_in, dt)
+        inp.copy_(inputs[w.rank])
+    else:
+        out = torch.empty(n_out, dtype=dt, device=dev)
+        inp = inputs[w.rank].clone()
+    return plan, dt, dev, n_in, n_out, inputs, inp, out
+
+
+def graph_replays(w: Any, plan_json: str, nbytes: int, dtype: str = "int32", replays: int = 8,
+                  symmetric: bool = True, sim_max_bytes: int = 1 << 16) -> dict:
+    """Capture one call of the plan in a CUDA graph after an eager call, then replay it with fresh
+    inputs each time (written into the captured input tensor), checking every replay bit for bit
+    (int32: exact) and, up to ``sim_max_bytes``, against the simulator."""
+    import torch
+
+    plan, dt, dev, n_in, n_out, inputs, inp, out = _tensors(w, plan_json, nbytes, dtype, 0, symmetric)
+    ex = w.executor
+    ex.execute(plan, inp, out)
+    ex.synchronize()
+    bad = expectation(plan, inputs, "sum", w.rank).count_bad(out)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            ex.execute(plan, inp, out)
+    torch.cuda.current_stream().wait_stream(s)
+    sim_bad = 0
+    for k in range(replays):
+        fresh = [make_input(q, n_in, dt, 100 + k, dev) for q in range(w.world_size)]
+        inp.copy_(fresh[w.rank])
+        out.zero_()
+        torch.cuda.synchronize()
+        g.replay()
+        ex.synchronize()
+        bad += expectation(plan, fresh, "sum", w.rank).count_bad(out)
+        if k == 0 and nbytes <= sim_max_bytes:
+            sim_bad = _compare_with_sim(plan, fresh, out, "sum", None, w.rank) or 0
+    del g
+    return {"rank": w.rank, "bad": bad + sim_bad, "sim_bad": sim_bad, "replays": replays,
+            "kernel": ex.last_kernel, "enqueued": ex._proxy.enqueued}
+
+
+def peer_never_calls(w: Any, plan_json: str, nbytes: int = 4096) -> dict:
+    """Only rank 0 calls: it must raise CollectiveTimeout within the executor's timeout (its side
+    streams released, so synchronize returns); then every rank resets and a full call is exact."""
+    plan, dt, dev, n_in, n_out, inputs, inp, out = _tensors(w, plan_json, nbytes, "int32", 0, True)
+    ex = w.executor
+    err = ""
+    t0 = time.monotonic()
+    if w.rank == 0:
+        try:
+            ex.execute(plan, inp, out)
+            ex.synchronize()
+        except CollectiveTimeout as e:
+            err = str(e)
+    took = time.monotonic() - t0
+    w.comm.barrier("port hang checked")
+    ex.reset()
+    ex.execute(plan, inp, out)
+    ex.synchronize()
+    bad = expectation(plan, inputs, "sum", w.rank).count_bad(out)
+    return {"rank": w.rank, "error": err, "seconds": took, "bad_after_reset": bad}
+
+
+def round_trip(w: Any, plan_json: str, iters: int = 200, reps: int = 5) -> dict:
+    """Median microseconds of one launch of a ping-pong plan, ``iters`` launches captured in one
+    CUDA graph (inputs of 1 element), after a checked eager call."""
+    import torch
+
+    plan, dt, dev, n_in, n_out, inputs, inp, out = _tensors(w, plan_json, 4, "int32", 0, True)
+    ex = w.executor
+    ex.execute(plan, inp, out)
+    ex.synchronize()
+    bad = expectation(plan, inputs, "sum", w.rank).count_bad(out)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(iters):
+                ex.execute(plan, inp, out)
+    torch.cuda.current_stream().wait_stream(s)
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        w.comm.barrier("round trip")
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / iters)
+    ex.synchronize()
+    times.sort()
+    return {"rank": w.rank, "bad": bad, "us": times[len(times) // 2]}
+
+
+def load(plan_json: str):
+    return load_plan(plan_json)
+
+
+def runnable_reason(w: Any, plan_json: str) -> str:
+    """Why this worker's executor refuses the plan ('' when it runs it)."""
+    return w.executor.runnable(load_plan(plan_json)) or ""

@@ -1,0 +1,126 @@
+"""Port channels on the CPU: packing (device records, trigger and slot numbering, pipelines,
+finals), the proxy's per-launch stream operations (copy engine and engine), load-time refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from mscclang.errors import PlanError
+from mscclang.plan.models import BufferKind, OpName
+from mscclang.runtime import device_plan as dp
+from mscclang.runtime.ports import DOP_PORT_FINAL, DOP_PORT_FLUSH, DOP_PORT_TRIGGER, PORT_FLUSH, PORT_SIGNAL
+from mscclang.runtime.proxy import Incoming, Resolved, launch_ops
+from mscclang.runtime.spec_source import parse_region
+from mscclang.runtime.topology import Topology
+from mscclang.sim import verify
+from mscclang.testing import port_plans as pp
+
+
+@pytest.mark.parametrize("build", [pp.allgather_pwsf, pp.allgather_put_flush_signal, pp.allgather_port_only])
+@pytest.mark.parametrize("n", [2, 4])
+def test_port_samples_verify_and_pack(build, n):
+    plan = build(n)
+    assert verify(plan).status == "OK"
+    dp.check_runnable(plan)
+    for r in range(n):
+        pk = dp.pack_blocks(plan, r, 4096, 4096 * n)
+        chans = pk.port.channels
+        assert [c.peer for c in chans] == [q for q in range(n) if q != r] or build is pp.allgather_port_only
+        for c in chans:
+            ts = [t.t for t in c.triggers]
+            assert ts == list(range(1, len(ts) + 1))
+            puts = [t for t in c.triggers if t.copies]
+            assert len(puts) == 1 and puts[0].copies[0].length == 4096
+            assert puts[0].copies[0].src == BufferKind.input and puts[0].copies[0].dst_off == 4096 * r
+        recs = [x for b in pk.blocks for x in parse_region(b.region)]
+        finals = [x for x in recs if x.kind == DOP_PORT_FINAL]
+        assert len(finals) == len(chans)
+        assert {x.aux0 for x in finals} == {len(c.triggers) for c in chans}
+
+
+def test_trigger_records_carry_signal_and_flush_flags():
+    plan = pp.allgather_pwsf(2)
+    pk = dp.pack_blocks(plan, 0, 1024, 2048)
+    recs = [x for b in pk.blocks for x in parse_region(b.region)]
+    trig = [x for x in recs if x.kind == DOP_PORT_TRIGGER]
+    assert len(trig) == 1 and trig[0].flags == PORT_SIGNAL | PORT_FLUSH and trig[0].aux0 == 1
+    n_mem = len(plan.gpus[0].peers(dp.ChannelType.memory))
+    assert trig[0].ids == [n_mem]   # the port channel's entry follows the memory channels
+    waits = [x for x in recs if x.kind == dp.DOP_WAIT and x.ids == [n_mem]]
+    assert waits, "the port wait uses the port channel's entry"
+    plan = pp.allgather_put_flush_signal(2)
+    recs = [x for b in dp.pack_blocks(plan, 0, 1024, 2048).blocks for x in parse_region(b.region)]
+    kinds = [(x.kind, x.flags, x.aux0) for x in recs if x.kind in (DOP_PORT_TRIGGER, DOP_PORT_FLUSH)]
+    assert kinds == [(DOP_PORT_TRIGGER, 0, 1), (DOP_PORT_FLUSH, 0, 1), (DOP_PORT_TRIGGER, PORT_SIGNAL, 2)]
+
+
+def test_pipeline_numbering_matches_the_kernel():
+    plan = pp.sendrecv_pipelined(unit=1 << 16)
+    pk = dp.pack_blocks(plan, 0, 1 << 18, 1 << 18)
+    (ch,) = pk.port.channels
+    assert [(t.t, t.slot) for t in ch.triggers] == [(1, 0), (2, 1), (3, 2), (4, 3)]
+    assert [t.copies[0].src_off for t in ch.triggers] == [0, 1 << 16, 2 << 16, 3 << 16]
+    assert all(t.copies[0].length == 1 << 16 for t in ch.triggers)
+    recs = [x for b in pk.blocks for x in parse_region(b.region)]
+    pipe = [x for x in recs if x.kind == dp.DOP_PIPELINE][0]
+    inner = [x for x in pipe.inner if x.kind == DOP_PORT_TRIGGER][0]
+    # the kernel computes t = aux0 + it * (total & 0xffffffff), slot = aux1 + it * (total >> 32)
+    for it, trig in enumerate(ch.triggers):
+        assert inner.aux0 + it * (inner.total & 0xFFFFFFFF) == trig.t
+        assert inner.aux1 + it * (inner.total >> 32) == trig.slot
+    flush = [x for x in recs if x.kind == DOP_PORT_FLUSH][0]
+    assert flush.aux0 == 4
+    # rank 1 only signals (acknowledgements): 1 ready + 4 acks
+    (ch1,) = dp.pack_blocks(plan, 1, 1 << 18, 1 << 18).port.channels
+    assert [t.t for t in ch1.triggers] == [1, 2, 3, 4, 5] and all(not t.copies for t in ch1.triggers)
+
+
+def test_launch_ops_copy_engine_order():
+    plan = pp.allgather_pwsf(2)
+    pk = dp.pack_blocks(plan, 0, 1024, 2048)
+    area = 0x1000
+    r = Resolved(input=0x10000, output=0x20000, scratch=0x30000, remote=[0x90000])
+    (ops,) = launch_ops(pk.port, area, r, [0x77000], [None], [])
+    assert [o.kind for o in ops] == ["wait", "copy", "copy", "done"]
+    assert ops[0].a == area and ops[0].n == 1
+    assert (ops[1].a, ops[1].b, ops[1].n) == (0x90000 + 0, 0x10000, 1024)
+    assert (ops[2].a, ops[2].b, ops[2].n) == (0x77000, area + 8, 8)     # slot 0 -> peer inbound
+    assert (ops[3].a, ops[3].n) == (area + 4, 1)
+
+
+def test_launch_ops_engine_sends_and_receives_in_trigger_order():
+    plan = pp.allgather_port_only(2)
+    pk0 = dp.pack_blocks(plan, 0, 1024, 2048)
+    pk1 = dp.pack_blocks(plan, 1, 1024, 2048)
+    r = Resolved(input=0x10000, output=0x20000, scratch=0x30000, remote=[None])
+    inc = Incoming(pk1.port.channels[0], inbound=0x5000, dst_kinds=[rb.type for rb in plan.gpus[1].remote_buffers],
+                   comm="c10")
+    send, recv = launch_ops(pk0.port, 0x1000, r, [None], ["c01"], [inc])
+    assert [o.kind for o in send] == ["wait", "send", "done", "wait", "send", "send", "done"]
+    assert all(o.comm == "c01" for o in send if o.kind == "send")
+    # rank 1's triggers: ready signal, then pwsf of its chunk into rank 0's output block 1
+    assert [(o.kind, o.a, o.n) for o in recv] == [("recv", 0x5000, 8), ("recv", 0x20000 + 1024, 1024),
+                                                  ("recv", 0x5000, 8)]
+
+
+def test_refusals():
+    plan = pp.allgather_pwsf(2)
+    plan.use_double_scratch_buffer = True
+    dp.check_runnable(plan)   # no scratch through the port: fine
+    plan = pp.sendrecv_pipelined()
+    plan.use_double_scratch_buffer = True
+    with pytest.raises(PlanError, match="use_double_scratch_buffer"):
+        dp.check_runnable(plan)
+    plan = pp.allgather_pwsf(2)
+    tb = plan.gpus[0].threadblocks[0]
+    op = next(o for o in tb.ops if o.name == OpName.pwsf)
+    op.channel_ids = [5]
+    with pytest.raises(PlanError, match=r"op \d+ \(pwsf\): channel id 5"):
+        dp.check_runnable(plan)
+
+
+def test_memory_channels_between_nodes_are_refused_port_channels_carried():
+    dp.check_runnable(pp.allgather_port_only(2), topology=Topology(2, 1))
+    with pytest.raises(PlanError, match="different nodes"):
+        dp.check_runnable(pp.allgather_pwsf(2), topology=Topology(2, 1))
+    assert dp.mapped_peers(pp.allgather_port_only(2), 0, Topology(2, 1)) == []
