@@ -205,6 +205,7 @@ class Executor:
         self._engine = Engine(self.comm.rank)
         self._engine_serial = 0
         self._proxy = PortProxy(self._engine.send, self._engine.recv)
+        self._sync_event: Any = None
         #: which ranks share a node (launcher's LOCAL_WORLD_SIZE, MSCCLANG_GPUS_PER_NODE overrides)
         self.topology = topology_from_env(self.comm.world_size)
         self.specialize = spec_mode(specialize)
@@ -304,7 +305,7 @@ class Executor:
             drv = cu.driver()
             cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
             mine = cu.ipc_handle(sync_base) + cu.ipc_handle(scratch_base)
-            allh = comm.allgather_bytes(mine, f"context of plan {plan.name} ({scratch_bytes} B scratch)")
+            allh = comm.allgather_bytes(mine, f"context of plan {plan.name}")   # scratch sizes may differ by rank
             if lp.engine_keys and lp.serial < 0:
                 lp.serial = self._engine_serial
                 self._engine_serial += 1
@@ -614,8 +615,47 @@ class Executor:
         return [f"rank {q}: {out[q]}" for q in sorted(out)]
 
     def synchronize(self) -> None:
-        """Wait for this executor's launches and raise CollectiveTimeout if one gave up."""
-        cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+        """Wait for this executor's launches and raise CollectiveTimeout if one gave up. With
+        engine channels (port channels between nodes) the wait is bounded: an engine receive for
+        a dead peer never completes, so once a kernel gave up (or twice the timeout passed) the
+        engine's communicators are aborted, which ends their calls, and CollectiveTimeout is
+        raised."""
+        if not self._engine.comms:
+            cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+            self.check()
+            return
+        self._sync_engine()
+
+    def _sync_engine(self) -> None:
+        import time
+
+        drv = cu.driver()
+        ev = self._sync_event
+        if ev is None:
+            ev = self._sync_event = cu.check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING),
+                                             "cuEventCreate")
+        streams = [self._current_stream()] + ([self._last_stream] if self._last_stream is not None else [])
+        t0 = time.monotonic()
+        limit = 2 * self.timeout_ns / 1e9 + 5.0
+        for s in streams:
+            cu.check(drv.cuEventRecord(ev, s), "cuEventRecord")
+            while True:
+                err, = drv.cuEventQuery(ev)
+                if int(err) == 0:
+                    break
+                if int(err) != int(drv.CUresult.CUDA_ERROR_NOT_READY):
+                    cu.check(err, "cuEventQuery")
+                gave_up = ctypes.c_uint32.from_address(self._err_host).value != 0
+                if gave_up or time.monotonic() - t0 > limit:
+                    self._engine.close(abort=True)   # ends engine calls waiting for a dead peer
+                    self._aborted = True
+                    drv.cuCtxSynchronize()
+                    if not gave_up:
+                        raise CollectiveTimeout(f"rank {self.comm.rank}: the engine's transfers (NCCL point-to-point "
+                                                f"of port channels between nodes) did not finish in {limit:.0f} s; "
+                                                "its communicators were aborted")
+                    break
+                time.sleep(0.0005)
         self.check()
 
     def execute(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
@@ -962,6 +1002,13 @@ class Executor:
                 self._init_sync(lp.plan, ctx.sync, ctx.sync_base)
                 cu.memset_d8(ctx.scratch_base, 0, ctx.scratch_bytes, 0)
         cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+        for lp in self._loaded.values():
+            if lp.engine_keys and lp.serial >= 0 and any((lp.serial, *k) not in self._engine.comms
+                                                         for k in lp.engine_keys):
+                # aborted communicators: new ones (collective), and entries rebuilt on them
+                self._engine.connect([(lp.serial, *k) for k in lp.engine_keys], self.comm.allgather_bytes)
+                lp.fast.clear()
+        self._engine.aborted = False
         ctypes.memset(self._err_host, 0, 256)
         self._aborted = False
         self._reported = False

@@ -63,11 +63,14 @@ def graph_replays(w: Any, plan_json: str, nbytes: int, dtype: str = "int32", rep
             "kernel": ex.last_kernel, "enqueued": ex._proxy.enqueued}
 
 
-def peer_never_calls(w: Any, plan_json: str, nbytes: int = 4096) -> dict:
+def peer_never_calls(w: Any, plan_json: str, nbytes: int = 4096, symmetric: bool = True) -> dict:
     """Only rank 0 calls: it must raise CollectiveTimeout within the executor's timeout (its side
     streams released, so synchronize returns); then every rank resets and a full call is exact."""
-    plan, dt, dev, n_in, n_out, inputs, inp, out = _tensors(w, plan_json, nbytes, "int32", 0, True)
+    plan, dt, dev, n_in, n_out, inputs, inp, out = _tensors(w, plan_json, nbytes, "int32", 0, symmetric)
     ex = w.executor
+    ex.execute(plan, inp, out)   # set-up (collective) first, so only the launch is missing
+    ex.synchronize()
+    w.comm.barrier("port hang set up")
     err = ""
     t0 = time.monotonic()
     if w.rank == 0:
