@@ -25,8 +25,7 @@ from mscclang.runtime.build import block_variant, build_module, find_prebuilt, k
 from mscclang.runtime.comm import Communicator
 from mscclang.runtime.device_plan import (
     KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, PackedRank, SyncLayout, check_runnable,
-    inbound_slots, is_zero_copy, mapped_peers, memory_channel_ordinals, pack_blob, pack_blocks, peers_of,
-    sync_layout,
+    inbound_slots, mapped_peers, memory_channel_ordinals, pack_blob, pack_blocks, sync_layout,
 )
 from mscclang.runtime.spec_build import SpecBuilder, pack_args, spec_hot_calls, spec_mode, when
 from mscclang.runtime.spec_source import SpecUnsupported, generate
@@ -256,7 +255,11 @@ class Executor:
                             "multiprocessors; the kernel runs one block per multiprocessor and needs all blocks "
                             "co-resident", f"gpus[{self.comm.rank}].threadblocks")
         default_packet = _packet_code(plan.packet_type.value if plan.packet_type else None)
-        lp = LoadedPlan(plan, is_zero_copy(plan), default_packet, plan_reduce_op(plan),
+        # zero-copy: a rank maps a peer's input/output (peers on other nodes are reached through the
+        # engine, which receives into the caller's own tensors: no symmetric buffers needed)
+        zero_copy = any(rb.type != BufferKind.scratch and self.topology.same_node(g.id, rb.rank)
+                        for g in plan.gpus for rb in g.remote_buffers)
+        lp = LoadedPlan(plan, zero_copy, default_packet, plan_reduce_op(plan),
                         plan.num_threads_per_block, nb)
         lp.has_port = any(g.peers(ChannelType.port) for g in plan.gpus)
         lp.engine_keys = [(g.id, q, o) for g in plan.gpus for q, o in port_peers(plan, g.id)

@@ -149,6 +149,33 @@ def pingpong(port: bool = True, name: str = "") -> Plan:
     return p.to_plan()
 
 
+def allreduce_port_2(name: str = "test_port_allreduce_2") -> Plan:
+    """Two-rank allreduce by port channels only (so it runs between two one-GPU nodes): ready
+    handshake, each rank puts the peer's half of its input into the peer's scratch (pwsf), reduces
+    its own half on its SMs, puts the reduced half into the peer's output (pwsf), waits."""
+    from mscclang import AllReduce
+
+    with CollectiveProgram(name, AllReduce(2, 1, False), 2, protocol="Simple") as p:
+        port = {(r, q): PortChannel(q, r) for r in range(2) for q in range(2) if q != r}
+        scr = {r: Buffer(r, 1) for r in range(2)}
+        for r in range(2):
+            q = 1 - r
+            port[(q, r)].signal(tb=0, data_sync=SyncType.none)
+        for r in range(2):
+            q = 1 - r
+            port[(r, q)].wait(tb=0, data_sync=SyncType.after)
+            port[(r, q)].put_with_signal_and_flush(scr[q][0:1], _inp(r)[q:q + 1], tb=0)
+        for r in range(2):
+            q = 1 - r
+            port[(r, q)].wait(tb=0)
+            Rank(r).reduce(_inp(r)[r:r + 1], [scr[r][0:1]], tb=0, dst_chunk=_out(r)[r:r + 1])
+            port[(r, q)].put_with_signal_and_flush(_out(q)[r:r + 1], _out(r)[r:r + 1], tb=0)
+        for r in range(2):
+            q = 1 - r
+            port[(r, q)].wait(tb=0)
+    return p.to_plan()
+
+
 SAMPLES = {
     "allgather_pwsf": allgather_pwsf,
     "allgather_put_flush_signal": allgather_put_flush_signal,
