@@ -124,3 +124,58 @@ def test_memory_channels_between_nodes_are_refused_port_channels_carried():
     with pytest.raises(PlanError, match="different nodes"):
         dp.check_runnable(pp.allgather_pwsf(2), topology=Topology(2, 1))
     assert dp.mapped_peers(pp.allgather_port_only(2), 0, Topology(2, 1)) == []
+
+
+def test_engine_connect_pairs_ranks_and_ids(monkeypatch):
+    """Each channel's communicator: the sender is NCCL rank 0, the receiver rank 1, both with
+    the id the sender made; ranks not on the channel create nothing."""
+    from mscclang.runtime import engine as eng
+
+    class FakeNB:
+        def __init__(self, rank):
+            self.rank, self.inits, self.n = rank, [], 0
+
+        def get_unique_id(self):
+            self.n += 1
+            return f"id-{self.rank}-{self.n}".encode().ljust(128, b"\0")
+
+        def comm_init_rank_scalable(self, nranks, me, n_ids, ids, cfg):
+            self.inits.append((me, bytes(ids)))
+            return f"comm{len(self.inits)}"
+
+        def group_start(self):
+            pass
+
+        def group_end(self):
+            pass
+
+    keys = [(0, 0, 1, 0), (0, 1, 0, 0), (0, 2, 0, 0)]
+    fakes = {r: FakeNB(r) for r in range(3)}
+    engines = {r: eng.Engine(r) for r in range(3)}
+    for r in range(3):
+        engines[r]._nb = fakes[r]
+    blobs = {}
+
+    # a two-phase exchange: every rank's blob first (collective), then the inits
+    import threading
+    barrier = threading.Barrier(3)
+
+    def exchange(r):
+        def f(data, tag):
+            blobs[r] = data
+            barrier.wait()
+            return [blobs[q] for q in range(3)]
+        return f
+
+    ts = [threading.Thread(target=engines[r].connect, args=(keys, exchange(r))) for r in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert [m for m, _ in fakes[0].inits] == [0, 1, 1]   # sender of (0->1); receiver of (1->0), (2->0)
+    assert [m for m, _ in fakes[1].inits] == [1, 0]
+    assert [m for m, _ in fakes[2].inits] == [0]
+    assert fakes[0].inits[0][1] == fakes[1].inits[0][1]           # channel 0->1: rank 0's id
+    assert fakes[0].inits[1][1] == fakes[1].inits[1][1]           # channel 1->0: rank 1's id
+    assert fakes[0].inits[2][1] == fakes[2].inits[0][1]
+    assert set(engines[1].comms) == {(0, 0, 1, 0), (0, 1, 0, 0)}

@@ -42,7 +42,7 @@ def bindings() -> Any:
     return nb
 
 
-Key = tuple[int, int, int]   # (sending rank, receiving rank, ordinal of the sender's channel to it)
+Key = tuple[int, int, int, int]   # (namespace: the plan's, sending rank, receiving rank, ordinal of the channel)
 
 
 class Engine:
@@ -64,24 +64,23 @@ class Engine:
         Collective over every rank (``exchange`` is the store allgather): every rank passes the
         same keys in the same order."""
         want = sorted({k for k in keys if k not in self.comms})
-        mine = [k for k in want if self.rank in (k[0], k[1])]
+        mine = [k for k in want if self.rank in (k[1], k[2])]
         nb = self._b() if mine else None
         ids: dict[Key, bytes] = {}
         blob = b""
         for k in mine:
-            if k[0] == self.rank:
+            if k[1] == self.rank:
                 uid = bytes(nb.get_unique_id())
                 ids[k] = uid
-                blob += len(uid).to_bytes(4, "little") + k[1].to_bytes(4, "little") + k[2].to_bytes(4, "little") + uid
+                blob += (len(uid).to_bytes(4, "little") + k[0].to_bytes(4, "little") + k[2].to_bytes(4, "little")
+                         + k[3].to_bytes(4, "little") + uid)
         got = exchange(blob, f"engine communicators {want}") if want else []
         for src, data in enumerate(got):
             pos = 0
             while pos < len(data):
-                n = int.from_bytes(data[pos:pos + 4], "little")
-                dst = int.from_bytes(data[pos + 4:pos + 8], "little")
-                o = int.from_bytes(data[pos + 8:pos + 12], "little")
-                ids[(src, dst, o)] = data[pos + 12:pos + 12 + n]
-                pos += 12 + n
+                n, ns, dst, o = (int.from_bytes(data[pos + 4 * i:pos + 4 * i + 4], "little") for i in range(4))
+                ids[(ns, src, dst, o)] = data[pos + 16:pos + 16 + n]
+                pos += 16 + n
         if not mine:
             return
         missing = [k for k in mine if k not in ids]
@@ -90,7 +89,7 @@ class Engine:
         nb.group_start()
         try:
             for k in mine:
-                me = 0 if k[0] == self.rank else 1
+                me = 0 if k[1] == self.rank else 1
                 self.comms[k] = nb.comm_init_rank_scalable(2, me, 1, bytearray(ids[k]), 0)
         finally:
             nb.group_end()
