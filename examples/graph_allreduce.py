@@ -580,7 +580,7 @@ class Measurement:
         import torch
 
         if self.device.type == "cuda":
-            self._sync()
+            torch.cuda.synchronize(self.device)
 
     def _sync_quietly(self) -> None:
         try:

@@ -451,3 +451,87 @@ def test_per_rank_flow_over_gloo(tmp_path, capfd):
     out = capfd.readouterr()
     assert "| 4K |" in out.out and "FAILED" in out.out and "Goals met (symmetric tensor)" in out.out
     assert "graph_allreduce:    1K symmetric" in out.err
+
+
+# ------------------------------------------------------------------------------ the CUDA-only steps
+
+def test_cuda_steps_against_a_stand_in_torch_cuda(monkeypatch):
+    """The steps that only run on a GPU (device sync, CUDA events, graph capture on a side
+    stream, timed replays), against a stand-in torch.cuda that records what it is asked."""
+    import contextlib
+
+    seen: list = []
+
+    class FakeStream:
+        def __init__(self, device: Any = None) -> None:
+            self.device = device
+
+        def wait_stream(self, other: Any) -> None:
+            seen.append("wait_stream")
+
+    class FakeGraph:
+        def __init__(self) -> None:
+            self.replays = 0
+
+        def replay(self) -> None:
+            self.replays += 1
+            seen.append("replay")
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+            self.t = 0.0
+
+        def record(self) -> None:
+            seen.append("record")
+            self.t = float(seen.count("record"))
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, end: "FakeEvent") -> float:
+            return 0.1   # ms
+
+    @contextlib.contextmanager
+    def fake_stream(s: Any) -> Any:
+        seen.append("on side stream")
+        yield
+
+    @contextlib.contextmanager
+    def fake_graph(g: Any, stream: Any = None) -> Any:
+        assert isinstance(stream, FakeStream)
+        seen.append("capture begin")
+        yield
+        seen.append("capture end")
+
+    dev = torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: seen.append(("sync", d)))
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: FakeStream(d))
+    monkeypatch.setattr(torch.cuda, "stream", fake_stream)
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    m = object.__new__(ga.Measurement)
+    m.device, m.args = dev, ga.parse_args(["--calls", "7", "--replays", "3", "--align", "host"])
+    m.barrier = lambda: seen.append("barrier")
+    m._sync()
+    assert seen == [("sync", dev)]
+    assert isinstance(m._event(), FakeEvent)
+    seen.clear()
+    cell = ga._Cell(torch.zeros(4, dtype=torch.bfloat16), lambda: seen.append("call"))
+    g = m.capture(cell)
+    assert isinstance(g, FakeGraph)
+    begin, end = seen.index("capture begin"), seen.index("capture end")
+    assert seen.count("call") == 7 and begin < seen.index("call") and seen[begin + 1:end] == ["call"] * 7
+    assert seen.index("on side stream") < begin and seen[0] == ("sync", dev) and seen[-1] == ("sync", dev)
+    seen.clear()
+    data = {"pattern": torch.ones(4, dtype=torch.bfloat16)}
+    times = m.time_replays(cell, g, data)
+    assert times == pytest.approx([0.1 * 1000 / 7] * 3) and g.replays == 3
+    assert seen.count("barrier") == 3 and torch.equal(cell.x, data["pattern"])
+    # each replay lies between its two events, after the ranks met
+    assert seen[:5] == [("sync", dev), "barrier", "record", "replay", "record"]
+    rec = [i for i, x in enumerate(seen) if x == "record"]
+    rep = [i for i, x in enumerate(seen) if x == "replay"]
+    assert all(rec[2 * k] < rep[k] < rec[2 * k + 1] for k in range(3))
