@@ -661,8 +661,6 @@ class Measurement:
     # -- stages -------------------------------------------------------------------------------
     def eager_check(self, cell: _Cell, data: dict, res: CellResult) -> None:
         """One eager call on this size's random data, checked (:func:`check_eager_result`)."""
-        import torch
-
         cell.x.copy_(data["x"])
         self._sync()
         self.barrier()
@@ -692,8 +690,6 @@ class Measurement:
 
     def replay_check(self, cell: _Cell, graph: Any, data: dict, res: CellResult) -> None:
         """Replay the graph once on the known inputs and check the result exactly."""
-        import torch
-
         cell.x.copy_(data["pattern"])
         self._sync()
         self.barrier()
@@ -704,7 +700,6 @@ class Measurement:
     def time_replays(self, cell: _Cell, graph: Any, data: dict) -> list[float]:
         """Microseconds per call of each of ``--replays`` timed replays (CUDA events); the known
         inputs are restored before each replay, outside the timed region."""
-        import torch
         import torch.distributed as dist
 
         times = []
@@ -746,8 +741,6 @@ class Measurement:
 
     def run_cell(self, kind: str, nbytes: int, data: dict) -> CellResult:
         """Set up, check eagerly, capture, check the first replay, time: one (size, kind)."""
-        import torch
-
         res = CellResult(nbytes, kind)
         cell = graph = None
         try:
@@ -770,7 +763,7 @@ class Measurement:
                 except Exception:  # noqa: BLE001
                     pass
         finally:
-            del graph, cell
+            cell = graph = None   # the graph and the buffers go before the next cell
             self._sync_quietly()
         return res
 
