@@ -48,6 +48,7 @@ saying so); 1 when a check or a run failed; 2 for a usage error.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -872,6 +873,21 @@ def _spawned(index: int, args: argparse.Namespace, world: int) -> None:
     _leave(code)
 
 
+def ensure_mscclang_importable() -> None:
+    """Make ``import mscclang`` work: installed, or else the checkout this script lies in (its
+    parent folder goes on ``sys.path``, which spawned ranks inherit). :class:`UsageError` when
+    neither has it."""
+    if importlib.util.find_spec("mscclang") is not None:
+        return
+    root = Path(__file__).resolve().parent.parent
+    if (root / "mscclang" / "__init__.py").is_file():
+        sys.path.insert(0, str(root))
+        importlib.invalidate_caches()
+        if importlib.util.find_spec("mscclang") is not None:
+            return
+    raise UsageError("mscclang is not importable: install it (python3 -m pip install -e . in the repository)")
+
+
 def gpu_count() -> int:
     """Visible CUDA GPUs (0 without CUDA)."""
     try:
@@ -958,6 +974,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.bench_json:
             load_bench(args.bench_json)   # a bad file is refused before anything runs
         nvlink_multicast_guard()
+        if any(k in MSCCLANG_KINDS for k in args.kinds):
+            ensure_mscclang_importable()
         if under_torchrun():
             rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
             local = int(os.environ["LOCAL_RANK"])

@@ -535,3 +535,32 @@ def test_cuda_steps_against_a_stand_in_torch_cuda(monkeypatch):
     rec = [i for i, x in enumerate(seen) if x == "record"]
     rep = [i for i, x in enumerate(seen) if x == "replay"]
     assert all(rec[2 * k] < rep[k] < rec[2 * k + 1] for k in range(3))
+
+
+def test_spawned_ranks_report_a_failure_and_end(tmp_path):
+    """``--nproc`` mode's process handling: ranks that cannot start (no CUDA here) each say why in
+    one line, and the parent returns status 1 at once (no hang, no traceback)."""
+    driver = tmp_path / "driver.py"
+    driver.write_text("import sys\n"
+                      f"sys.path.insert(0, {str(SCRIPT.parent)!r})\n"
+                      "import graph_allreduce as ga\n"
+                      "if __name__ == '__main__':\n"
+                      "    sys.exit(ga.spawn(ga.parse_args(['--quick', '--timeout', '100']), 2))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    p = subprocess.run([sys.executable, str(driver)], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == ga.EXIT_FAILED, p.stderr
+    assert "graph_allreduce: rank " in p.stderr and "Traceback" not in p.stderr
+
+
+def test_mscclang_found_in_the_checkout_when_not_installed():
+    """Run from a checkout without installing, the script finds mscclang next to examples/."""
+    code = ("import sys, importlib.util\n"
+            f"sys.path = [p for p in sys.path if p not in ('', {str(ROOT)!r})]\n"
+            f"spec = importlib.util.spec_from_file_location('ga', {str(SCRIPT)!r})\n"
+            "ga = importlib.util.module_from_spec(spec); sys.modules['ga'] = ga; spec.loader.exec_module(ga)\n"
+            "ga.ensure_mscclang_importable()\n"
+            "import mscclang; print(mscclang.__file__)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == str(ROOT / "mscclang" / "__init__.py")
