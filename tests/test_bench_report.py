@@ -171,17 +171,51 @@ def test_targets_never_count_an_nccl_fallback_as_met():
     assert "for reference only: this run used 4 GPUs" in markdown(res)
 
 
-def test_quick_bench_differs_only_in_sizes():
+QUICK_OPTION_SETS = ([], ["--collectives", "all_reduce"], ["--impls", "mscclang,nccl", "--modes", "graph"],
+                     ["--dtype", "fp16", "--tuning", "t.json", "--time-limit", "50", "--nprocs", "2"])
+
+
+@pytest.mark.parametrize("extra", QUICK_OPTION_SETS, ids=lambda a: " ".join(a) or "defaults")
+def test_quick_bench_config_differs_only_in_sizes(extra):
     """``bench --quick`` reported allreduce 1K at 3.02 us against the full bench's 1.88 us: half the
-    calls per graph and fewer timed blocks. Quick must measure the same way, at fewer sizes."""
+    calls per graph and fewer timed blocks. Quick must measure the same way, at fewer sizes: the
+    whole configuration handed to the workers (every field, defaults included) is the full run's
+    but for ``sizes``; with explicit ``--sizes`` ``--quick`` changes nothing at all."""
     from mscclang.bench.sizes import DEFAULT_SIZES, QUICK_SIZES
     from mscclang.cli.bench_cmd import bench_config
     from mscclang.cli.main import build_parser
 
     p = build_parser()
-    quick = bench_config(p.parse_args(["bench", "--quick", "--out", "x"]))
-    full = bench_config(p.parse_args(["bench", "--out", "x"]))
+    quick = bench_config(p.parse_args(["bench", "--quick", "--out", "x", *extra]))
+    full = bench_config(p.parse_args(["bench", "--out", "x", *extra]))
     assert quick.sizes == list(QUICK_SIZES) and full.sizes == list(DEFAULT_SIZES)
-    q, f = dict(vars(quick)), dict(vars(full))
-    q.pop("sizes"), f.pop("sizes")
-    assert q == f
+    q, f = quick.to_dict(), full.to_dict()
+    assert set(q) == set(f) and "sizes" in q
+    assert {k for k in q if q[k] != f[k]} == {"sizes"}
+    same = [p.parse_args(["bench", *flag, "--sizes", "1K,64K", "--out", "x", *extra]) for flag in (["--quick"], [])]
+    assert bench_config(same[0]).to_dict() == bench_config(same[1]).to_dict()
+
+
+def test_quick_bench_cli_hands_the_runner_the_full_runs_arguments(tmp_path, monkeypatch, capsys):
+    """End to end through ``mscclang bench``: what the command hands the runner (configuration,
+    time limit, process count) differs between --quick and a full run only in the size list."""
+    import mscclang.bench.runner as runner
+    from mscclang.bench.sizes import DEFAULT_SIZES, QUICK_SIZES
+    from mscclang.cli.main import main
+
+    seen = []
+
+    def fake_run_bench(cfg, time_limit_s, nprocs=None, **kw):
+        seen.append((cfg.to_dict(), time_limit_s, nprocs, kw))
+        md = tmp_path / "bench.md"
+        md.write_text("table\n")
+        rec = Record("all_reduce", "mscclang", "graph", K, "bfloat16", us=2.0, busbw=0.5, ok=True)
+        return BenchResult({}, [rec]), {"md": md}, []
+
+    monkeypatch.setattr(runner, "run_bench", fake_run_bench)
+    assert main(["bench", "--quick", "--out", str(tmp_path / "o")]) == 0
+    assert main(["bench", "--out", str(tmp_path / "o")]) == 0
+    capsys.readouterr()
+    (q, qt, qn, qkw), (f, ft, fn, fkw) = seen
+    assert q.pop("sizes") == list(QUICK_SIZES) and f.pop("sizes") == list(DEFAULT_SIZES)
+    assert (q, qt, qn, qkw) == (f, ft, fn, fkw)

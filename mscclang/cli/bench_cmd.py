@@ -44,7 +44,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "DIR/bench.md (table) and DIR/bench.png (plot).")
     p.add_argument("--out", default="bench_out", metavar="DIR", help="output folder (default bench_out)")
     p.add_argument("--quick", action="store_true",
-                   help="5 sizes (1K, 64K, 1M, 16M, 256M), 3 timed blocks, fewer calls per block")
+                   help="5 sizes (1K, 64K, 1M, 16M, 256M); everything else as in the full run "
+                        "(same calls per CUDA graph, timed blocks, warm-up, prepare, tuning), so "
+                        "its figures are the full run's at those sizes")
     p.add_argument("--sizes", type=sizes_arg(), metavar="SIZES",
                    help="message sizes: " + SIZES_FORMS + "; default 1K:1G")
     p.add_argument("--collectives", default=",".join(DEFAULT_COLLS),
