@@ -173,3 +173,44 @@ def ce_bandwidth(w: Any, nbytes: int = 256 << 20, peer_access: bool = False) -> 
     drv.cuStreamDestroy(s)
     t = sorted(times)[len(times) // 2]
     return {"rank": w.rank, "GBps": nbytes / t / 1e6, "ms": t, "note": note}
+
+
+def ce_allgather_time(w: Any, total: int = 256 << 20) -> dict:
+    """Milliseconds of one copy-engine allgather (test_port_allgather_pwsf) eagerly and as a
+    one-call CUDA graph replay, median of 3 each (where the proxy's time goes)."""
+    import torch
+
+    from mscclang.testing import port_plans as pp
+
+    plan = pp.allgather_pwsf(w.world_size)
+    n_in = total // w.world_size // 4
+    i = w.comm.alloc(n_in, torch.int32)
+    o = w.comm.alloc(total // 4, torch.int32)
+    ex = w.executor
+    ex.execute(plan, i, o)
+    ex.synchronize()
+
+    def timed(fn: Any) -> float:
+        ts = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            w.comm.barrier("ce ag")
+            e0 = torch.cuda.Event(enable_timing=True)
+            e1 = torch.cuda.Event(enable_timing=True)
+            e0.record()
+            fn()
+            e1.record()
+            e1.synchronize()
+            ts.append(e0.elapsed_time(e1))
+        return sorted(ts)[1]
+
+    eager = timed(lambda: ex.execute(plan, i, o))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            ex.execute(plan, i, o)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = timed(g.replay)
+    return {"rank": w.rank, "eager_ms": eager, "graph_ms": graph, "bytes": total}
