@@ -175,17 +175,17 @@ def ce_bandwidth(w: Any, nbytes: int = 256 << 20, peer_access: bool = False) -> 
     return {"rank": w.rank, "GBps": nbytes / t / 1e6, "ms": t, "note": note}
 
 
-def ce_allgather_time(w: Any, total: int = 256 << 20) -> dict:
+def ce_allgather_time(w: Any, total: int = 256 << 20, inplace: bool = False) -> dict:
     """Milliseconds of one copy-engine allgather (test_port_allgather_pwsf) eagerly and as a
     one-call CUDA graph replay, median of 3 each (where the proxy's time goes)."""
     import torch
 
     from mscclang.testing import port_plans as pp
 
-    plan = pp.allgather_pwsf(w.world_size)
+    plan = pp.allgather_pwsf(w.world_size, inplace=inplace)
     n_in = total // w.world_size // 4
-    i = w.comm.alloc(n_in, torch.int32)
     o = w.comm.alloc(total // 4, torch.int32)
+    i = o[w.rank * n_in:(w.rank + 1) * n_in] if inplace else w.comm.alloc(n_in, torch.int32)
     ex = w.executor
     ex.execute(plan, i, o)
     ex.synchronize()
@@ -213,4 +213,21 @@ def ce_allgather_time(w: Any, total: int = 256 << 20) -> dict:
             ex.execute(plan, i, o)
     torch.cuda.current_stream().wait_stream(s)
     graph = timed(g.replay)
-    return {"rank": w.rank, "eager_ms": eager, "graph_ms": graph, "bytes": total}
+    return {"rank": w.rank, "eager_ms": eager, "graph_ms": graph, "bytes": total, "inplace": inplace}
+
+
+def traced(w: Any, out_dir: str, after_s: float, target: str, *args: Any) -> Any:
+    """Run ``target`` (module:function) with a stack dump of every thread written to
+    ``out_dir/stack.<rank>.txt`` if it is still running after ``after_s`` seconds (diagnosis)."""
+    import faulthandler
+    import importlib
+    import os
+
+    f = open(os.path.join(out_dir, f"stack.{w.rank}.txt"), "w")
+    faulthandler.dump_traceback_later(after_s, repeat=False, file=f)
+    try:
+        mod, fn = target.split(":")
+        return getattr(importlib.import_module(mod), fn)(w, *args)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        f.close()

@@ -27,9 +27,11 @@ def _out(r: int):
     return Rank(r).get_output_buffer()
 
 
-def allgather_pwsf(n: int = 2, name: str = "test_port_allgather_pwsf") -> Plan:
-    """Allgather by port puts (pwsf), ready handshake on memory channels."""
-    with CollectiveProgram(name, AllGather(n, 1, False), n, protocol="Simple") as p:
+def allgather_pwsf(n: int = 2, name: str = "test_port_allgather_pwsf", inplace: bool = False) -> Plan:
+    """Allgather by port puts (pwsf), ready handshake on memory channels. ``inplace``: the input
+    is the output's own block, so no SM copies anything (every byte moves by copy engine)."""
+    name = name + ("_inplace" if inplace else "")
+    with CollectiveProgram(name, AllGather(n, 1, inplace), n, protocol="Simple") as p:
         mem = {(r, q): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
         port = {(r, q): PortChannel(q, r) for r in range(n) for q in range(n) if q != r}
         for q in range(n):
@@ -37,7 +39,8 @@ def allgather_pwsf(n: int = 2, name: str = "test_port_allgather_pwsf") -> Plan:
                 if q != r:
                     mem[(q, r)].signal(tb=0, data_sync=SyncType.none, relaxed=True)
         for r in range(n):
-            Rank(r).copy(_out(r)[r:r + 1], _inp(r)[0:1], tb=0)
+            if not inplace:
+                Rank(r).copy(_out(r)[r:r + 1], _inp(r)[0:1], tb=0)
             for q in range(n):
                 if q != r:
                     mem[(r, q)].wait(tb=0, data_sync=SyncType.after, relaxed=True)
