@@ -149,6 +149,8 @@ def test_engine_connect_pairs_ranks_and_ids(monkeypatch):
         def group_end(self):
             pass
 
+    monkeypatch.setattr(eng.Engine, "_warm_up", lambda self, keys: None)
+
     keys = [(0, 0, 1, 0), (0, 1, 0, 0), (0, 2, 0, 0)]
     fakes = {r: FakeNB(r) for r in range(3)}
     engines = {r: eng.Engine(r) for r in range(3)}

@@ -93,6 +93,33 @@ class Engine:
                 self.comms[k] = nb.comm_init_rank_scalable(2, me, 1, bytearray(ids[k]), 0)
         finally:
             nb.group_end()
+        self._warm_up(mine)
+
+    def _warm_up(self, keys: Sequence[Key]) -> None:
+        """Connect every new channel now, all in one NCCL group: NCCL connects point-to-point
+        peers lazily, in a blocking handshake inside the first send or receive, so two ranks whose
+        first engine call is a send to each other (on different channels) would wait for each
+        other forever inside ``ncclSend``."""
+        from mscclang.runtime import cuda as cu
+
+        nb = self._b()
+        drv = cu.driver()
+        buf = cu.mem_alloc(16)
+        s = cu.check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
+        try:
+            nb.group_start()
+            try:
+                for k in keys:
+                    if k[1] == self.rank:
+                        nb.send(buf, 1, NCCL_UINT8, 1, self.comms[k], cu.ptr(s))
+                    else:
+                        nb.recv(buf, 1, NCCL_UINT8, 0, self.comms[k], cu.ptr(s))
+            finally:
+                nb.group_end()
+            cu.check(drv.cuStreamSynchronize(s), "cuStreamSynchronize")
+        finally:
+            drv.cuStreamDestroy(s)
+            cu.mem_free(buf)
 
     def comm(self, key: Key) -> Any:
         c = self.comms.get(key)
