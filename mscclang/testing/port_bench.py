@@ -99,7 +99,7 @@ def _worker(rank: int, world: int, port: int, args: Any, q: Any) -> None:
             per = total // world if coll == "allgather" else total
             n_in, n_out = per // 4, total // 4
             i, o, bad = check(plan, n_in, n_out, sym)
-            us = _graph_time(lambda: ex.execute(plan, i, o), 5 if total >= 256 * MiB else 20)
+            us = _graph_time(lambda: ex.execute(plan, i, o), 5 if total >= 64 * MiB else 10)
             res.append({"what": name, "bytes": total, "us": us, "bad": bad})
             del i, o
 
@@ -117,7 +117,7 @@ def _worker(rank: int, world: int, port: int, args: Any, q: Any) -> None:
                 i = torch.randn(total // 2, dtype=dt, device=dev)
                 fn = lambda: dist.all_reduce(i)   # noqa: E731
             res.append({"what": f"nccl {coll}", "bytes": total,
-                        "us": _graph_time(fn, 5 if total >= 256 * MiB else 20), "bad": 0})
+                        "us": _graph_time(fn, 5 if total >= 64 * MiB else 10), "bad": 0})
 
         if not args.two_nodes:
             for port_ in (True, False):
@@ -196,7 +196,7 @@ def _worker(rank: int, world: int, port: int, args: Any, q: Any) -> None:
                             "loss": 1.0 - alone / e0.elapsed_time(e1)})
         else:
             for plan, coll in ((pp.allgather_port_only(world), "allgather"), (pp.allreduce_port_2(), "allreduce")):
-                for total in (MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB):
+                for total in args.sizes:
                     run_plan(f"engine {coll} ({plan.name})", plan, total, coll, False)
                     nccl(coll, total)
         ex.close()
@@ -211,7 +211,9 @@ def main(argv: Any = None) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--two-nodes", action="store_true")
     p.add_argument("--plan", action="append", default=[], help="NAME=plan.json to time beside NCCL")
+    p.add_argument("--sizes", default="1,4,16,64,256", help="two-node sizes in MiB (comma list)")
     args = p.parse_args(argv)
+    args.sizes = [int(x) * MiB for x in args.sizes.split(",") if x]
     import torch.multiprocessing as mp
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
