@@ -216,7 +216,9 @@ class Region:
     (never equal to a symmetric allocation's integer index). ``ref``: weak reference to the
     tensor's storage (None for graph registrations, which a captured graph owns); ``graph``:
     registered at the end of a capture session; ``pinned``: used by a captured graph, so kept until
-    close; ``last``: the registration step of its last use (eviction order, alike on every rank)."""
+    close; ``last``: when it was last used, counted in registration steps (twice the step when
+    registered or named again there, plus one when a call used it after that step): the eviction
+    order, alike on every rank."""
 
     seq: int
     base: int
@@ -388,7 +390,7 @@ class Registry:
         ref = r.ref
         if ref is not None and ref.expired():
             return None
-        r.last = self._epoch
+        r.last = 2 * self._epoch + 1   # used after the latest registration step
         return r
 
     def exportable(self, ptr: int, nbytes: int) -> bool:
@@ -444,7 +446,7 @@ class Registry:
                 reg = self._table.get(seen.pop())
                 if reg is None:
                     raise RegistrationError(f"rank {self.rank}: registration {col[0].existing} is unknown here")
-                reg.last = self._epoch
+                reg.last = 2 * self._epoch
                 out[k] = reg
                 self.stats["reused"] += 1
                 continue
@@ -452,8 +454,10 @@ class Registry:
             if not all(c.ok for c in col):
                 bad = [q for q, c in enumerate(col) if not c.ok]
                 self.stats["refused"] += 1
-                self._note(f"refused{bad}", f"mscclang rank {self.rank}: a {col[self.rank].nbytes}-byte tensor is not "
-                           f"registered: rank(s) {bad} cannot export theirs (see their log); zero-copy plans stage it")
+                if self.rank not in bad:   # a rank that cannot export logged why already
+                    self._note(f"refused{bad}", f"mscclang rank {self.rank}: a {col[self.rank].nbytes}-byte tensor is "
+                               f"not registered: rank(s) {bad} cannot export theirs (see their log); zero-copy plans "
+                               "stage it")
                 continue
             new.append((k, self._seq, col))
             self._seq += 1
@@ -479,7 +483,7 @@ class Registry:
             for j, (k, seq, col) in enumerate(new):
                 reg = made.get(k)
                 if reg is not None and all(len(a) > j and a[j] == 1 for a in agree):
-                    reg.last = self._epoch
+                    reg.last = 2 * self._epoch
                     self._table[seq] = reg
                     out[k] = reg
                     self.stats["registered"] += 1
