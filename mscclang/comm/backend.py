@@ -245,6 +245,12 @@ class RuntimeBackend(Backend):
 
     def synchronize(self) -> None:
         self.executor.synchronize()
+        # the device is idle: release the mappings of registered tensors that died here (their
+        # peers' memory is freed once every rank has done so), without waiting for the next
+        # registration step
+        reg = getattr(getattr(self.executor, "comm", None), "registry", None)
+        if reg is not None:
+            reg.prune()
 
     def describe_call(self, desc: str) -> None:
         comm = getattr(self.executor, "comm", None)

@@ -712,7 +712,6 @@ class Executor:
         if deltas is None:
             return None
         f, _, nb, nt, smem, fh = ref[:6]
-        self.last_kernel = "interpreter"
         return (f, slot, nb, nt, smem, fh, None, None, ctx), ("sym", deltas[0], deltas[1])
 
     def _arena_slot(self, nbytes: int, desc: str) -> int:
