@@ -748,7 +748,11 @@ class Communicator:
             # the key: an address may come back as an ordinary tensor on one rank and a symmetric
             # or registered one on another, and the ranks must choose alike
             be = self.backend
-            sym = (be.buffer_class(inp), be.buffer_class(out)) if be is not None else None
+            if be is None:
+                sym = None
+            else:
+                a = be.buffer_class(inp)
+                sym = (a, a if out is inp else be.buffer_class(out))
             key = (coll, inp.data_ptr(), out.data_ptr(), inp.numel(), out.numel(), inp.dtype,
                    out.dtype, inp.device, out.device, root, sym)
         cp = self._memo.get(key) if key is not None else None

@@ -715,17 +715,18 @@ class Executor:
         return (f, slot, nb, nt, smem, fh, None, None, ctx), ("sym", deltas[0], deltas[1])
 
     def _arena_slot(self, nbytes: int, desc: str) -> int:
+        """A slot of ``nbytes`` (rounded up to whole strides) in the first arena with room."""
         rs = self._regs()
         need = -(-int(nbytes) // ARENA_STRIDE) * ARENA_STRIDE
-        a = rs.arenas[-1] if rs.arenas else None
-        if a is None or a[2] + need > a[1]:
-            size = a[1] if a is not None else 0
-            raise NotPrepared(f"rank {self.comm.rank}: the graph-capture arena ({size} B) has no room for the "
-                              f"device plan of {desc} ({need} B): pass a larger arena_bytes to graph_capture() "
-                              "(or MSCCLANG_GRAPH_ARENA_BYTES)")
-        p = a[0] + a[2]
-        a[2] += need
-        return p
+        for a in rs.arenas:
+            if a[2] + need <= a[1]:
+                p = a[0] + a[2]
+                a[2] += need
+                return p
+        free = sum(a[1] - a[2] for a in rs.arenas)
+        raise NotPrepared(f"rank {self.comm.rank}: the graph-capture arena ({free} B free) has no room for the "
+                          f"device plan of {desc} ({need} B): pass a larger arena_bytes to graph_capture() "
+                          "(or MSCCLANG_GRAPH_ARENA_BYTES)")
 
     def _poison_image(self) -> bytes:
         """One arena slot's initial content: a device plan whose blocks find the abort word set and
@@ -848,9 +849,11 @@ class Executor:
     def begin_graph_capture(self, arena_bytes: Optional[int] = None) -> bool:
         """Collective, before ``torch.cuda.graph`` starts: open a capture session. Zero-copy calls
         captured in it on ordinary tensors that are not registered are captured anyway, with their
-        device plans in an arena slot (``arena_bytes``, default ``MSCCLANG_GRAPH_ARENA_BYTES``,
-        allocated now), and registered by :meth:`end_graph_capture`. Returns whether deferring is
-        enabled (every rank runs the same torch allocator settings)."""
+        device plans in arena slots, and registered by :meth:`end_graph_capture`. The session may
+        use ``arena_bytes`` (default ``MSCCLANG_GRAPH_ARENA_BYTES``) of arena: what earlier sessions
+        left, plus a new arena allocated now when that is less (arenas are kept until close: captured
+        graphs use them). Returns whether deferring is enabled (every rank runs the same torch
+        allocator settings)."""
         reg = self._registry()
         rs = self._regs()
         if self._capturing():
@@ -858,15 +861,17 @@ class Executor:
                               "starts capturing")
         size = graph_arena_bytes() if arena_bytes is None else max(int(arena_bytes), ARENA_STRIDE)
         size = -(-size // ARENA_STRIDE) * ARENA_STRIDE
-        a = rs.arenas[-1] if rs.arenas else None
         config = allocator_config()
-        if a is None or a[1] - a[2] < size:
+        free = sum(a[1] - a[2] for a in rs.arenas)
+        if free < size:
+            # the session may use ``size`` bytes: what earlier arenas have left, plus a new one
+            more = max(size - free, min(size, 64 * ARENA_STRIDE))
             try:
                 image = self._poison_image()
-                p = cu.mem_alloc(size)
-                cu.htod(p, image * (size // ARENA_STRIDE), 0)
+                p = cu.mem_alloc(more)
+                cu.htod(p, image * (more // ARENA_STRIDE), 0)
                 cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
-                rs.arenas.append([p, size, 0])
+                rs.arenas.append([p, more, 0])
             except RuntimeUnavailable as e:
                 # every rank then disables deferring (the settings compared differ): staging instead
                 config += f"|arena failed on rank {self.comm.rank}: {e}"

@@ -415,7 +415,8 @@ class Registry:
         return all(self.exportable(p, n) for p, n in _deferred_buffers(in_ptr, in_bytes, out_ptr, out_bytes)[0])
 
     # -------------------------------------------------------------------------------- register
-    def register(self, items: Sequence[tuple[Optional[int], int, Any]], what: str = "register") -> list[Optional[Region]]:
+    def register(self, items: Sequence[tuple[Optional[int], int, Any]],
+                 what: str = "register") -> list[Optional[Region]]:
         """Collective: register ``items`` (``(address, bytes, storage weak reference)``; address
         None for a position this rank cannot register, e.g. a symmetric buffer). Every rank passes
         the same number of items with the same sizes (else CallMismatch on every rank). Returns the
