@@ -284,3 +284,22 @@ def test_ranks_passing_tensors_that_do_not_correspond_fail_loudly():
 
     with pytest.raises(CommError, match="different plans"):
         run_ranks(N, body, plans=PLANS, tuning=TUNING, register="explicit")
+
+
+def test_staging_of_a_prepared_call_survives_a_larger_call_and_its_memo_entry_too():
+    """prepare(small); a larger staged call grows the staging: the prepared call's buffer (which
+    a capture of it would use) is kept, and the call still runs on it."""
+    def body(comm):
+        be = comm.backend
+        small = _x(comm.rank, n=64)
+        cp = comm.prepare("all_reduce", small)
+        buf = cp.inp.data_ptr()
+        comm.all_reduce(_x(comm.rank, n=200))     # grows the staging
+        small.copy_(_x(comm.rank, n=64, seed=3))
+        comm.all_reduce(small)
+        return list(be.released), comm.last.inp.data_ptr() == buf, small
+
+    results, _, _ = run_ranks(N, body, plans=ZC_ONLY, tuning=_tuning("zc"), register="off", staging_cap=2048)
+    for released, same, small in results:
+        assert released == [] and same
+        assert torch.equal(small, _x(0, n=64, seed=3) + _x(1, n=64, seed=3))

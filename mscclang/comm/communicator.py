@@ -46,8 +46,9 @@ registered when the session ends (as serving engines' custom allreduce does).
 Memory: staging up to the back end's cap (``MSCCLANG_STAGING_CAP_BYTES``, default 128 MiB) is kept
 between calls; a call that needs more gets staging of its own, released (collectively, after its
 work is done) when the call returns, and an outgrown staging buffer is released when a larger one
-replaces it, unless a captured graph used it (then it is kept until :meth:`Communicator.close`).
-:meth:`Communicator.prepare` keeps the staging of the call it prepares. :meth:`Communicator.memory`
+replaces it, unless a captured graph or a prepared call uses it (then it is kept until
+:meth:`Communicator.close`): :meth:`Communicator.prepare` keeps the staging of the call it
+prepares. :meth:`Communicator.memory`
 reports what is held.
 """
 
@@ -142,7 +143,7 @@ class Communicator:
         self._memo: dict[tuple, CallPlan] = {}
         self._staging: dict[str, Any] = {}
         self._kept: list[Any] = []            # staging kept until close (captured graphs, prepare)
-        self._captured: set[int] = set()      # addresses of staging buffers a captured graph uses
+        self._pinned: set[int] = set()        # staging a captured graph or a prepared call uses
         self._misses: dict[tuple, int] = {}   # call signature -> calls on unregistered tensors
         self._runtime_error: Optional[str] = None
         self.last: Optional[CallPlan] = None
@@ -288,11 +289,13 @@ class Communicator:
             buf = be.empty_staging(size, torch.uint8)
             self._staging[role] = buf
             if old is not None:
-                # every memo entry may view the old buffer: plan again (on every rank alike)
-                self._memo.clear()
-                if old.data_ptr() in self._captured:
+                if old.data_ptr() in self._pinned:
+                    # a captured graph or a prepared call runs on it: kept, and so are the memo's
+                    # entries that view it
                     self._kept.append(old)
                 else:
+                    # memo entries may view the old buffer: plan again (on every rank alike)
+                    self._memo.clear()
                     be.release([old])
         return buf[:nbytes], buf, False
 
@@ -381,6 +384,9 @@ class Communicator:
             # staging above the cap that a capture of this call will use: kept until close()
             self._kept.extend(cp.temp)
             cp.temp = ()
+        if cp.bufs:
+            # a prepared call keeps its staging (and its memo entry) when a larger one replaces it
+            self._pinned.update(x.data_ptr() for x in cp.bufs)
         if cp.mode != "nccl" and self.backend is not None and cp.plan is not None:
             pt = cp.choice.packet_type if cp.choice else None
             a, b = self._operands(cp, tensor, out)
@@ -507,7 +513,7 @@ class Communicator:
         """Release staging buffers, registrations and the runtime."""
         self._staging.clear()
         self._kept.clear()
-        self._captured.clear()
+        self._pinned.clear()
         self._misses.clear()
         self._memo.clear()
         if isinstance(self._fallback, TorchFallback):
@@ -722,7 +728,7 @@ class Communicator:
         elif cp.mode == "staged":
             if cp.bufs and _capturing():
                 # a captured graph uses these buffers: never released before close()
-                self._captured.update(x.data_ptr() for x in cp.bufs)
+                self._pinned.update(x.data_ptr() for x in cp.bufs)
             a.view(cp.shape.in_blocks, kp)[:, :k].copy_(inp.view(cp.shape.in_blocks, k))
         self.backend.execute(cp.plan, a, b, reduce_op=op, packet_type=pt)
         if cp.mode == "staged":

@@ -1093,8 +1093,9 @@ class Executor:
                 key = (in_bytes, out_bytes, dtype, pkt, op, "staged", st_in.index, st_out.index)
                 st = ("staged", st_in, st_out)
                 sym_in, sym_out = (st_out if lp.plan.inplace else st_in), st_out
-                if not (st_in.pinned and st_out.pinned) and self._capturing():
-                    st_in.pinned = st_out.pinned = True   # a captured graph uses them: kept until close
+                if not (st_in.pinned and st_out.pinned) and (prepare or self._capturing()):
+                    # a prepared call or a captured graph uses them: never released before close
+                    st_in.pinned = st_out.pinned = True
         else:
             key = (in_bytes, out_bytes, dtype, pkt, op)
         reg = getattr(self.comm, "registry", None)
