@@ -48,8 +48,7 @@ between calls; a call that needs more gets staging of its own, released (collect
 work is done) when the call returns, and an outgrown staging buffer is released when a larger one
 replaces it, unless a captured graph or a prepared call uses it (then it is kept until
 :meth:`Communicator.close`): :meth:`Communicator.prepare` keeps the staging of the call it
-prepares. :meth:`Communicator.memory`
-reports what is held.
+prepares. :meth:`Communicator.memory` reports what is held.
 """
 
 from __future__ import annotations
@@ -260,8 +259,9 @@ class Communicator:
         """A symmetric uint8 staging view of at least ``nbytes``, the buffer it views, and whether
         that buffer is temporary. Up to the back end's staging cap, one buffer per role is kept
         between calls and grown collectively (every rank makes the same calls with the same sizes);
-        the outgrown one is released, or kept until close if a captured graph used it. Above the
-        cap the call gets a buffer of its own, released after the call (kept by prepare)."""
+        the outgrown one is released, or kept until close if a captured graph or a prepared call
+        uses it. Above the cap the call gets a buffer of its own, released after the call (kept by
+        prepare)."""
         import torch
 
         be = self.backend

@@ -463,6 +463,9 @@ class Registry:
             new.append((k, self._seq, col))
             self._seq += 1
         if evict:
+            for k in range(n):   # a registration named at one position and dropped at another
+                if out[k] is not None and out[k].seq in evict:
+                    out[k] = None
             self._evict(evict)
         made: dict[int, Region] = {}
         flags = bytearray()
