@@ -303,3 +303,28 @@ def test_staging_of_a_prepared_call_survives_a_larger_call_and_its_memo_entry_to
     for released, same, small in results:
         assert released == [] and same
         assert torch.equal(small, _x(0, n=64, seed=3) + _x(1, n=64, seed=3))
+
+
+def test_reused_tensors_of_one_signature_all_get_registered():
+    """One buffer per 'layer', all of one signature: after the second pass shows reuse, every
+    buffer is registered, so the third pass runs zero-copy throughout (the doubling schedule alone
+    would leave most of them on the any-buffer plan)."""
+    layers = 6
+
+    def body(comm):
+        bufs = [_x(comm.rank, seed=k) for k in range(layers)]
+        passes = []
+        for _ in range(3):
+            labels = []
+            for b in bufs:
+                comm.all_reduce(b)
+                labels.append(comm.last.label())
+            passes.append(labels)
+        return passes
+
+    results, world, _ = run_ranks(N, body, plans=PLANS, tuning=TUNING, register="auto")
+    for passes in results:
+        assert passes[0] == ["zc (direct)", "zc (direct)", "scratch (direct)", "zc (direct)",
+                             "scratch (direct)", "scratch (direct)"]
+        assert passes[2] == ["zc (direct)"] * layers
+    assert results[0] == results[1]

@@ -84,6 +84,10 @@ class Backend:
         """Collective: drop registrations of ``tensors``; returns how many were dropped."""
         return 0
 
+    def registration_uses(self, cls: Any) -> int:
+        """Launches that ran on the registration a :meth:`buffer_class` value names (0 if none)."""
+        return 0
+
     def begin_graph_capture(self, arena_bytes: Optional[int] = None) -> bool:
         """Collective, before a CUDA graph capture: open a capture session (zero-copy calls on
         unregistered tensors are registered at its end). Returns whether that is enabled."""
@@ -216,6 +220,12 @@ class RuntimeBackend(Backend):
 
     def deregister(self, tensors: list) -> int:
         return self.executor.deregister(list(tensors))
+
+    def registration_uses(self, cls: Any) -> int:
+        reg = getattr(getattr(self.executor, "comm", None), "registry", None)
+        if reg is None or not (isinstance(cls, tuple) and len(cls) == 2 and cls[0] == "reg"):
+            return 0
+        return reg.uses(cls[1])
 
     def begin_graph_capture(self, arena_bytes: Optional[int] = None) -> bool:
         return self.executor.begin_graph_capture(arena_bytes)

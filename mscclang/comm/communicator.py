@@ -30,8 +30,10 @@ Ordinary tensors (design §7 "Registration contract"; the rule in full:
 :meth:`Communicator.graph_capture` session, and (``MSCCLANG_REGISTER=auto``, the default) the
 automatic schedule: a call whose tensors are not registered, when a zero-copy plan would have been
 chosen for registered ones, registers them at the 1st, 2nd, 4th, 8th, ... such call of its
-signature (collective, sizes, dtype, op, root). The signature, the call count and whether the
-tensors are registered are the same on every rank, so every rank registers at the same calls. A
+signature (collective, sizes, dtype, op, root), and at every such call once a tensor registered this
+way for the signature has been run on again. The signature, the call count, whether the tensors are
+registered and how often a registration was run on are the same on every rank, so every rank
+registers at the same calls. A
 registration matches a call's tensor only while the registered tensor's storage is alive and the
 tensor starts where it was registered, so a repeated call on the same tensor runs zero-copy on
 every rank with no store round trip, and a new tensor at a reused address never does. Tensors that
@@ -143,7 +145,7 @@ class Communicator:
         self._staging: dict[str, Any] = {}
         self._kept: list[Any] = []            # staging kept until close (captured graphs, prepare)
         self._pinned: set[int] = set()        # staging a captured graph or a prepared call uses
-        self._misses: dict[tuple, int] = {}   # call signature -> calls on unregistered tensors
+        self._misses: dict[tuple, list] = {}  # call signature -> [calls, reuse seen, registrations]
         self._runtime_error: Optional[str] = None
         self.last: Optional[CallPlan] = None
         # the store the fallback may build its own group from: an explicit one, or the back
@@ -831,18 +833,27 @@ class Communicator:
     def _auto_register(self, coll: str, inp: Any, out: Any, op: str, root: int) -> bool:
         """``MSCCLANG_REGISTER=auto``: at the 1st, 2nd, 4th, 8th, ... call of a signature whose
         tensors are not registered although a zero-copy plan would run on registered ones, register
-        them (collective; every rank counts the same calls). Returns whether it registered them."""
+        them; once a tensor this schedule registered for the signature has been used again (the
+        program re-uses its tensors, e.g. one buffer per layer), at every such call. Collective:
+        the counts and the uses are the same on every rank. Returns whether it registered them."""
         be = self.backend
         if be is None or be.registration_mode() != "auto" or _capturing():
             return False
         sig = (coll, inp.numel(), out.numel(), inp.dtype, op, root)
         if len(self._misses) >= _MISSES_SIZE and sig not in self._misses:
             self._misses.clear()   # alike on every rank: the same signatures were seen
-        n = self._misses.get(sig, 0) + 1
-        self._misses[sig] = n
-        if n & (n - 1):
+        rec = self._misses.setdefault(sig, [0, False, []])   # [calls, reuse seen, registrations]
+        rec[0] += 1
+        n = rec[0]
+        if not rec[1]:
+            # a registration this schedule made, run on again after its first call: reuse
+            rec[1] = any(be.registration_uses(c) >= 2 for c in rec[2])
+        if not rec[1] and n & (n - 1):
             return False
-        return self._register_call(coll, inp, out)
+        done = self._register_call(coll, inp, out)
+        if done and not rec[1]:
+            rec[2] = (rec[2] + [be.buffer_class(inp), be.buffer_class(out)])[-8:]
+        return done
 
     def _register_call(self, coll: str, inp: Any, out: Any) -> bool:
         """Register a call's tensors (the containing one when its input lies in its output or the

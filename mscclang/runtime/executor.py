@@ -669,6 +669,10 @@ class Executor:
         if got is None:
             return None
         rin, rout = got[0], got[2]
+        if isinstance(rin, Region):
+            rin.uses += 1
+        if isinstance(rout, Region) and rout is not rin:
+            rout.uses += 1
         if ((isinstance(rin, Region) and not rin.pinned) or (isinstance(rout, Region) and not rout.pinned)) \
                 and self._capturing_now():
             reg.pin(rin, rout)

@@ -218,7 +218,8 @@ class Region:
     registered at the end of a capture session; ``pinned``: used by a captured graph, so kept until
     close; ``last``: when it was last used, counted in registration steps (twice the step when
     registered or named again there, plus one when a call used it after that step): the eviction
-    order, alike on every rank."""
+    order, alike on every rank; ``uses``: launches that ran on it (the automatic schedule registers
+    more eagerly for a call signature whose registrations get reused)."""
 
     seq: int
     base: int
@@ -231,6 +232,7 @@ class Region:
     last: int = 0
     released: bool = False
     keys: list = field(default_factory=list)
+    uses: int = 0
     internal: ClassVar[bool] = False
 
     @property
@@ -525,6 +527,11 @@ class Registry:
         if dead:
             self._rebuild()
         return len(dead)
+
+    def uses(self, seq: int) -> int:
+        """Launches that ran on registration ``seq`` (0 once it is dropped)."""
+        r = self._table.get(seq)
+        return r.uses if r is not None and not r.released else 0
 
     def pin(self, *regions: Region) -> None:
         """Keep ``regions`` until close (a captured graph uses them)."""

@@ -318,6 +318,11 @@ class SimBackend(Backend):
     def deregister(self, tensors: list) -> int:
         return self.registry.deregister([(t.data_ptr(), t.numel() * t.element_size()) for t in tensors])
 
+    def registration_uses(self, cls: Any) -> int:
+        if not (isinstance(cls, tuple) and len(cls) == 2 and cls[0] == "reg"):
+            return 0
+        return self.registry.uses(cls[1])
+
     def memory(self) -> dict[str, int]:
         out = {"staging": self.staging_bytes()}
         out.update(self.registry.memory())
@@ -375,6 +380,9 @@ class SimBackend(Backend):
             d_in = zc[1] - (shift if plan.inplace and plan.collective == "allgather" else 0)
             d_out = zc[3] - (shift if plan.inplace and plan.collective == "reducescatter" else 0)
             kind = lambda b: "reg" if isinstance(b, Region) else "sym"  # noqa: E731
+            for b in {id(zc[0]): zc[0], id(zc[2]): zc[2]}.values():
+                if isinstance(b, Region):
+                    b.uses += 1
             sym = ((kind(zc[0]), zc[0].index, d_in), (kind(zc[2]), zc[2].index, d_out))
             # a registration: the address each peer's buffer is reached at must be where it lives
             peers = tuple({q: a for q, a in b.peer_bases.items() if q != self.rank} if isinstance(b, Region)
