@@ -389,11 +389,7 @@ def memory_cap(w: Any, cap: int = 8 << 20, nbytes: int = 64 << 20, dtype: str = 
         out.update(labels=labels, staging_held=held, memory=comm.memory())
         # a bare executor: the plan on ordinary tensors stages through the executor's own staging
         ex = comm.backend.executor
-        from mscclang.plan.io import load_plan
-        from pathlib import Path
-
-        plan = load_plan(Path(__file__).resolve().parents[2] / "plans" /
-                         f"allreduce_rsag_zero_copy.r{n}.i16.inplace.json")
+        plan = next(v for v in comm.catalog if v.key == f"allreduce_rsag_zero_copy.r{n}.i16.inplace").load()
         x = torch.empty(numel, dtype=dt, device=comm.device)
         want = _load(comm, "all_reduce", x, seed + 9)
         ex.execute(plan, x, x)
