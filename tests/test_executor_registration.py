@@ -46,7 +46,11 @@ class FakeCu:
         def sync():
             self.syncs += 1
             return 0
-        return types.SimpleNamespace(cuCtxSynchronize=sync)
+        return types.SimpleNamespace(cuCtxSynchronize=sync,
+                                     cuOccupancyMaxActiveBlocksPerMultiprocessor=lambda f, nt, smem: (0, 1),
+                                     cuFuncSetAttribute=lambda *a: 0,
+                                     CUfunction_attribute=types.SimpleNamespace(
+                                         CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8))
 
     def mem_alloc(self, n: int) -> int:
         p = self.next
@@ -155,6 +159,8 @@ def _executor(comm: FakeRtComm, capturing: list) -> Executor:
     ex = object.__new__(Executor)
     ex.comm = comm
     ex._loaded = {}
+    ex._funcs = {}
+    ex._sm_count = 132
     ex._err_dev = 0xE0_0000
     ex._capturing = lambda: capturing[0]
     return ex
@@ -278,15 +284,17 @@ def _real_plan():
 
 
 def _ready(ex: Executor, lp: LoadedPlan, fcu: FakeCu, nbytes: int) -> None:
-    """What an earlier (eager or prepared) call of these sizes left: a context and an entry."""
+    """What an earlier (eager or prepared) call of these sizes leaves: the kernel loaded and a
+    context (its launch entries may be gone since: the tensors it ran on died)."""
+    from mscclang.runtime.build import block_variant
+
     r = ex.comm.rank
     q = 1 - r
     plan = lp.plan
     sync = sync_layout(plan, r)
     lp.ctx = _Context(sync, fcu.mem_alloc(sync.size), fcu.mem_alloc(MiB), MiB,
                       {q: 0xAB_0000_0000 + q}, {q: 0xAC_0000_0000 + q})
-    lp.fast[(nbytes, nbytes, torch.float16, "ll16", "sum", "staged", 0, 0)] = (
-        "F", 0, len(plan.gpus[r].threadblocks), plan.num_threads_per_block, 4096, 77, None, None, lp.ctx)
+    ex._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads))] = 77
 
 
 def test_capture_session_slot_aborts_until_registration_then_holds_the_peers_addresses(fcu):
@@ -306,7 +314,8 @@ def test_capture_session_slot_aborts_until_registration_then_holds_the_peers_add
         cap_r = [True]
         ex._capturing = lambda: cap_r[0]
         ent, st = ex._resolve(lps[r], torch.float16, ptrs[r], ptrs[r], nbytes, nbytes, "ll16", "sum", False)
-        assert st == ("sym", 0, 0) and ent[0] == "F" and ent[5] == 77 and ent[6] is None
+        assert st == ("sym", 0, 0) and ent[0] == 77 and ent[5] == 77 and ent[6] is None
+        assert ent[2] == len(plan.gpus[r].threadblocks) and ent[3] == plan.num_threads_per_block
         slots[r] = ent[1]
         head = PLAN_HEADER.unpack(fcu.read(ent[1], PLAN_HEADER.size))
         # until the session ends the slot is a plan whose abort word is already set
@@ -368,7 +377,11 @@ def test_deferred_call_needs_the_sizes_run_before_and_room_in_the_arena(fcu):
         ex._resolve(lp, torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False)
     sync = sync_layout(plan, 0)
     lp.ctx = _Context(sync, fcu.mem_alloc(sync.size), fcu.mem_alloc(4096), 4096, {1: 0xAB00}, {1: 0xAC00})
-    lp.fast[(4096, 4096, torch.float16, "ll16", "sum", "staged", 0, 0)] = ("F", 0, 0, 1024, 16, 1, None, None, lp.ctx)
+    with pytest.raises(NotPrepared, match="was not prepared"):   # a context, but no kernel yet
+        ex._resolve(lp, torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False)
+    from mscclang.runtime.build import block_variant
+
+    ex._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads))] = 5
     ex._resolve(lp, torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False)   # the one slot
     with pytest.raises(NotPrepared, match="arena"):
         ex._resolve(lp, torch.float16, a.base + MiB, a.base + MiB, 4096, 4096, "ll16", "sum", False)

@@ -687,7 +687,8 @@ class Executor:
         unregistered, exportable tensors, whose device plan sits in an arena slot that holds an
         aborting plan until the session's end registers the buffers and writes the real one. None
         outside a session (or when the buffers cannot be exported: the call is staged). Needs the
-        same sizes run or prepared before (kernel, context, launch shape)."""
+        kernel loaded and a context large enough: the same sizes run or prepared before (on any
+        tensors). Only host queries here: no allocation, no IPC call."""
         reg = getattr(self.comm, "registry", None)
         if reg is None or reg.session is None or not reg.session.enabled or not self._capturing():
             return None
@@ -696,12 +697,29 @@ class Executor:
         plan = lp.plan
         dt = torch_dtype_code(dtype)
         desc = self._describe_call(lp, in_bytes, out_bytes, dt, pkt, op)
-        ref = next((e for k, e in lp.fast.items() if k[:5] == (in_bytes, out_bytes, dtype, pkt, op)), None)
         ctx = lp.ctx
         packed = pack_blocks(plan, self.comm.rank, in_bytes, out_bytes)
-        if ref is None or ctx is None or ctx.scratch_bytes < packed.scratch_bytes:
+        fkey = (dt, pkt, op, block_variant(lp.nthreads))
+        if fkey not in self._funcs or ctx is None or ctx.scratch_bytes < packed.scratch_bytes:
             raise NotPrepared(f"rank {self.comm.rank}: {desc} was not prepared: run it once or prepare it (any "
                               "tensors of these sizes) before capturing it")
+        f = self._function(dt, pkt, op, lp.nthreads)
+        need = 8 if pkt == "ll16" else 4
+        if packed.uses_packets and packed.packet_align < need:
+            raise PlanError(f"rank {self.comm.rank}: packet offsets at this size are only {packed.packet_align}-byte "
+                            f"aligned; {pkt.upper()} needs {need} (raise buffer_alignment or use LL8)")
+        nb = len(packed.blocks)
+        smem = max((len(b.region) for b in packed.blocks), default=16)
+        drv = cu.driver()
+        if smem > 48 * 1024:
+            cu.check(drv.cuFuncSetAttribute(
+                f, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                "cuFuncSetAttribute")
+        nblk = cu.check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(f, lp.nthreads, smem),
+                        "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        if int(nblk) * self._sm_count < nb:
+            raise PlanError(f"rank {self.comm.rank}: {nb} thread blocks of {lp.nthreads} threads cannot all be "
+                            f"co-resident (at most {int(nblk) * self._sm_count})")
         import collections
         import types
 
@@ -715,8 +733,7 @@ class Executor:
         deltas = reg.defer(in_ptr, in_bytes, out_ptr, out_bytes, desc, finish)
         if deltas is None:
             return None
-        f, _, nb, nt, smem, fh = ref[:6]
-        return (f, slot, nb, nt, smem, fh, None, None, ctx), ("sym", deltas[0], deltas[1])
+        return (f, slot, nb, lp.nthreads, smem, cu.ptr(f), None, None, ctx), ("sym", deltas[0], deltas[1])
 
     def _arena_slot(self, nbytes: int, desc: str) -> int:
         """A slot of ``nbytes`` (rounded up to whole strides) in the first arena with room."""
