@@ -57,6 +57,13 @@ class CallMismatch(MscclangError):
     message lists what each rank called."""
 
 
+class RegistrationError(MscclangError):
+    """Registering ordinary tensors for zero-copy plans failed on some rank, or the ranks'
+    registrations disagree (e.g. the calls captured in a CUDA graph differ between ranks). Raised on
+    every rank; nothing registered in that step is used (captured calls that depended on it abort
+    on replay instead of touching a wrong address)."""
+
+
 class NotPrepared(RuntimeUnavailable):
     """A call inside CUDA graph capture needs first-time set-up (allocation, registration, a
     kernel build) that cannot be captured: prepare the call, or run it once, before capturing."""

@@ -113,7 +113,7 @@ def test_memory_report_counts_live_and_retired_contexts_and_symmetric_buffers():
     ex._loaded = {1: lp}
     m = ex.memory()
     assert m == dict(scratch=1 << 20, sync=4096, retired_scratch=1 << 19, retired_sync=4096, device_plans=350,
-                     contexts=1, retired_contexts=1, launch_entries=2, kernels=3)
+                     contexts=1, retired_contexts=1, launch_entries=2, kernels=3, graph_arena=0)
     rc = object.__new__(RuntimeComm)
     rc._sym = [SymAlloc(0, 0, 1 << 21, 1), SymAlloc(1, 0, 256, 2, internal=True)]
     assert rc.memory() == {"symmetric": 1 << 21, "staging": 256, "symmetric_buffers": 1, "staging_buffers": 1}

@@ -1,8 +1,9 @@
 """What the communicator needs from an execution engine, and the adapter to the GPU runtime.
 
 :class:`Backend` is the small interface the :class:`~mscclang.comm.Communicator` codes against:
-run a plan on one rank's tensors, allocate symmetric buffers, prepare (register) before CUDA
-graph capture, and say which size granule a plan needs. :class:`RuntimeBackend` adapts
+run a plan on one rank's tensors, allocate symmetric buffers (and staging, released above a cap),
+register ordinary tensors for zero-copy plans (explicitly, or in a CUDA-graph capture session),
+prepare before CUDA graph capture, and say which size granule a plan needs. :class:`RuntimeBackend` adapts
 ``mscclang.runtime`` (the GPU executor); ``mscclang.testing.sim_backend`` provides a CPU backend
 (threads + the simulator) for tests and for machines without GPUs.
 """
@@ -44,6 +45,57 @@ class Backend:
     def is_symmetric(self, tensor: Any) -> bool:
         """Whether ``tensor`` lies inside a buffer from :meth:`empty`."""
         return False
+
+    def empty_staging(self, numel: int, dtype: Any) -> Any:
+        """A symmetric buffer the communicator stages ordinary tensors through (collective);
+        reported as staging. Default: :meth:`empty`."""
+        return self.empty(numel, dtype)
+
+    def release(self, tensors: list) -> None:
+        """Collective: free staging buffers from :meth:`empty_staging` once every rank's work on
+        them is done (every rank passes the corresponding ones). Default: nothing (dropped)."""
+
+    def staging_cap(self) -> Optional[int]:
+        """Bytes of staging kept between calls (larger staging is released after its call), or
+        None for no cap."""
+        return None
+
+    def zero_copy_ok(self, inp: Any, out: Any) -> bool:
+        """Whether a zero-copy (symmetric) plan runs directly on ``inp``/``out``: symmetric or
+        registered buffers. Must answer alike on every rank for corresponding tensors."""
+        return self.is_symmetric(inp) and self.is_symmetric(out)
+
+    def buffer_class(self, tensor: Any) -> Any:
+        """What ``tensor`` is to zero-copy plans, as a hashable value that enters the
+        communicator's memo key (e.g. symmetric, a registration's number, or None)."""
+        return self.is_symmetric(tensor)
+
+    def registration_mode(self) -> str:
+        """``auto``, ``explicit`` or ``off`` (see :mod:`mscclang.runtime.registration`); engines
+        without registration answer ``off``."""
+        return "off"
+
+    def register(self, tensors: list) -> list[bool]:
+        """Collective: register ordinary tensors for zero-copy plans; per tensor, whether zero-copy
+        plans now run on it directly."""
+        return [self.is_symmetric(t) for t in tensors]
+
+    def deregister(self, tensors: list) -> int:
+        """Collective: drop registrations of ``tensors``; returns how many were dropped."""
+        return 0
+
+    def registration_uses(self, cls: Any) -> int:
+        """Launches that ran on the registration a :meth:`buffer_class` value names (0 if none)."""
+        return 0
+
+    def begin_graph_capture(self, arena_bytes: Optional[int] = None) -> bool:
+        """Collective, before a CUDA graph capture: open a capture session (zero-copy calls on
+        unregistered tensors are registered at its end). Returns whether that is enabled."""
+        return False
+
+    def end_graph_capture(self, failed: bool = False) -> int:
+        """Collective, after the capture: register the session's captured buffers."""
+        return 0
 
     def granule(self, plan: Plan) -> int:
         """Bytes every block of a call must be a multiple of (1: any size the layout accepts)."""
@@ -144,6 +196,43 @@ class RuntimeBackend(Backend):
         got = self.executor.comm.symmetric_of(tensor.data_ptr())
         return got is not None and not getattr(got[0], "internal", False)
 
+    def empty_staging(self, numel: int, dtype: Any) -> Any:
+        return self.executor.comm.alloc(numel, dtype, label="staging")
+
+    def release(self, tensors: list) -> None:
+        self.executor.release_tensors(list(tensors))
+
+    def staging_cap(self) -> Optional[int]:
+        return self.executor._regs().cap
+
+    def zero_copy_ok(self, inp: Any, out: Any) -> bool:
+        return self.executor.zero_copy_ok(inp, out)
+
+    def buffer_class(self, tensor: Any) -> Any:
+        return self.executor.buffer_class(tensor)
+
+    def registration_mode(self) -> str:
+        reg = getattr(getattr(self.executor, "comm", None), "registry", None)
+        return reg.mode if reg is not None else "off"
+
+    def register(self, tensors: list) -> list[bool]:
+        return self.executor.register(list(tensors))
+
+    def deregister(self, tensors: list) -> int:
+        return self.executor.deregister(list(tensors))
+
+    def registration_uses(self, cls: Any) -> int:
+        reg = getattr(getattr(self.executor, "comm", None), "registry", None)
+        if reg is None or not (isinstance(cls, tuple) and len(cls) == 2 and cls[0] == "reg"):
+            return 0
+        return reg.uses(cls[1])
+
+    def begin_graph_capture(self, arena_bytes: Optional[int] = None) -> bool:
+        return self.executor.begin_graph_capture(arena_bytes)
+
+    def end_graph_capture(self, failed: bool = False) -> int:
+        return self.executor.end_graph_capture(failed)
+
     def memory(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for part in (getattr(self.executor, "memory", None), getattr(getattr(self.executor, "comm", None), "memory", None)):
@@ -166,6 +255,12 @@ class RuntimeBackend(Backend):
 
     def synchronize(self) -> None:
         self.executor.synchronize()
+        # the device is idle: release the mappings of registered tensors that died here (their
+        # peers' memory is freed once every rank has done so), without waiting for the next
+        # registration step
+        reg = getattr(getattr(self.executor, "comm", None), "registry", None)
+        if reg is not None:
+            reg.prune()
 
     def describe_call(self, desc: str) -> None:
         comm = getattr(self.executor, "comm", None)

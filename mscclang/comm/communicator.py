@@ -8,8 +8,9 @@ and runs it on the GPU runtime; what the library cannot run falls back to torch.
 How a call reaches a plan (design §7):
 
 * zero-copy plans (buffer mode ``symmetric``) run directly only on symmetric buffers, i.e.
-  tensors allocated with :meth:`Communicator.empty` on every rank in the same order; other
-  plans run directly on any tensors (the runtime moves data through its registered scratch);
+  tensors allocated with :meth:`Communicator.empty` on every rank in the same order, or on
+  *registered* ordinary tensors (below); other plans run directly on any tensors (the runtime moves
+  data through its registered scratch);
 * an out-of-place call on an in-place plan copies the input into the output first;
 * anything else (a zero-copy plan and ordinary tensors when no other plan is listed; an
   in-place call on an out-of-place plan; sizes whose blocks are not a multiple of the runtime's
@@ -23,12 +24,38 @@ disabled; when nothing listed can run, the catalog's other variants are tried (h
 before falling back. The memo of past calls is keyed by the tensors' addresses, sizes, dtypes and
 whether they are symmetric, so every rank chooses alike.
 
+Ordinary tensors (design §7 "Registration contract"; the rule in full:
+:mod:`mscclang.runtime.registration`). Registration happens only at collective points:
+:meth:`Communicator.register`, :meth:`Communicator.prepare`, the end of a
+:meth:`Communicator.graph_capture` session, and (``MSCCLANG_REGISTER=auto``, the default) the
+automatic schedule: a call whose tensors are not registered, when a zero-copy plan would have been
+chosen for registered ones, registers them at the 1st, 2nd, 4th, 8th, ... such call of its
+signature (collective, sizes, dtype, op, root), and at every such call once a tensor registered this
+way for the signature has been run on again. The signature, the call count, whether the tensors are
+registered and how often a registration was run on are the same on every rank, so every rank
+registers at the same calls. A
+registration matches a call's tensor only while the registered tensor's storage is alive and the
+tensor starts where it was registered, so a repeated call on the same tensor runs zero-copy on
+every rank with no store round trip, and a new tensor at a reused address never does. Tensors that
+cannot be exported (torch's expandable segments) are staged, logged once.
+
 CUDA graphs: the first call of each shape (or :meth:`Communicator.prepare`) does registration
-and staging allocation; calls inside a capture must use shapes prepared before.
+and staging allocation; calls inside a capture must use shapes prepared before. Inside
+:meth:`Communicator.graph_capture` (entered before ``torch.cuda.graph`` starts, left after it
+ends), zero-copy calls on ordinary tensors are captured as they are and their buffers are
+registered when the session ends (as serving engines' custom allreduce does).
+
+Memory: staging up to the back end's cap (``MSCCLANG_STAGING_CAP_BYTES``, default 128 MiB) is kept
+between calls; a call that needs more gets staging of its own, released (collectively, after its
+work is done) when the call returns, and an outgrown staging buffer is released when a larger one
+replaces it, unless a captured graph or a prepared call uses it (then it is kept until
+:meth:`Communicator.close`): :meth:`Communicator.prepare` keeps the staging of the call it
+prepares. :meth:`Communicator.memory` reports what is held.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -51,16 +78,22 @@ log = logging.getLogger("mscclang.comm")
 _INPLACE_COPY_OK = ("allreduce", "broadcast", "alltoall", "allgather", "sendrecv")
 _MODE_RANK = {"direct": 0, "copy_in": 1, "staged": 2}
 _MEMO_SIZE = 256
-#: the byte-valued kinds of :meth:`Communicator.memory` (the others are counts)
+_MISSES_SIZE = 4096
+#: the byte-valued kinds of :meth:`Communicator.memory` this process holds (the others are counts,
+#: settings, or the peers' memory mapped here)
 _BYTE_KINDS = frozenset({"scratch", "sync", "retired_scratch", "retired_sync", "device_plans", "symmetric",
-                         "staging"})
+                         "staging", "graph_arena"})
 
 
 @dataclass
 class CallPlan:
     """How one call runs: ``mode`` is ``direct``, ``copy_in`` (out-of-place call, in-place
     plan), ``staged`` or ``nccl``; ``inp``/``out`` are the staging buffers the plan runs on in
-    ``staged`` mode (the other modes run on the caller's tensors; no reference is kept)."""
+    ``staged`` mode (the other modes run on the caller's tensors; no reference is kept).
+    ``registrable``: a zero-copy plan would have been chosen had the tensors been registered;
+    ``sym_blocked``: (a staged variant) staged only because its tensors are not symmetric or
+    registered; ``bufs``: the staging buffers ``inp``/``out`` are views of; ``temp``: those of them
+    above the staging cap, released after the call."""
 
     collective: str
     mode: str
@@ -72,6 +105,10 @@ class CallPlan:
     out: Any = None
     reason: str = ""
     variant: Optional[PlanVariant] = None
+    registrable: bool = False
+    sym_blocked: bool = False
+    bufs: tuple = ()
+    temp: tuple = ()
 
     def label(self) -> str:
         """E.g. ``allreduce_oneshot_ll.r2.i1.ip (direct)`` or ``nccl``."""
@@ -106,6 +143,9 @@ class Communicator:
         # call signature -> CallPlan, so repeated calls skip selection and checks
         self._memo: dict[tuple, CallPlan] = {}
         self._staging: dict[str, Any] = {}
+        self._kept: list[Any] = []            # staging kept until close (captured graphs, prepare)
+        self._pinned: set[int] = set()        # staging a captured graph or a prepared call uses
+        self._misses: dict[tuple, list] = {}  # call signature -> [calls, reuse seen, registrations]
         self._runtime_error: Optional[str] = None
         self.last: Optional[CallPlan] = None
         # the store the fallback may build its own group from: an explicit one, or the back
@@ -217,23 +257,49 @@ class Communicator:
         """Whether ``tensor`` lies in a buffer from :meth:`empty`."""
         return self.backend is not None and self.backend.is_symmetric(tensor)
 
-    def _stage(self, role: str, nbytes: int) -> Any:
-        """A symmetric uint8 staging buffer of at least ``nbytes`` (grown collectively: every
-        rank makes the same calls with the same sizes)."""
+    def _stage(self, role: str, nbytes: int) -> tuple[Any, Any, bool]:
+        """A symmetric uint8 staging view of at least ``nbytes``, the buffer it views, and whether
+        that buffer is temporary. Up to the back end's staging cap, one buffer per role is kept
+        between calls and grown collectively (every rank makes the same calls with the same sizes);
+        the outgrown one is released, or kept until close if a captured graph or a prepared call
+        uses it. Above the cap the call gets a buffer of its own, released after the call (kept by
+        prepare)."""
         import torch
 
+        be = self.backend
+        cap = be.staging_cap() if be is not None else None
+        if cap is not None and nbytes > cap:
+            if _capturing():
+                raise CommError(f"the call needs {nbytes} bytes of staging, above the staging cap ({cap} B, "
+                                "MSCCLANG_STAGING_CAP_BYTES), during CUDA graph capture: call prepare() before "
+                                "capturing (it keeps the call's staging), or register the tensors")
+            if be is None:
+                raise CommError("staging needs the GPU runtime")
+            buf = be.empty_staging(nbytes, torch.uint8)
+            return buf[:nbytes], buf, True
         buf = self._staging.get(role)
         if buf is None or buf.numel() < nbytes:
             if _capturing():
                 raise CommError(f"the call needs a {nbytes}-byte staging buffer during CUDA graph "
                                 "capture: run it once eagerly or call prepare() before capturing")
             size = max(1 << max(nbytes - 1, 0).bit_length(), 256)
-            if self.backend is None:
+            if cap is not None:
+                size = max(min(size, cap), nbytes)
+            if be is None:
                 raise CommError("staging needs the GPU runtime")
-            self._staging.pop(role, None)
-            buf = self.backend.empty(size, torch.uint8)
+            old = self._staging.pop(role, None)
+            buf = be.empty_staging(size, torch.uint8)
             self._staging[role] = buf
-        return buf[:nbytes]
+            if old is not None:
+                if old.data_ptr() in self._pinned:
+                    # a captured graph or a prepared call runs on it: kept, and so are the memo's
+                    # entries that view it
+                    self._kept.append(old)
+                else:
+                    # memo entries may view the old buffer: plan again (on every rank alike)
+                    self._memo.clear()
+                    be.release([old])
+        return buf[:nbytes], buf, False
 
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, tensor: Any, op: Any = "sum", out: Any = None) -> Any:
@@ -297,8 +363,9 @@ class Communicator:
 
     def prepare(self, collective: str, tensor: Any, out: Any = None, op: Any = "sum",
                 root: int = 0) -> CallPlan:
-        """Do a call's setup (selection, staging buffers, registration) without running it, so
-        the call may then be captured in a CUDA graph. Same arguments as the collective."""
+        """Do a call's setup (selection, registration of ordinary tensors a zero-copy plan would
+        run on, staging buffers, device plan, kernel) without running it, so the call may then be
+        captured in a CUDA graph. Same arguments as the collective. Collective."""
         coll = plan_collective(collective)
         if out is None:
             if coll == "allgather":
@@ -310,11 +377,101 @@ class Communicator:
         if tensor.numel() == 0 and out.numel() == 0:
             return self._plan_call(coll, tensor, out, reduce_op_name(op), root)
         _, cp = self._lookup(coll, tensor, out, reduce_op_name(op), root)
+        be = self.backend
+        if cp.registrable and be is not None and be.registration_mode() != "off" and not _capturing():
+            # a zero-copy plan runs on these tensors once registered: prepare is collective
+            if self._register_call(coll, tensor, out):
+                _, cp = self._lookup(coll, tensor, out, reduce_op_name(op), root)
+        if cp.temp:
+            # staging above the cap that a capture of this call will use: kept until close()
+            self._kept.extend(cp.temp)
+            cp.temp = ()
+        if cp.bufs:
+            # a prepared call keeps its staging (and its memo entry) when a larger one replaces it
+            self._pinned.update(x.data_ptr() for x in cp.bufs)
         if cp.mode != "nccl" and self.backend is not None and cp.plan is not None:
             pt = cp.choice.packet_type if cp.choice else None
             a, b = self._operands(cp, tensor, out)
             self.backend.prepare(cp.plan, a, b, packet_type=pt, reduce_op=reduce_op_name(op))
         return cp
+
+    def register(self, *tensors: Any) -> list[bool]:
+        """Collective: register ordinary CUDA tensors so that zero-copy plans run on them directly
+        (every rank passes its corresponding tensors, in the same order; never inside a CUDA graph
+        capture). Returns, per tensor, whether zero-copy plans now run on it (always for symmetric
+        tensors; False where some rank's tensor cannot be exported, e.g. torch's expandable
+        segments, logged once). A registration lasts while the tensor's storage lives (or until
+        :meth:`deregister`); calls on the tensor, or a view starting at its first element, then
+        need no staging and no store round trip."""
+        for i, t in enumerate(tensors):
+            self._check_tensor(f"register tensor {i}", t)
+        if self.backend is None or not tensors:
+            return [False] * len(tensors)
+        if _capturing():
+            raise CommError(f"rank {self.rank}: register() cannot run inside CUDA graph capture: register "
+                            "before capturing, or capture inside graph_capture()")
+        self.backend.describe_call(f"register of {len(tensors)} tensor(s)")
+        try:
+            return list(self.backend.register(list(tensors)))
+        finally:
+            self.backend.describe_call("")
+
+    def deregister(self, *tensors: Any) -> int:
+        """Collective: drop the registrations of ``tensors`` (their IPC mappings and device plans
+        are released unless a captured graph uses them). Returns how many were dropped."""
+        for i, t in enumerate(tensors):
+            self._check_tensor(f"deregister tensor {i}", t)
+        if self.backend is None or not tensors:
+            return 0
+        return int(self.backend.deregister(list(tensors)))
+
+    @contextlib.contextmanager
+    def graph_capture(self, arena_bytes: Optional[int] = None) -> Any:
+        """Collective context manager around CUDA graph capture of calls on ordinary tensors::
+
+            with comm.graph_capture():
+                with torch.cuda.graph(g):
+                    comm.all_reduce(x)
+
+        Enter it before the capture starts and leave it after the capture ends. Inside, a call
+        that would run a zero-copy plan on registered tensors is captured on its unregistered
+        tensors as they are; when the block ends, every rank's captured buffers are registered
+        together (one exchange, in capture order) and the captured device plans get the peers'
+        addresses (:meth:`register_graph_buffers`). Each call must have run (or been prepared)
+        once before, with tensors of the same sizes. ``arena_bytes``: device-plan arena for the
+        session (default ``MSCCLANG_GRAPH_ARENA_BYTES``, 4 MiB, about 256 calls)."""
+        self.begin_graph_capture(arena_bytes)
+        try:
+            yield self
+        except BaseException:
+            try:
+                self.register_graph_buffers(failed=True)
+            except Exception as e:  # noqa: BLE001 - the capture's own error is the one to report
+                log.warning("mscclang rank %d: ending the graph-capture session after a failed capture: %s",
+                            self.rank, e)
+            raise
+        self.register_graph_buffers()
+
+    def begin_graph_capture(self, arena_bytes: Optional[int] = None) -> bool:
+        """Collective, before ``torch.cuda.graph`` starts: open a capture session (see
+        :meth:`graph_capture`). Returns whether deferred registration is enabled in it (every rank
+        runs the same torch allocator settings; else ordinary tensors are staged as outside)."""
+        if _capturing():
+            raise CommError(f"rank {self.rank}: begin_graph_capture() must run before the capture starts")
+        if self.backend is None:
+            return False
+        return bool(self.backend.begin_graph_capture(arena_bytes))
+
+    def register_graph_buffers(self, failed: bool = False) -> int:
+        """Collective, after the capture ended: register the buffers of the zero-copy calls captured
+        in the session and complete their device plans (``failed``: this rank's capture raised;
+        nothing is registered then). Raises CallMismatch or RegistrationError on every rank when the
+        ranks captured different calls or a buffer could not be registered: those captured calls
+        then abort on replay (CollectiveTimeout) instead of touching a wrong address. Returns the
+        number of calls registered."""
+        if self.backend is None:
+            return 0
+        return int(self.backend.end_graph_capture(failed))
 
     def use_tuning(self, tuning: Union[str, os.PathLike, dict, TuningTable]) -> None:
         """Replace the tuning table (e.g. the tuner forcing one candidate); the plan catalog and
@@ -329,11 +486,18 @@ class Communicator:
 
     def memory(self) -> dict[str, int]:
         """What this communicator holds on its GPU, in bytes by kind (and counts): the runtime's
-        scratch, sync areas and device plans (live and retired contexts), its staging for ordinary
-        tensors, the symmetric buffers (``symmetric``: those from :meth:`empty`, the
-        communicator's own staging included) and the kernels loaded. ``total_bytes`` sums the
-        byte kinds. The torch.distributed fallback's memory (NCCL's) is not included."""
+        ``scratch``, ``sync`` areas and ``device_plans`` (live and retired contexts), ``staging``
+        for ordinary tensors (the runtime's and this communicator's), ``symmetric`` buffers (from
+        :meth:`empty`), the ``graph_arena`` of capture sessions, the registrations of ordinary
+        tensors (``registrations``, ``graph_registrations``, ``pinned_registrations``,
+        ``peer_mappings``; ``peer_mapped_bytes`` are the peers' allocations mapped here, the
+        peers' memory) and the ``kernels`` loaded; ``staging_cap`` is the cap on staging kept
+        between calls. ``total_bytes`` sums the byte kinds held here. The torch.distributed
+        fallback's memory (NCCL's) is not included."""
         out = dict(self.backend.memory()) if self.backend is not None else {}
+        cap = self.backend.staging_cap() if self.backend is not None else None
+        if cap is not None:
+            out["staging_cap"] = int(cap)
         out["total_bytes"] = sum(v for k, v in out.items() if k in _BYTE_KINDS)
         return out
 
@@ -348,8 +512,11 @@ class Communicator:
             self.backend.reset()
 
     def close(self) -> None:
-        """Release staging buffers and the runtime."""
+        """Release staging buffers, registrations and the runtime."""
         self._staging.clear()
+        self._kept.clear()
+        self._pinned.clear()
+        self._misses.clear()
         self._memo.clear()
         if isinstance(self._fallback, TorchFallback):
             self._fallback.close()
@@ -436,6 +603,7 @@ class Communicator:
         # 2. nothing listed can run: any other variant of the catalog (heuristic order).
         staged: Optional[CallPlan] = None  # the first choice that needs staging, kept in reserve
         nccl: Optional[CallPlan] = None
+        want_reg = False   # a choice before the one taken needs only its tensors registered
         for phase in (1, 2):
             if phase == 2 and (staged is not None or nccl is not None):
                 break
@@ -453,24 +621,29 @@ class Communicator:
                 if best is None:
                     continue
                 if best.mode != "staged":
+                    best.registrable = want_reg
                     return best
+                want_reg = want_reg or best.sym_blocked
                 if staged is None:
                     staged = best
         if nccl is not None:
+            nccl.registrable = want_reg
             return nccl
         if staged is not None:
             # allocate the staging buffers now
             got = self._fit(coll, staged.variant, staged.plan, staged.choice, inp, out, inplace,
                             shape, esz)
             if got is not None:
+                got.registrable = want_reg
                 return got
-        return CallPlan(coll, "nccl", None, None, shape, shape, reason=reason)
+        return CallPlan(coll, "nccl", None, None, shape, shape, reason=reason, registrable=want_reg)
 
     def _best_variant(self, coll: str, choice: Choice, inp: Any, out: Any, inplace: bool,
                       shape: BlockShape, esz: int, root: int) -> Optional[CallPlan]:
         """The best way one choice's variants can run the call (direct over copy-in over
         staged; the variant whose in-place mode matches the call first), or ``None``."""
         best: Optional[CallPlan] = None
+        blocked = False
         for v in sorted(choice.variants, key=lambda v: v.inplace != inplace):
             if coll == "broadcast" and v.root is not None and v.root != root:
                 continue
@@ -487,8 +660,11 @@ class Communicator:
                            level=logging.INFO)
                 continue
             cp = self._fit(coll, v, plan, choice, inp, out, inplace, shape, esz, dry=True)
+            blocked = blocked or (cp is not None and cp.sym_blocked)
             if cp is not None and (best is None or _MODE_RANK[cp.mode] < _MODE_RANK[best.mode]):
                 best = cp
+        if best is not None and best.mode == "staged":
+            best.sym_blocked = blocked
         return best
 
     def _fit(self, coll: str, v: Any, plan: Any, choice: Choice, inp: Any, out: Any,
@@ -499,12 +675,16 @@ class Communicator:
         granule = max(1, int(self.backend.granule(plan)))
         granule = max(granule, self._granule_override.get((v.key, shape, esz), 1))
         pad = needs_padding(shape, esz, granule)
-        sym_ok = not v.symmetric or (self.backend.is_symmetric(inp) and self.backend.is_symmetric(out))
+        sym_ok = not v.symmetric or self.backend.zero_copy_ok(inp, out)
+        runs = plan.inplace == inplace or (plan.inplace and coll in _INPLACE_COPY_OK)
         if not pad and sym_ok:
             if plan.inplace == inplace:
                 return CallPlan(coll, "direct", choice, plan, shape, shape, variant=v)
             if plan.inplace and coll in _INPLACE_COPY_OK:
                 return CallPlan(coll, "copy_in", choice, plan, shape, shape, variant=v)
+        # staged only because the tensors are neither symmetric nor registered: registering them
+        # would let this variant run directly
+        blocked = not pad and not sym_ok and runs
         kp = padded_block_elems(shape.block_elems, esz, granule) if pad else shape.block_elems
         ps = shape.padded(kp)
         if pad and not (plan.min_message_size
@@ -512,11 +692,13 @@ class Communicator:
                         <= plan.max_message_size):
             return None  # the padded message leaves the plan's size range
         if dry:
-            return CallPlan(coll, "staged", choice, plan, shape, ps, None, None, variant=v)
+            return CallPlan(coll, "staged", choice, plan, shape, ps, None, None, variant=v, sym_blocked=blocked)
         dt = inp.dtype
         if plan.inplace:
             total = max(ps.in_elems, ps.out_elems)
-            buf = self._stage("io", total * esz).view(dt)
+            view, whole, t_io = self._stage("io", total * esz)
+            bufs, temp = (whole,), ((whole,) if t_io else ())
+            buf = view.view(dt)
             r = self.rank
             if coll == "allgather":
                 s_in, s_out = buf[r * kp:(r + 1) * kp], buf[:ps.out_elems]
@@ -525,9 +707,13 @@ class Communicator:
             else:
                 s_in = s_out = buf[:ps.in_elems]
         else:
-            s_in = self._stage("in", ps.in_elems * esz).view(dt)
-            s_out = self._stage("out", ps.out_elems * esz).view(dt)
-        return CallPlan(coll, "staged", choice, plan, shape, ps, s_in, s_out, variant=v)
+            v_in, w_in, t_in = self._stage("in", ps.in_elems * esz)
+            v_out, w_out, t_out = self._stage("out", ps.out_elems * esz)
+            s_in, s_out = v_in.view(dt), v_out.view(dt)
+            bufs = (w_in, w_out)
+            temp = tuple(w for w, t in ((w_in, t_in), (w_out, t_out)) if t)
+        return CallPlan(coll, "staged", choice, plan, shape, ps, s_in, s_out, variant=v, sym_blocked=blocked,
+                        bufs=bufs, temp=temp)
 
     def _launch(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int) -> None:
         if cp.mode == "nccl":
@@ -542,6 +728,9 @@ class Communicator:
         if cp.mode == "copy_in":
             a.copy_(inp)
         elif cp.mode == "staged":
+            if cp.bufs and _capturing():
+                # a captured graph uses these buffers: never released before close()
+                self._pinned.update(x.data_ptr() for x in cp.bufs)
             a.view(cp.shape.in_blocks, kp)[:, :k].copy_(inp.view(cp.shape.in_blocks, k))
         self.backend.execute(cp.plan, a, b, reduce_op=op, packet_type=pt)
         if cp.mode == "staged":
@@ -563,11 +752,15 @@ class Communicator:
         collectives and :meth:`prepare`, so a prepared call is found again when captured."""
         key = None
         if getattr(inp, "is_contiguous", None) and inp.is_contiguous() and out.is_contiguous():
-            # whether the tensors are symmetric is part of the key: an address may come back as
-            # an ordinary tensor on one rank and a symmetric one on another, and the ranks must
-            # choose alike
+            # what the tensors are to zero-copy plans (symmetric, registered, or neither) is part of
+            # the key: an address may come back as an ordinary tensor on one rank and a symmetric
+            # or registered one on another, and the ranks must choose alike
             be = self.backend
-            sym = (be.is_symmetric(inp), be.is_symmetric(out)) if be is not None else None
+            if be is None:
+                sym = None
+            else:
+                a = be.buffer_class(inp)
+                sym = (a, a if out is inp else be.buffer_class(out))
             key = (coll, inp.data_ptr(), out.data_ptr(), inp.numel(), out.numel(), inp.dtype,
                    out.dtype, inp.device, out.device, root, sym)
         cp = self._memo.get(key) if key is not None else None
@@ -594,6 +787,8 @@ class Communicator:
             self._check_tensors(coll, inp, out)
             return out
         key, cp = self._lookup(coll, inp, out, op, root)
+        if cp.registrable and self._auto_register(coll, inp, out, op, root):
+            key, cp = self._lookup(coll, inp, out, op, root)
         self.last = cp
         if cp.shape.block_elems == 0:
             return out
@@ -621,7 +816,64 @@ class Communicator:
             if key is not None:
                 self._memo[key] = retry
             self._launch(retry, inp, out, op, root)
+        done = self.last
+        if done is not None and done.temp:
+            # staging above the cap: released (collectively) now that the call's work is done
+            self._release_temp(done, key)
         return out
+
+    def _release_temp(self, cp: CallPlan, key: Optional[tuple]) -> None:
+        temp, cp.temp, cp.bufs = cp.temp, (), ()
+        cp.inp = cp.out = None
+        if key is not None:
+            self._memo.pop(key, None)
+        if self.backend is not None and temp:
+            self.backend.release(list(temp))
+
+    def _auto_register(self, coll: str, inp: Any, out: Any, op: str, root: int) -> bool:
+        """``MSCCLANG_REGISTER=auto``: at the 1st, 2nd, 4th, 8th, ... call of a signature whose
+        tensors are not registered although a zero-copy plan would run on registered ones, register
+        them; once a tensor this schedule registered for the signature has been used again (the
+        program re-uses its tensors, e.g. one buffer per layer), at every such call. Collective:
+        the counts and the uses are the same on every rank. Returns whether it registered them."""
+        be = self.backend
+        if be is None or be.registration_mode() != "auto" or _capturing():
+            return False
+        sig = (coll, inp.numel(), out.numel(), inp.dtype, op, root)
+        if len(self._misses) >= _MISSES_SIZE and sig not in self._misses:
+            self._misses.clear()   # alike on every rank: the same signatures were seen
+        rec = self._misses.setdefault(sig, [0, False, []])   # [calls, reuse seen, registrations]
+        rec[0] += 1
+        n = rec[0]
+        if not rec[1]:
+            # a registration this schedule made, run on again after its first call: reuse
+            rec[1] = any(be.registration_uses(c) >= 2 for c in rec[2])
+        if not rec[1] and n & (n - 1):
+            return False
+        done = self._register_call(coll, inp, out)
+        if done and not rec[1]:
+            rec[2] = (rec[2] + [be.buffer_class(inp), be.buffer_class(out)])[-8:]
+        return done
+
+    def _register_call(self, coll: str, inp: Any, out: Any) -> bool:
+        """Register a call's tensors (the containing one when its input lies in its output or the
+        reverse); whether all were registered."""
+        be = self.backend
+        if be is None:
+            return False
+        a0, a1 = inp.data_ptr(), inp.data_ptr() + inp.numel() * inp.element_size()
+        b0, b1 = out.data_ptr(), out.data_ptr() + out.numel() * out.element_size()
+        if b0 <= a0 and a1 <= b1:
+            tensors = [out]
+        elif a0 <= b0 and b1 <= a1:
+            tensors = [inp]
+        else:
+            tensors = [inp, out]
+        be.describe_call(f"registration of the tensors of {coll} of {inp.numel()} x {dtype_name(inp.dtype)}")
+        try:
+            return all(be.register(tensors))
+        finally:
+            be.describe_call("")
 
     def _need_fallback(self, what: str) -> TorchFallback:
         if self._fallback is None:

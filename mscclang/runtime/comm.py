@@ -14,12 +14,18 @@ from typing import Any, Optional
 
 from mscclang.errors import CallMismatch, RuntimeUnavailable
 from mscclang.runtime import cuda as cu
+from mscclang.runtime.registration import Registry
 
 
 @dataclass
 class SymAlloc:
-    """A symmetric allocation: ``index`` is its position in the communicator's allocation order
-    (the same on every rank); ``peer_bases[r]`` is rank r's copy mapped here (own base for self)."""
+    """A symmetric allocation: ``index`` is its number in the communicator's allocation order
+    (the same on every rank; never reused, also after a release); ``peer_bases[r]`` is rank r's
+    copy mapped here (own base for self). ``internal``: the runtime's own staging (not a caller's
+    symmetric buffer); ``label``: ``"staging"`` for the collective API's staging buffers (reported
+    as staging, still symmetric for the executor); ``pinned``: used by a captured CUDA graph or kept
+    by prepare (never released before close); ``temp``: staging above the cap, released after
+    its call."""
 
     index: int
     base: int
@@ -27,6 +33,9 @@ class SymAlloc:
     buffer_id: int
     peer_bases: dict[int, int] = field(default_factory=dict)
     internal: bool = False
+    label: str = ""
+    pinned: bool = False
+    temp: bool = False
 
 
 class _DevMem:
@@ -90,7 +99,10 @@ class Communicator:
         self._seq = 0
         self._sym: list[SymAlloc] = []
         self._sym_by_id: dict[int, SymAlloc] = {}
+        self._sym_count = 0   # symmetric allocations made so far (their indices are never reused)
         self._closed = False
+        #: registrations of ordinary tensors for zero-copy plans (mscclang.runtime.registration)
+        self.registry = Registry(self)
         #: the call being set up (e.g. "allreduce of 2048 B bfloat16, plan X"): it travels with
         #: every setup exchange so that ranks making different calls get a clear error
         self.call = ""
@@ -150,7 +162,7 @@ class Communicator:
         return self.exchange(data, tag)
 
     # symmetric memory -----------------------------------------------------------------------------
-    def _sym_alloc(self, nbytes: int, internal: bool = False) -> SymAlloc:
+    def _sym_alloc(self, nbytes: int, internal: bool = False, label: str = "") -> SymAlloc:
         """Collective: allocate ``nbytes`` (zeroed) on every rank and map every peer's copy."""
         nbytes = max(int(nbytes), 256)
         nbytes = (nbytes + 2**21 - 1) // 2**21 * 2**21 if nbytes > 2**21 else (nbytes + 255) // 256 * 256
@@ -160,11 +172,12 @@ class Communicator:
         cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")  # zeroing done before the handle is published
         handle = cu.ipc_handle(p)
         try:
-            allh = self.exchange(handle, f"symmetric allocation #{len(self._sym)} of {nbytes} B")
+            allh = self.exchange(handle, f"symmetric allocation #{self._sym_count} of {nbytes} B")
         except BaseException:
             cu.mem_free(p)
             raise
-        sa = SymAlloc(len(self._sym), p, nbytes, cu.buffer_id(p), internal=internal)
+        sa = SymAlloc(self._sym_count, p, nbytes, cu.buffer_id(p), internal=internal, label=label)
+        self._sym_count += 1
         for r, h in enumerate(allh):
             if r == self.rank:
                 sa.peer_bases[r] = p
@@ -174,9 +187,25 @@ class Communicator:
         self._sym_by_id[sa.buffer_id] = sa
         return sa
 
-    def alloc(self, shape: Any, dtype: Any = None) -> Any:
+    def _sym_release(self, allocs: list[SymAlloc]) -> None:
+        """Close the peers' mappings of ``allocs`` and free them, here. Collective in effect: the
+        caller (:meth:`mscclang.runtime.executor.Executor.release_symmetric`) makes every rank
+        finish its GPU work and meet before any rank calls this, so no peer still reads or writes
+        them."""
+        for sa in allocs:
+            if sa not in self._sym:
+                continue
+            for r, b in sa.peer_bases.items():
+                if r != self.rank:
+                    cu.ipc_close(b)
+            cu.mem_free(sa.base)
+            self._sym.remove(sa)
+            self._sym_by_id.pop(sa.buffer_id, None)
+
+    def alloc(self, shape: Any, dtype: Any = None, label: str = "") -> Any:
         """Collective: a zeroed torch tensor in symmetric memory (every rank must call it in the same
-        order with the same shape and dtype). Zero-copy plans run on such tensors directly."""
+        order with the same shape and dtype). Zero-copy plans run on such tensors directly.
+        ``label="staging"`` marks the collective API's staging buffers (reported as staging)."""
         import torch
 
         dtype = dtype or torch.float16
@@ -185,19 +214,25 @@ class Communicator:
         for s in shape:
             n *= int(s)
         nbytes = n * torch.empty((), dtype=dtype).element_size()
-        sa = self._sym_alloc(nbytes)
+        sa = self._sym_alloc(nbytes, label=label)
         t = torch.as_tensor(_DevMem(sa.base, sa.size), device=f"cuda:{self.device}")
         return t[:nbytes].view(dtype).view(shape)
 
     def memory(self) -> dict[str, int]:
         """Bytes of symmetric memory this communicator allocated: ``symmetric`` (the caller's,
-        from :meth:`alloc`) and ``staging`` (the runtime's own, for ordinary tensors); peers'
-        mappings of them are not counted (they are the peers' memory)."""
+        from :meth:`alloc`) and ``staging`` (the runtime's own and the collective API's, for
+        ordinary tensors), with their counts; peers' mappings of them are not counted (they are the
+        peers' memory). Plus the registrations of ordinary tensors
+        (:meth:`mscclang.runtime.registration.Registry.memory`: counts, and the bytes of peers'
+        allocations mapped here, which are the peers' memory)."""
         out = {"symmetric": 0, "staging": 0, "symmetric_buffers": 0, "staging_buffers": 0}
         for sa in self._sym:
-            k = "staging" if sa.internal else "symmetric"
+            k = "staging" if sa.internal or sa.label == "staging" else "symmetric"
             out[k] += sa.size
             out[k + "_buffers"] += 1
+        reg = getattr(self, "registry", None)
+        if reg is not None:
+            out.update(reg.memory())
         return out
 
     def symmetric_of(self, p: int) -> Optional[tuple[SymAlloc, int]]:
@@ -213,13 +248,17 @@ class Communicator:
         return None
 
     def close(self) -> None:
-        """Close IPC mappings and free symmetric allocations (after the GPU finished using them)."""
+        """Close IPC mappings (registrations' too) and free symmetric allocations (after the GPU
+        finished using them)."""
         if self._closed:
             return
         self._closed = True
         try:
             drv = cu.driver()
             drv.cuCtxSynchronize()
+            reg = getattr(self, "registry", None)
+            if reg is not None:
+                reg.close()
             for sa in self._sym:
                 for r, b in sa.peer_bases.items():
                     if r != self.rank:

@@ -95,6 +95,21 @@ def buffer_id(p: int) -> int:
     return int(v)
 
 
+def ipc_capable(p: int) -> bool:
+    """Whether the allocation holding ``p`` can be exported through legacy CUDA IPC
+    (``CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE``): false for cuMem (VMM) allocations such as
+    torch's expandable segments. A driver that does not know the attribute answers True (the
+    export itself then decides)."""
+    drv = driver()
+    attr = getattr(drv.CUpointer_attribute, "CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE", None)
+    if attr is None:
+        return True
+    err, v = drv.cuPointerGetAttribute(attr, p)
+    if int(err) != 0:
+        return True
+    return bool(int(v))
+
+
 def ipc_handle(base: int) -> bytes:
     """The 64 bytes of the IPC handle of the allocation at ``base``."""
     drv = driver()

@@ -27,9 +27,12 @@ from mscclang.runtime.device_plan import (
     KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, PackedRank, SyncLayout, check_runnable,
     inbound_slots, mapped_peers, memory_channel_ordinals, pack_blob, pack_blocks, sync_layout,
 )
+from mscclang.runtime.registration import (
+    ARENA_STRIDE, Region, allocator_config, graph_arena_bytes, staging_cap_bytes, zero_copy_operands,
+)
 from mscclang.runtime.spec_build import SpecBuilder, pack_args, spec_hot_calls, spec_mode, when
 from mscclang.runtime.spec_source import SpecUnsupported, generate
-from mscclang.runtime.structs import ERROR_RECORD
+from mscclang.runtime.structs import CONSTANTS, ERROR_RECORD, PLAN_HEADER
 from mscclang.runtime.engine import Engine, bindings as engine_bindings
 from mscclang.runtime.ports import port_inbound_slots, port_peers
 from mscclang.runtime.proxy import Incoming, PortLaunch, PortProxy
@@ -154,6 +157,22 @@ class LoadedPlan:
     has_port: bool = False   # port channels on some rank: the interpreter runs it, with the proxy
     engine_keys: list = field(default_factory=list)   # (src, dst, ordinal) of port channels between nodes
     serial: int = -1         # engine communicators' namespace (assigned collectively at first context)
+
+
+@dataclass
+class _RegState:
+    """The executor's side of registration (:mod:`mscclang.runtime.registration`) and of the
+    staging cap: capture arenas (``[base, bytes, bytes used]``; slots hold device plans of calls
+    captured before their buffers were registered, and an aborting plan until then), the sync area
+    that aborting plan points at, staging above the cap kept by prepare (by plan and sizes), and
+    the cap itself (read once)."""
+
+    cap: int
+    arenas: list = field(default_factory=list)
+    poison: int = 0
+    poison_bytes: int = 0
+    big: dict = field(default_factory=dict)
+    hooked: bool = False
 
 
 class Executor:
@@ -384,6 +403,29 @@ class Executor:
         dp = ctx.plans.get(key)
         if dp is not None:
             return dp
+        area = 0
+        if packed.port is not None:
+            area = cu.mem_alloc(packed.port.area_bytes)
+            cu.memset_d8(area, 0, packed.port.area_bytes, 0)
+        addr = self._addresses(lp, ctx, sym_in, sym_out, packed, area)
+        blob = pack_blob(plan, packed, addr, ctx.sync)
+        p = cu.mem_alloc(len(blob))
+        cu.htod(p, blob, 0)
+        drv = cu.driver()
+        cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
+        smem = max((len(b.region) for b in packed.blocks), default=16)
+        dp = _DevPlan(p, len(blob), len(packed.blocks), smem, packed.packet_align, packed.uses_packets,
+                      packed, addr, area)
+        ctx.plans[key] = dp
+        return dp
+
+    def _addresses(self, lp: LoadedPlan, ctx: _Context, sym_in: Any, sym_out: Any, packed: Any = None,
+                   area: int = 0) -> Addresses:
+        """The device addresses of a device plan on ``ctx``: sync area, scratch, channels, and the
+        peers' buffers (scratch mappings, or ``sym_in``/``sym_out``'s peer bases: a symmetric
+        allocation or a registration)."""
+        plan = lp.plan
+        r = self.comm.rank
         g = plan.gpus[r]
         remote = []
         for rb in g.remote_buffers:
@@ -405,10 +447,7 @@ class Executor:
             chans.append((ctx.sync_base + ctx.sync.inbound + 8 * slots_me[(q, o)],
                           ctx.peer_sync[q] + sync_layout(plan, q).inbound + 8 * slots_q[(r, o)],
                           ctx.sync_base + ctx.sync.expected + 8 * j))
-        area = 0
-        if packed.port is not None:
-            area = cu.mem_alloc(packed.port.area_bytes)
-            cu.memset_d8(area, 0, packed.port.area_bytes, 0)
+        if packed is not None and packed.port is not None:
             pin = port_inbound_slots(plan, r)
             for k, (q, o) in enumerate(port_peers(plan, r)):
                 chans.append((ctx.sync_base + ctx.sync.port_inbound + 8 * pin[(q, o)],
@@ -417,18 +456,8 @@ class Executor:
         peers = mapped_peers(plan, r, self.topology)
         # one half size per context: launches of different sizes must never overlap halves
         half = (ctx.scratch_bytes // 2) // 16 * 16 if plan.use_double_scratch_buffer else 0
-        addr = Addresses(ctx.sync_base, ctx.scratch_base, half, self._err_dev,
+        return Addresses(ctx.sync_base, ctx.scratch_base, half, self._err_dev,
                          [ctx.peer_sync[q] + SYNC_ABORT_OFF for q in peers], remote, chans)
-        blob = pack_blob(plan, packed, addr, ctx.sync)
-        p = cu.mem_alloc(len(blob))
-        cu.htod(p, blob, 0)
-        drv = cu.driver()
-        cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
-        smem = max((len(b.region) for b in packed.blocks), default=16)
-        dp = _DevPlan(p, len(blob), len(packed.blocks), smem, packed.packet_align, packed.uses_packets,
-                      packed, addr, area)
-        ctx.plans[key] = dp
-        return dp
 
     def prepare(self, plan: Plan, input: Any, output: Any = None, dtype: Any = None,
                 packet_type: Any = None, reduce_op: Any = None) -> None:
@@ -510,10 +539,14 @@ class Executor:
         """GPU memory this executor holds, in bytes (device allocations it made; symmetric buffers
         are the communicator's, see :meth:`mscclang.runtime.comm.Communicator.memory`):
         ``scratch`` and ``sync`` of live contexts, ``retired_scratch`` / ``retired_sync`` of
-        outgrown ones (kept for prepared calls and captured graphs), ``device_plans``, and the counts
-        ``contexts``, ``retired_contexts``, ``launch_entries``, ``kernels`` (modules loaded)."""
+        outgrown ones (kept for prepared calls and captured graphs), ``device_plans``, ``graph_arena``
+        (device-plan slots of capture sessions, kept until close), and the counts ``contexts``,
+        ``retired_contexts``, ``launch_entries``, ``kernels`` (modules loaded)."""
+        rs = getattr(self, "_reg_state", None)
+        arena = (sum(a[1] for a in rs.arenas) + rs.poison_bytes) if rs is not None else 0
         out = dict(scratch=0, sync=0, retired_scratch=0, retired_sync=0, device_plans=0, contexts=0,
-                   retired_contexts=0, launch_entries=0, kernels=len(self._modules) + len(self._spec_mods))
+                   retired_contexts=0, launch_entries=0, kernels=len(self._modules) + len(self._spec_mods),
+                   graph_arena=arena)
         for lp in self._loaded.values():
             out["launch_entries"] += len(lp.fast)
             for ctx, live in [(lp.ctx, True)] + [(c, False) for c in lp.retired]:
@@ -535,25 +568,405 @@ class Executor:
         return {k: (f"spec {v.nthreads} threads x {v.n_blocks} blocks, {v.steps} steps, {v.origin}"
                     if isinstance(v, _Spec) else v) for k, v in lp.spec.items()}
 
-    def _staging(self, lp: LoadedPlan, in_bytes: int, out_bytes: int) -> tuple[Any, Any]:
-        """The plan's symmetric staging buffers for ordinary tensors (collective; grown by size
-        only, in powers of two; buffers outgrown stay mapped until close, since a captured graph
-        may still use them). In-place plans stage input and output in one buffer."""
+    def _staging(self, lp: LoadedPlan, in_bytes: int, out_bytes: int, keep: bool = False) -> tuple[Any, Any]:
+        """The plan's symmetric staging buffers for ordinary tensors (collective). Up to the staging
+        cap (``MSCCLANG_STAGING_CAP_BYTES``) they are kept between calls and grown by size only, in
+        powers of two (at most to the cap); an outgrown buffer is released, unless a captured graph
+        uses it (then it stays until close). A call that needs more than the cap gets staging of
+        its own, released once its work is done (:meth:`execute`), or kept when ``keep``
+        (prepare: a capture of the call will use it). In-place plans stage input and output in
+        one buffer."""
         if lp.ctx is None:
             self._ensure_context(lp, pack_blocks(lp.plan, self.comm.rank, in_bytes, out_bytes))
-        si, so = lp.staging
         need_in = 0 if lp.plan.inplace else in_bytes
+        cap = self._regs().cap
+        if max(need_in, out_bytes) > cap:
+            return self._staging_above_cap(lp, in_bytes, out_bytes, keep)
+        si, so = lp.staging
         if so is None or so.size < out_bytes or (si is not None and si.size < need_in) or (si is None and need_in):
             if self._capturing():
                 raise NotPrepared(f"rank {self.comm.rank}: staging for {in_bytes} B on plan {lp.plan.name} cannot "
                                   "be allocated inside CUDA graph capture: prepare the call (or run it once) first")
-            grow = lambda cur, n: self.comm._sym_alloc(max(1 << max(n - 1, 0).bit_length(), 256), internal=True) \
-                if cur is None or cur.size < n else cur
+            size = lambda n: max(min(1 << max(n - 1, 0).bit_length(), cap), n, 256)  # noqa: E731
+            grow = lambda cur, n: self.comm._sym_alloc(size(n), internal=True) \
+                if cur is None or cur.size < n else cur  # noqa: E731
+            old = [x for x in (si, so) if x is not None]
             so = grow(so, out_bytes)
             si = so if lp.plan.inplace else grow(si, in_bytes)
             lp.staging = (si, so)
             self.comm.barrier("staging")
+            stale: list = []
+            for x in old:
+                if x is not si and x is not so and not x.pinned and all(x is not y for y in stale):
+                    stale.append(x)
+            self.release_symmetric(stale, "outgrown staging")
         return si, so
+
+    def _staging_above_cap(self, lp: LoadedPlan, in_bytes: int, out_bytes: int, keep: bool) -> tuple[Any, Any]:
+        """Staging of a call above the cap: found again if prepare kept it, else allocated now
+        (collective) and marked ``temp`` (released after the call) or, with ``keep``, pinned."""
+        rs = self._regs()
+        k = (id(lp), in_bytes, out_bytes)
+        got = rs.big.get(k)
+        if got is not None:
+            return got
+        if self._capturing():
+            raise NotPrepared(f"rank {self.comm.rank}: {lp.plan.name} needs {max(in_bytes, out_bytes)} B of staging, "
+                              f"above the staging cap ({rs.cap} B, MSCCLANG_STAGING_CAP_BYTES), which cannot be "
+                              "allocated inside CUDA graph capture: prepare the call before capturing (prepare "
+                              "keeps its staging), or register the tensors")
+        so = self.comm._sym_alloc(out_bytes, internal=True)
+        si = so if lp.plan.inplace else self.comm._sym_alloc(in_bytes, internal=True)
+        for x in (si, so):
+            if keep:
+                x.pinned = True
+            else:
+                x.temp = True
+        if keep:
+            rs.big[k] = (si, so)
+        self.comm.barrier("staging")
+        return si, so
+
+    def release_symmetric(self, allocs: list, why: str = "staging") -> None:
+        """Collective: free symmetric allocations (staging) and everything built on them (launch
+        entries, device plans), after every rank's GPU finished its work and the ranks met (so no
+        peer still reads or writes them). Pinned ones (captured graphs, prepare) are skipped; every
+        rank passes the corresponding allocations."""
+        todo: list = []
+        for a in allocs:
+            if not a.pinned and all(a is not b for b in todo):
+                todo.append(a)
+        if not todo:
+            return
+        if self._capturing():
+            raise NotPrepared(f"rank {self.comm.rank}: {why} cannot be released inside CUDA graph capture")
+        cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+        self.comm.barrier(f"release {why}")
+        self._drop_indices({a.index for a in todo})
+        self.comm._sym_release(todo)
+
+    def release_tensors(self, tensors: list) -> None:
+        """Collective: release the symmetric allocations holding ``tensors`` (the collective API's
+        staging above the cap, or outgrown), see :meth:`release_symmetric`."""
+        allocs = []
+        for t in tensors:
+            got = self.comm.symmetric_of(t.data_ptr())
+            if got is not None:
+                allocs.append(got[0])
+        self.release_symmetric(allocs, "staging")
+
+    def _drop_indices(self, idx: set) -> None:
+        """Forget launch entries and free device plans built on the buffers named by ``idx``
+        (symmetric allocation indices, registrations' ``("reg", seq)``); the device is idle."""
+        for lp in self._loaded.values():
+            for k in [k for k in lp.fast if any(x in idx for x in k[5:])]:
+                del lp.fast[k]
+            for ctx in [lp.ctx, *lp.retired]:
+                if ctx is None:
+                    continue
+                for k in [k for k in ctx.plans if k[2] in idx or k[3] in idx]:
+                    cu.mem_free(ctx.plans.pop(k).blob)
+
+    def _drop_regions(self, regions: list) -> None:
+        """Registry callback: registrations about to be released (device idle)."""
+        self._drop_indices({r.index for r in regions})
+
+    # ------------------------------------------------------------------------------------------
+    # registration of ordinary tensors (mscclang.runtime.registration)
+    def _regs(self) -> _RegState:
+        st = getattr(self, "_reg_state", None)
+        if st is None:
+            st = _RegState(staging_cap_bytes())
+            self._reg_state = st
+        if not st.hooked:
+            reg = getattr(self.comm, "registry", None)
+            if reg is not None:
+                reg.on_release.append(self._drop_regions)
+                st.hooked = True
+        return st
+
+    def _registry(self) -> Any:
+        reg = getattr(self.comm, "registry", None)
+        if reg is None:
+            raise RuntimeUnavailable(f"rank {self.comm.rank}: this communicator cannot register tensors")
+        return reg
+
+    def _capturing_now(self) -> bool:
+        """Whether the current stream is capturing (the ctypes check when available)."""
+        fn = getattr(self, "_stream_capturing", None)
+        if fn is None:
+            return self._capturing()
+        return bool(fn(self._current_stream()))
+
+    def _registered(self, si: Any, so: Any, in_ptr: int, out_ptr: int, in_bytes: int,
+                    out_bytes: int) -> Optional[tuple]:
+        """``(input buffer, input delta, output buffer, output delta)`` when the call's tensors are
+        registered (or one symmetric and one registered), else None. A registration used inside a
+        capture is pinned (kept until close)."""
+        reg = getattr(self.comm, "registry", None)
+        if reg is None or not reg.active:
+            return None
+        got = zero_copy_operands({in_ptr: si, out_ptr: so}.get, reg, in_ptr, out_ptr, in_bytes, out_bytes)
+        if got is None:
+            return None
+        rin, rout = got[0], got[2]
+        if isinstance(rin, Region):
+            rin.uses += 1
+        if isinstance(rout, Region) and rout is not rin:
+            rout.uses += 1
+        if ((isinstance(rin, Region) and not rin.pinned) or (isinstance(rout, Region) and not rout.pinned)) \
+                and self._capturing_now():
+            reg.pin(rin, rout)
+        rs = getattr(self, "_reg_state", None)
+        if rs is None or not rs.hooked:
+            self._regs()   # its device plans must be dropped when a registration is released
+        return got
+
+    def _deferred(self, lp: LoadedPlan, dtype: Any, in_ptr: int, out_ptr: int, in_bytes: int, out_bytes: int,
+                  pkt: str, op: str) -> Optional[tuple[tuple, tuple]]:
+        """Inside a capture session, while capturing: the launch entry of a zero-copy call on
+        unregistered, exportable tensors, whose device plan sits in an arena slot that holds an
+        aborting plan until the session's end registers the buffers and writes the real one. None
+        outside a session (or when the buffers cannot be exported: the call is staged). Needs the
+        kernel loaded and a context large enough: the same sizes run or prepared before (on any
+        tensors). Only host queries here: no allocation, no IPC call."""
+        reg = getattr(self.comm, "registry", None)
+        if reg is None or reg.session is None or not reg.session.enabled or not self._capturing():
+            return None
+        if lp.has_port:   # the proxy's copies need the peers' addresses at capture: staged instead
+            return None
+        if not reg.can_defer(in_ptr, in_bytes, out_ptr, out_bytes):
+            return None
+        plan = lp.plan
+        dt = torch_dtype_code(dtype)
+        desc = self._describe_call(lp, in_bytes, out_bytes, dt, pkt, op)
+        ctx = lp.ctx
+        packed = pack_blocks(plan, self.comm.rank, in_bytes, out_bytes)
+        fkey = (dt, pkt, op, block_variant(lp.nthreads))
+        if fkey not in self._funcs or ctx is None or ctx.scratch_bytes < packed.scratch_bytes:
+            raise NotPrepared(f"rank {self.comm.rank}: {desc} was not prepared: run it once or prepare it (any "
+                              "tensors of these sizes) before capturing it")
+        f = self._function(dt, pkt, op, lp.nthreads)
+        need = 8 if pkt == "ll16" else 4
+        if packed.uses_packets and packed.packet_align < need:
+            raise PlanError(f"rank {self.comm.rank}: packet offsets at this size are only {packed.packet_align}-byte "
+                            f"aligned; {pkt.upper()} needs {need} (raise buffer_alignment or use LL8)")
+        nb = len(packed.blocks)
+        smem = max((len(b.region) for b in packed.blocks), default=16)
+        drv = cu.driver()
+        if smem > 48 * 1024:
+            cu.check(drv.cuFuncSetAttribute(
+                f, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                "cuFuncSetAttribute")
+        nblk = cu.check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(f, lp.nthreads, smem),
+                        "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        if int(nblk) * self._sm_count < nb:
+            raise PlanError(f"rank {self.comm.rank}: {nb} thread blocks of {lp.nthreads} threads cannot all be "
+                            f"co-resident (at most {int(nblk) * self._sm_count})")
+        import collections
+        import types
+
+        anyb = types.SimpleNamespace(peer_bases=collections.defaultdict(int))
+        nbytes = len(pack_blob(plan, packed, self._addresses(lp, ctx, anyb, anyb), ctx.sync))
+        slot = self._arena_slot(nbytes, desc)
+
+        def finish(rin: Any, rout: Any) -> None:
+            cu.htod(slot, pack_blob(plan, packed, self._addresses(lp, ctx, rin, rout), ctx.sync), 0)
+
+        deltas = reg.defer(in_ptr, in_bytes, out_ptr, out_bytes, desc, finish)
+        if deltas is None:
+            return None
+        return (f, slot, nb, lp.nthreads, smem, cu.ptr(f), None, None, ctx, None), ("sym", deltas[0], deltas[1])
+
+    def _arena_slot(self, nbytes: int, desc: str) -> int:
+        """A slot of ``nbytes`` (rounded up to whole strides) in the first arena with room."""
+        rs = self._regs()
+        need = -(-int(nbytes) // ARENA_STRIDE) * ARENA_STRIDE
+        for a in rs.arenas:
+            if a[2] + need <= a[1]:
+                p = a[0] + a[2]
+                a[2] += need
+                return p
+        free = sum(a[1] - a[2] for a in rs.arenas)
+        raise NotPrepared(f"rank {self.comm.rank}: the graph-capture arena ({free} B free) has no room for the "
+                          f"device plan of {desc} ({need} B): pass a larger arena_bytes to graph_capture() "
+                          "(or MSCCLANG_GRAPH_ARENA_BYTES)")
+
+    def _poison_image(self) -> bytes:
+        """One arena slot's initial content: a device plan whose blocks find the abort word set and
+        leave at once (recording an error), so a slot replayed before its buffers were registered,
+        or whose registration failed, never touches a peer."""
+        rs = self._regs()
+        if not rs.poison:
+            n = SYNC_FLAGS_OFF + 4 * MAX_FLAGS
+            p = cu.mem_alloc(n)
+            cu.memset_d32(p, 1, n // 4, 0)   # abort word 1, every flag 1
+            rs.poison, rs.poison_bytes = p, n
+        sb = rs.poison
+        h = PLAN_HEADER.size
+        head = PLAN_HEADER.pack(
+            magic=CONSTANTS["MSCCLANG_PLAN_MAGIC"], version=CONSTANTS["MSCCLANG_PLAN_VERSION"], n_blocks=0,
+            rank=self.comm.rank, sync_base=sb, flags=sb + SYNC_FLAGS_OFF, abort_word=sb + SYNC_ABORT_OFF,
+            error_record=self._err_dev, semaphores=sb, barriers=sb, peer_abort_table=h, remote_table=h,
+            channel_table=h, block_table=h)
+        return head + b"\0" * (ARENA_STRIDE - len(head))
+
+    def _registration_checks(self, reg: Any, lp: LoadedPlan, key: tuple, in_bytes: int, out_bytes: int,
+                             dtype: Any, pkt: str, op: str) -> None:
+        """Inside a capture session: record the captured call (the ranks compare their lists at
+        the session's end). With ``MSCCLANG_CHECK_REGISTRATION``: compare every zero-copy call's
+        buffers across ranks (outside captures)."""
+        capturing = self._capturing()
+        if reg.session is not None and capturing:
+            how = "any" if len(key) == 5 else ("staged" if key[5] == "staged" else f"zero-copy {key[5]} {key[6]}")
+            reg.note_call(f"{self._describe_call(lp, in_bytes, out_bytes, torch_dtype_code(dtype), pkt, op)} {how}")
+        if reg.verify and lp.zero_copy and not capturing:
+            how = "staged" if key[5] == "staged" else f"zero-copy {key[5]} {key[6]}"
+            reg.check_call(f"{lp.plan.name} {in_bytes} {out_bytes} {how}")
+
+    def register(self, tensors: list) -> list[bool]:
+        """Collective: register ordinary CUDA tensors for zero-copy plans (every rank passes its
+        corresponding tensors, in the same order). Returns, per tensor, whether zero-copy plans now
+        run on it directly (symmetric tensors: always). See :mod:`mscclang.runtime.registration`
+        for the rule. Not inside a CUDA graph capture (use :meth:`begin_graph_capture`)."""
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        reg = self._registry()
+        self._regs()
+        if self._capturing():
+            raise NotPrepared(f"rank {self.comm.rank}: registration cannot happen inside CUDA graph capture: "
+                              "register before capturing, or capture inside a graph-capture session")
+        items: list = []
+        sym: list[bool] = []
+        for i, t in enumerate(tensors):
+            self._check_tensor(t, f"tensor {i}")
+            n = t.numel() * t.element_size()
+            got = self.comm.symmetric_of(t.data_ptr())
+            if got is not None or n == 0:
+                items.append((None, n, None))
+                sym.append(got is not None and not got[0].internal)
+            else:
+                items.append((t.data_ptr(), n, StorageWeakRef(t.untyped_storage())))
+                sym.append(False)
+        res = reg.register(items)
+        return [s or g is not None for s, g in zip(sym, res)]
+
+    def deregister(self, tensors: list) -> int:
+        """Collective: drop the registrations of ``tensors`` (releasing their mappings and device
+        plans unless a captured graph uses them). Returns how many were dropped."""
+        reg = self._registry()
+        items = []
+        for i, t in enumerate(tensors):
+            self._check_tensor(t, f"tensor {i}")
+            items.append((t.data_ptr(), t.numel() * t.element_size()))
+        return reg.deregister(items)
+
+    def _check_tensor(self, t: Any, what: str) -> None:
+        r, dev = self.comm.rank, self.comm.device
+        if not hasattr(t, "data_ptr") or not hasattr(t, "is_cuda"):
+            raise InvalidCall(f"rank {r}: {what} must be a torch tensor, got {type(t).__name__}")
+        if not t.is_cuda or t.get_device() != dev:
+            raise InvalidCall(f"rank {r}: {what} is on {t.device}, but this executor runs on cuda:{dev}")
+        if not t.is_contiguous():
+            raise InvalidCall(f"rank {r}: {what} must be contiguous")
+
+    def zero_copy_ok(self, input: Any, output: Any) -> bool:
+        """Whether a zero-copy plan runs on these tensors without staging: both symmetric,
+        registered (or one of each, or one inside the other's registration), or, while capturing in
+        a capture session, exportable (registered at the session's end)."""
+        esz = input.element_size()
+        p, q = input.data_ptr(), output.data_ptr()
+        a, b = input.numel() * esz, output.numel() * esz
+        comm = self.comm
+        si, so = comm.symmetric_of(p), comm.symmetric_of(q)
+        if si is not None and so is not None and not si[0].internal and not so[0].internal:
+            return True
+        reg = getattr(comm, "registry", None)
+        if reg is None:
+            return False
+        if reg.active and zero_copy_operands({p: si, q: so}.get, reg, p, q, a, b) is not None:
+            return True
+        s = reg.session
+        return bool(s is not None and s.enabled and self._capturing() and reg.can_defer(p, a, q, b))
+
+    def buffer_class(self, t: Any) -> Any:
+        """What a tensor is to zero-copy plans (part of the collective API's memo key): a symmetric
+        allocation's ``("sym", index)``, a registration's ``("reg", seq)``, ``"defer"`` (capturing
+        in a capture session, exportable), or None."""
+        p = t.data_ptr()
+        got = self.comm.symmetric_of(p)
+        if got is not None:
+            return ("internal" if got[0].internal else "sym", got[0].index)
+        reg = getattr(self.comm, "registry", None)
+        if reg is None:
+            return None
+        n = t.numel() * t.element_size()
+        if reg.active:
+            g = reg.lookup(p, n)
+            if g is not None:
+                return g.index
+        s = reg.session
+        if s is not None and s.enabled and self._capturing():
+            return "defer" if reg.exportable(p, n) else None
+        return None
+
+    def begin_graph_capture(self, arena_bytes: Optional[int] = None) -> bool:
+        """Collective, before ``torch.cuda.graph`` starts: open a capture session. Zero-copy calls
+        captured in it on ordinary tensors that are not registered are captured anyway, with their
+        device plans in arena slots, and registered by :meth:`end_graph_capture`. The session may
+        use ``arena_bytes`` (default ``MSCCLANG_GRAPH_ARENA_BYTES``) of arena: what earlier sessions
+        left, plus a new arena allocated now when that is less (arenas are kept until close: captured
+        graphs use them). Returns whether deferring is enabled (every rank runs the same torch
+        allocator settings)."""
+        reg = self._registry()
+        rs = self._regs()
+        if self._capturing():
+            raise InvalidCall(f"rank {self.comm.rank}: open the graph-capture session before torch.cuda.graph "
+                              "starts capturing")
+        size = graph_arena_bytes() if arena_bytes is None else max(int(arena_bytes), ARENA_STRIDE)
+        size = -(-size // ARENA_STRIDE) * ARENA_STRIDE
+        config = allocator_config()
+        free = sum(a[1] - a[2] for a in rs.arenas)
+        if free < size:
+            # the session may use ``size`` bytes: what earlier arenas have left, plus a new one
+            more = max(size - free, min(size, 64 * ARENA_STRIDE))
+            try:
+                image = self._poison_image()
+                p = cu.mem_alloc(more)
+                cu.htod(p, image * (more // ARENA_STRIDE), 0)
+                cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+                rs.arenas.append([p, more, 0])
+            except RuntimeUnavailable as e:
+                # every rank then disables deferring (the settings compared differ): staging instead
+                config += f"|arena failed on rank {self.comm.rank}: {e}"
+        return reg.begin_capture(config).enabled
+
+    def end_graph_capture(self, failed: bool = False) -> int:
+        """Collective, after the capture ended: register the buffers of the calls captured in the
+        session and write their device plans (see
+        :meth:`mscclang.runtime.registration.Registry.finish_capture`). ``failed``: this rank's
+        capture raised. Returns the number of calls registered."""
+        reg = self._registry()
+        if self._capturing():
+            raise InvalidCall(f"rank {self.comm.rank}: end the graph-capture session after the capture ended "
+                              "(leave torch.cuda.graph first)")
+        try:
+            return reg.finish_capture(failed)
+        finally:
+            cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")   # the device plans are written
+
+    def _close_registration(self) -> None:
+        """Free the capture arenas and the aborting sync area (at close: the device is idle)."""
+        rs = getattr(self, "_reg_state", None)
+        if rs is None:
+            return
+        for a in rs.arenas:
+            cu.mem_free(a[0])
+        rs.arenas.clear()
+        if rs.poison:
+            cu.mem_free(rs.poison)
+            rs.poison = rs.poison_bytes = 0
+        rs.big.clear()
 
     # ------------------------------------------------------------------------------------------
     # launching
@@ -699,6 +1112,8 @@ class Executor:
                 cu.dtod(st_in.base, input.data_ptr(), in_bytes, s)
                 self._launch(ent, st_in.base, st_out.base, 0, 0, s)
             cu.dtod(output.data_ptr(), st_out.base, out_bytes, s)
+            if st_in.temp or st_out.temp:   # staging above the cap: released once this call is done
+                self.release_symmetric([st_in, st_out], "staging above the cap")
 
     def _check_call(self, lp: LoadedPlan, input: Any, output: Any) -> tuple[int, int]:
         """(input bytes, output bytes) of a call, after checking every argument; raises
@@ -760,19 +1175,35 @@ class Executor:
             comm = self.comm
             si = comm.symmetric_of(in_ptr)
             so = comm.symmetric_of(out_ptr)
+            zc = None
             if si is not None and so is not None and not si[0].internal and not so[0].internal:
                 key = (in_bytes, out_bytes, dtype, pkt, op, si[0].index, so[0].index)
                 st = ("sym", si[1], so[1])
                 sym_in, sym_out = si[0], so[0]
+            elif (zc := self._registered(si, so, in_ptr, out_ptr, in_bytes, out_bytes)) is not None:
+                # registered ordinary tensors (mscclang.runtime.registration): like symmetric
+                # buffers, the peers' corresponding tensors at the registration's mapped bases
+                sym_in, din, sym_out, dout = zc
+                key = (in_bytes, out_bytes, dtype, pkt, op, sym_in.index, sym_out.index)
+                st = ("sym", din, dout)
             else:
+                dfr = self._deferred(lp, dtype, in_ptr, out_ptr, in_bytes, out_bytes, pkt, op)
+                if dfr is not None:
+                    return dfr
                 # not symmetric: the context's registered, pre-zeroed staging buffers; the key
                 # names them, so an entry never runs on staging other than its device plan's
-                st_in, st_out = self._staging(lp, in_bytes, out_bytes)
+                st_in, st_out = self._staging(lp, in_bytes, out_bytes, keep=prepare)
                 key = (in_bytes, out_bytes, dtype, pkt, op, "staged", st_in.index, st_out.index)
                 st = ("staged", st_in, st_out)
                 sym_in, sym_out = (st_out if lp.plan.inplace else st_in), st_out
+                if not (st_in.pinned and st_out.pinned) and (prepare or self._capturing()):
+                    # a prepared call or a captured graph uses them: never released before close
+                    st_in.pinned = st_out.pinned = True
         else:
             key = (in_bytes, out_bytes, dtype, pkt, op)
+        reg = getattr(self.comm, "registry", None)
+        if reg is not None and (reg.session is not None or reg.verify):
+            self._registration_checks(reg, lp, key, in_bytes, out_bytes, dtype, pkt, op)
         ent = lp.fast.get(key)
         if ent is None:
             ent = self._entry(lp, dtype, in_bytes, out_bytes, pkt, op, sym_in, sym_out, force=prepare)
@@ -1040,6 +1471,7 @@ class Executor:
             lp.ctx = None
             lp.retired.clear()
         self._loaded.clear()
+        self._close_registration()
         for m in self._modules.values():
             drv.cuModuleUnload(m)
         self._modules.clear()

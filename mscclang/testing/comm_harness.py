@@ -104,11 +104,14 @@ def run_ranks(world_size: int, fn: Callable[[Communicator], Any], *, plans: Sequ
               catalog: Optional[Catalog] = None, tuning: Optional[TuningTable] = None,
               engine: str = "reference", granule: Union[int, Callable[[Plan], int]] = 1,
               fallback: bool = True,
-              timeout: float = 60.0, refuse_unaligned: int = 0) -> tuple[list[Any], SimWorld, ThreadFallback]:
+              timeout: float = 60.0, refuse_unaligned: int = 0,
+              **world_options: Any) -> tuple[list[Any], SimWorld, ThreadFallback]:
     """Run ``fn(comm)`` on ``world_size`` threads, one communicator each; return the results
-    (rank order), the world and the fallback. The first exception of any rank is re-raised."""
+    (rank order), the world and the fallback. The first exception of any rank is re-raised.
+    ``world_options`` go to :class:`SimWorld` (``register``, ``staging_cap``, ``unexportable``,
+    ``max_registrations``)."""
     world = SimWorld(world_size, engine=engine, granule=granule, timeout=timeout,
-                     refuse_unaligned=refuse_unaligned)
+                     refuse_unaligned=refuse_unaligned, **world_options)
     fb = ThreadFallback(SimWorld(world_size, engine="reference", timeout=timeout))
     cat = catalog if catalog is not None else catalog_of(plans)
     results: list[Any] = [None] * world_size

@@ -3,15 +3,25 @@ once by the simulator (``engine="sim"``) or by the collective's definition (``en
 
 Used by the CPU tests and by machines without GPUs (e.g. the README's main job falls back to it).
 It also polices the communicator: symmetric (zero-copy) plans must get buffers from
-:meth:`SimBackend.empty` at the same allocation and offset on every rank, in-place plans must get
-the collective's in-place layout and out-of-place plans non-overlapping buffers, and every block
-must be a multiple of ``granule`` bytes.
+:meth:`SimBackend.empty` at the same allocation and offset on every rank, or tensors registered
+at the same registration on every rank, every peer address a rank would use being exactly where
+that peer's registered tensor lives; in-place plans must get the collective's in-place layout and
+out-of-place plans non-overlapping buffers, and every block must be a multiple of ``granule`` bytes.
+
+Registration (``SimWorld(register="auto"|"explicit")``; ``"off"`` by default) runs the GPU
+runtime's :class:`~mscclang.runtime.registration.Registry` over the threads: a tensor's storage
+stands for its allocation, and mapping a peer's allocation gives its own address (the threads share
+one address space), so the world can check the addresses. ``staging_cap`` caps staging as the
+runtime's ``MSCCLANG_STAGING_CAP_BYTES`` does; ``unexportable(rank, address)`` marks allocations
+that cannot be exported (like torch's expandable segments).
 """
 
 from __future__ import annotations
 
+import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
@@ -21,8 +31,9 @@ from mscclang.comm.catalog import SYMMETRIC, infer_buffer_mode
 from mscclang.comm.errors import CommError
 from mscclang.comm.names import dtype_name
 from mscclang.comm.padding import block_shape
-from mscclang.errors import PlanError
+from mscclang.errors import CallMismatch, PlanError, RuntimeUnavailable
 from mscclang.plan.models import Plan
+from mscclang.runtime.registration import AllocInfo, Region, Registry, zero_copy_operands
 
 
 def torch_to_numpy(t: Any) -> np.ndarray:
@@ -91,6 +102,11 @@ class _Launch:
     reduce_op: str
     packet_type: Optional[str]
     sym: Optional[tuple]
+    #: per operand (input, output) of a registration: {peer: address this rank uses for it}
+    peers: tuple = (None, None)
+    #: per operand: where this rank's registered tensor starts
+    bases: tuple = (None, None)
+    kind: str = "launch"
 
 
 class SimWorld:
@@ -98,7 +114,10 @@ class SimWorld:
 
     def __init__(self, world_size: int, *, engine: str = "sim",
                  granule: Union[int, Callable[[Plan], int]] = 1,
-                 timeout: float = 60.0, refuse_unaligned: int = 0) -> None:
+                 timeout: float = 60.0, refuse_unaligned: int = 0, register: str = "off",
+                 staging_cap: Optional[int] = None,
+                 unexportable: Optional[Callable[[int, int], bool]] = None,
+                 max_registrations: int = 64) -> None:
         if engine not in ("sim", "reference"):
             raise CommError(f"engine must be 'sim' or 'reference', got {engine!r}")
         self.world_size = world_size
@@ -111,6 +130,12 @@ class SimWorld:
         # blocks are not a multiple of this many bytes; ``refusals`` counts them
         self.refuse_unaligned = refuse_unaligned
         self.refusals = 0
+        self.register = register
+        self.staging_cap = staging_cap
+        self.unexportable = unexportable
+        self.max_registrations = max_registrations
+        self._xslots: list[Any] = [None] * world_size
+        self.exchanges: list[tuple[int, str]] = []   # (rank, tag) of every store-like exchange
         self._barrier = threading.Barrier(world_size, timeout=timeout)
         self._slots: list[Optional[_Launch]] = [None] * world_size
         self._results: list[Optional[np.ndarray]] = [None] * world_size
@@ -119,6 +144,20 @@ class SimWorld:
 
     def backend(self, rank: int) -> "SimBackend":
         return SimBackend(self, rank)
+
+    def exchange(self, rank: int, data: bytes, tag: str) -> list[bytes]:
+        """Every rank's ``data`` for a step named ``tag`` (CallMismatch on every rank when the tags
+        differ, or when a rank launches instead)."""
+        self.exchanges.append((rank, tag))
+        self._xslots[rank] = (tag, bytes(data))
+        self._barrier.wait()
+        got = list(self._xslots)
+        self._barrier.wait()
+        tags = [g[0] if isinstance(g, tuple) else f"a launch of {g}" for g in got]
+        if len(set(tags)) > 1:
+            raise CallMismatch("ranks disagree on the call (" + ", ".join(f"rank {q}: {t}" for q, t in enumerate(tags))
+                               + ")")
+        return [g[1] for g in got]
 
     def _compute(self) -> None:
         slots = self._slots
@@ -136,6 +175,12 @@ class SimWorld:
             if s.sym != first.sym:
                 raise CommError(f"zero-copy plan {first.plan.name}: rank {r}'s buffers are at "
                                 f"{s.sym}, rank 0's at {first.sym} (not symmetric)")
+            for i, what in enumerate(("input", "output")):
+                for q, addr in (s.peers[i] or {}).items():
+                    want = slots[q].bases[i]  # type: ignore[union-attr]
+                    if addr != want:
+                        raise CommError(f"zero-copy plan {first.plan.name}: rank {r} would reach rank {q}'s "
+                                        f"registered {what} at {addr:#x}, but it is at {want:#x}")
         inputs = [s.inp for s in slots]  # type: ignore[union-attr]
         self._slots = [None] * self.world_size  # free for the next launch
         if self.engine == "sim":
@@ -150,6 +195,7 @@ class SimWorld:
 
     def launch(self, rank: int, launch: _Launch) -> np.ndarray:
         self._slots[rank] = launch
+        self._xslots[rank] = launch.plan.name
         self._barrier.wait()
         if rank == 0:
             try:
@@ -179,6 +225,12 @@ class SimBackend(Backend):
         self.device = torch.device("cpu")
         self._allocs: list[Any] = []
         self.prepared: list[str] = []
+        self.released: list[int] = []       # bytes of each staging buffer released
+        self._staging_ptrs: set[int] = set()
+        self._storages: dict[int, tuple] = {}   # storage address -> (bytes, id, weak reference)
+        self._ids = 0
+        self.registry = Registry(_SimComm(world, rank), _SimIpc(self), mode=world.register,
+                                 max_regions=world.max_registrations, verify=False)
 
     def empty(self, numel: int, dtype: Any) -> Any:
         import torch
@@ -188,15 +240,93 @@ class SimBackend(Backend):
         return t
 
     def _where(self, t: Any) -> Optional[tuple[int, int]]:
-        ptr = t.data_ptr()
+        got = self._sym_of(t.data_ptr())
+        return None if got is None else (got[0].index, got[1])
+
+    def _sym_of(self, ptr: int) -> Optional[tuple[Any, int]]:
         for i, a in enumerate(self._allocs):
             base = a.data_ptr()
-            if base <= ptr < base + max(a.numel() * a.element_size(), 1):
-                return i, ptr - base
+            size = max(a.numel() * a.element_size(), 1)
+            if base <= ptr < base + size:
+                return SimpleNamespace(index=i, base=base, size=size, internal=False), ptr - base
         return None
 
     def is_symmetric(self, tensor: Any) -> bool:
         return self._where(tensor) is not None
+
+    # registration and staging (the GPU runtime's rules, on the CPU)
+    def empty_staging(self, numel: int, dtype: Any) -> Any:
+        t = self.empty(numel, dtype)
+        self._staging_ptrs.add(t.data_ptr())
+        return t
+
+    def release(self, tensors: list) -> None:
+        # collective, as on the GPU: every rank releases the corresponding buffers at the same call
+        self.world.exchange(self.rank, b"", f"release {len(tensors)} staging buffer(s)")
+        for t in tensors:
+            p = t.data_ptr()
+            for i, a in enumerate(self._allocs):
+                if a.data_ptr() == p:
+                    self.released.append(a.numel() * a.element_size())
+                    self._allocs[i] = _Freed(p)
+                    break
+
+    def staging_cap(self) -> Optional[int]:
+        return self.world.staging_cap
+
+    def staging_bytes(self) -> int:
+        """Bytes of staging held now."""
+        return sum(a.numel() * a.element_size() for a in self._allocs
+                   if not isinstance(a, _Freed) and a.data_ptr() in self._staging_ptrs)
+
+    def registration_mode(self) -> str:
+        return self.registry.mode
+
+    def zero_copy_ok(self, inp: Any, out: Any) -> bool:
+        esz = inp.element_size()
+        return zero_copy_operands(self._sym_of, self.registry, inp.data_ptr(), out.data_ptr(),
+                                  inp.numel() * esz, out.numel() * esz) is not None
+
+    def buffer_class(self, tensor: Any) -> Any:
+        got = self._where(tensor)
+        if got is not None:
+            return ("sym", got[0])
+        reg = self.registry.lookup(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+        return None if reg is None else reg.index
+
+    def register(self, tensors: list) -> list[bool]:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        items: list = []
+        sym: list[bool] = []
+        for t in tensors:
+            n = t.numel() * t.element_size()
+            if self.is_symmetric(t) or n == 0:
+                items.append((None, n, None))
+                sym.append(self.is_symmetric(t))
+                continue
+            st = t.untyped_storage()
+            old = self._storages.get(st.data_ptr())
+            if old is None or old[2].expired() or old[0] != st.nbytes():
+                self._ids += 1   # a new allocation (a new storage at a reused address gets a new id)
+                self._storages[st.data_ptr()] = (st.nbytes(), self._ids, StorageWeakRef(st))
+            items.append((t.data_ptr(), n, StorageWeakRef(st)))
+            sym.append(False)
+        got = self.registry.register(items)
+        return [s or g is not None for s, g in zip(sym, got)]
+
+    def deregister(self, tensors: list) -> int:
+        return self.registry.deregister([(t.data_ptr(), t.numel() * t.element_size()) for t in tensors])
+
+    def registration_uses(self, cls: Any) -> int:
+        if not (isinstance(cls, tuple) and len(cls) == 2 and cls[0] == "reg"):
+            return 0
+        return self.registry.uses(cls[1])
+
+    def memory(self) -> dict[str, int]:
+        out = {"staging": self.staging_bytes()}
+        out.update(self.registry.memory())
+        return out
 
     def granule(self, plan: Plan) -> int:
         g = self.world.granule
@@ -235,20 +365,94 @@ class SimBackend(Backend):
                 packet_type: Optional[str] = None) -> None:
         self._check(plan, inp, out)
         sym = None
+        peers: tuple = (None, None)
+        bases: tuple = (None, None)
         if infer_buffer_mode(plan) == SYMMETRIC:
-            wi, wo = self._where(inp), self._where(out)
-            if wi is None or wo is None:
+            esz = inp.element_size()
+            zc = zero_copy_operands(self._sym_of, self.registry, inp.data_ptr(), out.data_ptr(),
+                                    inp.numel() * esz, out.numel() * esz)
+            if zc is None:
                 raise CommError(f"rank {self.rank}: zero-copy plan {plan.name} needs symmetric "
-                                "buffers (from Communicator.empty)")
+                                "buffers (from Communicator.empty) or registered tensors")
             # in-place allgather/reducescatter: this rank's block sits at rank * block bytes
             shift = block_shape(plan.collective, self.world_size, inp.numel(), out.numel()).block_elems \
-                * inp.element_size() * self.rank
-            if plan.inplace and plan.collective == "allgather":
-                wi = (wi[0], wi[1] - shift)
-            elif plan.inplace and plan.collective == "reducescatter":
-                wo = (wo[0], wo[1] - shift)
-            sym = (wi, wo)
+                * esz * self.rank
+            d_in = zc[1] - (shift if plan.inplace and plan.collective == "allgather" else 0)
+            d_out = zc[3] - (shift if plan.inplace and plan.collective == "reducescatter" else 0)
+            kind = lambda b: "reg" if isinstance(b, Region) else "sym"  # noqa: E731
+            for b in {id(zc[0]): zc[0], id(zc[2]): zc[2]}.values():
+                if isinstance(b, Region):
+                    b.uses += 1
+            sym = ((kind(zc[0]), zc[0].index, d_in), (kind(zc[2]), zc[2].index, d_out))
+            # a registration: the address each peer's buffer is reached at must be where it lives
+            peers = tuple({q: a for q, a in b.peer_bases.items() if q != self.rank} if isinstance(b, Region)
+                          else None for b in (zc[0], zc[2]))
+            bases = (zc[0].base, zc[2].base)
         dtype_name(inp.dtype)
-        launch = _Launch(plan, torch_to_numpy(inp), out.numel(), reduce_op, packet_type, sym)
+        launch = _Launch(plan, torch_to_numpy(inp), out.numel(), reduce_op, packet_type, sym, peers, bases)
         res = self.world.launch(self.rank, launch)
         out.reshape(-1).copy_(numpy_to_torch(res, out))
+
+
+class _Freed:
+    """A released staging buffer's place in :attr:`SimBackend._allocs` (keeps indices stable)."""
+
+    def __init__(self, ptr: int) -> None:
+        self._ptr = ptr
+
+    def data_ptr(self) -> int:
+        return -1
+
+    def numel(self) -> int:
+        return 0
+
+    def element_size(self) -> int:
+        return 1
+
+
+@dataclass
+class _SimComm:
+    """What a Registry needs of a communicator, over the world's threads."""
+
+    world: SimWorld
+    rank: int
+    call: str = ""
+    world_size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.world_size = self.world.world_size
+
+    def exchange(self, data: bytes, tag: str) -> list[bytes]:
+        return self.world.exchange(self.rank, data, tag)
+
+
+class _SimIpc:
+    """Registration's driver calls on the CPU: a registered tensor's storage stands for its
+    allocation; a peer's allocation is "mapped" at its own address (one address space)."""
+
+    def __init__(self, backend: SimBackend) -> None:
+        self.backend = backend
+        self.opened = 0
+        self.closed = 0
+
+    def describe(self, ptr: int) -> AllocInfo:
+        for base, (size, bid, _) in self.backend._storages.items():
+            if base <= ptr < base + max(size, 1):
+                bad = self.backend.world.unexportable
+                ok = not (bad is not None and bad(self.backend.rank, ptr))
+                return AllocInfo(base, size, bid, ok, "" if ok else "a simulated expandable segment")
+        raise RuntimeUnavailable(f"{ptr:#x} is not in a known allocation")
+
+    def export(self, base: int) -> bytes:
+        size, bid, _ = self.backend._storages[base]
+        return struct.pack("<QQQ", base, size, bid).ljust(64, b"\0")
+
+    def open(self, handle: bytes) -> int:
+        self.opened += 1
+        return struct.unpack_from("<Q", handle)[0]
+
+    def close(self, addr: int) -> None:
+        self.closed += 1
+
+    def synchronize(self) -> None:
+        pass

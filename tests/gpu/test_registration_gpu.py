@@ -1,0 +1,173 @@
+"""GPU tests of registered ordinary tensors and the staging cap (``pytest -m gpu tests/gpu``;
+issue 13 parts 1 and 5). Worker commands: :mod:`mscclang.testing.registration_checks`.
+
+* eager calls on a re-used ordinary tensor run zero-copy from their first call (where the tuning
+  picks a zero-copy plan) with no store exchange after it, exactly;
+* CUDA graphs on ordinary tensors, captured inside ``comm.graph_capture()`` (registered at the
+  session's end) or after ``prepare`` (registered before): replays exact;
+* torch's default allocator and expandable segments (a pool of its own, started with
+  ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``): what cannot be exported is staged,
+  logged once, and exact;
+* staging above ``MSCCLANG_STAGING_CAP_BYTES`` is released after its call, GPU memory comes back
+  after a 1 GiB call on an ordinary tensor, and the memory report after every collective and size;
+* timing: registered ordinary tensors within 10% of symmetric ones (the issue's target), eager
+  and in graphs. Printed as a table (run with ``-s``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+R = "mscclang.testing.registration_checks"
+C = "mscclang.testing.runtime_checks"
+MiB = 1 << 20
+DESIGNED = {"MSCCLANG_REGISTER": "auto", "MSCCLANG_STAGING_CAP_BYTES": str(128 << 20)}
+
+
+@pytest.fixture(scope="module")
+def pool():
+    """A pool of this module's own, started with the designed settings (the release keeps
+    registration off and staging uncapped until these tests have passed on GPUs; the settings
+    are read when a worker's communicator starts)."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs at least 2 CUDA GPUs")
+    from mscclang.runtime.launch import WorkerPool
+
+    world = os.environ.get("MSCCLANG_TEST_WORLD")
+    p = WorkerPool(world_size=int(world) if world else None,
+                   timeout_s=float(os.environ.get("MSCCLANG_TEST_TIMEOUT_S", "10")), env=dict(DESIGNED))
+    yield p
+    p.close()
+
+
+def _ok(results):
+    fails = [f for r in results for f in r["failures"]]
+    if fails:
+        print("\nFAILURES:\n" + "\n".join(fails[:10]), flush=True)
+    assert not fails, f"{len(fails)} failures:\n" + "\n".join(fails[:20])
+    assert all(r["checked"] > 0 for r in results)
+
+
+def test_eager_reuse_runs_zero_copy_without_exchanges(pool):
+    res = pool.run(f"{R}:eager_reuse")
+    _ok(res)
+    zero_copy_cases = 0
+    for r in res:
+        for case, rec in r["cases"].items():
+            # after the first call (which may register), no store exchange at all
+            assert rec["exchanges"][1:] == [0] * (len(rec["exchanges"]) - 1), (case, rec)
+            # a case that ran zero-copy once runs zero-copy from its first call on
+            if any(rec["zero_copy"]):
+                assert all(rec["zero_copy"]), (case, rec)
+                zero_copy_cases += 1
+        assert r["memory"]["registrations"] >= 1, r["memory"]
+    # the shipped tuning picks zero-copy plans from 1 MiB at 2 ranks
+    assert zero_copy_cases > 0
+
+
+@pytest.mark.parametrize("session", [True, False])
+def test_cuda_graphs_on_ordinary_tensors(pool, session):
+    colls = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all") if session else ("all_reduce", "all_to_all")
+    res = pool.run(f"{R}:graph_ordinary", colls=colls, session=session)
+    _ok(res)
+    for r in res:
+        if session:
+            # the large sizes ran zero-copy on buffers registered at the session's end
+            assert r["memory"]["graph_registrations"] > 0, (r["labels"], r["memory"])
+        else:
+            assert r["memory"]["pinned_registrations"] > 0, (r["labels"], r["memory"])
+
+
+def test_expandable_segments_fall_back_to_staging_logged_once():
+    """A pool of its own whose workers start with expandable segments: eager calls stay exact
+    and, where the allocation cannot be exported, unregistered (one log line per rank); graphs
+    captured in a session stay exact whatever their pool's allocations are."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs at least 2 CUDA GPUs")
+    from mscclang.runtime.launch import WorkerPool
+
+    world = os.environ.get("MSCCLANG_TEST_WORLD")
+    with WorkerPool(world_size=int(world) if world else None, timeout_s=10.0,
+                    env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **DESIGNED}) as p:
+        rep = p.run(f"{R}:allocator_report")
+        assert all(r["conf"] == "expandable_segments:True" for r in rep)
+        capable = rep[0]["ipc_capable"]
+        res = p.run(f"{R}:with_logs", "eager_reuse", colls=("all_reduce", "all_gather"),
+                    sizes=(1 << 10, 1 << 20, 16 << 20), calls=3)
+        _ok(res)
+        for r in res:
+            if not capable:
+                assert r["memory"]["registrations"] == 0, r["memory"]
+                lines = [m for m in r["logs"] if "cannot be registered" in m]
+                assert len(lines) == 1, r["logs"]
+        _ok(p.run(f"{R}:graph_ordinary", colls=("all_reduce", "all_gather"), sizes=(1 << 20, 16 << 20)))
+        _ok(p.run(f"{R}:graph_ordinary", colls=("all_reduce",), sizes=(1 << 20, 16 << 20), session=False))
+
+
+def test_staging_above_the_cap_is_released(pool):
+    cap = 8 * MiB
+    res = pool.run(f"{R}:memory_cap", cap=cap, nbytes=64 * MiB)
+    _ok(res)
+    for r in res:
+        assert all("zero_copy" in lb and "(staged)" in lb for lb in r["labels"]), r["labels"]
+        assert all(h <= cap for h in r["staging_held"]), r
+        assert r["executor_staging_held"] <= cap, r
+        # the second and third calls freed what they staged: free memory as after the first
+        assert abs(r["free_after_last"] - r["free_after_first"]) < 16 * MiB, r
+
+
+def test_memory_after_a_large_call_on_an_ordinary_tensor_comes_back(pool):
+    res = pool.run(f"{R}:free_after_large", nbytes=1 << 30)
+    _ok(res)
+    for r in res:
+        grew = r["free"][0] - r["free"][1]
+        print(f"\nrank {r['rank']}: free after 1st {r['free'][0] / MiB:.0f} MiB, after 2nd {r['free'][1] / MiB:.0f} "
+              f"MiB ({grew / MiB:+.0f} MiB held), labels {r['labels']}, memory {json.dumps(r['memory'])}", flush=True)
+        assert grew < 64 * MiB, r
+
+
+def test_memory_report_after_every_collective_and_size(pool):
+    res = pool.run(f"{R}:memory_report")
+    _ok(res)
+    for r in res:
+        m = r["memory"]
+        print(f"\nrank {r['rank']} holds after every collective x size: {json.dumps(m)}; torch reserved "
+              f"{r['torch_reserved'] / MiB:.0f} MiB; device free {r['free_before'] / MiB:.0f} -> "
+              f"{r['free_after'] / MiB:.0f} MiB", flush=True)
+        assert m["staging"] <= m["staging_cap"], m
+        assert m["registrations"] == 0, m          # every tensor died: released at synchronize()
+        assert m["peer_mappings"] == 0, m
+
+
+def test_registered_ordinary_tensors_within_ten_percent_of_symmetric(pool):
+    """The issue's target. Eager and graph times per size (median of 3 runs); rank 0's table is
+    printed. Fails when a registered ordinary tensor is more than 10% slower than a symmetric one
+    at any size (eager from 1 MiB, where one launch's noise stays below it)."""
+    res = pool.run(f"{R}:timing")
+    _ok(res)
+    rows = res[0]["rows"]
+    print("\n bytes      sym eager  ord eager  sym graph  ord graph  deferred   labels (sym / ordinary / deferred)")
+    slow = []
+    for row in rows:
+        if "deferred_graph_us" not in row:
+            continue   # its failure is reported above
+        print(f" {row['bytes']:>10} {row['sym_eager_us']:9.2f} {row['ordinary_eager_us']:9.2f} "
+              f"{row['sym_graph_us']:9.2f} {row['ordinary_graph_us']:9.2f} {row['deferred_graph_us']:9.2f}   "
+              f"{row['sym_label']} / {row['ordinary_label']} / {row['deferred_label']}", flush=True)
+        for kind, ours in (("graph", row["ordinary_graph_us"]), ("deferred graph", row["deferred_graph_us"]),
+                           ("eager", row["ordinary_eager_us"])):
+            ref = row["sym_graph_us"] if "graph" in kind else row["sym_eager_us"]
+            if kind == "eager" and row["bytes"] < MiB:
+                continue
+            if ours > 1.10 * ref:
+                slow.append(f"{row['bytes']} B {kind}: {ours:.2f} us vs symmetric {ref:.2f} us")
+    assert not slow, slow

@@ -1,0 +1,409 @@
+"""The executor's side of registration and of the staging cap, without a GPU: a fake driver
+module (device memory as bytearrays), fake communicators over the registration fakes. Checks the
+launch entry a registered call gets (keyed by the registration, the right deltas, pinned inside a
+capture), that released registrations and staging take their entries and device plans with them,
+the cap (kept, grown, released, temporary, kept by prepare, pinned by a capture), and capture
+sessions: the arena slot holds an aborting plan until the session's end writes the real device plan
+with the peers' addresses."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from mscclang.errors import NotPrepared
+from mscclang.plan.io import load_plan
+from mscclang.runtime import cuda as real_cu
+from mscclang.runtime import executor as exmod
+from mscclang.runtime.comm import SymAlloc
+from mscclang.runtime.device_plan import SYNC_ABORT_OFF, pack_blocks, sync_layout
+from mscclang.runtime.executor import Executor, LoadedPlan, _Context, _RegState
+from mscclang.runtime.registration import ARENA_STRIDE
+from mscclang.runtime.structs import PLAN_HEADER, REMOTE_BUF
+from mscclang.testing.comm_harness import stub_plan
+from mscclang.testing.registration_fakes import FakeCluster, RankErrors
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+
+
+class FakeCu:
+    """Device memory as bytearrays at made-up addresses; the calls the executor makes."""
+
+    check = staticmethod(real_cu.check)
+    ptr = staticmethod(real_cu.ptr)
+
+    def __init__(self) -> None:
+        self.mem: dict[int, bytearray] = {}
+        self.next = 0x10_0000_0000
+        self.freed: list[int] = []
+        self.syncs = 0
+
+    def driver(self):
+        def sync():
+            self.syncs += 1
+            return 0
+        return types.SimpleNamespace(cuCtxSynchronize=sync,
+                                     cuOccupancyMaxActiveBlocksPerMultiprocessor=lambda f, nt, smem: (0, 1),
+                                     cuFuncSetAttribute=lambda *a: 0,
+                                     CUfunction_attribute=types.SimpleNamespace(
+                                         CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8))
+
+    def mem_alloc(self, n: int) -> int:
+        p = self.next
+        self.next += (max(int(n), 1) + MiB - 1) // MiB * MiB
+        self.mem[p] = bytearray(max(int(n), 1))
+        return p
+
+    def mem_free(self, p: int) -> None:
+        del self.mem[p]
+        self.freed.append(p)
+
+    def _at(self, p: int) -> tuple[bytearray, int]:
+        for b, m in self.mem.items():
+            if b <= p < b + len(m):
+                return m, p - b
+        raise KeyError(f"{p:#x} is not allocated")
+
+    def htod(self, p: int, data: bytes, stream: int = 0) -> None:
+        m, o = self._at(p)
+        m[o:o + len(data)] = data
+
+    def memset_d32(self, p: int, value: int, count: int, stream: int = 0) -> None:
+        m, o = self._at(p)
+        m[o:o + 4 * count] = int(value).to_bytes(4, "little") * count
+
+    def memset_d8(self, p: int, value: int, n: int, stream: int = 0) -> None:
+        m, o = self._at(p)
+        m[o:o + n] = bytes([value]) * n
+
+    def read(self, p: int, n: int) -> bytes:
+        m, o = self._at(p)
+        return bytes(m[o:o + n])
+
+
+class FakeRtComm:
+    """The runtime communicator's surface the executor uses (symmetric allocations, barriers)."""
+
+    def __init__(self, cluster: FakeCluster, rank: int, fcu: FakeCu) -> None:
+        self.rank, self.world_size, self.device, self.call = rank, cluster.n, 0, ""
+        self.registry = cluster.registry(rank)
+        self.cu = fcu
+        self._sym: list[SymAlloc] = []
+        self._count = 0
+        self.barriers: list[str] = []
+        self.released: list[SymAlloc] = []
+
+    def symmetric_of(self, p: int):
+        for sa in self._sym:
+            if 0 <= p - sa.base < sa.size:
+                return sa, p - sa.base
+        return None
+
+    def _sym_alloc(self, nbytes: int, internal: bool = False, label: str = "") -> SymAlloc:
+        p = self.cu.mem_alloc(nbytes)
+        sa = SymAlloc(self._count, p, nbytes, 1000 + self._count,
+                      {q: p + (q - self.rank) * (1 << 44) for q in range(self.world_size)}, internal, label)
+        self._count += 1
+        self._sym.append(sa)
+        return sa
+
+    def barrier(self, tag: str = "barrier") -> None:
+        self.barriers.append(tag)
+
+    def _sym_release(self, allocs) -> None:
+        for sa in allocs:
+            self._sym.remove(sa)
+            self.cu.mem_free(sa.base)
+            self.released.append(sa)
+
+
+class FakeT:
+    """A 'CUDA tensor' at a made-up address, backed by a CPU storage (for the weak reference)."""
+
+    def __init__(self, ptr: int, nbytes: int, dtype=torch.float16) -> None:
+        self._p, self._n, self.dtype = ptr, nbytes, dtype
+        self._back = torch.empty(max(nbytes // 2, 1), dtype=torch.float16)
+        self.is_cuda, self.device = True, "cuda:0"
+
+    def data_ptr(self) -> int:
+        return self._p
+
+    def numel(self) -> int:
+        return self._n // self.element_size()
+
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def get_device(self) -> int:
+        return 0
+
+    def is_contiguous(self) -> bool:
+        return True
+
+    def untyped_storage(self):
+        return self._back.untyped_storage()
+
+
+
+@pytest.fixture(autouse=True)
+def _designed_defaults(monkeypatch):
+    """These tests cover the designed behaviour (auto registration, 128 MiB staging cap), which
+    the release keeps off until GPU tests have run on it."""
+    monkeypatch.setenv("MSCCLANG_REGISTER", "auto")
+    monkeypatch.setenv("MSCCLANG_STAGING_CAP_BYTES", str(128 << 20))
+
+@pytest.fixture
+def fcu(monkeypatch):
+    f = FakeCu()
+    monkeypatch.setattr(exmod, "cu", f)
+    return f
+
+
+def _executor(comm: FakeRtComm, capturing: list) -> Executor:
+    ex = object.__new__(Executor)
+    ex.comm = comm
+    ex._loaded = {}
+    ex._funcs = {}
+    ex._sm_count = 132
+    ex._err_dev = 0xE0_0000
+    ex._capturing = lambda: capturing[0]
+    from mscclang.runtime.topology import Topology
+
+    ex.topology = Topology(comm.world_size, comm.world_size)
+    return ex
+
+
+def _lp(plan) -> LoadedPlan:
+    from mscclang.runtime.device_plan import is_zero_copy
+
+    return LoadedPlan(plan, is_zero_copy(plan), "ll16", "sum", plan.num_threads_per_block,
+                      len(plan.gpus[0].threadblocks))
+
+
+def _setup(n: int, fcu: FakeCu, **kw):
+    cl = FakeCluster(n, **kw)
+    comms = [FakeRtComm(cl, r, fcu) for r in range(n)]
+    cap = [False]
+    exs = [_executor(c, cap) for c in comms]
+    return cl, comms, exs, cap
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def test_registered_call_gets_an_entry_keyed_by_its_registration_and_is_pinned_when_captured(fcu):
+    cl, comms, exs, cap = _setup(2, fcu)
+    al = [cl.devices[r].alloc(64 * MiB) for r in range(2)]
+    ts = [FakeT(al[r].base + 4096 * (r + 1), MiB) for r in range(2)]
+    assert cl.run(lambda r: exs[r].register([ts[r]])) == [[True], [True]]
+    ex = exs[0]
+    lp = _lp(stub_plan("allreduce", 2, name="zc", symmetric=True, inplace=True))
+    seen = []
+    ex._entry = lambda lp_, dt, a, b, pkt, op, si, so, force=False: seen.append((si, so)) or ("E", None, 0, 0, 0, 0,
+                                                                                               None, None, None)
+    p = ts[0].data_ptr()
+    ent, st = ex._resolve(lp, torch.float16, p, p, MiB, MiB, "ll16", "sum", False)
+    reg = cl.registry(0).lookup(p, MiB)
+    assert st == ("sym", 0, 0) and seen == [(reg, reg)]
+    assert (MiB, MiB, torch.float16, "ll16", "sum", ("reg", 0), ("reg", 0)) in lp.fast
+    assert not reg.pinned
+    # a view from the start of the registered tensor reuses it; a tensor elsewhere is staged
+    ent2, st2 = ex._resolve(lp, torch.float16, p, p, 4096, 4096, "ll16", "sum", False)
+    assert st2 == ("sym", 0, 0) and seen[-1] == (reg, reg)
+    cap[0] = True
+    ex._resolve(lp, torch.float16, p, p, MiB, MiB, "ll16", "sum", False)
+    assert reg.pinned    # a captured graph uses it: kept until close
+    assert ex.zero_copy_ok(ts[0], ts[0]) and ex.buffer_class(ts[0]) == ("reg", 0)
+    assert ex.buffer_class(FakeT(al[0].base + 32 * MiB, 64)) is None
+
+
+def test_released_registrations_take_their_entries_and_device_plans_with_them(fcu):
+    cl, comms, exs, cap = _setup(2, fcu)
+    al = [cl.devices[r].alloc(64 * MiB) for r in range(2)]
+    ts = [FakeT(al[r].base, MiB) for r in range(2)]
+    cl.run(lambda r: exs[r].register([ts[r]]))
+    ex = exs[0]
+    lp = _lp(stub_plan("allreduce", 2, name="zc", symmetric=True, inplace=True))
+    blob = fcu.mem_alloc(4096)
+    other = fcu.mem_alloc(4096)
+    ctx = types.SimpleNamespace(plans={(MiB, MiB, ("reg", 0), ("reg", 0)): types.SimpleNamespace(blob=blob),
+                                       (MiB, MiB, 3, 3): types.SimpleNamespace(blob=other)})
+    lp.ctx, lp.retired = ctx, []
+    k_reg = (MiB, MiB, torch.float16, "ll16", "sum", ("reg", 0), ("reg", 0))
+    k_sym = (MiB, MiB, torch.float16, "ll16", "sum", 3, 3)
+    lp.fast = {k_reg: "a", k_sym: "b"}
+    ex._loaded = {1: lp}
+    assert cl.run(lambda r: exs[r].deregister([ts[r]])) == [1, 1]
+    assert list(lp.fast) == [k_sym] and list(ctx.plans) == [(MiB, MiB, 3, 3)]
+    assert fcu.freed == [blob]
+
+
+def test_staging_is_capped_grown_released_temporary_and_kept(fcu):
+    cl, comms, exs, cap = _setup(1, fcu)
+    ex, comm = exs[0], comms[0]
+    ex._reg_state = _RegState(cap=4096)
+    lp = _lp(stub_plan("allreduce", 1, name="zc1", symmetric=True))
+    lp.ctx = types.SimpleNamespace(plans={})
+    si, so = ex._staging(lp, 1000, 1000)
+    assert (si.size, so.size) == (1024, 1024) and si is not so
+    si2, so2 = ex._staging(lp, 3000, 3000)           # grows (to the cap): the 1 KiB ones are released
+    assert (si2.size, so2.size) == (4096, 4096)
+    assert comm.released == [si, so] and comm.barriers == ["staging", "staging", "release outgrown staging"]
+    t_in, t_out = ex._staging(lp, 10000, 10000)      # above the cap: temporary
+    assert t_in.temp and t_out.temp and lp.staging == (si2, so2)
+    ex.release_symmetric([t_in, t_out], "staging above the cap")
+    assert comm.released[-2:] == [t_in, t_out]
+    k_in, k_out = ex._staging(lp, 10000, 10000, keep=True)   # prepare keeps it: found again
+    assert k_in.pinned and ex._staging(lp, 10000, 10000) == (k_in, k_out)
+    ex.release_symmetric([k_in, k_out])              # pinned: never released before close
+    assert k_in in comm._sym
+    cap[0] = True
+    with pytest.raises(NotPrepared, match="above the staging cap"):
+        ex._staging(lp, 20000, 20000)
+    lp2 = _lp(stub_plan("allreduce", 1, name="zc2", symmetric=True))
+    lp2.ctx = types.SimpleNamespace(plans={})
+    with pytest.raises(NotPrepared, match="inside CUDA graph capture"):
+        ex._staging(lp2, 3000, 3000)                 # no staging yet: cannot allocate in a capture
+
+
+def test_staging_a_capture_used_is_kept_when_outgrown(fcu):
+    cl, comms, exs, cap = _setup(1, fcu)
+    ex, comm = exs[0], comms[0]
+    ex._reg_state = _RegState(cap=1 << 30)
+    lp = _lp(stub_plan("allreduce", 2, name="zc1", symmetric=True))
+    lp.ctx = types.SimpleNamespace(plans={})
+    ex._entry = lambda *a, **k: ("E", None, 0, 0, 0, 0, None, None, None)
+    ex._registered = lambda *a: None
+    a, b = FakeT(0x5000_0000, 2048), FakeT(0x6000_0000, 2048)
+    cap[0] = False
+    ex._resolve(lp, torch.float16, a.data_ptr(), b.data_ptr(), 2048, 2048, "ll16", "sum", False)
+    si, so = lp.staging
+    cap[0] = True
+    ex._resolve(lp, torch.float16, a.data_ptr(), b.data_ptr(), 2048, 2048, "ll16", "sum", False)
+    assert si.pinned and so.pinned
+    cap[0] = False
+    ex._resolve(lp, torch.float16, a.data_ptr(), b.data_ptr(), 8192, 8192, "ll16", "sum", False)
+    assert comm.released == [] and si in comm._sym
+
+
+def _real_plan():
+    return load_plan(ROOT / "plans" / "allreduce_rsag_zero_copy.r2.i16.inplace.json")
+
+
+def _ready(ex: Executor, lp: LoadedPlan, fcu: FakeCu, nbytes: int) -> None:
+    """What an earlier (eager or prepared) call of these sizes leaves: the kernel loaded and a
+    context (its launch entries may be gone since: the tensors it ran on died)."""
+    from mscclang.runtime.build import block_variant
+
+    r = ex.comm.rank
+    q = 1 - r
+    plan = lp.plan
+    sync = sync_layout(plan, r)
+    lp.ctx = _Context(sync, fcu.mem_alloc(sync.size), fcu.mem_alloc(MiB), MiB,
+                      {q: 0xAB_0000_0000 + q}, {q: 0xAC_0000_0000 + q})
+    ex._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads))] = 77
+
+
+def test_capture_session_slot_aborts_until_registration_then_holds_the_peers_addresses(fcu):
+    cl, comms, exs, cap = _setup(2, fcu)
+    plan = _real_plan()
+    nbytes = 2 * MiB
+    al = [cl.devices[r].alloc(64 * MiB) for r in range(2)]
+    ptrs = [al[r].base + (r + 1) * 8192 for r in range(2)]
+    lps = [_lp(plan) for _ in range(2)]
+    for r in range(2):
+        _ready(exs[r], lps[r], fcu, nbytes)
+    slots = [None, None]
+
+    def body(r):
+        ex = exs[r]
+        assert ex.begin_graph_capture(arena_bytes=64 << 10)
+        cap_r = [True]
+        ex._capturing = lambda: cap_r[0]
+        ent, st = ex._resolve(lps[r], torch.float16, ptrs[r], ptrs[r], nbytes, nbytes, "ll16", "sum", False)
+        assert st == ("sym", 0, 0) and ent[0] == 77 and ent[5] == 77 and ent[6] is None
+        assert ent[2] == len(plan.gpus[r].threadblocks) and ent[3] == plan.num_threads_per_block
+        slots[r] = ent[1]
+        head = PLAN_HEADER.unpack(fcu.read(ent[1], PLAN_HEADER.size))
+        # until the session ends the slot is a plan whose abort word is already set
+        assert fcu.read(head["abort_word"], 4) == (1).to_bytes(4, "little")
+        assert head["error_record"] == ex._err_dev and head["n_remote"] == 0
+        cap_r[0] = False
+        return ex.end_graph_capture()
+
+    assert cl.run(body) == [1, 1]
+    for r in range(2):
+        q = 1 - r
+        blob = fcu.read(slots[r], ARENA_STRIDE)
+        head = PLAN_HEADER.unpack(blob)
+        assert head["n_blocks"] == len(plan.gpus[r].threadblocks) and head["sync_base"] == lps[r].ctx.sync_base
+        bases = [REMOTE_BUF.unpack(blob, head["remote_table"] + i * REMOTE_BUF.size)["base"]
+                 for i in range(head["n_remote"])]
+        assert bases and all(cl.ipcs[r].resolve(b) == (q, al[q].buffer_id, ptrs[q]) for b in bases)
+        assert head["abort_word"] == lps[r].ctx.sync_base + SYNC_ABORT_OFF   # the context's, no longer set
+        assert cl.registry(r).memory()["graph_registrations"] == 1
+
+
+def test_capture_sessions_that_disagree_leave_every_slot_aborting(fcu):
+    cl, comms, exs, cap = _setup(2, fcu)
+    plan = _real_plan()
+    nbytes = 2 * MiB
+    al = [cl.devices[r].alloc(64 * MiB) for r in range(2)]
+    lps = [_lp(plan) for _ in range(2)]
+    for r in range(2):
+        _ready(exs[r], lps[r], fcu, nbytes)
+    slots: dict[int, list] = {0: [], 1: []}
+
+    def body(r):
+        ex = exs[r]
+        ex.begin_graph_capture(arena_bytes=64 << 10)
+        ex._capturing = lambda: True
+        for k in range(2 if r == 0 else 1):
+            p = al[r].base + k * 4 * MiB
+            slots[r].append(ex._resolve(lps[r], torch.float16, p, p, nbytes, nbytes, "ll16", "sum", False)[0][1])
+        ex._capturing = lambda: False
+        return ex.end_graph_capture()
+
+    with pytest.raises(RankErrors):
+        cl.run(body)
+    for r in range(2):
+        for s in slots[r]:
+            head = PLAN_HEADER.unpack(fcu.read(s, PLAN_HEADER.size))
+            assert head["n_blocks"] == 0 and fcu.read(head["abort_word"], 4) == (1).to_bytes(4, "little")
+
+
+def test_deferred_call_needs_the_sizes_run_before_and_room_in_the_arena(fcu):
+    cl, comms, exs, cap = _setup(1, fcu)
+    plan = stub_plan("allreduce", 2, name="zc1", symmetric=True, inplace=True)
+    a = cl.devices[0].alloc(64 * MiB)
+    ex = exs[0]
+    lp = _lp(plan)
+    ex.begin_graph_capture(arena_bytes=ARENA_STRIDE)
+    cap[0] = True
+    with pytest.raises(NotPrepared, match="was not prepared"):
+        ex._resolve(lp, torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False)
+    sync = sync_layout(plan, 0)
+    lp.ctx = _Context(sync, fcu.mem_alloc(sync.size), fcu.mem_alloc(4096), 4096, {1: 0xAB00}, {1: 0xAC00})
+    with pytest.raises(NotPrepared, match="was not prepared"):   # a context, but no kernel yet
+        ex._resolve(lp, torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False)
+    from mscclang.runtime.build import block_variant
+
+    ex._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads))] = 5
+    ex._resolve(lp, torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False)   # the one slot
+    with pytest.raises(NotPrepared, match="arena"):
+        ex._resolve(lp, torch.float16, a.base + MiB, a.base + MiB, 4096, 4096, "ll16", "sum", False)
+    assert pack_blocks(plan, 0, 4096, 4096).scratch_bytes <= 4096
+
+
+def test_executor_register_refuses_inside_a_capture_and_reports_symmetric_tensors(fcu):
+    cl, comms, exs, cap = _setup(1, fcu)
+    ex, comm = exs[0], comms[0]
+    sa = comm._sym_alloc(4096)
+    assert ex.register([FakeT(sa.base, 4096)]) == [True]
+    cap[0] = True
+    with pytest.raises(NotPrepared, match="inside CUDA graph capture"):
+        ex.register([FakeT(0x1234_0000, 64)])
