@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from mscclang.runtime.structs import BLOCK_HEADER
+
 from mscclang.plan.io import load_plan, plan_to_json
 from mscclang.runtime import build, device_plan as dp, spec_build as sb
 from mscclang.testing import sample_plans as sp
@@ -73,8 +75,9 @@ def test_parse_region_reads_back_every_record(name):
         for b in dp.pack_blocks(plan, r, 3000, _out_bytes(plan, 3000)).blocks:
             recs = parse_region(b.region)
             body = _repack(recs)
-            assert b.region[8:8 + len(body)] == body
-            assert b.region[8 + len(body):].strip(b"\0") == b""
+            h = BLOCK_HEADER.size
+            assert b.region[h:h + len(body)] == body
+            assert b.region[h + len(body):].strip(b"\0") == b""
 
 
 def _data_records(recs):
