@@ -219,3 +219,53 @@ def test_quick_bench_cli_hands_the_runner_the_full_runs_arguments(tmp_path, monk
     (q, qt, qn, qkw), (f, ft, fn, fkw) = seen
     assert q.pop("sizes") == list(QUICK_SIZES) and f.pop("sizes") == list(DEFAULT_SIZES)
     assert (q, qt, qn, qkw) == (f, ft, fn, fkw)
+
+
+def test_bench_algos_and_node_layout_options():
+    """``--algos`` adds forced-algorithm columns ``mscclang:NAME``; ``--gpus-per-node`` goes to
+    the workers (the runner sets MSCCLANG_GPUS_PER_NODE and NCCL's network transport)."""
+    from mscclang.cli.bench_cmd import bench_config
+    from mscclang.cli.main import build_parser
+
+    p = build_parser()
+    cfg = bench_config(p.parse_args(["bench", "--out", "x", "--algos", "allgather_ce,allgather_ce",
+                                     "--gpus-per-node", "1"]))
+    assert cfg.impls[-1] == "mscclang:allgather_ce" and cfg.impls.count("mscclang:allgather_ce") == 1
+    assert cfg.extra == {"gpus_per_node": 1}
+    with pytest.raises(CommError, match="gpus-per-node"):
+        bench_config(p.parse_args(["bench", "--out", "x", "--gpus-per-node", "0"]))
+
+
+def test_markdown_forced_algorithm_columns():
+    res = fixture()
+    res.records.append(Record("all_gather", "mscclang:allgather_ce", "graph", 256 * M, "bfloat16", us=700.0,
+                              busbw=1.0, ok=True, plan="allgather_ce.r2 (direct)"))
+    md = markdown(res)
+    head = next(line for line in md.splitlines() if line.startswith("| size |") and "allgather_ce us" in line)
+    assert head.endswith("| allgather_ce us | busbw | plan | xNCCL |")
+    row = next(line for line in md.splitlines() if line.startswith("| 256M |") and "allgather_ce.r2" in line)
+    assert row.strip().endswith("| 1.50 |")   # NCCL 1050 us / 700 us
+
+
+def test_worker_forces_and_restores_the_tuning():
+    from mscclang.bench.worker import BenchWorker
+
+    class FakeComm:
+        def __init__(self):
+            self.tuning = "original"
+            self.used = []
+
+        def use_tuning(self, t):
+            self.used.append(t)
+            self.tuning = t
+
+    w = object.__new__(BenchWorker)
+    w.comm = FakeComm()
+    w._force_algo("all_gather", "allgather_ce")
+    rule = w.comm.used[-1]["rules"][0]
+    assert rule == {"collective": "allgather", "candidates": [{"plan": "allgather_ce"}]}
+    w._force_algo("all_gather", None)
+    assert w.comm.used[-1] == "original"
+    n = len(w.comm.used)
+    w._force_algo("all_reduce", None)   # nothing forced: nothing to restore
+    assert len(w.comm.used) == n

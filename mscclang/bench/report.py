@@ -46,6 +46,7 @@ def markdown(res: BenchResult, title: str = "mscclang bench") -> str:
               "skip = not run.", ""]
     impls = res.impls()
     peers = [p for p in PEERS if p in impls and p != "mscclang"]
+    forced = [i for i in impls if i.startswith("mscclang:")]   # --algos columns
     for coll in res.colls():
         for mode in res.modes():
             recs = [r for r in res.records if r.coll == coll and r.mode == mode]
@@ -60,6 +61,9 @@ def markdown(res: BenchResult, title: str = "mscclang bench") -> str:
                     head += [f"{IMPL_LABELS.get(p, p)} us", "busbw"]
             ratio_peers = [p for p in peers if any(r.impl == p for r in recs)] if "mscclang" in impls else []
             head += [f"x{'NCCL' if p == 'nccl' else p}" for p in ratio_peers]
+            alg = [a for a in forced if any(r.impl == a for r in recs)]
+            for a in alg:
+                head += [f"{a.partition(':')[2]} us", "busbw", "plan"] + (["xNCCL"] if "nccl" in impls else [])
             lines.append("| " + " | ".join(head) + " |")
             lines.append("|" + "---|" * len(head))
             for nbytes in res.sizes(coll):
@@ -77,6 +81,13 @@ def markdown(res: BenchResult, title: str = "mscclang bench") -> str:
                         row.append(f"{pr.us / mine.us:.2f}")
                     else:
                         row.append("-")
+                for a in alg:
+                    ar = res.find(coll, a, mode, nbytes)
+                    row += [_cell_us(ar), _cell_bw(ar), (ar.plan or "-") if ar else "-"]
+                    if "nccl" in impls:
+                        pr = res.find(coll, "nccl", mode, nbytes)
+                        ok = ar is not None and pr is not None and ar.measured and pr.measured and ar.us
+                        row.append(f"{pr.us / ar.us:.2f}" if ok else "-")
                 lines.append("| " + " | ".join(row) + " |")
             lines.append("")
             errs = [r for r in recs if not r.ok and r.error and not r.error.startswith("skipped")]

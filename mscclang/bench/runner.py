@@ -54,6 +54,13 @@ def spawn_workers(entry, n: int, cfg: BenchConfig, time_limit_s: float) -> list[
     import torch.multiprocessing as mp
 
     os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast (inherited by the workers)
+    gpn = (cfg.extra or {}).get("gpus_per_node")
+    if gpn is not None:
+        # one host's GPUs as nodes of gpn: mscclang's topology, and NCCL on its network transport
+        os.environ["MSCCLANG_GPUS_PER_NODE"] = str(gpn)
+        if gpn < n:
+            os.environ["NCCL_P2P_DISABLE"] = "1"
+            os.environ["NCCL_SHM_DISABLE"] = "1"
     cfg.deadline = time.time() + time_limit_s
     problems: list[str] = []
     ctx = mp.start_processes(entry, args=(n, cfg, _free_port()), nprocs=n, join=False,

@@ -253,6 +253,9 @@ class BenchWorker:
         n, esz, dt, dev = self.world, self.esz, self.dtype, self.device
         total = nbytes // esz
         per = total // n
+        if impl.startswith("mscclang"):
+            self._force_algo(coll, impl.partition(":")[2] or None)
+            impl = "mscclang"
         if impl == "mscclang":
             if self.comm is None:
                 raise RuntimeError(f"no mscclang communicator: {self.comm_error}")
@@ -309,6 +312,25 @@ class BenchWorker:
             cell.plan = "two_shot_all_reduce_"
             return cell
         raise RuntimeError(f"no {impl} implementation of {coll}")
+
+    def _force_algo(self, coll: str, algo: Optional[str]) -> None:
+        """Make the communicator run ``algo`` for ``coll`` (an ``mscclang:NAME`` column), or
+        restore the tuning of the plain ``mscclang`` column. Every rank does the same."""
+        if self.comm is None:
+            return
+        if getattr(self, "_tuning0", None) is None:
+            self._tuning0 = self.comm.tuning
+        if algo is None:
+            if getattr(self, "_forced", None) is not None:
+                self.comm.use_tuning(self._tuning0)
+                self._forced = None
+            return
+        from mscclang.comm.names import plan_collective
+
+        self.comm.use_tuning({"format": "mscclang.tuning/1", "source": f"bench: {algo} forced",
+                              "plans_dir": None,
+                              "rules": [{"collective": plan_collective(coll), "candidates": [{"plan": algo}]}]})
+        self._forced = algo
 
     def check(self, coll: str, cell: _Cell) -> tuple[bool, str]:
         """Fresh random inputs, poisoned output, one call, compare with the reference."""

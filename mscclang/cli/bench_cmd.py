@@ -60,6 +60,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "stopped 60 s later, so a run ends within 8 minutes")
     p.add_argument("--nprocs", type=int, default=None, help="processes (GPUs) to use (default: all)")
     p.add_argument("--tuning", help="tuning file for mscclang (default: $MSCCLANG_TUNING or the shipped one)")
+    p.add_argument("--algos", default="", metavar="NAMES",
+                   help="comma list of library algorithms or plan variants (e.g. a copy-engine "
+                        "allgather) to time as extra columns 'mscclang:NAME', each forced for its "
+                        "collective whatever the tuning chooses")
+    p.add_argument("--gpus-per-node", type=int, default=None, metavar="N",
+                   help="run the GPUs as nodes of N (MSCCLANG_GPUS_PER_NODE=N; NCCL's P2P and SHM "
+                        "transports off, so NCCL uses its network transport too): e.g. 1 makes two "
+                        "GPUs two one-GPU nodes whose port channels go through the engine")
     p.add_argument("--from-json", metavar="FILE",
                    help="do not measure: render FILE (a bench.json, or a baseline list) into --out")
     p.set_defaults(func=run)
@@ -73,14 +81,25 @@ def bench_config(args: argparse.Namespace) -> Any:
     from mscclang.bench.worker import BenchConfig
 
     sizes = args.sizes or list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    impls = _list(args.impls, IMPLS, "implementation")
+    for a in (x.strip() for x in (getattr(args, "algos", "") or "").split(",")):
+        if a and f"mscclang:{a}" not in impls:
+            impls.append(f"mscclang:{a}")
+    extra = {}
+    gpn = getattr(args, "gpus_per_node", None)
+    if gpn is not None:
+        if gpn < 1:
+            raise CommError(f"--gpus-per-node must be at least 1, got {gpn}")
+        extra["gpus_per_node"] = gpn
     return BenchConfig(
         colls=_list(args.collectives, ALL_COLLS, "collective"),
         sizes=sizes,
-        impls=_list(args.impls, IMPLS, "implementation"),
+        impls=impls,
         modes=_list(args.modes, MODES, "mode"),
         dtype=args.dtype,
         out_dir=args.out,
         tuning=args.tuning,
+        extra=extra,
     )
 
 
