@@ -11,21 +11,31 @@ from typing import Any
 
 from mscclang.errors import CollectiveTimeout
 from mscclang.plan.io import load_plan
-from mscclang.testing.runtime_checks import _case, _compare_with_sim, expectation, make_input
+from mscclang.testing.runtime_checks import _compare_with_sim, call_tensors, expectation, make_input
 
 
 def _tensors(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int, symmetric: bool) -> tuple:
+    plan, dt, dev, _esize, n_in, n_out, inputs, inp, out = call_tensors(w, plan_json, nbytes, dtype, seed, symmetric)
+    return plan, dt, dev, n_in, n_out, inputs, inp, out
+
+
+def _median_ms(w: Any, fn: Any, reps: int, tag: str) -> float:
+    """Median milliseconds of ``fn()`` over ``reps`` runs, the ranks meeting before each."""
     import torch
 
-    plan, dt, dev, esize, n_in, n_out, inputs = _case(w, plan_json, nbytes, dtype, seed)
-    if symmetric:
-        out = w.comm.alloc(n_out, dt)
-        inp = w.comm.alloc(n_in, dt)
-        inp.copy_(inputs[w.rank])
-    else:
-        out = torch.empty(n_out, dtype=dt, device=dev)
-        inp = inputs[w.rank].clone()
-    return plan, dt, dev, n_in, n_out, inputs, inp, out
+    ts = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        w.comm.barrier(tag)
+        e0 = torch.cuda.Event(enable_timing=True)
+        e1 = torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1))
+    ts.sort()
+    return ts[len(ts) // 2]
 
 
 def graph_replays(w: Any, plan_json: str, nbytes: int, dtype: str = "int32", replays: int = 8,
@@ -113,20 +123,9 @@ def round_trip(w: Any, plan_json: str, iters: int = 200, reps: int = 5) -> dict:
             for _ in range(iters):
                 ex.execute(plan, inp, out)
     torch.cuda.current_stream().wait_stream(s)
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        w.comm.barrier("round trip")
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / iters)
+    us = _median_ms(w, g.replay, reps, "round trip") * 1000.0 / iters
     ex.synchronize()
-    times.sort()
-    return {"rank": w.rank, "bad": bad, "us": times[len(times) // 2]}
+    return {"rank": w.rank, "bad": bad, "us": us}
 
 
 def load(plan_json: str):
@@ -158,20 +157,15 @@ def ce_bandwidth(w: Any, nbytes: int = 256 << 20, peer_access: bool = False) -> 
     got = w.comm.symmetric_of(dst.data_ptr())
     peer = got[0].peer_bases[q] + got[1]
     s = cu.check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
-    times = []
-    for _ in range(4):
-        torch.cuda.synchronize()
-        w.comm.barrier("ce bw")
-        e0 = torch.cuda.Event(enable_timing=True)
-        e1 = torch.cuda.Event(enable_timing=True)
-        cs = torch.cuda.ExternalStream(cu.ptr(s))
-        e0.record(cs)
-        cu.check(drv.cuMemcpyDtoDAsync(peer, src.data_ptr(), nbytes, s), "cuMemcpyDtoDAsync")
-        e1.record(cs)
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
+    cs = torch.cuda.ExternalStream(cu.ptr(s))
+
+    def copy() -> None:
+        with torch.cuda.stream(cs):
+            cu.check(drv.cuMemcpyDtoDAsync(peer, src.data_ptr(), nbytes, s), "cuMemcpyDtoDAsync")
+        torch.cuda.current_stream().wait_stream(cs)
+
+    t = _median_ms(w, copy, 4, "ce bw")
     drv.cuStreamDestroy(s)
-    t = sorted(times)[len(times) // 2]
     return {"rank": w.rank, "GBps": nbytes / t / 1e6, "ms": t, "note": note}
 
 
@@ -190,21 +184,7 @@ def ce_allgather_time(w: Any, total: int = 256 << 20, inplace: bool = False) -> 
     ex.execute(plan, i, o)
     ex.synchronize()
 
-    def timed(fn: Any) -> float:
-        ts = []
-        for _ in range(3):
-            torch.cuda.synchronize()
-            w.comm.barrier("ce ag")
-            e0 = torch.cuda.Event(enable_timing=True)
-            e1 = torch.cuda.Event(enable_timing=True)
-            e0.record()
-            fn()
-            e1.record()
-            e1.synchronize()
-            ts.append(e0.elapsed_time(e1))
-        return sorted(ts)[1]
-
-    eager = timed(lambda: ex.execute(plan, i, o))
+    eager = _median_ms(w, lambda: ex.execute(plan, i, o), 3, "ce ag")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     g = torch.cuda.CUDAGraph()
@@ -212,7 +192,7 @@ def ce_allgather_time(w: Any, total: int = 256 << 20, inplace: bool = False) -> 
         with torch.cuda.graph(g, stream=s):
             ex.execute(plan, i, o)
     torch.cuda.current_stream().wait_stream(s)
-    graph = timed(g.replay)
+    graph = _median_ms(w, g.replay, 3, "ce ag")
     return {"rank": w.rank, "eager_ms": eager, "graph_ms": graph, "bytes": total, "inplace": inplace}
 
 

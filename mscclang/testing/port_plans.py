@@ -27,17 +27,24 @@ def _out(r: int):
     return Rank(r).get_output_buffer()
 
 
+def _mem_ready(n: int) -> dict:
+    """Memory channels between every pair and a relaxed "ready" signal on each: rank q tells rank
+    r that its output may be written in this launch (rank r waits before its put)."""
+    mem = {(r, q): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
+    for q in range(n):
+        for r in range(n):
+            if q != r:
+                mem[(q, r)].signal(tb=0, data_sync=SyncType.none, relaxed=True)
+    return mem
+
+
 def allgather_pwsf(n: int = 2, name: str = "test_port_allgather_pwsf", inplace: bool = False) -> Plan:
     """Allgather by port puts (pwsf), ready handshake on memory channels. ``inplace``: the input
     is the output's own block, so no SM copies anything (every byte moves by copy engine)."""
     name = name + ("_inplace" if inplace else "")
     with CollectiveProgram(name, AllGather(n, 1, inplace), n, protocol="Simple") as p:
-        mem = {(r, q): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
         port = {(r, q): PortChannel(q, r) for r in range(n) for q in range(n) if q != r}
-        for q in range(n):
-            for r in range(n):
-                if q != r:
-                    mem[(q, r)].signal(tb=0, data_sync=SyncType.none, relaxed=True)
+        mem = _mem_ready(n)
         for r in range(n):
             if not inplace:
                 Rank(r).copy(_out(r)[r:r + 1], _inp(r)[0:1], tb=0)
@@ -55,12 +62,8 @@ def allgather_pwsf(n: int = 2, name: str = "test_port_allgather_pwsf", inplace: 
 def allgather_put_flush_signal(n: int = 2, name: str = "test_port_allgather_put") -> Plan:
     """Allgather by plain port puts, then flush, then a port signal."""
     with CollectiveProgram(name, AllGather(n, 1, False), n, protocol="Simple") as p:
-        mem = {(r, q): MemoryChannel(q, r) for r in range(n) for q in range(n) if q != r}
         port = {(r, q): PortChannel(q, r) for r in range(n) for q in range(n) if q != r}
-        for q in range(n):
-            for r in range(n):
-                if q != r:
-                    mem[(q, r)].signal(tb=0, data_sync=SyncType.none, relaxed=True)
+        mem = _mem_ready(n)
         for r in range(n):
             Rank(r).copy(_out(r)[r:r + 1], _inp(r)[0:1], tb=0)
             for q in range(n):

@@ -246,12 +246,9 @@ def inplace_input(plan: Plan, out: Any, inp: Any, rank: int) -> Any:
     return view
 
 
-def run_plan_check(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", packet_type: Optional[str] = None,
-               reduce_op: str = "sum", seed: int = 0, inplace: bool = False, symmetric: bool = False,
-               sim_max_bytes: int = 1 << 16) -> dict:
-    """Run the plan once on random data and compare it bit for bit with the reference and, up to
-    ``sim_max_bytes``, with the simulator's output. An in-place plan (or ``inplace``) runs on the
-    in-place layout (:func:`inplace_input`)."""
+def call_tensors(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int, symmetric: bool) -> tuple:
+    """:func:`_case` plus this rank's input (a copy of its random input) and output tensors, in
+    symmetric memory (``comm.alloc``) or ordinary torch tensors."""
     import torch
 
     plan, dt, dev, esize, n_in, n_out, inputs = _case(w, plan_json, nbytes, dtype, seed)
@@ -262,6 +259,16 @@ def run_plan_check(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", 
     else:
         out = torch.empty(n_out, dtype=dt, device=dev)
         inp = inputs[w.rank].clone()
+    return plan, dt, dev, esize, n_in, n_out, inputs, inp, out
+
+
+def run_plan_check(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", packet_type: Optional[str] = None,
+               reduce_op: str = "sum", seed: int = 0, inplace: bool = False, symmetric: bool = False,
+               sim_max_bytes: int = 1 << 16) -> dict:
+    """Run the plan once on random data and compare it bit for bit with the reference and, up to
+    ``sim_max_bytes``, with the simulator's output. An in-place plan (or ``inplace``) runs on the
+    in-place layout (:func:`inplace_input`)."""
+    plan, dt, dev, esize, n_in, n_out, inputs, inp, out = call_tensors(w, plan_json, nbytes, dtype, seed, symmetric)
     _bits(out).fill_(0x7F7F if esize == 2 else 0x7F7F7F7F)  # poison
     if inplace or plan.inplace:
         inp = inplace_input(plan, out, inp, w.rank)
