@@ -70,8 +70,9 @@ def _port_variants(ranks: tuple[int, ...], inplace: tuple[bool, ...],
 #: pipeline steps of the shipped copy-engine allreduce variants (``steps`` x 2 x (ranks - 1)
 #: port puts per rank stay under MAX_PORT_REQUESTS at 8 ranks)
 PORT_STEPS = (4, 8)
-#: node layouts of the shipped hierarchical variants: (ranks, GPUs per node), i.e. 2x2, 2x4, 4x2
-HIER_LAYOUTS = ((4, 2), (8, 4), (8, 2))
+#: node layouts of the shipped hierarchical variants: (ranks, GPUs per node), i.e. 2x1 (two GPUs
+#: run as one-GPU nodes, MSCCLANG_GPUS_PER_NODE=1), 2x2, 2x4, 4x2
+HIER_LAYOUTS = ((2, 1), (4, 2), (8, 4), (8, 2))
 #: instances of the shipped hierarchical variants (one thread block each; 4 for bandwidth)
 HIER_INSTANCES = (1, 4)
 
@@ -201,11 +202,10 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {info.name: info for info in (
           _port_variants(SHIPPED_RANKS, (False,), ((),)), port_channels=True),
     _info("allreduce_hierarchical", "allreduce", "Simple", "symmetric", BOTH, _ALL, build_allreduce_hierarchical,
           "intra-node reduce-scatter (memory), inter-node allreduce of the shard (port), intra-node "
-          "all-gather (memory); gpus_per_node is a parameter", 1024, _hier_variants(), min_ranks=4,
-          port_channels=True),
+          "all-gather (memory); gpus_per_node is a parameter", 1024, _hier_variants(), port_channels=True),
     _info("allgather_hierarchical", "allgather", "Simple", "symmetric", BOTH, _ALL, build_allgather_hierarchical,
           "inter-node puts of the input (port), then intra-node puts of the node's gathered chunks "
-          "(memory); gpus_per_node is a parameter", 1024, _hier_variants(), min_ranks=4, port_channels=True),
+          "(memory); gpus_per_node is a parameter", 1024, _hier_variants(), port_channels=True),
 )}
 
 

@@ -7,7 +7,9 @@ node (the launcher's numbering, :mod:`mscclang.runtime.topology`); rank ``r`` is
 ``r % gpus_per_node`` of node ``r // gpus_per_node``. Its *local peers* are the other GPUs of its
 node, its *remote peers* the GPUs with the same local index on the other nodes; every port
 channel joins remote peers, every memory channel local peers, so the runtime's topology check
-accepts the plan on that layout (and on any layout whose nodes hold whole nodes of it).
+accepts the plan on that layout (and on any layout whose nodes hold whole nodes of it). With one
+GPU per node every channel is a port channel (two GPUs of one machine can run the inter-node
+path as two one-GPU nodes, ``MSCCLANG_GPUS_PER_NODE=1``).
 
 Rules, besides those of :mod:`mscclang.algorithms.allreduce` and :mod:`mscclang.algorithms.port`:
 
