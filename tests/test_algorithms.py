@@ -366,8 +366,9 @@ def test_shipped_plan_full_sweep(entry: dict) -> None:
 @pytest.mark.parametrize("ranks", [3, 5, 6, 7])
 def test_all_rank_counts_full_sweep(name: str, ranks: int) -> None:
     info = ALGORITHMS[name]
+    params = dict(info.variants[0].params)   # e.g. a hierarchical program's gpus_per_node (1)
     for ip in info.inplace_modes:
-        plan = info.build(ranks, instances=2, inplace=ip, min_message_size=0)
+        plan = info.build(ranks, instances=2, inplace=ip, min_message_size=0, **params)
         rep = verify(plan, schedules=6, seed=13, launches=4)
         assert not rep.problems, f"{name} r{ranks} inplace={ip}:\n{_problems(rep)}"
 
