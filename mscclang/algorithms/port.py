@@ -11,9 +11,9 @@ Rules every program here follows, besides those of :mod:`mscclang.algorithms.all
 * A peer's buffers are written only after that peer's relaxed ready signal of this launch (over
   a memory channel: all ranks share one node).
 * A port ``put`` orders nothing on the sender (the copy may still read its source after the
-  kernel ended): the last request of every channel is a ``pwsf``, which waits until the copy
-  engine finished every request of the channel, so no source is reused by the next launch while
-  a copy still reads it.
+  kernel ended): every channel is flushed before the block ends (its last request is a ``pwsf``,
+  or a ``flush`` follows), which waits until the copy engine finished every request of the
+  channel, so the next launch reuses no buffer a copy still reads.
 * The receiver waits for the signal that follows the data on the channel (``pws``/``pwsf``:
   each channel's requests are served in order, so a signal covers every earlier put).
 * At most :data:`~mscclang.algorithms.common.MAX_PORT_REQUESTS` port requests per rank and launch.
@@ -38,10 +38,10 @@ DEFAULT_SM_BLOCKS = 16
 
 
 def default_reduce_blocks(ranks: int) -> int:
-    """Reducing blocks of :func:`build_allreduce_port_pipelined` by default: 16 up to 4 ranks
-    (2x H200: ~1.1 TB/s of reduction traffic keeps pace with 1 GiB of copy-engine traffic at 2
-    ranks, design section 10), 8 above (a rank's share of the reduction shrinks to ~1/4 of the
-    2-rank rate relative to its copies)."""
+    """Reducing blocks of :func:`build_allreduce_port_pipelined` by default: 16 up to 4 ranks,
+    8 above. An estimate, not a measurement: to keep pace with the reduce-scatter copies a rank
+    reduces at ``(ranks + 1) / (ranks - 1)`` times its copy engine's rate, 3x at 2 ranks (~1.2
+    TB/s of local reads and writes at design section 10's 393 GB/s), 1.3x at 8 ranks."""
     return DEFAULT_SM_BLOCKS if ranks <= 4 else DEFAULT_SM_BLOCKS // 2
 
 
