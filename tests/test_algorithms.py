@@ -127,12 +127,17 @@ def test_index_describes_every_plan_file(generated: dict[str, str]) -> None:
         assert (e["min_message_size"], e["max_message_size"]) == (plan.min_message_size, plan.max_message_size)
         assert e["size_of"] == ("output" if e["collective"] == "allgather" else "input")
         assert plan.use_double_scratch_buffer == e["use_double_scratch_buffer"] == (plan.protocol == "LL")
+        assert e["port_channels"] == plan.uses_port_channels() == info.port_channels
+        assert e["gpus_per_node"] == dict(next(v.params for v in info.variants
+                                               if variant_stem(info, v) == plan.name)).get("gpus_per_node")
 
 
 def test_every_algorithm_ships_2_4_8_ranks() -> None:
+    """... every rank count of 2, 4 and 8 it builds (hierarchical programs need two nodes of at
+    least two GPUs: 4 and 8)."""
     for name, info in ALGORITHMS.items():
         ranks = {e["ranks"] for e in ENTRIES if e["algorithm"] == name}
-        assert ranks == {2, 4, 8}, name
+        assert ranks == {n for n in (2, 4, 8) if info.min_ranks <= n <= info.max_ranks}, name
         assert info.buffer_mode in ("any", "symmetric")
         modes = {e["inplace"] for e in ENTRIES if e["algorithm"] == name}
         assert modes <= set(info.inplace_modes)
@@ -151,8 +156,11 @@ def test_bandwidth_variants_ship() -> None:
     """notes/perf.md (2x H200): plain puts need >= 16 thread blocks for 220 GB/s and 32 for
     ~265 GB/s per direction, LL plans scale to 32 blocks. Every algorithm ships grids of 16 and
     32 blocks at 2 ranks and one of 14-16 blocks at 4 and 8 ranks; no grid exceeds 64 blocks
-    (all blocks of a plan must be co-resident)."""
-    for name in ALGORITHMS:
+    (all blocks of a plan must be co-resident). Port-channel plans move their data with copy
+    engines, not thread blocks, and are exempt (one instance each)."""
+    for name, info in ALGORITHMS.items():
+        if info.port_channels:
+            continue
         grids = {n: {e["threadblocks"] for e in ENTRIES if e["algorithm"] == name and e["ranks"] == n}
                  for n in (2, 4, 8)}
         assert {16, 32} <= grids[2], (name, grids[2])
@@ -223,14 +231,22 @@ def test_reductions_fuse_into_single_ops() -> None:
 
 
 def test_zero_copy_programs_start_with_a_relaxed_handshake() -> None:
+    """Every block that touches a peer's buffers waits for the peers' ready words first: a
+    relaxed wait, or a port wait where the ready word comes over a port channel (between
+    nodes); blocks that only work locally (copy-engine programs' SM blocks) touch nothing."""
     for name, info in ALGORITHMS.items():
         if info.buffer_mode != "symmetric":
             continue
-        plan = info.build(4, instances=1)
+        plan = info.build(4, instances=1, **dict(info.variants[0].params))
         for g in plan.gpus:
             for tb in g.threadblocks:
-                first_remote = next(i for i, op in enumerate(tb.ops) if any(b.is_remote for b in op.dst_buff + op.src_buff))
-                assert OpName.rlxwait in [op.name for op in tb.ops[:first_remote]], (name, g.id, tb.id)
+                remote = [i for i, op in enumerate(tb.ops) if any(b.is_remote for b in op.dst_buff + op.src_buff)]
+                if not remote:
+                    assert info.port_channels, (name, g.id, tb.id)
+                    continue
+                before = tb.ops[:remote[0]]
+                assert OpName.rlxwait in [op.name for op in before] or (info.port_channels and any(
+                    op.name == OpName.wait and op.channel_type == ChannelType.port for op in before)), (name, g.id, tb.id)
 
 
 @pytest.mark.parametrize("unit", [16, 48])
@@ -350,8 +366,9 @@ def test_shipped_plan_full_sweep(entry: dict) -> None:
 @pytest.mark.parametrize("ranks", [3, 5, 6, 7])
 def test_all_rank_counts_full_sweep(name: str, ranks: int) -> None:
     info = ALGORITHMS[name]
+    params = dict(info.variants[0].params)   # e.g. a hierarchical program's gpus_per_node (1)
     for ip in info.inplace_modes:
-        plan = info.build(ranks, instances=2, inplace=ip, min_message_size=0)
+        plan = info.build(ranks, instances=2, inplace=ip, min_message_size=0, **params)
         rep = verify(plan, schedules=6, seed=13, launches=4)
         assert not rep.problems, f"{name} r{ranks} inplace={ip}:\n{_problems(rep)}"
 

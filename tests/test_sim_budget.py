@@ -193,16 +193,27 @@ def test_estimate_grows_with_what_costs():
     assert more.seconds > 5 * small.seconds and more.memory_bytes < 2 * small.memory_bytes
 
 
+#: shipped plans whose default verification is known to exceed the default memory limit (about
+#: 8.6 GiB at the default sizes; found when this test went from every 7th plan to every plan)
+OVER_DEFAULT_LIMITS = {"allreduce_rsag_pipelined.r8.i8.json", "allreduce_rsag_pipelined.r8.i8.inplace.json"}
+
+
 def test_shipped_plans_fit_the_default_limits_at_default_sizes():
-    for f in sorted(PLANS.glob("*.json"))[::7]:
+    """Every shipped plan (the estimate is cheap) but the known exceptions above."""
+    from mscclang.sim.verify import _within_budget, default_sizes
+    from mscclang.sim.dtypes import parse_dtype
+
+    over = set()
+    for f in sorted(PLANS.glob("*.json")):
         if f.name == "index.json":
             continue
         plan = load_plan(f)
-        from mscclang.sim.verify import _within_budget, default_sizes
-        from mscclang.sim.dtypes import parse_dtype
-
-        _within_budget(plan, default_sizes(plan), [parse_dtype("float16"), parse_dtype("float32")], 10, 2,
-                       True, Limits(8 << 30, 600))
+        try:
+            _within_budget(plan, default_sizes(plan), [parse_dtype("float16"), parse_dtype("float32")], 10, 2,
+                           True, Limits(8 << 30, 600))
+        except LimitError:
+            over.add(f.name)
+    assert over == OVER_DEFAULT_LIMITS
 
 
 # ------------------------------------------------------------------ mscclang run without GPUs

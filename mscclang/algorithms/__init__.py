@@ -21,6 +21,8 @@ from mscclang.algorithms.allreduce import (
 )
 from mscclang.algorithms.alltoall import build_alltoall_ll, build_alltoall_simple, build_alltoall_zero_copy
 from mscclang.algorithms.broadcast import build_broadcast_ll, build_broadcast_simple
+from mscclang.algorithms.hierarchical import build_allgather_hierarchical, build_allreduce_hierarchical
+from mscclang.algorithms.port import build_allgather_port, build_allreduce_port_pipelined, build_alltoall_port
 from mscclang.algorithms.reducescatter import (
     build_reducescatter_ll,
     build_reducescatter_simple,
@@ -50,11 +52,34 @@ def _variants(instances: Union[tuple[int, ...], dict[int, tuple[int, ...]]],
 
 def _info(name: str, collective: str, protocol: str, buffer_mode: str, inplace_modes: tuple[bool, ...],
           size_range: tuple[int, int], builder, description: str, default_threads: int,
-          variants: tuple[Variant, ...]) -> AlgorithmInfo:
+          variants: tuple[Variant, ...], min_ranks: int = 2, port_channels: bool = False) -> AlgorithmInfo:
     return AlgorithmInfo(name=name, collective=collective, protocol=protocol, buffer_mode=buffer_mode,
                          inplace_modes=inplace_modes, min_message_size=size_range[0],
                          max_message_size=size_range[1], builder=builder, description=description,
-                         default_threads=default_threads, variants=variants)
+                         default_threads=default_threads, variants=variants, min_ranks=min_ranks,
+                         port_channels=port_channels)
+
+
+def _port_variants(ranks: tuple[int, ...], inplace: tuple[bool, ...],
+                   params: tuple[tuple[tuple[str, Any], ...], ...]) -> tuple[Variant, ...]:
+    """One instance of every (ranks, params, inplace) of a port-channel algorithm: the copy
+    engines need no more thread blocks, and every instance adds port requests."""
+    return tuple(Variant(n, 1, None, ip, ps) for n in ranks for ps in params for ip in inplace)
+
+
+#: pipeline steps of the shipped copy-engine allreduce variants (``steps`` x 2 x (ranks - 1)
+#: port puts per rank stay under MAX_PORT_REQUESTS at 8 ranks)
+PORT_STEPS = (4, 8)
+#: node layouts of the shipped hierarchical variants: (ranks, GPUs per node), i.e. 2x1 (two GPUs
+#: run as one-GPU nodes, MSCCLANG_GPUS_PER_NODE=1), 2x2, 2x4, 4x2
+HIER_LAYOUTS = ((2, 1), (4, 2), (8, 4), (8, 2))
+#: instances of the shipped hierarchical variants (one thread block each; 4 for bandwidth)
+HIER_INSTANCES = (1, 4)
+
+
+def _hier_variants() -> tuple[Variant, ...]:
+    return tuple(Variant(n, k, None, ip, (("gpus_per_node", g),))
+                 for n, g in HIER_LAYOUTS for k in HIER_INSTANCES for ip in BOTH)
 
 
 #: grid sizes (thread blocks per rank) the bandwidth variants aim at, by rank count
@@ -162,6 +187,25 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {info.name: info for info in (
           1024, _variants(_by_blocks(_one))),
     _info("sendrecv_zero_copy", "sendrecv", "Simple", "symmetric", (False,), _ALL, build_sendrecv_zero_copy,
           "put straight into the next rank's output after its ready word", 1024, _variants(_by_blocks(_one))),
+    # port channels (copy engine within a node, NCCL point-to-point between nodes): never chosen
+    # by default; the tuner ranks them by measurement, a tuning rule can name them
+    _info("allreduce_port_pipelined", "allreduce", "Simple", "symmetric", BOTH, (1 * MiB, MAX_MESSAGE_SIZE),
+          build_allreduce_port_pipelined,
+          "copy-engine reduce-scatter into peers' scratch, SM reduction, copy-engine all-gather, "
+          "pipelined in steps", 1024,
+          _port_variants(SHIPPED_RANKS, BOTH, tuple((("steps", k),) for k in PORT_STEPS)), port_channels=True),
+    _info("allgather_port", "allgather", "Simple", "symmetric", BOTH, (1 * MiB, MAX_MESSAGE_SIZE),
+          build_allgather_port, "copy-engine puts into every peer's output", 1024,
+          _port_variants(SHIPPED_RANKS, BOTH, ((),)), port_channels=True),
+    _info("alltoall_port", "alltoall", "Simple", "symmetric", (False,), (1 * MiB, MAX_MESSAGE_SIZE),
+          build_alltoall_port, "copy-engine puts of each peer's chunk into its output", 1024,
+          _port_variants(SHIPPED_RANKS, (False,), ((),)), port_channels=True),
+    _info("allreduce_hierarchical", "allreduce", "Simple", "symmetric", BOTH, _ALL, build_allreduce_hierarchical,
+          "intra-node reduce-scatter (memory), inter-node allreduce of the shard (port), intra-node "
+          "all-gather (memory); gpus_per_node is a parameter", 1024, _hier_variants(), port_channels=True),
+    _info("allgather_hierarchical", "allgather", "Simple", "symmetric", BOTH, _ALL, build_allgather_hierarchical,
+          "inter-node puts of the input (port), then intra-node puts of the node's gathered chunks "
+          "(memory); gpus_per_node is a parameter", 1024, _hier_variants(), port_channels=True),
 )}
 
 

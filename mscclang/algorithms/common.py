@@ -22,14 +22,17 @@ from mscclang.dsl import (
     Collective,
     CollectiveProgram,
     MemoryChannel,
+    PortChannel,
     Rank,
     SyncType,
     ThreadBlockGroup,
 )
 from mscclang.errors import DSLError
-from mscclang.plan.models import MAX_MESSAGE_SIZE
+from mscclang.plan.models import MAX_MESSAGE_SIZE, ChannelType, Op, OpName, Plan
 
 __all__ = [
+    "MAX_PORT_REQUESTS", "PortChannels", "check_port_requests", "local_peers", "node_layout", "port_mesh",
+    "port_requests", "remote_peers",
     "Channels", "announce_ready", "await_ready", "check_common", "data_handshake", "get_from_peers", "input_of", "library_program",
     "make_program", "mesh", "output_of", "peers", "plan_name", "put_to_peers", "read_reduce",
     "ready_handshake", "reduce_packets_from_peers", "send_packets_to_peers", "sender_slot",
@@ -41,8 +44,15 @@ __mscclang_helper__ = True
 
 #: channels keyed ``(src, dst)`` (see :func:`mesh`)
 Channels = dict[tuple[int, int], MemoryChannel]
+#: port channels keyed ``(src, dst)`` (see :func:`port_mesh`)
+PortChannels = dict[tuple[int, int], PortChannel]
 #: a peer rank -> the chunk used for that peer
 PerPeer = Callable[[int], Chunk]
+
+#: most port requests (one per put destination, per signal and per flush of a channel) a rank
+#: of a library plan may post per launch: every request becomes host-enqueued work per launch
+#: (a copy-engine copy, a stream write or wait) in the GPU runtime
+MAX_PORT_REQUESTS = 200
 
 
 # -- ranks, names and programs ------------------------------------------------------------------
@@ -116,6 +126,81 @@ def mesh(num_ranks: int, pairs: Optional[Sequence[tuple[int, int]]] = None) -> C
     if pairs is None:
         pairs = [(s, d) for s in range(num_ranks) for d in range(num_ranks) if s != d]
     return {(s, d): MemoryChannel(d, s) for s, d in pairs}
+
+
+def port_mesh(pairs: Sequence[tuple[int, int]]) -> PortChannels:
+    """One port channel ``src -> dst`` for every given ordered pair, keyed ``(src, dst)``, made
+    in the order given (so the j-th channel A->B meets the j-th B->A, as for :func:`mesh`)."""
+    return {(s, d): PortChannel(d, s) for s, d in pairs}
+
+
+# -- node layouts (hierarchical programs) -------------------------------------------------------
+
+def node_layout(algorithm: str, ranks: int, gpus_per_node: object) -> tuple[int, int]:
+    """``(nodes, gpus_per_node)`` of ``ranks`` ranks numbered node by node, ``gpus_per_node``
+    consecutive ranks per node (the launcher's layout, see :mod:`mscclang.runtime.topology`);
+    a hierarchical program needs at least two nodes."""
+    if not isinstance(gpus_per_node, int) or isinstance(gpus_per_node, bool) or gpus_per_node < 1:
+        raise DSLError(f"{algorithm}: gpus_per_node must be a positive int (the node layout is a "
+                       f"parameter of the program), got {gpus_per_node!r}")
+    if ranks % gpus_per_node:
+        raise DSLError(f"{algorithm}: {ranks} ranks do not split into nodes of {gpus_per_node} GPUs")
+    nodes = ranks // gpus_per_node
+    if nodes < 2:
+        raise DSLError(f"{algorithm}: {ranks} ranks with {gpus_per_node} GPUs per node is one node; "
+                       "a hierarchical program needs at least two")
+    return nodes, gpus_per_node
+
+
+def local_peers(rank: int, gpus_per_node: int) -> list[int]:
+    """The other ranks of ``rank``'s node, in increasing order."""
+    base = rank - rank % gpus_per_node
+    return [q for q in range(base, base + gpus_per_node) if q != rank]
+
+
+def remote_peers(rank: int, gpus_per_node: int, nodes: int) -> list[int]:
+    """The ranks with ``rank``'s local index on every other node, in increasing order."""
+    local, node = rank % gpus_per_node, rank // gpus_per_node
+    return [m * gpus_per_node + local for m in range(nodes) if m != node]
+
+
+# -- port request budget ------------------------------------------------------------------------
+
+def _op_requests(op: Op) -> int:
+    if op.channel_type != ChannelType.port:
+        return 0
+    if op.name in (OpName.put, OpName.pws, OpName.pwsf, OpName.ppkt, OpName.rppkt):
+        n = len(op.dst_buff)
+        return n + (len(set(op.channel_ids)) if op.name == OpName.pwsf else 0)
+    if op.name in (OpName.signal, OpName.flush):
+        return len(op.channel_ids)
+    return 0
+
+
+def port_requests(plan: Plan) -> int:
+    """The most port requests one rank of ``plan`` posts per launch: one per destination of a
+    ``put``/``pws``/``pwsf`` (a put with its signal is one request, as in MSCCL++'s trigger),
+    one per channel of a ``signal``, of a ``flush`` and of a ``pwsf``'s flush. Ops inside a
+    pipeline count once (their number of iterations depends on the message size)."""
+    most = 0
+    for g in plan.gpus:
+        n = 0
+        for tb in g.threadblocks:
+            for op in tb.ops:
+                for inner in (op.ops or [op]) if op.name == OpName.pipeline else [op]:
+                    n += _op_requests(inner)
+        most = max(most, n)
+    return most
+
+
+def check_port_requests(algorithm: str, plan: Plan, limit: int = MAX_PORT_REQUESTS) -> Plan:
+    """``plan`` when no rank posts more than ``limit`` port requests per launch, else a
+    :class:`DSLError` (fewer instances or pipeline steps keep the host-enqueued work moderate)."""
+    n = port_requests(plan)
+    if n > limit:
+        raise DSLError(f"{algorithm}: a rank posts {n} port requests per launch, more than the "
+                       f"{limit} a copy-engine runtime enqueues cheaply; use fewer instances or steps")
+    return plan
 
 
 # -- synchronisation ----------------------------------------------------------------------------

@@ -88,6 +88,8 @@ def index_entry(info: AlgorithmInfo, v: Variant, plan: Plan, filename: str) -> d
         "use_double_scratch_buffer": plan.use_double_scratch_buffer,
         "root": plan.root,
         "pipeline_unit": _pipeline_unit(plan),
+        "port_channels": plan.uses_port_channels(),
+        "gpus_per_node": dict(v.params).get("gpus_per_node"),
     }
 
 

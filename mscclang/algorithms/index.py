@@ -7,10 +7,14 @@ entry describes one plan file::
      "ranks": 2, "protocol": "LL", "buffer_mode": "any", "inplace": false,
      "min_message_size": 0, "max_message_size": 262144, "size_of": "input",
      "instances": 1, "num_threads_per_block": 512, "threadblocks": 2,
-     "use_double_scratch_buffer": true, "root": null, "pipeline_unit": null}
+     "use_double_scratch_buffer": true, "root": null, "pipeline_unit": null,
+     "port_channels": false, "gpus_per_node": null}
 
 ``size_of`` says which buffer the size range applies to (``"output"`` for allgather, else
-``"input"``), ``threadblocks`` is the grid size of the plan.
+``"input"``), ``threadblocks`` is the grid size of the plan, ``port_channels`` whether it uses
+port channels (such plans are never a default choice: the selector runs them only where a tuning
+rule names them), ``gpus_per_node`` the node layout a hierarchical plan was written for (null:
+one node).
 """
 
 from __future__ import annotations

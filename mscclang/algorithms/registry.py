@@ -8,6 +8,11 @@ buffer mode, the message sizes it is meant for) and the :class:`Variant` s that
   so the plan works with any user tensors;
 * ``"symmetric"``: zero-copy, peers read or write each other's input/output buffers directly, so
   the runtime must use symmetric buffers (same offsets on every rank).
+
+Algorithms with ``port_channels`` move data over port channels (copy engines within a node, an
+existing engine between nodes). They are never a default choice: the selector's heuristic skips
+them, so they run where a tuning rule names them (``mscclang tune`` measures them like every
+other variant and names them where they were faster).
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ class AlgorithmInfo:
     returns the compiled :class:`~mscclang.plan.models.Plan`. ``min_message_size`` /
     ``max_message_size`` are the suggested sizes in bytes (of the input, or of the output for
     allgather) and also go into the plans' size range. ``inplace_modes`` lists the in-place
-    settings the program supports.
+    settings the program supports. ``port_channels``: the program uses port channels (never a
+    default choice, see the module docstring).
     """
 
     name: str
@@ -68,6 +74,7 @@ class AlgorithmInfo:
     min_ranks: int = 2
     max_ranks: int = 8
     variants: tuple[Variant, ...] = field(default_factory=tuple)
+    port_channels: bool = False
 
     def __post_init__(self) -> None:
         if self.buffer_mode not in BUFFER_MODES:

@@ -5,8 +5,11 @@ Index entries are read tolerantly (the index belongs to the algorithm library): 
 object with a ``plans`` list, of objects with at least a file name (``file``/``path``) and
 preferably ``name``/``algorithm``, ``collective``, ``ranks``, ``protocol``, ``buffer_mode``,
 ``inplace``, ``min_message_size``/``max_message_size`` (or ``size_range``), ``instances`` and
-``threads``/``num_threads_per_block``. Whatever an entry lacks is read from the plan file itself
-when first needed. Without an index every ``*.json`` in the folder is read.
+``threads``/``num_threads_per_block`` and ``port_channels``. Whatever an entry lacks is read from
+the plan file itself when first needed. Without an index every ``*.json`` in the folder is read.
+
+Variants that use port channels (:meth:`PlanVariant.uses_port_channels`) are opt-in: the
+selector's heuristic skips them, so they run only where a tuning rule names them.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ class PlanVariant:
     threads: Optional[int] = None
     root: Optional[int] = None
     path: Optional[Path] = None
+    #: uses port channels (``None``: not said by the index; read from the plan when asked)
+    port_channels: Optional[bool] = None
     _plan: Optional[Plan] = field(default=None, repr=False, compare=False)
 
     @property
@@ -71,6 +76,18 @@ class PlanVariant:
                 raise TuningError(f"plan variant {self.key} has neither a file nor a plan")
             self._plan = load_plan(self.path)
         return self._plan
+
+    def uses_port_channels(self) -> bool:
+        """Whether the plan uses port channels (from the index, else from the plan itself; a
+        plan that cannot be loaded counts as not using them: it cannot run anyway)."""
+        if self.port_channels is None:
+            from mscclang.errors import MscclangError
+
+            try:
+                self.port_channels = self.load().uses_port_channels()
+            except (MscclangError, OSError):
+                return False
+        return self.port_channels
 
     def label(self) -> str:
         parts = [self.algorithm]
@@ -94,7 +111,7 @@ class PlanVariant:
             buffer_mode=infer_buffer_mode(plan), inplace=plan.inplace,
             min_bytes=plan.min_message_size, max_bytes=plan.max_message_size,
             instances=instances, threads=plan.num_threads_per_block, root=plan.root, path=path,
-            _plan=plan)
+            port_channels=plan.uses_port_channels(), _plan=plan)
 
 
 def _algorithm_of(key: str) -> str:
@@ -143,6 +160,11 @@ def _variant_from_entry(e: dict, folder: Path, where: str) -> PlanVariant:
         max_bytes=int(hi) if hi is not None else MAX_MESSAGE_SIZE,
         instances=_get(e, "instances"), threads=_get(e, "threads", "num_threads_per_block"),
         root=_get(e, "root"), path=path)
+    ports = _get(e, "port_channels")
+    if ports is not None:
+        if not isinstance(ports, bool):
+            raise TuningError(f"port_channels must be true or false, got {ports!r}", where)
+        v.port_channels = ports
     if not v.collective or not v.ranks or not v.buffer_mode:
         # fill the gaps from the plan itself
         p = v.load()

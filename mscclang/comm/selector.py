@@ -5,6 +5,8 @@ selector turns a call into an ordered list of :class:`Choice` (plan variants, po
 torch.distributed); the communicator takes the first one it can run (e.g. a zero-copy plan only
 on symmetric buffers). Without a rule for the call, a built-in heuristic orders the catalog's
 variants whose size range holds the message: LL plans first up to 256 KiB, Simple plans above.
+Plans that use port channels are never chosen by the heuristic: they run only where a tuning rule
+names them (``mscclang tune`` measures them like every other variant).
 """
 
 from __future__ import annotations
@@ -94,10 +96,12 @@ class Selector:
         return out
 
     def heuristic(self, coll: str, n: int, nbytes: int) -> list[Choice]:
-        """Every catalog variant of ``coll`` on ``n`` ranks whose size range holds ``nbytes``:
-        LL plans first up to :data:`LL_THRESHOLD`, Simple plans first above; among them more
-        instances first for large messages, fewer for small ones."""
-        variants = [v for v in self.catalog.matching(coll, n) if v.fits(nbytes)]
+        """Every catalog variant of ``coll`` on ``n`` ranks whose size range holds ``nbytes``,
+        except those that use port channels (opt-in through a tuning rule): LL plans first up
+        to :data:`LL_THRESHOLD`, Simple plans first above; among them more instances first for
+        large messages, fewer for small ones."""
+        variants = [v for v in self.catalog.matching(coll, n)
+                    if v.fits(nbytes) and not v.uses_port_channels()]
         small = nbytes <= LL_THRESHOLD
 
         def rank(v: PlanVariant) -> tuple:

@@ -371,3 +371,7 @@ class Plan(_Strict):
 
     def max_threadblocks(self) -> int:
         return max((len(g.threadblocks) for g in self.gpus), default=0)
+
+    def uses_port_channels(self) -> bool:
+        """Whether some rank has a port channel (proxy / copy-engine transfers)."""
+        return any(g.peers(ChannelType.port) for g in self.gpus)

@@ -161,10 +161,18 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
         hint = ""
         handover = (a.host and a.op.name.startswith("launch start: scratch")) or \
             (b.host and b.op.name.startswith("launch start: scratch"))
+        host = a if a.host else b
         other = b if a.host else a
-        if handover and other.op.tb <= -2 and other.op.rank == (a if a.host else b).op.rank:
-            half = " half" if self.plan.use_double_scratch_buffer else ""
-            hint = (f" (the launch that reuses this scratch{half} is not ordered after this "
+        started = host.host and host.op.name.startswith("launch start")
+        if started and other.op.tb <= -2 and other.op.rank == host.op.rank:
+            # a new launch is handed a buffer (scratch, inputs or outputs) its own rank's proxy
+            # still reads or writes for an earlier launch
+            if handover:
+                half = " half" if self.plan.use_double_scratch_buffer else ""
+                what = f"reuses this scratch{half}"
+            else:
+                what = "is handed this buffer"
+            hint = (f" (the launch that {what} is not ordered after this "
                     "rank's port proxy's access of an earlier launch: a kernel exit does not wait "
                     "for the proxy; a flush of the channel, in that launch or a later one before "
                     "the reuse, or an edge from a rank that received the proxy's data would order "
@@ -274,14 +282,9 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
             return
         if name == OpName.flush:
             for c in cop.channels:
-                px = self.proxies[(rank, c)]
-                want = px.issued
-                while px.processed < want:
-                    yield Wait(("proxy", rank, c), f"port proxy of channel {c} to finish {want} requests",
-                               ("proxy", rank, c))
                 # the block continues only once the proxy is done: its reads of the sources and
                 # its writes precede every later op of the block (a pws without flush: no order)
-                actor.complete(px.actor.vc, px.actor.rvc)
+                yield from self._flush(task, rank, c)
             return
         if name in (OpName.sem_acquire, OpName.sem_release):
             for sid in cop.op.semaphore_ids:

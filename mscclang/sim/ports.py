@@ -11,6 +11,11 @@ the proxy's reads and writes then precede every later op of the block, with no `
 launch's end does not wait for it; each launch after the first starts with the host handing it
 the scratch (only the half it uses with double scratch), which races with any earlier proxy
 access of those bytes that no flush or edge ordered before it.
+
+A flush is ordered after the requests posted on the channel before it, and after nothing the
+proxy did later: when the proxy is behind, the flush takes the proxy's clocks as of the request
+it waits for (a snapshot), not as of the moment the flushing block resumes, by which time the
+proxy may have served requests other blocks posted after the flush began.
 """
 
 from __future__ import annotations
@@ -53,6 +58,10 @@ class Proxy:
         self.issued = 0
         self.processed = 0
         self.task: Optional[Task] = None
+        #: request counts some flush waits for -> how many flushes wait for it
+        self.wants: dict[int, int] = {}
+        #: the proxy's clocks (vc, rvc) right after it finished the request count in ``wants``
+        self.snaps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
 
 class PortMixin:
@@ -107,12 +116,27 @@ class PortMixin:
                                           rvc.copy(), opref, end_key=(rank, "port", c)))
         if name == OpName.pwsf:
             for c in sorted({g.channel for g in cop.groups if g.channel is not None}):
-                px = self._proxy_for(rank, c)
-                want = px.issued
-                while px.processed < want:
-                    yield Wait(("proxy", rank, c), f"port proxy of channel {c} to finish {want} requests",
-                               ("proxy", rank, c))
-                task.actor.complete(px.actor.vc, px.actor.rvc)
+                yield from self._flush(task, rank, c)
+
+    def _flush(self, task: Task, rank: int, c: int) -> Iterator:
+        """The whole block waits until the proxy of ``rank``'s port channel ``c`` finished every
+        request posted so far; the proxy's reads and writes of those requests then precede every
+        later op of the block (no ``nop`` needed), and nothing the proxy did after them does."""
+        px = self._proxy_for(rank, c)
+        want = px.issued
+        if px.processed < want:
+            px.wants[want] = px.wants.get(want, 0) + 1
+            while px.processed < want:
+                yield Wait(("proxy", rank, c), f"port proxy of channel {c} to finish {want} requests",
+                           ("proxy", rank, c))
+            vc, rvc = px.snaps[want]
+            px.wants[want] -= 1
+            if not px.wants[want]:
+                del px.wants[want]
+                del px.snaps[want]
+        else:
+            vc, rvc = px.actor.vc, px.actor.rvc  # caught up: its last request is the one waited for
+        task.actor.complete(vc, rvc)
 
     def _proxy_step(self, task: Task) -> bool:
         """Process one trigger; False when the queue is empty."""
@@ -138,5 +162,7 @@ class PortMixin:
             self._signal_clock(end, a.vc.copy(), a.rvc.copy())
             self._wake(("ctr", dst))
         px.processed += 1
+        if px.processed in px.wants:
+            px.snaps[px.processed] = (a.vc.copy(), a.rvc.copy())
         self._wake(("proxy", px.rank, px.channel))
         return bool(px.queue)
