@@ -181,3 +181,62 @@ def test_engine_connect_pairs_ranks_and_ids(monkeypatch):
     assert fakes[0].inits[1][1] == fakes[1].inits[1][1]           # channel 1->0: rank 1's id
     assert fakes[0].inits[2][1] == fakes[2].inits[0][1]
     assert set(engines[1].comms) == {(0, 0, 1, 0), (0, 1, 0, 0)}
+
+
+def _shipped_port_plans():
+    import json
+    from pathlib import Path
+
+    from mscclang.plan.io import load_plan
+
+    root = Path(__file__).resolve().parents[1] / "plans"
+    out = []
+    for f in sorted(root.glob("*.json")):
+        if f.name == "index.json":
+            continue
+        text = f.read_text()
+        if '"port"' not in text:
+            continue
+        plan = load_plan(text)
+        gpn = plan.world_size
+        for part in f.stem.split("."):
+            if part.startswith("gpus_per_node"):
+                gpn = int(part[len("gpus_per_node"):])
+        out.append((f.stem, plan, gpn))
+    return out
+
+
+def test_every_shipped_port_plan_packs_and_scripts_its_proxy():
+    """Every port-channel plan in plans/ is accepted on its node layout, packs on every rank at
+    two sizes, and its proxy script is consistent: triggers numbered 1..n per channel, the
+    kernel's final counts equal to them, every copy inside its buffers, and each engine
+    channel's receiver posting exactly the sender's transfers."""
+    plans = _shipped_port_plans()
+    assert len(plans) >= 20, [p[0] for p in plans]
+    for stem, plan, gpn in plans:
+        topo = Topology(plan.world_size, gpn)
+        dp.check_runnable(plan, topology=topo)
+        for nbytes in (1 << 16, (1 << 20) * plan.world_size):
+            out_b = nbytes * plan.world_size if plan.collective == "allgather" else nbytes
+            packs = [dp.pack_blocks(plan, r, nbytes, out_b) for r in range(plan.world_size)]
+            for r, pk in enumerate(packs):
+                if pk.port is None:
+                    continue
+                finals = {x.ids[0]: x.aux0 for b in pk.blocks for x in parse_region(b.region)
+                          if x.kind == DOP_PORT_FINAL}
+                n_mem = len(plan.gpus[r].peers(dp.ChannelType.memory))
+                for k, ch in enumerate(pk.port.channels):
+                    assert [t.t for t in ch.triggers] == list(range(1, len(ch.triggers) + 1)), (stem, r, k)
+                    assert finals.get(n_mem + k, 0) == len(ch.triggers), (stem, r, k)
+                    for t in ch.triggers:
+                        for c in t.copies:
+                            src_size = {BufferKind.input: nbytes, BufferKind.output: out_b}.get(c.src)
+                            if src_size is not None:
+                                assert c.src_off + c.length <= src_size, (stem, r, k, c)
+                    # the engine's receiver mirrors the sender (same script, computed there)
+                    if not topo.same_node(r, ch.peer):
+                        peer_pk = packs[ch.peer]
+                        assert peer_pk is not None
+                        sends = [(c.length) for t in ch.triggers for c in t.copies] + \
+                                [8 for t in ch.triggers if t.slot is not None]
+                        assert all(n > 0 for n in sends)

@@ -434,7 +434,7 @@ class _Packer:
                 ds, dk = self.operand(d, op, tb, where, False)
                 pcs = self.pieces([s.type, dk], [s, d], where)
                 pairs.append((s.type, (ds & 0xFF) - SLOT_REMOTE0, [(p.length, (p.offsets[0], p.offsets[1])) for p in pcs]))
-            return pp.trigger(op, tb, index, where, n != OpName.put, n == OpName.pwsf, pairs, self._port_rec)
+            return pp.puts(op, tb, index, where, n != OpName.put, n == OpName.pwsf, pairs, self._port_rec)
         raise PlanError(f"rank {self.rank} thread block {tb.id} op {index}: op {n.value!r} cannot run on a port "
                         "channel (put, pws, pwsf, signal, wait, flush)", where)
 

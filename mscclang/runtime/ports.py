@@ -235,14 +235,40 @@ class PortPacker:
 
     def flush(self, op: Op, tb: ThreadBlock, index: int, where: str, rec_factory) -> list:
         self.check(op, tb, index, where)
+        return self.flush_channels(self.channel(op, tb, index, where, n_max=32), index, rec_factory)
+
+    def flush_channels(self, ks: Sequence[int], index: int, rec_factory) -> list:
+        """DOP_PORT_FLUSH records: wait until the proxy finished every trigger posted so far on
+        each channel of ``ks``."""
         out = []
-        for k in self.channel(op, tb, index, where, n_max=32):
+        for k in ks:
             if self.pipe is None:
                 out.append(rec_factory(DOP_PORT_FLUSH, index, [self.n_mem + k], 0, self.count[k], 0))
             else:
                 rec = rec_factory(DOP_PORT_FLUSH, index, [self.n_mem + k], 0, self.count[k] + self.pipe["t"][k], 0)
                 self.pipe["recs"].append((rec, k, None))
                 out.append(rec)
+        return out
+
+    def puts(self, op: Op, tb: ThreadBlock, index: int, where: str, signal: bool, flush: bool,
+             pairs: Sequence[tuple[BufferKind, int, list]], rec_factory) -> list:
+        """Records of a (possibly fused) put / pws / pwsf: source/destination pair i goes through
+        the op's channel i (the last one for the pairs beyond), one trigger each (with a signal
+        for pws/pwsf); a pwsf then waits for the proxy on every channel it used (the simulator's
+        order)."""
+        self.check(op, tb, index, where)
+        ks = self.channel(op, tb, index, where, n_max=max(1, len(pairs)))
+        out = []
+        used: list[int] = []
+        if flush and len(pairs) == 1:   # one trigger that waits for itself (one block barrier)
+            return [self._trigger_one(ks[0], op, tb, index, signal, True, list(pairs), rec_factory)]
+        for i, pair in enumerate(pairs):
+            k = ks[min(i, len(ks) - 1)]
+            out.append(self._trigger_one(k, op, tb, index, signal, False, [pair], rec_factory))
+            if k not in used:
+                used.append(k)
+        if flush:
+            out += self.flush_channels(sorted(used), index, rec_factory)
         return out
 
     def wait_ids(self, op: Op, tb: ThreadBlock, index: int, where: str) -> list[int]:
@@ -335,7 +361,7 @@ def check_port_plan(plan: Plan, rank: int) -> None:
                                     "put, put_with_signal(_and_flush), signal, wait and flush only (no packets, no "
                                     "get)", where)
                 pk.check(o, tb, i, where)
-                pk.channel(o, tb, i, where, n_max=1 if o.name in PORT_DATA_OPS else 32)
+                pk.channel(o, tb, i, where, n_max=max(1, len(o.src_buff)) if o.name in PORT_DATA_OPS else 32)
                 if plan.use_double_scratch_buffer and o.name in PORT_DATA_OPS and any(
                         b.type == BufferKind.scratch or (b.buffer_id is not None and _remote_kind(g, tb, b.buffer_id)
                                                          == BufferKind.scratch)
