@@ -87,7 +87,9 @@ def _worker(rank: int, world: int, port: int, args: Any, q: Any) -> None:
         def check(plan: Any, n_in: int, n_out: int, sym: bool) -> tuple[Any, Any, int]:
             inputs = [make_input(r, n_in, torch.int32, 7, dev) for r in range(world)]
             if sym:
-                i, o = rt.alloc(n_in, torch.int32), rt.alloc(n_out, torch.int32)
+                o = rt.alloc(n_out, torch.int32)
+                # an in-place allgather reads its input from its own block of the output
+                i = o[rank * n_in:(rank + 1) * n_in] if plan.inplace else rt.alloc(n_in, torch.int32)
             else:
                 i, o = torch.empty(n_in, dtype=torch.int32, device=dev), torch.empty(n_out, dtype=torch.int32, device=dev)
             i.copy_(inputs[rank])
@@ -126,9 +128,10 @@ def _worker(rank: int, world: int, port: int, args: Any, q: Any) -> None:
                 us = _graph_time(lambda: ex.execute(plan, i, o), 200)
                 res.append({"what": f"pingpong {'port' if port_ else 'memory'} (3 one-way hops)", "bytes": 4,
                             "us": us, "bad": bad})
-            ag = pp.allgather_pwsf(world)
+            ag = pp.allgather_pwsf(world, inplace=True)
             for total in (16 * MiB, 256 * MiB, 1024 * MiB):
-                run_plan("copy-engine allgather (test_port_allgather_pwsf)", ag, total, "allgather", True)
+                run_plan("copy-engine allgather, in place (test_port_allgather_pwsf_inplace)", ag, total,
+                         "allgather", True)
                 nccl("allgather", total)
             for spec in args.plan:
                 name, _, path = spec.partition("=")
