@@ -240,3 +240,63 @@ def test_every_shipped_port_plan_packs_and_scripts_its_proxy():
                         sends = [(c.length) for t in ch.triggers for c in t.copies] + \
                                 [8 for t in ch.triggers if t.slot is not None]
                         assert all(n > 0 for n in sends)
+
+
+def test_proxy_issues_its_stream_operations_in_order(monkeypatch):
+    """PortProxy.before/after through a recording driver: the port area is zeroed and the fork
+    recorded on the caller's stream first; each side stream waits for the fork, then runs its
+    channel's operations in order (wait, copies, done); the joins come after the kernel."""
+    from mscclang.runtime import proxy as px
+
+    calls = []
+
+    class Flags:
+        CU_EVENT_DISABLE_TIMING = 2
+        CU_STREAM_NON_BLOCKING = 1
+        CU_STREAM_WAIT_VALUE_GEQ = 0
+        CU_STREAM_WRITE_VALUE_DEFAULT = 0
+
+    class Drv:
+        CUevent_flags = Flags
+        CUstream_flags = Flags
+        CUstreamWaitValue_flags = Flags
+        CUstreamWriteValue_flags = Flags
+        n = 0
+
+        def _new(self, what):
+            Drv.n += 1
+            calls.append((what, Drv.n))
+            return 0, Drv.n
+
+        def cuEventCreate(self, flags):
+            return self._new("event")
+
+        def cuStreamCreate(self, flags):
+            return self._new("stream")
+
+        def __getattr__(self, name):
+            def f(*a):
+                calls.append((name,) + a)
+                return (0,)
+            return f
+
+    drv = Drv()
+    monkeypatch.setattr(px.cu, "driver", lambda: drv)
+    plan = pp.allgather_pwsf(2)
+    pk = dp.pack_blocks(plan, 0, 1024, 2048)
+    pl = px.PortLaunch(pk.port, 0x1000, [0x90000], [BufferKind.output], 0x30000, [0x77000], [None])
+    p = px.PortProxy()
+    p.prepare(1)
+    calls.clear()
+    n = p.before(pl, 555, 0x10000, 0x20000, 0, 64)
+    assert n == 1
+    names = [c[0] for c in calls]
+    assert names[:3] == ["cuMemsetD32Async", "cuEventRecord", "cuStreamWaitEvent"]
+    assert calls[0][1:] == (0x1000, 0, pk.port.area_bytes // 4, 555)
+    assert names[3:] == ["cuStreamWaitValue32", "cuMemcpyDtoDAsync", "cuMemcpyDtoDAsync", "cuStreamWriteValue32"]
+    side = calls[2][1]
+    assert all(c[1] == side for c in calls[3:5] if c[0] == "cuStreamWaitValue32")
+    assert calls[4][1:4] == (0x90000 + 64, 0x10000, 1024)     # output delta applied to the peer's base
+    calls.clear()
+    p.after(555, n)
+    assert [c[0] for c in calls] == ["cuEventRecord", "cuStreamWaitEvent"] and calls[1][1] == 555
