@@ -300,3 +300,60 @@ def test_proxy_issues_its_stream_operations_in_order(monkeypatch):
     calls.clear()
     p.after(555, n)
     assert [c[0] for c in calls] == ["cuEventRecord", "cuStreamWaitEvent"] and calls[1][1] == 555
+
+
+def test_unpaired_port_channel_still_gets_counters():
+    """Rank 0 has a port channel to rank 1, rank 1 none back: both ranks still lay out an inbound
+    counter for the pair (set-up does not fail; a wait on it would time out, as verify says)."""
+    from mscclang.plan.models import ChannelDesc, ChannelType
+    from mscclang.runtime.ports import port_inbound_slots
+    from mscclang.testing import sample_plans as sp
+
+    plan = sp.allgather_simple(2)
+    plan.gpus[0].channels.append(ChannelDesc(channel_type=ChannelType.port, connected_to=[1]))
+    assert port_inbound_slots(plan, 0) == {(1, 0): 0}
+    assert port_inbound_slots(plan, 1) == {(0, 0): 0}
+    assert dp.sync_layout(plan, 0).n_port_inbound == 1
+
+
+def test_port_packing_of_mutated_plans_raises_only_plan_errors():
+    """Random damage to port plans (channel ids, remote buffer ids, chunk ranges, op names,
+    dropped channel lists, thread-block groups) meets a PlanError naming what is wrong, never
+    another exception, at load or when packing."""
+    import random
+
+    from mscclang.errors import MscclangError
+    from mscclang.plan.models import OpName, TbgInfo
+
+    rng = random.Random(7)
+    bases = [pp.allgather_pwsf(2), pp.allgather_put_flush_signal(4), pp.sendrecv_pipelined(), pp.allreduce_port_2()]
+    for i in range(300):
+        plan = rng.choice(bases).model_copy(deep=True)
+        g = plan.gpus[rng.randrange(plan.world_size)]
+        tb = rng.choice(g.threadblocks)
+        ops = [o for o in tb.ops] + [x for o in tb.ops if o.ops for x in o.ops]
+        op = rng.choice(ops)
+        kind = rng.randrange(6)
+        if kind == 0:
+            op.channel_ids = [rng.randrange(6) for _ in range(rng.randrange(4))]
+        elif kind == 1:
+            for b in op.dst_buff + op.src_buff:
+                if b.buffer_id is not None:
+                    b.buffer_id = rng.randrange(5)
+        elif kind == 2:
+            for b in op.dst_buff + op.src_buff:
+                b.index = rng.randrange(8)
+        elif kind == 3:
+            op.name = rng.choice([OpName.pws, OpName.pwsf, OpName.put, OpName.flush, OpName.signal, OpName.wait,
+                                  OpName.ppkt, OpName.get])
+        elif kind == 4:
+            tb.channels = []
+        else:
+            op.tbg_info = TbgInfo(tb_id=0, tbg_size=2)
+        try:
+            dp.check_runnable(plan)
+            for r in range(plan.world_size):
+                out_b = 4096 * plan.world_size if plan.collective == "allgather" else 4096
+                dp.pack_blocks(plan, r, 4096, out_b)
+        except MscclangError:
+            pass

@@ -58,15 +58,25 @@ def port_peers(plan: Plan, rank: int) -> list[tuple[int, int]]:
 
 
 def port_inbound_slots(plan: Plan, rank: int) -> dict[tuple[int, int], int]:
-    """Slot of each port inbound counter of ``rank``, keyed by (peer, ordinal of the peer's
-    channel to this rank). Each of a peer's port channels to this rank writes one counter."""
-    slots: dict[tuple[int, int], int] = {}
+    """Slot of each port inbound counter of ``rank``, keyed by (peer, ordinal): the peer's
+    ordinal-th port channel to this rank writes it, and this rank's ordinal-th port channel to
+    the peer waits on it. A pair gets max(channels A->B, channels B->A) slots, so an unpaired
+    channel still has a counter (its waits then time out, as the simulator's deadlock report
+    says, instead of failing the set-up)."""
+    mine: dict[int, int] = {}
+    for p in plan.gpus[rank].peers(ChannelType.port):
+        mine[p] = mine.get(p, 0) + 1
+    theirs: dict[int, int] = {}
     for g in plan.gpus:
         if g.id == rank:
             continue
         n = sum(1 for p in g.peers(ChannelType.port) if p == rank)
-        for o in range(n):
-            slots[(g.id, o)] = len(slots)
+        if n:
+            theirs[g.id] = n
+    slots: dict[tuple[int, int], int] = {}
+    for q in sorted(set(mine) | set(theirs)):
+        for o in range(max(mine.get(q, 0), theirs.get(q, 0))):
+            slots[(q, o)] = len(slots)
     return slots
 
 

@@ -145,6 +145,16 @@ class PortLaunch:
     peer_inbound: Sequence[Optional[int]]
     comms: Sequence[Any]
     incoming: Sequence[Incoming] = field(default_factory=list)
+    _last: Any = field(default=None, repr=False)
+
+    def ops(self, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int) -> list[list[StreamOp]]:
+        """The launch's stream operations (:func:`launch_ops`), kept for the last buffers: a
+        repeated eager call on the same tensors computes nothing."""
+        key = (in_ptr, out_ptr, in_delta, out_delta)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, launch_ops(self.script, self.area, self.resolve(*key), self.peer_inbound,
+                                          self.comms, self.incoming))
+        return self._last[1]
 
     def resolve(self, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int) -> Resolved:
         rem: list[Optional[int]] = []
@@ -190,8 +200,7 @@ class PortProxy:
                out_delta: int) -> int:
         """Zero the port area, fork and fill the side streams; returns how many streams to join."""
         drv = cu.driver()
-        ops = launch_ops(pl.script, pl.area, pl.resolve(in_ptr, out_ptr, in_delta, out_delta),
-                         pl.peer_inbound, pl.comms, pl.incoming)
+        ops = pl.ops(in_ptr, out_ptr, in_delta, out_delta)
         if len(self._streams) < len(ops):
             raise RuntimeUnavailable("internal: port side streams were not prepared before the launch")
         cu.check(drv.cuMemsetD32Async(pl.area, 0, pl.script.area_bytes // 4, stream), "cuMemsetD32Async")
