@@ -25,7 +25,9 @@ from mscclang.plan.layout import Layout, Piece, make_layout, pipeline_iterations
 from mscclang.plan.models import (
     SWITCH_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, Plan, ThreadBlock,
 )
-from mscclang.runtime.ports import PortPacker, PortScript, check_port_plan, is_port_op, port_inbound_slots, port_peers
+from mscclang.runtime.ports import (
+    PortPacker, PortScript, check_port_plan, is_port_op, pair_slots, port_inbound_slots,
+)
 from mscclang.runtime.topology import Topology, channel_transports
 from mscclang.runtime.structs import (
     BLOCK_ENTRY, BLOCK_HEADER, CHANNEL_DEV, CONSTANTS, DEV_OP, PLAN_HEADER, REMOTE_BUF,
@@ -144,23 +146,9 @@ def memory_channel_ordinals(plan: Plan, rank: int) -> list[tuple[int, int]]:
 
 
 def inbound_slots(plan: Plan, rank: int) -> dict[tuple[int, int], int]:
-    """Slot of each inbound counter of ``rank``, keyed by (peer, ordinal). A pair gets
-    max(channels A->B, channels B->A) slots, so unpaired channels still have a counter."""
-    mine: dict[int, int] = {}
-    for p in plan.gpus[rank].peers(ChannelType.memory):
-        mine[p] = mine.get(p, 0) + 1
-    theirs: dict[int, int] = {}
-    for g in plan.gpus:
-        if g.id == rank:
-            continue
-        n = sum(1 for p in g.peers(ChannelType.memory) if p == rank)
-        if n:
-            theirs[g.id] = n
-    slots: dict[tuple[int, int], int] = {}
-    for q in sorted(set(mine) | set(theirs)):
-        for o in range(max(mine.get(q, 0), theirs.get(q, 0))):
-            slots[(q, o)] = len(slots)
-    return slots
+    """Slot of each memory-channel inbound counter of ``rank``, keyed by (peer, ordinal)
+    (:func:`mscclang.runtime.ports.pair_slots`)."""
+    return pair_slots(plan, rank, ChannelType.memory)
 
 
 @dataclass(frozen=True)

@@ -57,20 +57,20 @@ def port_peers(plan: Plan, rank: int) -> list[tuple[int, int]]:
     return out
 
 
-def port_inbound_slots(plan: Plan, rank: int) -> dict[tuple[int, int], int]:
-    """Slot of each port inbound counter of ``rank``, keyed by (peer, ordinal): the peer's
-    ordinal-th port channel to this rank writes it, and this rank's ordinal-th port channel to
-    the peer waits on it. A pair gets max(channels A->B, channels B->A) slots, so an unpaired
-    channel still has a counter (its waits then time out, as the simulator's deadlock report
-    says, instead of failing the set-up)."""
+def pair_slots(plan: Plan, rank: int, kind: ChannelType) -> dict[tuple[int, int], int]:
+    """Slot of each inbound counter of ``rank`` for channels of ``kind``, keyed by (peer,
+    ordinal): the peer's ordinal-th channel to this rank signals it, and this rank's ordinal-th
+    channel to the peer waits on it. A pair gets max(channels A->B, channels B->A) slots, so an
+    unpaired channel still has a counter (a wait on it times out, as the simulator's deadlock
+    report says, instead of failing the set-up)."""
     mine: dict[int, int] = {}
-    for p in plan.gpus[rank].peers(ChannelType.port):
+    for p in plan.gpus[rank].peers(kind):
         mine[p] = mine.get(p, 0) + 1
     theirs: dict[int, int] = {}
     for g in plan.gpus:
         if g.id == rank:
             continue
-        n = sum(1 for p in g.peers(ChannelType.port) if p == rank)
+        n = sum(1 for p in g.peers(kind) if p == rank)
         if n:
             theirs[g.id] = n
     slots: dict[tuple[int, int], int] = {}
@@ -78,6 +78,11 @@ def port_inbound_slots(plan: Plan, rank: int) -> dict[tuple[int, int], int]:
         for o in range(max(mine.get(q, 0), theirs.get(q, 0))):
             slots[(q, o)] = len(slots)
     return slots
+
+
+def port_inbound_slots(plan: Plan, rank: int) -> dict[tuple[int, int], int]:
+    """:func:`pair_slots` of the port channels (the counters the peers' proxies write)."""
+    return pair_slots(plan, rank, ChannelType.port)
 
 
 @dataclass(frozen=True)
