@@ -96,3 +96,23 @@ def test_memory_channel_plan_refused_between_nodes(two_nodes):
     j = plan_to_json(pp.allgather_pwsf(2))
     res = two_nodes.run(f"{P}:runnable_reason", j)
     assert all("different nodes" in r for r in res), res
+
+
+LIBRARY = ["allgather_port.r{n}.i1", "allgather_port.r{n}.i1.inplace", "alltoall_port.r{n}.i1",
+           "allreduce_port_pipelined.r{n}.i1.steps4", "allreduce_port_pipelined.r{n}.i1.steps8.inplace"]
+
+
+@pytest.mark.parametrize("stem", LIBRARY)
+def test_library_port_algorithms(pool, stem):
+    """The shipped copy-engine algorithms, eager (int32, exact; bf16 within the sum's bound)
+    and in CUDA graphs, on symmetric buffers."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "plans" / (stem.format(n=pool.world_size) + ".json")
+    if not path.is_file():
+        pytest.skip(f"no {path.name} for {pool.world_size} ranks")
+    j = path.read_text()
+    for nbytes in (1 << 20, (16 << 20) + 4096):
+        for dt in ("int32", "bfloat16"):
+            _ok(pool.run(f"{C}:run_plan_check", j, nbytes, dt, None, "sum", 0, False, True))
+    _ok(pool.run(f"{P}:graph_replays", j, 4 << 20, "int32", 4))
