@@ -11,7 +11,9 @@ from typing import Any
 
 from mscclang.errors import CollectiveTimeout
 from mscclang.plan.io import load_plan
-from mscclang.testing.runtime_checks import _compare_with_sim, call_tensors, expectation, make_input
+from mscclang.testing.runtime_checks import (
+    _compare_with_sim, call_tensors, expectation, inplace_input, make_input,
+)
 
 
 def _tensors(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int, symmetric: bool) -> tuple:
@@ -46,6 +48,8 @@ def graph_replays(w: Any, plan_json: str, nbytes: int, dtype: str = "int32", rep
     import torch
 
     plan, dt, dev, n_in, n_out, inputs, inp, out = _tensors(w, plan_json, nbytes, dtype, 0, symmetric)
+    if plan.inplace:   # the input is the plan's own block of the output
+        inp = inplace_input(plan, out, inp, w.rank)
     ex = w.executor
     ex.execute(plan, inp, out)
     ex.synchronize()
@@ -67,8 +71,8 @@ def graph_replays(w: Any, plan_json: str, nbytes: int, dtype: str = "int32", rep
     sim_bad = 0
     for k in range(replays):
         fresh = [make_input(q, n_in, dt, 100 + k, dev) for q in range(w.world_size)]
-        inp.copy_(fresh[w.rank])
         out.zero_()
+        inp.copy_(fresh[w.rank])   # after the zeroing: an in-place input lies inside the output
         torch.cuda.synchronize()
         g.replay()
         ex.synchronize()
