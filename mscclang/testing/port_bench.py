@@ -25,6 +25,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+from mscclang.bench.worker import capture_graph
+
 MiB = 1 << 20
 
 
@@ -39,16 +41,8 @@ def _graph_time(fn: Callable[[], None], calls: int, reps: int = 5) -> float:
     import torch
     import torch.distributed as dist
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for _ in range(calls):
-            fn()
+    fn()   # first-time set-up outside the capture
+    g, _ = capture_graph(lambda: [fn() for _ in range(calls)])
     times = []
     for _ in range(reps):
         torch.cuda.synchronize()
@@ -179,15 +173,9 @@ def _worker(rank: int, world: int, port: int, args: Any, q: Any) -> None:
             except Exception as e:  # noqa: BLE001
                 res.append({"what": "library communicator", "error": f"{type(e).__name__}: {e}"})
             for name, fn in impls.items():
+                fn()
+                g, _ = capture_graph(lambda: [fn() for _ in range(10)])
                 s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    fn()
-                torch.cuda.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, stream=s):
-                    for _ in range(10):
-                        fn()
                 torch.cuda.synchronize()
                 dist.barrier()
                 with torch.cuda.stream(s):

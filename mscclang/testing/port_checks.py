@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from mscclang.bench.worker import capture_graph
 from mscclang.errors import CollectiveTimeout
 from mscclang.plan.io import load_plan
 from mscclang.testing.runtime_checks import (
@@ -61,13 +62,7 @@ def graph_replays(w: Any, plan_json: str, nbytes: int, dtype: str = "int32", rep
         return expectation(plan, ins, "sum", w.rank).count_bad(out)
 
     bad = wrong(inputs)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            ex.execute(plan, inp, out)
-    torch.cuda.current_stream().wait_stream(s)
+    g, _ = capture_graph(lambda: ex.execute(plan, inp, out))
     sim_bad = 0
     for k in range(replays):
         fresh = [make_input(q, n_in, dt, 100 + k, dev) for q in range(w.world_size)]
@@ -112,21 +107,12 @@ def peer_never_calls(w: Any, plan_json: str, nbytes: int = 4096, symmetric: bool
 def round_trip(w: Any, plan_json: str, iters: int = 200, reps: int = 5) -> dict:
     """Median microseconds of one launch of a ping-pong plan, ``iters`` launches captured in one
     CUDA graph (inputs of 1 element), after a checked eager call."""
-    import torch
-
     plan, dt, dev, n_in, n_out, inputs, inp, out = _tensors(w, plan_json, 4, "int32", 0, True)
     ex = w.executor
     ex.execute(plan, inp, out)
     ex.synchronize()
     bad = expectation(plan, inputs, "sum", w.rank).count_bad(out)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            for _ in range(iters):
-                ex.execute(plan, inp, out)
-    torch.cuda.current_stream().wait_stream(s)
+    g, _ = capture_graph(lambda: [ex.execute(plan, inp, out) for _ in range(iters)])
     us = _median_ms(w, g.replay, reps, "round trip") * 1000.0 / iters
     ex.synchronize()
     return {"rank": w.rank, "bad": bad, "us": us}
@@ -189,13 +175,7 @@ def ce_allgather_time(w: Any, total: int = 256 << 20, inplace: bool = False) -> 
     ex.synchronize()
 
     eager = _median_ms(w, lambda: ex.execute(plan, i, o), 3, "ce ag")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            ex.execute(plan, i, o)
-    torch.cuda.current_stream().wait_stream(s)
+    g, _ = capture_graph(lambda: ex.execute(plan, i, o))
     graph = _median_ms(w, g.replay, 3, "ce ag")
     return {"rank": w.rank, "eager_ms": eager, "graph_ms": graph, "bytes": total, "inplace": inplace}
 
