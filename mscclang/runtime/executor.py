@@ -1346,31 +1346,11 @@ class Executor:
 
         return torch.cuda.current_stream().cuda_stream
 
-    def _launch(self, ent: tuple, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int) -> None:
-        port = ent[9]
-        if port is not None:
-            self._launch_port(ent, port, in_ptr, out_ptr, in_delta, out_delta, s)
+    def _launch(self, ent: tuple, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int,
+                proxied: bool = False) -> None:
+        if ent[9] is not None and not proxied:   # port plan: the proxy's operations around the kernel
+            self._launch_port(ent, ent[9], in_ptr, out_ptr, in_delta, out_delta, s)
             return
-        self._launch_kernel(ent, in_ptr, out_ptr, in_delta, out_delta, s)
-
-    def _launch_port(self, ent: tuple, port: PortLaunch, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int,
-                     s: int) -> None:
-        """A launch of a port plan: the proxy's stream operations around the kernel."""
-        if s != self._last_stream:
-            self._order_streams(s)
-        n = self._proxy.before(port, s, in_ptr, out_ptr, in_delta, out_delta)
-        self._launch_kernel(ent, in_ptr, out_ptr, in_delta, out_delta, s)
-        self._proxy.after(s, n)
-
-    def _order_streams(self, s: int) -> None:
-        if self._last_stream is not None and not self._stream_capturing(s):
-            # launches sharing a scratch are ordered on the GPU, whatever stream the caller uses
-            drv = cu.driver()
-            cu.check(drv.cuEventRecord(self._event, self._last_stream), "cuEventRecord")
-            cu.check(drv.cuStreamWaitEvent(s, self._event, 0), "cuStreamWaitEvent")
-        self._last_stream = s
-
-    def _launch_kernel(self, ent: tuple, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int) -> None:
         f, blob, nb, nt, smem, fh, spec = ent[:7]
         if s != self._last_stream:
             self._order_streams(s)
@@ -1421,6 +1401,23 @@ class Executor:
                 cu.check(drv.cuLaunchKernel(f, nb, 1, 1, nt, 1, 1, smem, s, self._param_addr, 0), "cuLaunchKernel")
         else:
             cu.check(drv.cuLaunchKernel(f, nb, 1, 1, nt, 1, 1, smem, s, self._param_addr, 0), "cuLaunchKernel")
+
+    def _launch_port(self, ent: tuple, port: PortLaunch, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int,
+                     s: int) -> None:
+        """A launch of a port plan: the proxy's stream operations around the kernel."""
+        if s != self._last_stream:
+            self._order_streams(s)
+        n = self._proxy.before(port, s, in_ptr, out_ptr, in_delta, out_delta)
+        self._launch(ent, in_ptr, out_ptr, in_delta, out_delta, s, True)
+        self._proxy.after(s, n)
+
+    def _order_streams(self, s: int) -> None:
+        if self._last_stream is not None and not self._stream_capturing(s):
+            # launches sharing a scratch are ordered on the GPU, whatever stream the caller uses
+            drv = cu.driver()
+            cu.check(drv.cuEventRecord(self._event, self._last_stream), "cuEventRecord")
+            cu.check(drv.cuStreamWaitEvent(s, self._event, 0), "cuStreamWaitEvent")
+        self._last_stream = s
 
     # ------------------------------------------------------------------------------------------
     def reset(self) -> None:
