@@ -26,6 +26,10 @@ def main(argv: Any = None) -> int:
     ap.add_argument("--soak-s", type=float, default=150.0, help="time limit of the soak")
     ap.add_argument("--calls", type=int, default=100000)
     ap.add_argument("--replays", type=int, default=10000)
+    ap.add_argument("--reserve-s", type=float, default=120.0,
+                    help="seconds of the soak kept for the CUDA-graph captures and replays")
+    ap.add_argument("--size-pool", type=int, default=0,
+                    help="random sizes per (collective, element size) to draw from (0: a new size every call)")
     ap.add_argument("--faults", action="store_true", help="also run the fault experiments")
     ap.add_argument("--fault-timeout", type=float, default=5.0)
     a = ap.parse_args(argv)
@@ -35,7 +39,8 @@ def main(argv: Any = None) -> int:
 
     with WorkerPool(timeout_s=10.0) as pool:
         soak = pool.run("mscclang.testing.trust_checks:soak", calls=a.calls, graph_replays=a.replays,
-                        time_limit_s=a.soak_s)
+                        time_limit_s=a.soak_s, size_pool=a.size_pool,
+                        reserve_s=a.reserve_s)
     res["soak"] = soak
     path = os.path.join(a.out, "reliability.json")
 
@@ -46,7 +51,8 @@ def main(argv: Any = None) -> int:
     save()
     for r in soak:
         print(f"soak rank {r['rank']}: {r['eager']} eager, {r['graph']} graph replays, "
-              f"{len(r['failures'])} mismatches, {r['elapsed_s']:.0f} s", flush=True)
+              f"{len(r['failures'])} mismatches, {r['elapsed_s']:.0f} s, "
+              f"{r.get('distinct_sizes')} distinct (collective, bytes)", flush=True)
     if a.faults:
         from mscclang.testing.faults import run
 

@@ -431,11 +431,15 @@ def _log_uniform_numel(rng: random.Random, esz: int, n: int, max_bytes: int) -> 
 
 
 def soak(w: Any, calls: int = 100000, graph_replays: int = 10000, graphs: int = 40, max_bytes: int = 64 << 20,
-         seed: int = 2026, time_limit_s: float = 240.0) -> dict:
+         seed: int = 2026, time_limit_s: float = 240.0, size_pool: int = 0, reserve_s: float = 120.0) -> dict:
     """Random collectives, sizes (1 element .. ``max_bytes``, log-uniform, odd counts), dtypes and
     reduce ops: ``calls`` eager calls, then ``graphs`` captured calls replayed ``graph_replays``
     times in all, every result compared bit for bit (2 ranks) with the reference. Stops at
-    ``time_limit_s`` and reports how many it did."""
+    ``time_limit_s`` (the eager calls ``reserve_s`` before it, leaving that for the captures and
+    replays; every 100 calls the ranks agree to go on) and reports how many it did. ``size_pool`` > 0: each (collective, element
+    size) draws its counts from that many random counts fixed at its first draw (an
+    application's finite set of shapes: the calls then measure steady state, not only the
+    first-time set-up of a new size every call); 0: a fresh count every call."""
 
     comm = _fresh_comm(w, f"soak{seed}", fallback=True)
     rng = random.Random(seed)   # the same on every rank: the ranks make the same calls
@@ -444,6 +448,8 @@ def soak(w: Any, calls: int = 100000, graph_replays: int = 10000, graphs: int = 
     done_eager = done_graph = 0
     t0 = time.monotonic()
     pool: dict[tuple, _Case] = {}
+    size_counts: dict[tuple, list[int]] = {}
+    shapes: set = set()   # distinct (collective, bytes) drawn
     arenas = [Arena(comm, 2 * max_bytes + 4096) for _ in range(2)]
 
     def draw() -> _Case:
@@ -451,7 +457,15 @@ def soak(w: Any, calls: int = 100000, graph_replays: int = 10000, graphs: int = 
         dname = rng.choice(("float16", "bfloat16", "float32", "int32"))
         op = rng.choice(("sum", "min", "max")) if coll in ("all_reduce", "reduce_scatter") else "sum"
         blocks = n if coll in ("all_gather", "reduce_scatter", "all_to_all") else 1
-        numel = _log_uniform_numel(rng, _ESIZE[dname], n, max_bytes // blocks) * blocks
+        if size_pool > 0:
+            counts = size_counts.get((coll, _ESIZE[dname]))
+            if counts is None:
+                counts = size_counts[(coll, _ESIZE[dname])] = [
+                    _log_uniform_numel(rng, _ESIZE[dname], n, max_bytes // blocks) for _ in range(size_pool)]
+            numel = counts[rng.randrange(size_pool)] * blocks
+        else:
+            numel = _log_uniform_numel(rng, _ESIZE[dname], n, max_bytes // blocks) * blocks
+        shapes.add((coll, numel * _ESIZE[dname]))
         sym = rng.random() < 0.25
         ip = rng.random() < 0.5 or coll == "broadcast"
         key = (coll, dname, numel, sym, ip)
@@ -464,41 +478,52 @@ def soak(w: Any, calls: int = 100000, graph_replays: int = 10000, graphs: int = 
         c.op = op
         return c
 
+    store = w.comm.store
+    votes = [0]
+
+    def all_go(stop: bool) -> bool:
+        """Whether every rank goes on: the ranks make the same calls, so when one stops (its
+        time is up, too many failures) all must stop at the same call, or the rank still
+        calling waits for a peer that has moved on (a hang of the harness, not the library)."""
+        k = votes[0]
+        votes[0] += 1
+        store.set(f"soak{seed}/vote{k}/{r}", "0" if stop else "1")
+        return all(store.get(f"soak{seed}/vote{k}/{q}") == b"1" for q in range(n))
+
+    eager_until = max(time_limit_s * 0.5, time_limit_s - reserve_s)
     try:
         for i in range(calls):
-            if time.monotonic() - t0 > time_limit_s * 0.7:
+            if i % 100 == 0 and not all_go(time.monotonic() - t0 > eager_until or len(failures) > 20):
                 break
             c = draw()
             bad = c.check(seed + i)
             done_eager += 1
             if bad:
                 failures.append(f"rank {r}: eager call {i}: {c.label()}: {bad}")
-                if len(failures) > 20:
-                    break
         captured = []
         for k in range(graphs):
+            if not all_go(bool(captured) and time.monotonic() - t0 > time_limit_s - reserve_s * 0.4):
+                break
             c = draw()
             c.prepare()
             g, _ = capture_graph(c.call)
             captured.append((g, c))
             pool.pop((c.coll, c.dname, c.numel, c.sym, c.inplace), None)  # its tensors are the graph's
         for j in range(graph_replays):
-            if time.monotonic() - t0 > time_limit_s:
+            if j % 100 == 0 and not all_go(time.monotonic() - t0 > time_limit_s or len(failures) > 40):
                 break
             g, c = captured[rng.randrange(len(captured))]
             bad = c.check(seed * 3 + j, g.replay)
             done_graph += 1
             if bad:
                 failures.append(f"rank {r}: graph replay {j}: {c.label()}: {bad}")
-                if len(failures) > 40:
-                    break
         del captured
     except Exception as e:  # noqa: BLE001
         failures.append(f"rank {r}: {_err(e)}")
     finally:
         _safe_close(comm)
     return {"rank": r, "eager": done_eager, "graph": done_graph, "failures": failures,
-            "elapsed_s": time.monotonic() - t0}
+            "elapsed_s": time.monotonic() - t0, "distinct_sizes": len(shapes), "size_pool": size_pool}
 
 
 def layout_refusals(w: Any) -> dict:
