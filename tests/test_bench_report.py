@@ -269,3 +269,28 @@ def test_worker_forces_and_restores_the_tuning():
     n = len(w.comm.used)
     w._force_algo("all_reduce", None)   # nothing forced: nothing to restore
     assert len(w.comm.used) == n
+
+
+def test_algos_column_runs_only_for_its_collective():
+    """Regression (2x H200 bench, session 5): ``--algos allgather_port,allreduce_port_pipelined``
+    filled the all_reduce table's allgather_port column with a time: the forced tuning named no
+    allreduce plan, so the library's fallback ran and was reported as the algorithm. A forced
+    column now exists only for the collective its algorithm serves, and the cell names the plan
+    that ran."""
+    from mscclang.bench.worker import BenchWorker
+    from mscclang.comm.catalog import Catalog
+
+    class FakeComm:
+        catalog = Catalog.from_dir(None)
+
+    w = object.__new__(BenchWorker)
+    w.comm = FakeComm()
+    w.world = 2
+    emitted = []
+    w.emit = emitted.append
+    assert w._algo_serves("allgather_port", "all_gather")
+    assert not w._algo_serves("allgather_port", "all_reduce")
+    assert w._algo_serves("allreduce_port_pipelined", "all_reduce")
+    assert not w._algo_serves("allreduce_port_pipelined", "all_to_all")
+    w.run_cell("all_reduce", "mscclang:allgather_port", 1 << 20)   # returns before any set-up
+    assert emitted == []

@@ -313,6 +313,15 @@ class BenchWorker:
             return cell
         raise RuntimeError(f"no {impl} implementation of {coll}")
 
+    def _algo_serves(self, algo: str, coll: str) -> bool:
+        """Whether the library has a plan of ``algo`` (an algorithm or plan variant name) for
+        ``coll`` at this world size; without a communicator, let the cell report why."""
+        if self.comm is None:
+            return True
+        from mscclang.comm.names import plan_collective
+
+        return bool(self.comm.catalog.find_all(algo, plan_collective(coll), self.world))
+
     def _force_algo(self, coll: str, algo: Optional[str]) -> None:
         """Make the communicator run ``algo`` for ``coll`` (an ``mscclang:NAME`` column), or
         restore the tuning of the plain ``mscclang`` column. Every rank does the same."""
@@ -398,7 +407,7 @@ class BenchWorker:
                 prepare()
             cell = self.make_cell(coll, impl, nbytes)
             ok, err = self.check(coll, cell)
-            if impl == "mscclang" and self.comm is not None and self.comm.last is not None:
+            if impl.startswith("mscclang") and self.comm is not None and self.comm.last is not None:
                 cell.plan = self.comm.last.label()
         except Exception as e:  # noqa: BLE001 - recorded
             ok, err = False, error_text(e)
@@ -468,6 +477,9 @@ class BenchWorker:
     def run_cell(self, coll: str, impl: str, nbytes: int) -> None:
         import torch
 
+        algo = impl.partition(":")[2]
+        if algo and not self._algo_serves(algo, coll):
+            return   # an --algos column of another collective: no cell (the table omits it)
         modes = self.cfg.modes
         base = dict(coll=coll, impl=impl, bytes=nbytes, dtype=self.cfg.dtype)
 

@@ -1,0 +1,16 @@
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. .whl/prelude.sh || exit 1
+export NCCL_NVLS_ENABLE=0 MSCCLANG_CUBIN_DIR="$PWD/.cubins" MSCCLANG_TEST_TIMEOUT_S=10 PYTHONUNBUFFERED=1
+unset MSCCLANG_ENABLE_NVLS
+t0=$(date +%s)
+timeout -k 5 165 python3 -m pytest -m gpu tests/gpu/test_ports_gpu.py tests/gpu/test_registration_gpu.py -o addopts="" -v -rfE > "$OUT/gpu_ports.log" 2>&1
+echo "pytest rc=$? in $(( $(date +%s) - t0 )) s" >> "$OUT/gpu_ports.log"
+grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|rc=" "$OUT/gpu_ports.log" | cut -c1-160 | tail -40
+t0=$(date +%s)
+timeout -k 5 150 python3 -m mscclang bench --collectives all_gather,all_to_all,all_reduce --sizes 256M,1G --modes graph \
+  --algos allgather_port,alltoall_port,allreduce_port_pipelined --time-limit 80 --out "$OUT/bench_ports" > "$OUT/bench_ports.log" 2>&1
+echo "bench rc=$? in $(( $(date +%s) - t0 )) s"; grep -E "^\| (size|256M|1G) " "$OUT/bench_ports/bench.md"
+timeout -k 5 110 python3 -m mscclang.testing.port_bench --out "$OUT" > "$OUT/port_bench.log" 2>&1; echo "port_bench rc=$?"; tail -14 "$OUT/port_bench.log" | cut -c1-200
+timeout -k 5 80 python3 -m mscclang bench --gpus-per-node 1 --collectives all_reduce,all_gather --sizes 64M,256M --impls mscclang,nccl --modes graph \
+  --algos allreduce_hierarchical,allgather_hierarchical --time-limit 30 --out "$OUT/bench_two_nodes" > "$OUT/bench_two_nodes.log" 2>&1
+echo "two-node bench rc=$?"; grep -E "^\| (size|[0-9]+M) " "$OUT/bench_two_nodes/bench.md"
