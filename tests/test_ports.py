@@ -357,3 +357,73 @@ def test_port_packing_of_mutated_plans_raises_only_plan_errors():
                 dp.pack_blocks(plan, r, 4096, out_b)
         except MscclangError:
             pass
+
+
+def test_engine_reconnect_after_abort_is_agreed_by_every_rank(monkeypatch):
+    """Regression (2x H200, two one-GPU nodes, session 5): only rank 0 called; it gave up and
+    aborted its engine communicators; at reset it reconnected alone while rank 1, which never
+    aborted, went on to the next barrier: both waited for ever. Now every rank learns that one
+    lost its communicators, aborts its own end and reconnects."""
+    import threading
+
+    from mscclang.runtime import engine as eng
+
+    class FakeNB:
+        def __init__(self, rank):
+            self.rank, self.inits, self.aborted, self.n = rank, [], [], 0
+
+        def get_unique_id(self):
+            self.n += 1
+            return f"id-{self.rank}-{self.n}".encode().ljust(128, b"\0")
+
+        def comm_init_rank_scalable(self, nranks, me, n_ids, ids, cfg):
+            self.inits.append((me, bytes(ids)))
+            return f"comm{self.rank}.{len(self.inits)}"
+
+        def comm_abort(self, c):
+            self.aborted.append(c)
+
+        def group_start(self):
+            pass
+
+        def group_end(self):
+            pass
+
+    monkeypatch.setattr(eng.Engine, "_warm_up", lambda self, keys: None)
+    keys = [(3, 0, 1, 0), (3, 1, 0, 0)]
+    engines = {r: eng.Engine(r) for r in range(2)}
+    for r in range(2):
+        engines[r]._nb = FakeNB(r)
+    boards: dict = {}
+    barrier = threading.Barrier(2)
+
+    def exchange(r):
+        def f(data, tag):
+            boards.setdefault(tag, {})[r] = data
+            barrier.wait()
+            got = [boards[tag][q] for q in range(2)]
+            barrier.wait()
+            return got
+        return f
+
+    def run_all(fn):
+        out = {}
+        ts = [threading.Thread(target=lambda r=r: out.__setitem__(r, fn(r))) for r in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(10)
+        assert not any(t.is_alive() for t in ts), "a rank hung"
+        return out
+
+    run_all(lambda r: engines[r].connect(keys, exchange(r)))
+    first = {r: dict(engines[r].comms) for r in range(2)}
+    assert not any(run_all(lambda r: engines[r].resync(keys, exchange(r))).values())   # nothing lost
+    engines[0].close(abort=True)          # rank 0 gave up on its peer
+    assert run_all(lambda r: engines[r].resync(keys, exchange(r))) == {0: True, 1: True}
+    assert sorted(engines[1]._nb.aborted) == sorted(first[1].values())   # the peer dropped its end
+    for r in range(2):
+        assert set(engines[r].comms) == set(keys)
+        assert all(engines[r].comms[k] != first[r][k] for k in keys)     # new communicators
+    # both ends of each new pair were made from the same unique id
+    assert {i for _, i in engines[0]._nb.inits[-2:]} == {i for _, i in engines[1]._nb.inits[-2:]}

@@ -95,6 +95,29 @@ class Engine:
             nb.group_end()
         self._warm_up(mine)
 
+    def resync(self, keys: Sequence[Key], exchange: Callable[[bytes, str], list[bytes]]) -> bool:
+        """Collective, after a CollectiveTimeout (``Executor.reset``): when any rank lost
+        communicators of ``keys`` (it aborted them: a peer was dead or late), every rank aborts
+        its own communicators of ``keys`` and all connect anew. Whether to reconnect must be
+        agreed: a rank that never aborted (say the peer that did not call) still holds its end of
+        the broken pair, and a reconnect on one side only would wait for the other forever.
+        Returns whether it reconnected. Every rank passes the same keys."""
+        keys = sorted(set(keys))
+        lost = any(k not in self.comms for k in keys if self.rank in (k[1], k[2]))
+        flags = exchange(b"\x01" if lost else b"\x00", f"engine reconnect after abort {keys}")
+        if not any(f == b"\x01" for f in flags):
+            return False
+        stale = [self.comms.pop(k) for k in keys if k in self.comms]
+        if stale:
+            nb = self._b()
+            for c in stale:
+                try:
+                    nb.comm_abort(c)
+                except Exception:  # noqa: BLE001 - an already broken communicator is dropped all the same
+                    pass
+        self.connect(keys, exchange)
+        return True
+
     def _warm_up(self, keys: Sequence[Key]) -> None:
         """Connect every new channel now, all in one NCCL group: NCCL connects point-to-point
         peers lazily, in a blocking handshake inside the first send or receive, so two ranks whose

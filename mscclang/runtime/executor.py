@@ -1065,7 +1065,10 @@ class Executor:
                 if gave_up or time.monotonic() - t0 > limit:
                     self._engine.close(abort=True)   # ends engine calls waiting for a dead peer
                     self._aborted = True
-                    drv.cuCtxSynchronize()
+                    if not self._drained(streams, 10.0 + self.timeout_ns / 1e9):
+                        raise CollectiveTimeout(f"rank {self.comm.rank}: GPU work still runs after the engine's "
+                                                "communicators were aborted (a transfer to or from a dead peer did "
+                                                "not end); this process cannot recover: restart it")
                     if not gave_up:
                         raise CollectiveTimeout(f"rank {self.comm.rank}: the engine's transfers (NCCL point-to-point "
                                                 f"of port channels between nodes) did not finish in {limit:.0f} s; "
@@ -1073,6 +1076,27 @@ class Executor:
                     break
                 time.sleep(0.0005)
         self.check()
+
+    def _drained(self, streams: list, limit_s: float) -> bool:
+        """Whether the work enqueued so far on ``streams`` (proxy side streams and engine
+        streams join them) finishes within ``limit_s``: a bounded cuCtxSynchronize."""
+        import time
+
+        drv = cu.driver()
+        ev = self._sync_event
+        t0 = time.monotonic()
+        for s in streams:
+            cu.check(drv.cuEventRecord(ev, s), "cuEventRecord")
+            while True:
+                err, = drv.cuEventQuery(ev)
+                if int(err) == 0:
+                    break
+                if int(err) != int(drv.CUresult.CUDA_ERROR_NOT_READY):
+                    cu.check(err, "cuEventQuery")
+                if time.monotonic() - t0 > limit_s:
+                    return False
+                time.sleep(0.0005)
+        return True
 
     def execute(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
                 reduce_op: Any = None, stream: Any = None) -> None:
@@ -1433,12 +1457,14 @@ class Executor:
                 self._init_sync(lp.plan, ctx.sync, ctx.sync_base)
                 cu.memset_d8(ctx.scratch_base, 0, ctx.scratch_bytes, 0)
         cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
-        for lp in self._loaded.values():
-            if lp.engine_keys and lp.serial >= 0 and any((lp.serial, *k) not in self._engine.comms
-                                                         for k in lp.engine_keys):
-                # aborted communicators: new ones (collective), and entries rebuilt on them
-                self._engine.connect([(lp.serial, *k) for k in lp.engine_keys], self.comm.allgather_bytes)
-                lp.fast.clear()
+        engine_plans = [lp for lp in self._loaded.values() if lp.engine_keys and lp.serial >= 0]
+        if engine_plans:
+            # a rank that aborted its communicators (it gave up on a dead or late peer) makes every
+            # rank reconnect, the peer that never aborted included; entries are rebuilt on them
+            keys = [(lp.serial, *k) for lp in engine_plans for k in lp.engine_keys]
+            if self._engine.resync(keys, self.comm.allgather_bytes):
+                for lp in engine_plans:
+                    lp.fast.clear()
         self._engine.aborted = False
         ctypes.memset(self._err_host, 0, 256)
         self._aborted = False

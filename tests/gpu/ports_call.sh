@@ -1,9 +1,13 @@
+#!/usr/bin/env bash
+# The port-channel GPU tests (each test bounded by pytest-timeout, present on the GPU machine), the
+# copy-engine bench columns, the port measurements and the two-"node" bench. Usage (repository
+# root, GPU machine, carrying .whl and .cubins): bash tests/gpu/ports_call.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 . .whl/prelude.sh || exit 1
 export NCCL_NVLS_ENABLE=0 MSCCLANG_CUBIN_DIR="$PWD/.cubins" MSCCLANG_TEST_TIMEOUT_S=10 PYTHONUNBUFFERED=1
 unset MSCCLANG_ENABLE_NVLS
 t0=$(date +%s)
-timeout -k 5 165 python3 -m pytest -m gpu tests/gpu/test_ports_gpu.py tests/gpu/test_registration_gpu.py -o addopts="" -v -rfE > "$OUT/gpu_ports.log" 2>&1
+timeout -k 5 165 python3 -m pytest -m gpu tests/gpu/test_ports_gpu.py tests/gpu/test_registration_gpu.py -o addopts="" -v -rfE --tb=short --timeout 100 > "$OUT/gpu_ports.log" 2>&1
 echo "pytest rc=$? in $(( $(date +%s) - t0 )) s" >> "$OUT/gpu_ports.log"
 grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|rc=" "$OUT/gpu_ports.log" | cut -c1-160 | tail -40
 t0=$(date +%s)
