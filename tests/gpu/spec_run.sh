@@ -13,12 +13,16 @@ unset MSCCLANG_ENABLE_NVLS
 t0=$(date +%s)
 timeout -k 10 ${PYTEST_S:-330} python3 -m pytest -m gpu tests/gpu/test_executor_gpu.py tests/gpu/test_comm_gpu.py \
   tests/gpu/test_trust_gpu.py tests/gpu/test_ports_gpu.py tests/gpu/test_registration_gpu.py \
-  -o addopts="" -q -rfE --durations=15 > "$OUT/gpu_tests.log" 2>&1
+  -o addopts="" -v -rfE --tb=short --timeout 120 > "$OUT/gpu_tests.log" 2>&1
 echo "pytest rc=$? in $(( $(date +%s) - t0 )) s" >> "$OUT/gpu_tests.log"
 tail -40 "$OUT/gpu_tests.log"
-for tree in new ref; do
+# LIT=1 adds a third run: this tree with MSCCLANG_SPEC_LITERAL=1 (the skeleton with its values as
+# literals, one build per size), which separates the cost of reading sizes from the parameters
+# from the skeleton's structural changes
+for tree in new ref ${LIT:+lit}; do
   t0=$(date +%s)
   if [ $tree = ref ]; then D="$REF"; else D=.; fi
+  if [ $tree = lit ]; then export MSCCLANG_SPEC_LITERAL=1; else unset MSCCLANG_SPEC_LITERAL; fi
   (cd "$D" && timeout -k 10 ${BENCH_S:-120} python3 -m mscclang bench --collectives all_reduce --sizes 1K:64M \
     --modes graph --impls mscclang,nccl --time-limit $(( ${BENCH_S:-120} - 70 )) --out "$OUT/bench_$tree" \
     > "$OUT/bench_$tree.log" 2>&1)
