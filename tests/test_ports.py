@@ -126,28 +126,34 @@ def test_memory_channels_between_nodes_are_refused_port_channels_carried():
     assert dp.mapped_peers(pp.allgather_port_only(2), 0, Topology(2, 1)) == []
 
 
+class FakeNB:
+    """nccl4py's calls the engine makes at connect and abort, recorded (no GPU)."""
+
+    def __init__(self, rank):
+        self.rank, self.inits, self.aborted, self.n = rank, [], [], 0
+
+    def get_unique_id(self):
+        self.n += 1
+        return f"id-{self.rank}-{self.n}".encode().ljust(128, b"\0")
+
+    def comm_init_rank_scalable(self, nranks, me, n_ids, ids, cfg):
+        self.inits.append((me, bytes(ids)))
+        return f"comm{self.rank}.{len(self.inits)}"
+
+    def comm_abort(self, c):
+        self.aborted.append(c)
+
+    def group_start(self):
+        pass
+
+    def group_end(self):
+        pass
+
+
 def test_engine_connect_pairs_ranks_and_ids(monkeypatch):
     """Each channel's communicator: the sender is NCCL rank 0, the receiver rank 1, both with
     the id the sender made; ranks not on the channel create nothing."""
     from mscclang.runtime import engine as eng
-
-    class FakeNB:
-        def __init__(self, rank):
-            self.rank, self.inits, self.n = rank, [], 0
-
-        def get_unique_id(self):
-            self.n += 1
-            return f"id-{self.rank}-{self.n}".encode().ljust(128, b"\0")
-
-        def comm_init_rank_scalable(self, nranks, me, n_ids, ids, cfg):
-            self.inits.append((me, bytes(ids)))
-            return f"comm{len(self.inits)}"
-
-        def group_start(self):
-            pass
-
-        def group_end(self):
-            pass
 
     monkeypatch.setattr(eng.Engine, "_warm_up", lambda self, keys: None)
 
@@ -367,27 +373,6 @@ def test_engine_reconnect_after_abort_is_agreed_by_every_rank(monkeypatch):
     import threading
 
     from mscclang.runtime import engine as eng
-
-    class FakeNB:
-        def __init__(self, rank):
-            self.rank, self.inits, self.aborted, self.n = rank, [], [], 0
-
-        def get_unique_id(self):
-            self.n += 1
-            return f"id-{self.rank}-{self.n}".encode().ljust(128, b"\0")
-
-        def comm_init_rank_scalable(self, nranks, me, n_ids, ids, cfg):
-            self.inits.append((me, bytes(ids)))
-            return f"comm{self.rank}.{len(self.inits)}"
-
-        def comm_abort(self, c):
-            self.aborted.append(c)
-
-        def group_start(self):
-            pass
-
-        def group_end(self):
-            pass
 
     monkeypatch.setattr(eng.Engine, "_warm_up", lambda self, keys: None)
     keys = [(3, 0, 1, 0), (3, 1, 0, 0)]

@@ -16,7 +16,7 @@ import ctypes
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 from mscclang.errors import CollectiveTimeout, InvalidCall, NotPrepared, PlanError, RuntimeUnavailable
 from mscclang.plan.models import BufferKind, ChannelType, Plan, REDUCE_OPS
@@ -1043,6 +1043,30 @@ class Executor:
         self._sync_engine()
 
     def _sync_engine(self) -> None:
+        streams = [self._current_stream()] + ([self._last_stream] if self._last_stream is not None else [])
+        limit = 2 * self.timeout_ns / 1e9 + 5.0
+
+        def gave_up() -> bool:
+            return ctypes.c_uint32.from_address(self._err_host).value != 0
+
+        if not self._drained(streams, limit, gave_up):
+            kernel_gave_up = gave_up()
+            self._engine.close(abort=True)   # ends engine calls waiting for a dead peer
+            self._aborted = True
+            if not self._drained(streams, 10.0 + self.timeout_ns / 1e9):
+                raise CollectiveTimeout(f"rank {self.comm.rank}: GPU work still runs after the engine's "
+                                        "communicators were aborted (a transfer to or from a dead peer did "
+                                        "not end); this process cannot recover: restart it")
+            if not kernel_gave_up:
+                raise CollectiveTimeout(f"rank {self.comm.rank}: the engine's transfers (NCCL point-to-point "
+                                        f"of port channels between nodes) did not finish in {limit:.0f} s; "
+                                        "its communicators were aborted")
+        self.check()
+
+    def _drained(self, streams: list, limit_s: float, stop: Optional[Callable[[], bool]] = None) -> bool:
+        """Whether the work enqueued so far on ``streams`` (proxy side streams and engine
+        streams join them) finishes within ``limit_s`` and before ``stop()`` says to stop
+        waiting: a bounded cuCtxSynchronize."""
         import time
 
         drv = cu.driver()
@@ -1050,40 +1074,6 @@ class Executor:
         if ev is None:
             ev = self._sync_event = cu.check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING),
                                              "cuEventCreate")
-        streams = [self._current_stream()] + ([self._last_stream] if self._last_stream is not None else [])
-        t0 = time.monotonic()
-        limit = 2 * self.timeout_ns / 1e9 + 5.0
-        for s in streams:
-            cu.check(drv.cuEventRecord(ev, s), "cuEventRecord")
-            while True:
-                err, = drv.cuEventQuery(ev)
-                if int(err) == 0:
-                    break
-                if int(err) != int(drv.CUresult.CUDA_ERROR_NOT_READY):
-                    cu.check(err, "cuEventQuery")
-                gave_up = ctypes.c_uint32.from_address(self._err_host).value != 0
-                if gave_up or time.monotonic() - t0 > limit:
-                    self._engine.close(abort=True)   # ends engine calls waiting for a dead peer
-                    self._aborted = True
-                    if not self._drained(streams, 10.0 + self.timeout_ns / 1e9):
-                        raise CollectiveTimeout(f"rank {self.comm.rank}: GPU work still runs after the engine's "
-                                                "communicators were aborted (a transfer to or from a dead peer did "
-                                                "not end); this process cannot recover: restart it")
-                    if not gave_up:
-                        raise CollectiveTimeout(f"rank {self.comm.rank}: the engine's transfers (NCCL point-to-point "
-                                                f"of port channels between nodes) did not finish in {limit:.0f} s; "
-                                                "its communicators were aborted")
-                    break
-                time.sleep(0.0005)
-        self.check()
-
-    def _drained(self, streams: list, limit_s: float) -> bool:
-        """Whether the work enqueued so far on ``streams`` (proxy side streams and engine
-        streams join them) finishes within ``limit_s``: a bounded cuCtxSynchronize."""
-        import time
-
-        drv = cu.driver()
-        ev = self._sync_event
         t0 = time.monotonic()
         for s in streams:
             cu.check(drv.cuEventRecord(ev, s), "cuEventRecord")
@@ -1093,7 +1083,7 @@ class Executor:
                     break
                 if int(err) != int(drv.CUresult.CUDA_ERROR_NOT_READY):
                     cu.check(err, "cuEventQuery")
-                if time.monotonic() - t0 > limit_s:
+                if time.monotonic() - t0 > limit_s or (stop is not None and stop()):
                     return False
                 time.sleep(0.0005)
         return True
