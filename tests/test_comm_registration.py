@@ -336,3 +336,35 @@ def test_reused_tensors_of_one_signature_all_get_registered():
                              "scratch (direct)", "scratch (direct)"]
         assert passes[2] == ["zc (direct)"] * layers
     assert results[0] == results[1]
+
+
+def test_staging_allocated_before_an_auto_registration_is_released():
+    """Regression (found reading the 2x H200 registration failure, session 5): the first call of
+    a signature planned a staged run (above the cap: a temporary staging buffer, allocated at
+    once), then registered its tensors and ran zero-copy; the staged plan stayed in the memo with
+    its temporary buffer, never released (a leak of the call's size, per signature). It is
+    released as soon as the registration makes the staged plan moot."""
+    cap = 1024
+
+    def body(comm):
+        be = comm.backend
+        x = _x(comm.rank, n=1024)   # 4 KiB: above the cap
+        comm.all_reduce(x)
+        first = comm.last.label()
+        held = be.staging_bytes()
+        y = _x(comm.rank, n=1024, seed=1)
+        x.copy_(y)
+        comm.all_reduce(x)
+        z = _x(comm.rank, n=2048)   # prepare registers too
+        cp = comm.prepare("all_reduce", z)
+        return (first, held, list(be.released), comm.last.label(), comm.memory(), x.clone(), cp.label(),
+                be.staging_bytes())
+
+    results, world, _ = run_ranks(N, body, plans=ZC_ONLY, tuning=_tuning("zc"), register="auto", staging_cap=cap)
+    want = _x(0, n=1024, seed=1) + _x(1, n=1024, seed=1)
+    for first, held, released, second, mem, got, prepared, after in results:
+        assert first == "zc (direct)" and second == "zc (direct)"
+        assert held == 0 and released[:1] == [4096], (held, released)
+        assert mem["staging"] == 0
+        assert torch.equal(got, want)
+        assert prepared == "zc (direct)" and after == 0 and released == [4096, 8192], (released, after)

@@ -376,11 +376,13 @@ class Communicator:
                 out = tensor
         if tensor.numel() == 0 and out.numel() == 0:
             return self._plan_call(coll, tensor, out, reduce_op_name(op), root)
-        _, cp = self._lookup(coll, tensor, out, reduce_op_name(op), root)
+        key, cp = self._lookup(coll, tensor, out, reduce_op_name(op), root)
         be = self.backend
         if cp.registrable and be is not None and be.registration_mode() != "off" and not _capturing():
             # a zero-copy plan runs on these tensors once registered: prepare is collective
             if self._register_call(coll, tensor, out):
+                if cp.temp:
+                    self._release_temp(cp, key)   # the staged plan's buffer above the cap is moot now
                 _, cp = self._lookup(coll, tensor, out, reduce_op_name(op), root)
         if cp.temp:
             # staging above the cap that a capture of this call will use: kept until close()
@@ -788,6 +790,9 @@ class Communicator:
             return out
         key, cp = self._lookup(coll, inp, out, op, root)
         if cp.registrable and self._auto_register(coll, inp, out, op, root):
+            if cp.temp:
+                # the staged plan's buffer above the cap is moot now (every rank registered alike)
+                self._release_temp(cp, key)
             key, cp = self._lookup(coll, inp, out, op, root)
         self.last = cp
         if cp.shape.block_elems == 0:
