@@ -16,5 +16,5 @@ timeout -k 5 150 python3 -m mscclang bench --collectives all_gather,all_to_all,a
 echo "bench rc=$? in $(( $(date +%s) - t0 )) s"; grep -E "^\| (size|256M|1G) " "$OUT/bench_ports/bench.md"
 timeout -k 5 110 python3 -m mscclang.testing.port_bench --out "$OUT" > "$OUT/port_bench.log" 2>&1; echo "port_bench rc=$?"; tail -14 "$OUT/port_bench.log" | cut -c1-200
 timeout -k 5 80 python3 -m mscclang bench --gpus-per-node 1 --collectives all_reduce,all_gather --sizes 64M,256M --impls mscclang,nccl --modes graph \
-  --algos allreduce_hierarchical,allgather_hierarchical,allreduce_hierarchical.r2.i4.gpus_per_node1,allgather_hierarchical.r2.i4.gpus_per_node1 --time-limit 30 --out "$OUT/bench_two_nodes" > "$OUT/bench_two_nodes.log" 2>&1
+  --algos allreduce_hierarchical,allgather_hierarchical,allreduce_hierarchical.r2.i4.gpus_per_node1.inplace,allgather_hierarchical.r2.i4.gpus_per_node1 --time-limit 30 --out "$OUT/bench_two_nodes" > "$OUT/bench_two_nodes.log" 2>&1
 echo "two-node bench rc=$?"; grep -E "^\| (size|[0-9]+M) " "$OUT/bench_two_nodes/bench.md"
