@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
-# The port-channel GPU tests (each test bounded by pytest-timeout, present on the GPU machine), the
-# copy-engine bench columns, the port measurements and the two-"node" bench. Usage (repository
-# root, GPU machine, carrying .whl and .cubins): bash tests/gpu/ports_call.sh
+# The port-channel and registration GPU tests (each test bounded by pytest-timeout, present on the
+# GPU machine), then optionally the one-node copy-engine bench and port measurements (ONE_NODE=1)
+# and the two-"node" bench (TWO_NODE=1, default), which also times the 4-channel hierarchical
+# variants. Usage (repository root, GPU machine, carrying .whl and .cubins):
+#   [PYTEST_S=260] [ONE_NODE=0] [TWO_NODE=1] bash tests/gpu/ports_call.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 . .whl/prelude.sh || exit 1
 export NCCL_NVLS_ENABLE=0 MSCCLANG_CUBIN_DIR="$PWD/.cubins" MSCCLANG_TEST_TIMEOUT_S=10 PYTHONUNBUFFERED=1
 unset MSCCLANG_ENABLE_NVLS
 t0=$(date +%s)
-timeout -k 5 165 python3 -m pytest -m gpu tests/gpu/test_ports_gpu.py tests/gpu/test_registration_gpu.py -o addopts="" -v -rfE --tb=short --timeout 100 > "$OUT/gpu_ports.log" 2>&1
+timeout -k 5 ${PYTEST_S:-260} python3 -m pytest -m gpu tests/gpu/test_ports_gpu.py tests/gpu/test_registration_gpu.py \
+  -o addopts="" -v -rfE --tb=short --timeout 100 > "$OUT/gpu_ports.log" 2>&1
 echo "pytest rc=$? in $(( $(date +%s) - t0 )) s" >> "$OUT/gpu_ports.log"
-grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|rc=" "$OUT/gpu_ports.log" | cut -c1-160 | tail -40
-t0=$(date +%s)
-timeout -k 5 150 python3 -m mscclang bench --collectives all_gather,all_to_all,all_reduce --sizes 256M,1G --modes graph \
-  --algos allgather_port,alltoall_port,allreduce_port_pipelined --time-limit 80 --out "$OUT/bench_ports" > "$OUT/bench_ports.log" 2>&1
-echo "bench rc=$? in $(( $(date +%s) - t0 )) s"; grep -E "^\| (size|256M|1G) " "$OUT/bench_ports/bench.md"
-timeout -k 5 110 python3 -m mscclang.testing.port_bench --out "$OUT" > "$OUT/port_bench.log" 2>&1; echo "port_bench rc=$?"; tail -14 "$OUT/port_bench.log" | cut -c1-200
-timeout -k 5 80 python3 -m mscclang bench --gpus-per-node 1 --collectives all_reduce,all_gather --sizes 64M,256M --impls mscclang,nccl --modes graph \
-  --algos allreduce_hierarchical,allgather_hierarchical,allreduce_hierarchical.r2.i4.gpus_per_node1.inplace,allgather_hierarchical.r2.i4.gpus_per_node1 --time-limit 30 --out "$OUT/bench_two_nodes" > "$OUT/bench_two_nodes.log" 2>&1
-echo "two-node bench rc=$?"; grep -E "^\| (size|[0-9]+M) " "$OUT/bench_two_nodes/bench.md"
+grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|rc=|^E  " "$OUT/gpu_ports.log" | cut -c1-200 | tail -60
+if [ "${ONE_NODE:-0}" = 1 ]; then
+  t0=$(date +%s)
+  timeout -k 5 150 python3 -m mscclang bench --collectives all_gather,all_to_all,all_reduce --sizes 256M,1G --modes graph \
+    --algos allgather_port,alltoall_port,allreduce_port_pipelined --time-limit 80 --out "$OUT/bench_ports" > "$OUT/bench_ports.log" 2>&1
+  echo "bench rc=$? in $(( $(date +%s) - t0 )) s"; grep -E "^\| (size|256M|1G) |^## " "$OUT/bench_ports/bench.md"
+  timeout -k 5 110 python3 -m mscclang.testing.port_bench --out "$OUT" > "$OUT/port_bench.log" 2>&1; echo "port_bench rc=$?"
+  tail -14 "$OUT/port_bench.log" | cut -c1-200
+fi
+if [ "${TWO_NODE:-1}" = 1 ]; then
+  timeout -k 5 150 python3 -m mscclang bench --gpus-per-node 1 --collectives all_reduce,all_gather --sizes 64M,256M \
+    --impls mscclang,nccl --modes graph \
+    --algos allreduce_hierarchical,allgather_hierarchical,allreduce_hierarchical.r2.i4.gpus_per_node1.inplace,allgather_hierarchical.r2.i4.gpus_per_node1 \
+    --time-limit 80 --out "$OUT/bench_two_nodes" > "$OUT/bench_two_nodes.log" 2>&1
+  echo "two-node bench rc=$?"; grep -E "^\| (size|[0-9]+M) |^## " "$OUT/bench_two_nodes/bench.md"
+fi
