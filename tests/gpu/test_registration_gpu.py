@@ -10,8 +10,9 @@ issue 13 parts 1 and 5). Worker commands: :mod:`mscclang.testing.registration_ch
   logged once, and exact;
 * staging above ``MSCCLANG_STAGING_CAP_BYTES`` is released after its call, GPU memory comes back
   after a 1 GiB call on an ordinary tensor, and the memory report after every collective and size;
-* timing: registered ordinary tensors within 10% of symmetric ones (the issue's target), eager
-  and in graphs. Printed as a table (run with ``-s``).
+* registered ordinary tensors run the plan a symmetric tensor runs, eager and in graphs; their
+  times beside the symmetric ones are printed as a table (run with ``-s``), the issue's 10% target
+  is judged on that table and on ``examples/graph_allreduce.py``, not asserted.
 """
 
 from __future__ import annotations
