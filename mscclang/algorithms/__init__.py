@@ -70,6 +70,10 @@ def _port_variants(ranks: tuple[int, ...], inplace: tuple[bool, ...],
 #: pipeline steps of the shipped copy-engine allreduce variants (``steps`` x 2 x (ranks - 1)
 #: port puts per rank stay under MAX_PORT_REQUESTS at 8 ranks)
 PORT_STEPS = (4, 8)
+#: finer pipelines where the request budget allows (16 x 2 x (ranks - 1) <= MAX_PORT_REQUESTS up
+#: to 4 ranks): the pipeline's fill and drain, about 2 / steps of one phase, shrink with the step
+#: (at 2 ranks 8 steps left 801.6 us for 256 MiB against a copy-engine floor near 695 us)
+PORT_STEPS_FINE = ((2, 4), (16,))
 #: node layouts of the shipped hierarchical variants: (ranks, GPUs per node), i.e. 2x1 (two GPUs
 #: run as one-GPU nodes, MSCCLANG_GPUS_PER_NODE=1), 2x2, 2x4, 4x2
 HIER_LAYOUTS = ((2, 1), (4, 2), (8, 4), (8, 2))
@@ -193,7 +197,9 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {info.name: info for info in (
           build_allreduce_port_pipelined,
           "copy-engine reduce-scatter into peers' scratch, SM reduction, copy-engine all-gather, "
           "pipelined in steps", 1024,
-          _port_variants(SHIPPED_RANKS, BOTH, tuple((("steps", k),) for k in PORT_STEPS)), port_channels=True),
+          _port_variants(SHIPPED_RANKS, BOTH, tuple((("steps", k),) for k in PORT_STEPS))
+          + _port_variants(PORT_STEPS_FINE[0], BOTH, tuple((("steps", k),) for k in PORT_STEPS_FINE[1])),
+          port_channels=True),
     _info("allgather_port", "allgather", "Simple", "symmetric", BOTH, (1 * MiB, MAX_MESSAGE_SIZE),
           build_allgather_port, "copy-engine puts into every peer's output", 1024,
           _port_variants(SHIPPED_RANKS, BOTH, ((),)), port_channels=True),

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The port-channel and registration GPU tests (each test bounded by pytest-timeout, present on the
-# GPU machine), then optionally the one-node copy-engine bench and port measurements (ONE_NODE=1)
-# and the two-"node" bench (TWO_NODE=1, default), which also times the 4-channel hierarchical
+# GPU machine), then the copy-engine allreduce at 3 pipeline depths (ONE_NODE=1, default), the
+# port measurements (PORT_BENCH=1) and the two-"node" bench (TWO_NODE=1, default), which also times the 4-channel hierarchical
 # variants. Usage (repository root, GPU machine, carrying .whl and .cubins):
-#   [PYTEST_S=260] [ONE_NODE=0] [TWO_NODE=1] bash tests/gpu/ports_call.sh
+#   [PYTEST_S=260] [ONE_NODE=1] [PORT_BENCH=0] [TWO_NODE=1] bash tests/gpu/ports_call.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 . .whl/prelude.sh || exit 1
 export NCCL_NVLS_ENABLE=0 MSCCLANG_CUBIN_DIR="$PWD/.cubins" MSCCLANG_TEST_TIMEOUT_S=10 PYTHONUNBUFFERED=1
@@ -13,11 +13,15 @@ timeout -k 5 ${PYTEST_S:-260} python3 -m pytest -m gpu tests/gpu/test_ports_gpu.
   -o addopts="" -v -rfE --tb=short --timeout 100 > "$OUT/gpu_ports.log" 2>&1
 echo "pytest rc=$? in $(( $(date +%s) - t0 )) s" >> "$OUT/gpu_ports.log"
 grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|rc=|^E  " "$OUT/gpu_ports.log" | cut -c1-200 | tail -60
-if [ "${ONE_NODE:-0}" = 1 ]; then
+if [ "${ONE_NODE:-1}" = 1 ]; then
+  # the copy-engine allreduce's pipeline depth (steps 4 was the one measured in session 5)
   t0=$(date +%s)
-  timeout -k 5 150 python3 -m mscclang bench --collectives all_gather,all_to_all,all_reduce --sizes 256M,1G --modes graph \
-    --algos allgather_port,alltoall_port,allreduce_port_pipelined --time-limit 80 --out "$OUT/bench_ports" > "$OUT/bench_ports.log" 2>&1
+  timeout -k 5 130 python3 -m mscclang bench --collectives all_reduce --sizes 256M,1G --modes graph \
+    --algos allreduce_port_pipelined.r2.i1.steps4.inplace,allreduce_port_pipelined.r2.i1.steps8.inplace,allreduce_port_pipelined.r2.i1.steps16.inplace \
+    --time-limit 60 --out "$OUT/bench_ports" > "$OUT/bench_ports.log" 2>&1
   echo "bench rc=$? in $(( $(date +%s) - t0 )) s"; grep -E "^\| (size|256M|1G) |^## " "$OUT/bench_ports/bench.md"
+fi
+if [ "${PORT_BENCH:-0}" = 1 ]; then
   timeout -k 5 110 python3 -m mscclang.testing.port_bench --out "$OUT" > "$OUT/port_bench.log" 2>&1; echo "port_bench rc=$?"
   tail -14 "$OUT/port_bench.log" | cut -c1-200
 fi
