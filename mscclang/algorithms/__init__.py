@@ -71,8 +71,8 @@ def _port_variants(ranks: tuple[int, ...], inplace: tuple[bool, ...],
 #: port puts per rank stay under MAX_PORT_REQUESTS at 8 ranks)
 PORT_STEPS = (4, 8)
 #: finer pipelines where the request budget allows (16 x 2 x (ranks - 1) <= MAX_PORT_REQUESTS up
-#: to 4 ranks): the pipeline's fill and drain, about 2 / steps of one phase, shrink with the step
-#: (at 2 ranks 8 steps left 801.6 us for 256 MiB against a copy-engine floor near 695 us)
+#: to 4 ranks): the pipeline's fill and drain shrink with the step (at 2 ranks, 4 steps took
+#: 801.6 us for 256 MiB against a copy-engine floor near 695 us)
 PORT_STEPS_FINE = ((2, 4), (16,))
 #: node layouts of the shipped hierarchical variants: (ranks, GPUs per node), i.e. 2x1 (two GPUs
 #: run as one-GPU nodes, MSCCLANG_GPUS_PER_NODE=1), 2x2, 2x4, 4x2
