@@ -17,6 +17,7 @@ zero (a piece's ``valid`` says how many bytes come from the source).
 
 from __future__ import annotations
 
+import struct as _struct
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -246,22 +247,22 @@ class DevRecord:
 
     def pack(self) -> bytes:
         nops = len(self.operands)
-        opnd = b"".join(int(d).to_bytes(2, "little") for d in self.operands)
-        opnd += b"\0" * (-len(opnd) % 8)
-        ids = b"".join(int(d).to_bytes(2, "little") for d in self.ids)
-        ids += b"\0" * (-len(ids) % 8)
-        pcs = bytearray()
+        nid = len(self.ids)
+        # u16 operand descriptors and ids, each list padded to 8 bytes; pieces as u64 words
+        opnd = _struct.pack(f"<{nops}H{-2 * nops % 8}x", *self.operands)
+        ids = _struct.pack(f"<{nid}H{-2 * nid % 8}x", *self.ids)
+        words: list[int] = []
         for ln, valid, offs in self.pieces:
             if len(offs) != nops:
                 raise PlanError("internal: piece operand count mismatch")
-            for v in (ln, valid, *offs):
-                pcs += int(v).to_bytes(8, "little")
+            words += (ln, valid, *offs)
+        pcs = _struct.pack(f"<{len(words)}Q", *words)
         size = DEV_OP.size + len(opnd) + len(ids) + len(pcs)
         head = DEV_OP.pack(kind=self.kind, n_src=self.n_src, n_dst=nops - self.n_src, n_ids=len(self.ids),
                            n_pieces=len(self.pieces), flags=self.flags, bytes=size, index=self.index,
                            tbg_member=self.tbg[0], tbg_size=self.tbg[1], total=self.total, aux0=self.aux0,
                            aux1=self.aux1, tbg_unit=self.tbg_unit)
-        return head + opnd + ids + bytes(pcs)
+        return head + opnd + ids + pcs
 
 
 @dataclass

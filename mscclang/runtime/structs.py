@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct as _struct
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 _CTYPES = {
@@ -25,7 +26,7 @@ class Struct:
     name: str
     fields: tuple[tuple[str, str], ...]
 
-    @property
+    @cached_property
     def offsets(self) -> dict[str, int]:
         off = 0
         out: dict[str, int] = {}
@@ -36,18 +37,18 @@ class Struct:
             off += size
         return out
 
-    @property
+    @cached_property
     def alignment(self) -> int:
         return max(_CTYPES[ct][1] for _, ct in self.fields)
 
-    @property
+    @cached_property
     def size(self) -> int:
         last_name, last_ct = self.fields[-1]
         end = self.offsets[last_name] + _CTYPES[last_ct][1]
         a = self.alignment
         return (end + a - 1) // a * a
 
-    @property
+    @cached_property
     def format(self) -> str:
         fmt = "<"
         pos = 0
@@ -62,16 +63,28 @@ class Struct:
             fmt += f"{self.size - pos}x"
         return fmt
 
+    @cached_property
+    def _codec(self) -> _struct.Struct:
+        return _struct.Struct(self.format)
+
+    @cached_property
+    def _names(self) -> tuple[str, ...]:
+        return tuple(f for f, _ in self.fields)
+
+    @cached_property
+    def _name_set(self) -> frozenset[str]:
+        return frozenset(self._names)
+
     def pack(self, **values: Any) -> bytes:
-        """Pack the struct; missing fields are zero."""
-        unknown = set(values) - {f for f, _ in self.fields}
-        if unknown:
-            raise KeyError(f"{self.name} has no field(s) {sorted(unknown)}")
-        return _struct.pack(self.format, *(int(values.get(f, 0)) for f, _ in self.fields))
+        """Pack the struct; missing fields are zero. (The layout is computed once per struct: a
+        new message size packs thousands of records.)"""
+        if not values.keys() <= self._name_set:
+            raise KeyError(f"{self.name} has no field(s) {sorted(set(values) - self._name_set)}")
+        return self._codec.pack(*[int(values.get(f, 0)) for f in self._names])
 
     def unpack(self, data: bytes, offset: int = 0) -> dict[str, int]:
-        vals = _struct.unpack_from(self.format, data, offset)
-        return {f: v for (f, _), v in zip(self.fields, vals)}
+        vals = self._codec.unpack_from(data, offset)
+        return dict(zip(self._names, vals))
 
     def asserts(self) -> list[str]:
         lines = [f'static_assert(sizeof({self.name}) == {self.size}, "sizeof({self.name}) drifted");']
