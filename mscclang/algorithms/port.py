@@ -23,7 +23,7 @@ All of them write straight into peers' outputs (zero-copy): buffer mode ``symmet
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, Optional, Union
 
 from mscclang.algorithms.common import (check_common, check_port_requests, input_of, library_program, mesh,
                                         output_of, peers, port_mesh, ready_handshake, sender_slot)
@@ -55,6 +55,33 @@ def _all_pairs(n: int) -> list[tuple[int, int]]:
     return [(s, d) for s in range(n) for d in range(n) if s != d]
 
 
+def _copy_engine_exchange(prog: Any, n: int, copy_blocks: int, src_chunk: Callable[[int], int],
+                          own: Union[int, str, None]) -> None:
+    """The body shared by the copy-engine allgather and all-to-all: on every rank ``r``, after a
+    relaxed ready handshake, thread block 0 puts input chunk ``src_chunk(p)`` into chunk ``r`` of
+    every peer ``p``'s output (``pws``, one copy per peer); blocks ``1 .. copy_blocks`` (a
+    thread block group) copy input chunk ``own`` (``"own"``: chunk ``r``; None: no copy) into
+    the rank's own output chunk meanwhile; then block 0 waits for every peer's signal and, last,
+    flushes its channels (nothing the launch does reuses the input before)."""
+    with prog:
+        ready = mesh(n)
+        port = port_mesh(_all_pairs(n))
+        copiers = ThreadBlockGroup(list(range(1, 1 + copy_blocks)))
+        for r in range(n):
+            inp, out, ps = input_of(r), output_of(r), peers(r, n)
+            ready_handshake(ready, r, ps, ps, 0)
+            for p in ps:
+                c = src_chunk(p)
+                port[(r, p)].put_with_signal(output_of(p)[r:r + 1], inp[c:c + 1], tb=0)
+            if own is not None:
+                c = r if own == "own" else own
+                Rank(r).copy(out[r:r + 1], inp[c:c + 1], tb_group=copiers)
+            for p in ps:
+                port[(r, p)].wait(tb=0, data_sync=SyncType.none)
+            for p in ps:
+                port[(r, p)].flush(tb=0, data_sync=SyncType.after)
+
+
 def build_allgather_port(ranks: int, instances: int = 1, num_threads_per_block: int = 1024,
                          inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                          max_message_size: int = MAX_MESSAGE_SIZE,
@@ -70,22 +97,8 @@ def build_allgather_port(ranks: int, instances: int = 1, num_threads_per_block: 
     _check_blocks(algo, "copy_blocks", copy_blocks)
     prog = library_program(algo, AllGather, ranks, instances, inplace, "Simple", num_threads_per_block,
                            name, min_message_size, max_message_size)
-    n = ranks
-    with prog:
-        ready = mesh(n)
-        port = port_mesh(_all_pairs(n))
-        copiers = ThreadBlockGroup(list(range(1, 1 + copy_blocks)))
-        for r in range(n):
-            inp, out, ps = input_of(r), output_of(r), peers(r, n)
-            ready_handshake(ready, r, ps, ps, 0)
-            for p in ps:
-                port[(r, p)].put_with_signal(output_of(p)[r:r + 1], inp[0:1], tb=0)
-            if not inplace:
-                Rank(r).copy(out[r:r + 1], inp[0:1], tb_group=copiers)
-            for p in ps:
-                port[(r, p)].wait(tb=0, data_sync=SyncType.none)
-            for p in ps:
-                port[(r, p)].flush(tb=0, data_sync=SyncType.after)
+    # the input (chunk 0) to every peer; out of place also into the own output chunk
+    _copy_engine_exchange(prog, ranks, copy_blocks, lambda p: 0, None if inplace else 0)
     return check_port_requests(algo, prog.to_plan())
 
 
@@ -104,21 +117,8 @@ def build_alltoall_port(ranks: int, instances: int = 1, num_threads_per_block: i
         raise DSLError(f"{algo}: only out of place (a peer's chunk would overwrite one still to be sent)")
     prog = library_program(algo, AllToAll, ranks, instances, inplace, "Simple", num_threads_per_block,
                            name, min_message_size, max_message_size)
-    n = ranks
-    with prog:
-        ready = mesh(n)
-        port = port_mesh(_all_pairs(n))
-        copiers = ThreadBlockGroup(list(range(1, 1 + copy_blocks)))
-        for r in range(n):
-            inp, out, ps = input_of(r), output_of(r), peers(r, n)
-            ready_handshake(ready, r, ps, ps, 0)
-            for p in ps:
-                port[(r, p)].put_with_signal(output_of(p)[r:r + 1], inp[p:p + 1], tb=0)
-            Rank(r).copy(out[r:r + 1], inp[r:r + 1], tb_group=copiers)
-            for p in ps:
-                port[(r, p)].wait(tb=0, data_sync=SyncType.none)
-            for p in ps:
-                port[(r, p)].flush(tb=0, data_sync=SyncType.after)
+    # input chunk p to peer p, the own chunk r into the own output
+    _copy_engine_exchange(prog, ranks, copy_blocks, lambda p: p, "own")
     return check_port_requests(algo, prog.to_plan())
 
 
