@@ -27,6 +27,19 @@ def _out(r: int):
     return Rank(r).get_output_buffer()
 
 
+def _port_pairs(n: int) -> dict:
+    """A port channel from every rank r to every other rank q, keyed (r, q)."""
+    return {(r, q): PortChannel(q, r) for r in range(n) for q in range(n) if q != r}
+
+
+def _wait_every_peer(port: dict, n: int) -> None:
+    """Every rank waits for every peer's last signal on its port channel (the data arrived)."""
+    for r in range(n):
+        for q in range(n):
+            if q != r:
+                port[(r, q)].wait(tb=0)
+
+
 def _mem_ready(n: int) -> dict:
     """Memory channels between every pair and a relaxed "ready" signal on each: rank q tells rank
     r that its output may be written in this launch (rank r waits before its put)."""
@@ -43,7 +56,7 @@ def allgather_pwsf(n: int = 2, name: str = "test_port_allgather_pwsf", inplace: 
     is the output's own block, so no SM copies anything (every byte moves by copy engine)."""
     name = name + ("_inplace" if inplace else "")
     with CollectiveProgram(name, AllGather(n, 1, inplace), n, protocol="Simple") as p:
-        port = {(r, q): PortChannel(q, r) for r in range(n) for q in range(n) if q != r}
+        port = _port_pairs(n)
         mem = _mem_ready(n)
         for r in range(n):
             if not inplace:
@@ -52,17 +65,14 @@ def allgather_pwsf(n: int = 2, name: str = "test_port_allgather_pwsf", inplace: 
                 if q != r:
                     mem[(r, q)].wait(tb=0, data_sync=SyncType.after, relaxed=True)
                     port[(r, q)].put_with_signal_and_flush(_out(q)[r:r + 1], _inp(r)[0:1], tb=0)
-        for r in range(n):
-            for q in range(n):
-                if q != r:
-                    port[(r, q)].wait(tb=0)
+        _wait_every_peer(port, n)
     return p.to_plan()
 
 
 def allgather_put_flush_signal(n: int = 2, name: str = "test_port_allgather_put") -> Plan:
     """Allgather by plain port puts, then flush, then a port signal."""
     with CollectiveProgram(name, AllGather(n, 1, False), n, protocol="Simple") as p:
-        port = {(r, q): PortChannel(q, r) for r in range(n) for q in range(n) if q != r}
+        port = _port_pairs(n)
         mem = _mem_ready(n)
         for r in range(n):
             Rank(r).copy(_out(r)[r:r + 1], _inp(r)[0:1], tb=0)
@@ -74,10 +84,7 @@ def allgather_put_flush_signal(n: int = 2, name: str = "test_port_allgather_put"
                 if q != r:
                     port[(r, q)].flush(tb=0)
                     port[(r, q)].signal(tb=0)
-        for r in range(n):
-            for q in range(n):
-                if q != r:
-                    port[(r, q)].wait(tb=0)
+        _wait_every_peer(port, n)
     return p.to_plan()
 
 
@@ -85,7 +92,7 @@ def allgather_port_only(n: int = 2, name: str = "test_port_allgather_engine") ->
     """Allgather with port channels only (the ready handshake is a port signal), so every
     channel can cross nodes."""
     with CollectiveProgram(name, AllGather(n, 1, False), n, protocol="Simple") as p:
-        port = {(r, q): PortChannel(q, r) for r in range(n) for q in range(n) if q != r}
+        port = _port_pairs(n)
         for q in range(n):
             for r in range(n):
                 if q != r:
@@ -96,10 +103,7 @@ def allgather_port_only(n: int = 2, name: str = "test_port_allgather_engine") ->
                 if q != r:
                     port[(r, q)].wait(tb=0, data_sync=SyncType.after)
                     port[(r, q)].put_with_signal_and_flush(_out(q)[r:r + 1], _inp(r)[0:1], tb=0)
-        for r in range(n):
-            for q in range(n):
-                if q != r:
-                    port[(r, q)].wait(tb=0)
+        _wait_every_peer(port, n)
     return p.to_plan()
 
 
