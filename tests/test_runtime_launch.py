@@ -56,3 +56,42 @@ def test_pool_larger_than_the_gpus_is_refused(n, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(WorkerError, match=f"{n} workers needs {n} visible GPU.*2 visible"):
         launch.WorkerPool(world_size=n)
+
+
+def test_ranks_may_share_a_gpu_for_functional_tests(monkeypatch):
+    """MSCCLANG_RANKS_PER_GPU=2 on one GPU: a pool of 2 is allowed (rank r binds GPU r // 2),
+    3 is refused with the count it would need; bad values are named."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("MSCCLANG_RANKS_PER_GPU", "2")
+    assert launch.ranks_per_gpu() == 2 and launch.worker_capacity() == 2
+    with pytest.raises(WorkerError, match="3 workers needs 2 visible GPU.*2 rank.*1 visible"):
+        launch.WorkerPool(world_size=3)
+    started = []
+
+    class _Proc:
+        def __init__(self, target, args, daemon):
+            started.append(args)
+
+        def start(self):
+            raise RuntimeError("stop here")
+
+    class _Ctx:
+        def Pipe(self):
+            return None, None
+
+        def Process(self, target, args, daemon):
+            return _Proc(target, args, daemon)
+
+    import multiprocessing as mp
+
+    monkeypatch.setattr(mp, "get_context", lambda kind: _Ctx())
+    with pytest.raises(RuntimeError, match="stop here"):
+        launch.WorkerPool(world_size=2)
+    assert started[0][-1] == 0  # rank 0 binds GPU 0
+    for bad in ("0", "two"):
+        monkeypatch.setenv("MSCCLANG_RANKS_PER_GPU", bad)
+        with pytest.raises(WorkerError, match="MSCCLANG_RANKS_PER_GPU"):
+            launch.ranks_per_gpu()

@@ -24,6 +24,32 @@ class WorkerError(MscclangError):
     """A command failed on a worker; the message holds each failing rank's traceback."""
 
 
+def ranks_per_gpu() -> int:
+    """How many workers share one GPU: ``MSCCLANG_RANKS_PER_GPU`` (default 1).
+
+    For functional tests on a machine with fewer GPUs than ranks only: ranks on one GPU run in
+    separate processes (separate CUDA contexts, IPC between them works as between GPUs) and their
+    kernels time-share the GPU, so every cross-rank wait may last a scheduler time slice. Timings
+    taken this way mean nothing, and NCCL refuses two ranks on one GPU.
+    """
+    raw = os.environ.get("MSCCLANG_RANKS_PER_GPU", "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        raise WorkerError(f"MSCCLANG_RANKS_PER_GPU={raw!r} is not an integer") from None
+    if n < 1:
+        raise WorkerError(f"MSCCLANG_RANKS_PER_GPU={n} must be at least 1")
+    return n
+
+
+def worker_capacity() -> int:
+    """How many workers a pool can start here: visible GPUs x :func:`ranks_per_gpu`."""
+    import torch
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return visible * ranks_per_gpu()
+
+
 @dataclass
 class Worker:
     """What a command function receives on its rank."""
@@ -60,7 +86,8 @@ def recv_from(conn: Any, proc: Any, rank: int, timeout_s: Optional[float] = None
         raise WorkerError(f"rank {rank}: worker closed its pipe (exit code {proc.exitcode})") from e
 
 
-def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, env: dict) -> None:
+def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, env: dict,
+                 device: Optional[int] = None) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: no traceback per worker
@@ -73,12 +100,13 @@ def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, 
         import torch
         import torch.distributed as dist
 
-        torch.cuda.set_device(rank)
+        dev = rank if device is None else device
+        torch.cuda.set_device(dev)
         store = dist.TCPStore("127.0.0.1", port, world, rank == 0, wait_for_workers=False)
         from mscclang.runtime.comm import Communicator
         from mscclang.runtime.executor import Executor
 
-        comm = Communicator(store=store, rank=rank, world_size=world, device=rank, store_timeout_s=60.0)
+        comm = Communicator(store=store, rank=rank, world_size=world, device=dev, store_timeout_s=60.0)
         ex = Executor(comm, timeout_s=timeout_s)
         w = Worker(rank, world, comm, ex)
         conn.send(("ready", None))
@@ -108,7 +136,9 @@ def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, 
 
 class WorkerPool:
     """``world_size`` GPU worker processes (default: every visible GPU; any number from 1 to the
-    visible GPUs). ``start_timeout_s`` bounds the workers' start (CUDA context, store, executor)."""
+    visible GPUs, or to :func:`worker_capacity` when ``MSCCLANG_RANKS_PER_GPU`` lets ranks share
+    a GPU; rank r then binds GPU r // ranks_per_gpu). ``start_timeout_s`` bounds the workers'
+    start (CUDA context, store, executor)."""
 
     def __init__(self, world_size: Optional[int] = None, timeout_s: float = 30.0,
                  env: Optional[dict] = None, start_timeout_s: float = 300.0) -> None:
@@ -117,9 +147,12 @@ class WorkerPool:
         import torch
 
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        n = visible if world_size is None else world_size
-        if n < 1 or n > visible:
-            raise WorkerError(f"a pool of {n} workers needs {max(n, 1)} visible GPU(s); {visible} visible")
+        share = ranks_per_gpu()
+        n = visible * share if world_size is None else world_size
+        if n < 1 or n > visible * share:
+            need = -(-max(n, 1) // share)
+            raise WorkerError(f"a pool of {n} workers needs {need} visible GPU(s) at {share} rank(s) per GPU; "
+                              f"{visible} visible")
         self.world_size = n
         ctx = mp.get_context("spawn")
         port = _free_port()
@@ -127,7 +160,8 @@ class WorkerPool:
         self._procs = []
         for r in range(n):
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(r, n, port, timeout_s, b, dict(env or {})), daemon=True)
+            p = ctx.Process(target=_worker_main, args=(r, n, port, timeout_s, b, dict(env or {}), r // share),
+                            daemon=True)
             p.start()
             self._conns.append(a)
             self._procs.append(p)

@@ -2,6 +2,10 @@
 
 Skipped cleanly without CUDA or with fewer than 2 GPUs. World size = visible GPUs, or
 ``MSCCLANG_TEST_WORLD`` (2 .. visible GPUs) to use the first ones only.
+
+``MSCCLANG_RANKS_PER_GPU=2`` runs two ranks per GPU (functional checks on a one-GPU machine:
+their kernels time-share the GPU; tests that need NCCL between the ranks skip, see
+the ``own_gpus`` fixture).
 """
 
 from __future__ import annotations
@@ -12,12 +16,23 @@ import pytest
 
 
 def _gpus() -> int:
+    """Workers a pool can start here (visible GPUs x MSCCLANG_RANKS_PER_GPU)."""
     try:
-        import torch
+        from mscclang.runtime.launch import worker_capacity
 
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return worker_capacity()
     except Exception:  # noqa: BLE001
         return 0
+
+
+@pytest.fixture(scope="session")
+def own_gpus() -> None:
+    """Skips a test that needs one GPU per rank: NCCL (the fallback, the engine, the baselines)
+    refuses two ranks on one GPU."""
+    from mscclang.runtime.launch import ranks_per_gpu
+
+    if ranks_per_gpu() > 1:
+        pytest.skip(f"needs one GPU per rank for NCCL (MSCCLANG_RANKS_PER_GPU={ranks_per_gpu()})")
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +47,7 @@ def pool():
     world = os.environ.get("MSCCLANG_TEST_WORLD")
     n = int(world) if world else None
     if n is not None and not 2 <= n <= _gpus():
-        pytest.skip(f"MSCCLANG_TEST_WORLD={n} needs 2 <= n <= {_gpus()} visible GPUs")
+        pytest.skip(f"MSCCLANG_TEST_WORLD={n} needs 2 <= n <= {_gpus()} workers")
     p = WorkerPool(world_size=n, timeout_s=float(os.environ.get("MSCCLANG_TEST_TIMEOUT_S", "10")))
     yield p
     p.close()

@@ -51,7 +51,7 @@ def test_cuda_graph_replay(pool, coll):
                  graph=True))
 
 
-def test_fallback_logged_once(pool):
+def test_fallback_logged_once(pool, own_gpus):
     res = pool.run(f"{C}:check_fallback_logged_once")
     for r in res:
         assert r["bad"] == 0 and r["mode"] == "nccl"

@@ -65,7 +65,7 @@ def test_port_peer_never_calls(pool):
 
 
 @pytest.fixture(scope="module")
-def two_nodes():
+def two_nodes(own_gpus):
     """The same GPUs as one-GPU "nodes": port channels between them go through the engine."""
     if importlib.util.find_spec("nccl") is None:
         pytest.skip("nccl4py is not installed")

@@ -35,11 +35,10 @@ def pool():
     """A pool of this module's own, started with the designed settings (the release keeps
     registration off and staging uncapped until these tests have passed on GPUs; the settings
     are read when a worker's communicator starts)."""
-    import torch
+    from mscclang.runtime.launch import WorkerPool, worker_capacity
 
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+    if worker_capacity() < 2:
         pytest.skip("needs at least 2 CUDA GPUs")
-    from mscclang.runtime.launch import WorkerPool
 
     world = os.environ.get("MSCCLANG_TEST_WORLD")
     p = WorkerPool(world_size=int(world) if world else None,
@@ -99,11 +98,10 @@ def test_expandable_segments_fall_back_to_staging_logged_once():
     """A pool of its own whose workers start with expandable segments: eager calls stay exact
     and, where the allocation cannot be exported, unregistered (one log line per rank); graphs
     captured in a session stay exact whatever their pool's allocations are."""
-    import torch
+    from mscclang.runtime.launch import WorkerPool, worker_capacity
 
-    if torch.cuda.device_count() < 2:
+    if worker_capacity() < 2:
         pytest.skip("needs at least 2 CUDA GPUs")
-    from mscclang.runtime.launch import WorkerPool
 
     world = os.environ.get("MSCCLANG_TEST_WORLD")
     with WorkerPool(world_size=int(world) if world else None, timeout_s=10.0,

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Functional GPU checks on a ONE-GPU machine: two ranks time-share the GPU
+# (MSCCLANG_RANKS_PER_GPU=2, see mscclang.runtime.launch.ranks_per_gpu). Timings mean nothing
+# here and NCCL-based tests skip or fail (NCCL refuses two ranks on one GPU).
+# Usage (repository root, GPU machine, carrying .whl and .cubins):
+#   [TESTS="tests/gpu/test_ports_gpu.py ..."] [PYTEST_S=400] bash tests/gpu/shared_gpu_call.sh
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. .whl/prelude.sh || exit 1
+export NCCL_NVLS_ENABLE=0 MSCCLANG_CUBIN_DIR="$PWD/.cubins" MSCCLANG_TEST_TIMEOUT_S=${MSCCLANG_TEST_TIMEOUT_S:-20} \
+  PYTHONUNBUFFERED=1 MSCCLANG_RANKS_PER_GPU=2
+unset MSCCLANG_ENABLE_NVLS
+nvidia-smi --query-gpu=name,compute_mode --format=csv,noheader
+t0=$(date +%s)
+timeout -k 5 90 python3 tests/gpu/smoke.py > "$OUT/smoke.log" 2>&1
+echo "smoke rc=$? in $(( $(date +%s) - t0 )) s"; tail -5 "$OUT/smoke.log" | cut -c1-300
+t0=$(date +%s)
+timeout -k 5 ${PYTEST_S:-400} python3 -m pytest -m gpu ${TESTS:-tests/gpu/test_ports_gpu.py tests/gpu/test_registration_gpu.py} \
+  -o addopts="" -v -rfE --tb=short --timeout ${TEST_TIMEOUT:-120} > "$OUT/gpu_shared.log" 2>&1
+echo "pytest rc=$? in $(( $(date +%s) - t0 )) s" >> "$OUT/gpu_shared.log"
+grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|rc=|^E  " "$OUT/gpu_shared.log" | cut -c1-240 | tail -70
