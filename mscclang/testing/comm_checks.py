@@ -48,7 +48,7 @@ def communicator(w: Any, fallback: bool = False) -> Any:
     comm = w.state.get(key)
     if comm is None:
         backend = RuntimeBackend(executor=w.executor, rank=w.rank, world_size=w.world_size,
-                                 device=torch.device("cuda", w.rank),
+                                 device=torch.device("cuda", int(w.comm.device)),
                                  store=getattr(w.comm, "store", None))
         comm = Communicator(backend=backend, fallback=fallback)
         w.state[key] = comm

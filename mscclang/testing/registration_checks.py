@@ -314,7 +314,7 @@ def allocator_report(w: Any, nbytes: int = 8 << 20) -> dict:
 
     from mscclang.runtime import cuda as cu
 
-    x = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{w.rank}")
+    x = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{int(w.comm.device)}")
     capable = cu.ipc_capable(x.data_ptr())
     return {"rank": w.rank, "conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), "ipc_capable": capable}
 

@@ -202,11 +202,14 @@ def reference(plan: Plan, inputs: list, reduce_op: str, rank: int) -> Any:
 
 
 def _device(w: Any) -> Any:
-    """The worker's torch device: ``w.device`` when it has one (CPU test harness), else its GPU."""
+    """The worker's torch device: ``w.device`` when it has one (CPU test harness), else its
+    communicator's GPU (rank r's GPU is r // ranks per GPU, see :func:`~mscclang.runtime.launch.ranks_per_gpu`)."""
     import torch
 
     dev = getattr(w, "device", None)
-    return dev if dev is not None else torch.device(f"cuda:{w.rank}")
+    if dev is not None:
+        return dev
+    return torch.device("cuda", int(w.comm.device))
 
 
 def _sizes(plan: Plan, nbytes: int, esize: int, world: int) -> tuple[int, int]:

@@ -35,7 +35,7 @@ def _fresh_comm(w: Any, name: str, fallback: bool = False, timeout_s: Optional[f
     if timeout_s is not None:
         opts["timeout_s"] = timeout_s
     be = RuntimeBackend(store=w.comm.store, rank=w.rank, world_size=w.world_size,
-                        device=torch.device("cuda", w.rank), **opts)
+                        device=torch.device("cuda", int(w.comm.device)), **opts)
     return Communicator(backend=be, fallback=fallback)
 
 
