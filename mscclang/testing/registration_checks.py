@@ -91,6 +91,19 @@ def _zero_copy(comm: Any) -> bool:
     return bool(cp is not None and cp.mode == "direct" and cp.variant is not None and cp.variant.symmetric)
 
 
+def _free_quiet(w: Any) -> int:
+    """The device's free memory, measured with every rank at the same point (store barriers on
+    both sides): ranks that share a GPU (``MSCCLANG_RANKS_PER_GPU``) then see each other's memory
+    at a quiescent point too."""
+    import torch
+
+    torch.cuda.synchronize()
+    w.comm.barrier("free-memory-before")
+    free = int(torch.cuda.mem_get_info()[0])
+    w.comm.barrier("free-memory-after")
+    return free
+
+
 def eager_reuse(w: Any, colls=("all_reduce", "all_gather", "reduce_scatter", "all_to_all"), sizes=SIZES,
                 dtype: str = "bfloat16", calls: int = 4, seed: int = 500) -> dict:
     """Per collective x size: one pair of ordinary tensors called ``calls`` times with fresh data;
@@ -109,7 +122,7 @@ def eager_reuse(w: Any, colls=("all_reduce", "all_gather", "reduce_scatter", "al
             for nbytes in sizes:
                 numel = _numel(coll, nbytes, _ESIZE[dtype], n)
                 x, out = _tensors(coll, numel, dt, comm.device, n, r)
-                rec = {"labels": [], "zero_copy": [], "exchanges": []}
+                rec = {"labels": [], "zero_copy": [], "exchanges": [], "registrations": 0}
                 cases[f"{coll} {nbytes}"] = rec
                 for i in range(calls):
                     try:
@@ -126,6 +139,9 @@ def eager_reuse(w: Any, colls=("all_reduce", "all_gather", "reduce_scatter", "al
                     checked += 1
                     if bad:
                         failures.append(f"rank {r}: {coll} {nbytes} B call {i}: {bad}")
+                # while the case's tensors live: a registration belongs to a storage and is
+                # released here once its storage dies
+                rec["registrations"] = comm.memory().get("registrations", 0)
                 del x, out
         mem = comm.memory()
         return {"rank": r, "checked": checked, "failures": failures, "cases": cases, "memory": mem}
@@ -389,9 +405,9 @@ def memory_cap(w: Any, cap: int = 8 << 20, nbytes: int = 64 << 20, dtype: str = 
             del x
             if i == 0:
                 torch.cuda.empty_cache()
-                out["free_after_first"] = torch.cuda.mem_get_info()[0]
+                out["free_after_first"] = _free_quiet(w)
         torch.cuda.empty_cache()
-        out["free_after_last"] = torch.cuda.mem_get_info()[0]
+        out["free_after_last"] = _free_quiet(w)
         out.update(labels=labels, staging_held=held, memory=comm.memory())
         # a bare executor: the plan on ordinary tensors stages through the executor's own staging
         ex = comm.backend.executor
@@ -429,7 +445,7 @@ def memory_report(w: Any, colls=("all_reduce", "all_gather", "reduce_scatter", "
     dt = _torch_dtype(dtype)
     failures: list[str] = []
     checked = 0
-    free0 = torch.cuda.mem_get_info()[0]
+    free0 = _free_quiet(w)
     try:
         for coll in colls:
             for nbytes in sizes:
@@ -461,7 +477,7 @@ def memory_report(w: Any, colls=("all_reduce", "all_gather", "reduce_scatter", "
         torch.cuda.empty_cache()
         return {"rank": r, "checked": checked, "failures": failures, "memory": comm.memory(),
                 "torch_reserved": torch.cuda.memory_reserved(), "free_before": free0,
-                "free_after": torch.cuda.mem_get_info()[0]}
+                "free_after": _free_quiet(w)}
     finally:
         torch.cuda.synchronize()
         _safe_close(comm)
@@ -499,8 +515,7 @@ def free_after_large(w: Any, nbytes: int = 1 << 30, dtype: str = "bfloat16", see
             torch.cuda.empty_cache()
             comm.synchronize()
             rc.barrier("freed")        # every rank released its mappings of the others' tensors
-            torch.cuda.synchronize()
-            frees.append(torch.cuda.mem_get_info()[0])
+            frees.append(_free_quiet(w))
         return {"rank": w.rank, "checked": checked, "failures": failures, "free": frees, "labels": labels,
                 "memory": comm.memory()}
     finally:

@@ -76,7 +76,9 @@ def test_eager_reuse_runs_zero_copy_without_exchanges(pool):
             if any(rec["zero_copy"]):
                 assert all(rec["zero_copy"]), (case, rec)
                 zero_copy_cases += 1
-        assert r["memory"]["registrations"] >= 1, r["memory"]
+        # registrations belong to storages: counted per case while its tensors lived (after the
+        # last case's tensors died, the report counts them released)
+        assert max(rec["registrations"] for rec in r["cases"].values()) >= 1, r["cases"]
     # the shipped tuning picks zero-copy plans from 1 MiB at 2 ranks
     assert zero_copy_cases > 0
 
