@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import hashlib
+import logging
 import os
 import sys
 import tempfile
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from mscclang.errors import RuntimeUnavailable
+
+_log = logging.getLogger("mscclang.runtime")
 
 DTYPES = ("f16", "bf16", "f32", "i32")
 PACKET_TYPES = ("ll16", "ll8")
@@ -224,12 +227,22 @@ def prebuilt_name(dtype: str, arch: str) -> str:
 
 
 def find_prebuilt(dtype: str, arch: str) -> Optional[Path]:
-    """A prebuilt cubin from ``MSCCLANG_CUBIN_DIR`` matching the current sources, if any."""
+    """A prebuilt cubin from ``MSCCLANG_CUBIN_DIR`` matching the current sources, if any. When the
+    directory is set but holds none for these sources (e.g. built from other sources), a warning
+    names the file expected and those present: the caller then builds with NVRTC, which takes
+    tens of seconds per dtype."""
     d = os.environ.get("MSCCLANG_CUBIN_DIR")
     if not d:
         return None
-    p = Path(d) / prebuilt_name(dtype, arch)
-    return p if p.is_file() else None
+    name = prebuilt_name(dtype, arch)
+    p = Path(d) / name
+    if p.is_file():
+        return p
+    others = sorted(q.name for q in Path(d).glob(f"mscclang_{dtype}_{arch_string(arch)}_*.cubin"))
+    _log.warning("MSCCLANG_CUBIN_DIR=%s has no %s for the current executor sources (%s); building %s with "
+                 "NVRTC instead (run `python3 -m mscclang build-kernel --out %s` to refresh)",
+                 d, name, "stale: " + ", ".join(others) if others else "none for this dtype and arch", dtype, d)
+    return None
 
 
 def build_all(arch: str | int | tuple[int, int] = "sm_90", dtypes: Sequence[str] = DTYPES,

@@ -625,3 +625,19 @@ def reset(w: Any) -> bool:
     """Collective reset of the worker's executor (after a failure on some rank)."""
     w.executor.reset()
     return True
+
+
+def warm_kernels(w: Any) -> dict:
+    """Load the interpreter module of every dtype now (prebuilt cubins, the disk cache, or an
+    NVRTC build of tens of seconds each), so that no later command's time limit pays for a build.
+    Returns the seconds taken per dtype."""
+    import time
+
+    from mscclang.runtime.build import DTYPES
+
+    took = {}
+    for dt in DTYPES:
+        t = time.monotonic()
+        w.executor._function(dt, "ll16", "sum")
+        took[dt] = round(time.monotonic() - t, 2)
+    return {"rank": w.rank, "seconds": took}

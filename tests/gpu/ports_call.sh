@@ -8,6 +8,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 . .whl/prelude.sh || exit 1
 export NCCL_NVLS_ENABLE=0 MSCCLANG_CUBIN_DIR="$PWD/.cubins" MSCCLANG_TEST_TIMEOUT_S=10 PYTHONUNBUFFERED=1
 unset MSCCLANG_ENABLE_NVLS
+python3 -c "from mscclang.runtime.build import find_prebuilt as f; import sys; sys.exit(0 if all(f(d, 'sm_90') for d in ('f16','bf16','f32','i32')) else 1)" \
+  || echo "WARNING: .cubins does not match the executor sources: every worker builds with NVRTC (rebuild: python3 -m mscclang build-kernel --out .cubins)"
 t0=$(date +%s)
 timeout -k 5 ${PYTEST_S:-260} python3 -m pytest -m gpu tests/gpu/test_ports_gpu.py tests/gpu/test_registration_gpu.py \
   -o addopts="" -v -rfE --tb=short --timeout 100 > "$OUT/gpu_ports.log" 2>&1

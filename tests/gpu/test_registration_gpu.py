@@ -43,6 +43,7 @@ def pool():
     world = os.environ.get("MSCCLANG_TEST_WORLD")
     p = WorkerPool(world_size=int(world) if world else None,
                    timeout_s=float(os.environ.get("MSCCLANG_TEST_TIMEOUT_S", "10")), env=dict(DESIGNED))
+    p.run(f"{C}:warm_kernels")   # no test's limit pays for an interpreter build
     yield p
     p.close()
 
