@@ -190,26 +190,7 @@ def test_engine_connect_pairs_ranks_and_ids(monkeypatch):
 
 
 def _shipped_port_plans():
-    import json
-    from pathlib import Path
-
-    from mscclang.plan.io import load_plan
-
-    root = Path(__file__).resolve().parents[1] / "plans"
-    out = []
-    for f in sorted(root.glob("*.json")):
-        if f.name == "index.json":
-            continue
-        text = f.read_text()
-        if '"port"' not in text:
-            continue
-        plan = load_plan(text)
-        gpn = plan.world_size
-        for part in f.stem.split("."):
-            if part.startswith("gpus_per_node"):
-                gpn = int(part[len("gpus_per_node"):])
-        out.append((f.stem, plan, gpn))
-    return out
+    return pp.shipped_port_plans()
 
 
 def test_every_shipped_port_plan_packs_and_scripts_its_proxy():

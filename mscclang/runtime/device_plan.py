@@ -531,6 +531,15 @@ def pack_blocks(plan: Plan, rank: int, input_bytes: int, output_bytes: int) -> P
                       pk.port.script())
 
 
+def group_scratch_bytes(plan: Plan, input_bytes: int, output_bytes: int) -> int:
+    """Scratch bytes of the rank that needs the most at one message size. Every rank allocates
+    this much: making or growing a plan's context is collective (a store barrier, and every peer
+    maps the new scratch), so the decision must be the same on every rank, which a rank's own
+    need is not when the plan gives ranks different scratch (a receiver's, not a sender's)."""
+    return max(scratch_bytes_needed(plan, make_layout(plan, q, input_bytes, output_bytes))
+               for q in range(len(plan.gpus)))
+
+
 @dataclass(frozen=True)
 class Addresses:
     """Device addresses the runtime fills into the header and tables."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -24,8 +25,8 @@ from mscclang.runtime import cuda as cu
 from mscclang.runtime.build import block_variant, build_module, find_prebuilt, kernel_name
 from mscclang.runtime.comm import Communicator
 from mscclang.runtime.device_plan import (
-    KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, PackedRank, SyncLayout, check_runnable,
-    inbound_slots, mapped_peers, memory_channel_ordinals, pack_blob, pack_blocks, sync_layout,
+    KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, SyncLayout, check_runnable,
+    group_scratch_bytes, inbound_slots, mapped_peers, memory_channel_ordinals, pack_blob, pack_blocks, sync_layout,
 )
 from mscclang.runtime.registration import (
     ARENA_STRIDE, Region, allocator_config, graph_arena_bytes, staging_cap_bytes, zero_copy_operands,
@@ -38,6 +39,8 @@ from mscclang.runtime.ports import port_inbound_slots, port_peers
 from mscclang.runtime.proxy import Incoming, PortLaunch, PortProxy
 from mscclang.runtime.topology import topology_from_env
 from mscclang.runtime.watchdog import AbortWatchdog
+
+log = logging.getLogger("mscclang.runtime")
 
 DEFAULT_TIMEOUT_S = 30.0
 _WHAT = {1: "a signal", 2: "LL packets", 3: "a barrier", 4: "a semaphore", 5: "nothing (a peer or another "
@@ -157,6 +160,7 @@ class LoadedPlan:
     has_port: bool = False   # port channels on some rank: the interpreter runs it, with the proxy
     engine_keys: list = field(default_factory=list)   # (src, dst, ordinal) of port channels between nodes
     serial: int = -1         # engine communicators' namespace (assigned collectively at first context)
+    group_scratch: dict[tuple[int, int], int] = field(default_factory=dict)   # (in, out bytes) -> scratch
 
 
 @dataclass
@@ -362,22 +366,35 @@ class Executor:
         cu.mem_free(ctx.sync_base)
         cu.mem_free(ctx.scratch_base)
 
-    def _ensure_context(self, lp: LoadedPlan, packed: PackedRank) -> _Context:
+    def _group_scratch(self, lp: LoadedPlan, in_bytes: int, out_bytes: int) -> int:
+        """:func:`group_scratch_bytes` of the plan at this size (cached per size)."""
+        key = (in_bytes, out_bytes)
+        v = lp.group_scratch.get(key)
+        if v is None:
+            if len(lp.group_scratch) >= 1024:
+                lp.group_scratch.clear()
+            v = lp.group_scratch[key] = group_scratch_bytes(lp.plan, in_bytes, out_bytes)
+        return v
+
+    def _ensure_context(self, lp: LoadedPlan, in_bytes: int, out_bytes: int) -> _Context:
         """The plan's context, made or grown (collective: every rank reaches this at the same
-        call). An outgrown context is retired, not freed, and the launch entries made on it stay:
-        a prepared call, or a CUDA graph that captured one, keeps running on its scratch, flags
-        and device plans (every rank's entry for a size lives on the same generation of context,
-        so peers always meet on matching ones). Retired contexts are freed by close()."""
+        call, and decides alike: the size is the scratch of the rank that needs the most, see
+        :func:`group_scratch_bytes`). An outgrown context is retired, not freed, and the launch
+        entries made on it stay: a prepared call, or a CUDA graph that captured one, keeps running
+        on its scratch, flags and device plans (every rank's entry for a size lives on the same
+        generation of context, so peers always meet on matching ones). Retired contexts are freed
+        by close()."""
         ctx = lp.ctx
-        if ctx is not None and ctx.scratch_bytes >= packed.scratch_bytes:
+        need = self._group_scratch(lp, in_bytes, out_bytes)
+        if ctx is not None and ctx.scratch_bytes >= need:
             return ctx
         if self._capturing():
-            raise NotPrepared(f"rank {self.comm.rank}: plan {lp.plan.name} needs {packed.scratch_bytes} B of "
+            raise NotPrepared(f"rank {self.comm.rank}: plan {lp.plan.name} needs {need} B of "
                               "scratch; first-time set-up cannot happen inside CUDA graph capture: prepare the "
                               "call (or run it once) before capturing")
         drv = cu.driver()
         cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
-        size = packed.scratch_bytes
+        size = need
         if ctx is not None:
             self.comm.barrier("grow context")
             size = max(size, 2 * ctx.scratch_bytes)   # geometric: few contexts per plan, at most 2x held
@@ -398,7 +415,7 @@ class Executor:
         plan = lp.plan
         r = self.comm.rank
         packed = pack_blocks(plan, r, in_bytes, out_bytes)
-        ctx = self._ensure_context(lp, packed)
+        ctx = self._ensure_context(lp, in_bytes, out_bytes)
         key = (in_bytes, out_bytes, getattr(sym_in, "index", None), getattr(sym_out, "index", None))
         dp = ctx.plans.get(key)
         if dp is not None:
@@ -577,7 +594,7 @@ class Executor:
         (prepare: a capture of the call will use it). In-place plans stage input and output in
         one buffer."""
         if lp.ctx is None:
-            self._ensure_context(lp, pack_blocks(lp.plan, self.comm.rank, in_bytes, out_bytes))
+            self._ensure_context(lp, in_bytes, out_bytes)
         need_in = 0 if lp.plan.inplace else in_bytes
         cap = self._regs().cap
         if max(need_in, out_bytes) > cap:
@@ -743,7 +760,8 @@ class Executor:
         ctx = lp.ctx
         packed = pack_blocks(plan, self.comm.rank, in_bytes, out_bytes)
         fkey = (dt, pkt, op, block_variant(lp.nthreads))
-        if fkey not in self._funcs or ctx is None or ctx.scratch_bytes < packed.scratch_bytes:
+        if (fkey not in self._funcs or ctx is None
+                or ctx.scratch_bytes < self._group_scratch(lp, in_bytes, out_bytes)):
             raise NotPrepared(f"rank {self.comm.rank}: {desc} was not prepared: run it once or prepare it (any "
                               "tensors of these sizes) before capturing it")
         f = self._function(dt, pkt, op, lp.nthreads)
@@ -1314,7 +1332,8 @@ class Executor:
                 peer_inbound.append(None)
                 comms.append(self._engine.comm((lp.serial, r, q, o)))
         pl = PortLaunch(script, dp.port_area, remote_base,
-                        [rb.type for rb in g.remote_buffers], ctx.scratch_base, peer_inbound, comms, incoming)
+                        [rb.type for rb in g.remote_buffers], ctx.scratch_base, peer_inbound, comms, incoming,
+                        bounds=(in_bytes, out_bytes, ctx.scratch_bytes), abort_word=ctx.sync_base + SYNC_ABORT_OFF)
         self._proxy.prepare(len(script.channels) + len(incoming))
         return pl
 
@@ -1421,8 +1440,19 @@ class Executor:
         """A launch of a port plan: the proxy's stream operations around the kernel."""
         if s != self._last_stream:
             self._order_streams(s)
-        n = self._proxy.before(port, s, in_ptr, out_ptr, in_delta, out_delta)
-        self._launch(ent, in_ptr, out_ptr, in_delta, out_delta, s, True)
+        try:
+            n = self._proxy.before(port, s, in_ptr, out_ptr, in_delta, out_delta)
+            self._launch(ent, in_ptr, out_ptr, in_delta, out_delta, s, True)
+        except BaseException:
+            # side streams may already wait for triggers no kernel will post: release them as an
+            # aborting kernel would (nothing to release in a capture: the graph is never made)
+            try:
+                if not self._stream_capturing(s):
+                    self._proxy.release(port, s)
+            except Exception:  # noqa: BLE001 - never hide the launch's own error
+                log.exception("rank %d: releasing the port side streams after a failed launch failed",
+                              self.comm.rank)
+            raise
         self._proxy.after(s, n)
 
     def _order_streams(self, s: int) -> None:

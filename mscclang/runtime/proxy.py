@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from mscclang.errors import RuntimeUnavailable
+from mscclang.errors import PlanError, RuntimeUnavailable
 from mscclang.plan.models import BufferKind
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.ports import ChannelScript, PortScript
@@ -62,12 +62,40 @@ class Incoming:
 @dataclass
 class Resolved:
     """Addresses of one launch: this rank's buffers and, per remote buffer index, the peer's base
-    (already including the call's delta for input/output; None when the peer is on another node)."""
+    (already including the call's delta for input/output; None when the peer is on another node).
+    With ``sizes`` (bytes of this rank's input, output and scratch) and ``remote_bytes`` (bytes
+    from each remote base), every copy is checked to stay inside both buffers before anything is
+    enqueued: a copy engine writing past a peer's buffer would corrupt whatever lies there."""
 
     input: int
     output: int
     scratch: int
     remote: Sequence[Optional[int]]
+    sizes: Optional[tuple[int, int, int]] = None
+    remote_bytes: Optional[Sequence[int]] = None
+
+
+_KIND_NAME = {BufferKind.input: "input", BufferKind.output: "output", BufferKind.scratch: "scratch"}
+
+
+def _local_bytes(kind: BufferKind, r: Resolved) -> Optional[int]:
+    if r.sizes is None:
+        return None
+    return r.sizes[0] if kind == BufferKind.input else r.sizes[1] if kind == BufferKind.output else r.sizes[2]
+
+
+def _check_copy(trig: Any, k: int, c: Any, r: Resolved) -> None:
+    """PlanError when copy ``c`` of trigger ``trig`` (port channel ``k``) leaves this rank's source
+    buffer or the peer's destination buffer."""
+    have = _local_bytes(c.src, r)
+    if have is not None and (c.src_off < 0 or c.src_off + c.length > have):
+        raise PlanError(f"{trig.op}: port channel {k} copies {c.length} B from offset {c.src_off} of this rank's "
+                        f"{_KIND_NAME.get(c.src, c.src)} buffer of {have} B: past its end")
+    if r.remote_bytes is not None and 0 <= c.dst < len(r.remote_bytes):
+        lim = r.remote_bytes[c.dst]
+        if c.dst_off < 0 or c.dst_off + c.length > lim:
+            raise PlanError(f"{trig.op}: port channel {k} copies {c.length} B to offset {c.dst_off} of the peer's "
+                            f"remote buffer {c.dst} of {lim} B: past its end")
 
 
 def _local(kind: BufferKind, r: Resolved) -> int:
@@ -93,6 +121,7 @@ def launch_ops(script: PortScript, area: int, r: Resolved, peer_inbound: Sequenc
         for trig in ch.triggers:
             ops.append(StreamOp("wait", blk, 0, trig.t))
             for c in trig.copies:
+                _check_copy(trig, k, c, r)
                 src = _local(c.src, r) + c.src_off
                 if engine:
                     ops.append(StreamOp("send", 0, src, c.length, comms[k]))
@@ -116,7 +145,13 @@ def launch_ops(script: PortScript, area: int, r: Resolved, peer_inbound: Sequenc
         ops = []
         for trig in inc.script.triggers:
             for c in trig.copies:
-                ops.append(StreamOp("recv", _local(kinds_of(inc, c.dst), r) + c.dst_off, 0, c.length, inc.comm))
+                kind = kinds_of(inc, c.dst)
+                have = _local_bytes(kind, r)
+                if have is not None and (c.dst_off < 0 or c.dst_off + c.length > have):
+                    raise PlanError(f"{trig.op}: rank {inc.script.peer}'s port channel sends {c.length} B to offset "
+                                    f"{c.dst_off} of this rank's {_KIND_NAME.get(kind, kind)} buffer of {have} B: "
+                                    "past its end")
+                ops.append(StreamOp("recv", _local(kind, r) + c.dst_off, 0, c.length, inc.comm))
             if trig.slot is not None:
                 ops.append(StreamOp("recv", inc.inbound, 0, 8, inc.comm))
         streams.append(ops)
@@ -145,6 +180,10 @@ class PortLaunch:
     peer_inbound: Sequence[Optional[int]]
     comms: Sequence[Any]
     incoming: Sequence[Incoming] = field(default_factory=list)
+    #: (input, output, scratch) bytes of every rank at this size (None: copies are not checked)
+    bounds: Optional[tuple[int, int, int]] = None
+    #: this rank's abort word (a failed launch sets it, so the peers stop waiting for it)
+    abort_word: int = 0
     _last: Any = field(default=None, repr=False)
 
     def ops(self, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int) -> list[list[StreamOp]]:
@@ -167,7 +206,11 @@ class PortLaunch:
                 rem.append(base + out_delta)
             else:
                 rem.append(base)
-        return Resolved(in_ptr, out_ptr, self.scratch, rem)
+        if self.bounds is None:
+            return Resolved(in_ptr, out_ptr, self.scratch, rem)
+        nin, nout, nscr = self.bounds
+        lim = [nin if k == BufferKind.input else nout if k == BufferKind.output else nscr for k in self.remote_kind]
+        return Resolved(in_ptr, out_ptr, self.scratch, rem, self.bounds, lim)
 
 
 class PortProxy:
@@ -229,6 +272,22 @@ class PortProxy:
             self.enqueued += len(lst)
             n = i + 1
         return n
+
+    def release(self, pl: PortLaunch, stream: int) -> None:
+        """After a launch that failed on the host (an error while enqueuing, or the kernel's launch
+        itself): do on ``stream`` what an aborting kernel does at exit, so that no side-stream
+        wait of this launch outlives it (``cuStreamWaitValue32`` has no timeout): every channel's
+        trigger word gets its final count, and this rank's abort word is set, so the peers' kernels
+        stop waiting for this one (the executor then needs the collective reset, as after a
+        timeout). Best effort: errors here are not raised over the original one."""
+        drv = cu.driver()
+        wdef = drv.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+        for k, ch in enumerate(pl.script.channels):
+            final = max((t.t for t in ch.triggers), default=0)
+            if final:
+                drv.cuStreamWriteValue32(stream, pl.area + pl.script.block_offset(k), final, wdef)
+        if pl.abort_word:
+            drv.cuStreamWriteValue32(stream, pl.abort_word, 1, wdef)
 
     def after(self, stream: int, n: int) -> None:
         """Join the side streams back into the caller's stream."""

@@ -192,3 +192,28 @@ SAMPLES = {
     "allgather_port_only": allgather_port_only,
     "sendrecv_pipelined": lambda n=2: sendrecv_pipelined(),
 }
+
+
+def shipped_port_plans() -> list[tuple[str, Plan, int]]:
+    """(file stem, plan, GPUs per node) of every plan in the checkout's ``plans/`` that uses port
+    channels; GPUs per node from the stem's ``gpus_per_node<N>`` part (default: all ranks on one
+    node)."""
+    from pathlib import Path
+
+    from mscclang.plan.io import load_plan
+
+    root = Path(__file__).resolve().parents[2] / "plans"
+    out = []
+    for f in sorted(root.glob("*.json")):
+        if f.name == "index.json":
+            continue
+        text = f.read_text()
+        if '"port"' not in text:
+            continue
+        plan = load_plan(text)
+        gpn = plan.world_size
+        for part in f.stem.split("."):
+            if part.startswith("gpus_per_node"):
+                gpn = int(part[len("gpus_per_node"):])
+        out.append((f.stem, plan, gpn))
+    return out

@@ -1,0 +1,232 @@
+"""Launch safety of port-channel plans, on the CPU (found on a GPU, session 6: the pipelined
+sample hung its worker pool at 256 KiB after passing at 64 KiB):
+
+* making or growing a plan's context is collective, so every rank must take the same decision:
+  the rank with no scratch (a sender) used to keep its context while the receiver grew its own,
+  leaving one rank in a store barrier and the other copying past the peer's old scratch
+  (``cuMemcpyDtoDAsync`` failed with CUDA_ERROR_INVALID_VALUE; inside the allocation it would
+  have been silent corruption);
+* every proxy copy is checked against both buffers before anything is enqueued;
+* a launch that fails after the proxy enqueued its waits releases them (``cuStreamWaitValue32``
+  has no timeout: the next synchronize, e.g. the collective reset, hung forever).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from mscclang.errors import PlanError
+from mscclang.plan.models import BufferKind
+from mscclang.runtime import device_plan as dp
+from mscclang.runtime import proxy as px
+from mscclang.runtime.executor import Executor, LoadedPlan
+from mscclang.runtime.ports import port_peers
+from mscclang.runtime.topology import Topology
+from mscclang.testing import port_plans as pp
+
+KiB = 1 << 10
+
+
+def _stub_executor(rank, monkeypatch, barriers):
+    ex = object.__new__(Executor)
+    ex.comm = SimpleNamespace(rank=rank, barrier=lambda tag="barrier", timeout_s=None: barriers.append(tag))
+    ex._capturing = lambda: False
+    made = []
+
+    def make(lp, size):
+        made.append(size)
+        return SimpleNamespace(scratch_bytes=max(size, 256))
+
+    ex._make_context = make
+    monkeypatch.setattr("mscclang.runtime.executor.cu.driver",
+                        lambda: SimpleNamespace(cuCtxSynchronize=lambda: (0,)))
+    return ex, made
+
+
+def test_context_growth_is_decided_alike_on_every_rank(monkeypatch):
+    plan = pp.sendrecv_pipelined(unit=64 * KiB)
+    # rank 0 only sends (no scratch), rank 1 receives into scratch
+    own = [dp.pack_blocks(plan, r, 256 * KiB, 256 * KiB).scratch_bytes for r in range(2)]
+    assert own[0] < own[1]
+    assert dp.group_scratch_bytes(plan, 256 * KiB, 256 * KiB) == max(own)
+    seqs, sizes = [], []
+    for r in range(2):
+        barriers: list = []
+        ex, made = _stub_executor(r, monkeypatch, barriers)
+        lp = LoadedPlan(plan, False, "ll16", "sum", plan.num_threads_per_block, 1)
+        for nbytes in (64 * KiB, 256 * KiB, 64 * KiB, 1024 * KiB):
+            ex._ensure_context(lp, nbytes, nbytes)
+        seqs.append(barriers)
+        sizes.append(made)
+    assert seqs[0] == seqs[1], seqs
+    assert seqs[0].count("grow context") == 2
+    assert sizes[0] == sizes[1]        # every rank's scratch is the group's: peers map equal sizes
+
+
+def _launch(plan, rank, nbytes, scratch_bytes):
+    pk = dp.pack_blocks(plan, rank, nbytes, nbytes)
+    g = plan.gpus[rank]
+    pl = px.PortLaunch(pk.port, 0x1000, [0x900000 * (j + 1) for j in range(len(g.remote_buffers))],
+                       [rb.type for rb in g.remote_buffers], 0x30000, [0x77000] * len(pk.port.channels),
+                       [None] * len(pk.port.channels), bounds=(nbytes, nbytes, scratch_bytes), abort_word=0x5000)
+    return pk, pl
+
+
+def test_a_copy_past_the_peers_scratch_is_refused_before_anything_is_enqueued():
+    plan = pp.sendrecv_pipelined(unit=64 * KiB)
+    # the peer's scratch as it was for a 64 KiB call, used for a 256 KiB one
+    _pk, pl = _launch(plan, 0, 256 * KiB, dp.group_scratch_bytes(plan, 64 * KiB, 64 * KiB))
+    with pytest.raises(PlanError, match=r"rank 0 thread block 0 op \d+ \(pws\).*iteration 1.*remote buffer 0 of "
+                                        r"65536 B: past its end"):
+        pl.ops(0x10000, 0x20000, 0, 0)
+    # with the group's scratch at this size every copy fits
+    _pk, pl = _launch(plan, 0, 256 * KiB, dp.group_scratch_bytes(plan, 256 * KiB, 256 * KiB))
+    assert sum(o.kind == "copy" for s in pl.ops(0x10000, 0x20000, 0, 0) for o in s) == 8
+
+
+def test_a_copy_past_this_ranks_source_is_refused():
+    plan = pp.allgather_pwsf(2)
+    pk = dp.pack_blocks(plan, 0, 4 * KiB, 8 * KiB)
+    r = px.Resolved(0x10000, 0x20000, 0x30000, [0x90000], sizes=(1 * KiB, 8 * KiB, 0), remote_bytes=[8 * KiB])
+    with pytest.raises(PlanError, match=r"from offset 0 of this rank's input buffer of 1024 B: past its end"):
+        px.launch_ops(pk.port, 0x1000, r, [0x77000], [None], [])
+
+
+@pytest.mark.parametrize("build,n", [(pp.allgather_pwsf, 2), (pp.allgather_put_flush_signal, 4),
+                                     (pp.allgather_port_only, 2), (lambda n: pp.sendrecv_pipelined(), 2)])
+def test_sample_port_plans_fit_their_buffers_at_every_size(build, n):
+    plan = build(n)
+    for nbytes in (4 * KiB, 64 * KiB + 96 * n, 1 << 20, 3 << 20):
+        out_b = nbytes * n if plan.collective == "allgather" else nbytes
+        scratch = dp.group_scratch_bytes(plan, nbytes, out_b)
+        for r in range(n):
+            pk = dp.pack_blocks(plan, r, nbytes, out_b)
+            if pk.port is None:
+                continue
+            g = plan.gpus[r]
+            pl = px.PortLaunch(pk.port, 0x1000, [0x900000] * len(g.remote_buffers),
+                               [rb.type for rb in g.remote_buffers], 0x30000, [0x77000] * len(pk.port.channels),
+                               [None] * len(pk.port.channels), bounds=(nbytes, out_b, scratch))
+            pl.ops(0x10000, 0x20000, 0, 0)
+
+
+def test_shipped_port_plans_fit_their_buffers():
+    """Every port plan in plans/ at two sizes: no proxy copy leaves its buffers (same-node peers:
+    copy-engine copies; the engine's receives checked on the receiving rank)."""
+    for stem, plan, gpn in pp.shipped_port_plans():
+        topo = Topology(plan.world_size, gpn)
+        for nbytes in (1 << 16, (1 << 20) * plan.world_size):
+            out_b = nbytes * plan.world_size if plan.collective == "allgather" else nbytes
+            scratch = dp.group_scratch_bytes(plan, nbytes, out_b)
+            packs = [dp.pack_blocks(plan, r, nbytes, out_b) for r in range(plan.world_size)]
+            for r, pk in enumerate(packs):
+                g = plan.gpus[r]
+                if pk.port is None:
+                    continue
+                remote = [0x900000 if topo.same_node(r, rb.rank) else None for rb in g.remote_buffers]
+                comms = [None if topo.same_node(r, q) else object() for q, _o in port_peers(plan, r)]
+                res = px.Resolved(0x10000, 0x20000, 0x30000, remote, (nbytes, out_b, scratch),
+                                  [nbytes if rb.type == BufferKind.input else out_b if rb.type == BufferKind.output
+                                   else scratch for rb in g.remote_buffers])
+                inbound = [0x77000 if c is None else None for c in comms]
+                try:
+                    px.launch_ops(pk.port, 0x1000, res, inbound, comms, [])
+                except PlanError as e:  # pragma: no cover - the message says which plan
+                    raise AssertionError(f"{stem} rank {r} at {nbytes} B: {e}") from e
+
+
+class _RecordingDriver:
+    """cuda.bindings stand-in that records calls; ``fail`` names a call that returns an error."""
+
+    class Flags:
+        CU_EVENT_DISABLE_TIMING = 2
+        CU_STREAM_NON_BLOCKING = 1
+        CU_STREAM_WAIT_VALUE_GEQ = 0
+        CU_STREAM_WRITE_VALUE_DEFAULT = 0
+
+    CUevent_flags = CUstream_flags = CUstreamWaitValue_flags = CUstreamWriteValue_flags = Flags
+
+    def __init__(self, fail=None):
+        self.calls = []
+        self.fail = fail
+        self.n = 0
+
+    def _new(self, what):
+        self.n += 1
+        self.calls.append((what, self.n))
+        return 0, self.n
+
+    def cuEventCreate(self, flags):
+        return self._new("event")
+
+    def cuStreamCreate(self, flags):
+        return self._new("stream")
+
+    def cuGetErrorName(self, err):
+        return 0, b"CUDA_ERROR_INVALID_VALUE"
+
+    def __getattr__(self, name):
+        def f(*a):
+            self.calls.append((name,) + a)
+            return (1,) if name == self.fail else (0,)
+        return f
+
+
+def test_a_failed_enqueue_releases_every_wait_and_sets_the_abort_word(monkeypatch):
+    from mscclang.errors import RuntimeUnavailable
+
+    plan = pp.sendrecv_pipelined(unit=64 * KiB)
+    pk, pl = _launch(plan, 0, 256 * KiB, dp.group_scratch_bytes(plan, 256 * KiB, 256 * KiB))
+    drv = _RecordingDriver(fail="cuMemcpyDtoDAsync")
+    monkeypatch.setattr(px.cu, "driver", lambda: drv)
+    monkeypatch.setattr("mscclang.runtime.cuda.driver", lambda: drv)
+    p = px.PortProxy()
+    p.prepare(1)
+
+    ex = object.__new__(Executor)
+    ex.comm = SimpleNamespace(rank=0)
+    ex._proxy = p
+    ex._last_stream = 555
+    ex._stream_capturing = lambda s: False
+    ex._launch = lambda *a, **k: pytest.fail("the kernel must not be launched after a failed enqueue")
+    drv.calls.clear()
+    with pytest.raises(RuntimeUnavailable, match="cuMemcpyDtoDAsync"):
+        ex._launch_port(None, pl, 0x10000, 0x20000, 0, 0, 555)
+    waits = [c for c in drv.calls if c[0] == "cuStreamWaitValue32"]
+    assert waits, "the failure must come after a wait was enqueued for this test to mean anything"
+    writes = [c for c in drv.calls if c[0] == "cuStreamWriteValue32" and c[1] == 555]
+    final = max(t.t for t in pk.port.channels[0].triggers)
+    assert (555, 0x1000 + pk.port.block_offset(0), final, 0) in [c[1:] for c in writes]
+    assert (555, 0x5000, 1, 0) in [c[1:] for c in writes]
+    assert not any(c[0] == "cuStreamWaitEvent" and c[1] == 555 for c in drv.calls)   # no join after a failure
+
+
+def test_a_failed_kernel_launch_releases_the_enqueued_waits(monkeypatch):
+    plan = pp.sendrecv_pipelined(unit=64 * KiB)
+    pk, pl = _launch(plan, 1, 64 * KiB, dp.group_scratch_bytes(plan, 64 * KiB, 64 * KiB))
+    drv = _RecordingDriver()
+    monkeypatch.setattr(px.cu, "driver", lambda: drv)
+    p = px.PortProxy()
+    p.prepare(1)
+    ex = object.__new__(Executor)
+    ex.comm = SimpleNamespace(rank=1)
+    ex._proxy = p
+    ex._last_stream = 7
+    ex._stream_capturing = lambda s: False
+
+    def boom(*a, **k):
+        raise RuntimeError("launch failed")
+
+    ex._launch = boom
+    with pytest.raises(RuntimeError, match="launch failed"):
+        ex._launch_port(None, pl, 0x10000, 0x20000, 0, 0, 7)
+    final = max(t.t for t in pk.port.channels[0].triggers)
+    assert ("cuStreamWriteValue32", 7, 0x1000 + pk.port.block_offset(0), final, 0) in drv.calls
+    # in a capture nothing is released: the graph is never instantiated
+    drv.calls.clear()
+    ex._stream_capturing = lambda s: True
+    with pytest.raises(RuntimeError, match="launch failed"):
+        ex._launch_port(None, pl, 0x10000, 0x20000, 0, 0, 7)
+    assert not any(c[0] == "cuStreamWriteValue32" and c[1] == 7 for c in drv.calls)
