@@ -230,3 +230,32 @@ def test_a_failed_kernel_launch_releases_the_enqueued_waits(monkeypatch):
     with pytest.raises(RuntimeError, match="launch failed"):
         ex._launch_port(None, pl, 0x10000, 0x20000, 0, 0, 7)
     assert not any(c[0] == "cuStreamWriteValue32" and c[1] == 7 for c in drv.calls)
+
+
+def test_a_side_stream_that_never_finishes_ends_in_collective_timeout_not_a_hang():
+    """reset() and synchronize() wait for the proxy's side streams with a bound (their waits have
+    no timeout of their own): a wait nobody releases raises CollectiveTimeout naming the cause."""
+    from mscclang.errors import CollectiveTimeout
+
+    ex = object.__new__(Executor)
+    ex.comm = SimpleNamespace(rank=1)
+    ex._proxy = SimpleNamespace(enqueued=12, side_streams=lambda: ["side0"])
+    ex._current_stream = lambda: "torch"
+    ex._last_stream = "last"
+    ex.timeout_ns = int(1e9)
+    seen = []
+
+    def drained(streams, limit_s, stop=None):
+        seen.append((streams, limit_s))
+        return False
+
+    ex._drained = drained
+    with pytest.raises(CollectiveTimeout, match=r"rank 1: reset: the port-channel proxy's stream operations did "
+                                                r"not finish within 7 s"):
+        ex._sync_ports("reset")
+    assert seen == [(["side0", "torch", "last"], 7.0)] and ex._aborted
+    ex._drained = lambda streams, limit_s, stop=None: True
+    ex._sync_ports("synchronize")        # drained: returns
+    ex._proxy.enqueued = 0
+    ex._drained = lambda *a, **k: pytest.fail("no port plan ran: nothing to wait for")
+    ex._sync_ports("synchronize")

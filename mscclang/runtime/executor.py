@@ -1055,10 +1055,28 @@ class Executor:
         engine's communicators are aborted, which ends their calls, and CollectiveTimeout is
         raised."""
         if not self._engine.comms:
+            self._sync_ports("synchronize")
             cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
             self.check()
             return
         self._sync_engine()
+
+    def _sync_ports(self, what: str) -> None:
+        """Bounded wait for the port proxy's side streams (when port plans ran here): their
+        ``cuStreamWaitValue32`` has no timeout, and every path is meant to release it (the kernel's
+        exit, :meth:`PortProxy.release` after a failed launch); should one still wait, this raises
+        CollectiveTimeout instead of hanging in ``cuCtxSynchronize``."""
+        if not self._proxy.enqueued:
+            return
+        streams = list(self._proxy.side_streams()) + [self._current_stream()]
+        if self._last_stream is not None:
+            streams.append(self._last_stream)
+        limit = 2 * self.timeout_ns / 1e9 + 5.0
+        if not self._drained(streams, limit):
+            self._aborted = True
+            raise CollectiveTimeout(f"rank {self.comm.rank}: {what}: the port-channel proxy's stream operations "
+                                    f"did not finish within {limit:.0f} s (a wait for a trigger that no kernel "
+                                    "posts); this process cannot recover: restart it")
 
     def _sync_engine(self) -> None:
         streams = [self._current_stream()] + ([self._last_stream] if self._last_stream is not None else [])
@@ -1468,6 +1486,7 @@ class Executor:
         """Collective reset after a CollectiveTimeout: wait for the GPU, clear flags, counters,
         semaphores, abort words, scratch and the error record on every rank, then meet again."""
         drv = cu.driver()
+        self._sync_ports("reset")
         cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
         self.comm.barrier("reset")
         for lp in self._loaded.values():

@@ -273,6 +273,10 @@ class PortProxy:
             n = i + 1
         return n
 
+    def side_streams(self) -> list[Any]:
+        """The side streams (for a bounded wait on them)."""
+        return list(self._streams)
+
     def release(self, pl: PortLaunch, stream: int) -> None:
         """After a launch that failed on the host (an error while enqueuing, or the kernel's launch
         itself): do on ``stream`` what an aborting kernel does at exit, so that no side-stream
