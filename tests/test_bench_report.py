@@ -294,3 +294,23 @@ def test_algos_column_runs_only_for_its_collective():
     assert not w._algo_serves("allreduce_port_pipelined", "all_to_all")
     w.run_cell("all_reduce", "mscclang:allgather_port", 1 << 20)   # returns before any set-up
     assert emitted == []
+
+
+def test_a_time_of_the_interpreter_kernel_is_marked_in_the_table(tmp_path):
+    """The bench records which kernel its timed calls ran; a mscclang time of the interpreter (the
+    specialisation policy had not promoted the size when the graph was captured) is marked, and
+    the mark survives the JSON round trip."""
+    res = fixture()
+    for r in res.records:
+        if r.impl == "mscclang" and r.bytes == 64 * M and r.coll == "all_reduce":
+            r.plan = "allreduce_rsag_zero_copy.r2.i32.inplace (direct)"
+            r.extra = {"kernel": "interpreter"}
+        elif r.impl == "mscclang" and r.ok:
+            r.extra = {"kernel": "spec"}
+    md = markdown(res)
+    row = next(line for line in md.splitlines() if line.startswith("| 64M |") and "rsag" in line)
+    assert "allreduce_rsag_zero_copy.r2.i32.inplace (direct) [interpreter]" in row
+    assert "[interpreter]" not in next(line for line in md.splitlines() if line.startswith("| 1K |"))
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(res.to_dict()))
+    assert "[interpreter]" in markdown(load_result(p))

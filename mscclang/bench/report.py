@@ -13,6 +13,18 @@ from mscclang.bench.targets import check_targets
 PEERS = ("nccl", "symm")
 
 
+def _plan_label(r: Optional[Record]) -> str:
+    """The plan that ran, marked when the timed calls ran the interpreter kernel rather than the
+    plan-specialised one (the bench's calls did not reach the specialisation policy's count, or
+    its build failed): such a time is not the library's fast path."""
+    if r is None:
+        return "-"
+    label = r.plan or "-"
+    if r.extra.get("kernel") == "interpreter" and label != "-" and not label.startswith("nccl"):
+        label += " [interpreter]"
+    return label
+
+
 def _cell_us(r: Optional[Record]) -> str:
     if r is None:
         return "-"
@@ -70,7 +82,7 @@ def markdown(res: BenchResult, title: str = "mscclang bench") -> str:
                 mine = res.find(coll, "mscclang", mode, nbytes)
                 row = [format_size(nbytes)]
                 if "mscclang" in impls:
-                    row += [_cell_us(mine), _cell_bw(mine), (mine.plan or "-") if mine else "-"]
+                    row += [_cell_us(mine), _cell_bw(mine), _plan_label(mine)]
                 for p in peers:
                     if any(r.impl == p for r in recs):
                         pr = res.find(coll, p, mode, nbytes)
@@ -83,7 +95,7 @@ def markdown(res: BenchResult, title: str = "mscclang bench") -> str:
                         row.append("-")
                 for a in alg:
                     ar = res.find(coll, a, mode, nbytes)
-                    row += [_cell_us(ar), _cell_bw(ar), (ar.plan or "-") if ar else "-"]
+                    row += [_cell_us(ar), _cell_bw(ar), _plan_label(ar)]
                     if "nccl" in impls:
                         pr = res.find(coll, "nccl", mode, nbytes)
                         ok = ar is not None and pr is not None and ar.measured and pr.measured and ar.us

@@ -462,6 +462,17 @@ class BenchWorker:
         torch.cuda.synchronize()
         return self._timed_blocks(g.replay, iters)
 
+    def last_kernel(self, impl: str) -> str:
+        """'spec' or 'interpreter': the kernel the timed calls of a mscclang cell launched (for a
+        graph, the one captured), '' when unknown (NCCL, torch, no executor)."""
+        if not impl.startswith("mscclang") or self.comm is None:
+            return ""
+        last = getattr(self.comm, "last", None)
+        if last is None or getattr(last, "mode", "") == "nccl":
+            return ""
+        ex = getattr(getattr(self.comm, "backend", None), "executor", None)
+        return str(getattr(ex, "last_kernel", "") or "")
+
     def measure(self, cell: _Cell, mode: str, iters: int) -> list[float]:
         """Sorted per-call times of ``cell`` in ``mode`` ("graph" or "eager")."""
         times = self.time_graph(cell, iters) if mode == "graph" else self.time_eager(cell, iters)
@@ -524,9 +535,10 @@ class BenchWorker:
                 self.emit(Record(mode=m, error=f"{m} run failed: {err or 'on another rank'}", plan=cell.plan, **base))
                 continue
             med = median(times)
+            kernel = self.last_kernel(impl)
             self.emit(Record(mode=m, us=round(med, 3), busbw=round(nbytes / med / 1e3 * factor, 2), ok=True,
                              plan=cell.plan or None, iters=iters, us_min=round(times[0], 3),
-                             us_max=round(times[-1], 3), **base))
+                             us_max=round(times[-1], 3), extra={"kernel": kernel} if kernel else {}, **base))
         cell.keep.clear()
         del cell
 
