@@ -95,3 +95,36 @@ def test_ranks_may_share_a_gpu_for_functional_tests(monkeypatch):
         monkeypatch.setenv("MSCCLANG_RANKS_PER_GPU", bad)
         with pytest.raises(WorkerError, match="MSCCLANG_RANKS_PER_GPU"):
             launch.ranks_per_gpu()
+
+
+def test_an_interrupted_command_restarts_the_pool_before_the_next():
+    """A test's time limit (or Ctrl-C) interrupts the parent while the workers still run the
+    command, out of step with each other: every later command used to fail in a cascade (a rank
+    answering 'reset' while its peer was still in the last test). The pool now restarts first."""
+    pool = object.__new__(launch.WorkerPool)
+    pool.interrupted = False
+    pool.restarts = 0
+    calls = []
+
+    def restart():
+        calls.append("restart")
+        pool.interrupted = False
+
+    def run_once(target, args, kwargs, reset_on_error):
+        calls.append(target)
+        if target == "slow":
+            raise KeyboardInterrupt
+        if target == "bad":
+            raise WorkerError("rank 0: boom")
+        return ["ok"]
+
+    pool.restart = restart
+    pool._run = run_once
+    with pytest.raises(KeyboardInterrupt):
+        pool.run("slow")
+    assert pool.interrupted
+    assert pool.run("next") == ["ok"]
+    assert calls == ["slow", "restart", "next"]
+    with pytest.raises(WorkerError):      # a failed command is not an interrupted one
+        pool.run("bad")
+    assert not pool.interrupted

@@ -142,8 +142,6 @@ class WorkerPool:
 
     def __init__(self, world_size: Optional[int] = None, timeout_s: float = 30.0,
                  env: Optional[dict] = None, start_timeout_s: float = 300.0) -> None:
-        import multiprocessing as mp
-
         import torch
 
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -154,21 +152,35 @@ class WorkerPool:
             raise WorkerError(f"a pool of {n} workers needs {need} visible GPU(s) at {share} rank(s) per GPU; "
                               f"{visible} visible")
         self.world_size = n
+        self._share = share
+        self._timeout_s = timeout_s
+        self._env = dict(env or {})
+        self._start_timeout_s = start_timeout_s
+        self._conns: list = []
+        self._procs: list = []
+        #: a command was interrupted while the workers ran it (e.g. a test's time limit): they may
+        #: still be in it, out of step with each other, so the next command restarts the pool
+        self.interrupted = False
+        self.restarts = 0
+        self._start()
+
+    def _start(self) -> None:
+        import multiprocessing as mp
+
         ctx = mp.get_context("spawn")
         port = _free_port()
-        self._conns = []
-        self._procs = []
+        n, share = self.world_size, self._share
         for r in range(n):
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(r, n, port, timeout_s, b, dict(env or {}), r // share),
-                            daemon=True)
+            p = ctx.Process(target=_worker_main,
+                            args=(r, n, port, self._timeout_s, b, dict(self._env), r // share), daemon=True)
             p.start()
             self._conns.append(a)
             self._procs.append(p)
         errs = []
         for r, c in enumerate(self._conns):
             try:
-                kind, val = recv_from(c, self._procs[r], r, start_timeout_s)
+                kind, val = recv_from(c, self._procs[r], r, self._start_timeout_s)
             except WorkerError as e:
                 kind, val = "error", str(e)
             if kind != "ready":
@@ -177,9 +189,36 @@ class WorkerPool:
             self.close()
             raise WorkerError("workers failed to start:\n" + "\n".join(errs))
 
+    def restart(self) -> None:
+        """Kill every worker and start fresh ones (same settings): after an interrupted command
+        the old ones may still run it, or wait for each other, forever."""
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+        for p in self._procs:
+            p.join(timeout=20)
+        self._conns.clear()
+        self._procs.clear()
+        self.interrupted = False
+        self.restarts += 1
+        self._start()
+
     def run(self, target: str, *args: Any, reset_on_error: bool = True, **kwargs: Any) -> list[Any]:
         """Call ``target`` ("module:function") on every rank with the same arguments. When a rank
-        fails, every rank's executor is reset (collectively) before WorkerError is raised."""
+        fails, every rank's executor is reset (collectively) before WorkerError is raised. A
+        command interrupted while the workers ran it (KeyboardInterrupt, a test framework's time
+        limit) marks the pool :attr:`interrupted`; the next command first restarts it."""
+        if self.interrupted:
+            self.restart()
+        try:
+            return self._run(target, args, kwargs, reset_on_error)
+        except WorkerError:
+            raise
+        except BaseException:
+            self.interrupted = True
+            raise
+
+    def _run(self, target: str, args: tuple, kwargs: dict, reset_on_error: bool) -> list[Any]:
         for c in self._conns:
             c.send((target, args, kwargs))
         out, errs = [], []
@@ -196,7 +235,9 @@ class WorkerPool:
                 errs.append(f"rank {r}:\n{val}")
         if errs:
             if dead:
-                raise WorkerError("a worker process died; the pool is unusable:\n" + "\n".join(errs))
+                self.interrupted = True   # the next command starts a fresh pool
+                raise WorkerError("a worker process died; the pool restarts at its next command:\n"
+                                  + "\n".join(errs))
             if reset_on_error:
                 try:
                     self.run("mscclang.testing.runtime_checks:reset", reset_on_error=False)
