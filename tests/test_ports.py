@@ -14,6 +14,7 @@ from mscclang.runtime.spec_source import parse_region
 from mscclang.runtime.topology import Topology
 from mscclang.sim import verify
 from mscclang.testing import port_plans as pp
+from mscclang.testing.recording_driver import RecordingDriver
 
 
 @pytest.mark.parametrize("build", [pp.allgather_pwsf, pp.allgather_put_flush_signal, pp.allgather_port_only])
@@ -235,39 +236,8 @@ def test_proxy_issues_its_stream_operations_in_order(monkeypatch):
     channel's operations in order (wait, copies, done); the joins come after the kernel."""
     from mscclang.runtime import proxy as px
 
-    calls = []
-
-    class Flags:
-        CU_EVENT_DISABLE_TIMING = 2
-        CU_STREAM_NON_BLOCKING = 1
-        CU_STREAM_WAIT_VALUE_GEQ = 0
-        CU_STREAM_WRITE_VALUE_DEFAULT = 0
-
-    class Drv:
-        CUevent_flags = Flags
-        CUstream_flags = Flags
-        CUstreamWaitValue_flags = Flags
-        CUstreamWriteValue_flags = Flags
-        n = 0
-
-        def _new(self, what):
-            Drv.n += 1
-            calls.append((what, Drv.n))
-            return 0, Drv.n
-
-        def cuEventCreate(self, flags):
-            return self._new("event")
-
-        def cuStreamCreate(self, flags):
-            return self._new("stream")
-
-        def __getattr__(self, name):
-            def f(*a):
-                calls.append((name,) + a)
-                return (0,)
-            return f
-
-    drv = Drv()
+    drv = RecordingDriver()
+    calls = drv.calls
     monkeypatch.setattr(px.cu, "driver", lambda: drv)
     plan = pp.allgather_pwsf(2)
     pk = dp.pack_blocks(plan, 0, 1024, 2048)

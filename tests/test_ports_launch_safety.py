@@ -25,6 +25,7 @@ from mscclang.runtime.executor import Executor, LoadedPlan
 from mscclang.runtime.ports import port_peers
 from mscclang.runtime.topology import Topology
 from mscclang.testing import port_plans as pp
+from mscclang.testing.recording_driver import RecordingDriver
 
 KiB = 1 << 10
 
@@ -137,41 +138,19 @@ def test_shipped_port_plans_fit_their_buffers():
                     raise AssertionError(f"{stem} rank {r} at {nbytes} B: {e}") from e
 
 
-class _RecordingDriver:
-    """cuda.bindings stand-in that records calls; ``fail`` names a call that returns an error."""
-
-    class Flags:
-        CU_EVENT_DISABLE_TIMING = 2
-        CU_STREAM_NON_BLOCKING = 1
-        CU_STREAM_WAIT_VALUE_GEQ = 0
-        CU_STREAM_WRITE_VALUE_DEFAULT = 0
-
-    CUevent_flags = CUstream_flags = CUstreamWaitValue_flags = CUstreamWriteValue_flags = Flags
-
-    def __init__(self, fail=None):
-        self.calls = []
-        self.fail = fail
-        self.n = 0
-
-    def _new(self, what):
-        self.n += 1
-        self.calls.append((what, self.n))
-        return 0, self.n
-
-    def cuEventCreate(self, flags):
-        return self._new("event")
-
-    def cuStreamCreate(self, flags):
-        return self._new("stream")
-
-    def cuGetErrorName(self, err):
-        return 0, b"CUDA_ERROR_INVALID_VALUE"
-
-    def __getattr__(self, name):
-        def f(*a):
-            self.calls.append((name,) + a)
-            return (1,) if name == self.fail else (0,)
-        return f
+def _port_executor(monkeypatch, rank, stream, drv):
+    """An Executor shell with a prepared port proxy on the recording driver ``drv``."""
+    monkeypatch.setattr(px.cu, "driver", lambda: drv)
+    monkeypatch.setattr("mscclang.runtime.cuda.driver", lambda: drv)
+    p = px.PortProxy()
+    p.prepare(1)
+    ex = object.__new__(Executor)
+    ex.comm = SimpleNamespace(rank=rank)
+    ex._proxy = p
+    ex._last_stream = stream
+    ex._stream_capturing = lambda s: False
+    drv.calls.clear()
+    return ex
 
 
 def test_a_failed_enqueue_releases_every_wait_and_sets_the_abort_word(monkeypatch):
@@ -179,19 +158,9 @@ def test_a_failed_enqueue_releases_every_wait_and_sets_the_abort_word(monkeypatc
 
     plan = pp.sendrecv_pipelined(unit=64 * KiB)
     pk, pl = _launch(plan, 0, 256 * KiB, dp.group_scratch_bytes(plan, 256 * KiB, 256 * KiB))
-    drv = _RecordingDriver(fail="cuMemcpyDtoDAsync")
-    monkeypatch.setattr(px.cu, "driver", lambda: drv)
-    monkeypatch.setattr("mscclang.runtime.cuda.driver", lambda: drv)
-    p = px.PortProxy()
-    p.prepare(1)
-
-    ex = object.__new__(Executor)
-    ex.comm = SimpleNamespace(rank=0)
-    ex._proxy = p
-    ex._last_stream = 555
-    ex._stream_capturing = lambda s: False
+    drv = RecordingDriver(fail="cuMemcpyDtoDAsync")
+    ex = _port_executor(monkeypatch, 0, 555, drv)
     ex._launch = lambda *a, **k: pytest.fail("the kernel must not be launched after a failed enqueue")
-    drv.calls.clear()
     with pytest.raises(RuntimeUnavailable, match="cuMemcpyDtoDAsync"):
         ex._launch_port(None, pl, 0x10000, 0x20000, 0, 0, 555)
     waits = [c for c in drv.calls if c[0] == "cuStreamWaitValue32"]
@@ -206,15 +175,8 @@ def test_a_failed_enqueue_releases_every_wait_and_sets_the_abort_word(monkeypatc
 def test_a_failed_kernel_launch_releases_the_enqueued_waits(monkeypatch):
     plan = pp.sendrecv_pipelined(unit=64 * KiB)
     pk, pl = _launch(plan, 1, 64 * KiB, dp.group_scratch_bytes(plan, 64 * KiB, 64 * KiB))
-    drv = _RecordingDriver()
-    monkeypatch.setattr(px.cu, "driver", lambda: drv)
-    p = px.PortProxy()
-    p.prepare(1)
-    ex = object.__new__(Executor)
-    ex.comm = SimpleNamespace(rank=1)
-    ex._proxy = p
-    ex._last_stream = 7
-    ex._stream_capturing = lambda s: False
+    drv = RecordingDriver()
+    ex = _port_executor(monkeypatch, 1, 7, drv)
 
     def boom(*a, **k):
         raise RuntimeError("launch failed")
