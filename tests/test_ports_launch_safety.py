@@ -202,6 +202,7 @@ def test_a_side_stream_that_never_finishes_ends_in_collective_timeout_not_a_hang
     ex = object.__new__(Executor)
     ex.comm = SimpleNamespace(rank=1)
     ex._proxy = SimpleNamespace(enqueued=12, side_streams=lambda: ["side0"])
+    ex._engine = SimpleNamespace(comms={})
     ex._current_stream = lambda: "torch"
     ex._last_stream = "last"
     ex.timeout_ns = int(1e9)
@@ -221,3 +222,20 @@ def test_a_side_stream_that_never_finishes_ends_in_collective_timeout_not_a_hang
     ex._proxy.enqueued = 0
     ex._drained = lambda *a, **k: pytest.fail("no port plan ran: nothing to wait for")
     ex._sync_ports("synchronize")
+
+
+def test_reset_ends_a_stuck_engine_transfer_by_aborting_the_engine():
+    """In reset(), a side stream stuck in an engine receive (a dead peer) is ended by aborting the
+    engine's communicators (the reset reconnects them), not declared unrecoverable."""
+    ex = object.__new__(Executor)
+    ex.comm = SimpleNamespace(rank=0)
+    aborted = []
+    ex._engine = SimpleNamespace(comms={"k": object()}, close=lambda abort=False: aborted.append(abort))
+    ex._proxy = SimpleNamespace(enqueued=3, side_streams=lambda: ["recv"])
+    ex._current_stream = lambda: "torch"
+    ex._last_stream = None
+    ex.timeout_ns = int(1e9)
+    answers = iter([False, True])      # stuck until the engine is aborted
+    ex._drained = lambda streams, limit_s, stop=None: next(answers)
+    ex._sync_ports("reset")
+    assert aborted == [True] and ex._aborted

@@ -1068,18 +1068,31 @@ class Executor:
         CollectiveTimeout instead of hanging in ``cuCtxSynchronize``."""
         if not self._proxy.enqueued:
             return
+        streams = self._port_streams()
+        limit = 2 * self.timeout_ns / 1e9 + 5.0
+        if self._drained(streams, limit):
+            return
+        self._aborted = True
+        if self._engine.comms:
+            # an engine receive for a dead peer never completes: aborting the communicators ends
+            # it (the collective reset reconnects them)
+            self._engine.close(abort=True)
+            if self._drained(streams, 10.0 + self.timeout_ns / 1e9):
+                return
+        raise CollectiveTimeout(f"rank {self.comm.rank}: {what}: the port-channel proxy's stream operations "
+                                f"did not finish within {limit:.0f} s (a wait for a trigger that no kernel "
+                                "posts); this process cannot recover: restart it")
+
+    def _port_streams(self) -> list:
+        """The streams a bounded wait covers: the proxy's side streams (joined into the caller's
+        stream only after a successful launch), the current stream and the last launch's."""
         streams = list(self._proxy.side_streams()) + [self._current_stream()]
         if self._last_stream is not None:
             streams.append(self._last_stream)
-        limit = 2 * self.timeout_ns / 1e9 + 5.0
-        if not self._drained(streams, limit):
-            self._aborted = True
-            raise CollectiveTimeout(f"rank {self.comm.rank}: {what}: the port-channel proxy's stream operations "
-                                    f"did not finish within {limit:.0f} s (a wait for a trigger that no kernel "
-                                    "posts); this process cannot recover: restart it")
+        return streams
 
     def _sync_engine(self) -> None:
-        streams = [self._current_stream()] + ([self._last_stream] if self._last_stream is not None else [])
+        streams = self._port_streams()
         limit = 2 * self.timeout_ns / 1e9 + 5.0
 
         def gave_up() -> bool:
