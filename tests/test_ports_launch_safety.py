@@ -46,8 +46,13 @@ def _stub_executor(rank, monkeypatch, barriers):
     return ex, made
 
 
-def test_context_growth_is_decided_alike_on_every_rank(monkeypatch):
-    plan = pp.sendrecv_pipelined(unit=64 * KiB)
+@pytest.mark.parametrize("build", [lambda: pp.sendrecv_pipelined(unit=64 * KiB), pp.sendrecv_memory_scratch],
+                         ids=["port pipeline", "memory channel"])
+def test_context_growth_is_decided_alike_on_every_rank(monkeypatch, build):
+    from mscclang.sim import verify
+
+    plan = build()
+    assert verify(plan).status == "NO POSTCONDITION"   # a test collective: races and deadlocks checked
     # rank 0 only sends (no scratch), rank 1 receives into scratch
     own = [dp.pack_blocks(plan, r, 256 * KiB, 256 * KiB).scratch_bytes for r in range(2)]
     assert own[0] < own[1]

@@ -6,8 +6,12 @@
   port ``signal`` (the three-step form).
 * :func:`allgather_port_only`: no memory channels at all (ready handshake by port signals), so it
   runs between "nodes" through the engine.
-* :func:`sendrecv_pipelined`: rank 0 streams its input to rank 1's output through scratch-free
-  pipelined ``put_with_signal`` iterations, rank 1 acknowledging each (port ops inside a pipeline).
+* :func:`sendrecv_pipelined`: rank 0 streams its input to rank 1's output through rank 1's scratch
+  in pipelined ``put_with_signal`` iterations, rank 1 acknowledging each (port ops inside a
+  pipeline).
+* :func:`sendrecv_memory_scratch`: the same transfer on a memory channel, in one put: like the
+  pipelined one, its ranks need different scratch (rank 0 none), which the runtime's context
+  growth must handle alike on both ranks.
 
 Each is a correct program of its collective (verified in the simulator by the tests).
 """
@@ -217,3 +221,20 @@ def shipped_port_plans() -> list[tuple[str, Plan, int]]:
                 gpn = int(part[len("gpus_per_node"):])
         out.append((f.stem, plan, gpn))
     return out
+
+
+def sendrecv_memory_scratch(name: str = "test_memory_sendrecv_scratch") -> Plan:
+    """Rank 0 puts its input into rank 1's scratch on a memory channel after rank 1 says its
+    scratch is free; rank 1 copies it into its output; rank 0 copies its input into its own
+    output. Only rank 1 has scratch."""
+    with CollectiveProgram(name, TestCollective(2, 2, 2), 2, protocol="Simple") as p:
+        a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)
+        s1 = Buffer(1, 2)
+        b.signal(tb=0, data_sync=SyncType.none, relaxed=True)
+        a.wait(tb=0, data_sync=SyncType.after, relaxed=True)
+        a.put(s1[0:2], _inp(0)[0:2], tb=0)
+        a.signal(tb=0)
+        b.wait(tb=0)
+        Rank(1).copy(_out(1)[0:2], s1[0:2], tb=0)
+        Rank(0).copy(_out(0)[0:2], _inp(0)[0:2], tb=0)
+    return p.to_plan()

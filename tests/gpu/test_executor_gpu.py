@@ -113,6 +113,19 @@ def test_graph_replays_simple(pool, kernel):
     _ok(pool.run(f"{C}:back_to_back", _json(pool, "allgather_simple"), 1 << 14, 1000, "float16", None, True), kernel)
 
 
+def test_context_grows_alike_when_ranks_need_different_scratch(pool):
+    """Rank 1 alone has scratch: its context grows at the larger size, and so must rank 0's (a
+    collective step); each size exact against the simulator, eager then in a graph."""
+    if pool.world_size != 2:
+        pytest.skip("two-rank plan")
+    from mscclang.testing import port_plans as pp
+
+    j = plan_to_json(pp.sendrecv_memory_scratch())
+    for nbytes in (1 << 14, 1 << 16, 1 << 18):
+        res = pool.run("mscclang.testing.port_checks:graph_replays", j, nbytes, "int32", 2)
+        assert all(r["bad"] == 0 for r in res), res
+
+
 def test_timeout_then_reset(pool, kernel):
     bad = plan_to_json(sp.missing_signal(pool.world_size))
     good = _json(pool, "allreduce_oneshot_ll")
