@@ -569,7 +569,10 @@ __device__ __forceinline__ void interpret(const u8* __restrict__ blob, u8* in, u
   __syncthreads();
   const Ctx& c = s_c;
   if (s_stop) {  // a peer or an earlier launch aborted: record it (if nobody did) and exit
-    if (threadIdx.x == 0) record_error(c, -1, WHAT_PEER_ABORT, -1, 0, 0, 0);
+    if (threadIdx.x == 0) {
+      record_error(c, -1, WHAT_PEER_ABORT, -1, 0, 0, 0);
+      hold_for_host(c);
+    }
     port_finals(c, smem);
     return;
   }

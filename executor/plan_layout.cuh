@@ -138,4 +138,6 @@ struct ErrorRecord {
   u64 expected;
   u64 seen;
   u64 elapsed_ns;
+  u32 host_ack;     // set by the host once the abort is on its way to the caller (hold_for_host)
+  u32 pad;
 };

@@ -188,6 +188,19 @@ __device__ __noinline__ void raise_abort(const C& c) {
   __threadfence_system();
 }
 
+// After an abort, the launch does not end before the host has seen it: the thread that noticed
+// the abort waits until the host sets ErrorRecord.host_ack (it does so once the exception is on
+// its way to the code that launched the collective, or the watchdog has acted), bounded by the
+// timeout. So no launch that gave up completes, and no later launch (a graph replay) completes
+// either, while the launching thread could still read its result without an exception.
+template <class C>
+__device__ __noinline__ void hold_for_host(const C& c) {
+  const volatile u32* ack = &c.err->host_ack;
+  if (*ack != 0u) return;
+  const u64 t0 = global_timer_ns();
+  while (*ack == 0u && global_timer_ns() - t0 < c.timeout_ns) __nanosleep(1000);
+}
+
 // A bounded spin: call tick() once per failed poll; it returns true when the caller must give up
 // (bound expired here, or another block / rank aborted).
 struct Spin {
@@ -200,6 +213,7 @@ struct Spin {
     if ((++n & 15u) != 0u) return false;
     if (ld_volatile_u32(c.abort_word) != 0u) {
       record_error(c, op, WHAT_PEER_ABORT, channel, expected, seen, 0);
+      hold_for_host(c);
       return true;
     }
     u64 now = global_timer_ns();
@@ -210,6 +224,7 @@ struct Spin {
     if (now - t0 > c.timeout_ns) {
       record_error(c, op, what, channel, expected, seen, now - t0);
       raise_abort(c);
+      hold_for_host(c);
       return true;
     }
     return false;

@@ -90,9 +90,11 @@ def test_not_a_tensor():
 
 def test_call_description_names_collective_sizes_dtype_plan_packet_and_op():
     ex = _ex()
-    d = ex._describe_call(_lp("allreduce", False), 2048, 2048, "bf16", "ll16", "sum")
+    from mscclang.runtime.state import describe_call
+
+    d = describe_call(_lp("allreduce", False).plan, 2048, 2048, "bf16", "ll16", "sum")
     assert d.startswith("allreduce of 2048 B bf16 on plan ") and d.endswith(" LL16 sum")
-    d = ex._describe_call(_lp("allgather", False), 512, 1024, "f32", "ll8", "sum")
+    d = describe_call(_lp("allgather", False).plan, 512, 1024, "f32", "ll8", "sum")
     assert "512 B in, 1024 B out" in d and "sum" not in d
 
 
@@ -104,7 +106,13 @@ def test_memory_report_counts_live_and_retired_contexts_and_symmetric_buffers():
     from mscclang.testing.comm_harness import catalog_of
 
     ex = _ex()
-    ex._modules, ex._spec_mods = {"bf16": object()}, {"a": (None, None), "b": (None, None)}
+    from mscclang.runtime.contexts import ContextPool
+
+    ex.kernels = types.SimpleNamespace(count=lambda: 3)
+    ex.capture = types.SimpleNamespace(arena_bytes=lambda: 0)
+    ex.entries = types.SimpleNamespace(evicted=0)
+    ex.staging = types.SimpleNamespace(cap=128 << 20)
+    ex.contexts = ContextPool(ex.comm, None, None, 0, lambda: False)
     ctx = lambda scratch, plans: types.SimpleNamespace(  # noqa: E731
         scratch_bytes=scratch, sync=types.SimpleNamespace(size=4096),
         plans={i: types.SimpleNamespace(nbytes=n) for i, n in enumerate(plans)})
@@ -113,7 +121,8 @@ def test_memory_report_counts_live_and_retired_contexts_and_symmetric_buffers():
     ex._loaded = {1: lp}
     m = ex.memory()
     assert m == dict(scratch=1 << 20, sync=4096, retired_scratch=1 << 19, retired_sync=4096, device_plans=350,
-                     contexts=1, retired_contexts=1, launch_entries=2, kernels=3, graph_arena=0)
+                     contexts=1, retired_contexts=1, launch_entries=2, kernels=3, graph_arena=0,
+                     evicted_entries=0)
     rc = object.__new__(RuntimeComm)
     rc._sym = [SymAlloc(0, 0, 1 << 21, 1), SymAlloc(1, 0, 256, 2, internal=True)]
     assert rc.memory() == {"symmetric": 1 << 21, "staging": 256, "symmetric_buffers": 1, "staging_buffers": 1}

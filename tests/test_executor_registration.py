@@ -20,7 +20,8 @@ from mscclang.runtime import cuda as real_cu
 from mscclang.runtime import executor as exmod
 from mscclang.runtime.comm import SymAlloc
 from mscclang.runtime.device_plan import SYNC_ABORT_OFF, pack_blocks, sync_layout
-from mscclang.runtime.executor import Executor, LoadedPlan, _Context, _RegState
+from mscclang.runtime.executor import Executor, LoadedPlan
+from mscclang.runtime.state import Context, DevPlanKey, EntryKey, LaunchEntry, Operands
 from mscclang.runtime.registration import ARENA_STRIDE
 from mscclang.runtime.structs import PLAN_HEADER, REMOTE_BUF
 from mscclang.testing.comm_harness import stub_plan
@@ -159,21 +160,22 @@ def _designed_defaults(monkeypatch):
 @pytest.fixture
 def fcu(monkeypatch):
     f = FakeCu()
-    monkeypatch.setattr(exmod, "cu", f)
+    from mscclang.runtime import capture, contexts, entries, kernels, staging
+
+    for mod in (exmod, capture, contexts, entries, kernels, staging):
+        monkeypatch.setattr(mod, "cu", f)
     return f
 
 
 def _executor(comm: FakeRtComm, capturing: list) -> Executor:
-    ex = object.__new__(Executor)
-    ex.comm = comm
-    ex._loaded = {}
-    ex._funcs = {}
-    ex._sm_count = 132
-    ex._err_dev = 0xE0_0000
-    ex._capturing = lambda: capturing[0]
     from mscclang.runtime.topology import Topology
 
-    ex.topology = Topology(comm.world_size, comm.world_size)
+    ex = object.__new__(Executor)
+    ex._capturing = lambda: capturing[0]
+    launcher = types.SimpleNamespace(capturing_now=lambda: capturing[0], current_stream=lambda: 0,
+                                     last_stream=None)
+    ex._assemble(comm, "sm_90", 132, int(1e9), "never", launcher, types.SimpleNamespace(dev=0xE0_0000),
+                 topology=Topology(comm.world_size, comm.world_size))
     return ex
 
 
@@ -203,19 +205,19 @@ def test_registered_call_gets_an_entry_keyed_by_its_registration_and_is_pinned_w
     ex = exs[0]
     lp = _lp(stub_plan("allreduce", 2, name="zc", symmetric=True, inplace=True))
     seen = []
-    ex._entry = lambda lp_, dt, a, b, pkt, op, si, so, force=False: seen.append((si, so)) or ("E", None, 0, 0, 0, 0,
-                                                                                               None, None, None)
+    ex.entries._build = lambda lp_, dt, a, b, pkt, op, si, so, force, stream: seen.append((si, so)) or \
+        LaunchEntry("E", 0, 0, 0, 0, 0)
     p = ts[0].data_ptr()
-    ent, st = ex._resolve(lp, torch.float16, p, p, MiB, MiB, "ll16", "sum", False)
+    ent, st = ex.entries.resolve(lp, "f16", torch.float16, p, p, MiB, MiB, "ll16", "sum", False, 0)
     reg = cl.registry(0).lookup(p, MiB)
-    assert st == ("sym", 0, 0) and seen == [(reg, reg)]
-    assert (MiB, MiB, torch.float16, "ll16", "sum", ("reg", 0), ("reg", 0)) in lp.fast
+    assert st == Operands("sym", 0, 0) and seen == [(reg, reg)]
+    assert EntryKey(MiB, MiB, torch.float16, "ll16", "sum", "sym", ("reg", 0), ("reg", 0)) in lp.fast
     assert not reg.pinned
     # a view from the start of the registered tensor reuses it; a tensor elsewhere is staged
-    ent2, st2 = ex._resolve(lp, torch.float16, p, p, 4096, 4096, "ll16", "sum", False)
-    assert st2 == ("sym", 0, 0) and seen[-1] == (reg, reg)
+    ent2, st2 = ex.entries.resolve(lp, "f16", torch.float16, p, p, 4096, 4096, "ll16", "sum", False, 0)
+    assert st2 == Operands("sym", 0, 0) and seen[-1] == (reg, reg)
     cap[0] = True
-    ex._resolve(lp, torch.float16, p, p, MiB, MiB, "ll16", "sum", False)
+    ex.entries.resolve(lp, "f16", torch.float16, p, p, MiB, MiB, "ll16", "sum", False, 0)
     assert reg.pinned    # a captured graph uses it: kept until close
     assert ex.zero_copy_ok(ts[0], ts[0]) and ex.buffer_class(ts[0]) == ("reg", 0)
     assert ex.buffer_class(FakeT(al[0].base + 32 * MiB, 64)) is None
@@ -230,63 +232,64 @@ def test_released_registrations_take_their_entries_and_device_plans_with_them(fc
     lp = _lp(stub_plan("allreduce", 2, name="zc", symmetric=True, inplace=True))
     blob = fcu.mem_alloc(4096)
     other = fcu.mem_alloc(4096)
-    ctx = types.SimpleNamespace(plans={(MiB, MiB, ("reg", 0), ("reg", 0)): types.SimpleNamespace(blob=blob),
-                                       (MiB, MiB, 3, 3): types.SimpleNamespace(blob=other)})
+    ctx = types.SimpleNamespace(plans={DevPlanKey(MiB, MiB, ("reg", 0), ("reg", 0)):
+                                       types.SimpleNamespace(blob=blob, port_area=0),
+                                       DevPlanKey(MiB, MiB, 3, 3): types.SimpleNamespace(blob=other, port_area=0)})
     lp.ctx, lp.retired = ctx, []
-    k_reg = (MiB, MiB, torch.float16, "ll16", "sum", ("reg", 0), ("reg", 0))
-    k_sym = (MiB, MiB, torch.float16, "ll16", "sum", 3, 3)
+    k_reg = EntryKey(MiB, MiB, torch.float16, "ll16", "sum", "sym", ("reg", 0), ("reg", 0))
+    k_sym = EntryKey(MiB, MiB, torch.float16, "ll16", "sum", "sym", 3, 3)
     lp.fast = {k_reg: "a", k_sym: "b"}
     ex._loaded = {1: lp}
     assert cl.run(lambda r: exs[r].deregister([ts[r]])) == [1, 1]
-    assert list(lp.fast) == [k_sym] and list(ctx.plans) == [(MiB, MiB, 3, 3)]
+    assert list(lp.fast) == [k_sym] and list(ctx.plans) == [DevPlanKey(MiB, MiB, 3, 3)]
     assert fcu.freed == [blob]
 
 
 def test_staging_is_capped_grown_released_temporary_and_kept(fcu):
     cl, comms, exs, cap = _setup(1, fcu)
     ex, comm = exs[0], comms[0]
-    ex._reg_state = _RegState(cap=4096)
+    ex.staging.cap = 4096
     lp = _lp(stub_plan("allreduce", 1, name="zc1", symmetric=True))
     lp.ctx = types.SimpleNamespace(plans={})
-    si, so = ex._staging(lp, 1000, 1000)
+    si, so = ex.staging.get(lp, 1000, 1000)
     assert (si.size, so.size) == (1024, 1024) and si is not so
-    si2, so2 = ex._staging(lp, 3000, 3000)           # grows (to the cap): the 1 KiB ones are released
+    si2, so2 = ex.staging.get(lp, 3000, 3000)           # grows (to the cap): the 1 KiB ones are released
     assert (si2.size, so2.size) == (4096, 4096)
     assert comm.released == [si, so] and comm.barriers == ["staging", "staging", "release outgrown staging"]
-    t_in, t_out = ex._staging(lp, 10000, 10000)      # above the cap: temporary
-    assert t_in.temp and t_out.temp and lp.staging == (si2, so2)
+    t_in, t_out = ex.staging.get(lp, 10000, 10000)      # above the cap: temporary
+    assert t_in.temp and t_out.temp and ex.staging.plan_staging(lp) == (si2, so2)
     ex.release_symmetric([t_in, t_out], "staging above the cap")
     assert comm.released[-2:] == [t_in, t_out]
-    k_in, k_out = ex._staging(lp, 10000, 10000, keep=True)   # prepare keeps it: found again
-    assert k_in.pinned and ex._staging(lp, 10000, 10000) == (k_in, k_out)
+    k_in, k_out = ex.staging.get(lp, 10000, 10000, keep=True)   # prepare keeps it: found again
+    assert k_in.pinned and ex.staging.get(lp, 10000, 10000) == (k_in, k_out)
     ex.release_symmetric([k_in, k_out])              # pinned: never released before close
     assert k_in in comm._sym
     cap[0] = True
     with pytest.raises(NotPrepared, match="above the staging cap"):
-        ex._staging(lp, 20000, 20000)
+        ex.staging.get(lp, 20000, 20000)
     lp2 = _lp(stub_plan("allreduce", 1, name="zc2", symmetric=True))
     lp2.ctx = types.SimpleNamespace(plans={})
     with pytest.raises(NotPrepared, match="inside CUDA graph capture"):
-        ex._staging(lp2, 3000, 3000)                 # no staging yet: cannot allocate in a capture
+        ex.staging.get(lp2, 3000, 3000)                 # no staging yet: cannot allocate in a capture
 
 
 def test_staging_a_capture_used_is_kept_when_outgrown(fcu):
     cl, comms, exs, cap = _setup(1, fcu)
     ex, comm = exs[0], comms[0]
-    ex._reg_state = _RegState(cap=1 << 30)
+    ex.staging.cap = 1 << 30
     lp = _lp(stub_plan("allreduce", 2, name="zc1", symmetric=True))
     lp.ctx = types.SimpleNamespace(plans={})
-    ex._entry = lambda *a, **k: ("E", None, 0, 0, 0, 0, None, None, None)
-    ex._registered = lambda *a: None
+    ex.entries._build = lambda *a, **k: LaunchEntry("E", 0, 0, 0, 0, 0)
+    ex.capture.registered = lambda *a: None
     a, b = FakeT(0x5000_0000, 2048), FakeT(0x6000_0000, 2048)
     cap[0] = False
-    ex._resolve(lp, torch.float16, a.data_ptr(), b.data_ptr(), 2048, 2048, "ll16", "sum", False)
-    si, so = lp.staging
+    ex.entries.resolve(lp, "f16", torch.float16, a.data_ptr(), b.data_ptr(), 2048, 2048, "ll16", "sum", False, 0)
+    si, so = ex.staging.plan_staging(lp)
     cap[0] = True
-    ex._resolve(lp, torch.float16, a.data_ptr(), b.data_ptr(), 2048, 2048, "ll16", "sum", False)
+    ex.entries.resolve(lp, "f16", torch.float16, a.data_ptr(), b.data_ptr(), 2048, 2048, "ll16", "sum", False, 0)
     assert si.pinned and so.pinned
     cap[0] = False
-    ex._resolve(lp, torch.float16, a.data_ptr(), b.data_ptr(), 8192, 8192, "ll16", "sum", False)
+    ex.entries.resolve(lp, "f16", torch.float16, a.data_ptr(), b.data_ptr(), 8192, 8192, "ll16", "sum", False, 0)
     assert comm.released == [] and si in comm._sym
 
 
@@ -303,9 +306,9 @@ def _ready(ex: Executor, lp: LoadedPlan, fcu: FakeCu, nbytes: int) -> None:
     q = 1 - r
     plan = lp.plan
     sync = sync_layout(plan, r)
-    lp.ctx = _Context(sync, fcu.mem_alloc(sync.size), fcu.mem_alloc(MiB), MiB,
+    lp.ctx = Context(sync, fcu.mem_alloc(sync.size), fcu.mem_alloc(MiB), MiB,
                       {q: 0xAB_0000_0000 + q}, {q: 0xAC_0000_0000 + q})
-    ex._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads))] = 77
+    ex.kernels._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads))] = 77
 
 
 def test_capture_session_slot_aborts_until_registration_then_holds_the_peers_addresses(fcu):
@@ -324,14 +327,14 @@ def test_capture_session_slot_aborts_until_registration_then_holds_the_peers_add
         assert ex.begin_graph_capture(arena_bytes=64 << 10)
         cap_r = [True]
         ex._capturing = lambda: cap_r[0]
-        ent, st = ex._resolve(lps[r], torch.float16, ptrs[r], ptrs[r], nbytes, nbytes, "ll16", "sum", False)
-        assert st == ("sym", 0, 0) and ent[0] == 77 and ent[5] == 77 and ent[6] is None
-        assert ent[2] == len(plan.gpus[r].threadblocks) and ent[3] == plan.num_threads_per_block
-        slots[r] = ent[1]
-        head = PLAN_HEADER.unpack(fcu.read(ent[1], PLAN_HEADER.size))
+        ent, st = ex.entries.resolve(lps[r], "f16", torch.float16, ptrs[r], ptrs[r], nbytes, nbytes, "ll16", "sum", False, 0)
+        assert st == Operands("sym", 0, 0) and ent.func == 77 and ent.handle == 77 and ent.spec is None
+        assert ent.n_blocks == len(plan.gpus[r].threadblocks) and ent.nthreads == plan.num_threads_per_block
+        slots[r] = ent.blob
+        head = PLAN_HEADER.unpack(fcu.read(ent.blob, PLAN_HEADER.size))
         # until the session ends the slot is a plan whose abort word is already set
         assert fcu.read(head["abort_word"], 4) == (1).to_bytes(4, "little")
-        assert head["error_record"] == ex._err_dev and head["n_remote"] == 0
+        assert head["error_record"] == ex.abort.dev and head["n_remote"] == 0
         cap_r[0] = False
         return ex.end_graph_capture()
 
@@ -364,7 +367,7 @@ def test_capture_sessions_that_disagree_leave_every_slot_aborting(fcu):
         ex._capturing = lambda: True
         for k in range(2 if r == 0 else 1):
             p = al[r].base + k * 4 * MiB
-            slots[r].append(ex._resolve(lps[r], torch.float16, p, p, nbytes, nbytes, "ll16", "sum", False)[0][1])
+            slots[r].append(ex.entries.resolve(lps[r], "f16", torch.float16, p, p, nbytes, nbytes, "ll16", "sum", False, 0)[0].blob)
         ex._capturing = lambda: False
         return ex.end_graph_capture()
 
@@ -385,17 +388,17 @@ def test_deferred_call_needs_the_sizes_run_before_and_room_in_the_arena(fcu):
     ex.begin_graph_capture(arena_bytes=ARENA_STRIDE)
     cap[0] = True
     with pytest.raises(NotPrepared, match="was not prepared"):
-        ex._resolve(lp, torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False)
+        ex.entries.resolve(lp, "f16", torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False, 0)
     sync = sync_layout(plan, 0)
-    lp.ctx = _Context(sync, fcu.mem_alloc(sync.size), fcu.mem_alloc(4096), 4096, {1: 0xAB00}, {1: 0xAC00})
+    lp.ctx = Context(sync, fcu.mem_alloc(sync.size), fcu.mem_alloc(4096), 4096, {1: 0xAB00}, {1: 0xAC00})
     with pytest.raises(NotPrepared, match="was not prepared"):   # a context, but no kernel yet
-        ex._resolve(lp, torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False)
+        ex.entries.resolve(lp, "f16", torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False, 0)
     from mscclang.runtime.build import block_variant
 
-    ex._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads))] = 5
-    ex._resolve(lp, torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False)   # the one slot
+    ex.kernels._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads))] = 5
+    ex.entries.resolve(lp, "f16", torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False, 0)   # the one slot
     with pytest.raises(NotPrepared, match="arena"):
-        ex._resolve(lp, torch.float16, a.base + MiB, a.base + MiB, 4096, 4096, "ll16", "sum", False)
+        ex.entries.resolve(lp, "f16", torch.float16, a.base + MiB, a.base + MiB, 4096, 4096, "ll16", "sum", False, 0)
     assert pack_blocks(plan, 0, 4096, 4096).scratch_bytes <= 4096
 
 

@@ -21,6 +21,7 @@ from mscclang.errors import PlanError
 from mscclang.plan.models import BufferKind
 from mscclang.runtime import device_plan as dp
 from mscclang.runtime import proxy as px
+from mscclang.runtime.contexts import ContextPool
 from mscclang.runtime.executor import Executor, LoadedPlan
 from mscclang.runtime.ports import port_peers
 from mscclang.runtime.topology import Topology
@@ -30,20 +31,19 @@ from mscclang.testing.recording_driver import RecordingDriver
 KiB = 1 << 10
 
 
-def _stub_executor(rank, monkeypatch, barriers):
-    ex = object.__new__(Executor)
-    ex.comm = SimpleNamespace(rank=rank, barrier=lambda tag="barrier", timeout_s=None: barriers.append(tag))
-    ex._capturing = lambda: False
+def _stub_contexts(rank, monkeypatch, barriers):
+    comm = SimpleNamespace(rank=rank, barrier=lambda tag="barrier", timeout_s=None: barriers.append(tag))
+    pool = ContextPool(comm, None, None, 0, lambda: False)
     made = []
 
     def make(lp, size):
         made.append(size)
         return SimpleNamespace(scratch_bytes=max(size, 256))
 
-    ex._make_context = make
-    monkeypatch.setattr("mscclang.runtime.executor.cu.driver",
+    pool._make = make
+    monkeypatch.setattr("mscclang.runtime.contexts.cu.driver",
                         lambda: SimpleNamespace(cuCtxSynchronize=lambda: (0,)))
-    return ex, made
+    return pool, made
 
 
 @pytest.mark.parametrize("build", [lambda: pp.sendrecv_pipelined(unit=64 * KiB), pp.sendrecv_memory_scratch],
@@ -60,10 +60,10 @@ def test_context_growth_is_decided_alike_on_every_rank(monkeypatch, build):
     seqs, sizes = [], []
     for r in range(2):
         barriers: list = []
-        ex, made = _stub_executor(r, monkeypatch, barriers)
+        pool, made = _stub_contexts(r, monkeypatch, barriers)
         lp = LoadedPlan(plan, False, "ll16", "sum", plan.num_threads_per_block, 1)
         for nbytes in (64 * KiB, 256 * KiB, 64 * KiB, 1024 * KiB):
-            ex._ensure_context(lp, nbytes, nbytes)
+            pool.ensure(lp, nbytes, nbytes)
         seqs.append(barriers)
         sizes.append(made)
     assert seqs[0] == seqs[1], seqs
@@ -152,8 +152,8 @@ def _port_executor(monkeypatch, rank, stream, drv):
     ex = object.__new__(Executor)
     ex.comm = SimpleNamespace(rank=rank)
     ex._proxy = p
-    ex._last_stream = stream
-    ex._stream_capturing = lambda s: False
+    ex.timeout_ns = int(1e9)
+    ex.launcher = SimpleNamespace(order=lambda s: None, stream_capturing=lambda s: False, launch=None)
     drv.calls.clear()
     return ex
 
@@ -165,7 +165,7 @@ def test_a_failed_enqueue_releases_every_wait_and_sets_the_abort_word(monkeypatc
     pk, pl = _launch(plan, 0, 256 * KiB, dp.group_scratch_bytes(plan, 256 * KiB, 256 * KiB))
     drv = RecordingDriver(fail="cuMemcpyDtoDAsync")
     ex = _port_executor(monkeypatch, 0, 555, drv)
-    ex._launch = lambda *a, **k: pytest.fail("the kernel must not be launched after a failed enqueue")
+    ex.launcher.launch = lambda *a, **k: pytest.fail("the kernel must not be launched after a failed enqueue")
     with pytest.raises(RuntimeUnavailable, match="cuMemcpyDtoDAsync"):
         ex._launch_port(None, pl, 0x10000, 0x20000, 0, 0, 555)
     waits = [c for c in drv.calls if c[0] == "cuStreamWaitValue32"]
@@ -186,14 +186,14 @@ def test_a_failed_kernel_launch_releases_the_enqueued_waits(monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("launch failed")
 
-    ex._launch = boom
+    ex.launcher.launch = boom
     with pytest.raises(RuntimeError, match="launch failed"):
         ex._launch_port(None, pl, 0x10000, 0x20000, 0, 0, 7)
     final = max(t.t for t in pk.port.channels[0].triggers)
     assert ("cuStreamWriteValue32", 7, 0x1000 + pk.port.block_offset(0), final, 0) in drv.calls
     # in a capture nothing is released: the graph is never instantiated
     drv.calls.clear()
-    ex._stream_capturing = lambda s: True
+    ex.launcher.stream_capturing = lambda s: True
     with pytest.raises(RuntimeError, match="launch failed"):
         ex._launch_port(None, pl, 0x10000, 0x20000, 0, 0, 7)
     assert not any(c[0] == "cuStreamWriteValue32" and c[1] == 7 for c in drv.calls)
@@ -208,8 +208,8 @@ def test_a_side_stream_that_never_finishes_ends_in_collective_timeout_not_a_hang
     ex.comm = SimpleNamespace(rank=1)
     ex._proxy = SimpleNamespace(enqueued=12, side_streams=lambda: ["side0"])
     ex._engine = SimpleNamespace(comms={})
-    ex._current_stream = lambda: "torch"
-    ex._last_stream = "last"
+    ex.launcher = SimpleNamespace(current_stream=lambda: "torch", last_stream="last")
+    ex.abort = SimpleNamespace(aborted=False)
     ex.timeout_ns = int(1e9)
     seen = []
 
@@ -217,15 +217,15 @@ def test_a_side_stream_that_never_finishes_ends_in_collective_timeout_not_a_hang
         seen.append((streams, limit_s))
         return False
 
-    ex._drained = drained
+    ex._drainer = SimpleNamespace(drained=drained)
     with pytest.raises(CollectiveTimeout, match=r"rank 1: reset: the port-channel proxy's stream operations did "
                                                 r"not finish within 7 s"):
         ex._sync_ports("reset")
-    assert seen == [(["side0", "torch", "last"], 7.0)] and ex._aborted
-    ex._drained = lambda streams, limit_s, stop=None: True
+    assert seen == [(["side0", "torch", "last"], 7.0)] and ex.abort.aborted
+    ex._drainer.drained = lambda streams, limit_s, stop=None: True
     ex._sync_ports("synchronize")        # drained: returns
     ex._proxy.enqueued = 0
-    ex._drained = lambda *a, **k: pytest.fail("no port plan ran: nothing to wait for")
+    ex._drainer.drained = lambda *a, **k: pytest.fail("no port plan ran: nothing to wait for")
     ex._sync_ports("synchronize")
 
 
@@ -237,10 +237,10 @@ def test_reset_ends_a_stuck_engine_transfer_by_aborting_the_engine():
     aborted = []
     ex._engine = SimpleNamespace(comms={"k": object()}, close=lambda abort=False: aborted.append(abort))
     ex._proxy = SimpleNamespace(enqueued=3, side_streams=lambda: ["recv"])
-    ex._current_stream = lambda: "torch"
-    ex._last_stream = None
+    ex.launcher = SimpleNamespace(current_stream=lambda: "torch", last_stream=None)
+    ex.abort = SimpleNamespace(aborted=False)
     ex.timeout_ns = int(1e9)
     answers = iter([False, True])      # stuck until the engine is aborted
-    ex._drained = lambda streams, limit_s, stop=None: next(answers)
+    ex._drainer = SimpleNamespace(drained=lambda streams, limit_s, stop=None: next(answers))
     ex._sync_ports("reset")
-    assert aborted == [True] and ex._aborted
+    assert aborted == [True] and ex.abort.aborted

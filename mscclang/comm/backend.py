@@ -203,7 +203,7 @@ class RuntimeBackend(Backend):
         self.executor.release_tensors(list(tensors))
 
     def staging_cap(self) -> Optional[int]:
-        return self.executor._regs().cap
+        return self.executor.staging.cap
 
     def zero_copy_ok(self, inp: Any, out: Any) -> bool:
         return self.executor.zero_copy_ok(inp, out)

@@ -422,7 +422,7 @@ class _Gen:
 
 
 _STOP_CHECK = ("  if (stop) {  // a peer or an earlier launch aborted\n"
-               "    if (tid == 0) record_error(a, -1, WHAT_PEER_ABORT, -1, 0ull, 0ull, 0ull);\n"
+               "    if (tid == 0) { record_error(a, -1, WHAT_PEER_ABORT, -1, 0ull, 0ull, 0ull); hold_for_host(a); }\n"
                "    return;\n"
                "  }")
 

@@ -115,6 +115,7 @@ DEV_OP = Struct("DevOp", (
 ERROR_RECORD = Struct("ErrorRecord", (
     ("state", "u32"), ("rank", "i32"), ("block", "i32"), ("op_index", "i32"), ("what", "i32"),
     ("channel", "i32"), ("expected", "u64"), ("seen", "u64"), ("elapsed_ns", "u64"),
+    ("host_ack", "u32"), ("pad", "u32"),
 ))
 
 ALL_STRUCTS = (PLAN_HEADER, REMOTE_BUF, CHANNEL_DEV, BLOCK_ENTRY, BLOCK_HEADER, DEV_OP, ERROR_RECORD)

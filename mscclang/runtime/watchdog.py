@@ -4,14 +4,16 @@ Eager calls report an abort at the next call (:meth:`Executor.check`). A CUDA gr
 kernels without any host call of ours: after a peer dies, the kernels give up, set the abort
 word and exit early, and every later replay returns garbage with no error. The watchdog is a
 daemon thread that polls the executor's host-mapped error record (a plain memory read, no CUDA
-call) and, when a launch gave up, acts once per abort according to ``MSCCLANG_ASYNC_ERROR``:
+call) and, when a launch gave up, acts once per abort according to ``MSCCLANG_ASYNC_ERROR``,
+then acknowledges the abort, which lets the held launches end (:mod:`mscclang.runtime.abort`):
 
 * ``raise`` (default): log the error and raise :class:`~mscclang.errors.CollectiveTimeout` in
   the thread that launched the collectives (an asynchronous exception, delivered at its next
   Python bytecode, e.g. right after ``graph.replay()`` returns);
 * ``abort``: log the error and abort the process (as NCCL's watchdog does with
   ``TORCH_NCCL_ASYNC_ERROR_HANDLING``);
-* ``log``: log only.
+* ``log``: log only (the launches then end at once and their results reach the caller: only for
+  debugging).
 
 In every mode the next host-side call (a collective, ``synchronize``, ``check``) raises.
 """
@@ -58,8 +60,9 @@ class AbortWatchdog:
 
     def __init__(self, state: Callable[[], int], describe: Callable[[], str], reported: Callable[[], bool],
                  target: Callable[[], Optional[int]], mode: Optional[str] = None, poll_s: float = 0.05,
-                 grace_s: float = 0.2) -> None:
+                 grace_s: float = 0.2, acknowledge: Optional[Callable[[], None]] = None) -> None:
         self.mode = watchdog_mode(mode)
+        self._ack = acknowledge
         self._state, self._describe, self._reported, self._target = state, describe, reported, target
         self.poll_s, self.grace_s = poll_s, grace_s
         self.fired: Optional[str] = None     # the message of the abort acted on (until rearm)
@@ -95,6 +98,8 @@ class AbortWatchdog:
                 tid = self._target()
                 if tid is not None:
                     raise_in_thread(tid, msg)
+            if self._ack is not None:
+                self._ack()   # the exception is on its way (or only logged): held launches may end
 
     def rearm(self) -> None:
         """Watch for the next abort (after a collective reset)."""

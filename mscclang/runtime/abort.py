@@ -1,0 +1,182 @@
+"""The abort record and the bounded waits.
+
+A launch that gives up (a bounded spin expired, or a peer aborted) writes the error record in
+host-mapped memory, sets the abort words, and then holds (bounded by the timeout) until the host
+acknowledges it in the record (``host_ack``). The host acknowledges only once the exception is on
+its way to the code that launched the collective: the launching thread raising it
+(:meth:`AbortState.check`, at the next call or synchronisation), or the watchdog having raised it
+in that thread, aborted the process, or (mode ``log``) logged it. So neither the launch that gave
+up nor a later one (a CUDA graph replay) completes while the launching thread could still read
+its result without an exception. A collective reset clears the record.
+
+Every host-side wait here is bounded: a stream that does not drain within its limit ends in
+:class:`~mscclang.errors.CollectiveTimeout`, never a hang.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import logging
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from mscclang.errors import CollectiveTimeout
+from mscclang.runtime import cuda as cu
+from mscclang.runtime.structs import ERROR_RECORD
+from mscclang.runtime.watchdog import AbortWatchdog
+
+log = logging.getLogger("mscclang.runtime.abort")
+
+AREA_BYTES = 256
+ACK_OFFSET = ERROR_RECORD.offsets["host_ack"]
+_WHAT = {1: "a signal", 2: "LL packets", 3: "a barrier", 4: "a semaphore", 5: "nothing (a peer or another "
+         "block aborted)", 6: "a port channel's proxy to finish its copies (flush)"}
+
+
+class AbortState:
+    """The error record of one executor and what the host does with it. ``comm`` names the rank
+    and reaches the store (to ask the other ranks what they called last); ``last_call`` returns a
+    description of this rank's latest call (or None)."""
+
+    def __init__(self, comm: Any, last_call: Callable[[], Optional[str]], watchdog: Optional[str] = None,
+                 poll_s: float = 0.05) -> None:
+        self.comm = comm
+        self._last_call = last_call
+        self.host, self.dev = cu.host_alloc_mapped(AREA_BYTES)
+        self._state = ctypes.c_uint32.from_address(self.host)
+        self.aborted = False
+        self.reported = False          # the current abort was raised to the caller by a host call
+        self._msg: Optional[str] = None
+        self.generation = 0            # resets so far (the same on every rank): names store keys
+        self.user_thread: Optional[int] = threading.get_ident()
+        self.watchdog: Optional[AbortWatchdog] = AbortWatchdog(
+            state=self.state, describe=self.text, reported=lambda: self.reported,
+            target=lambda: self.user_thread, mode=watchdog, poll_s=poll_s, acknowledge=self.acknowledge)
+
+    def state(self) -> int:
+        """Nonzero once a launch gave up (a plain read of host-mapped memory)."""
+        return self._state.value if self.host else 0
+
+    def pending(self) -> bool:
+        """Whether a launch gave up since the last reset (or a host wait declared it)."""
+        return self.aborted or self.state() != 0
+
+    def acknowledge(self) -> None:
+        """Let held launches end: the exception is on its way to the caller."""
+        if self.host:
+            ctypes.c_uint32.from_address(self.host + ACK_OFFSET).value = 1
+
+    def check(self) -> None:
+        """Raise CollectiveTimeout if a launch gave up (until :meth:`rearm`)."""
+        st = self.state()
+        if st == 0 and not self.aborted:
+            return
+        self.aborted = True
+        self.reported = True
+        self.acknowledge()   # this thread raises now: held launches may end
+        if st == 1:
+            cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+        msg = self.text()
+        if self.watchdog is not None and self.watchdog.fired:
+            msg += " (reported earlier by the watchdog)"
+        raise CollectiveTimeout(msg)
+
+    def text(self) -> str:
+        """The current abort's message, built once (the watchdog's thread or the caller's)."""
+        if self._msg is None:
+            self._msg = self._message()
+        return self._msg
+
+    def _message(self) -> str:
+        rec = ERROR_RECORD.unpack(ctypes.string_at(self.host, ERROR_RECORD.size))
+        what = _WHAT.get(rec["what"], f"kind {rec['what']}")
+        chan = f" on channel {rec['channel']}" if rec["channel"] >= 0 and rec["what"] in (1, 3, 4, 6) else ""
+        if rec["state"] == 0:
+            head = f"rank {self.comm.rank}: a host-side wait gave up"
+        else:
+            head = (f"rank {rec['rank']} thread block {rec['block']} op {rec['op_index']} gave up waiting for "
+                    f"{what}{chan} (expected {rec['expected']}, saw {rec['seen']}) after "
+                    f"{rec['elapsed_ns'] / 1e9:.3f} s")
+        msg = head + "; the collective was aborted on every rank: call reset() on all ranks to continue"
+        calls = self.calls_of_ranks()
+        if calls:
+            msg += "; last calls: " + ", ".join(calls)
+        return msg
+
+    def calls_of_ranks(self) -> list[str]:
+        """``rank R: <its last call>`` for this rank and the ranks that publish theirs within a
+        second (a dead or hung rank does not: it is named as silent)."""
+        mine = self._last_call() or "nothing yet"
+        comm = self.comm
+        out = {comm.rank: mine}
+        store = getattr(comm, "store", None)
+        prefix = getattr(comm, "prefix", None)
+        if store is not None and prefix is not None:
+            try:
+                store.set(f"{prefix}/lastcall/{self.generation}/{comm.rank}", mine.encode())
+            except Exception:  # noqa: BLE001 - the store may be gone with a dead rank 0
+                return [f"rank {comm.rank}: {mine}"]
+            for q in range(comm.world_size):
+                if q == comm.rank:
+                    continue
+                try:
+                    key = f"{prefix}/lastcall/{self.generation}/{q}"
+                    store.wait([key], datetime.timedelta(seconds=1))
+                    out[q] = bytes(store.get(key)).decode("utf-8", "replace")
+                except Exception:  # noqa: BLE001 - silent rank
+                    out[q] = "no answer (dead or hung?)"
+        return [f"rank {q}: {out[q]}" for q in sorted(out)]
+
+    def rearm(self) -> None:
+        """After a collective reset: clear the record (the acknowledgement too) and watch again."""
+        ctypes.memset(self.host, 0, AREA_BYTES)
+        self.aborted = False
+        self.reported = False
+        self._msg = None
+        self.generation += 1
+        if self.watchdog is not None:
+            self.watchdog.rearm()
+
+    def close(self) -> None:
+        """Stop the watchdog and let held launches end (before the device is synchronised)."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.watchdog = None
+        self.acknowledge()
+
+    def free(self) -> None:
+        """Free the record (after the device is idle)."""
+        if self.host:
+            cu.host_free(self.host)
+            self.host = 0
+
+
+class Drainer:
+    """Bounded waits for work enqueued on streams (a cuCtxSynchronize with a limit)."""
+
+    def __init__(self) -> None:
+        self._event: Any = None
+
+    def drained(self, streams: list, limit_s: float, stop: Optional[Callable[[], bool]] = None) -> bool:
+        """Whether the work enqueued so far on ``streams`` finishes within ``limit_s`` and before
+        ``stop()`` says to stop waiting."""
+        drv = cu.driver()
+        ev = self._event
+        if ev is None:
+            ev = self._event = cu.check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING),
+                                        "cuEventCreate")
+        t0 = time.monotonic()
+        for s in streams:
+            cu.check(drv.cuEventRecord(ev, s), "cuEventRecord")
+            while True:
+                err, = drv.cuEventQuery(ev)
+                if int(err) == 0:
+                    break
+                if int(err) != int(drv.CUresult.CUDA_ERROR_NOT_READY):
+                    cu.check(err, "cuEventQuery")
+                if time.monotonic() - t0 > limit_s or (stop is not None and stop()):
+                    return False
+                time.sleep(0.0005)
+        return True

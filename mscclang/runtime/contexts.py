@@ -1,0 +1,234 @@
+"""Contexts: per loaded plan, the scratch and sync area of this rank and the peers' IPC mappings of
+theirs, and the device plans built on them.
+
+Making or growing a context is collective (an IPC handle exchange and store barriers): every
+rank reaches it at the same call and decides alike, because the size is the scratch of the rank
+that needs the most (:func:`~mscclang.runtime.device_plan.group_scratch_bytes`) and growth is
+geometric (at least twice the previous size), so a stream of growing message sizes grows a
+context only logarithmically often. An outgrown context is retired, not freed: prepared calls and
+captured graphs keep running on it. A device plan is host work only (packing, one allocation and
+an upload ordered on the launching stream): no store exchange, no device synchronisation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from mscclang.errors import NotPrepared, RuntimeUnavailable
+from mscclang.plan.models import BufferKind, Plan
+from mscclang.runtime import cuda as cu
+from mscclang.runtime.device_plan import (
+    KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, SyncLayout, group_scratch_bytes,
+    inbound_slots, mapped_peers, memory_channel_ordinals, pack_blob, pack_blocks, sync_layout,
+)
+from mscclang.runtime.ports import port_inbound_slots, port_peers
+from mscclang.runtime.state import Context, DevPlan, DevPlanKey, LoadedPlan
+
+
+class ContextPool:
+    """The contexts of one executor's loaded plans. ``comm``: the runtime communicator (rank,
+    store exchange, barriers); ``topology``: which peers share a node; ``engine``: the engine of
+    port channels between nodes (connected at a plan's first context); ``error_record``: the
+    device address of the executor's error record; ``capturing``: whether the caller is capturing
+    a CUDA graph (set-up is refused then)."""
+
+    def __init__(self, comm: Any, topology: Any, engine: Any, error_record: int,
+                 capturing: Callable[[], bool]) -> None:
+        self.comm = comm
+        self.topology = topology
+        self.engine = engine
+        self.error_record = error_record
+        self.capturing = capturing
+        self._engine_serial = 0
+
+    # contexts ---------------------------------------------------------------------------------
+    def group_scratch(self, lp: LoadedPlan, in_bytes: int, out_bytes: int) -> int:
+        """:func:`group_scratch_bytes` of the plan at this size (cached per size)."""
+        key = (in_bytes, out_bytes)
+        v = lp.group_scratch.get(key)
+        if v is None:
+            if len(lp.group_scratch) >= 1024:
+                lp.group_scratch.clear()
+            v = lp.group_scratch[key] = group_scratch_bytes(lp.plan, in_bytes, out_bytes)
+        return v
+
+    def ensure(self, lp: LoadedPlan, in_bytes: int, out_bytes: int) -> Context:
+        """The plan's context, made or grown (collective, see the module docstring)."""
+        ctx = lp.ctx
+        need = self.group_scratch(lp, in_bytes, out_bytes)
+        if ctx is not None and ctx.scratch_bytes >= need:
+            return ctx
+        if self.capturing():
+            raise NotPrepared(f"rank {self.comm.rank}: plan {lp.plan.name} needs {need} B of "
+                              "scratch; first-time set-up cannot happen inside CUDA graph capture: prepare the "
+                              "call (or run it once) before capturing")
+        cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+        size = need
+        if ctx is not None:
+            self.comm.barrier("grow context")
+            size = max(size, 2 * ctx.scratch_bytes)   # geometric: few contexts per plan, at most 2x held
+            lp.retired.append(ctx)
+        lp.ctx = self._make(lp, size)
+        # a peer still compiling or setting up must not look like a hang: meet before launching
+        self.comm.barrier("context ready")
+        return lp.ctx
+
+    def _make(self, lp: LoadedPlan, scratch_bytes: int) -> Context:
+        comm = self.comm
+        plan = lp.plan
+        r = comm.rank
+        sync = sync_layout(plan, r)
+        scratch_bytes = max(int(scratch_bytes), 256)
+        sync_base = cu.mem_alloc(sync.size)
+        scratch_base = cu.mem_alloc(scratch_bytes)
+        peer_sync: dict[int, int] = {}
+        peer_scratch: dict[int, int] = {}
+        try:
+            self.init_sync(plan, sync, sync_base)
+            cu.memset_d8(scratch_base, 0, scratch_bytes, 0)
+            cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+            mine = cu.ipc_handle(sync_base) + cu.ipc_handle(scratch_base)
+            allh = comm.allgather_bytes(mine, f"context of plan {plan.name}")   # scratch sizes may differ by rank
+            if lp.engine_keys and lp.serial < 0:
+                lp.serial = self._engine_serial
+                self._engine_serial += 1
+                self.engine.connect([(lp.serial, *k) for k in lp.engine_keys], comm.allgather_bytes)
+            for q in mapped_peers(plan, r, self.topology):
+                peer_sync[q] = cu.ipc_open(allh[q][:64])
+                peer_scratch[q] = cu.ipc_open(allh[q][64:128])
+        except BaseException:
+            # e.g. CallMismatch: the ranks disagreed; leave nothing behind, the next call retries
+            for p in list(peer_sync.values()) + list(peer_scratch.values()):
+                cu.ipc_close(p)
+            cu.mem_free(sync_base)
+            cu.mem_free(scratch_base)
+            raise
+        return Context(sync, sync_base, scratch_base, scratch_bytes, peer_sync, peer_scratch)
+
+    def init_sync(self, plan: Plan, sync: SyncLayout, base: int) -> None:
+        """Zero a sync area, flags at 1, semaphores at their initial values."""
+        cu.memset_d8(base, 0, sync.size, 0)
+        cu.memset_d32(base + SYNC_FLAGS_OFF, 1, MAX_FLAGS, 0)
+        sems = plan.gpus[self.comm.rank].semaphores
+        if sems:
+            data = b"".join(int(s.init_value).to_bytes(8, "little", signed=True) for s in sems)
+            cu.htod(base + sync.semaphores, data, 0)
+
+    def reset(self, lp: LoadedPlan) -> None:
+        """Clear every context of ``lp`` (the device is idle): sync areas and scratch."""
+        for ctx in [lp.ctx, *lp.retired]:
+            if ctx is not None:
+                self.init_sync(lp.plan, ctx.sync, ctx.sync_base)
+                cu.memset_d8(ctx.scratch_base, 0, ctx.scratch_bytes, 0)
+
+    def free(self, lp: LoadedPlan) -> None:
+        """Free every context of ``lp`` and its device plans (the device is idle)."""
+        for ctx in [lp.ctx, *lp.retired]:
+            if ctx is None:
+                continue
+            for p in list(ctx.peer_sync.values()) + list(ctx.peer_scratch.values()):
+                cu.ipc_close(p)
+            for dp in ctx.plans.values():
+                free_device_plan(dp)
+            cu.mem_free(ctx.sync_base)
+            cu.mem_free(ctx.scratch_base)
+        lp.ctx = None
+        lp.retired.clear()
+
+    # device plans ---------------------------------------------------------------------------------
+    def device_plan(self, lp: LoadedPlan, in_bytes: int, out_bytes: int, sym_in: Any, sym_out: Any,
+                    stream: int = 0) -> DevPlan:
+        """The device plan of these sizes and buffers on the plan's context (made or grown first),
+        built now if new: packed on the host, uploaded on ``stream`` (ordered before the launch that
+        follows on it)."""
+        plan = lp.plan
+        ctx = self.ensure(lp, in_bytes, out_bytes)
+        key = DevPlanKey(in_bytes, out_bytes, getattr(sym_in, "index", None), getattr(sym_out, "index", None))
+        dp = ctx.plans.get(key)
+        if dp is not None:
+            return dp
+        packed = pack_blocks(plan, self.comm.rank, in_bytes, out_bytes)
+        area = 0
+        if packed.port is not None:
+            area = cu.mem_alloc(packed.port.area_bytes)
+            cu.memset_d8(area, 0, packed.port.area_bytes, stream)
+        addr = self.addresses(lp, ctx, sym_in, sym_out, packed, area)
+        blob = pack_blob(plan, packed, addr, ctx.sync)
+        p = cu.mem_alloc(len(blob))
+        cu.htod(p, blob, stream)
+        smem = max((len(b.region) for b in packed.blocks), default=16)
+        dp = DevPlan(p, len(blob), len(packed.blocks), smem, packed.packet_align, packed.uses_packets,
+                     packed, addr, area)
+        ctx.plans[key] = dp
+        return dp
+
+    def addresses(self, lp: LoadedPlan, ctx: Context, sym_in: Any, sym_out: Any, packed: Any = None,
+                  area: int = 0) -> Addresses:
+        """The device addresses of a device plan on ``ctx``: sync area, scratch, channels, and the
+        peers' buffers (scratch mappings, or ``sym_in``/``sym_out``'s peer bases: a symmetric
+        allocation or a registration)."""
+        plan = lp.plan
+        r = self.comm.rank
+        g = plan.gpus[r]
+        remote = []
+        for rb in g.remote_buffers:
+            if not self.topology.same_node(r, rb.rank):
+                remote.append((0, KIND_CODE[rb.type]))   # reached only through the engine
+                continue
+            if rb.type == BufferKind.scratch:
+                base = ctx.peer_scratch[rb.rank]
+            else:
+                sa = sym_in if rb.type == BufferKind.input else sym_out
+                if sa is None:
+                    raise RuntimeUnavailable("internal: zero-copy plan without symmetric buffers")
+                base = sa.peer_bases[rb.rank]
+            remote.append((base, KIND_CODE[rb.type]))
+        slots_me = inbound_slots(plan, r)
+        chans = []
+        for j, (q, o) in enumerate(memory_channel_ordinals(plan, r)):
+            slots_q = inbound_slots(plan, q)
+            chans.append((ctx.sync_base + ctx.sync.inbound + 8 * slots_me[(q, o)],
+                          ctx.peer_sync[q] + sync_layout(plan, q).inbound + 8 * slots_q[(r, o)],
+                          ctx.sync_base + ctx.sync.expected + 8 * j))
+        if packed is not None and packed.port is not None:
+            pin = port_inbound_slots(plan, r)
+            for k, (q, o) in enumerate(port_peers(plan, r)):
+                chans.append((ctx.sync_base + ctx.sync.port_inbound + 8 * pin[(q, o)],
+                              area + packed.port.block_offset(k),
+                              ctx.sync_base + ctx.sync.port_counters + 16 * k))
+        peers = mapped_peers(plan, r, self.topology)
+        # one half size per context: launches of different sizes must never overlap halves
+        half = (ctx.scratch_bytes // 2) // 16 * 16 if plan.use_double_scratch_buffer else 0
+        return Addresses(ctx.sync_base, ctx.scratch_base, half, self.error_record,
+                         [ctx.peer_sync[q] + SYNC_ABORT_OFF for q in peers], remote, chans)
+
+    def memory(self, lp: LoadedPlan, out: dict[str, int]) -> None:
+        """Add ``lp``'s contexts and device plans to a memory report."""
+        for ctx, live in [(lp.ctx, True)] + [(c, False) for c in lp.retired]:
+            if ctx is None:
+                continue
+            pre = "" if live else "retired_"
+            out[pre + "scratch"] += ctx.scratch_bytes
+            out[pre + "sync"] += ctx.sync.size
+            out["contexts" if live else "retired_contexts"] += 1
+            out["device_plans"] += sum(dp.nbytes for dp in ctx.plans.values())
+
+
+def free_device_plan(dp: DevPlan) -> None:
+    """Free a device plan's memory (the device finished with it)."""
+    cu.mem_free(dp.blob)
+    if dp.port_area:
+        cu.mem_free(dp.port_area)
+
+
+def drop_device_plans(lp: LoadedPlan, doomed: Optional[Callable[[DevPlanKey], bool]]) -> int:
+    """Free the device plans of ``lp``'s contexts for which ``doomed(key)`` holds (every one when
+    ``doomed`` is None); the device is idle. Returns how many."""
+    n = 0
+    for ctx in [lp.ctx, *lp.retired]:
+        if ctx is None:
+            continue
+        for k in [k for k in ctx.plans if doomed is None or doomed(k)]:
+            free_device_plan(ctx.plans.pop(k))
+            n += 1
+    return n

@@ -1,0 +1,383 @@
+"""Launch entries: the one place that decides how a call runs, and keeps what it decided.
+
+:meth:`Entries.resolve` maps a call (plan, sizes, dtype, packet type, reduce op, buffer
+addresses) to a :class:`~mscclang.runtime.state.LaunchEntry` and its
+:class:`~mscclang.runtime.state.Operands`: directly on the caller's tensors (plans that run on
+any buffers), on symmetric buffers, on registered tensors, deferred into a capture session's
+arena, or staged. A new entry is host work only once its plan's context and staging are large
+enough (see :mod:`mscclang.runtime.contexts` and :mod:`mscclang.runtime.staging`): it packs a
+device plan and uploads it on the launching stream; it never builds a kernel on the calling
+thread. Specialised kernels are built in the background (:mod:`mscclang.runtime.kernels`) for
+the sizes the policy wants (:func:`mscclang.runtime.spec_build.when`): at the first call up to
+``MSCCLANG_SPEC_FIRST_BYTES``, once called ``MSCCLANG_SPEC_HOT_CALLS`` times above it; the
+interpreter serves a size until its kernel is ready. ``prepare`` does everything at once, so a
+call captured after it runs the specialised kernel.
+
+Entries are bounded: beyond ``MSCCLANG_MAX_LAUNCH_ENTRIES`` (default 512) the least recently
+used entries that no prepare and no captured graph holds are evicted, with their device plans
+and specialised modules, a quarter of the cap at a time (after the device finished its work).
+The order of calls is the same on every rank, so every rank evicts alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+from collections import OrderedDict
+from typing import Any, Callable, Iterator, Optional
+
+from mscclang.errors import NotPrepared, PlanError, RuntimeUnavailable
+from mscclang.runtime import cuda as cu
+from mscclang.runtime.contexts import ContextPool, drop_device_plans
+from mscclang.runtime.device_plan import SYNC_ABORT_OFF, pack_blocks, sync_layout
+from mscclang.runtime.kernels import SPEC_ERRORS, KernelCache, unsupported
+from mscclang.runtime.ports import PortScript, port_inbound_slots, port_peers
+from mscclang.runtime.proxy import Incoming, PortLaunch
+from mscclang.runtime.spec_build import pack_args, spec_hot_calls, when
+from mscclang.runtime.spec_source import generate
+from mscclang.runtime.state import (
+    DevPlan, EntryKey, LaunchEntry, LoadedPlan, Operands, Pending, SpecLaunch, describe_call,
+)
+
+log = logging.getLogger("mscclang.runtime.entries")
+
+DEFAULT_MAX_ENTRIES = 512
+
+
+def max_entries() -> int:
+    """The entry cap (``$MSCCLANG_MAX_LAUNCH_ENTRIES``, at least 16)."""
+    raw = os.environ.get("MSCCLANG_MAX_LAUNCH_ENTRIES", "").strip()
+    if not raw:
+        return DEFAULT_MAX_ENTRIES
+    try:
+        n = int(raw)
+    except ValueError:
+        raise RuntimeUnavailable(f"MSCCLANG_MAX_LAUNCH_ENTRIES={raw!r}: not an integer") from None
+    if n < 16:
+        raise RuntimeUnavailable(f"MSCCLANG_MAX_LAUNCH_ENTRIES={n}: must be at least 16")
+    return n
+
+
+class Entries:
+    """The launch entries of one executor, built from its collaborators: ``comm`` (rank,
+    ``call`` naming the call being set up), ``kernels``, ``contexts``, ``staging``, ``capture``,
+    ``topology``, ``engine`` and ``proxy`` (port channels), ``specialize()`` (the policy now),
+    ``capturing()`` and ``capturing_now()``."""
+
+    def __init__(self, comm: Any, kernels: KernelCache, contexts: ContextPool, staging: Any, capture: Any,
+                 topology: Any, engine: Any, proxy: Any, specialize: Callable[[], str],
+                 capturing: Callable[[], bool], capturing_now: Callable[[], bool]) -> None:
+        self.comm = comm
+        self.kernels = kernels
+        self.contexts = contexts
+        self.staging = staging
+        self.capture = capture
+        self.topology = topology
+        self.engine = engine
+        self.proxy = proxy
+        self._specialize = specialize
+        self._capturing = capturing
+        self._capturing_now = capturing_now
+        self.cap = max_entries()
+        self._lru: "OrderedDict[tuple[int, EntryKey], LoadedPlan]" = OrderedDict()
+        self._pinned: set[tuple[int, EntryKey]] = set()
+        self.evicted = 0
+
+    # resolving -------------------------------------------------------------------------------
+    def resolve(self, lp: LoadedPlan, dt: str, dtype: Any, in_ptr: int, out_ptr: int, in_bytes: int,
+                out_bytes: int, pkt: str, op: str, prepare: bool, stream: int) -> tuple[LaunchEntry, Operands]:
+        """The launch entry of a call and how its buffers map (see the module docstring).
+        ``prepare``: do every first-time step now, specialised kernel included, and keep the entry
+        (never evicted)."""
+        opr = Operands()
+        sym_in = sym_out = None
+        if lp.zero_copy:
+            comm = self.comm
+            si = comm.symmetric_of(in_ptr)
+            so = comm.symmetric_of(out_ptr)
+            if si is not None and so is not None and not si[0].internal and not so[0].internal:
+                key = EntryKey(in_bytes, out_bytes, dtype, pkt, op, "sym", si[0].index, so[0].index)
+                opr = Operands("sym", si[1], so[1])
+                sym_in, sym_out = si[0], so[0]
+            elif (zc := self.capture.registered(si, so, in_ptr, out_ptr, in_bytes, out_bytes)) is not None:
+                # registered ordinary tensors: like symmetric buffers, the peers' corresponding
+                # tensors at the registration's mapped bases
+                sym_in, din, sym_out, dout = zc
+                key = EntryKey(in_bytes, out_bytes, dtype, pkt, op, "sym", sym_in.index, sym_out.index)
+                opr = Operands("sym", din, dout)
+            else:
+                dfr = self.capture.deferred(lp, dt, in_ptr, out_ptr, in_bytes, out_bytes, pkt, op,
+                                            self.kernels, self.contexts)
+                if dfr is not None:
+                    return dfr
+                # the plan's staging: the key names it, so an entry never runs on staging other
+                # than its device plan's
+                st_in, st_out = self.staging.get(lp, in_bytes, out_bytes, keep=prepare)
+                key = EntryKey(in_bytes, out_bytes, dtype, pkt, op, "staged", st_in.index, st_out.index)
+                opr = Operands("staged", stage_in=st_in, stage_out=st_out)
+                sym_in, sym_out = (st_out if lp.plan.inplace else st_in), st_out
+                if not (st_in.pinned and st_out.pinned) and (prepare or self._capturing()):
+                    # a prepared call or a captured graph uses them: never released before close
+                    st_in.pinned = st_out.pinned = True
+        else:
+            key = EntryKey(in_bytes, out_bytes, dtype, pkt, op)
+        self.capture.note(lp, key, dt)
+        lk = (id(lp), key)
+        ent = lp.fast.get(key)
+        if ent is None:
+            ent = self._build(lp, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out, prepare, stream)
+            lp.fast[key] = ent
+            self._lru[lk] = lp
+            if len(self._lru) > self.cap:
+                self._evict(keep=lk)
+        else:
+            self._lru.move_to_end(lk)
+            if ent.pending is not None:
+                ent = self._advance(lp, key, ent, prepare)
+        if (prepare or self._capturing()) and lk not in self._pinned:
+            self._pinned.add(lk)
+        return ent, opr
+
+    def _build(self, lp: LoadedPlan, dt: str, in_bytes: int, out_bytes: int, pkt: str, op: str,
+               sym_in: Any, sym_out: Any, force: bool, stream: int) -> LaunchEntry:
+        """A new entry (first-time set-up: refused inside a CUDA graph capture)."""
+        plan = lp.plan
+        r = self.comm.rank
+        ref = in_bytes if plan.collective != "allgather" else out_bytes
+        if not plan.min_message_size <= ref <= plan.max_message_size:
+            raise PlanError(f"message size {ref} bytes is outside the plan's range "
+                            f"[{plan.min_message_size}, {plan.max_message_size}]")
+        desc = describe_call(plan, in_bytes, out_bytes, dt, pkt, op)
+        if self._capturing():
+            raise NotPrepared(f"rank {r}: {desc} was not prepared: its first-time set-up "
+                              "(device plan, scratch, kernel) cannot happen inside CUDA graph capture; call "
+                              "prepare with the same tensors (or run the call once) before capturing")
+        with self._calling(desc):
+            f = self.kernels.interpreter(dt, pkt, op, lp.nthreads)
+            dp = self.contexts.device_plan(lp, in_bytes, out_bytes, sym_in, sym_out, stream)
+            self.kernels.fit(f, lp.nthreads, dp.smem, dp.n_blocks, f"rank {r}", dp.uses_packets,
+                             dp.packet_align, pkt)
+            port = self._port_launch(lp, dp, in_bytes, out_bytes) if lp.has_port else None
+            spec, pending = None, None
+            # port plans run on the interpreter (the specialised kernel has no port ops)
+            if not lp.has_port:
+                spec, pending = self._specialisation(lp, dt, in_bytes, out_bytes, pkt, op, dp, force,
+                                                     (lp, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out))
+        return LaunchEntry(f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), spec, pending, lp.ctx, port)
+
+    def _specialisation(self, lp: LoadedPlan, dt: str, in_bytes: int, out_bytes: int, pkt: str, op: str,
+                        dp: DevPlan, force: bool, args: tuple) -> tuple[Optional[SpecLaunch], Optional[Pending]]:
+        """The specialised launch now (``force``: built on this thread), or what is pending."""
+        w = when(self._specialize(), in_bytes, out_bytes)
+        if w == "never":
+            return None, None
+        skey = (in_bytes, out_bytes, dt, pkt, op)
+        got = lp.spec.get(skey)
+        if isinstance(got, str):   # refused earlier
+            return None, None
+        if got is not None:
+            return self._spec_launch(got, dp, lp.ctx), None
+        if force:
+            try:
+                sp = self.kernels.specialised_now(generate(lp.plan, dp.packed, dt, pkt, op))
+            except SPEC_ERRORS as e:
+                lp.spec[skey] = unsupported(e)
+                return None, None
+            lp.spec[skey] = sp
+            return self._spec_launch(sp, dp, lp.ctx), None
+        pend = Pending(0 if w == "first" else spec_hot_calls() - 1, args)
+        if pend.calls <= 0:
+            pend.build = self._start(lp, dt, pkt, op, dp)
+            if pend.build is None:
+                return None, None
+        return None, pend
+
+    def _start(self, lp: LoadedPlan, dt: str, pkt: str, op: str, dp: DevPlan) -> Any:
+        plan, packed = lp.plan, dp.packed
+        return self.kernels.specialise_later(lambda: generate(plan, packed, dt, pkt, op))
+
+    def _spec_launch(self, sp: Any, dp: DevPlan, ctx: Any) -> SpecLaunch:
+        args = pack_args(sp.layout, dp.addr, ctx.sync, self.comm.rank)
+        ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+        return SpecLaunch(sp, args, ctypes.addressof(ptrs), ptrs)
+
+    def _advance(self, lp: LoadedPlan, key: EntryKey, ent: LaunchEntry, now: bool) -> LaunchEntry:
+        """One more call of an entry whose specialised kernel is wanted: count it, start its
+        background build at the policy's count, and switch to the kernel once built (``now``:
+        prepare, build on this thread). Never inside a capture."""
+        pend = ent.pending
+        if self._capturing():
+            return ent
+        lp_, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out = pend.args
+        skey = (in_bytes, out_bytes, dt, pkt, op)
+        if now:
+            if pend.build is not None and pend.build.done():
+                return self._switch(lp, key, ent, skey, pend)
+            new = self._build(lp, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out, True, 0)
+            new = _replace(new, pending=None)
+            lp.fast[key] = new
+            return new
+        if pend.build is None:
+            pend.calls -= 1
+            if pend.calls > 0:
+                return ent
+            dp = _device_plan_of(lp, ent)
+            if dp is None:
+                lp.fast[key] = new = _replace(ent, pending=None)
+                return new
+            pend.build = self._start(lp, dt, pkt, op, dp)
+            if pend.build is None:
+                pend.calls = 1   # the build queue is full: ask again at the next call
+            return ent
+        if not pend.build.done():
+            return ent
+        return self._switch(lp, key, ent, skey, pend)
+
+    def _switch(self, lp: LoadedPlan, key: EntryKey, ent: LaunchEntry, skey: tuple, pend: Pending) -> LaunchEntry:
+        try:
+            sp = self.kernels.finish(pend.build)
+        except SPEC_ERRORS as e:
+            lp.spec[skey] = unsupported(e)
+            lp.fast[key] = new = _replace(ent, pending=None)
+            return new
+        lp.spec[skey] = sp
+        dp = _device_plan_of(lp, ent)
+        spec = self._spec_launch(sp, dp, ent.ctx) if dp is not None and ent.ctx is not None else None
+        lp.fast[key] = new = _replace(ent, spec=spec, pending=None)
+        return new
+
+    # port channels ------------------------------------------------------------------------------
+    def _port_launch(self, lp: LoadedPlan, dp: DevPlan, in_bytes: int, out_bytes: int) -> Optional[PortLaunch]:
+        """What the proxy needs for every launch of this entry (None: no port work on this rank)."""
+        plan = lp.plan
+        r = self.comm.rank
+        ctx = lp.ctx
+        script = dp.packed.port
+        incoming: list[Incoming] = []
+        pin = port_inbound_slots(plan, r)
+        for g in plan.gpus:
+            if g.id == r or self.topology.same_node(g.id, r):
+                continue
+            theirs = None
+            for kq, (q, o) in enumerate(port_peers(plan, g.id)):
+                if q != r:
+                    continue
+                if theirs is None:
+                    theirs = pack_blocks(plan, g.id, in_bytes, out_bytes).port
+                incoming.append(Incoming(theirs.channels[kq], ctx.sync_base + ctx.sync.port_inbound + 8 * pin[(g.id, o)],
+                                         [rb.type for rb in g.remote_buffers],
+                                         self.engine.comm((lp.serial, g.id, r, o))))
+        if script is None and not incoming:
+            return None
+        if script is None:
+            script = PortScript([])
+        g = plan.gpus[r]
+        remote_base: list[Optional[int]] = []
+        for j, rb in enumerate(g.remote_buffers):
+            remote_base.append(dp.addr.remote[j][0] if self.topology.same_node(r, rb.rank) else None)
+        peer_inbound: list[Optional[int]] = []
+        comms: list = []
+        for k, (q, o) in enumerate(port_peers(plan, r)):
+            if self.topology.same_node(r, q):
+                peer_inbound.append(ctx.peer_sync[q] + sync_layout(plan, q).port_inbound
+                                    + 8 * port_inbound_slots(plan, q)[(r, o)])
+                comms.append(None)
+            else:
+                peer_inbound.append(None)
+                comms.append(self.engine.comm((lp.serial, r, q, o)))
+        pl = PortLaunch(script, dp.port_area, remote_base,
+                        [rb.type for rb in g.remote_buffers], ctx.scratch_base, peer_inbound, comms, incoming,
+                        bounds=(in_bytes, out_bytes, ctx.scratch_bytes), abort_word=ctx.sync_base + SYNC_ABORT_OFF)
+        self.proxy.prepare(len(script.channels) + len(incoming))
+        return pl
+
+    # bookkeeping --------------------------------------------------------------------------------
+    def forget(self, loaded: list[LoadedPlan], idx: set) -> None:
+        """Drop the entries and device plans built on the buffers named by ``idx`` (symmetric
+        allocation indices, registrations' ``("reg", seq)``); the device is idle."""
+        for lp in loaded:
+            for k in [k for k in lp.fast if any(x in idx for x in k.buffers())]:
+                del lp.fast[k]
+                self._lru.pop((id(lp), k), None)
+                self._pinned.discard((id(lp), k))
+            drop_device_plans(lp, lambda dk: dk.in_buf in idx or dk.out_buf in idx)
+
+    def clear(self, lp: LoadedPlan) -> None:
+        """Forget every entry of ``lp`` (their device plans stay on the contexts)."""
+        for k in list(lp.fast):
+            self._lru.pop((id(lp), k), None)
+            self._pinned.discard((id(lp), k))
+        lp.fast.clear()
+
+    def _evict(self, keep: tuple) -> None:
+        """Evict a quarter of the cap of least recently used, unpinned entries, their device plans
+        (when no entry kept uses them) and specialised modules (device synchronised first)."""
+        victims = []
+        want = max(1, self.cap // 4)
+        for lk, lp in self._lru.items():
+            if lk == keep or lk in self._pinned:
+                continue
+            victims.append((lk, lp))
+            if len(victims) >= want:
+                break
+        if not victims:
+            return
+        cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+        touched: dict[int, LoadedPlan] = {}
+        for lk, lp in victims:
+            self._lru.pop(lk, None)
+            lp.fast.pop(lk[1], None)
+            touched[id(lp)] = lp
+        self.evicted += len(victims)
+        for lp in touched.values():
+            live = {e.blob for e in lp.fast.values()}
+            drop_device_plans(lp, lambda dk, lp=lp, live=live: _blob_of(lp, dk) not in live)
+        in_use = {e.spec.spec.name for lp in touched.values() for e in lp.fast.values() if e.spec is not None}
+        for lp in touched.values():
+            for sk in [sk for sk, v in lp.spec.items() if not isinstance(v, str) and v.name not in in_use]:
+                del lp.spec[sk]
+        self.kernels.trim(in_use | {v.name for lp in touched.values() for v in lp.spec.values()
+                                    if not isinstance(v, str)})
+
+    def count(self) -> int:
+        """Live entries."""
+        return len(self._lru)
+
+    @contextlib.contextmanager
+    def _calling(self, desc: str) -> Iterator[None]:
+        """Name the call being set up in every store exchange it makes (CallMismatch otherwise)."""
+        prev = getattr(self.comm, "call", "")
+        try:
+            self.comm.call = desc
+        except AttributeError:  # a communicator without the attribute (tests' fakes)
+            yield
+            return
+        try:
+            yield
+        finally:
+            self.comm.call = prev
+
+
+def _replace(ent: LaunchEntry, **kw: Any) -> LaunchEntry:
+    import dataclasses
+
+    return dataclasses.replace(ent, **kw)
+
+
+def _device_plan_of(lp: LoadedPlan, ent: LaunchEntry) -> Optional[DevPlan]:
+    for ctx in [lp.ctx, *lp.retired]:
+        if ctx is None:
+            continue
+        for dp in ctx.plans.values():
+            if dp.blob == ent.blob:
+                return dp
+    return None
+
+
+def _blob_of(lp: LoadedPlan, dk: Any) -> int:
+    for ctx in [lp.ctx, *lp.retired]:
+        if ctx is not None and dk in ctx.plans:
+            return ctx.plans[dk].blob
+    return -1

@@ -1,0 +1,213 @@
+"""Kernels: the interpreter's module cache, the plan-specialised kernels (built off the calling
+thread), and the one check that a launch shape fits the device.
+
+The interpreter is one module per dtype (prebuilt cubin, disk cache, or NVRTC), loaded once per
+process. A specialised kernel belongs to one (plan, sizes, dtype, packet type, reduce op); it is
+built by NVRTC on a background thread (NVRTC releases the GIL), so a call never waits for a
+build: the interpreter serves it until the kernel is ready, and the next call of that size
+switches (:mod:`mscclang.runtime.entries`). ``prepare`` builds at once, so a call captured in a
+CUDA graph after it runs the specialised kernel. Loaded modules are bounded: beyond
+``MAX_SPEC_MODULES`` the least recently used one no launch entry holds is unloaded.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Optional
+
+from mscclang.errors import PlanError, RuntimeUnavailable
+from mscclang.runtime import cuda as cu
+from mscclang.runtime.build import block_variant, build_module, find_prebuilt, kernel_name
+from mscclang.runtime.spec_build import SpecBuilder
+from mscclang.runtime.spec_source import SpecSource, SpecUnsupported
+from mscclang.runtime.state import Spec
+
+log = logging.getLogger("mscclang.runtime.kernels")
+
+#: specialised modules kept loaded (each is one small cubin)
+MAX_SPEC_MODULES = 512
+#: specialised builds waiting at once; further requests are dropped (the interpreter runs them)
+MAX_PENDING_BUILDS = 64
+
+
+class KernelCache:
+    """The kernels of one executor on a device of ``arch`` with ``sm_count`` multiprocessors."""
+
+    def __init__(self, arch: str, sm_count: int) -> None:
+        self.arch = arch
+        self.sm_count = sm_count
+        self._modules: dict[str, Any] = {}
+        self._funcs: dict[tuple[str, str, str, int], Any] = {}
+        self._builder = SpecBuilder(arch)
+        self._spec_mods: "OrderedDict[str, tuple[Any, Any]]" = OrderedDict()   # cubin name -> (module, func)
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pending = 0
+        self._lock = threading.Lock()
+
+    # interpreter ------------------------------------------------------------------------------
+    def has_interpreter(self, dtype: str, packet: str, op: str, nthreads: int) -> bool:
+        """Whether that interpreter function is loaded already (no build, no load needed)."""
+        return (dtype, packet, op, block_variant(nthreads)) in self._funcs
+
+    def interpreter(self, dtype: str, packet: str, op: str, nthreads: int = 1024) -> Any:
+        """The interpreter function for one dtype, packet type, reduce op and block size."""
+        key = (dtype, packet, op, block_variant(nthreads))
+        f = self._funcs.get(key)
+        if f is not None:
+            return f
+        drv = cu.driver()
+        mod = self._modules.get(dtype)
+        if mod is None:
+            pre = find_prebuilt(dtype, self.arch)
+            if pre is not None:
+                err, m = drv.cuModuleLoadData(pre.read_bytes())
+                mod = m if int(err) == 0 else None
+            if mod is None:
+                built = build_module(dtype, self.arch)
+                mod = cu.check(drv.cuModuleLoadData(built.cubin), f"cuModuleLoadData({built.path.name})")
+            self._modules[dtype] = mod
+        f = cu.check(drv.cuModuleGetFunction(mod, kernel_name(dtype, packet, op, nthreads).encode()),
+                     "cuModuleGetFunction")
+        self._funcs[key] = f
+        return f
+
+    # the one fit check -----------------------------------------------------------------------
+    def fit(self, func: Any, nthreads: int, smem: int, n_blocks: int, where: str,
+            uses_packets: bool = False, packet_align: int = 16, packet: str = "ll16") -> None:
+        """Raise PlanError unless a launch of ``n_blocks`` blocks of ``nthreads`` threads with
+        ``smem`` bytes of dynamic shared memory can run: packet offsets aligned for the packet
+        type, the shared-memory attribute set above 48 KiB, every block co-resident (cross-block
+        waits need it). ``where`` names the rank (and call) in the message."""
+        need = 8 if packet == "ll16" else 4
+        if uses_packets and packet_align < need:
+            raise PlanError(f"{where}: packet offsets at this size are only {packet_align}-byte aligned; "
+                            f"{packet.upper()} needs {need} (raise buffer_alignment or use LL8)")
+        drv = cu.driver()
+        if smem > 48 * 1024:
+            cu.check(drv.cuFuncSetAttribute(
+                func, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+                "cuFuncSetAttribute")
+        per_sm = cu.check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(func, nthreads, smem),
+                          "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        if int(per_sm) * self.sm_count < n_blocks:
+            raise PlanError(f"{where}: {n_blocks} thread blocks of {nthreads} threads cannot all be co-resident "
+                            f"(at most {int(per_sm) * self.sm_count})")
+
+    # specialised kernels -----------------------------------------------------------------------
+    def specialised_now(self, src: SpecSource) -> Spec:
+        """Build (or find) and load ``src`` on the calling thread (prepare). Raises
+        SpecUnsupported, RuntimeUnavailable, PlanError or OSError when it cannot."""
+        name = self._builder.name(src)
+        loaded = self._spec_mods.get(name)
+        origin = "loaded"
+        if loaded is None:
+            built = self._builder.get(src)
+            origin = built.origin
+            loaded = self._load(name, built.cubin, src)
+        else:
+            self._spec_mods.move_to_end(name)
+        return self._spec(src, loaded[1], origin, name)
+
+    def specialise_later(self, make_src: Callable[[], SpecSource]) -> Optional["concurrent.futures.Future[Any]"]:
+        """Generate (``make_src()``) and build a specialised kernel on the background thread; the
+        future's result is ``(source, cubin, origin)``, loaded by :meth:`finish` on the launching
+        thread. None when too many builds wait already (the interpreter keeps running the call)."""
+        with self._lock:
+            if self._pending >= MAX_PENDING_BUILDS:
+                return None
+            self._pending += 1
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mscclang-spec-build")
+        builder = self._builder
+        loaded = self._spec_mods
+
+        def job() -> Any:
+            try:
+                src = make_src()
+                if builder.name(src) in loaded:
+                    return src, None, "loaded"
+                built = builder.get(src)
+                return src, built.cubin, built.origin
+            finally:
+                with self._lock:
+                    self._pending -= 1
+
+        return self._pool.submit(job)
+
+    def finish(self, fut: "concurrent.futures.Future[Any]") -> Spec:
+        """Load a finished background build (on the launching thread). Raises what the build
+        raised."""
+        src, cubin, origin = fut.result()
+        name = self._builder.name(src)
+        loaded = self._spec_mods.get(name)
+        if loaded is not None:
+            self._spec_mods.move_to_end(name)
+            return self._spec(src, loaded[1], "loaded", name)
+        if cubin is None:
+            cubin = self._builder.get(src).cubin
+        loaded = self._load(name, cubin, src)
+        return self._spec(src, loaded[1], origin, name)
+
+    def _load(self, name: str, cubin: bytes, src: SpecSource) -> tuple[Any, Any]:
+        drv = cu.driver()
+        mod = cu.check(drv.cuModuleLoadData(cubin), f"cuModuleLoadData({name})")
+        func = cu.check(drv.cuModuleGetFunction(mod, src.kernel.encode()), "cuModuleGetFunction")
+        self._spec_mods[name] = (mod, func)
+        return mod, func
+
+    def _spec(self, src: SpecSource, func: Any, origin: str, name: str) -> Spec:
+        drv = cu.driver()
+        per_sm = cu.check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(func, src.nthreads, 0),
+                          "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        if int(per_sm) * self.sm_count < src.n_blocks:
+            raise SpecUnsupported(f"{src.n_blocks} blocks of the specialised kernel cannot be co-resident")
+        return Spec(func, cu.ptr(func), src.n_blocks, src.nthreads, src.steps, origin, name, src.args)
+
+    def trim(self, in_use: set[str]) -> int:
+        """Unload the least recently used specialised modules beyond :data:`MAX_SPEC_MODULES`
+        that no launch entry (``in_use``: their names) holds. The caller guarantees the device
+        finished with them. Returns how many were unloaded."""
+        drv = cu.driver()
+        n = 0
+        for name in list(self._spec_mods):
+            if len(self._spec_mods) <= MAX_SPEC_MODULES:
+                break
+            if name in in_use:
+                continue
+            mod, _ = self._spec_mods.pop(name)
+            drv.cuModuleUnload(mod)
+            n += 1
+        return n
+
+    def spec_modules_over(self) -> bool:
+        """Whether more specialised modules are loaded than :data:`MAX_SPEC_MODULES`."""
+        return len(self._spec_mods) > MAX_SPEC_MODULES
+
+    def count(self) -> int:
+        """Modules loaded (interpreter and specialised)."""
+        return len(self._modules) + len(self._spec_mods)
+
+    def close(self) -> None:
+        """Unload every module (the device is idle) and stop the build thread."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        drv = cu.driver()
+        for m in self._modules.values():
+            drv.cuModuleUnload(m)
+        self._modules.clear()
+        for m, _ in self._spec_mods.values():
+            drv.cuModuleUnload(m)
+        self._spec_mods.clear()
+        self._funcs.clear()
+
+
+def unsupported(e: BaseException) -> str:
+    """The reason kept when a specialised kernel is not used."""
+    return f"{type(e).__name__}: {e}"
+
+
+SPEC_ERRORS = (SpecUnsupported, RuntimeUnavailable, PlanError, OSError)

@@ -1,0 +1,87 @@
+"""The raw launcher: one way to launch a kernel (ctypes ``cuLaunchKernel`` when available, else
+cuda.bindings; cooperative when asked), the interpreter's parameter block, and the ordering of
+launches that share a scratch across the caller's streams."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Optional
+
+from mscclang.runtime import cuda as cu
+from mscclang.runtime.state import LaunchEntry
+
+
+class Launcher:
+    """Launches on ``device``. ``cooperative``: through cuLaunchCooperativeKernel (falls back to a
+    plain launch, once, where the device refuses it). ``last_kernel`` says which kernel the latest
+    launch ran ('spec' or 'interpreter')."""
+
+    def __init__(self, device: int, cooperative: bool = False) -> None:
+        self.device = device
+        self.cooperative = cooperative
+        self.last_kernel = ""
+        self.last_stream: Optional[int] = None
+        self._params = (ctypes.c_uint64 * 6)()
+        self._param_ptrs = (ctypes.c_void_p * 6)(*[ctypes.addressof(self._params) + 8 * i for i in range(6)])
+        self._param_addr = ctypes.addressof(self._param_ptrs)
+        self._raw = cu.raw_launch_kernel()              # ctypes cuLaunchKernel (None: use cuda.bindings)
+        self._raw_stream = cu.raw_current_stream()      # torch's current raw stream getter (or None)
+        self.stream_capturing = cu.raw_stream_is_capturing()
+        drv = cu.driver()
+        self._event = cu.check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+
+    def current_stream(self) -> int:
+        """The caller's current torch stream (raw handle), without building a Stream object."""
+        if self._raw_stream is not None:
+            return self._raw_stream(self.device)
+        import torch
+
+        return torch.cuda.current_stream().cuda_stream
+
+    def capturing_now(self) -> bool:
+        """Whether the current stream is capturing a CUDA graph."""
+        return bool(self.stream_capturing(self.current_stream()))
+
+    def order(self, s: int) -> None:
+        """Order a launch on stream ``s`` after the previous one (launches sharing a scratch are
+        ordered on the GPU, whatever stream the caller uses); nothing to do inside a capture."""
+        if s == self.last_stream:
+            return
+        if self.last_stream is not None and not self.stream_capturing(s):
+            drv = cu.driver()
+            cu.check(drv.cuEventRecord(self._event, self.last_stream), "cuEventRecord")
+            cu.check(drv.cuStreamWaitEvent(s, self._event, 0), "cuStreamWaitEvent")
+        self.last_stream = s
+
+    def launch(self, ent: LaunchEntry, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int,
+               timeout_ns: int) -> None:
+        """Launch ``ent``'s kernel on stream ``s``: the specialised kernel when the entry has one
+        and the buffers are 16-byte aligned (it assumes so), else the interpreter."""
+        self.order(s)
+        sl = ent.spec
+        if sl is not None and not (in_ptr | out_ptr | in_delta | out_delta) & 15:
+            a = sl.args
+            a[0], a[1], a[2], a[3], a[4] = in_ptr, out_ptr, in_delta, out_delta, timeout_ns
+            sp = sl.spec
+            self.last_kernel = "spec"
+            self._run(sp.func, sp.fh, sp.n_blocks, sp.nthreads, 0, s, sl.param_addr)
+            return
+        self.last_kernel = "interpreter"
+        p = self._params
+        p[0], p[1], p[2], p[3], p[4], p[5] = ent.blob, in_ptr, out_ptr, in_delta, out_delta, timeout_ns
+        self._run(ent.func, ent.handle, ent.n_blocks, ent.nthreads, ent.smem, s, self._param_addr)
+
+    def _run(self, func: Any, handle: int, grid: int, block: int, smem: int, s: int, params: int) -> None:
+        """The one launch ladder."""
+        if self._raw is not None and not self.cooperative:
+            err = self._raw(handle, grid, 1, 1, block, 1, 1, smem, s, params, None)
+            if err:
+                cu.check(err, "cuLaunchKernel")
+            return
+        drv = cu.driver()
+        if self.cooperative:
+            err, = drv.cuLaunchCooperativeKernel(func, grid, 1, 1, block, 1, 1, smem, s, params)
+            if int(err) == 0:
+                return
+            self.cooperative = False
+        cu.check(drv.cuLaunchKernel(func, grid, 1, 1, block, 1, 1, smem, s, params, 0), "cuLaunchKernel")
