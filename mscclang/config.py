@@ -349,7 +349,8 @@ settings = Settings()
 class SettingInfo:
     """One row of the settings table: the variable, the attribute of :class:`Settings`, its
     kind, its default and its current value as text (``value`` None when the variable is unset),
-    and its one-line description."""
+    its one-line description, the words a choice accepts, and why the current value is refused
+    (``problem``, None when it is accepted)."""
 
     name: str
     attr: str
@@ -358,6 +359,7 @@ class SettingInfo:
     value: Optional[str]
     doc: str
     choices: tuple[str, ...] = ()
+    problem: Optional[str] = None
 
 
 def declared() -> list[EnvSetting[Any]]:
@@ -367,20 +369,21 @@ def declared() -> list[EnvSetting[Any]]:
 
 def describe(of: Optional[Settings] = None) -> list[SettingInfo]:
     """Every setting with its default and its value in ``of`` (default :data:`settings`); a value
-    the setting refuses is shown as the raw text followed by ``(invalid: ...)``."""
+    the setting refuses is shown as the raw text, with the reason in ``problem``."""
     of = settings if of is None else of
     rows = []
     for s in declared():
         raw = of.environ.get(s.name)
         value: Optional[str] = None
+        problem: Optional[str] = None
         if raw is not None:
             try:
                 value = s.show(s.parse(raw))
-            except Exception as e:  # any refusal is reported, not raised, by the table
-                value = f"{raw!r} (invalid: {e})"
+            except Exception as e:  # any refusal (its class is the setting's) is reported, not raised
+                value, problem = repr(raw), str(e)
         default = s.default_doc if s.default_doc is not None else s.show(s.default_value())
         choices = s.choices if isinstance(s, EnvChoice) else ()
-        rows.append(SettingInfo(s.name, s.attr, s.kind, default, value, s.doc, choices))
+        rows.append(SettingInfo(s.name, s.attr, s.kind, default, value, s.doc, choices, problem))
     return rows
 
 
@@ -389,6 +392,8 @@ def settings_text(of: Optional[Settings] = None) -> str:
     lines = []
     for r in describe(of):
         now = r.value if r.value is not None else f"default: {r.default}"
+        if r.problem:
+            now += f"  INVALID: {r.problem}"
         lines.append(f"{r.name} = {now}\n    {r.kind}; {r.doc}")
     return "\n".join(lines) + "\n"
 
