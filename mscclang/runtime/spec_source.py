@@ -1,4 +1,5 @@
-"""CUDA source of a plan-specialised kernel (design §5), generated from the packed device plan.
+"""CUDA source of a plan-specialised kernel, generated from the packed device plan (it keeps the
+semantics of docs/semantics.md, as the interpreter kernel does).
 
 The interpreter kernel walks a rank's packed block regions at run time; this module reads the same
 regions on the host and writes one kernel for (plan, rank, sizes, dtype, packet type, reduce op):

@@ -5,7 +5,7 @@ GPUs per node, ranks numbered node by node; ``MSCCLANG_GPUS_PER_NODE`` overrides
 runs one machine's GPUs as one-GPU "nodes", so that traffic between them takes the inter-node
 path). Without either, every rank is on one node.
 
-Transports (design §7): a memory channel needs the peer's memory mapped (CUDA IPC), so both ends
+Transports (docs/semantics.md, "Transports"): a memory channel needs the peer's memory mapped (CUDA IPC), so both ends
 on one node; a port channel is a copy-engine copy into the peer's IPC mapping on one node, and
 goes through an existing engine (NCCL point-to-point) between nodes; a switch channel (NVLink
 multicast) spans one node. :func:`check_topology` refuses a plan whose channels this layout
