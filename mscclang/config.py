@@ -228,6 +228,14 @@ class Settings:
         """The mapping the settings are read from."""
         return os.environ if self._environ is None else self._environ
 
+    def is_set(self, attr: str) -> bool:
+        """Whether the variable of setting ``attr`` is set to a non-blank value (so the setting
+        is not its default), e.g. ``settings.is_set("timeout_s")``."""
+        s = vars(Settings).get(attr)
+        if not isinstance(s, EnvSetting):
+            raise AttributeError(f"Settings has no setting {attr!r}")
+        return bool(str(self.environ.get(s.name, "")).strip())
+
     # --- the collective API (mscclang.Communicator) and registration of ordinary tensors
     register = EnvChoice(
         "MSCCLANG_REGISTER", "off", ("auto", "explicit", "off"),

@@ -181,6 +181,10 @@ def test_a_mapping_of_ones_own():
     assert s.gpus_per_node == 2 and s.sim_max_seconds == 2.5 and s.register == "off"
     assert Settings({}).gpus_per_node is None
     assert Settings.register.parse("AUTO") == "auto" and Settings.register.parse(None) == "off"
+    assert s.is_set("gpus_per_node") and not s.is_set("timeout_s")
+    assert not Settings({"MSCCLANG_TIMEOUT_S": " "}).is_set("timeout_s")
+    with pytest.raises(AttributeError, match="no setting 'environ'"):
+        s.is_set("environ")
 
 
 _BAD = {EnvBool: "maybe", EnvInt: "x", EnvFloat: "fast", EnvBytes: "lots", EnvChoice: "zzz"}
