@@ -52,7 +52,6 @@ import importlib.util
 import json
 import math
 import os
-import re
 import socket
 import statistics
 import sys
@@ -84,8 +83,6 @@ EXIT_SKIPPED = 0
 FORMAT = "mscclang.graph_allreduce/1"
 #: the largest magnitude (power of two) the graph check's values may reach, and the smallest start
 _MAX_EXP, _MIN_EXP = 100, -120
-_UNITS = {"": 1, "B": 1, "K": KiB, "KB": KiB, "KIB": KiB, "M": MiB, "MB": MiB, "MIB": MiB,
-          "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 _T = TypeVar("_T")
 
 
@@ -105,12 +102,15 @@ class CellSkipped(Exception):
 # arguments
 
 def parse_size(text: str) -> int:
-    """``"64K"`` -> 65536: a positive, even byte count (bf16 elements) with an optional K/M/G
-    (KiB-based) suffix."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?I?B?)\s*", text.upper())
-    if not m or m.group(2) not in _UNITS:
-        raise UsageError(f"bad size {text!r}: use a byte count with an optional K, M or G suffix (e.g. 64K)")
-    n = int(m.group(1)) * _UNITS[m.group(2)]
+    """``"64K"`` -> 65536: a positive, even byte count (bf16 elements) in mscclang's byte-count
+    grammar (:func:`mscclang.units.parse_bytes`: an optional K/M/G/T suffix, KiB-based)."""
+    ensure_mscclang_importable()
+    from mscclang.units import parse_bytes
+
+    try:
+        n = parse_bytes(text)
+    except ValueError:
+        raise UsageError(f"bad size {text!r}: use a byte count with an optional K, M or G suffix (e.g. 64K)") from None
     if n <= 0 or n % 2:
         raise UsageError(f"bad size {text!r}: need a positive, even number of bytes (bf16 elements)")
     return n
@@ -125,11 +125,11 @@ def parse_sizes(items: Sequence[str]) -> list[int]:
 
 
 def format_size(nbytes: int) -> str:
-    """65536 -> ``64K``; 3 MiB -> ``3M``; 1536 -> ``1536``."""
-    for unit, mult in (("G", 1 << 30), ("M", MiB), ("K", KiB)):
-        if nbytes >= mult and nbytes % mult == 0:
-            return f"{nbytes // mult}{unit}"
-    return str(nbytes)
+    """65536 -> ``64K``; 3 MiB -> ``3M``; 1536 -> ``1536`` (:func:`mscclang.units.format_size`)."""
+    ensure_mscclang_importable()
+    from mscclang.units import format_size as fmt
+
+    return fmt(nbytes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -202,9 +202,17 @@ def nvlink_multicast_guard(environ: Optional[dict] = None) -> None:
     elif v.strip() != "0":
         raise UsageError(f"NCCL_NVLS_ENABLE={v!r}: this measurement runs NCCL without NVLink multicast; "
                          "unset it or set it to 0")
-    m = env.get("MSCCLANG_ENABLE_NVLS")
-    if m is not None and m.strip() not in ("", "0"):
-        raise UsageError(f"MSCCLANG_ENABLE_NVLS={m!r}: NVLink multicast stays off here; unset it")
+    ensure_mscclang_importable()
+    from mscclang.config import Settings
+    from mscclang.errors import MscclangError
+
+    try:
+        nvls = Settings(env).enable_nvls
+    except MscclangError as e:  # a value that is not a switch
+        raise UsageError(str(e)) from None
+    if nvls:
+        raise UsageError(f"MSCCLANG_ENABLE_NVLS={env.get('MSCCLANG_ENABLE_NVLS')!r}: NVLink multicast "
+                         "stays off here; unset it")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -778,6 +786,8 @@ class Measurement:
             nccl = ".".join(str(p) for p in v) if isinstance(v, tuple) else str(v)
         except Exception:  # noqa: BLE001
             nccl = None
+        from mscclang.config import settings
+
         try:
             import mscclang
 
@@ -791,8 +801,7 @@ class Measurement:
                 "replays": self.args.replays, "align": self.args.align, "seed": self.args.seed,
                 "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),
                 "sizes": list(self.args.sizes), "kinds": list(self.args.kinds),
-                "tuning": os.environ.get("MSCCLANG_TUNING"),
-                "specialize": os.environ.get("MSCCLANG_SPECIALIZE")}
+                "tuning": settings.tuning, "specialize": settings.specialize}
 
     def run(self) -> int:
         """Every size and kind; rank 0 prints progress, the table and writes ``--json``. Returns
@@ -874,17 +883,16 @@ def _spawned(index: int, args: argparse.Namespace, world: int) -> None:
 
 
 def ensure_mscclang_importable() -> None:
-    """Make ``import mscclang`` work: installed, or else the checkout this script lies in (its
-    parent folder goes on ``sys.path``, which spawned ranks inherit). :class:`UsageError` when
-    neither has it."""
+    """Make ``import mscclang`` work: the checkout this script lies in (its parent folder goes
+    first on ``sys.path``, which spawned ranks inherit, so the script runs the library of its own
+    version), or else the installed package. :class:`UsageError` when neither has it."""
+    root = Path(__file__).resolve().parent.parent
+    if (root / "mscclang" / "__init__.py").is_file() and "mscclang" not in sys.modules:
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+            importlib.invalidate_caches()
     if importlib.util.find_spec("mscclang") is not None:
         return
-    root = Path(__file__).resolve().parent.parent
-    if (root / "mscclang" / "__init__.py").is_file():
-        sys.path.insert(0, str(root))
-        importlib.invalidate_caches()
-        if importlib.util.find_spec("mscclang") is not None:
-            return
     raise UsageError("mscclang is not importable: install it (python3 -m pip install -e . in the repository)")
 
 

@@ -52,6 +52,11 @@ class InvalidCall(MscclangError, ValueError):
     before anything reaches the GPU; the executor stays usable."""
 
 
+class SettingError(MscclangError, ValueError):
+    """An ``MSCCLANG_*`` environment variable holds a value its setting does not accept (see
+    :mod:`mscclang.config`); the message names the variable, the value and what is accepted."""
+
+
 class CallMismatch(MscclangError):
     """The ranks disagree on a collective call (different collective, size, dtype or plan); the
     message lists what each rank called."""

@@ -37,14 +37,14 @@ def shows_sizes(report: str, short: str) -> bool:
 @pytest.mark.parametrize("text,value", [
     ("4096", 4096), ("4K", 4096), ("4KB", 4096), ("4KiB", 4096), ("4kb", 4096), ("4kib", 4096),
     ("4k", 4096), ("4M", 4 << 20), ("4MB", 4 << 20), ("4mib", 4 << 20), ("1G", 1 << 30), (" 2K ", 2048),
-    ("3000", 3000), ("1B", 1),
+    ("3000", 3000), ("1B", 1), ("4.5K", 4608), ("1.5M", 3 << 19), ("1T", 1 << 40), ("1_024", 1024),
 ])
 def test_sizes_parse(text, value):
     assert parse_size(text) == value
     assert parse_sizes(text) == [value]
 
 
-@pytest.mark.parametrize("text", ["0", "0K", "-4K", "-1", "4XB", "K", "", "4.5K", "4 K B", "1T", "4iB"])
+@pytest.mark.parametrize("text", ["0", "0K", "-4K", "-1", "4XB", "K", "", "4.3B", "4 K B", "1P", "4iB"])
 def test_bad_sizes_are_refused_with_the_accepted_forms(text):
     with pytest.raises(ValueError, match="4KiB"):
         parse_size(text)

@@ -6,7 +6,7 @@ Each ``build_*`` function writes one DSL program for ``ranks`` ranks with one ch
 results into the input buffer, which is the output buffer (as MSCCL++ programs do), so the
 compiler sees every alias.
 
-Memory-ordering rules followed by every program (design section 5, docs/semantics.md):
+Memory-ordering rules followed by every program (docs/semantics.md):
 
 * LL programs only write packets into peers' double-buffered scratch: the packets' flags order
   them and no signal is needed.

@@ -231,7 +231,8 @@ def await_ready(chans: Channels, rank: int, frm: Sequence[int], tb: int) -> None
 
 
 def ready_handshake(chans: Channels, rank: int, to: Sequence[int], frm: Sequence[int], tb: int) -> None:
-    """The relaxed "ready" handshake of design section 5: tell ``to`` that this launch has
+    """The relaxed "ready" handshake (docs/dsl.md, "Quickstart: a zero-copy allgather and its
+    ready handshake"): tell ``to`` that this launch has
     started (so they may write our buffers), then wait until every rank in ``frm`` said the same.
     It orders execution only; it publishes no data."""
     announce_ready(chans, rank, to, tb)

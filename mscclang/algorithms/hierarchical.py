@@ -1,5 +1,5 @@
 """Hierarchical programs of the library, for several nodes: memory channels between the GPUs of
-a node, port channels between nodes (design section 7: between nodes a port put goes through an
+a node, port channels between nodes (docs/semantics.md, "Transports": between nodes a port put goes through an
 existing engine, NCCL point-to-point; a memory channel cannot leave its node).
 
 The node layout is a parameter of every program here: ``gpus_per_node`` consecutive ranks form a

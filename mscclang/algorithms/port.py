@@ -1,5 +1,5 @@
 """Copy-engine programs of the library: collectives of one node whose data moves over port
-channels (design section 7: within a node a port put is a copy-engine copy into the peer's IPC
+channels (docs/semantics.md, "Transports": within a node a port put is a copy-engine copy into the peer's IPC
 mapping, so no SM moves data between GPUs).
 
 Rules every program here follows, besides those of :mod:`mscclang.algorithms.allreduce`:
@@ -41,7 +41,7 @@ def default_reduce_blocks(ranks: int) -> int:
     """Reducing blocks of :func:`build_allreduce_port_pipelined` by default: 16 up to 4 ranks,
     8 above. An estimate, not a measurement: to keep pace with the reduce-scatter copies a rank
     reduces at ``(ranks + 1) / (ranks - 1)`` times its copy engine's rate, 3x at 2 ranks (~1.2
-    TB/s of local reads and writes at design section 10's 393 GB/s), 1.3x at 8 ranks."""
+    TB/s of local reads and writes for a copy engine at about 393 GB/s), 1.3x at 8 ranks."""
     return DEFAULT_SM_BLOCKS if ranks <= 4 else DEFAULT_SM_BLOCKS // 2
 
 

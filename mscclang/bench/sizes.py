@@ -1,13 +1,13 @@
-"""Message sizes: parsing ``1K``/``4M``/``1G`` lists and ranges, and printing them back."""
+"""Message sizes: parsing ``1K``/``4M``/``1G`` lists and ranges (one size is a byte count in
+:func:`mscclang.units.parse_bytes`'s grammar), and printing them back
+(:func:`mscclang.units.format_size`)."""
 
 from __future__ import annotations
 
-import re
-
 from mscclang.comm.errors import CommError
+from mscclang.units import format_size, parse_bytes
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "parse_size", "parse_sizes", "format_size"]
 
 #: 1 KiB .. 1 GiB in x4 steps (the issue's sweep)
 DEFAULT_SIZES: tuple[int, ...] = tuple(1 << k for k in range(10, 31, 2))
@@ -16,11 +16,12 @@ QUICK_SIZES: tuple[int, ...] = (1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 28)
 
 
 def parse_size(text: str) -> int:
-    """``"4K"`` -> 4096; accepts B, K, M, G (KiB-based) with optional ``B``/``iB``."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?I?B?)\s*", text.upper())
-    if not m or m.group(2) not in _UNITS:
-        raise CommError(f"bad size {text!r}: use a number with an optional K, M or G suffix (e.g. 64K)")
-    return int(m.group(1)) * _UNITS[m.group(2)]
+    """``"4K"`` -> 4096 (see :func:`mscclang.units.parse_bytes`); CommError otherwise."""
+    try:
+        return parse_bytes(text)
+    except ValueError:
+        raise CommError(f"bad size {text!r}: use a number with an optional K, M, G or T suffix "
+                        "(e.g. 64K, 1.5M)") from None
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -51,11 +52,3 @@ def parse_sizes(text: str) -> list[int]:
     if not out:
         raise CommError("no sizes given")
     return sorted(out)
-
-
-def format_size(nbytes: int) -> str:
-    """4096 -> ``4K``; 1536 -> ``1536``; 3 MiB -> ``3M``."""
-    for unit, mult in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= mult and nbytes % mult == 0:
-            return f"{nbytes // mult}{unit}"
-    return str(nbytes)

@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, TypeVar
 from mscclang.bench.results import Record
 from mscclang.bench.sizes import format_size
 from mscclang.comm.names import busbw_factor
+from mscclang.config import settings
 
 MiB = 1 << 20
 _T = TypeVar("_T")
@@ -72,7 +73,7 @@ def error_text(e: BaseException) -> str:
 
 def _debug_traceback() -> None:
     """Print the current exception's traceback when ``MSCCLANG_BENCH_DEBUG`` is set."""
-    if os.environ.get("MSCCLANG_BENCH_DEBUG"):
+    if settings.bench_debug:
         traceback.print_exc()
 
 

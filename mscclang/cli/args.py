@@ -3,8 +3,9 @@ dtype names, bounded integers, and the ``--progress`` switch.
 
 One grammar everywhere:
 
-* a size is a positive byte count with an optional binary suffix, case-insensitive:
-  ``4096``, ``4K``, ``4KB``, ``4KiB``, ``4kb``, ``4M``, ``1G`` (K = 1024 bytes);
+* a size is a positive byte count in :func:`mscclang.units.parse_bytes`'s grammar: a number
+  with an optional binary suffix, case-insensitive: ``4096``, ``4K``, ``4KB``, ``4KiB``,
+  ``4kb``, ``4M``, ``1.5M``, ``1G``, ``1T`` (K = 1024 bytes);
 * a size list is a comma list of sizes and ranges: ``1K,64K``; ``LO:HI`` is every size from
   LO to HI in x4 steps (``1K:64K`` = 1K, 4K, 16K, 64K); ``LO:HI:F`` uses x F steps
   (``1K:8K:2`` = 1K, 2K, 4K, 8K). The list comes out sorted, without duplicates;
@@ -14,7 +15,7 @@ One grammar everywhere:
   ``float8_e4m3`` (``fp8_e4m3``, ``float8_e4m3fn``, ``e4m3``) and ``float8_e5m2`` (``fp8_e5m2``,
   ``e5m2``).
 
-The size grammar is :mod:`mscclang.bench.sizes`'s (reused, not copied); this module turns its
+The size-list grammar is :mod:`mscclang.bench.sizes`'s (reused, not copied); this module turns its
 errors into argparse errors, which name the option (``argument --size: ...``) and the accepted
 forms, and refuses zero and negative sizes. Each ``*_arg`` function returns a callable for
 ``add_argument(type=...)``.
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 #: the accepted spellings of one size, for error messages and help texts
-SIZE_FORMS = "a positive byte count with an optional K, M or G suffix (4096, 4K, 4KB, 4KiB, 4M, 1G)"
+SIZE_FORMS = "a positive byte count with an optional K, M, G or T suffix (4096, 4K, 4KB, 4KiB, 1.5M, 1G)"
 #: the accepted spellings of a size list
 SIZES_FORMS = (SIZE_FORMS + ", a comma list of them (1K,64K), or a range LO:HI in x4 steps (1K:4M) "
                "or LO:HI:FACTOR (1K:4M:2)")

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "bench": "bench_cmd",
     "tune": "tune_cmd",
     "demo": "demo_cmd",
+    "env": "env_cmd",
 }
 
 

@@ -70,7 +70,7 @@ def _simulate_instead(plan: "Plan", sizes: list[int], dtype: str, progress: "Opt
     """Without GPUs: verify the plan on the simulator at the requested sizes, each scaled down
     (with a message) until its simulation fits the simulator's limits
     (``MSCCLANG_SIM_MAX_MEMORY`` / ``MSCCLANG_SIM_MAX_SECONDS``, shared among the sizes)."""
-    from mscclang.plan.limits import format_bytes
+    from mscclang.units import format_bytes
     from mscclang.sim.budget import Limits
     from mscclang.sim.verify import verify
 

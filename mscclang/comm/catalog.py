@@ -15,13 +15,13 @@ selector's heuristic skips them, so they run only where a tuning rule names them
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
 from mscclang.comm.errors import TuningError
+from mscclang.config import settings
 from mscclang.plan.models import MAX_MESSAGE_SIZE, BufferKind, Plan
 
 SYMMETRIC = "symmetric"
@@ -200,7 +200,7 @@ def default_plans_dir() -> Optional[Path]:
     """``$MSCCLANG_PLANS_DIR``, else ``plans/`` of the checkout, else the installed copy
     (``mscclang/plans``, ``mscclang/_plans`` or ``<data root>/share/mscclang/plans``, see
     :func:`installed_data_dirs`)."""
-    env = os.environ.get("MSCCLANG_PLANS_DIR")
+    env = settings.plans_dir
     if env:
         return Path(env)
     here = Path(__file__).resolve().parent.parent

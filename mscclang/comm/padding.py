@@ -1,7 +1,7 @@
 """Shapes of a collective's buffers as blocks, and the padding that makes each block a multiple
 of a granule (the tail handling of the communicator).
 
-A collective's buffers are ``blocks x block_elems`` (design §4 / ``mscclang.plan.layout``): the
+A collective's buffers are ``blocks x block_elems`` (docs/semantics.md, "Bytes"; ``mscclang.plan.layout``): the
 allgather input is one block and its output ``n`` blocks; reduce-scatter the reverse; all-to-all
 ``n`` blocks on both sides; allreduce and broadcast one block. When a runtime needs every block
 to be a multiple of ``granule`` bytes, the communicator stages the call through buffers whose

@@ -1,4 +1,5 @@
-"""The compiler driver: the passes of design section 3, in order."""
+"""The compiler driver: the compiler's passes, in order (validate, fuse, data-sync nops, hazard
+nops, replicate, the cycle check, emit; see :func:`lower` and :func:`compile_program`)."""
 
 from __future__ import annotations
 

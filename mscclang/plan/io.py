@@ -16,7 +16,8 @@ from typing import Any, Union
 from pydantic import ValidationError
 
 from mscclang.errors import PlanError
-from mscclang.plan.limits import MAX_PLAN_BYTES_ENV, MAX_PLAN_OPS_ENV, format_bytes, max_plan_bytes, max_plan_ops
+from mscclang.plan.limits import MAX_PLAN_BYTES_ENV, MAX_PLAN_OPS_ENV, max_plan_bytes, max_plan_ops
+from mscclang.units import format_bytes
 from mscclang.plan.models import PLAN_FORMAT, Plan
 
 

@@ -3,7 +3,8 @@
 The plan is the contract between the front half (DSL, compiler) and the back half (simulator,
 GPU runtime). It carries everything an MSCCL++ 0.9 execution plan carries (same key names, same op
 names) plus a few fields of our own (``format``, ``num_ranks``, ``root``, ``reduce_op``,
-``packet_type``, barrier member lists). See ``docs/plan-format.md`` and design.md section 4.
+``packet_type``, barrier member lists). See ``docs/plan.schema.json`` (the format) and
+``docs/semantics.md`` (what a plan means).
 
 Conventions kept from MSCCL++:
 

@@ -1,7 +1,6 @@
 """Conversion between mscclang plans and MSCCL++ 0.9 execution plans (JSON dicts).
 
-MSCCL++ plans use the same key names and op names as ours (see design.md section 4 and the
-reference notes), so the conversion is mostly a matter of:
+MSCCL++ plans use the same key names and op names as ours (see docs/plan.schema.json for ours), so the conversion is mostly a matter of:
 
 * the top level: MSCCL++ has no ``format``, ``num_ranks``, ``root``, ``chunk_factor``,
   ``reduce_op`` or ``packet_type``;

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from mscclang.config import settings
 from mscclang.errors import RuntimeUnavailable
 
 _log = logging.getLogger("mscclang.runtime")
@@ -52,7 +53,7 @@ def executor_dir() -> Path:
     """Directory of the CUDA sources: ``<repo>/executor`` in a checkout; in an installed wheel
     ``<prefix>/share/mscclang/executor`` (or ``mscclang/_executor``); ``MSCCLANG_EXECUTOR_DIR``
     overrides."""
-    env = os.environ.get("MSCCLANG_EXECUTOR_DIR")
+    env = settings.executor_dir
     cands = [Path(env)] if env else []
     here = Path(__file__).resolve().parent.parent  # mscclang/
     cands += [here / "_executor", here.parent / "executor",
@@ -79,7 +80,7 @@ def source_hash(extra: str = "") -> str:
 
 
 def cache_dir() -> Path:
-    d = os.environ.get("MSCCLANG_CACHE_DIR")
+    d = settings.cache_dir
     if d:
         return Path(d)
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -231,7 +232,7 @@ def find_prebuilt(dtype: str, arch: str) -> Optional[Path]:
     directory is set but holds none for these sources (e.g. built from other sources), a warning
     names the file expected and those present: the caller then builds with NVRTC, which takes
     tens of seconds per dtype."""
-    d = os.environ.get("MSCCLANG_CUBIN_DIR")
+    d = settings.cubin_dir
     if not d:
         return None
     name = prebuilt_name(dtype, arch)

@@ -17,7 +17,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from mscclang.errors import MscclangError
+from mscclang.config import settings
+from mscclang.errors import MscclangError, SettingError
 
 
 class WorkerError(MscclangError):
@@ -32,14 +33,10 @@ def ranks_per_gpu() -> int:
     kernels time-share the GPU, so every cross-rank wait may last a scheduler time slice. Timings
     taken this way mean nothing, and NCCL refuses two ranks on one GPU.
     """
-    raw = os.environ.get("MSCCLANG_RANKS_PER_GPU", "1")
     try:
-        n = int(raw)
-    except ValueError:
-        raise WorkerError(f"MSCCLANG_RANKS_PER_GPU={raw!r} is not an integer") from None
-    if n < 1:
-        raise WorkerError(f"MSCCLANG_RANKS_PER_GPU={n} must be at least 1")
-    return n
+        return settings.ranks_per_gpu
+    except SettingError as e:
+        raise WorkerError(str(e)) from None
 
 
 def worker_capacity() -> int:

@@ -28,60 +28,43 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from mscclang.config import Settings, settings
 from mscclang.errors import MscclangError, RuntimeUnavailable
 from mscclang.runtime import build
 from mscclang.runtime.device_plan import SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, SyncLayout
 from mscclang.runtime.spec_source import ArgsLayout, SpecSource, SpecUnsupported, generate
 
-MODES = ("auto", "always", "never")
+MODES: tuple[str, ...] = Settings.specialize.choices
 # Specialising up to 64 MiB halves the 1-4 MiB times on 2x H200 (notes/perf.md v5); each new
 # (plan, size) costs one NVRTC build, so above 256 KiB only sizes that are prepared or called again
 # get one (building every size at first use made the GPU suite outrun its time budget).
-DEFAULT_FIRST_BYTES = 256 * 1024
-DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-DEFAULT_HOT_CALLS = 3
-_ALIASES = {"": "auto", "auto": "auto", "1": "always", "on": "always", "always": "always", "force": "always",
-            "0": "never", "off": "never", "never": "never", "interpreter": "never"}
+DEFAULT_FIRST_BYTES: int = Settings.spec_first_bytes.default
+DEFAULT_MAX_BYTES: int = Settings.spec_max_bytes.default
+DEFAULT_HOT_CALLS: int = Settings.spec_hot_calls.default
 
 
 def spec_mode(value: Optional[str] = None) -> str:
-    """Normalised mode: ``value``, else ``$MSCCLANG_SPECIALIZE``, else ``auto``."""
-    raw = value if value is not None else os.environ.get("MSCCLANG_SPECIALIZE", "auto")
-    m = _ALIASES.get(str(raw).strip().lower())
-    if m is None:
-        raise RuntimeUnavailable(f"MSCCLANG_SPECIALIZE={raw!r}: use auto, always or never")
-    return m
-
-
-def _env_int(name: str, default: int, lo: int) -> int:
-    v = os.environ.get(name, "").strip()
-    if not v:
-        return default
-    try:
-        n = int(v)
-    except ValueError:
-        raise RuntimeUnavailable(f"{name}={v!r}: not an integer") from None
-    if n < lo:
-        raise RuntimeUnavailable(f"{name}={n}: must be at least {lo}")
-    return n
+    """Normalised mode: ``value``, else ``$MSCCLANG_SPECIALIZE``, else ``auto`` (aliases such as
+    ``off`` and ``1`` are accepted; RuntimeUnavailable naming the variable otherwise)."""
+    return Settings.specialize.parse(value) if value is not None else settings.specialize
 
 
 def spec_max_bytes() -> int:
     """Largest message (input or output bytes) ``auto`` specialises (``$MSCCLANG_SPEC_MAX_BYTES``)."""
-    return _env_int("MSCCLANG_SPEC_MAX_BYTES", DEFAULT_MAX_BYTES, 0)
+    return settings.spec_max_bytes
 
 
 def spec_first_bytes() -> int:
     """Largest message ``auto`` specialises at its first call (``$MSCCLANG_SPEC_FIRST_BYTES``,
     never above :func:`spec_max_bytes`)."""
-    return min(_env_int("MSCCLANG_SPEC_FIRST_BYTES", DEFAULT_FIRST_BYTES, 0), spec_max_bytes())
+    return min(settings.spec_first_bytes, spec_max_bytes())
 
 
 def spec_hot_calls() -> int:
     """Calls of one (plan, sizes, dtype, packet, op) after which ``auto`` builds its kernel for a
     size above :func:`spec_first_bytes` (``$MSCCLANG_SPEC_HOT_CALLS``; the kernel runs from that
     call on; 1 = at first use)."""
-    return _env_int("MSCCLANG_SPEC_HOT_CALLS", DEFAULT_HOT_CALLS, 1)
+    return settings.spec_hot_calls
 
 
 def when(mode: str, input_bytes: int, output_bytes: int) -> str:
@@ -145,7 +128,7 @@ class SpecBuilder:
         """The cubin of ``spec``: prebuilt, cached or compiled now (RuntimeUnavailable when NVRTC
         is missing or the compile fails)."""
         name = self.name(spec)
-        d = os.environ.get("MSCCLANG_CUBIN_DIR")
+        d = settings.cubin_dir
         if d:
             p = Path(d) / name
             if p.is_file():

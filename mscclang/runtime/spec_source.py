@@ -1,4 +1,5 @@
-"""CUDA source of a plan-specialised kernel (design §5), generated from the packed device plan.
+"""CUDA source of a plan-specialised kernel, generated from the packed device plan (it keeps the
+semantics of docs/semantics.md, as the interpreter kernel does).
 
 The interpreter kernel walks a rank's packed block regions at run time; this module reads the same
 regions on the host and writes one kernel for (plan, rank, sizes, dtype, packet type, reduce op):
@@ -18,11 +19,11 @@ the interpreter).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from mscclang.errors import MscclangError
+from mscclang.config import settings
+from mscclang.errors import MscclangError, SettingError
 from mscclang.plan.models import BufferKind, Plan
 from mscclang.runtime.device_plan import (
     DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE, DOP_SIGNAL, DOP_WAIT,
@@ -432,10 +433,10 @@ def flags_mode() -> str:
     its first op, behind a block barrier, so the flag stores drain while the block waits for its
     peers) or 'end' (after its last op, as the interpreter does). Either way a launch that finds
     the abort word set leaves the flags alone."""
-    m = os.environ.get("MSCCLANG_SPEC_FLAGS", "early").strip().lower()
-    if m not in ("early", "end"):
-        raise SpecUnsupported(f"MSCCLANG_SPEC_FLAGS={m!r}: use early or end")
-    return m
+    try:
+        return settings.spec_flags
+    except SettingError as e:
+        raise SpecUnsupported(str(e)) from None
 
 
 def _needed_threads(g: _Gen, blocks: list[list[Rec]]) -> int:
@@ -461,8 +462,8 @@ def choose_threads(plan: Plan, packed: PackedRank, packet: str = "ll16", mode: O
     """Threads per block of the specialised kernel: ``mode`` (default ``$MSCCLANG_SPEC_THREADS``)
     'plan' keeps the plan's ``num_threads_per_block``; 'auto' (default) uses the fewest warps that
     give every thread at most one packet / 16-byte vector of each data range, capped at the plan's
-    count; a number forces that count."""
-    mode = (mode if mode is not None else os.environ.get("MSCCLANG_SPEC_THREADS", "auto")).strip().lower()
+    count; a number forces that count. Anything else is SpecUnsupported naming the variable."""
+    mode = (mode if mode is not None else settings.spec_threads).strip().lower()
     nt_plan = plan.num_threads_per_block
     if mode == "plan":
         return nt_plan
@@ -471,6 +472,8 @@ def choose_threads(plan: Plan, packed: PackedRank, packet: str = "ll16", mode: O
         if not 1 <= n <= 1024:
             raise SpecUnsupported(f"MSCCLANG_SPEC_THREADS={mode}: need 1..1024")
         return n
+    if mode != "auto":
+        raise SpecUnsupported(f"MSCCLANG_SPEC_THREADS={mode!r}: use auto, plan or a count 1..1024")
     g = _Gen(plan, packed, "f16", packet, "sum", nt_plan, [])
     need = _needed_threads(g, [parse_region(b.region) for b in packed.blocks])
     return min(nt_plan, (need + 31) // 32 * 32)

@@ -5,7 +5,7 @@ GPUs per node, ranks numbered node by node; ``MSCCLANG_GPUS_PER_NODE`` overrides
 runs one machine's GPUs as one-GPU "nodes", so that traffic between them takes the inter-node
 path). Without either, every rank is on one node.
 
-Transports (design §7): a memory channel needs the peer's memory mapped (CUDA IPC), so both ends
+Transports (docs/semantics.md, "Transports"): a memory channel needs the peer's memory mapped (CUDA IPC), so both ends
 on one node; a port channel is a copy-engine copy into the peer's IPC mapping on one node, and
 goes through an existing engine (NCCL point-to-point) between nodes; a switch channel (NVLink
 multicast) spans one node. :func:`check_topology` refuses a plan whose channels this layout
@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from mscclang.config import Settings
 from mscclang.errors import PlanError, RuntimeUnavailable
 from mscclang.plan.models import ChannelType, Plan
 
@@ -55,16 +56,19 @@ class Topology:
 
 
 def topology_from_env(world_size: int, env: Optional[Mapping[str, str]] = None) -> Topology:
-    """The launcher's layout: ``MSCCLANG_GPUS_PER_NODE``, else ``LOCAL_WORLD_SIZE``, else one node."""
-    env = os.environ if env is None else env
-    for name in ("MSCCLANG_GPUS_PER_NODE", "LOCAL_WORLD_SIZE"):
-        text = env.get(name)
-        if text:
-            try:
-                n = int(text)
-            except ValueError:
-                raise RuntimeUnavailable(f"{name}={text!r} is not a number of GPUs per node") from None
-            return Topology(world_size, min(n, world_size) if name == "LOCAL_WORLD_SIZE" else n)
+    """The launcher's layout in ``env`` (default ``os.environ``): ``MSCCLANG_GPUS_PER_NODE``, else
+    ``LOCAL_WORLD_SIZE`` (at most ``world_size``), else one node. RuntimeUnavailable names a
+    variable that is not a number of GPUs per node."""
+    gpn = Settings(env).gpus_per_node
+    if gpn is not None:
+        return Topology(world_size, gpn)
+    text = (os.environ if env is None else env).get("LOCAL_WORLD_SIZE", "").strip()
+    if text:
+        try:
+            n = int(text)
+        except ValueError:
+            raise RuntimeUnavailable(f"LOCAL_WORLD_SIZE={text!r} is not a number of GPUs per node") from None
+        return Topology(world_size, min(n, world_size))
     return Topology(world_size, world_size)
 
 

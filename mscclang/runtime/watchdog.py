@@ -27,19 +27,18 @@ import threading
 import time
 from typing import Callable, Optional
 
-from mscclang.errors import CollectiveTimeout, RuntimeUnavailable
+from mscclang.config import Settings, settings
+from mscclang.errors import CollectiveTimeout
 
 log = logging.getLogger("mscclang.runtime")
 
-MODES = ("raise", "abort", "log")
+MODES: tuple[str, ...] = Settings.async_error.choices
 
 
 def watchdog_mode(mode: Optional[str] = None) -> str:
-    """The watchdog's action: ``mode``, else ``$MSCCLANG_ASYNC_ERROR``, else ``raise``."""
-    m = (mode or os.environ.get("MSCCLANG_ASYNC_ERROR") or "raise").strip().lower()
-    if m not in MODES:
-        raise RuntimeUnavailable(f"MSCCLANG_ASYNC_ERROR={m!r} is not one of {', '.join(MODES)}")
-    return m
+    """The watchdog's action: ``mode``, else ``$MSCCLANG_ASYNC_ERROR``, else ``raise``
+    (RuntimeUnavailable naming the variable for anything but raise, abort or log)."""
+    return Settings.async_error.parse(mode) if mode else settings.async_error
 
 
 def raise_in_thread(thread_id: int, message: str) -> bool:

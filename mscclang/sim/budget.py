@@ -21,7 +21,6 @@ The coefficients were fitted to measured runs (see ``notes/reliability_fuzz.md``
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -29,16 +28,18 @@ from typing import Optional, Sequence
 from mscclang.errors import LimitError, MscclangError
 from mscclang.plan.collectives import spec_from_plan
 from mscclang.plan.layout import make_layout, scratch_bytes_needed
-from mscclang.plan.limits import env_limit, format_bytes
+from mscclang.config import Settings, default_sim_max_memory, settings
 from mscclang.plan.models import PACKET_OPS, SIGNAL_OPS, ChannelType, Plan
+from mscclang.units import format_bytes
 
 __all__ = ["Limits", "SizeCost", "Estimate", "size_cost", "estimate_runs", "check_runs",
            "Deadline", "MEMORY_ENV", "SECONDS_ENV", "DEFAULT_MAX_SECONDS", "default_max_memory"]
 
-MEMORY_ENV = "MSCCLANG_SIM_MAX_MEMORY"
-SECONDS_ENV = "MSCCLANG_SIM_MAX_SECONDS"
-DEFAULT_MAX_SECONDS = 600.0
-_MAX_DEFAULT_MEMORY = 8 << 30
+MEMORY_ENV: str = Settings.sim_max_memory.name
+SECONDS_ENV: str = Settings.sim_max_seconds.name
+DEFAULT_MAX_SECONDS: float = Settings.sim_max_seconds.default
+#: half the machine's physical memory, at most 8 GiB (the default memory limit)
+default_max_memory = default_sim_max_memory
 
 # --- coefficients fitted to 38 verify runs of library and synthetic plans (2 KiB .. 16 MiB, 2 to
 # 32 ranks, pipelines down to 16-byte units) on CPython 3.11 / numpy 2; memory with a margin
@@ -60,15 +61,6 @@ _SEC_PER_CLOCK_ENTRY = 1.2e-7    # one actor's vector clock entry, per op execut
 _SEC_PER_CLOCK_COPY = 1e-9       # one entry of a clock copied (per signalled channel, packet write)
 
 
-def default_max_memory() -> int:
-    """Half the machine's physical memory, at most 8 GiB (8 GiB when it cannot be read)."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return _MAX_DEFAULT_MEMORY
-    return int(min(_MAX_DEFAULT_MEMORY, max(total // 2, 1 << 30)))
-
-
 @dataclass(frozen=True)
 class Limits:
     """The simulator's budget: bytes of memory and seconds of time."""
@@ -80,8 +72,7 @@ class Limits:
     def from_env(cls) -> "Limits":
         """The limits the environment sets (``MSCCLANG_SIM_MAX_MEMORY``,
         ``MSCCLANG_SIM_MAX_SECONDS``), else the defaults."""
-        return cls(int(env_limit(MEMORY_ENV, default_max_memory())),
-                   float(env_limit(SECONDS_ENV, DEFAULT_MAX_SECONDS)))
+        return cls(settings.sim_max_memory, settings.sim_max_seconds)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,428 @@
+"""Every ``MSCCLANG_*`` environment variable, declared once: its type, default, validation and a
+one-line description. Code reads ``settings.<name>``, never ``os.environ``.
+
+Each setting is a descriptor on :class:`Settings`; reading it reads the environment at that
+moment (nothing is cached, so a program or a test may change a variable between calls), and a
+variable that is unset or blank means the default. A value the setting does not accept raises
+an error that names the variable, the value and what is accepted; the error's class is the one
+the reading subsystem documents (:class:`~mscclang.errors.LimitError` for limits,
+:class:`~mscclang.errors.InvalidCall` for the collective API's settings, ...), by default
+:class:`~mscclang.errors.SettingError`. An explicit value given through an API (for instance
+``Executor(specialize=...)``) goes through the same rule with ``Settings.<name>.parse(value)``.
+
+``settings`` reads ``os.environ``; ``Settings(mapping)`` reads another mapping (a launcher's
+environment, a test's dict). :func:`describe` lists every setting with its value;
+``mscclang env`` prints that table and ``docs/settings.md`` is :func:`settings_markdown`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Mapping, Optional, Sequence, TypeVar, Union
+
+from mscclang.errors import InvalidCall, LimitError, RuntimeUnavailable, SettingError
+from mscclang.units import BYTE_COUNT_EXAMPLES, format_bytes, parse_bytes
+
+__all__ = ["Settings", "settings", "EnvSetting", "EnvBool", "EnvInt", "EnvFloat", "EnvBytes", "EnvStr",
+           "EnvPath", "EnvChoice", "SettingInfo", "declared", "describe", "settings_markdown", "settings_text",
+           "default_sim_max_memory"]
+
+T = TypeVar("T")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+class EnvSetting(Generic[T]):
+    """One environment variable ``name``: ``default`` (a value, or a callable giving it, when the
+    default depends on the machine) applies when it is unset or blank; ``doc`` says what it does
+    in one line; ``default_doc`` replaces the default in tables where the value alone would
+    mislead (``no cap``); ``error`` is the exception class a bad value raises."""
+
+    kind = "str"
+
+    def __init__(self, name: str, default: Union[T, Callable[[], T], None], doc: str, *,
+                 default_doc: Optional[str] = None, error: type[Exception] = SettingError) -> None:
+        if not name.startswith("MSCCLANG_"):
+            raise ValueError(f"setting {name!r}: every variable is named MSCCLANG_*")
+        self.name = name
+        self.default = default
+        self.doc = doc
+        self.default_doc = default_doc
+        self.error = error
+        self.attr = ""
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    def __get__(self, obj: Optional["Settings"], owner: type) -> Any:
+        if obj is None:
+            return self
+        return self.parse(obj.environ.get(self.name))
+
+    def __set__(self, obj: "Settings", value: Any) -> None:
+        raise AttributeError(f"settings.{self.attr} is read from ${self.name}; set the environment variable")
+
+    def default_value(self) -> Optional[T]:
+        """The default (computed now when it depends on the machine)."""
+        return self.default() if callable(self.default) else self.default
+
+    def parse(self, raw: Optional[str]) -> Optional[T]:
+        """The setting's value for the text ``raw`` (None or blank: the default); raises
+        :attr:`error` naming the variable when the text is not accepted."""
+        if raw is None or not str(raw).strip():
+            return self.default_value()
+        return self.convert(str(raw).strip())
+
+    def convert(self, text: str) -> T:
+        """The value of a non-blank, stripped text (each kind overrides it)."""
+        return text  # type: ignore[return-value]
+
+    def fail(self, text: object, why: str) -> Exception:
+        """The exception for a refused value (the caller raises it)."""
+        return self.error(f"{self.name}={text!r}: {why}")
+
+    def show(self, value: Any) -> str:
+        """``value`` as the settings table prints it."""
+        return "(unset)" if value is None else str(value)
+
+
+class EnvStr(EnvSetting[str]):
+    """Any text (stripped)."""
+
+
+class EnvPath(EnvSetting[str]):
+    """A file or folder path (the text as it is, stripped; relative to the working directory)."""
+
+    kind = "path"
+
+
+class EnvBool(EnvSetting[bool]):
+    """A switch: ``1``, ``true``, ``yes``, ``on`` or ``0``, ``false``, ``no``, ``off``
+    (case-insensitive)."""
+
+    kind = "bool"
+
+    def convert(self, text: str) -> bool:
+        t = text.lower()
+        if t in _TRUE:
+            return True
+        if t in _FALSE:
+            return False
+        raise self.fail(text, f"use {', '.join(_TRUE)} or {', '.join(_FALSE)}")
+
+    def show(self, value: Any) -> str:
+        return "on" if value else "off"
+
+
+class EnvInt(EnvSetting[int]):
+    """An integer, at least ``minimum`` when that is given; ``what`` names the kind of number in
+    the message for a non-integer."""
+
+    kind = "int"
+
+    def __init__(self, name: str, default: Union[int, Callable[[], int], None], doc: str, *,
+                 minimum: Optional[int] = None, what: str = "an integer", **kw: Any) -> None:
+        super().__init__(name, default, doc, **kw)
+        self.minimum = minimum
+        self.what = what
+
+    def convert(self, text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise self.fail(text, f"not {self.what}") from None
+        if self.minimum is not None and n < self.minimum:
+            raise self.error(f"{self.name}={n}: must be at least {self.minimum}")
+        return n
+
+
+class EnvFloat(EnvSetting[float]):
+    """A number (``2``, ``0.05``, ``1e-3``); with ``positive``, greater than zero."""
+
+    kind = "float"
+
+    def __init__(self, name: str, default: Union[float, Callable[[], float], None], doc: str, *,
+                 positive: bool = True, **kw: Any) -> None:
+        super().__init__(name, default, doc, **kw)
+        self.positive = positive
+
+    def convert(self, text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise self.fail(text, "not a number (e.g. 30, 2.5, 0.05)") from None
+        if v != v or v in (float("inf"), float("-inf")):
+            raise self.fail(text, "not a finite number")
+        if self.positive and v <= 0:
+            raise self.fail(text, "must be positive")
+        return v
+
+
+class EnvBytes(EnvSetting[int]):
+    """A byte count in :func:`mscclang.units.parse_bytes`'s grammar (``4096``, ``64K``,
+    ``1MiB``, ``1.5G``), at least ``minimum`` bytes."""
+
+    kind = "bytes"
+
+    def __init__(self, name: str, default: Union[int, Callable[[], int], None], doc: str, *,
+                 minimum: int = 0, **kw: Any) -> None:
+        super().__init__(name, default, doc, **kw)
+        self.minimum = minimum
+
+    def convert(self, text: str) -> int:
+        try:
+            n = parse_bytes(text)
+        except ValueError:
+            raise self.fail(text, f"not a byte count (e.g. {BYTE_COUNT_EXAMPLES})") from None
+        if n < self.minimum:
+            raise self.fail(text, f"must be at least {self.minimum} bytes" if self.minimum > 1
+                            else "must be positive")
+        return n
+
+    def show(self, value: Any) -> str:
+        return "(unset)" if value is None else f"{value} ({format_bytes(value)})"
+
+
+class EnvChoice(EnvSetting[str]):
+    """One of ``choices`` (case-insensitive); ``aliases`` maps other spellings to a choice."""
+
+    kind = "choice"
+
+    def __init__(self, name: str, default: str, choices: Sequence[str], doc: str, *,
+                 aliases: Optional[Mapping[str, str]] = None, **kw: Any) -> None:
+        super().__init__(name, default, doc, **kw)
+        self.choices = tuple(choices)
+        self.aliases = dict(aliases or {})
+        if default not in self.choices or not set(self.aliases.values()) <= set(self.choices):
+            raise ValueError(f"setting {name}: the default and the aliases must be among {self.choices}")
+
+    def convert(self, text: str) -> str:
+        t = text.lower()
+        t = self.aliases.get(t, t)
+        if t not in self.choices:
+            raise self.fail(text, f"use {', '.join(self.choices[:-1])} or {self.choices[-1]}")
+        return t
+
+
+def default_sim_max_memory() -> int:
+    """Half the machine's physical memory, at most 8 GiB (8 GiB when it cannot be read): the
+    default of ``MSCCLANG_SIM_MAX_MEMORY``."""
+    cap = 8 << 30
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return cap
+    return int(min(cap, max(total // 2, 1 << 30)))
+
+
+class Settings:
+    """The ``MSCCLANG_*`` settings of one environment (``environ``, default ``os.environ``,
+    read at every access). Every attribute below is one variable; see the module docstring."""
+
+    def __init__(self, environ: Optional[Mapping[str, str]] = None) -> None:
+        self._environ = environ
+
+    @property
+    def environ(self) -> Mapping[str, str]:
+        """The mapping the settings are read from."""
+        return os.environ if self._environ is None else self._environ
+
+    def is_set(self, attr: str) -> bool:
+        """Whether the variable of setting ``attr`` is set to a non-blank value (so the setting
+        is not its default), e.g. ``settings.is_set("timeout_s")``."""
+        s = vars(Settings).get(attr)
+        if not isinstance(s, EnvSetting):
+            raise AttributeError(f"Settings has no setting {attr!r}")
+        return bool(str(self.environ.get(s.name, "")).strip())
+
+    # --- the collective API (mscclang.Communicator) and registration of ordinary tensors
+    register = EnvChoice(
+        "MSCCLANG_REGISTER", "off", ("auto", "explicit", "off"),
+        "registration of ordinary tensors: auto (on the collective API's own schedule), explicit "
+        "(register, prepare, graph capture only) or off (stage them)",
+        default_doc="off (designed: auto)", error=InvalidCall)
+    staging_cap_bytes = EnvBytes(
+        "MSCCLANG_STAGING_CAP_BYTES", 1 << 62,
+        "staging kept between calls; a call that needs more gets staging of its own, released after it",
+        default_doc="no cap (designed: 128 MiB)", error=InvalidCall)
+    max_registrations = EnvInt(
+        "MSCCLANG_MAX_REGISTRATIONS", 64,
+        "registrations kept; beyond, the least recently used is dropped (alike on every rank)",
+        minimum=1, error=InvalidCall)
+    graph_arena_bytes = EnvBytes(
+        "MSCCLANG_GRAPH_ARENA_BYTES", 4 << 20,
+        "device-plan arena of a CUDA-graph capture session (16 KiB per captured zero-copy call)",
+        error=InvalidCall)
+    check_registration = EnvBool(
+        "MSCCLANG_CHECK_REGISTRATION", False,
+        "compare every zero-copy call's buffers across ranks (one store round trip per call)",
+        error=InvalidCall)
+    tuning = EnvStr(
+        "MSCCLANG_TUNING", None,
+        "tuning table of the collective API: a file or JSON text (unset: the shipped 2x H200 table)")
+    plans_dir = EnvPath(
+        "MSCCLANG_PLANS_DIR", None,
+        "folder of the plans the collective API chooses from (unset: the checkout's or the installed plans/)")
+    comm_granule = EnvInt(
+        "MSCCLANG_COMM_GRANULE", None,
+        "force one padding granule (elements) for every collective call (unset: the plan's alignment)",
+        minimum=1, error=InvalidCall)
+
+    # --- the GPU runtime
+    timeout_s = EnvFloat(
+        "MSCCLANG_TIMEOUT_S", 30.0,
+        "seconds every GPU spin (and the fallback's NCCL watchdog) waits before giving up",
+        error=InvalidCall)
+    async_error = EnvChoice(
+        "MSCCLANG_ASYNC_ERROR", "raise", ("raise", "abort", "log"),
+        "what the watchdog does when a launch gave up and no host call would notice: raise in the "
+        "launching thread, abort the process, or log",
+        error=RuntimeUnavailable)
+    watchdog_poll_s = EnvFloat(
+        "MSCCLANG_WATCHDOG_POLL_S", 0.05, "seconds between the watchdog's looks at the abort word",
+        error=RuntimeUnavailable)
+    enable_nvls = EnvBool(
+        "MSCCLANG_ENABLE_NVLS", False,
+        "allow plans with switch channels (NVLink multicast); never on a machine that forbids it",
+        error=RuntimeUnavailable)
+    gpus_per_node = EnvInt(
+        "MSCCLANG_GPUS_PER_NODE", None,
+        "GPUs per node, overriding the launcher's LOCAL_WORLD_SIZE (1: one host's GPUs as one-GPU nodes)",
+        minimum=1, what="a number of GPUs per node", default_doc="LOCAL_WORLD_SIZE, else every rank",
+        error=RuntimeUnavailable)
+    ranks_per_gpu = EnvInt(
+        "MSCCLANG_RANKS_PER_GPU", 1,
+        "worker processes per GPU, for functional tests on fewer GPUs than ranks (timings mean nothing)",
+        minimum=1)
+    specialize = EnvChoice(
+        "MSCCLANG_SPECIALIZE", "auto", ("auto", "always", "never"),
+        "plan-specialised kernels: auto (small sizes at first use, larger ones once prepared or hot), "
+        "always, or never (the interpreter only)",
+        aliases={"1": "always", "on": "always", "force": "always", "0": "never", "off": "never",
+                 "interpreter": "never"},
+        error=RuntimeUnavailable)
+    spec_first_bytes = EnvBytes(
+        "MSCCLANG_SPEC_FIRST_BYTES", 256 << 10,
+        "largest message auto specialises at its first call (never above MSCCLANG_SPEC_MAX_BYTES)",
+        error=RuntimeUnavailable)
+    spec_max_bytes = EnvBytes(
+        "MSCCLANG_SPEC_MAX_BYTES", 64 << 20, "largest message (input or output bytes) auto specialises",
+        error=RuntimeUnavailable)
+    spec_hot_calls = EnvInt(
+        "MSCCLANG_SPEC_HOT_CALLS", 3,
+        "calls of one signature after which auto builds the kernel of a size above MSCCLANG_SPEC_FIRST_BYTES",
+        minimum=1, error=RuntimeUnavailable)
+    spec_flags = EnvChoice(
+        "MSCCLANG_SPEC_FLAGS", "early", ("early", "end"),
+        "when a specialised kernel's block advances its flag: early (after its first op) or end "
+        "(after its last, as the interpreter does)")
+    spec_threads = EnvStr(
+        "MSCCLANG_SPEC_THREADS", "auto",
+        "threads per block of specialised kernels: auto (fewest warps the data needs), plan (the "
+        "plan's count) or a count 1..1024")
+    executor_dir = EnvPath(
+        "MSCCLANG_EXECUTOR_DIR", None,
+        "folder of the executor's CUDA sources (unset: the checkout's executor/ or the installed copy)")
+    cache_dir = EnvPath(
+        "MSCCLANG_CACHE_DIR", None, "disk cache of built kernels",
+        default_doc="$XDG_CACHE_HOME/mscclang, else ~/.cache/mscclang")
+    cubin_dir = EnvPath(
+        "MSCCLANG_CUBIN_DIR", None,
+        "folder of prebuilt kernels (mscclang build-kernel --out), looked up before building with NVRTC")
+
+    # --- plans and the simulator
+    max_plan_bytes = EnvBytes(
+        "MSCCLANG_MAX_PLAN_BYTES", 32 << 20, "largest plan file (or JSON text) mscclang reads",
+        minimum=1, error=LimitError)
+    max_plan_ops = EnvInt(
+        "MSCCLANG_MAX_PLAN_OPS", 100_000, "most ops a plan may hold (pipeline inner ops included)",
+        minimum=1, error=LimitError)
+    sim_max_memory = EnvBytes(
+        "MSCCLANG_SIM_MAX_MEMORY", default_sim_max_memory, "bytes one simulation may use",
+        minimum=1, default_doc="half the machine's memory, at most 8 GiB", error=LimitError)
+    sim_max_seconds = EnvFloat(
+        "MSCCLANG_SIM_MAX_SECONDS", 600.0, "seconds a verify (or one run) may take", error=LimitError)
+
+    # --- tools
+    bench_debug = EnvBool(
+        "MSCCLANG_BENCH_DEBUG", False, "print the traceback of every failed benchmark cell")
+
+
+#: the settings of this process's environment
+settings = Settings()
+
+
+@dataclass(frozen=True)
+class SettingInfo:
+    """One row of the settings table: the variable, the attribute of :class:`Settings`, its
+    kind, its default and its current value as text (``value`` None when the variable is unset),
+    its one-line description, the words a choice accepts, and why the current value is refused
+    (``problem``, None when it is accepted)."""
+
+    name: str
+    attr: str
+    kind: str
+    default: str
+    value: Optional[str]
+    doc: str
+    choices: tuple[str, ...] = ()
+    problem: Optional[str] = None
+
+
+def declared() -> list[EnvSetting[Any]]:
+    """Every setting, in declaration order."""
+    return [v for v in vars(Settings).values() if isinstance(v, EnvSetting)]
+
+
+def describe(of: Optional[Settings] = None) -> list[SettingInfo]:
+    """Every setting with its default and its value in ``of`` (default :data:`settings`); a value
+    the setting refuses is shown as the raw text, with the reason in ``problem``."""
+    of = settings if of is None else of
+    rows = []
+    for s in declared():
+        raw = of.environ.get(s.name)
+        value: Optional[str] = None
+        problem: Optional[str] = None
+        if raw is not None:
+            try:
+                value = s.show(s.parse(raw))
+            except Exception as e:  # any refusal (its class is the setting's) is reported, not raised
+                value, problem = repr(raw), str(e)
+        default = s.default_doc if s.default_doc is not None else s.show(s.default_value())
+        choices = s.choices if isinstance(s, EnvChoice) else ()
+        rows.append(SettingInfo(s.name, s.attr, s.kind, default, value, s.doc, choices, problem))
+    return rows
+
+
+def settings_text(of: Optional[Settings] = None) -> str:
+    """The table ``mscclang env`` prints: one block per setting, its value (or ``default``)."""
+    lines = []
+    for r in describe(of):
+        now = r.value if r.value is not None else f"default: {r.default}"
+        if r.problem:
+            now += f"  INVALID: {r.problem}"
+        lines.append(f"{r.name} = {now}\n    {r.kind}; {r.doc}")
+    return "\n".join(lines) + "\n"
+
+
+def settings_markdown() -> str:
+    """``docs/settings.md``: every setting with its kind, default and description (generated;
+    ``python3 -m mscclang env --markdown > docs/settings.md`` rewrites it)."""
+    head = ("# Settings\n\n"
+            "<!-- generated from mscclang/config.py by `python3 -m mscclang env --markdown`; do not edit -->\n\n"
+            "Every `MSCCLANG_*` environment variable mscclang reads. Each is read when it is needed, "
+            "never cached; unset or blank means the default. A value a setting does not accept is an "
+            "error naming the variable and what it accepts. `python3 -m mscclang env` prints the "
+            "values in effect.\n\n"
+            "Kinds: `bool` is 1/true/yes/on or 0/false/no/off; `bytes` is a byte count such as "
+            f"{', '.join(f'`{x}`' for x in BYTE_COUNT_EXAMPLES.split(', '))} (K = 1024 bytes; K, M, G, T "
+            "with optional `B` or `iB`); `choice` is one of the listed words; `path` is a file or "
+            "folder.\n\n"
+            "Every rank of a job must use the same settings.\n\n"
+            "| variable | kind | default | what it does |\n|---|---|---|---|\n")
+    rows = []
+    for r in describe(Settings({})):
+        choices = f"`{'`, `'.join(r.choices)}`: " if r.choices else ""
+        rows.append(f"| `{r.name}` | {r.kind} | {r.default} | {choices}{r.doc} |")
+    return head + "\n".join(rows) + "\n"
