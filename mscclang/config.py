@@ -274,6 +274,11 @@ class Settings:
         "MSCCLANG_TIMEOUT_S", 30.0,
         "seconds every GPU spin (and the fallback's NCCL watchdog) waits before giving up",
         error=InvalidCall)
+    max_launch_entries = EnvInt(
+        "MSCCLANG_MAX_LAUNCH_ENTRIES", 512,
+        "launch entries (one per call shape) kept per communicator; beyond, the least recently used that "
+        "no prepare or captured graph holds are evicted with their device plans (alike on every rank)",
+        minimum=16, error=RuntimeUnavailable)
     async_error = EnvChoice(
         "MSCCLANG_ASYNC_ERROR", "raise", ("raise", "abort", "log"),
         "what the watchdog does when a launch gave up and no host call would notice: raise in the "

@@ -20,9 +20,6 @@ from mscclang.units import format_bytes, format_size, parse_bytes
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "mscclang"
 NAME = re.compile(r"MSCCLANG_[A-Z0-9_]*[A-Z0-9]")
-#: modules the lead is rewriting; they still read os.environ themselves until then
-LEAD_FILES = frozenset({"runtime/executor.py", "comm/communicator.py", "comm/backend.py",
-                        "runtime/registration.py"})
 
 
 def _sources() -> list[Path]:
@@ -111,7 +108,7 @@ def test_only_config_reads_mscclang_variables():
     found = {}
     for p in PACKAGE.rglob("*.py"):
         rel = p.relative_to(PACKAGE).as_posix()
-        if rel == "config.py" or rel in LEAD_FILES:
+        if rel == "config.py":
             continue
         reads = [(line, key) for line, key in environ_reads(p.read_text()) if (rel, key) not in GENERIC_READERS]
         if reads:
@@ -127,7 +124,7 @@ def test_the_scanner_sees_every_kind_of_read():
 
 
 def test_lead_allowlist_names_existing_files():
-    for rel in LEAD_FILES | {f for f, _ in GENERIC_READERS}:
+    for rel in {f for f, _ in GENERIC_READERS}:
         assert (PACKAGE / rel).is_file(), rel
 
 

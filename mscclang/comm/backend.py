@@ -10,9 +10,9 @@ prepare before CUDA graph capture, and say which size granule a plan needs. :cla
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
+from mscclang.config import settings
 from mscclang.errors import RuntimeUnavailable
 from mscclang.plan.models import Plan
 
@@ -177,8 +177,7 @@ class RuntimeBackend(Backend):
             import torch
 
             self.device = torch.device("cuda", int(getattr(executor.comm, "device", 0)))
-        env = os.environ.get("MSCCLANG_COMM_GRANULE")
-        self._forced_granule = int(env) if env else None
+        self._forced_granule = settings.comm_granule
         self._runnable: dict[int, tuple] = {}   # id(plan) -> (plan, reason or None)
 
     def execute(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",

@@ -5,7 +5,7 @@ rank and world size. Each call picks a plan variant through the :class:`~mscclan
 and runs it on the GPU runtime; what the library cannot run falls back to torch.distributed
 (NCCL), logged once per reason.
 
-How a call reaches a plan (design §7):
+How a call reaches a plan:
 
 * zero-copy plans (buffer mode ``symmetric``) run directly only on symmetric buffers, i.e.
   tensors allocated with :meth:`Communicator.empty` on every rank in the same order, or on
@@ -24,7 +24,7 @@ disabled; when nothing listed can run, the catalog's other variants are tried (h
 before falling back. The memo of past calls is keyed by the tensors' addresses, sizes, dtypes and
 whether they are symmetric, so every rank chooses alike.
 
-Ordinary tensors (design §7 "Registration contract"; the rule in full:
+Ordinary tensors (the rule in full:
 :mod:`mscclang.runtime.registration`). Registration happens only at collective points:
 :meth:`Communicator.register`, :meth:`Communicator.prepare`, the end of a
 :meth:`Communicator.graph_capture` session, and (``MSCCLANG_REGISTER=auto``, the default) the
@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from mscclang.comm.backend import Backend, RuntimeBackend
+from mscclang.config import settings
 from mscclang.comm.catalog import Catalog, PlanVariant
 from mscclang.comm.errors import CommError
 from mscclang.comm.fallback import TorchFallback
@@ -162,8 +163,8 @@ class Communicator:
         if not 0 <= self.rank < self.world_size:
             raise CommError(f"rank {self.rank} is not in a world of {self.world_size}")
         # tuning table and plan catalog
-        if tuning is None and os.environ.get("MSCCLANG_TUNING"):
-            tuning = os.environ["MSCCLANG_TUNING"]
+        if tuning is None and settings.tuning:
+            tuning = settings.tuning
         if tuning is None and not DEFAULT_TUNING_FILE.is_file():
             self.tuning = TuningTable()
         else:
@@ -182,7 +183,8 @@ class Communicator:
         if fallback is True:
             # a fallback group made here is bounded like the runtime's spins: a dead or hung peer
             # ends in torch's NCCL watchdog within the same timeout (a caller's group keeps its own)
-            t = (runtime_options or {}).get("timeout_s") or os.environ.get("MSCCLANG_TIMEOUT_S")
+            t = (runtime_options or {}).get("timeout_s") or (settings.timeout_s if settings.is_set("timeout_s")
+                                                             else None)
             self._fallback = TorchFallback(group, store=own_store, rank=self.rank,
                                            world_size=self.world_size, device=self.device,
                                            **({"timeout_s": float(t)} if t else {}))

@@ -24,11 +24,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-import os
 from collections import OrderedDict
 from typing import Any, Callable, Iterator, Optional
 
-from mscclang.errors import NotPrepared, PlanError, RuntimeUnavailable
+from mscclang.config import settings
+from mscclang.errors import NotPrepared, PlanError
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.contexts import ContextPool, drop_device_plans
 from mscclang.runtime.device_plan import SYNC_ABORT_OFF, pack_blocks, sync_layout
@@ -43,21 +43,9 @@ from mscclang.runtime.state import (
 
 log = logging.getLogger("mscclang.runtime.entries")
 
-DEFAULT_MAX_ENTRIES = 512
-
-
 def max_entries() -> int:
-    """The entry cap (``$MSCCLANG_MAX_LAUNCH_ENTRIES``, at least 16)."""
-    raw = os.environ.get("MSCCLANG_MAX_LAUNCH_ENTRIES", "").strip()
-    if not raw:
-        return DEFAULT_MAX_ENTRIES
-    try:
-        n = int(raw)
-    except ValueError:
-        raise RuntimeUnavailable(f"MSCCLANG_MAX_LAUNCH_ENTRIES={raw!r}: not an integer") from None
-    if n < 16:
-        raise RuntimeUnavailable(f"MSCCLANG_MAX_LAUNCH_ENTRIES={n}: must be at least 16")
-    return n
+    """The entry cap (``$MSCCLANG_MAX_LAUNCH_ENTRIES``)."""
+    return int(settings.max_launch_entries)
 
 
 class Entries:

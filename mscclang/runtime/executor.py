@@ -16,10 +16,10 @@ takes the same collective steps in the same order.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any, Optional, Union
 
+from mscclang.config import Settings, settings
 from mscclang.errors import CollectiveTimeout, InvalidCall, PlanError
 from mscclang.plan.models import BufferKind, ChannelType, Plan
 from mscclang.plan.shapes import check_layout, check_sizes, check_tensor, output_bytes
@@ -45,7 +45,7 @@ from mscclang.runtime.topology import topology_from_env
 
 log = logging.getLogger("mscclang.runtime")
 
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = Settings.timeout_s.default
 
 __all__ = ["Executor", "LoadedPlan", "torch_dtype_code", "plan_reduce_op", "DEFAULT_TIMEOUT_S"]
 
@@ -76,13 +76,13 @@ class Executor:
                  watchdog: Optional[str] = None) -> None:
         comm = comm or Communicator()
         if timeout_s is None:
-            timeout_s = float(os.environ.get("MSCCLANG_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+            timeout_s = float(settings.timeout_s)
         dev = comm.device
         cc = (cu.device_attribute(dev, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
               cu.device_attribute(dev, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
         self._last_call: Optional[str] = None
         abort = AbortState(comm, lambda: self._last_call, watchdog,
-                           poll_s=float(os.environ.get("MSCCLANG_WATCHDOG_POLL_S", "0.05")))
+                           poll_s=float(settings.watchdog_poll_s))
         self._assemble(comm, f"sm_{cc[0]}{cc[1]}", cu.device_attribute(dev, "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
                        int(timeout_s * 1e9), spec_mode(specialize), Launcher(dev, cooperative), abort)
 
@@ -149,7 +149,7 @@ class Executor:
         if plan.world_size != self.comm.world_size:
             raise PlanError(f"the plan has {plan.world_size} ranks but the communicator has "
                             f"{self.comm.world_size}", "gpus")
-        check_runnable(plan, allow_switch=os.environ.get("MSCCLANG_ENABLE_NVLS") == "1", topology=self.topology)
+        check_runnable(plan, allow_switch=bool(settings.enable_nvls), topology=self.topology)
         nb = len(plan.gpus[r].threadblocks)
         if nb > MAX_FLAGS:
             raise PlanError(f"rank {r} has {nb} thread blocks; the kernel supports {MAX_FLAGS}",

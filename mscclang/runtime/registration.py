@@ -1,4 +1,5 @@
-"""Registration of ordinary tensors for zero-copy plans (design §7, "Registration contract").
+"""Registration of ordinary tensors for zero-copy plans (the contract: "The consistency rule" below;
+settings: docs/settings.md).
 
 Zero-copy plans read and write the peers' input and output buffers directly. Symmetric buffers
 (``Communicator.empty``) satisfy them by construction. Any other tensor (torch's caching
@@ -71,90 +72,60 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
+from mscclang.config import Settings, settings
 from mscclang.errors import CallMismatch, InvalidCall, MscclangError, RegistrationError
 
 log = logging.getLogger("mscclang.runtime")
 
-MODES = ("auto", "explicit", "off")
-DEFAULT_MAX_REGISTRATIONS = 64
+MODES = Settings.register.choices
+DEFAULT_MAX_REGISTRATIONS = Settings.max_registrations.default
 #: designed defaults (``auto``, 128 MiB) apply once the GPU tests have run on this code; until then
 #: registration is off and staging uncapped, i.e. the behaviour the GPU suites have validated
 DESIGNED_MODE = "auto"
 DESIGNED_STAGING_CAP_BYTES = 128 << 20
-DEFAULT_MODE = "off"
-DEFAULT_STAGING_CAP_BYTES = 1 << 62
-DEFAULT_GRAPH_ARENA_BYTES = 4 << 20
+DEFAULT_MODE = Settings.register.default
+DEFAULT_STAGING_CAP_BYTES = Settings.staging_cap_bytes.default
+DEFAULT_GRAPH_ARENA_BYTES = Settings.graph_arena_bytes.default
 #: bytes per device-plan slot of a capture arena: every slot starts with an aborting plan header
 #: and room for the block table of the largest grid (16 KiB holds 2000 block entries)
 ARENA_STRIDE = 16 << 10
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
-
-
-def parse_bytes(text: str, name: str) -> int:
-    """``"64M"``, ``"1GiB"``, ``"1048576"`` -> bytes; InvalidCall naming ``name`` otherwise."""
-    s = str(text).strip().lower().replace("_", "")
-    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(num):].strip()
-    try:
-        value = float(num)
-    except ValueError:
-        value = -1.0
-    if unit not in _UNITS or value < 0:
-        raise InvalidCall(f"{name}={text!r} is not a byte count (e.g. 134217728, 128M, 1G)")
-    return int(value * _UNITS[unit])
-
-
-def _env_bytes(name: str, default: int) -> int:
-    v = os.environ.get(name)
-    return default if v is None or v.strip() == "" else parse_bytes(v, name)
 
 
 def registration_mode(value: Optional[str] = None) -> str:
     """The registration policy: ``value`` or ``$MSCCLANG_REGISTER`` (default :data:`DEFAULT_MODE`,
     ``off`` until the GPU tests of registration have run; ``auto`` is the designed default)."""
-    v = (value if value is not None else os.environ.get("MSCCLANG_REGISTER", DEFAULT_MODE)).strip().lower()
-    if v not in MODES:
-        raise InvalidCall(f"MSCCLANG_REGISTER={v!r}: use one of {', '.join(MODES)}")
-    return v
+    return settings.register if value is None else Settings.register.parse(value)
 
 
 def staging_cap_bytes() -> int:
     """Staging kept between calls (``$MSCCLANG_STAGING_CAP_BYTES``; default no cap until the GPU
     tests of the cap have run, 128 MiB designed): a call that needs more gets staging of its own,
     released when its work is done."""
-    return _env_bytes("MSCCLANG_STAGING_CAP_BYTES", DEFAULT_STAGING_CAP_BYTES)
+    return settings.staging_cap_bytes
 
 
 def graph_arena_bytes() -> int:
     """Device-plan arena of a capture session (``$MSCCLANG_GRAPH_ARENA_BYTES``, default 4 MiB,
     256 zero-copy calls of up to 16 KiB of device plan each)."""
-    return max(_env_bytes("MSCCLANG_GRAPH_ARENA_BYTES", DEFAULT_GRAPH_ARENA_BYTES), ARENA_STRIDE)
+    return max(settings.graph_arena_bytes, ARENA_STRIDE)
 
 
 def max_registrations() -> int:
     """Registrations kept (``$MSCCLANG_MAX_REGISTRATIONS``, default 64); beyond, the least
     recently used is dropped (collectively)."""
-    v = os.environ.get("MSCCLANG_MAX_REGISTRATIONS", "")
-    try:
-        n = int(v) if v.strip() else DEFAULT_MAX_REGISTRATIONS
-    except ValueError:
-        n = -1
-    if n < 1:
-        raise InvalidCall(f"MSCCLANG_MAX_REGISTRATIONS={v!r} must be a positive integer")
-    return n
+    return settings.max_registrations
 
 
 def check_registration() -> bool:
     """``$MSCCLANG_CHECK_REGISTRATION=1``: compare every zero-copy call's buffers across ranks."""
-    return os.environ.get("MSCCLANG_CHECK_REGISTRATION", "0").strip().lower() not in ("", "0", "false", "no")
+    return settings.check_registration
 
 
 def allocator_config() -> str:
     """torch's allocator settings of this process, as the ranks compare them before a capture
     session (a rank with expandable segments cannot export what its peers can)."""
-    return "|".join(f"{k}={os.environ.get(k, '')}" for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"))
+    return (f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}|"
+            f"PYTORCH_ALLOC_CONF={os.environ.get('PYTORCH_ALLOC_CONF', '')}")
 
 
 # ------------------------------------------------------------------------------------------
