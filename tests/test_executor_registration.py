@@ -410,3 +410,122 @@ def test_executor_register_refuses_inside_a_capture_and_reports_symmetric_tensor
     cap[0] = True
     with pytest.raises(NotPrepared, match="inside CUDA graph capture"):
         ex.register([FakeT(0x1234_0000, 64)])
+
+
+# ------------------------------------------------------------------------------------------
+# the call path: new sizes, bounded entries (found from outside: a new message size stalled the
+# call for up to 1.26 s, a stream of distinct sizes did not finish, memory grew with every size)
+
+
+def _any_buffer_plan():
+    return load_plan(ROOT / "plans" / "allreduce_oneshot_ll.r2.i16.json")
+
+
+def _ready_any(ex: Executor, lp: LoadedPlan, fcu: FakeCu, scratch: int) -> None:
+    """What a first call leaves: the interpreter loaded and a context of ``scratch`` bytes."""
+    from mscclang.runtime.build import block_variant
+
+    r, q = ex.comm.rank, 1 - ex.comm.rank
+    sync = sync_layout(lp.plan, r)
+    lp.ctx = Context(sync, fcu.mem_alloc(sync.size), fcu.mem_alloc(scratch), scratch,
+                     {q: 0xAB_0000_0000 + q}, {q: 0xAC_0000_0000 + q})
+    ex.kernels._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads))] = 77
+
+
+class _Builds:
+    """Records what the entries ask of the kernel cache's specialised builds."""
+
+    def __init__(self, ex: Executor, monkeypatch) -> None:
+        import concurrent.futures
+
+        self.later: list = []
+        self.futures: list = []
+        self.now = 0
+
+        def later(make_src):
+            self.later.append(make_src)
+            f = concurrent.futures.Future()
+            self.futures.append(f)
+            return f
+
+        def now(src):
+            self.now += 1
+            raise AssertionError("built on the calling thread")
+
+        monkeypatch.setattr(ex.kernels, "specialise_later", later)
+        monkeypatch.setattr(ex.kernels, "specialised_now", now)
+
+
+def test_a_new_message_size_is_host_work_only(fcu, monkeypatch):
+    """Once the plan's context is large enough, a call of a new size makes no store exchange, no
+    device synchronisation and no kernel build on the calling thread: it runs the interpreter while
+    its specialised kernel is built in the background, and switches once that is done."""
+    cl, comms, exs, cap = _setup(2, fcu)
+    ex, comm = exs[0], comms[0]
+    lp = ex.load(_any_buffer_plan())
+    assert not lp.zero_copy
+    _ready_any(ex, lp, fcu, 64 * MiB)
+    ex.specialize = "auto"
+    builds = _Builds(ex, monkeypatch)
+    syncs = fcu.syncs
+    sizes = [49164, 49164 + 16, 100_000, 200_000 + 48]
+    for n in sizes:
+        ent, opr = ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum",
+                                      False, 0)
+        assert opr == Operands() and ent.spec is None and ent.pending is not None
+    assert comm.barriers == [] and fcu.syncs == syncs and builds.now == 0
+    assert len(builds.later) == len(sizes)          # one background build per size, none waited for
+    # the build of the first size finishes: its next call switches to the specialised kernel
+    sentinel = types.SimpleNamespace(name="k0")
+    monkeypatch.setattr(ex.kernels, "finish", lambda fut: sentinel)
+    monkeypatch.setattr(ex.entries, "_spec_launch", lambda sp, dp, ctx: ("launch", sp))
+    n = sizes[0]
+    ent, _ = ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
+    assert ent.spec is None and ent.pending is not None   # still building: the interpreter runs
+    builds.futures[0].set_result(("src", b"cubin", "nvrtc"))
+    ent, _ = ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
+    assert ent.spec == ("launch", sentinel) and ent.pending is None
+    assert comm.barriers == [] and fcu.syncs == syncs
+
+
+def test_hot_sizes_are_built_in_the_background_only_once_called_again(fcu, monkeypatch):
+    """Above MSCCLANG_SPEC_FIRST_BYTES a size gets its kernel once called MSCCLANG_SPEC_HOT_CALLS
+    times, so a stream of one-off sizes builds nothing."""
+    cl, comms, exs, cap = _setup(2, fcu)
+    ex = exs[0]
+    lp = ex.load(_any_buffer_plan())
+    _ready_any(ex, lp, fcu, 256 * MiB)
+    ex.specialize = "auto"
+    monkeypatch.setenv("MSCCLANG_SPEC_HOT_CALLS", "3")
+    builds = _Builds(ex, monkeypatch)
+    for n in (300_000, 300_064, 700_000):   # one-off sizes
+        ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
+    assert builds.later == []
+    n = 500_000
+    for k in range(3):
+        ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
+        assert len(builds.later) == (1 if k == 2 else 0)
+
+
+def test_launch_entries_are_bounded_and_prepared_ones_are_kept(fcu, monkeypatch):
+    """Beyond the cap the least recently used entries (with their device plans) are evicted, after
+    the device finished its work; an entry that prepare made (a captured graph may replay it) stays."""
+    cl, comms, exs, cap = _setup(2, fcu)
+    ex = exs[0]
+    lp = ex.load(_any_buffer_plan())
+    _ready_any(ex, lp, fcu, 256 * MiB)
+    ex.entries.cap = 16
+    first = 4096
+    ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, first, first, "ll16", "sum", True, 0)
+    kept_blob = lp.fast[EntryKey(first, first, torch.float16, "ll16", "sum")].blob
+    syncs = fcu.syncs
+    sizes = [8192 + 256 * i for i in range(200)]
+    for n in sizes:
+        ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
+        assert len(lp.fast) <= 16
+    assert EntryKey(first, first, torch.float16, "ll16", "sum") in lp.fast and kept_blob in fcu.mem
+    assert len(lp.ctx.plans) == len(lp.fast)          # evicted entries took their device plans along
+    assert ex.entries.evicted == 201 - len(lp.fast) and ex.memory()["evicted_entries"] == ex.entries.evicted
+    assert 0 < fcu.syncs - syncs <= ex.entries.evicted // 4 + 1   # one device sync per batch of evictions
+    # the most recent sizes are the ones kept
+    assert EntryKey(sizes[-1], sizes[-1], torch.float16, "ll16", "sum") in lp.fast
