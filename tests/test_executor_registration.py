@@ -160,9 +160,9 @@ def _designed_defaults(monkeypatch):
 @pytest.fixture
 def fcu(monkeypatch):
     f = FakeCu()
-    from mscclang.runtime import capture, contexts, entries, kernels, staging
+    from mscclang.runtime import capture, contexts, entries, kernels
 
-    for mod in (exmod, capture, contexts, entries, kernels, staging):
+    for mod in (exmod, capture, contexts, entries, kernels):
         monkeypatch.setattr(mod, "cu", f)
     return f
 

@@ -60,6 +60,39 @@ class Backend:
         None for no cap."""
         return None
 
+    def stage(self, role: str, nbytes: int, keep: bool = False) -> tuple[Any, bool, bool]:
+        """Collective when it allocates: a uint8 staging tensor of at least ``nbytes`` that the
+        communicator's padded calls run on, kept for ``role`` between calls; whether it is
+        temporary (above the cap: release it after its call), and whether it replaced the one kept
+        for that role before. ``keep``: prepare (kept until close even above the cap). The policy
+        is :class:`mscclang.runtime.staging.StagingPool`'s, which this default runs over
+        :meth:`empty_staging` and :meth:`release`."""
+        pool = self._staging_pool()
+        buf, replaced = pool.buffer(role, nbytes, keep)
+        return buf.tensor, buf.temp, replaced
+
+    def pin_staging(self, tensors: list) -> None:
+        """Keep the staging buffers ``tensors`` until close (a captured graph or a prepared call
+        runs on them)."""
+        pool = self._staging_pool()
+        for b in pool.held():
+            if any(b.tensor.data_ptr() == t.data_ptr() for t in tensors):
+                b.pinned = True
+
+    def _staging_pool(self) -> Any:
+        pool = getattr(self, "_pool", None)
+        if pool is None:
+            import torch
+
+            from mscclang.runtime.staging import StagingPool, TensorBuf
+
+            cap = self.staging_cap()
+            pool = StagingPool(lambda n: TensorBuf(self.empty_staging(n, torch.uint8)),
+                               lambda bufs, why: self.release([b.tensor for b in bufs]),
+                               lambda tag: None, cap if cap is not None else 1 << 62, _capturing, self.rank)
+            self._pool = pool
+        return pool
+
     def zero_copy_ok(self, inp: Any, out: Any) -> bool:
         """Whether a zero-copy (symmetric) plan runs directly on ``inp``/``out``: symmetric or
         registered buffers. Must answer alike on every rank for corresponding tensors."""
@@ -204,6 +237,16 @@ class RuntimeBackend(Backend):
     def staging_cap(self) -> Optional[int]:
         return self.executor.staging.cap
 
+    def stage(self, role: str, nbytes: int, keep: bool = False) -> tuple[Any, bool, bool]:
+        sa, replaced = self.executor.staging.buffer(role, nbytes, keep)
+        return self.executor.comm.tensor_of(sa), sa.temp, replaced
+
+    def pin_staging(self, tensors: list) -> None:
+        for t in tensors:
+            got = self.executor.comm.symmetric_of(t.data_ptr())
+            if got is not None:
+                got[0].pinned = True
+
     def zero_copy_ok(self, inp: Any, out: Any) -> bool:
         return self.executor.zero_copy_ok(inp, out)
 
@@ -279,3 +322,12 @@ class RuntimeBackend(Backend):
         comm = getattr(self.executor, "comm", None)
         if comm is not None and hasattr(comm, "close"):
             comm.close()
+
+
+def _capturing() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:  # pragma: no cover
+        return False

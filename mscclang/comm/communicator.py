@@ -143,9 +143,6 @@ class Communicator:
         self._granule_override: dict[tuple, int] = {}
         # call signature -> CallPlan, so repeated calls skip selection and checks
         self._memo: dict[tuple, CallPlan] = {}
-        self._staging: dict[str, Any] = {}
-        self._kept: list[Any] = []            # staging kept until close (captured graphs, prepare)
-        self._pinned: set[int] = set()        # staging a captured graph or a prepared call uses
         self._misses: dict[tuple, list] = {}  # call signature -> [calls, reuse seen, registrations]
         self._runtime_error: Optional[str] = None
         self.last: Optional[CallPlan] = None
@@ -261,47 +258,15 @@ class Communicator:
 
     def _stage(self, role: str, nbytes: int) -> tuple[Any, Any, bool]:
         """A symmetric uint8 staging view of at least ``nbytes``, the buffer it views, and whether
-        that buffer is temporary. Up to the back end's staging cap, one buffer per role is kept
-        between calls and grown collectively (every rank makes the same calls with the same sizes);
-        the outgrown one is released, or kept until close if a captured graph or a prepared call
-        uses it. Above the cap the call gets a buffer of its own, released after the call (kept by
-        prepare)."""
-        import torch
-
-        be = self.backend
-        cap = be.staging_cap() if be is not None else None
-        if cap is not None and nbytes > cap:
-            if _capturing():
-                raise CommError(f"the call needs {nbytes} bytes of staging, above the staging cap ({cap} B, "
-                                "MSCCLANG_STAGING_CAP_BYTES), during CUDA graph capture: call prepare() before "
-                                "capturing (it keeps the call's staging), or register the tensors")
-            if be is None:
-                raise CommError("staging needs the GPU runtime")
-            buf = be.empty_staging(nbytes, torch.uint8)
-            return buf[:nbytes], buf, True
-        buf = self._staging.get(role)
-        if buf is None or buf.numel() < nbytes:
-            if _capturing():
-                raise CommError(f"the call needs a {nbytes}-byte staging buffer during CUDA graph "
-                                "capture: run it once eagerly or call prepare() before capturing")
-            size = max(1 << max(nbytes - 1, 0).bit_length(), 256)
-            if cap is not None:
-                size = max(min(size, cap), nbytes)
-            if be is None:
-                raise CommError("staging needs the GPU runtime")
-            old = self._staging.pop(role, None)
-            buf = be.empty_staging(size, torch.uint8)
-            self._staging[role] = buf
-            if old is not None:
-                if old.data_ptr() in self._pinned:
-                    # a captured graph or a prepared call runs on it: kept, and so are the memo's
-                    # entries that view it
-                    self._kept.append(old)
-                else:
-                    # memo entries may view the old buffer: plan again (on every rank alike)
-                    self._memo.clear()
-                    be.release([old])
-        return buf[:nbytes], buf, False
+        that buffer is temporary: the back end's staging pool (one policy for the runtime's
+        staging and this communicator's). A buffer that replaced the one kept for ``role`` means
+        the memo's entries that viewed the old one must be planned again (on every rank alike)."""
+        if self.backend is None:
+            raise CommError("staging needs the GPU runtime")
+        whole, temp, replaced = self.backend.stage(role, nbytes)
+        if replaced:
+            self._memo.clear()
+        return whole[:nbytes], whole, temp
 
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, tensor: Any, op: Any = "sum", out: Any = None) -> Any:
@@ -388,11 +353,11 @@ class Communicator:
                 _, cp = self._lookup(coll, tensor, out, reduce_op_name(op), root)
         if cp.temp:
             # staging above the cap that a capture of this call will use: kept until close()
-            self._kept.extend(cp.temp)
+            self.backend.pin_staging(list(cp.temp))
             cp.temp = ()
         if cp.bufs:
             # a prepared call keeps its staging (and its memo entry) when a larger one replaces it
-            self._pinned.update(x.data_ptr() for x in cp.bufs)
+            self.backend.pin_staging(list(cp.bufs))
         if cp.mode != "nccl" and self.backend is not None and cp.plan is not None:
             pt = cp.choice.packet_type if cp.choice else None
             a, b = self._operands(cp, tensor, out)
@@ -517,9 +482,6 @@ class Communicator:
 
     def close(self) -> None:
         """Release staging buffers, registrations and the runtime."""
-        self._staging.clear()
-        self._kept.clear()
-        self._pinned.clear()
         self._misses.clear()
         self._memo.clear()
         if isinstance(self._fallback, TorchFallback):
@@ -734,7 +696,7 @@ class Communicator:
         elif cp.mode == "staged":
             if cp.bufs and _capturing():
                 # a captured graph uses these buffers: never released before close()
-                self._pinned.update(x.data_ptr() for x in cp.bufs)
+                self.backend.pin_staging(list(cp.bufs))
             a.view(cp.shape.in_blocks, kp)[:, :k].copy_(inp.view(cp.shape.in_blocks, k))
         self.backend.execute(cp.plan, a, b, reduce_op=op, packet_type=pt)
         if cp.mode == "staged":

@@ -218,6 +218,12 @@ class Communicator:
         t = torch.as_tensor(_DevMem(sa.base, sa.size), device=f"cuda:{self.device}")
         return t[:nbytes].view(dtype).view(shape)
 
+    def tensor_of(self, sa: SymAlloc) -> Any:
+        """A uint8 torch tensor over the whole of symmetric allocation ``sa``."""
+        import torch
+
+        return torch.as_tensor(_DevMem(sa.base, sa.size), device=f"cuda:{self.device}")
+
     def memory(self) -> dict[str, int]:
         """Bytes of symmetric memory this communicator allocated: ``symmetric`` (the caller's,
         from :meth:`alloc`) and ``staging`` (the runtime's own and the collective API's, for

@@ -109,7 +109,8 @@ class Executor:
         capturing_now = lambda: self.launcher.capturing_now()  # noqa: E731
         self.kernels = KernelCache(arch, sm_count)
         self.contexts = ContextPool(comm, self.topology, self._engine, abort.dev, capturing)
-        self.staging = StagingPool(comm, staging_cap_bytes(), self._forget, capturing)
+        self.staging = StagingPool(lambda n: comm._sym_alloc(n, internal=True), self._release, comm.barrier,
+                                   staging_cap_bytes(), capturing, comm.rank)
         self.capture = CaptureGlue(comm, self._forget, capturing, capturing_now, abort.dev, self._check_tensor)
         self.entries = Entries(comm, self.kernels, self.contexts, self.staging, self.capture, self.topology,
                                self._engine, self._proxy, lambda: self.specialize, capturing, capturing_now)
@@ -361,6 +362,14 @@ class Executor:
             if got is not None:
                 allocs.append(got[0])
         self.staging.release(allocs, "staging")
+
+    def _release(self, allocs: list, why: str) -> None:
+        """Free symmetric allocations and everything built on them, once every rank's GPU
+        finished its work and the ranks met (so no peer still reads or writes them)."""
+        cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+        self.comm.barrier(f"release {why}")
+        self._forget({a.index for a in allocs})
+        self.comm._sym_release(allocs)
 
     def _forget(self, idx: set) -> None:
         """What staging and registration call when buffers are released (device idle)."""

@@ -12,11 +12,9 @@ which all ranks share, so every rank allocates and releases at the same calls.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from mscclang.errors import NotPrepared
-from mscclang.runtime import cuda as cu
-from mscclang.runtime.state import LoadedPlan
 
 
 def pow2_size(n: int, cap: int) -> int:
@@ -26,36 +24,57 @@ def pow2_size(n: int, cap: int) -> int:
 
 
 class StagingPool:
-    """Staging of one executor. ``comm``: the runtime communicator (symmetric allocations,
-    barriers); ``cap``: bytes kept between calls; ``forget(indices)``: drop what the runtime built
-    on the allocations with these indices (called when they are released, device idle);
-    ``capturing``: whether the caller captures a CUDA graph (no allocation then)."""
+    """The staging of one engine (the GPU runtime, or a CPU back end of the collective API).
+    ``alloc(nbytes)`` makes a buffer collectively (an object with ``size``, ``pinned``, ``temp``
+    and ``index``); ``free(buffers, why)`` releases buffers collectively once every rank's work on
+    them is done (and drops what the engine built on them); ``barrier(tag)`` meets the other
+    ranks; ``cap``: bytes kept between calls; ``capturing``: whether the caller captures a CUDA
+    graph (no allocation then); ``rank`` names this rank in messages.
 
-    def __init__(self, comm: Any, cap: int, forget: Callable[[set], None], capturing: Callable[[], bool]) -> None:
-        self.comm = comm
+    Buffers are kept by key: a loaded plan's input and output (:meth:`get`), or a role of the
+    collective API's padded staging (:meth:`buffer`)."""
+
+    def __init__(self, alloc: Callable[[int], Any], free: Callable[[list, str], None], barrier: Callable[[str], None],
+                 cap: int, capturing: Callable[[], bool], rank: int) -> None:
+        self._alloc = alloc
+        self._free = free
+        self._barrier = barrier
         self.cap = cap
-        self._forget = forget
         self._capturing = capturing
-        self._kept: dict[int, tuple[Any, Any]] = {}   # id(LoadedPlan) -> (input, output) up to the cap
-        self._big: dict[tuple, tuple[Any, Any]] = {}  # (id(LoadedPlan), in, out) -> kept above the cap
+        self.rank = rank
+        self._kept: dict[Any, tuple[Any, Any]] = {}   # key -> (input, output) up to the cap
+        self._big: dict[tuple, tuple[Any, Any]] = {}  # (key, in, out) -> kept above the cap (prepare)
 
-    def get(self, lp: LoadedPlan, in_bytes: int, out_bytes: int, keep: bool = False) -> tuple[Any, Any]:
-        """The plan's staging (input, output) for a call of these sizes (collective when it
-        allocates). ``keep``: prepare, whose captured call will use it."""
-        inplace = lp.plan.inplace
+    def get(self, lp: Any, in_bytes: int, out_bytes: int, keep: bool = False) -> tuple[Any, Any]:
+        """A loaded plan's staging (input, output) for a call of these sizes (collective when it
+        allocates); in-place plans stage both in one buffer. ``keep``: prepare, whose captured call
+        will use it."""
+        return self._pair(("plan", id(lp)), lp.plan.name, lp.plan.inplace, in_bytes, out_bytes, keep)
+
+    def buffer(self, role: str, nbytes: int, keep: bool = False) -> tuple[Any, bool]:
+        """One buffer of at least ``nbytes`` for the collective API's padded staging under
+        ``role``, and whether it replaced (and released) the buffer kept for that role before:
+        what was built on the old one must be planned again. A pinned old buffer is kept, and so
+        may be what was built on it."""
+        old = self._kept.get(("api", role), (None, None))[1]
+        _, buf = self._pair(("api", role), f"the {role} staging", True, nbytes, nbytes, keep)
+        return buf, old is not None and buf is not old and not buf.temp and not old.pinned
+
+    def _pair(self, key: Any, what: str, inplace: bool, in_bytes: int, out_bytes: int,
+              keep: bool) -> tuple[Any, Any]:
         need_in = 0 if inplace else in_bytes
         if max(need_in, out_bytes) > self.cap:
-            return self._above_cap(lp, in_bytes, out_bytes, keep)
-        si, so = self._kept.get(id(lp), (None, None))
+            return self._above_cap(key, what, inplace, in_bytes, out_bytes, keep)
+        si, so = self._kept.get(key, (None, None))
         if so is None or so.size < out_bytes or (si is not None and si.size < need_in) or (si is None and need_in):
             if self._capturing():
-                raise NotPrepared(f"rank {self.comm.rank}: staging for {in_bytes} B on plan {lp.plan.name} cannot "
+                raise NotPrepared(f"rank {self.rank}: staging for {in_bytes} B on {what} cannot "
                                   "be allocated inside CUDA graph capture: prepare the call (or run it once) first")
             old = [x for x in (si, so) if x is not None]
             so = self._grow(so, out_bytes)
             si = so if inplace else self._grow(si, in_bytes)
-            self._kept[id(lp)] = (si, so)
-            self.comm.barrier("staging")
+            self._kept[key] = (si, so)
+            self._barrier("staging")
             stale: list = []
             for x in old:
                 if x is not si and x is not so and not x.pinned and all(x is not y for y in stale):
@@ -66,20 +85,21 @@ class StagingPool:
     def _grow(self, cur: Any, n: int) -> Any:
         if cur is not None and cur.size >= n:
             return cur
-        return self.comm._sym_alloc(pow2_size(n, self.cap), internal=True)
+        return self._alloc(pow2_size(n, self.cap))
 
-    def _above_cap(self, lp: LoadedPlan, in_bytes: int, out_bytes: int, keep: bool) -> tuple[Any, Any]:
-        k = (id(lp), in_bytes, out_bytes)
+    def _above_cap(self, key: Any, what: str, inplace: bool, in_bytes: int, out_bytes: int,
+                   keep: bool) -> tuple[Any, Any]:
+        k = (key, in_bytes, out_bytes)
         got = self._big.get(k)
         if got is not None:
             return got
         if self._capturing():
-            raise NotPrepared(f"rank {self.comm.rank}: {lp.plan.name} needs {max(in_bytes, out_bytes)} B of staging, "
+            raise NotPrepared(f"rank {self.rank}: {what} needs {max(in_bytes, out_bytes)} B of staging, "
                               f"above the staging cap ({self.cap} B, MSCCLANG_STAGING_CAP_BYTES), which cannot be "
                               "allocated inside CUDA graph capture: prepare the call before capturing (prepare "
                               "keeps its staging), or register the tensors")
-        so = self.comm._sym_alloc(out_bytes, internal=True)
-        si = so if lp.plan.inplace else self.comm._sym_alloc(in_bytes, internal=True)
+        so = self._alloc(out_bytes)
+        si = so if inplace else self._alloc(in_bytes)
         for x in (si, so):
             if keep:
                 x.pinned = True
@@ -87,31 +107,47 @@ class StagingPool:
                 x.temp = True
         if keep:
             self._big[k] = (si, so)
-        self.comm.barrier("staging")
+        self._barrier("staging")
         return si, so
 
-    def release(self, allocs: list, why: str = "staging") -> None:
-        """Collective: free symmetric allocations and everything built on them, after every
-        rank's GPU finished its work and the ranks met (so no peer still reads or writes them).
-        Pinned ones are skipped; every rank passes the corresponding allocations."""
+    def release(self, bufs: list, why: str = "staging") -> None:
+        """Collective: release buffers (pinned ones are skipped; every rank passes the
+        corresponding buffers)."""
         todo: list = []
-        for a in allocs:
+        for a in bufs:
             if not a.pinned and all(a is not b for b in todo):
                 todo.append(a)
         if not todo:
             return
         if self._capturing():
-            raise NotPrepared(f"rank {self.comm.rank}: {why} cannot be released inside CUDA graph capture")
-        cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
-        self.comm.barrier(f"release {why}")
-        self._forget({a.index for a in todo})
-        self.comm._sym_release(todo)
+            raise NotPrepared(f"rank {self.rank}: {why} cannot be released inside CUDA graph capture")
+        self._free(todo, why)
 
-    def plan_staging(self, lp: LoadedPlan) -> tuple[Any, Any]:
+    def plan_staging(self, lp: Any) -> tuple[Any, Any]:
         """The staging kept for ``lp`` up to the cap ((None, None) before its first staged call)."""
-        return self._kept.get(id(lp), (None, None))
+        return self._kept.get(("plan", id(lp)), (None, None))
+
+    def held(self) -> list:
+        """Every buffer the pool keeps now."""
+        out: list = []
+        for pair in list(self._kept.values()) + list(self._big.values()):
+            for x in pair:
+                if x is not None and all(x is not y for y in out):
+                    out.append(x)
+        return out
 
     def clear(self) -> None:
-        """Forget every kept buffer (close: the communicator frees the allocations)."""
+        """Forget every kept buffer (close: the engine frees the allocations)."""
         self._kept.clear()
         self._big.clear()
+
+
+class TensorBuf:
+    """A staging buffer of an engine that stages through tensors (a CPU back end)."""
+
+    def __init__(self, tensor: Any, index: Optional[int] = None) -> None:
+        self.tensor = tensor
+        self.size = tensor.numel() * tensor.element_size()
+        self.index = index
+        self.pinned = False
+        self.temp = False
