@@ -7,12 +7,12 @@ import argparse
 import sys
 from typing import Any
 
+from mscclang.bench.results import IMPLS
 from mscclang.cli.args import GPU_DTYPES, SIZES_FORMS, dtype_arg, sizes_arg
 from mscclang.comm.errors import CommError
 
 ALL_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 DEFAULT_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-IMPLS = ("mscclang", "nccl", "symm")
 MODES = ("graph", "eager")
 
 
@@ -51,7 +51,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="message sizes: " + SIZES_FORMS + "; default 1K:1G")
     p.add_argument("--collectives", default=",".join(DEFAULT_COLLS),
                    help=f"comma list of {', '.join(ALL_COLLS)} (default: the first four)")
-    p.add_argument("--impls", default=",".join(IMPLS), help="comma list of mscclang, nccl, symm")
+    p.add_argument("--impls", default=",".join(IMPLS),
+                   help="comma list of mscclang (symmetric tensors from comm.empty), ordinary "
+                        "(mscclang on torch.empty tensors, captured inside comm.graph_capture()), "
+                        "nccl, symm (default: all)")
     p.add_argument("--modes", default=",".join(MODES), help="comma list of graph, eager")
     p.add_argument("--dtype", default="bfloat16", type=dtype_arg(GPU_DTYPES),
                    help=f"{', '.join(GPU_DTYPES)} or an alias (fp16, bf16, fp32, i32); default bfloat16")
