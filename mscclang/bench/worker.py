@@ -231,8 +231,9 @@ class BenchWorker:
                     tuning=self.cfg.tuning, runtime_options={"timeout_s": self.cfg.runtime_timeout_s})
                 if self.comm.backend is None:
                     self.comm_error = self.comm._runtime_error
-                maxb = max(self.cfg.sizes)
-                self.sym = (self.comm.empty(maxb, dtype=torch.uint8), self.comm.empty(maxb, dtype=torch.uint8))
+                if any(i.startswith("mscclang") for i in self.cfg.impls):   # symmetric pools
+                    maxb = max(self.cfg.sizes)
+                    self.sym = (self.comm.empty(maxb, dtype=torch.uint8), self.comm.empty(maxb, dtype=torch.uint8))
             except Exception as e:  # noqa: BLE001 - recorded per cell
                 self.comm_error = f"{type(e).__name__}: {e}"
                 self.comm = None
@@ -369,18 +370,29 @@ class BenchWorker:
 
     def check(self, coll: str, cell: _Cell) -> tuple[bool, str]:
         """Fresh random inputs, poisoned output, one call, compare with the reference."""
+        seed = self.fill(cell)
+        _sync(self.device)
+        self.barrier()
+        cell.op()
+        _sync(self.device)
+        return self.compare(coll, cell, seed)
+
+    def fill(self, cell: _Cell) -> int:
+        """Fresh random inputs (a new seed, the same on every rank) and a poisoned output for
+        one checked call of ``cell``; returns the seed :meth:`compare` needs."""
+        dt = self.dtype
+        self.seed += 1
+        cell.inp.copy_(gen_input(self.seed, self.rank, cell.numel_in, dt, self.device))
+        if cell.out.data_ptr() != cell.inp.data_ptr():
+            cell.out.fill_(float("nan") if dt.is_floating_point else -(2 ** 31))
+        return self.seed
+
+    def compare(self, coll: str, cell: _Cell, seed: int) -> tuple[bool, str]:
+        """Whether ``cell``'s output is the reference result of ``coll`` on the inputs of ``seed``
+        (sums within the any-order error bound, copies exact); (ok, what is wrong)."""
         import torch
 
         n, r, dt, dev = self.world, self.rank, self.dtype, self.device
-        self.seed += 1
-        seed = self.seed
-        cell.inp.copy_(gen_input(seed, r, cell.numel_in, dt, dev))
-        if cell.out.data_ptr() != cell.inp.data_ptr():
-            cell.out.fill_(float("nan") if dt.is_floating_point else -(2 ** 31))
-        _sync(dev)
-        self.barrier()
-        cell.op()
-        _sync(dev)
         out = cell.out.reshape(-1)
         if dt.is_floating_point and not bool(torch.isfinite(out).all()):
             return False, "non-finite values in the output (unwritten or wrong)"
