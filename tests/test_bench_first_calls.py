@@ -144,3 +144,10 @@ def test_command_line(tmp_path, capsys):
         return
     assert main(["bench", "--first-calls", "--out", str(tmp_path / "o")]) == 1
     assert "needs at least 2 CUDA GPUs" in capsys.readouterr().err
+
+
+def test_warmup_size_is_never_a_measured_one():
+    from mscclang.bench.first_call import warmup_bytes
+
+    assert warmup_bytes(list(FIRST_CALL_SIZES)) == 8192
+    assert warmup_bytes([8192, 16384, 100]) == 32768

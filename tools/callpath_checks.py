@@ -222,7 +222,7 @@ def abort_rank(rank: int, port: int, mode: str, result_path: str) -> None:
         if mode == "hung":
             time.sleep(3600)   # alive, never calls again (the parent kills it)
         os._exit(0)
-    res: dict = {"synced_replays": 0, "exception": None, "exception_type": None}
+    res: dict = {"synced_replays": 0, "exception": None, "exception_type": None, "collective_timeout": False}
     deadline = time.monotonic() + 20 * ABORT_TIMEOUT_S + 60
     launched = 0
     try:
@@ -236,8 +236,9 @@ def abort_rank(rank: int, port: int, mode: str, result_path: str) -> None:
         res["exception"] = "nothing raised before the deadline"
     except BaseException as e:  # noqa: BLE001 - what reaches the caller is the point
         res["exception"], res["exception_type"] = str(e)[:500], type(e).__name__
+        res["collective_timeout"] = isinstance(e, mscclang.CollectiveTimeout)
+    # the peer made PEER_REPLAYS calls: every synchronised replay past those completed without it
     res["completed_after_peer_stopped"] = max(0, res["synced_replays"] - PEER_REPLAYS)
-    res["collective_timeout"] = res["exception_type"] == "CollectiveTimeout"
     done = threading.Event()
 
     def _close() -> None:

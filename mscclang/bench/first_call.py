@@ -6,7 +6,10 @@ SECOND call of the same size: host wall time around the call and the device sync
 each call on fresh ordinary tensors (``torch.empty``) holding fresh random data, every result
 checked against the reference before it is reported (a wrong result is reported as a failure, not
 timed). The figure is the slower rank's. The first call carries the set-up a new size costs (plan
-selection, registration or staging, device plan, kernel); the second shows what remains.
+selection, registration or staging, device plan, kernel); the second shows what remains. Before
+the first size, one untimed checked call of each collective at :func:`warmup_bytes` (a size not in
+the list) takes the process's one-time start-up (the runtime's first kernel load), so that it is
+not charged to the first size.
 
 Results: one :class:`FirstCallRecord` per (collective, size), streamed by rank 0 into
 ``<out>/first_calls.jsonl``, rendered as ``first_calls.json`` and ``first_calls.md``.
@@ -66,6 +69,14 @@ class FirstCallRecord:
         return cls(**kw)
 
 
+def warmup_bytes(sizes: list[int]) -> int:
+    """The warm-up call's size: the smallest power of two from 8 KiB up that is not in ``sizes``."""
+    b = 8192
+    while b in sizes:
+        b *= 2
+    return b
+
+
 class FirstCallWorker(BenchWorker):
     """One rank of the first-call measurement (see the module docstring)."""
 
@@ -121,6 +132,11 @@ class FirstCallWorker(BenchWorker):
     def run(self) -> None:
         """Every collective and size in order; rank 0 streams one record a line."""
         self.setup()
+        warm = warmup_bytes(list(self.cfg.sizes))
+        for coll in self.cfg.colls:
+            w = self.measure_size(coll, warm)
+            if self.rank == 0 and not w.ok:
+                print(f"{coll:14s} warm-up call of {warm} B: {w.error}", flush=True)
         for coll in self.cfg.colls:
             for nbytes in self.cfg.sizes:
                 if not self.in_time():
@@ -169,7 +185,8 @@ def markdown(records: list[FirstCallRecord], meta: Optional[dict] = None) -> str
         lines += ["; ".join(facts) + ".", ""]
     lines += ["Host wall time of one eager call plus the device synchronisation, in milliseconds (the "
               "slower rank's), on fresh ordinary tensors and fresh random data; the first call is the "
-              "first the communicator sees of that size. Every result was checked against the "
+              "first the communicator sees of that size (an untimed call of another size warmed the "
+              "process up first). Every result was checked against the "
               "reference; FAIL = wrong result or error, skip = not run.", "",
               "| collective | bytes | first call ms | second call ms | ratio | plan (second call) |",
               "|---|---|---|---|---|---|"]
