@@ -135,6 +135,7 @@ class Rank:
         return dt, ok, last.label() if last is not None and hasattr(last, "label") else ""
 
     def base(self, what: str) -> dict:
+        """The fields every subcommand's result starts with."""
         return {"subcommand": what, "world_size": self.world, "engine": self.engine,
                 "specialize": os.environ.get("MSCCLANG_SPECIALIZE", "(default)")}
 
@@ -360,6 +361,7 @@ def spawn(args: argparse.Namespace) -> tuple[Optional[dict], int]:
 
 
 def emit(res: dict, out: Optional[str]) -> None:
+    """Print ``res`` as one JSON line (and write it to ``out`` when given)."""
     line = json.dumps(res)
     print(line, flush=True)
     if out:
@@ -368,6 +370,7 @@ def emit(res: dict, out: Optional[str]) -> None:
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """The command line (see the module docstring); usage errors exit with status 2."""
     ap = argparse.ArgumentParser(prog="callpath_checks.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=2, help="processes to start without torchrun (default 2)")
     ap.add_argument("--out", metavar="FILE", help="also write the JSON line to FILE")
@@ -398,6 +401,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Run the subcommand; the exit status (see the module docstring)."""
     args = parse_args(argv)
     under_torchrun = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     if args.cmd == "abort":

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from mscclang.bench.results import ORDINARY
-from mscclang.bench.worker import BenchWorker, _sync, error_text, run_rank
+from mscclang.bench.worker import BenchConfig, BenchWorker, _sync, error_text, run_rank
 from mscclang.comm.errors import CommError
 
 FIRST_CALL_FORMAT = "mscclang.bench.first_calls/1"
@@ -150,7 +150,7 @@ class FirstCallWorker(BenchWorker):
                     print(f"{coll:14s} {nbytes:>10d} B {state}", flush=True)
 
 
-def first_call_entry(rank: int, world: int, cfg, port: int) -> None:
+def first_call_entry(rank: int, world: int, cfg: BenchConfig, port: int) -> None:
     """``torch.multiprocessing`` entry point of one rank."""
     run_rank(FirstCallWorker, rank, world, cfg, port)
 
