@@ -70,3 +70,43 @@ def test_busbw_factors_for_n(n):
     assert busbw_factor("all_reduce", n) == pytest.approx(2 * (n - 1) / n)
     for coll in ("all_gather", "reduce_scatter", "all_to_all"):
         assert busbw_factor(coll, n) == pytest.approx((n - 1) / n)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ordinary_tensor_cells_on_the_simulator(n):
+    """The bench's ``ordinary`` implementation: the same Communicator calls on plain torch.empty
+    tensors (not symmetric), prepared first and captured inside comm.graph_capture(); on the
+    shipped plans, run by the simulator, they pass the bench's check without falling back, and
+    the check catches a corrupted result."""
+    folder = default_plans_dir()
+    if folder is None or not (folder / "index.json").is_file():
+        pytest.skip("no plans/ in this checkout")
+
+    def body(comm):
+        w = _worker(comm, "bfloat16")
+        out = []
+        for coll in ("all_reduce", "all_gather", "reduce_scatter"):
+            cell = w.make_cell(coll, "ordinary", 2048 * n)
+            assert not comm.is_symmetric(cell.inp) and not comm.is_symmetric(cell.out)
+            assert cell.capture is not None and cell.capture.__func__ is type(comm).graph_capture
+            ok, err = w.check(coll, cell)
+            out.append((coll, ok, err, comm.last.label()))
+        cell = w.make_cell("all_reduce", "ordinary", 1024)
+        real = cell.op
+
+        def wrong():
+            real()
+            cell.out.reshape(-1)[5] -= 2.0
+
+        cell.op = wrong
+        out.append(("corrupted", *w.check("all_reduce", cell), ""))
+        return out
+
+    results, _, fb = run_ranks(n, body, catalog=Catalog.from_dir(folder), tuning=load_tuning(),
+                               engine="sim", refuse_unaligned=16)
+    assert fb.calls == []
+    for res in results:
+        for coll, ok, err, label in res[:-1]:
+            assert ok, (coll, err, label)
+            assert not label.startswith("nccl"), label
+        assert res[-1][1] is False and "wrong" in res[-1][2]

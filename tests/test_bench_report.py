@@ -314,3 +314,31 @@ def test_a_time_of_the_interpreter_kernel_is_marked_in_the_table(tmp_path):
     p = tmp_path / "r.json"
     p.write_text(json.dumps(res.to_dict()))
     assert "[interpreter]" in markdown(load_result(p))
+
+
+def test_ordinary_tensor_column_and_its_own_targets():
+    """The ``ordinary`` implementation (mscclang on torch.empty tensors) gets its own columns and
+    its time relative to the symmetric tensor's, and is judged against the ordinary-tensor goals
+    (one table module: the symmetric goals stay those of ALLREDUCE_US)."""
+    from mscclang.bench.targets import ALLREDUCE_US, LATENCY_TARGETS, ORDINARY_ALLREDUCE_US
+
+    assert ALLREDUCE_US[K] == 2.4 and ORDINARY_ALLREDUCE_US[K] == 2.0 and ORDINARY_ALLREDUCE_US[64 * M] == 195.0
+    assert [(t.impl, t.us) for t in LATENCY_TARGETS] == [("mscclang", ALLREDUCE_US), ("ordinary", ORDINARY_ALLREDUCE_US)]
+    res = fixture()
+    res.records.append(Record("all_reduce", "ordinary", "graph", K, "bfloat16", us=3.0, busbw=0.3, ok=True,
+                              plan="allreduce_oneshot_ll.r2.i1 (direct)"))
+    res.records.append(Record("all_reduce", "ordinary", "graph", 64 * M, "bfloat16", us=190.0, busbw=350.0,
+                              ok=True, plan="nccl"))
+    md = markdown(res)
+    head = next(x for x in md.splitlines() if x.startswith("| size | mscclang us"))
+    assert "| plan | ordinary us | busbw | plan | xsym | NCCL us |" in head
+    row = next(x for x in md.splitlines() if x.startswith("| 1K |") and "oneshot" in x)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4] == "3.00" and cells[7] == "1.50"     # 3.0 / 2.0
+    v = {(x.impl, x.bytes): x for x in check_targets(res)}
+    assert v[("ordinary", K)].ok is False and v[("ordinary", K)].goal == "<= 2.0 us"   # 3.0 > 2.0
+    assert v[("mscclang", K)].ok is True                                                # 2.0 <= 2.4
+    assert v[("ordinary", 64 * M)].fallback and v[("ordinary", 64 * M)].ok is False     # NCCL never counts
+    assert "| all_reduce (ordinary tensors) | 1K | <= 2.0 us | 3.00 us | MISSED |" in md
+    # without ordinary records, no ordinary verdicts
+    assert all(x.impl == "mscclang" for x in check_targets(fixture()))

@@ -12,7 +12,7 @@ from mscclang.plan import load_plan
 from mscclang.sim import default_sizes, run, verify
 
 ROOT = Path(__file__).resolve().parent.parent
-# examples/ also holds scripts that are not DSL programs (graph_allreduce.py: a torchrun measurement)
+# examples/ also holds scripts that are not DSL programs (graph_allreduce.py: a torchrun script)
 PROGRAMS = sorted((ROOT / "tests" / "programs").glob("*.py")) + sorted(
     p for p in (ROOT / "examples").glob("*.py") if "CollectiveProgram(" in p.read_text())
 GOLDEN = sorted((ROOT / "tests" / "golden").glob("**/*.json"))

@@ -1,5 +1,6 @@
-"""``mscclang bench``: collectives x sizes x {mscclang, NCCL, torch SymmetricMemory two-shot},
-eager and CUDA graph, one process per GPU; JSON, a markdown table and a PNG plot."""
+"""``mscclang bench``: collectives x sizes x {mscclang on symmetric tensors, mscclang on ordinary
+tensors, NCCL, torch SymmetricMemory two-shot}, eager and CUDA graph, one process per GPU; JSON, a
+markdown table and a PNG plot. ``--first-calls``: the first and second call of new sizes."""
 
 from mscclang.bench.report import markdown, plot, render
 from mscclang.bench.results import BenchResult, Record, load_result, save_result

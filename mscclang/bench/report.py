@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Union
 
-from mscclang.bench.results import IMPL_LABELS, BenchResult, Record
+from mscclang.bench.results import IMPL_LABELS, ORDINARY, BenchResult, Record
 from mscclang.bench.sizes import format_size
 from mscclang.bench.targets import check_targets
 
@@ -53,7 +53,9 @@ def markdown(res: BenchResult, title: str = "mscclang bench") -> str:
         lines += ["; ".join(facts) + ".", ""]
     lines += ["Times are medians per call in microseconds; busbw is the bus bandwidth in GB/s "
               "(nccl-tests convention; allgather sizes are output bytes). `xNCCL` / `xsymm` = the "
-              "peer's time / mscclang's time (above 1: mscclang is faster). Every result was "
+              "peer's time / mscclang's time (above 1: mscclang is faster); `ordinary` is mscclang on "
+              "plain torch.empty tensors (graphs captured inside comm.graph_capture()), `xsym` its "
+              "time / mscclang's on symmetric tensors. Every result was "
               "checked against a reference before it was timed; FAIL = wrong result or error, "
               "skip = not run.", ""]
     impls = res.impls()
@@ -68,6 +70,9 @@ def markdown(res: BenchResult, title: str = "mscclang bench") -> str:
             head = ["size"]
             if "mscclang" in impls:
                 head += ["mscclang us", "busbw", "plan"]
+            has_ord = any(r.impl == ORDINARY for r in recs)
+            if has_ord:
+                head += ["ordinary us", "busbw", "plan"] + (["xsym"] if "mscclang" in impls else [])
             for p in peers:
                 if any(r.impl == p for r in recs):
                     head += [f"{IMPL_LABELS.get(p, p)} us", "busbw"]
@@ -83,6 +88,12 @@ def markdown(res: BenchResult, title: str = "mscclang bench") -> str:
                 row = [format_size(nbytes)]
                 if "mscclang" in impls:
                     row += [_cell_us(mine), _cell_bw(mine), _plan_label(mine)]
+                if has_ord:
+                    od = res.find(coll, ORDINARY, mode, nbytes)
+                    row += [_cell_us(od), _cell_bw(od), _plan_label(od)]
+                    if "mscclang" in impls:
+                        both = od is not None and mine is not None and od.measured and mine.measured and mine.us
+                        row.append(f"{od.us / mine.us:.2f}" if both else "-")
                 for p in peers:
                     if any(r.impl == p for r in recs):
                         pr = res.find(coll, p, mode, nbytes)
@@ -117,13 +128,13 @@ def markdown(res: BenchResult, title: str = "mscclang bench") -> str:
             head = f"## Targets of 2x H200 (CUDA graph; for reference only: this run used {world} GPUs)"
         lines += [head, "",
                   f"{met} of {judged} measured targets met.", "",
-                  "| collective | size | goal | mscclang | verdict |", "|---|---|---|---|---|"]
+                  "| collective | size | goal | measured | verdict |", "|---|---|---|---|---|"]
         lines += [v.row() for v in verdicts]
         lines.append("")
     return "\n".join(lines)
 
 
-_STYLE = {"mscclang": ("tab:red", "o"), "nccl": ("tab:blue", "s"), "symm": ("tab:green", "^")}
+_STYLE = {"mscclang": ("tab:red", "o"), ORDINARY: ("tab:orange", "D"), "nccl": ("tab:blue", "s"), "symm": ("tab:green", "^")}
 
 
 def plot(res: BenchResult, path: Union[str, Path]) -> Path:

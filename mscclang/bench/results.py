@@ -11,8 +11,11 @@ from typing import Any, Iterable, Optional, Union
 from mscclang.comm.errors import CommError
 
 BENCH_FORMAT = "mscclang.bench/1"
-IMPLS = ("mscclang", "nccl", "symm")
-IMPL_LABELS = {"mscclang": "mscclang", "nccl": "NCCL", "symm": "torch symm two-shot"}
+#: the implementation name of mscclang on ordinary (``torch.empty``) tensors
+ORDINARY = "ordinary"
+IMPLS = ("mscclang", ORDINARY, "nccl", "symm")
+IMPL_LABELS = {"mscclang": "mscclang", ORDINARY: "mscclang ordinary tensor", "nccl": "NCCL",
+               "symm": "torch symm two-shot"}
 MODES = ("graph", "eager")
 #: collectives in the API spelling used by the baselines (nccl_bench.py)
 COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")

@@ -116,6 +116,35 @@ def run_bench(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = Non
     return res, paths, problems
 
 
+def run_first_calls(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = None,
+                    log=sys.stderr) -> tuple[list, dict, dict[str, Path], list[str]]:
+    """Run the first-call measurement (:mod:`mscclang.bench.first_call`); return the records, the
+    meta, the written files and problems. Raises :class:`RuntimeUnavailable` without two GPUs."""
+    from mscclang.bench.first_call import JSONL, first_call_entry, read_records, render as render_first
+
+    n = _need_gpus(nprocs, "bench")
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in (JSONL, "meta.json"):
+        (out / stale).unlink(missing_ok=True)
+    start = time.time()
+    problems = spawn_workers(first_call_entry, n, cfg, time_limit_s)
+    meta: dict = {}
+    if (out / "meta.json").is_file():
+        try:
+            meta = json.loads((out / "meta.json").read_text())
+        except json.JSONDecodeError:
+            problems.append("meta.json unreadable")
+    meta["elapsed_s"] = round(time.time() - start, 1)
+    if problems:
+        meta["problems"] = problems
+    recs = read_records(out / JSONL)
+    paths = render_first(recs, meta, out)
+    print(f"mscclang bench --first-calls: {len(recs)} records in {meta['elapsed_s']} s -> "
+          f"{paths['json']}, {paths['md']}", file=log)
+    return recs, meta, paths, problems
+
+
 def run_tune_measure(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = None) -> tuple[list[dict], dict, list[str]]:
     """Measure tuning candidates on every GPU; returns the records, the meta and problems."""
     from mscclang.bench.tune_worker import tune_entry

@@ -7,7 +7,7 @@ from __future__ import annotations
 from mscclang.comm.errors import CommError
 from mscclang.units import format_size, parse_bytes
 
-__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "parse_size", "parse_sizes", "format_size"]
+__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "FIRST_CALL_SIZES", "parse_size", "parse_sizes", "format_size", "log_spaced"]
 
 #: 1 KiB .. 1 GiB in x4 steps (the issue's sweep)
 DEFAULT_SIZES: tuple[int, ...] = tuple(1 << k for k in range(10, 31, 2))
@@ -52,3 +52,19 @@ def parse_sizes(text: str) -> list[int]:
     if not out:
         raise CommError("no sizes given")
     return sorted(out)
+
+
+def log_spaced(lo: int, hi: int, count: int, multiple: int = 1) -> list[int]:
+    """``count`` sizes from ``lo`` to ``hi`` (both kept) evenly spaced on a log scale, each
+    rounded to a multiple of ``multiple``; ``lo`` and ``hi`` must be multiples already."""
+    if count < 2 or lo <= 0 or hi <= lo or lo % multiple or hi % multiple:
+        raise CommError(f"bad log-spaced range {lo}..{hi} x{count} (multiples of {multiple})")
+    ratio = hi / lo
+    out = [lo] + [int(round(lo * ratio ** (i / (count - 1)) / multiple)) * multiple
+                  for i in range(1, count - 1)] + [hi]
+    return sorted(set(out))
+
+
+#: ``mscclang bench --first-calls``: sizes a model's activations have (bytes of bf16, a multiple of
+#: 4 so that they split into 2 ranks' blocks), none a power of two
+FIRST_CALL_SIZES: tuple[int, ...] = (49_164, 278_596, *log_spaced(475_252, 16_371_612, 10, 4))

@@ -2,7 +2,9 @@
 against a reference on fresh random data, then timed eagerly and as a CUDA graph.
 
 Implementations: ``mscclang`` (the :class:`~mscclang.comm.Communicator` on symmetric buffers
-from ``comm.empty``), ``nccl`` (torch.distributed, NCCL_NVLS_ENABLE=0), ``symm`` (torch
+from ``comm.empty``), ``ordinary`` (the same calls on plain ``torch.empty`` tensors, prepared with
+``comm.prepare`` and captured inside ``comm.graph_capture()``, as an application whose tensors come
+from torch's allocator runs them), ``nccl`` (torch.distributed, NCCL_NVLS_ENABLE=0), ``symm`` (torch
 SymmetricMemory two-shot allreduce, bf16 only). Ranks agree on every step through a gloo group
 (a failure on one rank never leaves another waiting in a collective), rank 0 streams one JSON
 line per record into ``<out>/results.jsonl``, and nothing new starts after the deadline.
@@ -17,9 +19,9 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, ContextManager, Optional, TypeVar
 
-from mscclang.bench.results import Record
+from mscclang.bench.results import ORDINARY, Record
 from mscclang.bench.sizes import format_size
 from mscclang.comm.names import busbw_factor
 from mscclang.config import settings
@@ -77,6 +79,12 @@ def _debug_traceback() -> None:
         traceback.print_exc()
 
 
+def is_mscclang(impl: str) -> bool:
+    """Whether ``impl`` runs through the mscclang Communicator (``mscclang``, an ``--algos`` column
+    ``mscclang:NAME``, or ``ordinary``)."""
+    return impl == ORDINARY or impl.startswith("mscclang")
+
+
 def _sync(device: Any) -> None:
     """Wait for the device (no-op on the CPU, so the checks can be tested without a GPU)."""
     import torch
@@ -120,14 +128,18 @@ def capture_graph(body: Callable[[], _T]) -> tuple[Any, _T]:
 
 
 class _Cell:
-    """Buffers and the call of one (collective, impl, size)."""
+    """Buffers and the call of one (collective, impl, size). ``capture``, when set, returns the
+    context manager a CUDA-graph capture of the call runs inside (``comm.graph_capture()`` for
+    ordinary tensors)."""
 
-    def __init__(self, op: Callable[[], Any], inp: Any, out: Any, numel_in: int, plan: str = "") -> None:
+    def __init__(self, op: Callable[[], Any], inp: Any, out: Any, numel_in: int, plan: str = "",
+                 capture: Optional[Callable[[], ContextManager[Any]]] = None) -> None:
         self.op = op
         self.inp = inp
         self.out = out
         self.numel_in = numel_in
         self.plan = plan
+        self.capture = capture
         self.keep: list[Any] = []
 
 
@@ -211,7 +223,8 @@ class BenchWorker:
     def setup(self) -> None:
         import torch
 
-        if "mscclang" in self.cfg.impls:
+        wants_comm = any(is_mscclang(i) for i in self.cfg.impls)
+        if wants_comm:
             try:
                 from mscclang.comm import Communicator
 
@@ -219,12 +232,13 @@ class BenchWorker:
                     tuning=self.cfg.tuning, runtime_options={"timeout_s": self.cfg.runtime_timeout_s})
                 if self.comm.backend is None:
                     self.comm_error = self.comm._runtime_error
-                maxb = max(self.cfg.sizes)
-                self.sym = (self.comm.empty(maxb, dtype=torch.uint8), self.comm.empty(maxb, dtype=torch.uint8))
+                if any(i.startswith("mscclang") for i in self.cfg.impls):   # symmetric pools
+                    maxb = max(self.cfg.sizes)
+                    self.sym = (self.comm.empty(maxb, dtype=torch.uint8), self.comm.empty(maxb, dtype=torch.uint8))
             except Exception as e:  # noqa: BLE001 - recorded per cell
                 self.comm_error = f"{type(e).__name__}: {e}"
                 self.comm = None
-        ok = self.agree(self.comm is not None or "mscclang" not in self.cfg.impls)
+        ok = self.agree(self.comm is not None or not wants_comm)
         if not ok and self.comm_error is None:
             self.comm_error = "the communicator failed on another rank"
         if not ok:
@@ -247,7 +261,10 @@ class BenchWorker:
         self.write_meta()
 
     # -- cells ----------------------------------------------------------------------------------
-    def make_cell(self, coll: str, impl: str, nbytes: int) -> _Cell:
+    def make_cell(self, coll: str, impl: str, nbytes: int, prepare: bool = True) -> _Cell:
+        """The buffers and the call of ``(coll, impl, nbytes)``. For the mscclang
+        implementations the call is set up with ``comm.prepare`` first unless ``prepare`` is
+        False (the first-call measurement times an unprepared call)."""
         import torch
         import torch.distributed as dist
 
@@ -257,34 +274,44 @@ class BenchWorker:
         if impl.startswith("mscclang"):
             self._force_algo(coll, impl.partition(":")[2] or None)
             impl = "mscclang"
-        if impl == "mscclang":
+        elif impl == ORDINARY:
+            self._force_algo(coll, None)
+        if impl in ("mscclang", ORDINARY):
             if self.comm is None:
                 raise RuntimeError(f"no mscclang communicator: {self.comm_error}")
-            a, b = self.sym
             comm = self.comm
+            if impl == "mscclang":
+                a, b = self.sym
+                a, b = a[:nbytes], b[:nbytes]
+                capture = None
+            else:   # plain tensors from torch's allocator, as an application has them
+                a = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+                b = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+                capture = comm.graph_capture
             # prepare() first, as a user would before timing or capturing a call: it also builds
             # the specialised kernel of sizes the 'auto' policy specialises only when hot, so the
             # checked call runs the kernel that is then timed
+            setup = comm.prepare if prepare else (lambda *_args, **_kw: None)
             if coll == "all_reduce":
-                x = a[:nbytes].view(dt)
-                comm.prepare(coll, x)
-                return _Cell(lambda: comm.all_reduce(x), x, x, total)
+                x = a.view(dt)
+                setup(coll, x)
+                return _Cell(lambda: comm.all_reduce(x), x, x, total, capture=capture)
             if coll == "all_gather":
-                i, o = a[:per * esz].view(dt), b[:nbytes].view(dt)
-                comm.prepare(coll, i, o)
-                return _Cell(lambda: comm.all_gather(i, out=o), i, o, per)
+                i, o = a[:per * esz].view(dt), b.view(dt)
+                setup(coll, i, o)
+                return _Cell(lambda: comm.all_gather(i, out=o), i, o, per, capture=capture)
             if coll == "reduce_scatter":
-                i, o = a[:nbytes].view(dt), b[:per * esz].view(dt)
-                comm.prepare(coll, i, o)
-                return _Cell(lambda: comm.reduce_scatter(i, out=o), i, o, total)
+                i, o = a.view(dt), b[:per * esz].view(dt)
+                setup(coll, i, o)
+                return _Cell(lambda: comm.reduce_scatter(i, out=o), i, o, total, capture=capture)
             if coll == "all_to_all":
-                i, o = a[:nbytes].view(dt), b[:nbytes].view(dt)
-                comm.prepare(coll, i, o)
-                return _Cell(lambda: comm.all_to_all(i, out=o), i, o, total)
+                i, o = a.view(dt), b.view(dt)
+                setup(coll, i, o)
+                return _Cell(lambda: comm.all_to_all(i, out=o), i, o, total, capture=capture)
             if coll == "broadcast":
-                x = a[:nbytes].view(dt)
-                comm.prepare(coll, x, root=0)
-                return _Cell(lambda: comm.broadcast(x, root=0), x, x, total)
+                x = a.view(dt)
+                setup(coll, x, root=0)
+                return _Cell(lambda: comm.broadcast(x, root=0), x, x, total, capture=capture)
         elif impl == "nccl":
             if coll == "all_reduce":
                 x = torch.empty(total, dtype=dt, device=dev)
@@ -344,18 +371,29 @@ class BenchWorker:
 
     def check(self, coll: str, cell: _Cell) -> tuple[bool, str]:
         """Fresh random inputs, poisoned output, one call, compare with the reference."""
+        seed = self.fill(cell)
+        _sync(self.device)
+        self.barrier()
+        cell.op()
+        _sync(self.device)
+        return self.compare(coll, cell, seed)
+
+    def fill(self, cell: _Cell) -> int:
+        """Fresh random inputs (a new seed, the same on every rank) and a poisoned output for
+        one checked call of ``cell``; returns the seed :meth:`compare` needs."""
+        dt = self.dtype
+        self.seed += 1
+        cell.inp.copy_(gen_input(self.seed, self.rank, cell.numel_in, dt, self.device))
+        if cell.out.data_ptr() != cell.inp.data_ptr():
+            cell.out.fill_(float("nan") if dt.is_floating_point else -(2 ** 31))
+        return self.seed
+
+    def compare(self, coll: str, cell: _Cell, seed: int) -> tuple[bool, str]:
+        """Whether ``cell``'s output is the reference result of ``coll`` on the inputs of ``seed``
+        (sums within the any-order error bound, copies exact); (ok, what is wrong)."""
         import torch
 
         n, r, dt, dev = self.world, self.rank, self.dtype, self.device
-        self.seed += 1
-        seed = self.seed
-        cell.inp.copy_(gen_input(seed, r, cell.numel_in, dt, dev))
-        if cell.out.data_ptr() != cell.inp.data_ptr():
-            cell.out.fill_(float("nan") if dt.is_floating_point else -(2 ** 31))
-        _sync(dev)
-        self.barrier()
-        cell.op()
-        _sync(dev)
         out = cell.out.reshape(-1)
         if dt.is_floating_point and not bool(torch.isfinite(out).all()):
             return False, "non-finite values in the output (unwritten or wrong)"
@@ -408,7 +446,7 @@ class BenchWorker:
                 prepare()
             cell = self.make_cell(coll, impl, nbytes)
             ok, err = self.check(coll, cell)
-            if impl.startswith("mscclang") and self.comm is not None and self.comm.last is not None:
+            if is_mscclang(impl) and self.comm is not None and self.comm.last is not None:
                 cell.plan = self.comm.last.label()
         except Exception as e:  # noqa: BLE001 - recorded
             ok, err = False, error_text(e)
@@ -457,7 +495,11 @@ class BenchWorker:
             for _ in range(iters):
                 cell.op()
 
-        g, _ = capture_graph(calls)
+        if cell.capture is not None:
+            with cell.capture():
+                g, _ = capture_graph(calls)
+        else:
+            g, _ = capture_graph(calls)
         cell.keep.append(g)
         g.replay()
         torch.cuda.synchronize()
@@ -466,7 +508,7 @@ class BenchWorker:
     def last_kernel(self, impl: str) -> str:
         """'spec' or 'interpreter': the kernel the timed calls of a mscclang cell launched (for a
         graph, the one captured), '' when unknown (NCCL, torch, no executor)."""
-        if not impl.startswith("mscclang") or self.comm is None:
+        if not is_mscclang(impl) or self.comm is None:
             return ""
         last = getattr(self.comm, "last", None)
         if last is None or getattr(last, "mode", "") == "nccl":
@@ -480,7 +522,7 @@ class BenchWorker:
         return sorted(times)
 
     def _after_failure(self, impl: str) -> None:
-        if impl == "mscclang" and self.comm is not None:
+        if is_mscclang(impl) and self.comm is not None:
             try:
                 self.comm.reset()
             except Exception:  # noqa: BLE001 - nothing more to do

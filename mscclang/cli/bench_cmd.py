@@ -7,12 +7,13 @@ import argparse
 import sys
 from typing import Any
 
+from mscclang.bench.results import IMPLS, ORDINARY
+from mscclang.bench.sizes import FIRST_CALL_SIZES
 from mscclang.cli.args import GPU_DTYPES, SIZES_FORMS, dtype_arg, sizes_arg
 from mscclang.comm.errors import CommError
 
 ALL_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 DEFAULT_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
-IMPLS = ("mscclang", "nccl", "symm")
 MODES = ("graph", "eager")
 
 
@@ -49,9 +50,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "its figures are the full run's at those sizes")
     p.add_argument("--sizes", type=sizes_arg(), metavar="SIZES",
                    help="message sizes: " + SIZES_FORMS + "; default 1K:1G")
-    p.add_argument("--collectives", default=",".join(DEFAULT_COLLS),
-                   help=f"comma list of {', '.join(ALL_COLLS)} (default: the first four)")
-    p.add_argument("--impls", default=",".join(IMPLS), help="comma list of mscclang, nccl, symm")
+    p.add_argument("--collectives", default=None,
+                   help=f"comma list of {', '.join(ALL_COLLS)} (default: the first four; with "
+                        "--first-calls: all_reduce)")
+    p.add_argument("--impls", default=",".join(IMPLS),
+                   help="comma list of mscclang (symmetric tensors from comm.empty), ordinary "
+                        "(mscclang on torch.empty tensors, captured inside comm.graph_capture()), "
+                        "nccl, symm (default: all)")
     p.add_argument("--modes", default=",".join(MODES), help="comma list of graph, eager")
     p.add_argument("--dtype", default="bfloat16", type=dtype_arg(GPU_DTYPES),
                    help=f"{', '.join(GPU_DTYPES)} or an alias (fp16, bf16, fp32, i32); default bfloat16")
@@ -68,6 +73,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="run the GPUs as nodes of N (MSCCLANG_GPUS_PER_NODE=N; NCCL's P2P and SHM "
                         "transports off, so NCCL uses its network transport too): e.g. 1 makes two "
                         "GPUs two one-GPU nodes whose port channels go through the engine")
+    p.add_argument("--first-calls", action="store_true",
+                   help="instead of the sweep: for each size (never seen before by the communicator; "
+                        "default " + ", ".join(str(x) for x in FIRST_CALL_SIZES) + " bytes, or "
+                        "--sizes) and collective (default all_reduce), time the first eager call "
+                        "and then the second one of that size (host wall time around the call and "
+                        "the device sync, fresh ordinary tensors and random data, results checked); "
+                        "writes DIR/first_calls.json and DIR/first_calls.md")
     p.add_argument("--from-json", metavar="FILE",
                    help="do not measure: render FILE (a bench.json, or a baseline list) into --out")
     p.set_defaults(func=run)
@@ -80,6 +92,12 @@ def bench_config(args: argparse.Namespace) -> Any:
     from mscclang.bench.sizes import DEFAULT_SIZES, QUICK_SIZES
     from mscclang.bench.worker import BenchConfig
 
+    first = getattr(args, "first_calls", False)
+    colls = args.collectives or ("all_reduce" if first else ",".join(DEFAULT_COLLS))
+    if first:
+        return BenchConfig(colls=_list(colls, ALL_COLLS, "collective"),
+                           sizes=list(args.sizes or FIRST_CALL_SIZES), impls=[ORDINARY], modes=["eager"],
+                           dtype=args.dtype, out_dir=args.out, tuning=args.tuning)
     sizes = args.sizes or list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
     impls = _list(args.impls, IMPLS, "implementation")
     for a in (x.strip() for x in (getattr(args, "algos", "") or "").split(",")):
@@ -92,7 +110,7 @@ def bench_config(args: argparse.Namespace) -> Any:
             raise CommError(f"--gpus-per-node must be at least 1, got {gpn}")
         extra["gpus_per_node"] = gpn
     return BenchConfig(
-        colls=_list(args.collectives, ALL_COLLS, "collective"),
+        colls=_list(colls, ALL_COLLS, "collective"),
         sizes=sizes,
         impls=impls,
         modes=_list(args.modes, MODES, "mode"),
@@ -118,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = bench_config(args)
     if args.time_limit <= 0:
         raise CommError("--time-limit must be positive")
+    if args.first_calls:
+        return _run_first_calls(cfg, args)
     res, paths, problems = run_bench(cfg, args.time_limit, args.nprocs)
     print(paths["md"].read_text())
     for p in problems:
@@ -128,3 +148,17 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     # 0 only when every cell that ran was checked correct and timed
     return 1 if failed or problems or not any(r.measured for r in res.records) else 0
+
+
+def _run_first_calls(cfg: Any, args: argparse.Namespace) -> int:
+    """``--first-calls``: print the table; 0 only when every size was checked correct and timed."""
+    from mscclang.bench.runner import run_first_calls
+
+    recs, _, paths, problems = run_first_calls(cfg, args.time_limit, args.nprocs)
+    print(paths["md"].read_text())
+    for p in problems:
+        print(f"mscclang bench: warning: {p}", file=sys.stderr)
+    failed = [r for r in recs if not r.ok and r.error and not r.error.startswith("skipped")]
+    if failed:
+        print(f"mscclang bench: {len(failed)} sizes failed their check or run (see the table)", file=sys.stderr)
+    return 1 if failed or problems or not any(r.ok for r in recs) else 0

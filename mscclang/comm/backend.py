@@ -134,6 +134,12 @@ class Backend:
         """Bytes every block of a call must be a multiple of (1: any size the layout accepts)."""
         return 1
 
+    def fits(self, plan: Plan, in_bytes: int, out_bytes: int, packet_type: Optional[str] = None) -> bool:
+        """Whether ``plan`` runs a call of these byte sizes as it is (the GPU runtime: packet
+        offsets aligned for the packet type); when not, the communicator pads the call's blocks
+        to the plan's alignment and stages it. Must answer alike on every rank."""
+        return True
+
     def memory(self) -> dict[str, int]:
         """GPU memory the engine holds, by kind, in bytes (and counts); empty when unknown."""
         return {}
@@ -289,6 +295,9 @@ class RuntimeBackend(Backend):
             got = (plan, check(plan) if check is not None else None)
             self._runnable[id(plan)] = got
         return got[1]
+
+    def fits(self, plan: Plan, in_bytes: int, out_bytes: int, packet_type: Optional[str] = None) -> bool:
+        return self.executor.fits(plan, in_bytes, out_bytes, packet_type)
 
     def granule(self, plan: Plan) -> int:
         if self._forced_granule:

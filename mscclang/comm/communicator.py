@@ -139,8 +139,6 @@ class Communicator:
                  backend: Optional[Backend] = None, fallback: Union[bool, Any] = True,
                  runtime_options: Optional[dict] = None) -> None:
         self._logged: set[tuple[str, str]] = set()
-        # (variant key, block shape, element size) -> granule, learnt when the runtime refused
-        self._granule_override: dict[tuple, int] = {}
         # call signature -> CallPlan, so repeated calls skip selection and checks
         self._memo: dict[tuple, CallPlan] = {}
         self._misses: dict[tuple, list] = {}  # call signature -> [calls, reuse seen, registrations]
@@ -639,8 +637,16 @@ class Communicator:
         if self.backend is None:
             return None
         granule = max(1, int(self.backend.granule(plan)))
-        granule = max(granule, self._granule_override.get((v.key, shape, esz), 1))
         pad = needs_padding(shape, esz, granule)
+        if not pad and not self.backend.fits(plan, shape.in_elems * esz, shape.out_elems * esz,
+                                             choice.packet_type):
+            # the runtime cannot run these sizes as they are (packet offsets that are not
+            # aligned): pad the blocks to the plan's alignment and stage (asked up front, alike
+            # on every rank)
+            granule = max(granule, 16, plan.buffer_alignment)
+            pad = needs_padding(shape, esz, granule)
+            if not pad:
+                return None
         sym_ok = not v.symmetric or self.backend.zero_copy_ok(inp, out)
         runs = plan.inplace == inplace or (plan.inplace and coll in _INPLACE_COPY_OK)
         if not pad and sym_ok:
@@ -761,30 +767,7 @@ class Communicator:
         self.last = cp
         if cp.shape.block_elems == 0:
             return out
-        try:
-            self._launch(cp, inp, out, op, root)
-        except PlanError as e:
-            # The runtime refused this size before launching (e.g. packet offsets that are not
-            # aligned); every rank refuses the same call, so all retry the same way: pad the
-            # blocks to the plan's alignment and stage.
-            if cp.mode == "nccl" or cp.variant is None or cp.plan is None:
-                raise
-            g = max(16, cp.plan.buffer_alignment)
-            esz = inp.element_size()
-            if not needs_padding(cp.padded, esz, g):
-                raise  # already padded: padding cannot help
-            self._granule_override[(cp.variant.key, cp.shape, esz)] = g
-            self._memo.clear()
-            self._note(coll, f"mscclang rank {self.rank}: {coll}: plan {cp.variant.key} refused a "
-                       f"size ({e}); padding its blocks to {g} bytes", level=logging.INFO)
-            inplace = self._inplace_layout(coll, inp, out, cp.shape)
-            retry = self._fit(coll, cp.variant, cp.plan, cp.choice, inp, out, inplace, cp.shape, esz)
-            if retry is None or retry.mode != "staged":
-                raise
-            self.last = retry
-            if key is not None:
-                self._memo[key] = retry
-            self._launch(retry, inp, out, op, root)
+        self._launch(cp, inp, out, op, root)
         done = self.last
         if done is not None and done.temp:
             # staging above the cap: released (collectively) now that the call's work is done

@@ -12,6 +12,7 @@ an upload ordered on the launching stream): no store exchange, no device synchro
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 from mscclang.errors import NotPrepared, RuntimeUnavailable
@@ -40,6 +41,19 @@ class ContextPool:
         self.error_record = error_record
         self.capturing = capturing
         self._engine_serial = 0
+        self._packed: "OrderedDict[tuple, Any]" = OrderedDict()   # (id(lp), in, out) -> PackedRank
+
+    def packed(self, lp: LoadedPlan, in_bytes: int, out_bytes: int) -> Any:
+        """This rank's plan packed for these sizes (a few recent sizes are kept: the collective
+        API asks whether a size fits before the device plan of that size is built)."""
+        key = (id(lp), in_bytes, out_bytes)
+        got = self._packed.get(key)
+        if got is None or got[0] is not lp:
+            got = (lp, pack_blocks(lp.plan, self.comm.rank, in_bytes, out_bytes))
+            self._packed[key] = got
+            if len(self._packed) > 32:
+                self._packed.popitem(last=False)
+        return got[1]
 
     # contexts ---------------------------------------------------------------------------------
     def group_scratch(self, lp: LoadedPlan, in_bytes: int, out_bytes: int) -> int:
@@ -147,7 +161,7 @@ class ContextPool:
         dp = ctx.plans.get(key)
         if dp is not None:
             return dp
-        packed = pack_blocks(plan, self.comm.rank, in_bytes, out_bytes)
+        packed = self.packed(lp, in_bytes, out_bytes)
         area = 0
         if packed.port is not None:
             area = cu.mem_alloc(packed.port.area_bytes)

@@ -21,7 +21,7 @@ from typing import Any, Optional, Union
 
 from mscclang.config import Settings, settings
 from mscclang.errors import CollectiveTimeout, InvalidCall, PlanError
-from mscclang.plan.models import BufferKind, ChannelType, Plan
+from mscclang.plan.models import PACKET_OPS, BufferKind, ChannelType, Plan
 from mscclang.plan.shapes import check_layout, check_sizes, check_tensor, output_bytes
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.abort import AbortState, Drainer
@@ -190,6 +190,18 @@ class Executor:
         return lp
 
     # calls ------------------------------------------------------------------------------------
+    def fits(self, plan: Plan, in_bytes: int, out_bytes: int, packet_type: Any = None) -> bool:
+        """Whether ``plan`` runs a call of these sizes as it is: its packet offsets allow the
+        packet type (LL16 needs 8-byte alignment, LL8 4). Asked before a call, so the collective
+        API pads and stages the sizes that do not fit instead of learning it from a refusal."""
+        lp = self.load(plan)
+        if not any(op.name in PACKET_OPS or any(i.name in PACKET_OPS for i in (op.ops or []))
+                   for tb in plan.gpus[self.comm.rank].threadblocks for op in tb.ops):
+            return True
+        pkt = packet_code(packet_type) if packet_type is not None else lp.default_packet
+        packed = self.contexts.packed(lp, in_bytes, out_bytes)
+        return not (packed.uses_packets and packed.packet_align < (8 if pkt == "ll16" else 4))
+
     def prepare(self, plan: Plan, input: Any, output: Any = None, dtype: Any = None,
                 packet_type: Any = None, reduce_op: Any = None) -> None:
         """Do every first-time step of a call outside CUDA graph capture, so the same call can

@@ -254,6 +254,18 @@ class SimBackend(Backend):
     def is_symmetric(self, tensor: Any) -> bool:
         return self._where(tensor) is not None
 
+    def fits(self, plan: Plan, in_bytes: int, out_bytes: int, packet_type: Optional[str] = None) -> bool:
+        """Like the GPU runtime (``refuse_unaligned``): multi-block calls whose blocks are not a
+        multiple of that many bytes do not fit."""
+        k = self.world.refuse_unaligned
+        if not k:
+            return True
+        n = self.world_size
+        coll = plan.collective
+        blocks = {"allgather": (1, n), "reducescatter": (n, 1), "alltoall": (n, n)}.get(coll, (1, 1))
+        block = in_bytes // blocks[0]
+        return blocks[0] * blocks[1] == 1 or block % k == 0
+
     # registration and staging (the GPU runtime's rules, on the CPU)
     def empty_staging(self, numel: int, dtype: Any) -> Any:
         t = self.empty(numel, dtype)

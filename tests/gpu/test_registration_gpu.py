@@ -12,7 +12,7 @@ issue 13 parts 1 and 5). Worker commands: :mod:`mscclang.testing.registration_ch
   after a 1 GiB call on an ordinary tensor, and the memory report after every collective and size;
 * registered ordinary tensors run the plan a symmetric tensor runs, eager and in graphs; their
   times beside the symmetric ones are printed as a table (run with ``-s``), the issue's 10% target
-  is judged on that table and on ``examples/graph_allreduce.py``, not asserted.
+  is judged on that table and on ``mscclang bench``'s ``ordinary`` column, not asserted.
 """
 
 from __future__ import annotations

@@ -1,0 +1,439 @@
+#!/usr/bin/env python3
+"""User-level checks of mscclang's call path, through the public API only
+(``mscclang.Communicator.from_torch()`` on torch.distributed's default group).
+
+Subcommands (each writes one JSON line of results to stdout, and to ``--out FILE``):
+
+* ``stream --calls 2000 --seed S [--specialize never]``: eager calls on FRESH tensors, each a
+  random collective (all_reduce, all_gather, reduce_scatter), dtype (fp16, bf16, fp32, int32) and
+  size (log-uniform, 1 element to 4M elements), every result compared exactly with the reference
+  (the inputs are small integers, so every sum is exact in every dtype and summation order);
+  reports the total time, the calls, the mismatches and how many calls the Communicator handed to
+  torch.distributed (``fallback_calls``).
+  ``--specialize never`` runs with ``MSCCLANG_SPECIALIZE=never`` (for comparison).
+* ``memory --sizes 10000``: that many distinct sizes of all_reduce (log-uniform, 1 element to 4M
+  elements, bf16, each checked), then
+  ``comm.memory()`` (its ``total_bytes`` and the whole dict).
+* ``abort --mode graph|eager|hung --runs 3`` (CUDA only, 2 GPUs): rank 0 replays a captured CUDA
+  graph of a 1,000-element bf16 all_reduce on a symmetric tensor (``comm.empty``), synchronising
+  every 10 replays; its peer stops after 20 replays (graph, eager: the process exits; hung: it
+  stays alive and never calls again); ``MSCCLANG_TIMEOUT_S=5``. Per run: how many of rank 0's
+  replays completed and synchronised after the peer stopped before an exception
+  (``mscclang.CollectiveTimeout``) reached it, and whether ``comm.close()`` returned. Mode eager:
+  eager calls instead of graph replays. Every wait has a deadline; the children are killed.
+
+Launch: under ``torchrun --nproc-per-node N`` (stream, memory), or plainly: the script then starts
+``--ranks`` processes itself (NCCL with CUDA, else gloo). Without CUDA, ``stream`` and ``memory``
+run on the CPU, where the Communicator has no GPU runtime and every call goes through its
+torch.distributed fallback (gloo); the JSON says so (``engine``). The CPU simulator is not
+reachable through the public API. Exit status: 0 all checks passed, 1 a mismatch or a failed
+rank, 2 a usage error (``abort`` without 2 CUDA GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import socket
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Optional
+
+COLLS = ("all_reduce", "all_gather", "reduce_scatter")
+DTYPES = ("float16", "bfloat16", "float32", "int32")
+MAX_NUMEL = 4 << 20
+ABORT_NUMEL, PEER_REPLAYS, SYNC_EVERY, ABORT_TIMEOUT_S = 1000, 20, 10, 5
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def small_ints(seed: int, rank: int, numel: int, dtype: Any, world: int, device: Any) -> Any:
+    """Rank ``rank``'s input of call ``seed``: integers small enough that the sum over ``world``
+    ranks is exact in every dtype (at most 256 in magnitude: bf16's exact integers)."""
+    import torch
+
+    k = max(1, min(16, 256 // world))
+    g = torch.Generator(device=device).manual_seed(seed * 7919 + rank)
+    return torch.randint(-k, k + 1, (numel,), generator=g, device=device, dtype=torch.int32).to(dtype)
+
+
+def reference(coll: str, seed: int, rank: int, numel: int, dtype: Any, world: int, device: Any) -> Any:
+    """The exact result (int64) of ``coll`` on every rank's :func:`small_ints` input of ``seed``."""
+    import torch
+
+    xs = [small_ints(seed, r, numel, dtype, world, device).to(torch.int64) for r in range(world)]
+    if coll == "all_gather":
+        return torch.cat(xs)
+    total = torch.stack(xs).sum(0)
+    if coll == "reduce_scatter":
+        k = numel // world
+        return total[rank * k:(rank + 1) * k]
+    return total
+
+
+class Rank:
+    """One rank's side: the communicator and the checked calls."""
+
+    def __init__(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        import mscclang
+
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if self.cuda else torch.device("cpu")
+        self.comm = mscclang.Communicator.from_torch()
+        gpu = getattr(self.comm, "backend", None) is not None
+        self.engine = ("mscclang GPU runtime" if gpu else
+                       f"torch.distributed fallback on {self.device} (no mscclang GPU runtime here: every "
+                       "call runs on " + ("NCCL" if self.cuda else "gloo") + ")")
+
+    def sync(self) -> None:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def checked_call(self, coll: str, numel: int, dtype: Any, seed: int) -> tuple[float, bool, str]:
+        """One eager call on fresh tensors: (seconds around the call and the sync, whether the
+        result is exact, the plan that ran)."""
+        import torch
+
+        n = self.world
+        if coll == "reduce_scatter":
+            numel = max(n, numel - numel % n)
+        x = small_ints(seed, self.rank, numel, dtype, n, self.device)
+        self.sync()
+        t0 = time.perf_counter()
+        if coll == "all_reduce":
+            out = self.comm.all_reduce(x)
+        elif coll == "all_gather":
+            out = self.comm.all_gather(x, out=torch.empty(numel * n, dtype=dtype, device=self.device))
+        else:
+            out = self.comm.reduce_scatter(x, out=torch.empty(numel // n, dtype=dtype, device=self.device))
+        self.sync()
+        dt = time.perf_counter() - t0
+        ok = torch.equal(out.to(torch.int64), reference(coll, seed, self.rank, numel, dtype, n, self.device))
+        last = getattr(self.comm, "last", None)
+        return dt, ok, last.label() if last is not None and hasattr(last, "label") else ""
+
+    def base(self, what: str) -> dict:
+        """The fields every subcommand's result starts with."""
+        return {"subcommand": what, "world_size": self.world, "engine": self.engine,
+                "specialize": os.environ.get("MSCCLANG_SPECIALIZE", "(default)")}
+
+
+def stream(r: Rank, calls: int, seed: int) -> dict:
+    """See the module docstring."""
+    rng = random.Random(seed)
+    res = r.base("stream")
+    mism: list[str] = []
+    by_coll = {c: 0 for c in COLLS}
+    fallback = 0
+    call_s = 0.0
+    t0 = time.perf_counter()
+    for i in range(calls):
+        coll, dname = rng.choice(COLLS), rng.choice(DTYPES)
+        numel = max(1, int(math.exp(rng.uniform(0.0, math.log(MAX_NUMEL)))))
+        dt, ok, plan = r.checked_call(coll, numel, _torch_dtype(dname), seed * 1_000_003 + i)
+        call_s += dt
+        by_coll[coll] += 1
+        fallback += plan == "nccl"
+        if not ok:
+            mism.append(f"call {i}: {coll} {dname} {numel} elements ({plan})")
+    res.update(seed=seed, calls=calls, total_s=round(time.perf_counter() - t0, 3), call_s=round(call_s, 3),
+               mismatches=len(mism), first_mismatches=mism[:10], calls_by_collective=by_coll,
+               fallback_calls=fallback)
+    return res
+
+
+def memory(r: Rank, sizes: int, seed: int) -> dict:
+    """See the module docstring."""
+    import torch
+
+    rng = random.Random(seed)
+    numels: list[int] = []
+    seen: set[int] = set()
+    while len(numels) < sizes:   # distinct, log-uniform, in random order
+        numel = max(1, int(math.exp(rng.uniform(0.0, math.log(MAX_NUMEL)))))
+        if numel not in seen:
+            seen.add(numel)
+            numels.append(numel)
+    mism = 0
+    t0 = time.perf_counter()
+    for i, numel in enumerate(numels):
+        _, ok, _ = r.checked_call("all_reduce", numel, torch.bfloat16, seed * 1_000_003 + i)
+        mism += not ok
+    mem = r.comm.memory()
+    res = r.base("memory")
+    res.update(sizes=sizes, total_s=round(time.perf_counter() - t0, 3), mismatches=mism,
+               total_bytes=mem.get("total_bytes"), memory=mem)
+    return res
+
+
+# ------------------------------------------------------------------------------------------ abort
+
+def abort_rank(rank: int, port: int, mode: str, result_path: str) -> None:
+    """One process of an abort run (rank 0 the survivor, rank 1 the peer that stops)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), MSCCLANG_TIMEOUT_S=str(ABORT_TIMEOUT_S))
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    import torch
+    import torch.distributed as dist
+
+    import mscclang
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    comm = mscclang.Communicator.from_torch()
+    x = comm.empty(ABORT_NUMEL, dtype=torch.bfloat16)
+    x.fill_(1.0)
+    comm.prepare("all_reduce", x)
+    step: Callable[[], Any] = lambda: comm.all_reduce(x)   # noqa: E731
+    if mode != "eager":
+        g = torch.cuda.CUDAGraph()
+        with comm.graph_capture():
+            with torch.cuda.graph(g):
+                comm.all_reduce(x)
+        step = g.replay
+    torch.cuda.synchronize()
+    dist.barrier(device_ids=[rank])
+    torch.cuda.synchronize()
+    if rank == 1:
+        for _ in range(PEER_REPLAYS):
+            step()
+        torch.cuda.synchronize()
+        if mode == "hung":
+            time.sleep(3600)   # alive, never calls again (the parent kills it)
+        os._exit(0)
+    res: dict = {"synced_replays": 0, "exception": None, "exception_type": None, "collective_timeout": False}
+    deadline = time.monotonic() + 20 * ABORT_TIMEOUT_S + 60
+    launched = 0
+    try:
+        while time.monotonic() < deadline:
+            step()
+            launched += 1
+            if launched % SYNC_EVERY == 0:
+                torch.cuda.synchronize()
+                comm.synchronize()
+                res["synced_replays"] = launched
+        res["exception"] = "nothing raised before the deadline"
+    except BaseException as e:  # noqa: BLE001 - what reaches the caller is the point
+        res["exception"], res["exception_type"] = str(e)[:500], type(e).__name__
+        res["collective_timeout"] = isinstance(e, mscclang.CollectiveTimeout)
+    # the peer made PEER_REPLAYS calls: every synchronised replay past those completed without it
+    res["completed_after_peer_stopped"] = max(0, res["synced_replays"] - PEER_REPLAYS)
+    done = threading.Event()
+
+    def _close() -> None:
+        try:
+            comm.close()
+        except BaseException as e:  # noqa: BLE001
+            res["close_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        finally:
+            done.set()
+
+    threading.Thread(target=_close, daemon=True).start()
+    res["close_returned"] = done.wait(60)
+    with open(result_path, "w") as f:
+        json.dump(res, f)
+    os._exit(0)
+
+
+def abort(mode: str, runs: int) -> tuple[dict, int]:
+    """``runs`` abort runs, two fresh processes each; the per-run reports."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = []
+    for i in range(runs):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "rank0.json")
+            port = _free_port()
+            procs = [ctx.Process(target=abort_rank, args=(r, port, mode, path), daemon=True) for r in range(2)]
+            for p in procs:
+                p.start()
+            limit = time.monotonic() + 20 * ABORT_TIMEOUT_S + 180
+            while time.monotonic() < limit and procs[0].is_alive():
+                procs[0].join(1)
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                p.join(10)
+            if os.path.isfile(path):
+                with open(path) as f:
+                    run = json.load(f)
+            else:
+                run = {"exception": "rank 0 left no report", "rank0_exitcode": procs[0].exitcode,
+                       "timed_out": time.monotonic() >= limit}
+        run["run"] = i
+        out.append(run)
+    res = {"subcommand": "abort", "mode": mode, "runs": out, "timeout_s": ABORT_TIMEOUT_S,
+           "completed_after_peer_stopped": [r.get("completed_after_peer_stopped") for r in out],
+           "close_returned": [r.get("close_returned") for r in out]}
+    good = all(r.get("collective_timeout") and r.get("close_returned") for r in out)
+    return res, EXIT_OK if good else EXIT_FAILED
+
+
+# ------------------------------------------------------------------------------------- launching
+
+def rank_main(args: argparse.Namespace) -> tuple[Optional[dict], int]:
+    """This process's rank of ``stream``/``memory`` (the process group from the environment);
+    rank 0's result (None elsewhere) and the exit status."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    else:
+        dist.init_process_group("gloo")
+    r = Rank()
+    res = stream(r, args.calls, args.seed) if args.cmd == "stream" else memory(r, args.sizes, args.seed)
+    r.sync()
+    r.comm.close()
+    return (res if r.rank == 0 else None), (EXIT_FAILED if res["mismatches"] else EXIT_OK)
+
+
+def _spawned(index: int, args: argparse.Namespace, world: int, port: int, path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(index), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(index), LOCAL_WORLD_SIZE=str(world))
+    code = EXIT_FAILED
+    try:
+        res, code = rank_main(args)
+        if res is not None:
+            with open(path, "w") as f:
+                json.dump(res, f)
+    except BaseException as e:  # noqa: BLE001 - one line, then status 1
+        print(f"callpath_checks: rank {index}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)   # no process-group teardown at exit (it has hung after CUDA graphs)
+
+
+def spawn(args: argparse.Namespace) -> tuple[Optional[dict], int]:
+    """``--ranks`` processes of :func:`rank_main`, stopped after ``--timeout`` seconds."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "rank0.json")
+        ctx = mp.start_processes(_spawned, args=(args, args.ranks, _free_port(), path), nprocs=args.ranks,
+                                 join=False, start_method="spawn")
+        deadline = time.monotonic() + args.timeout
+        code = EXIT_OK
+        try:
+            while not ctx.join(timeout=1):
+                if time.monotonic() > deadline:
+                    print(f"callpath_checks: still running after {args.timeout:.0f} s: stopped", file=sys.stderr)
+                    code = EXIT_FAILED
+                    break
+        except Exception as e:  # noqa: BLE001 - a rank exited non-zero
+            print(f"callpath_checks: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+            code = EXIT_FAILED
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+        res = None
+        if os.path.isfile(path):
+            with open(path) as f:
+                res = json.load(f)
+    return res, code
+
+
+def emit(res: dict, out: Optional[str]) -> None:
+    """Print ``res`` as one JSON line (and write it to ``out`` when given)."""
+    line = json.dumps(res)
+    print(line, flush=True)
+    if out:
+        with open(out, "w") as f:
+            f.write(line + "\n")
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    """The command line (see the module docstring); usage errors exit with status 2."""
+    ap = argparse.ArgumentParser(prog="callpath_checks.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=2, help="processes to start without torchrun (default 2)")
+    ap.add_argument("--out", metavar="FILE", help="also write the JSON line to FILE")
+    ap.add_argument("--timeout", type=float, default=1800.0, metavar="S",
+                    help="without torchrun: stop the ranks after S seconds (default 1800)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("stream", help="random eager calls on fresh tensors, each checked")
+    s.add_argument("--calls", type=int, default=2000)
+    s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--specialize", choices=("default", "never"), default="default",
+                   help="never: MSCCLANG_SPECIALIZE=never (interpreter kernel only)")
+    m = sub.add_parser("memory", help="distinct all_reduce sizes, then comm.memory()")
+    m.add_argument("--sizes", type=int, default=10000)
+    m.add_argument("--seed", type=int, default=1)
+    a = sub.add_parser("abort", help="a peer stops mid-stream (CUDA only, 2 GPUs)")
+    a.add_argument("--mode", choices=("graph", "eager", "hung"), default="graph")
+    a.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args(argv)
+    if args.ranks < 2:
+        ap.error("--ranks must be at least 2")
+    if args.cmd == "stream" and args.calls < 1:
+        ap.error("--calls must be at least 1")
+    if args.cmd == "memory" and not 1 <= args.sizes <= 100_000:
+        ap.error("--sizes must be between 1 and 100000")
+    if args.cmd == "abort" and args.runs < 1:
+        ap.error("--runs must be at least 1")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run the subcommand; the exit status (see the module docstring)."""
+    args = parse_args(argv)
+    under_torchrun = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    if args.cmd == "abort":
+        import torch
+
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < 2:
+            print(f"callpath_checks: abort needs 2 CUDA GPUs (CUDA graphs and a peer to stop); this machine "
+                  f"has {have}", file=sys.stderr)
+            return EXIT_USAGE
+        if under_torchrun:
+            print("callpath_checks: abort starts its own two processes per run: run it without torchrun",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        res, code = abort(args.mode, args.runs)
+        emit(res, args.out)
+        return code
+    if args.cmd == "stream" and args.specialize == "never":
+        os.environ["MSCCLANG_SPECIALIZE"] = "never"   # inherited by spawned ranks
+    if under_torchrun:
+        res, code = rank_main(args)
+        if res is not None:
+            emit(res, args.out)
+        sys.stdout.flush()
+        os._exit(code)
+    res, code = spawn(args)
+    if res is None:
+        print("callpath_checks: rank 0 reported nothing", file=sys.stderr)
+        return EXIT_FAILED
+    emit(res, args.out)
+    return code if res.get("mismatches", 0) == 0 else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
