@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from mscclang.errors import MscclangError
-from mscclang.plan.models import BufferKind, Plan
+from mscclang.plan.models import BufferKind, ChannelType, Plan
 from mscclang.runtime.device_plan import (
     DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE, DOP_SIGNAL, DOP_WAIT,
     FLAG_READS_PACKETS, FLAG_RELAXED, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT, SLOT_REMOTE0, SLOT_SCRATCH,
@@ -489,9 +489,10 @@ def generate(plan: Plan, packed: PackedRank, dtype: str, packet: str, reduce_op:
     remote_kinds = [rb.type for rb in g_plan.remote_buffers]
     blocks = [parse_region(b.region) for b in packed.blocks]
     nt = nthreads or choose_threads(plan, packed, packet)
-    from mscclang.runtime.device_plan import memory_channel_ordinals, peers_of
+    from mscclang.runtime.device_plan import peers_of
 
-    args = ArgsLayout(len(peers_of(plan, rank)), len(remote_kinds), len(memory_channel_ordinals(plan, rank)))
+    args = ArgsLayout(len(peers_of(plan, rank)), len(remote_kinds),
+                      len(plan.channel_ordinals(rank, ChannelType.memory)))
     if args.size > MAX_ARGS_BYTES:
         raise SpecUnsupported(f"kernel parameters of {args.size} bytes exceed {MAX_ARGS_BYTES}")
     g = _Gen(plan, packed, dtype, packet, reduce_op, nt, remote_kinds)
