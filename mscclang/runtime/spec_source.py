@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from mscclang.errors import MscclangError
+from mscclang.plan.dtypes import DTYPES as _DTYPE_TABLE
 from mscclang.plan.models import BufferKind, ChannelType, Plan
 from mscclang.runtime.device_plan import (
     DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE, DOP_SIGNAL, DOP_WAIT,
@@ -34,7 +35,7 @@ from mscclang.runtime.structs import BLOCK_HEADER, DEV_OP
 KERNEL_NAME = "mscclang_spec"
 MAX_STEPS = 512          # emitted op segments of one rank, all blocks together
 MAX_ARGS_BYTES = 4096    # kernel parameter struct (the classic limit, safe on every driver)
-_DT = {"f16": ("DT_F16", 2), "bf16": ("DT_BF16", 2), "f32": ("DT_F32", 4), "i32": ("DT_I32", 4)}
+_DT = {d.code: (f"DT_{d.code.upper()}", d.itemsize) for d in _DTYPE_TABLE if d.gpu}
 _OP = {"sum": "ROP_SUM", "min": "ROP_MIN", "max": "ROP_MAX"}
 _PKT = {"ll16": 16, "ll8": 8}
 
