@@ -204,23 +204,6 @@ def _global_channel(gpu: Gpu, tb: ThreadBlock, op: Op, cid: int, r: int, label: 
     return lst[cid]
 
 
-def _paired_end(plan: Plan, r: int, ct: ChannelType, g: int) -> tuple[int, int]:
-    """(peer rank, peer's global channel index) of rank ``r``'s channel ``g`` of type ``ct``."""
-    peers = plan.gpus[r].peers(ct)
-    if not 0 <= g < len(peers):
-        raise PlanError(f"rank {r}: {ct.value} channel {g} does not exist", f"gpus[{r}].channels")
-    peer = peers[g]
-    j = sum(1 for p in peers[:g] if p == peer)
-    if not 0 <= peer < len(plan.gpus):
-        raise PlanError(f"rank {r}: {ct.value} channel {g} leads to rank {peer}, which is not in the plan",
-                        f"gpus[{r}].channels")
-    back = [i for i, p in enumerate(plan.gpus[peer].peers(ct)) if p == r]
-    if j >= len(back):
-        raise PlanError(f"rank {r}: {ct.value} channel {g} is its channel {j} to rank {peer}, but rank {peer} "
-                        f"has only {len(back)} {ct.value} channel(s) to rank {r}", f"gpus[{peer}].channels")
-    return peer, back[j]
-
-
 def _ref_targets(plan: Plan, gpu: Gpu, tb: ThreadBlock, op: Op, ref: BufferRef) -> list[tuple[int, BufferKind]]:
     """(rank, buffer kind) pairs a reference addresses; empty when it cannot be resolved."""
     if ref.type is not None:
@@ -280,8 +263,8 @@ def build_graph(plan: Plan) -> PlanGraph:
                 if name in _SIGNALLING and op.channel_type in (ChannelType.memory, ChannelType.port):
                     for cid in op.channel_ids:
                         g = _global_channel(gpu, tb, op, cid, r, label)
-                        peer, pg = _paired_end(plan, r, op.channel_type, g)
-                        signals[(peer, op.channel_type, pg)].append(key)
+                        end = plan.paired_end(r, op.channel_type, g)
+                        signals[(end.rank, op.channel_type, end.index)].append(key)
                     if name == OpName.rlxsignal:
                         relaxed_sig.add(key)
                 elif name in _WAITING and op.channel_type in (ChannelType.memory, ChannelType.port):

@@ -18,12 +18,11 @@ from types import SimpleNamespace
 import pytest
 
 from mscclang.errors import PlanError
-from mscclang.plan.models import BufferKind
+from mscclang.plan.models import BufferKind, ChannelType
 from mscclang.runtime import device_plan as dp
 from mscclang.runtime import proxy as px
 from mscclang.runtime.contexts import ContextPool
 from mscclang.runtime.executor import Executor, LoadedPlan
-from mscclang.runtime.ports import port_peers
 from mscclang.runtime.topology import Topology
 from mscclang.testing import port_plans as pp
 from mscclang.testing.recording_driver import RecordingDriver
@@ -132,7 +131,7 @@ def test_shipped_port_plans_fit_their_buffers():
                 if pk.port is None:
                     continue
                 remote = [0x900000 if topo.same_node(r, rb.rank) else None for rb in g.remote_buffers]
-                comms = [None if topo.same_node(r, q) else object() for q, _o in port_peers(plan, r)]
+                comms = [None if topo.same_node(r, c.peer) else object() for c in plan.channel_ordinals(r, ChannelType.port)]
                 res = px.Resolved(0x10000, 0x20000, 0x30000, remote, (nbytes, out_b, scratch),
                                   [nbytes if rb.type == BufferKind.input else out_b if rb.type == BufferKind.output
                                    else scratch for rb in g.remote_buffers])

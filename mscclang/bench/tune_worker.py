@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from mscclang.bench.worker import BenchConfig, BenchWorker, _Cell, error_text, iters_for, median, run_rank
-from mscclang.comm.names import PLAN_TO_API
+from mscclang.plan.collectives import PLAN_TO_API
 
 
 class TuneWorker(BenchWorker):

@@ -25,6 +25,7 @@ from mscclang.bench.results import ORDINARY, Record
 from mscclang.bench.sizes import format_size
 from mscclang.comm.names import busbw_factor
 from mscclang.config import settings
+from mscclang.plan.dtypes import torch_dtype
 
 MiB = 1 << 20
 _T = TypeVar("_T")
@@ -93,13 +94,6 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def _torch_dtype(name: str) -> Any:
-    import torch
-
-    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-            "int32": torch.int32}[name]
-
-
 def gen_input(seed: int, rank: int, numel: int, dtype: Any, device: Any) -> Any:
     """Rank ``rank``'s input for a cell (every process can regenerate every rank's)."""
     import torch
@@ -152,7 +146,7 @@ class BenchWorker:
 
         self.rank, self.world, self.cfg = rank, world, cfg
         self.device = torch.device("cuda", rank)
-        self.dtype = _torch_dtype(cfg.dtype)
+        self.dtype = torch_dtype(cfg.dtype)
         self.esz = torch.empty((), dtype=self.dtype).element_size()
         self.ctrl = dist.new_group(backend="gloo")
         self.out_dir = Path(cfg.out_dir)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Iterable, Optional, Sequence
 
+from mscclang.plan.dtypes import DTYPE_ALIASES, DTYPES, GPU_DTYPES, SIM_DTYPES, find_dtype
+
 __all__ = [
     "SIZE_FORMS", "SIZES_FORMS", "GPU_DTYPES", "SIM_DTYPES", "DTYPE_ALIASES", "BUILD_DTYPE",
     "MAX_SCHEDULES", "MAX_LAUNCHES", "parse_size", "parse_sizes", "parse_dtype",
@@ -38,23 +40,8 @@ SIZE_FORMS = "a positive byte count with an optional K, M, G or T suffix (4096, 
 SIZES_FORMS = (SIZE_FORMS + ", a comma list of them (1K,64K), or a range LO:HI in x4 steps (1K:4M) "
                "or LO:HI:FACTOR (1K:4M:2)")
 
-#: dtypes the GPU kernels, the communicator and the benchmark run
-GPU_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "int32")
-#: dtypes the CPU simulator runs (``mscclang verify``)
-SIM_DTYPES: tuple[str, ...] = GPU_DTYPES + ("uint32", "uint8", "float8_e4m3", "float8_e5m2")
-#: alias -> canonical dtype name
-DTYPE_ALIASES: dict[str, str] = {
-    "fp16": "float16", "half": "float16", "f16": "float16",
-    "bf16": "bfloat16",
-    "fp32": "float32", "float": "float32", "f32": "float32",
-    "i32": "int32", "int": "int32",
-    "u32": "uint32",
-    "u8": "uint8",
-    "fp8_e4m3": "float8_e4m3", "float8_e4m3fn": "float8_e4m3", "e4m3": "float8_e4m3",
-    "fp8_e5m2": "float8_e5m2", "e5m2": "float8_e5m2",
-}
 #: canonical dtype name -> the short name of its kernel module (``mscclang build-kernel``)
-BUILD_DTYPE: dict[str, str] = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "int32": "i32"}
+BUILD_DTYPE: dict[str, str] = {d.name: d.code for d in DTYPES if d.gpu}
 
 #: most schedules per size ``mscclang verify --schedules`` takes (each is a whole simulated run)
 MAX_SCHEDULES = 1000
@@ -97,11 +84,8 @@ def parse_sizes(text: str) -> list[int]:
 def parse_dtype(text: str, allowed: Sequence[str] = SIM_DTYPES) -> str:
     """Canonical name of a dtype name or alias (``fp16`` -> ``float16``); ValueError listing
     the accepted names when it is unknown or not in ``allowed``."""
-    key = str(text).strip().lower()
-    for prefix in ("torch.", "numpy.", "np."):
-        if key.startswith(prefix):
-            key = key[len(prefix):]
-    name = DTYPE_ALIASES.get(key, key)
+    info = find_dtype(text)
+    name = info.name if info is not None else str(text).strip().lower()
     if name not in allowed:
         names = []
         for canon in allowed:

@@ -18,7 +18,8 @@ MODES = ("graph", "eager")
 
 
 def _list(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    from mscclang.comm.names import PLAN_TO_API, plan_collective
+    from mscclang.comm.names import plan_collective
+    from mscclang.plan.collectives import PLAN_TO_API
 
     out = []
     for part in text.split(","):

@@ -70,11 +70,12 @@ def _simulate_instead(plan: "Plan", sizes: list[int], dtype: str, progress: "Opt
     """Without GPUs: verify the plan on the simulator at the requested sizes, each scaled down
     (with a message) until its simulation fits the simulator's limits
     (``MSCCLANG_SIM_MAX_MEMORY`` / ``MSCCLANG_SIM_MAX_SECONDS``, shared among the sizes)."""
+    from mscclang.plan.dtypes import dtype_info
     from mscclang.units import format_bytes
     from mscclang.sim.budget import Limits
     from mscclang.sim.verify import verify
 
-    esize = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4}[dtype]
+    esize = dtype_info(dtype).itemsize
     limits = Limits.from_env()
     unit = esize * len(plan.gpus)
     chosen: list[int] = []

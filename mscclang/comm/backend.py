@@ -166,7 +166,7 @@ class Backend:
         """Release resources."""
 
 
-MULTI_BLOCK = ("allgather", "reducescatter", "alltoall")
+from mscclang.plan.collectives import MULTI_BLOCK_COLLECTIVES as MULTI_BLOCK  # noqa: E402
 
 
 def runtime_granule(plan: Plan) -> int:

@@ -63,6 +63,7 @@ from typing import Any, Optional, Union
 
 from mscclang.comm.backend import Backend, RuntimeBackend
 from mscclang.config import settings
+from mscclang.plan.collectives import INPLACE_COPY_COLLECTIVES
 from mscclang.comm.catalog import Catalog, PlanVariant
 from mscclang.comm.errors import CommError
 from mscclang.comm.fallback import TorchFallback
@@ -76,7 +77,6 @@ from mscclang.plan.models import Plan
 
 log = logging.getLogger("mscclang.comm")
 
-_INPLACE_COPY_OK = ("allreduce", "broadcast", "alltoall", "allgather", "sendrecv")
 _MODE_RANK = {"direct": 0, "copy_in": 1, "staged": 2}
 _MEMO_SIZE = 256
 _MISSES_SIZE = 4096
@@ -648,11 +648,11 @@ class Communicator:
             if not pad:
                 return None
         sym_ok = not v.symmetric or self.backend.zero_copy_ok(inp, out)
-        runs = plan.inplace == inplace or (plan.inplace and coll in _INPLACE_COPY_OK)
+        runs = plan.inplace == inplace or (plan.inplace and coll in INPLACE_COPY_COLLECTIVES)
         if not pad and sym_ok:
             if plan.inplace == inplace:
                 return CallPlan(coll, "direct", choice, plan, shape, shape, variant=v)
-            if plan.inplace and coll in _INPLACE_COPY_OK:
+            if plan.inplace and coll in INPLACE_COPY_COLLECTIVES:
                 return CallPlan(coll, "copy_in", choice, plan, shape, shape, variant=v)
         # staged only because the tensors are neither symmetric nor registered: registering them
         # would let this variant run directly

@@ -1,57 +1,43 @@
-"""Canonical names: collectives (API name <-> plan name), dtypes, reduce ops, bus-bandwidth
-factors. Pure data, shared by the communicator, the selector, the tuner and the benchmark."""
+"""The communicator's view of the canonical names: collectives (API name <-> plan name) and
+dtypes, whose one home is :mod:`mscclang.plan.collectives` and :mod:`mscclang.plan.dtypes`
+(re-exported here, their lookups raising :class:`~mscclang.comm.errors.CommError`), plus reduce
+ops and bus-bandwidth factors. Pure data, shared by the communicator, the selector, the tuner and
+the benchmark."""
 
 from __future__ import annotations
 
 from mscclang.comm.errors import CommError
+from mscclang.plan import collectives as _collectives
+from mscclang.plan.collectives import API_TO_PLAN, PLAN_TO_API
+from mscclang.plan.dtypes import DTYPES as _DTYPE_TABLE
+from mscclang.plan.dtypes import GPU_DTYPES, find_dtype
 
-# API name (Communicator method) -> plan ``collective`` name
-API_TO_PLAN: dict[str, str] = {
-    "all_reduce": "allreduce",
-    "all_gather": "allgather",
-    "reduce_scatter": "reducescatter",
-    "all_to_all": "alltoall",
-    "broadcast": "broadcast",
-    "send_recv": "sendrecv",
-}
-PLAN_TO_API: dict[str, str] = {v: k for k, v in API_TO_PLAN.items()}
+__all__ = ["API_TO_PLAN", "PLAN_TO_API", "DTYPES", "DTYPE_SIZES", "REDUCE_OPS", "plan_collective",
+           "dtype_name", "reduce_op_name", "busbw_factor"]
 
-#: Collectives the tuner and the benchmark know, by plan name.
-COLLECTIVES: tuple[str, ...] = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast")
-
-DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "int32")
-DTYPE_SIZES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4}
-_DTYPE_ALIASES = {
-    "fp16": "float16", "half": "float16", "f16": "float16",
-    "bf16": "bfloat16",
-    "fp32": "float32", "float": "float32", "f32": "float32",
-    "int": "int32", "i32": "int32",
-}
+#: canonical names of the dtypes the communicator runs
+DTYPES: tuple[str, ...] = GPU_DTYPES
+DTYPE_SIZES: dict[str, int] = {d.name: d.itemsize for d in _DTYPE_TABLE if d.gpu}
 REDUCE_OPS: tuple[str, ...] = ("sum", "min", "max")
 
 
 def plan_collective(name: str) -> str:
-    """Plan name of a collective given either spelling (``all_reduce`` or ``allreduce``)."""
-    key = name.strip().lower().replace("-", "_")
-    if key in API_TO_PLAN:
-        return API_TO_PLAN[key]
-    key2 = key.replace("_", "")
-    if key2 in PLAN_TO_API:
-        return key2
-    raise CommError(f"unknown collective {name!r}; known: {', '.join(API_TO_PLAN)}")
+    """Plan name of a collective given either spelling (``all_reduce`` or ``allreduce``):
+    :func:`mscclang.plan.collectives.plan_collective`, raising :class:`CommError` for a name that
+    is neither."""
+    found = _collectives.find_plan_collective(name)
+    if found is None:
+        raise CommError(_collectives.unknown_api_collective_message(name))
+    return found
 
 
 def dtype_name(dtype: object) -> str:
-    """Canonical dtype name of a torch dtype, numpy dtype or string (``float16`` ...)."""
-    s = str(dtype)
-    for prefix in ("torch.", "numpy."):
-        if s.startswith(prefix):
-            s = s[len(prefix):]
-    s = s.lower()
-    s = _DTYPE_ALIASES.get(s, s)
-    if s not in DTYPE_SIZES:
+    """Canonical dtype name of a torch dtype, numpy dtype or string (``float16`` ...) the
+    communicator runs; :class:`CommError` naming the supported ones for any other."""
+    info = find_dtype(dtype)
+    if info is None or not info.gpu:
         raise CommError(f"unsupported dtype {dtype}; supported: {', '.join(DTYPES)}")
-    return s
+    return info.name
 
 
 def reduce_op_name(op: object) -> str:

@@ -33,7 +33,7 @@ from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref, op_where
 from mscclang.compiler.replicate import check_interleaved_ranges
 from mscclang.compiler.source import user_stacklevel
 from mscclang.errors import DSLError, DSLWarning
-from mscclang.plan.models import BufferKind, ChannelType, OpName
+from mscclang.plan.models import BufferKind, ChannelType, OpName, paired_index
 
 #: the largest number of thread blocks one rank may use
 MAX_THREADBLOCKS = 1024
@@ -144,17 +144,10 @@ def _check_op(ir: IRProgram, r: IRRank, tb: int, idx: str, op: IROp) -> None:
 
 def paired_channel(ir: IRProgram, rank: int, ctype: ChannelType, j: int) -> Optional[int]:
     """The channel of the peer paired with ``rank``'s ``j``-th channel of ``ctype`` (same ordinal
-    among the channels that join the two ranks), or ``None``."""
+    among the channels that join the two ranks: :func:`mscclang.plan.models.paired_index`), or
+    ``None``."""
     peers = ir.ranks[rank].peers(ctype)
-    peer = peers[j]
-    k = sum(1 for p in peers[:j] if p == peer)
-    seen = 0
-    for jj, p in enumerate(ir.ranks[peer].peers(ctype)):
-        if p == rank:
-            if seen == k:
-                return jj
-            seen += 1
-    return None
+    return paired_index(rank, peers, j, ir.ranks[peers[j]].peers(ctype))
 
 
 def signal_wait_counts(ir: IRProgram) -> tuple[Counter, Counter]:

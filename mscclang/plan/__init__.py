@@ -9,11 +9,13 @@ from mscclang.plan.models import (
     BufferKind,
     BufferRef,
     ChannelDesc,
+    ChannelOrdinal,
     ChannelType,
     Gpu,
     Op,
     OpName,
     PacketType,
+    PairedEnd,
     Plan,
     ReduceOp,
     RemoteBuffer,
@@ -23,8 +25,8 @@ from mscclang.plan.models import (
 from mscclang.plan.mscclpp import from_mscclpp, to_mscclpp
 
 __all__ = [
-    "PLAN_FORMAT", "BufferKind", "BufferRef", "ChannelDesc", "ChannelType", "CollectiveSpec",
-    "Expect", "Gpu", "Layout", "Op", "OpName", "PacketType", "Piece", "Plan", "ReduceOp",
+    "PLAN_FORMAT", "BufferKind", "BufferRef", "ChannelDesc", "ChannelOrdinal", "ChannelType", "CollectiveSpec",
+    "Expect", "Gpu", "Layout", "Op", "OpName", "PacketType", "PairedEnd", "Piece", "Plan", "ReduceOp",
     "RemoteBuffer", "SemaphoreDesc", "ThreadBlock", "validate_plan", "from_mscclpp", "load_plan", "make_layout", "plan_from_dict",
     "plan_to_dict", "plan_to_json", "save_plan", "spec_from_plan", "to_mscclpp",
 ]

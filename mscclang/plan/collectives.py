@@ -14,12 +14,35 @@ import difflib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from mscclang.errors import PlanError
+from mscclang.errors import InvalidCall, PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
     from mscclang.plan.models import Plan
 
+#: every plan ``collective`` name (the one list; the others below are its subsets)
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv", "broadcast", "test", "custom")
+
+#: API name (``Communicator`` method) -> plan ``collective`` name, for the collectives the
+#: communicator runs
+API_TO_PLAN: dict[str, str] = {
+    "all_reduce": "allreduce",
+    "all_gather": "allgather",
+    "reduce_scatter": "reducescatter",
+    "all_to_all": "alltoall",
+    "broadcast": "broadcast",
+    "send_recv": "sendrecv",
+}
+#: plan ``collective`` name -> API name
+PLAN_TO_API: dict[str, str] = {v: k for k, v in API_TO_PLAN.items()}
+#: the API names, in the order of :data:`API_TO_PLAN`
+API_COLLECTIVES: tuple[str, ...] = tuple(API_TO_PLAN)
+
+#: collectives an out-of-place call may run on an in-place plan by first copying its input into
+#: the output (their in-place plans read the input from where the output lies)
+INPLACE_COPY_COLLECTIVES: tuple[str, ...] = ("allreduce", "broadcast", "alltoall", "allgather", "sendrecv")
+#: collectives whose buffers hold one block per rank, so that blocks start inside the buffer
+#: (allgather's output, reduce-scatter's input, all-to-all's both)
+MULTI_BLOCK_COLLECTIVES: tuple[str, ...] = ("allgather", "reducescatter", "alltoall")
 
 #: collectives whose plans state no postcondition (op-emission tests and experiments): the
 #: simulator checks them for deadlocks and races only
@@ -31,6 +54,33 @@ def unknown_collective_message(name: object) -> str:
     close = difflib.get_close_matches(str(name), COLLECTIVES, n=1) if isinstance(name, str) else []
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"unknown collective {name!r}{hint}; known: {', '.join(COLLECTIVES)}"
+
+
+def find_plan_collective(name: str) -> Optional[str]:
+    """Plan name of a collective the communicator runs, given either spelling (``all_reduce``,
+    ``allreduce``, ``All-Reduce``), or ``None`` when it names none."""
+    key = str(name).strip().lower().replace("-", "_")
+    if key in API_TO_PLAN:
+        return API_TO_PLAN[key]
+    key2 = key.replace("_", "")
+    if key2 in PLAN_TO_API:
+        return key2
+    return None
+
+
+def unknown_api_collective_message(name: object) -> str:
+    """The error text for a name :func:`find_plan_collective` does not know."""
+    return f"unknown collective {name!r}; known: {', '.join(API_TO_PLAN)}"
+
+
+def plan_collective(name: str) -> str:
+    """Plan name of a collective given either spelling (``all_reduce`` or ``allreduce``);
+    :class:`~mscclang.errors.InvalidCall` naming the known API names for anything else
+    (:func:`mscclang.comm.names.plan_collective` raises the communicator's ``CommError``)."""
+    found = find_plan_collective(name)
+    if found is None:
+        raise InvalidCall(unknown_api_collective_message(name))
+    return found
 
 
 @dataclass(frozen=True)

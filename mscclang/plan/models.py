@@ -19,10 +19,13 @@ Conventions kept from MSCCL++:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal, Optional, Sequence
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StrictBool, model_validator
+
+from mscclang.errors import PlanError
 
 PLAN_FORMAT = "mscclang.plan/1"
 #: largest message size a plan can name (an unsigned 64-bit byte count)
@@ -266,6 +269,61 @@ class RankGroup(_Strict):
     ranks: list[Count]
 
 
+@dataclass(frozen=True)
+class ChannelOrdinal:
+    """One memory or port channel of a rank, as the pairing rule sees it: ``peer`` is the rank at
+    its other end and ``ordinal`` its position among this rank's channels of the same type to
+    ``peer`` (0 for the first)."""
+
+    peer: int
+    ordinal: int
+
+
+@dataclass(frozen=True)
+class PairedEnd:
+    """The other end of a channel: channel ``index`` (global index among the channels of the same
+    type) of rank ``rank``."""
+
+    rank: int
+    index: int
+
+
+def channel_ordinals(peers: Sequence[int]) -> list[ChannelOrdinal]:
+    """The :class:`ChannelOrdinal` of each channel of one type of one rank, given the peer rank of
+    each of those channels in global channel index order (``Gpu.peers``, or the compiler's
+    ``IRRank.peers``). Channels to different peers are numbered separately."""
+    seen: dict[int, int] = {}
+    out: list[ChannelOrdinal] = []
+    for p in peers:
+        o = seen.get(p, 0)
+        seen[p] = o + 1
+        out.append(ChannelOrdinal(p, o))
+    return out
+
+
+def paired_index(rank: int, peers: Sequence[int], index: int, peer_peers: Sequence[int]) -> Optional[int]:
+    """The channel pairing rule, the one place it is written: on rank A the j-th channel (of one
+    type: memory and port channels are numbered separately) to peer B is bound to the j-th
+    channel of the same type to A on rank B.
+
+    ``peers`` is the peer of each of ``rank``'s channels of the type (global index order),
+    ``index`` one of those channels, and ``peer_peers`` the same list of the rank at its other
+    end (``peers[index]``). Returns the global index of the paired channel on that rank, or
+    ``None`` when it has fewer channels to ``rank`` than the ordinal needs (an unpaired channel).
+    Raises ``IndexError`` when ``index`` is not one of ``peers``'s positions."""
+    if not 0 <= index < len(peers):
+        raise IndexError(f"channel {index} does not exist (the rank has {len(peers)})")
+    peer = peers[index]
+    ordinal = sum(1 for p in peers[:index] if p == peer)
+    seen = 0
+    for j, p in enumerate(peer_peers):
+        if p == rank:
+            if seen == ordinal:
+                return j
+            seen += 1
+    return None
+
+
 class ChannelDesc(_Strict):
     """A channel descriptor of one rank.
 
@@ -372,6 +430,39 @@ class Plan(_Strict):
 
     def max_threadblocks(self) -> int:
         return max((len(g.threadblocks) for g in self.gpus), default=0)
+
+    def channel_ordinals(self, rank: int, channel_type: ChannelType) -> list[ChannelOrdinal]:
+        """(peer, ordinal) of each of ``rank``'s channels of ``channel_type``, in global channel
+        index order (:func:`channel_ordinals`); the channel with ordinal j to peer B is paired
+        with B's channel of ordinal j to ``rank`` (:func:`paired_index`)."""
+        return channel_ordinals(self._gpu(rank).peers(channel_type))
+
+    def paired_end(self, rank: int, channel_type: ChannelType, index: int) -> PairedEnd:
+        """The other end of ``rank``'s memory or port channel ``index`` (global index among the
+        rank's channels of ``channel_type``), by the pairing rule of :func:`paired_index`.
+        Raises :class:`~mscclang.errors.PlanError` naming the rank and channel when the channel
+        does not exist, leads to a rank outside the plan, or has no partner on the peer."""
+        peers = self._gpu(rank).peers(channel_type)
+        ct = channel_type.value
+        if not 0 <= index < len(peers):
+            raise PlanError(f"rank {rank}: {ct} channel {index} does not exist", f"gpus[{rank}].channels")
+        peer = peers[index]
+        if not 0 <= peer < len(self.gpus):
+            raise PlanError(f"rank {rank}: {ct} channel {index} leads to rank {peer}, which is not in the plan",
+                            f"gpus[{rank}].channels")
+        peer_peers = self.gpus[peer].peers(channel_type)
+        j = paired_index(rank, peers, index, peer_peers)
+        if j is None:
+            ordinal = channel_ordinals(peers)[index].ordinal
+            n = sum(1 for p in peer_peers if p == rank)
+            raise PlanError(f"rank {rank}: {ct} channel {index} is its channel {ordinal} to rank {peer}, but rank "
+                            f"{peer} has only {n} {ct} channel(s) to rank {rank}", f"gpus[{peer}].channels")
+        return PairedEnd(peer, j)
+
+    def _gpu(self, rank: int) -> Gpu:
+        if not 0 <= rank < len(self.gpus):
+            raise PlanError(f"rank {rank} is not in the plan (it has {len(self.gpus)} ranks)")
+        return self.gpus[rank]
 
     def uses_port_channels(self) -> bool:
         """Whether some rank has a port channel (proxy / copy-engine transfers)."""

@@ -21,13 +21,15 @@ from typing import Optional, Sequence
 
 from mscclang.config import settings
 from mscclang.errors import RuntimeUnavailable
+from mscclang.plan.dtypes import DTYPES as _DTYPE_TABLE
 
 _log = logging.getLogger("mscclang.runtime")
 
-DTYPES = ("f16", "bf16", "f32", "i32")
+#: runtime codes of the dtypes the kernels are built for (:mod:`mscclang.plan.dtypes`)
+DTYPES = tuple(d.code for d in _DTYPE_TABLE if d.gpu)
 PACKET_TYPES = ("ll16", "ll8")
 REDUCE_OPS = ("sum", "min", "max")
-_DT_MACRO = {"f16": "DT_F16", "bf16": "DT_BF16", "f32": "DT_F32", "i32": "DT_I32"}
+_DT_MACRO = {c: f"DT_{c.upper()}" for c in DTYPES}
 BASE_OPTIONS = ("-std=c++17", "--fmad=false")
 
 

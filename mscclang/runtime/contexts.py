@@ -16,13 +16,13 @@ from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 from mscclang.errors import NotPrepared, RuntimeUnavailable
-from mscclang.plan.models import BufferKind, Plan
+from mscclang.plan.models import BufferKind, ChannelType, Plan
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.device_plan import (
     KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, SyncLayout, group_scratch_bytes,
-    inbound_slots, mapped_peers, memory_channel_ordinals, pack_blob, pack_blocks, sync_layout,
+    inbound_slots, mapped_peers, pack_blob, pack_blocks, sync_layout,
 )
-from mscclang.runtime.ports import port_inbound_slots, port_peers
+from mscclang.runtime.ports import port_inbound_slots
 from mscclang.runtime.state import Context, DevPlan, DevPlanKey, LoadedPlan
 
 
@@ -199,15 +199,16 @@ class ContextPool:
             remote.append((base, KIND_CODE[rb.type]))
         slots_me = inbound_slots(plan, r)
         chans = []
-        for j, (q, o) in enumerate(memory_channel_ordinals(plan, r)):
+        for j, c in enumerate(plan.channel_ordinals(r, ChannelType.memory)):
+            q = c.peer
             slots_q = inbound_slots(plan, q)
-            chans.append((ctx.sync_base + ctx.sync.inbound + 8 * slots_me[(q, o)],
-                          ctx.peer_sync[q] + sync_layout(plan, q).inbound + 8 * slots_q[(r, o)],
+            chans.append((ctx.sync_base + ctx.sync.inbound + 8 * slots_me[(q, c.ordinal)],
+                          ctx.peer_sync[q] + sync_layout(plan, q).inbound + 8 * slots_q[(r, c.ordinal)],
                           ctx.sync_base + ctx.sync.expected + 8 * j))
         if packed is not None and packed.port is not None:
             pin = port_inbound_slots(plan, r)
-            for k, (q, o) in enumerate(port_peers(plan, r)):
-                chans.append((ctx.sync_base + ctx.sync.port_inbound + 8 * pin[(q, o)],
+            for k, c in enumerate(plan.channel_ordinals(r, ChannelType.port)):
+                chans.append((ctx.sync_base + ctx.sync.port_inbound + 8 * pin[(c.peer, c.ordinal)],
                               area + packed.port.block_offset(k),
                               ctx.sync_base + ctx.sync.port_counters + 16 * k))
         peers = mapped_peers(plan, r, self.topology)

@@ -135,15 +135,10 @@ def _check_op(plan: Plan, rank: int, tb: ThreadBlock, i: int, op: Op, allow_swit
 
 
 def memory_channel_ordinals(plan: Plan, rank: int) -> list[tuple[int, int]]:
-    """(peer, ordinal) of each memory channel of ``rank`` in global index order: the j-th channel
-    to B is paired with B's j-th memory channel to this rank."""
-    seen: dict[int, int] = {}
-    out = []
-    for p in plan.gpus[rank].peers(ChannelType.memory):
-        o = seen.get(p, 0)
-        seen[p] = o + 1
-        out.append((p, o))
-    return out
+    """(peer, ordinal) of each memory channel of ``rank`` in global index order, as plain pairs:
+    :meth:`mscclang.plan.models.Plan.channel_ordinals` of the memory channels. Kept for the
+    executor's callers; new code calls ``plan.channel_ordinals(rank, ChannelType.memory)``."""
+    return [(c.peer, c.ordinal) for c in plan.channel_ordinals(rank, ChannelType.memory)]
 
 
 def inbound_slots(plan: Plan, rank: int) -> dict[tuple[int, int], int]:

@@ -33,7 +33,8 @@ from mscclang.runtime import cuda as cu
 from mscclang.runtime.contexts import ContextPool, drop_device_plans
 from mscclang.runtime.device_plan import SYNC_ABORT_OFF, pack_blocks, sync_layout
 from mscclang.runtime.kernels import SPEC_ERRORS, KernelCache, unsupported
-from mscclang.runtime.ports import PortScript, port_inbound_slots, port_peers
+from mscclang.plan.models import ChannelType
+from mscclang.runtime.ports import PortScript, port_inbound_slots
 from mscclang.runtime.proxy import Incoming, PortLaunch
 from mscclang.runtime.spec_build import pack_args, spec_hot_calls, when
 from mscclang.runtime.spec_source import generate
@@ -249,9 +250,10 @@ class Entries:
             if g.id == r or self.topology.same_node(g.id, r):
                 continue
             theirs = None
-            for kq, (q, o) in enumerate(port_peers(plan, g.id)):
-                if q != r:
+            for kq, c in enumerate(plan.channel_ordinals(g.id, ChannelType.port)):
+                if c.peer != r:
                     continue
+                o = c.ordinal
                 if theirs is None:
                     theirs = pack_blocks(plan, g.id, in_bytes, out_bytes).port
                 incoming.append(Incoming(theirs.channels[kq], ctx.sync_base + ctx.sync.port_inbound + 8 * pin[(g.id, o)],
@@ -267,7 +269,8 @@ class Entries:
             remote_base.append(dp.addr.remote[j][0] if self.topology.same_node(r, rb.rank) else None)
         peer_inbound: list[Optional[int]] = []
         comms: list = []
-        for k, (q, o) in enumerate(port_peers(plan, r)):
+        for k, c in enumerate(plan.channel_ordinals(r, ChannelType.port)):
+            q, o = c.peer, c.ordinal
             if self.topology.same_node(r, q):
                 peer_inbound.append(ctx.peer_sync[q] + sync_layout(plan, q).port_inbound
                                     + 8 * port_inbound_slots(plan, q)[(r, o)])

@@ -22,6 +22,7 @@ from typing import Any, Optional, Union
 from mscclang.config import Settings, settings
 from mscclang.errors import CollectiveTimeout, InvalidCall, PlanError
 from mscclang.plan.models import PACKET_OPS, BufferKind, ChannelType, Plan
+from mscclang.plan.dtypes import torch_dtype_code
 from mscclang.plan.shapes import check_layout, check_sizes, check_tensor, output_bytes
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.abort import AbortState, Drainer
@@ -33,7 +34,6 @@ from mscclang.runtime.engine import Engine, bindings as engine_bindings
 from mscclang.runtime.entries import Entries
 from mscclang.runtime.kernels import KernelCache
 from mscclang.runtime.launcher import Launcher
-from mscclang.runtime.ports import port_peers
 from mscclang.runtime.proxy import PortLaunch, PortProxy
 from mscclang.runtime.registration import staging_cap_bytes
 from mscclang.runtime.spec_build import spec_mode
@@ -48,16 +48,6 @@ log = logging.getLogger("mscclang.runtime")
 DEFAULT_TIMEOUT_S = Settings.timeout_s.default
 
 __all__ = ["Executor", "LoadedPlan", "torch_dtype_code", "plan_reduce_op", "DEFAULT_TIMEOUT_S"]
-
-
-def torch_dtype_code(dtype: Any) -> str:
-    """The kernel's dtype code of a torch dtype; InvalidCall for an unsupported one."""
-    import torch
-
-    m = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32", torch.int32: "i32"}
-    if dtype not in m:
-        raise InvalidCall(f"dtype {dtype} is not supported; use float16, bfloat16, float32 or int32")
-    return m[dtype]
 
 
 class Executor:
@@ -174,8 +164,9 @@ class Executor:
         lp = LoadedPlan(plan, zero_copy, packet_code(plan.packet_type.value if plan.packet_type else None),
                         plan_reduce_op(plan), plan.num_threads_per_block, nb)
         lp.has_port = any(g.peers(ChannelType.port) for g in plan.gpus)
-        lp.engine_keys = [(g.id, q, o) for g in plan.gpus for q, o in port_peers(plan, g.id)
-                          if not self.topology.same_node(g.id, q)]
+        lp.engine_keys = [(g.id, c.peer, c.ordinal) for g in plan.gpus
+                          for c in plan.channel_ordinals(g.id, ChannelType.port)
+                          if not self.topology.same_node(g.id, c.peer)]
         if lp.engine_keys:
             engine_bindings()   # RuntimeUnavailable now, naming nccl4py, rather than at the first call
         self._loaded[id(plan)] = lp

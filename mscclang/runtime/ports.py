@@ -46,33 +46,29 @@ def is_port_op(op: Op) -> bool:
 
 
 def port_peers(plan: Plan, rank: int) -> list[tuple[int, int]]:
-    """(peer, ordinal) of each port channel of ``rank`` in index order: the j-th port channel to
-    B is paired with B's j-th port channel to this rank."""
-    seen: dict[int, int] = {}
-    out = []
-    for p in plan.gpus[rank].peers(ChannelType.port):
-        o = seen.get(p, 0)
-        seen[p] = o + 1
-        out.append((p, o))
-    return out
+    """(peer, ordinal) of each port channel of ``rank`` in index order, as plain pairs:
+    :meth:`mscclang.plan.models.Plan.channel_ordinals` of the port channels. Kept for the
+    executor's callers; new code calls ``plan.channel_ordinals(rank, ChannelType.port)``."""
+    return [(c.peer, c.ordinal) for c in plan.channel_ordinals(rank, ChannelType.port)]
 
 
 def pair_slots(plan: Plan, rank: int, kind: ChannelType) -> dict[tuple[int, int], int]:
     """Slot of each inbound counter of ``rank`` for channels of ``kind``, keyed by (peer,
     ordinal): the peer's ordinal-th channel to this rank signals it, and this rank's ordinal-th
-    channel to the peer waits on it. A pair gets max(channels A->B, channels B->A) slots, so an
-    unpaired channel still has a counter (a wait on it times out, as the simulator's deadlock
-    report says, instead of failing the set-up)."""
+    channel to the peer waits on it (the pairing rule of
+    :func:`mscclang.plan.models.paired_index`). A pair gets max(channels A->B, channels B->A)
+    slots, so an unpaired channel still has a counter (a wait on it times out, as the simulator's
+    deadlock report says, instead of failing the set-up)."""
     mine: dict[int, int] = {}
-    for p in plan.gpus[rank].peers(kind):
-        mine[p] = mine.get(p, 0) + 1
+    for c in plan.channel_ordinals(rank, kind):
+        mine[c.peer] = c.ordinal + 1
     theirs: dict[int, int] = {}
     for g in plan.gpus:
         if g.id == rank:
             continue
-        n = sum(1 for p in g.peers(kind) if p == rank)
-        if n:
-            theirs[g.id] = n
+        for c in plan.channel_ordinals(g.id, kind):
+            if c.peer == rank:
+                theirs[g.id] = c.ordinal + 1
     slots: dict[tuple[int, int], int] = {}
     for q in sorted(set(mine) | set(theirs)):
         for o in range(max(mine.get(q, 0), theirs.get(q, 0))):
@@ -160,8 +156,8 @@ class PortPacker:
         self.rank = rank
         self.gpu = plan.gpus[rank]
         self.n_mem = len(self.gpu.peers(ChannelType.memory))
-        peers = port_peers(plan, rank)
-        self.scripts = [ChannelScript(k, q, o, -1) for k, (q, o) in enumerate(peers)]
+        peers = plan.channel_ordinals(rank, ChannelType.port)
+        self.scripts = [ChannelScript(k, c.peer, c.ordinal, -1) for k, c in enumerate(peers)]
         self.count = [0] * len(peers)     # triggers posted so far (this launch)
         self.slots = [0] * len(peers)
         self.pipe: Optional[dict] = None  # inside a pipeline: {"t": [...], "s": [...], "pending": [...], "recs": [...]}

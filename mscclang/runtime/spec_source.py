@@ -24,7 +24,8 @@ from typing import Optional, Sequence
 
 from mscclang.config import settings
 from mscclang.errors import MscclangError, SettingError
-from mscclang.plan.models import BufferKind, Plan
+from mscclang.plan.dtypes import DTYPES as _DTYPE_TABLE
+from mscclang.plan.models import BufferKind, ChannelType, Plan
 from mscclang.runtime.device_plan import (
     DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE, DOP_SIGNAL, DOP_WAIT,
     FLAG_READS_PACKETS, FLAG_RELAXED, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT, SLOT_REMOTE0, SLOT_SCRATCH,
@@ -35,7 +36,7 @@ from mscclang.runtime.structs import BLOCK_HEADER, DEV_OP
 KERNEL_NAME = "mscclang_spec"
 MAX_STEPS = 512          # emitted op segments of one rank, all blocks together
 MAX_ARGS_BYTES = 4096    # kernel parameter struct (the classic limit, safe on every driver)
-_DT = {"f16": ("DT_F16", 2), "bf16": ("DT_BF16", 2), "f32": ("DT_F32", 4), "i32": ("DT_I32", 4)}
+_DT = {d.code: (f"DT_{d.code.upper()}", d.itemsize) for d in _DTYPE_TABLE if d.gpu}
 _OP = {"sum": "ROP_SUM", "min": "ROP_MIN", "max": "ROP_MAX"}
 _PKT = {"ll16": 16, "ll8": 8}
 
@@ -492,9 +493,10 @@ def generate(plan: Plan, packed: PackedRank, dtype: str, packet: str, reduce_op:
     remote_kinds = [rb.type for rb in g_plan.remote_buffers]
     blocks = [parse_region(b.region) for b in packed.blocks]
     nt = nthreads or choose_threads(plan, packed, packet)
-    from mscclang.runtime.device_plan import memory_channel_ordinals, peers_of
+    from mscclang.runtime.device_plan import peers_of
 
-    args = ArgsLayout(len(peers_of(plan, rank)), len(remote_kinds), len(memory_channel_ordinals(plan, rank)))
+    args = ArgsLayout(len(peers_of(plan, rank)), len(remote_kinds),
+                      len(plan.channel_ordinals(rank, ChannelType.memory)))
     if args.size > MAX_ARGS_BYTES:
         raise SpecUnsupported(f"kernel parameters of {args.size} bytes exceed {MAX_ARGS_BYTES}")
     g = _Gen(plan, packed, dtype, packet, reduce_op, nt, remote_kinds)

@@ -9,55 +9,39 @@ from __future__ import annotations
 
 from typing import Sequence, Union
 
-import ml_dtypes
 import numpy as np
 
 from mscclang.errors import VerificationError
+from mscclang.plan.dtypes import DTYPES, find_dtype, numpy_dtype_info
 
-_NAMES: dict[str, np.dtype] = {
-    "float16": np.dtype(np.float16),
-    "fp16": np.dtype(np.float16),
-    "half": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "bf16": np.dtype(ml_dtypes.bfloat16),
-    "float32": np.dtype(np.float32),
-    "fp32": np.dtype(np.float32),
-    "float": np.dtype(np.float32),
-    "int32": np.dtype(np.int32),
-    "uint32": np.dtype(np.uint32),
-    "uint8": np.dtype(np.uint8),
-    "float8_e4m3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),
-    "fp8_e4m3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
-    "fp8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
-}
-
+#: every accepted spelling, for error messages
+_SPELLINGS = sorted({k for d in DTYPES for k in (d.name, d.numpy.name, *d.aliases)})
 #: dtypes rounded through fp32 at every reduction step
-_NARROW_FLOATS = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16),
-                  np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)}
+_NARROW_FLOATS = {d.numpy for d in DTYPES if d.narrow_float}
 
 DtypeLike = Union[str, np.dtype, type]
 
 
 def parse_dtype(dt: DtypeLike) -> np.dtype:
-    """Turn a name (``"fp16"``, ``"bfloat16"``, ...) or numpy dtype into a supported dtype."""
+    """Turn a name (``"fp16"``, ``"bfloat16"``, ...; :mod:`mscclang.plan.dtypes`) or numpy dtype
+    into a supported numpy dtype; :class:`~mscclang.errors.VerificationError` naming the
+    supported ones for anything else."""
     if isinstance(dt, str):
-        key = dt.lower()
-        if key in _NAMES:
-            return _NAMES[key]
-        raise VerificationError(f"unsupported dtype {dt!r}; supported: {', '.join(sorted(_NAMES))}")
+        info = find_dtype(dt)
+        if info is not None:
+            return info.numpy
+        raise VerificationError(f"unsupported dtype {dt!r}; supported: {', '.join(_SPELLINGS)}")
     d = np.dtype(dt)
-    if d in _NAMES.values():
+    if numpy_dtype_info(d) is not None:
         return d
-    raise VerificationError(f"unsupported dtype {d}; supported: {', '.join(sorted(_NAMES))}")
+    raise VerificationError(f"unsupported dtype {d}; supported: {', '.join(_SPELLINGS)}")
 
 
 def dtype_name(dt: np.dtype) -> str:
-    d = np.dtype(dt)
-    if d == np.dtype(ml_dtypes.bfloat16):
-        return "bfloat16"
-    return str(d)
+    """Canonical name (:mod:`mscclang.plan.dtypes`) of a numpy dtype; numpy's own name for one
+    the table lacks."""
+    info = numpy_dtype_info(dt)
+    return info.name if info is not None else str(np.dtype(dt))
 
 
 def is_float(dt: np.dtype) -> bool:
@@ -66,18 +50,8 @@ def is_float(dt: np.dtype) -> bool:
 
 def unit_roundoff(dt: np.dtype) -> float:
     """Unit roundoff (half an ulp at 1.0) of a floating dtype; 0 for integers."""
-    d = np.dtype(dt)
-    if d == np.dtype(np.float32):
-        return 2.0 ** -24
-    if d == np.dtype(np.float16):
-        return 2.0 ** -11
-    if d == np.dtype(ml_dtypes.bfloat16):
-        return 2.0 ** -8
-    if d == np.dtype(ml_dtypes.float8_e4m3fn):
-        return 2.0 ** -4
-    if d == np.dtype(ml_dtypes.float8_e5m2):
-        return 2.0 ** -3
-    return 0.0
+    info = numpy_dtype_info(dt)
+    return info.unit_roundoff if info is not None else 0.0
 
 
 def _binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ import numpy as np
 
 from mscclang.errors import PlanError
 from mscclang.plan.collectives import CollectiveSpec, spec_from_plan
-from mscclang.plan.models import BufferKind, ChannelType, OpName, Plan
+from mscclang.plan.models import BufferKind, ChannelType, OpName, Plan, channel_ordinals, paired_index
 from mscclang.sim.deadlock import DeadlockMixin
 from mscclang.sim.packets import PKT_WRITERS, PacketMixin
 from mscclang.sim.ports import PortMixin, Proxy, Trigger
@@ -122,14 +122,13 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
         for ctype in (ChannelType.memory, ChannelType.port):
             peers = [g.peers(ctype) for g in plan.gpus]
             for a in range(self.n):
-                seen: dict[int, int] = {}
-                for gidx, b in enumerate(peers[a]):
-                    j = seen.get(b, 0)
-                    seen[b] = j + 1
+                for gidx, c in enumerate(channel_ordinals(peers[a])):
+                    b = c.peer
                     if not 0 <= b < self.n:
                         raise PlanError(f"rank {a} {ctype.value} channel {gidx} connects to rank {b}, not in the plan")
-                    back = [i for i, x in enumerate(peers[b]) if x == a]
-                    key_b = (b, ctype.value, back[j]) if j < len(back) else (b, ctype.value, f"hidden{a}.{j}")
+                    back = paired_index(a, peers[a], gidx, peers[b])
+                    # an unpaired channel gets an end no op can reach: its waits deadlock
+                    key_b = (b, ctype.value, back) if back is not None else (b, ctype.value, f"hidden{a}.{c.ordinal}")
                     self.pair[(a, ctype.value, gidx)] = key_b
         #: semaphores as tokens: [value, initial tokens left (negative: releases still owed),
         #: queue of (vc, rvc) of the releases not yet acquired]

@@ -17,6 +17,7 @@ import traceback
 from typing import Any, Optional
 
 from mscclang.bench.worker import gen_input
+from mscclang.plan.dtypes import torch_dtype
 from mscclang.testing.runtime_checks import Expected, sum_bound
 
 DTYPES = ("float16", "bfloat16", "float32", "int32")
@@ -28,13 +29,6 @@ def _sync(comm: Any) -> None:
     if getattr(comm.device, "type", "cpu") == "cuda":
         torch.cuda.synchronize()
     comm.synchronize()
-
-
-def _torch_dtype(name: str) -> Any:
-    import torch
-
-    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-            "int32": torch.int32}[name]
 
 
 def communicator(w: Any, fallback: bool = False) -> Any:
@@ -177,7 +171,7 @@ def check_collective(w: Any, coll: str, dtypes=DTYPES, numels=(), ops=("sum",),
     checked = 0
     reduces = coll in ("all_reduce", "reduce_scatter")
     for dname in dtypes:
-        dt = _torch_dtype(dname)
+        dt = torch_dtype(dname)
         for numel in numels:
             for op in (ops if reduces else ("sum",)):
                 for sym in symmetric:

@@ -25,10 +25,10 @@ import traceback
 from typing import Any, Optional
 
 from mscclang.bench.worker import capture_graph, gen_input
-from mscclang.testing.comm_checks import _compare, _expectation, _torch_dtype
+from mscclang.plan.dtypes import dtype_info, torch_dtype
+from mscclang.testing.comm_checks import _compare, _expectation
 from mscclang.testing.trust_checks import _fresh_comm, _safe_close
 
-_ESIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4}
 SIZES = (1 << 10, 1 << 16, 1 << 20, 16 << 20, 256 << 20)
 
 
@@ -112,7 +112,7 @@ def eager_reuse(w: Any, colls=("all_reduce", "all_gather", "reduce_scatter", "al
 
     comm = _fresh_comm(w, f"reuse{seed}")
     ex_count = _count_exchanges(comm)
-    dt = _torch_dtype(dtype)
+    dt = torch_dtype(dtype)
     n, r = w.world_size, w.rank
     failures: list[str] = []
     cases: dict[str, dict] = {}
@@ -120,7 +120,7 @@ def eager_reuse(w: Any, colls=("all_reduce", "all_gather", "reduce_scatter", "al
     try:
         for coll in colls:
             for nbytes in sizes:
-                numel = _numel(coll, nbytes, _ESIZE[dtype], n)
+                numel = _numel(coll, nbytes, dtype_info(dtype).itemsize, n)
                 x, out = _tensors(coll, numel, dt, comm.device, n, r)
                 rec = {"labels": [], "zero_copy": [], "exchanges": [], "registrations": 0}
                 cases[f"{coll} {nbytes}"] = rec
@@ -160,7 +160,7 @@ def graph_ordinary(w: Any, colls=("all_reduce", "all_gather", "reduce_scatter", 
     import torch
 
     comm = _fresh_comm(w, f"graphord{seed}{int(session)}")
-    dt = _torch_dtype(dtype)
+    dt = torch_dtype(dtype)
     n, r = w.world_size, w.rank
     failures: list[str] = []
     labels: dict[str, str] = {}
@@ -170,9 +170,9 @@ def graph_ordinary(w: Any, colls=("all_reduce", "all_gather", "reduce_scatter", 
     try:
         for coll in colls:
             for nbytes in sizes:
-                numel = _numel(coll, nbytes, _ESIZE[dtype], n)
+                numel = _numel(coll, nbytes, dtype_info(dtype).itemsize, n)
                 what = f"{coll} {nbytes} B {'session' if session else 'prepared'}"
-                if session and coll == "all_to_all" and cap is not None and numel * _ESIZE[dtype] > cap:
+                if session and coll == "all_to_all" and cap is not None and numel * dtype_info(dtype).itemsize > cap:
                     # in-place all_to_all is always staged (no in-place all_to_all plan), and staging
                     # above the cap exists only for the call: a capture of it must be prepared
                     labels[what] = "not captured: staged above the staging cap, needs prepare"
@@ -274,13 +274,13 @@ def timing(w: Any, sizes=(1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 4 << 20, 
     import torch
 
     comm = _fresh_comm(w, f"timing{seed}")
-    dt = _torch_dtype(dtype)
+    dt = torch_dtype(dtype)
     n, r = w.world_size, w.rank
     rows = []
     failures: list[str] = []
     try:
         for nbytes in sizes:
-            numel = _numel("all_reduce", nbytes, _ESIZE[dtype], n)
+            numel = _numel("all_reduce", nbytes, dtype_info(dtype).itemsize, n)
             big = nbytes >= 64 << 20
             iters = 5 if big else 50
             per_graph, replays = (2, 3) if big else (20, 10)
@@ -378,8 +378,8 @@ def memory_cap(w: Any, cap: int = 8 << 20, nbytes: int = 64 << 20, dtype: str = 
         n = w.world_size
         comm.use_tuning({"format": "mscclang.tuning/1", "rules": [
             {"collective": "allreduce", "candidates": [{"plan": "allreduce_rsag_zero_copy", "instances": 16}]}]})
-        dt = _torch_dtype(dtype)
-        numel = _numel("all_reduce", nbytes, _ESIZE[dtype], n)
+        dt = torch_dtype(dtype)
+        numel = _numel("all_reduce", nbytes, dtype_info(dtype).itemsize, n)
         held, labels = [], []
         for i in range(3):
             x = torch.empty(numel, dtype=dt, device=comm.device)
@@ -432,14 +432,14 @@ def memory_report(w: Any, colls=("all_reduce", "all_gather", "reduce_scatter", "
 
     comm = _fresh_comm(w, f"memrep{seed}")
     n, r = w.world_size, w.rank
-    dt = _torch_dtype(dtype)
+    dt = torch_dtype(dtype)
     failures: list[str] = []
     checked = 0
     free0 = _free_quiet(w)
     try:
         for coll in colls:
             for nbytes in sizes:
-                numel = _numel(coll, nbytes, _ESIZE[dtype], n)
+                numel = _numel(coll, nbytes, dtype_info(dtype).itemsize, n)
                 try:
                     if coll == "broadcast":
                         x = torch.empty(numel, dtype=dt, device=comm.device)
@@ -483,8 +483,8 @@ def free_after_large(w: Any, nbytes: int = 1 << 30, dtype: str = "bfloat16", see
 
     comm = _fresh_comm(w, f"large{seed}")
     n = w.world_size
-    dt = _torch_dtype(dtype)
-    numel = _numel("all_reduce", nbytes, _ESIZE[dtype], n)
+    dt = torch_dtype(dtype)
+    numel = _numel("all_reduce", nbytes, dtype_info(dtype).itemsize, n)
     failures: list[str] = []
     checked = 0
     rc = comm.backend.executor.comm

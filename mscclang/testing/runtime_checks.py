@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from mscclang.errors import CollectiveTimeout
+from mscclang.plan.dtypes import SIM_DTYPES, torch_dtype, torch_dtype_info
 from mscclang.plan.io import load_plan
 from mscclang.plan.models import Plan
 
@@ -32,11 +33,7 @@ _TORCH_DTYPES = ("float16", "bfloat16", "float32", "int32")
 
 
 def _dtype(name: str) -> Any:
-    import torch
-
-    return {"float16": torch.float16, "fp16": torch.float16, "f16": torch.float16, "half": torch.float16,
-            "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
-            "f32": torch.float32, "float": torch.float32, "int32": torch.int32, "i32": torch.int32}[name]
+    return torch_dtype(name)
 
 
 def _bits(t: Any) -> Any:
@@ -75,10 +72,10 @@ _TINY = {"float16": 2.0 ** -24, "bfloat16": 2.0 ** -133, "float32": 2.0 ** -149}
 
 
 def _dtype_name(dt: Any) -> str:
-    import torch
-
-    return {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
-            torch.int32: "int32"}[dt]
+    info = torch_dtype_info(dt)
+    if info is None:
+        raise ValueError(f"unknown dtype {dt}; known: {', '.join(SIM_DTYPES)}")
+    return info.name
 
 
 def order_free(collective: str, dtype: Any, reduce_op: str, nranks: int) -> bool:

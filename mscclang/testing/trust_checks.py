@@ -18,10 +18,12 @@ import traceback
 from typing import Any, Callable, Optional
 
 from mscclang.bench.worker import capture_graph, gen_input
-from mscclang.testing.comm_checks import _buffers, _call, _compare, _expectation, _sync, _torch_dtype
+from mscclang.plan.collectives import API_COLLECTIVES
+from mscclang.plan.dtypes import dtype_info, torch_dtype
+from mscclang.testing.comm_checks import _buffers, _call, _compare, _expectation, _sync
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
-_ESIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4}
+#: the API names of the collectives the checks run
+COLLECTIVES = API_COLLECTIVES
 
 
 def _fresh_comm(w: Any, name: str, fallback: bool = False, timeout_s: Optional[float] = None,
@@ -82,7 +84,7 @@ class _Case:
                  seed: int) -> None:
         self.comm, self.coll, self.numel, self.dname, self.op = comm, coll, numel, dname, op
         self.sym, self.inplace, self.seed = sym, inplace, seed
-        self.dt = _torch_dtype(dname)
+        self.dt = torch_dtype(dname)
         self.x, self.out = _layout(comm, coll, numel, self.dt, sym, inplace)
         self.result: Any = None
 
@@ -220,7 +222,7 @@ def prepare_capture(w: Any, colls=COLLECTIVES, sizes=(1024,), dtypes=("bfloat16"
         for coll in colls:
             for nbytes in sizes:
                 for dname in dtypes:
-                    esz = _ESIZE[dname]
+                    esz = dtype_info(dname).itemsize
                     numel = max(nbytes // esz // n, 1) * n
                     for op in (ops if coll in ("all_reduce", "reduce_scatter") else ("sum",)):
                         for sym in symmetric:
@@ -458,14 +460,14 @@ def soak(w: Any, calls: int = 100000, graph_replays: int = 10000, graphs: int = 
         op = rng.choice(("sum", "min", "max")) if coll in ("all_reduce", "reduce_scatter") else "sum"
         blocks = n if coll in ("all_gather", "reduce_scatter", "all_to_all") else 1
         if size_pool > 0:
-            counts = size_counts.get((coll, _ESIZE[dname]))
+            counts = size_counts.get((coll, dtype_info(dname).itemsize))
             if counts is None:
-                counts = size_counts[(coll, _ESIZE[dname])] = [
-                    _log_uniform_numel(rng, _ESIZE[dname], n, max_bytes // blocks) for _ in range(size_pool)]
+                counts = size_counts[(coll, dtype_info(dname).itemsize)] = [
+                    _log_uniform_numel(rng, dtype_info(dname).itemsize, n, max_bytes // blocks) for _ in range(size_pool)]
             numel = counts[rng.randrange(size_pool)] * blocks
         else:
-            numel = _log_uniform_numel(rng, _ESIZE[dname], n, max_bytes // blocks) * blocks
-        shapes.add((coll, numel * _ESIZE[dname]))
+            numel = _log_uniform_numel(rng, dtype_info(dname).itemsize, n, max_bytes // blocks) * blocks
+        shapes.add((coll, numel * dtype_info(dname).itemsize))
         sym = rng.random() < 0.25
         ip = rng.random() < 0.5 or coll == "broadcast"
         key = (coll, dname, numel, sym, ip)

@@ -1,0 +1,93 @@
+"""The one dtype table (mscclang.plan.dtypes) and the one list of collective names
+(mscclang.plan.collectives), and the views derived from them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from mscclang.errors import InvalidCall
+from mscclang.plan import collectives as pc
+from mscclang.plan import dtypes as pd
+
+
+def test_table_facts():
+    by_name = {d.name: d for d in pd.DTYPES}
+    assert pd.GPU_DTYPES == ("float16", "bfloat16", "float32", "int32")
+    assert [by_name[n].code for n in pd.GPU_DTYPES] == ["f16", "bf16", "f32", "i32"]
+    assert by_name["bfloat16"].numpy == np.dtype(ml_dtypes.bfloat16)
+    assert by_name["float8_e4m3"].numpy == np.dtype(ml_dtypes.float8_e4m3fn)
+    for d in pd.DTYPES:
+        assert d.numpy.itemsize == d.itemsize, d.name
+        assert pd.find_dtype(d.code) is d and pd.find_dtype(d.name.upper()) is d
+        assert pd.numpy_dtype_info(d.numpy) is d
+        for a in d.aliases:
+            assert pd.find_dtype(a) is d
+    assert pd.find_dtype("torch.bfloat16").name == "bfloat16"
+    assert pd.find_dtype("np.float32").name == "float32"
+    assert pd.find_dtype("float64") is None
+    assert pd.numpy_dtype_info(np.float64) is None
+    with pytest.raises(ValueError, match=r"unknown dtype 'fp64'; known: float16, bfloat16"):
+        pd.dtype_info("fp64")
+    with pytest.raises(ValueError, match=r"unknown dtype code 'f64'"):
+        pd.dtype_by_code("f64")
+
+
+def test_torch_codes_both_ways():
+    import torch
+
+    assert [pd.torch_dtype_code(getattr(torch, n)) for n in pd.GPU_DTYPES] == ["f16", "bf16", "f32", "i32"]
+    assert pd.torch_dtype("bf16") is torch.bfloat16 and pd.torch_dtype("fp8_e5m2") is torch.float8_e5m2
+    for bad in (torch.float64, torch.uint8, "float16"):
+        with pytest.raises(InvalidCall, match=r"is not supported; use float16, bfloat16, float32 or int32"):
+            pd.torch_dtype_code(bad)
+    assert pd.torch_dtype_info(torch.float8_e4m3fn).name == "float8_e4m3"
+
+
+def test_torch_stays_an_optional_import():
+    code = "import sys, mscclang.plan.dtypes, mscclang.plan.collectives; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_views_derive_from_the_table():
+    from mscclang.cli import args
+    from mscclang.comm import names
+    from mscclang.sim.dtypes import dtype_name, parse_dtype
+
+    assert args.GPU_DTYPES == names.DTYPES == pd.GPU_DTYPES
+    assert args.SIM_DTYPES == pd.SIM_DTYPES
+    assert args.BUILD_DTYPE == {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "int32": "i32"}
+    assert names.DTYPE_SIZES == {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4}
+    for d in pd.DTYPES:
+        assert parse_dtype(d.name) == d.numpy and dtype_name(d.numpy) == d.name
+
+
+def test_collective_names():
+    assert set(pc.PLAN_TO_API) <= set(pc.COLLECTIVES)
+    assert set(pc.INPLACE_COPY_COLLECTIVES) <= set(pc.COLLECTIVES)
+    assert set(pc.MULTI_BLOCK_COLLECTIVES) <= set(pc.COLLECTIVES)
+    assert pc.API_COLLECTIVES == tuple(pc.API_TO_PLAN)
+    for api, plan in pc.API_TO_PLAN.items():
+        assert pc.PLAN_TO_API[plan] == api
+        assert pc.plan_collective(api) == plan == pc.plan_collective(plan)
+    assert pc.plan_collective(" All-Reduce ") == "allreduce"
+    assert pc.find_plan_collective("custom") is None
+    with pytest.raises(InvalidCall, match=r"unknown collective 'all_foo'; known: all_reduce, all_gather"):
+        pc.plan_collective("all_foo")
+
+
+def test_comm_names_keep_their_error_type():
+    from mscclang.comm.errors import CommError
+    from mscclang.comm.names import dtype_name, plan_collective
+
+    assert plan_collective("send_recv") == "sendrecv"
+    with pytest.raises(CommError, match=r"unknown collective 'all_foo'"):
+        plan_collective("all_foo")
+    assert dtype_name("bf16") == "bfloat16" and dtype_name(np.dtype(np.float32)) == "float32"
+    with pytest.raises(CommError, match=r"unsupported dtype uint8; supported: float16, bfloat16, float32, int32"):
+        dtype_name("uint8")
