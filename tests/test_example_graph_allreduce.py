@@ -293,7 +293,7 @@ def test_mscclang_calls_of_the_script_on_the_simulator(world):
     2 ranks) and 50 in-place calls on the graph check's inputs give exactly the expected values."""
     from mscclang.comm.catalog import Catalog, default_plans_dir
     from mscclang.comm.tuning import load_tuning
-    from mscclang.testing.comm_harness import run_ranks
+    from mscclang.comm.sim_ranks import run_ranks
 
     folder = default_plans_dir()
     if folder is None or not (folder / "index.json").is_file():

@@ -24,8 +24,8 @@ from mscclang.runtime import proxy as px
 from mscclang.runtime.executor import Executor, LoadedPlan
 from mscclang.runtime.ports import port_peers
 from mscclang.runtime.topology import Topology
-from mscclang.testing import port_plans as pp
-from mscclang.testing.recording_driver import RecordingDriver
+from tests.harness import port_plans as pp
+from tests.harness.recording_driver import RecordingDriver
 
 KiB = 1 << 10
 

@@ -116,7 +116,7 @@ def run_simulator(sizes: list[int], dtype: str, world: int = 2) -> int:
     import torch
 
     from mscclang.comm.catalog import Catalog
-    from mscclang.testing.comm_harness import run_ranks
+    from mscclang.comm.sim_ranks import run_ranks
     from mscclang.comm.tuning import load_tuning
 
     dt = getattr(torch, dtype)

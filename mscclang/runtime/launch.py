@@ -86,6 +86,13 @@ def recv_from(conn: Any, proc: Any, rank: int, timeout_s: Optional[float] = None
         raise WorkerError(f"rank {rank}: worker closed its pipe (exit code {proc.exitcode})") from e
 
 
+def reset_executor(w: Worker) -> bool:
+    """Pool command: reset the worker's executor (collectively, every rank at once). The pool runs
+    it on every rank after a command failed on some rank, so the next command starts clean."""
+    w.executor.reset()
+    return True
+
+
 def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, env: dict,
                  device: Optional[int] = None) -> None:
     import signal
@@ -240,7 +247,7 @@ class WorkerPool:
                                   + "\n".join(errs))
             if reset_on_error:
                 try:
-                    self.run("mscclang.testing.runtime_checks:reset", reset_on_error=False)
+                    self.run(f"{__name__}:reset_executor", reset_on_error=False)
                 except WorkerError:
                     pass
             raise WorkerError("\n".join(errs))

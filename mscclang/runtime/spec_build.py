@@ -248,7 +248,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 description="prebuild plan-specialised kernels into a cubin directory")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--plan", action="append", default=[], help="plan JSON file (repeatable)")
-    p.add_argument("--sample", action="append", default=[], help="mscclang.testing.sample_plans name")
+    p.add_argument("--sample", action="append", default=[], help="mscclang.plan.samples name")
     p.add_argument("--ranks", type=int, default=2, help="world size for --sample plans")
     p.add_argument("--sizes", default=[1024], type=sizes_arg(), help="input sizes: " + SIZES_FORMS)
     p.add_argument("--dtype", default=["bfloat16"], type=dtype_list_arg(GPU_DTYPES),
@@ -260,7 +260,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     plans = [load_plan(Path(f).read_text()) for f in args.plan]
     if args.sample:
         from mscclang.plan.io import plan_to_json
-        from mscclang.testing import sample_plans as sp
+        from mscclang.plan import samples as sp
 
         plans += [load_plan(plan_to_json(sp.SAMPLES[n](args.ranks))) for n in args.sample]
     for plan in plans:

@@ -50,6 +50,6 @@ def pool():
         pytest.skip(f"MSCCLANG_TEST_WORLD={n} needs 2 <= n <= {_gpus()} workers")
     p = WorkerPool(world_size=n, timeout_s=float(os.environ.get("MSCCLANG_TEST_TIMEOUT_S", "10")))
     # interpreter modules loaded (or built, when MSCCLANG_CUBIN_DIR is stale) before any test's limit
-    print(f"\nkernels loaded: {p.run('mscclang.testing.runtime_checks:warm_kernels')[0]}", flush=True)
+    print(f"\nkernels loaded: {p.run('tests.harness.runtime_checks:warm_kernels')[0]}", flush=True)
     yield p
     p.close()

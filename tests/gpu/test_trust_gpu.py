@@ -2,7 +2,7 @@
 one CUDA graph per batch size on shared plans, capture after prepare across collectives, sizes,
 dtypes, layouts and buffer kinds, bad arguments at every entry point, in-place plans imported from
 MSCCL++ through ``mscclang run``, ranks that disagree on a call, concurrency, and faults (a peer
-killed or hung, eager and graph). Worker commands: :mod:`mscclang.testing.trust_checks`."""
+killed or hung, eager and graph). Worker commands: :mod:`tests.harness.trust_checks`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-T = "mscclang.testing.trust_checks"
+T = "tests.harness.trust_checks"
 
 
 def _ok(results):
@@ -127,7 +127,7 @@ def test_executor_refuses_mismatched_layout(pool):
 
 
 def _fault(tmp_path, **kw):
-    args = [sys.executable, "-m", "mscclang.testing.faults", "--out", str(tmp_path / "r.json")]
+    args = [sys.executable, "-m", "tools.faults", "--out", str(tmp_path / "r.json")]
     for k, v in kw.items():
         args += [f"--{k}", str(v)]
     r = subprocess.run(args, capture_output=True, text=True, timeout=400)

@@ -6,7 +6,7 @@ Two plain processes (no launcher), a TCPStore served by the survivor (rank 0); t
 rank 1. The survivor keeps calling until something raises, and reports the exception, the time
 from the victim's fault to the error, and whether ``close()`` returned. Run as::
 
-    python3 -m mscclang.testing.faults --mode graph --size 4096 --fault kill --timeout 10 --out r.json
+    python3 -m tools.faults --mode graph --size 4096 --fault kill --timeout 10 --out r.json
 
 NCCL-bound calls (``--path nccl``: a broadcast from a root no plan serves) cannot raise in the
 process: torch's NCCL watchdog tears the survivor down after the timeout, which mscclang gives
