@@ -25,6 +25,8 @@ COMMANDS: dict[str, str] = {
     "bench": "bench_cmd",
     "tune": "tune_cmd",
     "demo": "demo_cmd",
+    "generate-plans": "generate_cmd",
+    "schema": "schema_cmd",
 }
 
 
