@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 from mscclang.plan.io import load_plan
 from mscclang.plan.models import Plan
+from mscclang.plan.reference import output_blocks, output_elems, reference_output
 
 _TORCH_DTYPES = ("float16", "bfloat16", "float32", "int32")
 
@@ -159,46 +160,32 @@ def torch_where_zero_positive(t: Any) -> Any:
 
 def expectation(plan: Plan, inputs: list, reduce_op: str, rank: int, packet_type: Optional[str] = None,
                 sim_max_bytes: int = 0, out_numel: Optional[int] = None) -> Expected:
-    """The expected output of ``rank`` for torch ``inputs`` (one per rank): exact in rank order
-    when the order cannot matter (:func:`order_free`), else the simulator's output when the
-    output is at most ``sim_max_bytes`` (the plan's own order, bit exact), else the sum's error
-    bound (:func:`sum_bound`)."""
+    """The expected output of ``rank`` for torch ``inputs`` (one per rank): the definition
+    (:func:`reference`) when the reduction order cannot matter (:func:`order_free`), else the
+    simulator's output when the output is at most ``sim_max_bytes`` (the plan's own order, bit
+    exact), else the sum's error bound (:func:`sum_bound`) over the elements each output element
+    reduces."""
     coll = plan.collective
-    summed = coll == "allreduce" and reduce_op == "sum" and len(inputs) > 1
+    summed = coll in ("allreduce", "reducescatter") and reduce_op == "sum" and len(inputs) > 1
     if order_free(coll, inputs[0].dtype, reduce_op, len(inputs)):
         return Expected("exact", exact=reference(plan, inputs, reduce_op, rank), summed=summed)
-    if coll != "allreduce":
-        raise ValueError(f"no reference for collective {coll!r}")
-    n_out = inputs[0].numel() if out_numel is None else out_numel
+    n_out = output_elems(coll, len(inputs), inputs[0].numel()) if out_numel is None else out_numel
     if n_out * inputs[0].element_size() <= sim_max_bytes:
         got = sim_output(plan, inputs, reduce_op, packet_type, rank, n_out * inputs[0].element_size())
         if got is not None:
             return Expected("simulator", exact=got, summed=summed)
-    approx, bound = sum_bound(inputs)
+    (block,) = output_blocks(coll, len(inputs), rank, inputs[0].numel(), plan.root)  # one reduced block
+    approx, bound = sum_bound([inputs[s][block.in_start:block.in_start + block.length] for s in block.sources])
     return Expected("bound", approx=approx, bound=bound, summed=summed)
 
 
 def reference(plan: Plan, inputs: list, reduce_op: str, rank: int) -> Any:
-    """Output of ``rank`` on torch inputs, reduced in the order rank, rank+1, ... (16-bit floats
-    through fp32 each step): the exact expected output whenever :func:`order_free` holds."""
-    import torch
-
-    coll = plan.collective
-    if coll == "allgather":
-        return torch.cat(inputs)
-    if coll != "allreduce":
-        raise ValueError(f"no reference for collective {coll!r}")
-    order = [(rank + i) % len(inputs) for i in range(len(inputs))]
-    acc = inputs[order[0]]
-    for q in order[1:]:
-        x = inputs[q]
-        if acc.dtype == torch.int32:
-            a, b = acc, x
-        else:
-            a, b = acc.float(), x.float()
-        r = a + b if reduce_op == "sum" else (torch.minimum(a, b) if reduce_op == "min" else torch.maximum(a, b))
-        acc = r.to(inputs[0].dtype)
-    return acc
+    """Output of ``rank`` on torch ``inputs`` (one per rank) by the collective's definition
+    (:func:`mscclang.plan.reference.reference_output`: reductions in rank order, floating point
+    through float32 each step), as a tensor on the inputs' device: the exact expected output
+    whenever :func:`order_free` holds."""
+    want = reference_output(plan.collective, [to_numpy(x) for x in inputs], rank, reduce_op, plan.root)
+    return from_numpy(want, inputs[0])
 
 
 def worker_device(w: Any) -> Any:
@@ -214,11 +201,11 @@ def worker_device(w: Any) -> Any:
 
 def _sizes(plan: Plan, nbytes: int, esize: int, world: int) -> tuple[int, int]:
     """(input elements, output elements) for a message of ``nbytes`` (input bytes; allgather: per
-    rank)."""
+    rank); a reducescatter or alltoall input is rounded down to a multiple of the world size."""
     n_in = max(nbytes // esize, 1)
-    if plan.collective == "allgather":
-        return n_in, n_in * world
-    return n_in, n_in
+    if plan.collective in ("reducescatter", "alltoall"):
+        n_in = max(n_in // world, 1) * world
+    return n_in, output_elems(plan.collective, world, n_in)
 
 
 def check_case(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int) -> tuple:
@@ -305,6 +292,19 @@ def to_numpy(t: Any) -> Any:
     return t.detach().cpu().numpy()
 
 
+def from_numpy(a: Any, like: Any) -> Any:
+    """A numpy array as a torch tensor of ``like``'s dtype and device (bfloat16 by its bits)."""
+    import numpy as np
+    import torch
+
+    a = np.ascontiguousarray(a)
+    if like.dtype == torch.bfloat16:
+        t = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(a.copy())
+    return t.to(like.device)
+
+
 def sim_output(plan: Plan, inputs: list, reduce_op: str, packet_type: Optional[str], rank: int,
                output_bytes: int) -> Any:
     """The simulator's output of ``rank`` for torch ``inputs`` as a tensor like ``inputs[0]`` (on
@@ -313,18 +313,9 @@ def sim_output(plan: Plan, inputs: list, reduce_op: str, packet_type: Optional[s
         from mscclang.sim import run as sim_run
     except ImportError:
         return None
-    import numpy as np
-    import torch
-
     outs = sim_run(plan, [to_numpy(x) for x in inputs], reduce_op=reduce_op, packet_type=packet_type or "LL16",
                    output_bytes=output_bytes)
-    a = np.ascontiguousarray(outs[rank])
-    like = inputs[0]
-    if like.dtype == torch.bfloat16:
-        t = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(a.copy())
-    return t.to(like.device)
+    return from_numpy(outs[rank], inputs[0])
 
 
 def compare_with_sim(plan: Plan, inputs: list, out: Any, reduce_op: str, packet_type: Optional[str],
