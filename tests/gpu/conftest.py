@@ -29,10 +29,11 @@ def _gpus() -> int:
 def own_gpus() -> None:
     """Skips a test that needs one GPU per rank: NCCL (the fallback, the engine, the baselines)
     refuses two ranks on one GPU."""
-    from mscclang.runtime.launch import ranks_per_gpu
+    from mscclang.runtime.launch import nccl_refusal
 
-    if ranks_per_gpu() > 1:
-        pytest.skip(f"needs one GPU per rank for NCCL (MSCCLANG_RANKS_PER_GPU={ranks_per_gpu()})")
+    why = nccl_refusal()
+    if why:
+        pytest.skip(why)
 
 
 @pytest.fixture(scope="session")

@@ -84,7 +84,8 @@ def test_ranks_disagree(pool):
         assert r["after"] == "ok", r
 
 
-def test_concurrency(pool):
+def test_concurrency(pool, own_gpus):
+    """Needs NCCL between the ranks (skips when ranks share a GPU: "Duplicate GPU detected")."""
     _ok(pool.run(f"{T}:concurrency", iters=30))
 
 
@@ -120,7 +121,8 @@ def test_inplace_plans_imported_from_mscclpp_run_exact(pool, tmp_path):
         assert r.returncode == 0 and "BAD" not in r.stdout, r.stdout + r.stderr
 
 
-def test_executor_refuses_mismatched_layout(pool):
+def test_executor_refuses_mismatched_layout(pool, own_gpus):
+    """Needs NCCL between the ranks (skips when ranks share a GPU: "Duplicate GPU detected")."""
     res = pool.run(f"{T}:layout_refusals")
     for r in res:
         assert not r["failures"], r
