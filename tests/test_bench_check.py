@@ -91,7 +91,7 @@ def test_mscclang_cells_over_the_simulator(dtype):
     """The bench's mscclang cells (views into two symmetric pools) run the shipped plans on the
     simulator and pass the bench's own check."""
     from mscclang.comm.catalog import Catalog, default_plans_dir
-    from mscclang.testing.comm_harness import run_ranks
+    from mscclang.comm.sim_ranks import run_ranks
     from mscclang.comm.tuning import load_tuning
 
     folder = default_plans_dir()

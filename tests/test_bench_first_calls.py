@@ -17,7 +17,7 @@ from mscclang.bench.worker import BenchConfig
 from mscclang.comm.catalog import Catalog, default_plans_dir
 from mscclang.comm.errors import CommError
 from mscclang.comm.tuning import load_tuning
-from mscclang.testing.comm_harness import run_ranks
+from mscclang.comm.sim_ranks import run_ranks
 
 
 def _worker(comm, cfg):

@@ -10,7 +10,7 @@ import torch
 from mscclang.bench.worker import BenchConfig, BenchWorker
 from mscclang.comm.catalog import Catalog, default_plans_dir
 from mscclang.comm.names import busbw_factor
-from mscclang.testing.comm_harness import run_ranks
+from mscclang.comm.sim_ranks import run_ranks
 from mscclang.comm.tuning import load_tuning
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from test_cli import ROOT, cli, cli_inproc, user_error
+from tests.harness.cli import ROOT, cli, cli_inproc, user_error
 
 from mscclang.cli.args import (DTYPE_ALIASES, GPU_DTYPES, MAX_LAUNCHES, MAX_SCHEDULES, SIM_DTYPES,
                                parse_dtype, parse_size, parse_sizes)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from _plan_samples import mscclpp_packet_allreduce
+from tests.harness.plan_samples import mscclpp_packet_allreduce
 from mscclang import DSLError, DSLWarning
 from mscclang.cli.compile_cmd import compile_program, describe_output
 from mscclang.cli.main import main

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mscclang.comm import Communicator, CommError
-from mscclang.testing.comm_harness import run_ranks, stub_plan
+from mscclang.comm.sim_ranks import run_ranks, stub_plan
 from mscclang.comm.tuning import tuning_from_dict
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.int32]

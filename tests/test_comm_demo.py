@@ -2,7 +2,7 @@
 
 import pytest
 
-from mscclang.comm import demo
+from mscclang.cli.main import main
 from mscclang.comm.catalog import default_plans_dir
 
 
@@ -10,7 +10,7 @@ def test_demo_on_simulator(capsys):
     folder = default_plans_dir()
     if folder is None or not (folder / "index.json").is_file():
         pytest.skip("no plans/ in this checkout")
-    assert demo.main(["--cpu", "--sizes", "1K"]) == 0
+    assert main(["demo", "--cpu", "--sizes", "1K"]) == 0
     out = capsys.readouterr().out
     assert "CPU simulator" in out
     lines = [line for line in out.splitlines() if line.startswith(("all_reduce", "all_gather"))]

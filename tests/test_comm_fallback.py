@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 
 from mscclang.comm import Communicator
-from mscclang.testing import comm_checks as gpu_checks
+from tests.harness import comm_checks as gpu_checks
 from mscclang.comm.fallback import TorchFallback
-from mscclang.testing.sim_backend import SimWorld
-from mscclang.testing.comm_harness import catalog_of, stub_plan
+from mscclang.comm.sim_backend import SimWorld
+from mscclang.comm.sim_ranks import catalog_of, stub_plan
 from mscclang.comm.tuning import TuningTable
 
 N = 2

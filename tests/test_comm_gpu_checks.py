@@ -1,4 +1,4 @@
-"""The GPU test commands (mscclang.testing.comm_checks) run on the CPU through the thread harness,
+"""The GPU test commands (tests.harness.comm_checks) run on the CPU through the thread harness,
 so their reference and comparison logic is tested here; on GPUs they run on the executor."""
 
 import types
@@ -6,8 +6,8 @@ import types
 import pytest
 import torch
 
-from mscclang.testing import comm_checks as gpu_checks
-from mscclang.testing.comm_harness import run_ranks, stub_plan
+from tests.harness import comm_checks as gpu_checks
+from mscclang.comm.sim_ranks import run_ranks, stub_plan
 
 N = 2
 PLANS = [stub_plan("allreduce", N, name="ar", inplace=True), stub_plan("allgather", N, name="ag"),
@@ -36,7 +36,7 @@ def test_commands_pass_on_correct_engine(coll):
 
 def test_commands_report_wrong_results(monkeypatch):
     # an engine that drops the peer's contribution must be caught
-    import mscclang.testing.sim_backend as sb
+    import mscclang.comm.sim_backend as sb
 
     real = sb.reference_outputs
 

@@ -1,4 +1,4 @@
-"""The communicator's GPU test commands (mscclang.testing.comm_checks.check_collective, as
+"""The communicator's GPU test commands (tests.harness.comm_checks.check_collective, as
 tests/gpu/test_comm_gpu.py calls them) at 4 and 8 ranks on the CPU: the shipped plans/ and
 tuning file select the plans by world size, the simulator runs them, the GPU runtime's granule
 rule applies, the torch.distributed fallback is off. Sums over more than 2 ranks are checked
@@ -11,10 +11,10 @@ import types
 import pytest
 import torch
 
-from mscclang.testing import comm_checks as gpu_checks
+from tests.harness import comm_checks as gpu_checks
 from mscclang.comm.backend import runtime_granule
 from mscclang.comm.catalog import Catalog, default_plans_dir
-from mscclang.testing.comm_harness import run_ranks
+from mscclang.comm.sim_ranks import run_ranks
 from mscclang.comm.tuning import load_tuning
 
 COLLS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"]

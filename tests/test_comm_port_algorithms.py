@@ -12,7 +12,7 @@ import torch
 
 from mscclang.comm.tuning import tuning_from_dict
 from mscclang.plan.io import load_plan
-from mscclang.testing.comm_harness import catalog_of, run_ranks
+from mscclang.comm.sim_ranks import catalog_of, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1] / "plans"
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mscclang.comm.tuning import tuning_from_dict
-from mscclang.testing.comm_harness import run_ranks, stub_plan
+from mscclang.comm.sim_ranks import run_ranks, stub_plan
 
 N = 2
 

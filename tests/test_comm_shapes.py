@@ -1,5 +1,5 @@
 """Regression for the first GPU run of tests/gpu/test_comm_gpu.py: the same commands
-(``mscclang.testing.comm_checks.check_collective``) with the same element counts, dtypes, buffer kinds
+(``tests.harness.comm_checks.check_collective``) with the same element counts, dtypes, buffer kinds
 and in-place modes, on the CPU: the shipped tuning file and plans/, the GPU runtime's granule rule
 (multi-block collectives padded to the plan's alignment) and its refusal of unaligned packet
 offsets, the torch.distributed fallback disabled. Every call must run on a plan of the library
@@ -9,10 +9,10 @@ import types
 
 import pytest
 
-from mscclang.testing import comm_checks as gpu_checks
+from tests.harness import comm_checks as gpu_checks
 from mscclang.comm.backend import runtime_granule
 from mscclang.comm.catalog import Catalog, default_plans_dir
-from mscclang.testing.comm_harness import run_ranks
+from mscclang.comm.sim_ranks import run_ranks
 from mscclang.comm.tuning import load_tuning
 
 N = 2

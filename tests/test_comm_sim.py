@@ -10,7 +10,7 @@ sim = pytest.importorskip("mscclang.sim")
 if not hasattr(sim, "run"):  # pragma: no cover
     pytest.skip("mscclang.sim.run is not there yet", allow_module_level=True)
 
-from mscclang.testing.comm_harness import run_ranks  # noqa: E402
+from mscclang.comm.sim_ranks import run_ranks  # noqa: E402
 from mscclang.comm.tuning import tuning_from_dict  # noqa: E402
 
 N = 2

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from mscclang.comm.catalog import Catalog
-from mscclang.testing.comm_harness import catalog_of, stub_plan
+from mscclang.comm.sim_ranks import catalog_of, stub_plan
 from mscclang.comm.tune import NCCL_KEY, CandidateKey, build_table, candidates, compile_extra
 from mscclang.comm.tuning import load_tuning, tuning_to_json
 
@@ -85,7 +85,7 @@ def test_tune_worker_forces_each_candidate_over_the_simulator():
     from mscclang.bench.tune_worker import TuneWorker
     from mscclang.bench.worker import BenchConfig
     from mscclang.comm.catalog import default_plans_dir
-    from mscclang.testing.comm_harness import run_ranks
+    from mscclang.comm.sim_ranks import run_ranks
     from mscclang.comm.tuning import load_tuning
 
     folder = default_plans_dir()

@@ -41,7 +41,7 @@ def test_build_table_has_rules_for_n(catalog, n):
 def test_tune_worker_checks_candidates_at_n_ranks(catalog, n):
     from mscclang.bench.tune_worker import TuneWorker
     from mscclang.bench.worker import BenchConfig
-    from mscclang.testing.comm_harness import run_ranks
+    from mscclang.comm.sim_ranks import run_ranks
     from mscclang.comm.tuning import load_tuning
 
     nbytes = 2048 * n

@@ -11,7 +11,7 @@ import torch
 
 from mscclang.errors import InvalidCall
 from mscclang.runtime.executor import Executor, LoadedPlan
-from mscclang.testing.comm_harness import stub_plan
+from mscclang.comm.sim_ranks import stub_plan
 
 
 class FakeCuda:
@@ -103,7 +103,7 @@ def test_memory_report_counts_live_and_retired_contexts_and_symmetric_buffers():
     from mscclang.comm.backend import RuntimeBackend
     from mscclang.comm.tuning import TuningTable
     from mscclang.runtime.comm import Communicator as RuntimeComm, SymAlloc
-    from mscclang.testing.comm_harness import catalog_of
+    from mscclang.comm.sim_ranks import catalog_of
 
     ex = _ex()
     from mscclang.runtime.contexts import ContextPool

@@ -24,8 +24,8 @@ from mscclang.runtime.executor import Executor, LoadedPlan
 from mscclang.runtime.state import Context, DevPlanKey, EntryKey, LaunchEntry, Operands
 from mscclang.runtime.registration import ARENA_STRIDE
 from mscclang.runtime.structs import PLAN_HEADER, REMOTE_BUF
-from mscclang.testing.comm_harness import stub_plan
-from mscclang.testing.registration_fakes import FakeCluster, RankErrors
+from mscclang.comm.sim_ranks import stub_plan
+from tests.harness.registration_fakes import FakeCluster, RankErrors
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20

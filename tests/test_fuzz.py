@@ -1,4 +1,4 @@
-"""The plan fuzzer (mscclang.testing.fuzz: load_plan, show, verify, import-mscclpp): a fixed-seed sample in CI, the 10,000-file campaign
+"""The plan fuzzer (tools.fuzz: load_plan, show, verify, import-mscclpp): a fixed-seed sample in CI, the 10,000-file campaign
 under ``-m slow``. Every run must end ``ok`` or ``clear`` (exit status 0, or 1 with a message):
 no traceback, hang, memory blow-up or crash."""
 
@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from mscclang.testing.fuzz import (
+from tools.fuzz import (
     BAD_CLASSES,
     Case,
     campaign,
@@ -105,7 +105,7 @@ def test_campaign_of_ten_thousand_files(tmp_path):
 
 def test_findings_are_kept(tmp_path, monkeypatch):
     """A run that goes wrong keeps its file and a description under findings/."""
-    import mscclang.testing.fuzz as fz
+    import tools.fuzz as fz
 
     real = fz._run_batch
 

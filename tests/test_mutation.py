@@ -1,4 +1,4 @@
-"""The mutation tester (mscclang.testing.mutation) and the verifier's kill rate (issue 11).
+"""The mutation tester (tools.mutation) and the verifier's kill rate (issue 11).
 
 Fast tests: the operators, the named regression mutants of issue 14 item 6 (each once survived
 the default verify and must now be killed) and a small fixed sample of the sweep. The full
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mscclang.errors import MscclangError
-from mscclang.testing.mutation import (
+from tools.mutation import (
     CORE_OPERATORS,
     OPERATORS,
     MutationError,
@@ -151,7 +151,7 @@ def test_full_sweep_has_no_miss() -> None:
     """The sweep of notes/reliability_mutation.md (three sites per operator per shipped plan,
     about 15 minutes): no traceback from the verifier, no timeout, and every survivor in a class
     judged equivalent there (``judge``); a survivor outside them is a candidate miss to look at."""
-    from mscclang.testing.mutation import judge
+    from tools.mutation import judge
 
     paths = sorted(p for p in PLANS.glob("*.json") if p.name != "index.json")
     results = sweep(paths, per_operator=3, timeout=300)

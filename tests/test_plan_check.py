@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from _plan_samples import L, R, W, allpairs_allreduce, kitchen_sink, op
+from tests.harness.plan_samples import L, R, W, allpairs_allreduce, kitchen_sink, op
 from mscclang.errors import PlanError
 from mscclang.plan import validate_plan, load_plan, plan_from_dict
 from mscclang.plan.check import OP_RULES

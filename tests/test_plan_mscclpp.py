@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from _plan_samples import allpairs_allreduce, clone, kitchen_sink, mscclpp_packet_allreduce
+from tests.harness.plan_samples import allpairs_allreduce, clone, kitchen_sink, mscclpp_packet_allreduce
 from mscclang.errors import PlanError
 from mscclang.plan import from_mscclpp, plan_from_dict, plan_to_dict, to_mscclpp
 from mscclang.plan.mscclpp import is_mscclpp_plan

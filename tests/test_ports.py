@@ -13,8 +13,8 @@ from mscclang.runtime.proxy import Incoming, Resolved, launch_ops
 from mscclang.runtime.spec_source import parse_region
 from mscclang.runtime.topology import Topology
 from mscclang.sim import verify
-from mscclang.testing import port_plans as pp
-from mscclang.testing.recording_driver import RecordingDriver
+from tests.harness import port_plans as pp
+from tests.harness.recording_driver import RecordingDriver
 
 
 @pytest.mark.parametrize("build", [pp.allgather_pwsf, pp.allgather_put_flush_signal, pp.allgather_port_only])
@@ -264,7 +264,7 @@ def test_unpaired_port_channel_still_gets_counters():
     counter for the pair (set-up does not fail; a wait on it would time out, as verify says)."""
     from mscclang.plan.models import ChannelDesc, ChannelType
     from mscclang.runtime.ports import port_inbound_slots
-    from mscclang.testing import sample_plans as sp
+    from mscclang.plan import samples as sp
 
     plan = sp.allgather_simple(2)
     plan.gpus[0].channels.append(ChannelDesc(channel_type=ChannelType.port, connected_to=[1]))

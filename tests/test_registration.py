@@ -15,7 +15,7 @@ from mscclang.runtime import registration as regmod
 from mscclang.runtime.registration import (
     Region, Registry, zero_copy_operands,
 )
-from mscclang.testing.registration_fakes import FakeCluster, FakeRef, RankErrors
+from tests.harness.registration_fakes import FakeCluster, FakeRef, RankErrors
 
 MiB = 1 << 20
 

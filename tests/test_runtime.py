@@ -14,7 +14,7 @@ from mscclang.plan.models import (
     BufferRef, ChannelDesc, ChannelType, Op, OpName, RemoteBuffer, ThreadBlockChannels,
 )
 from mscclang.runtime import build, device_plan as dp, structs
-from mscclang.testing import sample_plans as sp
+from mscclang.plan import samples as sp
 
 
 def _nvrtc_ok() -> bool:

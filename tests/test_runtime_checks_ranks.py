@@ -1,6 +1,6 @@
-"""The GPU worker commands of mscclang.testing.runtime_checks (run_plan_check, back_to_back) at 4 and 8 ranks
+"""The GPU worker commands of tests.harness.runtime_checks (run_plan_check, back_to_back) at 4 and 8 ranks
 on the CPU: one thread per rank, every launch run for all ranks by the simulator
-(mscclang.testing.sim_backend.SimWorld) behind a stand-in for the GPU executor. The commands'
+(mscclang.comm.sim_backend.SimWorld) behind a stand-in for the GPU executor. The commands'
 references, size arithmetic and result fields are the ones the GPU tests use."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from mscclang.comm.catalog import SYMMETRIC, infer_buffer_mode
-from mscclang.testing.sim_backend import SimWorld
+from mscclang.comm.sim_backend import SimWorld
 from mscclang.plan.io import plan_to_json
-from mscclang.testing import runtime_checks as checks
-from mscclang.testing import sample_plans as sp
+from tests.harness import runtime_checks as checks
+from mscclang.plan import samples as sp
 
 
 class SimExecutor:

@@ -128,3 +128,41 @@ def test_an_interrupted_command_restarts_the_pool_before_the_next():
     with pytest.raises(WorkerError):      # a failed command is not an interrupted one
         pool.run("bad")
     assert not pool.interrupted
+
+
+def test_device_of_rank_follows_the_pool_binding_and_wraps_onto_visible_gpus():
+    from mscclang.runtime.launch import WorkerError, device_of_rank
+
+    assert [device_of_rank(r, 8) for r in range(4)] == [0, 1, 2, 3]
+    assert [device_of_rank(r, 2, share=2) for r in range(4)] == [0, 0, 1, 1]
+    assert [device_of_rank(r, 1) for r in range(2)] == [0, 0]  # faults on a one-GPU machine
+    with pytest.raises(WorkerError, match="no GPU to bind rank 0"):
+        device_of_rank(0, 0)
+    with pytest.raises(WorkerError, match="0 ranks per GPU"):
+        device_of_rank(0, 1, share=0)
+
+
+def test_nccl_refusal_when_ranks_share_a_gpu(monkeypatch):
+    from mscclang.runtime.launch import nccl_refusal
+
+    monkeypatch.delenv("MSCCLANG_RANKS_PER_GPU", raising=False)
+    assert nccl_refusal() is None
+    monkeypatch.setenv("MSCCLANG_RANKS_PER_GPU", "2")
+    assert "MSCCLANG_RANKS_PER_GPU=2" in nccl_refusal()
+    assert nccl_refusal(share=1) is None
+
+
+def test_pool_workers_can_import_the_test_harness():
+    """GPU test bodies are named by string (``tests.harness.X:fn``): a spawned process, started
+    the way the pool starts its workers, imports them (the parent's sys.path travels with spawn)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(1) as p:
+        assert p.apply(_import_harness) == "tests.harness.runtime_checks"
+
+
+def _import_harness() -> str:
+    import importlib
+
+    return importlib.import_module("tests.harness.runtime_checks").__name__

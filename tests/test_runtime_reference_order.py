@@ -1,4 +1,4 @@
-"""The GPU checks' expected outputs (mscclang.testing.runtime_checks.expectation) against the simulator,
+"""The GPU checks' expected outputs (mscclang.cli.run_checks.expectation) against the simulator,
 the definition of a plan's reduction order, at 2, 3, 4 and 8 ranks on the shipped plans and the
 hand-built sample plans: exact where the order cannot matter, the simulator's bits where it is
 run, and the any-order error bound above that. The bound must also reject wrong outputs."""
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from mscclang.plan.io import load_plan
-from mscclang.testing import runtime_checks as checks
-from mscclang.testing import sample_plans as sp
+from mscclang.cli import run_checks as checks
+from mscclang.plan import samples as sp
 from mscclang.sim import run as sim_run
 
 PLANS = Path(__file__).resolve().parent.parent / "plans"
@@ -110,7 +110,7 @@ def test_bound_rejects_a_missing_or_doubled_contribution(n):
         for wrong in (dropped, doubled):
             assert exp.count_bad(wrong) > 4096 * 0.5, (n, dtype)
         poisoned = good.clone()
-        checks._bits(poisoned)[7] = 0x7F7F if dtype != torch.float32 else 0x7F7F7F7F
+        checks.bits(poisoned)[7] = 0x7F7F if dtype != torch.float32 else 0x7F7F7F7F
         assert exp.count_bad(poisoned) == 1 and exp.first_bad(poisoned)[0] == 7
 
 

@@ -16,7 +16,7 @@ from mscclang.runtime.structs import BLOCK_HEADER
 
 from mscclang.plan.io import load_plan, plan_to_json
 from mscclang.runtime import build, device_plan as dp, spec_build as sb
-from mscclang.testing import sample_plans as sp
+from mscclang.plan import samples as sp
 from mscclang.runtime.device_plan import DOP_DATA, DOP_PIPELINE, MODE_PACKET, DevRecord
 from mscclang.runtime.spec_source import (
     ArgsLayout, SpecUnsupported, choose_threads, generate, parse_region, sub_ranges,

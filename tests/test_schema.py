@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from mscclang.plan.models import OpName, PLAN_FORMAT
-from mscclang.plan.schema import DEFAULT_PATH, main, plan_schema, schema_text
+from mscclang.cli.main import main as cli_main
+from mscclang.plan.schema import DEFAULT_PATH, plan_schema, schema_text
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "docs" / "plan.schema.json"
@@ -25,7 +26,7 @@ def test_default_path_is_the_docs_file():
 def test_committed_schema_matches_the_models():
     committed = json.loads(COMMITTED.read_text())
     assert committed == plan_schema(), (
-        "docs/plan.schema.json is out of date: run `python -m mscclang.plan.schema`")
+        "docs/plan.schema.json is out of date: run `mscclang schema`")
 
 
 def test_schema_text_is_deterministic_and_parses():
@@ -45,19 +46,19 @@ def test_schema_content_follows_the_models():
 
 def test_check_mode(tmp_path, capsys):
     out = tmp_path / "s.json"
-    assert main(["-o", str(out)]) == 0
-    assert main(["-o", str(out), "--check"]) == 0
+    assert cli_main(["schema", "-o", str(out)]) == 0
+    assert cli_main(["schema", "-o", str(out), "--check"]) == 0
     stale = json.loads(out.read_text())
     stale["$defs"]["OpName"]["enum"].remove("glre")
     out.write_text(json.dumps(stale))
-    assert main(["-o", str(out), "--check"]) == 1
+    assert cli_main(["schema", "-o", str(out), "--check"]) == 1
     assert "out of date" in capsys.readouterr().err
-    assert main(["-o", str(tmp_path / "missing.json"), "--check"]) == 1
+    assert cli_main(["schema", "-o", str(tmp_path / "missing.json"), "--check"]) == 1
 
 
-def test_module_runs_as_a_script(tmp_path):
+def test_schema_subcommand_runs_as_a_command(tmp_path):
     out = tmp_path / "plan.schema.json"
-    r = subprocess.run([sys.executable, "-m", "mscclang.plan.schema", "-o", str(out)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "mscclang", "schema", "-o", str(out)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text()) == json.loads(COMMITTED.read_text())

@@ -23,7 +23,7 @@ from mscclang.sim.budget import Deadline, Limits, estimate_runs
 from mscclang.sim.engine import Simulation
 from mscclang.sim.program import compile_program
 from mscclang.sim.verify import verify
-from mscclang.testing.fuzz import fully_connected_plan
+from tools.fuzz import fully_connected_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = ROOT / "plans"

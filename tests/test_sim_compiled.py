@@ -10,13 +10,14 @@ import pytest
 
 from mscclang.plan import load_plan
 from mscclang.sim import default_sizes, run, verify
+from tests.harness.shipped import shipped_plan_files
 
 ROOT = Path(__file__).resolve().parent.parent
 # examples/ also holds scripts that are not DSL programs (graph_allreduce.py: a torchrun script)
 PROGRAMS = sorted((ROOT / "tests" / "programs").glob("*.py")) + sorted(
     p for p in (ROOT / "examples").glob("*.py") if "CollectiveProgram(" in p.read_text())
 GOLDEN = sorted((ROOT / "tests" / "golden").glob("**/*.json"))
-SHIPPED = [p for p in sorted((ROOT / "plans").glob("*.json")) if p.name != "index.json"]
+SHIPPED = shipped_plan_files()
 
 
 def _compile(path: Path, ranks: int, instances: int):

@@ -10,7 +10,7 @@ from mscclang.cli.args import parse_size
 from mscclang.errors import MscclangError, VerificationError
 from mscclang.sim import Deadlock, run, verify
 
-from test_sim_library import (
+from tests.harness.sim_plans import (
     get_allreduce,
     ll_allreduce,
     ll_oneshot_allreduce,
@@ -18,9 +18,9 @@ from test_sim_library import (
     port_allgather,
     rppkt_allgather,
     switch_allreduce,
+    wait_cycle,
     zero_copy_allreduce,
 )
-from test_verify_broken import wait_cycle
 
 
 def _ref_pair(a: np.ndarray, b: np.ndarray, op: str) -> np.ndarray:

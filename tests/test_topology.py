@@ -13,7 +13,7 @@ from mscclang.plan.models import ChannelType
 from mscclang.runtime.device_plan import check_runnable
 from mscclang.runtime.topology import (COPY_ENGINE, ENGINE, NVLINK, Topology, channel_transports, check_topology,
                                        topology_from_env, transport)
-from tests._plan_samples import kitchen_sink
+from tests.harness.plan_samples import kitchen_sink
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -73,7 +73,7 @@ def test_communicator_skips_plans_the_layout_cannot_carry():
     from mscclang.comm import Communicator
     from mscclang.comm.backend import Backend
     from mscclang.comm.tuning import TuningTable
-    from mscclang.testing.comm_harness import catalog_of
+    from mscclang.comm.sim_ranks import catalog_of
 
     class OneGpuNodes(Backend):
         def __init__(self) -> None:

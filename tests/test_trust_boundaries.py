@@ -18,7 +18,7 @@ from mscclang.comm.tuning import TuningTable
 from mscclang.errors import CallMismatch, CollectiveTimeout, InvalidCall
 from mscclang.runtime.comm import Communicator as RuntimeComm
 from mscclang.runtime.watchdog import AbortWatchdog, watchdog_mode
-from mscclang.testing.comm_harness import catalog_of, stub_plan
+from mscclang.comm.sim_ranks import catalog_of, stub_plan
 
 
 class _GpuLikeBackend(Backend):

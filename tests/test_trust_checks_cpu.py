@@ -1,4 +1,4 @@
-"""The GPU trust checks' case logic (:class:`mscclang.testing.trust_checks._Case`) on the CPU
+"""The GPU trust checks' case logic (:class:`tests.harness.trust_checks._Case`) on the CPU
 simulator: buffers of every collective and layout, fresh inputs, the call and the exact
 comparison. A harness that cannot fail would hide the GPU results it reports, so a corrupted
 result must be reported too."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from mscclang.comm.catalog import Catalog
-from mscclang.testing.comm_harness import run_ranks
-from mscclang.testing.trust_checks import COLLECTIVES, _Case
+from mscclang.comm.sim_ranks import run_ranks
+from tests.harness.trust_checks import COLLECTIVES, _Case
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 

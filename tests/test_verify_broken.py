@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_sim_library import (
+from tests.harness.sim_plans import (
     ll_allreduce,
     ll_oneshot_allreduce,
     sem_barrier_allgather,
     simple_allgather,
+    wait_cycle,
     zero_copy_allreduce,
 )
 
@@ -49,29 +50,6 @@ def scratch_allgather(slot: int = 0):
         b.op(r, 0, "wait", channels=[p])
         b.nop(r, 0)
         b.op(r, 0, "copy", src=[L("s", 0, 1)], dst=[L("o", p, 1)])
-        b.nop(r, 0)
-    return b.build()
-
-
-def wait_cycle(broken: bool = True):
-    """2-rank allgather where each rank waits for the other before signalling (broken) or
-    signals first (correct)."""
-    b = PlanBuilder("wait_cycle", "allgather", 2, 1, 2)
-    for r in range(2):
-        p = 1 - r
-        b.op(r, 0, "copy", src=[L("i", 0, 1)], dst=[L("o", r, 1)])
-        b.nop(r, 0)
-        if broken:
-            b.op(r, 0, "wait", channels=[p])
-            b.op(r, 0, "signal", channels=[p])
-        else:
-            b.op(r, 0, "rlxsignal", channels=[p])
-            b.op(r, 0, "rlxwait", channels=[p])
-        b.nop(r, 0)
-        b.op(r, 0, "put", src=[L("i", 0, 1)], dst=[R(p, "o", r, 1)])
-        b.nop(r, 0)
-        b.op(r, 0, "signal", channels=[p])
-        b.op(r, 0, "wait", channels=[p])
         b.nop(r, 0)
     return b.build()
 

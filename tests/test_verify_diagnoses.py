@@ -19,11 +19,9 @@ from mscclang.sim import verify
 from mscclang.sim.planbuilder import L, PlanBuilder, R
 from mscclang.sim.report import SHOW_PROBLEMS
 
-from _plan_samples import mscclpp_packet_allreduce
-from test_cli import cli_inproc
-from test_sim_library import simple_allgather
-from test_verify_broken import wait_cycle
-from test_verify_severity import switch_allreduce
+from tests.harness.plan_samples import mscclpp_packet_allreduce
+from tests.harness.cli import cli_inproc
+from tests.harness.sim_plans import simple_allgather, switch_allreduce, wait_cycle
 
 
 def _write(tmp_path: Path, plan, name: str = "plan.json") -> Path:

@@ -10,27 +10,7 @@ from mscclang.plan.models import Plan
 from mscclang.sim.engine import Simulation
 from mscclang.sim.planbuilder import PlanBuilder, S
 from mscclang.sim.program import compile_program
-
-
-def switch_allreduce(final: str = "strong") -> Plan:
-    """2-rank in-place switch allreduce (glres over the outputs); ``final`` is how the ranks
-    publish the multimem stores at the end: ``strong`` signal/wait, ``relaxed`` rlxsignal/rlxwait,
-    or ``none`` (no final synchronisation at all)."""
-    b = PlanBuilder(f"switch_allreduce_{final}", "allreduce", 2, 2, 2, inplace=True)
-    for r in range(2):
-        p = 1 - r
-        sw = b.switch(r, "o", [0, 1])
-        b.nop(r, 0)
-        b.op(r, 0, "rlxsignal", channels=[p])
-        b.op(r, 0, "rlxwait", channels=[p])
-        b.nop(r, 0)
-        b.op(r, 0, "glres", src=[S(sw, r, 1)], dst=[S(sw, r, 1)], reduce_op="sum")
-        b.nop(r, 0)
-        if final != "none":
-            b.op(r, 0, "rlxsignal" if final == "relaxed" else "signal", channels=[p])
-            b.op(r, 0, "rlxwait" if final == "relaxed" else "wait", channels=[p])
-            b.nop(r, 0)
-    return b.build()
+from tests.harness.sim_plans import switch_allreduce
 
 
 def _races(plan) -> list:

@@ -20,10 +20,11 @@ from mscclang.errors import PlanError
 from mscclang.plan import load_plan
 from mscclang.plan.models import OpName, Plan
 from mscclang.viz import LABEL_LIMIT, PlanGraph, build_graph, draw_plan
+from tests.harness.shipped import shipped_plan_files
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = sorted((ROOT / "tests" / "golden").glob("*.json"))
-LIBRARY = sorted(p for p in (ROOT / "plans").glob("*.json") if p.name != "index.json")
+LIBRARY = shipped_plan_files()
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -253,10 +254,35 @@ def test_an_8_rank_8_block_plan_is_readable(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def library() -> list[tuple[Path, Plan]]:
-    if not LIBRARY:
-        pytest.skip("plans/ holds no library plans yet")
-    return [(path, load_plan(path, check=False)) for path in LIBRARY]
+def library(shipped_plans) -> list[tuple[Path, Plan]]:
+    return [(path, load_plan(path, check=False)) for path in shipped_plans]
+
+
+#: plans the fast render test draws: every collective's first plan, plus the largest plan
+SAMPLE_RENDERS = 8
+
+
+def _render_sample(library: list[tuple[Path, Plan]]) -> list[tuple[Path, Plan]]:
+    """A small spread of the library: the first plan of each collective and protocol, and the plan
+    with the most ops (at most :data:`SAMPLE_RENDERS` plans)."""
+    firsts: dict[tuple[str, str], tuple[Path, Plan]] = {}
+    for path, plan in library:
+        firsts.setdefault((plan.collective, plan.protocol), (path, plan))
+    pick = list(firsts.values())[:SAMPLE_RENDERS - 1]
+    biggest = max(library, key=lambda item: flat_op_count(item[1]))
+    if biggest not in pick:
+        pick.append(biggest)
+    return pick
+
+
+def test_a_sample_of_library_plans_renders_without_labels(library, tmp_path):
+    """A few shipped plans render (labels off, low dpi); ``-m slow`` draws every one."""
+    sample = _render_sample(library)
+    assert 1 <= len(sample) <= SAMPLE_RENDERS
+    for path, plan in sample:
+        pic = draw_plan(plan, tmp_path / f"{path.stem}.png", labels=False, dpi=60)
+        check_png(pic, min_bytes=3_000, min_side=60)
+        assert pic.num_ops == flat_op_count(plan), path.name
 
 
 def test_library_graphs_are_forward_timelines(library):
@@ -267,6 +293,7 @@ def test_library_graphs_are_forward_timelines(library):
         assert len(graph.nodes) == flat_op_count(plan), path.name
 
 
+@pytest.mark.slow
 def test_every_library_plan_renders_without_labels(library, tmp_path):
     """Every shipped plan renders (labels off and a low dpi: text dominates the time; the golden
     plans cover labelled pictures of every op kind). ``-m slow`` draws every plan with labels."""

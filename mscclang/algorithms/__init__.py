@@ -3,7 +3,7 @@
 ``ALGORITHMS`` maps each algorithm's name to its :class:`AlgorithmInfo` (collective, protocol,
 buffer mode, suggested size range, supported in-place modes, shipped variants and the builder).
 Build a plan with ``ALGORITHMS[name].build(ranks, instances=..., num_threads_per_block=...,
-inplace=..., **kw)`` or :func:`build`. ``python -m mscclang.algorithms.generate`` writes the
+inplace=..., **kw)`` or :func:`build`. ``mscclang generate-plans`` writes the
 shipped variants to ``plans/`` with the index ``plans/index.json``.
 """
 

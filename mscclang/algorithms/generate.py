@@ -1,4 +1,4 @@
-"""Generate the shipped plans: ``python -m mscclang.algorithms.generate [--check] [--out DIR]``.
+"""Generate the shipped plans: ``mscclang generate-plans [--check] [--out DIR]``.
 
 Builds every shipped variant of every algorithm in :data:`mscclang.algorithms.ALGORITHMS` and
 writes ``<out>/<stem>.json`` (compact JSON, one line) plus the index ``<out>/index.json`` (see
@@ -9,21 +9,19 @@ differs (with the first differing JSON path) or is stale (a ``.json`` file no va
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from mscclang.algorithms import ALGORITHMS
-from mscclang.algorithms.index import INDEX_FILE, INDEX_FORMAT, default_plans_dir
+from mscclang.algorithms.index import INDEX_FILE, INDEX_FORMAT
 from mscclang.algorithms.registry import AlgorithmInfo, Variant
 from mscclang.errors import MscclangError
 from mscclang.plan.io import plan_to_dict
 from mscclang.plan.models import OpName, Plan
 
 __all__ = ["variant_stem", "shipped", "render_plan", "index_entry", "generate_files", "check_files",
-           "write_files", "main"]
+           "write_files"]
 
 
 def variant_stem(info: AlgorithmInfo, v: Variant) -> str:
@@ -94,7 +92,7 @@ def index_entry(info: AlgorithmInfo, v: Variant, plan: Plan, filename: str) -> d
 
 
 def render_index(entries: list[dict[str, Any]]) -> str:
-    doc = {"format": INDEX_FORMAT, "generator": "python -m mscclang.algorithms.generate",
+    doc = {"format": INDEX_FORMAT, "generator": "mscclang generate-plans",
            "plans": sorted(entries, key=lambda e: e["file"])}
     return json.dumps(doc, indent=2) + "\n"
 
@@ -174,38 +172,3 @@ def write_files(out_dir: Path, files: dict[str, str], prune: bool = True) -> lis
                 path.unlink()
                 changed.append(f"{path.name} (deleted)")
     return changed
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mscclang.algorithms.generate",
-                                     description="Regenerate plans/ and plans/index.json from the library's DSL programs.")
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; fail (exit 1) if any plan or the index differs from a fresh generation")
-    parser.add_argument("--out", type=Path, default=None, help="plans directory (default: the checkout's plans/)")
-    parser.add_argument("--only", action="append", metavar="ALGORITHM",
-                        help="only this algorithm (repeatable); the index then lists only these, and "
-                             "plans of other algorithms count as stale")
-    args = parser.parse_args(argv)
-    out_dir = args.out if args.out is not None else default_plans_dir()
-    try:
-        files = generate_files(args.only)
-    except MscclangError as e:
-        print(f"generate: error: {e}", file=sys.stderr)
-        return 1
-    if args.check:
-        problems = check_files(out_dir, files)
-        if problems:
-            print(f"generate --check: {len(problems)} difference(s) in {out_dir}; "
-                  f"run `python -m mscclang.algorithms.generate` and commit the result:", file=sys.stderr)
-            for p in problems:
-                print(f"  {p}", file=sys.stderr)
-            return 1
-        print(f"generate --check: {len(files) - 1} plans and the index in {out_dir} are up to date")
-        return 0
-    changed = write_files(out_dir, files)
-    print(f"generate: {len(files) - 1} plans and the index in {out_dir}; {len(changed)} file(s) written or deleted")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -2,7 +2,7 @@
 
 An :class:`AlgorithmInfo` describes one DSL program of the library (its collective, protocol,
 buffer mode, the message sizes it is meant for) and the :class:`Variant` s that
-``python -m mscclang.algorithms.generate`` writes to ``plans/``. Buffer modes:
+``mscclang generate-plans`` writes to ``plans/``. Buffer modes:
 
 * ``"any"``: peers touch only each other's scratch buffers (or only write LL packets into them),
   so the plan works with any user tensors;

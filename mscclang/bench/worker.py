@@ -391,39 +391,35 @@ class BenchWorker:
         out = cell.out.reshape(-1)
         if dt.is_floating_point and not bool(torch.isfinite(out).all()):
             return False, "non-finite values in the output (unwritten or wrong)"
-        if coll in ("all_reduce", "reduce_scatter"):
-            k = out.numel()
-            lo = r * k if coll == "reduce_scatter" else 0
-            acc = absacc = None
-            for p in range(n):
-                x = gen_input(seed, p, cell.numel_in, dt, dev)[lo:lo + k]
-                xf = x.double() if dt == torch.int32 else x.float()
-                acc = xf.clone() if acc is None else acc + xf
-                absacc = xf.abs() if absacc is None else absacc + xf.abs()
-                del x, xf
-            err = (out.double() if dt == torch.int32 else out.float()) - acc
-            if dt == torch.int32:
-                bad = err != 0
-            else:
-                bound = 2 * n * _UNIT[self.cfg.dtype] * absacc + _UNIT[self.cfg.dtype] * acc.abs() + 1e-30
-                bad = err.abs() > bound
-            nbad = int(bad.sum())
-            if nbad:
-                i = int(bad.nonzero()[0])
-                return False, (f"{nbad} of {k} elements wrong; first at {lo + i}: got {float(out[i])}, "
-                               f"want {float(acc[i])}")
-            return True, ""
-        # copies must be exact
-        if coll == "all_gather":
-            k = cell.numel_in
-            parts = [(p, out[p * k:(p + 1) * k], gen_input(seed, p, k, dt, dev)) for p in range(n)]
-        elif coll == "all_to_all":
-            k = cell.numel_in // n
-            parts = [(p, out[p * k:(p + 1) * k], gen_input(seed, p, cell.numel_in, dt, dev)[r * k:(r + 1) * k])
-                     for p in range(n)]
-        else:  # broadcast
-            parts = [(0, out, gen_input(seed, 0, cell.numel_in, dt, dev))]
-        for p, got, want in parts:
+        from mscclang.comm.names import plan_collective
+        from mscclang.plan.reference import output_blocks
+
+        # where each output element comes from: the collective's definition (broadcast: root 0)
+        for blk in output_blocks(plan_collective(coll), n, r, cell.numel_in, 0):
+            got = out[blk.out_start:blk.out_start + blk.length]
+            lo, hi = blk.in_start, blk.in_start + blk.length
+            if blk.reduced:  # a sum in any order: within the error bound (int32: exact)
+                acc = absacc = None
+                for p in blk.sources:
+                    x = gen_input(seed, p, cell.numel_in, dt, dev)[lo:hi]
+                    xf = x.double() if dt == torch.int32 else x.float()
+                    acc = xf.clone() if acc is None else acc + xf
+                    absacc = xf.abs() if absacc is None else absacc + xf.abs()
+                    del x, xf
+                err = (got.double() if dt == torch.int32 else got.float()) - acc
+                if dt == torch.int32:
+                    bad = err != 0
+                else:
+                    bound = 2 * n * _UNIT[self.cfg.dtype] * absacc + _UNIT[self.cfg.dtype] * acc.abs() + 1e-30
+                    bad = err.abs() > bound
+                nbad = int(bad.sum())
+                if nbad:
+                    i = int(bad.nonzero()[0])
+                    return False, (f"{nbad} of {blk.length} elements wrong; first at {lo + i}: got "
+                                   f"{float(got[i])}, want {float(acc[i])}")
+                continue
+            (p,) = blk.sources  # copies must be exact
+            want = gen_input(seed, p, cell.numel_in, dt, dev)[lo:hi]
             if not torch.equal(got, want):
                 nbad = int((got != want).sum())
                 return False, f"block from rank {p}: {nbad} of {got.numel()} elements differ"

@@ -3,7 +3,13 @@
 
 ``--arch`` takes ``sm_90``, ``90`` or ``sm_90a``; an architecture the installed NVRTC cannot
 target is refused before anything is compiled, with the list of those it can. A progress bar with
-an ETA is drawn on stderr when it is a terminal (or with ``--progress``)."""
+an ETA is drawn on stderr when it is a terminal (or with ``--progress``).
+
+With ``--plan FILE`` or ``--sample NAME`` (both repeatable) it prebuilds the plan-specialised
+kernels of those plans instead (:func:`mscclang.runtime.spec_build.prebuild`) into ``--out``, the
+directory ``$MSCCLANG_CUBIN_DIR`` names on the GPU machine: every rank, ``--sizes`` (input bytes),
+dtype (``--dtype``, default bfloat16), ``--packet`` and ``--op``; ``--sample`` names a plan of
+:data:`mscclang.plan.samples.SAMPLES` built for ``--ranks`` ranks."""
 
 from __future__ import annotations
 
@@ -15,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from mscclang.cli.args import BUILD_DTYPE, GPU_DTYPES, add_progress_flag, dtype_arg
-from mscclang.errors import RuntimeUnavailable
+from mscclang.cli.args import BUILD_DTYPE, GPU_DTYPES, SIZES_FORMS, add_progress_flag, dtype_arg, sizes_arg
+from mscclang.errors import MscclangError, RuntimeUnavailable
 
 _ARCH = re.compile(r"^(?:sm_|compute_)?(\d{2,3})([af]?)$")
 
@@ -31,6 +37,15 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--no-cache", action="store_true", help="ignore the disk cache")
     p.add_argument("--jobs", type=int, default=1, help="parallel compiler processes")
     add_progress_flag(p)
+    g = p.add_argument_group("plan-specialised kernels (prebuilt for MSCCLANG_CUBIN_DIR)")
+    g.add_argument("--plan", action="append", default=[], metavar="FILE", help="plan JSON file (repeatable)")
+    g.add_argument("--sample", action="append", default=[], metavar="NAME",
+                   help="a sample plan of mscclang.plan.samples (repeatable)")
+    g.add_argument("--ranks", type=int, default=2, help="world size of the --sample plans (default 2)")
+    g.add_argument("--sizes", default=[1024], type=sizes_arg(), metavar="SIZES",
+                   help="input sizes: " + SIZES_FORMS + " (default 1K)")
+    g.add_argument("--packet", default="ll16", help="comma list of packet types (default ll16)")
+    g.add_argument("--op", default="sum", help="comma list of reduce ops (default sum)")
     p.set_defaults(func=run)
 
 
@@ -75,6 +90,40 @@ def _build_one(job: tuple[str, str, bool]) -> "object":
     return build.build_module(dtype, arch, use_cache=use_cache)
 
 
+def prebuild_plans(args: argparse.Namespace, arch: str) -> int:
+    """The ``--plan`` / ``--sample`` mode: prebuild the specialised kernels of those plans into
+    ``--out`` and print one line per kernel (its file, or why it is not specialised)."""
+    from mscclang.plan.io import load_plan, plan_to_json
+    from mscclang.plan.samples import SAMPLES
+    from mscclang.runtime.spec_build import prebuild
+
+    if not args.out:
+        raise RuntimeUnavailable("--plan/--sample: --out DIR is required (the cubin directory)")
+    if args.ranks < 1:
+        raise RuntimeUnavailable(f"--ranks {args.ranks}: need at least 1")
+    unknown = [n for n in args.sample if n not in SAMPLES]
+    if unknown:
+        raise RuntimeUnavailable(f"--sample {', '.join(unknown)}: no such sample plan; known: "
+                                 f"{', '.join(sorted(SAMPLES))}")
+    plans = [load_plan(Path(f).read_text()) for f in args.plan]
+    plans += [load_plan(plan_to_json(SAMPLES[n](args.ranks))) for n in args.sample]
+    dtypes = [BUILD_DTYPE[d] for d in dict.fromkeys(args.dtype or ["bfloat16"])]
+    for plan in plans:
+        sizes = []
+        for n in args.sizes:
+            out = n * plan.world_size if plan.collective == "allgather" else n
+            if plan.collective == "reducescatter":
+                out = n // plan.world_size
+            sizes.append((n, out))
+        try:
+            res = prebuild(plan, sizes, dtypes, args.packet.split(","), args.op.split(","), Path(args.out), arch)
+        except MscclangError as e:
+            raise MscclangError(f"{plan.name}: {e}") from e
+        for label, what in res:
+            print(f"{label}: {what}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from mscclang.cli.progress import Progress
     from mscclang.runtime import build
@@ -83,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise RuntimeUnavailable(f"--jobs {args.jobs}: need at least 1")
     arch = check_arch(args.arch, supported_archs())
+    if args.plan or args.sample:
+        return prebuild_plans(args, arch)
     t0 = time.time()
     dtypes = [BUILD_DTYPE[d] for d in dict.fromkeys(args.dtype or GPU_DTYPES)]
     mods = []

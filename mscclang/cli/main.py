@@ -26,6 +26,8 @@ COMMANDS: dict[str, str] = {
     "tune": "tune_cmd",
     "demo": "demo_cmd",
     "env": "env_cmd",
+    "generate-plans": "generate_cmd",
+    "schema": "schema_cmd",
 }
 
 

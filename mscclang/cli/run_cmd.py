@@ -4,7 +4,7 @@ sizes) and a torch reference, and print the time per launch. Works for any world
 visible GPUs (a plan for fewer ranks than GPUs runs on the first ones). The check column says how
 the output was checked: ``sim`` bit for bit against the simulator (up to 64 KiB), then ``exact``
 (bit for bit against torch: copies, int32, min/max, 2 ranks) or ``bound`` (floating-point sums
-over 3+ ranks: within the any-order summation error bound, see mscclang.testing.runtime_checks). Without
+over 3+ ranks: within the any-order summation error bound, see mscclang.cli.run_checks). Without
 enough GPUs it says so and verifies the plan on the simulator instead, at each requested size
 scaled down (with a message) until the simulation fits ``MSCCLANG_SIM_MAX_MEMORY`` and
 ``MSCCLANG_SIM_MAX_SECONDS`` (see :mod:`mscclang.sim.budget`)."""
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
     j = plan_to_json(plan)
     op = args.reduce_op or "sum"
-    C = "mscclang.testing.runtime_checks"
+    C = "mscclang.cli.run_checks"
     failed = False
     with WorkerPool(world_size=plan.world_size, timeout_s=args.timeout) as pool:
         print(f"{plan.name}: {plan.collective} on {pool.world_size} GPUs, {args.dtype}, "

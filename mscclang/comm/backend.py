@@ -4,7 +4,7 @@
 run a plan on one rank's tensors, allocate symmetric buffers (and staging, released above a cap),
 register ordinary tensors for zero-copy plans (explicitly, or in a CUDA-graph capture session),
 prepare before CUDA graph capture, and say which size granule a plan needs. :class:`RuntimeBackend` adapts
-``mscclang.runtime`` (the GPU executor); ``mscclang.testing.sim_backend`` provides a CPU backend
+``mscclang.runtime`` (the GPU executor); ``mscclang.comm.sim_backend`` provides a CPU backend
 (threads + the simulator) for tests and for machines without GPUs.
 """
 

@@ -39,6 +39,29 @@ def ranks_per_gpu() -> int:
         raise WorkerError(str(e)) from None
 
 
+def device_of_rank(rank: int, visible: int, share: int = 1) -> int:
+    """The GPU that rank ``rank`` binds when ``share`` ranks share each of ``visible`` GPUs: the
+    pool's binding ``rank // share``, wrapped onto the visible GPUs (so two ranks on a one-GPU
+    machine both get GPU 0 rather than a GPU that does not exist)."""
+    if visible < 1:
+        raise WorkerError(f"no GPU to bind rank {rank} to ({visible} visible)")
+    if share < 1:
+        raise WorkerError(f"{share} ranks per GPU: must be at least 1")
+    if rank < 0:
+        raise WorkerError(f"rank {rank} is negative")
+    return (rank // share) % visible
+
+
+def nccl_refusal(share: Optional[int] = None) -> Optional[str]:
+    """Why NCCL cannot run between the ranks of a pool here, or None when it can: NCCL refuses two
+    ranks on one GPU ("Duplicate GPU detected"), so with ``share`` (default
+    :func:`ranks_per_gpu`) above 1 every test or command that needs NCCL between ranks must skip."""
+    n = ranks_per_gpu() if share is None else share
+    if n > 1:
+        return f"needs one GPU per rank for NCCL (MSCCLANG_RANKS_PER_GPU={n}: ranks share a GPU)"
+    return None
+
+
 def worker_capacity() -> int:
     """How many workers a pool can start here: visible GPUs x :func:`ranks_per_gpu`."""
     import torch
@@ -81,6 +104,13 @@ def recv_from(conn: Any, proc: Any, rank: int, timeout_s: Optional[float] = None
         return conn.recv()
     except EOFError as e:
         raise WorkerError(f"rank {rank}: worker closed its pipe (exit code {proc.exitcode})") from e
+
+
+def reset_executor(w: Worker) -> bool:
+    """Pool command: reset the worker's executor (collectively, every rank at once). The pool runs
+    it on every rank after a command failed on some rank, so the next command starts clean."""
+    w.executor.reset()
+    return True
 
 
 def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, env: dict,
@@ -150,6 +180,7 @@ class WorkerPool:
                               f"{visible} visible")
         self.world_size = n
         self._share = share
+        self._visible = visible
         self._timeout_s = timeout_s
         self._env = dict(env or {})
         self._start_timeout_s = start_timeout_s
@@ -170,7 +201,8 @@ class WorkerPool:
         for r in range(n):
             a, b = ctx.Pipe()
             p = ctx.Process(target=_worker_main,
-                            args=(r, n, port, self._timeout_s, b, dict(self._env), r // share), daemon=True)
+                            args=(r, n, port, self._timeout_s, b, dict(self._env),
+                                  device_of_rank(r, self._visible, share)), daemon=True)
             p.start()
             self._conns.append(a)
             self._procs.append(p)
@@ -237,7 +269,7 @@ class WorkerPool:
                                   + "\n".join(errs))
             if reset_on_error:
                 try:
-                    self.run("mscclang.testing.runtime_checks:reset", reset_on_error=False)
+                    self.run(f"{__name__}:reset_executor", reset_on_error=False)
                 except WorkerError:
                     pass
             raise WorkerError("\n".join(errs))

@@ -9,8 +9,8 @@
   that the interpreter runs (the kernels are bandwidth-bound there).
 * Build: NVRTC to cubin for the device's arch (never PTX, ~1 s), never inside a CUDA graph
   capture. Looked up first in ``$MSCCLANG_CUBIN_DIR`` (files
-  named by arch and source hash, written by :func:`prebuild` / ``python -m
-  mscclang.runtime.spec_build``, so a machine without a usable NVRTC can run prebuilt kernels),
+  named by arch and source hash, written by :func:`prebuild` / ``mscclang build-kernel
+  --plan``, so a machine without a usable NVRTC can run prebuilt kernels),
   then in the disk cache (``<cache_dir>/spec``, keyed by source hash, arch, options and NVRTC
   version), then compiled. Any failure leaves the interpreter in charge.
 * Parameters: :func:`pack_args` fills the ``SpecArgs`` struct the kernel takes by value.
@@ -18,11 +18,9 @@
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import hashlib
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,50 +217,3 @@ def prebuild(plan, sizes: Sequence[tuple[int, int]], dtypes: Sequence[str], pack
                             _write_atomic(path, b.get(spec).cubin)
                         done.append((label, name))
     return done
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m mscclang.runtime.spec_build --out DIR (--plan FILE | --sample NAME) ...``"""
-    from mscclang.cli.args import BUILD_DTYPE, GPU_DTYPES, SIZES_FORMS, dtype_list_arg, sizes_arg
-
-    from mscclang.plan.io import load_plan
-
-    p = argparse.ArgumentParser(prog="python -m mscclang.runtime.spec_build",
-                                description="prebuild plan-specialised kernels into a cubin directory")
-    p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--plan", action="append", default=[], help="plan JSON file (repeatable)")
-    p.add_argument("--sample", action="append", default=[], help="mscclang.testing.sample_plans name")
-    p.add_argument("--ranks", type=int, default=2, help="world size for --sample plans")
-    p.add_argument("--sizes", default=[1024], type=sizes_arg(), help="input sizes: " + SIZES_FORMS)
-    p.add_argument("--dtype", default=["bfloat16"], type=dtype_list_arg(GPU_DTYPES),
-                   help="comma list of dtypes (float16/f16, bfloat16/bf16, float32/f32, int32/i32)")
-    p.add_argument("--packet", default="ll16")
-    p.add_argument("--op", default="sum")
-    p.add_argument("--arch", default="sm_90")
-    args = p.parse_args(argv)
-    plans = [load_plan(Path(f).read_text()) for f in args.plan]
-    if args.sample:
-        from mscclang.plan.io import plan_to_json
-        from mscclang.testing import sample_plans as sp
-
-        plans += [load_plan(plan_to_json(sp.SAMPLES[n](args.ranks))) for n in args.sample]
-    for plan in plans:
-        sizes = []
-        for n in args.sizes:
-            out = n * plan.world_size if plan.collective == "allgather" else n
-            if plan.collective == "reducescatter":
-                out = n // plan.world_size
-            sizes.append((n, out))
-        try:
-            res = prebuild(plan, sizes, [BUILD_DTYPE[d] for d in args.dtype], args.packet.split(","), args.op.split(","),
-                           args.out, args.arch)
-        except MscclangError as e:
-            print(f"{plan.name}: {e}", file=sys.stderr)
-            return 1
-        for label, what in res:
-            print(f"{label}: {what}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,10 +29,11 @@ def _gpus() -> int:
 def own_gpus() -> None:
     """Skips a test that needs one GPU per rank: NCCL (the fallback, the engine, the baselines)
     refuses two ranks on one GPU."""
-    from mscclang.runtime.launch import ranks_per_gpu
+    from mscclang.runtime.launch import nccl_refusal
 
-    if ranks_per_gpu() > 1:
-        pytest.skip(f"needs one GPU per rank for NCCL (MSCCLANG_RANKS_PER_GPU={ranks_per_gpu()})")
+    why = nccl_refusal()
+    if why:
+        pytest.skip(why)
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +51,6 @@ def pool():
         pytest.skip(f"MSCCLANG_TEST_WORLD={n} needs 2 <= n <= {_gpus()} workers")
     p = WorkerPool(world_size=n, timeout_s=float(os.environ.get("MSCCLANG_TEST_TIMEOUT_S", "10")))
     # interpreter modules loaded (or built, when MSCCLANG_CUBIN_DIR is stale) before any test's limit
-    print(f"\nkernels loaded: {p.run('mscclang.testing.runtime_checks:warm_kernels')[0]}", flush=True)
+    print(f"\nkernels loaded: {p.run('tests.harness.runtime_checks:warm_kernels')[0]}", flush=True)
     yield p
     p.close()

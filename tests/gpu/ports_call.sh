@@ -24,7 +24,7 @@ if [ "${ONE_NODE:-1}" = 1 ]; then
   echo "bench rc=$? in $(( $(date +%s) - t0 )) s"; grep -E "^\| (size|256M|1G) |^## " "$OUT/bench_ports/bench.md"
 fi
 if [ "${PORT_BENCH:-0}" = 1 ]; then
-  timeout -k 5 110 python3 -m mscclang.testing.port_bench --out "$OUT" > "$OUT/port_bench.log" 2>&1; echo "port_bench rc=$?"
+  timeout -k 5 110 python3 -m tools.port_bench --out "$OUT" > "$OUT/port_bench.log" 2>&1; echo "port_bench rc=$?"
   tail -14 "$OUT/port_bench.log" | cut -c1-200
 fi
 if [ "${TWO_NODE:-1}" = 1 ]; then

@@ -21,4 +21,4 @@ timeout -k 10 120 python3 -m mscclang bench --gpus-per-node 1 --collectives all_
   --algos allreduce_hierarchical,allgather_hierarchical --time-limit 80 \
   --out "$OUT/bench_two_nodes" > "$OUT/bench_two_nodes.log" 2>&1
 echo "bench rc=$?"; grep -E "^\| [0-9]+M " "$OUT/bench_two_nodes/bench.md"
-timeout -k 10 100 python3 -m mscclang.testing.port_bench --out "$OUT" 2>&1 | tail -12
+timeout -k 10 100 python3 -m tools.port_bench --out "$OUT" 2>&1 | tail -12

@@ -16,15 +16,15 @@ os.environ["PYTHONFAULTHANDLER"] = "1"
 def main() -> None:
     from mscclang.plan.io import plan_to_json
     from mscclang.runtime.launch import WorkerPool
-    from mscclang.testing import port_plans as pp
-    from mscclang.testing import sample_plans as sp
+    from tests.harness import port_plans as pp
+    from mscclang.plan import samples as sp
 
     limit = float(sys.argv[1]) if len(sys.argv) > 1 else 40.0
     which = sys.argv[2] if len(sys.argv) > 2 else "basic"
     t0 = time.time()
     pool = WorkerPool(timeout_s=3.0, env={"PYTHONFAULTHANDLER": "1", "MSCCLANG_ASYNC_ERROR": "log"})
     print(f"pool up in {time.time() - t0:.1f} s", flush=True)
-    C, P = "mscclang.testing.runtime_checks", "mscclang.testing.port_checks"
+    C, P = "tests.harness.runtime_checks", "tests.harness.port_checks"
     if which == "pipeline":
         j = plan_to_json(pp.sendrecv_pipelined(unit=1 << 16))
         steps = [("pipeline graph 64K", f"{P}:graph_replays", (j, 1 << 16, "int32", 2)),

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 from mscclang.plan.io import plan_to_json
-from mscclang.testing import sample_plans as sp
+from mscclang.plan import samples as sp
 from mscclang.runtime.launch import WorkerPool
 
-C = "mscclang.testing.runtime_checks"
+C = "tests.harness.runtime_checks"
 
 
 def stage_plan(n: int, stage: str, nthreads: int = 128) -> str:

@@ -11,7 +11,7 @@ export NCCL_NVLS_ENABLE=0 MSCCLANG_CUBIN_DIR="$PWD/.cubins" MSCCLANG_TEST_TIMEOU
 unset MSCCLANG_ENABLE_NVLS
 t0=$(date +%s)
 MSCCLANG_SPEC_FIRST_BYTES=0 MSCCLANG_SPEC_HOT_CALLS=1000000000 timeout -k 10 ${SOAK_S:-380} \
-  python3 -m mscclang.testing.reliability --out "$OUT" --soak-s $(( ${SOAK_S:-380} - 35 )) --size-pool 256 \
+  python3 -m tools.reliability --out "$OUT" --soak-s $(( ${SOAK_S:-380} - 35 )) --size-pool 256 \
   --reserve-s ${RESERVE_S:-120} \
   > "$OUT/soak.log" 2>&1
 echo "soak rc=$? in $(( $(date +%s) - t0 )) s" >> "$OUT/soak.log"

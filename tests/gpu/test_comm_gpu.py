@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-C = "mscclang.testing.comm_checks"
+C = "tests.harness.comm_checks"
 
 
 def _numels(n: int) -> list[int]:

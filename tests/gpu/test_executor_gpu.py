@@ -4,7 +4,7 @@ launches, and the timeout/abort/reset protocol, at any world size (every visible
 MSCCLANG_TEST_WORLD). Outputs are compared bit for bit with the simulator up to 64 KiB (the
 definition of the plan's reduction order) and with a torch reference: bit for bit where the order
 cannot matter (copies, int32, min/max, 2 ranks), else within the error bound of a floating-point
-sum in any order (``mscclang.testing.runtime_checks``, ``ref_mode`` 'bound').
+sum in any order (``mscclang.cli.run_checks``, ``ref_mode`` 'bound').
 
 Every test runs twice: with the interpreter kernel (policy 'never') and with the plan-specialised
 kernels (policy 'always', asserting that the specialised kernel really ran)."""
@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 
 from mscclang.plan.io import plan_to_json
-from mscclang.testing import sample_plans as sp
+from mscclang.plan import samples as sp
 
 pytestmark = pytest.mark.gpu
 
-C = "mscclang.testing.runtime_checks"
+C = "mscclang.cli.run_checks"
 
 
 def _json(pool, name):
@@ -118,11 +118,11 @@ def test_context_grows_alike_when_ranks_need_different_scratch(pool):
     collective step); each size exact against the simulator, eager then in a graph."""
     if pool.world_size != 2:
         pytest.skip("two-rank plan")
-    from mscclang.testing import port_plans as pp
+    from tests.harness import port_plans as pp
 
     j = plan_to_json(pp.sendrecv_memory_scratch())
     for nbytes in (1 << 14, 1 << 16, 1 << 18):
-        res = pool.run("mscclang.testing.port_checks:graph_replays", j, nbytes, "int32", 2)
+        res = pool.run("tests.harness.port_checks:graph_replays", j, nbytes, "int32", 2)
         assert all(r["bad"] == 0 for r in res), res
 
 

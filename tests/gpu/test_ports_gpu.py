@@ -10,12 +10,12 @@ import importlib.util
 import pytest
 
 from mscclang.plan.io import plan_to_json
-from mscclang.testing import port_plans as pp
+from tests.harness import port_plans as pp
 
 pytestmark = pytest.mark.gpu
 
-C = "mscclang.testing.runtime_checks"
-P = "mscclang.testing.port_checks"
+C = "tests.harness.runtime_checks"
+P = "tests.harness.port_checks"
 
 
 def _ok(results):

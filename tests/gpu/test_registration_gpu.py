@@ -1,5 +1,5 @@
 """GPU tests of registered ordinary tensors and the staging cap (``pytest -m gpu tests/gpu``;
-issue 13 parts 1 and 5). Worker commands: :mod:`mscclang.testing.registration_checks`.
+issue 13 parts 1 and 5). Worker commands: :mod:`tests.harness.registration_checks`.
 
 * eager calls on a re-used ordinary tensor run zero-copy from their first call (where the tuning
   picks a zero-copy plan) with no store exchange after it, exactly;
@@ -24,8 +24,8 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-R = "mscclang.testing.registration_checks"
-C = "mscclang.testing.runtime_checks"
+R = "tests.harness.registration_checks"
+C = "tests.harness.runtime_checks"
 MiB = 1 << 20
 DESIGNED = {"MSCCLANG_REGISTER": "auto", "MSCCLANG_STAGING_CAP_BYTES": str(128 << 20)}
 

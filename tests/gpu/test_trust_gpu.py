@@ -2,7 +2,7 @@
 one CUDA graph per batch size on shared plans, capture after prepare across collectives, sizes,
 dtypes, layouts and buffer kinds, bad arguments at every entry point, in-place plans imported from
 MSCCL++ through ``mscclang run``, ranks that disagree on a call, concurrency, and faults (a peer
-killed or hung, eager and graph). Worker commands: :mod:`mscclang.testing.trust_checks`."""
+killed or hung, eager and graph). Worker commands: :mod:`tests.harness.trust_checks`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-T = "mscclang.testing.trust_checks"
+T = "tests.harness.trust_checks"
 
 
 def _ok(results):
@@ -84,7 +84,8 @@ def test_ranks_disagree(pool):
         assert r["after"] == "ok", r
 
 
-def test_concurrency(pool):
+def test_concurrency(pool, own_gpus):
+    """Needs NCCL between the ranks (skips when ranks share a GPU: "Duplicate GPU detected")."""
     _ok(pool.run(f"{T}:concurrency", iters=30))
 
 
@@ -120,14 +121,15 @@ def test_inplace_plans_imported_from_mscclpp_run_exact(pool, tmp_path):
         assert r.returncode == 0 and "BAD" not in r.stdout, r.stdout + r.stderr
 
 
-def test_executor_refuses_mismatched_layout(pool):
+def test_executor_refuses_mismatched_layout(pool, own_gpus):
+    """Needs NCCL between the ranks (skips when ranks share a GPU: "Duplicate GPU detected")."""
     res = pool.run(f"{T}:layout_refusals")
     for r in res:
         assert not r["failures"], r
 
 
 def _fault(tmp_path, **kw):
-    args = [sys.executable, "-m", "mscclang.testing.faults", "--out", str(tmp_path / "r.json")]
+    args = [sys.executable, "-m", "tools.faults", "--out", str(tmp_path / "r.json")]
     for k, v in kw.items():
         args += [f"--{k}", str(v)]
     r = subprocess.run(args, capture_output=True, text=True, timeout=400)

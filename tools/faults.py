@@ -6,7 +6,7 @@ Two plain processes (no launcher), a TCPStore served by the survivor (rank 0); t
 rank 1. The survivor keeps calling until something raises, and reports the exception, the time
 from the victim's fault to the error, and whether ``close()`` returned. Run as::
 
-    python3 -m mscclang.testing.faults --mode graph --size 4096 --fault kill --timeout 10 --out r.json
+    python3 -m tools.faults --mode graph --size 4096 --fault kill --timeout 10 --out r.json
 
 NCCL-bound calls (``--path nccl``: a broadcast from a root no plan serves) cannot raise in the
 process: torch's NCCL watchdog tears the survivor down after the timeout, which mscclang gives
@@ -39,14 +39,17 @@ def _rank_main(rank: int, port: int, args: dict, q: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(rank)
+    from mscclang.runtime.launch import device_of_rank, ranks_per_gpu
+
+    dev = device_of_rank(rank, torch.cuda.device_count(), ranks_per_gpu())  # one GPU: both ranks on it
+    torch.cuda.set_device(dev)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, wait_for_workers=False)
     from mscclang.comm import Communicator
 
-    comm = Communicator(store=store, rank=rank, world_size=2, device=torch.device("cuda", rank),
+    comm = Communicator(store=store, rank=rank, world_size=2, device=torch.device("cuda", dev),
                         runtime_options={"timeout_s": args["timeout"], "name": "faults"})
     numel = max(args["size"] // 2, 8)
-    x = torch.randn(numel, device=f"cuda:{rank}").to(torch.bfloat16)
+    x = torch.randn(numel, device=f"cuda:{dev}").to(torch.bfloat16)
     nccl = args["path"] == "nccl"
     call = (lambda: comm.broadcast(x, root=1)) if nccl else (lambda: comm.all_reduce(x))
     if nccl:

@@ -17,7 +17,7 @@ Operators (:data:`OPERATORS`): ``drop_wait``, ``drop_signal``, ``shift_chunk``, 
 bugs issue 14 item 6 lists as once missed by the default verify).
 
 Use :func:`sites` to list where an operator applies, :func:`mutate` to build one mutant,
-:func:`classify` to run one, and :func:`sweep` (or ``python -m mscclang.testing.mutation``) for
+:func:`classify` to run one, and :func:`sweep` (or ``python -m tools.mutation``) for
 a whole set of plans.
 """
 
@@ -667,9 +667,9 @@ def load_results(path: Path) -> list[Result]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m mscclang.testing.mutation [PLAN ...] --out results.jsonl``: sweep the shipped
+    """``python -m tools.mutation [PLAN ...] --out results.jsonl``: sweep the shipped
     plans (or the given ones), one JSON line per mutant, resuming where ``--out`` left off."""
-    ap = argparse.ArgumentParser(prog="python -m mscclang.testing.mutation", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m tools.mutation", description=main.__doc__)
     ap.add_argument("plans", nargs="*", help="plan files (default: every plan in plans/)")
     ap.add_argument("--out", required=True, help="results file (JSON lines; appended, resumed)")
     ap.add_argument("--operators", nargs="+", default=list(OPERATORS), choices=list(OPERATORS))

@@ -1,13 +1,14 @@
 """Hand-built plans (pydantic models, no DSL) that exercise every memory-channel, local and packet
-op kind of the executor: used by the GPU tests, ``mscclang run --sample`` and the measurements.
+op kind of the executor: used by the GPU tests, ``mscclang build-kernel --sample`` and the
+measurements.
 
 Every plan is a real allreduce or allgather, so its expected output is the collective's
-definition (:func:`reference_output`).
+definition (:func:`mscclang.plan.reference.reference_output`).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
 from mscclang.plan.models import (
     BufferKind, BufferRef, ChannelDesc, ChannelType, Gpu, IterContext, Op, OpName, Plan,
@@ -280,27 +281,3 @@ SAMPLES: dict[str, Callable[[int], Plan]] = {
     "allgather_pipeline": allgather_pipeline,
     "allgather_put_4b": lambda n: allgather_put(n, nblocks=4),
 }
-
-
-def reference_output(collective: str, inputs: list, reduce_op: str = "sum", rank: Optional[int] = None):
-    """The collective's definition on numpy inputs (one array per rank). Reductions go rank by
-    rank in order, each step in fp32 for 16-bit floats and rounded back (docs/semantics.md)."""
-    import numpy as np
-
-    if collective == "allgather":
-        return np.concatenate(inputs)
-    if collective != "allreduce":
-        raise ValueError(f"no reference for {collective}")
-    dt = inputs[0].dtype
-    fn = {"sum": np.add, "min": np.minimum, "max": np.maximum}[reduce_op]
-    if dt.kind == "i":
-        acc = inputs[0].astype(np.int64)
-        for x in inputs[1:]:
-            acc = fn(acc, x.astype(np.int64))
-            if reduce_op == "sum":
-                acc = ((acc + 2**31) % 2**32) - 2**31
-        return acc.astype(dt)
-    acc = inputs[0]
-    for x in inputs[1:]:
-        acc = fn(acc.astype(np.float32), x.astype(np.float32)).astype(dt)
-    return acc

@@ -32,6 +32,7 @@ from mscclang.comm.errors import CommError
 from mscclang.comm.names import dtype_name
 from mscclang.comm.padding import block_shape
 from mscclang.errors import CallMismatch, PlanError, RuntimeUnavailable
+from mscclang.plan import reference
 from mscclang.plan.models import Plan
 from mscclang.runtime.registration import AllocInfo, Region, Registry, zero_copy_operands
 
@@ -58,40 +59,13 @@ def numpy_to_torch(a: np.ndarray, like: Any) -> Any:
 
 
 def reference_outputs(plan: Plan, inputs: list[np.ndarray], out_elems: int, reduce_op: str) -> list[np.ndarray]:
-    """Each rank's output by the collective's definition (reductions in rank order, every step
-    in fp32 for 16-bit floats, as the kernel does)."""
-    n = len(inputs)
-    coll = plan.collective
-    dt = inputs[0].dtype
-    shape = block_shape(coll, n, inputs[0].size, out_elems)
-    k = shape.block_elems
-
-    def reduce(arrs: list[np.ndarray]) -> np.ndarray:
-        f = {"sum": np.add, "min": np.minimum, "max": np.maximum}[reduce_op]
-        wide = np.float32 if dt.kind == "f" or dt.name == "bfloat16" else None
-        acc = arrs[0].astype(wide) if wide else arrs[0].copy()
-        for a in arrs[1:]:
-            acc = f(acc, a.astype(wide) if wide else a)
-            if wide:
-                acc = acc.astype(dt).astype(wide)  # round every step
-        return acc.astype(dt)
-
-    if coll == "allreduce":
-        res = reduce(inputs)
-        return [res.copy() for _ in range(n)]
-    if coll == "allgather":
-        res = np.concatenate(inputs)
-        return [res.copy() for _ in range(n)]
-    if coll == "reducescatter":
-        return [reduce([x[r * k:(r + 1) * k] for x in inputs]) for r in range(n)]
-    if coll == "alltoall":
-        return [np.concatenate([inputs[p][r * k:(r + 1) * k] for p in range(n)]) for r in range(n)]
-    if coll == "broadcast":
-        root = plan.root or 0
-        return [inputs[root].copy() for _ in range(n)]
-    if coll == "sendrecv":
-        return [inputs[(r - 1) % n].copy() for r in range(n)]
-    raise CommError(f"the reference engine has no definition of {coll!r}")
+    """Each rank's output by the collective's definition (:mod:`mscclang.plan.reference`), after
+    checking that ``out_elems`` fits the call (CommError otherwise)."""
+    block_shape(plan.collective, len(inputs), inputs[0].size, out_elems)
+    try:
+        return reference.reference_outputs(plan.collective, inputs, reduce_op, plan.root)
+    except ValueError as e:
+        raise CommError(f"the reference engine cannot run {plan.name}: {e}") from e
 
 
 @dataclass

@@ -13,7 +13,7 @@
   communicator holds after every collective and size, and GPU memory after a large call.
 
 Every result is checked bit for bit at 2 ranks (order-free sums), within the any-order bound at
-more (as :mod:`mscclang.testing.comm_checks` does). Commands return dicts with ``checked`` and
+more (as :mod:`tests.harness.comm_checks` does). Commands return dicts with ``checked`` and
 ``failures`` (strings naming the case) plus what the test asserts on.
 """
 
@@ -26,8 +26,8 @@ from typing import Any, Optional
 
 from mscclang.bench.worker import capture_graph, gen_input
 from mscclang.plan.dtypes import dtype_info, torch_dtype
-from mscclang.testing.comm_checks import _compare, _expectation
-from mscclang.testing.trust_checks import _fresh_comm, _safe_close
+from tests.harness.comm_checks import _compare, _expectation
+from tests.harness.trust_checks import _fresh_comm, _safe_close
 
 SIZES = (1 << 10, 1 << 16, 1 << 20, 16 << 20, 256 << 20)
 

@@ -20,7 +20,7 @@ classified:
 
 The target is 0 runs outside ``ok`` and ``clear``. Usage::
 
-    python -m mscclang.testing.fuzz --count 10000 --seed 1 --out fuzz-out [--mem-limit 4G]
+    python -m tools.fuzz --count 10000 --seed 1 --out fuzz-out [--mem-limit 4G]
         [--timeout 60] [--batch 250] [--jobs 1]
 
 It writes ``fuzz-out/results.jsonl`` (one line per run), ``fuzz-out/summary.json`` and keeps the
@@ -56,7 +56,7 @@ CLASSES = ("ok", "clear", "traceback", "memory", "hang", "crash")
 BAD_CLASSES = ("traceback", "memory", "hang", "crash")
 TARGETS = ("load", "show", "verify", "import")
 _COMMANDS = {"show": "show", "verify": "verify", "import": "import-mscclpp"}
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # ====================================================================== seeds
@@ -80,7 +80,7 @@ def fully_connected_plan(n: int) -> dict[str, Any]:
 
 def seed_documents(root: Path = ROOT, max_bytes: int = 600_000) -> list[tuple[str, Any]]:
     """(name, parsed JSON) of every seed: the shipped plans, the tests' golden and broken plans,
-    the hand-built plans of :mod:`mscclang.testing.sample_plans`, MSCCL++ conversions of a few of
+    the hand-built plans of :mod:`mscclang.plan.samples`, MSCCL++ conversions of a few of
     them and small fully connected plans. Files above ``max_bytes`` are left out."""
     files = sorted((root / "plans").glob("*.json")) + sorted((root / "tests" / "golden").glob("*.json")) \
         + sorted((root / "tests" / "plans_broken").glob("*.json"))
@@ -94,7 +94,7 @@ def seed_documents(root: Path = ROOT, max_bytes: int = 600_000) -> list[tuple[st
             continue
     from mscclang.errors import MscclangError
     from mscclang.plan import load_plan, plan_to_dict, to_mscclpp
-    from mscclang.testing import sample_plans
+    from mscclang.plan import samples as sample_plans
 
     for fname in ("allreduce_oneshot_ll", "allreduce_twostep_ll", "allreduce_copyfwd_ll",
                   "allreduce_scratch_simple", "allreduce_read_simple", "allgather_simple", "allgather_put",
@@ -760,7 +760,7 @@ def _run_batch(batch: Path, cases: list[Case], mem_limit: str, timeout: float, e
     outcomes: dict[tuple[int, str], Outcome] = {}
     while len(outcomes) < sum(len(c.runs) for c in cases):
         (batch / "done.json").write_text(json.dumps([f"{i}:{t}" for i, t in outcomes]))
-        cmd = [sys.executable, "-m", "mscclang.testing.fuzz", "worker", "--batch-dir", str(batch),
+        cmd = [sys.executable, "-m", "tools.fuzz", "worker", "--batch-dir", str(batch),
                "--timeout", str(timeout), "--mem-limit", mem_limit]
         start_len = results.stat().st_size if results.exists() else 0
         errbuf = tempfile.TemporaryFile()  # a file, not a pipe: a chatty worker cannot block on it
@@ -862,12 +862,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command line: a campaign (default) or, internally, a ``worker``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["worker"]:
-        p = argparse.ArgumentParser(prog="python -m mscclang.testing.fuzz worker")
+        p = argparse.ArgumentParser(prog="python -m tools.fuzz worker")
         p.add_argument("--batch-dir", required=True)
         p.add_argument("--timeout", type=float, default=60.0)
         p.add_argument("--mem-limit", default="")
         return _worker(p.parse_args(argv[1:]))
-    p = argparse.ArgumentParser(prog="python -m mscclang.testing.fuzz",
+    p = argparse.ArgumentParser(prog="python -m tools.fuzz",
                                 description="Fuzz load_plan / mscclang show / mscclang verify with mutated plan files.")
     p.add_argument("--count", type=int, default=1000, help="files to generate (default 1000)")
     p.add_argument("--seed", type=int, default=0)

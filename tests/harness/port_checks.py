@@ -12,8 +12,8 @@ from typing import Any
 from mscclang.bench.worker import capture_graph
 from mscclang.errors import CollectiveTimeout
 from mscclang.plan.io import load_plan
-from mscclang.testing.runtime_checks import (
-    _compare_with_sim, call_tensors, expectation, inplace_input, make_input,
+from mscclang.cli.run_checks import (
+    compare_with_sim, call_tensors, expectation, inplace_input, make_input,
 )
 
 
@@ -58,7 +58,7 @@ def graph_replays(w: Any, plan_json: str, nbytes: int, dtype: str = "int32", rep
 
     def wrong(ins: list) -> int:
         if test:
-            return _compare_with_sim(plan, ins, out, "sum", None, w.rank) or 0
+            return compare_with_sim(plan, ins, out, "sum", None, w.rank) or 0
         return expectation(plan, ins, "sum", w.rank).count_bad(out)
 
     bad = wrong(inputs)
@@ -73,7 +73,7 @@ def graph_replays(w: Any, plan_json: str, nbytes: int, dtype: str = "int32", rep
         ex.synchronize()
         bad += wrong(fresh)
         if k == 0 and nbytes <= sim_max_bytes and not test:
-            sim_bad = _compare_with_sim(plan, fresh, out, "sum", None, w.rank) or 0
+            sim_bad = compare_with_sim(plan, fresh, out, "sum", None, w.rank) or 0
     del g
     return {"rank": w.rank, "bad": bad + sim_bad, "sim_bad": sim_bad, "replays": replays,
             "kernel": ex.last_kernel, "enqueued": ex._proxy.enqueued}
@@ -164,7 +164,7 @@ def ce_allgather_time(w: Any, total: int = 256 << 20, inplace: bool = False) -> 
     one-call CUDA graph replay, median of 3 each (where the proxy's time goes)."""
     import torch
 
-    from mscclang.testing import port_plans as pp
+    from tests.harness import port_plans as pp
 
     plan = pp.allgather_pwsf(w.world_size, inplace=inplace)
     n_in = total // w.world_size // 4

@@ -1,12 +1,12 @@
 """The reliability figures of ``notes/reliability.md``, measured on the GPUs in one command::
 
-    python3 -m mscclang.testing.reliability --out DIR [--soak-s 150] [--faults]
+    python3 -m tools.reliability --out DIR [--soak-s 150] [--faults]
 
 * soak: random collectives, sizes (1 element .. 64 MiB, log-uniform, odd counts), dtypes, reduce
   ops, buffer kinds and layouts, eager then CUDA-graph replays, every result compared bit for bit
-  (:func:`mscclang.testing.trust_checks.soak`);
+  (:func:`tests.harness.trust_checks.soak`);
 * faults: a peer killed or hung mid-stream, eager and graph, on a size mscclang runs and on one
-  it hands to NCCL (:mod:`mscclang.testing.faults`): the exception, the time to error, close().
+  it hands to NCCL (:mod:`tools.faults`): the exception, the time to error, close().
 
 Writes ``DIR/reliability.json`` and prints a markdown summary.
 """
@@ -38,7 +38,7 @@ def main(argv: Any = None) -> int:
     from mscclang.runtime.launch import WorkerPool
 
     with WorkerPool(timeout_s=10.0) as pool:
-        soak = pool.run("mscclang.testing.trust_checks:soak", calls=a.calls, graph_replays=a.replays,
+        soak = pool.run("tests.harness.trust_checks:soak", calls=a.calls, graph_replays=a.replays,
                         time_limit_s=a.soak_s, size_pool=a.size_pool,
                         reserve_s=a.reserve_s)
     res["soak"] = soak
@@ -54,7 +54,7 @@ def main(argv: Any = None) -> int:
               f"{len(r['failures'])} mismatches, {r['elapsed_s']:.0f} s, "
               f"{r.get('distinct_sizes')} distinct (collective, bytes)", flush=True)
     if a.faults:
-        from mscclang.testing.faults import run
+        from tools.faults import run
 
         res["faults"] = []
         for mode, size, fault, path_ in (("eager", 4096, "kill", "mscclang"), ("graph", 4096, "kill", "mscclang"),

@@ -1,5 +1,5 @@
 """Helpers to exercise the communicator on the CPU: stub plans, in-memory catalogs, and a
-thread-per-rank harness over :mod:`mscclang.testing.sim_backend` (with a thread fallback that plays
+thread-per-rank harness over :mod:`mscclang.comm.sim_backend` (with a thread fallback that plays
 torch.distributed's part)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from mscclang.comm.catalog import Catalog, PlanVariant
 from mscclang.comm.communicator import Communicator
 from mscclang.comm.errors import CommError
 from mscclang.comm.names import plan_collective
-from mscclang.testing.sim_backend import SimWorld, numpy_to_torch, torch_to_numpy
+from mscclang.comm.sim_backend import SimWorld, numpy_to_torch, torch_to_numpy
 from mscclang.comm.tuning import TuningTable
 from mscclang.plan.models import MAX_MESSAGE_SIZE, BufferKind, ChannelDesc, ChannelType, Gpu, Plan, RemoteBuffer
 
@@ -60,7 +60,7 @@ class ThreadFallback:
         self.calls: list[str] = []
 
     def _run(self, coll: str, rank: int, inp: Any, out: Any, op: str = "sum", root: int = 0) -> None:
-        from mscclang.testing.sim_backend import _Launch
+        from mscclang.comm.sim_backend import _Launch
 
         plan = stub_plan(coll, self.world.world_size, name=f"fallback_{coll}", root=root)
         res = self.world.launch(rank, _Launch(plan, torch_to_numpy(inp), out.numel(), op, None, None))

@@ -5,7 +5,7 @@ bad arguments at every entry point, ranks that disagree on a call, concurrency, 
 
 Every result is checked bit for bit: at 2 ranks every reference here is exact (a two-operand sum
 is order-free, and so are min, max, copies and int32), i.e. equal to NCCL's; at more ranks float
-sums are checked within the any-order bound, as :mod:`mscclang.testing.comm_checks` does.
+sums are checked within the any-order bound, as :mod:`tests.harness.comm_checks` does.
 Each command returns a dict with ``checked`` and ``failures`` (strings naming the case).
 """
 
@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 from mscclang.bench.worker import capture_graph, gen_input
 from mscclang.plan.collectives import API_COLLECTIVES
 from mscclang.plan.dtypes import dtype_info, torch_dtype
-from mscclang.testing.comm_checks import _buffers, _call, _compare, _expectation, _sync
+from tests.harness.comm_checks import _buffers, _call, _compare, _expectation, _sync
 
 #: the API names of the collectives the checks run
 COLLECTIVES = API_COLLECTIVES
@@ -262,7 +262,7 @@ def bad_inputs(w: Any) -> dict:
     import torch
 
     from mscclang.errors import MscclangError
-    from mscclang.testing.sample_plans import allreduce_oneshot_ll
+    from mscclang.plan.samples import allreduce_oneshot_ll
 
     comm = _fresh_comm(w, "badinputs", fallback=True)
     n, r = w.world_size, w.rank
@@ -536,7 +536,7 @@ def layout_refusals(w: Any) -> dict:
 
     from mscclang.algorithms.allgather import build_allgather_simple
     from mscclang.errors import InvalidCall
-    from mscclang.testing.sample_plans import allreduce_oneshot_ll
+    from mscclang.plan.samples import allreduce_oneshot_ll
 
     n, r = w.world_size, w.rank
     dev = torch.device("cuda", r)

@@ -1,5 +1,6 @@
-"""Commands run on GPU workers (see :mod:`mscclang.runtime.launch`): correctness checks against a
-reference, back-to-back and CUDA-graph runs, timing, and the timeout/reset check.
+"""The commands ``mscclang run`` sends to its GPU workers (see :mod:`mscclang.runtime.launch`):
+one checked launch of a plan against a reference (:func:`run_plan_check`) and its timing, eager
+(:func:`time_eager`) or in a CUDA graph (:func:`time_graph`).
 
 Every rank generates every rank's input from the same seed on its GPU, so each rank computes the
 collective's expected output itself (:func:`expectation`). How the output is checked:
@@ -22,12 +23,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from mscclang.errors import CollectiveTimeout
 from mscclang.plan.dtypes import SIM_DTYPES, torch_dtype, torch_dtype_info
 from mscclang.plan.io import load_plan
 from mscclang.plan.models import Plan
+from mscclang.plan.reference import output_blocks, output_elems, reference_output
 
 _TORCH_DTYPES = ("float16", "bfloat16", "float32", "int32")
 
@@ -36,7 +38,7 @@ def _dtype(name: str) -> Any:
     return torch_dtype(name)
 
 
-def _bits(t: Any) -> Any:
+def bits(t: Any) -> Any:
     import torch
 
     return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
@@ -45,7 +47,7 @@ def _bits(t: Any) -> Any:
 _PLANS: dict[str, Plan] = {}
 
 
-def _plan(w: Any, plan_json: str) -> Plan:
+def worker_plan(w: Any, plan_json: str) -> Plan:
     """Plans are cached per worker by their JSON text, so the executor's caches stay warm."""
     p = _PLANS.get(plan_json)
     if p is None:
@@ -132,7 +134,7 @@ class Expected:
         if self.exact is not None:
             if out.numel() != self.exact.numel():
                 raise ValueError(f"output has {out.numel()} elements, expected {self.exact.numel()}")
-            return _bits(out) != _bits(self.exact)
+            return bits(out) != bits(self.exact)
         return ~((out.double() - self.approx).abs() <= self.bound)
 
     def count_bad(self, out: Any) -> int:
@@ -156,49 +158,35 @@ def torch_where_zero_positive(t: Any) -> Any:
 
 def expectation(plan: Plan, inputs: list, reduce_op: str, rank: int, packet_type: Optional[str] = None,
                 sim_max_bytes: int = 0, out_numel: Optional[int] = None) -> Expected:
-    """The expected output of ``rank`` for torch ``inputs`` (one per rank): exact in rank order
-    when the order cannot matter (:func:`order_free`), else the simulator's output when the
-    output is at most ``sim_max_bytes`` (the plan's own order, bit exact), else the sum's error
-    bound (:func:`sum_bound`)."""
+    """The expected output of ``rank`` for torch ``inputs`` (one per rank): the definition
+    (:func:`reference`) when the reduction order cannot matter (:func:`order_free`), else the
+    simulator's output when the output is at most ``sim_max_bytes`` (the plan's own order, bit
+    exact), else the sum's error bound (:func:`sum_bound`) over the elements each output element
+    reduces."""
     coll = plan.collective
-    summed = coll == "allreduce" and reduce_op == "sum" and len(inputs) > 1
+    summed = coll in ("allreduce", "reducescatter") and reduce_op == "sum" and len(inputs) > 1
     if order_free(coll, inputs[0].dtype, reduce_op, len(inputs)):
         return Expected("exact", exact=reference(plan, inputs, reduce_op, rank), summed=summed)
-    if coll != "allreduce":
-        raise ValueError(f"no reference for collective {coll!r}")
-    n_out = inputs[0].numel() if out_numel is None else out_numel
+    n_out = output_elems(coll, len(inputs), inputs[0].numel()) if out_numel is None else out_numel
     if n_out * inputs[0].element_size() <= sim_max_bytes:
         got = sim_output(plan, inputs, reduce_op, packet_type, rank, n_out * inputs[0].element_size())
         if got is not None:
             return Expected("simulator", exact=got, summed=summed)
-    approx, bound = sum_bound(inputs)
+    (block,) = output_blocks(coll, len(inputs), rank, inputs[0].numel(), plan.root)  # one reduced block
+    approx, bound = sum_bound([inputs[s][block.in_start:block.in_start + block.length] for s in block.sources])
     return Expected("bound", approx=approx, bound=bound, summed=summed)
 
 
 def reference(plan: Plan, inputs: list, reduce_op: str, rank: int) -> Any:
-    """Output of ``rank`` on torch inputs, reduced in the order rank, rank+1, ... (16-bit floats
-    through fp32 each step): the exact expected output whenever :func:`order_free` holds."""
-    import torch
-
-    coll = plan.collective
-    if coll == "allgather":
-        return torch.cat(inputs)
-    if coll != "allreduce":
-        raise ValueError(f"no reference for collective {coll!r}")
-    order = [(rank + i) % len(inputs) for i in range(len(inputs))]
-    acc = inputs[order[0]]
-    for q in order[1:]:
-        x = inputs[q]
-        if acc.dtype == torch.int32:
-            a, b = acc, x
-        else:
-            a, b = acc.float(), x.float()
-        r = a + b if reduce_op == "sum" else (torch.minimum(a, b) if reduce_op == "min" else torch.maximum(a, b))
-        acc = r.to(inputs[0].dtype)
-    return acc
+    """Output of ``rank`` on torch ``inputs`` (one per rank) by the collective's definition
+    (:func:`mscclang.plan.reference.reference_output`: reductions in rank order, floating point
+    through float32 each step), as a tensor on the inputs' device: the exact expected output
+    whenever :func:`order_free` holds."""
+    want = reference_output(plan.collective, [to_numpy(x) for x in inputs], rank, reduce_op, plan.root)
+    return from_numpy(want, inputs[0])
 
 
-def _device(w: Any) -> Any:
+def worker_device(w: Any) -> Any:
     """The worker's torch device: ``w.device`` when it has one (CPU test harness), else its
     communicator's GPU (rank r's GPU is r // ranks per GPU, see :func:`~mscclang.runtime.launch.ranks_per_gpu`)."""
     import torch
@@ -211,21 +199,21 @@ def _device(w: Any) -> Any:
 
 def _sizes(plan: Plan, nbytes: int, esize: int, world: int) -> tuple[int, int]:
     """(input elements, output elements) for a message of ``nbytes`` (input bytes; allgather: per
-    rank)."""
+    rank); a reducescatter or alltoall input is rounded down to a multiple of the world size."""
     n_in = max(nbytes // esize, 1)
-    if plan.collective == "allgather":
-        return n_in, n_in * world
-    return n_in, n_in
+    if plan.collective in ("reducescatter", "alltoall"):
+        n_in = max(n_in // world, 1) * world
+    return n_in, output_elems(plan.collective, world, n_in)
 
 
-def _case(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int) -> tuple:
+def check_case(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int) -> tuple:
     """What a check command starts from: (plan, torch dtype, device, element size, input and
     output element counts, every rank's input)."""
     import torch
 
-    plan = _plan(w, plan_json)
+    plan = worker_plan(w, plan_json)
     dt = _dtype(dtype)
-    dev = _device(w)
+    dev = worker_device(w)
     esize = torch.empty((), dtype=dt).element_size()
     n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
     return plan, dt, dev, esize, n_in, n_out, [make_input(q, n_in, dt, seed, dev) for q in range(w.world_size)]
@@ -247,11 +235,11 @@ def inplace_input(plan: Plan, out: Any, inp: Any, rank: int) -> Any:
 
 
 def call_tensors(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int, symmetric: bool) -> tuple:
-    """:func:`_case` plus this rank's input (a copy of its random input) and output tensors, in
+    """:func:`check_case` plus this rank's input (a copy of its random input) and output tensors, in
     symmetric memory (``comm.alloc``) or ordinary torch tensors."""
     import torch
 
-    plan, dt, dev, esize, n_in, n_out, inputs = _case(w, plan_json, nbytes, dtype, seed)
+    plan, dt, dev, esize, n_in, n_out, inputs = check_case(w, plan_json, nbytes, dtype, seed)
     if symmetric:
         out = w.comm.alloc(n_out, dt)
         inp = w.comm.alloc(n_in, dt)
@@ -269,142 +257,26 @@ def run_plan_check(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", 
     ``sim_max_bytes``, with the simulator's output. An in-place plan (or ``inplace``) runs on the
     in-place layout (:func:`inplace_input`)."""
     plan, dt, dev, esize, n_in, n_out, inputs, inp, out = call_tensors(w, plan_json, nbytes, dtype, seed, symmetric)
-    _bits(out).fill_(0x7F7F if esize == 2 else 0x7F7F7F7F)  # poison
+    bits(out).fill_(0x7F7F if esize == 2 else 0x7F7F7F7F)  # poison
     if inplace or plan.inplace:
         inp = inplace_input(plan, out, inp, w.rank)
     w.executor.execute(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
     w.executor.synchronize()
     sim_bad = None
     if nbytes <= sim_max_bytes:
-        sim_bad = _compare_with_sim(plan, inputs, out, reduce_op, packet_type, w.rank)
+        sim_bad = compare_with_sim(plan, inputs, out, reduce_op, packet_type, w.rank)
     exp = expectation(plan, inputs, reduce_op, w.rank, packet_type)
     bad = exp.count_bad(out)
     first = exp.first_bad(out) if bad else None
     return {"rank": w.rank, "bad": bad + (sim_bad or 0), "ref_bad": bad, "sim_bad": sim_bad, "n": n_out,
             "ref_mode": exp.how, "first_bad": first, "kernel": w.executor.last_kernel,
-            "spec": _spec_status(w, plan)}
+            "spec": spec_status(w, plan)}
 
 
-def _spec_status(w: Any, plan: Plan) -> str:
+def spec_status(w: Any, plan: Plan) -> str:
     """The executor's specialised-kernel status lines for ``plan`` (for failure messages)."""
     st = getattr(w.executor, "spec_status", None)
     return "; ".join(f"{k}: {v}" for k, v in st(plan).items()) if st else ""
-
-
-def set_env(w: Any, name: str, value: Optional[str]) -> bool:
-    """Set (or, with None, remove) an environment variable in the worker (e.g. the specialised
-    kernels' MSCCLANG_SPEC_FLAGS / MSCCLANG_SPEC_THREADS, read when a kernel is generated)."""
-    import os
-
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-    return True
-
-
-def set_specialize(w: Any, mode: str) -> str:
-    """Switch the worker executor's kernel policy ('auto', 'always', 'never')."""
-    w.executor.set_specialize(mode)
-    return w.executor.specialize
-
-
-def _sign_flip_setup(w: Any, plan_json: str, nbytes: int, dtype: str, packet_type: Optional[str],
-                     seed: int, sim_max_bytes: int) -> tuple:
-    """Common set-up of the sign-flipping repeat checks: (plan, dtype, element size, input and
-    output element counts, this rank's input copy, output, bad-element counter, expected output
-    and its negation)."""
-    import torch
-
-    plan, dt, dev, esize, n_in, n_out, inputs = _case(w, plan_json, nbytes, dtype, seed)
-    exp = expectation(plan, inputs, "sum", w.rank, packet_type, sim_max_bytes, n_out)
-    inp = inputs[w.rank].clone()
-    out = torch.empty(n_out, dtype=dt, device=dev)
-    if plan.inplace:
-        inp = _Flipping(inplace_input(plan, out, inp, w.rank))
-    bad = torch.zeros((), dtype=torch.int64, device=dev)
-    return plan, dt, esize, n_in, n_out, inp, out, bad, exp, exp.negated()
-
-
-class _Flipping:
-    """The input of an in-place plan for the sign-flipping checks: the launch overwrites the
-    input's place with the output, so each flip rewrites it from a kept copy."""
-
-    def __init__(self, view: Any) -> None:
-        self.view = view
-        self.base = view.clone()
-
-    def neg_(self) -> None:
-        self.base.neg_()
-        self.view.copy_(self.base)
-
-
-def _arg(t: Any) -> Any:
-    """The tensor a check passes to the executor (the view of a :class:`_Flipping`)."""
-    return t.view if isinstance(t, _Flipping) else t
-
-
-def _sign_flip_runs(ex: Any, plan: Plan, inp: Any, out: Any, bad: Any, exp: Any, neg: Any, iters: int,
-                    packet_type: Optional[str], policy: Optional[Callable[[int], str]] = None) -> list[str]:
-    """``iters`` launches of ``plan``, the input's sign flipped before each and every output
-    checked into ``bad``; ``policy(i)`` (if given) sets the kernel policy of launch ``i``. Returns
-    the kernel of each launch."""
-    kinds = []
-    for i in range(iters):
-        if policy is not None:
-            ex.set_specialize(policy(i))
-        inp.neg_()
-        ex.execute(plan, _arg(inp), out, packet_type=packet_type)
-        kinds.append(ex.last_kernel)
-        bad.add_((neg if i % 2 == 0 else exp).wrong(out).sum())
-    ex.synchronize()
-    return kinds
-
-
-def alternate_kernels(w: Any, plan_json: str, nbytes: int, iters: int = 64, dtype: str = "float16",
-                      packet_type: Optional[str] = None, seed: int = 5, sim_max_bytes: int = 1 << 16) -> dict:
-    """Launches that alternate between the specialised kernel and the interpreter on one context
-    (same flags, scratch halves and counters), the input's sign flipped before each; every output
-    checked. Ends in the 'auto' policy."""
-    plan, dt, esize, n_in, n_out, inp, out, bad, exp, neg = _sign_flip_setup(
-        w, plan_json, nbytes, dtype, packet_type, seed, sim_max_bytes)
-    try:
-        kinds = _sign_flip_runs(w.executor, plan, inp, out, bad, exp, neg, iters, packet_type,
-                                lambda i: "always" if i % 2 == 0 else "never")
-    finally:
-        w.executor.set_specialize("auto")
-    return {"rank": w.rank, "bad": int(bad.item()), "kernels": sorted(set(kinds)), "launches": iters,
-            "ref_mode": exp.how, "spec": _spec_status(w, plan)}
-
-
-def hot_promotion(w: Any, plan_json: str, nbytes: int, iters: int = 6, dtype: str = "float16",
-                  packet_type: Optional[str] = None, seed: int = 9, sim_max_bytes: int = 1 << 16) -> dict:
-    """The 'auto' policy on one size it specialises only when hot: the same call ``iters`` times
-    (input sign flipped before each, every output checked); returns the kernel of each call, so
-    the test can see the interpreter run until ``MSCCLANG_SPEC_HOT_CALLS`` and the specialised
-    kernel from then on."""
-    plan, dt, esize, n_in, n_out, inp, out, bad, exp, neg = _sign_flip_setup(
-        w, plan_json, nbytes, dtype, packet_type, seed, sim_max_bytes)
-    w.executor.set_specialize("auto")
-    kinds = _sign_flip_runs(w.executor, plan, inp, out, bad, exp, neg, iters, packet_type)
-    return {"rank": w.rank, "bad": int(bad.item()), "kernels": kinds, "ref_mode": exp.how,
-            "spec": _spec_status(w, plan)}
-
-
-def mixed_kernels(w: Any, plan_json: str, nbytes: int, iters: int = 16, dtype: str = "float16",
-                  packet_type: Optional[str] = None, seed: int = 11, sim_max_bytes: int = 1 << 16) -> dict:
-    """Even ranks run the specialised kernel, odd ranks the interpreter, in the same launches
-    (what happens when one rank's build fails): both kernels speak the same protocol, so every
-    output must stay right. Ends in the 'auto' policy."""
-    plan, dt, esize, n_in, n_out, inp, out, bad, exp, neg = _sign_flip_setup(
-        w, plan_json, nbytes, dtype, packet_type, seed, sim_max_bytes)
-    mine = "always" if w.rank % 2 == 0 else "never"
-    try:
-        kinds = _sign_flip_runs(w.executor, plan, inp, out, bad, exp, neg, iters, packet_type, lambda i: mine)
-    finally:
-        w.executor.set_specialize("auto")
-    return {"rank": w.rank, "bad": int(bad.item()), "kernels": sorted(set(kinds)), "ref_mode": exp.how,
-            "spec": _spec_status(w, plan)}
 
 
 def to_numpy(t: Any) -> Any:
@@ -418,6 +290,19 @@ def to_numpy(t: Any) -> Any:
     return t.detach().cpu().numpy()
 
 
+def from_numpy(a: Any, like: Any) -> Any:
+    """A numpy array as a torch tensor of ``like``'s dtype and device (bfloat16 by its bits)."""
+    import numpy as np
+    import torch
+
+    a = np.ascontiguousarray(a)
+    if like.dtype == torch.bfloat16:
+        t = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(a.copy())
+    return t.to(like.device)
+
+
 def sim_output(plan: Plan, inputs: list, reduce_op: str, packet_type: Optional[str], rank: int,
                output_bytes: int) -> Any:
     """The simulator's output of ``rank`` for torch ``inputs`` as a tensor like ``inputs[0]`` (on
@@ -426,21 +311,12 @@ def sim_output(plan: Plan, inputs: list, reduce_op: str, packet_type: Optional[s
         from mscclang.sim import run as sim_run
     except ImportError:
         return None
-    import numpy as np
-    import torch
-
     outs = sim_run(plan, [to_numpy(x) for x in inputs], reduce_op=reduce_op, packet_type=packet_type or "LL16",
                    output_bytes=output_bytes)
-    a = np.ascontiguousarray(outs[rank])
-    like = inputs[0]
-    if like.dtype == torch.bfloat16:
-        t = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(a.copy())
-    return t.to(like.device)
+    return from_numpy(outs[rank], inputs[0])
 
 
-def _compare_with_sim(plan: Plan, inputs: list, out: Any, reduce_op: str, packet_type: Optional[str],
+def compare_with_sim(plan: Plan, inputs: list, out: Any, reduce_op: str, packet_type: Optional[str],
                       rank: int) -> Optional[int]:
     """Wrong elements of ``out`` against the simulator's output of ``rank`` (None without one)."""
     want = sim_output(plan, inputs, reduce_op, packet_type, rank, out.numel() * out.element_size())
@@ -449,62 +325,15 @@ def _compare_with_sim(plan: Plan, inputs: list, out: Any, reduce_op: str, packet
     return Expected("simulator", exact=want).count_bad(out)
 
 
-def back_to_back(w: Any, plan_json: str, nbytes: int, iters: int, dtype: str = "float16",
-                 packet_type: Optional[str] = None, graph: bool = False, seed: int = 1,
-                 sim_max_bytes: int = 1 << 16) -> dict:
-    """``iters`` launches (eager, or CUDA-graph replays) with the input's sign flipped before
-    each, every output compared on the GPU with the expected one (sum or allgather only)."""
-    import torch
-
-    dev = _device(w)
-    plan, dt, esize, n_in, n_out, inp, out, bad, ref, neg_ref = _sign_flip_setup(
-        w, plan_json, nbytes, dtype, packet_type, seed, sim_max_bytes)
-    ex = w.executor
-    ex.prepare(plan, _arg(inp), out, packet_type=packet_type)
-
-    def step(expect: Any) -> None:
-        inp.neg_()
-        ex.execute(plan, _arg(inp), out, packet_type=packet_type)
-        bad.add_(expect.wrong(out).sum())
-
-    w.comm.barrier()
-    if not graph:
-        for i in range(iters // 2):
-            step(neg_ref)
-            step(ref)
-        launches = iters // 2 * 2
-    else:
-        s = torch.cuda.Stream(device=dev)
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            step(neg_ref)  # warm-up outside capture
-            step(ref)
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        w.comm.barrier()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step(neg_ref)
-            step(ref)
-        torch.cuda.synchronize()
-        w.comm.barrier()
-        for i in range(iters // 2):
-            g.replay()
-        launches = 2 + iters // 2 * 2
-    ex.synchronize()
-    return {"rank": w.rank, "bad": int(bad.item()), "launches": launches, "kernel": ex.last_kernel,
-            "ref_mode": ref.how, "spec": _spec_status(w, plan)}
-
-
 def time_eager(w: Any, plan_json: str, nbytes: int, iters: int = 2000, dtype: str = "float16",
                packet_type: Optional[str] = None, cooperative: bool = False) -> dict:
     """Back-to-back wall time per eager call from Python (us)."""
     import torch
 
     w.executor.cooperative = cooperative
-    plan = _plan(w, plan_json)
+    plan = worker_plan(w, plan_json)
     dt = _dtype(dtype)
-    dev = _device(w)
+    dev = worker_device(w)
     esize = torch.empty((), dtype=dt).element_size()
     n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
     inp = make_input(w.rank, n_in, dt, 3, dev)
@@ -535,9 +364,9 @@ def time_graph(w: Any, plan_json: str, nbytes: int, per_graph: int = 100, replay
     import torch
 
     w.executor.cooperative = cooperative
-    plan = _plan(w, plan_json)
+    plan = worker_plan(w, plan_json)
     dt = _dtype(dtype)
-    dev = _device(w)
+    dev = worker_device(w)
     esize = torch.empty((), dtype=dt).element_size()
     n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
     if symmetric:
@@ -583,58 +412,3 @@ def time_graph(w: Any, plan_json: str, nbytes: int, per_graph: int = 100, replay
             "algbw_gbs": round(n_in * esize / (med * 1e3), 2), "kernel": ex.last_kernel}
 
 
-def timeout_and_reset(w: Any, bad_json: str, good_json: str, timeout_s: float = 1.0) -> dict:
-    """Run a plan with a missing signal (expect CollectiveTimeout within the bound on every rank),
-    reset, then run a correct plan correctly in the same processes."""
-    import torch
-
-    ex = w.executor
-    old = ex.timeout_ns
-    ex.timeout_ns = int(timeout_s * 1e9)
-    bad = _plan(w, bad_json)
-    dev = _device(w)
-    n = 1024
-    inp = torch.ones(n, dtype=torch.float16, device=dev)
-    out = torch.empty_like(inp)
-    w.comm.barrier()
-    t0 = time.perf_counter()
-    raised = ""
-    try:
-        ex.execute(bad, inp, out)
-        ex.synchronize()
-    except CollectiveTimeout as e:
-        raised = str(e)
-    elapsed = time.perf_counter() - t0
-    again = ""
-    try:
-        ex.execute(bad, inp, out)
-    except CollectiveTimeout as e:
-        again = str(e)
-    kernel = ex.last_kernel
-    ex.timeout_ns = old
-    ex.reset()
-    res = run_plan_check(w, good_json, 4096, "float16", seed=7)
-    return {"rank": w.rank, "raised": raised, "raised_again": bool(again), "elapsed_s": elapsed,
-            "after_reset_bad": res["bad"], "kernel": kernel, "after_reset_kernel": res["kernel"]}
-
-
-def reset(w: Any) -> bool:
-    """Collective reset of the worker's executor (after a failure on some rank)."""
-    w.executor.reset()
-    return True
-
-
-def warm_kernels(w: Any) -> dict:
-    """Load the interpreter module of every dtype now (prebuilt cubins, the disk cache, or an
-    NVRTC build of tens of seconds each), so that no later command's time limit pays for a build.
-    Returns the seconds taken per dtype."""
-    import time
-
-    from mscclang.runtime.build import DTYPES
-
-    took = {}
-    for dt in DTYPES:
-        t = time.monotonic()
-        w.executor.kernels.interpreter(dt, "ll16", "sum")
-        took[dt] = round(time.monotonic() - t, 2)
-    return {"rank": w.rank, "seconds": took}

@@ -1,4 +1,4 @@
-"""Port-channel measurements for notes/ports.md (2 GPUs): ``python3 -m mscclang.testing.port_bench
+"""Port-channel measurements for notes/ports.md (2 GPUs): ``python3 -m tools.port_bench
 --out DIR [--two-nodes] [--plan NAME=FILE ...]``.
 
 One process per GPU, torch.distributed (NCCL, NVLink multicast off) and mscclang's executor in
@@ -70,8 +70,8 @@ def _worker(rank: int, world: int, port: int, args: Any, q: Any) -> None:
                                 device_id=torch.device(f"cuda:{rank}"))
         from mscclang.runtime.comm import Communicator as RtComm
         from mscclang.runtime.executor import Executor
-        from mscclang.testing import port_plans as pp
-        from mscclang.testing.runtime_checks import expectation, make_input
+        from tests.harness import port_plans as pp
+        from mscclang.cli.run_checks import expectation, make_input
 
         rt = RtComm(store=dist.PrefixStore("mscclang", store), rank=rank, world_size=world, device=rank)
         ex = Executor(rt, timeout_s=20.0)
@@ -199,7 +199,7 @@ def _worker(rank: int, world: int, port: int, args: Any, q: Any) -> None:
 
 
 def main(argv: Any = None) -> int:
-    p = argparse.ArgumentParser(prog="python3 -m mscclang.testing.port_bench")
+    p = argparse.ArgumentParser(prog="python3 -m tools.port_bench")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--two-nodes", action="store_true")
     p.add_argument("--plan", action="append", default=[], help="NAME=plan.json to time beside NCCL")

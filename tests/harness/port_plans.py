@@ -18,6 +18,9 @@ Each is a correct program of its collective (verified in the simulator by the te
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional, Sequence
+
 from mscclang import AllGather, Buffer, CollectiveProgram, LoopIterationContext, MemoryChannel, PortChannel, Rank, SyncType
 from mscclang.dsl.collectives import TestCollective
 from mscclang.plan.models import Plan
@@ -198,19 +201,15 @@ SAMPLES = {
 }
 
 
-def shipped_port_plans() -> list[tuple[str, Plan, int]]:
-    """(file stem, plan, GPUs per node) of every plan in the checkout's ``plans/`` that uses port
-    channels; GPUs per node from the stem's ``gpus_per_node<N>`` part (default: all ranks on one
-    node)."""
-    from pathlib import Path
-
+def shipped_port_plans(files: Optional[Sequence[Path]] = None) -> list[tuple[str, Plan, int]]:
+    """(file stem, plan, GPUs per node) of every plan of ``files`` (default: the checkout's
+    shipped plans, :func:`tests.harness.shipped.shipped_plan_files`) that uses port channels; GPUs
+    per node from the stem's ``gpus_per_node<N>`` part (default: all ranks on one node)."""
     from mscclang.plan.io import load_plan
+    from tests.harness.shipped import shipped_plan_files
 
-    root = Path(__file__).resolve().parents[2] / "plans"
     out = []
-    for f in sorted(root.glob("*.json")):
-        if f.name == "index.json":
-            continue
+    for f in (shipped_plan_files() if files is None else files):
         text = f.read_text()
         if '"port"' not in text:
             continue

@@ -4,7 +4,7 @@ worker's executor, every collective against a reference computed on each rank fr
 
 Reductions are checked bit for bit where the order cannot matter (2 ranks, int32, min/max) and,
 for floating-point sums over 3 or more ranks, within the error bound of summation in any order
-(:func:`mscclang.testing.runtime_checks.sum_bound`): the communicator may pick any plan, so its order is
+(:func:`mscclang.cli.run_checks.sum_bound`): the communicator may pick any plan, so its order is
 not known here.
 
 Each command returns ``{"rank", "checked", "failures": [...], "plans": [...]}``; a failure names
@@ -17,8 +17,8 @@ import traceback
 from typing import Any, Optional
 
 from mscclang.bench.worker import gen_input
+from mscclang.cli.run_checks import Expected, sum_bound
 from mscclang.plan.dtypes import torch_dtype
-from mscclang.testing.runtime_checks import Expected, sum_bound
 
 DTYPES = ("float16", "bfloat16", "float32", "int32")
 
@@ -100,7 +100,7 @@ def _expectation(coll: str, rank: int, n: int, xs: list, op: str, root: int) -> 
 
 def _compare(got: Any, want: Any, exact: bool = True) -> Optional[str]:
     """None when ``got`` is as expected (``want``: a tensor compared bit for bit, or an
-    :class:`~mscclang.testing.runtime_checks.Expected`), else a description of the first wrong element."""
+    :class:`~mscclang.cli.run_checks.Expected`), else a description of the first wrong element."""
     exp = want if isinstance(want, Expected) else Expected("exact", exact=want.reshape(-1))
     g = got.reshape(-1)
     n_want = (exp.exact if exp.exact is not None else exp.approx).numel()

@@ -1,0 +1,147 @@
+"""The definition of every collective's result: which input elements each output element of a
+rank comes from (:func:`output_blocks`) and, for numpy inputs, the reference output itself
+(:func:`reference_output`). This is the one place the checks of ``mscclang run``, the CPU
+simulator backend of the communicator and the benchmark's check take the expected result from.
+
+Definitions, for ``n`` ranks with per-rank inputs ``x[0] .. x[n-1]`` (``k`` elements a block):
+
+* ``allreduce``: every rank's output is ``reduce(x[0], x[1], ..., x[n-1])``;
+* ``allgather``: every rank's output is ``x[0] ++ x[1] ++ ... ++ x[n-1]`` (input ``k``, output ``n k``);
+* ``reducescatter``: rank ``r``'s output is ``reduce`` of block ``r`` of every input (input ``n k``,
+  output ``k``);
+* ``alltoall``: block ``p`` of rank ``r``'s output is block ``r`` of ``x[p]`` (input = output = ``n k``);
+* ``broadcast``: every rank's output is ``x[root]``;
+* ``sendrecv``: rank ``r``'s output is ``x[(r - 1) mod n]`` (each rank sends to the next).
+
+``reduce`` is ``sum``, ``min`` or ``max``, applied in rank order 0, 1, ..., n-1. For floating-point
+types every step computes in float32 and rounds back to the element type (what the kernels do for
+16-bit floats); integer sums wrap around (two's complement). Sums over 3 or more ranks depend on
+the order a plan reduces in, so this exact order is the reference only where the order cannot
+matter (copies, integers, min/max, 2 ranks); elsewhere a check compares within an error bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+#: the collectives defined here (plan spelling)
+COLLECTIVES: tuple[str, ...] = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
+#: the reductions defined here
+REDUCE_OPS: tuple[str, ...] = ("sum", "min", "max")
+
+
+@dataclass(frozen=True)
+class OutputBlock:
+    """``output[out_start : out_start + length]`` of one rank is the reduction (in the order of
+    ``sources``) of ``inputs[s][in_start : in_start + length]`` for every ``s`` in ``sources``;
+    with one source it is a copy."""
+
+    out_start: int
+    length: int
+    sources: tuple[int, ...]
+    in_start: int
+
+    @property
+    def reduced(self) -> bool:
+        """Whether the block combines several ranks' elements (a reduction, not a copy)."""
+        return len(self.sources) > 1
+
+
+def _check(collective: str, world_size: int) -> None:
+    if collective not in COLLECTIVES:
+        raise ValueError(f"no reference for collective {collective!r}; defined: {', '.join(COLLECTIVES)}")
+    if world_size < 1:
+        raise ValueError(f"world size {world_size}: need at least 1 rank")
+
+
+def output_elems(collective: str, world_size: int, in_elems: int) -> int:
+    """The output element count of one rank for an input of ``in_elems`` elements; ValueError
+    when ``in_elems`` does not fit the collective (reducescatter and alltoall inputs must be a
+    multiple of the world size)."""
+    _check(collective, world_size)
+    n = world_size
+    if collective == "allgather":
+        return n * in_elems
+    if collective in ("reducescatter", "alltoall") and in_elems % n:
+        raise ValueError(f"{collective} needs an input element count divisible by the world size {n}, "
+                         f"got {in_elems}")
+    if collective == "reducescatter":
+        return in_elems // n
+    return in_elems
+
+
+def output_blocks(collective: str, world_size: int, rank: int, in_elems: int,
+                  root: Optional[int] = None) -> list[OutputBlock]:
+    """Where every output element of ``rank`` comes from, as blocks in output order (see the
+    module's definitions). ``root`` is broadcast's source rank (default 0). ValueError for an
+    unknown collective, a rank or root outside ``0 .. world_size - 1`` or an input size that does
+    not fit the collective."""
+    out = output_elems(collective, world_size, in_elems)
+    n = world_size
+    if not 0 <= rank < n:
+        raise ValueError(f"rank {rank} outside 0..{n - 1}")
+    everyone = tuple(range(n))
+    if collective == "allreduce":
+        return [OutputBlock(0, out, everyone, 0)]
+    if collective == "allgather":
+        return [OutputBlock(p * in_elems, in_elems, (p,), 0) for p in range(n)]
+    if collective == "reducescatter":
+        return [OutputBlock(0, out, everyone, rank * out)]
+    if collective == "alltoall":
+        k = in_elems // n
+        return [OutputBlock(p * k, k, (p,), rank * k) for p in range(n)]
+    if collective == "broadcast":
+        src = 0 if root is None else root
+        if not 0 <= src < n:
+            raise ValueError(f"broadcast root {src} outside 0..{n - 1}")
+        return [OutputBlock(0, out, (src,), 0)]
+    return [OutputBlock(0, out, ((rank - 1) % n,), 0)]  # sendrecv
+
+
+def reduce_arrays(arrays: Sequence[np.ndarray], reduce_op: str = "sum") -> np.ndarray:
+    """``reduce_op`` of equally shaped numpy arrays in the given order: floating point (bfloat16
+    and float8 included) in float32 each step, rounded back to the element type; integers in
+    their own type (sums wrap around)."""
+    if reduce_op not in REDUCE_OPS:
+        raise ValueError(f"reduce op {reduce_op!r}: one of {', '.join(REDUCE_OPS)}")
+    if not arrays:
+        raise ValueError("nothing to reduce (no arrays)")
+    f = {"sum": np.add, "min": np.minimum, "max": np.maximum}[reduce_op]
+    dt = arrays[0].dtype
+    if dt.kind in "iu":
+        acc = arrays[0].copy()
+        for a in arrays[1:]:
+            acc = f(acc, a)
+        return acc.astype(dt)
+    acc = arrays[0].astype(np.float32)
+    for a in arrays[1:]:
+        acc = f(acc, a.astype(np.float32)).astype(dt).astype(np.float32)  # round every step
+    return acc.astype(dt)
+
+
+def reference_output(collective: str, inputs: Sequence[np.ndarray], rank: int, reduce_op: str = "sum",
+                     root: Optional[int] = None) -> np.ndarray:
+    """Rank ``rank``'s output of ``collective`` for numpy ``inputs`` (one 1-D array per rank, all
+    of one dtype and size) by the module's definitions."""
+    if not inputs:
+        raise ValueError("no inputs (one array per rank)")
+    size, dt = inputs[0].size, inputs[0].dtype
+    for p, x in enumerate(inputs):
+        if x.size != size or x.dtype != dt:
+            raise ValueError(f"input of rank {p}: {x.size} x {x.dtype}, rank 0 has {size} x {dt}")
+    flat = [np.ascontiguousarray(x).reshape(-1) for x in inputs]
+    blocks = output_blocks(collective, len(inputs), rank, size, root)
+    out = np.empty(output_elems(collective, len(inputs), size), dtype=dt)
+    for b in blocks:
+        parts = [flat[s][b.in_start:b.in_start + b.length] for s in b.sources]
+        out[b.out_start:b.out_start + b.length] = reduce_arrays(parts, reduce_op) if b.reduced else parts[0]
+    return out
+
+
+def reference_outputs(collective: str, inputs: Sequence[np.ndarray], reduce_op: str = "sum",
+                      root: Optional[int] = None) -> list[np.ndarray]:
+    """Every rank's output (rank order): :func:`reference_output` of each rank."""
+    return [reference_output(collective, inputs, r, reduce_op, root) for r in range(len(inputs))]

@@ -1,0 +1,1 @@
+"""The test suite (a package, so the shared helpers import as ``tests.harness``)."""
