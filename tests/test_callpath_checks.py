@@ -59,3 +59,14 @@ def test_abort_needs_cuda():
 def test_bad_arguments(argv):
     p = _run(*argv, timeout=60)
     assert p.returncode == 2 and "error:" in p.stderr
+
+
+def test_first_sizes_are_the_bench_sizes():
+    import importlib.util
+
+    from mscclang.bench.sizes import FIRST_CALL_SIZES
+
+    spec = importlib.util.spec_from_file_location("callpath_checks", ROOT / "tools" / "callpath_checks.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert tuple(mod.FIRST_SIZES) == tuple(FIRST_CALL_SIZES)

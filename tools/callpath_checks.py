@@ -14,6 +14,12 @@ Subcommands (each writes one JSON line of results to stdout, and to ``--out FILE
 * ``memory --sizes 10000``: that many distinct sizes of all_reduce (log-uniform, 1 element to 4M
   elements, bf16, each checked), then
   ``comm.memory()`` (its ``total_bytes`` and the whole dict).
+* ``first [--sizes B,B,...]``: per message size never seen before (default: 49,164 and 278,596
+  bytes, then 10 sizes log-spaced from 475,252 to 16,371,612, bf16), the time of the first eager
+  all_reduce of that size on fresh tensors and of the second (host wall time around the call and
+  the device synchronisation, the slower rank), each result checked; one untimed call of another
+  size first absorbs the process's one-time start-up. The same measurement as ``mscclang bench
+  --first-calls``, through the public API only, so it also runs against an older mscclang.
 * ``abort --mode graph|eager|hung --runs 3`` (CUDA only, 2 GPUs): rank 0 replays a captured CUDA
   graph of a 1,000-element bf16 all_reduce on a symmetric tensor (``comm.empty``), synchronising
   every 10 replays; its peer stops after 20 replays (graph, eager: the process exits; hung: it
@@ -188,6 +194,35 @@ def memory(r: Rank, sizes: int, seed: int) -> dict:
     return res
 
 
+#: mscclang.bench.sizes.FIRST_CALL_SIZES, written out (this script also runs against an older mscclang)
+FIRST_SIZES = (49_164, 278_596, 475_252, 704_240, 1_043_560, 1_546_368, 2_291_444, 3_395_516, 5_031_556,
+               7_455_876, 11_048_288, 16_371_612)
+
+
+def first_calls(r: Rank, sizes: list[int], seed: int) -> dict:
+    """See the module docstring."""
+    import torch
+    import torch.distributed as dist
+
+    r.checked_call("all_reduce", 4096, torch.bfloat16, seed)   # one-time start-up, not timed
+    rows = []
+    mism = 0
+    for i, nbytes in enumerate(sizes):
+        numel = max(1, nbytes // 2)
+        times = []
+        for k in range(2):
+            dt, ok, plan = r.checked_call("all_reduce", numel, torch.bfloat16, seed * 1_000_003 + 2 * i + k)
+            t = torch.tensor([dt], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)   # the slower rank
+            times.append(float(t.item()))
+            mism += not ok
+        rows.append({"bytes": numel * 2, "first_ms": round(times[0] * 1e3, 3), "second_ms": round(times[1] * 1e3, 3),
+                     "ratio": round(times[0] / times[1], 2) if times[1] > 0 else None, "plan": plan})
+    res = r.base("first")
+    res.update(rows=rows, mismatches=mism)
+    return res
+
+
 # ------------------------------------------------------------------------------------------ abort
 
 def abort_rank(rank: int, port: int, mode: str, result_path: str) -> None:
@@ -200,8 +235,7 @@ def abort_rank(rank: int, port: int, mode: str, result_path: str) -> None:
 
     import mscclang
 
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    init_group(rank, 2)
     comm = mscclang.Communicator.from_torch()
     x = comm.empty(ABORT_NUMEL, dtype=torch.bfloat16)
     x.fill_(1.0)
@@ -214,7 +248,7 @@ def abort_rank(rank: int, port: int, mode: str, result_path: str) -> None:
                 comm.all_reduce(x)
         step = g.replay
     torch.cuda.synchronize()
-    dist.barrier(device_ids=[rank])
+    dist.barrier()
     torch.cuda.synchronize()
     if rank == 1:
         for _ in range(PEER_REPLAYS):
@@ -294,22 +328,35 @@ def abort(mode: str, runs: int) -> tuple[dict, int]:
 
 # ------------------------------------------------------------------------------------- launching
 
-def rank_main(args: argparse.Namespace) -> tuple[Optional[dict], int]:
-    """This process's rank of ``stream``/``memory`` (the process group from the environment);
-    rank 0's result (None elsewhere) and the exit status."""
+def init_group(local: int, world: int) -> None:
+    """The process group of one rank: NCCL with a GPU per rank; gloo (ranks time-sharing a GPU,
+    ``MSCCLANG_RANKS_PER_GPU``, where NCCL refuses two ranks on one device, or no GPU)."""
     import torch
     import torch.distributed as dist
 
-    cuda = torch.cuda.is_available()
-    if cuda:
-        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
+    if not torch.cuda.is_available():
+        dist.init_process_group("gloo")
+        return
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    have = torch.cuda.device_count()
+    torch.cuda.set_device(local % have)
+    if have >= world:
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     else:
         dist.init_process_group("gloo")
+
+
+def rank_main(args: argparse.Namespace) -> tuple[Optional[dict], int]:
+    """This process's rank of ``stream``/``memory`` (the process group from the environment);
+    rank 0's result (None elsewhere) and the exit status."""
+    init_group(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
     r = Rank()
-    res = stream(r, args.calls, args.seed) if args.cmd == "stream" else memory(r, args.sizes, args.seed)
+    if args.cmd == "stream":
+        res = stream(r, args.calls, args.seed)
+    elif args.cmd == "first":
+        res = first_calls(r, args.sizes, args.seed)
+    else:
+        res = memory(r, args.sizes, args.seed)
     r.sync()
     r.comm.close()
     return (res if r.rank == 0 else None), (EXIT_FAILED if res["mismatches"] else EXIT_OK)
@@ -385,6 +432,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     m = sub.add_parser("memory", help="distinct all_reduce sizes, then comm.memory()")
     m.add_argument("--sizes", type=int, default=10000)
     m.add_argument("--seed", type=int, default=1)
+    f = sub.add_parser("first", help="first and second eager call of new message sizes")
+    f.add_argument("--sizes", type=lambda t: [int(x) for x in t.split(",") if x], default=list(FIRST_SIZES),
+                   help="comma list of byte counts (even: bf16 elements)")
+    f.add_argument("--seed", type=int, default=1)
     a = sub.add_parser("abort", help="a peer stops mid-stream (CUDA only, 2 GPUs)")
     a.add_argument("--mode", choices=("graph", "eager", "hung"), default="graph")
     a.add_argument("--runs", type=int, default=3)
@@ -408,9 +459,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         import torch
 
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if have < 2:
-            print(f"callpath_checks: abort needs 2 CUDA GPUs (CUDA graphs and a peer to stop); this machine "
-                  f"has {have}", file=sys.stderr)
+        shared = int(os.environ.get("MSCCLANG_RANKS_PER_GPU", "1") or 1) >= 2
+        if have < 2 and not (shared and have == 1):
+            print(f"callpath_checks: abort needs 2 CUDA GPUs (CUDA graphs and a peer to stop), or one with "
+                  f"MSCCLANG_RANKS_PER_GPU=2; this machine has {have}", file=sys.stderr)
             return EXIT_USAGE
         if under_torchrun:
             print("callpath_checks: abort starts its own two processes per run: run it without torchrun",
