@@ -29,7 +29,7 @@ from mscclang.errors import CollectiveTimeout
 from mscclang.plan.dtypes import SIM_DTYPES, torch_dtype, torch_dtype_info
 from mscclang.plan.io import load_plan
 from mscclang.plan.models import Plan
-from mscclang.plan.reference import output_blocks, output_elems, reference_output
+from mscclang.plan.reference import COLLECTIVES as REFERENCE_COLLECTIVES, output_blocks, output_elems, reference_output
 
 _TORCH_DTYPES = ("float16", "bfloat16", "float32", "int32")
 
@@ -203,6 +203,8 @@ def _sizes(plan: Plan, nbytes: int, esize: int, world: int) -> tuple[int, int]:
     n_in = max(nbytes // esize, 1)
     if plan.collective in ("reducescatter", "alltoall"):
         n_in = max(n_in // world, 1) * world
+    if plan.collective not in REFERENCE_COLLECTIVES:   # a test or custom collective: equal sizes
+        return n_in, n_in
     return n_in, output_elems(plan.collective, world, n_in)
 
 

@@ -18,7 +18,7 @@ from mscclang.plan import samples as sp
 
 pytestmark = pytest.mark.gpu
 
-C = "mscclang.cli.run_checks"
+C = "tests.harness.runtime_checks"
 
 
 def _json(pool, name):
