@@ -529,3 +529,20 @@ def test_launch_entries_are_bounded_and_prepared_ones_are_kept(fcu, monkeypatch)
     assert 0 < fcu.syncs - syncs <= ex.entries.evicted // 4 + 1   # one device sync per batch of evictions
     # the most recent sizes are the ones kept
     assert EntryKey(sizes[-1], sizes[-1], torch.float16, "ll16", "sum") in lp.fast
+
+
+def test_the_collective_apis_staging_is_symmetric_to_the_plans_that_run_on_it(fcu):
+    """Found on a GPU: the collective API's padded staging came from the runtime's pool marked
+    internal, so a zero-copy plan staged it a second time (another copy and another collective
+    allocation at every growth). It is symmetric to the plans; a plan's own staging is internal."""
+    cl, comms, exs, cap = _setup(1, fcu)
+    ex = exs[0]
+    sa, replaced = ex.staging.buffer("io", 1000)
+    assert not sa.internal and sa.label == "staging" and not replaced
+    assert ex.buffer_class(FakeT(sa.base, 1000)) == ("sym", sa.index)
+    assert ex.zero_copy_ok(FakeT(sa.base, 1000), FakeT(sa.base, 1000))
+    bigger, replaced = ex.staging.buffer("io", 5000)
+    assert bigger.size >= 5000 and replaced and comms[0].released == [sa]
+    lp = _lp(stub_plan("allreduce", 1, name="zc1", symmetric=True))
+    si, so = ex.staging.get(lp, 1000, 1000)
+    assert si.internal and so.internal

@@ -5,6 +5,8 @@ references, size arithmetic and result fields are the ones the GPU tests use."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import threading
 import types
 from typing import Any, Callable, Optional
@@ -29,6 +31,7 @@ class SimExecutor:
         self.last_kernel = "sim"
         self.policy = "auto"
         self.staging: dict = {}
+        self.kernels = SimpleNamespace(wait_builds=lambda timeout_s: True)   # no background builds here
 
     def set_specialize(self, mode: str) -> None:
         self.policy = mode
@@ -189,8 +192,8 @@ def test_kernel_switching_commands_at_n_ranks(n):
     res = on_ranks(n, lambda w: checks.mixed_kernels(w, j, 3000, 4))
     for r in res:
         assert r["bad"] == 0 and r["kernels"] == ["spec" if r["rank"] % 2 == 0 else "interpreter"], r
-    res = on_ranks(n, lambda w: checks.hot_promotion(w, j, 96 << 10, 3))
-    assert all(r["bad"] == 0 and r["kernels"] == ["sim"] * 3 for r in res), res
+    res = on_ranks(n, lambda w: checks.hot_promotion(w, j, 96 << 10, 6))   # the wait after the hot call
+    assert all(r["bad"] == 0 and r["built"] and r["kernels"] == ["sim"] * 6 for r in res), res
     flip = {2: lambda out: out.neg_()}
     res = on_ranks(n, lambda w: checks.mixed_kernels(w, j, 1024, 4), corrupt=flip)
     assert res[2]["bad"] > 0 and all(r["bad"] == 0 for r in res if r["rank"] != 2)

@@ -87,7 +87,7 @@ class Backend:
             from mscclang.runtime.staging import StagingPool, TensorBuf
 
             cap = self.staging_cap()
-            pool = StagingPool(lambda n: TensorBuf(self.empty_staging(n, torch.uint8)),
+            pool = StagingPool(lambda n, api: TensorBuf(self.empty_staging(n, torch.uint8)),
                                lambda bufs, why: self.release([b.tensor for b in bufs]),
                                lambda tag: None, cap if cap is not None else 1 << 62, _capturing, self.rank)
             self._pool = pool

@@ -11,7 +11,7 @@ thread. Specialised kernels are built in the background (:mod:`mscclang.runtime.
 the sizes the policy wants (:func:`mscclang.runtime.spec_build.when`): at the first call up to
 ``MSCCLANG_SPEC_FIRST_BYTES``, once called ``MSCCLANG_SPEC_HOT_CALLS`` times above it; the
 interpreter serves a size until its kernel is ready. ``prepare`` does everything at once, so a
-call captured after it runs the specialised kernel.
+call captured after it runs the specialised kernel; so does the 'always' policy (tests, tuning).
 
 Entries are bounded: beyond ``MSCCLANG_MAX_LAUNCH_ENTRIES`` (default 512) the least recently
 used entries that no prepare and no captured graph holds are evicted, with their device plans
@@ -168,7 +168,8 @@ class Entries:
             return None, None
         if got is not None:
             return self._spec_launch(got, dp, lp.ctx), None
-        if force:
+        if force or self._specialize() == "always":
+            # prepare (a capture follows), or the 'always' policy: built on this thread
             try:
                 sp = self.kernels.specialised_now(generate(lp.plan, dp.packed, dt, pkt, op))
             except SPEC_ERRORS as e:

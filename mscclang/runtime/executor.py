@@ -99,8 +99,11 @@ class Executor:
         capturing_now = lambda: self.launcher.capturing_now()  # noqa: E731
         self.kernels = KernelCache(arch, sm_count)
         self.contexts = ContextPool(comm, self.topology, self._engine, abort.dev, capturing)
-        self.staging = StagingPool(lambda n: comm._sym_alloc(n, internal=True), self._release, comm.barrier,
-                                   staging_cap_bytes(), capturing, comm.rank)
+        # a plan's own staging is internal (its entries stage into it); the collective API's padded
+        # staging is symmetric to the plans that run on it (reported as staging)
+        alloc = lambda n, api: (comm._sym_alloc(n, label="staging") if api  # noqa: E731
+                                else comm._sym_alloc(n, internal=True))
+        self.staging = StagingPool(alloc, self._release, comm.barrier, staging_cap_bytes(), capturing, comm.rank)
         self.capture = CaptureGlue(comm, self._forget, capturing, capturing_now, abort.dev, self._check_tensor)
         self.entries = Entries(comm, self.kernels, self.contexts, self.staging, self.capture, self.topology,
                                self._engine, self._proxy, lambda: self.specialize, capturing, capturing_now)

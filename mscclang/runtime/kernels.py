@@ -45,6 +45,7 @@ class KernelCache:
         self._spec_mods: "OrderedDict[str, tuple[Any, Any]]" = OrderedDict()   # cubin name -> (module, func)
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._pending = 0
+        self._futures: list = []
         self._lock = threading.Lock()
 
     # interpreter ------------------------------------------------------------------------------
@@ -135,7 +136,15 @@ class KernelCache:
                 with self._lock:
                     self._pending -= 1
 
-        return self._pool.submit(job)
+        fut = self._pool.submit(job)
+        self._futures = [f for f in self._futures if not f.done()] + [fut]
+        return fut
+
+    def wait_builds(self, timeout_s: float) -> bool:
+        """Wait until every background build started so far has finished (or ``timeout_s``
+        passed); whether they all did. For tests and measurements that must see the switch."""
+        done, pending = concurrent.futures.wait(list(self._futures), timeout=timeout_s)
+        return not pending
 
     def finish(self, fut: "concurrent.futures.Future[Any]") -> Spec:
         """Load a finished background build (on the launching thread). Raises what the build

@@ -25,8 +25,9 @@ def pow2_size(n: int, cap: int) -> int:
 
 class StagingPool:
     """The staging of one engine (the GPU runtime, or a CPU back end of the collective API).
-    ``alloc(nbytes)`` makes a buffer collectively (an object with ``size``, ``pinned``, ``temp``
-    and ``index``); ``free(buffers, why)`` releases buffers collectively once every rank's work on
+    ``alloc(nbytes, api)`` makes a buffer collectively (an object with ``size``, ``pinned``,
+    ``temp`` and ``index``; ``api``: for the collective API's padded staging, which the engine's
+    zero-copy plans run on directly, rather than for a plan's own staging); ``free(buffers, why)`` releases buffers collectively once every rank's work on
     them is done (and drops what the engine built on them); ``barrier(tag)`` meets the other
     ranks; ``cap``: bytes kept between calls; ``capturing``: whether the caller captures a CUDA
     graph (no allocation then); ``rank`` names this rank in messages.
@@ -34,7 +35,7 @@ class StagingPool:
     Buffers are kept by key: a loaded plan's input and output (:meth:`get`), or a role of the
     collective API's padded staging (:meth:`buffer`)."""
 
-    def __init__(self, alloc: Callable[[int], Any], free: Callable[[list, str], None], barrier: Callable[[str], None],
+    def __init__(self, alloc: Callable[[int, bool], Any], free: Callable[[list, str], None], barrier: Callable[[str], None],
                  cap: int, capturing: Callable[[], bool], rank: int) -> None:
         self._alloc = alloc
         self._free = free
@@ -49,7 +50,7 @@ class StagingPool:
         """A loaded plan's staging (input, output) for a call of these sizes (collective when it
         allocates); in-place plans stage both in one buffer. ``keep``: prepare, whose captured call
         will use it."""
-        return self._pair(("plan", id(lp)), lp.plan.name, lp.plan.inplace, in_bytes, out_bytes, keep)
+        return self._pair(("plan", id(lp)), lp.plan.name, lp.plan.inplace, in_bytes, out_bytes, keep, False)
 
     def buffer(self, role: str, nbytes: int, keep: bool = False) -> tuple[Any, bool]:
         """One buffer of at least ``nbytes`` for the collective API's padded staging under
@@ -57,22 +58,22 @@ class StagingPool:
         what was built on the old one must be planned again. A pinned old buffer is kept, and so
         may be what was built on it."""
         old = self._kept.get(("api", role), (None, None))[1]
-        _, buf = self._pair(("api", role), f"the {role} staging", True, nbytes, nbytes, keep)
+        _, buf = self._pair(("api", role), f"the {role} staging", True, nbytes, nbytes, keep, True)
         return buf, old is not None and buf is not old and not buf.temp and not old.pinned
 
     def _pair(self, key: Any, what: str, inplace: bool, in_bytes: int, out_bytes: int,
-              keep: bool) -> tuple[Any, Any]:
+              keep: bool, api: bool) -> tuple[Any, Any]:
         need_in = 0 if inplace else in_bytes
         if max(need_in, out_bytes) > self.cap:
-            return self._above_cap(key, what, inplace, in_bytes, out_bytes, keep)
+            return self._above_cap(key, what, inplace, in_bytes, out_bytes, keep, api)
         si, so = self._kept.get(key, (None, None))
         if so is None or so.size < out_bytes or (si is not None and si.size < need_in) or (si is None and need_in):
             if self._capturing():
                 raise NotPrepared(f"rank {self.rank}: staging for {in_bytes} B on {what} cannot "
                                   "be allocated inside CUDA graph capture: prepare the call (or run it once) first")
             old = [x for x in (si, so) if x is not None]
-            so = self._grow(so, out_bytes)
-            si = so if inplace else self._grow(si, in_bytes)
+            so = self._grow(so, out_bytes, api)
+            si = so if inplace else self._grow(si, in_bytes, api)
             self._kept[key] = (si, so)
             self._barrier("staging")
             stale: list = []
@@ -82,13 +83,13 @@ class StagingPool:
             self.release(stale, "outgrown staging")
         return si, so
 
-    def _grow(self, cur: Any, n: int) -> Any:
+    def _grow(self, cur: Any, n: int, api: bool) -> Any:
         if cur is not None and cur.size >= n:
             return cur
-        return self._alloc(pow2_size(n, self.cap))
+        return self._alloc(pow2_size(n, self.cap), api)
 
     def _above_cap(self, key: Any, what: str, inplace: bool, in_bytes: int, out_bytes: int,
-                   keep: bool) -> tuple[Any, Any]:
+                   keep: bool, api: bool) -> tuple[Any, Any]:
         k = (key, in_bytes, out_bytes)
         got = self._big.get(k)
         if got is not None:
@@ -98,8 +99,8 @@ class StagingPool:
                               f"above the staging cap ({self.cap} B, MSCCLANG_STAGING_CAP_BYTES), which cannot be "
                               "allocated inside CUDA graph capture: prepare the call before capturing (prepare "
                               "keeps its staging), or register the tensors")
-        so = self._alloc(out_bytes)
-        si = so if inplace else self._alloc(in_bytes)
+        so = self._alloc(out_bytes, api)
+        si = so if inplace else self._alloc(in_bytes, api)
         for x in (si, so):
             if keep:
                 x.pinned = True
