@@ -422,3 +422,32 @@ def test_catalog_variants_tried_when_no_listed_plan_can_run():
         results, world, fb = run_ranks(n, body, plans=plans, granule=16, fallback=fallback,
                                        tuning=_rules("allgather", "small"))
         assert results == ["other (staged)"] * n and fb.calls == [] and world.launches == ["other"]
+
+
+def test_the_runtime_is_asked_only_about_the_way_a_call_runs():
+    """Found on a GPU: asking the runtime whether every candidate fits packed each candidate's plan
+    at the new size (milliseconds of host work per candidate); now only the way the call will run is
+    asked about, and the answer's packing is the one the launch reuses."""
+    from mscclang.comm.catalog import Catalog, default_plans_dir
+    from mscclang.comm.tuning import load_tuning
+
+    folder = default_plans_dir()
+    if folder is None or not (folder / "index.json").is_file():
+        pytest.skip("no plans/ in this checkout")
+
+    def body(comm):
+        asked = []
+        real = comm.backend.fits
+        comm.backend.fits = lambda plan, a, b, pt=None: asked.append(plan.name) or real(plan, a, b, pt)
+        out = []
+        for numel in (300_000, 700_001, 20_000):
+            x = torch.ones(numel, dtype=torch.bfloat16)
+            comm.all_reduce(x)
+            out.append((comm.last.label(), list(asked)))
+            asked.clear()
+        return out
+
+    results, world, fb = run_ranks(2, body, catalog=Catalog.from_dir(folder), tuning=load_tuning(), engine="sim")
+    for label, asked in results[0]:
+        assert 1 <= len(asked) <= 2 and label.split(" ")[0] in asked, (label, asked)
+    assert results[0] == results[1]

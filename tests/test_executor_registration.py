@@ -458,8 +458,9 @@ class _Builds:
 
 def test_a_new_message_size_is_host_work_only(fcu, monkeypatch):
     """Once the plan's context is large enough, a call of a new size makes no store exchange, no
-    device synchronisation and no kernel build on the calling thread: it runs the interpreter while
-    its specialised kernel is built in the background, and switches once that is done."""
+    device synchronisation and no kernel build on the calling thread: it runs the interpreter; a
+    size called again gets its specialised kernel built in the background and switches once that
+    is done."""
     cl, comms, exs, cap = _setup(2, fcu)
     ex, comm = exs[0], comms[0]
     lp = ex.load(_any_buffer_plan())
@@ -474,14 +475,17 @@ def test_a_new_message_size_is_host_work_only(fcu, monkeypatch):
                                       False, 0)
         assert opr == Operands() and ent.spec is None and ent.pending is not None
     assert comm.barriers == [] and fcu.syncs == syncs and builds.now == 0
-    assert len(builds.later) == len(sizes)          # one background build per size, none waited for
+    assert builds.later == []                       # a size called once builds nothing
+    for n in sizes:                                 # the second call starts its build, in the background
+        ent, _ = ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum",
+                                    False, 0)
+        assert ent.spec is None and ent.pending is not None   # still building: the interpreter runs
+    assert len(builds.later) == len(sizes) and builds.now == 0
     # the build of the first size finishes: its next call switches to the specialised kernel
     sentinel = types.SimpleNamespace(name="k0")
     monkeypatch.setattr(ex.kernels, "finish", lambda fut: sentinel)
     monkeypatch.setattr(ex.entries, "_spec_launch", lambda sp, dp, ctx: ("launch", sp))
     n = sizes[0]
-    ent, _ = ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
-    assert ent.spec is None and ent.pending is not None   # still building: the interpreter runs
     builds.futures[0].set_result(("src", b"cubin", "nvrtc"))
     ent, _ = ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
     assert ent.spec == ("launch", sentinel) and ent.pending is None

@@ -627,6 +627,8 @@ class Communicator:
             blocked = blocked or (cp is not None and cp.sym_blocked)
             if cp is not None and (best is None or _MODE_RANK[cp.mode] < _MODE_RANK[best.mode]):
                 best = cp
+                if best.mode == "direct":
+                    break   # nothing runs better
         if best is not None and best.mode == "staged":
             best.sym_blocked = blocked
         return best
@@ -638,30 +640,31 @@ class Communicator:
             return None
         granule = max(1, int(self.backend.granule(plan)))
         pad = needs_padding(shape, esz, granule)
-        if not pad and not self.backend.fits(plan, shape.in_elems * esz, shape.out_elems * esz,
-                                             choice.packet_type):
-            # the runtime cannot run these sizes as they are (packet offsets that are not
-            # aligned): pad the blocks to the plan's alignment and stage (asked up front, alike
-            # on every rank)
-            granule = max(granule, 16, plan.buffer_alignment)
-            pad = needs_padding(shape, esz, granule)
-            if not pad:
-                return None
         sym_ok = not v.symmetric or self.backend.zero_copy_ok(inp, out)
         runs = plan.inplace == inplace or (plan.inplace and coll in INPLACE_COPY_COLLECTIVES)
-        if not pad and sym_ok:
-            if plan.inplace == inplace:
-                return CallPlan(coll, "direct", choice, plan, shape, shape, variant=v)
-            if plan.inplace and coll in INPLACE_COPY_COLLECTIVES:
-                return CallPlan(coll, "copy_in", choice, plan, shape, shape, variant=v)
+        if not pad and sym_ok and runs:
+            # asked up front, alike on every rank, and only of a way the call would run (the
+            # answer packs the plan at this size, which the launch then reuses)
+            if self._fits(plan, choice, shape, esz):
+                return CallPlan(coll, "direct" if plan.inplace == inplace else "copy_in", choice, plan, shape,
+                                shape, variant=v)
+            granule, pad = self._wider_granule(plan, shape, esz, granule)
+            if not pad:
+                return None
         # staged only because the tensors are neither symmetric nor registered: registering them
         # would let this variant run directly
         blocked = not pad and not sym_ok and runs
         kp = padded_block_elems(shape.block_elems, esz, granule) if pad else shape.block_elems
         ps = shape.padded(kp)
-        if pad and not (plan.min_message_size
-                        <= message_bytes(coll, ps.in_elems * esz, ps.out_elems * esz)
-                        <= plan.max_message_size):
+        if not dry and not self._fits(plan, choice, ps, esz):
+            granule, _ = self._wider_granule(plan, shape, esz, granule)
+            kp = padded_block_elems(shape.block_elems, esz, granule)
+            ps = shape.padded(kp)
+            if not self._fits(plan, choice, ps, esz):
+                return None
+        if kp != shape.block_elems and not (plan.min_message_size
+                                            <= message_bytes(coll, ps.in_elems * esz, ps.out_elems * esz)
+                                            <= plan.max_message_size):
             return None  # the padded message leaves the plan's size range
         if dry:
             return CallPlan(coll, "staged", choice, plan, shape, ps, None, None, variant=v, sym_blocked=blocked)
@@ -686,6 +689,18 @@ class Communicator:
             temp = tuple(w for w, t in ((w_in, t_in), (w_out, t_out)) if t)
         return CallPlan(coll, "staged", choice, plan, shape, ps, s_in, s_out, variant=v, sym_blocked=blocked,
                         bufs=bufs, temp=temp)
+
+    def _fits(self, plan: Any, choice: Choice, shape: BlockShape, esz: int) -> bool:
+        """Whether the runtime runs ``plan`` on buffers of ``shape`` as they are (packet offsets
+        aligned for the packet type)."""
+        return bool(self.backend.fits(plan, shape.in_elems * esz, shape.out_elems * esz, choice.packet_type))
+
+    @staticmethod
+    def _wider_granule(plan: Any, shape: BlockShape, esz: int, granule: int) -> tuple[int, bool]:
+        """The granule that makes a plan's packet offsets aligned (its alignment, at least 16
+        bytes), and whether the call's blocks need padding to it."""
+        g = max(granule, 16, plan.buffer_alignment)
+        return g, needs_padding(shape, esz, g)
 
     def _launch(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int) -> None:
         if cp.mode == "nccl":

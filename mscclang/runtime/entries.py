@@ -8,9 +8,9 @@ arena, or staged. A new entry is host work only once its plan's context and stag
 enough (see :mod:`mscclang.runtime.contexts` and :mod:`mscclang.runtime.staging`): it packs a
 device plan and uploads it on the launching stream; it never builds a kernel on the calling
 thread. Specialised kernels are built in the background (:mod:`mscclang.runtime.kernels`) for
-the sizes the policy wants (:func:`mscclang.runtime.spec_build.when`): at the first call up to
-``MSCCLANG_SPEC_FIRST_BYTES``, once called ``MSCCLANG_SPEC_HOT_CALLS`` times above it; the
-interpreter serves a size until its kernel is ready. ``prepare`` does everything at once, so a
+the sizes the policy wants (:func:`mscclang.runtime.spec_build.when`): at the second call up to
+``MSCCLANG_SPEC_FIRST_BYTES``, once called ``MSCCLANG_SPEC_HOT_CALLS`` times above it, so a size
+called once builds nothing; the interpreter serves a size until its kernel is ready. ``prepare`` does everything at once, so a
 call captured after it runs the specialised kernel; so does the 'always' policy (tests, tuning).
 
 Entries are bounded: beyond ``MSCCLANG_MAX_LAUNCH_ENTRIES`` (default 512) the least recently
@@ -177,7 +177,9 @@ class Entries:
                 return None, None
             lp.spec[skey] = sp
             return self._spec_launch(sp, dp, lp.ctx), None
-        pend = Pending(0 if w == "first" else spec_hot_calls() - 1, args)
+        # 'first' sizes are built at their second call, 'hot' ones at the policy's count: a size
+        # called once (a stream of new sizes) builds nothing
+        pend = Pending(1 if w == "first" else spec_hot_calls() - 1, args)
         if pend.calls <= 0:
             pend.build = self._start(lp, dt, pkt, op, dp)
             if pend.build is None:
