@@ -451,3 +451,24 @@ def test_the_runtime_is_asked_only_about_the_way_a_call_runs():
     for label, asked in results[0]:
         assert 1 <= len(asked) <= 2 and label.split(" ")[0] in asked, (label, asked)
     assert results[0] == results[1]
+
+
+def test_close_always_returns_and_says_what_it_left(caplog):
+    """Found on a GPU: after a peer died, close() raised (a dead peer's mapping could not be
+    closed, from a thread with no current context). It logs and returns."""
+    from mscclang.comm.backend import Backend
+
+    class Failing(Backend):
+        rank, world_size = 0, 1
+
+        def close(self) -> None:
+            raise RuntimeError("cuIpcCloseMemHandle failed: CUDA_ERROR_INVALID_CONTEXT")
+
+    from mscclang.comm.sim_ranks import catalog_of
+    from mscclang.comm.tuning import TuningTable
+
+    comm = Communicator(backend=Failing(), plans=catalog_of([]), tuning=TuningTable(), fallback=False)
+    with caplog.at_level("WARNING", logger="mscclang.comm"):
+        comm.close()
+    assert comm.backend is None and "CUDA_ERROR_INVALID_CONTEXT" in caplog.text
+    comm.close()   # twice is fine

@@ -327,10 +327,18 @@ class RuntimeBackend(Backend):
         self.executor.reset()
 
     def close(self) -> None:
-        self.executor.close()
-        comm = getattr(self.executor, "comm", None)
-        if comm is not None and hasattr(comm, "close"):
-            comm.close()
+        # close() may come from another thread (a finalizer, a watchdog's handler): make this
+        # device's context current there first, or every driver call fails (invalid context)
+        import torch
+
+        if isinstance(self.device, torch.device) and self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        try:
+            self.executor.close()
+        finally:
+            comm = getattr(self.executor, "comm", None)
+            if comm is not None and hasattr(comm, "close"):
+                comm.close()
 
 
 def _capturing() -> bool:

@@ -479,14 +479,21 @@ class Communicator:
             self.backend.reset()
 
     def close(self) -> None:
-        """Release staging buffers, registrations and the runtime."""
+        """Release staging buffers, registrations and the runtime. Always returns, from any
+        thread: what fails to be released (after an abort, say: a dead peer's mappings) is logged,
+        never raised."""
         self._misses.clear()
         self._memo.clear()
-        if isinstance(self._fallback, TorchFallback):
-            self._fallback.close()
-        if self.backend is not None:
-            self.backend.close()
-            self.backend = None
+        be, self.backend = self.backend, None
+        for what, step in (("the torch.distributed fallback",
+                            self._fallback.close if isinstance(self._fallback, TorchFallback) else None),
+                           ("the runtime", be.close if be is not None else None)):
+            if step is None:
+                continue
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - close must return; say what was left behind
+                log.warning("mscclang rank %d: closing %s: %s: %s", self.rank, what, type(e).__name__, e)
 
     def __enter__(self) -> "Communicator":
         return self
