@@ -116,6 +116,8 @@ def hot_promotion(w: Any, plan_json: str, nbytes: int, iters: int = 6, dtype: st
     from mscclang.runtime.spec_build import spec_hot_calls
 
     w.executor.set_specialize("auto")
+    # builds that earlier commands started must not fill the queue this size's build joins
+    w.executor.kernels.wait_builds(120.0)
     hot = spec_hot_calls()
     kinds = _sign_flip_runs(w.executor, plan, inp, out, bad, exp, neg, min(hot, iters), packet_type)
     built = w.executor.kernels.wait_builds(120.0)   # the build started at the hot call, off this thread
