@@ -75,7 +75,10 @@ class StagingPool:
             so = self._grow(so, out_bytes, api)
             si = so if inplace else self._grow(si, in_bytes, api)
             self._kept[key] = (si, so)
-            self._barrier("staging")
+            if not api:
+                # a plan's own staging: the ranks meet before its first use (the collective API's
+                # buffers are symmetric allocations, whose exchange is the meeting already)
+                self._barrier("staging")
             stale: list = []
             for x in old:
                 if x is not si and x is not so and not x.pinned and all(x is not y for y in stale):
