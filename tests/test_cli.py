@@ -254,9 +254,9 @@ def test_readme_main_job_compiles_and_shows_an_8_rank_allreduce():
 
 def test_example_plan_verifies_in_simulator():
     """The README's example program is a correct allreduce (checked by the CPU simulator)."""
-    from mscclang.cli.compile_cmd import compile_program
+    from mscclang.cli.compile_cmd import compile_file
     from mscclang.sim import verify
 
-    plan = compile_program(EXAMPLE, ["--num_gpus", "4"])
+    plan = compile_file(EXAMPLE, ["--num_gpus", "4"])
     report = verify(plan, schedules=3, dtypes=("float32", "int32"))
     assert report.ok, str(report)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.harness.plan_samples import mscclpp_packet_allreduce
 from mscclang import DSLError, DSLWarning
-from mscclang.cli.compile_cmd import compile_program, describe_output
+from mscclang.cli.compile_cmd import compile_file, describe_output
 from mscclang.cli.main import main
 from mscclang.plan import load_plan
 
@@ -103,12 +103,12 @@ def test_dsl_warnings_printed_and_strict_refuses(tmp_path, capsys):
 
 def test_compile_program_hands_warnings_on_and_strict_raises():
     with pytest.warns(DSLWarning, match="unbalanced signal/wait"):
-        plan = compile_program(UNBALANCED)
+        plan = compile_file(UNBALANCED)
     assert plan.collective == "test"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # strict mode raises its own error, re-emits nothing of ours
         with pytest.raises(DSLError, match=r"\[strict: warnings are errors\]"):
-            compile_program(UNBALANCED, strict=True)
+            compile_file(UNBALANCED, strict=True)
 
 
 def test_compile_given_a_plan_says_so(tmp_path, capsys):

@@ -28,7 +28,7 @@ from mscclang.dsl import TestCollective
 from mscclang.plan.io import plan_from_dict, plan_to_dict
 from mscclang.plan.models import BufferKind
 from mscclang.sim.engine import Simulation
-from mscclang.sim.program import compile_program
+from mscclang.sim.program import sim_program
 
 
 def body_names(plan, rank=0, tb=0):
@@ -37,7 +37,7 @@ def body_names(plan, rank=0, tb=0):
 
 def races(plan, in_bytes: int, out_bytes: int, launches: int = 1) -> list[str]:
     """Race reports of a round-robin and a random run (outputs are not checked)."""
-    prog = compile_program(plan, in_bytes, out_bytes)
+    prog = sim_program(plan, in_bytes, out_bytes)
     rng = np.random.default_rng(0)
     found = []
     for sched in ("round_robin", "random"):

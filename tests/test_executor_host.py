@@ -102,7 +102,7 @@ def test_memory_report_counts_live_and_retired_contexts_and_symmetric_buffers():
     from mscclang.comm import Communicator
     from mscclang.comm.backend import RuntimeBackend
     from mscclang.comm.tuning import TuningTable
-    from mscclang.runtime.comm import Communicator as RuntimeComm, SymAlloc
+    from mscclang.runtime.bootstrap import Bootstrap as RuntimeComm, SymAlloc
     from mscclang.comm.sim_ranks import catalog_of
 
     ex = _ex()

@@ -18,7 +18,7 @@ from mscclang.errors import NotPrepared
 from mscclang.plan.io import load_plan
 from mscclang.runtime import cuda as real_cu
 from mscclang.runtime import executor as exmod
-from mscclang.runtime.comm import SymAlloc
+from mscclang.runtime.bootstrap import SymAlloc
 from mscclang.runtime.device_plan import SYNC_ABORT_OFF, pack_blocks, sync_layout
 from mscclang.runtime.executor import Executor, LoadedPlan
 from mscclang.runtime.state import Context, DevPlanKey, EntryKey, LaunchEntry, Operands

@@ -219,10 +219,10 @@ PROGRAMS = sorted((Path(__file__).resolve().parent / "programs").glob("*.py")) +
 @pytest.mark.parametrize("program", PROGRAMS, ids=[p.stem for p in PROGRAMS])
 def test_dsl_plans_round_trip_exactly(program):
     """Plans built by the DSL carry what import infers, so they survive MSCCL++ and back."""
-    from mscclang.cli.compile_cmd import compile_program
+    from mscclang.cli.compile_cmd import compile_file
 
     for argv in (["--num_gpus", "4"], ["--num_gpus", "2", "--instances", "2"]):
-        plan = compile_program(program, argv)
+        plan = compile_file(program, argv)
         back = from_mscclpp(json.loads(json.dumps(to_mscclpp(plan))))
         # everything but the ops' source lines (our debug info; MSCCL++ plans have none)
         for g in plan.gpus:

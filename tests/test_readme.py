@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from mscclang.cli.compile_cmd import compile_program
+from mscclang.cli.compile_cmd import compile_file
 from mscclang.sim import verify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,7 +22,7 @@ def test_readme_dsl_example_is_the_example_file():
 
 
 def test_readme_dsl_example_compiles_and_verifies():
-    plan = compile_program(str(ROOT / "examples" / "oneshot_allreduce.py"))
+    plan = compile_file(str(ROOT / "examples" / "oneshot_allreduce.py"))
     assert plan.collective == "allreduce" and len(plan.gpus) == 4
     report = verify(plan, schedules=3)
     assert report.ok, str(report)

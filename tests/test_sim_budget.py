@@ -21,7 +21,7 @@ from mscclang.plan import load_plan
 from mscclang.sim import run as sim_run
 from mscclang.sim.budget import Deadline, Limits, estimate_runs
 from mscclang.sim.engine import Simulation
-from mscclang.sim.program import compile_program
+from mscclang.sim.program import sim_program
 from mscclang.sim.verify import verify
 from tools.fuzz import fully_connected_plan
 
@@ -175,7 +175,7 @@ def test_run_api_is_bounded():
 # ------------------------------------------------------------------ the run-time bound
 def test_deadline_stops_a_running_simulation():
     plan = load_plan(RSAG8)
-    prog = compile_program(plan, 4096, 4096)
+    prog = sim_program(plan, 4096, 4096)
     inputs = [np.zeros(4096, dtype=np.uint8)] * len(plan.gpus)
     sim = Simulation(prog, inputs, dtype=np.dtype(np.float16), deadline=Deadline(Limits(1 << 40, 0.0)))
     with pytest.raises(LimitError, match="time limit"):

@@ -21,8 +21,8 @@ SHIPPED = shipped_plan_files()
 
 
 def _compile(path: Path, ranks: int, instances: int):
-    from mscclang.cli.compile_cmd import compile_program
-    return compile_program(path, ["--num_gpus", str(ranks), "--instances", str(instances)])
+    from mscclang.cli.compile_cmd import compile_file
+    return compile_file(path, ["--num_gpus", str(ranks), "--instances", str(instances)])
 
 
 @pytest.mark.parametrize("ranks,instances", [(2, 1), (4, 2)])

@@ -114,14 +114,14 @@ def test_wrong_semaphore_initial_value_is_found_under_every_schedule() -> None:
     before the first release did)."""
     import numpy as np
 
-    from mscclang.sim import SCHEDULES, Simulation, compile_program
+    from mscclang.sim import SCHEDULES, Simulation, sim_program
 
     doc = _doc("allreduce_rsag_pipelined.r2.i8.json")
     assert doc["gpus"][0]["semaphores"][0]["init_value"] == 0
     doc["gpus"][0]["semaphores"][0]["init_value"] = 1
     plan = load_plan(json.dumps(doc))
     size = 1 << 20
-    prog = compile_program(plan, size, size)
+    prog = sim_program(plan, size, size)
     for sched in SCHEDULES:
         for seed in range(2):
             sim = Simulation(prog, [np.zeros(size, np.uint8)] * 2, dtype=np.dtype(np.float32),
@@ -148,13 +148,13 @@ def test_a_wait_does_not_synchronise_the_whole_block() -> None:
 def test_default_sizes_run_every_pipeline_at_least_twice() -> None:
     """6b: the pipelined plans' smallest size (their minimum, 1 MiB) runs one iteration; the
     default sizes add the smallest size at which every pipeline runs two."""
-    from mscclang.sim import compile_program, default_sizes
+    from mscclang.sim import default_sizes, sim_program
     from mscclang.sim.verify import message_to_bytes
 
     for name in ("allreduce_rsag_pipelined.r2.i8.json", "allreduce_rsag_pipelined.r8.i8.json"):
         plan = load_plan(PLANS / name)
         sizes = default_sizes(plan)
-        prog = compile_program(plan, *message_to_bytes(plan, max(sizes)))
+        prog = sim_program(plan, *message_to_bytes(plan, max(sizes)))
         iters = [len(c.iterations) for blocks in prog.blocks for cops in blocks for c in cops
                  if c.name == "pipeline"]
         assert iters and min(iters) >= 2, (name, sizes, set(iters))
@@ -203,7 +203,7 @@ def test_large_outputs_are_checked_chunk_by_chunk_with_the_same_verdicts() -> No
     import numpy as np
 
     from mscclang.plan.collectives import spec_from_plan
-    from mscclang.sim import Simulation, compile_program
+    from mscclang.sim import Simulation, sim_program
     from mscclang.sim import postcondition as pc
     from mscclang.sim.dtypes import parse_dtype
     from mscclang.sim.verify import message_to_bytes
@@ -211,7 +211,7 @@ def test_large_outputs_are_checked_chunk_by_chunk_with_the_same_verdicts() -> No
     for name in ("allreduce_rsag_simple.r4.i16.json", "allgather_simple.r4.i16.json"):
         plan = load_plan(PLANS / name)
         spec = spec_from_plan(plan)
-        prog = compile_program(plan, *message_to_bytes(plan, 4096 * 4 + 64))
+        prog = sim_program(plan, *message_to_bytes(plan, 4096 * 4 + 64))
         for dts in ("float16", "int32"):
             dt = parse_dtype(dts)
             ins = pc.random_inputs(4, prog.input_bytes, dt, 1)

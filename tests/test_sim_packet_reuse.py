@@ -47,8 +47,8 @@ def test_put_packets_into_single_scratch_is_not_a_race(launches: int) -> None:
 
 @pytest.mark.parametrize("ranks", [2, 4])
 def test_single_buffered_two_step_packet_allreduce_verifies(ranks: int) -> None:
-    from mscclang.cli.compile_cmd import compile_program
-    plan = compile_program(NAIVE, ["--num_gpus", str(ranks)])
+    from mscclang.cli.compile_cmd import compile_file
+    plan = compile_file(NAIVE, ["--num_gpus", str(ranks)])
     assert not plan.use_double_scratch_buffer
     rep = verify(plan, launches=4, schedules=4)
     assert rep.ok, str(rep)

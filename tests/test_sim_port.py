@@ -18,7 +18,7 @@ from mscclang.plan import load_plan
 from mscclang.sim import verify
 from mscclang.sim.engine import Simulation
 from mscclang.sim.planbuilder import L, PlanBuilder, R
-from mscclang.sim.program import compile_program
+from mscclang.sim.program import sim_program
 from mscclang.sim.report import Report
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -133,7 +133,7 @@ def test_flush_is_ordered_after_its_own_requests_only():
     """The flush of block 0 waits for request 1; the proxy serves request 2 (block 1's, posted
     after the flush began) before block 0 resumes. Block 0 is ordered after request 1 only, so
     its read of scratch chunk 0 still races with block 1's write of it."""
-    prog = compile_program(shared_channel_plan(), 64, 64)
+    prog = sim_program(shared_channel_plan(), 64, 64)
     ins = [np.arange(64, dtype=np.uint8) + r for r in range(2)]
     sim = _DrainingProxySimulation(prog, ins, dtype=np.float16, launches=1)
     sim.run()

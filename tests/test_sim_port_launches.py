@@ -18,7 +18,7 @@ import pytest
 from mscclang.plan import load_plan
 from mscclang.sim import verify
 from mscclang.sim.engine import Simulation
-from mscclang.sim.program import compile_program
+from mscclang.sim.program import sim_program
 from mscclang.sim.planbuilder import L, PlanBuilder, R
 from mscclang.sim.report import Report
 
@@ -125,7 +125,7 @@ def test_late_proxy_read_after_the_reuse_is_reported():
     """Rank 0 runs all its launches while its proxy waits: the proxy's read of launch 1 then
     happens after launch 3's hand-over of the same half, and is reported too (the hand-over is
     remembered per half, and a later access is checked against it)."""
-    prog = compile_program(forward_plan(), 64, 64)
+    prog = sim_program(forward_plan(), 64, 64)
     ins = [np.arange(64, dtype=np.uint8) + r for r in range(2)]
     sim = _LazyProxySimulation(prog, ins, dtype=np.float16, launches=3)
     sim.run()

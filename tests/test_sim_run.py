@@ -110,10 +110,10 @@ def test_verify_rotation_includes_runahead_with_rotating_leads() -> None:
 
 def test_runahead_lead_is_checked_and_run_accepts_it() -> None:
     from mscclang.errors import PlanError
-    from mscclang.sim import Simulation, compile_program
+    from mscclang.sim import Simulation, sim_program
 
     plan = ll_allreduce(double=True)
-    prog = compile_program(plan, 64, 64)
+    prog = sim_program(plan, 64, 64)
     with pytest.raises(PlanError, match="lead rank 2"):
         Simulation(prog, [np.zeros(64, np.uint8)] * 2, dtype=np.dtype(np.float16), schedule="runahead", lead=2)
     xs = [np.arange(16, dtype=np.float32) * (r + 1) for r in range(2)]

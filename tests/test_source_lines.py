@@ -21,7 +21,7 @@ from mscclang import (
     Rank,
     SyncType,
 )
-from mscclang.cli.compile_cmd import compile_program
+from mscclang.cli.compile_cmd import compile_file
 from mscclang.cli.show_cmd import format_plan
 from mscclang.plan import from_mscclpp, load_plan, plan_to_dict, to_mscclpp
 from mscclang.plan.io import plan_to_json
@@ -112,7 +112,7 @@ def test_src_is_deterministic_and_independent_of_the_directory(tmp_path):
     for p in (first, second):
         p.parent.mkdir(parents=True)
         p.write_text(prog_text)
-    a, b = compile_program(first), compile_program(second)
+    a, b = compile_file(first), compile_file(second)
     assert plan_to_json(a) == plan_to_json(b)
     assert a.gpus[0].threadblocks[0].ops[1].src == "prog.py:6"
     assert a.gpus[1].threadblocks[0].ops[0].src == "prog.py:7"
@@ -223,6 +223,6 @@ def test_examples_compile_with_their_own_file_name(tmp_path):
     root = Path(__file__).parents[1]
     copy = tmp_path / "renamed_example.py"
     shutil.copy(root / "examples" / "oneshot_allreduce.py", copy)
-    plan = compile_program(copy)
+    plan = compile_file(copy)
     srcs = {o.src.split(":")[0] for g in plan.gpus for tb in g.threadblocks for o in tb.ops}
     assert srcs == {"renamed_example.py"}

@@ -16,7 +16,7 @@ from mscclang.comm.backend import Backend
 from mscclang.comm.errors import CommError
 from mscclang.comm.tuning import TuningTable
 from mscclang.errors import CallMismatch, CollectiveTimeout, InvalidCall
-from mscclang.runtime.comm import Communicator as RuntimeComm
+from mscclang.runtime.bootstrap import Bootstrap as RuntimeComm
 from mscclang.runtime.watchdog import AbortWatchdog, watchdog_mode
 from mscclang.comm.sim_ranks import catalog_of, stub_plan
 

@@ -235,11 +235,11 @@ def test_ll_sender_runs_two_launches_ahead(ranks: int) -> None:
     overwrote. (Round-robin, random and adversarial schedules let the receiver keep up: over 20
     seeds at 4 launches they found it once at 2 ranks and never at 3.) Two launches are not
     enough to show it; the ready handshake fixes it."""
-    from mscclang.sim import Simulation, compile_program
+    from mscclang.sim import Simulation, sim_program
     from mscclang.sim.report import Deadlock
 
     plan = ll_broadcast(ranks)
-    prog = compile_program(plan, 64, 64)
+    prog = sim_program(plan, 64, 64)
     inputs = [np.zeros(64, np.uint8) for _ in range(ranks)]
     for seed in range(5):
         sim = Simulation(prog, inputs, dtype=np.dtype(np.float16), launches=4, schedule="runahead",
@@ -263,10 +263,10 @@ def test_ll_sender_runs_two_launches_ahead(ranks: int) -> None:
 def test_runahead_schedule_lets_the_lead_rank_run_launches_ahead() -> None:
     """Runahead with lead 0 on the broken broadcast: rank 0 finishes all its launches while
     rank 1 has not finished its first; with lead 1 (receiver first) nothing goes wrong."""
-    from mscclang.sim import Simulation, compile_program
+    from mscclang.sim import Simulation, sim_program
     from mscclang.sim.report import Deadlock
 
-    prog = compile_program(ll_broadcast(2), 64, 64)
+    prog = sim_program(ll_broadcast(2), 64, 64)
     inputs = [np.zeros(64, np.uint8)] * 2
     sim = Simulation(prog, inputs, dtype=np.dtype(np.float16), launches=4, schedule="runahead", lead=0)
     with pytest.raises(Deadlock):

@@ -9,12 +9,12 @@ import numpy as np
 from mscclang.plan.models import Plan
 from mscclang.sim.engine import Simulation
 from mscclang.sim.planbuilder import PlanBuilder, S
-from mscclang.sim.program import compile_program
+from mscclang.sim.program import sim_program
 from tests.harness.sim_plans import switch_allreduce
 
 
 def _races(plan) -> list:
-    prog = compile_program(plan, 32, 32)
+    prog = sim_program(plan, 32, 32)
     inputs = [np.zeros(32, np.uint8) for _ in range(2)]
     sim = Simulation(prog, inputs, dtype=np.dtype(np.float32), launches=2)
     sim.run()

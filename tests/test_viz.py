@@ -319,9 +319,9 @@ def test_every_library_plan_renders(path, tmp_path):
 @pytest.fixture(scope="module")
 def ring8() -> Plan:
     """An 8-rank ring allreduce: 75 ops per rank on one thread block (one 7512 px strip before)."""
-    from mscclang.cli.compile_cmd import compile_program
+    from mscclang.cli.compile_cmd import compile_file
 
-    plan = compile_program(ROOT / "tests" / "programs" / "allreduce_ring.py", ["--num_gpus", "8"])
+    plan = compile_file(ROOT / "tests" / "programs" / "allreduce_ring.py", ["--num_gpus", "8"])
     assert all(flat_op_count(plan, ranks={r}) == 75 for r in range(8))
     return plan
 

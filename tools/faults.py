@@ -39,7 +39,7 @@ def _rank_main(rank: int, port: int, args: dict, q: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    from mscclang.runtime.launch import device_of_rank, ranks_per_gpu
+    from mscclang.runtime.workers import device_of_rank, ranks_per_gpu
 
     dev = device_of_rank(rank, torch.cuda.device_count(), ranks_per_gpu())  # one GPU: both ranks on it
     torch.cuda.set_device(dev)

@@ -68,7 +68,7 @@ def _worker(rank: int, world: int, port: int, args: Any, q: Any) -> None:
         store = dist.TCPStore("127.0.0.1", port, world, rank == 0)
         dist.init_process_group("nccl", store=store, rank=rank, world_size=world,
                                 device_id=torch.device(f"cuda:{rank}"))
-        from mscclang.runtime.comm import Communicator as RtComm
+        from mscclang.runtime.bootstrap import Bootstrap as RtComm
         from mscclang.runtime.executor import Executor
         from tests.harness import port_plans as pp
         from mscclang.cli.run_checks import expectation, make_input

@@ -35,7 +35,7 @@ def main(argv: Any = None) -> int:
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     res: dict = {}
-    from mscclang.runtime.launch import WorkerPool
+    from mscclang.runtime.workers import WorkerPool
 
     with WorkerPool(timeout_s=10.0) as pool:
         soak = pool.run("tests.harness.trust_checks:soak", calls=a.calls, graph_replays=a.replays,

@@ -55,7 +55,7 @@ from mscclang.errors import CompileError, DSLError, MscclangError, MscclangWarni
 from mscclang.plan.io import load_plan, plan_to_dict, plan_to_json
 from mscclang.plan.models import Plan
 
-__all__ = ["add_parser", "run", "compile_program", "describe_output", "ProgramError"]
+__all__ = ["add_parser", "run", "compile_file", "describe_output", "ProgramError"]
 
 RANK_NAMES = ("ranks", "num_ranks", "num_gpus", "nranks")
 
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", MscclangWarning)
         try:
-            plan = compile_program(args.program, getattr(args, "passthrough", []), function=function,
+            plan = compile_file(args.program, getattr(args, "passthrough", []), function=function,
                                    ranks=args.ranks, instances=args.instances, protocol=args.protocol,
                                    check=not args.no_check, strict=args.strict)
         finally:
@@ -151,7 +151,7 @@ def _print_warnings(caught: list[warnings.WarningMessage]) -> None:
         print(f"{where}{kind}: {w.message}", file=sys.stderr)
 
 
-def compile_program(program: str | Path, argv: Sequence[str] = (), function: Optional[str] = None,
+def compile_file(program: str | Path, argv: Sequence[str] = (), function: Optional[str] = None,
                     ranks: Optional[int] = None, instances: Optional[int] = None,
                     protocol: Optional[str] = None, check: bool = True, strict: bool = False) -> Plan:
     """Run a DSL program (see the module docstring) and return the validated plan it builds.

@@ -1,4 +1,4 @@
-"""The commands ``mscclang run`` sends to its GPU workers (see :mod:`mscclang.runtime.launch`):
+"""The commands ``mscclang run`` sends to its GPU workers (see :mod:`mscclang.runtime.workers`):
 one checked launch of a plan against a reference (:func:`run_plan_check`) and its timing, eager
 (:func:`time_eager`) or in a CUDA graph (:func:`time_graph`).
 
@@ -188,7 +188,7 @@ def reference(plan: Plan, inputs: list, reduce_op: str, rank: int) -> Any:
 
 def worker_device(w: Any) -> Any:
     """The worker's torch device: ``w.device`` when it has one (CPU test harness), else its
-    communicator's GPU (rank r's GPU is r // ranks per GPU, see :func:`~mscclang.runtime.launch.ranks_per_gpu`)."""
+    communicator's GPU (rank r's GPU is r // ranks per GPU, see :func:`~mscclang.runtime.workers.ranks_per_gpu`)."""
     import torch
 
     dev = getattr(w, "device", None)

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"mscclang run: {ngpu} GPU(s) visible, the plan needs {plan.world_size}; verifying on the "
               "simulator instead", file=sys.stderr)
         return _simulate_instead(plan, sizes, args.dtype, args.progress)
-    from mscclang.runtime.launch import WorkerPool
+    from mscclang.runtime.workers import WorkerPool
 
     j = plan_to_json(plan)
     op = args.reduce_op or "sum"

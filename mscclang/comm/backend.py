@@ -201,7 +201,7 @@ class RuntimeBackend(Backend):
         self.device = device
         if executor is None:
             try:
-                from mscclang.runtime.comm import Communicator as RuntimeComm
+                from mscclang.runtime.bootstrap import Bootstrap as RuntimeComm
                 from mscclang.runtime.executor import Executor
             except ImportError as e:
                 raise RuntimeUnavailable(f"mscclang.runtime cannot be imported: {e}") from e

@@ -27,7 +27,7 @@ from mscclang.plan.shapes import check_layout, check_sizes, check_tensor, output
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.abort import AbortState, Drainer
 from mscclang.runtime.capture import CaptureGlue
-from mscclang.runtime.comm import Communicator
+from mscclang.runtime.bootstrap import Bootstrap
 from mscclang.runtime.contexts import ContextPool
 from mscclang.runtime.device_plan import MAX_FLAGS, check_runnable
 from mscclang.runtime.engine import Engine, bindings as engine_bindings
@@ -51,7 +51,7 @@ __all__ = ["Executor", "LoadedPlan", "torch_dtype_code", "plan_reduce_op", "DEFA
 
 
 class Executor:
-    """Runs plans on this rank's GPU. ``comm`` defaults to a Communicator over torch.distributed's
+    """Runs plans on this rank's GPU. ``comm`` defaults to a Bootstrap over torch.distributed's
     default store; ``timeout_s`` bounds every GPU spin (default 30 s, env MSCCLANG_TIMEOUT_S).
     Co-residency of all blocks is checked with the occupancy API before the first launch of a
     size; ``cooperative=True`` also launches through cuLaunchCooperativeKernel. ``specialize``:
@@ -61,10 +61,10 @@ class Executor:
     'raise' (default, env MSCCLANG_ASYNC_ERROR), 'abort' or 'log' (see
     :mod:`mscclang.runtime.abort`)."""
 
-    def __init__(self, comm: Optional[Communicator] = None, timeout_s: Optional[float] = None,
+    def __init__(self, comm: Optional[Bootstrap] = None, timeout_s: Optional[float] = None,
                  cooperative: bool = False, specialize: Optional[str] = None,
                  watchdog: Optional[str] = None) -> None:
-        comm = comm or Communicator()
+        comm = comm or Bootstrap()
         if timeout_s is None:
             timeout_s = float(settings.timeout_s)
         dev = comm.device

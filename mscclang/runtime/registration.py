@@ -295,7 +295,7 @@ def zero_copy_operands(sym_of: Callable[[int], Optional[tuple[Any, int]]], regis
     buffer, output delta)``, each buffer a symmetric allocation (not the runtime's internal
     staging) or a live :class:`Region`, the delta being the call's offset in it; None when either
     operand is neither (the call must be staged). ``sym_of(p)`` is
-    :meth:`mscclang.runtime.comm.Communicator.symmetric_of`. A registered tensor matches when the
+    :meth:`mscclang.runtime.bootstrap.Communicator.symmetric_of`. A registered tensor matches when the
     call's tensor starts at its base (no larger); an input inside the output's registered tensor
     (in-place allgather), or an output inside the input's (in-place reduce-scatter), uses that one.
     Shared by the executor and the CPU test back end, so both decide alike."""
@@ -324,7 +324,7 @@ class Registry:
     """This rank's registrations of ordinary tensors (see the module docstring for the rule).
 
     ``comm`` needs ``rank``, ``world_size`` and ``exchange(data, tag) -> [bytes by rank]`` (a
-    :class:`mscclang.runtime.comm.Communicator`); ``ipc`` the methods of :class:`CudaIpc`.
+    :class:`mscclang.runtime.bootstrap.Communicator`); ``ipc`` the methods of :class:`CudaIpc`.
     ``on_release`` callbacks get the regions about to be released (after the device finished its
     work), so the executor can drop its device plans for them first."""
 

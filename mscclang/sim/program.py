@@ -292,7 +292,7 @@ def _pads_for(g: Group, member: int, size: int, alignment: int, iteration: Optio
     return out
 
 
-def compile_program(plan: Plan, input_bytes: int, output_bytes: int) -> Program:
+def sim_program(plan: Plan, input_bytes: int, output_bytes: int) -> Program:
     """Resolve every op of every block of ``plan`` for the given byte sizes."""
     n = len(plan.gpus)
     layouts = [make_layout(plan, r, input_bytes, output_bytes) for r in range(n)]

@@ -13,7 +13,7 @@ from mscclang.plan.models import OpName, Plan, REDUCE_OPS
 from mscclang.sim.budget import Deadline, Limits, check_runs
 from mscclang.sim.dtypes import parse_dtype
 from mscclang.sim.engine import Simulation
-from mscclang.sim.program import compile_program
+from mscclang.sim.program import sim_program
 
 PlanLike = Union[Plan, str, Path, dict]
 
@@ -96,7 +96,7 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
     check_runs(p, [(ib, ib, ob)], 1, launches, itemsizes=[dt.itemsize], postcondition=False,
                what=f"simulating {p.name} on {ib:,} input bytes with {launches} launch(es)", limits=limits)
     deadline = Deadline(limits, f"simulating {p.name}")
-    prog = compile_program(p, ib, ob)
+    prog = sim_program(p, ib, ob)
     sim = Simulation(prog, [a.view(np.uint8) for a in arrs], dtype=dt,
                      reduce_op=resolve_reduce_op(p, reduce_op), packet_type=packet_type,
                      launches=launches, schedule=schedule, seed=seed, check_races=False,

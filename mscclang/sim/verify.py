@@ -21,7 +21,7 @@ from mscclang.sim.dtypes import dtype_name, parse_dtype
 from mscclang.sim.engine import SCHEDULES, Simulation
 from mscclang.sim.diagnosis import annotate_sources, classify, group_key, rotate_cycle
 from mscclang.sim.postcondition import check_numeric, check_symbolic, derive_senders, random_inputs
-from mscclang.sim.program import Program, compile_program
+from mscclang.sim.program import Program, sim_program
 from mscclang.sim.report import Deadlock, Problem, Report
 from mscclang.sim.runner import PlanLike, as_plan, resolve_reduce_op
 
@@ -113,7 +113,7 @@ def pipeline_size(plan: Plan, max_tries: int = 12) -> Optional[int]:
             return None   # thousands of iterations per chunk: not a size to compile here (the budget judges it)
         try:
             ib, ob = message_to_bytes(plan, size)
-            if _fewest_iterations(compile_program(plan, ib, ob)) >= 2:
+            if _fewest_iterations(sim_program(plan, ib, ob)) >= 2:
                 return size
         except MscclangError:
             return None
@@ -393,7 +393,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     for size in sizes:
         try:
             ib, ob = message_to_bytes(p, size)
-            progs[size] = compile_program(p, ib, ob)
+            progs[size] = sim_program(p, ib, ob)
         except MscclangError as e:
             rep.problems.append(Problem("plan", f"message size {size}: {e}"))
     if any(pr.kind == "plan" for pr in rep.problems):

@@ -18,7 +18,7 @@ import pytest
 def _gpus() -> int:
     """Workers a pool can start here (visible GPUs x MSCCLANG_RANKS_PER_GPU)."""
     try:
-        from mscclang.runtime.launch import worker_capacity
+        from mscclang.runtime.workers import worker_capacity
 
         return worker_capacity()
     except Exception:  # noqa: BLE001
@@ -29,7 +29,7 @@ def _gpus() -> int:
 def own_gpus() -> None:
     """Skips a test that needs one GPU per rank: NCCL (the fallback, the engine, the baselines)
     refuses two ranks on one GPU."""
-    from mscclang.runtime.launch import nccl_refusal
+    from mscclang.runtime.workers import nccl_refusal
 
     why = nccl_refusal()
     if why:
@@ -43,7 +43,7 @@ def pool():
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     if os.environ.get("MSCCLANG_ENABLE_NVLS"):
         pytest.skip("refusing to run GPU tests with MSCCLANG_ENABLE_NVLS set")
-    from mscclang.runtime.launch import WorkerPool
+    from mscclang.runtime.workers import WorkerPool
 
     world = os.environ.get("MSCCLANG_TEST_WORLD")
     n = int(world) if world else None

@@ -15,7 +15,7 @@ os.environ["PYTHONFAULTHANDLER"] = "1"
 
 def main() -> None:
     from mscclang.plan.io import plan_to_json
-    from mscclang.runtime.launch import WorkerPool
+    from mscclang.runtime.workers import WorkerPool
     from tests.harness import port_plans as pp
     from mscclang.plan import samples as sp
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Functional GPU checks on a ONE-GPU machine: two ranks time-share the GPU
-# (MSCCLANG_RANKS_PER_GPU=2, see mscclang.runtime.launch.ranks_per_gpu). Timings mean nothing
+# (MSCCLANG_RANKS_PER_GPU=2, see mscclang.runtime.workers.ranks_per_gpu). Timings mean nothing
 # here and NCCL-based tests skip or fail (NCCL refuses two ranks on one GPU).
 # Usage (repository root, GPU machine, carrying .whl and .cubins):
 #   [TESTS="tests/gpu/test_ports_gpu.py ..."] [PYTEST_S=400] bash tests/gpu/shared_gpu_call.sh

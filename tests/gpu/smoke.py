@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mscclang.plan.io import plan_to_json
 from mscclang.plan import samples as sp
-from mscclang.runtime.launch import WorkerPool
+from mscclang.runtime.workers import WorkerPool
 
 C = "tests.harness.runtime_checks"
 

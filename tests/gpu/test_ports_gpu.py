@@ -69,7 +69,7 @@ def two_nodes(own_gpus):
     """The same GPUs as one-GPU "nodes": port channels between them go through the engine."""
     if importlib.util.find_spec("nccl") is None:
         pytest.skip("nccl4py is not installed")
-    from mscclang.runtime.launch import WorkerPool
+    from mscclang.runtime.workers import WorkerPool
 
     p = WorkerPool(world_size=2, timeout_s=15.0,
                    env={"MSCCLANG_GPUS_PER_NODE": "1", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1",

@@ -35,7 +35,7 @@ def pool():
     """A pool of this module's own, started with the designed settings (the release keeps
     registration off and staging uncapped until these tests have passed on GPUs; the settings
     are read when a worker's communicator starts)."""
-    from mscclang.runtime.launch import WorkerPool, worker_capacity
+    from mscclang.runtime.workers import WorkerPool, worker_capacity
 
     if worker_capacity() < 2:
         pytest.skip("needs at least 2 CUDA GPUs")
@@ -101,7 +101,7 @@ def test_expandable_segments_fall_back_to_staging_logged_once():
     """A pool of its own whose workers start with expandable segments: eager calls stay exact
     and, where the allocation cannot be exported, unregistered (one log line per rank); graphs
     captured in a session stay exact whatever their pool's allocations are."""
-    from mscclang.runtime.launch import WorkerPool, worker_capacity
+    from mscclang.runtime.workers import WorkerPool, worker_capacity
 
     if worker_capacity() < 2:
         pytest.skip("needs at least 2 CUDA GPUs")

@@ -1,4 +1,4 @@
-"""Commands for the GPU test workers (:mod:`mscclang.runtime.launch`): the communicator on the
+"""Commands for the GPU test workers (:mod:`mscclang.runtime.workers`): the communicator on the
 worker's executor, every collective against a reference computed on each rank from every rank's
 (regenerated) input, eager and under CUDA-graph replay. Used by ``tests/gpu/test_comm_gpu.py``.
 

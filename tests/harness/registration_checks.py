@@ -1,5 +1,5 @@
 """GPU worker commands for registered ordinary tensors and the staging cap
-(``tests/gpu/test_registration_gpu.py``; :mod:`mscclang.runtime.launch` runs them on every rank).
+(``tests/gpu/test_registration_gpu.py``; :mod:`mscclang.runtime.workers` runs them on every rank).
 
 * :func:`eager_reuse`: ordinary tensors (torch's allocator) called again and again with fresh
   data: exact results, zero-copy from the first call where the tuning picks a zero-copy plan, and

@@ -1,4 +1,4 @@
-"""GPU-test commands for the worker pool (:mod:`mscclang.runtime.launch`), beyond the checks
+"""GPU-test commands for the worker pool (:mod:`mscclang.runtime.workers`), beyond the checks
 ``mscclang run`` itself uses (:mod:`mscclang.cli.run_checks`, whose commands are re-exported here
 so a test names one module): back-to-back and CUDA-graph runs with the input's sign flipped
 before each launch, kernel-policy switches, the timeout/reset check and the kernel warm-up."""

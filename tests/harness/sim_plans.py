@@ -3,10 +3,11 @@ shared by the test modules that verify, run or diagnose them."""
 
 from __future__ import annotations
 
+from mscclang.plan.models import Plan
 from mscclang.sim.planbuilder import L, PlanBuilder, R, S
 
 
-def ll_allreduce(double: bool = True, n_tbs: int = 2) -> "Plan":  # noqa: F821
+def ll_allreduce(double: bool = True, n_tbs: int = 2) -> Plan:
     """2-rank in-place LL allreduce (MSCCL++'s allreduce_packet shape, mscclpp-notes 2.5)."""
     b = PlanBuilder("ll_allreduce", "allreduce", 2, 4, 4, 4, protocol="LL", inplace=True,
                     use_double_scratch_buffer=double)
@@ -23,7 +24,7 @@ def ll_allreduce(double: bool = True, n_tbs: int = 2) -> "Plan":  # noqa: F821
     return b.build()
 
 
-def ll_oneshot_allreduce(double: bool = True) -> "Plan":  # noqa: F821
+def ll_oneshot_allreduce(double: bool = True) -> Plan:
     """2-rank out-of-place one-shot LL allreduce: each rank packs its whole input into the peer's
     scratch, then reduces every chunk from its input and the peer's packets. Without double
     scratch this is a hazard: a rank's next launch may overwrite packets its peer has not read,
@@ -40,7 +41,7 @@ def ll_oneshot_allreduce(double: bool = True) -> "Plan":  # noqa: F821
 
 def simple_allgather(n: int = 3, final_wait: bool = True, relaxed_publish: bool = False,
                      nop_before_signal: bool = True, wrong_chunk: bool = False,
-                     handshake: bool = True) -> "Plan":  # noqa: F821
+                     handshake: bool = True) -> Plan:
     """n-rank out-of-place allgather: ready handshake, put into every peer's output, signal."""
     b = PlanBuilder("simple_allgather", "allgather", n, 1, n)
     for r in range(n):
@@ -63,7 +64,7 @@ def simple_allgather(n: int = 3, final_wait: bool = True, relaxed_publish: bool 
     return b.build()
 
 
-def zero_copy_allreduce(handshake: bool = True, double_src: bool = False) -> "Plan":  # noqa: F821
+def zero_copy_allreduce(handshake: bool = True, double_src: bool = False) -> Plan:
     """2-rank allreduce reading the peer's input directly (rres) and writing its output."""
     b = PlanBuilder("zc_allreduce", "allreduce", 2, 2, 2)
     for r in range(2):
@@ -82,7 +83,7 @@ def zero_copy_allreduce(handshake: bool = True, double_src: bool = False) -> "Pl
     return b.build()
 
 
-def get_allreduce() -> "Plan":  # noqa: F821
+def get_allreduce() -> Plan:
     """2-rank allreduce with get into scratch, a local reduce, and a put of the result."""
     b = PlanBuilder("get_allreduce", "allreduce", 2, 2, 2, 1)
     for r in range(2):
@@ -104,7 +105,7 @@ def get_allreduce() -> "Plan":  # noqa: F821
 
 
 def sem_barrier_allgather(bad_barrier: bool = False, extra_release: bool = False,
-                          double_acquire: bool = False) -> "Plan":  # noqa: F821
+                          double_acquire: bool = False) -> Plan:
     """2-rank allgather: tb0 stages the input in scratch and releases a semaphore; tb1 acquires
     it and sends; tb2 copies the local part; tbs 0..2 meet at a barrier at the end."""
     b = PlanBuilder("sem_barrier_allgather", "allgather", 2, 1, 2, 1)
@@ -140,7 +141,7 @@ def sem_barrier_allgather(bad_barrier: bool = False, extra_release: bool = False
     return b.build()
 
 
-def pipelined_allgather(unit: int = 64, tbg: bool = True) -> "Plan":  # noqa: F821
+def pipelined_allgather(unit: int = 64, tbg: bool = True) -> Plan:
     """2-rank allgather: the input goes through the peer's scratch in a pipeline (put slice,
     signal; the peer waits and copies the slice out); the local copy is split over a
     thread-block group of two blocks."""
@@ -172,7 +173,7 @@ def pipelined_allgather(unit: int = 64, tbg: bool = True) -> "Plan":  # noqa: F8
     return b.build()
 
 
-def port_allgather(flush: bool = True) -> "Plan":  # noqa: F821
+def port_allgather(flush: bool = True) -> Plan:
     """2-rank allgather through port channels: handshake, put-with-signal, wait, flush."""
     b = PlanBuilder("port_allgather", "allgather", 2, 1, 2)
     for r in range(2):
@@ -190,7 +191,7 @@ def port_allgather(flush: bool = True) -> "Plan":  # noqa: F821
     return b.build()
 
 
-def rppkt_allgather() -> "Plan":  # noqa: F821
+def rppkt_allgather() -> Plan:
     """3-rank LL allgather relayed around a ring with copy/read-put/unpack packet ops."""
     n = 3
     b = PlanBuilder("rppkt_allgather", "allgather", n, 1, n, 2 * n, protocol="LL",
@@ -209,7 +210,7 @@ def rppkt_allgather() -> "Plan":  # noqa: F821
     return b.build()
 
 
-def switch_allreduce(final: str = "strong") -> "Plan":  # noqa: F821
+def switch_allreduce(final: str = "strong") -> Plan:
     """2-rank in-place switch allreduce (glres over the outputs); ``final`` is how the ranks
     publish the multimem stores at the end: ``strong`` signal/wait, ``relaxed`` rlxsignal/rlxwait,
     or ``none`` (no final synchronisation at all)."""

@@ -1,7 +1,7 @@
 """One worker process per visible GPU, kept alive and driven by commands.
 
 A :class:`WorkerPool` spawns ``world_size`` processes; each binds GPU ``rank``, joins a TCPStore,
-and builds a :class:`~mscclang.runtime.comm.Communicator` and an
+and builds a :class:`~mscclang.runtime.bootstrap.Bootstrap` and an
 :class:`~mscclang.runtime.executor.Executor`. ``pool.run("module:function", *args)`` calls
 ``function(worker, *args)`` on every rank at once and returns the per-rank results (exceptions
 come back as ``WorkerError`` with the rank's traceback). Used by the GPU tests (one pool for the
@@ -130,10 +130,10 @@ def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, 
         dev = rank if device is None else device
         torch.cuda.set_device(dev)
         store = dist.TCPStore("127.0.0.1", port, world, rank == 0, wait_for_workers=False)
-        from mscclang.runtime.comm import Communicator
+        from mscclang.runtime.bootstrap import Bootstrap
         from mscclang.runtime.executor import Executor
 
-        comm = Communicator(store=store, rank=rank, world_size=world, device=dev, store_timeout_s=60.0)
+        comm = Bootstrap(store=store, rank=rank, world_size=world, device=dev, store_timeout_s=60.0)
         ex = Executor(comm, timeout_s=timeout_s)
         w = Worker(rank, world, comm, ex)
         conn.send(("ready", None))

@@ -1,4 +1,4 @@
-"""The worker pool's pipe handling (mscclang.runtime.launch.recv_from) without GPUs: answers come
+"""The worker pool's pipe handling (mscclang.runtime.workers.recv_from) without GPUs: answers come
 through, a dead worker or a silent one raises WorkerError instead of hanging the pool; a pool
 larger than the visible GPUs is refused with the count in the message."""
 
@@ -10,8 +10,8 @@ import types
 
 import pytest
 
-from mscclang.runtime import launch
-from mscclang.runtime.launch import WorkerError, recv_from
+from mscclang.runtime import workers
+from mscclang.runtime.workers import WorkerError, recv_from
 
 
 def _proc(alive: bool, code=None):
@@ -55,7 +55,7 @@ def test_pool_larger_than_the_gpus_is_refused(n, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(WorkerError, match=f"{n} workers needs {n} visible GPU.*2 visible"):
-        launch.WorkerPool(world_size=n)
+        workers.WorkerPool(world_size=n)
 
 
 def test_ranks_may_share_a_gpu_for_functional_tests(monkeypatch):
@@ -66,9 +66,9 @@ def test_ranks_may_share_a_gpu_for_functional_tests(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("MSCCLANG_RANKS_PER_GPU", "2")
-    assert launch.ranks_per_gpu() == 2 and launch.worker_capacity() == 2
+    assert workers.ranks_per_gpu() == 2 and workers.worker_capacity() == 2
     with pytest.raises(WorkerError, match="3 workers needs 2 visible GPU.*2 rank.*1 visible"):
-        launch.WorkerPool(world_size=3)
+        workers.WorkerPool(world_size=3)
     started = []
 
     class _Proc:
@@ -89,19 +89,19 @@ def test_ranks_may_share_a_gpu_for_functional_tests(monkeypatch):
 
     monkeypatch.setattr(mp, "get_context", lambda kind: _Ctx())
     with pytest.raises(RuntimeError, match="stop here"):
-        launch.WorkerPool(world_size=2)
+        workers.WorkerPool(world_size=2)
     assert started[0][-1] == 0  # rank 0 binds GPU 0
     for bad in ("0", "two"):
         monkeypatch.setenv("MSCCLANG_RANKS_PER_GPU", bad)
         with pytest.raises(WorkerError, match="MSCCLANG_RANKS_PER_GPU"):
-            launch.ranks_per_gpu()
+            workers.ranks_per_gpu()
 
 
 def test_an_interrupted_command_restarts_the_pool_before_the_next():
     """A test's time limit (or Ctrl-C) interrupts the parent while the workers still run the
     command, out of step with each other: every later command used to fail in a cascade (a rank
     answering 'reset' while its peer was still in the last test). The pool now restarts first."""
-    pool = object.__new__(launch.WorkerPool)
+    pool = object.__new__(workers.WorkerPool)
     pool.interrupted = False
     pool.restarts = 0
     calls = []
@@ -131,7 +131,7 @@ def test_an_interrupted_command_restarts_the_pool_before_the_next():
 
 
 def test_device_of_rank_follows_the_pool_binding_and_wraps_onto_visible_gpus():
-    from mscclang.runtime.launch import WorkerError, device_of_rank
+    from mscclang.runtime.workers import WorkerError, device_of_rank
 
     assert [device_of_rank(r, 8) for r in range(4)] == [0, 1, 2, 3]
     assert [device_of_rank(r, 2, share=2) for r in range(4)] == [0, 0, 1, 1]
@@ -143,7 +143,7 @@ def test_device_of_rank_follows_the_pool_binding_and_wraps_onto_visible_gpus():
 
 
 def test_nccl_refusal_when_ranks_share_a_gpu(monkeypatch):
-    from mscclang.runtime.launch import nccl_refusal
+    from mscclang.runtime.workers import nccl_refusal
 
     monkeypatch.delenv("MSCCLANG_RANKS_PER_GPU", raising=False)
     assert nccl_refusal() is None

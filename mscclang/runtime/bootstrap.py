@@ -59,7 +59,7 @@ def default_store() -> Any:
     return distributed_c10d._get_default_store()
 
 
-class Communicator:
+class Bootstrap:
     """One rank's view of a group of GPUs that run plans together.
 
     ``store`` is a ``torch.distributed.Store`` shared by all ranks (default: the default process
@@ -77,7 +77,7 @@ class Communicator:
             rank = dist.get_rank() if rank is None else rank
             world_size = dist.get_world_size() if world_size is None else world_size
         if rank is None or world_size is None:
-            raise RuntimeUnavailable("Communicator needs rank and world_size with an explicit store")
+            raise RuntimeUnavailable("Bootstrap needs rank and world_size with an explicit store")
         if not torch.cuda.is_available():
             raise RuntimeUnavailable("no CUDA device is visible")
         self.store = store
