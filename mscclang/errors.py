@@ -52,6 +52,10 @@ class InvalidCall(MscclangError, ValueError):
     before anything reaches the GPU; the executor stays usable."""
 
 
+class CommError(InvalidCall):
+    """A collective call that cannot be done as asked (wrong sizes, dtype, device, rank)."""
+
+
 class SettingError(MscclangError, ValueError):
     """An ``MSCCLANG_*`` environment variable holds a value its setting does not accept (see
     :mod:`mscclang.config`); the message names the variable, the value and what is accepted."""

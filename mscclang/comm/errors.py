@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mscclang.errors import InvalidCall, MscclangError
+from mscclang.errors import CommError, MscclangError
 
-
-class CommError(InvalidCall):
-    """A collective call that cannot be done as asked (wrong sizes, dtype, device, rank)."""
+__all__ = ["CommError", "TuningError"]
 
 
 class TuningError(MscclangError):

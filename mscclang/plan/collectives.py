@@ -14,7 +14,7 @@ import difflib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from mscclang.errors import InvalidCall, PlanError
+from mscclang.errors import CommError, PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
     from mscclang.plan.models import Plan
@@ -75,11 +75,11 @@ def unknown_api_collective_message(name: object) -> str:
 
 def plan_collective(name: str) -> str:
     """Plan name of a collective given either spelling (``all_reduce`` or ``allreduce``);
-    :class:`~mscclang.errors.InvalidCall` naming the known API names for anything else
-    (:func:`mscclang.comm.names.plan_collective` raises the communicator's ``CommError``)."""
+    :class:`~mscclang.errors.CommError` (an ``InvalidCall``) naming the known API names for
+    anything else."""
     found = find_plan_collective(name)
     if found is None:
-        raise InvalidCall(unknown_api_collective_message(name))
+        raise CommError(unknown_api_collective_message(name))
     return found
 
 

@@ -5,9 +5,11 @@ numbers in, :class:`~mscclang.errors.InvalidCall` out (tensors are duck-typed: a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
-from mscclang.errors import InvalidCall
+from mscclang.errors import CommError, InvalidCall
+from mscclang.plan.collectives import plan_collective
 
 SAME_SIZE = ("allreduce", "alltoall", "sendrecv", "broadcast")
 
@@ -79,3 +81,60 @@ def check_layout(collective: str, rank: int, plan_inplace: bool, plan_name: str,
                               f"{in_ptr:#x}, output at {out_ptr:#x}); use an out-of-place plan for separate buffers")
     elif overlap(in_ptr, in_bytes, out_ptr, out_bytes):
         raise InvalidCall(f"rank {rank}: plan {plan_name!r} is out of place but its input and output overlap")
+
+
+# blocks: a collective's buffers as blocks x block_elems (the communicator pads blocks)
+
+@dataclass(frozen=True)
+class BlockShape:
+    """``in_blocks`` x ``block_elems`` input elements, ``out_blocks`` x ``block_elems`` output."""
+
+    in_blocks: int
+    out_blocks: int
+    block_elems: int
+
+    @property
+    def in_elems(self) -> int:
+        return self.in_blocks * self.block_elems
+
+    @property
+    def out_elems(self) -> int:
+        return self.out_blocks * self.block_elems
+
+    def padded(self, block_elems: int) -> "BlockShape":
+        return BlockShape(self.in_blocks, self.out_blocks, block_elems)
+
+
+def block_shape(collective: str, world_size: int, in_elems: int, out_elems: int) -> BlockShape:
+    """Block structure of a call; raises :class:`CommError` when the element counts do not fit
+    the collective (e.g. an all-to-all input not divisible by the world size)."""
+    coll = plan_collective(collective)
+    n = world_size
+    if coll == "allgather":
+        if out_elems != n * in_elems:
+            raise CommError(f"all_gather needs an output of {n} x {in_elems} = {n * in_elems} "
+                            f"elements, got {out_elems}")
+        return BlockShape(1, n, in_elems)
+    if coll == "reducescatter":
+        if in_elems != n * out_elems:
+            raise CommError(f"reduce_scatter needs an input of {n} x {out_elems} = {n * out_elems} "
+                            f"elements, got {in_elems}")
+        return BlockShape(n, 1, out_elems)
+    if coll == "alltoall":
+        if in_elems != out_elems:
+            raise CommError(f"all_to_all needs equal input and output element counts, got "
+                            f"{in_elems} and {out_elems}")
+        if in_elems % n:
+            raise CommError(f"all_to_all needs an element count divisible by the world size {n}, "
+                            f"got {in_elems}")
+        return BlockShape(n, n, in_elems // n)
+    if in_elems != out_elems:
+        raise CommError(f"{coll} needs equal input and output element counts, got {in_elems} "
+                        f"and {out_elems}")
+    return BlockShape(1, 1, in_elems)
+
+
+def message_bytes(collective: str, in_bytes: int, out_bytes: int) -> int:
+    """The size a plan's range and the tuning thresholds are compared with: allgather's output,
+    every other collective's input."""
+    return out_bytes if plan_collective(collective) == "allgather" else in_bytes
