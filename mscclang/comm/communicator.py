@@ -58,65 +58,25 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from mscclang.comm.backend import Backend, RuntimeBackend
-from mscclang.config import settings
-from mscclang.plan.collectives import INPLACE_COPY_COLLECTIVES
-from mscclang.comm.catalog import Catalog, PlanVariant
+from mscclang.comm.catalog import Catalog
 from mscclang.comm.errors import CommError
 from mscclang.comm.fallback import TorchFallback
 from mscclang.comm.names import dtype_name, plan_collective, reduce_op_name
-from mscclang.comm.padding import (BlockShape, block_shape, message_bytes, needs_padding,
-                                   padded_block_elems)
+from mscclang.comm.planner import CallPlan, Planner
 from mscclang.comm.selector import Choice, Selector
 from mscclang.comm.tuning import DEFAULT_TUNING_FILE, TuningTable, load_tuning
-from mscclang.errors import MscclangError, PlanError
-from mscclang.plan.models import Plan
+from mscclang.config import settings
 
 log = logging.getLogger("mscclang.comm")
 
-_MODE_RANK = {"direct": 0, "copy_in": 1, "staged": 2}
-_MEMO_SIZE = 256
 _MISSES_SIZE = 4096
 #: the byte-valued kinds of :meth:`Communicator.memory` this process holds (the others are counts,
 #: settings, or the peers' memory mapped here)
 _BYTE_KINDS = frozenset({"scratch", "sync", "retired_scratch", "retired_sync", "device_plans", "symmetric",
                          "staging", "graph_arena"})
-
-
-@dataclass
-class CallPlan:
-    """How one call runs: ``mode`` is ``direct``, ``copy_in`` (out-of-place call, in-place
-    plan), ``staged`` or ``nccl``; ``inp``/``out`` are the staging buffers the plan runs on in
-    ``staged`` mode (the other modes run on the caller's tensors; no reference is kept).
-    ``registrable``: a zero-copy plan would have been chosen had the tensors been registered;
-    ``sym_blocked``: (a staged variant) staged only because its tensors are not symmetric or
-    registered; ``bufs``: the staging buffers ``inp``/``out`` are views of; ``temp``: those of them
-    above the staging cap, released after the call."""
-
-    collective: str
-    mode: str
-    choice: Optional[Choice]
-    plan: Optional[Plan]
-    shape: BlockShape
-    padded: BlockShape
-    inp: Any = None
-    out: Any = None
-    reason: str = ""
-    variant: Optional[PlanVariant] = None
-    registrable: bool = False
-    sym_blocked: bool = False
-    bufs: tuple = ()
-    temp: tuple = ()
-
-    def label(self) -> str:
-        """E.g. ``allreduce_oneshot_ll.r2.i1.ip (direct)`` or ``nccl``."""
-        if self.mode == "nccl" or self.variant is None:
-            return "nccl"
-        pt = f" {self.choice.packet_type}" if self.choice and self.choice.packet_type else ""
-        return f"{self.variant.key}{pt} ({self.mode})"
 
 
 class Communicator:
@@ -139,8 +99,6 @@ class Communicator:
                  backend: Optional[Backend] = None, fallback: Union[bool, Any] = True,
                  runtime_options: Optional[dict] = None) -> None:
         self._logged: set[tuple[str, str]] = set()
-        # call signature -> CallPlan, so repeated calls skip selection and checks
-        self._memo: dict[tuple, CallPlan] = {}
         self._misses: dict[tuple, list] = {}  # call signature -> [calls, reuse seen, registrations]
         self._runtime_error: Optional[str] = None
         self.last: Optional[CallPlan] = None
@@ -187,6 +145,33 @@ class Communicator:
             self._fallback = None
         else:
             self._fallback = fallback
+        self.planner = Planner(self.rank, self.world_size, self.device, self.backend, self.selector,
+                               self._fallback is not None, self._note, self._runtime_error)
+
+    @property
+    def backend(self) -> Optional[Backend]:
+        """The execution engine (None: no runtime here, or closed: calls fall back)."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, be: Optional[Backend]) -> None:
+        self._backend = be
+        planner = self.__dict__.get("planner")
+        if planner is not None:
+            planner.backend = be
+            planner.memo.clear()
+
+    @property
+    def selector(self) -> Selector:
+        """The tuning's choices."""
+        return self._selector
+
+    @selector.setter
+    def selector(self, sel: Selector) -> None:
+        self._selector = sel
+        planner = self.__dict__.get("planner")
+        if planner is not None:
+            planner.selector = sel
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -254,18 +239,6 @@ class Communicator:
         """Whether ``tensor`` lies in a buffer from :meth:`empty`."""
         return self.backend is not None and self.backend.is_symmetric(tensor)
 
-    def _stage(self, role: str, nbytes: int) -> tuple[Any, Any, bool]:
-        """A symmetric uint8 staging view of at least ``nbytes``, the buffer it views, and whether
-        that buffer is temporary: the back end's staging pool (one policy for the runtime's
-        staging and this communicator's). A buffer that replaced the one kept for ``role`` means
-        the memo's entries that viewed the old one must be planned again (on every rank alike)."""
-        if self.backend is None:
-            raise CommError("staging needs the GPU runtime")
-        whole, temp, replaced = self.backend.stage(role, nbytes)
-        if replaced:
-            self._memo.clear()
-        return whole[:nbytes], whole, temp
-
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, tensor: Any, op: Any = "sum", out: Any = None) -> Any:
         """Reduce ``tensor`` over all ranks; in place unless ``out`` is given. Returns the result."""
@@ -312,7 +285,7 @@ class Communicator:
         """Point-to-point send (through torch.distributed: plans are collective, a lone send is
         not)."""
         self._check_peer(dst)
-        self._check_tensor("send tensor", tensor)
+        self.planner.check_tensor("send tensor", tensor)
         dtype_name(tensor.dtype)
         self._note_fallback("send", "point-to-point send/recv runs through torch.distributed")
         self._need_fallback("send").send(tensor, dst)
@@ -320,7 +293,7 @@ class Communicator:
     def recv(self, tensor: Any, src: int) -> Any:
         """Point-to-point receive into ``tensor`` (through torch.distributed)."""
         self._check_peer(src)
-        self._check_tensor("recv tensor", tensor)
+        self.planner.check_tensor("recv tensor", tensor)
         dtype_name(tensor.dtype)
         self._note_fallback("recv", "point-to-point send/recv runs through torch.distributed")
         self._need_fallback("recv").recv(tensor, src)
@@ -340,15 +313,15 @@ class Communicator:
             else:
                 out = tensor
         if tensor.numel() == 0 and out.numel() == 0:
-            return self._plan_call(coll, tensor, out, reduce_op_name(op), root)
-        key, cp = self._lookup(coll, tensor, out, reduce_op_name(op), root)
+            return self.planner.plan_call(coll, tensor, out, reduce_op_name(op), root)
+        key, cp = self.planner.lookup(coll, tensor, out, reduce_op_name(op), root)
         be = self.backend
         if cp.registrable and be is not None and be.registration_mode() != "off" and not _capturing():
             # a zero-copy plan runs on these tensors once registered: prepare is collective
             if self._register_call(coll, tensor, out):
                 if cp.temp:
                     self._release_temp(cp, key)   # the staged plan's buffer above the cap is moot now
-                _, cp = self._lookup(coll, tensor, out, reduce_op_name(op), root)
+                _, cp = self.planner.lookup(coll, tensor, out, reduce_op_name(op), root)
         if cp.temp:
             # staging above the cap that a capture of this call will use: kept until close()
             self.backend.pin_staging(list(cp.temp))
@@ -358,7 +331,7 @@ class Communicator:
             self.backend.pin_staging(list(cp.bufs))
         if cp.mode != "nccl" and self.backend is not None and cp.plan is not None:
             pt = cp.choice.packet_type if cp.choice else None
-            a, b = self._operands(cp, tensor, out)
+            a, b = self.planner.operands(cp, tensor, out)
             self.backend.prepare(cp.plan, a, b, packet_type=pt, reduce_op=reduce_op_name(op))
         return cp
 
@@ -371,7 +344,7 @@ class Communicator:
         :meth:`deregister`); calls on the tensor, or a view starting at its first element, then
         need no staging and no store round trip."""
         for i, t in enumerate(tensors):
-            self._check_tensor(f"register tensor {i}", t)
+            self.planner.check_tensor(f"register tensor {i}", t)
         if self.backend is None or not tensors:
             return [False] * len(tensors)
         if _capturing():
@@ -387,7 +360,7 @@ class Communicator:
         """Collective: drop the registrations of ``tensors`` (their IPC mappings and device plans
         are released unless a captured graph uses them). Returns how many were dropped."""
         for i, t in enumerate(tensors):
-            self._check_tensor(f"deregister tensor {i}", t)
+            self.planner.check_tensor(f"deregister tensor {i}", t)
         if self.backend is None or not tensors:
             return 0
         return int(self.backend.deregister(list(tensors)))
@@ -445,7 +418,7 @@ class Communicator:
         everything the runtime set up stay. Every rank must make the same change."""
         self.tuning = load_tuning(tuning)
         self.selector = Selector(self.tuning, self.catalog)
-        self._memo.clear()
+        self.planner.memo.clear()
 
     def select(self, collective: str, nbytes: int, dtype: Any) -> list[Choice]:
         """The selector's ordered choices for a message of ``nbytes`` (introspection)."""
@@ -483,7 +456,7 @@ class Communicator:
         thread: what fails to be released (after an abort, say: a dead peer's mappings) is logged,
         never raised."""
         self._misses.clear()
-        self._memo.clear()
+        self.planner.memo.clear()
         be, self.backend = self.backend, None
         for what, step in (("the torch.distributed fallback",
                             self._fallback.close if isinstance(self._fallback, TorchFallback) else None),
@@ -511,204 +484,6 @@ class Communicator:
         if not 0 <= peer < self.world_size or peer == self.rank:
             raise CommError(f"rank {self.rank}: peer {peer} is not another rank of {self.world_size}")
 
-    def _check_tensor(self, what: str, t: Any) -> None:
-        """A tensor argument: a contiguous torch tensor on this communicator's device."""
-        if not hasattr(t, "data_ptr") or not hasattr(t, "is_contiguous"):
-            raise CommError(f"rank {self.rank}: {what} must be a torch tensor, got {type(t).__name__}")
-        dev = self.device
-        td = t.device
-        if td.type != getattr(dev, "type", dev) or (td.type == "cuda" and dev.index is not None
-                                                    and td.index != dev.index):
-            raise CommError(f"rank {self.rank}: {what} is on {td}, but this communicator runs on {dev}; "
-                            "move the tensor there first")
-        if not t.is_contiguous():
-            raise CommError(f"rank {self.rank}: {what} must be contiguous")
-
-    def _check_tensors(self, coll: str, inp: Any, out: Any) -> None:
-        for what, t in (("input", inp), ("output", out)):
-            self._check_tensor(f"{coll} {what}", t)
-        if inp.dtype != out.dtype:
-            raise CommError(f"rank {self.rank}: {coll} input dtype {inp.dtype} differs from "
-                            f"output dtype {out.dtype}")
-        dtype_name(inp.dtype)
-
-    def _inplace_layout(self, coll: str, inp: Any, out: Any, shape: BlockShape) -> bool:
-        """Whether ``inp``/``out`` are the collective's in-place layout; raises on any other
-        overlap."""
-        esz = inp.element_size()
-        a0, a1 = inp.data_ptr(), inp.data_ptr() + inp.numel() * esz
-        b0, b1 = out.data_ptr(), out.data_ptr() + out.numel() * esz
-        if a1 <= b0 or b1 <= a0:
-            return False
-        k = shape.block_elems * esz
-        if coll == "allgather":
-            ok = a0 == b0 + self.rank * k
-        elif coll == "reducescatter":
-            ok = b0 == a0 + self.rank * k
-        else:
-            ok = a0 == b0 and a1 == b1
-        if not ok:
-            where = {"allgather": "this rank's block of the output",
-                     "reducescatter": "this rank's block of the input"}.get(coll, "the same tensor")
-            raise CommError(f"rank {self.rank}: {coll} input and output overlap but are not the "
-                            f"in-place layout (the {'input' if coll == 'allgather' else 'output'} "
-                            f"must be {where})")
-        return True
-
-    def _plan_call(self, coll: str, inp: Any, out: Any, op: str, root: int = 0) -> CallPlan:
-        self._check_tensors(coll, inp, out)
-        n = self.world_size
-        shape = block_shape(coll, n, inp.numel(), out.numel())
-        esz = inp.element_size()
-        inplace = self._inplace_layout(coll, inp, out, shape)
-        nbytes = message_bytes(coll, inp.numel() * esz, out.numel() * esz)
-        if self.backend is None:
-            return CallPlan(coll, "nccl", None, None, shape, shape,
-                            reason=self._runtime_error or "no runtime")
-        reason = f"no plan for {coll} of {nbytes} bytes ({dtype_name(inp.dtype)}) on {n} ranks"
-        dtype = inp.dtype
-        # 1. the tuning's choices, in order: the first that runs without staging wins; a
-        #    torch.distributed choice wins only over the choices after it (a plan listed before
-        #    it that needs staging still runs on mscclang: the rule ranked it faster, and staging
-        #    costs two device copies); with the fallback disabled torch.distributed is skipped.
-        # 2. nothing listed can run: any other variant of the catalog (heuristic order).
-        staged: Optional[CallPlan] = None  # the first choice that needs staging, kept in reserve
-        nccl: Optional[CallPlan] = None
-        want_reg = False   # a choice before the one taken needs only its tensors registered
-        for phase in (1, 2):
-            if phase == 2 and (staged is not None or nccl is not None):
-                break
-            choices = (self.selector.choices(coll, n, nbytes, dtype) if phase == 1
-                       else self.selector.extra_choices(coll, n, nbytes, dtype))
-            for choice in choices:
-                if choice.is_nccl:
-                    if self._fallback is None:
-                        continue
-                    if staged is None:
-                        nccl = CallPlan(coll, "nccl", choice, None, shape, shape,
-                                        reason="tuning selects torch.distributed")
-                    break
-                best = self._best_variant(coll, choice, inp, out, inplace, shape, esz, root)
-                if best is None:
-                    continue
-                if best.mode != "staged":
-                    best.registrable = want_reg
-                    return best
-                want_reg = want_reg or best.sym_blocked
-                if staged is None:
-                    staged = best
-        if nccl is not None:
-            nccl.registrable = want_reg
-            return nccl
-        if staged is not None:
-            # allocate the staging buffers now
-            got = self._fit(coll, staged.variant, staged.plan, staged.choice, inp, out, inplace,
-                            shape, esz)
-            if got is not None:
-                got.registrable = want_reg
-                return got
-        return CallPlan(coll, "nccl", None, None, shape, shape, reason=reason, registrable=want_reg)
-
-    def _best_variant(self, coll: str, choice: Choice, inp: Any, out: Any, inplace: bool,
-                      shape: BlockShape, esz: int, root: int) -> Optional[CallPlan]:
-        """The best way one choice's variants can run the call (direct over copy-in over
-        staged; the variant whose in-place mode matches the call first), or ``None``."""
-        best: Optional[CallPlan] = None
-        blocked = False
-        for v in sorted(choice.variants, key=lambda v: v.inplace != inplace):
-            if coll == "broadcast" and v.root is not None and v.root != root:
-                continue
-            try:
-                plan = v.load()
-            except MscclangError as e:
-                self._note_fallback(coll, f"plan {v.key} cannot be loaded: {e}", level=logging.ERROR)
-                continue
-            if coll == "broadcast" and (plan.root or 0) != root:
-                continue
-            why = self.backend.runnable(plan) if self.backend is not None else None
-            if why is not None:
-                self._note(coll, f"mscclang rank {self.rank}: plan {v.key} cannot run here: {why}",
-                           level=logging.INFO)
-                continue
-            cp = self._fit(coll, v, plan, choice, inp, out, inplace, shape, esz, dry=True)
-            blocked = blocked or (cp is not None and cp.sym_blocked)
-            if cp is not None and (best is None or _MODE_RANK[cp.mode] < _MODE_RANK[best.mode]):
-                best = cp
-                if best.mode == "direct":
-                    break   # nothing runs better
-        if best is not None and best.mode == "staged":
-            best.sym_blocked = blocked
-        return best
-
-    def _fit(self, coll: str, v: Any, plan: Any, choice: Choice, inp: Any, out: Any,
-             inplace: bool, shape: BlockShape, esz: int, dry: bool = False) -> Optional[CallPlan]:
-        """How variant ``v`` can run the call (``dry``: decide without allocating staging)."""
-        if self.backend is None:
-            return None
-        granule = max(1, int(self.backend.granule(plan)))
-        pad = needs_padding(shape, esz, granule)
-        sym_ok = not v.symmetric or self.backend.zero_copy_ok(inp, out)
-        runs = plan.inplace == inplace or (plan.inplace and coll in INPLACE_COPY_COLLECTIVES)
-        if not pad and sym_ok and runs:
-            # asked up front, alike on every rank, and only of a way the call would run (the
-            # answer packs the plan at this size, which the launch then reuses)
-            if self._fits(plan, choice, shape, esz):
-                return CallPlan(coll, "direct" if plan.inplace == inplace else "copy_in", choice, plan, shape,
-                                shape, variant=v)
-            granule, pad = self._wider_granule(plan, shape, esz, granule)
-            if not pad:
-                return None
-        # staged only because the tensors are neither symmetric nor registered: registering them
-        # would let this variant run directly
-        blocked = not pad and not sym_ok and runs
-        kp = padded_block_elems(shape.block_elems, esz, granule) if pad else shape.block_elems
-        ps = shape.padded(kp)
-        if not dry and not self._fits(plan, choice, ps, esz):
-            granule, _ = self._wider_granule(plan, shape, esz, granule)
-            kp = padded_block_elems(shape.block_elems, esz, granule)
-            ps = shape.padded(kp)
-            if not self._fits(plan, choice, ps, esz):
-                return None
-        if kp != shape.block_elems and not (plan.min_message_size
-                                            <= message_bytes(coll, ps.in_elems * esz, ps.out_elems * esz)
-                                            <= plan.max_message_size):
-            return None  # the padded message leaves the plan's size range
-        if dry:
-            return CallPlan(coll, "staged", choice, plan, shape, ps, None, None, variant=v, sym_blocked=blocked)
-        dt = inp.dtype
-        if plan.inplace:
-            total = max(ps.in_elems, ps.out_elems)
-            view, whole, t_io = self._stage("io", total * esz)
-            bufs, temp = (whole,), ((whole,) if t_io else ())
-            buf = view.view(dt)
-            r = self.rank
-            if coll == "allgather":
-                s_in, s_out = buf[r * kp:(r + 1) * kp], buf[:ps.out_elems]
-            elif coll == "reducescatter":
-                s_in, s_out = buf[:ps.in_elems], buf[r * kp:(r + 1) * kp]
-            else:
-                s_in = s_out = buf[:ps.in_elems]
-        else:
-            v_in, w_in, t_in = self._stage("in", ps.in_elems * esz)
-            v_out, w_out, t_out = self._stage("out", ps.out_elems * esz)
-            s_in, s_out = v_in.view(dt), v_out.view(dt)
-            bufs = (w_in, w_out)
-            temp = tuple(w for w, t in ((w_in, t_in), (w_out, t_out)) if t)
-        return CallPlan(coll, "staged", choice, plan, shape, ps, s_in, s_out, variant=v, sym_blocked=blocked,
-                        bufs=bufs, temp=temp)
-
-    def _fits(self, plan: Any, choice: Choice, shape: BlockShape, esz: int) -> bool:
-        """Whether the runtime runs ``plan`` on buffers of ``shape`` as they are (packet offsets
-        aligned for the packet type)."""
-        return bool(self.backend.fits(plan, shape.in_elems * esz, shape.out_elems * esz, choice.packet_type))
-
-    @staticmethod
-    def _wider_granule(plan: Any, shape: BlockShape, esz: int, granule: int) -> tuple[int, bool]:
-        """The granule that makes a plan's packet offsets aligned (its alignment, at least 16
-        bytes), and whether the call's blocks need padding to it."""
-        g = max(granule, 16, plan.buffer_alignment)
-        return g, needs_padding(shape, esz, g)
-
     def _launch(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int) -> None:
         if cp.mode == "nccl":
             if self.backend is not None:
@@ -718,7 +493,7 @@ class Communicator:
         assert self.backend is not None and cp.plan is not None and cp.choice is not None
         pt = cp.choice.packet_type
         k, kp = cp.shape.block_elems, cp.padded.block_elems
-        a, b = self._operands(cp, inp, out)
+        a, b = self.planner.operands(cp, inp, out)
         if cp.mode == "copy_in":
             a.copy_(inp)
         elif cp.mode == "staged":
@@ -730,62 +505,18 @@ class Communicator:
         if cp.mode == "staged":
             out.view(cp.shape.out_blocks, k).copy_(b.view(cp.shape.out_blocks, kp)[:, :k])
 
-    def _operands(self, cp: CallPlan, inp: Any, out: Any) -> tuple[Any, Any]:
-        """What the plan runs on: the caller's tensors (direct), the output with the input's
-        place in it (copy_in), or the staging buffers (staged)."""
-        if cp.mode == "staged":
-            return cp.inp, cp.out
-        if cp.mode == "copy_in":
-            k = cp.shape.block_elems
-            a = out[self.rank * k:(self.rank + 1) * k] if cp.collective == "allgather" else out[:inp.numel()]
-            return a, out
-        return inp, out
-
-    def _lookup(self, coll: str, inp: Any, out: Any, op: str, root: int) -> tuple[Optional[tuple], CallPlan]:
-        """The memo key of a call and its CallPlan (planned and memoised on a miss). Shared by the
-        collectives and :meth:`prepare`, so a prepared call is found again when captured."""
-        key = None
-        if getattr(inp, "is_contiguous", None) and inp.is_contiguous() and out.is_contiguous():
-            # what the tensors are to zero-copy plans (symmetric, registered, or neither) is part of
-            # the key: an address may come back as an ordinary tensor on one rank and a symmetric
-            # or registered one on another, and the ranks must choose alike
-            be = self.backend
-            if be is None:
-                sym = None
-            else:
-                a = be.buffer_class(inp)
-                sym = (a, a if out is inp else be.buffer_class(out))
-            key = (coll, inp.data_ptr(), out.data_ptr(), inp.numel(), out.numel(), inp.dtype,
-                   out.dtype, inp.device, out.device, root, sym)
-        cp = self._memo.get(key) if key is not None else None
-        if cp is None:
-            be = self.backend
-            if be is not None:
-                be.describe_call(f"{coll} of {inp.numel()} x {dtype_name(inp.dtype)}"
-                                 f"{f' into {out.numel()}' if out.numel() != inp.numel() else ''}")
-            try:
-                cp = self._plan_call(coll, inp, out, op, root)
-            finally:
-                if be is not None:
-                    be.describe_call("")
-            if key is not None:
-                if len(self._memo) >= _MEMO_SIZE:
-                    self._memo.pop(next(iter(self._memo)))
-                self._memo[key] = cp
-        return key, cp
-
     def _call(self, coll: str, inp: Any, out: Any, op: str, root: int = 0) -> Any:
         if not (hasattr(inp, "data_ptr") and hasattr(out, "data_ptr")):
-            self._check_tensors(coll, inp, out)   # raises: not tensors
+            self.planner.check_tensors(coll, inp, out)   # raises: not tensors
         if inp.numel() == 0 and out.numel() == 0:
-            self._check_tensors(coll, inp, out)
+            self.planner.check_tensors(coll, inp, out)
             return out
-        key, cp = self._lookup(coll, inp, out, op, root)
+        key, cp = self.planner.lookup(coll, inp, out, op, root)
         if cp.registrable and self._auto_register(coll, inp, out, op, root):
             if cp.temp:
                 # the staged plan's buffer above the cap is moot now (every rank registered alike)
                 self._release_temp(cp, key)
-            key, cp = self._lookup(coll, inp, out, op, root)
+            key, cp = self.planner.lookup(coll, inp, out, op, root)
         self.last = cp
         if cp.shape.block_elems == 0:
             return out
@@ -800,7 +531,7 @@ class Communicator:
         temp, cp.temp, cp.bufs = cp.temp, (), ()
         cp.inp = cp.out = None
         if key is not None:
-            self._memo.pop(key, None)
+            self.planner.memo.pop(key, None)
         if self.backend is not None and temp:
             self.backend.release(list(temp))
 

@@ -6,7 +6,7 @@ numbers in, :class:`~mscclang.errors.InvalidCall` out (tensors are duck-typed: a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from mscclang.errors import CommError, InvalidCall
 from mscclang.plan.collectives import plan_collective
@@ -23,15 +23,53 @@ def output_bytes(collective: str, world_size: int, in_bytes: int) -> int:
     return in_bytes
 
 
-def check_tensor(t: Any, what: str, rank: int, device: Optional[int]) -> None:
-    """``t`` is a contiguous CUDA tensor on device ``device`` (any CUDA device when None)."""
-    if not hasattr(t, "data_ptr") or not hasattr(t, "is_cuda"):
-        raise InvalidCall(f"rank {rank}: {what} must be a torch tensor, got {type(t).__name__}")
-    if not t.is_cuda or (device is not None and t.get_device() != device):
-        raise InvalidCall(f"rank {rank}: {what} is on {t.device}, but this executor runs on cuda:{device}; "
-                          "move the tensor to that GPU")
+def check_tensor(t: Any, what: str, rank: int, device: Any, owner: str = "executor") -> None:
+    """``t`` is a contiguous tensor on ``device``: a CUDA device index (the runtime: the tensor
+    must be on that GPU), or a ``torch.device`` (the collective API: its type, and its index when
+    it has one). ``owner`` names what runs there in the message."""
+    if not hasattr(t, "data_ptr") or not hasattr(t, "is_contiguous"):
+        raise CommError(f"rank {rank}: {what} must be a torch tensor, got {type(t).__name__}")
+    if isinstance(device, int) or device is None:
+        wrong = not getattr(t, "is_cuda", False) or (device is not None and t.get_device() != device)
+        where = f"cuda:{device}"
+    else:
+        td = t.device
+        wrong = td.type != device.type or (td.type == "cuda" and device.index is not None and td.index != device.index)
+        where = str(device)
+    if wrong:
+        raise CommError(f"rank {rank}: {what} is on {t.device}, but this {owner} runs on {where}; "
+                        "move the tensor there first")
     if not t.is_contiguous():
-        raise InvalidCall(f"rank {rank}: {what} must be contiguous")
+        raise CommError(f"rank {rank}: {what} must be contiguous")
+
+
+def check_pair(what: str, rank: int, inp: Any, out: Any, device: Any, owner: str) -> None:
+    """Both tensors of a call checked (:func:`check_tensor`), and of one dtype."""
+    for name, t in (("input", inp), ("output", out)):
+        check_tensor(t, f"{what}{name}", rank, device, owner)
+    if inp.dtype != out.dtype:
+        raise CommError(f"rank {rank}: {what}input dtype {inp.dtype} differs from output dtype {out.dtype}")
+
+
+def call_layout(collective: str, rank: int, in_ptr: int, in_bytes: int, out_ptr: int, out_bytes: int,
+                block_bytes: int) -> bool:
+    """Whether a call's buffers are the collective's in-place layout (True) or do not overlap
+    (False); CommError for any other overlap. ``block_bytes``: one rank's block."""
+    if not overlap(in_ptr, in_bytes, out_ptr, out_bytes):
+        return False
+    if collective == "allgather":
+        ok = in_ptr == out_ptr + rank * block_bytes
+    elif collective == "reducescatter":
+        ok = out_ptr == in_ptr + rank * block_bytes
+    else:
+        ok = in_ptr == out_ptr and in_bytes == out_bytes
+    if not ok:
+        where = {"allgather": "this rank's block of the output",
+                 "reducescatter": "this rank's block of the input"}.get(collective, "the same tensor")
+        raise CommError(f"rank {rank}: {collective} input and output overlap but are not the "
+                        f"in-place layout (the {'input' if collective == 'allgather' else 'output'} "
+                        f"must be {where})")
+    return True
 
 
 def check_sizes(collective: str, world_size: int, rank: int, in_bytes: int, out_bytes: int) -> None:

@@ -20,10 +20,10 @@ import threading
 from typing import Any, Optional, Union
 
 from mscclang.config import Settings, settings
-from mscclang.errors import CollectiveTimeout, InvalidCall, PlanError
+from mscclang.errors import CollectiveTimeout, PlanError
 from mscclang.plan.models import PACKET_OPS, BufferKind, ChannelType, Plan
 from mscclang.plan.dtypes import torch_dtype_code
-from mscclang.plan.shapes import check_layout, check_sizes, check_tensor, output_bytes
+from mscclang.plan.shapes import check_layout, check_pair, check_sizes, check_tensor, output_bytes
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.abort import AbortState, Drainer
 from mscclang.runtime.capture import CaptureGlue
@@ -300,10 +300,7 @@ class Executor:
         """(input bytes, output bytes) of a call, after checking every argument; raises
         InvalidCall before anything reaches the GPU."""
         r = self.comm.rank
-        for what, t in (("input", input), ("output", output)):
-            check_tensor(t, what, r, self.comm.device)
-        if input.dtype != output.dtype:
-            raise InvalidCall(f"rank {r}: input dtype {input.dtype} differs from output dtype {output.dtype}")
+        check_pair("", r, input, output, self.comm.device, "executor")
         torch_dtype_code(input.dtype)
         esz = input.element_size()
         in_bytes, out_bytes = input.numel() * esz, output.numel() * esz

@@ -1,0 +1,314 @@
+"""Planning a collective call: which plan variant runs it and how (directly on the caller's
+tensors, copied into an in-place plan's output, staged through padded buffers, or handed to
+torch.distributed), and the memo of past calls.
+
+Selection: the first tuning choice that runs directly (or copy-in) wins; a choice that needs
+staging is kept in reserve while later ones are tried. A torch.distributed ("nccl") choice is
+taken only when no plan listed before it can run at all, and skipped when the fallback is
+disabled; when nothing listed can run, the catalog's other variants are tried (heuristic order)
+before falling back. Whether the runtime runs a size as it is (packet offsets) is asked before
+the call, only about the way the call will run, so every rank plans alike whatever its memo holds.
+The memo of past calls is keyed by the tensors' addresses, sizes, dtypes and what each tensor is
+to zero-copy plans (symmetric, registered or neither), so every rank chooses alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from mscclang.comm.catalog import PlanVariant
+from mscclang.comm.errors import CommError
+from mscclang.comm.names import dtype_name
+from mscclang.comm.padding import needs_padding, padded_block_elems
+from mscclang.comm.selector import Choice, Selector
+from mscclang.errors import MscclangError
+from mscclang.plan.collectives import INPLACE_COPY_COLLECTIVES
+from mscclang.plan.models import Plan
+from mscclang.plan.shapes import BlockShape, block_shape, call_layout, check_pair, check_tensor, message_bytes
+
+_MODE_RANK = {"direct": 0, "copy_in": 1, "staged": 2}
+_MEMO_SIZE = 256
+
+
+@dataclass
+class CallPlan:
+    """How one call runs: ``mode`` is ``direct``, ``copy_in`` (out-of-place call, in-place
+    plan), ``staged`` or ``nccl``; ``inp``/``out`` are the staging buffers the plan runs on in
+    ``staged`` mode (the other modes run on the caller's tensors; no reference is kept).
+    ``registrable``: a zero-copy plan would have been chosen had the tensors been registered;
+    ``sym_blocked``: (a staged variant) staged only because its tensors are not symmetric or
+    registered; ``bufs``: the staging buffers ``inp``/``out`` are views of; ``temp``: those of them
+    above the staging cap, released after the call."""
+
+    collective: str
+    mode: str
+    choice: Optional[Choice]
+    plan: Optional[Plan]
+    shape: BlockShape
+    padded: BlockShape
+    inp: Any = None
+    out: Any = None
+    reason: str = ""
+    variant: Optional[PlanVariant] = None
+    registrable: bool = False
+    sym_blocked: bool = False
+    bufs: tuple = ()
+    temp: tuple = ()
+
+    def label(self) -> str:
+        """E.g. ``allreduce_oneshot_ll.r2.i1.ip (direct)`` or ``nccl``."""
+        if self.mode == "nccl" or self.variant is None:
+            return "nccl"
+        pt = f" {self.choice.packet_type}" if self.choice and self.choice.packet_type else ""
+        return f"{self.variant.key}{pt} ({self.mode})"
+
+
+class Planner:
+    """Plans the calls of one rank's communicator. ``backend`` is the engine (None: no runtime,
+    every call falls back), ``selector`` the tuning's choices, ``has_fallback`` whether
+    torch.distributed may run calls, ``note(what, message, level)`` logs once per message,
+    ``runtime_error`` says why there is no runtime."""
+
+    def __init__(self, rank: int, world_size: int, device: Any, backend: Any, selector: Selector,
+                 has_fallback: bool, note: Callable[..., None], runtime_error: Optional[str] = None) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        self.backend = backend
+        self.selector = selector
+        self.has_fallback = has_fallback
+        self.note = note
+        self.runtime_error = runtime_error
+        self.memo: dict[tuple, CallPlan] = {}
+
+    def note_fallback(self, what: str, reason: str, level: int = logging.WARNING) -> None:
+        """Log once that ``what`` falls back to torch.distributed, and why."""
+        self.note(what, f"mscclang rank {self.rank}: {what} falls back to torch.distributed: {reason}", level)
+
+    def stage(self, role: str, nbytes: int) -> tuple[Any, Any, bool]:
+        """A symmetric uint8 staging view of at least ``nbytes``, the buffer it views, and whether
+        that buffer is temporary: the back end's staging pool (one policy for the runtime's
+        staging and this communicator's). A buffer that replaced the one kept for ``role`` means
+        the memo's entries that viewed the old one must be planned again (on every rank alike)."""
+        if self.backend is None:
+            raise CommError("staging needs the GPU runtime")
+        whole, temp, replaced = self.backend.stage(role, nbytes)
+        if replaced:
+            self.memo.clear()
+        return whole[:nbytes], whole, temp
+
+    def check_tensor(self, what: str, t: Any) -> None:
+        """A tensor argument: a contiguous torch tensor on this communicator's device."""
+        check_tensor(t, what, self.rank, self.device, "communicator")
+
+    def check_tensors(self, coll: str, inp: Any, out: Any) -> None:
+        """A call's two tensors (one dtype, one this engine runs)."""
+        check_pair(f"{coll} ", self.rank, inp, out, self.device, "communicator")
+        dtype_name(inp.dtype)
+
+    def inplace_layout(self, coll: str, inp: Any, out: Any, shape: BlockShape) -> bool:
+        """Whether ``inp``/``out`` are the collective's in-place layout; raises on any other
+        overlap."""
+        esz = inp.element_size()
+        return call_layout(coll, self.rank, inp.data_ptr(), inp.numel() * esz, out.data_ptr(), out.numel() * esz,
+                           shape.block_elems * esz)
+
+    def plan_call(self, coll: str, inp: Any, out: Any, op: str, root: int = 0) -> CallPlan:
+        self.check_tensors(coll, inp, out)
+        n = self.world_size
+        shape = block_shape(coll, n, inp.numel(), out.numel())
+        esz = inp.element_size()
+        inplace = self.inplace_layout(coll, inp, out, shape)
+        nbytes = message_bytes(coll, inp.numel() * esz, out.numel() * esz)
+        if self.backend is None:
+            return CallPlan(coll, "nccl", None, None, shape, shape,
+                            reason=self.runtime_error or "no runtime")
+        reason = f"no plan for {coll} of {nbytes} bytes ({dtype_name(inp.dtype)}) on {n} ranks"
+        dtype = inp.dtype
+        # 1. the tuning's choices, in order: the first that runs without staging wins; a
+        #    torch.distributed choice wins only over the choices after it (a plan listed before
+        #    it that needs staging still runs on mscclang: the rule ranked it faster, and staging
+        #    costs two device copies); with the fallback disabled torch.distributed is skipped.
+        # 2. nothing listed can run: any other variant of the catalog (heuristic order).
+        staged: Optional[CallPlan] = None  # the first choice that needs staging, kept in reserve
+        nccl: Optional[CallPlan] = None
+        want_reg = False   # a choice before the one taken needs only its tensors registered
+        for phase in (1, 2):
+            if phase == 2 and (staged is not None or nccl is not None):
+                break
+            choices = (self.selector.choices(coll, n, nbytes, dtype) if phase == 1
+                       else self.selector.extra_choices(coll, n, nbytes, dtype))
+            for choice in choices:
+                if choice.is_nccl:
+                    if not self.has_fallback:
+                        continue
+                    if staged is None:
+                        nccl = CallPlan(coll, "nccl", choice, None, shape, shape,
+                                        reason="tuning selects torch.distributed")
+                    break
+                best = self.best_variant(coll, choice, inp, out, inplace, shape, esz, root)
+                if best is None:
+                    continue
+                if best.mode != "staged":
+                    best.registrable = want_reg
+                    return best
+                want_reg = want_reg or best.sym_blocked
+                if staged is None:
+                    staged = best
+        if nccl is not None:
+            nccl.registrable = want_reg
+            return nccl
+        if staged is not None:
+            # allocate the staging buffers now
+            got = self.fit(coll, staged.variant, staged.plan, staged.choice, inp, out, inplace,
+                            shape, esz)
+            if got is not None:
+                got.registrable = want_reg
+                return got
+        return CallPlan(coll, "nccl", None, None, shape, shape, reason=reason, registrable=want_reg)
+
+    def best_variant(self, coll: str, choice: Choice, inp: Any, out: Any, inplace: bool,
+                      shape: BlockShape, esz: int, root: int) -> Optional[CallPlan]:
+        """The best way one choice's variants can run the call (direct over copy-in over
+        staged; the variant whose in-place mode matches the call first), or ``None``."""
+        best: Optional[CallPlan] = None
+        blocked = False
+        for v in sorted(choice.variants, key=lambda v: v.inplace != inplace):
+            if coll == "broadcast" and v.root is not None and v.root != root:
+                continue
+            try:
+                plan = v.load()
+            except MscclangError as e:
+                self.note_fallback(coll, f"plan {v.key} cannot be loaded: {e}", level=logging.ERROR)
+                continue
+            if coll == "broadcast" and (plan.root or 0) != root:
+                continue
+            why = self.backend.runnable(plan) if self.backend is not None else None
+            if why is not None:
+                self.note(coll, f"mscclang rank {self.rank}: plan {v.key} cannot run here: {why}",
+                           level=logging.INFO)
+                continue
+            cp = self.fit(coll, v, plan, choice, inp, out, inplace, shape, esz, dry=True)
+            blocked = blocked or (cp is not None and cp.sym_blocked)
+            if cp is not None and (best is None or _MODE_RANK[cp.mode] < _MODE_RANK[best.mode]):
+                best = cp
+                if best.mode == "direct":
+                    break   # nothing runs better
+        if best is not None and best.mode == "staged":
+            best.sym_blocked = blocked
+        return best
+
+    def fit(self, coll: str, v: Any, plan: Any, choice: Choice, inp: Any, out: Any,
+             inplace: bool, shape: BlockShape, esz: int, dry: bool = False) -> Optional[CallPlan]:
+        """How variant ``v`` can run the call (``dry``: decide without allocating staging)."""
+        if self.backend is None:
+            return None
+        granule = max(1, int(self.backend.granule(plan)))
+        pad = needs_padding(shape, esz, granule)
+        sym_ok = not v.symmetric or self.backend.zero_copy_ok(inp, out)
+        runs = plan.inplace == inplace or (plan.inplace and coll in INPLACE_COPY_COLLECTIVES)
+        if not pad and sym_ok and runs:
+            # asked up front, alike on every rank, and only of a way the call would run (the
+            # answer packs the plan at this size, which the launch then reuses)
+            if self.fits(plan, choice, shape, esz):
+                return CallPlan(coll, "direct" if plan.inplace == inplace else "copy_in", choice, plan, shape,
+                                shape, variant=v)
+            granule, pad = self.wider_granule(plan, shape, esz, granule)
+            if not pad:
+                return None
+        # staged only because the tensors are neither symmetric nor registered: registering them
+        # would let this variant run directly
+        blocked = not pad and not sym_ok and runs
+        kp = padded_block_elems(shape.block_elems, esz, granule) if pad else shape.block_elems
+        ps = shape.padded(kp)
+        if not dry and not self.fits(plan, choice, ps, esz):
+            granule, _ = self.wider_granule(plan, shape, esz, granule)
+            kp = padded_block_elems(shape.block_elems, esz, granule)
+            ps = shape.padded(kp)
+            if not self.fits(plan, choice, ps, esz):
+                return None
+        if kp != shape.block_elems and not (plan.min_message_size
+                                            <= message_bytes(coll, ps.in_elems * esz, ps.out_elems * esz)
+                                            <= plan.max_message_size):
+            return None  # the padded message leaves the plan's size range
+        if dry:
+            return CallPlan(coll, "staged", choice, plan, shape, ps, None, None, variant=v, sym_blocked=blocked)
+        dt = inp.dtype
+        if plan.inplace:
+            total = max(ps.in_elems, ps.out_elems)
+            view, whole, t_io = self.stage("io", total * esz)
+            bufs, temp = (whole,), ((whole,) if t_io else ())
+            buf = view.view(dt)
+            r = self.rank
+            if coll == "allgather":
+                s_in, s_out = buf[r * kp:(r + 1) * kp], buf[:ps.out_elems]
+            elif coll == "reducescatter":
+                s_in, s_out = buf[:ps.in_elems], buf[r * kp:(r + 1) * kp]
+            else:
+                s_in = s_out = buf[:ps.in_elems]
+        else:
+            v_in, w_in, t_in = self.stage("in", ps.in_elems * esz)
+            v_out, w_out, t_out = self.stage("out", ps.out_elems * esz)
+            s_in, s_out = v_in.view(dt), v_out.view(dt)
+            bufs = (w_in, w_out)
+            temp = tuple(w for w, t in ((w_in, t_in), (w_out, t_out)) if t)
+        return CallPlan(coll, "staged", choice, plan, shape, ps, s_in, s_out, variant=v, sym_blocked=blocked,
+                        bufs=bufs, temp=temp)
+
+    def fits(self, plan: Any, choice: Choice, shape: BlockShape, esz: int) -> bool:
+        """Whether the runtime runs ``plan`` on buffers of ``shape`` as they are (packet offsets
+        aligned for the packet type)."""
+        return bool(self.backend.fits(plan, shape.in_elems * esz, shape.out_elems * esz, choice.packet_type))
+
+    @staticmethod
+    def wider_granule(plan: Any, shape: BlockShape, esz: int, granule: int) -> tuple[int, bool]:
+        """The granule that makes a plan's packet offsets aligned (its alignment, at least 16
+        bytes), and whether the call's blocks need padding to it."""
+        g = max(granule, 16, plan.buffer_alignment)
+        return g, needs_padding(shape, esz, g)
+
+    def operands(self, cp: CallPlan, inp: Any, out: Any) -> tuple[Any, Any]:
+        """What the plan runs on: the caller's tensors (direct), the output with the input's
+        place in it (copy_in), or the staging buffers (staged)."""
+        if cp.mode == "staged":
+            return cp.inp, cp.out
+        if cp.mode == "copy_in":
+            k = cp.shape.block_elems
+            a = out[self.rank * k:(self.rank + 1) * k] if cp.collective == "allgather" else out[:inp.numel()]
+            return a, out
+        return inp, out
+
+    def lookup(self, coll: str, inp: Any, out: Any, op: str, root: int) -> tuple[Optional[tuple], CallPlan]:
+        """The memo key of a call and its CallPlan (planned and memoised on a miss). Shared by the
+        collectives and :meth:`prepare`, so a prepared call is found again when captured."""
+        key = None
+        if getattr(inp, "is_contiguous", None) and inp.is_contiguous() and out.is_contiguous():
+            # what the tensors are to zero-copy plans (symmetric, registered, or neither) is part of
+            # the key: an address may come back as an ordinary tensor on one rank and a symmetric
+            # or registered one on another, and the ranks must choose alike
+            be = self.backend
+            if be is None:
+                sym = None
+            else:
+                a = be.buffer_class(inp)
+                sym = (a, a if out is inp else be.buffer_class(out))
+            key = (coll, inp.data_ptr(), out.data_ptr(), inp.numel(), out.numel(), inp.dtype,
+                   out.dtype, inp.device, out.device, root, sym)
+        cp = self.memo.get(key) if key is not None else None
+        if cp is None:
+            be = self.backend
+            if be is not None:
+                be.describe_call(f"{coll} of {inp.numel()} x {dtype_name(inp.dtype)}"
+                                 f"{f' into {out.numel()}' if out.numel() != inp.numel() else ''}")
+            try:
+                cp = self.plan_call(coll, inp, out, op, root)
+            finally:
+                if be is not None:
+                    be.describe_call("")
+            if key is not None:
+                if len(self.memo) >= _MEMO_SIZE:
+                    self.memo.pop(next(iter(self.memo)))
+                self.memo[key] = cp
+        return key, cp
