@@ -1,56 +1,10 @@
 """The collective API: :class:`Communicator`.
 
-One communicator per rank (process), built from torch.distributed or from an explicit store,
-rank and world size. Each call picks a plan variant through the :class:`~mscclang.comm.Selector`
-and runs it on the GPU runtime; what the library cannot run falls back to torch.distributed
-(NCCL), logged once per reason.
-
-How a call reaches a plan:
-
-* zero-copy plans (buffer mode ``symmetric``) run directly only on symmetric buffers, i.e.
-  tensors allocated with :meth:`Communicator.empty` on every rank in the same order, or on
-  *registered* ordinary tensors (below); other plans run directly on any tensors (the runtime moves
-  data through its registered scratch);
-* an out-of-place call on an in-place plan copies the input into the output first;
-* anything else (a zero-copy plan and ordinary tensors when no other plan is listed; an
-  in-place call on an out-of-place plan; sizes whose blocks are not a multiple of the runtime's
-  granule) is staged through symmetric buffers the communicator owns: blocks are copied in,
-  padded to the granule, and copied back out.
-
-Selection: the first tuning choice that runs directly (or copy-in) wins; a choice that needs
-staging is kept in reserve while later ones are tried. A torch.distributed ("nccl") choice is
-taken only when no plan listed before it can run at all, and skipped when the fallback is
-disabled; when nothing listed can run, the catalog's other variants are tried (heuristic order)
-before falling back. The memo of past calls is keyed by the tensors' addresses, sizes, dtypes and
-whether they are symmetric, so every rank chooses alike.
-
-Ordinary tensors (the rule in full:
-:mod:`mscclang.runtime.registration`). Registration happens only at collective points:
-:meth:`Communicator.register`, :meth:`Communicator.prepare`, the end of a
-:meth:`Communicator.graph_capture` session, and (``MSCCLANG_REGISTER=auto``, the default) the
-automatic schedule: a call whose tensors are not registered, when a zero-copy plan would have been
-chosen for registered ones, registers them at the 1st, 2nd, 4th, 8th, ... such call of its
-signature (collective, sizes, dtype, op, root), and at every such call once a tensor registered this
-way for the signature has been run on again. The signature, the call count, whether the tensors are
-registered and how often a registration was run on are the same on every rank, so every rank
-registers at the same calls. A
-registration matches a call's tensor only while the registered tensor's storage is alive and the
-tensor starts where it was registered, so a repeated call on the same tensor runs zero-copy on
-every rank with no store round trip, and a new tensor at a reused address never does. Tensors that
-cannot be exported (torch's expandable segments) are staged, logged once.
-
-CUDA graphs: the first call of each shape (or :meth:`Communicator.prepare`) does registration
-and staging allocation; calls inside a capture must use shapes prepared before. Inside
-:meth:`Communicator.graph_capture` (entered before ``torch.cuda.graph`` starts, left after it
-ends), zero-copy calls on ordinary tensors are captured as they are and their buffers are
-registered when the session ends (as serving engines' custom allreduce does).
-
-Memory: staging up to the back end's cap (``MSCCLANG_STAGING_CAP_BYTES``, default 128 MiB) is kept
-between calls; a call that needs more gets staging of its own, released (collectively, after its
-work is done) when the call returns, and an outgrown staging buffer is released when a larger one
-replaces it, unless a captured graph or a prepared call uses it (then it is kept until
-:meth:`Communicator.close`): :meth:`Communicator.prepare` keeps the staging of the call it
-prepares. :meth:`Communicator.memory` reports what is held.
+One communicator per rank (process), built from torch.distributed or from an explicit store, rank
+and world size. Each call is planned (:mod:`mscclang.comm.planner`: which plan variant, run how)
+and runs on the GPU runtime; what the library cannot run falls back to torch.distributed (NCCL),
+logged once per reason. How a call reaches a plan, ordinary tensors and their registration, CUDA
+graphs and the memory held: ``docs/architecture.md``, "The collective API".
 """
 
 from __future__ import annotations
@@ -60,6 +14,7 @@ import logging
 import os
 from typing import Any, Optional, Union
 
+from mscclang.comm.autoregister import AutoRegister
 from mscclang.comm.backend import Backend, RuntimeBackend
 from mscclang.comm.catalog import Catalog
 from mscclang.comm.errors import CommError
@@ -72,7 +27,6 @@ from mscclang.config import settings
 
 log = logging.getLogger("mscclang.comm")
 
-_MISSES_SIZE = 4096
 #: the byte-valued kinds of :meth:`Communicator.memory` this process holds (the others are counts,
 #: settings, or the peers' memory mapped here)
 _BYTE_KINDS = frozenset({"scratch", "sync", "retired_scratch", "retired_sync", "device_plans", "symmetric",
@@ -99,7 +53,7 @@ class Communicator:
                  backend: Optional[Backend] = None, fallback: Union[bool, Any] = True,
                  runtime_options: Optional[dict] = None) -> None:
         self._logged: set[tuple[str, str]] = set()
-        self._misses: dict[tuple, list] = {}  # call signature -> [calls, reuse seen, registrations]
+        self._schedule = AutoRegister()
         self._runtime_error: Optional[str] = None
         self.last: Optional[CallPlan] = None
         # the store the fallback may build its own group from: an explicit one, or the back
@@ -455,7 +409,7 @@ class Communicator:
         """Release staging buffers, registrations and the runtime. Always returns, from any
         thread: what fails to be released (after an abort, say: a dead peer's mappings) is logged,
         never raised."""
-        self._misses.clear()
+        self._schedule.clear()
         self.planner.memo.clear()
         be, self.backend = self.backend, None
         for what, step in (("the torch.distributed fallback",
@@ -536,29 +490,12 @@ class Communicator:
             self.backend.release(list(temp))
 
     def _auto_register(self, coll: str, inp: Any, out: Any, op: str, root: int) -> bool:
-        """``MSCCLANG_REGISTER=auto``: at the 1st, 2nd, 4th, 8th, ... call of a signature whose
-        tensors are not registered although a zero-copy plan would run on registered ones, register
-        them; once a tensor this schedule registered for the signature has been used again (the
-        program re-uses its tensors, e.g. one buffer per layer), at every such call. Collective:
-        the counts and the uses are the same on every rank. Returns whether it registered them."""
+        """The automatic registration schedule (:mod:`mscclang.comm.autoregister`)."""
         be = self.backend
         if be is None or be.registration_mode() != "auto" or _capturing():
             return False
-        sig = (coll, inp.numel(), out.numel(), inp.dtype, op, root)
-        if len(self._misses) >= _MISSES_SIZE and sig not in self._misses:
-            self._misses.clear()   # alike on every rank: the same signatures were seen
-        rec = self._misses.setdefault(sig, [0, False, []])   # [calls, reuse seen, registrations]
-        rec[0] += 1
-        n = rec[0]
-        if not rec[1]:
-            # a registration this schedule made, run on again after its first call: reuse
-            rec[1] = any(be.registration_uses(c) >= 2 for c in rec[2])
-        if not rec[1] and n & (n - 1):
-            return False
-        done = self._register_call(coll, inp, out)
-        if done and not rec[1]:
-            rec[2] = (rec[2] + [be.buffer_class(inp), be.buffer_class(out)])[-8:]
-        return done
+        return self._schedule.call(be, (coll, inp.numel(), out.numel(), inp.dtype, op, root),
+                                   lambda: self._register_call(coll, inp, out), (inp, out))
 
     def _register_call(self, coll: str, inp: Any, out: Any) -> bool:
         """Register a call's tensors (the containing one when its input lies in its output or the
