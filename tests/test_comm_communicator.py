@@ -472,3 +472,30 @@ def test_close_always_returns_and_says_what_it_left(caplog):
         comm.close()
     assert comm.backend is None and "CUDA_ERROR_INVALID_CONTEXT" in caplog.text
     comm.close()   # twice is fine
+
+
+def test_a_memo_hit_launches_what_the_engine_bound():
+    """A memo hit hands the engine's own resolution back (Backend.launch_bound): nothing is
+    checked, classified or looked up again below the memo; a stale binding (False) falls back to
+    execute and binds again."""
+    def body(comm):
+        be = comm.backend
+        seen = []
+        real_execute = be.execute
+        be.execute = lambda *a, **k: seen.append("execute") or real_execute(*a, **k)
+        be.bind = lambda plan, a, b, reduce_op="sum", packet_type=None: seen.append("bind") or SimpleNamespace(
+            op=reduce_op)
+        answers = iter([True, False])
+        be.launch_bound = lambda bound: seen.append("bound") or next(answers)
+        x = torch.arange(8, dtype=torch.float32)
+        comm.all_reduce(x)        # planned, executed, bound
+        comm.all_reduce(x)        # memo hit: the binding
+        comm.all_reduce(x)        # the binding is stale: executed and bound again
+        return seen
+
+    from types import SimpleNamespace
+
+    results, world, fb = run_ranks(2, body, plans=[stub_plan("allreduce", 2, name="ar", protocol="LL",
+                                                             inplace=True)])
+    for seen in results:
+        assert seen == ["execute", "bind", "bound", "bound", "execute", "bind"], seen

@@ -550,3 +550,43 @@ def test_the_collective_apis_staging_is_symmetric_to_the_plans_that_run_on_it(fc
     lp = _lp(stub_plan("allreduce", 1, name="zc1", symmetric=True))
     si, so = ex.staging.get(lp, 1000, 1000)
     assert si.internal and so.internal
+
+
+def test_a_bound_call_launches_without_resolving_again_until_an_entry_changes(fcu, monkeypatch):
+    """The collective API's memo holds what the runtime resolved (Executor.bind): a memo hit
+    launches it with no check, no classification and no entry lookup; any entry dropped or
+    replaced since makes it stale (launch_bound says so and nothing is launched)."""
+    cl, comms, exs, cap = _setup(2, fcu)
+    ex = exs[0]
+    launched = []
+    ex.launcher.stream_capturing = lambda s: False
+    ex.launcher.launch = lambda ent, a, b, da, db, s, t: launched.append((ent.blob, a, b))
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
+    lp = ex.load(_any_buffer_plan())
+    _ready_any(ex, lp, fcu, 64 * MiB)
+    a, b = FakeT(0x7000_0000, 4096), FakeT(0x7800_0000, 4096)
+    ex.execute(lp.plan, a, b)
+    bound = ex.bind(lp.plan, a, b)
+    assert bound is not None and bound.in_ptr == a.data_ptr() and bound.op == "sum"
+    resolves = []
+    real = ex.entries.resolve
+    monkeypatch.setattr(ex.entries, "resolve", lambda *x, **k: resolves.append(1) or real(*x, **k))
+    monkeypatch.setattr(ex, "_check_call", lambda *x: pytest.fail("a bound launch checks nothing again"))
+    for _ in range(3):
+        assert ex.launch_bound(bound)
+    assert resolves == [] and len(launched) == 4 and len({x for x in launched}) == 1
+    ex.entries.clear(lp)                       # e.g. the kernel policy changed: entries rebuilt
+    assert not ex.launch_bound(bound) and len(launched) == 4
+
+
+def test_registered_and_captured_calls_are_never_bound(fcu):
+    cl, comms, exs, cap = _setup(2, fcu)
+    ex = exs[0]
+    al = [cl.devices[r].alloc(64 * MiB) for r in range(2)]
+    ts = [FakeT(al[r].base, MiB) for r in range(2)]
+    cl.run(lambda r: exs[r].register([ts[r]]))
+    plan = stub_plan("allreduce", 2, name="zc", symmetric=True, inplace=True)
+    assert ex.bind(plan, ts[0], ts[0]) is None   # a registration's uses are counted per call
+    cap[0] = True
+    lp = ex.load(_any_buffer_plan())
+    assert ex.bind(lp.plan, FakeT(0x7000_0000, 4096), FakeT(0x7800_0000, 4096)) is None

@@ -38,6 +38,17 @@ class Backend:
         """Do every setup step of ``execute`` (registration, device plan) without launching, so a
         later launch may be captured in a CUDA graph. Default: nothing to do."""
 
+    def bind(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
+             packet_type: Optional[str] = None) -> Any:
+        """Resolve a call once for repeated launches on these same tensors (:meth:`launch_bound`),
+        or None when the engine must resolve it at every call. Default: None."""
+        return None
+
+    def launch_bound(self, bound: Any) -> bool:
+        """Launch a call :meth:`bind` resolved, checking nothing again; False (nothing launched)
+        when the binding is stale: :meth:`execute` then."""
+        return False
+
     def empty(self, numel: int, dtype: Any) -> Any:
         """A symmetric buffer: allocated on every rank in the same order (collective call)."""
         raise NotImplementedError
@@ -226,6 +237,13 @@ class RuntimeBackend(Backend):
     def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
                 reduce_op: Optional[str] = None) -> None:
         self.executor.prepare(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
+
+    def bind(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
+             packet_type: Optional[str] = None) -> Any:
+        return self.executor.bind(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
+
+    def launch_bound(self, bound: Any) -> bool:
+        return self.executor.launch_bound(bound)
 
     def empty(self, numel: int, dtype: Any) -> Any:
         return self.executor.comm.alloc(numel, dtype)

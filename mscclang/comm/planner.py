@@ -40,7 +40,9 @@ class CallPlan:
     ``registrable``: a zero-copy plan would have been chosen had the tensors been registered;
     ``sym_blocked``: (a staged variant) staged only because its tensors are not symmetric or
     registered; ``bufs``: the staging buffers ``inp``/``out`` are views of; ``temp``: those of them
-    above the staging cap, released after the call."""
+    above the staging cap, released after the call; ``bound``: what the engine resolved for this
+    call (:meth:`mscclang.comm.backend.Backend.bind`), so a memo hit launches without checking or
+    classifying the tensors again."""
 
     collective: str
     mode: str
@@ -56,6 +58,7 @@ class CallPlan:
     sym_blocked: bool = False
     bufs: tuple = ()
     temp: tuple = ()
+    bound: Any = None       # the engine's resolution of this call, for launches that check nothing again
 
     def label(self) -> str:
         """E.g. ``allreduce_oneshot_ll.r2.i1.ip (direct)`` or ``nccl``."""

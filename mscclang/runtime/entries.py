@@ -73,13 +73,19 @@ class Entries:
         self._lru: "OrderedDict[tuple[int, EntryKey], LoadedPlan]" = OrderedDict()
         self._pinned: set[tuple[int, EntryKey]] = set()
         self.evicted = 0
+        #: bumped whenever an entry is dropped or replaced (what holds an entry checks it)
+        self.epoch = 0
+        #: the key of the latest resolve (``bind`` reads it)
+        self.last_key: Optional[EntryKey] = None
 
     # resolving -------------------------------------------------------------------------------
     def resolve(self, lp: LoadedPlan, dt: str, dtype: Any, in_ptr: int, out_ptr: int, in_bytes: int,
-                out_bytes: int, pkt: str, op: str, prepare: bool, stream: int) -> tuple[LaunchEntry, Operands]:
+                out_bytes: int, pkt: str, op: str, prepare: bool, stream: int,
+                count: bool = True) -> tuple[LaunchEntry, Operands]:
         """The launch entry of a call and how its buffers map (see the module docstring).
         ``prepare``: do every first-time step now, specialised kernel included, and keep the entry
-        (never evicted)."""
+        (never evicted). ``count``: this is a call (it counts toward the specialisation policy);
+        False only looks the entry up (``Executor.bind``)."""
         opr = Operands()
         sym_in = sym_out = None
         if lp.zero_copy:
@@ -113,6 +119,7 @@ class Entries:
         else:
             key = EntryKey(in_bytes, out_bytes, dtype, pkt, op)
         self.capture.note(lp, key, dt)
+        self.last_key = key
         lk = (id(lp), key)
         ent = lp.fast.get(key)
         if ent is None:
@@ -123,7 +130,7 @@ class Entries:
                 self._evict(keep=lk)
         else:
             self._lru.move_to_end(lk)
-            if ent.pending is not None:
+            if ent.pending is not None and count:
                 ent = self._advance(lp, key, ent, prepare)
         if (prepare or self._capturing()) and lk not in self._pinned:
             self._pinned.add(lk)
@@ -210,6 +217,7 @@ class Entries:
             new = self._build(lp, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out, True, 0)
             new = _replace(new, pending=None)
             lp.fast[key] = new
+            self.epoch += 1
             return new
         if pend.build is None:
             pend.calls -= 1
@@ -238,6 +246,7 @@ class Entries:
         dp = _device_plan_of(lp, ent)
         spec = self._spec_launch(sp, dp, ent.ctx) if dp is not None and ent.ctx is not None else None
         lp.fast[key] = new = _replace(ent, spec=spec, pending=None)
+        self.epoch += 1
         return new
 
     # port channels ------------------------------------------------------------------------------
@@ -288,9 +297,16 @@ class Entries:
         return pl
 
     # bookkeeping --------------------------------------------------------------------------------
+    def touch(self, lp: LoadedPlan, key: EntryKey) -> None:
+        """A bound call of this entry ran (it is recently used)."""
+        lk = (id(lp), key)
+        if lk in self._lru:
+            self._lru.move_to_end(lk)
+
     def forget(self, loaded: list[LoadedPlan], idx: set) -> None:
         """Drop the entries and device plans built on the buffers named by ``idx`` (symmetric
         allocation indices, registrations' ``("reg", seq)``); the device is idle."""
+        self.epoch += 1
         for lp in loaded:
             for k in [k for k in lp.fast if any(x in idx for x in k.buffers())]:
                 del lp.fast[k]
@@ -300,6 +316,7 @@ class Entries:
 
     def clear(self, lp: LoadedPlan) -> None:
         """Forget every entry of ``lp`` (their device plans stay on the contexts)."""
+        self.epoch += 1
         for k in list(lp.fast):
             self._lru.pop((id(lp), k), None)
             self._pinned.discard((id(lp), k))
@@ -319,6 +336,7 @@ class Entries:
         if not victims:
             return
         cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+        self.epoch += 1
         touched: dict[int, LoadedPlan] = {}
         for lk, lp in victims:
             self._lru.pop(lk, None)

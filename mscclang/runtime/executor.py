@@ -39,7 +39,7 @@ from mscclang.runtime.registration import staging_cap_bytes
 from mscclang.runtime.spec_build import spec_mode
 from mscclang.runtime.staging import StagingPool
 from mscclang.runtime.state import (
-    LaunchEntry, LoadedPlan, Operands, Spec, describe_call, packet_code, plan_reduce_op, reduce_code,
+    Bound, LaunchEntry, LoadedPlan, Operands, Spec, describe_call, packet_code, plan_reduce_op, reduce_code,
 )
 from mscclang.runtime.topology import topology_from_env
 
@@ -248,6 +248,55 @@ class Executor:
         ent, opr = self.entries.resolve(lp, dt, input.dtype, input.data_ptr(), output.data_ptr(), in_bytes,
                                         out_bytes, pkt, op, False, s)
         self.run(lp, ent, opr, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes, s)
+
+    def bind(self, plan: Plan, input: Any, output: Any, packet_type: Any = None,
+             reduce_op: Any = None) -> Optional[Bound]:
+        """Resolve a call once for repeated launches on these same tensors (:meth:`launch_bound`),
+        checked as :meth:`execute` checks it; None when the call must be resolved at every launch
+        (registered tensors, whose uses are counted; a capture session; a CUDA graph capture; a
+        specialised kernel still wanted). Collective only in what :meth:`execute` would do."""
+        if self._capturing():
+            return None
+        reg = self.capture.registry
+        if reg is not None and (reg.session is not None or reg.verify):
+            return None
+        lp = self._loaded_plan(plan)
+        pkt = packet_code(packet_type) if packet_type is not None else lp.default_packet
+        op = reduce_code(reduce_op) if reduce_op is not None else lp.default_op
+        in_bytes, out_bytes = self._check_call(lp, input, output)
+        if lp.zero_copy:
+            # only symmetric buffers: a registration's uses are counted at every call
+            si, so = self.comm.symmetric_of(input.data_ptr()), self.comm.symmetric_of(output.data_ptr())
+            if si is None or so is None or si[0].internal or so[0].internal:
+                return None
+        dt = torch_dtype_code(input.dtype)
+        ent, opr = self.entries.resolve(lp, dt, input.dtype, input.data_ptr(), output.data_ptr(), in_bytes,
+                                        out_bytes, pkt, op, False, self.launcher.current_stream(), count=False)
+        key = self.entries.last_key
+        if key is None or ent.pending is not None or opr.mode == "staged" \
+                or not all(isinstance(b, int) for b in key.buffers()):
+            return None
+        return Bound(lp, key, ent, opr, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes,
+                     describe_call(lp.plan, in_bytes, out_bytes, dt, pkt, op), op, pkt, self.entries.epoch)
+
+    def launch_bound(self, b: Bound, stream: Any = None) -> bool:
+        """Launch a call bound by :meth:`bind` on the current stream (or ``stream``), checking
+        nothing again; False (nothing launched) when the binding is stale or the call must be
+        resolved now (a capture, a capture session): call :meth:`execute` instead."""
+        if b.epoch != self.entries.epoch:
+            return False
+        ab = self.abort
+        if ab.aborted or ab.state():
+            ab.check()
+        s = self.launcher.current_stream() if stream is None else int(getattr(stream, "cuda_stream", stream))
+        reg = self.capture.registry
+        if self.launcher.stream_capturing(s) or (reg is not None and reg.session is not None):
+            return False
+        ab.user_thread = threading.get_ident()
+        self._last_call = b.desc
+        self.entries.touch(b.lp, b.key)
+        self.run(b.lp, b.entry, b.operands, b.in_ptr, b.out_ptr, b.in_bytes, b.out_bytes, s)
+        return True
 
     def run(self, lp: LoadedPlan, ent: LaunchEntry, opr: Operands, in_ptr: int, out_ptr: int, in_bytes: int,
             out_bytes: int, s: int) -> None:

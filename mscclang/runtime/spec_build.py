@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from mscclang.config import Settings, settings
-from mscclang.errors import MscclangError, RuntimeUnavailable
+from mscclang.errors import RuntimeUnavailable
 from mscclang.runtime import build
 from mscclang.runtime.device_plan import SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, SyncLayout
 from mscclang.runtime.spec_source import ArgsLayout, SpecSource, SpecUnsupported, generate

@@ -182,6 +182,27 @@ class Operands:
     stage_out: Any = None
 
 
+@dataclass(frozen=True)
+class Bound:
+    """A call resolved once for repeated launches on the same tensors (the collective API's memo
+    holds it): the loaded plan, entry key and entry, how the buffers map, the call's addresses and
+    sizes, its description, its reduce op and packet type, and the entries' ``epoch`` it is valid
+    for (any entry dropped or replaced since invalidates it)."""
+
+    lp: Any
+    key: EntryKey
+    entry: LaunchEntry
+    operands: Operands
+    in_ptr: int
+    out_ptr: int
+    in_bytes: int
+    out_bytes: int
+    desc: str
+    op: str
+    packet: str
+    epoch: int
+
+
 @dataclass
 class LoadedPlan:
     """A plan accepted by this executor (load-time checks passed), with what the runtime built
