@@ -25,7 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from mscclang.bench.worker import capture_graph
+from mscclang.bench.worker import capture_graph, timed_blocks
 
 MiB = 1 << 20
 
@@ -38,23 +38,11 @@ def _port() -> int:
 
 def _graph_time(fn: Callable[[], None], calls: int, reps: int = 5) -> float:
     """Median microseconds per call of ``calls`` calls captured in one CUDA graph."""
-    import torch
     import torch.distributed as dist
 
     fn()   # first-time set-up outside the capture
     g, _ = capture_graph(lambda: [fn() for _ in range(calls)])
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        dist.barrier()
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / calls)
-    times.sort()
+    times = sorted(timed_blocks(g.replay, calls, reps, dist.barrier))
     return times[len(times) // 2]
 
 

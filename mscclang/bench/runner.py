@@ -86,18 +86,15 @@ def spawn_workers(entry, n: int, cfg: BenchConfig, time_limit_s: float) -> list[
     return problems
 
 
-def run_bench(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = None,
-              log=sys.stderr) -> tuple[BenchResult, dict[str, Path], list[str]]:
-    """Run the benchmark; return the result, the written files and problems (worker crashes,
-    the time limit). Raises :class:`RuntimeUnavailable` without at least two GPUs."""
-    n = _need_gpus(nprocs, "bench")
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in ("results.jsonl", "meta.json"):
+def _run_workers(entry, n: int, cfg: BenchConfig, time_limit_s: float, out: Path,
+                 results: str) -> tuple[dict, list[str]]:
+    """Run ``n`` workers of ``entry`` writing ``results`` and ``meta.json`` under ``out`` (stale
+    ones removed first); the meta (with the elapsed time and the problems) and the problems."""
+    for stale in (results, "meta.json"):
         (out / stale).unlink(missing_ok=True)
     start = time.time()
-    problems = spawn_workers(worker_entry, n, cfg, time_limit_s)
-    meta = {}
+    problems = spawn_workers(entry, n, cfg, time_limit_s)
+    meta: dict = {}
     if (out / "meta.json").is_file():
         try:
             meta = json.loads((out / "meta.json").read_text())
@@ -106,6 +103,17 @@ def run_bench(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = Non
     meta["elapsed_s"] = round(time.time() - start, 1)
     if problems:
         meta["problems"] = problems
+    return meta, problems
+
+
+def run_bench(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = None,
+              log=sys.stderr) -> tuple[BenchResult, dict[str, Path], list[str]]:
+    """Run the benchmark; return the result, the written files and problems (worker crashes,
+    the time limit). Raises :class:`RuntimeUnavailable` without at least two GPUs."""
+    n = _need_gpus(nprocs, "bench")
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta, problems = _run_workers(worker_entry, n, cfg, time_limit_s, out, "results.jsonl")
     res = BenchResult(meta, merge(read_jsonl(out / "results.jsonl")))
     skipped = sum(1 for r in res.records if (r.error or "").startswith("skipped: time limit"))
     if skipped:
@@ -125,19 +133,7 @@ def run_first_calls(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int]
     n = _need_gpus(nprocs, "bench")
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in (JSONL, "meta.json"):
-        (out / stale).unlink(missing_ok=True)
-    start = time.time()
-    problems = spawn_workers(first_call_entry, n, cfg, time_limit_s)
-    meta: dict = {}
-    if (out / "meta.json").is_file():
-        try:
-            meta = json.loads((out / "meta.json").read_text())
-        except json.JSONDecodeError:
-            problems.append("meta.json unreadable")
-    meta["elapsed_s"] = round(time.time() - start, 1)
-    if problems:
-        meta["problems"] = problems
+    meta, problems = _run_workers(first_call_entry, n, cfg, time_limit_s, out, JSONL)
     recs = read_records(out / JSONL)
     paths = render_first(recs, meta, out)
     print(f"mscclang bench --first-calls: {len(recs)} records in {meta['elapsed_s']} s -> "

@@ -105,6 +105,25 @@ def gen_input(seed: int, rank: int, numel: int, dtype: Any, device: Any) -> Any:
     return torch.randn(numel, generator=g, device=device, dtype=torch.float32).to(dtype)
 
 
+def timed_blocks(launch: Callable[[], None], calls: int, blocks: int, barrier: Callable[[], None]) -> list[float]:
+    """Microseconds per call of ``blocks`` timed runs of ``launch()`` (which makes ``calls``
+    calls: one graph replay of that many, say), each run started after ``barrier()`` and a device
+    synchronisation, timed by CUDA events on the current stream."""
+    import torch
+
+    times = []
+    for _ in range(blocks):
+        barrier()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        launch()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / calls)
+    return times
+
+
 def capture_graph(body: Callable[[], _T]) -> tuple[Any, _T]:
     """Capture ``body()`` into a new CUDA graph on a side stream (after a device sync) and
     return the graph and what ``body`` returned; do first-time setup before, never inside."""
@@ -446,19 +465,7 @@ class BenchWorker:
     def _timed_blocks(self, launch: Callable[[], None], iters: int) -> list[float]:
         """Microseconds per call of ``cfg.blocks`` timed runs of ``launch`` (``iters`` calls
         each), every block started together on all ranks."""
-        import torch
-
-        times = []
-        for _ in range(self.cfg.blocks):
-            self.barrier()
-            torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            launch()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1000.0 / iters)
-        return times
+        return timed_blocks(launch, iters, self.cfg.blocks, self.barrier)
 
     def time_eager(self, cell: _Cell, iters: int) -> list[float]:
         """Per-call times of ``iters`` eager calls a block, after ``cfg.warmup`` calls."""

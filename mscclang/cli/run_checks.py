@@ -25,7 +25,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from mscclang.errors import CollectiveTimeout
 from mscclang.plan.dtypes import SIM_DTYPES, torch_dtype, torch_dtype_info
 from mscclang.plan.io import load_plan
 from mscclang.plan.models import Plan
@@ -397,16 +396,9 @@ def time_graph(w: Any, plan_json: str, nbytes: int, per_graph: int = 100, replay
     w.comm.barrier()
     g.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        w.comm.barrier()
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / per_graph)
+    from mscclang.bench.worker import timed_blocks
+
+    times = timed_blocks(g.replay, per_graph, replays, w.comm.barrier)
     ex.check()
     times.sort()
     med = times[len(times) // 2]

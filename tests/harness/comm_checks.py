@@ -16,7 +16,7 @@ from __future__ import annotations
 import traceback
 from typing import Any, Optional
 
-from mscclang.bench.worker import gen_input
+from mscclang.bench.worker import capture_graph, gen_input
 from mscclang.cli.run_checks import Expected, sum_bound
 from mscclang.plan.dtypes import torch_dtype
 
@@ -216,14 +216,7 @@ def _one(comm: Any, coll: str, numel: int, dt: Any, op: str, sym: bool, ip: bool
     # graph: one eager call does the first-time setup, then capture and replay on new data
     x.copy_(xs[r])
     _call(comm, coll, x, out, ip, op, root)
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            got = _call(comm, coll, x, out, ip, op, root)
-    torch.cuda.current_stream().wait_stream(s)
+    g, got = capture_graph(lambda: _call(comm, coll, x, out, ip, op, root))
     for rep in range(3):
         xs = [gen_input(seed * 7 + rep, q, per_rank, dt, dev) for q in range(n)]
         want = _expectation(coll, r, n, xs, op, root)
