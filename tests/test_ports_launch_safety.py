@@ -208,44 +208,42 @@ def test_a_side_stream_that_never_finishes_ends_in_collective_timeout_not_a_hang
     """reset() and synchronize() wait for the proxy's side streams with a bound (their waits have
     no timeout of their own): a wait nobody releases raises CollectiveTimeout naming the cause."""
     from mscclang.errors import CollectiveTimeout
+    from mscclang.runtime.abort import Waits
 
-    ex = object.__new__(Executor)
-    ex.comm = SimpleNamespace(rank=1)
-    ex._proxy = SimpleNamespace(enqueued=12, side_streams=lambda: ["side0"])
-    ex._engine = SimpleNamespace(comms={})
-    ex.launcher = SimpleNamespace(current_stream=lambda: "torch", last_stream="last")
-    ex.abort = SimpleNamespace(aborted=False)
-    ex.timeout_ns = int(1e9)
+    proxy = SimpleNamespace(enqueued=12, side_streams=lambda: ["side0"])
+    abort = SimpleNamespace(aborted=False)
+    launcher = SimpleNamespace(current_stream=lambda: "torch", last_stream="last")
+    waits = Waits(1, lambda: int(1e9), abort, launcher, lambda: proxy, lambda: SimpleNamespace(comms={}))
     seen = []
 
     def drained(streams, limit_s, stop=None):
         seen.append((streams, limit_s))
         return False
 
-    ex._drainer = SimpleNamespace(drained=drained)
+    waits.drainer = SimpleNamespace(drained=drained)
     with pytest.raises(CollectiveTimeout, match=r"rank 1: reset: the port-channel proxy's stream operations did "
                                                 r"not finish within 7 s"):
-        ex._sync_ports("reset")
-    assert seen == [(["side0", "torch", "last"], 7.0)] and ex.abort.aborted
-    ex._drainer.drained = lambda streams, limit_s, stop=None: True
-    ex._sync_ports("synchronize")        # drained: returns
-    ex._proxy.enqueued = 0
-    ex._drainer.drained = lambda *a, **k: pytest.fail("no port plan ran: nothing to wait for")
-    ex._sync_ports("synchronize")
+        waits.ports("reset")
+    assert seen == [(["side0", "torch", "last"], 7.0)] and abort.aborted
+    waits.drainer.drained = lambda streams, limit_s, stop=None: True
+    waits.ports("synchronize")        # drained: returns
+    proxy.enqueued = 0
+    waits.drainer.drained = lambda *a, **k: pytest.fail("no port plan ran: nothing to wait for")
+    waits.ports("synchronize")
 
 
 def test_reset_ends_a_stuck_engine_transfer_by_aborting_the_engine():
     """In reset(), a side stream stuck in an engine receive (a dead peer) is ended by aborting the
     engine's communicators (the reset reconnects them), not declared unrecoverable."""
-    ex = object.__new__(Executor)
-    ex.comm = SimpleNamespace(rank=0)
+    from mscclang.runtime.abort import Waits
+
     aborted = []
-    ex._engine = SimpleNamespace(comms={"k": object()}, close=lambda abort=False: aborted.append(abort))
-    ex._proxy = SimpleNamespace(enqueued=3, side_streams=lambda: ["recv"])
-    ex.launcher = SimpleNamespace(current_stream=lambda: "torch", last_stream=None)
-    ex.abort = SimpleNamespace(aborted=False)
-    ex.timeout_ns = int(1e9)
+    engine = SimpleNamespace(comms={"k": object()}, close=lambda abort=False: aborted.append(abort))
+    proxy = SimpleNamespace(enqueued=3, side_streams=lambda: ["recv"])
+    abort = SimpleNamespace(aborted=False)
+    launcher = SimpleNamespace(current_stream=lambda: "torch", last_stream=None)
+    waits = Waits(0, lambda: int(1e9), abort, launcher, lambda: proxy, lambda: engine)
     answers = iter([False, True])      # stuck until the engine is aborted
-    ex._drainer = SimpleNamespace(drained=lambda streams, limit_s, stop=None: next(answers))
-    ex._sync_ports("reset")
-    assert aborted == [True] and ex.abort.aborted
+    waits.drainer = SimpleNamespace(drained=lambda streams, limit_s, stop=None: next(answers))
+    waits.ports("reset")
+    assert aborted == [True] and abort.aborted

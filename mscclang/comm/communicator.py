@@ -18,7 +18,7 @@ from mscclang.comm.autoregister import AutoRegister
 from mscclang.comm.backend import Backend, RuntimeBackend
 from mscclang.comm.catalog import Catalog
 from mscclang.comm.errors import CommError
-from mscclang.comm.fallback import TorchFallback
+from mscclang.comm.fallback import TorchFallback, run_fallback
 from mscclang.comm.names import dtype_name, plan_collective, reduce_op_name
 from mscclang.comm.planner import CallPlan, Planner
 from mscclang.comm.selector import Choice, Selector
@@ -546,21 +546,7 @@ class Communicator:
             self._note_fallback(coll, cp.reason, level=logging.INFO)
         else:
             self._note_fallback(coll, _reason_kind(cp.reason))
-        fb = self._need_fallback(coll)
-        if coll == "allreduce":
-            fb.all_reduce(inp, out, op)
-        elif coll == "allgather":
-            fb.all_gather(inp, out)
-        elif coll == "reducescatter":
-            fb.reduce_scatter(inp, out, op)
-        elif coll == "alltoall":
-            fb.all_to_all(inp, out)
-        elif coll == "broadcast":
-            fb.broadcast(out, root)
-        elif coll == "sendrecv":
-            fb.send_recv(inp, out, self.rank, self.world_size)
-        else:  # pragma: no cover - plan_collective only yields the above
-            raise CommError(f"no fallback for {coll}")
+        run_fallback(self._need_fallback(coll), coll, inp, out, op, root, self.rank, self.world_size)
 
 
 def _reason_kind(reason: str) -> str:

@@ -243,3 +243,24 @@ class TorchFallback:
         self._pg = None
         if self._store is not None and self._group is None:
             self._ready = False
+
+
+def run_fallback(fb: Any, collective: str, inp: Any, out: Any, op: str, root: int, rank: int,
+                 world_size: int) -> None:
+    """Run one collective call (plan names) on a fallback: :class:`TorchFallback`, or any object
+    with its methods (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
+    ``broadcast``, ``send_recv``)."""
+    if collective == "allreduce":
+        fb.all_reduce(inp, out, op)
+    elif collective == "allgather":
+        fb.all_gather(inp, out)
+    elif collective == "reducescatter":
+        fb.reduce_scatter(inp, out, op)
+    elif collective == "alltoall":
+        fb.all_to_all(inp, out)
+    elif collective == "broadcast":
+        fb.broadcast(out, root)
+    elif collective == "sendrecv":
+        fb.send_recv(inp, out, rank, world_size)
+    else:
+        raise CommError(f"no torch.distributed fallback for collective {collective!r}")

@@ -180,3 +180,86 @@ class Drainer:
                     return False
                 time.sleep(0.0005)
         return True
+
+
+class Waits:
+    """The executor's bounded waits for its launches, the port proxy's side streams and the
+    engine's transfers. ``timeout_ns()`` is the spin bound, ``abort`` the :class:`AbortState`,
+    ``launcher`` the launcher (current and last streams), ``proxy()`` and ``engine()`` the port
+    proxy and the engine of port channels between nodes."""
+
+    def __init__(self, rank: int, timeout_ns: Callable[[], int], abort: Any, launcher: Any,
+                 proxy: Callable[[], Any], engine: Callable[[], Any]) -> None:
+        self.rank = rank
+        self._timeout_ns = timeout_ns
+        self.abort = abort
+        self.launcher = launcher
+        self._proxy = proxy
+        self._engine = engine
+        self.drainer = Drainer()
+
+    def synchronize(self) -> None:
+        """Wait for the launches and raise CollectiveTimeout if one gave up. A launch that gave
+        up is raised at once (it holds until the host has seen it); with engine channels (port
+        channels between nodes) an engine receive for a dead peer is ended by aborting the
+        engine's communicators."""
+        if self._engine().comms:
+            self.engine()
+            return
+        self.ports("synchronize")
+        streams = [self.launcher.current_stream()]
+        if self.launcher.last_stream is not None:
+            streams.append(self.launcher.last_stream)
+        # a launch that gave up holds until acknowledged: check() acknowledges, then waits
+        self.drainer.drained(streams, 4 * self._timeout_ns() / 1e9 + 10.0, self.abort.pending)
+        if not self.abort.pending():
+            cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
+        self.abort.check()
+
+    def _streams(self) -> list:
+        streams = list(self._proxy().side_streams()) + [self.launcher.current_stream()]
+        if self.launcher.last_stream is not None:
+            streams.append(self.launcher.last_stream)
+        return streams
+
+    def ports(self, what: str) -> None:
+        """Bounded wait for the port proxy's side streams (their ``cuStreamWaitValue32`` has no
+        timeout); should one still wait, CollectiveTimeout instead of a hang."""
+        if not self._proxy().enqueued:
+            return
+        streams = self._streams()
+        t = self._timeout_ns() / 1e9
+        limit = 2 * t + 5.0
+        if self.drainer.drained(streams, limit):
+            return
+        self.abort.aborted = True
+        engine = self._engine()
+        if engine.comms:
+            engine.close(abort=True)   # an engine receive for a dead peer never completes
+            if self.drainer.drained(streams, 10.0 + t):
+                return
+        raise CollectiveTimeout(f"rank {self.rank}: {what}: the port-channel proxy's stream operations "
+                                f"did not finish within {limit:.0f} s (a wait for a trigger that no kernel "
+                                "posts); this process cannot recover: restart it")
+
+    def engine(self) -> None:
+        """Bounded wait with engine channels: their transfers to a dead peer never end, so once a
+        kernel gave up (or twice the timeout passed) the engine's communicators are aborted."""
+        streams = self._streams()
+        t = self._timeout_ns() / 1e9
+        limit = 2 * t + 5.0
+        if not self.drainer.drained(streams, limit, lambda: self.abort.state() != 0):
+            kernel_gave_up = self.abort.state() != 0
+            if kernel_gave_up:
+                self.abort.acknowledge()
+            self._engine().close(abort=True)   # ends engine calls waiting for a dead peer
+            self.abort.aborted = True
+            if not self.drainer.drained(streams, 10.0 + t):
+                raise CollectiveTimeout(f"rank {self.rank}: GPU work still runs after the engine's "
+                                        "communicators were aborted (a transfer to or from a dead peer did "
+                                        "not end); this process cannot recover: restart it")
+            if not kernel_gave_up:
+                raise CollectiveTimeout(f"rank {self.rank}: the engine's transfers (NCCL point-to-point "
+                                        f"of port channels between nodes) did not finish in {limit:.0f} s; "
+                                        "its communicators were aborted")
+        self.abort.check()

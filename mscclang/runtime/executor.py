@@ -25,7 +25,7 @@ from mscclang.plan.models import PACKET_OPS, BufferKind, ChannelType, Plan
 from mscclang.plan.dtypes import torch_dtype_code
 from mscclang.plan.shapes import check_layout, check_pair, check_sizes, check_tensor, output_bytes
 from mscclang.runtime import cuda as cu
-from mscclang.runtime.abort import AbortState, Drainer
+from mscclang.runtime.abort import AbortState, Waits
 from mscclang.runtime.capture import CaptureGlue
 from mscclang.runtime.bootstrap import Bootstrap
 from mscclang.runtime.contexts import ContextPool
@@ -92,9 +92,10 @@ class Executor:
         self.specialize = specialize
         self.launcher = launcher
         self.abort = abort
-        self._drainer = Drainer()
         self._engine = Engine(comm.rank)
         self._proxy = PortProxy(self._engine.send, self._engine.recv)
+        self.waits = Waits(comm.rank, lambda: self.timeout_ns, abort, launcher, lambda: self._proxy,
+                           lambda: self._engine)
         capturing = lambda: self._capturing()  # noqa: E731 - looked up per call (tests replace it)
         capturing_now = lambda: self.launcher.capturing_now()  # noqa: E731
         self.kernels = KernelCache(arch, sm_count)
@@ -457,65 +458,9 @@ class Executor:
         self.abort.check()
 
     def synchronize(self) -> None:
-        """Wait for this executor's launches and raise CollectiveTimeout if one gave up. The wait
-        is bounded: a launch that gave up is raised at once (it holds until the host has seen it),
-        and with engine channels (port channels between nodes) an engine receive for a dead peer is
-        ended by aborting the engine's communicators."""
-        if not self._engine.comms:
-            self._sync_ports("synchronize")
-            streams = [self.launcher.current_stream()]
-            if self.launcher.last_stream is not None:
-                streams.append(self.launcher.last_stream)
-            # a launch that gave up holds until acknowledged: check() acknowledges, then waits
-            self._drainer.drained(streams, 4 * self.timeout_ns / 1e9 + 10.0, self.abort.pending)
-            if not self.abort.pending():
-                cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
-            self.abort.check()
-            return
-        self._sync_engine()
-
-    def _port_streams(self) -> list:
-        streams = list(self._proxy.side_streams()) + [self.launcher.current_stream()]
-        if self.launcher.last_stream is not None:
-            streams.append(self.launcher.last_stream)
-        return streams
-
-    def _sync_ports(self, what: str) -> None:
-        """Bounded wait for the port proxy's side streams (their ``cuStreamWaitValue32`` has no
-        timeout); should one still wait, CollectiveTimeout instead of a hang."""
-        if not self._proxy.enqueued:
-            return
-        streams = self._port_streams()
-        limit = 2 * self.timeout_ns / 1e9 + 5.0
-        if self._drainer.drained(streams, limit):
-            return
-        self.abort.aborted = True
-        if self._engine.comms:
-            self._engine.close(abort=True)
-            if self._drainer.drained(streams, 10.0 + self.timeout_ns / 1e9):
-                return
-        raise CollectiveTimeout(f"rank {self.comm.rank}: {what}: the port-channel proxy's stream operations "
-                                f"did not finish within {limit:.0f} s (a wait for a trigger that no kernel "
-                                "posts); this process cannot recover: restart it")
-
-    def _sync_engine(self) -> None:
-        streams = self._port_streams()
-        limit = 2 * self.timeout_ns / 1e9 + 5.0
-        if not self._drainer.drained(streams, limit, lambda: self.abort.state() != 0):
-            kernel_gave_up = self.abort.state() != 0
-            if kernel_gave_up:
-                self.abort.acknowledge()
-            self._engine.close(abort=True)   # ends engine calls waiting for a dead peer
-            self.abort.aborted = True
-            if not self._drainer.drained(streams, 10.0 + self.timeout_ns / 1e9):
-                raise CollectiveTimeout(f"rank {self.comm.rank}: GPU work still runs after the engine's "
-                                        "communicators were aborted (a transfer to or from a dead peer did "
-                                        "not end); this process cannot recover: restart it")
-            if not kernel_gave_up:
-                raise CollectiveTimeout(f"rank {self.comm.rank}: the engine's transfers (NCCL point-to-point "
-                                        f"of port channels between nodes) did not finish in {limit:.0f} s; "
-                                        "its communicators were aborted")
-        self.abort.check()
+        """Wait for this executor's launches and raise CollectiveTimeout if one gave up; bounded
+        (:meth:`mscclang.runtime.abort.Waits.synchronize`)."""
+        self.waits.synchronize()
 
     # lifetime ---------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -523,7 +468,7 @@ class Executor:
         semaphores, abort words, scratch and the error record on every rank, then meet again."""
         drv = cu.driver()
         self.abort.acknowledge()
-        self._sync_ports("reset")
+        self.waits.ports("reset")
         cu.check(drv.cuCtxSynchronize(), "cuCtxSynchronize")
         self.comm.barrier("reset")
         for lp in self._loaded.values():
