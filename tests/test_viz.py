@@ -382,7 +382,7 @@ def test_every_page_of_a_paged_plan(ring8, tmp_path):
 
 
 def test_wrapped_edges_leave_and_enter_at_the_panel_borders(ring8, tmp_path):
-    from mscclang.viz import _cuts
+    from mscclang.viz.draw import _cuts
 
     graph = build_graph(ring8)
     pic = draw_plan(ring8, tmp_path / "ring.png", labels=False)

@@ -1,0 +1,107 @@
+"""Box labels of the plan picture: short chunk references and the key that explains them."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from mscclang.plan.models import BufferRef, ChannelType, Gpu, Op, OpName, Plan, ThreadBlock
+from mscclang.viz.graph import _SIGNALLING, _WAITING, OpNode
+# ------------------------------------------------------------------------------------------------
+# labels
+
+
+def _chunks(ref: BufferRef) -> str:
+    return f"{ref.index}" if ref.size == 1 else f"{ref.index}:{ref.index + ref.size}"
+
+
+def _short_ref(gpu: Gpu, tb: ThreadBlock, op: Op, ref: BufferRef) -> str:
+    if ref.type is not None:
+        return f"{ref.type.value}{_chunks(ref)}"
+    if ref.buffer_id is not None:
+        lst = tb.remote_buffer_list(op.channel_type)
+        if ref.buffer_id < len(lst) and lst[ref.buffer_id] < len(gpu.remote_buffers):
+            rb = gpu.remote_buffers[lst[ref.buffer_id]]
+            return f"{rb.type.value}{_chunks(ref)}@r{rb.rank}"
+        return f"?{_chunks(ref)}@?"
+    lst = tb.channel_list(ChannelType.switch)
+    sid = ref.switch_channel_id
+    g = lst[sid] if sid is not None and sid < len(lst) else "?"
+    groups = gpu.switch_groups()
+    kind = groups[g][0].value if isinstance(g, int) and g < len(groups) else "?"
+    return f"{kind}{_chunks(ref)}@sw{g}"
+
+
+def _refs(parts: list[str]) -> str:
+    if not parts:
+        return ""
+    return parts[0] if len(parts) == 1 else f"{parts[0]}+{len(parts) - 1}"
+
+
+def _detail(plan: Plan, node: OpNode) -> str:
+    """Second label line: short chunk refs, or peers for channel ops."""
+    gpu = plan.gpus[node.rank]
+    tb = gpu.threadblocks[node.tb]
+    op = node.op
+    if op.name in _SIGNALLING | _WAITING | {OpName.flush} and op.name not in (OpName.pws, OpName.pwsf):
+        peers = gpu.peers(op.channel_type) if op.channel_type in (ChannelType.memory, ChannelType.port) else []
+        lst = tb.channel_list(op.channel_type)
+        names = []
+        for cid in op.channel_ids:
+            g = lst[cid] if cid < len(lst) else None
+            names.append(f"r{peers[g]}" if g is not None and g < len(peers) else "?")
+        if len(names) > 3:
+            return "r: " + ",".join(names[:2]) + f",+{len(names) - 2}"
+        return ("\u2192" if op.name in _SIGNALLING else "\u2190") + ",".join(names) if names else ""
+    if op.name in (OpName.sem_acquire, OpName.sem_release):
+        return "sem " + ",".join(str(s) for s in op.semaphore_ids)
+    if op.name == OpName.barrier:
+        return f"id {op.barrier_id}"
+    srcs = [_short_ref(gpu, tb, op, x) for x in op.src_buff]
+    dsts = [_short_ref(gpu, tb, op, x) for x in op.dst_buff]
+    if not srcs and not dsts:
+        return ""
+    return f"{_refs(srcs)}\u2192{_refs(dsts)}"
+
+
+# ------------------------------------------------------------------------------------------------
+# the label key
+
+#: what each op name does, for the key under the legend (only names in the picture are listed)
+OP_GLOSSARY: dict[OpName, str] = {
+    OpName.nop: "block sync", OpName.barrier: "blocks meet",
+    OpName.signal: "signal the peer (publishes earlier writes)", OpName.rlxsignal: "relaxed signal",
+    OpName.wait: "wait for the peer's signal", OpName.rlxwait: "relaxed wait",
+    OpName.flush: "wait for the port channel's puts",
+    OpName.put: "write into a peer's buffer", OpName.pws: "put + signal", OpName.pwsf: "put + signal + flush",
+    OpName.get: "read a peer's buffer", OpName.copy: "local copy",
+    OpName.cpkt: "copy into packets", OpName.upkt: "unpack packets", OpName.ppkt: "put packets to a peer",
+    OpName.rppkt: "forward packets to peers",
+    OpName.re: "reduce", OpName.res: "reduce + write the result to peers",
+    OpName.rre: "reduce with peers' buffers", OpName.rres: "rre + write the result to peers",
+    OpName.repkt: "reduce packets", OpName.respkt: "reduce packets + send packets",
+    OpName.recpkt: "reduce packets + keep a packet copy", OpName.recspkt: "recpkt + send packets",
+    OpName.glre: "multicast load-reduce", OpName.glres: "multicast load-reduce-store",
+    OpName.gstore: "multicast store", OpName.gstorepkt: "multicast store of packets",
+    OpName.sem_acquire: "acquire a semaphore", OpName.sem_release: "release a semaphore",
+    OpName.pipeline: "pipelined loop",
+}
+
+#: how to read a box's label
+LABEL_KEY = ("Box labels: 'k name' is op k of its thread block ('i.j': op j of pipeline i); the second line is "
+             "the chunks it moves, src\u2192dst (i input, o output, s scratch; 4:6 chunks 4 and 5; @r2 on "
+             "rank 2; @sw0 through switch channel 0; +n: n more operands), or the peers it signals "
+             "(\u2192r2) or waits for (\u2190r2). Narrow grey boxes are nops (block syncs).")
+
+
+def _key_lines(names: Iterable[OpName], chars: int) -> list[str]:
+    """The label key and a glossary of ``names``, wrapped to ``chars`` characters a line."""
+    import textwrap
+
+    gloss = "; ".join(f"{n.value} = {OP_GLOSSARY[n]}" for n in sorted(set(names), key=lambda n: n.value)
+                      if n in OP_GLOSSARY and n is not OpName.nop)
+    lines = textwrap.wrap(LABEL_KEY, chars)
+    if gloss:
+        lines += textwrap.wrap("Ops: " + gloss + ".", chars)
+    return lines
+
+
