@@ -436,11 +436,13 @@ def test_byte_counts_and_settings(monkeypatch):
 
 
 def test_record_layout_round_trips():
-    rec = regmod._REC.pack(1, 7, 0x1000, 4096, 64, 128, -1, b"h" * 64)
-    row = regmod._rows(rec, 1, 0)[0]
+    from mscclang.runtime import regwire
+
+    rec = regwire.REC.pack(1, 7, 0x1000, 4096, 64, 128, -1, b"h" * 64)
+    row = regwire.read_rows(rec, 1, 0)[0]
     assert row.ok and row.buffer_id == 7 and row.offset == 64 and row.existing == -1 and row.handle == b"h" * 64
     with pytest.raises(RegistrationError):
-        regmod._rows(rec[:-1], 1, 3)
+        regwire.read_rows(rec[:-1], 1, 3)
 
 
 def test_close_closes_every_mapping_once():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import Any
 
 from mscclang.errors import RuntimeUnavailable
@@ -212,3 +213,44 @@ def raw_stream_is_capturing() -> Any:
         return status.value != 0
 
     return capturing
+
+
+@dataclass(frozen=True)
+class AllocInfo:
+    """The allocation holding a device address: base, size, unique id, and whether legacy CUDA
+    IPC can export it (``why`` says why not)."""
+
+    base: int
+    size: int
+    buffer_id: int
+    ipc_capable: bool
+    why: str = ""
+
+
+class CudaIpc:
+    """The driver calls a :class:`Registry` makes (CPU tests substitute fakes with the same
+    methods)."""
+
+    def describe(self, ptr: int) -> AllocInfo:
+        """The allocation holding device address ``ptr`` (RuntimeUnavailable for other memory)."""
+        base, size = address_range(ptr)
+        capable = ipc_capable(ptr)
+        why = "" if capable else ("a cuMem (virtual memory) allocation, e.g. torch's expandable segments, which "
+                                  "legacy CUDA IPC cannot export")
+        return AllocInfo(base, size, buffer_id(ptr), capable, why)
+
+    def export(self, base: int) -> bytes:
+        """The 64-byte IPC handle of the allocation at ``base``."""
+        return ipc_handle(base)
+
+    def open(self, handle: bytes) -> int:
+        """Map a peer's allocation here; returns its address in this process."""
+        return ipc_open(handle)
+
+    def close(self, addr: int) -> None:
+        """Unmap a peer's allocation mapped by :meth:`open`."""
+        ipc_close(addr)
+
+    def synchronize(self) -> None:
+        """Wait until this device's work is done (before releasing what it may use)."""
+        check(driver().cuCtxSynchronize(), "cuCtxSynchronize")

@@ -65,7 +65,6 @@ GPUs: larger staging is released after its call),
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import struct
@@ -73,7 +72,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
 from mscclang.config import Settings, settings
-from mscclang.errors import CallMismatch, InvalidCall, MscclangError, RegistrationError
+from mscclang.errors import InvalidCall, MscclangError, RegistrationError
+from mscclang.runtime.cuda import AllocInfo, CudaIpc  # noqa: F401 - AllocInfo: the registry's fakes use it
+from mscclang.runtime.regwire import OK, REC, Row, read_rows
+from mscclang.runtime.sessions import CaptureSession, CaptureSessions
 
 log = logging.getLogger("mscclang.runtime")
 
@@ -129,61 +131,6 @@ def allocator_config() -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# the driver side
-
-
-@dataclass(frozen=True)
-class AllocInfo:
-    """The allocation holding a device address: base, size, unique id, and whether legacy CUDA
-    IPC can export it (``why`` says why not)."""
-
-    base: int
-    size: int
-    buffer_id: int
-    ipc_capable: bool
-    why: str = ""
-
-
-class CudaIpc:
-    """The driver calls a :class:`Registry` makes (CPU tests substitute fakes with the same
-    methods)."""
-
-    def describe(self, ptr: int) -> AllocInfo:
-        """The allocation holding device address ``ptr`` (RuntimeUnavailable for other memory)."""
-        from mscclang.runtime import cuda as cu
-
-        base, size = cu.address_range(ptr)
-        capable = cu.ipc_capable(ptr)
-        why = "" if capable else ("a cuMem (virtual memory) allocation, e.g. torch's expandable segments, which "
-                                  "legacy CUDA IPC cannot export")
-        return AllocInfo(base, size, cu.buffer_id(ptr), capable, why)
-
-    def export(self, base: int) -> bytes:
-        """The 64-byte IPC handle of the allocation at ``base``."""
-        from mscclang.runtime import cuda as cu
-
-        return cu.ipc_handle(base)
-
-    def open(self, handle: bytes) -> int:
-        """Map a peer's allocation here; returns its address in this process."""
-        from mscclang.runtime import cuda as cu
-
-        return cu.ipc_open(handle)
-
-    def close(self, addr: int) -> None:
-        """Unmap a peer's allocation mapped by :meth:`open`."""
-        from mscclang.runtime import cuda as cu
-
-        cu.ipc_close(addr)
-
-    def synchronize(self) -> None:
-        """Wait until this device's work is done (before releasing what it may use)."""
-        from mscclang.runtime import cuda as cu
-
-        cu.check(cu.driver().cuCtxSynchronize(), "cuCtxSynchronize")
-
-
-# ------------------------------------------------------------------------------------------
 # registrations
 
 
@@ -230,58 +177,6 @@ class _Mapping:
     addr: int
     size: int
     refs: int = 0
-
-
-_REC = struct.Struct("<B7xQQQQQq64s")
-_OK, _ABSENT = 1, 2
-
-
-@dataclass(frozen=True)
-class _Row:
-    """One rank's description of its tensor at one position of an exchange."""
-
-    flags: int
-    buffer_id: int
-    alloc_base: int
-    alloc_size: int
-    offset: int
-    nbytes: int
-    existing: int
-    handle: bytes
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.flags & _OK)
-
-
-def _rows(data: bytes, n: int, rank: int) -> list[_Row]:
-    if len(data) < n * _REC.size:
-        raise RegistrationError(f"rank {rank} sent {len(data)} bytes of registration records, expected "
-                                f"{n * _REC.size}")
-    return [_Row(*_REC.unpack_from(data, i * _REC.size)) for i in range(n)]
-
-
-@dataclass
-class _Deferred:
-    """A zero-copy call captured before its buffers were registered: ``buffers`` are this rank's
-    (address, bytes) of the regions it needs (one when the call's input lies inside its output or
-    the reverse), ``finish(input region, output region)`` writes its device plan."""
-
-    desc: str
-    buffers: tuple
-    shared: int
-    finish: Callable[[Region, Region], None]
-
-
-@dataclass
-class CaptureSession:
-    """One ``graph_capture`` session: ``enabled`` when deferring registration is allowed (every
-    rank runs the same allocator configuration), ``calls`` the description of every call captured
-    (compared across ranks at the end), ``deferred`` the zero-copy calls waiting for registration."""
-
-    enabled: bool
-    calls: list[str] = field(default_factory=list)
-    deferred: list[_Deferred] = field(default_factory=list)
 
 
 def _inside(p: int, n: int, obj: Any) -> bool:
@@ -338,10 +233,10 @@ class Registry:
             raise InvalidCall(f"max_regions must be positive, got {self.max_regions}")
         self.verify = check_registration() if verify is None else bool(verify)
         self.on_release: list[Callable[[list[Region]], None]] = []
-        self.session: Optional[CaptureSession] = None
+        self.sessions = CaptureSessions(self)
         self._table: dict[int, Region] = {}     # eager registrations by seq: the same seqs on every rank
         self._by_base: dict[int, Region] = {}   # usable eager registrations by base address (this rank)
-        self._kept: list[Region] = []           # graph registrations, and evicted ones a graph pins
+        self.kept: list[Region] = []           # graph registrations, and evicted ones a graph pins
         self._maps: dict[tuple[int, int], _Mapping] = {}   # (peer, peer's buffer id) -> mapping here
         self._seq = 0
         self._epoch = 0
@@ -380,7 +275,7 @@ class Registry:
         try:
             info = self.ipc.describe(ptr)
         except MscclangError as e:
-            self._note("describe", f"mscclang rank {self.rank}: a tensor at {ptr:#x} cannot be registered ({e}); "
+            self.note("describe", f"mscclang rank {self.rank}: a tensor at {ptr:#x} cannot be registered ({e}); "
                        "zero-copy plans stage it")
             return False
         if not info.ipc_capable:
@@ -388,15 +283,6 @@ class Registry:
             return False
         return info.base <= ptr and ptr + nbytes <= info.base + info.size
 
-    def can_defer(self, in_ptr: int, in_bytes: int, out_ptr: int, out_bytes: int) -> bool:
-        """Whether a zero-copy call on these buffers, made while capturing inside a capture session,
-        is captured with registration at the session's end."""
-        s = self.session
-        if s is None or not s.enabled:
-            return False
-        return all(self.exportable(p, n) for p, n in _deferred_buffers(in_ptr, in_bytes, out_ptr, out_bytes)[0])
-
-    # -------------------------------------------------------------------------------- register
     def register(self, items: Sequence[tuple[Optional[int], int, Any]],
                  what: str = "register") -> list[Optional[Region]]:
         """Collective: register ``items`` (``(address, bytes, storage weak reference)``; address
@@ -413,15 +299,15 @@ class Registry:
         recs = []
         for ptr, nbytes, _ in items:
             old = self._existing(ptr, nbytes) if ptr is not None else None
-            recs.append(self._record(ptr, nbytes, old.seq if old is not None else -1))
+            recs.append(self.record(ptr, nbytes, old.seq if old is not None else -1))
         sizes = ", ".join(str(int(b)) for _, b, _ in items)
         tag = f"{what} of {n} buffer(s) ({sizes} B)"
         datas = self.comm.exchange(b"".join(recs), tag)
-        table = [_rows(d, n, q) for q, d in enumerate(datas)]
+        table = [read_rows(d, n, q) for q, d in enumerate(datas)]
         self._epoch += 1
         out: list[Optional[Region]] = [None] * n
         evict: set[int] = set()
-        new: list[tuple[int, int, list[_Row]]] = []
+        new: list[tuple[int, int, list[Row]]] = []
         for k in range(n):
             col = [table[q][k] for q in range(self.world_size)]
             seen = {c.existing for c in col}
@@ -438,7 +324,7 @@ class Registry:
                 bad = [q for q, c in enumerate(col) if not c.ok]
                 self.stats["refused"] += 1
                 if self.rank not in bad:   # a rank that cannot export logged why already
-                    self._note(f"refused{bad}", f"mscclang rank {self.rank}: a {col[self.rank].nbytes}-byte tensor is "
+                    self.note(f"refused{bad}", f"mscclang rank {self.rank}: a {col[self.rank].nbytes}-byte tensor is "
                                f"not registered: rank(s) {bad} cannot export theirs (see their log); zero-copy plans "
                                "stage it")
                 continue
@@ -453,10 +339,10 @@ class Registry:
         flags = bytearray()
         for k, seq, col in new:
             try:
-                made[k] = self._map_region(seq, col, items[k][0], items[k][2])
+                made[k] = self.map_region(seq, col, items[k][0], items[k][2])
                 flags.append(1)
             except MscclangError as e:
-                self._note("open", f"mscclang rank {self.rank}: mapping a peer's registered tensor failed ({e}); "
+                self.note("open", f"mscclang rank {self.rank}: mapping a peer's registered tensor failed ({e}); "
                            "zero-copy plans stage it")
                 flags.append(0)
         if new:
@@ -464,7 +350,7 @@ class Registry:
                 agree = self.comm.exchange(bytes(flags), tag + ": mappings")
             except BaseException:
                 for reg in made.values():
-                    self._unmap(reg)
+                    self.unmap(reg)
                 raise
             for j, (k, seq, col) in enumerate(new):
                 reg = made.get(k)
@@ -474,7 +360,7 @@ class Registry:
                     out[k] = reg
                     self.stats["registered"] += 1
                 elif reg is not None:
-                    self._unmap(reg)
+                    self.unmap(reg)
         self._enforce_cap()
         self._rebuild()
         return out
@@ -520,139 +406,41 @@ class Registry:
                 r.pinned = True
 
     # -------------------------------------------------------------------------------- graph capture
+    @property
+    def session(self) -> Optional[CaptureSession]:
+        """The open capture session, or None (:mod:`mscclang.runtime.sessions`)."""
+        return self.sessions.session
+
     def begin_capture(self, config: str) -> CaptureSession:
-        """Collective, outside any capture: open a capture session. Deferring registration is
-        enabled when every rank runs the same allocator configuration ``config`` (else every rank
-        stages instead, logged once)."""
-        if self.session is not None:
-            raise RegistrationError(f"rank {self.rank}: a graph capture session is already open; end it "
-                                    "(register_graph_buffers) before starting another")
-        self.prune()
-        datas = self.comm.exchange(config.encode("utf-8", "replace"), "begin graph capture")
-        same = len(set(datas)) == 1
-        if not same:
-            cfg = "; ".join(f"rank {q}: {d.decode('utf-8', 'replace')}" for q, d in enumerate(datas))
-            self._note("allocconf", f"mscclang rank {self.rank}: the ranks' torch allocator settings differ ({cfg}); "
-                       "calls captured in this session stage ordinary tensors instead of registering them")
-        self.session = CaptureSession(enabled=same and self.mode != "off")
-        return self.session
+        """Collective: open a capture session (:meth:`CaptureSessions.begin`)."""
+        return self.sessions.begin(config)
 
     def note_call(self, desc: str) -> None:
-        """Record a call captured in the open session (the ranks compare the lists at its end)."""
-        if self.session is not None:
-            self.session.calls.append(desc)
+        """Record a call captured in the open session."""
+        self.sessions.note_call(desc)
+
+    def can_defer(self, in_ptr: int, in_bytes: int, out_ptr: int, out_bytes: int) -> bool:
+        """Whether a zero-copy call on these buffers is captured with registration at the end."""
+        return self.sessions.can_defer(in_ptr, in_bytes, out_ptr, out_bytes)
 
     def defer(self, in_ptr: int, in_bytes: int, out_ptr: int, out_bytes: int, desc: str,
               finish: Callable[[Region, Region], None]) -> Optional[tuple[int, int]]:
-        """While capturing in an enabled session: record a zero-copy call whose buffers are
-        registered at the session's end, when ``finish(input region, output region)`` is called
-        to write its device plan. Returns the call's (input, output) deltas, or None when the
-        buffers cannot be exported (the call must be staged)."""
-        if not self.can_defer(in_ptr, in_bytes, out_ptr, out_bytes):
-            return None
-        bufs, shared, deltas = _deferred_buffers(in_ptr, in_bytes, out_ptr, out_bytes)
-        s = self.session
-        assert s is not None  # can_defer checked it
-        s.deferred.append(_Deferred(desc, tuple(bufs), shared, finish))
-        s.calls.append(f"{desc} deferred{shared}")
-        return deltas
+        """Record a zero-copy call whose buffers are registered at the session's end."""
+        return self.sessions.defer(in_ptr, in_bytes, out_ptr, out_bytes, desc, finish)
 
     def finish_capture(self, failed: bool = False) -> int:
-        """Collective, after the capture ended: register every deferred call's buffers (one
-        exchange of every rank's list, in capture order, then one to agree that every mapping
-        opened) and let each call write its device plan. ``failed``: this rank's capture did not
-        complete (the others are told; nothing is registered). Raises CallMismatch or
-        RegistrationError (on every rank) when the ranks captured different calls or a rank could
-        not export or map a buffer: those calls' slots keep their aborting plan. Returns the number
-        of calls registered."""
-        s = self.session
-        self.session = None
-        if s is None:
-            raise RegistrationError(f"rank {self.rank}: no graph capture session is open")
-        ok = not failed
-        recs = bytearray()
-        for d in s.deferred:
-            for i in range(2):
-                if i < len(d.buffers):
-                    p, nb = d.buffers[i]
-                    rec = self._record(p, nb, -1)
-                    ok = ok and bool(rec[0] & _OK)
-                else:
-                    rec = _REC.pack(_ABSENT, 0, 0, 0, 0, 0, -1, b"")
-                recs += rec
-        digest = hashlib.sha1("\n".join(s.calls).encode("utf-8", "replace")).digest()
-        head = struct.pack("<B7xII20s", int(ok), len(s.calls), len(s.deferred), digest)
-        nd = len(s.deferred)
-        try:
-            datas = self.comm.exchange(bytes(head) + bytes(recs), f"end of graph capture ({nd} call(s) to register)")
-        except CallMismatch as e:
-            raise CallMismatch(f"graph capture: the ranks captured different numbers of zero-copy calls; the "
-                               f"captured calls abort on replay (CollectiveTimeout). {e}") from None
-        hs = struct.calcsize("<B7xII20s")
-        heads = [struct.unpack_from("<B7xII20s", d, 0) for d in datas]
-        if not all(h[0] for h in heads):
-            bad = [q for q, h in enumerate(heads) if not h[0]]
-            raise RegistrationError(f"graph capture: rank(s) {bad} could not register their captured buffers (or "
-                                    "their capture failed); the captured zero-copy calls abort on replay "
-                                    "(CollectiveTimeout)")
-        if len({(h[1], h[3]) for h in heads}) > 1:
-            what = ", ".join(f"rank {q}: {h[1]} call(s)" for q, h in enumerate(heads))
-            raise CallMismatch(f"graph capture: the ranks captured different calls ({what}); the captured zero-copy "
-                               "calls abort on replay (CollectiveTimeout)")
-        if nd == 0:
-            return 0
-        rows = [_rows(d[hs:], 2 * nd, q) for q, d in enumerate(datas)]
-        made: list[tuple[Region, Region]] = []
-        created: list[Region] = []
-        first = self._seq
-        self._seq += 2 * nd   # numbers for every position, alike on every rank whatever fails here
-        flag = 1
-        try:
-            for j, d in enumerate(s.deferred):
-                regs = []
-                for i in range(len(d.buffers)):
-                    col = [rows[q][2 * j + i] for q in range(self.world_size)]
-                    reg = self._map_region(first + 2 * j + i, col, d.buffers[i][0], None)
-                    reg.graph = reg.pinned = True
-                    created.append(reg)
-                    regs.append(reg)
-                made.append((regs[0], regs[-1]))
-        except MscclangError as e:
-            self._note("gopen", f"mscclang rank {self.rank}: mapping a peer's captured buffer failed ({e})")
-            flag = 0
-        try:
-            agree = self.comm.exchange(bytes([flag]), f"end of graph capture ({nd} call(s)): mappings")
-        except BaseException:
-            for reg in created:
-                self._unmap(reg)
-            raise
-        if not all(a[:1] == b"\x01" for a in agree):
-            for reg in created:
-                self._unmap(reg)
-            bad = [q for q, a in enumerate(agree) if a[:1] != b"\x01"]
-            raise RegistrationError(f"graph capture: rank(s) {bad} could not map their peers' captured buffers; the "
-                                    "captured zero-copy calls abort on replay (CollectiveTimeout)")
-        for d, (rin, rout) in zip(s.deferred, made):
-            self._kept.append(rin)
-            if rout is not rin:
-                self._kept.append(rout)
-            if d.shared == 1:      # the input lies in the output's region
-                d.finish(rout, rout)
-            elif d.shared == 2:    # the output lies in the input's region
-                d.finish(rin, rin)
-            else:
-                d.finish(rin, rout)
-        self.stats["graph_registered"] += nd
-        return nd
+        """Collective, after the capture: register the session's buffers (:meth:`CaptureSessions.finish`)."""
+        return self.sessions.finish(failed)
 
     def check_call(self, desc: str) -> None:
-        """``MSCCLANG_CHECK_REGISTRATION``: every rank describes how it resolved the call's
-        buffers; CallMismatch on every rank when they differ (one store round trip)."""
-        datas = self.comm.exchange(desc.encode("utf-8", "replace"), "registration check")
-        if len(set(datas)) > 1:
-            what = ", ".join(f"rank {q}: {d.decode('utf-8', 'replace')}" for q, d in enumerate(datas))
-            raise CallMismatch(f"the ranks resolved a zero-copy call's buffers differently ({what}): they did not "
-                               "pass corresponding tensors")
+        """``MSCCLANG_CHECK_REGISTRATION``: compare how the ranks resolved a call's buffers."""
+        self.sessions.check_call(desc)
+
+    def reserve(self, n: int) -> int:
+        """``n`` registration numbers, alike on every rank; the first."""
+        first = self._seq
+        self._seq += n
+        return first
 
     # -------------------------------------------------------------------------------- report, close
     def memory(self) -> dict[str, int]:
@@ -664,8 +452,8 @@ class Registry:
         return {
             "registrations": sum(1 for r in regs if not r.released),
             "registrations_released": sum(1 for r in regs if r.released),
-            "graph_registrations": sum(1 for r in self._kept if r.graph),
-            "pinned_registrations": sum(1 for r in regs + self._kept if r.pinned),
+            "graph_registrations": sum(1 for r in self.kept if r.graph),
+            "pinned_registrations": sum(1 for r in regs + self.kept if r.pinned),
             "peer_mappings": len(self._maps),
             "peer_mapped_bytes": sum(m.size for m in self._maps.values()),
         }
@@ -678,13 +466,13 @@ class Registry:
             except MscclangError:
                 pass
         self._maps.clear()
-        for r in list(self._table.values()) + self._kept:
+        for r in list(self._table.values()) + self.kept:
             r.released = True
             r.keys = []
         self._table.clear()
         self._by_base.clear()
-        self._kept.clear()
-        self.session = None
+        self.kept.clear()
+        self.sessions.session = None
 
     # -------------------------------------------------------------------------------- internals
     def _existing(self, ptr: int, nbytes: int, alive: bool = True) -> Optional[Region]:
@@ -693,32 +481,32 @@ class Registry:
             return None
         return r
 
-    def _record(self, ptr: Optional[int], nbytes: int, existing: int) -> bytes:
+    def record(self, ptr: Optional[int], nbytes: int, existing: int) -> bytes:
         """This rank's packed description of the tensor at ``ptr`` (not ok when it cannot be
         exported, the reason logged once)."""
         if ptr is None:
-            return _REC.pack(0, 0, 0, 0, 0, int(nbytes), existing, b"")
+            return REC.pack(0, 0, 0, 0, 0, int(nbytes), existing, b"")
         try:
             info = self.ipc.describe(ptr)
         except MscclangError as e:
-            self._note("describe", f"mscclang rank {self.rank}: a tensor at {ptr:#x} cannot be registered ({e}); "
+            self.note("describe", f"mscclang rank {self.rank}: a tensor at {ptr:#x} cannot be registered ({e}); "
                        "zero-copy plans stage it")
-            return _REC.pack(0, 0, 0, 0, 0, int(nbytes), existing, b"")
+            return REC.pack(0, 0, 0, 0, 0, int(nbytes), existing, b"")
         if not info.ipc_capable:
             self._note_unexportable(info)
-            return _REC.pack(0, info.buffer_id, info.base, info.size, 0, int(nbytes), existing, b"")
+            return REC.pack(0, info.buffer_id, info.base, info.size, 0, int(nbytes), existing, b"")
         if not _inside(ptr, nbytes, info):
-            return _REC.pack(0, info.buffer_id, info.base, info.size, 0, int(nbytes), existing, b"")
+            return REC.pack(0, info.buffer_id, info.base, info.size, 0, int(nbytes), existing, b"")
         try:
             handle = self.ipc.export(info.base)
         except MscclangError as e:
-            self._note("export", f"mscclang rank {self.rank}: exporting an allocation failed ({e}); zero-copy "
+            self.note("export", f"mscclang rank {self.rank}: exporting an allocation failed ({e}); zero-copy "
                        "plans stage its tensors")
-            return _REC.pack(0, info.buffer_id, info.base, info.size, 0, int(nbytes), existing, b"")
-        return _REC.pack(_OK, info.buffer_id, info.base, info.size, ptr - info.base, int(nbytes), existing,
+            return REC.pack(0, info.buffer_id, info.base, info.size, 0, int(nbytes), existing, b"")
+        return REC.pack(OK, info.buffer_id, info.base, info.size, ptr - info.base, int(nbytes), existing,
                          bytes(handle)[:64])
 
-    def _map_region(self, seq: int, col: list[_Row], ptr: Optional[int], ref: Any) -> Region:
+    def map_region(self, seq: int, col: list[Row], ptr: Optional[int], ref: Any) -> Region:
         """A region for position ``col`` (every rank's row), mapping each peer's allocation (once
         per (peer, buffer id)). Undoes its own mappings when one fails."""
         me = col[self.rank]
@@ -738,11 +526,11 @@ class Registry:
                 reg.keys.append(key)
                 reg.peer_bases[q] = m.addr + row.offset
         except BaseException:
-            self._unmap(reg)
+            self.unmap(reg)
             raise
         return reg
 
-    def _unmap(self, reg: Region) -> None:
+    def unmap(self, reg: Region) -> None:
         for key in reg.keys:
             m = self._maps.get(key)
             if m is None:
@@ -763,7 +551,7 @@ class Registry:
         for cb in list(self.on_release):
             cb(regs)
         for r in regs:
-            self._unmap(r)
+            self.unmap(r)
             r.released = True
         self.stats["released"] += len(regs)
 
@@ -777,7 +565,7 @@ class Registry:
                 continue
             self.stats["evicted"] += 1
             if reg.pinned:
-                self._kept.append(reg)
+                self.kept.append(reg)
             else:
                 gone.append(reg)
         self._release(gone)
@@ -796,24 +584,13 @@ class Registry:
             if not r.released:
                 self._by_base[r.base] = r
 
-    def _note(self, key: str, message: str) -> None:
+    def note(self, key: str, message: str) -> None:
         if key in self._logged:
             return
         self._logged.add(key)
         log.warning("%s", message)
 
     def _note_unexportable(self, info: AllocInfo) -> None:
-        self._note("unexportable", f"mscclang rank {self.rank}: ordinary tensors in {info.why or 'this allocation'} "
+        self.note("unexportable", f"mscclang rank {self.rank}: ordinary tensors in {info.why or 'this allocation'} "
                    "cannot be registered; zero-copy plans stage them through the communicator's scratch "
                    "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False registers them)")
-
-
-def _deferred_buffers(in_ptr: int, in_bytes: int, out_ptr: int,
-                      out_bytes: int) -> tuple[list[tuple[int, int]], int, tuple[int, int]]:
-    """(regions to register, sharing, (input delta, output delta)) of a captured call: the input
-    inside the output (``shared`` 1) or the output inside the input (2) registers one region."""
-    if out_ptr <= in_ptr and in_ptr + in_bytes <= out_ptr + out_bytes:
-        return [(out_ptr, out_bytes)], 1, (in_ptr - out_ptr, 0)
-    if in_ptr <= out_ptr and out_ptr + out_bytes <= in_ptr + in_bytes:
-        return [(in_ptr, in_bytes)], 2, (0, out_ptr - in_ptr)
-    return [(in_ptr, in_bytes), (out_ptr, out_bytes)], 0, (0, 0)
