@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional, Union
 
+from mscclang.bench.report import facts_lines
 from mscclang.bench.results import ORDINARY
 from mscclang.bench.worker import BenchConfig, BenchWorker, _sync, error_text, run_rank
 from mscclang.comm.errors import CommError
@@ -175,14 +176,7 @@ def markdown(records: list[FirstCallRecord], meta: Optional[dict] = None) -> str
     """The table: one row per (collective, size) with both times and their ratio."""
     meta = meta or {}
     lines = ["# mscclang bench: first call of a new size", ""]
-    facts = []
-    if meta.get("device"):
-        facts.append(f"{meta.get('world_size', '?')}x {meta['device']}")
-    for key in ("dtype", "torch", "date"):
-        if meta.get(key):
-            facts.append(f"{key} {meta[key]}")
-    if facts:
-        lines += ["; ".join(facts) + ".", ""]
+    lines += facts_lines(meta, (("dtype", "dtype"), ("torch", "torch"), ("date", "date")))
     lines += ["Host wall time of one eager call plus the device synchronisation, in milliseconds (the "
               "slower rank's), on fresh ordinary tensors and fresh random data; the first call is the "
               "first the communicator sees of that size (an untimed call of another size warmed the "

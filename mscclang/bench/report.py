@@ -13,6 +13,19 @@ from mscclang.bench.targets import check_targets
 PEERS = ("nccl", "symm")
 
 
+
+def facts_lines(meta: dict, keys: tuple = (("dtype", "dtype"), ("torch", "torch"), ("nccl", "NCCL"),
+                                          ("date", "date"))) -> list[str]:
+    """The run's facts (machine, dtype, versions, date) as a sentence and a blank line, for the
+    head of a report; none when the meta holds none."""
+    facts = []
+    if meta.get("device"):
+        facts.append(f"{meta.get('world_size', '?')}x {meta['device']}")
+    for key, label in keys:
+        if meta.get(key):
+            facts.append(f"{label} {meta[key]}")
+    return ["; ".join(facts) + ".", ""] if facts else []
+
 def _plan_label(r: Optional[Record]) -> str:
     """The plan that ran, marked when the timed calls ran the interpreter kernel rather than the
     plan-specialised one (the bench's calls did not reach the specialisation policy's count, or
@@ -43,14 +56,7 @@ def markdown(res: BenchResult, title: str = "mscclang bench") -> str:
     """The whole report as markdown: one table per collective and mode, then the targets."""
     meta = res.meta
     lines = [f"# {title}", ""]
-    facts = []
-    if meta.get("device"):
-        facts.append(f"{meta.get('world_size', '?')}x {meta['device']}")
-    for key, label in (("dtype", "dtype"), ("torch", "torch"), ("nccl", "NCCL"), ("date", "date")):
-        if meta.get(key):
-            facts.append(f"{label} {meta[key]}")
-    if facts:
-        lines += ["; ".join(facts) + ".", ""]
+    lines += facts_lines(meta)
     lines += ["Times are medians per call in microseconds; busbw is the bus bandwidth in GB/s "
               "(nccl-tests convention; allgather sizes are output bytes). `xNCCL` / `xsymm` = the "
               "peer's time / mscclang's time (above 1: mscclang is faster); `ordinary` is mscclang on "
