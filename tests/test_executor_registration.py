@@ -590,3 +590,19 @@ def test_registered_and_captured_calls_are_never_bound(fcu):
     cap[0] = True
     lp = ex.load(_any_buffer_plan())
     assert ex.bind(lp.plan, FakeT(0x7000_0000, 4096), FakeT(0x7800_0000, 4096)) is None
+
+
+def test_a_failed_background_build_never_fails_a_call(fcu, monkeypatch):
+    cl, comms, exs, cap = _setup(2, fcu)
+    ex = exs[0]
+    lp = ex.load(_any_buffer_plan())
+    _ready_any(ex, lp, fcu, 64 * MiB)
+    ex.specialize = "auto"
+    builds = _Builds(ex, monkeypatch)
+    n = 8192
+    for _ in range(2):   # the second call starts the build
+        ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
+    builds.futures[0].set_exception(RuntimeError("the build thread died"))
+    ent, _ = ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
+    assert ent.spec is None and ent.pending is None        # the interpreter runs it from now on
+    assert "RuntimeError: the build thread died" in ex.spec_status(lp.plan)[(n, n, "f16", "ll16", "sum")]

@@ -238,9 +238,13 @@ class Entries:
     def _switch(self, lp: LoadedPlan, key: EntryKey, ent: LaunchEntry, skey: tuple, pend: Pending) -> LaunchEntry:
         try:
             sp = self.kernels.finish(pend.build)
-        except SPEC_ERRORS as e:
+        except Exception as e:  # noqa: BLE001 - a failed background build never fails a call
+            if not isinstance(e, SPEC_ERRORS):
+                log.warning("rank %d: building the specialised kernel of %s failed (%s: %s); the interpreter "
+                            "runs it", self.comm.rank, describe_call(lp.plan, *skey), type(e).__name__, e)
             lp.spec[skey] = unsupported(e)
             lp.fast[key] = new = _replace(ent, pending=None)
+            self.epoch += 1
             return new
         lp.spec[skey] = sp
         dp = _device_plan_of(lp, ent)
