@@ -49,7 +49,7 @@ class ContextPool:
         key = (id(lp), in_bytes, out_bytes)
         got = self._packed.get(key)
         if got is None or got[0] is not lp:
-            got = (lp, pack_blocks(lp.plan, self.comm.rank, in_bytes, out_bytes))
+            got = (lp, pack_blocks(lp.plan, self.comm.rank, in_bytes, out_bytes, lp.static))
             self._packed[key] = got
             if len(self._packed) > 32:
                 self._packed.popitem(last=False)

@@ -283,9 +283,16 @@ class PackedRank:
     port: Optional[PortScript] = None   # the proxy's work (port channels only)
 
 
+#: ops whose device records are the same at every message size (memory-channel sync and
+#: semaphores; port-channel ops are not: the proxy's script is built with them)
+_SIZE_FREE_OPS = frozenset({OpName.nop, OpName.barrier, OpName.signal, OpName.rlxsignal, OpName.wait,
+                            OpName.rlxwait, OpName.sem_acquire, OpName.sem_release})
+
+
 class _Packer:
-    def __init__(self, plan: Plan, rank: int, layout: Layout) -> None:
+    def __init__(self, plan: Plan, rank: int, layout: Layout, static: Optional[dict] = None) -> None:
         self.plan = plan
+        self.static = static if static is not None else {}   # (tb, op) -> packed records of sync ops
         self.rank = rank
         self.gpu = plan.gpus[rank]
         self.layout = layout
@@ -499,6 +506,12 @@ class _Packer:
                 self.port.end_pipeline(iters, ic.unit_size)
                 recs.append(DevRecord(DOP_PIPELINE, i, total=ic.unit_size, aux0=len(inner), aux1=iters).pack())
                 recs += [r.pack() for r in inner]
+            elif op.name in _SIZE_FREE_OPS and not is_port_op(op):
+                # signals, waits, barriers, semaphores: their records do not depend on the size
+                got = self.static.get((tb.id, i))
+                if got is None:
+                    got = self.static[(tb.id, i)] = [r.pack() for r in self.records(op, tb, i, where)]
+                recs += got
             else:
                 recs += [r.pack() for r in self.records(op, tb, i, where)]
         finals = [r.pack() for r in self.port.finals(tb, self._port_rec)]
@@ -514,10 +527,13 @@ class _Packer:
         return BlockPlan(region, len(recs))
 
 
-def pack_blocks(plan: Plan, rank: int, input_bytes: int, output_bytes: int) -> PackedRank:
-    """Pack ``rank``'s thread blocks for one message size (sizes in bytes)."""
+def pack_blocks(plan: Plan, rank: int, input_bytes: int, output_bytes: int,
+                static: Optional[dict] = None) -> PackedRank:
+    """Pack ``rank``'s thread blocks for one message size (sizes in bytes). ``static``: a dict kept
+    per (plan, rank) by the caller, where the records that do not depend on the size are kept
+    between sizes (packing a new size then packs its data ops only)."""
     layout = make_layout(plan, rank, input_bytes, output_bytes)
-    pk = _Packer(plan, rank, layout)
+    pk = _Packer(plan, rank, layout, static)
     blocks = [pk.block(tb) for tb in plan.gpus[rank].threadblocks]
     sb = scratch_bytes_needed(plan, layout)
     if pk.uses_packets and not (plan.protocol == "LL"):

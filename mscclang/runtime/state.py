@@ -223,6 +223,7 @@ class LoadedPlan:
     engine_keys: list = field(default_factory=list)   # (src, dst, ordinal) of port channels between nodes
     serial: int = -1         # engine communicators' namespace (assigned collectively at first context)
     group_scratch: dict = field(default_factory=dict)   # (in, out bytes) -> scratch
+    static: dict = field(default_factory=dict)   # this rank's device records that no size changes
 
 
 def describe_call(plan: Plan, in_bytes: int, out_bytes: int, dt: str, pkt: str, op: str) -> str:
