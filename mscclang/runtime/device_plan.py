@@ -17,6 +17,8 @@ zero (a piece's ``valid`` says how many bytes come from the source).
 
 from __future__ import annotations
 
+import functools
+
 import struct as _struct
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -223,6 +225,18 @@ def is_zero_copy(plan: Plan) -> bool:
 # ops -> device records
 
 
+@functools.lru_cache(maxsize=256)
+def _u16s(n: int) -> _struct.Struct:
+    """``n`` little-endian u16, padded to 8 bytes (one compiled format per count)."""
+    return _struct.Struct(f"<{n}H{-2 * n % 8}x")
+
+
+@functools.lru_cache(maxsize=1024)
+def _u64s(n: int) -> _struct.Struct:
+    """``n`` little-endian u64."""
+    return _struct.Struct(f"<{n}Q")
+
+
 @dataclass
 class DevRecord:
     """One device op before packing."""
@@ -244,14 +258,14 @@ class DevRecord:
         nops = len(self.operands)
         nid = len(self.ids)
         # u16 operand descriptors and ids, each list padded to 8 bytes; pieces as u64 words
-        opnd = _struct.pack(f"<{nops}H{-2 * nops % 8}x", *self.operands)
-        ids = _struct.pack(f"<{nid}H{-2 * nid % 8}x", *self.ids)
+        opnd = _u16s(nops).pack(*self.operands)
+        ids = _u16s(nid).pack(*self.ids)
         words: list[int] = []
         for ln, valid, offs in self.pieces:
             if len(offs) != nops:
                 raise PlanError("internal: piece operand count mismatch")
             words += (ln, valid, *offs)
-        pcs = _struct.pack(f"<{len(words)}Q", *words)
+        pcs = _u64s(len(words)).pack(*words)
         size = DEV_OP.size + len(opnd) + len(ids) + len(pcs)
         head = DEV_OP.pack(kind=self.kind, n_src=self.n_src, n_dst=nops - self.n_src, n_ids=len(self.ids),
                            n_pieces=len(self.pieces), flags=self.flags, bytes=size, index=self.index,
