@@ -302,8 +302,8 @@ class Settings:
         minimum=1)
     specialize = EnvChoice(
         "MSCCLANG_SPECIALIZE", "auto", ("auto", "always", "never"),
-        "plan-specialised kernels: auto (small sizes at first use, larger ones once prepared or hot), "
-        "always, or never (the interpreter only)",
+        "plan-specialised kernels: auto (built in the background: small sizes from their second call, "
+        "larger ones once prepared or hot), always (at the first call), or never (the interpreter only)",
         aliases={"1": "always", "on": "always", "force": "always", "0": "never", "off": "never",
                  "interpreter": "never"},
         error=RuntimeUnavailable)

@@ -1,12 +1,14 @@
 """Building, caching and choosing plan-specialised kernels (see :mod:`mscclang.runtime.spec_source`).
 
 * Policy: ``$MSCCLANG_SPECIALIZE`` (or ``Executor(specialize=...)``) is ``auto`` (default),
-  ``always`` (any size the generator accepts, built at first use) or ``never`` (the interpreter
-  only). ``auto`` (:func:`when`): messages up to ``$MSCCLANG_SPEC_FIRST_BYTES`` (256 KiB) get
-  their kernel at first use; larger ones up to ``$MSCCLANG_SPEC_MAX_BYTES`` (64 MiB) at
-  ``Executor.prepare()`` (``Communicator.prepare``) or once the same (plan, sizes, dtype) has
-  been called ``$MSCCLANG_SPEC_HOT_CALLS`` (3) times, so one-off sizes cost no build; above
-  that the interpreter runs (the kernels are bandwidth-bound there).
+  ``always`` (any size the generator accepts, built at its first call, on the calling thread) or
+  ``never`` (the interpreter only). ``auto`` (:func:`when`; the builds run in the background while
+  the interpreter serves the calls, see :mod:`mscclang.runtime.entries`): messages up to
+  ``$MSCCLANG_SPEC_FIRST_BYTES`` (256 KiB) get their kernel from their second call; larger ones up
+  to ``$MSCCLANG_SPEC_MAX_BYTES`` (64 MiB) at ``Executor.prepare()`` (``Communicator.prepare``,
+  on the calling thread) or once the same (plan, sizes, dtype) has been called
+  ``$MSCCLANG_SPEC_HOT_CALLS`` (3) times; a size called once costs no build; above that the
+  interpreter runs (the kernels are bandwidth-bound there).
 * Build: NVRTC to cubin for the device's arch (never PTX, ~1 s), never inside a CUDA graph
   capture. Looked up first in ``$MSCCLANG_CUBIN_DIR`` (files
   named by arch and source hash, written by :func:`prebuild` / ``mscclang build-kernel
@@ -66,8 +68,9 @@ def spec_hot_calls() -> int:
 
 
 def when(mode: str, input_bytes: int, output_bytes: int) -> str:
-    """When ``mode`` wants a specialised kernel at these sizes: 'first' (at the first call),
-    'hot' (at ``prepare()`` or once called :func:`spec_hot_calls` times) or 'never'."""
+    """When ``mode`` wants a specialised kernel at these sizes: 'first' (a small size: from its
+    second call under 'auto', its first under 'always'), 'hot' (at ``prepare()`` or once called
+    :func:`spec_hot_calls` times) or 'never'."""
     if mode == "never":
         return "never"
     if mode == "always":
@@ -76,7 +79,7 @@ def when(mode: str, input_bytes: int, output_bytes: int) -> str:
     if n <= spec_first_bytes():
         return "first"
     if n <= spec_max_bytes():
-        return "first" if spec_hot_calls() <= 1 else "hot"
+        return "hot"
     return "never"
 
 
