@@ -168,6 +168,8 @@ class Executor:
         lp = LoadedPlan(plan, zero_copy, packet_code(plan.packet_type.value if plan.packet_type else None),
                         plan_reduce_op(plan), plan.num_threads_per_block, nb)
         lp.has_port = any(g.peers(ChannelType.port) for g in plan.gpus)
+        lp.packets = any(op.name in PACKET_OPS or any(i.name in PACKET_OPS for i in (op.ops or []))
+                         for tb in plan.gpus[self.comm.rank].threadblocks for op in tb.ops)
         lp.engine_keys = [(g.id, c.peer, c.ordinal) for g in plan.gpus
                           for c in plan.channel_ordinals(g.id, ChannelType.port)
                           if not self.topology.same_node(g.id, c.peer)]
@@ -190,8 +192,7 @@ class Executor:
         packet type (LL16 needs 8-byte alignment, LL8 4). Asked before a call, so the collective
         API pads and stages the sizes that do not fit instead of learning it from a refusal."""
         lp = self.load(plan)
-        if not any(op.name in PACKET_OPS or any(i.name in PACKET_OPS for i in (op.ops or []))
-                   for tb in plan.gpus[self.comm.rank].threadblocks for op in tb.ops):
+        if not lp.packets:
             return True
         pkt = packet_code(packet_type) if packet_type is not None else lp.default_packet
         packed = self.contexts.packed(lp, in_bytes, out_bytes)

@@ -220,6 +220,7 @@ class LoadedPlan:
     fast: dict = field(default_factory=dict)     # EntryKey -> LaunchEntry
     spec: dict = field(default_factory=dict)     # (in, out, dt, pkt, op) -> Spec or the reason not
     has_port: bool = False   # port channels on some rank: the interpreter runs it, with the proxy
+    packets: bool = False    # this rank's blocks use LL packets (their offsets must suit the packet type)
     engine_keys: list = field(default_factory=list)   # (src, dst, ordinal) of port channels between nodes
     serial: int = -1         # engine communicators' namespace (assigned collectively at first context)
     group_scratch: dict = field(default_factory=dict)   # (in, out bytes) -> scratch
