@@ -47,6 +47,12 @@ BACKEND_NAME = "mscclang"
 _REDUCE = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max"}
 
 
+def _op_type(op: Any) -> Any:
+    """The ``RedOpType`` of torch's ``ReduceOp`` object (options hold the object, whose hash is
+    not the type's)."""
+    return getattr(op, "op", op)
+
+
 @dataclass
 class _Outcome:
     """What one operation produced: its output tensors, or the error it raised."""
@@ -189,7 +195,7 @@ class MscclangProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------ all-reduce
     def allreduce(self, tensors: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllreduceOptions()
-        op = opts.reduceOp
+        op = _op_type(opts.reduceOp)
         reason = self._fallback_reason(tensors, op) or (None if len(tensors) == 1 else "several tensors")
         if reason:
             return self._to_inner("all_reduce", reason, tensors, lambda g: g.allreduce(tensors, opts))
@@ -245,7 +251,7 @@ class MscclangProcessGroup(dist.ProcessGroup):
         """Reduce ``input`` over the ranks and keep this rank's block in ``output`` (torch >=
         2.13's name)."""
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        op = opts.reduceOp
+        op = _op_type(opts.reduceOp)
         reason = self._fallback_reason([output, input], op)
         if reason:
             return self._to_inner("reduce_scatter", reason, [output, input],
@@ -268,7 +274,7 @@ class MscclangProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         ins = [t for lst in input_lists for t in lst]
-        reason = (self._fallback_reason(list(outputs) + ins, opts.reduceOp)
+        reason = (self._fallback_reason(list(outputs) + ins, _op_type(opts.reduceOp))
                   or (None if len(outputs) == 1 else "several tensors"))
         if reason:
             return self._to_inner("reduce_scatter", reason, list(outputs) + ins,

@@ -82,13 +82,14 @@ def _check_ops(rank: int) -> None:
     t = _x(rank, dtype=torch.bfloat16)
     dist.all_reduce(t)
     assert torch.equal(t, sum(_x(r, dtype=torch.bfloat16) for r in range(WORLD)))
+    assert pg._inner == {}   # all ran on the Communicator, none on the inner group
 
 
 def _check_fallback(rank: int) -> None:
     import mscclang.distributed as md
 
     pg = dist.group.WORLD
-    assert not pg._inner   # nothing fell back so far
+    assert pg._inner == {}   # nothing went to the inner group so far
     xs = [_x(r) for r in range(WORLD)]
     t = _x(rank)
     dist.reduce(t, dst=1)
