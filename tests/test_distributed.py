@@ -147,7 +147,7 @@ def _check_errors(rank: int) -> None:
     pg = dist.group.WORLD
     # a bad call raises (sync) ...
     with _raises(InvalidCall):
-        dist.broadcast(_x(rank), src=0, group=None) if False else pg.broadcast([_x(rank)], _bcast(WORLD + 3, False))
+        pg.broadcast([_x(rank)], _bcast(WORLD + 3, False))   # a root outside the group
     # ... or through wait() (async)
     w = pg.broadcast([_x(rank)], _bcast(WORLD + 3, True))
     with _raises(InvalidCall):
