@@ -1,0 +1,413 @@
+"""mscclang as a torch.distributed backend: ``import mscclang.distributed`` registers ``"mscclang"``.
+
+After the import, existing torch code runs on mscclang by naming the backend::
+
+    import mscclang.distributed
+    torch.distributed.init_process_group("mscclang")
+
+Each rank of a group made with this backend holds one :class:`mscclang.Communicator` over the
+group's store. ``all_reduce`` (sum, min, max; avg as a sum then a division), ``all_gather`` (list
+and single tensor), ``reduce_scatter`` (list and single tensor), ``all_to_all_single`` without
+explicit splits, ``broadcast`` (any root), ``barrier`` and ``send``/``recv`` run on the
+Communicator (which itself falls back to torch.distributed where the library has no plan, and
+always on a machine without its GPU runtime). Everything else goes to an inner group of the
+ordinary backend (NCCL for CUDA tensors, gloo for CPU tensors), created on the first such call
+over the same store and logged once per reason (logger ``mscclang.distributed``): ``reduce``,
+``gather``, ``scatter``, list ``all_to_all``, explicit all-to-all splits, reduce ops other than
+sum/min/max/avg, dtypes the Communicator does not run (float64, int64, ...), non-contiguous
+tensors, tensors on another device type than the Communicator's, and tagged send/recv.
+
+Every operation returns a :class:`MscclangWork`; its ``wait()`` orders the caller's current
+stream after the collective and returns True, its ``get_future()`` a completed future of the
+output tensors. Errors of the Communicator (``CollectiveTimeout``, ``CallMismatch``,
+``InvalidCall``) propagate from the call when ``async_op`` is false and from ``wait()`` when it
+is true. ``destroy_process_group()`` closes the Communicator and the inner groups.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from mscclang.comm.communicator import Communicator
+from mscclang.plan.dtypes import find_dtype
+
+__all__ = ["BACKEND_NAME", "MscclangProcessGroup", "MscclangWork", "create_process_group", "register"]
+
+log = logging.getLogger("mscclang.distributed")
+
+#: the name the backend is registered under
+BACKEND_NAME = "mscclang"
+
+_REDUCE = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max"}
+
+
+def _op_type(op: Any) -> Any:
+    """The ``RedOpType`` of torch's ``ReduceOp`` object (options hold the object, whose hash is
+    not the type's)."""
+    return getattr(op, "op", op)
+
+
+@dataclass
+class _Outcome:
+    """What one operation produced: its output tensors, or the error it raised."""
+
+    result: list = field(default_factory=list)
+    error: Optional[BaseException] = None
+    event: Any = None   # a CUDA event recorded after the collective, or None
+
+
+class MscclangWork(dist.Work):
+    """The handle of one operation of :class:`MscclangProcessGroup`. The operation has already
+    been issued on the caller's stream (CPU: it has completed): ``wait()`` makes the current
+    stream wait for it and returns True, or raises the operation's error; ``get_future()``
+    returns a completed future holding the output tensors (or the error)."""
+
+    def __init__(self, outcome: _Outcome) -> None:
+        super().__init__()
+        self._outcome = outcome
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:  # noqa: B008
+        if self._outcome.error is not None:
+            raise self._outcome.error
+        ev = self._outcome.event
+        if ev is not None:
+            torch.cuda.current_stream().wait_event(ev)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        if self._outcome.error is not None:
+            fut.set_exception(self._outcome.error)
+        else:
+            fut.set_result(self._outcome.result)
+        return fut
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return self._outcome.error is None
+
+    def exception(self) -> Optional[BaseException]:
+        return self._outcome.error
+
+
+def _device_for(rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class MscclangProcessGroup(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives run on a :class:`mscclang.Communicator`
+    (see the module docstring for which run there and which go to the inner group). ``store`` is
+    the group's store (torch hands the creator a PrefixStore of the group), ``timeout`` bounds the
+    inner groups' collectives; ``device`` is the Communicator's (default: the current CUDA device,
+    else the CPU)."""
+
+    def __init__(self, store: Any, rank: int, world_size: int,
+                 timeout: datetime.timedelta = datetime.timedelta(minutes=5),  # noqa: B008
+                 device: Any = None) -> None:
+        super().__init__(rank, world_size)
+        self._store = store
+        self._timeout = timeout
+        self._device = torch.device(device) if device is not None else _device_for(rank)
+        self._comm: Optional[Communicator] = Communicator(
+            store=dist.PrefixStore("mscclang/comm/", store), rank=rank, world_size=world_size,
+            device=self._device, runtime_options={"timeout_s": timeout.total_seconds()})
+        self._inner: dict[str, Any] = {}
+        self._logged: set[str] = set()
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def communicator(self) -> Communicator:
+        """This rank's Communicator (:class:`~mscclang.errors.CommError` once shut down)."""
+        if self._comm is None:
+            from mscclang.errors import CommError
+
+            raise CommError(f"rank {self.rank()}: the mscclang process group was destroyed")
+        return self._comm
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return BACKEND_NAME
+
+    def inner_group(self, device_type: str) -> Any:
+        """The inner group for tensors of ``device_type`` (NCCL for ``cuda``, gloo otherwise),
+        made on first use over the same store. Collective: every rank reaches the same first
+        fallback call."""
+        pg = self._inner.get(device_type)
+        if pg is None:
+            prefix = dist.PrefixStore(f"mscclang/inner/{device_type}/", self._store)
+            if device_type == "cuda":
+                opts = dist.ProcessGroupNCCL.Options()
+                opts._timeout = self._timeout
+                pg = dist.ProcessGroupNCCL(prefix, self.rank(), self.size(), opts)
+            else:
+                pg = dist.ProcessGroupGloo(prefix, self.rank(), self.size(), self._timeout)
+            self._inner[device_type] = pg
+        return pg
+
+    def _fallback_reason(self, tensors: list, op: Any = None) -> Optional[str]:
+        """Why these tensors (and reduce op) cannot run on the Communicator, or None."""
+        for t in tensors:
+            if t.device.type != self._device.type:
+                return f"{t.device.type} tensors (the communicator runs on {self._device.type})"
+            info = find_dtype(t.dtype)
+            if info is None or not info.gpu:
+                return f"dtype {t.dtype}"
+            if not t.is_contiguous():
+                return "non-contiguous tensors"
+        if op is not None and op not in _REDUCE and op != dist.ReduceOp.AVG:
+            return f"reduce op {op}"
+        if op == dist.ReduceOp.AVG and tensors and tensors[0].is_floating_point() is False:
+            return "avg of integer tensors"
+        return None
+
+    def _to_inner(self, what: str, reason: str, tensors: list, call: Callable[[Any], Any]) -> Any:
+        key = f"{what}: {reason}"
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning("mscclang rank %d: %s goes to the inner %s group: %s", self.rank(), what,
+                        "nccl" if tensors and tensors[0].device.type == "cuda" else "gloo", reason)
+        dev = tensors[0].device.type if tensors else self._device.type
+        return call(self.inner_group(dev))
+
+    def _run(self, opts: Any, result: list, body: Callable[[], None]) -> MscclangWork:
+        """Run ``body`` now; a failure raises here for a synchronous call, else from wait()."""
+        out = _Outcome(result=result)
+        try:
+            body()
+        except Exception as e:  # noqa: BLE001 - handed to the caller through the Work
+            if not getattr(opts, "asyncOp", True):
+                raise
+            out.error = e
+        if self._device.type == "cuda" and out.error is None:
+            out.event = torch.cuda.Event()
+            out.event.record(torch.cuda.current_stream(self._device))
+        return MscclangWork(out)
+
+    # ------------------------------------------------------------------ all-reduce
+    def allreduce(self, tensors: list, opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        op = _op_type(opts.reduceOp)
+        reason = self._fallback_reason(tensors, op) or (None if len(tensors) == 1 else "several tensors")
+        if reason:
+            return self._to_inner("all_reduce", reason, tensors, lambda g: g.allreduce(tensors, opts))
+        t = tensors[0]
+
+        def body() -> None:
+            if op == dist.ReduceOp.AVG:
+                self.communicator.all_reduce(t.view(-1), "sum")
+                t.div_(self.size())
+            else:
+                self.communicator.all_reduce(t.view(-1), _REDUCE[op])
+        return self._run(opts, tensors, body)
+
+    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Any:
+        works = [self.allreduce([t], _allreduce_opts(opts)) for t in tensors]
+        return _last(works, tensors)
+
+    # ------------------------------------------------------------------ all-gather
+    def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
+        """Gather every rank's ``input`` into ``output`` (torch >= 2.13's name)."""
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        reason = self._fallback_reason([output, input])
+        if reason:
+            return self._to_inner("all_gather", reason, [output, input],
+                                  lambda g: g._allgather_base(output, input, opts))
+        return self._run(opts, [output],
+                         lambda: self.communicator.all_gather(input.reshape(-1), out=output.view(-1)))
+
+    def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
+        return self.all_gather_single(output, input, opts)
+
+    def allgather_into_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _last(works, outputs)
+
+    def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        outs = [t for lst in output_lists for t in lst]
+        reason = self._fallback_reason(outs + list(inputs)) or (None if len(inputs) == 1 else "several tensors")
+        if reason:
+            return self._to_inner("all_gather", reason, outs + list(inputs),
+                                  lambda g: g.allgather(output_lists, inputs, opts))
+        inp = inputs[0]
+
+        def body() -> None:
+            flat = self.communicator.all_gather(inp.reshape(-1))
+            for r, o in enumerate(output_lists[0]):
+                o.view(-1).copy_(flat[r * inp.numel():(r + 1) * inp.numel()])
+        return self._run(opts, output_lists[0], body)
+
+    # ------------------------------------------------------------------ reduce-scatter
+    def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
+        """Reduce ``input`` over the ranks and keep this rank's block in ``output`` (torch >=
+        2.13's name)."""
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        op = _op_type(opts.reduceOp)
+        reason = self._fallback_reason([output, input], op)
+        if reason:
+            return self._to_inner("reduce_scatter", reason, [output, input],
+                                  lambda g: g._reduce_scatter_base(output, input, opts))
+
+        def body() -> None:
+            name = "sum" if op == dist.ReduceOp.AVG else _REDUCE[op]
+            self.communicator.reduce_scatter(input.reshape(-1), name, out=output.view(-1))
+            if op == dist.ReduceOp.AVG:
+                output.div_(self.size())
+        return self._run(opts, [output], body)
+
+    def _reduce_scatter_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
+        return self.reduce_scatter_single(output, input, opts)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _last(works, outputs)
+
+    def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        ins = [t for lst in input_lists for t in lst]
+        reason = (self._fallback_reason(list(outputs) + ins, _op_type(opts.reduceOp))
+                  or (None if len(outputs) == 1 else "several tensors"))
+        if reason:
+            return self._to_inner("reduce_scatter", reason, list(outputs) + ins,
+                                  lambda g: g.reduce_scatter(outputs, input_lists, opts))
+        flat = torch.cat([t.reshape(-1) for t in input_lists[0]])
+        return self.reduce_scatter_single(outputs[0], flat, opts)
+
+    # ------------------------------------------------------------------ all-to-all
+    def all_to_all_single(self, output: Any, input: Any, output_splits: list, input_splits: list,  # noqa: A002
+                          opts: Any = None) -> Any:
+        """Block ``j`` of this rank's ``input`` to block ``r`` of rank ``j``'s ``output``. Explicit
+        splits go to the inner group, even equal ones: whether a rank may use the Communicator
+        must not depend on its own splits, which may be equal on one rank and not another."""
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        reason = self._fallback_reason([output, input]) or ("explicit splits" if output_splits or input_splits
+                                                            else None)
+        if reason:
+            return self._to_inner("all_to_all", reason, [output, input],
+                                  lambda g: g.alltoall_base(output, input, output_splits, input_splits, opts))
+        return self._run(opts, [output],
+                         lambda: self.communicator.all_to_all(input.reshape(-1), out=output.view(-1)))
+
+    def alltoall_base(self, output: Any, input: Any, output_splits: list, input_splits: list,  # noqa: A002
+                      opts: Any = None) -> Any:
+        return self.all_to_all_single(output, input, output_splits, input_splits, opts)
+
+    # ------------------------------------------------------------------ broadcast, barrier, p2p
+    def broadcast(self, tensors: list, opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        reason = self._fallback_reason(tensors) or (None if len(tensors) == 1 else "several tensors")
+        if reason:
+            return self._to_inner("broadcast", reason, tensors, lambda g: g.broadcast(tensors, opts))
+        return self._run(opts, tensors,
+                         lambda: self.communicator.broadcast(tensors[0].view(-1), root=opts.rootRank))
+
+    def barrier(self, opts: Any = None) -> Any:
+        opts = opts if opts is not None else dist.BarrierOptions()
+        token = torch.zeros(1, dtype=torch.float32, device=self._device)
+        return self._run(opts, [], lambda: self.communicator.all_reduce(token, "sum"))
+
+    def send(self, tensors: list, dst: int, tag: int = 0) -> Any:
+        reason = self._fallback_reason(tensors) or (None if len(tensors) == 1 else "several tensors")
+        reason = reason or (f"tag {tag}" if tag else None)
+        if reason:
+            return self._to_inner("send", reason, tensors, lambda g: g.send(tensors, dst, tag))
+        return self._run(None, tensors, lambda: self.communicator.send(tensors[0], dst))
+
+    def recv(self, tensors: list, src: int, tag: int = 0) -> Any:
+        reason = self._fallback_reason(tensors) or (None if len(tensors) == 1 else "several tensors")
+        reason = reason or (f"tag {tag}" if tag else None)
+        if reason:
+            return self._to_inner("recv", reason, tensors, lambda g: g.recv(tensors, src, tag))
+        return self._run(None, tensors, lambda: self.communicator.recv(tensors[0], src))
+
+    # ------------------------------------------------------------------ the inner group's
+    def reduce(self, tensors: list, opts: Any = None) -> Any:
+        return self._to_inner("reduce", "no mscclang reduce", tensors, lambda g: g.reduce(tensors, opts))
+
+    def gather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
+        return self._to_inner("gather", "no mscclang gather", list(inputs),
+                              lambda g: g.gather(output_lists, inputs, opts))
+
+    def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
+        return self._to_inner("scatter", "no mscclang scatter", list(outputs),
+                              lambda g: g.scatter(outputs, input_lists, opts))
+
+    def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Any:
+        return self._to_inner("all_to_all", "a list all_to_all", list(outputs),
+                              lambda g: g.alltoall(outputs, inputs, opts))
+
+    def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
+        return self._to_inner("all_gather_coalesced", "no mscclang coalesced all_gather", list(inputs),
+                              lambda g: g.allgather_coalesced(output_lists, inputs, opts))
+
+    def recv_anysource(self, tensors: list, tag: int = 0) -> Any:
+        return self._to_inner("recv", "receive from any source", tensors,
+                              lambda g: g.recv_anysource(tensors, tag))
+
+    # ------------------------------------------------------------------ teardown
+    def shutdown(self) -> None:
+        """Release the Communicator and the inner groups (``destroy_process_group`` calls it).
+        Idempotent."""
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            comm.close()
+        inner, self._inner = self._inner, {}
+        for pg in inner.values():
+            try:
+                pg.shutdown()
+            except Exception as e:  # noqa: BLE001 - shutdown must return; say what was left behind
+                log.warning("mscclang rank %d: shutting down an inner group: %s: %s", self.rank(),
+                            type(e).__name__, e)
+
+    def abort(self) -> None:
+        """Like :meth:`shutdown` (the Communicator's close never blocks on a peer)."""
+        self.shutdown()
+
+
+def _allreduce_opts(opts: Any) -> Any:
+    one = dist.AllreduceOptions()
+    if opts is not None:
+        one.reduceOp = opts.reduceOp
+        if hasattr(opts, "asyncOp"):
+            one.asyncOp = opts.asyncOp
+    return one
+
+
+def _last(works: list, result: list) -> Any:
+    """One Work for several: wait for all, the future of ``result``."""
+    if len(works) == 1:
+        return works[0]
+    out = _Outcome(result=list(result))
+    try:
+        for w in works:
+            w.wait()
+    except Exception as e:  # noqa: BLE001 - handed to the caller through the Work
+        out.error = e
+    return MscclangWork(out)
+
+
+def create_process_group(store: Any, rank: int, world_size: int, timeout: datetime.timedelta) -> MscclangProcessGroup:
+    """The creator torch calls for ``init_process_group("mscclang")`` and ``new_group(backend=
+    "mscclang")``: a :class:`MscclangProcessGroup` over ``store`` (already the group's
+    PrefixStore)."""
+    return MscclangProcessGroup(store, rank, world_size, timeout)
+
+
+def register() -> None:
+    """Register the ``"mscclang"`` backend with torch.distributed for CPU and CUDA tensors.
+    Idempotent (``import mscclang.distributed`` calls it)."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cuda", "cpu"])
+
+
+register()

@@ -1,0 +1,278 @@
+"""mscclang as a torch.distributed backend (``mscclang.distributed``) on the CPU: two spawned ranks
+over a FileStore run ``init_process_group("mscclang")`` and every mapped torch.distributed call,
+each result checked exactly against the reference computed locally. On a CPU machine the
+Communicator has no GPU runtime, so each of its calls falls back to torch.distributed through its
+own gloo group: what these tests check is the op mapping (which ProcessGroup methods torch calls
+and what they do), the inner-group path (reduce, float64, explicit all-to-all splits), the Work
+semantics (``async_op``, ``get_future``), errors and teardown."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parent.parent
+WORLD = 2
+
+
+def _x(rank: int, n: int = 8, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rank ``rank``'s deterministic input (integers, so every sum is exact)."""
+    return (torch.arange(n, dtype=torch.float64) * (rank + 1) + rank).to(dtype)
+
+
+def _check_ops(rank: int) -> None:
+    import mscclang.distributed as md
+
+    pg = dist.group.WORLD
+    assert isinstance(pg, md.MscclangProcessGroup), type(pg)
+    xs = [_x(r) for r in range(WORLD)]
+    # all_reduce: sum, min, max, avg
+    for op, ref in ((dist.ReduceOp.SUM, sum(xs)), (dist.ReduceOp.MIN, torch.minimum(*xs)),
+                    (dist.ReduceOp.MAX, torch.maximum(*xs)), (dist.ReduceOp.AVG, sum(xs) / WORLD)):
+        t = _x(rank)
+        dist.all_reduce(t, op=op)
+        assert torch.equal(t, ref), (op, t, ref)
+    # all_gather_into_tensor and list all_gather
+    out = torch.empty(8 * WORLD)
+    dist.all_gather_into_tensor(out, _x(rank))
+    assert torch.equal(out, torch.cat(xs))
+    outs = [torch.empty(8) for _ in range(WORLD)]
+    dist.all_gather(outs, _x(rank))
+    assert all(torch.equal(o, x) for o, x in zip(outs, xs))
+    # reduce_scatter_tensor and list reduce_scatter
+    out = torch.empty(8 // WORLD)
+    dist.reduce_scatter_tensor(out, _x(rank))
+    assert torch.equal(out, sum(xs).chunk(WORLD)[rank])
+    out = torch.empty(4)
+    dist.reduce_scatter(out, [_x(rank, 4) + j for j in range(WORLD)])
+    assert torch.equal(out, sum(_x(r, 4) + rank for r in range(WORLD)))
+    # all_to_all_single, equal blocks
+    out = torch.empty(8)
+    dist.all_to_all_single(out, _x(rank))
+    assert torch.equal(out, torch.cat([x.chunk(WORLD)[rank] for x in xs]))
+    # broadcast from each root
+    for root in range(WORLD):
+        t = _x(rank)
+        dist.broadcast(t, src=root)
+        assert torch.equal(t, xs[root])
+    dist.barrier()
+    # send / recv
+    if rank == 0:
+        dist.send(_x(0) + 100, dst=1)
+        t = torch.empty(8)
+        dist.recv(t, src=1)
+        assert torch.equal(t, _x(1) + 200)
+    else:
+        t = torch.empty(8)
+        dist.recv(t, src=0)
+        assert torch.equal(t, _x(0) + 100)
+        dist.send(_x(1) + 200, dst=0)
+    # a bf16 all_reduce (a dtype the Communicator runs)
+    t = _x(rank, dtype=torch.bfloat16)
+    dist.all_reduce(t)
+    assert torch.equal(t, sum(_x(r, dtype=torch.bfloat16) for r in range(WORLD)))
+    assert pg._inner == {}   # all ran on the Communicator, none on the inner group
+
+
+def _check_fallback(rank: int) -> None:
+    import mscclang.distributed as md
+
+    pg = dist.group.WORLD
+    assert pg._inner == {}   # nothing went to the inner group so far
+    xs = [_x(r) for r in range(WORLD)]
+    t = _x(rank)
+    dist.reduce(t, dst=1)
+    if rank == 1:
+        assert torch.equal(t, sum(xs))
+    assert set(pg._inner) == {"cpu"}
+    # float64 runs on the inner group
+    t = _x(rank, dtype=torch.float64)
+    dist.all_reduce(t)
+    assert torch.equal(t, sum(_x(r, dtype=torch.float64) for r in range(WORLD)))
+    # PRODUCT too
+    t = _x(rank) + 1
+    dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
+    assert torch.equal(t, (xs[0] + 1) * (xs[1] + 1))
+    # uneven all_to_all: rank r sends r+1 elements to each peer... sizes agreed across ranks
+    ins = [1, 3] if rank == 0 else [2, 4]     # rank 0 -> 0: 1, 0 -> 1: 3; 1 -> 0: 2, 1 -> 1: 4
+    outs = [1, 2] if rank == 0 else [3, 4]
+    inp = torch.arange(sum(ins), dtype=torch.float32) + 10 * rank
+    out = torch.empty(sum(outs))
+    dist.all_to_all_single(out, inp, output_split_sizes=outs, input_split_sizes=ins)
+    a0, a1 = torch.arange(4.0), torch.arange(6.0) + 10
+    ref = torch.cat([a0[:1], a1[:2]]) if rank == 0 else torch.cat([a0[1:], a1[2:]])
+    assert torch.equal(out, ref)
+    # gather and scatter
+    gl = [torch.empty(8) for _ in range(WORLD)] if rank == 0 else None
+    dist.gather(_x(rank), gl, dst=0)
+    if rank == 0:
+        assert all(torch.equal(g, x) for g, x in zip(gl, xs))
+    t = torch.empty(8)
+    dist.scatter(t, [x + 1 for x in xs] if rank == 0 else None, src=0)
+    assert torch.equal(t, xs[rank] + 1)
+    assert isinstance(pg, md.MscclangProcessGroup)
+
+
+def _check_work(rank: int) -> None:
+    import mscclang.distributed as md
+
+    xs = [_x(r) for r in range(WORLD)]
+    t = _x(rank)
+    w = dist.all_reduce(t, async_op=True)
+    assert isinstance(w, md.MscclangWork)
+    assert w.wait() is True and w.is_completed() and torch.equal(t, sum(xs))
+    fut = w.get_future()
+    assert fut.done() and torch.equal(fut.value()[0], sum(xs))
+    out = torch.empty(8 * WORLD)
+    w = dist.all_gather_into_tensor(out, _x(rank), async_op=True)
+    assert w.wait() is True and torch.equal(w.get_future().wait()[0], torch.cat(xs))
+    w = dist.barrier(async_op=True)
+    assert w.wait() is True
+
+
+def _check_errors(rank: int) -> None:
+    from mscclang.errors import InvalidCall
+
+    pg = dist.group.WORLD
+    # a bad call raises (sync) ...
+    with _raises(InvalidCall):
+        pg.broadcast([_x(rank)], _bcast(WORLD + 3, False))   # a root outside the group
+    # ... or through wait() (async)
+    w = pg.broadcast([_x(rank)], _bcast(WORLD + 3, True))
+    with _raises(InvalidCall):
+        w.wait()
+    fut = w.get_future()
+    with _raises(InvalidCall):
+        fut.wait()
+    # the group still works after the bad calls
+    t = _x(rank)
+    dist.all_reduce(t)
+    assert torch.equal(t, sum(_x(r) for r in range(WORLD)))
+
+
+def _bcast(root: int, async_op: bool) -> dist.BroadcastOptions:
+    o = dist.BroadcastOptions()
+    o.rootRank = root
+    o.rootTensor = 0
+    o.asyncOp = async_op
+    return o
+
+
+class _raises:
+    """``pytest.raises`` for the spawned ranks (no pytest machinery needed there)."""
+
+    def __init__(self, kind: type) -> None:
+        self.kind = kind
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et, e, tb) -> bool:
+        if et is None:
+            raise AssertionError(f"{self.kind.__name__} not raised")
+        return issubclass(et, self.kind)
+
+
+CHECKS: dict[str, Callable[[int], None]] = {"ops": _check_ops, "fallback": _check_fallback,
+                                            "work": _check_work, "errors": _check_errors}
+
+
+def _worker(rank: int, init_file: str, backend: str, checks: list, q) -> None:
+    try:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        import mscclang.distributed  # noqa: F401 - registers the backend
+
+        logging.basicConfig(level=logging.WARNING)
+        store = dist.FileStore(init_file, WORLD)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=WORLD)
+        for name in checks:
+            CHECKS[name](rank)
+        pg = dist.group.WORLD
+        comm = pg.communicator
+        dist.destroy_process_group()
+        assert pg._comm is None and pg._inner == {} and comm.backend is None
+        q.put((rank, "ok"))
+    except BaseException:  # noqa: BLE001 - reported to the test
+        q.put((rank, traceback.format_exc()))
+
+
+def _spawn(tmp_path: Path, backend: str, checks: list, timeout: float = 180) -> None:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    init = str(tmp_path / "store")
+    procs = [ctx.Process(target=_worker, args=(r, init, backend, checks, q)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for _ in range(WORLD):
+            r, res = q.get(timeout=timeout)
+            results[r] = res
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    assert results == {r: "ok" for r in range(WORLD)}, "\n".join(str(v) for v in results.values())
+
+
+def test_mapped_ops(tmp_path):
+    """Every mapped torch.distributed call gives the locally computed result."""
+    _spawn(tmp_path, "mscclang", ["ops"])
+
+
+def test_device_map_spelling(tmp_path):
+    """``"cpu:mscclang"`` (a device map) builds the same group."""
+    _spawn(tmp_path, "cpu:mscclang", ["ops"])
+
+
+def test_inner_group(tmp_path):
+    """reduce, float64, PRODUCT, uneven all_to_all, gather and scatter run on the inner gloo
+    group, made at the first such call."""
+    _spawn(tmp_path, "mscclang", ["fallback"])
+
+
+def test_work_and_errors(tmp_path):
+    """``async_op=True`` returns a completed Work whose future holds the outputs; a bad call
+    raises from the call (sync) or from ``wait()`` (async) and the group keeps working."""
+    _spawn(tmp_path, "mscclang", ["work", "errors"])
+
+
+def test_import_registers_once():
+    import mscclang.distributed as md
+
+    md.register()
+    md.register()
+    assert md.BACKEND_NAME in dist.Backend.backend_list
+    assert dist.Backend.backend_list.count(md.BACKEND_NAME) == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_ddp_example_under_torchrun():
+    """examples/ddp_mscclang.py: 50 DDP steps on mscclang, then on gloo, bit-identical."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-port", str(_free_port()), str(ROOT / "examples" / "ddp_mscclang.py")],
+                       env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in (0, 1):
+        assert f"ddp_mscclang: rank {r}: 50 steps on mscclang and on gloo: parameters bit-identical" in p.stdout
