@@ -499,3 +499,30 @@ def test_a_memo_hit_launches_what_the_engine_bound():
                                                              inplace=True)])
     for seen in results:
         assert seen == ["execute", "bind", "bound", "bound", "execute", "bind"], seen
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_broadcast_from_any_root_runs_a_shipped_plan(n):
+    """Found from outside: broadcast(x, root=1) on 2 ranks always fell back to torch.distributed
+    ("no plan for broadcast ..."): only root-0 plans shipped. Every root has plans now."""
+    from mscclang.comm.catalog import Catalog, default_plans_dir
+    from mscclang.comm.tuning import load_tuning
+
+    folder = default_plans_dir()
+    if folder is None or not (folder / "index.json").is_file():
+        pytest.skip("no plans/ in this checkout")
+
+    def body(comm):
+        seen = []
+        for root in range(n):
+            for numel in (5, 3000, 70_001):
+                t = torch.full((numel,), float(comm.rank + 1))
+                comm.broadcast(t, root=root)
+                assert torch.equal(t, torch.full((numel,), float(root + 1))), (root, numel)
+                seen.append((root, comm.last.mode, comm.last.label()))
+        return seen
+
+    results, world, fb = run_ranks(n, body, catalog=Catalog.from_dir(folder), tuning=load_tuning(), engine="sim")
+    assert fb.calls == []
+    for seen in results:
+        assert all(mode != "nccl" and f"root{root}" in label for root, mode, label in seen), seen

@@ -50,6 +50,14 @@ def _variants(instances: Union[tuple[int, ...], dict[int, tuple[int, ...]]],
                  for n in SHIPPED_RANKS for k in ks(n) for ip in inplace)
 
 
+def _every_root(instances: Union[tuple[int, ...], dict[int, tuple[int, ...]]],
+                inplace: tuple[bool, ...]) -> tuple[Variant, ...]:
+    """:func:`_variants` for every root of every shipped rank count (a rooted collective: a call
+    from any root runs a plan, never the fallback)."""
+    return tuple(Variant(v.ranks, v.instances, None, v.inplace, (("root", r),))
+                 for v in _variants(instances, inplace) for r in range(v.ranks))
+
+
 def _info(name: str, collective: str, protocol: str, buffer_mode: str, inplace_modes: tuple[bool, ...],
           size_range: tuple[int, int], builder, description: str, default_threads: int,
           variants: tuple[Variant, ...], min_ranks: int = 2, port_channels: bool = False) -> AlgorithmInfo:
@@ -189,10 +197,10 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {info.name: info for info in (
           _variants(_by_blocks(_one))),
     _info("broadcast_ll", "broadcast", "LL", "any", BOTH, (0, 1 * MiB), build_broadcast_ll,
           "root packs its input into every peer's scratch", 512,
-          _variants(_by_blocks(_one, (1, 4), LL_BLOCKS), BOTH, (("root", 0),))),
+          _every_root(_by_blocks(_one, (1, 4), LL_BLOCKS), BOTH)),
     _info("broadcast_simple", "broadcast", "Simple", "any", BOTH, _ALL, build_broadcast_simple,
           "root copies into its scratch, peers read it after a data signal", 1024,
-          _variants(_by_blocks(_one), BOTH, (("root", 0),))),
+          _every_root(_by_blocks(_one), BOTH)),
     _info("sendrecv_ll", "sendrecv", "LL", "any", BOTH, (0, 1 * MiB), build_sendrecv_ll,
           "packets into the next rank's scratch", 512, _variants(_by_blocks(_one, (1, 4), LL_BLOCKS))),
     _info("sendrecv_simple", "sendrecv", "Simple", "any", BOTH, _ALL, build_sendrecv_simple,
