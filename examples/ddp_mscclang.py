@@ -23,25 +23,21 @@ import mscclang.distributed  # noqa: F401 - registers the "mscclang" backend
 STEPS = 50
 
 
-def train(backend: str, device: torch.device) -> list:
-    """50 DDP steps of a small MLP on ``backend``; the final parameters."""
-    dist.init_process_group(backend)
-    try:
-        rank = dist.get_rank()
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(device)
-        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-        gen = torch.Generator().manual_seed(1000 + rank)
-        for _ in range(STEPS):
-            x = torch.randn(16, 32, generator=gen).to(device)
-            y = torch.randn(16, 4, generator=gen).to(device)
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(ddp(x), y).backward()
-            opt.step()
-        return [p.detach().clone().cpu() for p in model.parameters()]
-    finally:
-        dist.destroy_process_group()
+def train(group: object, device: torch.device) -> list:
+    """50 DDP steps of a small MLP over ``group``; the final parameters."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).to(device)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, process_group=group)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    for _ in range(STEPS):
+        x = torch.randn(16, 32, generator=gen).to(device)
+        y = torch.randn(16, 4, generator=gen).to(device)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return [p.detach().clone().cpu() for p in model.parameters()]
 
 
 def main() -> int:
@@ -55,8 +51,12 @@ def main() -> int:
     else:
         device = torch.device("cpu")
         reference = "gloo"
-    ours = train("mscclang", device)
-    theirs = train(reference, device)
+    dist.init_process_group("mscclang")   # the one-line switch: everything else is ordinary torch code
+    try:
+        ours = train(dist.group.WORLD, device)
+        theirs = train(dist.new_group(backend=reference), device)
+    finally:
+        dist.destroy_process_group()
     rank = int(os.environ["RANK"])
     same = all(torch.equal(a, b) for a, b in zip(ours, theirs))
     if not same:
