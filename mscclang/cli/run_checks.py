@@ -326,21 +326,35 @@ def compare_with_sim(plan: Plan, inputs: list, out: Any, reduce_op: str, packet_
     return Expected("simulator", exact=want).count_bad(out)
 
 
-def time_eager(w: Any, plan_json: str, nbytes: int, iters: int = 2000, dtype: str = "float16",
-               packet_type: Optional[str] = None, cooperative: bool = False) -> dict:
-    """Back-to-back wall time per eager call from Python (us)."""
+def _timing_tensors(w: Any, plan_json: str, nbytes: int, dtype: str, cooperative: bool, symmetric: bool,
+                    seed: int) -> tuple:
+    """What a timing command runs on: the plan and its input and output tensors (from the
+    communicator when ``symmetric``; the in-place layout for an in-place plan)."""
     import torch
 
     w.executor.cooperative = cooperative
     plan = worker_plan(w, plan_json)
     dt = _dtype(dtype)
     dev = worker_device(w)
-    esize = torch.empty((), dtype=dt).element_size()
-    n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
-    inp = make_input(w.rank, n_in, dt, 3, dev)
-    out = torch.empty(n_out, dtype=dt, device=dev)
+    n_in, n_out = _sizes(plan, nbytes, torch.empty((), dtype=dt).element_size(), w.world_size)
+    if symmetric:
+        inp = w.comm.alloc(n_in, dt)
+        inp.copy_(make_input(w.rank, n_in, dt, seed, dev))
+        out = w.comm.alloc(n_out, dt)
+    else:
+        inp = make_input(w.rank, n_in, dt, seed, dev)
+        out = torch.empty(n_out, dtype=dt, device=dev)
     if plan.inplace:
         inp = inplace_input(plan, out, inp, w.rank)
+    return plan, inp, out
+
+
+def time_eager(w: Any, plan_json: str, nbytes: int, iters: int = 2000, dtype: str = "float16",
+               packet_type: Optional[str] = None, cooperative: bool = False) -> dict:
+    """Back-to-back wall time per eager call from Python (us)."""
+    import torch
+
+    plan, inp, out = _timing_tensors(w, plan_json, nbytes, dtype, cooperative, False, 3)
     ex = w.executor
     for _ in range(50):
         ex.execute(plan, inp, out, packet_type=packet_type)
@@ -364,21 +378,8 @@ def time_graph(w: Any, plan_json: str, nbytes: int, per_graph: int = 100, replay
     bytes per launch (``algbw_gbs``)."""
     import torch
 
-    w.executor.cooperative = cooperative
-    plan = worker_plan(w, plan_json)
-    dt = _dtype(dtype)
+    plan, inp, out = _timing_tensors(w, plan_json, nbytes, dtype, cooperative, symmetric, 4)
     dev = worker_device(w)
-    esize = torch.empty((), dtype=dt).element_size()
-    n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
-    if symmetric:
-        inp = w.comm.alloc(n_in, dt)
-        inp.copy_(make_input(w.rank, n_in, dt, 4, dev))
-        out = w.comm.alloc(n_out, dt)
-    else:
-        inp = make_input(w.rank, n_in, dt, 4, dev)
-        out = torch.empty(n_out, dtype=dt, device=dev)
-    if plan.inplace:
-        inp = inplace_input(plan, out, inp, w.rank)
     ex = w.executor
     ex.prepare(plan, inp, out, packet_type=packet_type)
     s = torch.cuda.Stream(device=dev)
@@ -403,6 +404,6 @@ def time_graph(w: Any, plan_json: str, nbytes: int, per_graph: int = 100, replay
     times.sort()
     med = times[len(times) // 2]
     return {"rank": w.rank, "us_per_launch": round(med, 3), "min_us": round(times[0], 3),
-            "algbw_gbs": round(n_in * esize / (med * 1e3), 2), "kernel": ex.last_kernel}
+            "algbw_gbs": round(inp.numel() * inp.element_size() / (med * 1e3), 2), "kernel": ex.last_kernel}
 
 

@@ -232,19 +232,13 @@ def graph_ordinary(w: Any, colls=("all_reduce", "all_gather", "reduce_scatter", 
 
 def _time_calls(fn: Any, iters: int) -> float:
     """Microseconds per call of ``fn`` (eager), median of 3 runs of ``iters`` calls."""
-    import torch
+    from mscclang.bench.worker import timed_blocks
 
-    times = []
-    for _ in range(3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        a.record()
+    def calls() -> None:
         for _ in range(iters):
             fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / iters)
-    return sorted(times)[1]
+
+    return sorted(timed_blocks(calls, iters, 3, lambda: None))[1]
 
 
 def _time_graph(comm: Any, body: Any, per_graph: int, replays: int, session: bool) -> float:
