@@ -246,6 +246,11 @@ class Settings:
         "MSCCLANG_STAGING_CAP_BYTES", 1 << 62,
         "staging kept between calls; a call that needs more gets staging of its own, released after it",
         default_doc="no cap (designed: 128 MiB)", error=InvalidCall)
+    staging_min_bytes = EnvBytes(
+        "MSCCLANG_STAGING_MIN_BYTES", 32 << 20,
+        "the GPU collective API's staging is allocated at least this large (at most the cap), so new "
+        "message sizes up to it reuse it with no collective allocation; above it, staging grows in powers of two",
+        error=InvalidCall)
     max_registrations = EnvInt(
         "MSCCLANG_MAX_REGISTRATIONS", 64,
         "registrations kept; beyond, the least recently used is dropped (alike on every rank)",

@@ -535,10 +535,11 @@ def test_launch_entries_are_bounded_and_prepared_ones_are_kept(fcu, monkeypatch)
     assert EntryKey(sizes[-1], sizes[-1], torch.float16, "ll16", "sum") in lp.fast
 
 
-def test_the_collective_apis_staging_is_symmetric_to_the_plans_that_run_on_it(fcu):
+def test_the_collective_apis_staging_is_symmetric_to_the_plans_that_run_on_it(fcu, monkeypatch):
     """Found on a GPU: the collective API's padded staging came from the runtime's pool marked
     internal, so a zero-copy plan staged it a second time (another copy and another collective
     allocation at every growth). It is symmetric to the plans; a plan's own staging is internal."""
+    monkeypatch.setenv("MSCCLANG_STAGING_MIN_BYTES", "0")   # growth from the first size on
     cl, comms, exs, cap = _setup(1, fcu)
     ex = exs[0]
     sa, replaced = ex.staging.buffer("io", 1000)
@@ -550,6 +551,31 @@ def test_the_collective_apis_staging_is_symmetric_to_the_plans_that_run_on_it(fc
     lp = _lp(stub_plan("allreduce", 1, name="zc1", symmetric=True))
     si, so = ex.staging.get(lp, 1000, 1000)
     assert si.internal and so.internal
+
+
+def test_the_collective_apis_staging_starts_at_the_floor_so_new_sizes_below_it_allocate_nothing(fcu, monkeypatch):
+    """Measured on one GPU: a stream of growing sizes (1.5x apart) allocated staging, a collective
+    step with a store exchange, at every other new size. The collective API's staging now starts at
+    MSCCLANG_STAGING_MIN_BYTES (at most the cap): every size below it reuses the first buffer;
+    above it, growth is in powers of two. A plan's own staging has no floor."""
+    monkeypatch.setenv("MSCCLANG_STAGING_MIN_BYTES", "1M")
+    cl, comms, exs, cap = _setup(1, fcu)
+    ex = exs[0]
+    first, _ = ex.staging.buffer("io", 1000)
+    assert first.size == MiB
+    for n in (1500, 2250, 100_000, MiB):
+        got, replaced = ex.staging.buffer("io", n)
+        assert got is first and not replaced
+    grown, replaced = ex.staging.buffer("io", MiB + 1)
+    assert grown.size == 2 * MiB and replaced and comms[0].released == [first]
+    lp = _lp(stub_plan("allreduce", 1, name="zc1", symmetric=True))
+    si, so = ex.staging.get(lp, 1000, 1000)
+    assert (si.size, so.size) == (1024, 1024)
+    # the floor never exceeds the cap
+    monkeypatch.setenv("MSCCLANG_STAGING_CAP_BYTES", "64K")
+    cl, comms, exs, cap = _setup(1, fcu)
+    assert exs[0].staging.floor == 64 << 10
+    assert exs[0].staging.buffer("io", 1000)[0].size == 64 << 10
 
 
 def test_a_bound_call_launches_without_resolving_again_until_an_entry_changes(fcu, monkeypatch):

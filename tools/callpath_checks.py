@@ -20,6 +20,12 @@ Subcommands (each writes one JSON line of results to stdout, and to ``--out FILE
   the device synchronisation, the slower rank), each result checked; one untimed call of another
   size first absorbs the process's one-time start-up. The same measurement as ``mscclang bench
   --first-calls``, through the public API only, so it also runs against an older mscclang.
+  ``--profile N``: rank 0 also runs the first calls and the second calls under ``cProfile`` and
+  reports the N functions of each with the most time of their own and the N functions of
+  mscclang with the most cumulative time (``profile_first``, ``profile_second``): where a new
+  size's host work goes; ``--profile-skip K`` leaves the first K sizes out (a plan's first call
+  sets the plan up). ``stream --profile N`` does the same for
+  the whole stream (``profile``).
 * ``abort --mode graph|eager|hung --runs 3`` (CUDA only, 2 GPUs): rank 0 replays a captured CUDA
   graph of a 1,000-element bf16 all_reduce on a symmetric tensor (``comm.empty``), synchronising
   every 10 replays; its peer stops after 20 replays (graph, eager: the process exits; hung: it
@@ -146,9 +152,48 @@ class Rank:
                 "specialize": os.environ.get("MSCCLANG_SPECIALIZE", "(default)")}
 
 
-def stream(r: Rank, calls: int, seed: int) -> dict:
+class Profile:
+    """cProfile around chosen calls of rank 0 (nothing elsewhere, or when ``top`` is 0)."""
+
+    def __init__(self, top: int, rank: int) -> None:
+        import cProfile
+
+        self.top = top
+        self.prof = cProfile.Profile() if top > 0 and rank == 0 else None
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        if self.prof is None:
+            return fn()
+        self.prof.enable()
+        try:
+            return fn()
+        finally:
+            self.prof.disable()
+
+    def report(self) -> list[str]:
+        """The ``top`` functions by own time, then the ``top`` functions of mscclang by
+        cumulative time: 'tottime_ms cumtime_ms calls file:line(name)'."""
+        if self.prof is None:
+            return []
+        import pstats
+
+        st = pstats.Stats(self.prof)
+        items = list(st.stats.items())   # type: ignore[attr-defined]
+        own = sorted(items, key=lambda kv: -kv[1][2])[: self.top]
+        cum = sorted((kv for kv in items if "/mscclang/" in kv[0][0]), key=lambda kv: -kv[1][3])[: self.top]
+        out = []
+        for title, rows in (("by own time", own), ("mscclang by cumulative time", cum)):
+            out.append(f"-- {title}: own_ms cum_ms calls where")
+            for (fname, line, name), (_cc, nc, tt, ct, _callers) in rows:
+                where = "/".join(fname.split("/")[-2:])
+                out.append(f"{tt * 1e3:9.2f} {ct * 1e3:9.2f} {nc:7d} {where}:{line}({name})")
+        return out
+
+
+def stream(r: Rank, calls: int, seed: int, profile: int = 0) -> dict:
     """See the module docstring."""
     rng = random.Random(seed)
+    prof = Profile(profile, r.rank)
     res = r.base("stream")
     mism: list[str] = []
     by_coll = {c: 0 for c in COLLS}
@@ -158,7 +203,7 @@ def stream(r: Rank, calls: int, seed: int) -> dict:
     for i in range(calls):
         coll, dname = rng.choice(COLLS), rng.choice(DTYPES)
         numel = max(1, int(math.exp(rng.uniform(0.0, math.log(MAX_NUMEL)))))
-        dt, ok, plan = r.checked_call(coll, numel, _torch_dtype(dname), seed * 1_000_003 + i)
+        dt, ok, plan = prof.call(lambda: r.checked_call(coll, numel, _torch_dtype(dname), seed * 1_000_003 + i))
         call_s += dt
         by_coll[coll] += 1
         fallback += plan == "nccl"
@@ -167,6 +212,8 @@ def stream(r: Rank, calls: int, seed: int) -> dict:
     res.update(seed=seed, calls=calls, total_s=round(time.perf_counter() - t0, 3), call_s=round(call_s, 3),
                mismatches=len(mism), first_mismatches=mism[:10], calls_by_collective=by_coll,
                fallback_calls=fallback)
+    if prof.prof is not None:
+        res["profile"] = prof.report()
     return res
 
 
@@ -199,11 +246,13 @@ FIRST_SIZES = (49_164, 278_596, 475_252, 704_240, 1_043_560, 1_546_368, 2_291_44
                7_455_876, 11_048_288, 16_371_612)
 
 
-def first_calls(r: Rank, sizes: list[int], seed: int) -> dict:
+def first_calls(r: Rank, sizes: list[int], seed: int, profile: int = 0, profile_skip: int = 0) -> dict:
     """See the module docstring."""
     import torch
     import torch.distributed as dist
 
+    profs = [Profile(profile, r.rank), Profile(profile, r.rank)]
+    plain = Profile(0, r.rank)
     r.checked_call("all_reduce", 4096, torch.bfloat16, seed)   # one-time start-up, not timed
     rows = []
     mism = 0
@@ -211,7 +260,8 @@ def first_calls(r: Rank, sizes: list[int], seed: int) -> dict:
         numel = max(1, nbytes // 2)
         times = []
         for k in range(2):
-            dt, ok, plan = r.checked_call("all_reduce", numel, torch.bfloat16, seed * 1_000_003 + 2 * i + k)
+            dt, ok, plan = (profs[k] if i >= profile_skip else plain).call(
+                lambda: r.checked_call("all_reduce", numel, torch.bfloat16, seed * 1_000_003 + 2 * i + k))
             t = torch.tensor([dt], dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)   # the slower rank
             times.append(float(t.item()))
@@ -220,6 +270,8 @@ def first_calls(r: Rank, sizes: list[int], seed: int) -> dict:
                      "ratio": round(times[0] / times[1], 2) if times[1] > 0 else None, "plan": plan})
     res = r.base("first")
     res.update(rows=rows, mismatches=mism)
+    if profs[0].prof is not None:
+        res.update(profile_first=profs[0].report(), profile_second=profs[1].report())
     return res
 
 
@@ -352,9 +404,9 @@ def rank_main(args: argparse.Namespace) -> tuple[Optional[dict], int]:
     init_group(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
     r = Rank()
     if args.cmd == "stream":
-        res = stream(r, args.calls, args.seed)
+        res = stream(r, args.calls, args.seed, args.profile)
     elif args.cmd == "first":
-        res = first_calls(r, args.sizes, args.seed)
+        res = first_calls(r, args.sizes, args.seed, args.profile, args.profile_skip)
     else:
         res = memory(r, args.sizes, args.seed)
     r.sync()
@@ -429,6 +481,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--specialize", choices=("default", "never"), default="default",
                    help="never: MSCCLANG_SPECIALIZE=never (interpreter kernel only)")
+    s.add_argument("--profile", type=int, default=0, metavar="N", help="rank 0 under cProfile: the top N functions")
     m = sub.add_parser("memory", help="distinct all_reduce sizes, then comm.memory()")
     m.add_argument("--sizes", type=int, default=10000)
     m.add_argument("--seed", type=int, default=1)
@@ -436,6 +489,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     f.add_argument("--sizes", type=lambda t: [int(x) for x in t.split(",") if x], default=list(FIRST_SIZES),
                    help="comma list of byte counts (even: bf16 elements)")
     f.add_argument("--seed", type=int, default=1)
+    f.add_argument("--profile", type=int, default=0, metavar="N", help="rank 0 under cProfile: the top N functions")
+    f.add_argument("--profile-skip", type=int, default=0, metavar="K",
+                   help="profile from the K-th size on (the sizes before set a plan up)")
     a = sub.add_parser("abort", help="a peer stops mid-stream (CUDA only, 2 GPUs)")
     a.add_argument("--mode", choices=("graph", "eager", "hung"), default="graph")
     a.add_argument("--runs", type=int, default=3)

@@ -21,12 +21,12 @@ import functools
 
 import struct as _struct
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from mscclang.errors import PlanError
 from mscclang.plan.layout import Layout, Piece, make_layout, pipeline_iterations, scratch_bytes_needed
 from mscclang.plan.models import (
-    SWITCH_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, Plan, ThreadBlock,
+    SWITCH_OPS, BufferKind, BufferRef, ChannelOrdinal, ChannelType, Op, OpName, Plan, ThreadBlock,
 )
 from mscclang.runtime.ports import (
     PortPacker, PortScript, check_port_plan, is_port_op, pair_slots, port_inbound_slots,
@@ -191,9 +191,36 @@ class SyncLayout:
 
 
 def sync_layout(plan: Plan, rank: int) -> SyncLayout:
+    """The sync-area layout of ``rank`` (the runtime reads it from :func:`rank_tables`, computed
+    once per loaded plan)."""
+    return rank_tables(plan, rank).sync
+
+
+@dataclass(frozen=True)
+class RankTables:
+    """The size-free channel tables of one rank of a plan: its memory and port channels' (peer,
+    ordinal) in global index order (:meth:`~mscclang.plan.models.Plan.channel_ordinals`), the
+    slot of each inbound counter keyed by (peer, ordinal) (:func:`inbound_slots`,
+    :func:`~mscclang.runtime.ports.port_inbound_slots`), and its sync-area layout. No message size
+    changes them, so the runtime computes them once per loaded plan and rank
+    (``LoadedPlan.table``) instead of at every device plan."""
+
+    memory: tuple[ChannelOrdinal, ...]
+    port: tuple[ChannelOrdinal, ...]
+    memory_slots: dict[tuple[int, int], int]
+    port_slots: dict[tuple[int, int], int]
+    sync: SyncLayout
+
+
+def rank_tables(plan: Plan, rank: int) -> RankTables:
+    """:class:`RankTables` of ``rank`` (computed from the plan; cache it per plan)."""
     g = plan.gpus[rank]
-    return SyncLayout(len(inbound_slots(plan, rank)), len(g.peers(ChannelType.memory)), len(g.semaphores),
-                      len(port_inbound_slots(plan, rank)), len(g.peers(ChannelType.port)))
+    ms = inbound_slots(plan, rank)
+    ps = port_inbound_slots(plan, rank)
+    sync = SyncLayout(len(ms), len(g.peers(ChannelType.memory)), len(g.semaphores), len(ps),
+                      len(g.peers(ChannelType.port)))
+    return RankTables(tuple(plan.channel_ordinals(rank, ChannelType.memory)),
+                      tuple(plan.channel_ordinals(rank, ChannelType.port)), ms, ps, sync)
 
 
 def peers_of(plan: Plan, rank: int) -> list[int]:
@@ -297,10 +324,32 @@ class PackedRank:
     port: Optional[PortScript] = None   # the proxy's work (port channels only)
 
 
+_STEP_BYTES, _STEP_DATA, _STEP_PIPE, _STEP_PORT = 0, 1, 2, 3
+
+
 #: ops whose device records are the same at every message size (memory-channel sync and
 #: semaphores; port-channel ops are not: the proxy's script is built with them)
 _SIZE_FREE_OPS = frozenset({OpName.nop, OpName.barrier, OpName.signal, OpName.rlxsignal, OpName.wait,
                             OpName.rlxwait, OpName.sem_acquire, OpName.sem_release})
+
+
+@dataclass(frozen=True)
+class _DataOp:
+    """The size-free part of one data record: where it comes from, its operands' u16
+    descriptors, kinds and references, which operands are packets, whether its destination
+    slots are written whole (packet writes), and its thread-block group."""
+
+    index: int
+    where: str
+    tb: int
+    descs: tuple[int, ...]
+    kinds: tuple[BufferKind, ...]
+    refs: tuple[BufferRef, ...]
+    packets: tuple[bool, ...]
+    n_src: int
+    whole_slots: bool
+    reads_packets: bool
+    tbg: tuple[int, int]
 
 
 class _Packer:
@@ -382,36 +431,41 @@ class _Packer:
         return out
 
     # records ----------------------------------------------------------------------------------
-    def data_record(self, op: Op, tb: ThreadBlock, index: int, where: str, srcs: Sequence[BufferRef],
-                    src_packet: Sequence[bool], dsts: Sequence[BufferRef], dst_packet: Sequence[bool],
-                    extend: bool = False) -> DevRecord:
+    def data_op(self, op: Op, tb: ThreadBlock, index: int, where: str, srcs: Sequence[BufferRef],
+                src_packet: Sequence[bool], dsts: Sequence[BufferRef], dst_packet: Sequence[bool],
+                extend: bool = False) -> "_DataOp":
+        """The size-free part of one data record (operand descriptors and kinds)."""
         descs: list[int] = []
         kinds: list[BufferKind] = []
-        for r, pk in zip(list(srcs) + list(dsts), list(src_packet) + list(dst_packet)):
+        packets = list(src_packet) + list(dst_packet)
+        refs = list(srcs) + list(dsts)
+        for r, pk in zip(refs, packets):
             d, k = self.operand(r, op, tb, where, pk)
             descs.append(d)
             kinds.append(k)
-        if extend or any(dst_packet):
-            raw = self.pack_pieces(kinds, list(srcs) + list(dsts), where)
+        tbg = (op.tbg_info.tb_id, op.tbg_info.tbg_size) if op.tbg_info is not None else (0, 1)
+        return _DataOp(index, where, tb.id, tuple(descs), tuple(kinds), tuple(refs), tuple(packets), len(srcs),
+                       extend or any(dst_packet), any(src_packet), tbg)
+
+    def data_record(self, d: "_DataOp") -> DevRecord:
+        """The data record of ``d`` at this packer's message size."""
+        if d.whole_slots:
+            raw = self.pack_pieces(d.kinds, d.refs, d.where)
         else:
-            raw = [(p.length, p.length, p.offsets) for p in self.pieces(kinds, list(srcs) + list(dsts), where)]
+            raw = [(p.length, p.length, p.offsets) for p in self.pieces(d.kinds, d.refs, d.where)]
         if len(raw) > 65535:
-            raise PlanError(f"rank {self.rank} thread block {tb.id} op {index}: {len(raw)} pieces, more than "
-                            "the kernel's 65535", where)
-        any_packet = any(src_packet) or any(dst_packet)
-        if any_packet:
+            raise PlanError(f"rank {self.rank} thread block {d.tb} op {d.index}: {len(raw)} pieces, more than "
+                            "the kernel's 65535", d.where)
+        if any(d.packets):
             self.uses_packets = True
             for _, _, offs in raw:
-                for o, pk in zip(offs, list(src_packet) + list(dst_packet)):
+                for o, pk in zip(offs, d.packets):
                     if pk:
                         while self.packet_align > 1 and o % self.packet_align:
                             self.packet_align //= 2
-        rec = DevRecord(DOP_DATA, index, descs, len(srcs), pieces=raw,
-                        flags=FLAG_READS_PACKETS if any(src_packet) else 0,
-                        total=sum(p[0] for p in raw), tbg_unit=self.unit)
-        if op.tbg_info is not None:
-            rec.tbg = (op.tbg_info.tb_id, op.tbg_info.tbg_size)
-        return rec
+        return DevRecord(DOP_DATA, d.index, list(d.descs), d.n_src, pieces=raw,
+                         flags=FLAG_READS_PACKETS if d.reads_packets else 0,
+                         total=sum(p[0] for p in raw), tbg=d.tbg, tbg_unit=self.unit)
 
     def _port_rec(self, kind: int, index: int, ids: list[int], flags: int, aux0: int, aux1: int) -> DevRecord:
         return DevRecord(kind, index, ids=ids, flags=flags, aux0=aux0, aux1=aux1)
@@ -445,7 +499,6 @@ class _Packer:
 
     def records(self, op: Op, tb: ThreadBlock, index: int, where: str) -> list[DevRecord]:
         n = op.name
-        S, D = op.src_buff, op.dst_buff
         if is_port_op(op):
             return self.port_records(op, tb, index, where)
         if n == OpName.nop:
@@ -460,47 +513,88 @@ class _Packer:
         if n in (OpName.sem_acquire, OpName.sem_release):
             kind = DOP_SEM_ACQUIRE if n == OpName.sem_acquire else DOP_SEM_RELEASE
             return [DevRecord(kind, index, ids=list(op.semaphore_ids))]
+        return [self.data_record(d) for d in self.data_ops(op, tb, index, where)]
+
+    def data_ops(self, op: Op, tb: ThreadBlock, index: int, where: str) -> list["_DataOp"]:
+        """The size-free parts of a data op's records (one per source/destination pair, or one)."""
+        n = op.name
+        S, D = op.src_buff, op.dst_buff
         if n in (OpName.put, OpName.get, OpName.copy):
             if len(S) != len(D) or not S:
                 raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({n.value}) needs as many "
                                 "sources as destinations", where)
-            return [self.data_record(op, tb, index, where, [s], [False], [d], [False]) for s, d in zip(S, D)]
+            return [self.data_op(op, tb, index, where, [s], [False], [d], [False]) for s, d in zip(S, D)]
         if n in (OpName.cpkt, OpName.ppkt):
             if len(S) != len(D) or not S:
                 raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({n.value}) needs as many "
                                 "sources as destinations", where)
-            return [self.data_record(op, tb, index, where, [s], [False], [d], [True], extend=True)
+            return [self.data_op(op, tb, index, where, [s], [False], [d], [True], extend=True)
                     for s, d in zip(S, D)]
         if n == OpName.upkt:
             if len(S) != len(D) or not S:
                 raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} (upkt) needs as many "
                                 "sources as destinations", where)
-            return [self.data_record(op, tb, index, where, [s], [True], [d], [False]) for s, d in zip(S, D)]
+            return [self.data_op(op, tb, index, where, [s], [True], [d], [False]) for s, d in zip(S, D)]
         if n == OpName.rppkt:
             if len(S) != 1 or not D:
                 raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} (rppkt) needs one source "
                                 "and at least one destination", where)
-            return [self.data_record(op, tb, index, where, S, [True], D, [True] * len(D))]
+            return [self.data_op(op, tb, index, where, S, [True], D, [True] * len(D))]
         if n in (OpName.re, OpName.res, OpName.rre, OpName.rres):
             if not S or not D:
                 raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({n.value}) needs sources "
                                 "and a destination", where)
-            return [self.data_record(op, tb, index, where, S, [False] * len(S), D, [False] * len(D))]
+            return [self.data_op(op, tb, index, where, S, [False] * len(S), D, [False] * len(D))]
         if n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt):
             if not S or not D:
                 raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({n.value}) needs sources "
                                 "and a destination", where)
             src_pk = [False] + [True] * (len(S) - 1)
             dst_pk = [False] + [True] * (len(D) - 1)
-            return [self.data_record(op, tb, index, where, S, src_pk, D, dst_pk)]
+            return [self.data_op(op, tb, index, where, S, src_pk, D, dst_pk)]
         raise PlanError(f"rank {self.rank} thread block {tb.id} op {index}: op {n.value!r} is not supported "
                         "by the GPU executor", where)
 
+    def steps(self, tb: ThreadBlock) -> list[tuple[int, int, Any]]:
+        """The block's ops as (what, op index, payload), made once per (plan, rank) and kept in
+        ``static``: ``_STEP_BYTES`` (signals, waits, barriers, semaphores: their packed records and
+        how many, which no size changes), ``_STEP_DATA`` (data ops: their size-free :class:`_DataOp`),
+        ``_STEP_PIPE`` and ``_STEP_PORT`` (the op, packed anew at every size)."""
+        got = self.static.get(tb.id)
+        if got is not None:
+            return got
+        out: list[tuple[int, int, Any]] = []
+        for i, op in enumerate(tb.ops):
+            if op.name == OpName.pipeline:
+                out.append((_STEP_PIPE, i, op))
+            elif is_port_op(op):
+                out.append((_STEP_PORT, i, op))
+            elif op.name in _SIZE_FREE_OPS:
+                got = [r.pack() for r in self.records(op, tb, i, _where(self.rank, tb.id, i))]
+                out.append((_STEP_BYTES, i, (b"".join(got), len(got))))
+            else:
+                out.append((_STEP_DATA, i, self.data_ops(op, tb, i, _where(self.rank, tb.id, i))))
+        self.static[tb.id] = out
+        return out
+
     def block(self, tb: ThreadBlock) -> BlockPlan:
         recs: list[bytes] = []
-        for i, op in enumerate(tb.ops):
-            where = _where(self.rank, tb.id, i)
-            if op.name == OpName.pipeline:
+        n_recs = 0
+        for what, i, payload in self.steps(tb):
+            if what == _STEP_BYTES:
+                recs.append(payload[0])
+                n_recs += payload[1]
+            elif what == _STEP_DATA:
+                for d in payload:
+                    recs.append(self.data_record(d).pack())
+                n_recs += len(payload)
+            elif what == _STEP_PORT:
+                got = [r.pack() for r in self.port_records(payload, tb, i, _where(self.rank, tb.id, i))]
+                recs += got
+                n_recs += len(got)
+            else:
+                op = payload
+                where = _where(self.rank, tb.id, i)
                 inner: list[DevRecord] = []
                 self.port.begin_pipeline()
                 for j, o in enumerate(op.ops or []):
@@ -520,25 +614,19 @@ class _Packer:
                 self.port.end_pipeline(iters, ic.unit_size)
                 recs.append(DevRecord(DOP_PIPELINE, i, total=ic.unit_size, aux0=len(inner), aux1=iters).pack())
                 recs += [r.pack() for r in inner]
-            elif op.name in _SIZE_FREE_OPS and not is_port_op(op):
-                # signals, waits, barriers, semaphores: their records do not depend on the size
-                got = self.static.get((tb.id, i))
-                if got is None:
-                    got = self.static[(tb.id, i)] = [r.pack() for r in self.records(op, tb, i, where)]
-                recs += got
-            else:
-                recs += [r.pack() for r in self.records(op, tb, i, where)]
+                n_recs += 1 + len(inner)
         finals = [r.pack() for r in self.port.finals(tb, self._port_rec)]
         recs += finals
+        n_recs += len(finals)
         body = b"".join(recs)
-        head = BLOCK_HEADER.pack(n_ops=len(recs), bytes=BLOCK_HEADER.size + len(body), n_finals=len(finals))
+        head = BLOCK_HEADER.pack(n_ops=n_recs, bytes=BLOCK_HEADER.size + len(body), n_finals=len(finals))
         region = head + body
         region += b"\0" * (-len(region) % 16)
         if len(region) > MAX_BLOCK_BYTES:
             raise PlanError(f"rank {self.rank} thread block {tb.id}: its device plan takes {len(region)} bytes "
                             f"at this size, more than the {MAX_BLOCK_BYTES} bytes of shared memory the kernel "
                             "uses", f"gpus[{self.rank}].threadblocks[{tb.id}]")
-        return BlockPlan(region, len(recs))
+        return BlockPlan(region, n_recs)
 
 
 def pack_blocks(plan: Plan, rank: int, input_bytes: int, output_bytes: int,

@@ -31,10 +31,9 @@ from mscclang.config import settings
 from mscclang.errors import NotPrepared, PlanError
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.contexts import ContextPool, drop_device_plans
-from mscclang.runtime.device_plan import SYNC_ABORT_OFF, pack_blocks, sync_layout
+from mscclang.runtime.device_plan import SYNC_ABORT_OFF, pack_blocks
 from mscclang.runtime.kernels import SPEC_ERRORS, KernelCache, unsupported
-from mscclang.plan.models import ChannelType
-from mscclang.runtime.ports import PortScript, port_inbound_slots
+from mscclang.runtime.ports import PortScript
 from mscclang.runtime.proxy import Incoming, PortLaunch
 from mscclang.runtime.spec_build import pack_args, spec_hot_calls, when
 from mscclang.runtime.spec_source import generate
@@ -261,12 +260,12 @@ class Entries:
         ctx = lp.ctx
         script = dp.packed.port
         incoming: list[Incoming] = []
-        pin = port_inbound_slots(plan, r)
+        pin = lp.table(r).port_slots
         for g in plan.gpus:
             if g.id == r or self.topology.same_node(g.id, r):
                 continue
             theirs = None
-            for kq, c in enumerate(plan.channel_ordinals(g.id, ChannelType.port)):
+            for kq, c in enumerate(lp.table(g.id).port):
                 if c.peer != r:
                     continue
                 o = c.ordinal
@@ -285,11 +284,11 @@ class Entries:
             remote_base.append(dp.addr.remote[j][0] if self.topology.same_node(r, rb.rank) else None)
         peer_inbound: list[Optional[int]] = []
         comms: list = []
-        for k, c in enumerate(plan.channel_ordinals(r, ChannelType.port)):
+        for k, c in enumerate(lp.table(r).port):
             q, o = c.peer, c.ordinal
             if self.topology.same_node(r, q):
-                peer_inbound.append(ctx.peer_sync[q] + sync_layout(plan, q).port_inbound
-                                    + 8 * port_inbound_slots(plan, q)[(r, o)])
+                tq = lp.table(q)
+                peer_inbound.append(ctx.peer_sync[q] + tq.sync.port_inbound + 8 * tq.port_slots[(r, o)])
                 comms.append(None)
             else:
                 peer_inbound.append(None)

@@ -104,7 +104,8 @@ class Executor:
         # staging is symmetric to the plans that run on it (reported as staging)
         alloc = lambda n, api: (comm._sym_alloc(n, label="staging") if api  # noqa: E731
                                 else comm._sym_alloc(n, internal=True))
-        self.staging = StagingPool(alloc, self._release, comm.barrier, staging_cap_bytes(), capturing, comm.rank)
+        self.staging = StagingPool(alloc, self._release, comm.barrier, staging_cap_bytes(), capturing, comm.rank,
+                                   floor=settings.staging_min_bytes)
         self.capture = CaptureGlue(comm, self._forget, capturing, capturing_now, abort.dev, self._check_tensor)
         self.entries = Entries(comm, self.kernels, self.contexts, self.staging, self.capture, self.topology,
                                self._engine, self._proxy, lambda: self.specialize, capturing, capturing_now)

@@ -3,7 +3,9 @@ symmetric nor registered.
 
 One policy: up to the cap (``MSCCLANG_STAGING_CAP_BYTES``, read once) a plan's staging is kept
 between calls and grown by size only, in powers of two (at most to the cap), so a stream of new
-sizes allocates (a collective step) only logarithmically often; an outgrown buffer is released
+sizes allocates (a collective step) only logarithmically often; the collective API's staging
+starts at a floor (``MSCCLANG_STAGING_MIN_BYTES`` on the GPU, default 32 MiB), so new sizes up to
+it never allocate after the first staged call; an outgrown buffer is released
 unless a captured graph or a prepared call uses it (then it stays until close). A call above the
 cap gets staging of its own, released once its work is done, or kept when prepared. In-place
 plans stage input and output in one buffer. Every decision depends only on the call's sizes,
@@ -27,17 +29,20 @@ class StagingPool:
     """The staging of one engine (the GPU runtime, or a CPU back end of the collective API).
     ``alloc(nbytes, api)`` makes a buffer collectively (an object with ``size``, ``pinned``,
     ``temp`` and ``index``; ``api``: for the collective API's padded staging, which the engine's
-    zero-copy plans run on directly, rather than for a plan's own staging); ``free(buffers, why)`` releases buffers collectively once every rank's work on
-    them is done (and drops what the engine built on them); ``barrier(tag)`` meets the other
-    ranks; ``cap``: bytes kept between calls; ``capturing``: whether the caller captures a CUDA
-    graph (no allocation then); ``rank`` names this rank in messages.
+    zero-copy plans run on directly, rather than for a plan's own staging); ``free(buffers,
+    why)`` releases buffers collectively once every rank's work on them is done (and drops what
+    the engine built on them); ``barrier(tag)`` meets the other ranks; ``cap``: bytes kept between
+    calls; ``capturing``: whether the caller captures a CUDA graph (no allocation then); ``rank``
+    names this rank in messages; ``floor``: the least size of a buffer of the collective API (at
+    most the cap; 0: none).
 
     Buffers are kept by key: a loaded plan's input and output (:meth:`get`), or a role of the
     collective API's padded staging (:meth:`buffer`)."""
 
     def __init__(self, alloc: Callable[[int, bool], Any], free: Callable[[list, str], None], barrier: Callable[[str], None],
-                 cap: int, capturing: Callable[[], bool], rank: int) -> None:
+                 cap: int, capturing: Callable[[], bool], rank: int, floor: int = 0) -> None:
         self._alloc = alloc
+        self.floor = max(0, min(int(floor), cap))
         self._free = free
         self._barrier = barrier
         self.cap = cap
@@ -89,7 +94,7 @@ class StagingPool:
     def _grow(self, cur: Any, n: int, api: bool) -> Any:
         if cur is not None and cur.size >= n:
             return cur
-        return self._alloc(pow2_size(n, self.cap), api)
+        return self._alloc(pow2_size(max(n, self.floor) if api else n, self.cap), api)
 
     def _above_cap(self, key: Any, what: str, inplace: bool, in_bytes: int, out_bytes: int,
                    keep: bool, api: bool) -> tuple[Any, Any]:

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from mscclang.errors import PlanError, RuntimeUnavailable
 from mscclang.plan.models import REDUCE_OPS, Plan
-from mscclang.runtime.device_plan import SyncLayout
+from mscclang.runtime.device_plan import RankTables, SyncLayout, rank_tables
 
 
 def packet_code(p: Any) -> str:
@@ -225,6 +225,15 @@ class LoadedPlan:
     serial: int = -1         # engine communicators' namespace (assigned collectively at first context)
     group_scratch: dict = field(default_factory=dict)   # (in, out bytes) -> scratch
     static: dict = field(default_factory=dict)   # this rank's device records that no size changes
+    tables: dict = field(default_factory=dict)   # rank -> RankTables (size-free, made on first use)
+    addresses: dict = field(default_factory=dict)   # (id(ctx), id(in), id(out)) -> (ctx, in, out, bases, Addresses)
+
+    def table(self, rank: int) -> RankTables:
+        """The channel tables of ``rank`` in this plan (computed once)."""
+        t = self.tables.get(rank)
+        if t is None:
+            t = self.tables[rank] = rank_tables(self.plan, rank)
+        return t
 
 
 def describe_call(plan: Plan, in_bytes: int, out_bytes: int, dt: str, pkt: str, op: str) -> str:
