@@ -264,6 +264,15 @@ def _u64s(n: int) -> _struct.Struct:
     return _struct.Struct(f"<{n}Q")
 
 
+#: DevOp packed positionally, in the order :meth:`DevRecord.pack` passes its fields (a new
+#: message size packs thousands of records; keywords cost more than the packing)
+_DEV_OP_ORDER = ("kind", "n_src", "n_dst", "n_ids", "n_pieces", "flags", "bytes", "index", "tbg_member",
+                 "tbg_size", "total", "aux0", "aux1", "tbg_unit")
+if tuple(f for f, _ in DEV_OP.fields) != _DEV_OP_ORDER:
+    raise ImportError("internal: DevOp's fields changed; update DevRecord.pack and _DEV_OP_ORDER")
+_DEV_OP_CODEC = _struct.Struct(DEV_OP.format)
+
+
 @dataclass
 class DevRecord:
     """One device op before packing."""
@@ -294,10 +303,9 @@ class DevRecord:
             words += (ln, valid, *offs)
         pcs = _u64s(len(words)).pack(*words)
         size = DEV_OP.size + len(opnd) + len(ids) + len(pcs)
-        head = DEV_OP.pack(kind=self.kind, n_src=self.n_src, n_dst=nops - self.n_src, n_ids=len(self.ids),
-                           n_pieces=len(self.pieces), flags=self.flags, bytes=size, index=self.index,
-                           tbg_member=self.tbg[0], tbg_size=self.tbg[1], total=self.total, aux0=self.aux0,
-                           aux1=self.aux1, tbg_unit=self.tbg_unit)
+        head = _DEV_OP_CODEC.pack(self.kind, self.n_src, nops - self.n_src, len(self.ids), len(self.pieces),
+                                  self.flags, size, self.index, self.tbg[0], self.tbg[1], self.total, self.aux0,
+                                  self.aux1, self.tbg_unit)
         return head + opnd + ids + pcs
 
 

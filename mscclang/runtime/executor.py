@@ -75,6 +75,11 @@ class Executor:
                            poll_s=float(settings.watchdog_poll_s))
         self._assemble(comm, f"sm_{cc[0]}{cc[1]}", cu.device_attribute(dev, "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
                        int(timeout_s * 1e9), spec_mode(specialize), Launcher(dev, cooperative), abort)
+        if self.specialize != "never":
+            # NVRTC found and loaded now, on this thread, at set-up: done by the first background
+            # build instead, its library search and import hold the GIL (and the import lock)
+            # while a call runs on this thread (measured: a 145 ms second call of a small size)
+            self.kernels.warm()
 
     def _assemble(self, comm: Any, arch: str, sm_count: int, timeout_ns: int, specialize: str, launcher: Any,
                   abort: Any, topology: Any = None) -> None:

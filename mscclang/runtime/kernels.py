@@ -48,6 +48,15 @@ class KernelCache:
         self._futures: list = []
         self._lock = threading.Lock()
 
+    def warm(self) -> None:
+        """Find and load NVRTC and the build modules on the calling thread (set-up time), so that
+        background builds never import or search for libraries while a call runs. Without NVRTC,
+        nothing: the builds fail later and the interpreter serves every call."""
+        try:
+            self._builder.warm()
+        except SPEC_ERRORS as e:
+            log.info("specialised kernels unavailable (%s); the interpreter serves every call", unsupported(e))
+
     # interpreter ------------------------------------------------------------------------------
     def has_interpreter(self, dtype: str, packet: str, op: str, nthreads: int) -> bool:
         """Whether that interpreter function is loaded already (no build, no load needed)."""

@@ -125,6 +125,11 @@ class SpecBuilder:
     def name(self, spec: SpecSource) -> str:
         return prebuilt_name(spec.source, self.arch, self._files.get())
 
+    def warm(self) -> None:
+        """Hash the executor sources and load NVRTC now (RuntimeUnavailable without it)."""
+        self._files.get()
+        build.nvrtc_version()
+
     def get(self, spec: SpecSource, use_cache: bool = True) -> BuiltSpec:
         """The cubin of ``spec``: prebuilt, cached or compiled now (RuntimeUnavailable when NVRTC
         is missing or the compile fails)."""
