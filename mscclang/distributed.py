@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from mscclang.comm.communicator import Communicator
+from mscclang.comm.fallback import torch_backend_for
 from mscclang.plan.dtypes import find_dtype
 
 __all__ = ["BACKEND_NAME", "MscclangProcessGroup", "MscclangWork", "create_process_group", "register"]
@@ -140,11 +141,12 @@ class MscclangProcessGroup(dist.ProcessGroup):
     def inner_group(self, device_type: str) -> Any:
         """The inner group for tensors of ``device_type`` (NCCL for ``cuda``, gloo otherwise),
         made on first use over the same store. Collective: every rank reaches the same first
-        fallback call."""
+        fallback call. When ranks share a GPU (``MSCCLANG_RANKS_PER_GPU`` above 1, functional
+        testing on one GPU) NCCL refuses them, so CUDA tensors go to gloo too."""
         pg = self._inner.get(device_type)
         if pg is None:
             prefix = dist.PrefixStore(f"mscclang/inner/{device_type}/", self._store)
-            if device_type == "cuda":
+            if torch_backend_for(device_type) == "nccl":
                 opts = dist.ProcessGroupNCCL.Options()
                 opts._timeout = self._timeout
                 pg = dist.ProcessGroupNCCL(prefix, self.rank(), self.size(), opts)
@@ -174,7 +176,7 @@ class MscclangProcessGroup(dist.ProcessGroup):
         if key not in self._logged:
             self._logged.add(key)
             log.warning("mscclang rank %d: %s goes to the inner %s group: %s", self.rank(), what,
-                        "nccl" if tensors and tensors[0].device.type == "cuda" else "gloo", reason)
+                        torch_backend_for(tensors[0].device.type if tensors else self._device.type), reason)
         dev = tensors[0].device.type if tensors else self._device.type
         return call(self.inner_group(dev))
 

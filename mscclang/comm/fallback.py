@@ -39,6 +39,15 @@ def _overlap(a: Any, b: Any) -> bool:
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
+def torch_backend_for(device_type: str) -> str:
+    """The torch.distributed backend that carries ``device_type`` tensors between ranks here:
+    NCCL for CUDA, gloo otherwise, and gloo for CUDA too when ranks share a GPU
+    (``MSCCLANG_RANKS_PER_GPU`` above 1), which NCCL refuses ("Duplicate GPU detected")."""
+    from mscclang.runtime.workers import nccl_refusal
+
+    return "nccl" if device_type == "cuda" and nccl_refusal() is None else "gloo"
+
+
 class TorchFallback:
     """Collectives through torch.distributed for one rank (see the module docstring for where
     the group comes from). ``timeout_s`` bounds each collective of a group made from a store."""
@@ -58,8 +67,8 @@ class TorchFallback:
     # ------------------------------------------------------------------ the group
     @property
     def backend_name(self) -> str:
-        """``nccl`` on CUDA devices, else ``gloo``."""
-        return "nccl" if getattr(self._device, "type", "cpu") == "cuda" else "gloo"
+        """:func:`torch_backend_for` the communicator's device."""
+        return torch_backend_for(getattr(self._device, "type", "cpu"))
 
     def _setup(self) -> None:
         if self._ready:
