@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from mscclang.comm.communicator import Communicator
-from mscclang.comm.fallback import torch_backend_for
+from mscclang.comm.fallback import HostStaged, torch_backend_for
 from mscclang.plan.dtypes import find_dtype
 
 __all__ = ["BACKEND_NAME", "MscclangProcessGroup", "MscclangWork", "create_process_group", "register"]
@@ -152,6 +152,8 @@ class MscclangProcessGroup(dist.ProcessGroup):
                 pg = dist.ProcessGroupNCCL(prefix, self.rank(), self.size(), opts)
             else:
                 pg = dist.ProcessGroupGloo(prefix, self.rank(), self.size(), self._timeout)
+                if device_type == "cuda":
+                    pg = HostStaged(pg)   # ranks sharing a GPU (torch_backend_for)
             self._inner[device_type] = pg
         return pg
 

@@ -171,3 +171,49 @@ def test_default_group_made_when_a_private_group_cannot_be(monkeypatch):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_host_staged_gloo_takes_cuda_tensors_through_host_copies(monkeypatch):
+    """Seen on one GPU with two ranks sharing it: the fallback's gloo group was handed CUDA
+    tensors for a send, and gloo aborted the process ("writev: Bad address"). When ranks share a
+    GPU the fallback (and the backend's inner group) is gloo through host copies."""
+    import torch
+
+    from mscclang.comm.fallback import HostStaged, torch_backend_for
+
+    class Dev:   # a stand-in for a CUDA tensor (no GPU here)
+        is_cuda = True
+
+        def __init__(self, t):
+            self.t = t
+
+        def detach(self):
+            return self
+
+        def cpu(self):
+            return self.t.clone()
+
+        def copy_(self, h):
+            self.t.copy_(h)
+
+    class Work:
+        waited = False
+
+        def wait(self):
+            Work.waited = True
+
+    seen = []
+
+    class PG:
+        def recv(self, tensors, src, tag):
+            seen.append([type(t) for t in tensors])
+            tensors[0].fill_(7)
+            return Work()
+
+    d = Dev(torch.zeros(4))
+    HostStaged(PG()).recv([d], 1, 0)
+    assert seen == [[torch.Tensor]] and Work.waited and torch.equal(d.t, torch.full((4,), 7.0))
+    monkeypatch.setenv("MSCCLANG_RANKS_PER_GPU", "2")
+    assert torch_backend_for("cuda") == "gloo"
+    monkeypatch.setenv("MSCCLANG_RANKS_PER_GPU", "1")
+    assert torch_backend_for("cuda") == "nccl" and torch_backend_for("cpu") == "gloo"

@@ -383,3 +383,39 @@ def test_kernel_cache_warms_nvrtc_on_the_calling_thread_and_survives_without_it(
 
     monkeypatch.setattr(spec_build.build, "nvrtc_version", missing)
     KernelCache("sm_90", 132).warm()   # no exception
+
+
+def test_background_builds_load_their_module_off_the_launching_thread(monkeypatch):
+    """The background thread builds and loads the module (in the launching thread's context);
+    finish() on the launching thread only takes it. Two builds of one kernel keep the first."""
+    import threading
+    import types
+
+    from mscclang.runtime import kernels as kmod
+    from mscclang.runtime.kernels import KernelCache
+
+    loads, unloads, ctxs = [], [], []
+    drv = types.SimpleNamespace(
+        cuCtxGetCurrent=lambda: (0, "ctx0"),
+        cuCtxSetCurrent=lambda c: ctxs.append((threading.current_thread().name, c)) or (0,),
+        cuModuleLoadData=lambda b: loads.append(threading.current_thread().name) or (0, f"mod{len(loads)}"),
+        cuModuleGetFunction=lambda m, n: (0, f"{m}:fn"),
+        cuModuleUnload=lambda m: unloads.append(m),
+        cuOccupancyMaxActiveBlocksPerMultiprocessor=lambda f, nt, smem: (0, 1))
+    fake_cu = types.SimpleNamespace(driver=lambda: drv, check=lambda r, what="": r[1] if len(r) > 1 else None,
+                                    ptr=lambda f: 1)
+    monkeypatch.setattr(kmod, "cu", fake_cu)
+    kc = KernelCache("sm_90", 132)
+    kc._builder = types.SimpleNamespace(name=lambda src: src.source,
+                                        get=lambda src: types.SimpleNamespace(cubin=b"c", origin="nvrtc"))
+    src = types.SimpleNamespace(source="k1", kernel="k", nthreads=256, n_blocks=4, steps=1, args=None)
+    f1 = kc.specialise_later(lambda: src)
+    f2 = kc.specialise_later(lambda: src)
+    assert kc.wait_builds(10)
+    assert loads and all(n.startswith("mscclang-spec-build") for n in loads)
+    assert all(c == "ctx0" for _, c in ctxs)
+    sp = kc.finish(f1)
+    assert sp.origin == "nvrtc" and len(kc._spec_mods) == 1
+    kc.finish(f2)
+    assert len(kc._spec_mods) == 1 and unloads in ([], ["mod2"])   # the duplicate (if any) unloaded
+    kc._pool.shutdown(wait=True)

@@ -48,6 +48,42 @@ def torch_backend_for(device_type: str) -> str:
     return "nccl" if device_type == "cuda" and nccl_refusal() is None else "gloo"
 
 
+class HostStaged:
+    """A gloo process group's back end that takes CUDA tensors: each call copies every tensor it
+    is given (in lists too) to the host, runs there, waits, and copies the host tensors back into
+    the CUDA ones (inputs come back unchanged). Only for ranks that share a GPU, where NCCL
+    cannot run and gloo has no CUDA path for most calls (its CUDA send aborts the process)."""
+
+    def __init__(self, pg: Any) -> None:
+        self._pg = pg
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self._pg, name)
+        if not callable(fn):
+            return fn
+
+        def call(*args: Any, **kw: Any) -> Any:
+            pairs: list = []
+
+            def host(x: Any) -> Any:
+                if isinstance(x, list):
+                    return [host(y) for y in x]
+                if getattr(x, "is_cuda", False):
+                    h = x.detach().cpu()
+                    pairs.append((x, h))
+                    return h
+                return x
+
+            work = fn(*[host(a) for a in args], **{k: host(v) for k, v in kw.items()})
+            if hasattr(work, "wait"):
+                work.wait()
+            for dev, h in pairs:
+                dev.copy_(h)
+            return work
+
+        return call
+
+
 class TorchFallback:
     """Collectives through torch.distributed for one rank (see the module docstring for where
     the group comes from). ``timeout_s`` bounds each collective of a group made from a store."""
@@ -112,6 +148,8 @@ class TorchFallback:
             pg = dist.ProcessGroupNCCL(prefix, self._rank, self._world, opts)
         else:
             pg = dist.ProcessGroupGloo(prefix, self._rank, self._world, self._timeout)
+            if getattr(self._device, "type", "cpu") == "cuda":
+                pg = HostStaged(pg)   # ranks sharing a GPU (torch_backend_for)
         log.debug("mscclang rank %s: torch.distributed fallback: %s group %d over the store",
                   self._rank, self.backend_name, gen)
         return pg

@@ -123,8 +123,10 @@ class KernelCache:
 
     def specialise_later(self, make_src: Callable[[], SpecSource]) -> Optional["concurrent.futures.Future[Any]"]:
         """Generate (``make_src()``) and build a specialised kernel on the background thread; the
-        future's result is ``(source, cubin, origin)``, loaded by :meth:`finish` on the launching
-        thread. None when too many builds wait already (the interpreter keeps running the call)."""
+        future's result is ``(source, cubin, origin, (module, function) or None)``, taken by
+        :meth:`finish` on the launching thread. None when too many builds wait already (the
+        interpreter keeps running the call).
+        The background thread also loads the module, in the calling thread's CUDA context."""
         with self._lock:
             if self._pending >= MAX_PENDING_BUILDS:
                 return None
@@ -133,14 +135,28 @@ class KernelCache:
                 self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mscclang-spec-build")
         builder = self._builder
         loaded = self._spec_mods
+        drv = cu.driver()
+        ctx = cu.check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
 
         def job() -> Any:
             try:
                 src = make_src()
-                if builder.name(src) in loaded:
-                    return src, None, "loaded"
+                name = builder.name(src)
+                if name in loaded:
+                    return src, None, "loaded", None
                 built = builder.get(src)
-                return src, built.cubin, built.origin
+                # loaded here too, in the calling thread's context: loading a module on the
+                # launching thread cost that thread milliseconds per build
+                mod = None
+                try:
+                    cu.check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+                    mod = cu.check(drv.cuModuleLoadData(built.cubin), f"cuModuleLoadData({name})")
+                    func = cu.check(drv.cuModuleGetFunction(mod, src.kernel.encode()), "cuModuleGetFunction")
+                except Exception:  # noqa: BLE001 - the launching thread loads it instead
+                    if mod is not None:
+                        drv.cuModuleUnload(mod)
+                    return src, built.cubin, built.origin, None
+                return src, built.cubin, built.origin, (mod, func)
             finally:
                 with self._lock:
                     self._pending -= 1
@@ -158,12 +174,17 @@ class KernelCache:
     def finish(self, fut: "concurrent.futures.Future[Any]") -> Spec:
         """Load a finished background build (on the launching thread). Raises what the build
         raised."""
-        src, cubin, origin = fut.result()
+        src, cubin, origin, mine = fut.result()
         name = self._builder.name(src)
         loaded = self._spec_mods.get(name)
         if loaded is not None:
             self._spec_mods.move_to_end(name)
+            if mine is not None and mine[0] is not loaded[0]:
+                cu.driver().cuModuleUnload(mine[0])   # two builds of one kernel: keep the first
             return self._spec(src, loaded[1], "loaded", name)
+        if mine is not None:
+            self._spec_mods[name] = mine
+            return self._spec(src, mine[1], origin, name)
         if cubin is None:
             cubin = self._builder.get(src).cubin
         loaded = self._load(name, cubin, src)
