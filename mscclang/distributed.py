@@ -8,14 +8,16 @@ After the import, existing torch code runs on mscclang by naming the backend::
 Each rank of a group made with this backend holds one :class:`mscclang.Communicator` over the
 group's store. ``all_reduce`` (sum, min, max; avg as a sum then a division), ``all_gather`` (list
 and single tensor), ``reduce_scatter`` (list and single tensor), ``all_to_all_single`` without
-explicit splits, ``broadcast`` (any root), ``barrier`` and ``send``/``recv`` run on the
-Communicator (which itself falls back to torch.distributed where the library has no plan, and
-always on a machine without its GPU runtime). Everything else goes to an inner group of the
-ordinary backend (NCCL for CUDA tensors, gloo for CPU tensors), created on the first such call
-over the same store and logged once per reason (logger ``mscclang.distributed``): ``reduce``,
-``gather``, ``scatter``, list ``all_to_all``, explicit all-to-all splits, reduce ops other than
-sum/min/max/avg, dtypes the Communicator does not run (float64, int64, ...), non-contiguous
-tensors, tensors on another device type than the Communicator's, and tagged send/recv.
+explicit splits, ``broadcast`` (any root) and ``barrier`` run on the Communicator (which itself
+falls back to torch.distributed where the library has no plan, and always on a machine without
+its GPU runtime). Everything else goes to an inner group of the ordinary backend (NCCL for CUDA
+tensors, gloo for CPU tensors; gloo through host copies when ranks share a GPU), created on the
+first such call over the same store and logged once per reason (logger
+``mscclang.distributed``): ``send``/``recv`` and ``batch_isend_irecv`` (the library's plans are
+collective; the inner group's Work is returned at once, so a send never waits for its
+receiver), ``reduce``, ``gather``, ``scatter``, list ``all_to_all``, explicit all-to-all splits,
+reduce ops other than sum/min/max/avg, dtypes the Communicator does not run (float64, int64,
+...), non-contiguous tensors and tensors on another device type than the Communicator's.
 
 Every operation returns a :class:`MscclangWork`; its ``wait()`` orders the caller's current
 stream after the collective and returns True, its ``get_future()`` a completed future of the
@@ -46,6 +48,7 @@ log = logging.getLogger("mscclang.distributed")
 BACKEND_NAME = "mscclang"
 
 _REDUCE = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max"}
+_P2P = "point-to-point runs on the inner group (the library's plans are collective)"
 
 
 def _op_type(op: Any) -> Any:
@@ -319,19 +322,22 @@ class MscclangProcessGroup(dist.ProcessGroup):
         token = torch.zeros(1, dtype=torch.float32, device=self._device)
         return self._run(opts, [], lambda: self.communicator.all_reduce(token, "sum"))
 
+    # point-to-point: the library's plans are collective, so a lone send or receive runs on the
+    # inner group, returning its Work at once: a send never waits for its receiver (every rank
+    # of a batch_isend_irecv ring posts its send first)
     def send(self, tensors: list, dst: int, tag: int = 0) -> Any:
-        reason = self._fallback_reason(tensors) or (None if len(tensors) == 1 else "several tensors")
-        reason = reason or (f"tag {tag}" if tag else None)
-        if reason:
-            return self._to_inner("send", reason, tensors, lambda g: g.send(tensors, dst, tag))
-        return self._run(None, tensors, lambda: self.communicator.send(tensors[0], dst))
+        self._check_peer(dst)
+        return self._to_inner("send", _P2P, tensors, lambda g: g.send(tensors, dst, tag))
 
     def recv(self, tensors: list, src: int, tag: int = 0) -> Any:
-        reason = self._fallback_reason(tensors) or (None if len(tensors) == 1 else "several tensors")
-        reason = reason or (f"tag {tag}" if tag else None)
-        if reason:
-            return self._to_inner("recv", reason, tensors, lambda g: g.recv(tensors, src, tag))
-        return self._run(None, tensors, lambda: self.communicator.recv(tensors[0], src))
+        self._check_peer(src)
+        return self._to_inner("recv", _P2P, tensors, lambda g: g.recv(tensors, src, tag))
+
+    def _check_peer(self, peer: int) -> None:
+        if not 0 <= int(peer) < self.size() or int(peer) == self.rank():
+            from mscclang.errors import InvalidCall
+
+            raise InvalidCall(f"rank {self.rank()}: peer {peer} is not another rank of this group of {self.size()}")
 
     # ------------------------------------------------------------------ the inner group's
     def reduce(self, tensors: list, opts: Any = None) -> Any:

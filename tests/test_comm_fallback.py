@@ -211,8 +211,12 @@ def test_host_staged_gloo_takes_cuda_tensors_through_host_copies(monkeypatch):
             return Work()
 
     d = Dev(torch.zeros(4))
-    HostStaged(PG()).recv([d], 1, 0)
-    assert seen == [[torch.Tensor]] and Work.waited and torch.equal(d.t, torch.full((4,), 7.0))
+    w = HostStaged(PG()).recv([d], 1, 0)
+    assert seen == [[torch.Tensor]] and not Work.waited   # issued, not waited for (a send never blocks)
+    assert torch.equal(d.t, torch.zeros(4))
+    assert w.wait() is True
+    assert Work.waited and torch.equal(d.t, torch.full((4,), 7.0))
+    w.wait()   # a second wait copies nothing again
     monkeypatch.setenv("MSCCLANG_RANKS_PER_GPU", "2")
     assert torch_backend_for("cuda") == "gloo"
     monkeypatch.setenv("MSCCLANG_RANKS_PER_GPU", "1")

@@ -9,7 +9,8 @@ from __future__ import annotations
 from mscclang.errors import PlanError
 from mscclang.plan.io import load_plan
 from mscclang.plan.models import ChannelType
-from mscclang.runtime.device_plan import inbound_slots, pack_blocks
+from mscclang.runtime.device_plan import inbound_slots
+from mscclang.runtime.packing import pack_blocks
 from mscclang.runtime.ports import port_inbound_slots
 from mscclang.runtime.state import LoadedPlan
 

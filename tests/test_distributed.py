@@ -67,7 +67,8 @@ def _check_ops(rank: int) -> None:
         dist.broadcast(t, src=root)
         assert torch.equal(t, xs[root])
     dist.barrier()
-    # send / recv
+    assert pg._inner == {}   # all ran on the Communicator, none on the inner group
+    # send / recv (point-to-point runs on the inner group: the library's plans are collective)
     if rank == 0:
         dist.send(_x(0) + 100, dst=1)
         t = torch.empty(8)
@@ -82,7 +83,7 @@ def _check_ops(rank: int) -> None:
     t = _x(rank, dtype=torch.bfloat16)
     dist.all_reduce(t)
     assert torch.equal(t, sum(_x(r, dtype=torch.bfloat16) for r in range(WORLD)))
-    assert pg._inner == {}   # all ran on the Communicator, none on the inner group
+    assert set(pg._inner) == {"cpu"}   # made by the send/recv
 
 
 def _check_fallback(rank: int) -> None:
@@ -184,8 +185,26 @@ class _raises:
         return issubclass(et, self.kind)
 
 
+def _check_p2p(rank: int) -> None:
+    """send/recv in both orders, then batch_isend_irecv (a ring: every rank sends before it
+    receives, which deadlocks if a send waits for its receiver), isend/irecv Works."""
+    n = WORLD
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    for size in (8, 1 << 16):   # small (buffered by gloo) and large
+        got = torch.empty(size)
+        ops = [dist.P2POp(dist.isend, _x(rank, size) + 1000, nxt), dist.P2POp(dist.irecv, got, prv)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        assert torch.equal(got, _x(prv, size) + 1000), size
+        got = torch.empty(size)
+        ws = [dist.isend(_x(rank, size), nxt), dist.irecv(got, prv)]
+        for w in ws:
+            w.wait()
+        assert torch.equal(got, _x(prv, size)), size
+
+
 CHECKS: dict[str, Callable[[int], None]] = {"ops": _check_ops, "fallback": _check_fallback,
-                                            "work": _check_work, "errors": _check_errors}
+                                            "work": _check_work, "errors": _check_errors, "p2p": _check_p2p}
 
 
 def _worker(rank: int, init_file: str, backend: str, checks: list, q) -> None:
@@ -248,6 +267,12 @@ def test_work_and_errors(tmp_path):
     """``async_op=True`` returns a completed Work whose future holds the outputs; a bad call
     raises from the call (sync) or from ``wait()`` (async) and the group keeps working."""
     _spawn(tmp_path, "mscclang", ["work", "errors"])
+
+
+def test_point_to_point(tmp_path):
+    """Seen on a GPU: batch_isend_irecv on the backend hung. Every rank posts its send before its
+    receive, so a send must not wait for its receiver; large messages too."""
+    _spawn(tmp_path, "mscclang", ["p2p"], timeout=90)
 
 
 def test_import_registers_once():

@@ -19,7 +19,8 @@ from mscclang.plan.io import load_plan
 from mscclang.runtime import cuda as real_cu
 from mscclang.runtime import executor as exmod
 from mscclang.runtime.bootstrap import SymAlloc
-from mscclang.runtime.device_plan import SYNC_ABORT_OFF, pack_blocks, sync_layout
+from mscclang.runtime.device_plan import SYNC_ABORT_OFF, sync_layout
+from mscclang.runtime.packing import pack_blocks
 from mscclang.runtime.executor import Executor, LoadedPlan
 from mscclang.runtime.state import Context, DevPlanKey, EntryKey, LaunchEntry, Operands
 from mscclang.runtime.registration import ARENA_STRIDE

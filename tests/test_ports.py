@@ -8,6 +8,7 @@ import pytest
 from mscclang.errors import PlanError
 from mscclang.plan.models import BufferKind, OpName
 from mscclang.runtime import device_plan as dp
+from mscclang.runtime import packing
 from mscclang.runtime.ports import DOP_PORT_FINAL, DOP_PORT_FLUSH, DOP_PORT_TRIGGER, PORT_FLUSH, PORT_SIGNAL
 from mscclang.runtime.proxy import Incoming, Resolved, launch_ops
 from mscclang.runtime.spec_source import parse_region
@@ -24,7 +25,7 @@ def test_port_samples_verify_and_pack(build, n):
     assert verify(plan).status == "OK"
     dp.check_runnable(plan)
     for r in range(n):
-        pk = dp.pack_blocks(plan, r, 4096, 4096 * n)
+        pk = packing.pack_blocks(plan, r, 4096, 4096 * n)
         chans = pk.port.channels
         assert [c.peer for c in chans] == [q for q in range(n) if q != r] or build is pp.allgather_port_only
         for c in chans:
@@ -41,7 +42,7 @@ def test_port_samples_verify_and_pack(build, n):
 
 def test_trigger_records_carry_signal_and_flush_flags():
     plan = pp.allgather_pwsf(2)
-    pk = dp.pack_blocks(plan, 0, 1024, 2048)
+    pk = packing.pack_blocks(plan, 0, 1024, 2048)
     recs = [x for b in pk.blocks for x in parse_region(b.region)]
     trig = [x for x in recs if x.kind == DOP_PORT_TRIGGER]
     assert len(trig) == 1 and trig[0].flags == PORT_SIGNAL | PORT_FLUSH and trig[0].aux0 == 1
@@ -50,14 +51,14 @@ def test_trigger_records_carry_signal_and_flush_flags():
     waits = [x for x in recs if x.kind == dp.DOP_WAIT and x.ids == [n_mem]]
     assert waits, "the port wait uses the port channel's entry"
     plan = pp.allgather_put_flush_signal(2)
-    recs = [x for b in dp.pack_blocks(plan, 0, 1024, 2048).blocks for x in parse_region(b.region)]
+    recs = [x for b in packing.pack_blocks(plan, 0, 1024, 2048).blocks for x in parse_region(b.region)]
     kinds = [(x.kind, x.flags, x.aux0) for x in recs if x.kind in (DOP_PORT_TRIGGER, DOP_PORT_FLUSH)]
     assert kinds == [(DOP_PORT_TRIGGER, 0, 1), (DOP_PORT_FLUSH, 0, 1), (DOP_PORT_TRIGGER, PORT_SIGNAL, 2)]
 
 
 def test_pipeline_numbering_matches_the_kernel():
     plan = pp.sendrecv_pipelined(unit=1 << 16)
-    pk = dp.pack_blocks(plan, 0, 1 << 18, 1 << 18)
+    pk = packing.pack_blocks(plan, 0, 1 << 18, 1 << 18)
     (ch,) = pk.port.channels
     assert [(t.t, t.slot) for t in ch.triggers] == [(1, 0), (2, 1), (3, 2), (4, 3)]
     assert [t.copies[0].src_off for t in ch.triggers] == [0, 1 << 16, 2 << 16, 3 << 16]
@@ -72,13 +73,13 @@ def test_pipeline_numbering_matches_the_kernel():
     flush = [x for x in recs if x.kind == DOP_PORT_FLUSH][0]
     assert flush.aux0 == 4
     # rank 1 only signals (acknowledgements): 1 ready + 4 acks
-    (ch1,) = dp.pack_blocks(plan, 1, 1 << 18, 1 << 18).port.channels
+    (ch1,) = packing.pack_blocks(plan, 1, 1 << 18, 1 << 18).port.channels
     assert [t.t for t in ch1.triggers] == [1, 2, 3, 4, 5] and all(not t.copies for t in ch1.triggers)
 
 
 def test_launch_ops_copy_engine_order():
     plan = pp.allgather_pwsf(2)
-    pk = dp.pack_blocks(plan, 0, 1024, 2048)
+    pk = packing.pack_blocks(plan, 0, 1024, 2048)
     area = 0x1000
     r = Resolved(input=0x10000, output=0x20000, scratch=0x30000, remote=[0x90000])
     (ops,) = launch_ops(pk.port, area, r, [0x77000], [None], [])
@@ -91,8 +92,8 @@ def test_launch_ops_copy_engine_order():
 
 def test_launch_ops_engine_sends_and_receives_in_trigger_order():
     plan = pp.allgather_port_only(2)
-    pk0 = dp.pack_blocks(plan, 0, 1024, 2048)
-    pk1 = dp.pack_blocks(plan, 1, 1024, 2048)
+    pk0 = packing.pack_blocks(plan, 0, 1024, 2048)
+    pk1 = packing.pack_blocks(plan, 1, 1024, 2048)
     r = Resolved(input=0x10000, output=0x20000, scratch=0x30000, remote=[None])
     inc = Incoming(pk1.port.channels[0], inbound=0x5000, dst_kinds=[rb.type for rb in plan.gpus[1].remote_buffers],
                    comm="c10")
@@ -206,7 +207,7 @@ def test_every_shipped_port_plan_packs_and_scripts_its_proxy():
         dp.check_runnable(plan, topology=topo)
         for nbytes in (1 << 16, (1 << 20) * plan.world_size):
             out_b = nbytes * plan.world_size if plan.collective == "allgather" else nbytes
-            packs = [dp.pack_blocks(plan, r, nbytes, out_b) for r in range(plan.world_size)]
+            packs = [packing.pack_blocks(plan, r, nbytes, out_b) for r in range(plan.world_size)]
             for r, pk in enumerate(packs):
                 if pk.port is None:
                     continue
@@ -240,7 +241,7 @@ def test_proxy_issues_its_stream_operations_in_order(monkeypatch):
     calls = drv.calls
     monkeypatch.setattr(px.cu, "driver", lambda: drv)
     plan = pp.allgather_pwsf(2)
-    pk = dp.pack_blocks(plan, 0, 1024, 2048)
+    pk = packing.pack_blocks(plan, 0, 1024, 2048)
     pl = px.PortLaunch(pk.port, 0x1000, [0x90000], [BufferKind.output], 0x30000, [0x77000], [None])
     p = px.PortProxy()
     p.prepare(1)
@@ -311,7 +312,7 @@ def test_port_packing_of_mutated_plans_raises_only_plan_errors():
             dp.check_runnable(plan)
             for r in range(plan.world_size):
                 out_b = 4096 * plan.world_size if plan.collective == "allgather" else 4096
-                dp.pack_blocks(plan, r, 4096, out_b)
+                packing.pack_blocks(plan, r, 4096, out_b)
         except MscclangError:
             pass
 

@@ -19,7 +19,7 @@ import pytest
 
 from mscclang.errors import PlanError
 from mscclang.plan.models import BufferKind, ChannelType
-from mscclang.runtime import device_plan as dp
+from mscclang.runtime import packing
 from mscclang.runtime import proxy as px
 from mscclang.runtime.contexts import ContextPool
 from mscclang.runtime.executor import Executor, LoadedPlan
@@ -53,9 +53,9 @@ def test_context_growth_is_decided_alike_on_every_rank(monkeypatch, build):
     plan = build()
     assert verify(plan).status == "NO POSTCONDITION"   # a test collective: races and deadlocks checked
     # rank 0 only sends (no scratch), rank 1 receives into scratch
-    own = [dp.pack_blocks(plan, r, 256 * KiB, 256 * KiB).scratch_bytes for r in range(2)]
+    own = [packing.pack_blocks(plan, r, 256 * KiB, 256 * KiB).scratch_bytes for r in range(2)]
     assert own[0] < own[1]
-    assert dp.group_scratch_bytes(plan, 256 * KiB, 256 * KiB) == max(own)
+    assert packing.group_scratch_bytes(plan, 256 * KiB, 256 * KiB) == max(own)
     seqs, sizes = [], []
     for r in range(2):
         barriers: list = []
@@ -71,7 +71,7 @@ def test_context_growth_is_decided_alike_on_every_rank(monkeypatch, build):
 
 
 def _launch(plan, rank, nbytes, scratch_bytes):
-    pk = dp.pack_blocks(plan, rank, nbytes, nbytes)
+    pk = packing.pack_blocks(plan, rank, nbytes, nbytes)
     g = plan.gpus[rank]
     pl = px.PortLaunch(pk.port, 0x1000, [0x900000 * (j + 1) for j in range(len(g.remote_buffers))],
                        [rb.type for rb in g.remote_buffers], 0x30000, [0x77000] * len(pk.port.channels),
@@ -82,18 +82,18 @@ def _launch(plan, rank, nbytes, scratch_bytes):
 def test_a_copy_past_the_peers_scratch_is_refused_before_anything_is_enqueued():
     plan = pp.sendrecv_pipelined(unit=64 * KiB)
     # the peer's scratch as it was for a 64 KiB call, used for a 256 KiB one
-    _pk, pl = _launch(plan, 0, 256 * KiB, dp.group_scratch_bytes(plan, 64 * KiB, 64 * KiB))
+    _pk, pl = _launch(plan, 0, 256 * KiB, packing.group_scratch_bytes(plan, 64 * KiB, 64 * KiB))
     with pytest.raises(PlanError, match=r"rank 0 thread block 0 op \d+ \(pws\).*iteration 1.*remote buffer 0 of "
                                         r"65536 B: past its end"):
         pl.ops(0x10000, 0x20000, 0, 0)
     # with the group's scratch at this size every copy fits
-    _pk, pl = _launch(plan, 0, 256 * KiB, dp.group_scratch_bytes(plan, 256 * KiB, 256 * KiB))
+    _pk, pl = _launch(plan, 0, 256 * KiB, packing.group_scratch_bytes(plan, 256 * KiB, 256 * KiB))
     assert sum(o.kind == "copy" for s in pl.ops(0x10000, 0x20000, 0, 0) for o in s) == 8
 
 
 def test_a_copy_past_this_ranks_source_is_refused():
     plan = pp.allgather_pwsf(2)
-    pk = dp.pack_blocks(plan, 0, 4 * KiB, 8 * KiB)
+    pk = packing.pack_blocks(plan, 0, 4 * KiB, 8 * KiB)
     r = px.Resolved(0x10000, 0x20000, 0x30000, [0x90000], sizes=(1 * KiB, 8 * KiB, 0), remote_bytes=[8 * KiB])
     with pytest.raises(PlanError, match=r"from offset 0 of this rank's input buffer of 1024 B: past its end"):
         px.launch_ops(pk.port, 0x1000, r, [0x77000], [None], [])
@@ -106,9 +106,9 @@ def test_sample_port_plans_fit_their_buffers_at_every_size(build, n):
     checked = 0
     for nbytes in (4 * KiB, 64 * KiB + 96 * n, 1 << 20, 3 << 20):
         out_b = nbytes * n if plan.collective == "allgather" else nbytes
-        scratch = dp.group_scratch_bytes(plan, nbytes, out_b)
+        scratch = packing.group_scratch_bytes(plan, nbytes, out_b)
         for r in range(n):
-            pk = dp.pack_blocks(plan, r, nbytes, out_b)
+            pk = packing.pack_blocks(plan, r, nbytes, out_b)
             if pk.port is None:
                 continue
             g = plan.gpus[r]
@@ -128,8 +128,8 @@ def test_shipped_port_plans_fit_their_buffers(shipped_plans):
         topo = Topology(plan.world_size, gpn)
         for nbytes in (1 << 16, (1 << 20) * plan.world_size):
             out_b = nbytes * plan.world_size if plan.collective == "allgather" else nbytes
-            scratch = dp.group_scratch_bytes(plan, nbytes, out_b)
-            packs = [dp.pack_blocks(plan, r, nbytes, out_b) for r in range(plan.world_size)]
+            scratch = packing.group_scratch_bytes(plan, nbytes, out_b)
+            packs = [packing.pack_blocks(plan, r, nbytes, out_b) for r in range(plan.world_size)]
             for r, pk in enumerate(packs):
                 g = plan.gpus[r]
                 if pk.port is None:
@@ -167,7 +167,7 @@ def test_a_failed_enqueue_releases_every_wait_and_sets_the_abort_word(monkeypatc
     from mscclang.errors import RuntimeUnavailable
 
     plan = pp.sendrecv_pipelined(unit=64 * KiB)
-    pk, pl = _launch(plan, 0, 256 * KiB, dp.group_scratch_bytes(plan, 256 * KiB, 256 * KiB))
+    pk, pl = _launch(plan, 0, 256 * KiB, packing.group_scratch_bytes(plan, 256 * KiB, 256 * KiB))
     drv = RecordingDriver(fail="cuMemcpyDtoDAsync")
     ex = _port_executor(monkeypatch, 0, 555, drv)
     ex.launcher.launch = lambda *a, **k: pytest.fail("the kernel must not be launched after a failed enqueue")
@@ -184,7 +184,7 @@ def test_a_failed_enqueue_releases_every_wait_and_sets_the_abort_word(monkeypatc
 
 def test_a_failed_kernel_launch_releases_the_enqueued_waits(monkeypatch):
     plan = pp.sendrecv_pipelined(unit=64 * KiB)
-    pk, pl = _launch(plan, 1, 64 * KiB, dp.group_scratch_bytes(plan, 64 * KiB, 64 * KiB))
+    pk, pl = _launch(plan, 1, 64 * KiB, packing.group_scratch_bytes(plan, 64 * KiB, 64 * KiB))
     drv = RecordingDriver()
     ex = _port_executor(monkeypatch, 1, 7, drv)
 

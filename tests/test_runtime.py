@@ -13,7 +13,7 @@ from mscclang.plan.layout import make_layout, total_length
 from mscclang.plan.models import (
     BufferRef, ChannelDesc, ChannelType, Op, OpName, RemoteBuffer, ThreadBlockChannels,
 )
-from mscclang.runtime import build, device_plan as dp, structs
+from mscclang.runtime import build, device_plan as dp, packing as pk, structs
 from mscclang.plan import samples as sp
 
 
@@ -100,7 +100,7 @@ def test_sample_plans_pack(name, nbytes):
     dp.check_runnable(plan)
     out_bytes = nbytes * 2 if plan.collective == "allgather" else nbytes
     for r in range(2):
-        packed = dp.pack_blocks(plan, r, nbytes, out_bytes)
+        packed = pk.pack_blocks(plan, r, nbytes, out_bytes)
         assert len(packed.blocks) == len(plan.gpus[r].threadblocks)
         for b in packed.blocks:
             assert len(b.region) % 16 == 0
@@ -112,7 +112,7 @@ def test_sample_plans_pack(name, nbytes):
 
 def test_copy_pieces_follow_layout():
     plan = sp.allgather_simple(2)
-    packed = dp.pack_blocks(plan, 1, 3000, 6000)
+    packed = pk.pack_blocks(plan, 1, 3000, 6000)
     ops = _walk(packed.blocks[0].region)
     copy_op, pieces = ops[0]
     assert copy_op["kind"] == dp.DOP_DATA and copy_op["n_src"] == 1 and copy_op["n_dst"] == 1
@@ -126,7 +126,7 @@ def test_copy_pieces_follow_layout():
 def test_packet_writes_cover_whole_slots():
     # rank 1 owns the clipped chunk at 3000 bytes: its packet copy must still fill the slot
     plan = sp.allreduce_copyfwd_ll(2)
-    packed = dp.pack_blocks(plan, 1, 3000, 3000)
+    packed = pk.pack_blocks(plan, 1, 3000, 3000)
     recs = _walk(packed.blocks[0].region)
     lay = make_layout(plan, 1, 3000, 3000)
     recpkt = [(o, p) for o, p in recs if o["kind"] == dp.DOP_DATA and o["n_src"] == 2 and o["n_dst"] == 2]
@@ -140,12 +140,12 @@ def test_packet_writes_cover_whole_slots():
 
 def test_tbg_and_pipeline_records():
     plan = sp.allreduce_oneshot_ll(2, nblocks=4)
-    packed = dp.pack_blocks(plan, 0, 4096, 4096)
+    packed = pk.pack_blocks(plan, 0, 4096, 4096)
     for t, b in enumerate(packed.blocks):
         for op, _ in _walk(b.region):
             assert op["tbg_member"] == t and op["tbg_size"] == 4 and op["tbg_unit"] == 16
     plan = sp.allgather_pipeline(2, unit=1024)
-    packed = dp.pack_blocks(plan, 0, 5000, 10000)
+    packed = pk.pack_blocks(plan, 0, 5000, 10000)
     recs = _walk(packed.blocks[0].region)
     assert recs[0][0]["kind"] == dp.DOP_PIPELINE
     assert recs[0][0]["aux0"] == 1 and recs[0][0]["aux1"] == 5 and recs[0][0]["total"] == 1024
@@ -153,7 +153,7 @@ def test_tbg_and_pipeline_records():
 
 def test_channel_pairing_and_sync_layout():
     plan = sp.allreduce_scratch_simple(2)
-    assert dp.memory_channel_ordinals(plan, 0) == [(1, 0)]
+    assert [(c.peer, c.ordinal) for c in plan.channel_ordinals(0, ChannelType.memory)] == [(1, 0)]
     assert dp.inbound_slots(plan, 0) == {(1, 0): 0}
     # an unpaired channel (rank 0 has two channels to rank 1, rank 1 one to rank 0) gets a slot
     plan.gpus[0].channels = [ChannelDesc(channel_type=ChannelType.memory, connected_to=[1, 1])]
@@ -207,17 +207,17 @@ def test_refuses_packets_outside_scratch_and_bad_buffer_ids():
     plan = _with_op(sp.allgather_simple(2), Op(name=OpName.cpkt, src_buff=[BufferRef(type="i", index=0, size=1)],
                                                dst_buff=[BufferRef(type="o", index=0, size=1)]))
     with pytest.raises(PlanError, match="must be in scratch"):
-        dp.pack_blocks(plan, 0, 1024, 2048)
+        pk.pack_blocks(plan, 0, 1024, 2048)
     plan = _with_op(sp.allgather_simple(2), Op(name=OpName.put, channel_type=ChannelType.memory,
                                                src_buff=[BufferRef(type="i", index=0, size=1)],
                                                dst_buff=[BufferRef(buffer_id=5, index=0, size=1)]))
     with pytest.raises(PlanError, match="buffer_id 5"):
-        dp.pack_blocks(plan, 0, 1024, 2048)
+        pk.pack_blocks(plan, 0, 1024, 2048)
 
 
 def test_blob_header_and_tables():
     plan = sp.allreduce_oneshot_ll(2)
-    packed = dp.pack_blocks(plan, 0, 1024, 1024)
+    packed = pk.pack_blocks(plan, 0, 1024, 1024)
     sync = dp.sync_layout(plan, 0)
     addr = dp.Addresses(0x1000, 0x20000, 0x800, 0x9000, [0x5000], [(0x30000, 2)], [(1, 2, 3)])
     blob = dp.pack_blob(plan, packed, addr, sync)
@@ -240,7 +240,7 @@ def test_size_dependent_limits():
     plan = sp.allreduce_oneshot_ll(2)
     plan.gpus[0].remote_buffers = [RemoteBuffer(rank=1, type="s", access_channel_types=["memory"])]
     with pytest.raises(PlanError, match="allgather|outside|needs"):
-        dp.pack_blocks(sp.allgather_simple(2), 0, 1024, 1000)
+        pk.pack_blocks(sp.allgather_simple(2), 0, 1024, 1000)
 
 
 def test_executor_dir_found():

@@ -43,7 +43,7 @@ def test_every_kernel_path_that_gives_up_holds_for_the_host():
 
 def test_specialised_kernels_hold_too():
     from mscclang.plan.io import load_plan
-    from mscclang.runtime.device_plan import pack_blocks
+    from mscclang.runtime.packing import pack_blocks
     from mscclang.runtime.spec_source import generate
 
     plan = load_plan(ROOT / "plans" / "allreduce_oneshot_ll.r2.i1.json")

@@ -15,9 +15,10 @@ import pytest
 from mscclang.runtime.structs import BLOCK_HEADER
 
 from mscclang.plan.io import load_plan, plan_to_json
-from mscclang.runtime import build, device_plan as dp, spec_build as sb
+from mscclang.runtime import build, device_plan as dp, packing as pk, spec_build as sb
 from mscclang.plan import samples as sp
-from mscclang.runtime.device_plan import DOP_DATA, DOP_PIPELINE, MODE_PACKET, DevRecord
+from mscclang.runtime.device_plan import DOP_DATA, DOP_PIPELINE, MODE_PACKET
+from mscclang.runtime.packing import DevRecord
 from mscclang.runtime.spec_source import (
     ArgsLayout, SpecUnsupported, choose_threads, generate, parse_region, sub_ranges,
 )
@@ -72,7 +73,7 @@ def _repack(recs) -> bytes:
 def test_parse_region_reads_back_every_record(name):
     plan = _sample(name)
     for r in range(2):
-        for b in dp.pack_blocks(plan, r, 3000, _out_bytes(plan, 3000)).blocks:
+        for b in pk.pack_blocks(plan, r, 3000, _out_bytes(plan, 3000)).blocks:
             recs = parse_region(b.region)
             body = _repack(recs)
             h = BLOCK_HEADER.size
@@ -95,7 +96,7 @@ def test_sub_ranges_partition_every_record(name, nbytes):
     """Over a thread-block group's members and a pipeline's iterations, the host's range split
     covers each record's pieces exactly once (same total, disjoint, inside the pieces)."""
     plan = _sample(name)
-    packed = dp.pack_blocks(plan, 0, nbytes, _out_bytes(plan, nbytes))
+    packed = pk.pack_blocks(plan, 0, nbytes, _out_bytes(plan, nbytes))
     for b in packed.blocks:
         for r, pipe in _data_records(parse_region(b.region)):
             its = range(pipe.aux1) if pipe is not None else [None]
@@ -119,7 +120,7 @@ def test_sub_ranges_partition_every_record(name, nbytes):
 
 
 def _gen(plan, rank=0, nbytes=1024, dtype="f16", packet="ll16", op="sum", **kw):
-    return generate(plan, dp.pack_blocks(plan, rank, nbytes, _out_bytes(plan, nbytes)), dtype, packet, op, **kw)
+    return generate(plan, pk.pack_blocks(plan, rank, nbytes, _out_bytes(plan, nbytes)), dtype, packet, op, **kw)
 
 
 def test_oneshot_source_is_straight_line_with_constants(monkeypatch):
@@ -179,13 +180,13 @@ def test_plain_split_head_body_tail():
 
 def test_threads_choice(monkeypatch):
     plan = load_plan(plan_to_json(sp.allreduce_oneshot_ll(2, nblocks=1, nthreads=512)))
-    packed = dp.pack_blocks(plan, 0, 1024, 1024)
+    packed = pk.pack_blocks(plan, 0, 1024, 1024)
     monkeypatch.delenv("MSCCLANG_SPEC_THREADS", raising=False)
     assert choose_threads(plan, packed) == 128          # 1 KiB = 128 LL16 packets per op
     assert choose_threads(plan, packed, "ll8") == 256   # LL8 carries 4 bytes per packet
     assert choose_threads(plan, packed, mode="plan") == 512
     assert choose_threads(plan, packed, mode="96") == 96
-    big = dp.pack_blocks(plan, 0, 1 << 20, 1 << 20)
+    big = pk.pack_blocks(plan, 0, 1 << 20, 1 << 20)
     assert choose_threads(plan, big) == 512
     monkeypatch.setenv("MSCCLANG_SPEC_THREADS", "plan")
     assert _gen(plan).nthreads == 512
@@ -200,7 +201,7 @@ def test_refusals():
     with pytest.raises(SpecUnsupported, match="unsupported combination"):
         _gen(plan, dtype="f64")
     # packet offsets that are not LL16-aligned: 1000 B over 2 chunks puts a slot at 500 bytes
-    packed = dp.pack_blocks(_sample("allreduce_twostep_ll"), 0, 1000, 1000)
+    packed = pk.pack_blocks(_sample("allreduce_twostep_ll"), 0, 1000, 1000)
     if packed.packet_align < 8:
         with pytest.raises(SpecUnsupported, match="packet"):
             generate(_sample("allreduce_twostep_ll"), packed, "f16", "ll16", "sum")

@@ -16,6 +16,7 @@ NVLink multicast (NVLS) stays off: ``NCCL_NVLS_ENABLE=0`` is set before an NCCL 
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import os
 from typing import Any, Optional
@@ -48,11 +49,39 @@ def torch_backend_for(device_type: str) -> str:
     return "nccl" if device_type == "cuda" and nccl_refusal() is None else "gloo"
 
 
+@functools.cache
+def _host_work_class() -> type:
+    import torch.distributed as dist
+
+    class HostWork(dist.Work):
+        """The Work of a :class:`HostStaged` call: ``wait()`` waits for the host call, then
+        copies the host tensors back into the CUDA ones (once)."""
+
+        def __init__(self, work: Any, pairs: list) -> None:
+            super().__init__()
+            self._work, self._pairs = work, pairs
+
+        def wait(self, timeout: Any = None) -> bool:
+            if self._work is not None and hasattr(self._work, "wait"):
+                self._work.wait() if timeout is None else self._work.wait(timeout)
+            for dev, h in self._pairs:
+                dev.copy_(h)
+            self._work, self._pairs = None, []
+            return True
+
+        def is_completed(self) -> bool:
+            return self._work is None or bool(getattr(self._work, "is_completed", lambda: False)())
+
+    return HostWork
+
+
 class HostStaged:
     """A gloo process group's back end that takes CUDA tensors: each call copies every tensor it
-    is given (in lists too) to the host, runs there, waits, and copies the host tensors back into
-    the CUDA ones (inputs come back unchanged). Only for ranks that share a GPU, where NCCL
-    cannot run and gloo has no CUDA path for most calls (its CUDA send aborts the process)."""
+    is given (in lists too) to the host and runs there; its Work's ``wait()`` copies the host
+    tensors back into the CUDA ones (inputs come back unchanged). A call returns as soon as the
+    host call is issued, so a send never waits for its receiver. Only for ranks that share a GPU,
+    where NCCL cannot run and gloo has no CUDA path for most calls (its CUDA send aborts the
+    process)."""
 
     def __init__(self, pg: Any) -> None:
         self._pg = pg
@@ -75,11 +104,9 @@ class HostStaged:
                 return x
 
             work = fn(*[host(a) for a in args], **{k: host(v) for k, v in kw.items()})
-            if hasattr(work, "wait"):
-                work.wait()
-            for dev, h in pairs:
-                dev.copy_(h)
-            return work
+            if not pairs or not hasattr(work, "wait"):
+                return work
+            return _host_work_class()(work, pairs)
 
         return call
 

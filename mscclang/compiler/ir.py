@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Optional
 
 from mscclang.plan.collectives import CollectiveSpec
 from mscclang.plan.models import BufferKind, ChannelType, OpName, ReduceOp
@@ -171,14 +171,6 @@ class IRProgram:
 
     def copy(self) -> "IRProgram":
         return copy.deepcopy(self)
-
-
-def iter_ops(ops: list[IROp]) -> Iterator[IROp]:
-    """Every op of a list, pipeline bodies included (pipeline op first, then its body)."""
-    for op in ops:
-        yield op
-        if op.body:
-            yield from op.body
 
 
 # ------------------------------------------------------------------------------------------------

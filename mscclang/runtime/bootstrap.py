@@ -7,8 +7,6 @@ communicators it created with that name, in the same order), so a stale key is n
 
 from __future__ import annotations
 
-import ctypes
-import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -279,16 +277,3 @@ def _describe(head: str) -> str:
     """``"tag|call"`` as a reader sees it: ``call (tag)``, or the tag alone."""
     tag, _, call = head.partition("|")
     return f"{call} ({tag})" if call else tag
-
-
-def wait_until(pred: Any, timeout_s: float, poll_s: float = 0.001) -> bool:
-    t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > timeout_s:
-            return False
-        time.sleep(poll_s)
-    return True
-
-
-def read_u32(host_addr: int) -> int:
-    return ctypes.c_uint32.from_address(host_addr).value

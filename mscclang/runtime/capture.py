@@ -18,7 +18,8 @@ from typing import Any, Callable, Optional
 
 from mscclang.errors import InvalidCall, NotPrepared, RuntimeUnavailable
 from mscclang.runtime import cuda as cu
-from mscclang.runtime.device_plan import MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, pack_blob, pack_blocks
+from mscclang.runtime.device_plan import MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, pack_blob
+from mscclang.runtime.packing import pack_blocks
 from mscclang.runtime.registration import (
     ARENA_STRIDE, Region, allocator_config, graph_arena_bytes, zero_copy_operands,
 )

@@ -19,9 +19,9 @@ from mscclang.errors import NotPrepared, RuntimeUnavailable
 from mscclang.plan.models import BufferKind, Plan
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.device_plan import (
-    KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, SyncLayout, group_scratch_bytes,
-    mapped_peers, pack_blob, pack_blocks,
+    KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, SyncLayout, mapped_peers, pack_blob,
 )
+from mscclang.runtime.packing import group_scratch_bytes, pack_blocks
 from mscclang.runtime.state import Context, DevPlan, DevPlanKey, LoadedPlan
 
 

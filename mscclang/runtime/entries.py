@@ -31,7 +31,8 @@ from mscclang.config import settings
 from mscclang.errors import NotPrepared, PlanError
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.contexts import ContextPool, drop_device_plans
-from mscclang.runtime.device_plan import SYNC_ABORT_OFF, pack_blocks
+from mscclang.runtime.device_plan import SYNC_ABORT_OFF
+from mscclang.runtime.packing import pack_blocks
 from mscclang.runtime.kernels import SPEC_ERRORS, KernelCache, unsupported
 from mscclang.runtime.ports import PortScript
 from mscclang.runtime.proxy import Incoming, PortLaunch

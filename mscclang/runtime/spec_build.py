@@ -202,7 +202,7 @@ def prebuild(plan, sizes: Sequence[tuple[int, int]], dtypes: Sequence[str], pack
     output bytes), dtype ('f16'...), packet type and reduce op into ``out_dir`` (the directory
     ``$MSCCLANG_CUBIN_DIR`` names on the GPU machine). Returns (label, file or reason) pairs;
     combinations the generator refuses are reported, not raised."""
-    from mscclang.runtime.device_plan import pack_blocks
+    from mscclang.runtime.packing import pack_blocks
 
     b = SpecBuilder(arch)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -29,8 +29,8 @@ from mscclang.plan.models import BufferKind, ChannelType, Plan
 from mscclang.runtime.device_plan import (
     DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE, DOP_SIGNAL, DOP_WAIT,
     FLAG_READS_PACKETS, FLAG_RELAXED, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT, SLOT_REMOTE0, SLOT_SCRATCH,
-    PackedRank,
 )
+from mscclang.runtime.packing import PackedRank
 from mscclang.runtime.structs import BLOCK_HEADER, DEV_OP
 
 KERNEL_NAME = "mscclang_spec"
