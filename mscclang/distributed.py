@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d   # AllgatherOptions is not re-exported by torch.distributed
 
 from mscclang.comm.communicator import Communicator
 from mscclang.comm.fallback import HostStaged, torch_backend_for
@@ -113,16 +114,18 @@ class MscclangProcessGroup(dist.ProcessGroup):
     (see the module docstring for which run there and which go to the inner group). ``store`` is
     the group's store (torch hands the creator a PrefixStore of the group), ``timeout`` bounds the
     inner groups' collectives; ``device`` is the Communicator's (default: the current CUDA device,
-    else the CPU)."""
+    else the CPU). ``communicator``: an existing Communicator of this rank to run on instead of
+    one made over the store (embedding, and the CPU tests on the simulator's back end); the group
+    closes it at shutdown."""
 
     def __init__(self, store: Any, rank: int, world_size: int,
                  timeout: datetime.timedelta = datetime.timedelta(minutes=5),  # noqa: B008
-                 device: Any = None) -> None:
+                 device: Any = None, communicator: Optional[Communicator] = None) -> None:
         super().__init__(rank, world_size)
         self._store = store
         self._timeout = timeout
         self._device = torch.device(device) if device is not None else _device_for(rank)
-        self._comm: Optional[Communicator] = Communicator(
+        self._comm: Optional[Communicator] = communicator or Communicator(
             store=dist.PrefixStore("mscclang/comm/", store), rank=rank, world_size=world_size,
             device=self._device, runtime_options={"timeout_s": timeout.total_seconds()})
         self._inner: dict[str, Any] = {}
@@ -186,15 +189,20 @@ class MscclangProcessGroup(dist.ProcessGroup):
         return call(self.inner_group(dev))
 
     def _run(self, opts: Any, result: list, body: Callable[[], None]) -> MscclangWork:
-        """Run ``body`` now; a failure raises here for a synchronous call, else from wait()."""
+        """Run ``body`` now; a failure raises here for a synchronous call, else from wait(). An
+        asynchronous CUDA call records an event after the collective (its ``wait()`` may come on
+        another stream); a synchronous one records nothing: torch waits for it at once on the
+        stream the collective was issued on, so the order already holds (and a captured graph
+        gets no event node)."""
         out = _Outcome(result=result)
+        is_async = getattr(opts, "asyncOp", True)
         try:
             body()
         except Exception as e:  # noqa: BLE001 - handed to the caller through the Work
-            if not getattr(opts, "asyncOp", True):
+            if not is_async:
                 raise
             out.error = e
-        if self._device.type == "cuda" and out.error is None:
+        if is_async and self._device.type == "cuda" and out.error is None:
             out.event = torch.cuda.Event()
             out.event.record(torch.cuda.current_stream(self._device))
         return MscclangWork(out)
@@ -223,7 +231,7 @@ class MscclangProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------ all-gather
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         """Gather every rank's ``input`` into ``output`` (torch >= 2.13's name)."""
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else _c10d.AllgatherOptions()
         reason = self._fallback_reason([output, input])
         if reason:
             return self._to_inner("all_gather", reason, [output, input],
@@ -239,7 +247,7 @@ class MscclangProcessGroup(dist.ProcessGroup):
         return _last(works, outputs)
 
     def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else _c10d.AllgatherOptions()
         outs = [t for lst in output_lists for t in lst]
         reason = self._fallback_reason(outs + list(inputs)) or (None if len(inputs) == 1 else "several tensors")
         if reason:
