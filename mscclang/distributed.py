@@ -144,6 +144,26 @@ class MscclangProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
         return BACKEND_NAME
 
+    # torch's ProcessGroup reads its name from its first registered C++ backend, and this group
+    # registers none (it is the backend): the name torch gives it is kept here, so that
+    # functional collectives (DTensor, FSDP2, torch.compile) resolve the group by name
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        name = getattr(self, "_name", None)
+        if name is None:
+            raise RuntimeError("ProcessGroup name not set")
+        return name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_desc", "undefined")
+
     def inner_group(self, device_type: str) -> Any:
         """The inner group for tensors of ``device_type`` (NCCL for ``cuda``, gloo otherwise),
         made on first use over the same store. Collective: every rank reaches the same first

@@ -301,3 +301,25 @@ def test_ddp_example_under_torchrun():
     assert p.returncode == 0, p.stdout + p.stderr
     for r in (0, 1):
         assert f"ddp_mscclang: rank {r}: 50 steps on mscclang and on gloo: parameters bit-identical" in p.stdout
+
+
+def test_torch_callers_under_torchrun(tmp_path):
+    """tools/backend_checks.py on the CPU: every mapped op and what torch builds on them (DDP,
+    FSDP2 with uneven shards, a DeviceMesh with tensor-parallel layers, torch.compile of a
+    functional all_reduce with the eager and inductor backends), each checked. Found by it:
+    functional collectives (hence FSDP2, DTensor, torch.compile) failed with "ProcessGroup name not
+    set": torch reads a group's name from its first C++ backend, which this group has none of."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    out = tmp_path / "checks.json"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-port", str(_free_port()), str(ROOT / "tools" / "backend_checks.py"),
+                        "--out", str(out)], env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    import json
+
+    res = json.loads(out.read_text())
+    want = {"all_reduce", "gathers", "broadcast_barrier", "point_to_point", "async_ops", "inner_group", "ddp",
+            "fsdp2", "tensor_parallel", "compiled"}
+    assert set(res["checks"]) == want and all(v == "ok" for v in res["checks"].values()), res["checks"]

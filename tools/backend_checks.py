@@ -4,9 +4,12 @@
     torchrun --nproc-per-node 2 tools/backend_checks.py [--out FILE]
 
 The only mscclang lines are ``import mscclang.distributed`` and ``init_process_group("mscclang")``;
-everything else is ordinary torch code on ordinary CUDA tensors. Each rank binds GPU
+everything else is ordinary torch code on ordinary tensors. Each rank binds GPU
 ``LOCAL_RANK % device_count`` (with one GPU, export ``MSCCLANG_RANKS_PER_GPU=2``: the two ranks
-share it, and what torch.distributed cannot run on NCCL there goes to gloo).
+share it, and what torch.distributed cannot run on NCCL there goes to gloo). Without CUDA every
+check runs on CPU tensors (the Communicator then runs each call through its gloo fallback: what
+is checked is that torch's callers reach the right operations), except the CUDA-graph capture and
+the host-overhead measurement.
 
 Checks, each result compared exactly with the reference every rank computes locally (inputs are
 small integers, so every sum is exact in every dtype and order):
@@ -18,8 +21,16 @@ small integers, so every sum is exact in every dtype and order):
 * ``async_op=True``: ``wait()`` then the result, and ``get_future()``;
 * calls that go to the inner group: float64 ``all_reduce``, uneven ``all_to_all_single``, ``reduce``;
 * CUDA-graph capture of ``dist.all_reduce`` on a size run once eagerly, replayed on new data;
-* DDP: 30 training steps of a small MLP on the backend and on a gloo group of the same ranks,
-  parameters bit-identical;
+* DDP: 30 training steps of a small MLP on the backend and on a reference group of the same ranks
+  (NCCL with a GPU per rank, else gloo), parameters bit-identical;
+* FSDP2 (``fully_shard`` per layer and on the model, a DeviceMesh over the group): 10 steps,
+  parameters bit-identical to the same run on the reference group (on ranks sharing a GPU, where
+  the reference would be gloo on CUDA tensors, which gloo cannot reduce-scatter: against the same
+  run on the CPU over gloo, within 1e-5);
+* tensor parallelism: a DeviceMesh over the backend, ``ColwiseParallel`` then ``RowwiseParallel``
+  on a two-layer MLP, the output against the unsharded model (within 1e-5);
+* torch.compile of a function calling ``torch.distributed._functional_collectives.all_reduce``
+  (backends ``eager`` and ``inductor``), exact;
 * the host time per eager ``dist.all_reduce`` of 4,096 bf16 elements against the same call on the
   group's Communicator (medians of 200; on a shared GPU these times mean little).
 
@@ -198,15 +209,22 @@ class Checks:
             torch.cuda.synchronize()
             self.same(t, torch.stack([x.double() for x in xs]).sum(0).to(torch.bfloat16), f"graph replay {i}")
 
+    def reference_group(self) -> Any:
+        """NCCL with a GPU per rank, else gloo (CPU, or ranks sharing a GPU)."""
+        from mscclang.comm.fallback import torch_backend_for
+
+        return dist.new_group(backend=torch_backend_for(self.device.type))
+
     def ddp(self) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        gloo = dist.new_group(backend="gloo")
+        ref = self.reference_group()
+        cuda = self.device.type == "cuda"
 
         def train(group: Any) -> list[torch.Tensor]:
             torch.manual_seed(0)
             model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8)).to(self.device)
-            m = DDP(model, device_ids=[self.device.index], process_group=group, bucket_cap_mb=0.01)
+            m = DDP(model, device_ids=[self.device.index] if cuda else None, process_group=group, bucket_cap_mb=0.01)
             opt = torch.optim.SGD(m.parameters(), lr=0.05)
             gen = torch.Generator().manual_seed(1000 + self.rank)
             for _ in range(30):
@@ -215,12 +233,78 @@ class Checks:
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(m(x), y).backward()
                 opt.step()
-            torch.cuda.synchronize()
+            if cuda:
+                torch.cuda.synchronize()
             return [p.detach().clone() for p in model.parameters()]
 
-        ours, theirs = train(dist.group.WORLD), train(gloo)
+        ours, theirs = train(dist.group.WORLD), train(ref)
         for i, (a, b) in enumerate(zip(ours, theirs)):
-            self.same(a, b, f"DDP parameter {i} (mscclang against gloo)")
+            self.same(a, b, f"DDP parameter {i} (mscclang against the reference group)")
+
+    def _fsdp_train(self, mesh: Any, device: torch.device) -> list[torch.Tensor]:
+        from torch.distributed.fsdp import fully_shard
+
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(33, 64), torch.nn.ReLU(), torch.nn.Linear(64, 7)).to(device)
+        for layer in m:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)   # uneven: 33x64 and 7 rows do not split evenly
+        fully_shard(m, mesh=mesh)
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(100 + self.rank)
+        for _ in range(10):
+            x = torch.randn(8, 33, generator=g).to(device)
+            y = torch.randn(8, 7, generator=g).to(device)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            opt.step()
+        return [p.full_tensor().detach().cpu().clone() for p in m.parameters()]
+
+    def fsdp2(self) -> None:
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+        from mscclang.comm.fallback import torch_backend_for
+
+        ours = self._fsdp_train(init_device_mesh(self.device.type, (self.world,)), self.device)
+        exact = not (self.device.type == "cuda" and torch_backend_for("cuda") == "gloo")
+        if exact:
+            ref = self._fsdp_train(DeviceMesh.from_group(self.reference_group(), self.device.type), self.device)
+        else:   # ranks share a GPU: the reference runs on the CPU over gloo
+            ref = self._fsdp_train(DeviceMesh.from_group(dist.new_group(backend="gloo"), "cpu"), torch.device("cpu"))
+        for i, (a, b) in enumerate(zip(ours, ref)):
+            if exact:
+                self.same(a, b, f"FSDP2 parameter {i}")
+            elif not torch.allclose(a, b, atol=1e-5, rtol=1e-5):
+                raise AssertionError(f"FSDP2 parameter {i}: max |diff| {float((a - b).abs().max())}")
+
+    def tensor_parallel(self) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = init_device_mesh(self.device.type, (self.world,))
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16)).to(self.device)
+        ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16)).to(self.device)
+        ref.load_state_dict(m.state_dict())
+        tp = parallelize_module(m, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(5)).to(self.device)
+        y = tp(x)
+        y = y.full_tensor() if hasattr(y, "full_tensor") else y
+        want = ref(x)
+        if not torch.allclose(y, want, atol=1e-5, rtol=1e-5):
+            raise AssertionError(f"tensor-parallel output: max |diff| {float((y - want).abs().max())}")
+
+    def compiled(self) -> None:
+        import torch.distributed._functional_collectives as funcol
+
+        def f(x: torch.Tensor) -> torch.Tensor:
+            return funcol.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+
+        x = torch.full((1024,), float(self.rank + 1), device=self.device)
+        want = torch.full((1024,), 2.0 * sum(range(1, self.world + 1)) + 1, device=self.device)
+        for backend in ("eager", "inductor"):
+            torch._dynamo.reset()
+            self.same(torch.compile(f, backend=backend)(x), want, f"torch.compile ({backend}) functional all_reduce")
 
     def overhead(self) -> dict:
         comm = dist.group.WORLD.communicator
@@ -248,23 +332,28 @@ def main(argv: Any = None) -> int:
     ap = argparse.ArgumentParser(prog="backend_checks.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", metavar="FILE", help="also write rank 0's JSON line to FILE")
     args = ap.parse_args(argv)
-    if "RANK" not in os.environ or not torch.cuda.is_available():
-        print("backend_checks: run under torchrun on a CUDA machine", file=sys.stderr)
+    if "RANK" not in os.environ:
+        print("backend_checks: run under torchrun (torchrun --nproc-per-node 2 tools/backend_checks.py)",
+              file=sys.stderr)
         return 2
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local % torch.cuda.device_count())
-    torch.cuda.set_device(device)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", local % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dist.init_process_group("mscclang")
     c = Checks(device)
     t0 = time.perf_counter()
-    for name in ("all_reduce", "gathers", "broadcast_barrier", "point_to_point", "async_ops", "inner_group",
-                 "graph", "ddp"):
+    names = ["all_reduce", "gathers", "broadcast_barrier", "point_to_point", "async_ops", "inner_group",
+             "ddp", "fsdp2", "tensor_parallel", "compiled"]
+    for name in names + (["graph"] if cuda else []):
         c.run(name, getattr(c, name))
         dist.barrier()
     extra: dict = {}
-    c.run("overhead", lambda: extra.update(c.overhead()))
-    res = {"world_size": c.world, "device": torch.cuda.get_device_name(device),
+    if cuda:
+        c.run("overhead", lambda: extra.update(c.overhead()))
+    res = {"world_size": c.world, "device": torch.cuda.get_device_name(device) if cuda else "cpu",
            "ranks_per_gpu": os.environ.get("MSCCLANG_RANKS_PER_GPU", "1"), "seconds": round(time.perf_counter() - t0, 1),
            "checks": {k: ("ok" if v is None else v) for k, v in c.results.items()}, **extra}
     failed = [k for k, v in c.results.items() if v is not None]
