@@ -45,9 +45,11 @@ def main() -> int:
         print("run this under torchrun: torchrun --nproc-per-node 2 examples/ddp_mscclang.py", file=sys.stderr)
         return 2
     if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        # one GPU per rank; with fewer GPUs (MSCCLANG_RANKS_PER_GPU=2) ranks share them, and NCCL,
+        # which refuses two ranks on one GPU, gives way to gloo for the reference
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(device)
-        reference = "nccl"
+        reference = "nccl" if int(os.environ.get("MSCCLANG_RANKS_PER_GPU", "1") or 1) < 2 else "gloo"
     else:
         device = torch.device("cpu")
         reference = "gloo"
