@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "import-mscclpp": "import_cmd",
     "show": "show_cmd",
     "verify": "verify_cmd",
+    "predict": "predict_cmd",
     "run": "run_cmd",
     "build-kernel": "build_kernel_cmd",
     "bench": "bench_cmd",

@@ -1,0 +1,128 @@
+"""The cost model (mscclang.sim.cost, ``mscclang predict``): a predicted timeline per op for
+shipped plans, its Chrome trace, topologies, refusals, and its error against bench files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mscclang.errors import PlanError
+from mscclang.plan.io import load_plan
+from mscclang.sim import cost
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _plan(name: str):
+    f = ROOT / "plans" / f"{name}.json"
+    if not f.is_file():
+        pytest.skip("the shipped plans are not here")
+    return load_plan(f)
+
+
+@pytest.mark.parametrize("name", ["allreduce_oneshot_ll.r2.i1.inplace", "allreduce_rsag_zero_copy.r2.i32.inplace",
+                                  "allgather_ll.r2.i4", "reducescatter_zero_copy.r2.i32", "alltoall_ll.r2.i4",
+                                  "allreduce_rsag_zero_copy.r4.i16.inplace"])
+def test_every_op_gets_an_interval_in_plan_order(name):
+    plan = _plan(name)
+    coll = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter"}.get(
+        plan.collective, "all_to_all")
+    pred = cost.predict(plan, *cost.call_sizes(coll, plan.world_size << 20, plan.world_size))
+    n_ops = sum(len(tb.ops) for g in plan.gpus for tb in g.threadblocks)
+    assert len(pred.ops) == n_ops
+    assert pred.total_us > cost.calibrated().launch_us
+    for g in plan.gpus:
+        for tb in g.threadblocks:
+            mine = [o for o in pred.ops if o.rank == g.id and o.tb == tb.id]
+            assert [o.index for o in mine] == list(range(len(tb.ops)))
+            assert all(a.end_us <= b.start_us + 1e-9 for a, b in zip(mine, mine[1:]))   # sequential
+            assert all(o.end_us >= o.start_us for o in mine)
+    tr = pred.chrome_trace()
+    json.dumps(tr)
+    xs = [e for e in tr["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in xs} == set(range(plan.world_size)) and len(xs) == n_ops
+
+
+def test_bigger_messages_take_longer_and_more_ranks_share_the_links():
+    plan = _plan("allreduce_rsag_zero_copy.r2.i32.inplace")
+    t = [cost.predict(plan, n, n).total_us for n in (1 << 16, 1 << 20, 1 << 24, 1 << 28)]
+    assert t == sorted(t) and t[-1] > 100 * t[0] / 10
+    # the large-message time is the link: twice the bandwidth, about half the time
+    m = cost.calibrated()
+    fast = cost.Topology(2, 1, cost.CostModel(**{**cost.model_dict(m), "link_gbps": 2 * m.link_gbps,
+                                                  "block_gbps": 1e4}))
+    slow = cost.Topology(2, 1, cost.CostModel(**{**cost.model_dict(m), "block_gbps": 1e4}))
+    a, b = cost.predict(plan, 1 << 28, 1 << 28, slow).total_us, cost.predict(plan, 1 << 28, 1 << 28, fast).total_us
+    assert 0.4 < b / a < 0.6
+
+
+def test_a_wait_that_no_signal_satisfies_is_refused_with_where():
+    plan = _plan("allreduce_rsag_zero_copy.r2.i32.inplace")
+    bad = plan.model_copy(deep=True)
+    tb = bad.gpus[1].threadblocks[0]
+    tb.ops = [o for o in tb.ops if o.name.value not in ("signal", "rlxsignal")]   # rank 1 never signals
+    with pytest.raises(PlanError, match=r"rank 0 thread block 0 op \d+"):
+        cost.predict(bad, 1 << 20, 1 << 20)
+
+
+def test_topologies():
+    assert cost.load_topology("nvlink", 4).gpus_per_node == 4
+    t = cost.load_topology("2x4", 8)
+    assert (t.nodes, t.gpus_per_node) == (2, 4) and not t.same_node(3, 4) and t.same_node(4, 7)
+    with pytest.raises(PlanError, match="8 ranks"):
+        cost.load_topology("2x2", 8)
+    with pytest.raises(PlanError, match="not 'nvlink'"):
+        cost.load_topology("/nonexistent/topo.json", 2)
+
+
+def test_topology_file_overrides_the_rates(tmp_path):
+    f = tmp_path / "topo.json"
+    f.write_text(json.dumps({"gpus_per_node": 2, "model": {"link_us": 10.0}}))
+    plan = _plan("allreduce_oneshot_ll.r2.i1.inplace")
+    slow = cost.predict(plan, 1024, 1024, cost.load_topology(str(f), 2)).total_us
+    assert slow > cost.predict(plan, 1024, 1024).total_us
+    f.write_text(json.dumps({"gpus_per_node": 2, "model": {"warp_speed": 1}}))
+    with pytest.raises(PlanError, match="warp_speed"):
+        cost.load_topology(str(f), 2)
+
+
+def test_error_table_against_a_bench_file(tmp_path):
+    rows = [{"coll": "all_reduce", "impl": "mscclang", "mode": "graph", "bytes": 1024, "us": 2.0, "ok": True,
+             "plan": "allreduce_oneshot_ll.r2.i1.inplace (direct)"},
+            {"coll": "all_reduce", "impl": "nccl", "mode": "graph", "bytes": 1024, "us": 9.0, "ok": True},
+            {"coll": "all_reduce", "impl": "mscclang", "mode": "graph", "bytes": 1 << 24, "us": 60.0, "ok": True,
+             "plan": "allreduce_rsag_zero_copy.r2.i32.inplace (direct)"},
+            {"coll": "all_reduce", "impl": "mscclang", "mode": "eager", "bytes": 1024, "us": 9.0, "ok": True,
+             "plan": "allreduce_oneshot_ll.r2.i1.inplace (direct)"}]
+    f = tmp_path / "bench.json"
+    f.write_text(json.dumps({"format": "x", "meta": {"world_size": 2}, "results": rows}))
+    br = cost.bench_rows(f)
+    assert [(r.nbytes, r.us) for r in br] == [(1024, 2.0), (1 << 24, 60.0)]   # mscclang, graph only
+    errs = cost.errors(br, ROOT / "plans", cost.calibrated())
+    table = {(t["collective"], t["sizes"]): t for t in cost.error_table(errs)}
+    assert table[("all", "all")]["rows"] == 2
+    assert table[("all_reduce", "<= 64 KiB")]["rows"] == 1 and table[("all_reduce", "> 4 MiB")]["rows"] == 1
+    one = errs[0]
+    assert one.error == pytest.approx((one.predicted_us - 2.0) / 2.0)
+
+
+def test_cli(tmp_path):
+    plan = ROOT / "plans" / "allreduce_oneshot_ll.r2.i1.inplace.json"
+    if not plan.is_file():
+        pytest.skip("the shipped plans are not here")
+    trace = tmp_path / "t.json"
+    p = subprocess.run([sys.executable, "-m", "mscclang", "predict", str(plan), "--size", "4K,1M", "--trace", str(trace),
+                        "--ops"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "predicted" in p.stdout and "rank 0 tb" in p.stdout
+    assert json.loads(trace.read_text())["traceEvents"]
+    p = subprocess.run([sys.executable, "-m", "mscclang", "predict", str(plan), "--topology", "3x3"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 1 and "mscclang predict:" in p.stderr and "Traceback" not in p.stderr
+    p = subprocess.run([sys.executable, "-m", "mscclang", "predict"], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT)
+    assert p.returncode == 2 and "give a plan" in p.stderr
