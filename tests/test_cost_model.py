@@ -47,6 +47,16 @@ def test_every_op_gets_an_interval_in_plan_order(name):
     assert {e["pid"] for e in xs} == set(range(plan.world_size)) and len(xs) == n_ops
 
 
+@pytest.mark.parametrize("name,topo", [("allgather_port.r4.i1", "nvlink"),
+                                       ("allgather_hierarchical.r4.i4.gpus_per_node2", "2x2")])
+def test_port_plans_finish_their_puts_with_signal(name, topo):
+    """Found by the model's first run: a put with signal (pws/pwsf) signals its peer; the model
+    left the peer's wait unsatisfied and called the plan stuck."""
+    plan = _plan(name)
+    pred = cost.predict(plan, 1 << 20, 4 << 20, cost.load_topology(topo, 4))
+    assert pred.total_us > 0 and len(pred.ops) == sum(len(tb.ops) for g in plan.gpus for tb in g.threadblocks)
+
+
 def test_bigger_messages_take_longer_and_more_ranks_share_the_links():
     plan = _plan("allreduce_rsag_zero_copy.r2.i32.inplace")
     t = [cost.predict(plan, n, n).total_us for n in (1 << 16, 1 << 20, 1 << 24, 1 << 28)]

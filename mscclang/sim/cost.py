@@ -223,7 +223,9 @@ class _Model:
         packet = op.name in (OpName.cpkt, OpName.ppkt, OpName.upkt, OpName.rppkt, OpName.repkt,
                              OpName.respkt, OpName.recpkt, OpName.recspkt)
         moved = size * len(refs) // 2 if len(refs) > 2 else size   # reads of a reduce add up
-        rate = m.packet_gbps if packet else m.block_gbps
+        # the copy engine moves a port put: no thread block's copy rate limits it
+        engine_op = op.channel_type == ChannelType.port or op.name in (OpName.pws, OpName.pwsf)
+        rate = m.packet_gbps if packet else (float("inf") if engine_op else m.block_gbps)
         peer = None
         ready = 0.0
         remote_write = False
@@ -299,16 +301,23 @@ def predict(plan: Plan, input_bytes: int, output_bytes: int, topology: Optional[
     return Prediction(plan.name, input_bytes, output_bytes, total, ops)
 
 
+def _signal(md: _Model, r: int, tb: Any, op: Op, at: float) -> None:
+    """Signals of ``op`` sent at ``at``: each becomes visible on the paired channel a flag (or,
+    between nodes, an engine) latency later."""
+    m = md.m
+    for c in op.channel_ids:
+        rank, ct, idx = md.channel_key(r, tb, op, c)
+        end = md.plan.paired_end(rank, ct, idx)
+        lat = m.flag_us if md.topo.same_node(r, end.rank) else m.engine_us
+        md.signals.setdefault((end.rank, ct, end.index), []).append(at + lat)
+
+
 def _step(md: _Model, b: _Block, op: Op) -> Optional[OpTime]:
     """Time ``op`` on block ``b``, or None when it must wait for another block first."""
     m, r, tb = md.m, b.rank, b.tb
     start = b.t
     if op.name in (OpName.signal, OpName.rlxsignal):
-        for c in op.channel_ids:
-            rank, ct, idx = md.channel_key(r, tb, op, c)
-            end = md.plan.paired_end(rank, ct, idx)
-            lat = m.flag_us if md.topo.same_node(r, end.rank) else m.engine_us
-            md.signals.setdefault((end.rank, ct, end.index), []).append(start + m.op_us + lat)
+        _signal(md, r, tb, op, start + m.op_us)
         return OpTime(r, tb.id, b.pc, op.name.value, start, start + m.op_us, 0, None, 0.0, op.src)
     if op.name in (OpName.wait, OpName.rlxwait):
         ready = start
@@ -343,6 +352,8 @@ def _step(md: _Model, b: _Block, op: Op) -> Optional[OpTime]:
     end = ready + dur
     for o in inner or []:
         md.note_packet_writes(r, tb, o, end)
+        if o.name in (OpName.pws, OpName.pwsf):   # a put with signal: the signal follows the data
+            _signal(md, r, tb, o, end)
     return OpTime(r, tb.id, b.pc, op.name.value, start, end, size, peer, ready - start, op.src)
 
 
@@ -442,9 +453,13 @@ FIT = {"link_gbps": (100.0, 900.0), "block_gbps": (5.0, 400.0), "packet_gbps": (
        "peer_exponent": (0.0, 2.0)}
 
 
+_ADDITIVE = frozenset({"peer_exponent", "op_us"})
+
+
 def fit(rows: list[BenchRow], plans_dir: Path, start: Optional[CostModel] = None, rounds: int = 6) -> CostModel:
-    """A model refitted to ``rows``: coordinate descent on :data:`FIT`'s entries (steps of x1.25
-    shrinking each round), minimising the median absolute error (then the mean)."""
+    """A model refitted to ``rows``: coordinate descent on :data:`FIT`'s entries (steps of x1.25,
+    or a tenth of the range for the exponent and the per-op cost, shrinking each round),
+    minimising the median absolute error (then the mean)."""
     import statistics
 
     def score(mdl: CostModel) -> tuple[float, float]:
@@ -458,7 +473,9 @@ def fit(rows: list[BenchRow], plans_dir: Path, start: Optional[CostModel] = None
         for name, (lo, hi) in FIT.items():
             for f in (step, 1 / step):
                 v = getattr(best, name)
-                trial = replace(best, **{name: min(max(v * f if v else 0.05, lo), hi)})
+                # rates and latencies scale; the exponent and the per-op cost step by a share of their range
+                nv = v + (hi - lo) * 0.4 * (step - 1) * (1 if f > 1 else -1) if name in _ADDITIVE else v * f
+                trial = replace(best, **{name: min(max(nv, lo), hi)})
                 s = score(trial)
                 if s < cur:
                     best, cur = trial, s
