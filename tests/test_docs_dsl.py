@@ -127,3 +127,33 @@ def test_example_runs_and_verifies(index):
     for prog in progs.values():
         report = verify(prog.to_plan(), schedules=3)
         assert report.ok, f"docs/dsl.md block {index}: {report}"
+
+
+def _ring_block() -> str:
+    found = [b for b in BLOCKS if "def ring_allgather(" in b]
+    assert len(found) == 1, "docs/dsl.md has one ring example (a block defining ring_allgather)"
+    return found[0]
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_ring_example_is_a_ring_and_verifies_for_any_rank_count(n):
+    """The ring example's program, for rank counts other than the one the block runs: every rank
+    has channels to its two ring neighbours only, and the plan verifies (2 ranks included, where
+    both neighbours are one peer and the pairing rule decides which channel is which)."""
+    namespace: dict = {"__name__": "__dsl_doc__"}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(_ring_block(), "dsl.md ring block", "exec"), namespace)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")    # an unbalanced channel would be a DSLWarning
+        plan = namespace["ring_allgather"](n).to_plan()
+    for r, gpu in enumerate(plan.gpus):
+        assert set(gpu.peers) == {(r + 1) % n, (r - 1) % n}, (r, gpu.peers)
+    report = verify(plan, schedules=4)
+    assert report.ok, f"ring_allgather({n}): {report}"
+
+
+def test_pairing_rule_is_stated():
+    section = TEXT[TEXT.index("## Channel pairing"):].split("\n## ", 1)[0]
+    assert "the j-th channel from rank A to rank B pairs with B's j-th channel to A" in section
+    assert "global channel index order" in section and "one-directional" in section
+    assert "```python" in section     # with an example that runs
