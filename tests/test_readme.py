@@ -82,7 +82,7 @@ def _main_job() -> str:
 
 
 def _show_command() -> str:
-    m = re.search(r"`(mscclang compile examples/oneshot_allreduce\.py[^`]*)`\nprints", TEXT)
+    m = re.search(r"`((?:mkdir -p \S+ && )?mscclang compile examples/oneshot_allreduce\.py[^`]*)`\nprints", TEXT)
     assert m, "the README names the command its `show` sample is the output of"
     return m.group(1)
 
