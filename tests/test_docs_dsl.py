@@ -10,7 +10,11 @@ import contextlib
 import enum
 import inspect
 import io
+import os
 import re
+import subprocess
+import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -18,9 +22,11 @@ import pytest
 
 import mscclang.dsl as dsl
 from mscclang.dsl import CollectiveProgram
+from mscclang.plan.models import ChannelType
 from mscclang.sim import verify
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "dsl.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "dsl.md"
 TEXT = DOC.read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", TEXT, flags=re.S)
 
@@ -127,3 +133,50 @@ def test_example_runs_and_verifies(index):
     for prog in progs.values():
         report = verify(prog.to_plan(), schedules=3)
         assert report.ok, f"docs/dsl.md block {index}: {report}"
+
+
+def _ring_block() -> str:
+    found = [b for b in BLOCKS if "def ring_allgather(" in b]
+    assert len(found) == 1, "docs/dsl.md has one ring example (a block defining ring_allgather)"
+    return found[0]
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+def test_ring_example_is_a_ring_and_verifies_for_any_rank_count(n):
+    """The ring example's program, for rank counts other than the one the block runs: every rank
+    has channels to its two ring neighbours only, and the plan verifies (2 ranks included, where
+    both neighbours are one peer and the pairing rule decides which channel is which)."""
+    namespace: dict = {"__name__": "__dsl_doc__"}
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(_ring_block(), "dsl.md ring block", "exec"), namespace)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")    # an unbalanced channel would be a DSLWarning
+        plan = namespace["ring_allgather"](n).to_plan()
+    for r, gpu in enumerate(plan.gpus):
+        peers = gpu.peers(ChannelType.memory)
+        assert set(peers) == {(r + 1) % n, (r - 1) % n}, (r, peers)
+    report = verify(plan, schedules=4)
+    assert report.ok, f"ring_allgather({n}): {report}"
+
+
+def test_pairing_rule_is_stated():
+    section = TEXT[TEXT.index("## Channel pairing"):].split("\n## ", 1)[0]
+    assert "the j-th channel from rank A to rank B pairs with B's j-th channel to A" in section
+    assert "global channel index order" in section and "one-directional" in section
+    assert "```python" in section     # with an example that runs
+
+
+def test_ring_example_compiles_and_verifies_from_the_command_line(tmp_path):
+    """What the ring section says to run: the block saved as ``ring.py`` with the ending it
+    gives, then ``mscclang compile`` and ``mscclang verify``."""
+    tail = re.search(r"end the file with\n\n((?:    .*\n)+)", TEXT)
+    assert tail, "the ring section shows how to end the file for `mscclang compile`"
+    source = tmp_path / "ring.py"
+    source.write_text(_ring_block() + "\n" + textwrap.dedent(tail.group(1)))
+    plan = tmp_path / "ring.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for args in (["compile", str(source), "-o", str(plan)], ["verify", str(plan)]):
+        res = subprocess.run([sys.executable, "-m", "mscclang", *args], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, (args, res.stderr)
+    assert "OK" in res.stdout and '"ring_allgather_8"' in plan.read_text()
