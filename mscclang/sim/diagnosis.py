@@ -230,9 +230,7 @@ def relaxed_edge(plan: Plan, rank: int, tb: int, index: Any) -> Optional[str]:
     first ``rlxsignal`` after it in its block (before any ``signal``) and the ``rlxwait`` that
     takes that signal (the n-th wait of a peer block on the channel back, when the n-th signal);
     ``None`` when the block has no such signal."""
-    if op_at(plan, rank, tb, index) is None:
-        return None
-    ops = plan.gpus[rank].threadblocks[tb].ops
+    ops = plan.gpus[rank].threadblocks[tb].ops if op_at(plan, rank, tb, index) is not None else []
     for j in range(_index_order(index)[0] + 1, len(ops)):
         sig = ops[j]
         if sig.name.value == "signal":
@@ -242,12 +240,10 @@ def relaxed_edge(plan: Plan, rank: int, tb: int, index: Any) -> Optional[str]:
         text = f"rank {rank} tb {tb} op {j} rlxsignal"
         for cid in sig.channel_ids:
             peer = _peer(plan, rank, tb, sig, cid)
-            if peer is None:
-                continue
             sent = [k for k, s in _waits_on(plan, rank, tb, peer, sig.channel_type)
-                    if s.name.value in ("signal", "rlxsignal")]
+                    if s.name.value in ("signal", "rlxsignal")] if peer is not None else []
             n = sent.index(j) if j in sent else -1
-            for t2 in range(len(plan.gpus[peer].threadblocks)):
+            for t2 in range(len(plan.gpus[peer].threadblocks) if peer is not None else 0):
                 got = [(k, w) for k, w in _waits_on(plan, peer, t2, rank, sig.channel_type)
                        if w.name.value in ("wait", "rlxwait")]
                 if 0 <= n < len(got) and got[n][1].name.value == "rlxwait":
@@ -314,8 +310,9 @@ def attribute_writers(problems: list[Problem], plan: Plan, sim: Any) -> None:
                        + (f" from {', '.join(t for t, _ in s)}" if s else "") for w, s in zip(writers, srcs))
         head = _HEAD.match(pr.message)
         never = all(s and all(n for _, n in s) for s in srcs)
-        if head is None or not (never or d.get("unwritten")):
-            pr.message += f" (written by {by})"
+        if head is None or not never:
+            late = ", but not before the launch's outputs were read" if d.get("unwritten") else ""
+            pr.message += f" (written by {by}{late})"
             continue
         rest = pr.message[head.end():].strip()
         rest = rest[rest.find(": ") + 2:] if d.get("unwritten") else f"it {rest}"
