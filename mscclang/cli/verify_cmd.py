@@ -1,4 +1,4 @@
-"""``mscclang verify PLAN.json [--schedules N] [--sizes 1K 4M ...] [--dtype fp16 ...] [--strict]``:
+"""``mscclang verify PLAN.json [--schedules N] [--sizes 1K 4M ...] [--dtype fp16 ...] [--strict] [--all]``:
 prove a plan in the CPU simulator.
 
 Exit status: 1 with the diagnosis when an error is found (deadlock cycle, race, wrong output);
@@ -9,7 +9,11 @@ MSCCL++ plan is imported first (a note on standard error says so); ``-`` reads t
 standard input. Sizes and dtypes follow :mod:`mscclang.cli.args`; ``--schedules`` is capped at
 :data:`~mscclang.cli.args.MAX_SCHEDULES` (1000) and ``--launches`` at
 :data:`~mscclang.cli.args.MAX_LAUNCHES` (16). A progress bar with an ETA is drawn on stderr when
-it is a terminal (or with ``--progress``)."""
+it is a terminal (or with ``--progress``). The first eight problems are printed, causes first
+(deadlocks, unbalanced channels and semaphores before the races they imply); ``--all`` prints
+every problem in full. A Python DSL program (``.py``) is refused with the command that compiles
+it: verify checks plans, and a program's own arguments (ranks, instances) are for
+``mscclang compile`` to take."""
 
 from __future__ import annotations
 
@@ -45,6 +49,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--senders", default=None, metavar="S0,S1,...",
                    help="sendrecv only: the rank each rank receives from, e.g. 3,0,1,2 "
                         "(default: taken from the plan's data flow)")
+    p.add_argument("--all", action="store_true", dest="show_all",
+                   help="print every problem in full (default: the first 8, causes first)")
     add_progress_flag(p)
     p.set_defaults(func=run)
 
@@ -62,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
     from mscclang.cli.show_cmd import read_plan_any
     from mscclang.sim.verify import DEFAULT_DTYPES, verify
 
+    if args.plan.endswith(".py"):
+        raise MscclangError(f"{args.plan} is a DSL program (Python), not a plan: compile it first, "
+                            f"`mscclang compile {args.plan} -o plan.json`, then `mscclang verify plan.json`")
     plan, was_mscclpp = read_plan_any(args.plan)
     if was_mscclpp:
         print(f"note: {args.plan} is an MSCCL++ plan; verifying it as imported "
@@ -83,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
                      seed=args.seed, reduce_ops=args.reduce_op, symbolic=not args.no_symbolic,
                      progress=step, **kw)
     code = rep.exit_code(strict=args.strict)
-    print(str(rep), file=sys.stdout if code == 0 else sys.stderr)
+    print(rep.render(show_all=args.show_all), file=sys.stdout if code == 0 else sys.stderr)
     if code and not rep.failed:
         print(f"--strict: {rep.status}{' (vacuous)' if rep.vacuous else ''}"
               f"{f' with {len(rep.warnings)} warning(s)' if rep.warnings else ''} is not a proof",

@@ -3,7 +3,9 @@
 * :func:`group_key`: what makes two findings the same bug (so a bug seen at many sizes, dtypes,
   schedules and launches is reported once, with its count and cases);
 * :func:`classify`: a race that only a relaxed signal/wait publishing multimem stores leaves
-  unordered becomes a ``multimem-relaxed`` warning;
+  unordered becomes a ``multimem-relaxed`` warning; any other race that only a relaxed edge
+  orders names that ``rlxsignal -> rlxwait`` (:func:`relaxed_edge`);
+* :func:`attribute_writers`: a wrong output chunk names the ops that wrote it and their sources;
 * :func:`rotate_cycle`: a wait-for cycle is printed from the op the author wrote first;
 * :func:`annotate_sources`: every ``rank R tb T op I`` gets the op's DSL source line
   (``program.py:42``) when the plan records it (the optional ``src`` field of an op).
@@ -14,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-from mscclang.plan.models import ChannelType, Op, Plan
+from mscclang.plan.models import BufferKind, ChannelType, Op, Plan
 from mscclang.sim.report import Problem
 
 _LAUNCH = re.compile(r"launch \d+")
@@ -196,8 +198,123 @@ def classify(problem: Problem, plan: Plan) -> None:
     if first is None or getattr(first, "tb", -1) < 0:
         return
     if not _multimem_store(op_at(plan, first.rank, first.tb, first.index)):
+        edge = relaxed_edge(plan, first.rank, first.tb, first.index)
+        problem.details["relaxed"] = edge
+        problem.message += (f" (only a relaxed signal/wait orders them: "
+                            f"{edge or 'an rlxsignal -> rlxwait'}; a relaxed signal does not "
+                            "publish the data written before it: use signal/wait)")
         return
     problem.kind = "multimem-relaxed"
     problem.message += (" (only a relaxed signal/wait orders the multimem store before it: a "
                         "weaker hazard than a missing synchronisation; use signal/wait to publish "
                         "the store, or accept it: a warning unless --strict)")
+
+
+def _peer(plan: Plan, rank: int, tb: int, op: Op, cid: int) -> Optional[int]:
+    """The rank at the other end of channel ``cid`` (TB-local) of ``op``."""
+    lst = plan.gpus[rank].threadblocks[tb].channel_list(op.channel_type)
+    peers = plan.gpus[rank].peers(op.channel_type)
+    if not 0 <= cid < len(lst) or not 0 <= lst[cid] < len(peers):
+        return None
+    return peers[lst[cid]]
+
+
+def _waits_on(plan: Plan, rank: int, tb: int, peer: int, ctype: ChannelType) -> list[tuple[int, Op]]:
+    """(index, op) of the signals (or waits) of block ``tb`` on ``ctype`` channels to ``peer``."""
+    return [(k, w) for k, w in enumerate(plan.gpus[rank].threadblocks[tb].ops)
+            if w.channel_type == ctype and any(_peer(plan, rank, tb, w, c) == peer for c in w.channel_ids)]
+
+
+def relaxed_edge(plan: Plan, rank: int, tb: int, index: Any) -> Optional[str]:
+    """The relaxed edge that publishes what op ``index`` of ``rank``'s block ``tb`` wrote: the
+    first ``rlxsignal`` after it in its block (before any ``signal``) and the ``rlxwait`` that
+    takes that signal (the n-th wait of a peer block on the channel back, when the n-th signal);
+    ``None`` when the block has no such signal."""
+    ops = plan.gpus[rank].threadblocks[tb].ops if op_at(plan, rank, tb, index) is not None else []
+    for j in range(_index_order(index)[0] + 1, len(ops)):
+        sig = ops[j]
+        if sig.name.value == "signal":
+            return None
+        if sig.name.value != "rlxsignal":
+            continue
+        text = f"rank {rank} tb {tb} op {j} rlxsignal"
+        for cid in sig.channel_ids:
+            peer = _peer(plan, rank, tb, sig, cid)
+            sent = [k for k, s in _waits_on(plan, rank, tb, peer, sig.channel_type)
+                    if s.name.value in ("signal", "rlxsignal")] if peer is not None else []
+            n = sent.index(j) if j in sent else -1
+            for t2 in range(len(plan.gpus[peer].threadblocks) if peer is not None else 0):
+                got = [(k, w) for k, w in _waits_on(plan, peer, t2, rank, sig.channel_type)
+                       if w.name.value in ("wait", "rlxwait")]
+                if 0 <= n < len(got) and got[n][1].name.value == "rlxwait":
+                    return f"{text} -> rank {peer} tb {t2} op {got[n][0]} rlxwait"
+        return text
+    return None
+
+
+def _kernel_writers(sim: Any, rank: int, kind: BufferKind, off: int, ln: int) -> list:
+    """The ops (no host) whose writes of ``rank``'s buffer ``kind`` bytes [off, off + ln) the
+    run's access log holds last (either scratch half), one per op."""
+    mem = sim.mem[rank]
+    out: dict[tuple, Any] = {}
+    for half in {0, mem.scratch_half if kind == BufferKind.scratch else 0}:
+        key, a = mem.addr(kind, off, half)
+        wm = sim.log.writes.get(f"rank{rank}.{key}") if sim.log is not None else None
+        for _, _, acc in (wm.overlapping(a, a + ln) if wm is not None else ()):
+            if not acc.host:
+                out.setdefault((acc.op.rank, acc.op.tb, acc.op.index), acc.op)
+    return list(out.values())
+
+
+def _sources(plan: Plan, sim: Any, ref: Any) -> list[tuple[str, bool]]:
+    """(``rank 1 scratch chunk 0``, never written) for every source of the op ``ref`` names:
+    never written when it is an output or scratch chunk that no kernel op wrote."""
+    op = op_at(plan, ref.rank, ref.tb, ref.index)
+    out: list[tuple[str, bool]] = []
+    for b in (op.src_buff if op is not None else ()):
+        rank, kind = ref.rank, b.type
+        if b.is_remote:
+            ids = plan.gpus[rank].threadblocks[ref.tb].remote_buffer_list(op.channel_type)
+            rbs = plan.gpus[rank].remote_buffers
+            if not 0 <= b.buffer_id < len(ids) or not 0 <= ids[b.buffer_id] < len(rbs):
+                continue
+            rank, kind = rbs[ids[b.buffer_id]].rank, rbs[ids[b.buffer_id]].type
+        if kind is None or not 0 <= rank < len(sim.mem):
+            continue
+        chunks = f"chunk {b.index}" if b.size == 1 else f"chunks {b.index}-{b.index + b.size - 1}"
+        off, end = sim.mem[rank].layout.ref_span(kind, b.index, b.size)
+        never = kind != BufferKind.input and end > off and not _kernel_writers(sim, rank, kind, off, end - off)
+        out.append((f"rank {rank} {kind.name} {chunks}" + (", which no op wrote" if never else ""), never))
+    return out
+
+
+_HEAD = re.compile(r"^rank \d+ output chunk \d+ \(launch [^)]*\)")
+
+
+def attribute_writers(problems: list[Problem], plan: Plan, sim: Any) -> None:
+    """Name, in every wrong-output problem (``postcondition``, ``symbolic``), the ops that wrote
+    the output chunk last in ``sim`` (a finished run with an access log) and their sources. A
+    chunk that ops wrote from sources no op wrote (never written themselves) is reported as
+    written only from sources never written, not as never written (details: ``unwritten``
+    false, ``unwritten_sources`` true)."""
+    for pr in problems:
+        d = pr.details
+        if pr.kind not in ("postcondition", "symbolic") or "chunk" not in d or sim.log is None:
+            continue
+        off, ln = sim.mem[d["rank"]].layout.span(BufferKind.output, d["chunk"])
+        writers = _kernel_writers(sim, d["rank"], BufferKind.output, off, ln)[:3]
+        if not writers:
+            continue
+        srcs = [_sources(plan, sim, w) for w in writers]
+        by = "; ".join(f"rank {w.rank} tb {w.tb} op {w.index} {w.name}"
+                       + (f" from {', '.join(t for t, _ in s)}" if s else "") for w, s in zip(writers, srcs))
+        head = _HEAD.match(pr.message)
+        never = all(s and all(n for _, n in s) for s in srcs)
+        if head is None or not never:
+            late = ", but not before the launch's outputs were read" if d.get("unwritten") else ""
+            pr.message += f" (written by {by}{late})"
+            continue
+        rest = pr.message[head.end():].strip()
+        rest = rest[rest.find(": ") + 2:] if d.get("unwritten") else f"it {rest}"
+        pr.message = f"{head.group(0)} was written only from sources never written: written by {by}; {rest}"
+        d["unwritten"], d["unwritten_sources"] = False, True

@@ -3,7 +3,7 @@ the reduction order) and symbolic (which input chunks reached each output elemen
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -161,6 +161,27 @@ def _bad_reduction(vals: list[np.ndarray], got: np.ndarray, dt: np.dtype, op: st
     return got != ref, ref
 
 
+def _wrong_chunk(r: int, c: int, launch: int, exp: Any, op: str, unwritten: bool, element: int,
+                 got: Any, ref: Any) -> Problem:
+    """The ``postcondition`` problem of rank ``r``'s wrong output chunk ``c`` (``exp``: what it
+    should hold): never written, or its first wrong ``element`` (``got`` instead of ``ref``)."""
+    m = len(exp.sources)
+    if exp.reduced:
+        should = f"the {op} of {m} input chunks {list(exp.sources)[:8]}"
+    else:
+        should = f"a copy of rank {exp.sources[0][0]} input chunk {exp.sources[0][1]}"
+    if unwritten:
+        msg = (f"was never written: it still holds the 0x{POISON:02X} bytes the simulator fills "
+               f"outputs with before each launch; it should be {should}")
+    elif exp.reduced:
+        msg = f"is not {should}: output element {element} is {_fmt(got)}, expected {_fmt(ref)}"
+    else:
+        msg = (f"should be {should} but differs (element {element} of the output is {_fmt(got)}, "
+               f"expected {_fmt(ref)})")
+    return Problem("postcondition", f"rank {r} output chunk {c} (launch {launch}) {msg}",
+                   details={"rank": r, "chunk": c, "unwritten": unwritten})
+
+
 def _check_numeric_chunkwise(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.ndarray],
                              outputs: list[np.ndarray], dt: np.dtype, op: str, launch: int,
                              limit: Optional[int]) -> list[Problem]:
@@ -197,24 +218,8 @@ def _check_numeric_chunkwise(spec: CollectiveSpec, layouts: list[Layout], inputs
         if not bad.any():
             continue
         i = int(np.argmax(bad))
-        unwritten = _never_written(raws[r], off, ln, dt)
-        if exp.reduced:
-            should = f"the {op} of {m} input chunks {list(exp.sources)[:8]}"
-        else:
-            p, j = exp.sources[0]
-            should = f"a copy of rank {p} input chunk {j}"
-        if unwritten:
-            msg = (f"rank {r} output chunk {c} (launch {launch}) was never written: it still "
-                   f"holds the 0x{POISON:02X} bytes the simulator fills outputs with before "
-                   f"each launch; it should be {should}")
-        elif exp.reduced:
-            msg = (f"rank {r} output chunk {c} (launch {launch}) is not {should}: output "
-                   f"element {o0 + i} is {_fmt(got[i])}, expected {_fmt(ref[i])}")
-        else:
-            msg = (f"rank {r} output chunk {c} (launch {launch}) should be {should} but "
-                   f"differs (element {o0 + i} of the output is {_fmt(got[i])}, "
-                   f"expected {_fmt(ref[i])})")
-        probs.append(Problem("postcondition", msg, details={"rank": r, "chunk": c, "unwritten": unwritten}))
+        probs.append(_wrong_chunk(r, c, launch, exp, op, _never_written(raws[r], off, ln, dt),
+                                  o0 + i, got[i], ref[i]))
         if limit is not None and len(probs) >= limit:
             return probs
     return probs
@@ -257,27 +262,9 @@ def check_numeric(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.n
             chunks, firsts = np.unique(ch[idx], return_index=True)
             for c, fi in zip(chunks.tolist(), firsts.tolist()):
                 i = int(idx[fi])
-                exp = spec.expect(r, c)
                 off, ln = layouts[r].span(BufferKind.output, c)
-                unwritten = _never_written(raw, off, ln, dt)
-                if reduced:
-                    should = f"the {op} of {m} input chunks {list(exp.sources)[:8]}"  # type: ignore[union-attr]
-                else:
-                    p, k = exp.sources[0]  # type: ignore[union-attr]
-                    should = f"a copy of rank {p} input chunk {k}"
-                if unwritten:
-                    msg = (f"rank {r} output chunk {c} (launch {launch}) was never written: it still "
-                           f"holds the 0x{POISON:02X} bytes the simulator fills outputs with before "
-                           f"each launch; it should be {should}")
-                elif reduced:
-                    msg = (f"rank {r} output chunk {c} (launch {launch}) is not {should}: output "
-                           f"element {int(oi[i])} is {_fmt(got[i])}, expected {_fmt(ref[i])}")
-                else:
-                    msg = (f"rank {r} output chunk {c} (launch {launch}) should be {should} but "
-                           f"differs (element {int(oi[i])} of the output is {_fmt(got[i])}, "
-                           f"expected {_fmt(ref[i])})")
-                probs.append(Problem("postcondition", msg,
-                                     details={"rank": r, "chunk": c, "unwritten": unwritten}))
+                probs.append(_wrong_chunk(r, c, launch, spec.expect(r, c), op,  # type: ignore[arg-type]
+                                          _never_written(raw, off, ln, dt), int(oi[i]), got[i], ref[i]))
                 if limit is not None and len(probs) >= limit:
                     return probs
     return probs

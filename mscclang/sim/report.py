@@ -17,9 +17,11 @@ from typing import Optional
 
 from mscclang.errors import VerificationError
 
-#: every kind of problem, in the order a report lists them
-KINDS = ("plan", "deadlock", "race", "unsynced-signal", "unbalanced-channel",
-         "unbalanced-semaphore", "postcondition", "symbolic", "multimem-relaxed")
+#: every kind of problem, in the order a report lists them: root causes (a plan that cannot run,
+#: deadlocks, unbalanced signal/wait and semaphores, unsynchronised signals) before the races
+#: they imply, and races before the wrong outputs they cause
+KINDS = ("plan", "deadlock", "unbalanced-channel", "unbalanced-semaphore", "unsynced-signal",
+         "race", "multimem-relaxed", "postcondition", "symbolic")
 
 #: kinds that are warnings: reported, but they fail a run only under ``strict``.
 #: ``multimem-relaxed``: a hazard that exists only because a relaxed signal/wait is the one edge
@@ -181,25 +183,34 @@ class Report:
         inner = [s for s in (vac[2:], warn if nw else "") if s]
         return "OK" + (f" ({'; '.join(inner)})" if inner else "")
 
+    def ranked(self) -> list[Problem]:
+        """The problems in the order of :data:`KINDS` (causes first), found order within a kind."""
+        order = {k: i for i, k in enumerate(KINDS)}
+        return sorted(self.problems, key=lambda p: order.get(p.kind, len(KINDS)))
+
     def __str__(self) -> str:
+        return self.render()
+
+    def render(self, show_all: bool = False) -> str:
+        """The printout: headline, what ran, notes, then the problems ranked (:meth:`ranked`):
+        the first :data:`SHOW_PROBLEMS` (12 lines each) and a count of the rest, or with
+        ``show_all`` every problem in full."""
         lines = [f"verify {self.plan_name}: {self.headline()}",
                  f"  {self.runs} runs in {self.seconds:.2f} s: sizes {', '.join(_fmt_size(s) for s in self.sizes)}; "
                  f"dtypes {', '.join(self.dtypes)}; reduce ops {', '.join(self.reduce_ops) or '-'}; "
                  f"packets {', '.join(self.packet_types)}; {len(self.schedules)} schedules; {self.launches} launches"]
         for n in self.notes:
             lines.append(f"  note: {n}")
-        shown = 0
-        ordered = [p for kind in KINDS for p in self.problems if p.kind == kind]
-        ordered += [p for p in self.problems if p.kind not in KINDS]
-        for p in ordered[:SHOW_PROBLEMS]:
-            lines.extend("  " + ln for ln in str(p).splitlines()[:12])
-            shown += 1
+        ordered = self.ranked()
+        shown = len(ordered) if show_all else min(len(ordered), SHOW_PROBLEMS)
+        for p in ordered[:shown]:
+            lines.extend("  " + ln for ln in str(p).splitlines()[:None if show_all else 12])
         if len(ordered) > shown:
             rest: dict[str, int] = {}
             for p in ordered[shown:]:
                 rest[p.kind] = rest.get(p.kind, 0) + 1
             lines.append(f"  ... and {len(ordered) - shown} more: "
-                         + ", ".join(f"{n} {k}" for k, n in rest.items()))
+                         + ", ".join(f"{n} {k}" for k, n in rest.items()) + " (--all prints every problem)")
         if self.warnings and not self.failed:
             lines.append("  (warnings fail only under --strict; see docs/verify.md)")
         return "\n".join(lines)

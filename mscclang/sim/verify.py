@@ -19,7 +19,7 @@ from mscclang.plan.models import BufferKind, Plan
 from mscclang.sim.budget import Deadline, Estimate, Limits, estimate_runs
 from mscclang.sim.dtypes import dtype_name, parse_dtype
 from mscclang.sim.engine import SCHEDULES, Simulation
-from mscclang.sim.diagnosis import annotate_sources, classify, group_key, rotate_cycle
+from mscclang.sim.diagnosis import annotate_sources, attribute_writers, classify, group_key, rotate_cycle
 from mscclang.sim.postcondition import check_numeric, check_symbolic, derive_senders, random_inputs
 from mscclang.sim.program import Program, sim_program
 from mscclang.sim.report import Deadlock, Problem, Report
@@ -446,7 +446,9 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             add(sim.problems, ctx)
             if spec.has_postcondition:
                 for k, outs in enumerate(sim.outputs):
-                    add(check_numeric(spec, prog.layouts, inputs, outs, dt, rop, k + 1), ctx)
+                    probs = check_numeric(spec, prog.layouts, inputs, outs, dt, rop, k + 1)
+                    attribute_writers(probs, p, sim)
+                    add(probs, ctx)
             ran()
 
     if symbolic and sizes and spec.has_postcondition and not stopped:
@@ -460,7 +462,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             inputs = random_inputs(len(p.gpus), ib, dt, seed)
             sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=dt, reduce_op="sum",
                              packet_type=pts[0], launches=launches, schedule="round_robin",
-                             seed=seed, spec=spec, check_races=False, nsym=nsym, poison_outputs=True,
+                             seed=seed, spec=spec, nsym=nsym, poison_outputs=True,
                              sym_granule=gran, deadline=deadline)
             rep.runs += 1
             ctx = f"symbolic, size {size}"
@@ -468,8 +470,10 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
                 sim.run()
                 if sim.sym_ok:
                     for k, sh in enumerate(sim.out_shadows):
-                        add(check_symbolic(spec, prog.layouts, sh, p.gpus[0].input_chunks, k + 1,
-                                           granule=gran), ctx)
+                        probs = check_symbolic(spec, prog.layouts, sh, p.gpus[0].input_chunks,
+                                               k + 1, granule=gran)
+                        attribute_writers(probs, p, sim)
+                        add(probs, ctx)
                 else:
                     rep.notes.append(f"symbolic check skipped: size {size} moves bytes that are not 4-byte aligned")
             except Deadlock as e:
@@ -480,14 +484,17 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     if stopped:
         rep.notes.append(f"stopped after {len(rep.problems)} distinct problems (max_problems): "
                          "counts cover the runs made")
-    unwritten = sorted({(pr.details["rank"], pr.details["chunk"]) for pr in rep.problems
-                        if pr.details.get("unwritten")})
-    if unwritten:
-        per: dict[int, list[int]] = {}
-        for r, c in unwritten:
-            per.setdefault(r, []).append(c)
-        shown = [f"rank {r} chunk{'s' * (len(cs) != 1)} {_ranges(cs)}" for r, cs in list(per.items())[:8]]
-        more = f"; and {len(per) - 8} more ranks" if len(per) > 8 else ""
-        rep.notes.append(f"output chunks never written ({len(unwritten)}): " + "; ".join(shown) + more)
+    for flag, what in (("unwritten", "never written"),
+                       ("unwritten_sources", "written only from sources never written")):
+        chunks = sorted({(pr.details["rank"], pr.details["chunk"]) for pr in rep.problems
+                         if pr.details.get(flag)})
+        if chunks:
+            per: dict[int, list[int]] = {}
+            for r, c in chunks:
+                per.setdefault(r, []).append(c)
+            shown = [f"rank {r} chunk{'s' * (len(cs) != 1)} {_ranges(cs)}" for r, cs in list(per.items())[:8]]
+            more = f"; and {len(per) - 8} more ranks" if len(per) > 8 else ""
+            rep.notes.append(f"output chunks {what} ({len(chunks)}): " + "; ".join(shown) + more)
+    rep.problems = rep.ranked()
     rep.seconds = time.perf_counter() - t0
     return rep
