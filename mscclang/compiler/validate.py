@@ -150,6 +150,21 @@ def paired_channel(ir: IRProgram, rank: int, ctype: ChannelType, j: int) -> Opti
     return paired_index(rank, peers, j, ir.ranks[peers[j]].peers(ctype))
 
 
+def channel_pairs(ir: IRProgram) -> dict[tuple[int, ChannelType, int], Optional[int]]:
+    """:func:`paired_channel` of every channel, keyed ``(rank, channel type, channel)``, in time
+    linear in the number of channels."""
+    ends: dict[tuple, int] = {}  # (rank, type, peer, ordinal among the rank's channels to peer) -> channel
+    keys: list[tuple] = []
+    for r in ir.ranks:
+        for ctype in (ChannelType.memory, ChannelType.port):
+            seen: Counter = Counter()
+            for j, peer in enumerate(r.peers(ctype)):
+                ends[(r.rank, ctype, peer, seen[peer])] = j
+                keys.append(((r.rank, ctype, j), (peer, ctype, r.rank, seen[peer])))
+                seen[peer] += 1
+    return {key: ends.get(other) for key, other in keys}
+
+
 def signal_wait_counts(ir: IRProgram) -> tuple[Counter, Counter]:
     """(signals, waits): Counters keyed by ``(rank, channel type, channel, pipeline context)``."""
     sig: Counter = Counter()
@@ -185,14 +200,20 @@ def signal_wait_imbalances(ir: IRProgram) -> list[str]:
     """One message per unbalanced channel and direction (see the module docstring), naming the
     ranks, channels and counts; empty when every channel is balanced."""
     sig, wai = signal_wait_counts(ir)
+    pairs = channel_pairs(ir)
+    sig_ctxs: dict[tuple, set] = {}
+    wai_ctxs: dict[tuple, set] = {}
+    for counts, index in ((sig, sig_ctxs), (wai, wai_ctxs)):
+        for key in counts:
+            index.setdefault(key[:3], set()).add(key[3])
     out: list[str] = []
     for r in ir.ranks:
         for ctype in (ChannelType.memory, ChannelType.port):
             for j, peer in enumerate(r.peers(ctype)):
-                pj = paired_channel(ir, r.rank, ctype, j)
-                ctxs = {k[3] for k in sig if k[:3] == (r.rank, ctype, j)}
+                pj = pairs.get((r.rank, ctype, j))
+                ctxs = set(sig_ctxs.get((r.rank, ctype, j), ()))
                 if pj is not None:
-                    ctxs |= {k[3] for k in wai if k[:3] == (peer, ctype, pj)}
+                    ctxs |= wai_ctxs.get((peer, ctype, pj), set())
                 for ctx in sorted(ctxs, key=lambda c: (1, 0, 0) if c is None else (0, *c)):
                     s = sig[(r.rank, ctype, j, ctx)]
                     if pj is None:
@@ -209,7 +230,7 @@ def signal_wait_imbalances(ir: IRProgram) -> list[str]:
                             f"channel {pj}{_ctx_text(ctx)}")
     # waits on channels whose peer has no paired channel at all
     for (rank, ctype, j, ctx), n in sorted(wai.items(), key=lambda kv: (kv[0][0], kv[0][1].value, kv[0][2])):
-        if n and paired_channel(ir, rank, ctype, j) is None:
+        if n and pairs.get((rank, ctype, j)) is None:
             peer = ir.ranks[rank].peers(ctype)[j]
             out.append(
                 f"unbalanced signal/wait: rank {rank} waits {n} times on its {ctype.value} channel {j} from rank "
@@ -266,8 +287,9 @@ def check_semaphores(ir: IRProgram) -> None:
 
 
 def validate(ir: IRProgram) -> IRProgram:
-    """Check the program (see the module docstring); return an unchanged copy."""
-    out = ir.copy()
+    """Check the program (see the module docstring); return it unchanged (the later passes
+    copy what they change)."""
+    out = ir
     for r in out.ranks:
         if len(r.tbs) > MAX_THREADBLOCKS:
             raise DSLError(f"rank {r.rank} uses {len(r.tbs)} thread blocks; at most {MAX_THREADBLOCKS} are allowed")
