@@ -316,9 +316,8 @@ def check_semaphores(ir: IRProgram) -> None:
 
 
 def validate(ir: IRProgram) -> IRProgram:
-    """Check the program (see the module docstring); return it unchanged (the later passes
-    copy what they change)."""
-    out = ir
+    """Check the program (see the module docstring); return an unchanged copy."""
+    out = ir.copy()
     for r in out.ranks:
         if len(r.tbs) > MAX_THREADBLOCKS:
             raise DSLError(f"rank {r.rank} uses {len(r.tbs)} thread blocks; at most {MAX_THREADBLOCKS} are allowed")
