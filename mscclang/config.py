@@ -348,6 +348,12 @@ class Settings:
     max_plan_ops = EnvInt(
         "MSCCLANG_MAX_PLAN_OPS", 100_000, "most ops a plan may hold (pipeline inner ops included)",
         minimum=1, error=LimitError)
+    compile_max_ranks = EnvInt(
+        "MSCCLANG_COMPILE_MAX_RANKS", 4096, "most ranks a DSL program may have", minimum=1, error=LimitError)
+    compile_max_ops = EnvInt(
+        "MSCCLANG_COMPILE_MAX_OPS", 1_000_000,
+        "most ops a DSL program may record, times its instances (the compiler's work and memory grow with them)",
+        minimum=1, error=LimitError)
     sim_max_memory = EnvBytes(
         "MSCCLANG_SIM_MAX_MEMORY", default_sim_max_memory, "bytes one simulation may use",
         minimum=1, default_doc="half the machine's memory, at most 8 GiB", error=LimitError)

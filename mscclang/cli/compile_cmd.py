@@ -40,6 +40,7 @@ Given a JSON plan instead of a program, the command says so (and suggests ``veri
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import inspect
 import io
@@ -51,6 +52,10 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from mscclang.cli.args import add_progress_flag
+from mscclang.cli.progress import Progress
+from mscclang.compiler.budget import check_ranks, reporting
+from mscclang.compiler.validate import MAX_THREADBLOCKS
 from mscclang.errors import CompileError, DSLError, MscclangError, MscclangWarning, PlanError
 from mscclang.plan.io import load_plan, plan_to_dict, plan_to_json
 from mscclang.plan.models import Plan
@@ -89,6 +94,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="treat DSL warnings (e.g. a signal/wait imbalance on one channel) as errors")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="do not report what was written (warnings and errors are still printed)")
+    add_progress_flag(p)
     p.set_defaults(func=run)
 
 
@@ -97,13 +103,22 @@ def run(args: argparse.Namespace) -> int:
     if function is None and (args.ranks is not None or args.instances is not None
                              or args.protocol is not None):
         function = "program"
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, \
+            Progress(None, f"compile {Path(args.program).name}", unit="op", enabled=args.progress) as bar:
         warnings.simplefilter("always", MscclangWarning)
+
+        def step(done: int, total: Optional[int]) -> None:
+            if total:
+                bar.set_total(total)
+            bar.update(done - bar.n)
+
         try:
-            plan = compile_file(args.program, getattr(args, "passthrough", []), function=function,
-                                   ranks=args.ranks, instances=args.instances, protocol=args.protocol,
-                                   check=not args.no_check, strict=args.strict)
+            with reporting(step):
+                plan = compile_file(args.program, getattr(args, "passthrough", []), function=function,
+                                    ranks=args.ranks, instances=args.instances, protocol=args.protocol,
+                                    check=not args.no_check, strict=args.strict)
         finally:
+            bar.close()
             _print_warnings(caught)
     if args.format == "mscclpp":
         from mscclang.plan.mscclpp import to_mscclpp
@@ -223,11 +238,17 @@ def _compile(path: Path, argv: Sequence[str], function: Optional[str], ranks: Op
             raise ProgramError(f"--ranks must be at least 1, got {ranks}")
         if instances is not None and instances < 1:
             raise ProgramError(f"--instances must be at least 1, got {instances}")
+        if instances is not None and instances > MAX_THREADBLOCKS:
+            raise ProgramError(f"--instances {instances}: {instances} instances is too many (each instance "
+                               f"of a thread block is a thread block, and a rank has at most {MAX_THREADBLOCKS})")
+        check_ranks(ranks, f"--ranks {ranks}: the program")
+        if not _binds(path, function):
+            raise ProgramError(_no_function(path, function))
         printed, namespace = _run_file(path, argv, "__mscclang_program__")
-        _echo(printed)
         fn = namespace.get(function)
         if not callable(fn):
-            raise ProgramError(f"{path} defines no function {function!r}")
+            raise ProgramError(_no_function(path, function, printed))
+        _echo(printed)
         kwargs = _arguments(fn, function, ranks, instances if instances is not None else 1,
                             protocol or "Simple")
         buf = io.StringIO()
@@ -288,6 +309,32 @@ def _run_file(path: Path, argv: Sequence[str], run_name: str) -> tuple[str, dict
             _echo(buf.getvalue())
             raise ProgramError(_describe(e, path)) from None
     return buf.getvalue(), namespace
+
+
+def _binds(path: Path, name: str) -> bool:
+    """Whether the program's top level may bind ``name`` (a def, class, assignment or import of
+    it, or a star import), read from its source without running it."""
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return True  # running it reports the problem
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+                a.name == "*" or (a.asname or a.name.split(".")[0]) == name for a in node.names):
+            return True
+    return False
+
+
+def _no_function(path: Path, function: str, printed: str = "") -> str:
+    """Why a program without ``function`` cannot take --ranks/--instances/--protocol."""
+    script = " (it is a script: it printed a plan when run)" if '"gpus"' in printed else ""
+    return (f"{path} defines no function {function!r}{script}: --ranks/--instances/--protocol call a "
+            f"function {function}(ranks, instances, protocol); a script that reads its own arguments "
+            f"takes them after '--' (mscclang compile {path} -- --num_gpus N)")
 
 
 def _user_line(e: BaseException, path: Path) -> Optional[int]:

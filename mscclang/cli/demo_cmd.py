@@ -87,8 +87,31 @@ def _gpu_worker(rank: int, world: int, port: int, sizes: list[int], dtype_name: 
     os._exit(0)
 
 
+#: bytes the demo holds per byte of the largest message: on a GPU, every rank's input (the
+#: reference is computed on each GPU), the communicator's buffers and NCCL's, the float32 result;
+#: on the simulator, per rank, the input, its copy, the result and the simulated buffers
+_GPU_BYTES_PER_BYTE = 8
+_SIM_BYTES_PER_BYTE = 12
+
+
+def _check_sizes(sizes: list[int], per_byte: int, limit: int, what: str, raise_it: str) -> None:
+    """Refuse (LimitError) a size whose demo would need more than ``limit`` bytes."""
+    from mscclang.errors import LimitError
+    from mscclang.units import format_bytes
+
+    big = max(sizes)
+    need = big * per_byte
+    if need > limit:
+        raise LimitError(f"--sizes {format_size(big)}: the demo needs about {format_bytes(need)} of {what} for it, "
+                         f"more than the {format_bytes(limit)} {raise_it}; choose smaller sizes")
+
+
 def run_gpus(sizes: list[int], dtype: str, world: int) -> int:
+    import torch
     import torch.multiprocessing as mp
+
+    free = min(torch.cuda.mem_get_info(d)[0] for d in range(world))
+    _check_sizes(sizes, world + _GPU_BYTES_PER_BYTE, free, "memory on each GPU", "free on the smallest GPU")
 
     os.environ["NCCL_NVLS_ENABLE"] = "0"
     ctx = mp.get_context("spawn")
@@ -113,6 +136,10 @@ def run_simulator(sizes: list[int], dtype: str, world: int = 2) -> int:
     """No GPUs: the communicator over the shipped plans, executed by the CPU simulator."""
     import torch
 
+    from mscclang.config import Settings, settings
+
+    _check_sizes(sizes, world * _SIM_BYTES_PER_BYTE, settings.sim_max_memory, "memory",
+                 f"a simulation may use (set {Settings.sim_max_memory.name} to raise it)")
     from mscclang.comm.catalog import Catalog
     from mscclang.comm.sim_ranks import run_ranks
     from mscclang.comm.tuning import load_tuning

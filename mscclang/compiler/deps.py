@@ -34,7 +34,7 @@ from typing import Optional
 import networkx as nx
 
 from mscclang.compiler.ir import IROp, IRProgram
-from mscclang.compiler.validate import paired_channel
+from mscclang.compiler.validate import channel_pairs
 from mscclang.errors import CompileError
 from mscclang.plan.models import BufferKind, ChannelType, OpName
 
@@ -132,8 +132,9 @@ def build_graph(ir: IRProgram) -> nx.DiGraph:
                     sig[(rank, op.channel_type, c)].append(node)
                 elif is_wait:
                     wai[(rank, op.channel_type, c)].append(node)
+    pairs = channel_pairs(ir)
     for (rank, ctype, c), sends in sig.items():
-        pj = paired_channel(ir, rank, ctype, c)
+        pj = pairs.get((rank, ctype, c))
         if pj is None:
             continue
         peer = ir.ranks[rank].peers(ctype)[c]
@@ -199,10 +200,9 @@ def build_graph(ir: IRProgram) -> nx.DiGraph:
 def check_acyclic(ir: IRProgram) -> nx.DiGraph:
     """Build the graph; raise CompileError naming the ops of a cycle if there is one."""
     g = build_graph(ir)
-    try:
-        cycle = nx.find_cycle(g)
-    except nx.NetworkXNoCycle:
+    if nx.is_directed_acyclic_graph(g):  # linear; find_cycle alone is quadratic on a DAG
         return g
+    cycle = nx.find_cycle(g)
     names = [g.nodes[u].get("label", str(u)) for u, _v in cycle]
     names.append(names[0])
     raise CompileError("dependency cycle (the program would deadlock): " + " -> ".join(names))

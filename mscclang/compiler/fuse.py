@@ -59,8 +59,21 @@ def _union(a: list[int], b: list[int]) -> list[int]:
     return out
 
 
+AccessIndex = dict[tuple, list[Access]]
+
+
+def access_index(accs: list[Access], into: Optional[AccessIndex] = None) -> AccessIndex:
+    """Accesses grouped by buffer key (only accesses of one key can conflict); ``into`` is
+    extended in place when given."""
+    index: AccessIndex = {} if into is None else into
+    for x in accs:
+        index.setdefault(x.key, []).append(x)
+    return index
+
+
 def _independent(a: IROp, b: IROp, allowed: Optional[Ref] = None, also_writes: bool = False,
-                 spec: Optional[CollectiveSpec] = None, writeback: bool = False) -> bool:
+                 spec: Optional[CollectiveSpec] = None, writeback: bool = False,
+                 prior: Optional[AccessIndex] = None) -> bool:
     """No access of ``b`` conflicts with one of ``a`` (ignoring ``b``'s reads of ``allowed``,
     the value being forwarded from ``a`` to ``b``, which the fused op reads after writing it, and
     with ``also_writes`` its writes of ``allowed`` too: the accumulator of a merged reduction).
@@ -68,12 +81,13 @@ def _independent(a: IROp, b: IROp, allowed: Optional[Ref] = None, also_writes: b
     With ``writeback`` (``a`` is a read-reduce), a write of ``b`` that covers exactly a remote
     range ``a`` only reads (same peer, buffer and chunks) is allowed: in the fused op each thread
     reads, reduces and writes back the same elements. Any other access of ``a`` that the write
-    overlaps still refuses the merge."""
-    acc_a = accesses(a, spec=spec)
+    overlaps still refuses the merge. ``prior``: :func:`access_index` of ``a``'s accesses (or
+    of a superset that conflicts with the same accesses), when the caller keeps one."""
+    acc_a = access_index(accesses(a, spec=spec)) if prior is None else prior
     for y in accesses(b, spec=spec):
         if allowed is not None and (also_writes or not y.write) and _is_ref(y, allowed, spec):
             continue
-        for x in acc_a:
+        for x in acc_a.get(y.key, ()):
             if not conflicts(x, y):
                 continue
             if writeback and _is_writeback(x, y):
@@ -100,9 +114,11 @@ def _merge_common(a: IROp, b: IROp) -> bool:
     return a.tbg == b.tbg
 
 
-def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None) -> Optional[IROp]:
+def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None,
+             prior: Optional[AccessIndex] = None) -> Optional[IROp]:
     """The op that does ``a`` then ``b``, or ``None`` when no rule applies; ``spec`` (the
-    program's collective) makes in-place input/output aliases count as the same bytes."""
+    program's collective) makes in-place input/output aliases count as the same bytes;
+    ``prior``: the :func:`access_index` of ``a`` (see :func:`_independent`)."""
     na, nb = a.name, b.name
     # nops and barriers
     if na == OpName.nop and nb == OpName.nop:
@@ -130,16 +146,16 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None) -> Optiona
                        origin=f"{a.origin} + {b.origin}")
     # multi puts / gets
     if na in _PUTS and nb == na and a.channel_type == b.channel_type:
-        if a.src[0].size != b.src[0].size or not _independent(a, b, spec=spec):
+        if a.src[0].size != b.src[0].size or not _independent(a, b, spec=spec, prior=prior):
             return None
         return replace(a, src=a.src + b.src, dst=a.dst + b.dst, channels=a.channels + b.channels,
                        origin=f"{a.origin} + {b.origin}")
     if na == OpName.rppkt and nb == OpName.rppkt and a.channel_type == b.channel_type:
-        if a.src != b.src or not _independent(a, b, spec=spec):
+        if a.src != b.src or not _independent(a, b, spec=spec, prior=prior):
             return None
         return replace(a, dst=a.dst + b.dst, channels=a.channels + b.channels, origin=f"{a.origin} + {b.origin}")
     if na == OpName.get and nb == OpName.get and a.channel_type == b.channel_type:
-        if a.src[0].size != b.src[0].size or not _independent(a, b, spec=spec):
+        if a.src[0].size != b.src[0].size or not _independent(a, b, spec=spec, prior=prior):
             return None
         return replace(a, src=a.src + b.src, dst=a.dst + b.dst, channels=a.channels + b.channels,
                        origin=f"{a.origin} + {b.origin}")
@@ -148,7 +164,7 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None) -> Optiona
         d = a.dst[0]
         if b.src[0] != d or b.dst[0] != d or a.reduce_op != b.reduce_op:
             return None
-        if not _independent(a, b, allowed=d, also_writes=True, spec=spec):
+        if not _independent(a, b, allowed=d, also_writes=True, spec=spec, prior=prior):
             return None
         return replace(a, src=a.src + b.src[1:], channels=_union(a.channels, b.channels),
                        channel_type=a.channel_type if a.channel_type != ChannelType.none else b.channel_type,
@@ -158,7 +174,7 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None) -> Optiona
             and b.channel_type == ChannelType.memory and a.channel_type in (ChannelType.none, ChannelType.memory):
         d = a.dst[0]
         writeback = na in (OpName.rre, OpName.rres)
-        if all(s == d for s in b.src) and _independent(a, b, allowed=d, spec=spec, writeback=writeback):
+        if all(s == d for s in b.src) and _independent(a, b, allowed=d, spec=spec, writeback=writeback, prior=prior):
             name = OpName.res if na in (OpName.re, OpName.res) else OpName.rres
             return replace(a, name=name, dst=a.dst + b.dst, channels=_union(a.channels, b.channels),
                            channel_type=ChannelType.memory, origin=f"{a.origin} + {b.origin}")
@@ -166,19 +182,19 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None) -> Optiona
     # packet reductions
     if na in (OpName.repkt, OpName.respkt) and nb == OpName.ppkt and b.channel_type == ChannelType.memory:
         d = a.dst[0]
-        if all(s == d for s in b.src) and _independent(a, b, allowed=d, spec=spec):
+        if all(s == d for s in b.src) and _independent(a, b, allowed=d, spec=spec, prior=prior):
             return replace(a, name=OpName.respkt, dst=a.dst + b.dst, channels=_union(a.channels, b.channels),
                            channel_type=ChannelType.memory, origin=f"{a.origin} + {b.origin}")
         return None
     if na == OpName.repkt and nb == OpName.cpkt and len(a.dst) == 1:
         d = a.dst[0]
-        if b.src == [d] and _independent(a, b, allowed=d, spec=spec):
+        if b.src == [d] and _independent(a, b, allowed=d, spec=spec, prior=prior):
             return replace(a, name=OpName.recpkt, dst=a.dst + b.dst, origin=f"{a.origin} + {b.origin}")
         return None
     if na in (OpName.recpkt, OpName.recspkt) and nb in (OpName.ppkt, OpName.rppkt) \
             and b.channel_type == ChannelType.memory:
         fwd = a.dst[0] if nb == OpName.ppkt else a.dst[1]
-        if all(s == fwd for s in b.src) and _independent(a, b, allowed=fwd, spec=spec):
+        if all(s == fwd for s in b.src) and _independent(a, b, allowed=fwd, spec=spec, prior=prior):
             return replace(a, name=OpName.recspkt, dst=a.dst + b.dst, channels=_union(a.channels, b.channels),
                            channel_type=ChannelType.memory, origin=f"{a.origin} + {b.origin}")
         return None
@@ -196,15 +212,21 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None) -> Optiona
 def fuse_ops(ops: list[IROp], spec: Optional[CollectiveSpec] = None) -> list[IROp]:
     """Fuse one thread block's op list (pipeline bodies recursively)."""
     out: list[IROp] = []
+    # the accesses of out[-1]; a merged op makes no access that its two parts do not (for
+    # conflicts: a reduction merge also lists the reads of the accumulator it writes)
+    prior: AccessIndex = {}
     for op in ops:
         if op.body is not None:
             op = replace(op, body=fuse_ops(op.body, spec))
+        acc = accesses(op, spec=spec)
         if out:
-            merged = try_fuse(out[-1], op, spec)
+            merged = try_fuse(out[-1], op, spec, prior)
             if merged is not None:
                 out[-1] = merged
+                access_index(acc, prior)
                 continue
         out.append(op)
+        prior = access_index(acc)
     return out
 
 

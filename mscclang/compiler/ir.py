@@ -14,8 +14,7 @@ numbering also happens in the emitter.
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from mscclang.plan.collectives import CollectiveSpec
@@ -95,6 +94,13 @@ class IROp:
     def describe(self) -> str:
         return self.origin or self.name.value
 
+    def copy(self) -> "IROp":
+        """An independent copy (lists and the body copied, refs shared: they are frozen)."""
+        return replace(self, src=list(self.src), dst=list(self.dst), channels=list(self.channels),
+                       barrier_tbs=None if self.barrier_tbs is None else list(self.barrier_tbs),
+                       semaphores=list(self.semaphores),
+                       body=None if self.body is None else [op.copy() for op in self.body])
+
 
 def op_where(rank: int, tb: int, idx: str, op: IROp) -> str:
     """``rank R, tb T, op I (the DSL call, program.py:42)`` for error messages (``idx`` is the op's
@@ -170,7 +176,13 @@ class IRProgram:
         return len(self.ranks)
 
     def copy(self) -> "IRProgram":
-        return copy.deepcopy(self)
+        """An independent copy: every list and op is new (refs, which are frozen, and the
+        collective spec are shared)."""
+        ranks = [replace(r, memory=list(r.memory), port=list(r.port),
+                         switch=[IRSwitch(s.buffer, list(s.ranks)) for s in r.switch],
+                         semaphores=list(r.semaphores), tbs=[[op.copy() for op in ops] for ops in r.tbs])
+                 for r in self.ranks]
+        return replace(self, ranks=ranks)
 
 
 # ------------------------------------------------------------------------------------------------

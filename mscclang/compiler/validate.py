@@ -25,13 +25,15 @@ DSL call that recorded the op:
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections import Counter
+from dataclasses import dataclass
 from typing import Optional
 
 from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref, op_where
 from mscclang.compiler.replicate import check_interleaved_ranges
-from mscclang.compiler.source import user_stacklevel
+from mscclang.compiler.source import user_frame, user_stacklevel
 from mscclang.errors import DSLError, DSLWarning
 from mscclang.plan.models import BufferKind, ChannelType, OpName, paired_index
 
@@ -150,8 +152,33 @@ def paired_channel(ir: IRProgram, rank: int, ctype: ChannelType, j: int) -> Opti
     return paired_index(rank, peers, j, ir.ranks[peers[j]].peers(ctype))
 
 
-def signal_wait_counts(ir: IRProgram) -> tuple[Counter, Counter]:
-    """(signals, waits): Counters keyed by ``(rank, channel type, channel, pipeline context)``."""
+def channel_pairs(ir: IRProgram) -> dict[tuple[int, ChannelType, int], Optional[int]]:
+    """:func:`paired_channel` of every channel, keyed ``(rank, channel type, channel)``, in time
+    linear in the number of channels."""
+    ends: dict[tuple, int] = {}  # (rank, type, peer, ordinal among the rank's channels to peer) -> channel
+    keys: list[tuple] = []
+    for r in ir.ranks:
+        for ctype in (ChannelType.memory, ChannelType.port):
+            seen: Counter = Counter()
+            for j, peer in enumerate(r.peers(ctype)):
+                ends[(r.rank, ctype, peer, seen[peer])] = j
+                keys.append(((r.rank, ctype, j), (peer, ctype, r.rank, seen[peer])))
+                seen[peer] += 1
+    return {key: ends.get(other) for key, other in keys}
+
+
+@dataclass(frozen=True)
+class Imbalance:
+    """One unbalanced channel and direction: the message, and the source line (``file.py:42``)
+    of the first signal or wait of the side that has more (the DSL call to look at), if known."""
+
+    message: str
+    source: Optional[str] = None
+
+
+def signal_wait_counts(ir: IRProgram, sources: Optional[dict] = None) -> tuple[Counter, Counter]:
+    """(signals, waits): Counters keyed by ``(rank, channel type, channel, pipeline context)``;
+    ``sources`` (when given) gets ``("signal" or "wait", key) -> the first op's source line``."""
     sig: Counter = Counter()
     wai: Counter = Counter()
 
@@ -166,10 +193,13 @@ def signal_wait_counts(ir: IRProgram) -> tuple[Counter, Counter]:
                 op.channel_type == ChannelType.port and op.name in (OpName.pws, OpName.pwsf))
             is_wait = op.name in (OpName.wait, OpName.rlxwait)
             for c in op.channels:
+                key = (rank, op.channel_type, c, ctx)
                 if is_sig:
-                    sig[(rank, op.channel_type, c, ctx)] += 1
+                    sig[key] += 1
                 elif is_wait:
-                    wai[(rank, op.channel_type, c, ctx)] += 1
+                    wai[key] += 1
+                if sources is not None and (is_sig or is_wait):
+                    sources.setdefault(("signal" if is_sig else "wait", key), op.source)
 
     for r in ir.ranks:
         for ops in r.tbs:
@@ -181,40 +211,48 @@ def _ctx_text(ctx: Optional[tuple[int, int]]) -> str:
     return "" if ctx is None else f" (inside pipelines with unit={ctx[0]}, num_chunks={ctx[1]}, per iteration)"
 
 
-def signal_wait_imbalances(ir: IRProgram) -> list[str]:
-    """One message per unbalanced channel and direction (see the module docstring), naming the
-    ranks, channels and counts; empty when every channel is balanced."""
-    sig, wai = signal_wait_counts(ir)
+def signal_wait_imbalances(ir: IRProgram) -> list[Imbalance]:
+    """One :class:`Imbalance` per unbalanced channel and direction (see the module docstring),
+    naming the ranks, channels and counts; empty when every channel is balanced."""
+    src: dict = {}
+    sig, wai = signal_wait_counts(ir, src)
+    pairs = channel_pairs(ir)
+    sig_ctxs: dict[tuple, set] = {}
+    wai_ctxs: dict[tuple, set] = {}
+    for counts, index in ((sig, sig_ctxs), (wai, wai_ctxs)):
+        for key in counts:
+            index.setdefault(key[:3], set()).add(key[3])
     out: list[str] = []
     for r in ir.ranks:
         for ctype in (ChannelType.memory, ChannelType.port):
             for j, peer in enumerate(r.peers(ctype)):
-                pj = paired_channel(ir, r.rank, ctype, j)
-                ctxs = {k[3] for k in sig if k[:3] == (r.rank, ctype, j)}
+                pj = pairs.get((r.rank, ctype, j))
+                ctxs = set(sig_ctxs.get((r.rank, ctype, j), ()))
                 if pj is not None:
-                    ctxs |= {k[3] for k in wai if k[:3] == (peer, ctype, pj)}
+                    ctxs |= wai_ctxs.get((peer, ctype, pj), set())
                 for ctx in sorted(ctxs, key=lambda c: (1, 0, 0) if c is None else (0, *c)):
                     s = sig[(r.rank, ctype, j, ctx)]
                     if pj is None:
-                        out.append(
+                        out.append(Imbalance(
                             f"unbalanced signal/wait: rank {r.rank} signals {s} times on its {ctype.value} channel "
                             f"{j} to rank {peer}, but rank {peer} has no {ctype.value} channel paired with it "
-                            f"(so nothing waits){_ctx_text(ctx)}")
+                            f"(so nothing waits){_ctx_text(ctx)}", src.get(("signal", (r.rank, ctype, j, ctx)))))
                         continue
                     wv = wai[(peer, ctype, pj, ctx)]
                     if s != wv:
-                        out.append(
+                        more = ("signal", (r.rank, ctype, j, ctx)) if s > wv else ("wait", (peer, ctype, pj, ctx))
+                        out.append(Imbalance(
                             f"unbalanced signal/wait: rank {r.rank} signals {s} times on its {ctype.value} channel "
                             f"{j} to rank {peer}, but rank {peer} waits {wv} times on the paired {ctype.value} "
-                            f"channel {pj}{_ctx_text(ctx)}")
+                            f"channel {pj}{_ctx_text(ctx)}", src.get(more)))
     # waits on channels whose peer has no paired channel at all
     for (rank, ctype, j, ctx), n in sorted(wai.items(), key=lambda kv: (kv[0][0], kv[0][1].value, kv[0][2])):
-        if n and paired_channel(ir, rank, ctype, j) is None:
+        if n and pairs.get((rank, ctype, j)) is None:
             peer = ir.ranks[rank].peers(ctype)[j]
-            out.append(
+            out.append(Imbalance(
                 f"unbalanced signal/wait: rank {rank} waits {n} times on its {ctype.value} channel {j} from rank "
                 f"{peer}, but rank {peer} has no {ctype.value} channel paired with it (so nothing signals)"
-                f"{_ctx_text(ctx)}")
+                f"{_ctx_text(ctx)}", src.get(("wait", (rank, ctype, j, ctx)))))
     return out
 
 
@@ -233,9 +271,21 @@ def check_signal_wait(ir: IRProgram) -> None:
         return
     if ir.strict:
         more = f" (and {len(problems) - 1} more unbalanced channels)" if len(problems) > 1 else ""
-        raise DSLError(problems[0] + more + " [strict mode]")
-    for msg in problems:
-        warnings.warn(DSLWarning(msg + _IMBALANCE_HINT), stacklevel=user_stacklevel())
+        raise DSLError(_at(problems[0]) + problems[0].message + more + " [strict mode]")
+    for p in problems:
+        warning = DSLWarning(p.message + _IMBALANCE_HINT)
+        file, _, line = (p.source or "").rpartition(":")
+        if file and line.isdigit():  # the signal or wait call, not the line that compiled
+            frame = user_frame()  # its full path, when the compiling line is in the same file
+            if frame is not None and os.path.basename(frame.f_code.co_filename) == file:
+                file = frame.f_code.co_filename
+            warnings.warn_explicit(warning, DSLWarning, file, int(line))
+        else:
+            warnings.warn(warning, stacklevel=user_stacklevel())
+
+
+def _at(p: Imbalance) -> str:
+    return f"{p.source}: " if p.source else ""
 
 
 def check_semaphores(ir: IRProgram) -> None:

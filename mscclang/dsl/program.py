@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from mscclang.compiler.budget import check_ops, check_ranks, report
 from mscclang.compiler.driver import compile_program
 from mscclang.compiler.ir import IROp, IRProgram, IRRank
 from mscclang.compiler.source import source_line
@@ -22,6 +23,7 @@ from mscclang.dsl.collectives import (  # noqa: F401  (re-exported like MSCCL++'
 from mscclang.dsl.thread_block_group import ThreadBlockGroup
 from mscclang.dsl.types import BufferType, Chunk
 from mscclang.dsl.utils import AlgoSpec, ReplicationPolicy
+from mscclang.config import settings
 from mscclang.errors import DSLError
 from mscclang.plan.io import plan_to_json
 from mscclang.plan.models import OpName, Plan
@@ -77,6 +79,10 @@ class CollectiveProgram:
             raise DSLError(f"{call}: protocol must be 'Simple' or 'LL', got {protocol!r}")
         if not isinstance(instances, int) or instances < 1:
             raise DSLError(f"{call}: instances must be a positive int, got {instances!r}")
+        if instances > MAX_THREADBLOCKS:
+            raise DSLError(f"{call}: {instances} instances: each instance of a rank's thread block is a "
+                           f"thread block, and a rank has at most {MAX_THREADBLOCKS}")
+        check_ranks(num_ranks, call)
         if not isinstance(replication_policy, ReplicationPolicy):
             try:
                 replication_policy = ReplicationPolicy(str(replication_policy))
@@ -125,6 +131,8 @@ class CollectiveProgram:
         self._loop_ops: dict[tuple[int, int], list[IROp]] = {}
         self._prev: Optional[CollectiveProgram] = None
         self._version = 0
+        self._ops = 0
+        self._max_ops = settings.compile_max_ops
         self._plan_cache: Optional[tuple[int, Plan]] = None
 
     @classmethod
@@ -226,6 +234,11 @@ class CollectiveProgram:
         """Append ``op`` to thread block ``tb`` of ``rank`` (or to the open pipeline body); an op
         without a ``source`` gets the program line of the DSL call being made."""
         self._version += 1
+        self._ops += 1
+        if self._ops * self.instances > self._max_ops:
+            check_ops(self._ops, self.instances, f"CollectiveProgram({self.name!r})", so_far=True)
+        if not self._ops % 4096:
+            report(self._ops)
         if op.source is None:
             op.source = source_line()
         if self._loop is not None:
