@@ -44,7 +44,7 @@ from mscclang.plan.dtypes import DTYPE_ALIASES, DTYPES, GPU_DTYPES, SIM_DTYPES, 
 __all__ = [
     "SIZE_FORMS", "SIZES_FORMS", "GPU_DTYPES", "SIM_DTYPES", "DTYPE_ALIASES", "BUILD_DTYPE",
     "MAX_SCHEDULES", "MAX_LAUNCHES", "parse_size", "parse_sizes", "parse_dtype",
-    "size_arg", "sizes_arg", "dtype_arg", "dtype_list_arg", "choice_list_arg", "int_range_arg", "positive_float_arg",
+    "sizes_arg", "dtype_arg", "list_arg", "dtype_list_arg", "choice_list_arg", "int_range_arg", "positive_float_arg",
     "add_progress_flag", "add_sizes_option", "add_output_option", "writable_dir", "MergeLists", "register_names", "suffix_arg",
 ]
 
@@ -135,11 +135,6 @@ def _argtype(fn: Callable[[str], object], name: str) -> Callable[[str], object]:
     return convert
 
 
-def size_arg() -> Callable[[str], object]:
-    """argparse ``type`` of one size: returns an int."""
-    return _argtype(parse_size, "size")
-
-
 def sizes_arg() -> Callable[[str], object]:
     """argparse ``type`` of a size list or range: returns a sorted list of ints."""
     return _argtype(parse_sizes, "sizes")
@@ -150,31 +145,34 @@ def dtype_arg(allowed: Sequence[str] = SIM_DTYPES) -> Callable[[str], object]:
     return _argtype(lambda t: parse_dtype(t, allowed), "dtype")
 
 
-def dtype_list_arg(allowed: Sequence[str] = SIM_DTYPES) -> Callable[[str], object]:
-    """argparse ``type`` of a comma list of dtypes: returns their canonical names, in order,
-    without duplicates."""
+def list_arg(item: Callable[[str], str], what: str) -> Callable[[str], object]:
+    """argparse ``type`` of a comma list of ``what``, each part read by ``item`` (a ValueError
+    for a bad one): returns the items in order, without duplicates."""
 
     def parse(text: str) -> list[str]:
-        names = [parse_dtype(t, allowed) for t in text.split(",") if t.strip()]
+        names = [item(t) for t in text.split(",") if t.strip()]
         if not names:
-            raise ValueError(f"no dtype in {text!r}")
+            raise ValueError(f"no {what} in {text!r}")
         return list(dict.fromkeys(names))
 
-    return _argtype(parse, "dtypes")
+    return _argtype(parse, "list")
+
+
+def dtype_list_arg(allowed: Sequence[str] = SIM_DTYPES) -> Callable[[str], object]:
+    """argparse ``type`` of a comma list of dtypes: their canonical names."""
+    return list_arg(lambda t: parse_dtype(t, allowed), "dtype")
 
 
 def choice_list_arg(choices: Sequence[str]) -> Callable[[str], object]:
-    """argparse ``type`` of a comma list of ``choices`` (case-insensitive): returns them as
-    spelled in ``choices``, in order, without duplicates."""
+    """argparse ``type`` of a comma list of ``choices`` (case-insensitive), spelled as there."""
     by_lower = {c.lower(): c for c in choices}
 
-    def parse(text: str) -> list[str]:
-        got = [by_lower.get(t.strip().lower()) for t in text.split(",") if t.strip()]
-        if not got or None in got:
-            raise ValueError(f"{text!r}: use a comma list of {', '.join(choices)}")
-        return list(dict.fromkeys(got))
+    def one(text: str) -> str:
+        if text.strip().lower() not in by_lower:
+            raise ValueError(f"{text.strip()!r}: use a comma list of {', '.join(choices)}")
+        return by_lower[text.strip().lower()]
 
-    return _argtype(parse, "choices")
+    return list_arg(one, "choice")
 
 
 def int_range_arg(lo: int, hi: int) -> Callable[[str], object]:
@@ -253,20 +251,23 @@ def add_output_option(p: argparse.ArgumentParser, dest: str = "out", **kw: objec
 
 
 def writable_dir(path: str, option: str) -> None:
-    """Create folder ``path`` (with its parents) unless it exists; :class:`MscclangError`
-    naming ``option``, the path and the reason when it cannot be made or written into, so a
-    command fails before its work rather than after it."""
+    """:class:`MscclangError` naming ``option``, ``path`` and why, when folder ``path`` cannot
+    be made or written into (tried with a temporary folder in its nearest existing ancestor,
+    then removed: a command fails before its work, and leaves nothing)."""
     import os
+    import tempfile
     from pathlib import Path
 
     from mscclang.errors import MscclangError
 
+    p = Path(path).absolute()
+    there = next(q for q in (p, *p.parents) if q.exists())
     try:
-        Path(path).mkdir(parents=True, exist_ok=True)
+        if not there.is_dir():
+            raise NotADirectoryError(0, "not a folder")
+        os.rmdir(tempfile.mkdtemp(dir=there, prefix=".mscclang-"))
     except OSError as e:
-        raise MscclangError(f"{option} {path}: cannot create the folder: {e.strerror or e}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise MscclangError(f"{option} {path}: the folder is not writable")
+        raise MscclangError(f"{option} {path}: cannot write there ({there}: {e.strerror or e})") from None
 
 
 def add_progress_flag(p: argparse.ArgumentParser) -> None:

@@ -126,9 +126,9 @@ def run(args: argparse.Namespace) -> int:
     from mscclang.bench.report import markdown, render
     from mscclang.bench.results import load_result
 
+    writable_dir(args.out, "--out")
     if args.from_json:
         res = load_result(args.from_json)
-        writable_dir(args.out, "--out")
         paths = render(res, args.out)
         print(markdown(res))
         print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", file=sys.stderr)
@@ -136,7 +136,6 @@ def run(args: argparse.Namespace) -> int:
     from mscclang.bench.runner import run_bench
 
     cfg = bench_config(args)
-    writable_dir(args.out, "--out")
     if args.first_calls:
         return _run_first_calls(cfg, args)
     res, paths, problems = run_bench(cfg, args.time_limit, args.nprocs)

@@ -82,7 +82,8 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     if extra:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         target = sub.choices.get(getattr(args, "command", None) or "", parser)
-        target.error(f"unrecognized arguments: {' '.join(extra)}")
+        hint = "" if all(x.startswith("-") for x in extra) else " (a list is one comma list per option: --sizes 1K,4M)"
+        target.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     return args
 
 

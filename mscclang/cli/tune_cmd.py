@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 from mscclang.cli.args import (GPU_DTYPES, add_output_option, add_progress_flag, add_sizes_option, dtype_arg,
-                               int_range_arg, positive_float_arg)
+                               int_range_arg, positive_float_arg, writable_dir)
 from mscclang.comm.errors import CommError
 
 DEFAULT_COLLS = ("allreduce", "allgather", "reducescatter", "alltoall")
@@ -119,9 +119,10 @@ def run(args: argparse.Namespace) -> int:
     for t in threads:
         if not 32 <= t <= 1024 or t % 32:
             raise CommError(f"--threads: {t} is not a multiple of 32 in 32..1024")
+    out = Path(args.out)
     if not args.dry_run:
         _check_gpus(args.nprocs)
-    out = Path(args.out)
+        writable_dir(str(out.absolute().parent), "--out")
     plans_dir = out.parent / (out.stem + ".plans")
     work_dir = out.parent / (out.stem + ".work")
     created = _Created(out, plans_dir, work_dir)
