@@ -321,5 +321,5 @@ def test_broken_plan_files_fail_in_cli(tmp_path, capsys) -> None:
     assert "deadlock" in err and "wait-for cycle" in err
     g = tmp_path / "good.json"
     save_plan(wait_cycle(broken=False), g)
-    assert main(["verify", str(g), "--schedules", "2", "--sizes", "1K", "4K", "--dtype", "fp16"]) == 0
+    assert main(["verify", str(g), "--schedules", "2", "--sizes", "1K,4K", "--dtype", "fp16"]) == 0
     assert "OK" in capsys.readouterr().out

@@ -1,7 +1,16 @@
-"""Argument types shared by every ``mscclang`` command: message sizes, size lists and ranges,
-dtype names, bounded integers, and the ``--progress`` switch.
+"""Argument types and options shared by every ``mscclang`` command: message sizes, size lists and
+ranges, dtype names, bounded numbers, output paths, and the ``--progress`` switch.
 
 One grammar everywhere:
+
+* ``--sizes`` (alias ``--size``) is repeatable and takes one size list per use (below), never a
+  space-separated list, so it cannot swallow a plan file after it: the values of every use are
+  merged (:func:`add_sizes_option`); list options of ``verify`` (``--dtype``, ``--reduce-op``,
+  ``--packet-type``) are comma lists too, repeatable;
+* an option that writes a file or folder is spelled ``-o``, ``--out`` or ``--output``
+  (:func:`add_output_option`);
+* choices (``--protocol ll``, ``--packet-type ll16``, ``--reduce-op SUM``) are
+  case-insensitive (the parser of :mod:`mscclang.cli.main` maps them);
 
 * a size is a positive byte count in :func:`mscclang.units.parse_bytes`'s grammar: a number
   with an optional binary suffix, case-insensitive: ``4096``, ``4K``, ``4KB``, ``4KiB``,
@@ -13,7 +22,10 @@ One grammar everywhere:
   ``bfloat16`` (``bf16``), ``float32`` (``fp32``, ``float``, ``f32``), ``int32`` (``i32``,
   ``int``), and for the simulator also ``uint32`` (``u32``), ``uint8`` (``u8``),
   ``float8_e4m3`` (``fp8_e4m3``, ``float8_e4m3fn``, ``e4m3``) and ``float8_e5m2`` (``fp8_e5m2``,
-  ``e5m2``).
+  ``e5m2``); a prefix of the names before ``_`` (``fp8``, ``float8``) is accepted when it names
+  one dtype the command takes, and refused as ambiguous, naming the candidates, otherwise. Each
+  command's list is a subset of :data:`mscclang.plan.dtypes.DTYPES`: ``GPU_DTYPES`` where GPU
+  kernels run the data, ``SIM_DTYPES`` where the simulator does.
 
 The size-list grammar is :mod:`mscclang.bench.sizes`'s (reused, not copied); this module turns its
 errors into argparse errors, which name the option (``argument --size: ...``) and the accepted
@@ -24,14 +36,16 @@ forms, and refuses zero and negative sizes. Each ``*_arg`` function returns a ca
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Iterable, Optional, Sequence
+import functools
+from typing import Callable, Optional, Sequence
 
 from mscclang.plan.dtypes import DTYPE_ALIASES, DTYPES, GPU_DTYPES, SIM_DTYPES, find_dtype
 
 __all__ = [
     "SIZE_FORMS", "SIZES_FORMS", "GPU_DTYPES", "SIM_DTYPES", "DTYPE_ALIASES", "BUILD_DTYPE",
     "MAX_SCHEDULES", "MAX_LAUNCHES", "parse_size", "parse_sizes", "parse_dtype",
-    "size_arg", "sizes_arg", "dtype_arg", "dtype_list_arg", "int_range_arg", "add_progress_flag", "flatten_sizes",
+    "sizes_arg", "dtype_arg", "list_arg", "dtype_list_arg", "choice_list_arg", "int_range_arg", "positive_float_arg",
+    "add_progress_flag", "add_sizes_option", "add_output_option", "writable_dir", "MergeLists", "register_names", "suffix_arg",
 ]
 
 #: the accepted spellings of one size, for error messages and help texts
@@ -86,13 +100,25 @@ def parse_dtype(text: str, allowed: Sequence[str] = SIM_DTYPES) -> str:
     the accepted names when it is unknown or not in ``allowed``."""
     info = find_dtype(text)
     name = info.name if info is not None else str(text).strip().lower()
+    if info is None:  # a prefix naming a family (fp8 -> fp8_e4m3, fp8_e5m2)
+        family = [c for c in allowed if any(s.startswith(name + "_") for s in (c, *_aliases(c)))]
+        if len(family) == 1:
+            return family[0]
+        if family:
+            raise ValueError(f"dtype {text!r} is ambiguous: use {' or '.join(_spellings(c) for c in family)}")
     if name not in allowed:
-        names = []
-        for canon in allowed:
-            aliases = [a for a, c in DTYPE_ALIASES.items() if c == canon]
-            names.append(canon + (f" ({', '.join(aliases)})" if aliases else ""))
-        raise ValueError(f"unknown dtype {text!r}; use one of: {'; '.join(names)}")
+        raise ValueError(f"unknown dtype {text!r}; use one of: {'; '.join(_spellings(c) for c in allowed)}")
     return name
+
+
+def _aliases(canon: str) -> list[str]:
+    return [a for a, c in DTYPE_ALIASES.items() if c == canon]
+
+
+def _spellings(canon: str) -> str:
+    """``float16 (fp16, half, f16)``."""
+    aliases = _aliases(canon)
+    return canon + (f" ({', '.join(aliases)})" if aliases else "")
 
 
 def _argtype(fn: Callable[[str], object], name: str) -> Callable[[str], object]:
@@ -109,11 +135,6 @@ def _argtype(fn: Callable[[str], object], name: str) -> Callable[[str], object]:
     return convert
 
 
-def size_arg() -> Callable[[str], object]:
-    """argparse ``type`` of one size: returns an int."""
-    return _argtype(parse_size, "size")
-
-
 def sizes_arg() -> Callable[[str], object]:
     """argparse ``type`` of a size list or range: returns a sorted list of ints."""
     return _argtype(parse_sizes, "sizes")
@@ -124,17 +145,34 @@ def dtype_arg(allowed: Sequence[str] = SIM_DTYPES) -> Callable[[str], object]:
     return _argtype(lambda t: parse_dtype(t, allowed), "dtype")
 
 
-def dtype_list_arg(allowed: Sequence[str] = SIM_DTYPES) -> Callable[[str], object]:
-    """argparse ``type`` of a comma list of dtypes: returns their canonical names, in order,
-    without duplicates."""
+def list_arg(item: Callable[[str], str], what: str) -> Callable[[str], object]:
+    """argparse ``type`` of a comma list of ``what``, each part read by ``item`` (a ValueError
+    for a bad one): returns the items in order, without duplicates."""
 
     def parse(text: str) -> list[str]:
-        names = [parse_dtype(t, allowed) for t in text.split(",") if t.strip()]
+        names = [item(t) for t in text.split(",") if t.strip()]
         if not names:
-            raise ValueError(f"no dtype in {text!r}")
+            raise ValueError(f"no {what} in {text!r}")
         return list(dict.fromkeys(names))
 
-    return _argtype(parse, "dtypes")
+    return _argtype(parse, "list")
+
+
+def dtype_list_arg(allowed: Sequence[str] = SIM_DTYPES) -> Callable[[str], object]:
+    """argparse ``type`` of a comma list of dtypes: their canonical names."""
+    return list_arg(lambda t: parse_dtype(t, allowed), "dtype")
+
+
+def choice_list_arg(choices: Sequence[str]) -> Callable[[str], object]:
+    """argparse ``type`` of a comma list of ``choices`` (case-insensitive), spelled as there."""
+    by_lower = {c.lower(): c for c in choices}
+
+    def one(text: str) -> str:
+        if text.strip().lower() not in by_lower:
+            raise ValueError(f"{text.strip()!r}: use a comma list of {', '.join(choices)}")
+        return by_lower[text.strip().lower()]
+
+    return list_arg(one, "choice")
 
 
 def int_range_arg(lo: int, hi: int) -> Callable[[str], object]:
@@ -152,12 +190,84 @@ def int_range_arg(lo: int, hi: int) -> Callable[[str], object]:
     return _argtype(parse, "integer")
 
 
-def flatten_sizes(groups: Optional[Iterable[Iterable[int]]]) -> Optional[list[int]]:
-    """Sizes of an option given several lists (``--sizes 1K 4K:16K``) as one sorted list
-    without duplicates; None when the option was not given."""
-    if groups is None:
-        return None
-    return sorted({s for g in groups for s in g})
+def positive_float_arg() -> Callable[[str], object]:
+    """argparse ``type`` of a finite number above zero (seconds, say)."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text.strip())
+        except ValueError:
+            raise ValueError(f"{text!r} is not a number") from None
+        if not 0 < v < float("inf"):
+            raise ValueError(f"{text!r}: must be a positive number")
+        return v
+
+    return _argtype(parse, "number")
+
+
+class MergeLists(argparse.Action):
+    """A repeatable option whose ``type`` returns a list: every use's items are kept, in order,
+    without duplicates (sorted when ``sort``, as sizes are)."""
+
+    def __init__(self, *args: object, sort: bool = False, **kw: object) -> None:
+        self.sort = sort
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, values: object,
+                 option_string: Optional[str] = None) -> None:
+        items = list(dict.fromkeys([*(getattr(ns, self.dest, None) or []), *values]))  # type: ignore[misc]
+        setattr(ns, self.dest, sorted(items) if self.sort else items)
+
+
+def register_names(p: argparse.ArgumentParser) -> None:
+    """Names the ``mscclang`` parsers know for ``add_argument``: ``action="sizes"`` (a
+    repeatable size list, merged and sorted) and ``type="gpu_dtype"`` (a dtype the GPUs run)."""
+    p.register("action", "sizes", functools.partial(MergeLists, sort=True))
+    p.register("type", "gpu_dtype", dtype_arg(GPU_DTYPES))
+
+
+def add_sizes_option(p: argparse.ArgumentParser, what: str, default: str) -> None:
+    """``--sizes SIZES`` (alias ``--size``), repeatable: ``args.sizes`` is the sorted list of
+    every size given, or None. ``what`` says what a size measures, ``default`` the default."""
+    p.add_argument("--sizes", "--size", dest="sizes", action="sizes", type=sizes_arg(),
+                   default=None, metavar="SIZES",
+                   help=f"message sizes ({what}), repeatable: {SIZES_FORMS} (default {default})")
+
+
+def suffix_arg(suffix: str) -> Callable[[str], object]:
+    """argparse ``type`` of a file name ending in ``suffix`` (case-insensitive), as written."""
+
+    def parse(text: str) -> str:
+        if not text.lower().endswith(suffix):
+            raise ValueError(f"{text!r}: the file is written as {suffix[1:].upper()}; name it NAME{suffix}")
+        return text
+
+    return _argtype(parse, "file name")
+
+
+def add_output_option(p: argparse.ArgumentParser, dest: str = "out", **kw: object) -> None:
+    """The option naming what a command writes: ``-o``, ``--out`` or ``--output``."""
+    p.add_argument("-o", "--out", "--output", dest=dest, **kw)  # type: ignore[arg-type]
+
+
+def writable_dir(path: str, option: str) -> None:
+    """:class:`MscclangError` naming ``option``, ``path`` and why, when folder ``path`` cannot
+    be made or written into (tried with a temporary folder in its nearest existing ancestor,
+    then removed: a command fails before its work, and leaves nothing)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from mscclang.errors import MscclangError
+
+    p = Path(path).absolute()
+    there = next(q for q in (p, *p.parents) if q.exists())
+    try:
+        if not there.is_dir():
+            raise NotADirectoryError(0, "not a folder")
+        os.rmdir(tempfile.mkdtemp(dir=there, prefix=".mscclang-"))
+    except OSError as e:
+        raise MscclangError(f"{option} {path}: cannot write there ({there}: {e.strerror or e})") from None
 
 
 def add_progress_flag(p: argparse.ArgumentParser) -> None:

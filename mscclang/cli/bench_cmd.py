@@ -9,7 +9,8 @@ from typing import Any
 
 from mscclang.bench.results import IMPLS, ORDINARY
 from mscclang.bench.sizes import FIRST_CALL_SIZES
-from mscclang.cli.args import GPU_DTYPES, SIZES_FORMS, dtype_arg, sizes_arg
+from mscclang.cli.args import (GPU_DTYPES, add_output_option, add_sizes_option, dtype_arg, int_range_arg,
+                               positive_float_arg, writable_dir)
 from mscclang.comm.errors import CommError
 
 ALL_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
@@ -44,13 +45,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "SymmetricMemory's two-shot allreduce, eager and as CUDA graphs, one process "
                     "per GPU. Each result is checked before it is timed. Writes DIR/bench.json, "
                     "DIR/bench.md (table) and DIR/bench.png (plot).")
-    p.add_argument("--out", default="bench_out", metavar="DIR", help="output folder (default bench_out)")
+    add_output_option(p, default="bench_out", metavar="DIR", help="output folder (default bench_out)")
     p.add_argument("--quick", action="store_true",
                    help="5 sizes (1K, 64K, 1M, 16M, 256M); everything else as in the full run "
                         "(same calls per CUDA graph, timed blocks, warm-up, prepare, tuning), so "
                         "its figures are the full run's at those sizes")
-    p.add_argument("--sizes", type=sizes_arg(), metavar="SIZES",
-                   help="message sizes: " + SIZES_FORMS + "; default 1K:1G")
+    add_sizes_option(p, "input bytes", "1K:1G")
     p.add_argument("--collectives", default=None,
                    help=f"comma list of {', '.join(ALL_COLLS)} (default: the first four; with "
                         "--first-calls: all_reduce)")
@@ -61,10 +61,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--modes", default=",".join(MODES), help="comma list of graph, eager")
     p.add_argument("--dtype", default="bfloat16", type=dtype_arg(GPU_DTYPES),
                    help=f"{', '.join(GPU_DTYPES)} or an alias (fp16, bf16, fp32, i32); default bfloat16")
-    p.add_argument("--time-limit", type=float, default=400.0, metavar="S",
+    p.add_argument("--time-limit", type=positive_float_arg(), default=400.0, metavar="S",
                    help="no new measurement starts after S seconds (default 400); workers are "
                         "stopped 60 s later, so a run ends within 8 minutes")
-    p.add_argument("--nprocs", type=int, default=None, help="processes (GPUs) to use (default: all)")
+    p.add_argument("--nprocs", type=int_range_arg(2, 1024), default=None, help="processes (GPUs) to use (default: all)")
     p.add_argument("--tuning", help="tuning file for mscclang (default: $MSCCLANG_TUNING or the shipped one)")
     p.add_argument("--algos", default="", metavar="NAMES",
                    help="comma list of library algorithms or plan variants (e.g. a copy-engine "
@@ -126,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from mscclang.bench.report import markdown, render
     from mscclang.bench.results import load_result
 
+    writable_dir(args.out, "--out")
     if args.from_json:
         res = load_result(args.from_json)
         paths = render(res, args.out)
@@ -135,8 +136,6 @@ def run(args: argparse.Namespace) -> int:
     from mscclang.bench.runner import run_bench
 
     cfg = bench_config(args)
-    if args.time_limit <= 0:
-        raise CommError("--time-limit must be positive")
     if args.first_calls:
         return _run_first_calls(cfg, args)
     res, paths, problems = run_bench(cfg, args.time_limit, args.nprocs)

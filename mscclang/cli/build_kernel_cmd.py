@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from mscclang.cli.args import BUILD_DTYPE, GPU_DTYPES, SIZES_FORMS, add_progress_flag, dtype_arg, sizes_arg
+from mscclang.cli.args import (BUILD_DTYPE, GPU_DTYPES, add_output_option, add_progress_flag, add_sizes_option,
+                               dtype_arg, int_range_arg)
 from mscclang.errors import MscclangError, RuntimeUnavailable
 
 _ARCH = re.compile(r"^(?:sm_|compute_)?(\d{2,3})([af]?)$")
@@ -33,17 +34,16 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--dtype", action="append", type=dtype_arg(GPU_DTYPES),
                    help="only these dtypes (repeatable; float16/f16, bfloat16/bf16, float32/f32, int32/i32; "
                         "default all)")
-    p.add_argument("--out", help="also copy the cubins here, named for MSCCLANG_CUBIN_DIR")
+    add_output_option(p, metavar="DIR", help="also copy the cubins here, named for MSCCLANG_CUBIN_DIR")
     p.add_argument("--no-cache", action="store_true", help="ignore the disk cache")
-    p.add_argument("--jobs", type=int, default=1, help="parallel compiler processes")
+    p.add_argument("--jobs", type=int_range_arg(1, 256), default=1, help="parallel compiler processes")
     add_progress_flag(p)
     g = p.add_argument_group("plan-specialised kernels (prebuilt for MSCCLANG_CUBIN_DIR)")
     g.add_argument("--plan", action="append", default=[], metavar="FILE", help="plan JSON file (repeatable)")
     g.add_argument("--sample", action="append", default=[], metavar="NAME",
                    help="a sample plan of mscclang.plan.samples (repeatable)")
-    g.add_argument("--ranks", type=int, default=2, help="world size of the --sample plans (default 2)")
-    g.add_argument("--sizes", default=[1024], type=sizes_arg(), metavar="SIZES",
-                   help="input sizes: " + SIZES_FORMS + " (default 1K)")
+    g.add_argument("--ranks", type=int_range_arg(1, 1024), default=2, help="world size of the --sample plans (default 2)")
+    add_sizes_option(g, "input bytes", "1K")
     g.add_argument("--packet", default="ll16", help="comma list of packet types (default ll16)")
     g.add_argument("--op", default="sum", help="comma list of reduce ops (default sum)")
     p.set_defaults(func=run)
@@ -99,8 +99,6 @@ def prebuild_plans(args: argparse.Namespace, arch: str) -> int:
 
     if not args.out:
         raise RuntimeUnavailable("--plan/--sample: --out DIR is required (the cubin directory)")
-    if args.ranks < 1:
-        raise RuntimeUnavailable(f"--ranks {args.ranks}: need at least 1")
     unknown = [n for n in args.sample if n not in SAMPLES]
     if unknown:
         raise RuntimeUnavailable(f"--sample {', '.join(unknown)}: no such sample plan; known: "
@@ -110,7 +108,7 @@ def prebuild_plans(args: argparse.Namespace, arch: str) -> int:
     dtypes = [BUILD_DTYPE[d] for d in dict.fromkeys(args.dtype or ["bfloat16"])]
     for plan in plans:
         sizes = []
-        for n in args.sizes:
+        for n in args.sizes or [1024]:
             out = n * plan.world_size if plan.collective == "allgather" else n
             if plan.collective == "reducescatter":
                 out = n // plan.world_size
@@ -129,8 +127,6 @@ def run(args: argparse.Namespace) -> int:
     from mscclang.runtime import build
     from mscclang.runtime.structs import layout_asserts
 
-    if args.jobs < 1:
-        raise RuntimeUnavailable(f"--jobs {args.jobs}: need at least 1")
     arch = check_arch(args.arch, supported_archs())
     if args.plan or args.sample:
         return prebuild_plans(args, arch)

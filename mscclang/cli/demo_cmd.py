@@ -179,10 +179,10 @@ def run_simulator(sizes: list[int], dtype: str, world: int = 2) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="allreduce/allgather through the Communicator vs NCCL "
                        "(CPU simulator without GPUs)", description=__doc__)
-    p.add_argument("--sizes", default=None, type=sizes_arg(), metavar="SIZES",
+    p.add_argument("--sizes", "--size", action="sizes", default=None, type=sizes_arg(), metavar="SIZES",
                    help="message sizes: " + SIZES_FORMS + " (default 1K,64K,1M,16M on GPUs; 1K,16K on the CPU)")
-    p.add_argument("--dtype", default="bfloat16", type=dtype_arg(("float16", "bfloat16", "float32")),
-                   help="float16, bfloat16 (default) or float32, or an alias (fp16, bf16, fp32)")
+    p.add_argument("--dtype", default="bfloat16", type="gpu_dtype",
+                   help="float16, bfloat16 (default), float32 or int32, or an alias (fp16, bf16, fp32, i32)")
     p.add_argument("--cpu", action="store_true", help="use the simulator even with GPUs")
     p.set_defaults(func=run)
 

@@ -15,7 +15,7 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
                        description=__doc__)
     p.add_argument("--check", action="store_true",
                    help="write nothing; fail (exit 1) if any plan or the index differs from a fresh generation")
-    p.add_argument("--out", type=Path, default=None, help="plans directory (default: the checkout's plans/)")
+    p.add_argument("-o", "--out", "--output", type=Path, default=None, help="plans directory (default: the checkout's plans/)")
     p.add_argument("--only", action="append", metavar="ALGORITHM",
                    help="only this algorithm (repeatable); the index then lists only these, and "
                         "plans of other algorithms count as stale")

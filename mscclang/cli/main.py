@@ -34,11 +34,29 @@ COMMANDS: dict[str, str] = {
 
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors exit with status 1 (like every other user mistake),
-    not argparse's 2. Subcommand parsers inherit the class."""
+    not argparse's 2, and whose string choices are case-insensitive (``--protocol ll`` is
+    ``LL``). It knows the names of :func:`mscclang.cli.args.register_names`. Subcommand parsers
+    inherit the class."""
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        from mscclang.cli.args import register_names
+
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        register_names(self)
 
     def error(self, message: str) -> "NoReturn":  # type: ignore[override]
         self.print_usage(sys.stderr)
         self.exit(1, f"{self.prog}: error: {message}\n")
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> object:
+        value = super()._get_value(action, arg_string)  # type: ignore[misc]
+        choices = action.choices
+        if (choices is not None and isinstance(value, str) and value not in choices
+                and not isinstance(action, argparse._SubParsersAction)):
+            same = [c for c in choices if isinstance(c, str) and c.lower() == value.lower()]
+            if len(same) == 1:
+                return same[0]
+        return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,6 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         mod.add_parser(sub)
     return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``parser.parse_args``, with arguments no option takes reported by the subcommand's parser
+    (``mscclang run: error: unrecognized arguments: ...``), as its other usage errors are."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        target = sub.choices.get(getattr(args, "command", None) or "", parser)
+        hint = "" if all(x.startswith("-") for x in extra) else " (a list is one comma list per option: --sizes 1K,4M)"
+        target.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+    return args
 
 
 #: options whose value may look like a negative number (``--size -4K``): joined to their option
@@ -108,7 +138,7 @@ def _main(argv: list[str]) -> int:
         i = argv.index("--")
         argv, passthrough = argv[:i], argv[i + 1:]
     parser = build_parser()
-    args = parser.parse_args(_join_negative_values(argv))
+    args = _parse(parser, _join_negative_values(argv))
     args.passthrough = passthrough
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
@@ -118,8 +148,9 @@ def _main(argv: list[str]) -> int:
     except MscclangError as e:
         print(f"mscclang {args.command}: error: {e}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
-        print(f"mscclang {args.command}: error: {e}", file=sys.stderr)
+    except OSError as e:  # a file or folder the user named: its name and why, not "[Errno 13] ..."
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"mscclang {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
         return 1
 
 

@@ -1,20 +1,28 @@
 """Progress bars with an ETA for the long ``mscclang`` commands (verify, run on the simulator,
 build-kernel, tune).
 
-A bar is drawn on stderr only when asked (``--progress``) or, by default, when stderr is a
-terminal: pipes, log files and tests see nothing. It uses tqdm (the ``plot`` extra) when it is
-installed, else a one-line text fallback (``desc: 3/10 runs, 4s elapsed, ETA 9s``) redrawn at
-most twice a second. A disabled bar costs nothing.
+On a terminal (or with ``--progress``) a bar is drawn on stderr: tqdm (the ``plot`` extra) when
+it is installed, else a one-line text fallback (``desc: 3/10 runs, 4s elapsed, ETA 9s``) redrawn
+at most twice a second; either is redrawn every second, also while one long step runs, and at
+each new note (so a step just done shows at once). When stderr is not a terminal (pipes, logs,
+CI) the same line is printed as a plain line every :data:`PLAIN_INTERVAL` seconds (none for a
+command that ends sooner). ``--no-progress`` prints nothing; a disabled bar costs nothing.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from types import TracebackType
 from typing import IO, Optional
 
-__all__ = ["Progress", "progress_wanted"]
+__all__ = ["Progress", "progress_wanted", "PLAIN_INTERVAL"]
+
+#: seconds between two plain lines when stderr is not a terminal
+PLAIN_INTERVAL = 5.0
+#: seconds between two redraws of a bar on a terminal
+_TTY_INTERVAL = 1.0
 
 
 def progress_wanted(flag: Optional[bool], stream: Optional[IO[str]] = None) -> bool:
@@ -42,24 +50,36 @@ class Progress:
     """A progress bar over ``total`` steps (``total`` may be set later, e.g. by a callback that
     learns it). Use as a context manager, or call :meth:`close`.
 
-    ``enabled``: None decides by whether ``stream`` is a terminal; ``use_tqdm=False`` forces the
-    text fallback (tests use it)."""
+    ``enabled``: True draws a bar, False nothing, None a bar when ``stream`` is a terminal and
+    plain lines every ``interval`` seconds otherwise; ``use_tqdm=False`` forces the text
+    fallback (tests use it). While it is open a daemon thread redraws it (or prints the lines);
+    :meth:`close` stops the thread."""
 
     def __init__(self, total: Optional[int], desc: str, *, unit: str = "step",
                  enabled: Optional[bool] = None, stream: Optional[IO[str]] = None,
-                 use_tqdm: bool = True) -> None:
+                 use_tqdm: bool = True, interval: float = PLAIN_INTERVAL) -> None:
         self.stream = sys.stderr if stream is None else stream
         self.enabled = progress_wanted(enabled, self.stream)
+        #: plain lines (no terminal, nothing asked) instead of a bar
+        self.plain = enabled is None and not self.enabled
         self.total = total
         self.desc = desc
         self.unit = unit
         self.n = 0
+        self.note = ""
         self._bar = None
         self._t0 = time.monotonic()
         self._last_draw = 0.0
         self._drawn = False
         self._closed = False
         self._tqdm = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: Optional[threading.Thread] = None
+        if self.enabled or self.plain:
+            self._ticker = threading.Thread(target=self._tick, args=(interval if self.plain else _TTY_INTERVAL,),
+                                            name=f"progress {desc}", daemon=True)
+            self._ticker.start()
         if self.enabled and use_tqdm:
             try:
                 from tqdm import tqdm
@@ -88,10 +108,27 @@ class Progress:
             self._start()
 
     def set_note(self, text: str) -> None:
-        """A short note shown after the counts (what is running now)."""
+        """A short note shown after the counts (what is running now); the bar is redrawn."""
+        self.note = text[:50]
+        if not self.enabled or self._closed:
+            return
         self._start()
         if self._bar is not None:
-            self._bar.set_postfix_str(text[:50], refresh=False)
+            self._bar.set_postfix_str(self.note, refresh=True)
+        elif self._tqdm is None:
+            with self._lock:
+                self._draw(time.monotonic())
+
+    def _tick(self, interval: float) -> None:
+        """The ticker thread: redraw the bar, or print a plain line, every ``interval`` s."""
+        while not self._stop.wait(interval):
+            with self._lock:
+                if self._closed:
+                    return
+                if self._bar is not None:
+                    self._bar.refresh()
+                elif self._tqdm is None:  # the text line (tqdm draws once the total is known)
+                    self._draw(time.monotonic())
 
     def update(self, n: int = 1) -> None:
         """``n`` more steps are done."""
@@ -105,26 +142,33 @@ class Progress:
         now = time.monotonic()
         if now - self._last_draw >= 0.5 or (self.total is not None and self.n >= self.total):
             self._last_draw = now
-            self._draw(now)
+            with self._lock:
+                self._draw(now)
 
     def _draw(self, now: float) -> None:
         elapsed = now - self._t0
         line = f"{self.desc}: {self.n}"
         if self.total:
-            line += f"/{self.total} {self.unit}s, {_clock(elapsed)} elapsed"
-            if 0 < self.n < self.total:
-                line += f", ETA {_clock(elapsed / self.n * (self.total - self.n))}"
+            line += f"/{self.total} {self.unit}s"
         else:
-            line += f" {self.unit}s, {_clock(elapsed)} elapsed"
-        self.stream.write("\r" + line + "\x1b[K")
+            line += f" {self.unit}s"
+        line += f" ({self.note})" if self.note else ""
+        line += f", {_clock(elapsed)} elapsed"
+        if self.total and 0 < self.n < self.total:
+            line += f", ETA {_clock(elapsed / self.n * (self.total - self.n))}"
+        self.stream.write(line + "\n" if self.plain else "\r" + line + "\x1b[K")
         self.stream.flush()
-        self._drawn = True
+        self._drawn = not self.plain
 
     def close(self) -> None:
         """Remove the bar (it leaves no line behind)."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        if self._ticker is not None and self._ticker is not threading.current_thread():
+            self._ticker.join()
         if self._bar is not None:
             self._bar.close()
         elif self._drawn:

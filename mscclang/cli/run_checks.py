@@ -30,13 +30,6 @@ from mscclang.plan.io import load_plan
 from mscclang.plan.models import Plan
 from mscclang.plan.reference import COLLECTIVES as REFERENCE_COLLECTIVES, output_blocks, output_elems, reference_output
 
-_TORCH_DTYPES = ("float16", "bfloat16", "float32", "int32")
-
-
-def _dtype(name: str) -> Any:
-    return torch_dtype(name)
-
-
 def bits(t: Any) -> Any:
     import torch
 
@@ -213,7 +206,7 @@ def check_case(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int) -> tu
     import torch
 
     plan = worker_plan(w, plan_json)
-    dt = _dtype(dtype)
+    dt = torch_dtype(dtype)
     dev = worker_device(w)
     esize = torch.empty((), dtype=dt).element_size()
     n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
@@ -334,7 +327,7 @@ def _timing_tensors(w: Any, plan_json: str, nbytes: int, dtype: str, cooperative
 
     w.executor.cooperative = cooperative
     plan = worker_plan(w, plan_json)
-    dt = _dtype(dtype)
+    dt = torch_dtype(dtype)
     dev = worker_device(w)
     n_in, n_out = _sizes(plan, nbytes, torch.empty((), dtype=dt).element_size(), w.world_size)
     if symmetric:

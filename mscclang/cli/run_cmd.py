@@ -1,13 +1,17 @@
-"""``mscclang run plan.json [--size BYTES ...] [--dtype ...] [--graph]``: run a plan on every
+"""``mscclang run plan.json [--sizes SIZES ...] [--dtype ...] [--graph]``: run a plan on every
 visible GPU (one process each, started here), check the output against the simulator (small
 sizes) and a torch reference, and print the time per launch. Works for any world size up to the
-visible GPUs (a plan for fewer ranks than GPUs runs on the first ones). The check column says how
+visible GPUs (a plan for fewer ranks than GPUs runs on the first ones); an MSCCL++ plan is
+imported first, as ``verify`` and ``show`` do. The check column says how
 the output was checked: ``sim`` bit for bit against the simulator (up to 64 KiB), then ``exact``
 (bit for bit against torch: copies, int32, min/max, 2 ranks) or ``bound`` (floating-point sums
 over 3+ ranks: within the any-order summation error bound, see mscclang.cli.run_checks). Without
 enough GPUs it says so and verifies the plan on the simulator instead, at each requested size
-scaled down (with a message) until the simulation fits ``MSCCLANG_SIM_MAX_MEMORY`` and
-``MSCCLANG_SIM_MAX_SECONDS`` (see :mod:`mscclang.sim.budget`)."""
+scaled down (with a message) until its simulation fits ``MSCCLANG_SIM_MAX_MEMORY`` and
+``MSCCLANG_SIM_MAX_SECONDS`` (see :mod:`mscclang.sim.budget`), then the largest scaled down
+further while all of them together do not fit: a size is scaled the same whatever smaller sizes
+come with it. The simulator takes every dtype (``uint8``, fp8 ...); the GPUs take
+``GPU_DTYPES``."""
 
 from __future__ import annotations
 
@@ -21,22 +25,23 @@ if TYPE_CHECKING:
     from mscclang.plan.models import Plan
     from mscclang.sim.budget import Estimate, Limits
 
-from mscclang.cli.args import GPU_DTYPES, SIZES_FORMS, add_progress_flag, dtype_arg, flatten_sizes, sizes_arg
+from mscclang.cli.args import (GPU_DTYPES, SIM_DTYPES, add_progress_flag, add_sizes_option, dtype_arg,
+                               int_range_arg, positive_float_arg)
 
 
 def add_parser(sub: "argparse._SubParsersAction") -> None:
     p = sub.add_parser("run", help="run a plan on all visible GPUs, check it and time it")
-    p.add_argument("plan", help="plan JSON file")
-    p.add_argument("--size", action="append", type=sizes_arg(), metavar="SIZES",
-                   help="message sizes (input bytes; allgather: per rank), repeatable: " + SIZES_FORMS +
-                        " (default 1K and 1M)")
-    p.add_argument("--dtype", default="float16", type=dtype_arg(GPU_DTYPES),
-                   help=f"{', '.join(GPU_DTYPES)} or an alias (fp16, bf16, fp32, i32); default float16")
+    p.add_argument("plan", help="plan JSON file (mscclang or MSCCL++ format; '-' reads standard input)")
+    add_sizes_option(p, "input bytes; allgather: per rank", "1K and 1M")
+    p.add_argument("--dtype", default="float16", type=dtype_arg(SIM_DTYPES),
+                   help=f"on GPUs {', '.join(GPU_DTYPES)}, on the simulator also "
+                        f"{', '.join(d for d in SIM_DTYPES if d not in GPU_DTYPES)}, or an alias "
+                        "(fp16, bf16, fp32, i32, u8 ...); default float16")
     p.add_argument("--packet-type", default=None, choices=["LL16", "LL8"])
     p.add_argument("--reduce-op", default=None, choices=["sum", "min", "max"])
     p.add_argument("--graph", action="store_true", help="time CUDA-graph replays instead of eager calls")
-    p.add_argument("--iters", type=int, default=200, help="timed launches per size")
-    p.add_argument("--timeout", type=float, default=30.0, help="bound of every GPU spin, seconds")
+    p.add_argument("--iters", type=int_range_arg(1, 1_000_000), default=200, help="timed launches per size")
+    p.add_argument("--timeout", type=positive_float_arg(), default=30.0, help="bound of every GPU spin, seconds")
     add_progress_flag(p)
     p.set_defaults(func=run)
 
@@ -45,48 +50,60 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
 SIM_SCHEDULES = 3
 
 
-def _fitting_size(plan: "Plan", want: int, unit: int, dtype: str, limits: "Limits",
-                  share: int) -> tuple[int, "Estimate"]:
-    """The largest size, ``want`` halved as often as needed (kept a multiple of ``unit``), whose
-    verification takes at most ``1/share`` of ``limits``; with the estimate of ``want``."""
-    from mscclang.sim.budget import Limits
+def _fitting_sizes(plan: "Plan", wants: list[int], unit: int, dtype: str, limits: "Limits") -> list[int]:
+    """``wants`` (multiples of ``unit``), each halved (kept a multiple of ``unit``) until its
+    verification alone fits ``limits``, then the largest halved until all of them together fit;
+    a message on stderr for each size scaled, saying in full why. LimitError when even ``unit``
+    bytes do not fit."""
     from mscclang.sim.dtypes import parse_dtype
     from mscclang.sim.verify import estimate_verify
+    from mscclang.units import format_bytes
 
-    part = Limits(limits.memory_bytes // share, limits.seconds / share)
     dts = [parse_dtype(dtype)]
-    first = est = estimate_verify(plan, [want], dts, SIM_SCHEDULES, 2)
-    size = want
-    while not est.fits(part):
-        size = (size // 2) // unit * unit
-        if size < unit:
-            raise LimitError(f"{first.what} would take {' and '.join(first.problems(part))}, and so "
-                             f"would any size down to {unit} bytes")
-        est = estimate_verify(plan, [size], dts, SIM_SCHEDULES, 2)
-    return size, first
+
+    def estimate(sizes: list[int]) -> "Estimate":
+        return estimate_verify(plan, sizes, dts, SIM_SCHEDULES, 2)
+
+    def halve(size: int, est: "Estimate") -> int:
+        smaller = (size // 2) // unit * unit
+        if smaller < unit:
+            raise LimitError(f"{est.what} would take {' and '.join(est.problems(limits))}, and so would "
+                             f"any size down to {unit} bytes")
+        return smaller
+
+    chosen: list[int] = []
+    for want in wants:
+        got, first = want, estimate([want])
+        est = first
+        while not est.fits(limits):
+            got = halve(got, first)
+            est = estimate([got])
+        if got != want:
+            print(f"mscclang run: simulating {format_bytes(got)} instead of {format_bytes(want)}: "
+                  f"{format_bytes(want)} would take {' and '.join(first.problems(limits))}", file=sys.stderr)
+        chosen.append(got)
+    together = estimate(chosen)
+    while not together.fits(limits):
+        i = max(range(len(chosen)), key=chosen.__getitem__)
+        old, chosen[i] = chosen[i], halve(chosen[i], together)
+        print(f"mscclang run: simulating {format_bytes(chosen[i])} instead of {format_bytes(old)}: the "
+              f"{len(chosen)} sizes together would take {' and '.join(together.problems(limits))}",
+              file=sys.stderr)
+        together = estimate(chosen)
+    return chosen
 
 
 def _simulate_instead(plan: "Plan", sizes: list[int], dtype: str, progress: "Optional[bool]" = None) -> int:
-    """Without GPUs: verify the plan on the simulator at the requested sizes, each scaled down
-    (with a message) until its simulation fits the simulator's limits
-    (``MSCCLANG_SIM_MAX_MEMORY`` / ``MSCCLANG_SIM_MAX_SECONDS``, shared among the sizes)."""
+    """Without GPUs: verify the plan on the simulator at the requested sizes, scaled down (with
+    a message) until their simulation fits the simulator's limits (``MSCCLANG_SIM_MAX_MEMORY`` /
+    ``MSCCLANG_SIM_MAX_SECONDS``; see :func:`_fitting_sizes`)."""
     from mscclang.plan.dtypes import dtype_info
-    from mscclang.units import format_bytes
     from mscclang.sim.budget import Limits
     from mscclang.sim.verify import verify
 
-    esize = dtype_info(dtype).itemsize
     limits = Limits.from_env()
-    unit = esize * len(plan.gpus)
-    chosen: list[int] = []
-    for nb in sizes:
-        want = max(nb // unit * unit, unit)
-        got, est = _fitting_size(plan, want, unit, dtype, limits, len(sizes))
-        if got != want:
-            print(f"mscclang run: simulating {format_bytes(got)} instead of {format_bytes(want)}: "
-                  f"{format_bytes(want)} would take {' and '.join(est.problems(limits))}",
-                  file=sys.stderr)
-        chosen.append(got)
+    unit = dtype_info(dtype).itemsize * len(plan.gpus)
+    chosen = _fitting_sizes(plan, [max(nb // unit * unit, unit) for nb in sizes], unit, dtype, limits)
     from mscclang.cli.progress import Progress
 
     with Progress(None, f"simulate {plan.name}", unit="run", enabled=progress) as bar:
@@ -101,13 +118,15 @@ def _simulate_instead(plan: "Plan", sizes: list[int], dtype: str, progress: "Opt
 
 
 def run(args: argparse.Namespace) -> int:
-    from mscclang.plan.io import load_plan, plan_to_json
+    from mscclang.cli.show_cmd import read_plan_any
+    from mscclang.plan.dtypes import dtype_info
+    from mscclang.plan.io import plan_to_json
 
-    plan = load_plan(args.plan)
-    sizes = flatten_sizes(args.size) or [1024, 1 << 20]
-    for nb in sizes:
-        if nb <= 0:
-            raise MscclangError(f"--size {nb}: message sizes must be positive (bytes)")
+    plan, was_mscclpp = read_plan_any(args.plan)
+    if was_mscclpp:
+        print(f"note: {args.plan} is an MSCCL++ plan; running it as imported "
+              "(`mscclang import-mscclpp` writes the converted plan)", file=sys.stderr)
+    sizes = args.sizes or [1024, 1 << 20]
     ngpu = 0
     try:
         import torch
@@ -119,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"mscclang run: {ngpu} GPU(s) visible, the plan needs {plan.world_size}; verifying on the "
               "simulator instead", file=sys.stderr)
         return _simulate_instead(plan, sizes, args.dtype, args.progress)
+    if not dtype_info(args.dtype).gpu:
+        raise MscclangError(f"--dtype {args.dtype} runs on the simulator only; on GPUs use {', '.join(GPU_DTYPES)}")
     from mscclang.runtime.workers import WorkerPool
 
     j = plan_to_json(plan)

@@ -15,6 +15,7 @@ import argparse
 import sys
 from typing import Optional
 
+from mscclang.cli.args import suffix_arg
 from mscclang.errors import PlanError
 from mscclang.plan.io import plan_from_document, read_plan_document
 from mscclang.plan.models import (
@@ -45,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tb", type=int, default=None, help="show only this thread block")
     p.add_argument("--no-check", action="store_true",
                    help="show a plan that fails the semantic checks (indexes out of range print as ?)")
-    p.add_argument("--png", metavar="OUT.png", default=None,
+    p.add_argument("--png", metavar="OUT.png", default=None, type=suffix_arg(".png"),
                    help="draw the plan as a picture instead (per rank, per thread block, ops as a timeline "
                         "with signal/wait, data and packet edges; --rank/--tb restrict it). A long timeline "
                         "wraps into rows; rows that do not fit a page go to OUT-2.png, OUT-3.png...; "

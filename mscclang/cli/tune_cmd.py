@@ -16,10 +16,13 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
-from mscclang.cli.args import GPU_DTYPES, SIZES_FORMS, add_progress_flag, dtype_arg, sizes_arg
+from mscclang.cli.args import (GPU_DTYPES, add_output_option, add_progress_flag, add_sizes_option, dtype_arg,
+                               int_range_arg, positive_float_arg, writable_dir)
 from mscclang.comm.errors import CommError
 
 DEFAULT_COLLS = ("allreduce", "allgather", "reducescatter", "alltoall")
+#: most ranks ``--ranks`` / ``--nprocs`` take
+MAX_RANKS = 1024
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,11 +32,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "variants plus extra ones compiled and verified in the simulator now) and "
                     "NCCL, per collective and size, as CUDA graphs on all GPUs; write a tuning "
                     "file (use it with MSCCLANG_TUNING=FILE or Communicator(tuning=FILE)).")
-    p.add_argument("--out", default="mscclang_tuning.json", metavar="FILE",
-                   help="tuning file to write (extra plans go to FILE's stem + '.plans/')")
+    add_output_option(p, default="mscclang_tuning.json", metavar="FILE",
+                      help="tuning file to write (extra plans go to FILE's stem + '.plans/')")
     p.add_argument("--collectives", default=",".join(DEFAULT_COLLS), help="comma list")
-    p.add_argument("--sizes", type=sizes_arg(), metavar="SIZES",
-                   help="message sizes: " + SIZES_FORMS + "; default 1K:1G")
+    add_sizes_option(p, "input bytes", "1K:1G")
     p.add_argument("--instances", default="1,2,4,8,16",
                    help="instances of the extra variants to compile (default 1,2,4,8,16)")
     p.add_argument("--threads", default="",
@@ -42,13 +44,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="bfloat16", type=dtype_arg(GPU_DTYPES),
                    help=f"dtype to measure with: {', '.join(GPU_DTYPES)} or an alias; default bfloat16")
     p.add_argument("--quick", action="store_true", help="5 sizes, 3 timed blocks, no extra variants")
-    p.add_argument("--time-limit", type=float, default=480.0, metavar="S",
+    p.add_argument("--time-limit", type=positive_float_arg(), default=480.0, metavar="S",
                    help="no new measurement after S seconds (default 480)")
-    p.add_argument("--nprocs", type=int, default=None, help="GPUs to use (default: all)")
+    p.add_argument("--nprocs", type=int_range_arg(2, MAX_RANKS), default=None, help="GPUs to use (default: all)")
     p.add_argument("--dry-run", action="store_true",
                    help="no GPUs needed: compile and verify the extra variants, list the candidates")
-    p.add_argument("--ranks", type=int, default=None,
-                   help="world size for --dry-run (default: visible GPUs, else 2)")
+    p.add_argument("--ranks", type=int_range_arg(2, MAX_RANKS), default=None,
+                   help=f"world size for --dry-run, 2..{MAX_RANKS} (default: visible GPUs, else 2)")
     add_progress_flag(p)
     p.set_defaults(func=run)
 
@@ -117,11 +119,10 @@ def run(args: argparse.Namespace) -> int:
     for t in threads:
         if not 32 <= t <= 1024 or t % 32:
             raise CommError(f"--threads: {t} is not a multiple of 32 in 32..1024")
-    if args.time_limit <= 0:
-        raise CommError("--time-limit must be positive")
+    out = Path(args.out)
     if not args.dry_run:
         _check_gpus(args.nprocs)
-    out = Path(args.out)
+        writable_dir(str(out.absolute().parent), "--out")
     plans_dir = out.parent / (out.stem + ".plans")
     work_dir = out.parent / (out.stem + ".work")
     created = _Created(out, plans_dir, work_dir)

@@ -1,4 +1,4 @@
-"""``mscclang verify PLAN.json [--schedules N] [--sizes 1K 4M ...] [--dtype fp16 ...] [--strict] [--all]``:
+"""``mscclang verify PLAN.json [--schedules N] [--sizes 1K,4M ...] [--dtype fp16,bf16 ...] [--strict] [--all]``:
 prove a plan in the CPU simulator.
 
 Exit status: 1 with the diagnosis when an error is found (deadlock cycle, race, wrong output);
@@ -6,7 +6,8 @@ otherwise 0, with the report's status: ``OK``; ``OK`` with warnings (``multimem-
 vacuous (the plan moves no bytes); ``NO POSTCONDITION`` (a ``test``/``custom`` plan: deadlocks and
 races checked). ``--strict`` makes every status but a clean, non-vacuous ``OK`` exit 1. An
 MSCCL++ plan is imported first (a note on standard error says so); ``-`` reads the plan from
-standard input. Sizes and dtypes follow :mod:`mscclang.cli.args`; ``--schedules`` is capped at
+standard input. Sizes and dtypes follow :mod:`mscclang.cli.args` (list options take comma
+lists and may be repeated); ``--schedules`` is capped at
 :data:`~mscclang.cli.args.MAX_SCHEDULES` (1000) and ``--launches`` at
 :data:`~mscclang.cli.args.MAX_LAUNCHES` (16). A progress bar with an ETA is drawn on stderr when
 it is a terminal (or with ``--progress``). The first eight problems are printed, causes first
@@ -20,8 +21,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mscclang.cli.args import (MAX_LAUNCHES, MAX_SCHEDULES, SIM_DTYPES, SIZES_FORMS, add_progress_flag,
-                               dtype_arg, flatten_sizes, int_range_arg, sizes_arg)
+from mscclang.cli.args import (MAX_LAUNCHES, MAX_SCHEDULES, SIM_DTYPES, MergeLists, add_progress_flag,
+                               add_sizes_option, choice_list_arg, dtype_list_arg, int_range_arg)
 from mscclang.errors import MscclangError
 
 
@@ -33,12 +34,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("plan", help="plan JSON file (mscclang or MSCCL++ format; '-' reads standard input)")
     p.add_argument("--schedules", type=int_range_arg(1, MAX_SCHEDULES), default=10,
                    help=f"runs per size, 1..{MAX_SCHEDULES} (default 10)")
-    p.add_argument("--sizes", nargs="+", type=sizes_arg(), default=None, metavar="SIZES",
-                   help="message sizes (input bytes; allgather: output bytes): " + SIZES_FORMS)
-    p.add_argument("--dtype", nargs="+", type=dtype_arg(SIM_DTYPES), default=None,
-                   help="dtypes: " + ", ".join(SIM_DTYPES) + " or an alias (fp16, bf16, fp32, i32, ...)")
-    p.add_argument("--reduce-op", nargs="+", default=None, choices=("sum", "min", "max"))
-    p.add_argument("--packet-type", nargs="+", default=None, choices=("LL8", "LL16"))
+    add_sizes_option(p, "input bytes; allgather: output bytes", "a small, an odd and a larger one in the plan's range")
+    p.add_argument("--dtype", action=MergeLists, type=dtype_list_arg(SIM_DTYPES), default=None,
+                   help="comma list of dtypes, repeatable: " + ", ".join(SIM_DTYPES) +
+                        " or an alias (fp16, bf16, fp32, i32, ...)")
+    p.add_argument("--reduce-op", action=MergeLists, type=choice_list_arg(("sum", "min", "max")), default=None,
+                   help="comma list of sum, min, max")
+    p.add_argument("--packet-type", action=MergeLists, type=choice_list_arg(("LL8", "LL16")), default=None,
+                   help="comma list of LL8, LL16")
     p.add_argument("--launches", type=int_range_arg(1, MAX_LAUNCHES), default=None,
                    help=f"consecutive launches, 1..{MAX_LAUNCHES} (default: 3 for double-scratch plans, else 2)")
     p.add_argument("--seed", type=int, default=0)
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if was_mscclpp:
         print(f"note: {args.plan} is an MSCCL++ plan; verifying it as imported "
               "(`mscclang import-mscclpp` writes the converted plan)", file=sys.stderr)
-    sizes = flatten_sizes(args.sizes)
+    sizes = args.sizes
     kw: dict = {}
     if args.packet_type:
         kw["packet_types"] = args.packet_type
