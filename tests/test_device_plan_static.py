@@ -57,3 +57,27 @@ def test_rank_tables_are_the_plans_pairing_rule(shipped_plans):
             for c in t.memory:
                 assert (r, c.ordinal) in lp.table(c.peer).memory_slots
             assert t.sync.size % 256 == 0 and t.sync.n_inbound == len(t.memory_slots)
+
+
+def test_the_linear_pairing_table_is_the_pairing_rule(shipped_plans):
+    """plan.models.paired_indices (used by the compiler and the simulator, linear in the
+    channels) gives what paired_index gives channel by channel, on every shipped plan and on
+    lopsided channel lists (unpaired channels, several channels to one peer)."""
+    import random
+
+    from mscclang.plan.models import paired_index, paired_indices
+
+    def check(peers_by_rank):
+        table = paired_indices(peers_by_rank)
+        for a, peers in enumerate(peers_by_rank):
+            for j, b in enumerate(peers):
+                assert table[a][j] == paired_index(a, peers, j, peers_by_rank[b]), (a, j)
+
+    for f in shipped_plans[::4]:
+        plan = load_plan(f)
+        for ct in (ChannelType.memory, ChannelType.port):
+            check([g.peers(ct) for g in plan.gpus])
+    rng = random.Random(3)
+    for _ in range(50):
+        n = rng.randint(2, 6)
+        check([[rng.choice([q for q in range(n) if q != a]) for _ in range(rng.randint(0, 8))] for a in range(n)])

@@ -35,7 +35,7 @@ from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref, op_where
 from mscclang.compiler.replicate import check_interleaved_ranges
 from mscclang.compiler.source import user_frame, user_stacklevel
 from mscclang.errors import DSLError, DSLWarning
-from mscclang.plan.models import BufferKind, ChannelType, OpName, paired_index
+from mscclang.plan.models import BufferKind, ChannelType, OpName, paired_index, paired_indices
 
 #: the largest number of thread blocks one rank may use
 MAX_THREADBLOCKS = 1024
@@ -154,17 +154,14 @@ def paired_channel(ir: IRProgram, rank: int, ctype: ChannelType, j: int) -> Opti
 
 def channel_pairs(ir: IRProgram) -> dict[tuple[int, ChannelType, int], Optional[int]]:
     """:func:`paired_channel` of every channel, keyed ``(rank, channel type, channel)``, in time
-    linear in the number of channels."""
-    ends: dict[tuple, int] = {}  # (rank, type, peer, ordinal among the rank's channels to peer) -> channel
-    keys: list[tuple] = []
-    for r in ir.ranks:
-        for ctype in (ChannelType.memory, ChannelType.port):
-            seen: Counter = Counter()
-            for j, peer in enumerate(r.peers(ctype)):
-                ends[(r.rank, ctype, peer, seen[peer])] = j
-                keys.append(((r.rank, ctype, j), (peer, ctype, r.rank, seen[peer])))
-                seen[peer] += 1
-    return {key: ends.get(other) for key, other in keys}
+    linear in the number of channels (:func:`mscclang.plan.models.paired_indices`)."""
+    out: dict[tuple[int, ChannelType, int], Optional[int]] = {}
+    for ctype in (ChannelType.memory, ChannelType.port):
+        table = paired_indices([r.peers(ctype) for r in ir.ranks])
+        for r, row in zip(ir.ranks, table):
+            for j, back in enumerate(row):
+                out[(r.rank, ctype, j)] = back
+    return out
 
 
 @dataclass(frozen=True)

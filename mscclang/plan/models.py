@@ -301,6 +301,25 @@ def channel_ordinals(peers: Sequence[int]) -> list[ChannelOrdinal]:
     return out
 
 
+def paired_indices(peers_by_rank: Sequence[Sequence[int]]) -> list[list[Optional[int]]]:
+    """:func:`paired_index` of every channel of one type of every rank, in time linear in the
+    channels: ``result[a][j]`` is the global index, on rank ``peers_by_rank[a][j]``, of the
+    channel paired with rank ``a``'s channel ``j`` (None when unpaired). The same rule: the j-th
+    channel from A to B pairs with B's j-th channel to A."""
+    ends: dict[tuple[int, int, int], int] = {}
+    ordinals: list[list[int]] = []
+    for a, peers in enumerate(peers_by_rank):
+        seen: dict[int, int] = {}
+        row = []
+        for j, b in enumerate(peers):
+            o = seen.get(b, 0)
+            seen[b] = o + 1
+            ends[(a, b, o)] = j
+            row.append(o)
+        ordinals.append(row)
+    return [[ends.get((b, a, o)) for b, o in zip(peers, ordinals[a])] for a, peers in enumerate(peers_by_rank)]
+
+
 def paired_index(rank: int, peers: Sequence[int], index: int, peer_peers: Sequence[int]) -> Optional[int]:
     """The channel pairing rule, the one place it is written: on rank A the j-th channel (of one
     type: memory and port channels are numbered separately) to peer B is bound to the j-th

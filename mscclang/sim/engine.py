@@ -26,7 +26,7 @@ import numpy as np
 
 from mscclang.errors import PlanError
 from mscclang.plan.collectives import CollectiveSpec, spec_from_plan
-from mscclang.plan.models import BufferKind, ChannelType, OpName, Plan, channel_ordinals, paired_index
+from mscclang.plan.models import BufferKind, ChannelType, OpName, Plan, channel_ordinals, paired_indices
 from mscclang.sim.deadlock import DeadlockMixin
 from mscclang.sim.packets import PKT_WRITERS, PacketMixin
 from mscclang.sim.ports import PortMixin, Proxy, Trigger
@@ -122,11 +122,14 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
         for ctype in (ChannelType.memory, ChannelType.port):
             peers = [g.peers(ctype) for g in plan.gpus]
             for a in range(self.n):
-                for gidx, c in enumerate(channel_ordinals(peers[a])):
-                    b = c.peer
+                for gidx, b in enumerate(peers[a]):
                     if not 0 <= b < self.n:
                         raise PlanError(f"rank {a} {ctype.value} channel {gidx} connects to rank {b}, not in the plan")
-                    back = paired_index(a, peers[a], gidx, peers[b])
+            table = paired_indices(peers)
+            for a in range(self.n):
+                for gidx, c in enumerate(channel_ordinals(peers[a])):
+                    back = table[a][gidx]
+                    b = c.peer
                     # an unpaired channel gets an end no op can reach: its waits deadlock
                     key_b = (b, ctype.value, back) if back is not None else (b, ctype.value, f"hidden{a}.{c.ordinal}")
                     self.pair[(a, ctype.value, gidx)] = key_b
