@@ -136,3 +136,25 @@ def test_cli(tmp_path):
     p = subprocess.run([sys.executable, "-m", "mscclang", "predict"], capture_output=True, text=True, timeout=120,
                        cwd=ROOT)
     assert p.returncode == 2 and "give a plan" in p.stderr
+
+
+def test_tune_ranks_candidates_by_prediction_and_writes_nothing(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "mscclang", "tune", "--dry-run", "--predict", "--no-extra",
+                        "--collectives", "allreduce", "--sizes", "1K,64M", "--ranks", "2",
+                        "-o", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("predicted allreduce")]
+    assert len(lines) == 2 and all(" us" in ln for ln in lines)
+    assert "oneshot" in lines[0]   # the small size: a one-shot LL plan is predicted fastest
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_rank_by_prediction_orders_the_candidates():
+    from mscclang.comm.catalog import Catalog, default_plans_dir
+    from mscclang.comm.tune import rank_by_prediction
+
+    d = default_plans_dir()
+    if d is None or not Path(d).is_dir():
+        pytest.skip("the shipped plans are not installed")
+    ranked = rank_by_prediction(Catalog.from_dir(d), "allreduce", 2, 1 << 20)
+    assert len(ranked) > 3 and [p.us for p in ranked] == sorted(p.us for p in ranked)

@@ -49,6 +49,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nprocs", type=int_range_arg(2, MAX_RANKS), default=None, help="GPUs to use (default: all)")
     p.add_argument("--dry-run", action="store_true",
                    help="no GPUs needed: compile and verify the extra variants, list the candidates")
+    p.add_argument("--predict", action="store_true",
+                   help="with --dry-run: rank the candidates of each size by the cost model (writes nothing)")
+    p.add_argument("--topology", default="nvlink", help="with --predict: nvlink, NxM or a JSON file")
     p.add_argument("--ranks", type=int_range_arg(2, MAX_RANKS), default=None,
                    help=f"world size for --dry-run, 2..{MAX_RANKS} (default: visible GPUs, else 2)")
     add_progress_flag(p)
@@ -172,6 +175,15 @@ def _tune(args: argparse.Namespace, colls: list[str], instances: list[int], thre
             for k in keys:
                 print(f"  {k.label()}")
         print(f"{len(added)} extra variants compiled and verified")
+        if args.predict:
+            from mscclang.comm.tune import rank_by_prediction
+
+            for coll in colls:
+                for size in sizes:
+                    ranked = rank_by_prediction(catalog, coll, n, size, args.topology)
+                    best = ", ".join(f"{p.label} {p.us:.1f} us" for p in ranked[:3]) or "no candidate"
+                    print(f"predicted {coll} {size} B: {best}")
+            print("(predictions rank what to measure; no tuning file is written from them)")
         return 0
     cfg = BenchConfig(colls=colls, sizes=sizes, impls=["mscclang", "nccl"], modes=["graph"],
                       dtype=dtype, out_dir=str(work_dir),

@@ -149,3 +149,34 @@ def build_table(measured: dict[str, dict[int, dict[CandidateKey, float]]], world
                               max_bytes=None if i == len(runs) - 1 else last, candidates=cands))
     return TuningTable(format=TUNING_FORMAT, machine=machine, source=source, plans_dir=plans_dir,
                        rules=rules)
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """A candidate's predicted time for one collective and size (the cost model, no GPU)."""
+
+    label: str
+    us: float
+
+
+def rank_by_prediction(catalog: Catalog, collective: str, world_size: int, input_bytes: int,
+                       topology: str = "nvlink") -> list[Predicted]:
+    """The catalog's variants that take ``input_bytes`` of ``collective``, fastest first by the
+    cost model (:mod:`mscclang.sim.cost`). A ranking to choose what to measure: a tuning file is
+    only ever written from measurements."""
+    from mscclang.errors import PlanError
+    from mscclang.sim import cost
+
+    n = world_size
+    out_bytes = {"allgather": input_bytes * n, "reducescatter": input_bytes // n}.get(collective, input_bytes)
+    msg = out_bytes if collective == "allgather" else input_bytes
+    topo = cost.load_topology(topology, n)
+    ranked = []
+    for v in catalog.matching(collective, n):
+        if (collective == "broadcast" and (v.root or 0) != 0) or not v.fits(msg):
+            continue
+        try:
+            ranked.append(Predicted(v.label(), cost.predict(v.load(), input_bytes, out_bytes, topo).total_us))
+        except PlanError:
+            continue
+    return sorted(ranked, key=lambda p: p.us)
