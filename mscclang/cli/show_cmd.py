@@ -12,6 +12,7 @@ channel 3 of the op's type, leading to rank 2. MSCCL++ plans are converted on th
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import sys
 from typing import Optional
 
@@ -51,6 +52,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "with signal/wait, data and packet edges; --rank/--tb restrict it). A long timeline "
                         "wraps into rows; rows that do not fit a page go to OUT-2.png, OUT-3.png...; "
                         "needs matplotlib")
+    p.add_argument("--trace", metavar="TRACE.json", default=None,
+                   help="with --png: place the ops at the times of a Chrome trace of this plan (mscclang "
+                        "predict --trace, or a traced run), waits as long as they waited, the critical path "
+                        "outlined")
     p.set_defaults(func=run)
 
 
@@ -83,11 +88,21 @@ def run(args: argparse.Namespace) -> int:
         raise PlanError(f"--rank {args.rank}: the plan has ranks 0..{len(plan.gpus) - 1}")
     if args.tb is not None:
         check_tb(plan, args.tb, args.rank)
+    trace = None
+    if getattr(args, "trace", None):
+        if not getattr(args, "png", None):
+            raise PlanError("--trace draws a picture: give --png OUT.png too")
+        import json
+
+        try:
+            trace = json.loads(Path(args.trace).read_text())
+        except (OSError, ValueError) as e:
+            raise PlanError(f"--trace {args.trace}: cannot read a JSON trace ({e})") from None
     if getattr(args, "png", None):
         from mscclang.viz import draw_plan
 
         pic = draw_plan(plan, args.png, ranks=None if args.rank is None else [args.rank],
-                        tbs=None if args.tb is None else [args.tb])
+                        tbs=None if args.tb is None else [args.tb], trace=trace)
         wrapped = f", timeline wrapped into {pic.panels} rows" if pic.panels > 1 else ""
         if len(pic.paths) > 1:
             sys.stdout.write(f"wrote {len(pic.paths)} pages: {', '.join(str(p) for p in pic.paths)} "

@@ -7,7 +7,7 @@ import bisect
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
 
 from mscclang.errors import MscclangError, PlanError
 from mscclang.plan.models import OpName, Plan
@@ -80,7 +80,7 @@ class _Panel:
 def draw_plan(plan: Union[Plan, str, Path, dict], path: Union[str, Path], *,
               ranks: Optional[Sequence[int]] = None, tbs: Optional[Sequence[int]] = None, dpi: int = 120,
               title: Optional[str] = None, labels: Optional[bool] = None, max_width_px: int = 3000,
-              max_height_px: int = 6000, measure_text: bool = False) -> PlanPicture:
+              max_height_px: int = 6000, measure_text: bool = False, trace: Any = None) -> PlanPicture:
     """Draw ``plan`` (a Plan, or a plan file / JSON text / dict for :func:`load_plan`) as a PNG
     timeline at ``path`` and return what was written.
 
@@ -100,8 +100,11 @@ def draw_plan(plan: Union[Plan, str, Path, dict], path: Union[str, Path], *,
     ``labels``: write op names and chunk references into the boxes; by default only while at most
     :data:`LABEL_LIMIT` ops are drawn (text dominates the drawing time), else the title says how
     to zoom in. ``measure_text``: record every text's pixel box in :attr:`PlanPicture.text_boxes`
-    (to check that none overlap). Uses matplotlib's Agg canvas directly: pyplot's global state is
-    not touched.
+    (to check that none overlap). ``trace``: a Chrome trace of this plan (a dict, as ``mscclang
+    predict --trace`` or a traced run writes it): the boxes are placed at its times instead of
+    steps (the axis in microseconds), waits are as long as they waited, and the critical path is
+    outlined in red (:mod:`mscclang.viz.timing`). Uses matplotlib's Agg canvas directly: pyplot's
+    global state is not touched.
     """
     from matplotlib.figure import Figure
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -111,6 +114,11 @@ def draw_plan(plan: Union[Plan, str, Path, dict], path: Union[str, Path], *,
 
         plan = load_plan(plan)
     graph = build_graph(plan)
+    timed = None
+    if trace is not None:
+        from mscclang.viz.timing import apply_trace
+
+        timed = apply_trace(graph, trace)
     shown_ranks = _select_ranks(plan, ranks)
     tb_filter = None if tbs is None else set(int(t) for t in tbs)
 
@@ -184,6 +192,8 @@ def draw_plan(plan: Union[Plan, str, Path, dict], path: Union[str, Path], *,
             extras.append("CYCLE: ops drawn at their op index")
         if auto_off:
             extras.append(f"labels left out ({n_shown} ops): draw fewer ranks or blocks to see them")
+        if timed is not None:
+            extras.append(f"timed: {timed.total_us:.2f} us, critical path in red")
         title = f"{plan.name} ({plan.collective}): " + ", ".join(extras)
 
     sizes: list[tuple[int, int]] = []
@@ -212,11 +222,12 @@ def draw_plan(plan: Union[Plan, str, Path, dict], path: Union[str, Path], *,
             p.ax = ax
             y_in += panel_h + _PANEL_GAP_IN
             _draw_panel(fig, ax, graph, plan, p, cuts, rows, bands, bottom, labels,
-                        (width_in - _LEFT_IN - _RIGHT_IN) / col_in)
-        fig.text(_LEFT_IN / width_in, 0.12 / height_in,
-                 "step: earliest time each op can start (after its block's previous op and the ops it "
-                 "waits for)" if graph.acyclic else "op index (the dependency graph has a cycle)",
-                 fontsize=7, va="bottom", ha="left")
+                        (width_in - _LEFT_IN - _RIGHT_IN) / col_in, timed)
+        caption = ("time (us) from the trace; a box spans its op, a wait as long as it waited"
+                   if timed is not None else
+                   "step: earliest time each op can start (after its block's previous op and the ops it "
+                   "waits for)" if graph.acyclic else "op index (the dependency graph has a cycle)")
+        fig.text(_LEFT_IN / width_in, 0.12 / height_in, caption, fontsize=7, va="bottom", ha="left")
         _draw_edges(graph, visible, rows, bottom, cuts, panels, page, col_in, rows_h)
         try:
             fig.savefig(paths[pg], format="png", dpi=dpi_eff, pil_kwargs={"compress_level": 1})
@@ -228,7 +239,8 @@ def draw_plan(plan: Union[Plan, str, Path, dict], path: Union[str, Path], *,
             text_boxes.append(_text_boxes(fig))
     return PlanPicture(paths[0], sizes[0][0], sizes[0][1], shown_ranks, n_shown,
                        graph.edge_counts(), graph.acyclic, bool(labels), paths=paths, page_sizes=sizes,
-                       panels=len(panels), text_boxes=text_boxes)
+                       panels=len(panels), text_boxes=text_boxes,
+                       critical=sorted(timed.critical) if timed is not None else [])
 
 
 def _panel_of(cuts: list[float], x: float) -> int:
@@ -262,8 +274,9 @@ def _panel_nodes(graph: PlanGraph, rows: dict, cuts: list[float], p: _Panel) -> 
 
 def _draw_panel(fig: "Figure", ax: "Axes", graph: PlanGraph, plan: Plan, p: _Panel, cuts: list[float],
                 rows: dict[tuple[int, int], float], bands: list[tuple[int, float, float]], bottom: float,
-                labels: bool, steps_wide: float) -> None:
-    """Rows, bands, boxes, labels, pipeline brackets and barriers of one panel."""
+                labels: bool, steps_wide: float, timed: Any = None) -> None:
+    """Rows, bands, boxes, labels, pipeline brackets and barriers of one panel (``timed``: the
+    axis in microseconds and the critical path outlined)."""
     from matplotlib.collections import PolyCollection
     from matplotlib.lines import Line2D
     from matplotlib.patches import Rectangle
@@ -274,6 +287,10 @@ def _draw_panel(fig: "Figure", ax: "Axes", graph: PlanGraph, plan: Plan, p: _Pan
     ax.set_ylim(bottom - 0.2, 0.7)
     ax.set_yticks([])
     ax.tick_params(axis="x", labelsize=6, pad=1.5)
+    if timed is not None:
+        from matplotlib.ticker import FuncFormatter
+
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v * timed.us_per_step:.3g}"))
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     # block and rank labels at fixed distances (inches) left of the axes, whatever its width
@@ -305,6 +322,9 @@ def _draw_panel(fig: "Figure", ax: "Axes", graph: PlanGraph, plan: Plan, p: _Pan
 
     boxes: list[list[tuple[float, float]]] = []
     fills: list[str] = []
+    crit = timed.critical if timed is not None else frozenset()
+    edges = ["#d62728" if node.key in crit else "#333333" for node in nodes]
+    widths = [1.6 if node.key in crit else 0.5 for node in nodes]
     for node in nodes:
         yy = rows[(node.rank, node.tb)]
         x0, x1 = node.x, node.x + node.width
@@ -318,7 +338,7 @@ def _draw_panel(fig: "Figure", ax: "Axes", graph: PlanGraph, plan: Plan, p: _Pan
         text = f"{node.label} {node.op.name.value}" + (f"\n{detail}" if detail else "")
         ax.text(node.x + node.width / 2, yy, text, ha="center", va="center", fontsize=5, linespacing=1.1,
                 zorder=3, clip_on=True)
-    ax.add_collection(PolyCollection(boxes, facecolors=fills, edgecolors="#333333", linewidths=0.5, zorder=2))
+    ax.add_collection(PolyCollection(boxes, facecolors=fills, edgecolors=edges, linewidths=widths, zorder=2))
 
     for group in graph.barriers:
         members = [graph.nodes[k] for k in group if (k[0], k[1]) in rows]

@@ -152,6 +152,8 @@ class PlanPicture:
     panels: int = 1  # rows the timeline was wrapped into
     #: per page, (text, (x0, y0, x1, y1) px) of every text (``draw_plan(measure_text=True)``)
     text_boxes: list[list[tuple[str, tuple[float, float, float, float]]]] = field(default_factory=list)
+    #: with a trace: the ops of the critical path (rank, block, position)
+    critical: list = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------------
