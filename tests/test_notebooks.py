@@ -99,6 +99,17 @@ def test_author_verify_notebook(tmp_path, monkeypatch):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert (tmp_path / "my_allreduce.png").read_bytes() == png
 
+    # the loop's second half: predict (no GPU), draw on the predicted times, a GPU run that skips
+    predicted = text_of(tagged["predict"])
+    assert "predicted" in predicted and "us for 1 MiB on 4 GPUs" in predicted and "waited" in predicted
+    import json
+
+    trace = json.loads((tmp_path / "my_allreduce_trace.json").read_text())
+    assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1, 2, 3}
+    assert "critical path of" in text_of(tagged["timed-draw"])
+    assert (tmp_path / "my_allreduce_timed.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "skipped: the measured run needs 4 GPUs" in text_of(tagged["gpu-run"])
+
 
 def test_gpu_vs_nccl_notebook_without_gpus(tmp_path, monkeypatch):
     nb, tagged = execute("02_gpu_vs_nccl.ipynb", tmp_path, monkeypatch)
