@@ -482,9 +482,29 @@ __device__ bool run_op(const Ctx& c, const DevOp* op, long long iter, u64 unit, 
   }
 }
 
+// The GPU's global nanosecond timer (the traced kernels only).
+__device__ __forceinline__ u64 global_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Traced kernels (TR = 1) write, per block and device record i, {start, end} in global-timer ns
+// at trace[1 + blockIdx.x * trace[0] + 2 i]; trace[0] is the per-block stride in u64 (2 x the
+// most records of a block), set by the host. Every thread meets before each end is taken, so an
+// op's end is when its last thread finished. Inner ops of a pipeline: the first iteration's start
+// and the last one's end. TR = 0 compiles none of it.
+template <int TR>
+__device__ __forceinline__ void trace_mark(u64* trace, u32 rec, int which) {
+  if constexpr (TR) {
+    if (which) __syncthreads();
+    if (threadIdx.x == 0) trace[1 + (u64)blockIdx.x * trace[0] + 2ull * rec + (u32)which] = global_ns();
+  }
+}
+
 // The block's ops in order; false when it must stop (abort).
-template <int DT, int OP, int PKT, int U, int UP>
-__device__ __forceinline__ bool run_block(const Ctx& c, const u8* smem) {
+template <int DT, int OP, int PKT, int U, int UP, int TR = 0>
+__device__ __forceinline__ bool run_block(const Ctx& c, const u8* smem, u64* trace = nullptr) {
   const BlockHeader* bh = (const BlockHeader*)smem;
   const u8* cur = smem + sizeof(BlockHeader);
   const u32 n_ops = bh->n_ops;
@@ -496,18 +516,28 @@ __device__ __forceinline__ bool run_block(const Ctx& c, const u8* smem) {
       const u8* first = cur + op->bytes;
       const u8* after = first;
       for (u32 j = 0; j < n_inner; ++j) after += ((const DevOp*)after)->bytes;
+      trace_mark<TR>(trace, i, 0);
       for (u32 it = 0; it < iters; ++it) {
         const u8* q = first;
         for (u32 j = 0; j < n_inner; ++j) {
           const DevOp* inner = (const DevOp*)q;
+          if constexpr (TR) {
+            if (it == 0u) trace_mark<TR>(trace, i + 1u + j, 0);
+          }
           if (!run_op<DT, OP, PKT, U, UP>(c, inner, (long long)it, unit, false)) return false;
+          if constexpr (TR) {
+            if (it + 1u == iters) trace_mark<TR>(trace, i + 1u + j, 1);
+          }
           q += inner->bytes;
         }
       }
+      trace_mark<TR>(trace, i, 1);
       cur = after;
       i += n_inner;
     } else {
+      trace_mark<TR>(trace, i, 0);
       if (!run_op<DT, OP, PKT, U, UP>(c, op, -1, 0, i + 1 == n_ops)) return false;
+      trace_mark<TR>(trace, i, 1);
       cur += op->bytes;
     }
   }
@@ -527,9 +557,9 @@ __device__ __forceinline__ void port_finals(const Ctx& c, const u8* smem) {
   }
 }
 
-template <int DT, int OP, int PKT, int U, int UP>
+template <int DT, int OP, int PKT, int U, int UP, int TR = 0>
 __device__ __forceinline__ void interpret(const u8* __restrict__ blob, u8* in, u8* out, u64 in_delta,
-                                          u64 out_delta, u64 timeout_ns) {
+                                          u64 out_delta, u64 timeout_ns, u64* trace = nullptr) {
   extern __shared__ __align__(16) u8 smem[];
   __shared__ Ctx s_c;
   __shared__ u32 s_stop;
@@ -577,7 +607,7 @@ __device__ __forceinline__ void interpret(const u8* __restrict__ blob, u8* in, u
     return;
   }
 
-  if (!run_block<DT, OP, PKT, U, UP>(c, smem)) {
+  if (!run_block<DT, OP, PKT, U, UP, TR>(c, smem, trace)) {
     port_finals(c, smem);
     return;
   }

@@ -28,6 +28,22 @@
         plan, input, output, input_delta, output_delta, timeout_ns);                               \
   }
 
+// The traced variants (mscclang.runtime.trace): the same interpreter with per-op timestamps
+// written to `trace` (see trace_mark in interpreter.cuh); names end in _trace. Built only when
+// MSCCLANG_TRACED is defined, as their own module: the untraced modules do not change.
+#define MSCCLANG_TRACE_KERNEL(NAME, DT, PKT, OP, NT)                                               \
+  extern "C" __global__ void __launch_bounds__(NT, 1)                                              \
+      NAME##_trace(const u8* __restrict__ plan, u8* input, u8* output, u64 input_delta,           \
+                   u64 output_delta, u64 timeout_ns, u64* trace) {                                 \
+    interpret<DT, OP, PKT, MSCCLANG_UNROLL, (NT > 512 ? MSCCLANG_UNROLL_PKT_1024 : MSCCLANG_UNROLL_PKT), 1>( \
+        plan, input, output, input_delta, output_delta, timeout_ns, trace);                        \
+  }
+
+#ifdef MSCCLANG_TRACED
+#undef MSCCLANG_KERNEL
+#define MSCCLANG_KERNEL MSCCLANG_TRACE_KERNEL
+#endif
+
 #define MSCCLANG_KERNELS_NT(DTNAME, DT, SUFFIX, NT)                                  \
   MSCCLANG_KERNEL(mscclang_##DTNAME##_ll16_sum##SUFFIX, DT, 16, ROP_SUM, NT)         \
   MSCCLANG_KERNEL(mscclang_##DTNAME##_ll16_min##SUFFIX, DT, 16, ROP_MIN, NT)         \

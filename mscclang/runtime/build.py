@@ -44,11 +44,13 @@ def block_variant(nthreads: int) -> int:
     return min(v for v in BLOCK_VARIANTS if v >= nthreads)
 
 
-def kernel_name(dtype: str, packet: str, op: str, nthreads: int = 1024) -> str:
+def kernel_name(dtype: str, packet: str, op: str, nthreads: int = 1024, traced: bool = False) -> str:
     """Name of one specialised kernel, e.g. ``mscclang_f16_ll16_sum`` (1024-thread bound) or
-    ``mscclang_f16_ll16_sum_t512`` (plans of at most 512 threads per block)."""
+    ``mscclang_f16_ll16_sum_t512`` (plans of at most 512 threads per block); ``traced``: its
+    variant with per-op timestamps (``..._trace``, one more parameter: the trace buffer)."""
     v = block_variant(nthreads)
-    return f"mscclang_{dtype}_{packet}_{op}" + ("" if v == BLOCK_VARIANTS[0] else f"_t{v}")
+    return (f"mscclang_{dtype}_{packet}_{op}" + ("" if v == BLOCK_VARIANTS[0] else f"_t{v}")
+            + ("_trace" if traced else ""))
 
 
 def executor_dir() -> Path:
@@ -193,24 +195,26 @@ def compile_source(source: str, arch: str, options: Sequence[str] = (), name: st
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def module_source(dtype: str) -> str:
-    """Source of the module holding the six kernels of ``dtype``."""
+def module_source(dtype: str, traced: bool = False) -> str:
+    """Source of the module holding the kernels of ``dtype`` (``traced``: their traced variants,
+    a module of their own, so the untraced one is the same with or without tracing)."""
     if dtype not in DTYPES:
         raise RuntimeUnavailable(f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}")
-    return ("#define MSCCLANG_ONLY_DTYPE\n#include \"kernels.cu\"\n"
+    return (("#define MSCCLANG_TRACED\n" if traced else "") + "#define MSCCLANG_ONLY_DTYPE\n#include \"kernels.cu\"\n"
             f"MSCCLANG_KERNELS_DT({dtype}, {_DT_MACRO[dtype]})\n")
 
 
 def build_module(dtype: str, arch: str | int | tuple[int, int] = "sm_90", options: Sequence[str] = (),
-                 use_cache: bool = True) -> BuiltModule:
-    """Build (or load from the disk cache) the cubin of ``dtype``'s kernels for ``arch``."""
+                 use_cache: bool = True, traced: bool = False) -> BuiltModule:
+    """Build (or load from the disk cache) the cubin of ``dtype``'s kernels for ``arch``
+    (``traced``: their traced variants)."""
     arch = arch_string(arch)
-    src = module_source(dtype)
+    src = module_source(dtype, traced)
     ver = nvrtc_version()
     key = hashlib.sha256(
         "|".join([source_hash(src), arch, " ".join(BASE_OPTIONS + tuple(options)), f"{ver[0]}.{ver[1]}"]).encode()
     ).hexdigest()[:32]
-    path = cache_dir() / f"mscclang_{dtype}_{arch}_{key}.cubin"
+    path = cache_dir() / f"mscclang_{dtype}{'_trace' if traced else ''}_{arch}_{key}.cubin"
     if use_cache and path.is_file():
         return BuiltModule(dtype, arch, path.read_bytes(), path, True)
     cubin = compile_source(src, arch, options, name=f"mscclang_{dtype}.cu")

@@ -1,0 +1,116 @@
+"""The per-op GPU timeline of a traced launch: the trace buffer's layout and its decoding into
+Chrome trace events.
+
+A traced launch runs the interpreter's ``_trace`` kernel variant (:func:`mscclang.runtime.build.
+kernel_name` with ``traced=True``, built as a module of its own: the untraced kernels are the same
+with or without tracing). It takes one more parameter, a buffer of u64 words: word 0 is the
+per-block stride (2 x the most device records of a block, :func:`trace_words`); block ``b``'s
+record ``i`` gets its {start, end} global-timer nanoseconds at ``1 + b * stride + 2 i``.
+
+:func:`decode` turns one rank's buffer into one event per plan op (a plan op may be several device
+records, and a pipeline's inner records belong to it): the earliest start and the latest end of
+its records, with the op's name, chunk ranges, channel peers and DSL source line. Times are in
+microseconds from the rank's first record; ranks are put on a common base by the caller (the
+launches of one collective start together, within the flag round trip).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from mscclang.errors import PlanError
+from mscclang.plan.models import ChannelType, Plan
+from mscclang.runtime.ports import DOP_PORT_FINAL
+from mscclang.runtime.structs import BLOCK_HEADER, DEV_OP
+
+
+@dataclass(frozen=True)
+class TraceLayout:
+    """The buffer of one rank's traced launch: ``stride`` u64 per block, ``words`` in all."""
+
+    stride: int
+    words: int
+
+    @property
+    def nbytes(self) -> int:
+        return 8 * self.words
+
+
+def trace_words(n_records: Sequence[int]) -> TraceLayout:
+    """The buffer for blocks holding ``n_records`` device records each (``BlockPlan.n_records``)."""
+    stride = 2 * max(n_records, default=0)
+    return TraceLayout(stride, 1 + stride * len(n_records))
+
+
+def record_ops(region: bytes) -> list[tuple[int, int]]:
+    """(kind, plan op index) of each device record of a packed block region, in order."""
+    head = BLOCK_HEADER.unpack(region, 0)
+    out = []
+    off = BLOCK_HEADER.size
+    for _ in range(head["n_ops"]):
+        rec = DEV_OP.unpack(region, off)
+        out.append((rec["kind"], rec["index"]))
+        off += rec["bytes"]
+    return out
+
+
+def decode(plan: Plan, rank: int, regions: Sequence[bytes], words: Sequence[int]) -> list[dict]:
+    """Chrome trace events (``ph: X``; ``pid`` the rank, ``tid`` the thread block) of one rank's
+    traced launch: ``regions`` the packed block regions it ran, ``words`` its trace buffer read
+    back. Records that did not run (an aborted launch) are left out. PlanError when the buffer
+    does not fit the regions."""
+    if not words:
+        raise PlanError(f"rank {rank}: empty trace buffer")
+    stride = int(words[0])
+    lay = trace_words([len(record_ops(r)) for r in regions])
+    if stride != lay.stride or len(words) < lay.words:
+        raise PlanError(f"rank {rank}: the trace buffer ({len(words)} words, stride {stride}) does not fit the "
+                        f"launch's {len(regions)} blocks (stride {lay.stride}, {lay.words} words)")
+    spans: dict[tuple[int, int], list[int]] = {}
+    for b, region in enumerate(regions):
+        for i, (kind, index) in enumerate(record_ops(region)):
+            s, e = int(words[1 + b * stride + 2 * i]), int(words[2 + b * stride + 2 * i])
+            if kind == DOP_PORT_FINAL or s == 0 or e < s:
+                continue
+            cur = spans.setdefault((b, index), [s, e])
+            cur[0], cur[1] = min(cur[0], s), max(cur[1], e)
+    if not spans:
+        return []
+    t0 = min(s for s, _ in spans.values())
+    g = plan.gpus[rank]
+    out = []
+    for (b, index), (s, e) in sorted(spans.items(), key=lambda kv: kv[1][0]):
+        tb = g.threadblocks[b]
+        op = tb.ops[index]
+        args: dict[str, Any] = {"op": op.name.value, "index": index}
+        refs = [f"{'s' if r.type is None else r.type.value}[{r.index}:{r.index + r.size}]"
+                for r in list(op.src_buff) + list(op.dst_buff)]
+        if refs:
+            args["chunks"] = " ".join(refs)
+        peers = _peers(g, tb, op)
+        if peers:
+            args["peers"] = peers
+        if op.src:
+            args["src"] = op.src
+        out.append({"name": op.name.value, "ph": "X", "pid": rank, "tid": tb.id, "ts": (s - t0) / 1e3,
+                    "dur": (e - s) / 1e3, "args": args})
+    return out
+
+
+def _peers(g: Any, tb: Any, op: Any) -> list[int]:
+    ct = op.channel_type if op.channel_type != ChannelType.none else ChannelType.memory
+    try:
+        chans = tb.channel_list(ct)
+        peers = g.peers(ct)
+        return sorted({peers[chans[c]] for c in op.channel_ids})
+    except (IndexError, ValueError):
+        return []
+
+
+def chrome_trace(events: list[dict], plan: Optional[Plan] = None) -> dict:
+    """The Chrome trace-event JSON of decoded events (every rank's), with process names."""
+    ranks = sorted({e["pid"] for e in events})
+    meta = [{"name": "process_name", "ph": "M", "pid": r, "args": {"name": f"rank {r}"}} for r in ranks]
+    return {"traceEvents": events + meta, "displayTimeUnit": "ns",
+            "otherData": {"plan": plan.name if plan is not None else None, "source": "GPU global timer"}}

@@ -1,0 +1,81 @@
+"""The traced kernel variant's buffer layout and its decoding (mscclang.runtime.trace), on the
+CPU: a buffer written as the kernel writes it decodes to one event per plan op, in the plan's
+order per block, merged over the op's device records; the traced kernels are a module of their
+own (the untraced one does not change) and carry their own names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mscclang.errors import PlanError
+from mscclang.plan.io import load_plan
+from mscclang.runtime import build
+from mscclang.runtime.packing import pack_blocks
+from mscclang.runtime.trace import chrome_trace, decode, record_ops, trace_words
+from mscclang.viz.graph import build_graph
+from mscclang.viz.timing import apply_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", ["allreduce_rsag_zero_copy.r2.i32.inplace", "allreduce_oneshot_ll.r2.i1.inplace",
+                                  "allgather_port.r2.i1"])
+def test_a_buffer_written_as_the_kernel_writes_it_decodes_per_op(name):
+    f = ROOT / "plans" / f"{name}.json"
+    if not f.is_file():
+        pytest.skip("the shipped plans are not here")
+    plan = load_plan(f)
+    events = []
+    for rank in range(plan.world_size):
+        packed = pack_blocks(plan, rank, 1 << 16, 1 << 16 if plan.collective != "allgather" else 2 << 16)
+        regions = [b.region for b in packed.blocks]
+        lay = trace_words([b.n_records for b in packed.blocks])
+        words = [0] * lay.words
+        words[0] = lay.stride
+        t = 10_000 + 1000 * rank
+        for b, region in enumerate(regions):
+            for i, _ in enumerate(record_ops(region)):
+                words[1 + b * lay.stride + 2 * i] = t
+                words[2 + b * lay.stride + 2 * i] = t + 500
+                t += 700
+        ev = decode(plan, rank, regions, words)
+        for tb in plan.gpus[rank].threadblocks:
+            mine = [e for e in ev if e["tid"] == tb.id]
+            assert [e["args"]["index"] for e in sorted(mine, key=lambda e: e["ts"])] == list(range(len(tb.ops)))
+            assert all(e["dur"] >= 0.5 for e in mine)   # at least one record of 500 ns
+        assert min(e["ts"] for e in ev) == 0.0
+        events += ev
+    tr = chrome_trace(events, plan)
+    # the plan picture takes the measured trace like the predicted one
+    timed = apply_trace(build_graph(plan), tr)
+    assert timed.total_us > 0 and timed.critical
+
+
+def test_a_buffer_that_does_not_fit_is_refused():
+    plan = load_plan(ROOT / "plans" / "allreduce_oneshot_ll.r2.i1.inplace.json")
+    packed = pack_blocks(plan, 0, 4096, 4096)
+    regions = [b.region for b in packed.blocks]
+    with pytest.raises(PlanError, match="does not fit"):
+        decode(plan, 0, regions, [3, 0, 0])
+    lay = trace_words([b.n_records for b in packed.blocks])
+    assert decode(plan, 0, regions, [lay.stride] + [0] * (lay.words - 1)) == []   # nothing ran
+
+
+def test_traced_kernels_are_a_module_of_their_own():
+    plain, traced = build.module_source("f32"), build.module_source("f32", traced=True)
+    assert "MSCCLANG_TRACED" not in plain and traced.startswith("#define MSCCLANG_TRACED\n")
+    assert plain in traced   # the same kernels, made traced by the macro
+    assert build.kernel_name("f32", "ll16", "sum", 512, traced=True) == "mscclang_f32_ll16_sum_t512_trace"
+    assert build.kernel_name("f32", "ll16", "sum") == "mscclang_f32_ll16_sum"
+
+
+@pytest.mark.slow
+def test_the_traced_module_compiles_and_the_untraced_one_has_no_trace_kernel():
+    try:
+        build.nvrtc_version()
+    except Exception as e:  # noqa: BLE001 - no NVRTC here
+        pytest.skip(f"NVRTC unavailable: {e}")
+    cub = build.compile_source(build.module_source("i32", traced=True), "sm_90", name="mscclang_i32_trace.cu")
+    assert b"mscclang_i32_ll16_sum_trace" in cub and b"mscclang_i32_ll16_sum\x00" not in cub
