@@ -86,6 +86,9 @@ class FakeCu:
         m, o = self._at(p)
         return bytes(m[o:o + n])
 
+    def dtoh(self, p: int, n: int, stream: int = 0) -> bytes:
+        return self.read(p, n)
+
 
 class FakeRtComm:
     """The runtime communicator's surface the executor uses (symmetric allocations, barriers)."""
@@ -309,7 +312,7 @@ def _ready(ex: Executor, lp: LoadedPlan, fcu: FakeCu, nbytes: int) -> None:
     sync = sync_layout(plan, r)
     lp.ctx = Context(sync, fcu.mem_alloc(sync.size), fcu.mem_alloc(MiB), MiB,
                       {q: 0xAB_0000_0000 + q}, {q: 0xAC_0000_0000 + q})
-    ex.kernels._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads))] = 77
+    ex.kernels._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads), False)] = 77
 
 
 def test_capture_session_slot_aborts_until_registration_then_holds_the_peers_addresses(fcu):
@@ -396,7 +399,7 @@ def test_deferred_call_needs_the_sizes_run_before_and_room_in_the_arena(fcu):
         ex.entries.resolve(lp, "f16", torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False, 0)
     from mscclang.runtime.build import block_variant
 
-    ex.kernels._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads))] = 5
+    ex.kernels._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads), False)] = 5
     ex.entries.resolve(lp, "f16", torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False, 0)   # the one slot
     with pytest.raises(NotPrepared, match="arena"):
         ex.entries.resolve(lp, "f16", torch.float16, a.base + MiB, a.base + MiB, 4096, 4096, "ll16", "sum", False, 0)
@@ -430,7 +433,7 @@ def _ready_any(ex: Executor, lp: LoadedPlan, fcu: FakeCu, scratch: int) -> None:
     sync = sync_layout(lp.plan, r)
     lp.ctx = Context(sync, fcu.mem_alloc(sync.size), fcu.mem_alloc(scratch), scratch,
                      {q: 0xAB_0000_0000 + q}, {q: 0xAC_0000_0000 + q})
-    ex.kernels._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads))] = 77
+    ex.kernels._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads), False)] = 77
 
 
 class _Builds:
@@ -633,3 +636,45 @@ def test_a_failed_background_build_never_fails_a_call(fcu, monkeypatch):
     ent, _ = ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
     assert ent.spec is None and ent.pending is None        # the interpreter runs it from now on
     assert "RuntimeError: the build thread died" in ex.spec_status(lp.plan)[(n, n, "f16", "ll16", "sum")]
+
+
+def test_a_traced_launch_runs_the_trace_kernel_with_its_buffer_and_decodes_it(fcu, monkeypatch):
+    """Executor.execute_traced: the entry's kernel swapped for the interpreter's _trace variant,
+    the trace buffer (stride first) handed to the launch, read back and decoded to one event per
+    plan op; the untraced launch before and after runs the untraced kernel with no buffer."""
+    from mscclang.runtime.trace import record_ops
+
+    cl, comms, exs, cap = _setup(2, fcu)
+    ex = exs[0]
+    ex.launcher.stream_capturing = lambda s: False
+    ex.launcher.trace_ptr = 0
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
+    lp = ex.load(_any_buffer_plan())
+    _ready_any(ex, lp, fcu, 64 * MiB)
+    real = ex.kernels.interpreter
+    monkeypatch.setattr(ex.kernels, "interpreter",
+                        lambda dt, pkt, op, nt=1024, traced=False: 99 if traced else real(dt, pkt, op, nt))
+    monkeypatch.setattr(exmod.cu, "ptr", lambda f: int(f))
+    launched = []
+
+    def launch(ent, a, b, da, db, s, t):
+        tp = ex.launcher.trace_ptr
+        launched.append((ent.func, tp))
+        if tp:   # what the kernel writes: {start, end} per block and record
+            stride = int.from_bytes(fcu.read(tp, 8), "little")
+            dp = next(iter(lp.ctx.plans.values()))
+            for bi, blk in enumerate(dp.packed.blocks):
+                for i, _ in enumerate(record_ops(blk.region)):
+                    at = tp + 8 * (1 + bi * stride + 2 * i)
+                    fcu.htod(at, (1000 + 100 * i).to_bytes(8, "little") + (1050 + 100 * i).to_bytes(8, "little"))
+
+    ex.launcher.launch = launch
+    a, b = FakeT(0x7000_0000, 4096), FakeT(0x7800_0000, 4096)
+    ex.execute(lp.plan, a, b)
+    events = ex.execute_traced(lp.plan, a, b)
+    ex.execute(lp.plan, a, b)
+    assert [f for f, _ in launched] == [77, 99, 77] and launched[0][1] == 0 == launched[2][1] and launched[1][1]
+    n_ops = sum(len(tb.ops) for tb in lp.plan.gpus[0].threadblocks)
+    assert len(events) == n_ops and {e["pid"] for e in events} == {0}
+    assert min(e["ts"] for e in events) == 0.0 and all(e["dur"] > 0 for e in events)
+    assert ex.launcher.trace_ptr == 0 and launched[1][1] in fcu.freed   # the buffer was freed

@@ -75,6 +75,16 @@ def htod(p: int, data: bytes, stream: int = 0) -> None:
         check(drv.cuMemcpyHtoDAsync(p, data, len(data), stream), "cuMemcpyHtoDAsync")
 
 
+def dtoh(src: int, nbytes: int, stream: int = 0) -> bytes:
+    """``nbytes`` of device memory at ``src``, after the work queued on ``stream`` (synchronised)."""
+    drv = driver()
+    buf = bytearray(nbytes)
+    if nbytes:
+        check(drv.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        check(drv.cuMemcpyDtoH(buf, src, nbytes), "cuMemcpyDtoH")
+    return bytes(buf)
+
+
 def dtod(dst: int, src: int, nbytes: int, stream: int = 0) -> None:
     drv = driver()
     if nbytes:

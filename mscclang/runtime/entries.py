@@ -223,7 +223,7 @@ class Entries:
             pend.calls -= 1
             if pend.calls > 0:
                 return ent
-            dp = _device_plan_of(lp, ent)
+            dp = device_plan_of(lp, ent)
             if dp is None:
                 lp.fast[key] = new = _replace(ent, pending=None)
                 return new
@@ -247,7 +247,7 @@ class Entries:
             self.epoch += 1
             return new
         lp.spec[skey] = sp
-        dp = _device_plan_of(lp, ent)
+        dp = device_plan_of(lp, ent)
         spec = self._spec_launch(sp, dp, ent.ctx) if dp is not None and ent.ctx is not None else None
         lp.fast[key] = new = _replace(ent, spec=spec, pending=None)
         self.epoch += 1
@@ -382,7 +382,8 @@ def _replace(ent: LaunchEntry, **kw: Any) -> LaunchEntry:
     return dataclasses.replace(ent, **kw)
 
 
-def _device_plan_of(lp: LoadedPlan, ent: LaunchEntry) -> Optional[DevPlan]:
+def device_plan_of(lp: LoadedPlan, ent: LaunchEntry) -> Optional[DevPlan]:
+    """The device plan an entry launches (on the plan's live or retired contexts), or None."""
     for ctx in [lp.ctx, *lp.retired]:
         if ctx is None:
             continue

@@ -20,7 +20,7 @@ import threading
 from typing import Any, Optional, Union
 
 from mscclang.config import Settings, settings
-from mscclang.errors import CollectiveTimeout, PlanError
+from mscclang.errors import CollectiveTimeout, NotPrepared, PlanError, RuntimeUnavailable
 from mscclang.plan.models import PACKET_OPS, BufferKind, ChannelType, Plan
 from mscclang.plan.dtypes import torch_dtype_code
 from mscclang.plan.shapes import check_layout, check_pair, check_sizes, check_tensor, output_bytes
@@ -256,6 +256,54 @@ class Executor:
         ent, opr = self.entries.resolve(lp, dt, input.dtype, input.data_ptr(), output.data_ptr(), in_bytes,
                                         out_bytes, pkt, op, False, s)
         self.run(lp, ent, opr, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes, s)
+
+    def execute_traced(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
+                       reduce_op: Any = None) -> list[dict]:
+        """:meth:`execute` once through the interpreter's traced variant, then wait for it: this
+        rank's Chrome trace events, one per plan op (:mod:`mscclang.runtime.trace`; microseconds
+        from the rank's first op). Untraced calls never run the traced kernel. Collective like
+        :meth:`execute`; never inside a CUDA graph capture."""
+        import dataclasses
+
+        from mscclang.runtime.entries import device_plan_of
+        from mscclang.runtime.trace import decode, trace_words
+
+        ab = self.abort
+        if ab.aborted or ab.state():
+            ab.check()
+        if self._capturing():
+            raise NotPrepared(f"rank {self.comm.rank}: a traced launch cannot be captured in a CUDA graph")
+        lp = self._loaded_plan(plan)
+        pkt = packet_code(packet_type) if packet_type is not None else lp.default_packet
+        op = reduce_code(reduce_op) if reduce_op is not None else lp.default_op
+        in_bytes, out_bytes = self._check_call(lp, input, output)
+        s = self.launcher.current_stream()
+        dt = torch_dtype_code(input.dtype)
+        self._last_call = describe_call(lp.plan, in_bytes, out_bytes, dt, pkt, op) + " (traced)"
+        ent, opr = self.entries.resolve(lp, dt, input.dtype, input.data_ptr(), output.data_ptr(), in_bytes,
+                                        out_bytes, pkt, op, False, s, count=False)
+        dp = device_plan_of(lp, ent)
+        if dp is None:
+            raise RuntimeUnavailable(f"rank {self.comm.rank}: no device plan for the traced launch")
+        f = self.kernels.interpreter(dt, pkt, op, lp.nthreads, traced=True)
+        self.kernels.fit(f, lp.nthreads, dp.smem, dp.n_blocks, f"rank {self.comm.rank}", dp.uses_packets,
+                         dp.packet_align, pkt)
+        lay = trace_words([b.n_records for b in dp.packed.blocks])
+        buf = cu.mem_alloc(lay.nbytes)
+        try:
+            cu.memset_d8(buf, 0, lay.nbytes, s)
+            cu.htod(buf, int(lay.stride).to_bytes(8, "little"), s)
+            self.launcher.trace_ptr = buf
+            try:
+                self.run(lp, dataclasses.replace(ent, func=f, handle=cu.ptr(f), spec=None), opr, input.data_ptr(),
+                         output.data_ptr(), in_bytes, out_bytes, s)
+            finally:
+                self.launcher.trace_ptr = 0
+            raw = cu.dtoh(buf, lay.nbytes, s)
+        finally:
+            cu.mem_free(buf)
+        words = [int.from_bytes(raw[8 * i:8 * i + 8], "little") for i in range(lay.words)]
+        return decode(lp.plan, self.comm.rank, [b.region for b in dp.packed.blocks], words)
 
     def bind(self, plan: Plan, input: Any, output: Any, packet_type: Any = None,
              reduce_op: Any = None) -> Optional[Bound]:

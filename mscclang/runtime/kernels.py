@@ -40,7 +40,7 @@ class KernelCache:
         self.arch = arch
         self.sm_count = sm_count
         self._modules: dict[str, Any] = {}
-        self._funcs: dict[tuple[str, str, str, int], Any] = {}
+        self._funcs: dict[tuple[str, str, str, int, bool], Any] = {}   # (dtype, packet, op, bound, traced)
         self._builder = SpecBuilder(arch)
         self._spec_mods: "OrderedDict[str, tuple[Any, Any]]" = OrderedDict()   # cubin name -> (module, func)
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -60,26 +60,29 @@ class KernelCache:
     # interpreter ------------------------------------------------------------------------------
     def has_interpreter(self, dtype: str, packet: str, op: str, nthreads: int) -> bool:
         """Whether that interpreter function is loaded already (no build, no load needed)."""
-        return (dtype, packet, op, block_variant(nthreads)) in self._funcs
+        return (dtype, packet, op, block_variant(nthreads), False) in self._funcs
 
-    def interpreter(self, dtype: str, packet: str, op: str, nthreads: int = 1024) -> Any:
-        """The interpreter function for one dtype, packet type, reduce op and block size."""
-        key = (dtype, packet, op, block_variant(nthreads))
+    def interpreter(self, dtype: str, packet: str, op: str, nthreads: int = 1024, traced: bool = False) -> Any:
+        """The interpreter function for one dtype, packet type, reduce op and block size
+        (``traced``: its variant with per-op timestamps, from a module of its own, built by NVRTC
+        at its first use)."""
+        key = (dtype, packet, op, block_variant(nthreads), traced)
         f = self._funcs.get(key)
         if f is not None:
             return f
         drv = cu.driver()
-        mod = self._modules.get(dtype)
+        mkey = dtype + ("_trace" if traced else "")
+        mod = self._modules.get(mkey)
         if mod is None:
-            pre = find_prebuilt(dtype, self.arch)
+            pre = None if traced else find_prebuilt(dtype, self.arch)
             if pre is not None:
                 err, m = drv.cuModuleLoadData(pre.read_bytes())
                 mod = m if int(err) == 0 else None
             if mod is None:
-                built = build_module(dtype, self.arch)
+                built = build_module(dtype, self.arch, traced=traced)
                 mod = cu.check(drv.cuModuleLoadData(built.cubin), f"cuModuleLoadData({built.path.name})")
-            self._modules[dtype] = mod
-        f = cu.check(drv.cuModuleGetFunction(mod, kernel_name(dtype, packet, op, nthreads).encode()),
+            self._modules[mkey] = mod
+        f = cu.check(drv.cuModuleGetFunction(mod, kernel_name(dtype, packet, op, nthreads, traced).encode()),
                      "cuModuleGetFunction")
         self._funcs[key] = f
         return f

@@ -24,6 +24,12 @@ class Launcher:
         self._params = (ctypes.c_uint64 * 6)()
         self._param_ptrs = (ctypes.c_void_p * 6)(*[ctypes.addressof(self._params) + 8 * i for i in range(6)])
         self._param_addr = ctypes.addressof(self._param_ptrs)
+        # the traced interpreter's block: the same six, then the trace buffer
+        self._tparams = (ctypes.c_uint64 * 7)()
+        self._tparam_ptrs = (ctypes.c_void_p * 7)(*[ctypes.addressof(self._tparams) + 8 * i for i in range(7)])
+        #: nonzero while a traced launch runs: the entry's kernel is the ``_trace`` variant and
+        #: this its buffer (mscclang.runtime.trace)
+        self.trace_ptr = 0
         self._raw = cu.raw_launch_kernel()              # ctypes cuLaunchKernel (None: use cuda.bindings)
         self._raw_stream = cu.raw_current_stream()      # torch's current raw stream getter (or None)
         self.stream_capturing = cu.raw_stream_is_capturing()
@@ -58,6 +64,14 @@ class Launcher:
         """Launch ``ent``'s kernel on stream ``s``: the specialised kernel when the entry has one
         and the buffers are 16-byte aligned (it assumes so), else the interpreter."""
         self.order(s)
+        if self.trace_ptr:
+            t = self._tparams
+            t[0], t[1], t[2], t[3], t[4], t[5], t[6] = (ent.blob, in_ptr, out_ptr, in_delta, out_delta, timeout_ns,
+                                                        self.trace_ptr)
+            self.last_kernel = "traced"
+            self._run(ent.func, ent.handle, ent.n_blocks, ent.nthreads, ent.smem, s,
+                      ctypes.addressof(self._tparam_ptrs))
+            return
         sl = ent.spec
         if sl is not None and not (in_ptr | out_ptr | in_delta | out_delta) & 15:
             a = sl.args
