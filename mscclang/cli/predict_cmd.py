@@ -75,15 +75,14 @@ def run(args: argparse.Namespace) -> int:
             print("mscclang predict: give a plan, --error BENCH.json or --calibrate BENCH.json", file=sys.stderr)
             return 2
         from mscclang.plan.io import load_plan
+        from mscclang.plan.shapes import call_bytes
 
         plan = load_plan(args.plan)
         topo = cost.load_topology(args.topology, plan.world_size)
         sizes = [s for group in (args.sizes or [[1 << 20]]) for s in group]
         traces = []
         for nbytes in sizes:
-            n = plan.world_size
-            inb, outb = {"allgather": (nbytes // n, nbytes), "reducescatter": (nbytes, nbytes // n)}.get(
-                plan.collective, (nbytes, nbytes))
+            inb, outb = call_bytes(plan.collective, plan.world_size, nbytes)
             pred = cost.predict(plan, inb, outb, topo)
             print(f"{plan.name}: {nbytes} B on {topo.nodes} x {topo.gpus_per_node} GPUs: predicted {pred.total_us:.2f} us")
             if args.ops:

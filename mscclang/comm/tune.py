@@ -167,9 +167,11 @@ def rank_by_prediction(catalog: Catalog, collective: str, world_size: int, input
     from mscclang.errors import PlanError
     from mscclang.sim import cost
 
+    from mscclang.plan.shapes import message_bytes, output_bytes
+
     n = world_size
-    out_bytes = {"allgather": input_bytes * n, "reducescatter": input_bytes // n}.get(collective, input_bytes)
-    msg = out_bytes if collective == "allgather" else input_bytes
+    out_bytes = output_bytes(collective, n, input_bytes)
+    msg = message_bytes(collective, input_bytes, out_bytes)
     topo = cost.load_topology(topology, n)
     ranked = []
     for v in catalog.matching(collective, n):

@@ -172,6 +172,15 @@ def block_shape(collective: str, world_size: int, in_elems: int, out_elems: int)
     return BlockShape(1, 1, in_elems)
 
 
+def call_bytes(collective: str, world_size: int, message: int) -> tuple[int, int]:
+    """(input, output) bytes of a call whose message size (:func:`message_bytes`: allgather's
+    output, every other collective's input) is ``message``; any collective name spelling."""
+    coll = plan_collective(collective)
+    if coll == "allgather":
+        return message // world_size, message
+    return message, output_bytes(coll, world_size, message)
+
+
 def message_bytes(collective: str, in_bytes: int, out_bytes: int) -> int:
     """The size a plan's range and the tuning thresholds are compared with: allgather's output,
     every other collective's input."""

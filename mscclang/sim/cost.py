@@ -403,9 +403,10 @@ def bench_rows(path: Path) -> list[BenchRow]:
 
 
 def call_sizes(coll: str, nbytes: int, world: int) -> tuple[int, int]:
-    """(input, output) bytes of a bench row."""
-    return {"all_gather": (nbytes // world, nbytes), "reduce_scatter": (nbytes, nbytes // world)}.get(
-        coll, (nbytes, nbytes))
+    """(input, output) bytes of a bench row (:func:`mscclang.plan.shapes.call_bytes`)."""
+    from mscclang.plan.shapes import call_bytes
+
+    return call_bytes(coll, world, nbytes)
 
 
 def errors(rows: list[BenchRow], plans_dir: Path, model: CostModel) -> list[RowError]:
