@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, Callable, Optional
 
 import torch
@@ -39,7 +39,7 @@ from torch._C import _distributed_c10d as _c10d   # AllgatherOptions is not re-e
 
 from mscclang.comm.communicator import Communicator
 from mscclang.comm.fallback import HostStaged, torch_backend_for
-from mscclang.plan.dtypes import find_dtype
+from mscclang.plan.dtypes import DTYPES
 
 __all__ = ["BACKEND_NAME", "MscclangProcessGroup", "MscclangWork", "create_process_group", "register"]
 
@@ -49,6 +49,8 @@ log = logging.getLogger("mscclang.distributed")
 BACKEND_NAME = "mscclang"
 
 _REDUCE = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max"}
+_REDUCE_BY_CODE = {int(k): v for k, v in _REDUCE.items()}
+_NO_TIMEOUT = datetime.timedelta(0)
 _P2P = "point-to-point runs on the inner group (the library's plans are collective)"
 
 
@@ -58,49 +60,42 @@ def _op_type(op: Any) -> Any:
     return getattr(op, "op", op)
 
 
-@dataclass
-class _Outcome:
-    """What one operation produced: its output tensors, or the error it raised."""
-
-    result: list = field(default_factory=list)
-    error: Optional[BaseException] = None
-    event: Any = None   # a CUDA event recorded after the collective, or None
-
-
 class MscclangWork(dist.Work):
     """The handle of one operation of :class:`MscclangProcessGroup`. The operation has already
     been issued on the caller's stream (CPU: it has completed): ``wait()`` makes the current
-    stream wait for it and returns True, or raises the operation's error; ``get_future()``
-    returns a completed future holding the output tensors (or the error)."""
+    stream wait for it (through ``event``, recorded after an asynchronous CUDA collective) and
+    returns True, or raises the operation's error; ``get_future()`` returns a completed future
+    holding the output tensors (or the error)."""
 
-    def __init__(self, outcome: _Outcome) -> None:
+    def __init__(self, result: list, error: Optional[BaseException] = None, event: Any = None) -> None:
         super().__init__()
-        self._outcome = outcome
+        self._result = result
+        self._error = error
+        self._event = event
 
-    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:  # noqa: B008
-        if self._outcome.error is not None:
-            raise self._outcome.error
-        ev = self._outcome.event
-        if ev is not None:
-            torch.cuda.current_stream().wait_event(ev)
+    def wait(self, timeout: datetime.timedelta = _NO_TIMEOUT) -> bool:
+        if self._error is not None:
+            raise self._error
+        if self._event is not None:
+            torch.cuda.current_stream().wait_event(self._event)
         return True
 
     def get_future(self) -> torch.futures.Future:
         fut: torch.futures.Future = torch.futures.Future()
-        if self._outcome.error is not None:
-            fut.set_exception(self._outcome.error)
+        if self._error is not None:
+            fut.set_exception(self._error)
         else:
-            fut.set_result(self._outcome.result)
+            fut.set_result(self._result)
         return fut
 
     def is_completed(self) -> bool:
         return True
 
     def is_success(self) -> bool:
-        return self._outcome.error is None
+        return self._error is None
 
     def exception(self) -> Optional[BaseException]:
-        return self._outcome.error
+        return self._error
 
 
 def _device_for(rank: int) -> torch.device:
@@ -125,10 +120,12 @@ class MscclangProcessGroup(dist.ProcessGroup):
         self._store = store
         self._timeout = timeout
         self._device = torch.device(device) if device is not None else _device_for(rank)
+        self._device_type = self._device.type
         self._comm: Optional[Communicator] = communicator or Communicator(
             store=dist.PrefixStore("mscclang/comm/", store), rank=rank, world_size=world_size,
             device=self._device, runtime_options={"timeout_s": timeout.total_seconds()})
         self._inner: dict[str, Any] = {}
+        self._token: Any = None
         self._logged: set[str] = set()
 
     # ------------------------------------------------------------------ plumbing
@@ -185,12 +182,12 @@ class MscclangProcessGroup(dist.ProcessGroup):
 
     def _fallback_reason(self, tensors: list, op: Any = None) -> Optional[str]:
         """Why these tensors (and reduce op) cannot run on the Communicator, or None."""
+        runnable = _runnable_dtypes()
         for t in tensors:
-            if t.device.type != self._device.type:
-                return f"{t.device.type} tensors (the communicator runs on {self._device.type})"
-            info = find_dtype(t.dtype)
-            if info is None or not info.gpu:
+            if t.dtype not in runnable:
                 return f"dtype {t.dtype}"
+            if t.device.type != self._device_type:
+                return f"{t.device.type} tensors (the communicator runs on {self._device_type})"
             if not t.is_contiguous():
                 return "non-contiguous tensors"
         if op is not None and op not in _REDUCE and op != dist.ReduceOp.AVG:
@@ -204,45 +201,52 @@ class MscclangProcessGroup(dist.ProcessGroup):
         if key not in self._logged:
             self._logged.add(key)
             log.warning("mscclang rank %d: %s goes to the inner %s group: %s", self.rank(), what,
-                        torch_backend_for(tensors[0].device.type if tensors else self._device.type), reason)
-        dev = tensors[0].device.type if tensors else self._device.type
+                        torch_backend_for(tensors[0].device.type if tensors else self._device_type), reason)
+        dev = tensors[0].device.type if tensors else self._device_type
         return call(self.inner_group(dev))
 
-    def _run(self, opts: Any, result: list, body: Callable[[], None]) -> MscclangWork:
-        """Run ``body`` now; a failure raises here for a synchronous call, else from wait(). An
-        asynchronous CUDA call records an event after the collective (its ``wait()`` may come on
-        another stream); a synchronous one records nothing: torch waits for it at once on the
-        stream the collective was issued on, so the order already holds (and a captured graph
-        gets no event node)."""
-        out = _Outcome(result=result)
-        is_async = getattr(opts, "asyncOp", True)
+    def _run(self, opts: Any, result: list, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> MscclangWork:
+        """Run ``fn(*args, **kwargs)`` now (no closure per call); a failure raises here for a
+        synchronous call, else from wait(). An asynchronous CUDA call records an event after the
+        collective (its ``wait()`` may come on another stream); a synchronous one records
+        nothing: torch waits for it at once on the stream the collective was issued on, so the
+        order already holds (and a captured graph gets no event node)."""
+        if not getattr(opts, "asyncOp", True):
+            fn(*args, **kwargs)
+            return MscclangWork(result)
         try:
-            body()
+            fn(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - handed to the caller through the Work
-            if not is_async:
-                raise
-            out.error = e
-        if is_async and self._device.type == "cuda" and out.error is None:
-            out.event = torch.cuda.Event()
-            out.event.record(torch.cuda.current_stream(self._device))
-        return MscclangWork(out)
+            return MscclangWork(result, e)
+        event = None
+        if self._device_type == "cuda":
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self._device))
+        return MscclangWork(result, None, event)
 
     # ------------------------------------------------------------------ all-reduce
+    def _runs(self, t: Any) -> bool:
+        """Whether ``t`` runs on the Communicator as it is (the fast path's whole check)."""
+        return (t.dtype in _runnable_dtypes() and t.is_contiguous()
+                and (t.is_cuda if self._device_type == "cuda" else t.device.type == self._device_type))
+
     def allreduce(self, tensors: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllreduceOptions()
         op = _op_type(opts.reduceOp)
+        name = _REDUCE_BY_CODE.get(int(op))
+        if name is not None and len(tensors) == 1 and self._runs(tensors[0]):   # the lean path
+            t = tensors[0]
+            return self._run(opts, tensors, self.communicator.all_reduce, t if t.dim() == 1 else t.view(-1), name)
         reason = self._fallback_reason(tensors, op) or (None if len(tensors) == 1 else "several tensors")
         if reason:
             return self._to_inner("all_reduce", reason, tensors, lambda g: g.allreduce(tensors, opts))
-        t = tensors[0]
+        if op == dist.ReduceOp.AVG:
+            return self._run(opts, tensors, self._all_reduce_avg, tensors[0])
+        return self._run(opts, tensors, self.communicator.all_reduce, tensors[0].view(-1), _REDUCE[op])
 
-        def body() -> None:
-            if op == dist.ReduceOp.AVG:
-                self.communicator.all_reduce(t.view(-1), "sum")
-                t.div_(self.size())
-            else:
-                self.communicator.all_reduce(t.view(-1), _REDUCE[op])
-        return self._run(opts, tensors, body)
+    def _all_reduce_avg(self, t: Any) -> None:
+        self.communicator.all_reduce(t.view(-1), "sum")
+        t.div_(self.size())
 
     def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Any:
         works = [self.allreduce([t], _allreduce_opts(opts)) for t in tensors]
@@ -252,12 +256,13 @@ class MscclangProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         """Gather every rank's ``input`` into ``output`` (torch >= 2.13's name)."""
         opts = opts if opts is not None else _c10d.AllgatherOptions()
+        if self._runs(output) and self._runs(input):   # the lean path
+            return self._run(opts, [output], self.communicator.all_gather, _flat(input), out=_flat(output))
         reason = self._fallback_reason([output, input])
         if reason:
             return self._to_inner("all_gather", reason, [output, input],
                                   lambda g: g._allgather_base(output, input, opts))
-        return self._run(opts, [output],
-                         lambda: self.communicator.all_gather(input.reshape(-1), out=output.view(-1)))
+        return self._run(opts, [output], self.communicator.all_gather, input.reshape(-1), out=output.view(-1))
 
     def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         return self.all_gather_single(output, input, opts)
@@ -287,6 +292,9 @@ class MscclangProcessGroup(dist.ProcessGroup):
         2.13's name)."""
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op = _op_type(opts.reduceOp)
+        name = _REDUCE_BY_CODE.get(int(op))
+        if name is not None and self._runs(output) and self._runs(input):   # the lean path
+            return self._run(opts, [output], self.communicator.reduce_scatter, _flat(input), name, out=_flat(output))
         reason = self._fallback_reason([output, input], op)
         if reason:
             return self._to_inner("reduce_scatter", reason, [output, input],
@@ -329,8 +337,7 @@ class MscclangProcessGroup(dist.ProcessGroup):
         if reason:
             return self._to_inner("all_to_all", reason, [output, input],
                                   lambda g: g.alltoall_base(output, input, output_splits, input_splits, opts))
-        return self._run(opts, [output],
-                         lambda: self.communicator.all_to_all(input.reshape(-1), out=output.view(-1)))
+        return self._run(opts, [output], self.communicator.all_to_all, input.reshape(-1), out=output.view(-1))
 
     def alltoall_base(self, output: Any, input: Any, output_splits: list, input_splits: list,  # noqa: A002
                       opts: Any = None) -> Any:
@@ -342,13 +349,13 @@ class MscclangProcessGroup(dist.ProcessGroup):
         reason = self._fallback_reason(tensors) or (None if len(tensors) == 1 else "several tensors")
         if reason:
             return self._to_inner("broadcast", reason, tensors, lambda g: g.broadcast(tensors, opts))
-        return self._run(opts, tensors,
-                         lambda: self.communicator.broadcast(tensors[0].view(-1), root=opts.rootRank))
+        return self._run(opts, tensors, self.communicator.broadcast, tensors[0].view(-1), root=opts.rootRank)
 
     def barrier(self, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.BarrierOptions()
-        token = torch.zeros(1, dtype=torch.float32, device=self._device)
-        return self._run(opts, [], lambda: self.communicator.all_reduce(token, "sum"))
+        if self._token is None:   # one token for every barrier: a barrier allocates nothing
+            self._token = torch.zeros(1, dtype=torch.float32, device=self._device)
+        return self._run(opts, [], self.communicator.all_reduce, self._token, "sum")
 
     # point-to-point: the library's plans are collective, so a lone send or receive runs on the
     # inner group, returning its Work at once: a send never waits for its receiver (every rank
@@ -411,6 +418,17 @@ class MscclangProcessGroup(dist.ProcessGroup):
         self.shutdown()
 
 
+def _flat(t: Any) -> Any:
+    """``t`` as one dimension (itself when it already is: no view made per call)."""
+    return t if t.dim() == 1 else t.reshape(-1)
+
+
+@cache
+def _runnable_dtypes() -> frozenset:
+    """The torch dtypes the Communicator runs (the dtype table's GPU ones), computed once."""
+    return frozenset(d.torch for d in DTYPES if d.gpu)
+
+
 def _allreduce_opts(opts: Any) -> Any:
     one = dist.AllreduceOptions()
     if opts is not None:
@@ -424,13 +442,12 @@ def _last(works: list, result: list) -> Any:
     """One Work for several: wait for all, the future of ``result``."""
     if len(works) == 1:
         return works[0]
-    out = _Outcome(result=list(result))
     try:
         for w in works:
             w.wait()
     except Exception as e:  # noqa: BLE001 - handed to the caller through the Work
-        out.error = e
-    return MscclangWork(out)
+        return MscclangWork(list(result), e)
+    return MscclangWork(list(result))
 
 
 def create_process_group(store: Any, rank: int, world_size: int, timeout: datetime.timedelta) -> MscclangProcessGroup:

@@ -32,7 +32,8 @@ small integers, so every sum is exact in every dtype and order):
 * torch.compile of a function calling ``torch.distributed._functional_collectives.all_reduce``
   (backends ``eager`` and ``inductor``), exact;
 * the host time per eager ``dist.all_reduce`` of 4,096 bf16 elements against the same call on the
-  group's Communicator (medians of 200; on a shared GPU these times mean little).
+  group's Communicator, the backend's own host path (the Communicator swapped for a no-op), and
+  the time per call of CUDA-graph replays through each (on a shared GPU the GPU times mean little).
 
 Rank 0 prints one JSON line (and writes it to ``--out``): per check ``ok`` and, on failure, the
 error. Exit status 0 when every check passed, 1 otherwise.
@@ -307,15 +308,24 @@ class Checks:
             self.same(torch.compile(f, backend=backend)(x), want, f"torch.compile ({backend}) functional all_reduce")
 
     def overhead(self) -> dict:
-        comm = dist.group.WORLD.communicator
+        """Host time per eager call (medians of 200): ``dist.all_reduce``, the group's own
+        ``allreduce`` called directly, the Communicator's ``all_reduce``, and torch's wrapper plus
+        the group's Python path alone (the Communicator swapped for a no-op: what the backend
+        costs the host, whatever the GPU does); then the time per call of CUDA-graph replays of 20
+        captured calls, through ``dist.all_reduce`` and through the Communicator (replays run no
+        Python: the two should be equal)."""
+        pg = dist.group.WORLD
+        comm = pg.communicator
         t = torch.ones(4096, dtype=torch.bfloat16, device=self.device)
+        sync = dist.AllreduceOptions()
+        sync.asyncOp = False
 
-        def med(fn: Callable[[], Any]) -> float:
+        def med(fn: Callable[[], Any], n: int = 200) -> float:
             for _ in range(20):
                 fn()
             torch.cuda.synchronize()
             ts = []
-            for _ in range(200):
+            for _ in range(n):
                 t0 = time.perf_counter()
                 fn()
                 ts.append(time.perf_counter() - t0)
@@ -323,9 +333,46 @@ class Checks:
             return sorted(ts)[len(ts) // 2] * 1e6
 
         via_dist = med(lambda: dist.all_reduce(t))
+        via_group = med(lambda: pg.allreduce([t], sync).wait())
         direct = med(lambda: comm.all_reduce(t))
-        return {"dist_all_reduce_us": round(via_dist, 1), "communicator_all_reduce_us": round(direct, 1),
-                "host_overhead_us": round(via_dist - direct, 1)}
+        real, pg._comm = pg._comm, _NoOpCommunicator()
+        try:
+            path = med(lambda: dist.all_reduce(t), 2000)
+        finally:
+            pg._comm = real
+
+        def replay_us(call: Callable[[], Any]) -> float:
+            g = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                with torch.cuda.graph(g, stream=s):
+                    for _ in range(20):
+                        call()
+            torch.cuda.current_stream().wait_stream(s)
+            per = []
+            for _ in range(30):
+                dist.barrier()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                g.replay()
+                torch.cuda.synchronize()
+                per.append((time.perf_counter() - t0) / 20)
+            return sorted(per)[len(per) // 2] * 1e6
+
+        g_dist = replay_us(lambda: dist.all_reduce(t))
+        g_comm = replay_us(lambda: comm.all_reduce(t))
+        return {"dist_all_reduce_us": round(via_dist, 1), "group_allreduce_us": round(via_group, 1),
+                "communicator_all_reduce_us": round(direct, 1), "host_overhead_us": round(via_dist - direct, 1),
+                "backend_host_path_us": round(path, 2), "graph_dist_us": round(g_dist, 2),
+                "graph_communicator_us": round(g_comm, 2)}
+
+
+class _NoOpCommunicator:
+    """Stands in for the group's Communicator while the backend's own host path is timed."""
+
+    def all_reduce(self, tensor: Any, op: Any = "sum", out: Any = None) -> Any:
+        return tensor
 
 
 def main(argv: Any = None) -> int:
