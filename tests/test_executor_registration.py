@@ -671,7 +671,8 @@ def test_a_traced_launch_runs_the_trace_kernel_with_its_buffer_and_decodes_it(fc
     ex.launcher.launch = launch
     a, b = FakeT(0x7000_0000, 4096), FakeT(0x7800_0000, 4096)
     ex.execute(lp.plan, a, b)
-    events = ex.execute_traced(lp.plan, a, b)
+    rt = ex.execute_traced(lp.plan, a, b)
+    events = rt.events
     ex.execute(lp.plan, a, b)
     assert [f for f, _ in launched] == [77, 99, 77] and launched[0][1] == 0 == launched[2][1] and launched[1][1]
     n_ops = sum(len(tb.ops) for tb in lp.plan.gpus[0].threadblocks)

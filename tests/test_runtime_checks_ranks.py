@@ -62,6 +62,24 @@ class SimExecutor:
     def prepare(self, *args, **kw) -> None:
         pass
 
+    def execute_traced(self, plan, inp, out, packet_type=None, reduce_op="sum"):
+        """:meth:`execute`, and the trace a kernel writing 1 us per device record would give."""
+        from mscclang.runtime.packing import pack_blocks
+        from mscclang.runtime.trace import decode, record_ops, trace_words
+
+        self.execute(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
+        r = self.backend.rank
+        nb = inp.numel() * inp.element_size()
+        packed = pack_blocks(plan, r, nb, out.numel() * out.element_size())
+        lay = trace_words([b.n_records for b in packed.blocks])
+        words = [0] * lay.words
+        words[0] = lay.stride
+        for b, blk in enumerate(packed.blocks):
+            for i, _ in enumerate(record_ops(blk.region)):
+                words[1 + b * lay.stride + 2 * i] = 10_000 + 1000 * i
+                words[2 + b * lay.stride + 2 * i] = 10_900 + 1000 * i
+        return decode(plan, r, [b.region for b in packed.blocks], words)
+
     def synchronize(self) -> None:
         pass
 
@@ -197,3 +215,48 @@ def test_kernel_switching_commands_at_n_ranks(n):
     flip = {2: lambda out: out.neg_()}
     res = on_ranks(n, lambda w: checks.mixed_kernels(w, j, 1024, 4), corrupt=flip)
     assert res[2]["bad"] > 0 and all(r["bad"] == 0 for r in res if r["rank"] != 2)
+
+
+class _SimPool:
+    """The worker pool ``mscclang run`` drives, over :func:`on_ranks` (one thread per rank)."""
+
+    def __init__(self, n: int, corrupt: Optional[dict] = None) -> None:
+        self.world_size = n
+        self.corrupt = corrupt
+
+    def run(self, command: str, *args: Any) -> list:
+        import importlib
+
+        mod, name = command.split(":")
+        fn = getattr(importlib.import_module(mod), name)
+        return on_ranks(self.world_size, lambda w: fn(w, *args), self.corrupt)
+
+
+@pytest.mark.parametrize("name", ["allreduce_oneshot_ll.r2.i1.inplace", "allgather_port.r2.i1"])
+def test_run_trace_writes_one_chrome_trace_checked_against_the_plan(name, tmp_path, capsys):
+    """``mscclang run --trace``: a traced launch per size on every rank, its result checked, its
+    events on one time base in one Chrome trace (a process per rank and size), the op order per
+    block checked against the plan, and the cost of tracing printed."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    from mscclang.cli.run_cmd import _trace
+    from mscclang.plan.io import load_plan
+
+    plan = load_plan(Path(__file__).resolve().parents[1] / "plans" / f"{name}.json")
+    out = tmp_path / "t.json"
+    args = argparse.Namespace(trace=str(out), dtype="float16", packet_type=None, plan=name)
+    failed = _trace(_SimPool(2), plan, plan_to_json(plan), [4096, 1 << 16], args, "sum")
+    printed = capsys.readouterr().out
+    assert not failed, printed
+    assert printed.count("results exact, op order as planned") == 2
+    tr = json.loads(out.read_text())
+    ops = [e for e in tr["traceEvents"] if e["ph"] == "X"]
+    n_ops = sum(len(tb.ops) for g in plan.gpus for tb in g.threadblocks)
+    assert len(ops) == 2 * n_ops and {e["pid"] for e in ops} == {0, 1, 2, 3}
+    names = {m["pid"]: m["args"]["name"] for m in tr["traceEvents"] if m["ph"] == "M"}
+    assert names[3] == "rank 1 @ 64 KiB"
+    # a wrong result is reported, and the command fails
+    failed = _trace(_SimPool(2, {1: lambda o: o.view(-1)[:1].add_(1)}), plan, plan_to_json(plan), [4096], args, "sum")
+    assert failed and "BAD" in capsys.readouterr().out

@@ -40,7 +40,9 @@ def test_a_buffer_written_as_the_kernel_writes_it_decodes_per_op(name):
                 words[1 + b * lay.stride + 2 * i] = t
                 words[2 + b * lay.stride + 2 * i] = t + 500
                 t += 700
-        ev = decode(plan, rank, regions, words)
+        rt = decode(plan, rank, regions, words)
+        assert rt.problems == [] and rt.t0_ns == 10_000 + 1000 * rank
+        ev = rt.events
         for tb in plan.gpus[rank].threadblocks:
             mine = [e for e in ev if e["tid"] == tb.id]
             assert [e["args"]["index"] for e in sorted(mine, key=lambda e: e["ts"])] == list(range(len(tb.ops)))
@@ -60,7 +62,8 @@ def test_a_buffer_that_does_not_fit_is_refused():
     with pytest.raises(PlanError, match="does not fit"):
         decode(plan, 0, regions, [3, 0, 0])
     lay = trace_words([b.n_records for b in packed.blocks])
-    assert decode(plan, 0, regions, [lay.stride] + [0] * (lay.words - 1)) == []   # nothing ran
+    rt = decode(plan, 0, regions, [lay.stride] + [0] * (lay.words - 1))   # nothing ran
+    assert rt.events == [] and rt.problems == ["rank 0: no op ran"]
 
 
 def test_traced_kernels_are_a_module_of_their_own():
@@ -79,3 +82,42 @@ def test_the_traced_module_compiles_and_the_untraced_one_has_no_trace_kernel():
         pytest.skip(f"NVRTC unavailable: {e}")
     cub = build.compile_source(build.module_source("i32", traced=True), "sm_90", name="mscclang_i32_trace.cu")
     assert b"mscclang_i32_ll16_sum_trace" in cub and b"mscclang_i32_ll16_sum\x00" not in cub
+
+
+def _written(plan, rank, packed, at):
+    """A trace buffer of ``packed`` with record i of block b at ``at(b, i)`` = (start, end) or None."""
+    regions = [b.region for b in packed.blocks]
+    lay = trace_words([b.n_records for b in packed.blocks])
+    words = [0] * lay.words
+    words[0] = lay.stride
+    for b, region in enumerate(regions):
+        for i, _ in enumerate(record_ops(region)):
+            se = at(b, i)
+            if se is not None:
+                words[1 + b * lay.stride + 2 * i], words[2 + b * lay.stride + 2 * i] = se
+    return regions, words
+
+
+def test_a_launch_that_departs_from_the_plan_says_where():
+    plan = load_plan(ROOT / "plans" / "allreduce_oneshot_ll.r2.i1.inplace.json")
+    packed = pack_blocks(plan, 0, 4096, 4096)
+    n = len(record_ops(packed.blocks[0].region))
+    assert n >= 2
+    # record 1 of block 0 starts before record 0 ends; the last record of block 0 never ran
+    regions, words = _written(plan, 0, packed, lambda b, i: None if (b, i) == (0, n - 1) else
+                              ((5000, 9000) if (b, i) == (0, 0) else (6000 + 1000 * i, 6500 + 1000 * i)))
+    rt = decode(plan, 0, regions, words)
+    idx = [index for kind, index in record_ops(regions[0])]
+    assert any(f"thread block 0 op {idx[1]}: started" in p and f"before op {idx[0]} ended" in p for p in rt.problems)
+    if idx[-1] != idx[-2]:
+        assert f"rank 0 thread block 0 op {idx[-1]}: did not run" in rt.problems
+
+
+def test_ranks_are_put_on_one_time_base():
+    from mscclang.runtime.trace import RankTrace, align
+
+    a = RankTrace(0, 1_000_000, [{"ts": 0.0, "dur": 1.0, "pid": 0}])
+    b = RankTrace(1, 1_002_500, [{"ts": 0.5, "dur": 1.0, "pid": 1}])
+    got = align([b, a, RankTrace(2, 0, [])])
+    assert sorted((e["pid"], e["ts"]) for e in got) == [(0, 0.0), (1, 3.0)]
+    assert b.events[0]["ts"] == 0.5   # the traces are not changed

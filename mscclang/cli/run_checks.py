@@ -400,3 +400,45 @@ def time_graph(w: Any, plan_json: str, nbytes: int, per_graph: int = 100, replay
             "algbw_gbs": round(inp.numel() * inp.element_size() / (med * 1e3), 2), "kernel": ex.last_kernel}
 
 
+
+
+def trace_plan(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", packet_type: Optional[str] = None,
+               reduce_op: str = "sum", seed: int = 5, reps: int = 20) -> dict:
+    """One traced launch of the plan on random data (after an untraced one, so that set-up is
+    not traced), its output checked like :func:`run_plan_check`'s; then the cost of tracing:
+    the median wall time of ``reps`` traced calls (with the trace buffer's allocation and read
+    back) against ``reps`` untraced calls each waited for. This rank's trace events, their
+    global-timer start and the launch's departures from the plan's op order come back."""
+    plan, dt, dev, esize, n_in, n_out, inputs, inp, out = call_tensors(w, plan_json, nbytes, dtype, seed, False)
+    if plan.inplace:
+        inp = inplace_input(plan, out, inp, w.rank)
+    ex = w.executor
+    ex.execute(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
+    ex.synchronize()
+    if plan.inplace:   # the untraced call overwrote the input: lay it out again
+        inp = inplace_input(plan, out, inputs[w.rank].clone(), w.rank)
+    else:
+        bits(out).fill_(0x7F7F if esize == 2 else 0x7F7F7F7F)  # poison
+    w.comm.barrier()
+    rt = ex.execute_traced(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
+    exp = expectation(plan, inputs, reduce_op, w.rank, packet_type)
+    bad = exp.count_bad(out)
+
+    def median_us(call: Any) -> float:
+        ts = []
+        for _ in range(reps):
+            w.comm.barrier()
+            t0 = time.perf_counter()
+            call()
+            ts.append(time.perf_counter() - t0)
+        return sorted(ts)[len(ts) // 2] * 1e6
+
+    def untraced() -> None:
+        ex.execute(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
+        ex.synchronize()
+
+    traced_us = median_us(lambda: ex.execute_traced(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op))
+    plain_us = median_us(untraced)
+    ex.check()
+    return {"rank": w.rank, "t0_ns": rt.t0_ns, "events": rt.events, "problems": rt.problems, "bad": bad,
+            "ref_mode": exp.how, "traced_us": round(traced_us, 2), "untraced_us": round(plain_us, 2)}

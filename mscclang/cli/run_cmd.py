@@ -42,6 +42,9 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--graph", action="store_true", help="time CUDA-graph replays instead of eager calls")
     p.add_argument("--iters", type=int_range_arg(1, 1_000_000), default=200, help="timed launches per size")
     p.add_argument("--timeout", type=positive_float_arg(), default=30.0, help="bound of every GPU spin, seconds")
+    p.add_argument("--trace", metavar="FILE", default=None,
+                   help="also run one traced launch per size and write its per-op GPU timeline to FILE "
+                        "(Chrome trace-event JSON, one process per rank, one thread per block; Perfetto loads it)")
     add_progress_flag(p)
     p.set_defaults(func=run)
 
@@ -137,6 +140,9 @@ def run(args: argparse.Namespace) -> int:
     if ngpu < plan.world_size:
         print(f"mscclang run: {ngpu} GPU(s) visible, the plan needs {plan.world_size}; verifying on the "
               "simulator instead", file=sys.stderr)
+        if args.trace:
+            print(f"mscclang run: no GPU trace written to {args.trace} (it needs the GPUs); `mscclang predict "
+                  f"{args.plan} --trace FILE` writes the cost model's predicted timeline", file=sys.stderr)
         return _simulate_instead(plan, sizes, args.dtype, args.progress)
     if not dtype_info(args.dtype).gpu:
         raise MscclangError(f"--dtype {args.dtype} runs on the simulator only; on GPUs use {', '.join(GPU_DTYPES)}")
@@ -163,4 +169,49 @@ def run(args: argparse.Namespace) -> int:
                 us = max(r["us_per_call"] for r in t)
             failed |= bad > 0
             print(f"{nb:>12} {('ok ' + via) if bad == 0 else f'{bad} BAD ({via})':>14} {us:>10.2f}")
+        if args.trace:
+            failed |= _trace(pool, plan, j, sizes, args, op)
     return 1 if failed else 0
+
+
+def _trace(pool: "object", plan: "Plan", plan_json: str, sizes: list[int], args: argparse.Namespace, op: str) -> bool:
+    """One traced launch per size on every rank, written to ``args.trace`` as one Chrome trace
+    (a process per rank and size, a thread per block; each size on its own time base); a line per
+    size saying whether the results were right, whether every block ran its ops in the plan's
+    order, and what tracing cost. True when something was wrong."""
+    import json
+
+    from mscclang.runtime.trace import RankTrace, align, chrome_trace
+    from mscclang.units import format_bytes
+
+    events: list[dict] = []
+    failed = False
+    for k, nb in enumerate(sizes):
+        res = pool.run("mscclang.cli.run_checks:trace_plan", plan_json, nb, args.dtype, args.packet_type, op)  # type: ignore[attr-defined]
+        ranks = [RankTrace(r["rank"], r["t0_ns"], r["events"], r["problems"]) for r in res]
+        for e in align(ranks):
+            e["pid"] = e["pid"] + k * plan.world_size
+            events.append(e)
+        bad = sum(r["bad"] for r in res)
+        problems = [p for r in res for p in r["problems"]]
+        failed |= bad > 0 or bool(problems)
+        traced, plain = max(r["traced_us"] for r in res), max(r["untraced_us"] for r in res)
+        print(f"trace {format_bytes(nb)}: {sum(len(r['events']) for r in res)} op events, results "
+              f"{'exact' if bad == 0 else f'{bad} BAD'}, op order "
+              f"{'as planned' if not problems else '; '.join(problems[:3])}; a traced call {traced:.1f} us "
+              f"against {plain:.1f} us untraced (each waited for, the trace read back)")
+    tr = chrome_trace(events, plan)
+    names = {e["pid"]: f"rank {e['pid'] % plan.world_size}" + (f" @ {format_bytes(sizes[e['pid'] // plan.world_size])}"
+                                                                 if len(sizes) > 1 else "")
+             for e in events}
+    for m in tr["traceEvents"]:
+        if m.get("ph") == "M" and m["pid"] in names:
+            m["args"]["name"] = names[m["pid"]]
+    try:
+        with open(args.trace, "w") as f:
+            json.dump(tr, f)
+    except OSError as e:
+        raise MscclangError(f"cannot write the trace to {args.trace}: {e.strerror or e}") from e
+    print(f"trace written to {args.trace} ({len(events)} events; `mscclang show {args.plan} --png FILE "
+          f"--trace {args.trace}` draws the plan on its time axis)")
+    return failed

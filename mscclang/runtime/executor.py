@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from mscclang.config import Settings, settings
 from mscclang.errors import CollectiveTimeout, NotPrepared, PlanError, RuntimeUnavailable
@@ -42,6 +42,9 @@ from mscclang.runtime.state import (
     Bound, LaunchEntry, LoadedPlan, Operands, Spec, describe_call, packet_code, plan_reduce_op, reduce_code,
 )
 from mscclang.runtime.topology import topology_from_env
+
+if TYPE_CHECKING:
+    from mscclang.runtime.trace import RankTrace
 
 log = logging.getLogger("mscclang.runtime")
 
@@ -258,11 +261,12 @@ class Executor:
         self.run(lp, ent, opr, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes, s)
 
     def execute_traced(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
-                       reduce_op: Any = None) -> list[dict]:
+                       reduce_op: Any = None) -> "RankTrace":
         """:meth:`execute` once through the interpreter's traced variant, then wait for it: this
-        rank's Chrome trace events, one per plan op (:mod:`mscclang.runtime.trace`; microseconds
-        from the rank's first op). Untraced calls never run the traced kernel. Collective like
-        :meth:`execute`; never inside a CUDA graph capture."""
+        rank's :class:`~mscclang.runtime.trace.RankTrace` (Chrome trace events, one per plan op,
+        in microseconds from the rank's first op, its global-timer start, and where the launch
+        departed from the plan's op order). Untraced calls never run the traced kernel.
+        Collective like :meth:`execute`; never inside a CUDA graph capture."""
         import dataclasses
 
         from mscclang.runtime.entries import device_plan_of

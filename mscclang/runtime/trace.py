@@ -10,13 +10,16 @@ record ``i`` gets its {start, end} global-timer nanoseconds at ``1 + b * stride 
 :func:`decode` turns one rank's buffer into one event per plan op (a plan op may be several device
 records, and a pipeline's inner records belong to it): the earliest start and the latest end of
 its records, with the op's name, chunk ranges, channel peers and DSL source line. Times are in
-microseconds from the rank's first record; ranks are put on a common base by the caller (the
-launches of one collective start together, within the flag round trip).
+microseconds from the rank's first record, and the record's global-timer value comes with them
+(:class:`RankTrace`), so :func:`align` puts every rank on one time base: the GPU global timer,
+which the driver sets from the host clock on every GPU (ranks sharing a GPU read one clock; across
+GPUs an offset between their timers would show as a shift of that rank's events). Each decoding
+also checks the launch against the plan: every op of every block ran, in the block's order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from mscclang.errors import PlanError
@@ -55,11 +58,34 @@ def record_ops(region: bytes) -> list[tuple[int, int]]:
     return out
 
 
-def decode(plan: Plan, rank: int, regions: Sequence[bytes], words: Sequence[int]) -> list[dict]:
-    """Chrome trace events (``ph: X``; ``pid`` the rank, ``tid`` the thread block) of one rank's
-    traced launch: ``regions`` the packed block regions it ran, ``words`` its trace buffer read
-    back. Records that did not run (an aborted launch) are left out. PlanError when the buffer
-    does not fit the regions."""
+@dataclass
+class RankTrace:
+    """One rank's traced launch: ``events`` (Chrome trace events, microseconds from ``t0_ns``),
+    ``t0_ns`` the global timer at its first record (0 when nothing ran) and ``problems``, where
+    the launch departs from the plan (an op of a block that did not run, or ran before the op
+    before it in its block had ended); empty when it followed the plan."""
+
+    rank: int
+    t0_ns: int
+    events: list[dict] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def align(traces: Sequence[RankTrace]) -> list[dict]:
+    """Every rank's events on one time base: microseconds from the earliest first record of any
+    rank (copies; the traces are left as they are)."""
+    ran = [t for t in traces if t.events]
+    if not ran:
+        return []
+    base = min(t.t0_ns for t in ran)
+    return [dict(e, ts=e["ts"] + (t.t0_ns - base) / 1e3) for t in ran for e in t.events]
+
+
+def decode(plan: Plan, rank: int, regions: Sequence[bytes], words: Sequence[int]) -> RankTrace:
+    """The Chrome trace events (``ph: X``; ``pid`` the rank, ``tid`` the thread block) of one
+    rank's traced launch, and its departures from the plan (:class:`RankTrace`): ``regions`` the
+    packed block regions it ran, ``words`` its trace buffer read back. Records that did not run
+    (an aborted launch) are left out. PlanError when the buffer does not fit the regions."""
     if not words:
         raise PlanError(f"rank {rank}: empty trace buffer")
     stride = int(words[0])
@@ -68,15 +94,18 @@ def decode(plan: Plan, rank: int, regions: Sequence[bytes], words: Sequence[int]
         raise PlanError(f"rank {rank}: the trace buffer ({len(words)} words, stride {stride}) does not fit the "
                         f"launch's {len(regions)} blocks (stride {lay.stride}, {lay.words} words)")
     spans: dict[tuple[int, int], list[int]] = {}
+    expected: dict[int, list[int]] = {}
     for b, region in enumerate(regions):
         for i, (kind, index) in enumerate(record_ops(region)):
+            if kind != DOP_PORT_FINAL and index not in expected.setdefault(b, []):
+                expected[b].append(index)
             s, e = int(words[1 + b * stride + 2 * i]), int(words[2 + b * stride + 2 * i])
             if kind == DOP_PORT_FINAL or s == 0 or e < s:
                 continue
             cur = spans.setdefault((b, index), [s, e])
             cur[0], cur[1] = min(cur[0], s), max(cur[1], e)
     if not spans:
-        return []
+        return RankTrace(rank, 0, [], [f"rank {rank}: no op ran"] if expected else [])
     t0 = min(s for s, _ in spans.values())
     g = plan.gpus[rank]
     out = []
@@ -95,6 +124,23 @@ def decode(plan: Plan, rank: int, regions: Sequence[bytes], words: Sequence[int]
             args["src"] = op.src
         out.append({"name": op.name.value, "ph": "X", "pid": rank, "tid": tb.id, "ts": (s - t0) / 1e3,
                     "dur": (e - s) / 1e3, "args": args})
+    return RankTrace(rank, t0, out, _order_problems(rank, expected, spans))
+
+
+def _order_problems(rank: int, expected: dict[int, list[int]], spans: dict[tuple[int, int], list[int]]) -> list[str]:
+    """Where a block's ops did not all run, one after the other, in the plan's order."""
+    out = []
+    for b, indices in sorted(expected.items()):
+        prev: Optional[tuple[int, int]] = None   # (op index, end)
+        for index in sorted(indices):
+            span = spans.get((b, index))
+            if span is None:
+                out.append(f"rank {rank} thread block {b} op {index}: did not run")
+                continue
+            if prev is not None and span[0] < prev[1]:
+                out.append(f"rank {rank} thread block {b} op {index}: started {(prev[1] - span[0]) / 1e3:.3f} us "
+                           f"before op {prev[0]} ended")
+            prev = (index, span[1])
     return out
 
 
