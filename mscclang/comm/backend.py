@@ -49,6 +49,15 @@ class Backend:
         when the binding is stale: :meth:`execute` then."""
         return False
 
+    #: whether :meth:`execute_traced` runs (the GPU runtime's traced kernels)
+    traces: bool = False
+
+    def execute_traced(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
+                       packet_type: Optional[str] = None) -> Any:
+        """:meth:`execute` through a traced kernel, waited for: this rank's
+        :class:`~mscclang.runtime.trace.RankTrace`. Default: RuntimeUnavailable."""
+        raise RuntimeUnavailable(f"rank {self.rank}: this engine has no traced kernels")
+
     def empty(self, numel: int, dtype: Any) -> Any:
         """A symmetric buffer: allocated on every rank in the same order (collective call)."""
         raise NotImplementedError
@@ -244,6 +253,12 @@ class RuntimeBackend(Backend):
 
     def launch_bound(self, bound: Any) -> bool:
         return self.executor.launch_bound(bound)
+
+    traces = True
+
+    def execute_traced(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
+                       packet_type: Optional[str] = None) -> Any:
+        return self.executor.execute_traced(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
 
     def empty(self, numel: int, dtype: Any) -> Any:
         return self.executor.comm.alloc(numel, dtype)

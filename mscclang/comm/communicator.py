@@ -22,6 +22,7 @@ from mscclang.comm.fallback import TorchFallback, run_fallback
 from mscclang.comm.names import dtype_name, plan_collective, reduce_op_name
 from mscclang.comm.planner import CallPlan, Planner
 from mscclang.comm.selector import Choice, Selector
+from mscclang.comm.tracing import CallTrace, TracedCall, Tracing, check_traceable
 from mscclang.comm.tuning import DEFAULT_TUNING_FILE, TuningTable, load_tuning
 from mscclang.config import settings
 
@@ -56,6 +57,8 @@ class Communicator:
         self._schedule = AutoRegister()
         self._runtime_error: Optional[str] = None
         self.last: Optional[CallPlan] = None
+        self._tracer: Optional[CallTrace] = None   # inside a comm.trace() block
+        self._traces = 0
         # the store the fallback may build its own group from: an explicit one, or the back
         # end's (e.g. the GPU runtime's); None when built from torch.distributed's group
         own_store = store
@@ -378,6 +381,18 @@ class Communicator:
         """The selector's ordered choices for a message of ``nbytes`` (introspection)."""
         return self.selector.choices(collective, self.world_size, nbytes, dtype)
 
+    def trace(self) -> Tracing:
+        """A context manager recording the per-op GPU timeline of the collectives called inside
+        it: ``with comm.trace() as tr: ...`` then ``tr.save("rank0.json")``, ``tr.events`` or
+        ``tr.problems`` (:class:`~mscclang.comm.tracing.CallTrace`). Each call inside runs the
+        interpreter's traced kernel and is waited for (eager only: never inside a CUDA-graph
+        capture); calls that fall back to torch.distributed are listed in ``tr.skipped``.
+        Collective: every rank enters and leaves its block (leaving puts the ranks on one time
+        base). RuntimeUnavailable without the GPU runtime."""
+        check_traceable(self.backend, self.rank)
+        self._traces += 1
+        return Tracing(self, getattr(self.backend, "store", None), f"mscclang/trace/{self._traces}")
+
     def memory(self) -> dict[str, int]:
         """What this communicator holds on its GPU, in bytes by kind (and counts): the runtime's
         ``scratch``, ``sync`` areas and ``device_plans`` (live and retired contexts), ``staging``
@@ -440,6 +455,8 @@ class Communicator:
 
     def _launch(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int) -> None:
         if cp.mode == "nccl":
+            if self._tracer is not None:
+                self._tracer.skipped.append(f"{cp.collective} (torch.distributed fallback)")
             if self.backend is not None:
                 self.backend.check()   # a pending abort of the runtime surfaces at any call
             self._run_fallback(cp, inp, out, op, root)
@@ -456,7 +473,10 @@ class Communicator:
                 self.backend.pin_staging(list(cp.bufs))
             a.view(cp.shape.in_blocks, kp)[:, :k].copy_(inp.view(cp.shape.in_blocks, k))
         bound = cp.bound
-        if bound is None or bound.op != op or not self.backend.launch_bound(bound):
+        if self._tracer is not None:
+            rt = self.backend.execute_traced(cp.plan, a, b, reduce_op=op, packet_type=pt)
+            self._tracer.calls.append(TracedCall(cp.plan.collective, cp.plan.name, inp.numel() * inp.element_size(), rt))
+        elif bound is None or bound.op != op or not self.backend.launch_bound(bound):
             self.backend.execute(cp.plan, a, b, reduce_op=op, packet_type=pt)
             if not cp.temp:   # a memo hit launches what the engine resolved now
                 cp.bound = self.backend.bind(cp.plan, a, b, reduce_op=op, packet_type=pt)
