@@ -10,7 +10,7 @@ from mscclang.bench.results import IMPL_LABELS, ORDINARY, BenchResult, Record
 from mscclang.bench.sizes import format_size
 from mscclang.bench.targets import check_targets
 
-PEERS = ("nccl", "symm")
+PEERS = ("nccl", "symm", "unfused", "flashinfer")
 
 
 
@@ -83,7 +83,7 @@ def markdown(res: BenchResult, title: str = "mscclang bench") -> str:
                 if any(r.impl == p for r in recs):
                     head += [f"{IMPL_LABELS.get(p, p)} us", "busbw"]
             ratio_peers = [p for p in peers if any(r.impl == p for r in recs)] if "mscclang" in impls else []
-            head += [f"x{'NCCL' if p == 'nccl' else p}" for p in ratio_peers]
+            head += [f"x{'NCCL' if p == 'nccl' else p}" for p in ratio_peers]   # fused case: NCCL + torch norm
             alg = [a for a in forced if any(r.impl == a for r in recs)]
             for a in alg:
                 head += [f"{a.partition(':')[2]} us", "busbw", "plan"] + (["xNCCL"] if "nccl" in impls else [])

@@ -15,7 +15,8 @@ BENCH_FORMAT = "mscclang.bench/1"
 ORDINARY = "ordinary"
 IMPLS = ("mscclang", ORDINARY, "nccl", "symm")
 IMPL_LABELS = {"mscclang": "mscclang", ORDINARY: "mscclang ordinary tensor", "nccl": "NCCL",
-               "symm": "torch symm two-shot"}
+               "symm": "torch symm two-shot", "unfused": "mscclang allreduce + torch norm",
+               "flashinfer": "FlashInfer allreduce_fusion"}
 MODES = ("graph", "eager")
 #: collectives in the API spelling used by the baselines (nccl_bench.py)
 COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")

@@ -13,7 +13,7 @@ from mscclang.cli.args import (GPU_DTYPES, add_output_option, add_sizes_option, 
                                positive_float_arg, writable_dir)
 from mscclang.comm.errors import CommError
 
-ALL_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+ALL_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "all_reduce_add_rms_norm")
 DEFAULT_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 MODES = ("graph", "eager")
 
@@ -27,7 +27,7 @@ def _list(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
         part = part.strip()
         if not part:
             continue
-        if what == "collective":
+        if what == "collective" and part not in allowed:
             part = PLAN_TO_API.get(plan_collective(part), part)
         if part not in allowed:
             raise CommError(f"unknown {what} {part!r}; choose from {', '.join(allowed)}")
@@ -54,6 +54,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--collectives", default=None,
                    help=f"comma list of {', '.join(ALL_COLLS)} (default: the first four; with "
                         "--first-calls: all_reduce)")
+    p.add_argument("--hidden", type=int_range_arg(8, 65536), default=8192, metavar="H",
+                   help="all_reduce_add_rms_norm: elements per row (default 8192); its sizes are the bytes "
+                        "of x, whole rows (default 1 to 512 tokens); its columns are the fused call, "
+                        "mscclang's allreduce + torch's norm, NCCL + torch's norm and FlashInfer's "
+                        "allreduce_fusion (when installed)")
     p.add_argument("--impls", default=",".join(IMPLS),
                    help="comma list of mscclang (symmetric tensors from comm.empty), ordinary "
                         "(mscclang on torch.empty tensors, captured inside comm.graph_capture()), "
@@ -104,14 +109,19 @@ def bench_config(args: argparse.Namespace) -> Any:
     for a in (x.strip() for x in (getattr(args, "algos", "") or "").split(",")):
         if a and f"mscclang:{a}" not in impls:
             impls.append(f"mscclang:{a}")
-    extra = {}
+    chosen = _list(colls, ALL_COLLS, "collective")
+    extra: dict = {}
+    if "all_reduce_add_rms_norm" in chosen:   # its sizes are whole rows of x (mscclang.bench.fused)
+        extra["hidden"] = getattr(args, "hidden", 8192)
+        if args.sizes:
+            extra["fused_sizes"] = list(args.sizes)
     gpn = getattr(args, "gpus_per_node", None)
     if gpn is not None:
         if gpn < 1:
             raise CommError(f"--gpus-per-node must be at least 1, got {gpn}")
         extra["gpus_per_node"] = gpn
     return BenchConfig(
-        colls=_list(colls, ALL_COLLS, "collective"),
+        colls=chosen,
         sizes=sizes,
         impls=impls,
         modes=_list(args.modes, MODES, "mode"),
