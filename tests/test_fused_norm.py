@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from mscclang.algorithms.fused import build_fused_oneshot_ll, build_fused_twoshot_ll
+from mscclang.comm.catalog import Catalog
 from mscclang.comm.fused_norm import check_call, reference_epilogue
 from mscclang.comm.sim_ranks import run_ranks
 from mscclang.errors import InvalidCall, PlanError
@@ -166,7 +167,7 @@ def test_communicator_call_on_the_simulator(fp8: bool) -> None:
         out = torch.empty(T, H, dtype=torch.float8_e4m3fn) if fp8 else None
         y = comm.all_reduce_add_rms_norm(x, r, w, 1e-6, out=out, fp8_scale=0.05 if fp8 else None)
         return y, r
-    got, world, _ = run_ranks(N, fn, engine="sim")
+    got, world, _ = run_ranks(N, fn, engine="sim", catalog=Catalog.from_dir())   # the shipped plans
     assert world.launches and all("rms_norm" in name for name in world.launches)
     kw = {"out": torch.empty(T, H, dtype=torch.float8_e4m3fn), "fp8_scale": 0.05} if fp8 else {}
     want = _expected(xs, res, w, **kw)
@@ -176,8 +177,8 @@ def test_communicator_call_on_the_simulator(fp8: bool) -> None:
 
 
 def test_fallback_without_a_plan_matches(caplog) -> None:
-    """Three ranks: no shipped fused plan, so the library all_reduce plus the reference epilogue
-    runs (logged), with the same numerics."""
+    """No fused plan in the catalog (three ranks), so the library all_reduce plus the reference
+    epilogue runs (logged), with the same numerics."""
     g = torch.Generator().manual_seed(3)
     xs = [torch.randn(4, 16, generator=g).to(torch.float16) for _ in range(3)]
     res = torch.randn(4, 16, generator=g).to(torch.float16)
@@ -188,7 +189,7 @@ def test_fallback_without_a_plan_matches(caplog) -> None:
         comm.all_reduce_add_rms_norm(x, r, w, 1e-5)
         return x, r
     with caplog.at_level("WARNING"):
-        got, world, _ = run_ranks(3, fn)
+        got, world, _ = run_ranks(3, fn, catalog=Catalog.from_dir())
     assert not any("rms_norm" in name for name in world.launches)
     assert any("all_reduce_add_rms_norm falls back" in m for m in caplog.messages)
     total = (xs[0].double() + xs[1].double() + xs[2].double() + res.double())
@@ -223,3 +224,18 @@ def test_bad_input_raises_before_anything_runs(what: str, kw: dict, match: str) 
         return True
     got, world, _ = run_ranks(N, fn, engine="sim")
     assert all(got) and not world.launches
+
+
+def test_selector_picks_by_size_rows_and_ranks() -> None:
+    from mscclang.comm.selector import FUSED_ONESHOT_MAX_BYTES, FusedShape, select_fused
+
+    cat = Catalog.from_dir()
+    big = FUSED_ONESHOT_MAX_BYTES + 1
+    pick = lambda **kw: select_fused(cat, kw.pop("ranks", 2), FusedShape(**kw))  # noqa: E731
+    assert "oneshot" in pick(rows=4, hidden=8192, nbytes=4 * 8192 * 2, quant=False, inplace=True).algorithm
+    assert "twoshot" in pick(rows=64, hidden=8192, nbytes=big, quant=False, inplace=True).algorithm
+    assert "oneshot" in pick(rows=63, hidden=8192, nbytes=big, quant=False, inplace=True).algorithm
+    v = pick(rows=64, hidden=8192, nbytes=big, quant=True, inplace=False)
+    assert "twoshot" in v.algorithm and v.load().epilogue_ops()[-1][1].quant
+    assert pick(rows=64, hidden=8192, nbytes=big, quant=True, inplace=True) is None   # FP8 is never in place
+    assert pick(ranks=3, rows=3, hidden=8, nbytes=48, quant=False, inplace=False) is None

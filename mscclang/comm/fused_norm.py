@@ -4,7 +4,8 @@
 ``residual += allreduce(x)``, then ``x`` (or ``out``) gets ``RMSNorm(residual) * weight``, or its
 FP8 quantisation with ``fp8_scale`` (``out`` then an FP8 tensor). The numerics are
 :mod:`mscclang.sim.epilogue`'s. Every argument is checked (:func:`check_call`, InvalidCall naming
-it) before anything runs. A shipped plan runs when one fits the shape (:func:`select_fused`); else
+it) before anything runs. A catalog plan runs when one fits the shape
+(:func:`mscclang.comm.selector.select_fused`); else
 the call falls back to the library ``all_reduce`` plus the reference epilogue in torch (the same
 numerics), logged once per reason. The simulator back end runs the plans (CPU CI); the GPU runtime
 runs them through its ``execute_fused`` entry (:func:`run_on_backend`).
@@ -18,13 +19,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from mscclang.comm.selector import FusedShape, select_fused
 from mscclang.errors import InvalidCall
-from mscclang.plan.collectives import FUSED_NORM
 from mscclang.sim.epilogue import MAX_HIDDEN, MIN_HIDDEN, PARTIAL, TorchOps, fp8_max, rms_norm_rows
-
-#: the one-shot plans' largest message (bytes of x): above it the two-shot runs
-ONESHOT_MAX_BYTES = 256 * 1024
-
 
 @dataclass(frozen=True)
 class FusedCall:
@@ -47,6 +44,10 @@ class FusedCall:
     @property
     def nbytes(self) -> int:
         return self.x.numel() * self.x.element_size()
+
+    def shape(self) -> FusedShape:
+        """What the selector needs (:func:`mscclang.comm.selector.select_fused`)."""
+        return FusedShape(self.rows, self.hidden, self.nbytes, self.quant, self.dst is self.x)
 
 
 def check_call(x: Any, residual: Any, weight: Any, eps: Any, out: Any = None,
@@ -112,27 +113,6 @@ def check_call(x: Any, residual: Any, weight: Any, eps: Any, out: Any = None,
     return FusedCall(x, residual, weight, float(eps), x if out is None else out, scale, x.numel() // h, h)
 
 
-def select_fused(entries: list[dict], ranks: int, call: FusedCall) -> Optional[dict]:
-    """The shipped plan for ``call`` on ``ranks`` ranks (an index entry), or None: the one-shot up
-    to :data:`ONESHOT_MAX_BYTES`, else the two-shot when its rows split evenly over the ranks
-    (and, with FP8, each rank's FP8 rows fill 16-byte chunks), else the one-shot."""
-    inplace = call.dst is call.x
-    quant = call.quant
-
-    def pick(algo: str) -> Optional[dict]:
-        for e in entries:
-            if (e.get("collective") == FUSED_NORM and e.get("algorithm") == algo and e.get("ranks") == ranks
-                    and bool(e.get("inplace")) == inplace and ("quant" in e.get("file", "")) == quant):
-                return e
-        return None
-
-    one, two = pick("allreduce_add_rms_norm_oneshot_ll"), pick("allreduce_add_rms_norm_twoshot_ll")
-    even = call.rows % ranks == 0 and (not quant or (call.rows // ranks * call.hidden) % 16 == 0)
-    if call.nbytes > ONESHOT_MAX_BYTES and even and two is not None:
-        return two
-    return one
-
-
 def reference_epilogue(summed: Any, call: FusedCall) -> None:
     """The reference epilogue in torch (the numerics of :mod:`mscclang.sim.epilogue`):
     ``residual = round(residual + summed)``, then the norm into ``call.dst``."""
@@ -185,23 +165,16 @@ def fused_call(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any
     call = check_call(x, residual, weight, eps, out, fp8_scale)
     if x.numel() == 0:
         return call.dst
-    entry = None
     be = comm.backend
     reason = "no back end runs plans"
     if be is not None:
-        from mscclang.algorithms.index import load_index
-
-        entry = select_fused(load_index(), comm.world_size, call)
-        reason = f"no shipped fused plan for {comm.world_size} ranks ({'fp8' if call.quant else 'no fp8'}, " \
-                 f"{'in place' if call.dst is call.x else 'out of place'})"
-    if entry is not None:
-        from mscclang.algorithms.index import default_plans_dir
-        from mscclang.plan.io import load_plan
-
-        plan = load_plan(default_plans_dir() / entry["file"])
-        if run_on_backend(be, plan, call):
-            return call.dst
-        reason = "the back end has no fused entry (execute_fused)"
+        variant = select_fused(comm.catalog, comm.world_size, call.shape())
+        reason = (f"no fused plan for {comm.world_size} ranks ({'FP8' if call.quant else 'no FP8'}, "
+                  f"{'in place' if call.dst is call.x else 'out of place'}) in the catalog")
+        if variant is not None:
+            if run_on_backend(be, variant.load(), call):
+                return call.dst
+            reason = "the back end has no fused entry (execute_fused)"
     comm._note_fallback("all_reduce_add_rms_norm", reason)
     summed = x.clone()
     comm.all_reduce(summed)
