@@ -239,3 +239,18 @@ def test_selector_picks_by_size_rows_and_ranks() -> None:
     assert "twoshot" in v.algorithm and v.load().epilogue_ops()[-1][1].quant
     assert pick(rows=64, hidden=8192, nbytes=big, quant=True, inplace=True) is None   # FP8 is never in place
     assert pick(ranks=3, rows=3, hidden=8, nbytes=48, quant=False, inplace=False) is None
+
+
+def test_prepare_names_the_plan_then_the_call_runs_it() -> None:
+    xs, res, w = _tensors()
+
+    def fn(comm):
+        x, r = xs[comm.rank].clone(), res.clone()
+        name = comm.prepare_all_reduce_add_rms_norm(x, r, w, 1e-6)
+        comm.all_reduce_add_rms_norm(x, r, w, 1e-6)
+        return name
+    got, world, _ = run_ranks(N, fn, engine="sim", catalog=Catalog.from_dir())
+    assert got[0] == got[1] == world.launches[0]
+    assert run_ranks(N, lambda comm: comm.prepare_all_reduce_add_rms_norm(xs[0].clone(), res.clone(), w),
+                     engine="sim")[0] == [None, None]   # an empty catalog: the fallback's all_reduce
+

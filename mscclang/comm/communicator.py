@@ -210,6 +210,14 @@ class Communicator:
 
         return fused_call(self, x, residual, weight, eps, out, fp8_scale)
 
+    def prepare_all_reduce_add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6,
+                                        out: Any = None, fp8_scale: Any = None) -> Optional[str]:
+        """:meth:`prepare` for :meth:`all_reduce_add_rms_norm` (same arguments): the fused
+        plan's name, or None when the call will fall back. Collective."""
+        from mscclang.comm.fused_norm import prepare_fused
+
+        return prepare_fused(self, x, residual, weight, eps, out, fp8_scale)
+
     def all_gather(self, tensor: Any, out: Any = None) -> Any:
         """Gather every rank's ``tensor`` into ``out`` (``world_size`` times as many elements,
         rank order). In place when ``tensor`` is ``out``'s block of this rank."""

@@ -17,11 +17,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
-
 from mscclang.comm.selector import FusedShape, select_fused
 from mscclang.errors import InvalidCall
-from mscclang.sim.epilogue import MAX_HIDDEN, MIN_HIDDEN, PARTIAL, TorchOps, fp8_max, rms_norm_rows
+from mscclang.sim.epilogue import MAX_HIDDEN, MIN_HIDDEN, PARTIAL, TorchOps, rms_norm_rows
 
 @dataclass(frozen=True)
 class FusedCall:
@@ -131,31 +129,11 @@ def reference_epilogue(summed: Any, call: FusedCall) -> None:
 
 
 def run_on_backend(backend: Any, plan: Any, call: FusedCall) -> bool:
-    """Run ``plan`` for ``call`` through the back end's ``execute_fused`` entry (the simulator's
-    :meth:`~mscclang.comm.sim_backend.SimBackend.execute_fused`; the GPU runtime provides the
-    same entry, ``execute_fused(plan, x, out, residual, params)``). False when the back end has
-    no such entry (the caller then falls back)."""
-    from mscclang.sim.epilogue import EpilogueParams
-
-    execute = getattr(backend, "execute_fused", None)
-    if execute is None:
-        return False
-    import torch
-
-    q = None
-    if call.quant:
-        q = np.dtype("float8_e5m2") if call.dst.dtype == torch.float8_e5m2 else None
-        if q is None:
-            import ml_dtypes
-
-            q = np.dtype(ml_dtypes.float8_e4m3fn)
-    from mscclang.comm.sim_backend import torch_to_numpy
-
-    weight = torch_to_numpy(call.weight) if call.weight.device.type == "cpu" else call.weight
-    params = EpilogueParams(call.hidden, weight if isinstance(weight, np.ndarray) else np.zeros(call.hidden),
-                            call.eps, scale=call.scale, fp8=q)
-    execute(plan, call.x, call.dst, call.residual, params)
-    return True
+    """Run ``plan`` for ``call`` through the back end's epilogue entry
+    (:meth:`mscclang.comm.backend.Backend.execute_fused`: the simulator's, or the GPU runtime's
+    ``Executor.execute(residual=, weight=, epilogue=)``); False when it has none."""
+    return bool(backend.execute_fused(plan, call.x, call.dst, call.residual, call.weight, hidden=call.hidden,
+                                      eps=call.eps, scale=call.scale, fp8=call.dst.dtype if call.quant else None))
 
 
 def fused_call(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any = None,
@@ -180,3 +158,21 @@ def fused_call(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any
     comm.all_reduce(summed)
     reference_epilogue(summed, call)
     return call.dst
+
+
+def prepare_fused(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any = None,
+                  fp8_scale: Any = None) -> Optional[str]:
+    """``Communicator.prepare_all_reduce_add_rms_norm``: check the call and do its setup (the
+    fused plan's, or the fallback all_reduce's) outside a CUDA graph capture, so the same call
+    can then be captured. Returns the fused plan's name, or None when the call will fall back."""
+    call = check_call(x, residual, weight, eps, out, fp8_scale)
+    be = comm.backend
+    if be is None or x.numel() == 0:
+        return None
+    variant = select_fused(comm.catalog, comm.world_size, call.shape())
+    if variant is not None:
+        plan = variant.load()
+        be.prepare(plan, call.x, call.dst)
+        return plan.name
+    comm.prepare("all_reduce", x)
+    return None
