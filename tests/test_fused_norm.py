@@ -254,3 +254,23 @@ def test_prepare_names_the_plan_then_the_call_runs_it() -> None:
     assert run_ranks(N, lambda comm: comm.prepare_all_reduce_add_rms_norm(xs[0].clone(), res.clone(), w),
                      engine="sim")[0] == [None, None]   # an empty catalog: the fallback's all_reduce
 
+
+
+@pytest.mark.parametrize("rows,h", [(1, 8), (2, 16384), (512, 8), (64, 1024), (7, 4096), (33, 136)])
+def test_sim_against_float64_reference(rows: int, h: int) -> None:
+    """The simulator running the library's one-shot over hidden sizes 8..16384 and 1..512 rows
+    (a sample): every residual within (n + 1) u (sum |x| + |r|) of float64's, every output within
+    the norm's bound of float64's norm of that residual (docs/semantics.md)."""
+    plan = build_fused_oneshot_ll(2)
+    xs, res, w = _case(2, rows, h, BF16, rows + h)
+    run = run_fused(plan, xs, [res, res], EpilogueParams(h, w, 1e-6))
+    x64 = [x.astype(np.float64) for x in xs]
+    exact = x64[0] + x64[1] + res.astype(np.float64)
+    bound = 3 * 2.0 ** -8 * (np.abs(x64[0]) + np.abs(x64[1]) + np.abs(res.astype(np.float64))) + 1e-30
+    for r in range(2):
+        got = run.residuals[r].astype(np.float64)
+        assert (np.abs(got - exact) <= bound).all()
+        rows64 = got.reshape(rows, h)
+        y64 = rows64 / np.sqrt((rows64 ** 2).mean(axis=1, keepdims=True) + 1e-6) * w
+        y = run.outputs[r].astype(np.float64).reshape(rows, h)
+        assert (np.abs(y - y64) <= np.abs(y64) * (2.0 ** -8 + (h / 8 + np.log2(h) + 8) * 2.0 ** -24) + 1e-30).all()
