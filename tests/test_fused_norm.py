@@ -239,6 +239,7 @@ def test_selector_picks_by_size_rows_and_ranks() -> None:
     assert "twoshot" in v.algorithm and v.load().epilogue_ops()[-1][1].quant
     assert pick(rows=64, hidden=8192, nbytes=big, quant=True, inplace=True) is None   # FP8 is never in place
     assert pick(ranks=3, rows=3, hidden=8, nbytes=48, quant=False, inplace=False) is None
+    assert pick(rows=65, hidden=8192, nbytes=65 * 8192 * 2, quant=False, inplace=True) is None  # past 1 MiB
 
 
 def test_prepare_names_the_plan_then_the_call_runs_it() -> None:

@@ -133,13 +133,14 @@ def select_fused(catalog: Catalog, ranks: int, shape: FusedShape) -> Optional[Pl
     """The catalog's fused plan for ``shape`` on ``ranks`` ranks, or None: a two-shot above
     :data:`FUSED_ONESHOT_MAX_BYTES` when the rows split evenly over the ranks (with FP8, when each
     rank's FP8 rows also fill 16-byte chunks), else a one-shot (any row count). Variants must
-    match in place, FP8 (their norms' ``quant``) and ranks."""
+    match in place, FP8 (their norms' ``quant``) and ranks, and hold the size in their range
+    (the shipped one-shot: up to 1 MiB; larger calls whose rows do not split evenly fall back)."""
     from mscclang.plan.collectives import FUSED_NORM
     from mscclang.sim.fused import plan_quantises
 
     found: dict[str, PlanVariant] = {}
     for v in catalog:
-        if v.collective != FUSED_NORM or v.ranks != ranks or v.inplace != shape.inplace:
+        if v.collective != FUSED_NORM or v.ranks != ranks or v.inplace != shape.inplace or not v.fits(shape.nbytes):
             continue
         kind = "twoshot" if "twoshot" in v.algorithm else "oneshot"
         if kind not in found and plan_quantises(v.load()) == shape.quant:
