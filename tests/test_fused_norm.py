@@ -275,3 +275,15 @@ def test_sim_against_float64_reference(rows: int, h: int) -> None:
         y64 = rows64 / np.sqrt((rows64 ** 2).mean(axis=1, keepdims=True) + 1e-6) * w
         y = run.outputs[r].astype(np.float64).reshape(rows, h)
         assert (np.abs(y - y64) <= np.abs(y64) * (2.0 ** -8 + (h / 8 + np.log2(h) + 8) * 2.0 ** -24) + 1e-30).all()
+
+
+def test_the_gpu_checks_pass_on_the_simulator() -> None:
+    """tests/harness/fused_checks.py (the GPU suite's checks) on the simulator back end: every
+    shipped two-rank fused plan runs, equals run_fused and torch's reference bounds."""
+    from tests.harness.fused_checks import check_with
+
+    got, _, _ = run_ranks(2, lambda comm: check_with(comm, torch.device("cpu"), shapes=((1, 64), (7, 72), (256, 1024))),
+                          engine="sim", catalog=Catalog.from_dir())
+    for r in got:
+        assert r["checked"] == 18 and not r["failures"], r["failures"]
+    assert len(got[0]["plans"]) == 6

@@ -139,7 +139,8 @@ def run_on_backend(backend: Any, plan: Any, call: FusedCall) -> bool:
 def fused_call(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any = None,
                fp8_scale: Any = None) -> Any:
     """The body of ``Communicator.all_reduce_add_rms_norm`` (see the module docstring);
-    returns the tensor that holds the norm (``out``, or ``x``)."""
+    returns the tensor that holds the norm (``out``, or ``x``) and sets ``comm.last_fused`` to
+    the plan that ran (None: the fallback ran)."""
     call = check_call(x, residual, weight, eps, out, fp8_scale)
     if x.numel() == 0:
         return call.dst
@@ -151,8 +152,10 @@ def fused_call(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any
                   f"{'in place' if call.dst is call.x else 'out of place'}) in the catalog")
         if variant is not None:
             if run_on_backend(be, variant.load(), call):
+                comm.last_fused = variant.load().name
                 return call.dst
             reason = "the back end has no fused entry (execute_fused)"
+    comm.last_fused = None
     comm._note_fallback("all_reduce_add_rms_norm", reason)
     summed = x.clone()
     comm.all_reduce(summed)
