@@ -33,6 +33,14 @@ class Backend:
         in-place plan whose input aliases the start of the output, or views into one buffer)."""
         raise NotImplementedError
 
+    def execute_fused(self, plan: Plan, inp: Any, out: Any, residual: Any, weight: Any, *,
+                      hidden: int, eps: float, scale: Optional[float] = None, fp8: Any = None) -> bool:
+        """Run a fused (plan/2, ``allreduce_add_rms_norm``) plan: ``residual`` is read and
+        written, ``out`` gets the norm of rows of ``hidden`` elements with ``weight`` and
+        ``eps`` (FP8 of the torch dtype ``fp8`` with ``scale``). Returns False when this engine
+        has no epilogue entry (the caller falls back). Default: none."""
+        return False
+
     def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
                 reduce_op: Optional[str] = None) -> None:
         """Do every setup step of ``execute`` (registration, device plan) without launching, so a
@@ -242,6 +250,21 @@ class RuntimeBackend(Backend):
     def execute(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
                 packet_type: Optional[str] = None) -> None:
         self.executor.execute(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
+
+    def execute_fused(self, plan: Plan, inp: Any, out: Any, residual: Any, weight: Any, *,
+                      hidden: int, eps: float, scale: Optional[float] = None, fp8: Any = None) -> bool:
+        """The GPU runtime's epilogue entry: ``Executor.execute(..., residual=, weight=,
+        epilogue=mscclang.runtime.epilogue.Epilogue(hidden, eps, scale, fp8))``; False when the
+        runtime has no epilogue module (a runtime built before it)."""
+        import importlib.util
+
+        if importlib.util.find_spec("mscclang.runtime.epilogue") is None:
+            return False
+        from mscclang.runtime.epilogue import Epilogue  # type: ignore[import-not-found]
+
+        self.executor.execute(plan, inp, out, residual=residual, weight=weight,
+                              epilogue=Epilogue(hidden, eps, scale, fp8))
+        return True
 
     def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
                 reduce_op: Optional[str] = None) -> None:

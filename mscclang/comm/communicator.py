@@ -59,6 +59,8 @@ class Communicator:
         self.last: Optional[CallPlan] = None
         self._tracer: Optional[CallTrace] = None   # inside a comm.trace() block
         self._traces = 0
+        #: the plan the last all_reduce_add_rms_norm ran (None: none ran, or the fallback)
+        self.last_fused: Optional[str] = None
         # the store the fallback may build its own group from: an explicit one, or the back
         # end's (e.g. the GPU runtime's); None when built from torch.distributed's group
         own_store = store
@@ -201,6 +203,25 @@ class Communicator:
         """Reduce ``tensor`` over all ranks; in place unless ``out`` is given. Returns the result."""
         out = tensor if out is None else out
         return self._call("allreduce", tensor, out, reduce_op_name(op))
+
+    def all_reduce_add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6,
+                                out: Any = None, fp8_scale: Any = None) -> Any:
+        """vLLM's ``fused_add_rms_norm`` after an allreduce: ``residual += all_reduce(x)``, then
+        ``x`` (or ``out``) gets ``RMSNorm(residual) * weight`` (FP8 in ``out`` with
+        ``fp8_scale``). Returns the tensor holding the norm. Bad arguments raise InvalidCall
+        before anything runs; see :mod:`mscclang.comm.fused_norm` for the rules and the
+        fallback. ``last_fused`` names the plan the last such call ran (None: the fallback)."""
+        from mscclang.comm.fused_norm import fused_call
+
+        return fused_call(self, x, residual, weight, eps, out, fp8_scale)
+
+    def prepare_all_reduce_add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6,
+                                        out: Any = None, fp8_scale: Any = None) -> Optional[str]:
+        """:meth:`prepare` for :meth:`all_reduce_add_rms_norm` (same arguments): the fused
+        plan's name, or None when the call will fall back. Collective."""
+        from mscclang.comm.fused_norm import prepare_fused
+
+        return prepare_fused(self, x, residual, weight, eps, out, fp8_scale)
 
     def all_gather(self, tensor: Any, out: Any = None) -> Any:
         """Gather every rank's ``tensor`` into ``out`` (``world_size`` times as many elements,
