@@ -22,6 +22,7 @@ import os
 from typing import Any, Optional
 
 from mscclang.comm.errors import CommError
+from mscclang.plan.dtypes import ACCUM_DTYPES, torch_dtype_info
 
 log = logging.getLogger("mscclang.comm")
 
@@ -319,11 +320,52 @@ class TorchFallback:
             self._ready = False
 
 
+def fp8_sum(parts: Any, accum: str, dtype: Any) -> Any:
+    """The fp8 sum of the rows of ``parts`` (a 2-D tensor of fp8 ``dtype``), as
+    docs/semantics.md defines one reduction op ("FP8 reductions"): the rows in order, converted
+    to ``accum`` (``float32`` or ``float16``) and added in it, the result rounded once to
+    ``dtype`` (to nearest even, saturating: torch's own cast does not, so it is clamped first)."""
+    import torch
+
+    info = torch_dtype_info(dtype)
+    adt = getattr(torch, accum)
+    acc = parts[0].to(adt)
+    for r in range(1, parts.shape[0]):
+        acc = acc + parts[r].to(adt)
+    return acc.clamp(-info.max_finite, info.max_finite).to(dtype)
+
+
+def _fp8_reduction(fb: Any, collective: str, inp: Any, out: Any, rank: int, world_size: int,
+                   accum: str) -> None:
+    """An fp8 all-reduce or reduce-scatter through torch, which cannot reduce fp8: every rank's
+    input is gathered (as bytes) and summed here in rank order (:func:`fp8_sum`), the one-shot
+    rule of docs/semantics.md."""
+    import torch
+
+    flat = inp.reshape(-1)
+    gathered = torch.empty(world_size * flat.numel(), dtype=torch.uint8, device=flat.device)
+    fb.all_gather(flat.view(torch.uint8), gathered)
+    total = fp8_sum(gathered.view(inp.dtype).view(world_size, -1), accum, inp.dtype)
+    if collective == "reducescatter":
+        total = total.view(world_size, -1)[rank]
+    out.reshape(-1).copy_(total.reshape(-1))
+
+
 def run_fallback(fb: Any, collective: str, inp: Any, out: Any, op: str, root: int, rank: int,
-                 world_size: int) -> None:
+                 world_size: int, accum: Optional[str] = None) -> None:
     """Run one collective call (plan names) on a fallback: :class:`TorchFallback`, or any object
     with its methods (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
-    ``broadcast``, ``send_recv``)."""
+    ``broadcast``, ``send_recv``). fp8 tensors move as bytes; their reductions (sum, in the
+    accumulation dtype ``accum``, float32 when None) are gathered and reduced here
+    (:func:`_fp8_reduction`)."""
+    info = torch_dtype_info(inp.dtype)
+    if info is not None and info.accumulates:
+        import torch
+
+        if collective in ("allreduce", "reducescatter"):
+            _fp8_reduction(fb, collective, inp, out, rank, world_size, accum or ACCUM_DTYPES[0])
+            return
+        inp, out = inp.view(torch.uint8), out.view(torch.uint8)
     if collective == "allreduce":
         fb.all_reduce(inp, out, op)
     elif collective == "allgather":

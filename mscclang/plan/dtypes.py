@@ -190,11 +190,17 @@ def reduction_code(dtype: Any, op: str = "sum", accum: object = None) -> str:
     accumulation dtype ``accum`` (:func:`accum_dtype_name`); :class:`~mscclang.errors.InvalidCall`
     naming what the GPU does not run (the dtype, an fp8 min/max, a misplaced ``accum``)."""
     code = torch_dtype_code(dtype)
-    info = dtype_by_code(code)
+    return kernel_code(code, check_reduction(dtype_by_code(code), op, accum))
+
+
+def check_reduction(info: DtypeInfo, op: str, accum: object = None) -> Optional[str]:
+    """The canonical accumulation dtype of an ``op`` reduction of ``info`` elements
+    (:func:`accum_dtype_name`), after checking that the op runs on the type (fp8: the sum only);
+    :class:`~mscclang.errors.InvalidCall` naming what does not."""
     acc = accum_dtype_name(info, accum)
     if info.accumulates and op not in ACCUM_REDUCE_OPS:
-        raise InvalidCall(f"reduce op {op} is not supported on {info.name}; use {_or_list(ACCUM_REDUCE_OPS)}")
-    return kernel_code(code, acc)
+        raise InvalidCall(f"reduce op {op} is not supported on {info.name} tensors; use {_or_list(ACCUM_REDUCE_OPS)}")
+    return acc
 
 
 def dtype_info(spelling: object) -> DtypeInfo:
