@@ -175,9 +175,13 @@ def kernel_code(code: str, accum: Optional[str] = None) -> str:
     return f"{code}_a{8 * find_dtype(accum).itemsize}"  # type: ignore[union-attr]
 
 
+def kernel_codes(info: DtypeInfo) -> tuple[str, ...]:
+    """The kernel module codes of a GPU dtype: its code, or one per accumulation dtype (fp8)."""
+    return tuple(kernel_code(info.code, a) for a in (ACCUM_DTYPES if info.accumulates else (None,)))
+
+
 #: every GPU kernel module's code (fp8: one per accumulation dtype)
-KERNEL_CODES: tuple[str, ...] = tuple(
-    kernel_code(d.code, a) for d in DTYPES if d.gpu for a in (ACCUM_DTYPES if d.accumulates else (None,)))
+KERNEL_CODES: tuple[str, ...] = tuple(c for d in DTYPES if d.gpu for c in kernel_codes(d))
 
 
 def kernel_dtype(kcode: str) -> DtypeInfo:

@@ -34,6 +34,16 @@ _DT_MACRO = {c: f"DT_{c.upper()}" for c in DTYPES}
 BASE_OPTIONS = ("-std=c++17", "--fmad=false")
 
 
+#: the oldest arch with the hardware fp8 conversions the fp8 modules use
+FP8_MIN_ARCH = 89
+
+
+def module_kernels(dtype: str) -> int:
+    """How many kernels (per block-size bound) the module of kernel code ``dtype`` holds: every
+    packet type x reduce op, fp8 the sum only."""
+    return len(PACKET_TYPES) * (1 if kernel_dtype(dtype).accumulates else len(REDUCE_OPS))
+
+
 BLOCK_VARIANTS = (1024, 512)  # __launch_bounds__ of the kernel variants (kernels.cu)
 
 
