@@ -235,3 +235,36 @@ def test_communicator_bad_fp8_input_raises_invalid_call(call, says):
     results, world, _ = run_ranks(N, body, plans=_plans(["allreduce_oneshot_ll", "reducescatter_ll"]),
                                   engine="sim")
     assert results == [True, True] and world.launches == []
+
+
+# ------------------------------------------------------------------------------ kernel sources
+def _nvrtc_ok() -> bool:
+    from mscclang.runtime import build
+
+    try:
+        build.nvrtc_version()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def test_fp8_module_sources_hold_the_sum_only():
+    from mscclang.runtime import build
+
+    assert "MSCCLANG_KERNELS_SUM_DT(f8e5m2_a16, DT_F8E5M2_A16)" in build.module_source("f8e5m2_a16")
+    assert "MSCCLANG_KERNELS_DT(f16, DT_F16)" in build.module_source("f16")
+    assert build.module_kernels("f8e4m3_a32") == 2 and build.module_kernels("bf16") == 6
+    assert build.kernel_name("f8e4m3_a16", "ll8", "sum", 512) == "mscclang_f8e4m3_a16_ll8_sum_t512"
+
+
+@pytest.mark.skipif(not _nvrtc_ok(), reason="NVRTC not available")
+@pytest.mark.parametrize("code,pkt", [("f8e4m3_a32", 16), ("f8e5m2_a16", 8)])
+def test_one_fp8_interpreter_kernel_builds_for_sm90(code, pkt):
+    """One kernel of the module (a few seconds; the whole module is built by build-kernel)."""
+    from mscclang.runtime import build
+
+    name = build.kernel_name(code, f"ll{pkt}", "sum", 512)
+    src = ("#define MSCCLANG_ONLY_DTYPE\n#include \"kernels.cu\"\n"
+           f"MSCCLANG_KERNEL({name}, DT_{code.upper()}, {pkt}, ROP_SUM, 512)\n")
+    cubin = build.compile_source(src, "sm_90", name=f"{code}.cu")
+    assert cubin[:4] == b"\x7fELF" and name.encode() in cubin
