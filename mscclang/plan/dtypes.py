@@ -152,21 +152,6 @@ def torch_dtype_code(dtype: Any) -> str:
     return info.code
 
 
-def accum_dtype_name(info: DtypeInfo, accum: object = None) -> Optional[str]:
-    """The canonical accumulation dtype of a reduction of ``info`` elements: ``accum`` (any
-    spelling of float32 or float16, a torch dtype too) or, when None, float32 for the fp8 types;
-    None for types that do not accumulate. :class:`~mscclang.errors.InvalidCall` naming it for an
-    ``accum`` given with a non-fp8 dtype, or one that is not an accumulation dtype."""
-    if accum is None:
-        return ACCUM_DTYPES[0] if info.accumulates else None
-    if not info.accumulates:
-        raise InvalidCall(f"accum_dtype={accum} applies to fp8 tensors only, not to {info.name}")
-    a = find_dtype(accum)
-    if a is None or a.name not in ACCUM_DTYPES:
-        raise InvalidCall(f"accum_dtype={accum} is not an accumulation dtype; use {_or_list(ACCUM_DTYPES)}")
-    return a.name
-
-
 def kernel_code(code: str, accum: Optional[str] = None) -> str:
     """The GPU kernel module's code of a dtype code and its (canonical) accumulation dtype:
     the dtype code itself, or ``<code>_a32`` / ``<code>_a16`` for fp8 (``f8e4m3_a32``)."""
@@ -191,20 +176,28 @@ def kernel_dtype(kcode: str) -> DtypeInfo:
 
 def reduction_code(dtype: Any, op: str = "sum", accum: object = None) -> str:
     """The kernel code of a call on ``dtype`` (a torch dtype) with reduce op ``op`` and
-    accumulation dtype ``accum`` (:func:`accum_dtype_name`); :class:`~mscclang.errors.InvalidCall`
+    accumulation dtype ``accum`` (:func:`check_reduction`); :class:`~mscclang.errors.InvalidCall`
     naming what the GPU does not run (the dtype, an fp8 min/max, a misplaced ``accum``)."""
     code = torch_dtype_code(dtype)
     return kernel_code(code, check_reduction(dtype_by_code(code), op, accum))
 
 
 def check_reduction(info: DtypeInfo, op: str, accum: object = None) -> Optional[str]:
-    """The canonical accumulation dtype of an ``op`` reduction of ``info`` elements
-    (:func:`accum_dtype_name`), after checking that the op runs on the type (fp8: the sum only);
-    :class:`~mscclang.errors.InvalidCall` naming what does not."""
-    acc = accum_dtype_name(info, accum)
+    """The canonical accumulation dtype of an ``op`` reduction of ``info`` elements: ``accum``
+    (any spelling of float32 or float16, a torch dtype too) or, when None, float32 for the fp8
+    types; None for types that do not accumulate. :class:`~mscclang.errors.InvalidCall` naming it
+    for an ``accum`` given with a non-fp8 dtype, one that is not an accumulation dtype, or an op
+    the type does not run (fp8: the sum only)."""
     if info.accumulates and op not in ACCUM_REDUCE_OPS:
         raise InvalidCall(f"reduce op {op} is not supported on {info.name} tensors; use {_or_list(ACCUM_REDUCE_OPS)}")
-    return acc
+    if accum is None or not info.accumulates:
+        if accum is not None:
+            raise InvalidCall(f"accum_dtype={accum} applies to fp8 tensors only, not to {info.name}")
+        return ACCUM_DTYPES[0] if info.accumulates else None
+    a = find_dtype(accum)
+    if a is None or a.name not in ACCUM_DTYPES:
+        raise InvalidCall(f"accum_dtype={accum} is not an accumulation dtype; use {_or_list(ACCUM_DTYPES)}")
+    return a.name
 
 
 def dtype_info(spelling: object) -> DtypeInfo:

@@ -74,28 +74,20 @@ def _binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     raise VerificationError(f"unknown reduce op {op!r} (sum, min, max)")
 
 
-def saturate_to(x: np.ndarray, dt: np.dtype) -> np.ndarray:
-    """``x`` (float32 or float16) rounded to the fp8 type ``dt``: to nearest even, values beyond
-    the largest finite one (infinities too) to it with their sign, NaN to NaN (ml_dtypes' own
-    casts do not saturate, so the value is clamped first)."""
-    m = _ACCUMULATING[np.dtype(dt)]
-    with np.errstate(invalid="ignore"):
-        return np.clip(x, -m, m).astype(dt)
-
-
 def accumulate_fp8(views: Sequence[np.ndarray], dt: np.dtype, accum: str) -> np.ndarray:
     """The fp8 sum of ``views`` (arrays of ``dt``, at least two): each converted (exactly) to
     ``accum`` (``float32`` or ``float16``), added in order in ``accum`` (each addition rounded to
-    it, to nearest even; float16 may overflow to infinity), the result rounded once to ``dt``
-    (:func:`saturate_to`)."""
+    it, to nearest even; float16 may overflow to infinity), the result rounded once to ``dt``: to
+    nearest even, values beyond the largest finite one (infinities too) to it with their sign,
+    NaN to NaN (ml_dtypes' own casts do not saturate, so the value is clamped first)."""
     if accum not in ACCUM_DTYPES:
         raise VerificationError(f"unknown accumulation dtype {accum!r} ({', '.join(ACCUM_DTYPES)})")
-    adt = np.dtype(accum)
+    adt, m = np.dtype(accum), _ACCUMULATING[np.dtype(dt)]
     with np.errstate(over="ignore", invalid="ignore"):
         acc = views[0].astype(adt)
         for v in views[1:]:
             acc = (acc + v.astype(adt)).astype(adt)
-    return saturate_to(acc, dt)
+        return np.clip(acc, -m, m).astype(dt)
 
 
 def reduce_bytes(sources: Sequence[np.ndarray], dt: np.dtype, op: str, accum: Optional[str] = None) -> np.ndarray:
