@@ -268,3 +268,39 @@ def test_one_fp8_interpreter_kernel_builds_for_sm90(code, pkt):
            f"MSCCLANG_KERNEL({name}, DT_{code.upper()}, {pkt}, ROP_SUM, 512)\n")
     cubin = build.compile_source(src, "sm_90", name=f"{code}.cu")
     assert cubin[:4] == b"\x7fELF" and name.encode() in cubin
+
+
+def test_fp8_through_a_real_gloo_fallback():
+    """torch.distributed (gloo, threads over one store) cannot reduce fp8: the fallback gathers the
+    bytes and reduces by the one-shot rule; data movement goes as bytes."""
+    import threading
+
+    import torch.distributed as dist
+
+    from mscclang.comm import Communicator
+    from mscclang.comm.fallback import TorchFallback
+
+    store = dist.HashStore()
+    tdt, dt, m = FP8["float8_e5m2"]
+    res: list = [None] * N
+
+    def body(r: int) -> None:
+        comm = Communicator(store=store, rank=r, world_size=N, device="cpu",
+                            fallback=TorchFallback(store=store, rank=r, world_size=N,
+                                                   device=torch.device("cpu"), timeout_s=20.0))
+        try:
+            x = _inputs(40, tdt, m, True)[r]
+            res[r] = (comm.all_reduce(x.clone(), accum_dtype="fp16"), comm.reduce_scatter(x.clone()),
+                      comm.all_gather(x[:20].clone()), comm.all_to_all(x.clone(), out=torch.empty_like(x)))
+        finally:
+            comm.close()
+
+    ts = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(N)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    for r in range(N):
+        assert res[r] is not None, f"rank {r} failed or hung"
+        for got, coll in zip(res[r], ("allreduce", "reducescatter", "allgather", "alltoall")):
+            assert _same(got, _want(coll, r, 40, tdt, dt, m, True)), (r, coll)
