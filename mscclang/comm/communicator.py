@@ -24,7 +24,7 @@ from mscclang.comm.planner import CallPlan, Planner
 from mscclang.comm.selector import Choice, Selector
 from mscclang.comm.tuning import DEFAULT_TUNING_FILE, TuningTable, load_tuning
 from mscclang.config import settings
-from mscclang.plan.dtypes import check_reduction, dtype_info
+from mscclang.plan.dtypes import check_reduction, dtype_info, torch_dtype_info
 
 log = logging.getLogger("mscclang.comm")
 
@@ -273,7 +273,7 @@ class Communicator:
         reductions'; the kernel depends on it). Collective."""
         coll = plan_collective(collective)
         accum = self._accum(tensor, reduce_op_name(op), accum_dtype) if coll in ("allreduce", "reducescatter") \
-            else self._accum(tensor, "sum", None)
+            else None
         if out is None:
             if coll == "allgather":
                 out = self._new(tensor, tensor.numel() * self.world_size)
@@ -456,7 +456,9 @@ class Communicator:
     def _accum(self, tensor: Any, op: str, accum_dtype: Any) -> Optional[str]:
         """The canonical accumulation dtype of a reduction of ``tensor`` (None: not fp8), after
         checking the dtype, the op and ``accum_dtype`` (InvalidCall naming what is wrong)."""
-        self.planner.check_tensor("tensor", tensor)
+        info = torch_dtype_info(getattr(tensor, "dtype", None))
+        if accum_dtype is None and (info is None or not info.accumulates):
+            return None   # not fp8 (or not a tensor: the call's own checks say so)
         return check_reduction(dtype_info(dtype_name(tensor.dtype)), op, accum_dtype)
 
     def _launch(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int, accum: Optional[str] = None) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Optional, Union
 from mscclang.config import Settings, settings
 from mscclang.errors import CollectiveTimeout, NotPrepared, PlanError, RuntimeUnavailable
 from mscclang.plan.models import PACKET_OPS, BufferKind, ChannelType, Plan
-from mscclang.plan.dtypes import check_reduction, kernel_dtype, reduction_code, torch_dtype_code
+from mscclang.plan.dtypes import reduction_code, torch_dtype_code
 from mscclang.plan.shapes import check_layout, check_pair, check_sizes, check_tensor, output_bytes
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.abort import AbortState, Waits
@@ -337,8 +337,7 @@ class Executor:
                 or not all(isinstance(b, int) for b in key.buffers()):
             return None
         return Bound(lp, key, ent, opr, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes,
-                     describe_call(lp.plan, in_bytes, out_bytes, dt, pkt, op), op, pkt, self.entries.epoch,
-                     check_reduction(kernel_dtype(dt), op, accum_dtype))
+                     describe_call(lp.plan, in_bytes, out_bytes, dt, pkt, op), op, pkt, self.entries.epoch, accum_dtype)
 
     def launch_bound(self, b: Bound, stream: Any = None) -> bool:
         """Launch a call bound by :meth:`bind` on the current stream (or ``stream``), checking

@@ -187,8 +187,8 @@ class Bound:
     """A call resolved once for repeated launches on the same tensors (the collective API's memo
     holds it): the loaded plan, entry key and entry, how the buffers map, the call's addresses and
     sizes, its description, its reduce op and packet type, the entries' ``epoch`` it is valid
-    for (any entry dropped or replaced since invalidates it) and an fp8 call's (canonical)
-    accumulation dtype (None for other dtypes)."""
+    for (any entry dropped or replaced since invalidates it) and the ``accum_dtype`` it was bound
+    with (an fp8 call's kernel depends on it)."""
 
     lp: Any
     key: EntryKey
@@ -202,7 +202,7 @@ class Bound:
     op: str
     packet: str
     epoch: int
-    accum: Optional[str] = None
+    accum: Any = None
 
 
 @dataclass
