@@ -16,6 +16,7 @@ import numpy as np
 
 from mscclang.errors import VerificationError
 from mscclang.plan.dtypes import ACCUM_DTYPES, DTYPES, find_dtype, numpy_dtype_info
+from mscclang.plan.reference import fp8_sum_arrays
 
 #: every accepted spelling, for error messages
 _SPELLINGS = sorted({k for d in DTYPES for k in (d.name, d.numpy.name, *d.aliases)})
@@ -74,22 +75,6 @@ def _binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     raise VerificationError(f"unknown reduce op {op!r} (sum, min, max)")
 
 
-def accumulate_fp8(views: Sequence[np.ndarray], dt: np.dtype, accum: str) -> np.ndarray:
-    """The fp8 sum of ``views`` (arrays of ``dt``, at least two): each converted (exactly) to
-    ``accum`` (``float32`` or ``float16``), added in order in ``accum`` (each addition rounded to
-    it, to nearest even; float16 may overflow to infinity), the result rounded once to ``dt``: to
-    nearest even, values beyond the largest finite one (infinities too) to it with their sign,
-    NaN to NaN (ml_dtypes' own casts do not saturate, so the value is clamped first)."""
-    if accum not in ACCUM_DTYPES:
-        raise VerificationError(f"unknown accumulation dtype {accum!r} ({', '.join(ACCUM_DTYPES)})")
-    adt, m = np.dtype(accum), _ACCUMULATING[np.dtype(dt)]
-    with np.errstate(over="ignore", invalid="ignore"):
-        acc = views[0].astype(adt)
-        for v in views[1:]:
-            acc = (acc + v.astype(adt)).astype(adt)
-        return np.clip(acc, -m, m).astype(dt)
-
-
 def reduce_bytes(sources: Sequence[np.ndarray], dt: np.dtype, op: str, accum: Optional[str] = None) -> np.ndarray:
     """Reduce byte arrays (each holding elements of ``dt``) in order; returns a new byte array.
     ``accum``: the accumulation dtype of an fp8 reduction (default float32; fp8 runs the sum
@@ -108,7 +93,7 @@ def reduce_bytes(sources: Sequence[np.ndarray], dt: np.dtype, op: str, accum: Op
     if dt in _ACCUMULATING:
         if op != "sum":
             raise VerificationError(f"reduce op {op} is not defined on {dtype_name(dt)}; fp8 reduces with sum only")
-        out[: ne * isz] = accumulate_fp8(views, dt, accum or ACCUM_DTYPES[0]).view(np.uint8)
+        out[: ne * isz] = fp8_sum_arrays(views, dt, accum or ACCUM_DTYPES[0]).view(np.uint8)
         return out
     with np.errstate(over="ignore", invalid="ignore"):
         if dt in _NARROW_FLOATS:
