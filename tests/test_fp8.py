@@ -304,3 +304,14 @@ def test_fp8_through_a_real_gloo_fallback():
         assert res[r] is not None, f"rank {r} failed or hung"
         for got, coll in zip(res[r], ("allreduce", "reducescatter", "allgather", "alltoall")):
             assert _same(got, _want(coll, r, 40, tdt, dt, m, True)), (r, coll)
+
+
+@pytest.mark.parametrize("coll", ["allreduce", "reducescatter"])
+def test_the_collective_reference_saturates_like_the_simulator(coll):
+    """plan.reference (the definition the checks of ``mscclang run`` use): the one-shot rule."""
+    tdt, dt, m = FP8["float8_e4m3"]
+    name = "allreduce_oneshot_ll" if coll == "allreduce" else "reducescatter_ll"
+    results, _, _ = run_ranks(N, _body(coll, 66, tdt, m, None, True), plans=_plans([name]),
+                              tuning=_only(coll, name), engine="reference")
+    for r, got in enumerate(results):
+        assert _same(got, _want(coll, r, 66, tdt, dt, m, True)), r
