@@ -22,7 +22,7 @@ def _ok(results):
 
 
 def _numels(n: int) -> list[int]:
-    return [n * 7, n * 4099, n * 65541]
+    return [n * 7, n * 4099, n * 16411]
 
 
 @pytest.mark.parametrize("coll", ["all_reduce", "reduce_scatter", "all_gather", "all_to_all"])
