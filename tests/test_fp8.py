@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from mscclang.comm.fallback import fp8_sum
 from mscclang.comm.sim_ranks import catalog_of, run_ranks
 from mscclang.comm.tuning import tuning_from_dict
 from mscclang.errors import InvalidCall
@@ -89,18 +88,6 @@ def test_accumulation_dtype_changes_a_three_source_sum():
     vals = [np.array([x], np.float32).astype(dt) for x in (1024.0, 128.0, 0.5)]
     assert float(_reduce(vals, dt, "float32")[0]) == 1280.0
     assert float(_reduce(vals, dt, "float16")[0]) == 1024.0
-
-
-@pytest.mark.parametrize("name", FP8)
-@pytest.mark.parametrize("accum", ACCUMS)
-def test_torch_rule_of_the_fallback_equals_the_simulator(name, accum):
-    tdt, dt, m = FP8[name]
-    rng = np.random.default_rng(7)
-    vals = [_random_fp8(rng, 2048, dt, m / 3) for _ in range(4)]
-    want = _reduce(vals, dt, accum)
-    parts = torch.stack([torch.from_numpy(v.view(np.uint8).copy()).view(tdt) for v in vals])
-    got = fp8_sum(parts, accum, tdt).view(torch.uint8).numpy()
-    assert np.array_equal(got, want.view(np.uint8))
 
 
 def test_kernel_codes_and_reduction_codes():

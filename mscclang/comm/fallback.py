@@ -21,8 +21,11 @@ import logging
 import os
 from typing import Any, Optional
 
+import numpy as np
+
 from mscclang.comm.errors import CommError
 from mscclang.plan.dtypes import ACCUM_DTYPES, torch_dtype_info
+from mscclang.plan.reference import fp8_sum_arrays
 
 log = logging.getLogger("mscclang.comm")
 
@@ -320,35 +323,22 @@ class TorchFallback:
             self._ready = False
 
 
-def fp8_sum(parts: Any, accum: str, dtype: Any) -> Any:
-    """The fp8 sum of the rows of ``parts`` (a 2-D tensor of fp8 ``dtype``), as
-    docs/semantics.md defines one reduction op ("FP8 reductions"): the rows in order, converted
-    to ``accum`` (``float32`` or ``float16``) and added in it, the result rounded once to
-    ``dtype`` (to nearest even, saturating: torch's own cast does not, so it is clamped first)."""
-    import torch
-
-    info = torch_dtype_info(dtype)
-    adt = getattr(torch, accum)
-    acc = parts[0].to(adt)
-    for r in range(1, parts.shape[0]):
-        acc = acc + parts[r].to(adt)
-    return acc.clamp(-info.max_finite, info.max_finite).to(dtype)
-
-
 def _fp8_reduction(fb: Any, collective: str, inp: Any, out: Any, rank: int, world_size: int,
                    accum: str) -> None:
     """An fp8 all-reduce or reduce-scatter through torch, which cannot reduce fp8: every rank's
-    input is gathered (as bytes) and summed here in rank order (:func:`fp8_sum`), the one-shot
-    rule of docs/semantics.md."""
+    input is gathered (as bytes) and summed on the host in rank order by the definition
+    (:func:`mscclang.plan.reference.fp8_sum_arrays`: the one-shot rule of docs/semantics.md)."""
     import torch
 
     flat = inp.reshape(-1)
     gathered = torch.empty(world_size * flat.numel(), dtype=torch.uint8, device=flat.device)
     fb.all_gather(flat.view(torch.uint8), gathered)
-    total = fp8_sum(gathered.view(inp.dtype).view(world_size, -1), accum, inp.dtype)
+    dt = torch_dtype_info(inp.dtype).numpy  # type: ignore[union-attr]
+    rows = gathered.cpu().numpy().view(dt).reshape(world_size, -1)
+    total = fp8_sum_arrays(list(rows), dt, accum)
     if collective == "reducescatter":
-        total = total.view(world_size, -1)[rank]
-    out.reshape(-1).copy_(total.reshape(-1))
+        total = total.reshape(world_size, -1)[rank]
+    out.reshape(-1).copy_(torch.from_numpy(total.view(np.uint8).copy()).view(inp.dtype))
 
 
 def run_fallback(fb: Any, collective: str, inp: Any, out: Any, op: str, root: int, rank: int,
