@@ -48,13 +48,51 @@ __device__ __forceinline__ uint4 red16(uint4 a, uint4 b) {
   return a;
 }
 
-// one unit of V bytes (V = 4 or 2) at offset o
+// the reduction of a 16-byte vector over two or more sources (Red, word by word)
+template <int DT, int OP> struct Red16 {
+  typedef Red<DT, OP> R;
+  typename R::A w[4];
+  __device__ __forceinline__ void first(uint4 a, uint4 b) {
+    w[0] = R::first(a.x, b.x);
+    w[1] = R::first(a.y, b.y);
+    w[2] = R::first(a.z, b.z);
+    w[3] = R::first(a.w, b.w);
+  }
+  __device__ __forceinline__ void add(uint4 b) {
+    R::add(w[0], b.x);
+    R::add(w[1], b.y);
+    R::add(w[2], b.z);
+    R::add(w[3], b.w);
+  }
+  __device__ __forceinline__ uint4 out() const { return make_uint4(R::out(w[0]), R::out(w[1]), R::out(w[2]), R::out(w[3])); }
+};
+
+// the sources' word at offset o reduced in order (one source: its word as it is)
+template <int DT, int OP>
+__device__ __forceinline__ u32 reduce_word_at(u8* const* p, int ns, u64 o) {
+  typedef Red<DT, OP> R;
+  const u32 w0 = *(const u32*)(p[0] + o);
+  if (ns < 2) return w0;
+  typename R::A a = R::first(w0, *(const u32*)(p[1] + o));
+  for (int k = 2; k < ns; ++k) R::add(a, *(const u32*)(p[k] + o));
+  return R::out(a);
+}
+
+// one unit of V bytes (V = 4, 2 or 1) at offset o
 template <int DT, int OP, int V>
 __device__ __forceinline__ void plain_unit(u8* const* p, int ns, int nd, u64 o) {
   if (V == 4) {
-    u32 acc = *(const u32*)(p[0] + o);
-    for (int k = 1; k < ns; ++k) acc = red_word<DT, OP>(acc, *(const u32*)(p[k] + o));
+    const u32 acc = reduce_word_at<DT, OP>(p, ns, o);
     for (int k = 0; k < nd; ++k) *(u32*)(p[ns + k] + o) = acc;
+  } else if (V == 1) {  // one fp8 element, reduced in lane 0 of a word
+    typedef Red<DT, OP> R;
+    u32 acc = *(const u8*)(p[0] + o);
+    if (ns > 1) {
+      typename R::A a = R::first(acc, *(const u8*)(p[1] + o));
+      for (int k = 2; k < ns; ++k) R::add(a, *(const u8*)(p[k] + o));
+      acc = R::out(a);
+    }
+    for (int k = 0; k < nd; ++k) *(p[ns + k] + o) = (u8)acc;
   } else {  // V == 2: one 16-bit element
     u16 acc = *(const u16*)(p[0] + o);
     for (int k = 1; k < ns; ++k) acc = red_half<DT, OP>(acc, *(const u16*)(p[k] + o));
@@ -109,13 +147,23 @@ __device__ __forceinline__ void plain_vec16(u8* const* p, int ns, int nd, u64 lo
     const u8* s0 = p[0];
 #pragma unroll
     for (int j = 0; j < U; ++j) a[j] = *(const uint4*)(s0 + o + j * step);
-    for (int k = 1; k < ns; ++k) {
-      const u8* sk = p[k];
-      uint4 b[U];
+    if (ns > 1) {
+      Red16<DT, OP> acc[U];
+      for (int k = 1; k < ns; ++k) {
+        const u8* sk = p[k];
+        uint4 b[U];
 #pragma unroll
-      for (int j = 0; j < U; ++j) b[j] = *(const uint4*)(sk + o + j * step);
+        for (int j = 0; j < U; ++j) b[j] = *(const uint4*)(sk + o + j * step);
+        if (k == 1) {
 #pragma unroll
-      for (int j = 0; j < U; ++j) a[j] = red16<DT, OP>(a[j], b[j]);
+          for (int j = 0; j < U; ++j) acc[j].first(a[j], b[j]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < U; ++j) acc[j].add(b[j]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < U; ++j) a[j] = acc[j].out();
     }
     for (int k = 0; k < nd; ++k) {
       u8* d = p[ns + k];
@@ -125,7 +173,12 @@ __device__ __forceinline__ void plain_vec16(u8* const* p, int ns, int nd, u64 lo
   }
   for (; o < hi; o += step) {
     uint4 a = *(const uint4*)(p[0] + o);
-    for (int k = 1; k < ns; ++k) a = red16<DT, OP>(a, *(const uint4*)(p[k] + o));
+    if (ns > 1) {
+      Red16<DT, OP> acc;
+      acc.first(a, *(const uint4*)(p[1] + o));
+      for (int k = 2; k < ns; ++k) acc.add(*(const uint4*)(p[k] + o));
+      a = acc.out();
+    }
     for (int k = 0; k < nd; ++k) *(uint4*)(p[ns + k] + o) = a;
   }
 }
@@ -147,9 +200,9 @@ __device__ void plain_range(u8* const* p, int ns, int nd, u64 len) {
     if (head > len) head = len;
     u64 body = (len - head) & ~15ull;
     u64 tail0 = head + body;
-    if (ES == 2) {
-      for (u64 o = tid * 2ull; o < head; o += nt * 2ull) plain_unit<DT, OP, 2>(p, ns, nd, o);
-      for (u64 o = tail0 + tid * 2ull; o < len; o += nt * 2ull) plain_unit<DT, OP, 2>(p, ns, nd, o);
+    if (ES < 4) {  // 16-bit or 8-bit elements: element units in the head and the tail
+      for (u64 o = tid * ES; o < head; o += nt * ES) plain_unit<DT, OP, ES>(p, ns, nd, o);
+      for (u64 o = tail0 + tid * ES; o < len; o += nt * ES) plain_unit<DT, OP, ES>(p, ns, nd, o);
     } else {
       for (u64 o = tid * 4ull; o < head; o += nt * 4ull) plain_unit<DT, OP, 4>(p, ns, nd, o);
       for (u64 o = tail0 + tid * 4ull; o < len; o += nt * 4ull) plain_unit<DT, OP, 4>(p, ns, nd, o);
@@ -160,14 +213,15 @@ __device__ void plain_range(u8* const* p, int ns, int nd, u64 len) {
     if (head > len) head = len;
     u64 body = (len - head) & ~3ull;
     u64 tail0 = head + body;
-    if (ES == 2) {
-      for (u64 o = tid * 2ull; o < head; o += nt * 2ull) plain_unit<DT, OP, 2>(p, ns, nd, o);
-      for (u64 o = tail0 + tid * 2ull; o < len; o += nt * 2ull) plain_unit<DT, OP, 2>(p, ns, nd, o);
+    if (ES < 4) {
+      for (u64 o = tid * ES; o < head; o += nt * ES) plain_unit<DT, OP, ES>(p, ns, nd, o);
+      for (u64 o = tail0 + tid * ES; o < len; o += nt * ES) plain_unit<DT, OP, ES>(p, ns, nd, o);
     }
     for (u64 o = head + tid * 4ull; o < tail0; o += nt * 4ull) plain_unit<DT, OP, 4>(p, ns, nd, o);
   } else {
-    // only 16-bit types can be misaligned mod 4 (offsets are multiples of the element size)
-    for (u64 o = tid * 2ull; o < len; o += nt * 2ull) plain_unit<DT, OP, 2>(p, ns, nd, o);
+    // only 16-bit and 8-bit types can be misaligned mod 4 (offsets are multiples of the element
+    // size): element units
+    for (u64 o = tid * ES; o < len; o += nt * ES) plain_unit<DT, OP, (ES < 4 ? ES : 4)>(p, ns, nd, o);
   }
 }
 
@@ -195,7 +249,9 @@ __device__ __forceinline__ void plain_payload(const u8* a, u32 vb, u32* w) {
   }
 #pragma unroll
   for (u32 i = 0; i < W; ++i) w[i] = 0;
-  if (ES == 2) {
+  if (ES == 1) {
+    for (u32 b = 0; b < vb; ++b) w[b / 4] |= (u32)a[b] << ((b & 3u) * 8u);
+  } else if (ES == 2) {
     for (u32 b = 0; b < vb; b += 2) {
       u32 e = *(const u16*)(a + b);
       w[b / 4] |= e << ((b & 2u) * 8u);
@@ -218,6 +274,8 @@ __device__ __forceinline__ void plain_store_payload(u8* a, u32 vb, const u32* w)
 #pragma unroll
       for (u32 i = 0; i < W; ++i) ((u32*)a)[i] = w[i];
     }
+  } else if (ES == 1) {
+    for (u32 b = 0; b < vb; ++b) a[b] = (u8)(w[b / 4] >> ((b & 3u) * 8u));
   } else if (ES == 2) {
     for (u32 b = 0; b < vb; b += 2) *(u16*)(a + b) = (u16)(w[b / 4] >> ((b & 2u) * 8u));
   } else {
@@ -236,6 +294,7 @@ __device__ bool packet_range(const Ctx& c, int opi, u8* const* p, u32 pmask, int
   const u64 nunits = (len + P - 1) / P;
   for (u64 u0 = tid; u0 < nunits; u0 += (u64)U * nt) {
     u32 acc[U][W];
+    typename Red<DT, OP>::A wide[IsF8<DT>::value ? U : 1][IsF8<DT>::value ? W : 1];  // fp8 only
     u32 nb[U], vb[U];
 #pragma unroll
     for (int j = 0; j < U; ++j) {
@@ -294,11 +353,31 @@ __device__ bool packet_range(const Ctx& c, int opi, u8* const* p, u32 pmask, int
         for (int j = 0; j < U; ++j)
 #pragma unroll
           for (u32 i = 0; i < W; ++i) acc[j][i] = w[j][i];
+      } else if constexpr (IsF8<DT>::value) {  // accumulated wide, rounded once after the loop
+        if (k == 1) {
+#pragma unroll
+          for (int j = 0; j < U; ++j)
+#pragma unroll
+            for (u32 i = 0; i < W; ++i) wide[j][i] = Red<DT, OP>::first(acc[j][i], w[j][i]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < U; ++j)
+#pragma unroll
+            for (u32 i = 0; i < W; ++i) Red<DT, OP>::add(wide[j][i], w[j][i]);
+        }
       } else {
 #pragma unroll
         for (int j = 0; j < U; ++j)
 #pragma unroll
           for (u32 i = 0; i < W; ++i) acc[j][i] = red_word<DT, OP>(acc[j][i], w[j][i]);
+      }
+    }
+    if constexpr (IsF8<DT>::value) {
+      if (ns > 1) {
+#pragma unroll
+        for (int j = 0; j < U; ++j)
+#pragma unroll
+          for (u32 i = 0; i < W; ++i) acc[j][i] = Red<DT, OP>::out(wide[j][i]);
       }
     }
     for (int k = ns; k < ns + nd; ++k) {

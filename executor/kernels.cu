@@ -1,6 +1,7 @@
 // The interpreter kernel, specialised per dtype, packet type (LL8/LL16), reduce op and block-size
 // bound. Kernel names: mscclang_<dtype>_<ll8|ll16>_<sum|min|max>[_t512], all with the same
-// parameters:
+// parameters (fp8 dtypes carry their accumulation dtype, f8e4m3_a32 / f8e4m3_a16 ..., and have
+// the sum only: MSCCLANG_KERNELS_SUM_DT):
 //   (const u8* plan, u8* input, u8* output, u64 input_delta, u64 output_delta, u64 timeout_ns)
 // input_delta/output_delta: offsets of the user buffers inside their (symmetric) allocations, added
 // to peers' allocation bases for zero-copy references.
@@ -55,6 +56,14 @@
 #define MSCCLANG_KERNELS_DT(DTNAME, DT)          \
   MSCCLANG_KERNELS_NT(DTNAME, DT, , 1024)        \
   MSCCLANG_KERNELS_NT(DTNAME, DT, _t512, 512)
+
+#define MSCCLANG_KERNELS_SUM_NT(DTNAME, DT, SUFFIX, NT)                         \
+  MSCCLANG_KERNEL(mscclang_##DTNAME##_ll16_sum##SUFFIX, DT, 16, ROP_SUM, NT)         \
+  MSCCLANG_KERNEL(mscclang_##DTNAME##_ll8_sum##SUFFIX, DT, 8, ROP_SUM, NT)
+
+#define MSCCLANG_KERNELS_SUM_DT(DTNAME, DT)      \
+  MSCCLANG_KERNELS_SUM_NT(DTNAME, DT, , 1024)    \
+  MSCCLANG_KERNELS_SUM_NT(DTNAME, DT, _t512, 512)
 
 #ifndef MSCCLANG_ONLY_DTYPE
 MSCCLANG_KERNELS_DT(f16, DT_F16)

@@ -9,6 +9,11 @@
 #define DT_BF16 1
 #define DT_F32 2
 #define DT_I32 3
+// fp8, one code per accumulation dtype (float32 _A32, float16 _A16); sum only
+#define DT_F8E4M3_A32 4
+#define DT_F8E4M3_A16 5
+#define DT_F8E5M2_A32 6
+#define DT_F8E5M2_A16 7
 
 #define ROP_SUM 0
 #define ROP_MIN 1
@@ -92,7 +97,8 @@ template <> struct Packet<8> {
 
 // ------------------------------------------------------------------------------------------------
 // element-wise reduction: fp16/bf16 every step in fp32 rounded to nearest even, fp32 in fp32,
-// int32 wrapping, min/max exact.
+// int32 wrapping, min/max exact; fp8 (sum only) accumulated in fp32 or fp16 and rounded once per
+// op to fp8, saturating (docs/semantics.md, "FP8 reductions").
 __device__ __forceinline__ float h2f(u16 h) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -126,15 +132,117 @@ template <int DT, int OP> __device__ __forceinline__ u16 red_half(u16 a, u16 b) 
   if (DT == DT_F16) return f2h(fop<OP>(h2f(a), h2f(b)));
   return f2b(fop<OP>(b2f(a), b2f(b)));
 }
-// one 32-bit word holding whole elements
-template <int DT, int OP> __device__ __forceinline__ u32 red_word(u32 a, u32 b) {
-  if (DT == DT_F32) return __float_as_uint(fop<OP>(__uint_as_float(a), __uint_as_float(b)));
-  if (DT == DT_I32) return (u32)iop<OP>((i32)a, (i32)b);
-  u16 lo = red_half<DT, OP>((u16)(a & 0xffffu), (u16)(b & 0xffffu));
-  u16 hi = red_half<DT, OP>((u16)(a >> 16), (u16)(b >> 16));
-  return ((u32)hi << 16) | lo;
+
+template <int DT> struct IsF8 { static constexpr bool value = DT >= DT_F8E4M3_A32 && DT <= DT_F8E5M2_A16; };
+template <int DT> struct F8Kind {
+  static constexpr bool e5m2 = DT == DT_F8E5M2_A32 || DT == DT_F8E5M2_A16;
+  static constexpr bool acc16 = DT == DT_F8E4M3_A16 || DT == DT_F8E5M2_A16;
+};
+
+// fp8 pairs (element 0 in the low byte) <-> f16x2 / f32 (sm_89+ hardware conversions; fp8 to
+// f16 is exact, the way back rounds to nearest even and saturates: satfinite)
+template <bool E5> __device__ __forceinline__ u32 f8x2_to_h2(u16 v) {
+  u32 r;
+  if (E5)
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(r) : "h"(v));
+  else
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(v));
+  return r;
 }
-template <int DT> struct ElemSize { static constexpr u32 value = (DT == DT_F16 || DT == DT_BF16) ? 2 : 4; };
+template <bool E5> __device__ __forceinline__ u16 h2_to_f8x2(u32 h) {
+  u16 r;
+  if (E5)
+    asm("cvt.rn.satfinite.e5m2x2.f16x2 %0, %1;" : "=h"(r) : "r"(h));
+  else
+    asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(r) : "r"(h));
+  return r;
+}
+template <bool E5> __device__ __forceinline__ u16 f2_to_f8x2(float lo, float hi) {
+  u16 r;  // the first source operand lands in the high byte
+  if (E5)
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  else
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ u32 hadd2_rn(u32 a, u32 b) {
+  u32 r;
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+// The reduction of one 32-bit word of whole elements over two or more sources:
+// A a = first(src0, src1); add(a, src2) ...; out(a). Non-fp8 types keep the word itself (every
+// step rounds to the type); fp8 keeps the 4 elements in the accumulation dtype.
+template <int DT, int OP, bool F8 = IsF8<DT>::value, bool H = F8Kind<DT>::acc16> struct Red;
+template <int DT, int OP> struct Red<DT, OP, false, false> {
+  typedef u32 A;
+  __device__ static __forceinline__ u32 step(u32 a, u32 b) {
+    if (DT == DT_F32) return __float_as_uint(fop<OP>(__uint_as_float(a), __uint_as_float(b)));
+    if (DT == DT_I32) return (u32)iop<OP>((i32)a, (i32)b);
+    u16 lo = red_half<DT, OP>((u16)(a & 0xffffu), (u16)(b & 0xffffu));
+    u16 hi = red_half<DT, OP>((u16)(a >> 16), (u16)(b >> 16));
+    return ((u32)hi << 16) | lo;
+  }
+  __device__ static __forceinline__ A first(u32 a, u32 b) { return step(a, b); }
+  __device__ static __forceinline__ void add(A& a, u32 b) { a = step(a, b); }
+  __device__ static __forceinline__ u32 out(A a) { return a; }
+};
+template <int DT, int OP> struct Red<DT, OP, true, false> {  // fp8, fp32 accumulation
+  static_assert(OP == ROP_SUM, "fp8 reduces with sum only");
+  static constexpr bool E5 = F8Kind<DT>::e5m2;
+  struct A { float f[4]; };
+  __device__ static __forceinline__ void widen(u32 w, float* f) {
+    const u32 lo = f8x2_to_h2<E5>((u16)(w & 0xffffu)), hi = f8x2_to_h2<E5>((u16)(w >> 16));
+    f[0] = h2f((u16)(lo & 0xffffu));
+    f[1] = h2f((u16)(lo >> 16));
+    f[2] = h2f((u16)(hi & 0xffffu));
+    f[3] = h2f((u16)(hi >> 16));
+  }
+  __device__ static __forceinline__ void add(A& a, u32 b) {
+    float f[4];
+    widen(b, f);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.f[i] = __fadd_rn(a.f[i], f[i]);
+  }
+  __device__ static __forceinline__ A first(u32 a, u32 b) {
+    A r;
+    widen(a, r.f);
+    add(r, b);
+    return r;
+  }
+  __device__ static __forceinline__ u32 out(const A& a) {
+    return (u32)f2_to_f8x2<E5>(a.f[0], a.f[1]) | ((u32)f2_to_f8x2<E5>(a.f[2], a.f[3]) << 16);
+  }
+};
+template <int DT, int OP> struct Red<DT, OP, true, true> {  // fp8, fp16 accumulation
+  static_assert(OP == ROP_SUM, "fp8 reduces with sum only");
+  static constexpr bool E5 = F8Kind<DT>::e5m2;
+  struct A { u32 h[2]; };
+  __device__ static __forceinline__ void add(A& a, u32 b) {
+    a.h[0] = hadd2_rn(a.h[0], f8x2_to_h2<E5>((u16)(b & 0xffffu)));
+    a.h[1] = hadd2_rn(a.h[1], f8x2_to_h2<E5>((u16)(b >> 16)));
+  }
+  __device__ static __forceinline__ A first(u32 a, u32 b) {
+    A r;
+    r.h[0] = f8x2_to_h2<E5>((u16)(a & 0xffffu));
+    r.h[1] = f8x2_to_h2<E5>((u16)(a >> 16));
+    add(r, b);
+    return r;
+  }
+  __device__ static __forceinline__ u32 out(const A& a) {
+    return (u32)h2_to_f8x2<E5>(a.h[0]) | ((u32)h2_to_f8x2<E5>(a.h[1]) << 16);
+  }
+};
+
+// one 32-bit word holding whole elements, two sources
+template <int DT, int OP> __device__ __forceinline__ u32 red_word(u32 a, u32 b) {
+  typedef Red<DT, OP> R;
+  return R::out(R::first(a, b));
+}
+template <int DT> struct ElemSize {
+  static constexpr u32 value = (DT == DT_F16 || DT == DT_BF16) ? 2 : IsF8<DT>::value ? 1 : 4;
+};
 
 // ------------------------------------------------------------------------------------------------
 // execution context of one block (lives in shared memory: one copy per block, read by every

@@ -18,20 +18,49 @@
 #pragma once
 #include "interpreter.cuh"
 
-// plain units of V bytes: 16 (uint4), 4 (one word of whole elements) or 2 (one 16-bit element)
+// plain units of V bytes: 16 (uint4), 4 (one word of whole elements), 2 (one 16-bit element) or
+// 1 (one fp8 element)
 template <int V> struct SpUnit;
-template <> struct SpUnit<16> {
-  typedef uint4 T;
-  template <int DT, int OP> __device__ static __forceinline__ T red(T a, T b) { return red16<DT, OP>(a, b); }
-};
-template <> struct SpUnit<4> {
-  typedef u32 T;
-  template <int DT, int OP> __device__ static __forceinline__ T red(T a, T b) { return red_word<DT, OP>(a, b); }
-};
-template <> struct SpUnit<2> {
-  typedef u16 T;
-  template <int DT, int OP> __device__ static __forceinline__ T red(T a, T b) { return red_half<DT, OP>(a, b); }
-};
+template <> struct SpUnit<16> { typedef uint4 T; };
+template <> struct SpUnit<4> { typedef u32 T; };
+template <> struct SpUnit<2> { typedef u16 T; };
+template <> struct SpUnit<1> { typedef u8 T; };
+
+// x[0..NS) reduced in order (the interpreter's Red: fp8 accumulates wide and rounds once)
+template <int DT, int OP, int NS> __device__ __forceinline__ uint4 sp_red(const uint4* x) {
+  if constexpr (NS == 1) {
+    return x[0];
+  } else {
+    Red16<DT, OP> a;
+    a.first(x[0], x[1]);
+#pragma unroll
+    for (int k = 2; k < NS; ++k) a.add(x[k]);
+    return a.out();
+  }
+}
+template <int DT, int OP, int NS> __device__ __forceinline__ u32 sp_red(const u32* x) {
+  if constexpr (NS == 1) {
+    return x[0];
+  } else {
+    typedef Red<DT, OP> R;
+    typename R::A a = R::first(x[0], x[1]);
+#pragma unroll
+    for (int k = 2; k < NS; ++k) R::add(a, x[k]);
+    return R::out(a);
+  }
+}
+template <int DT, int OP, int NS> __device__ __forceinline__ u16 sp_red(const u16* x) {
+  u16 a = x[0];
+#pragma unroll
+  for (int k = 1; k < NS; ++k) a = red_half<DT, OP>(a, x[k]);
+  return a;
+}
+template <int DT, int OP, int NS> __device__ __forceinline__ u8 sp_red(const u8* x) {
+  u32 w[NS];
+#pragma unroll
+  for (int k = 0; k < NS; ++k) w[k] = x[k];
+  return (u8)sp_red<DT, OP, NS>((const u32*)w);
+}
 
 // Loads a plain unit. GATE: through volatile asm, so the compiler cannot sink the load below the
 // abort check that follows it (the load must be in flight while the abort word arrives).
@@ -40,6 +69,12 @@ template <> __device__ __forceinline__ uint4 sp_ld<false, uint4>(const uint4* a)
 template <> __device__ __forceinline__ u32 sp_ld<false, u32>(const u32* a) { return *a; }
 template <> __device__ __forceinline__ u16 sp_ld<false, u16>(const u16* a) { return *a; }
 template <> __device__ __forceinline__ uint2 sp_ld<false, uint2>(const uint2* a) { return *a; }
+template <> __device__ __forceinline__ u8 sp_ld<false, u8>(const u8* a) { return *a; }
+template <> __device__ __forceinline__ u8 sp_ld<true, u8>(const u8* a) {
+  u16 v;
+  asm volatile("ld.global.u8 %0, [%1];" : "=h"(v) : "l"(a));
+  return (u8)v;
+}
 template <> __device__ __forceinline__ uint4 sp_ld<true, uint4>(const uint4* a) {
   uint4 v;
   asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(a));
@@ -76,9 +111,12 @@ __device__ __forceinline__ bool sp_plain_round(u8* const* p, u32 stop, u32 u0) {
     }
   if (GATE && stop) return false;
 #pragma unroll
-  for (int k = 1; k < NS; ++k)
+  for (int j = 0; j < U; ++j) {
+    T x[NS];
 #pragma unroll
-    for (int j = 0; j < U; ++j) v[0][j] = SU::template red<DT, OP>(v[0][j], v[k][j]);
+    for (int k = 0; k < NS; ++k) x[k] = v[k][j];
+    v[0][j] = sp_red<DT, OP, NS>(x);
+  }
 #pragma unroll
   for (int k = 0; k < ND; ++k)
 #pragma unroll
@@ -169,11 +207,14 @@ __device__ __forceinline__ bool sp_packets_round(const C& c, int opi, u8* const*
     }
   }
 #pragma unroll
-  for (int k = 1; k < NS; ++k)
+  for (int j = 0; j < U; ++j)
 #pragma unroll
-    for (int j = 0; j < U; ++j)
+    for (u32 i = 0; i < W; ++i) {
+      u32 x[NS];
 #pragma unroll
-      for (u32 i = 0; i < W; ++i) w[0][j][i] = red_word<DT, OP>(w[0][j][i], w[k][j][i]);
+      for (int k = 0; k < NS; ++k) x[k] = w[k][j][i];
+      w[0][j][i] = sp_red<DT, OP, NS>(x);
+    }
 #pragma unroll
   for (int k = 0; k < ND; ++k)
 #pragma unroll
@@ -239,9 +280,12 @@ __device__ __forceinline__ bool sp_packets_generic(const C& c, int opi, u8* cons
       }
     }
 #pragma unroll
-    for (int k = 1; k < NS; ++k)
+    for (u32 i = 0; i < W; ++i) {
+      u32 x[NS];
 #pragma unroll
-      for (u32 i = 0; i < W; ++i) w[0][i] = red_word<DT, OP>(w[0][i], w[k][i]);
+      for (int k = 0; k < NS; ++k) x[k] = w[k][i];
+      w[0][i] = sp_red<DT, OP, NS>(x);
+    }
 #pragma unroll
     for (int k = 0; k < ND; ++k) {
       if (PMASK >> (NS + k) & 1u)

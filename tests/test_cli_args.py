@@ -66,9 +66,10 @@ def test_dtype_names_and_aliases():
         assert parse_dtype(alias, GPU_DTYPES) == canon
     with pytest.raises(ValueError, match="float16 \\(fp16"):
         parse_dtype("fp64", GPU_DTYPES)
-    with pytest.raises(ValueError, match="unknown dtype 'fp8_e4m3'"):
-        parse_dtype("fp8_e4m3", GPU_DTYPES)  # the simulator's, not the GPU's
-    assert parse_dtype("fp8_e4m3", SIM_DTYPES) == "float8_e4m3"
+    assert parse_dtype("fp8_e4m3", GPU_DTYPES) == "float8_e4m3" == parse_dtype("e4m3", SIM_DTYPES)
+    with pytest.raises(ValueError, match="unknown dtype 'u8'"):
+        parse_dtype("u8", GPU_DTYPES)  # the simulator's, not the GPU's
+    assert parse_dtype("u8", SIM_DTYPES) == "uint8"
 
 
 def test_every_dtype_name_is_one_the_simulator_and_the_communicator_accept():

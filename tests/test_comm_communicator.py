@@ -483,8 +483,8 @@ def test_a_memo_hit_launches_what_the_engine_bound():
         seen = []
         real_execute = be.execute
         be.execute = lambda *a, **k: seen.append("execute") or real_execute(*a, **k)
-        be.bind = lambda plan, a, b, reduce_op="sum", packet_type=None: seen.append("bind") or SimpleNamespace(
-            op=reduce_op)
+        be.bind = lambda plan, a, b, reduce_op="sum", packet_type=None, accum_dtype=None: seen.append("bind") or \
+            SimpleNamespace(op=reduce_op, accum=accum_dtype)
         answers = iter([True, False])
         be.launch_bound = lambda bound: seen.append("bound") or next(answers)
         x = torch.arange(8, dtype=torch.float32)

@@ -17,8 +17,10 @@ from mscclang.plan import dtypes as pd
 
 def test_table_facts():
     by_name = {d.name: d for d in pd.DTYPES}
-    assert pd.GPU_DTYPES == ("float16", "bfloat16", "float32", "int32")
-    assert [by_name[n].code for n in pd.GPU_DTYPES] == ["f16", "bf16", "f32", "i32"]
+    assert pd.GPU_DTYPES == ("float16", "bfloat16", "float32", "int32", "float8_e4m3", "float8_e5m2")
+    assert [by_name[n].code for n in pd.GPU_DTYPES] == ["f16", "bf16", "f32", "i32", "f8e4m3", "f8e5m2"]
+    assert pd.KERNEL_CODES == ("f16", "bf16", "f32", "i32", "f8e4m3_a32", "f8e4m3_a16", "f8e5m2_a32", "f8e5m2_a16")
+    assert [d.name for d in pd.DTYPES if d.accumulates] == ["float8_e4m3", "float8_e5m2"]
     assert by_name["bfloat16"].numpy == np.dtype(ml_dtypes.bfloat16)
     assert by_name["float8_e4m3"].numpy == np.dtype(ml_dtypes.float8_e4m3fn)
     for d in pd.DTYPES:
@@ -40,10 +42,12 @@ def test_table_facts():
 def test_torch_codes_both_ways():
     import torch
 
-    assert [pd.torch_dtype_code(getattr(torch, n)) for n in pd.GPU_DTYPES] == ["f16", "bf16", "f32", "i32"]
+    assert [pd.torch_dtype_code(pd.torch_dtype(n)) for n in pd.GPU_DTYPES] == \
+        ["f16", "bf16", "f32", "i32", "f8e4m3", "f8e5m2"]
     assert pd.torch_dtype("bf16") is torch.bfloat16 and pd.torch_dtype("fp8_e5m2") is torch.float8_e5m2
     for bad in (torch.float64, torch.uint8, "float16"):
-        with pytest.raises(InvalidCall, match=r"is not supported; use float16, bfloat16, float32 or int32"):
+        with pytest.raises(InvalidCall, match=r"is not supported; use float16, bfloat16, float32, int32, "
+                                              r"float8_e4m3 or float8_e5m2"):
             pd.torch_dtype_code(bad)
     assert pd.torch_dtype_info(torch.float8_e4m3fn).name == "float8_e4m3"
 
@@ -61,8 +65,10 @@ def test_views_derive_from_the_table():
 
     assert args.GPU_DTYPES == names.DTYPES == pd.GPU_DTYPES
     assert args.SIM_DTYPES == pd.SIM_DTYPES
-    assert args.BUILD_DTYPE == {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "int32": "i32"}
-    assert names.DTYPE_SIZES == {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4}
+    assert args.BUILD_DTYPE == {"float16": ("f16",), "bfloat16": ("bf16",), "float32": ("f32",), "int32": ("i32",),
+                                "float8_e4m3": ("f8e4m3_a32", "f8e4m3_a16"), "float8_e5m2": ("f8e5m2_a32", "f8e5m2_a16")}
+    assert names.DTYPE_SIZES == {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "float8_e4m3": 1,
+                                 "float8_e5m2": 1}
     for d in pd.DTYPES:
         assert parse_dtype(d.name) == d.numpy and dtype_name(d.numpy) == d.name
 

@@ -36,7 +36,7 @@ class SimExecutor:
     def set_specialize(self, mode: str) -> None:
         self.policy = mode
 
-    def execute(self, plan, inp, out, packet_type=None, reduce_op="sum") -> None:
+    def execute(self, plan, inp, out, packet_type=None, reduce_op="sum", accum_dtype=None) -> None:
         b = self.backend
         if infer_buffer_mode(plan) == SYMMETRIC and not (b.is_symmetric(inp) and b.is_symmetric(out)):
             # like the GPU executor: zero-copy plans on plain tensors run through staging buffers
@@ -51,10 +51,10 @@ class SimExecutor:
                 si = so[k:k + inp.numel()]
             else:
                 si.copy_(inp)
-            b.execute(plan, si, so, reduce_op=reduce_op, packet_type=packet_type)
+            b.execute(plan, si, so, reduce_op=reduce_op, packet_type=packet_type, accum_dtype=accum_dtype)
             out.copy_(so)
         else:
-            b.execute(plan, inp, out, reduce_op=reduce_op, packet_type=packet_type)
+            b.execute(plan, inp, out, reduce_op=reduce_op, packet_type=packet_type, accum_dtype=accum_dtype)
         if self.corrupt is not None:
             self.corrupt(out)
         self.last_kernel = {"always": "spec", "never": "interpreter"}.get(self.policy, "sim")

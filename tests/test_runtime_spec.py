@@ -271,6 +271,8 @@ REPRESENTATIVE = [
     ("allreduce_twostep_ll", 3000, "bf16", "ll16", "min"),
     ("allreduce_scratch_simple", 8192 + 64, "f32", "ll16", "sum"),   # signal/wait, plain reduce
     ("allgather_pipeline", 5000, "f16", "ll16", "sum"),              # pipeline, semaphore, barrier
+    ("allreduce_twostep_ll", 3001, "f8e4m3_a16", "ll16", "sum"),     # fp8, fp16 accumulation, odd bytes
+    ("allreduce_scratch_simple", 8192 + 67, "f8e5m2_a32", "ll8", "sum"),  # fp8 plain reduce, 1-byte units
 ]
 
 

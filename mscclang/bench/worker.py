@@ -25,14 +25,14 @@ from mscclang.bench.results import ORDINARY, Record
 from mscclang.bench.sizes import format_size
 from mscclang.comm.names import busbw_factor
 from mscclang.config import settings
-from mscclang.plan.dtypes import torch_dtype
+from mscclang.plan.dtypes import DTYPES, torch_dtype
 
 MiB = 1 << 20
 #: the fused case's collective name (mscclang.bench.fused, which imports this module)
 FUSED = "all_reduce_add_rms_norm"
 _T = TypeVar("_T")
 #: unit roundoff per dtype (for the reduction error bound)
-_UNIT = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float32": 2.0 ** -24, "int32": 0.0}
+_UNIT = {d.name: d.unit_roundoff for d in DTYPES if d.gpu}
 
 
 @dataclass
@@ -418,7 +418,7 @@ class BenchWorker:
 
         n, r, dt, dev = self.world, self.rank, self.dtype, self.device
         out = cell.out.reshape(-1)
-        if dt.is_floating_point and not bool(torch.isfinite(out).all()):
+        if dt.is_floating_point and not bool(torch.isfinite(out.float() if out.element_size() == 1 else out).all()):
             return False, "non-finite values in the output (unwritten or wrong)"
         from mscclang.comm.names import plan_collective
         from mscclang.plan.reference import output_blocks
@@ -449,6 +449,8 @@ class BenchWorker:
                 continue
             (p,) = blk.sources  # copies must be exact
             want = gen_input(seed, p, cell.numel_in, dt, dev)[lo:hi]
+            if out.element_size() == 1:   # fp8: torch compares no fp8 tensors; their bytes then
+                got, want = got.view(torch.uint8), want.view(torch.uint8)
             if not torch.equal(got, want):
                 nbad = int((got != want).sum())
                 return False, f"block from rank {p}: {nbad} of {got.numel()} elements differ"

@@ -39,7 +39,7 @@ import argparse
 import functools
 from typing import Callable, Optional, Sequence
 
-from mscclang.plan.dtypes import DTYPE_ALIASES, DTYPES, GPU_DTYPES, SIM_DTYPES, find_dtype
+from mscclang.plan.dtypes import DTYPE_ALIASES, DTYPES, GPU_DTYPES, SIM_DTYPES, find_dtype, kernel_codes
 
 __all__ = [
     "SIZE_FORMS", "SIZES_FORMS", "GPU_DTYPES", "SIM_DTYPES", "DTYPE_ALIASES", "BUILD_DTYPE",
@@ -54,8 +54,9 @@ SIZE_FORMS = "a positive byte count with an optional K, M, G or T suffix (4096, 
 SIZES_FORMS = (SIZE_FORMS + ", a comma list of them (1K,64K), or a range LO:HI in x4 steps (1K:4M) "
                "or LO:HI:FACTOR (1K:4M:2)")
 
-#: canonical dtype name -> the short name of its kernel module (``mscclang build-kernel``)
-BUILD_DTYPE: dict[str, str] = {d.name: d.code for d in DTYPES if d.gpu}
+#: canonical dtype name -> the codes of its kernel modules (``mscclang build-kernel``; fp8: one
+#: per accumulation dtype)
+BUILD_DTYPE: dict[str, tuple[str, ...]] = {d.name: kernel_codes(d) for d in DTYPES if d.gpu}
 
 #: most schedules per size ``mscclang verify --schedules`` takes (each is a whole simulated run)
 MAX_SCHEDULES = 1000

@@ -24,6 +24,7 @@ from typing import Optional
 from mscclang.cli.args import (BUILD_DTYPE, GPU_DTYPES, add_output_option, add_progress_flag, add_sizes_option,
                                dtype_arg, int_range_arg)
 from mscclang.errors import MscclangError, RuntimeUnavailable
+from mscclang.plan.dtypes import kernel_dtype
 
 _ARCH = re.compile(r"^(?:sm_|compute_)?(\d{2,3})([af]?)$")
 
@@ -32,8 +33,8 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
     p = sub.add_parser("build-kernel", help="compile all interpreter-kernel variants with NVRTC (no GPU needed)")
     p.add_argument("--arch", default="sm_90", help="target arch, e.g. sm_90 (default), sm_90a, sm_100")
     p.add_argument("--dtype", action="append", type=dtype_arg(GPU_DTYPES),
-                   help="only these dtypes (repeatable; float16/f16, bfloat16/bf16, float32/f32, int32/i32; "
-                        "default all)")
+                   help="only these dtypes (repeatable; float16/f16, bfloat16/bf16, float32/f32, int32/i32, "
+                        "fp8_e4m3, fp8_e5m2 (one module per accumulation dtype, sm_89 or newer); default all)")
     add_output_option(p, metavar="DIR", help="also copy the cubins here, named for MSCCLANG_CUBIN_DIR")
     p.add_argument("--no-cache", action="store_true", help="ignore the disk cache")
     p.add_argument("--jobs", type=int_range_arg(1, 256), default=1, help="parallel compiler processes")
@@ -105,7 +106,7 @@ def prebuild_plans(args: argparse.Namespace, arch: str) -> int:
                                  f"{', '.join(sorted(SAMPLES))}")
     plans = [load_plan(Path(f).read_text()) for f in args.plan]
     plans += [load_plan(plan_to_json(SAMPLES[n](args.ranks))) for n in args.sample]
-    dtypes = [BUILD_DTYPE[d] for d in dict.fromkeys(args.dtype or ["bfloat16"])]
+    dtypes = [c for d in dict.fromkeys(args.dtype or ["bfloat16"]) for c in BUILD_DTYPE[d]]
     for plan in plans:
         sizes = []
         for n in args.sizes or [1024]:
@@ -131,7 +132,13 @@ def run(args: argparse.Namespace) -> int:
     if args.plan or args.sample:
         return prebuild_plans(args, arch)
     t0 = time.time()
-    dtypes = [BUILD_DTYPE[d] for d in dict.fromkeys(args.dtype or GPU_DTYPES)]
+    dtypes = [c for d in dict.fromkeys(args.dtype or GPU_DTYPES) for c in BUILD_DTYPE[d]]
+    if int(re.sub(r"\D", "", arch)) < build.FP8_MIN_ARCH:
+        fp8 = [c for c in dtypes if kernel_dtype(c).accumulates]
+        if args.dtype and fp8:
+            raise RuntimeUnavailable(f"--arch {arch}: the fp8 kernels need sm_{build.FP8_MIN_ARCH} or newer "
+                                     "(hardware fp8 conversions)")
+        dtypes = [c for c in dtypes if c not in fp8]
     mods = []
     with Progress(1 + len(dtypes), f"build kernels for {arch}", unit="module", enabled=args.progress) as bar:
         bar.set_note("layout checks")
@@ -167,6 +174,6 @@ def run(args: argparse.Namespace) -> int:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(m.path, out / build.prebuilt_name(m.dtype, arch))
-    n = len(mods) * len(build.PACKET_TYPES) * len(build.REDUCE_OPS)
+    n = sum(build.module_kernels(m.dtype) for m in mods)
     print(f"{n} kernels for {arch} with NVRTC {maj}.{mnr} in {time.time() - t0:.1f}s")
     return 0

@@ -28,9 +28,11 @@ class Backend:
     store: Any = None
 
     def execute(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
-                packet_type: Optional[str] = None) -> None:
+                packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> None:
         """Run ``plan`` on this rank with ``inp``/``out`` (torch tensors; the same tensor for an
-        in-place plan whose input aliases the start of the output, or views into one buffer)."""
+        in-place plan whose input aliases the start of the output, or views into one buffer).
+        ``accum_dtype``: the canonical accumulation dtype of an fp8 reduction (``float32``,
+        ``float16``; None for other dtypes)."""
         raise NotImplementedError
 
     def execute_fused(self, plan: Plan, inp: Any, out: Any, residual: Any, weight: Any, *,
@@ -42,12 +44,12 @@ class Backend:
         return False
 
     def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
-                reduce_op: Optional[str] = None) -> None:
+                reduce_op: Optional[str] = None, accum_dtype: Optional[str] = None) -> None:
         """Do every setup step of ``execute`` (registration, device plan) without launching, so a
         later launch may be captured in a CUDA graph. Default: nothing to do."""
 
     def bind(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
-             packet_type: Optional[str] = None) -> Any:
+             packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> Any:
         """Resolve a call once for repeated launches on these same tensors (:meth:`launch_bound`),
         or None when the engine must resolve it at every call. Default: None."""
         return None
@@ -61,7 +63,7 @@ class Backend:
     traces: bool = False
 
     def execute_traced(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
-                       packet_type: Optional[str] = None) -> Any:
+                       packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> Any:
         """:meth:`execute` through a traced kernel, waited for: this rank's
         :class:`~mscclang.runtime.trace.RankTrace`. Default: RuntimeUnavailable."""
         raise RuntimeUnavailable(f"rank {self.rank}: this engine has no traced kernels")
@@ -248,8 +250,8 @@ class RuntimeBackend(Backend):
         self._runnable: dict[int, tuple] = {}   # id(plan) -> (plan, reason or None)
 
     def execute(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
-                packet_type: Optional[str] = None) -> None:
-        self.executor.execute(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
+                packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> None:
+        self.executor.execute(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op, accum_dtype=accum_dtype)
 
     def execute_fused(self, plan: Plan, inp: Any, out: Any, residual: Any, weight: Any, *,
                       hidden: int, eps: float, scale: Optional[float] = None, fp8: Any = None) -> bool:
@@ -267,12 +269,13 @@ class RuntimeBackend(Backend):
         return True
 
     def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
-                reduce_op: Optional[str] = None) -> None:
-        self.executor.prepare(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
+                reduce_op: Optional[str] = None, accum_dtype: Optional[str] = None) -> None:
+        self.executor.prepare(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op, accum_dtype=accum_dtype)
 
     def bind(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
-             packet_type: Optional[str] = None) -> Any:
-        return self.executor.bind(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
+             packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> Any:
+        return self.executor.bind(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op,
+                                  accum_dtype=accum_dtype)
 
     def launch_bound(self, bound: Any) -> bool:
         return self.executor.launch_bound(bound)
@@ -280,8 +283,9 @@ class RuntimeBackend(Backend):
     traces = True
 
     def execute_traced(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
-                       packet_type: Optional[str] = None) -> Any:
-        return self.executor.execute_traced(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
+                       packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> Any:
+        return self.executor.execute_traced(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op,
+                                            accum_dtype=accum_dtype)
 
     def empty(self, numel: int, dtype: Any) -> Any:
         return self.executor.comm.alloc(numel, dtype)

@@ -25,6 +25,7 @@ from mscclang.comm.selector import Choice, Selector
 from mscclang.comm.tracing import CallTrace, TracedCall, Tracing, check_traceable
 from mscclang.comm.tuning import DEFAULT_TUNING_FILE, TuningTable, load_tuning
 from mscclang.config import settings
+from mscclang.plan.dtypes import check_reduction, dtype_info, torch_dtype_info
 
 log = logging.getLogger("mscclang.comm")
 
@@ -199,10 +200,18 @@ class Communicator:
         return self.backend is not None and self.backend.is_symmetric(tensor)
 
     # ------------------------------------------------------------------ collectives
-    def all_reduce(self, tensor: Any, op: Any = "sum", out: Any = None) -> Any:
-        """Reduce ``tensor`` over all ranks; in place unless ``out`` is given. Returns the result."""
+    def all_reduce(self, tensor: Any, op: Any = "sum", out: Any = None, accum_dtype: Any = None) -> Any:
+        """Reduce ``tensor`` over all ranks; in place unless ``out`` is given. Returns the result.
+
+        fp8 tensors (``torch.float8_e4m3fn``, ``torch.float8_e5m2``) reduce with ``sum`` only, in
+        the accumulation dtype ``accum_dtype``: ``torch.float32`` (the default) or
+        ``torch.float16`` (or their names); each reduction step of the plan rounds its result
+        once to fp8, to nearest even, saturating at the largest finite value (docs/semantics.md,
+        "FP8 reductions"). ``accum_dtype`` with any other dtype, an fp8 ``min``/``max``, or another
+        accumulation dtype raise :class:`~mscclang.errors.InvalidCall` naming it."""
         out = tensor if out is None else out
-        return self._call("allreduce", tensor, out, reduce_op_name(op))
+        rop = reduce_op_name(op)
+        return self._call("allreduce", tensor, out, rop, accum=self._accum(tensor, rop, accum_dtype))
 
     def all_reduce_add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6,
                                 out: Any = None, fp8_scale: Any = None) -> Any:
@@ -230,16 +239,19 @@ class Communicator:
             out = self._new(tensor, tensor.numel() * self.world_size)
         return self._call("allgather", tensor, out, "sum")
 
-    def reduce_scatter(self, tensor: Any, op: Any = "sum", out: Any = None) -> Any:
+    def reduce_scatter(self, tensor: Any, op: Any = "sum", out: Any = None, accum_dtype: Any = None) -> Any:
         """Reduce ``tensor`` over all ranks and keep this rank's block (``numel / world_size``
-        elements). In place when ``out`` is ``tensor``'s block of this rank."""
+        elements). In place when ``out`` is ``tensor``'s block of this rank. fp8 and
+        ``accum_dtype``: as for :meth:`all_reduce`."""
+        rop = reduce_op_name(op)
+        accum = self._accum(tensor, rop, accum_dtype)
         if out is None:
             n = self.world_size
             if tensor.numel() % n:
                 raise CommError(f"reduce_scatter needs an element count divisible by the world "
                                 f"size {n}, got {tensor.numel()}")
             out = self._new(tensor, tensor.numel() // n)
-        return self._call("reducescatter", tensor, out, reduce_op_name(op))
+        return self._call("reducescatter", tensor, out, rop, accum=accum)
 
     def all_to_all(self, tensor: Any, out: Any = None) -> Any:
         """Block ``j`` of rank ``i``'s input goes to block ``i`` of rank ``j``'s output; in place
@@ -278,11 +290,14 @@ class Communicator:
         return tensor
 
     def prepare(self, collective: str, tensor: Any, out: Any = None, op: Any = "sum",
-                root: int = 0) -> CallPlan:
+                root: int = 0, accum_dtype: Any = None) -> CallPlan:
         """Do a call's setup (selection, registration of ordinary tensors a zero-copy plan would
         run on, staging buffers, device plan, kernel) without running it, so the call may then be
-        captured in a CUDA graph. Same arguments as the collective. Collective."""
+        captured in a CUDA graph. Same arguments as the collective (``accum_dtype``: the fp8
+        reductions'; the kernel depends on it). Collective."""
         coll = plan_collective(collective)
+        accum = self._accum(tensor, reduce_op_name(op), accum_dtype) if coll in ("allreduce", "reducescatter") \
+            else None
         if out is None:
             if coll == "allgather":
                 out = self._new(tensor, tensor.numel() * self.world_size)
@@ -310,7 +325,7 @@ class Communicator:
         if cp.mode != "nccl" and self.backend is not None and cp.plan is not None:
             pt = cp.choice.packet_type if cp.choice else None
             a, b = self.planner.operands(cp, tensor, out)
-            self.backend.prepare(cp.plan, a, b, packet_type=pt, reduce_op=reduce_op_name(op))
+            self.backend.prepare(cp.plan, a, b, packet_type=pt, reduce_op=reduce_op_name(op), accum_dtype=accum)
         return cp
 
     def register(self, *tensors: Any) -> list[bool]:
@@ -474,13 +489,21 @@ class Communicator:
         if not 0 <= peer < self.world_size or peer == self.rank:
             raise CommError(f"rank {self.rank}: peer {peer} is not another rank of {self.world_size}")
 
-    def _launch(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int) -> None:
+    def _accum(self, tensor: Any, op: str, accum_dtype: Any) -> Optional[str]:
+        """The canonical accumulation dtype of a reduction of ``tensor`` (None: not fp8), after
+        checking the dtype, the op and ``accum_dtype`` (InvalidCall naming what is wrong)."""
+        info = torch_dtype_info(getattr(tensor, "dtype", None))
+        if accum_dtype is None and (info is None or not info.accumulates):
+            return None   # not fp8 (or not a tensor: the call's own checks say so)
+        return check_reduction(dtype_info(dtype_name(tensor.dtype)), op, accum_dtype)
+
+    def _launch(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int, accum: Optional[str] = None) -> None:
         if cp.mode == "nccl":
             if self._tracer is not None:
                 self._tracer.skipped.append(f"{cp.collective} (torch.distributed fallback)")
             if self.backend is not None:
                 self.backend.check()   # a pending abort of the runtime surfaces at any call
-            self._run_fallback(cp, inp, out, op, root)
+            self._run_fallback(cp, inp, out, op, root, accum)
             return
         assert self.backend is not None and cp.plan is not None and cp.choice is not None
         pt = cp.choice.packet_type
@@ -495,16 +518,16 @@ class Communicator:
             a.view(cp.shape.in_blocks, kp)[:, :k].copy_(inp.view(cp.shape.in_blocks, k))
         bound = cp.bound
         if self._tracer is not None:
-            rt = self.backend.execute_traced(cp.plan, a, b, reduce_op=op, packet_type=pt)
+            rt = self.backend.execute_traced(cp.plan, a, b, reduce_op=op, packet_type=pt, accum_dtype=accum)
             self._tracer.calls.append(TracedCall(cp.plan.collective, cp.plan.name, inp.numel() * inp.element_size(), rt))
-        elif bound is None or bound.op != op or not self.backend.launch_bound(bound):
-            self.backend.execute(cp.plan, a, b, reduce_op=op, packet_type=pt)
+        elif bound is None or bound.op != op or bound.accum != accum or not self.backend.launch_bound(bound):
+            self.backend.execute(cp.plan, a, b, reduce_op=op, packet_type=pt, accum_dtype=accum)
             if not cp.temp:   # a memo hit launches what the engine resolved now
-                cp.bound = self.backend.bind(cp.plan, a, b, reduce_op=op, packet_type=pt)
+                cp.bound = self.backend.bind(cp.plan, a, b, reduce_op=op, packet_type=pt, accum_dtype=accum)
         if cp.mode == "staged":
             out.view(cp.shape.out_blocks, k).copy_(b.view(cp.shape.out_blocks, kp)[:, :k])
 
-    def _call(self, coll: str, inp: Any, out: Any, op: str, root: int = 0) -> Any:
+    def _call(self, coll: str, inp: Any, out: Any, op: str, root: int = 0, accum: Optional[str] = None) -> Any:
         if not (hasattr(inp, "data_ptr") and hasattr(out, "data_ptr")):
             self.planner.check_tensors(coll, inp, out)   # raises: not tensors
         if inp.numel() == 0 and out.numel() == 0:
@@ -519,7 +542,7 @@ class Communicator:
         self.last = cp
         if cp.shape.block_elems == 0:
             return out
-        self._launch(cp, inp, out, op, root)
+        self._launch(cp, inp, out, op, root, accum)
         done = self.last
         if done is not None and done.temp:
             # staging above the cap: released (collectively) now that the call's work is done
@@ -580,14 +603,15 @@ class Communicator:
         self._note(what, f"mscclang rank {self.rank}: {what} falls back to torch.distributed: "
                          f"{reason}", level)
 
-    def _run_fallback(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int) -> None:
+    def _run_fallback(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int,
+                      accum: Optional[str] = None) -> None:
         coll = cp.collective
         if cp.choice is not None and cp.choice.is_nccl:
             # the tuning chose NCCL on purpose: note it quietly
             self._note_fallback(coll, cp.reason, level=logging.INFO)
         else:
             self._note_fallback(coll, _reason_kind(cp.reason))
-        run_fallback(self._need_fallback(coll), coll, inp, out, op, root, self.rank, self.world_size)
+        run_fallback(self._need_fallback(coll), coll, inp, out, op, root, self.rank, self.world_size, accum)
 
 
 def _reason_kind(reason: str) -> str:

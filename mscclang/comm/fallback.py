@@ -21,7 +21,11 @@ import logging
 import os
 from typing import Any, Optional
 
+import numpy as np
+
 from mscclang.comm.errors import CommError
+from mscclang.plan.dtypes import ACCUM_DTYPES, torch_dtype_info
+from mscclang.plan.reference import fp8_sum_arrays
 
 log = logging.getLogger("mscclang.comm")
 
@@ -319,11 +323,39 @@ class TorchFallback:
             self._ready = False
 
 
+def _fp8_reduction(fb: Any, collective: str, inp: Any, out: Any, rank: int, world_size: int,
+                   accum: str) -> None:
+    """An fp8 all-reduce or reduce-scatter through torch, which cannot reduce fp8: every rank's
+    input is gathered (as bytes) and summed on the host in rank order by the definition
+    (:func:`mscclang.plan.reference.fp8_sum_arrays`: the one-shot rule of docs/semantics.md)."""
+    import torch
+
+    flat = inp.reshape(-1)
+    gathered = torch.empty(world_size * flat.numel(), dtype=torch.uint8, device=flat.device)
+    fb.all_gather(flat.view(torch.uint8), gathered)
+    dt = torch_dtype_info(inp.dtype).numpy  # type: ignore[union-attr]
+    rows = gathered.cpu().numpy().view(dt).reshape(world_size, -1)
+    total = fp8_sum_arrays(list(rows), dt, accum)
+    if collective == "reducescatter":
+        total = total.reshape(world_size, -1)[rank]
+    out.reshape(-1).copy_(torch.from_numpy(total.view(np.uint8).copy()).view(inp.dtype))
+
+
 def run_fallback(fb: Any, collective: str, inp: Any, out: Any, op: str, root: int, rank: int,
-                 world_size: int) -> None:
+                 world_size: int, accum: Optional[str] = None) -> None:
     """Run one collective call (plan names) on a fallback: :class:`TorchFallback`, or any object
     with its methods (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
-    ``broadcast``, ``send_recv``)."""
+    ``broadcast``, ``send_recv``). fp8 tensors move as bytes; their reductions (sum, in the
+    accumulation dtype ``accum``, float32 when None) are gathered and reduced here
+    (:func:`_fp8_reduction`)."""
+    info = torch_dtype_info(inp.dtype)
+    if info is not None and info.accumulates:
+        import torch
+
+        if collective in ("allreduce", "reducescatter"):
+            _fp8_reduction(fb, collective, inp, out, rank, world_size, accum or ACCUM_DTYPES[0])
+            return
+        inp, out = inp.view(torch.uint8), out.view(torch.uint8)
     if collective == "allreduce":
         fb.all_reduce(inp, out, op)
     elif collective == "allgather":

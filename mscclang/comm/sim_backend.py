@@ -33,19 +33,24 @@ from mscclang.comm.names import dtype_name
 from mscclang.comm.padding import block_shape
 from mscclang.errors import CallMismatch, PlanError, RuntimeUnavailable
 from mscclang.plan import reference
+from mscclang.plan.dtypes import check_reduction, dtype_info, torch_dtype_info
 from mscclang.plan.models import Plan
 from mscclang.runtime.registration import AllocInfo, Region, Registry, zero_copy_operands
 
 
+#: integer types of the sizes of the ml_dtypes types (bfloat16, fp8), which torch and numpy
+#: exchange through them
+_BITS = {1: "uint8", 2: "int16"}
+
+
 def torch_to_numpy(t: Any) -> np.ndarray:
-    """A 1-D numpy copy of a CPU tensor (bfloat16 through ml_dtypes)."""
+    """A 1-D numpy copy of a CPU tensor (bfloat16 and fp8 through ml_dtypes)."""
     import torch
 
     t = t.detach().reshape(-1).cpu()
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+    info = torch_dtype_info(t.dtype)
+    if info is not None and info.numpy_name.startswith("ml_dtypes."):
+        return t.view(getattr(torch, _BITS[info.itemsize])).numpy().view(info.numpy).copy()
     return t.numpy().copy()
 
 
@@ -53,8 +58,10 @@ def numpy_to_torch(a: np.ndarray, like: Any) -> Any:
     """A tensor of ``like``'s dtype and device holding ``a``."""
     import torch
 
-    if like.dtype == torch.bfloat16:
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16).to(like.device)
+    info = torch_dtype_info(like.dtype)
+    if info is not None and info.numpy_name.startswith("ml_dtypes."):
+        bits = np.dtype(_BITS[info.itemsize])
+        return torch.from_numpy(np.ascontiguousarray(a).view(bits)).view(like.dtype).to(like.device)
     return torch.from_numpy(np.ascontiguousarray(a)).to(like.device)
 
 
@@ -76,6 +83,8 @@ class _Launch:
     reduce_op: str
     packet_type: Optional[str]
     sym: Optional[tuple]
+    #: the accumulation dtype of an fp8 reduction (None for other dtypes)
+    accum: Optional[str] = None
     #: per operand (input, output) of a registration: {peer: address this rank uses for it}
     peers: tuple = (None, None)
     #: per operand: where this rank's registered tensor starts
@@ -147,8 +156,9 @@ class SimWorld:
             assert s is not None
             if s.inp.nbytes != first.inp.nbytes or s.out_elems != first.out_elems:
                 raise CommError(f"rank {r} launched {first.plan.name} with other sizes than rank 0")
-            if s.reduce_op != first.reduce_op:
-                raise CommError(f"rank {r} launched with reduce op {s.reduce_op}, rank 0 with {first.reduce_op}")
+            if s.reduce_op != first.reduce_op or s.accum != first.accum:
+                raise CommError(f"rank {r} launched with reduce op {s.reduce_op} (accumulation {s.accum}), "
+                                f"rank 0 with {first.reduce_op} ({first.accum})")
             if s.sym != first.sym:
                 raise CommError(f"zero-copy plan {first.plan.name}: rank {r}'s buffers are at "
                                 f"{s.sym}, rank 0's at {first.sym} (not symmetric)")
@@ -173,7 +183,7 @@ class SimWorld:
             from mscclang.sim import run
 
             outs = run(first.plan, inputs, output_bytes=first.out_elems * first.inp.itemsize,
-                       reduce_op=first.reduce_op, packet_type=first.packet_type or "LL16")
+                       reduce_op=first.reduce_op, packet_type=first.packet_type or "LL16", accum=first.accum)
         else:
             outs = reference_outputs(first.plan, inputs, first.out_elems, first.reduce_op)
         self._results = list(outs)
@@ -331,7 +341,7 @@ class SimBackend(Backend):
         return int(g(plan)) if callable(g) else int(g)
 
     def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
-                reduce_op: Optional[str] = None) -> None:
+                reduce_op: Optional[str] = None, accum_dtype: Optional[str] = None) -> None:
         self.prepared.append(plan.name)
 
     def _check(self, plan: Plan, inp: Any, out: Any) -> None:
@@ -360,7 +370,7 @@ class SimBackend(Backend):
             raise CommError(f"rank {self.rank}: out-of-place plan {plan.name} got overlapping buffers")
 
     def execute(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
-                packet_type: Optional[str] = None) -> None:
+                packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> None:
         self._check(plan, inp, out)
         sym = None
         peers: tuple = (None, None)
@@ -386,8 +396,8 @@ class SimBackend(Backend):
             peers = tuple({q: a for q, a in b.peer_bases.items() if q != self.rank} if isinstance(b, Region)
                           else None for b in (zc[0], zc[2]))
             bases = (zc[0].base, zc[2].base)
-        dtype_name(inp.dtype)
-        launch = _Launch(plan, torch_to_numpy(inp), out.numel(), reduce_op, packet_type, sym, peers, bases)
+        accum = check_reduction(dtype_info(dtype_name(inp.dtype)), reduce_op, accum_dtype)
+        launch = _Launch(plan, torch_to_numpy(inp), out.numel(), reduce_op, packet_type, sym, accum, peers, bases)
         res = self.world.launch(self.rank, launch)
         out.reshape(-1).copy_(numpy_to_torch(res, out))
 

@@ -15,7 +15,7 @@ Definitions, for ``n`` ranks with per-rank inputs ``x[0] .. x[n-1]`` (``k`` elem
 
 ``reduce`` is ``sum``, ``min`` or ``max``, applied in rank order 0, 1, ..., n-1. For floating-point
 types every step computes in float32 and rounds back to the element type (what the kernels do for
-16-bit floats); integer sums wrap around (two's complement). Sums over 3 or more ranks depend on
+16-bit floats; fp8 sums accumulate in float32 and round once, :func:`fp8_sum_arrays`); integer sums wrap around (two's complement). Sums over 3 or more ranks depend on
 the order a plan reduces in, so this exact order is the reference only where the order cannot
 matter (copies, integers, min/max, 2 ranks); elsewhere a check compares within an error bound.
 """
@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
+
+from mscclang.plan.dtypes import ACCUM_DTYPES, numpy_dtype_info
 
 #: the collectives defined here (plan spelling)
 COLLECTIVES: tuple[str, ...] = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
@@ -101,14 +103,36 @@ def output_blocks(collective: str, world_size: int, rank: int, in_elems: int,
     return [OutputBlock(0, out, ((rank - 1) % n,), 0)]  # sendrecv
 
 
+def fp8_sum_arrays(views: Sequence[np.ndarray], dt: np.dtype, accum: str) -> np.ndarray:
+    """The fp8 sum of one reduction op (docs/semantics.md, "FP8 reductions"): ``views`` (arrays of ``dt``, at least two): each converted (exactly) to
+    ``accum`` (``float32`` or ``float16``), added in order in ``accum`` (each addition rounded to
+    it, to nearest even; float16 may overflow to infinity), the result rounded once to ``dt``: to
+    nearest even, values beyond the largest finite one (infinities too) to it with their sign,
+    NaN to NaN (ml_dtypes' own casts do not saturate, so the value is clamped first)."""
+    if accum not in ACCUM_DTYPES:
+        raise ValueError(f"unknown accumulation dtype {accum!r} ({', '.join(ACCUM_DTYPES)})")
+    adt, m = np.dtype(accum), numpy_dtype_info(dt).max_finite  # type: ignore[union-attr]
+    with np.errstate(over="ignore", invalid="ignore"):
+        acc = views[0].astype(adt)
+        for v in views[1:]:
+            acc = (acc + v.astype(adt)).astype(adt)
+        return np.clip(acc, -m, m).astype(dt)
+
+
 def reduce_arrays(arrays: Sequence[np.ndarray], reduce_op: str = "sum") -> np.ndarray:
     """``reduce_op`` of equally shaped numpy arrays in the given order: floating point (bfloat16
-    and float8 included) in float32 each step, rounded back to the element type; integers in
-    their own type (sums wrap around)."""
+    included) in float32 each step, rounded back to the element type; fp8 (sum only) by
+    :func:`fp8_sum_arrays` in float32, one reduction of every array; integers in their own type
+    (sums wrap around)."""
     if reduce_op not in REDUCE_OPS:
         raise ValueError(f"reduce op {reduce_op!r}: one of {', '.join(REDUCE_OPS)}")
     if not arrays:
         raise ValueError("nothing to reduce (no arrays)")
+    info = numpy_dtype_info(arrays[0].dtype)
+    if info is not None and info.accumulates:
+        if reduce_op != "sum":
+            raise ValueError(f"reduce op {reduce_op!r} is not defined on {info.name} (sum only)")
+        return arrays[0].copy() if len(arrays) == 1 else fp8_sum_arrays(arrays, arrays[0].dtype, ACCUM_DTYPES[0])
     f = {"sum": np.add, "min": np.minimum, "max": np.maximum}[reduce_op]
     dt = arrays[0].dtype
     if dt.kind in "iu":

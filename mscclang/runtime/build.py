@@ -2,8 +2,9 @@
 with a disk cache keyed by source hash, arch, options and NVRTC version.
 
 The kernel sources live in ``executor/`` (a checkout) or ``mscclang/_executor`` (an installed
-wheel). One module is built per dtype; it holds the (packet type x reduce op x block-size bound)
-kernels.
+wheel). One module is built per kernel dtype code (:data:`DTYPES`: the GPU dtypes, fp8 once per
+accumulation dtype); it holds the (packet type x reduce op x block-size bound) kernels (fp8: the
+sum only).
 """
 
 from __future__ import annotations
@@ -21,16 +22,26 @@ from typing import Optional, Sequence
 
 from mscclang.config import settings
 from mscclang.errors import RuntimeUnavailable
-from mscclang.plan.dtypes import DTYPES as _DTYPE_TABLE
+from mscclang.plan.dtypes import KERNEL_CODES, kernel_dtype
 
 _log = logging.getLogger("mscclang.runtime")
 
-#: runtime codes of the dtypes the kernels are built for (:mod:`mscclang.plan.dtypes`)
-DTYPES = tuple(d.code for d in _DTYPE_TABLE if d.gpu)
+#: kernel dtype codes the kernels are built for (:data:`mscclang.plan.dtypes.KERNEL_CODES`)
+DTYPES = KERNEL_CODES
 PACKET_TYPES = ("ll16", "ll8")
 REDUCE_OPS = ("sum", "min", "max")
 _DT_MACRO = {c: f"DT_{c.upper()}" for c in DTYPES}
 BASE_OPTIONS = ("-std=c++17", "--fmad=false")
+
+
+#: the oldest arch with the hardware fp8 conversions the fp8 modules use
+FP8_MIN_ARCH = 89
+
+
+def module_kernels(dtype: str) -> int:
+    """How many kernels (per block-size bound) the module of kernel code ``dtype`` holds: every
+    packet type x reduce op, fp8 the sum only."""
+    return len(PACKET_TYPES) * (1 if kernel_dtype(dtype).accumulates else len(REDUCE_OPS))
 
 
 BLOCK_VARIANTS = (1024, 512)  # __launch_bounds__ of the kernel variants (kernels.cu)
@@ -200,8 +211,9 @@ def module_source(dtype: str, traced: bool = False) -> str:
     a module of their own, so the untraced one is the same with or without tracing)."""
     if dtype not in DTYPES:
         raise RuntimeUnavailable(f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}")
+    which = "MSCCLANG_KERNELS_SUM_DT" if kernel_dtype(dtype).accumulates else "MSCCLANG_KERNELS_DT"
     return (("#define MSCCLANG_TRACED\n" if traced else "") + "#define MSCCLANG_ONLY_DTYPE\n#include \"kernels.cu\"\n"
-            f"MSCCLANG_KERNELS_DT({dtype}, {_DT_MACRO[dtype]})\n")
+            f"{which}({dtype}, {_DT_MACRO[dtype]})\n")
 
 
 def build_module(dtype: str, arch: str | int | tuple[int, int] = "sm_90", options: Sequence[str] = (),

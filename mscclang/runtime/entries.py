@@ -28,7 +28,9 @@ from collections import OrderedDict
 from typing import Any, Callable, Iterator, Optional
 
 from mscclang.config import settings
-from mscclang.errors import NotPrepared, PlanError
+from mscclang.errors import InvalidCall, NotPrepared, PlanError
+from mscclang.plan.dtypes import kernel_dtype
+from mscclang.plan.models import ChannelType
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.contexts import ContextPool, drop_device_plans
 from mscclang.runtime.device_plan import SYNC_ABORT_OFF
@@ -146,6 +148,9 @@ class Entries:
             raise PlanError(f"message size {ref} bytes is outside the plan's range "
                             f"[{plan.min_message_size}, {plan.max_message_size}]")
         desc = describe_call(plan, in_bytes, out_bytes, dt, pkt, op)
+        if kernel_dtype(dt).accumulates and any(c.channel_type == ChannelType.switch for g in plan.gpus
+                                                for c in g.channels):
+            raise InvalidCall(f"{desc}: switch-channel (NVLink multicast) reductions have no fp8 form")
         if self._capturing():
             raise NotPrepared(f"rank {r}: {desc} was not prepared: its first-time set-up "
                               "(device plan, scratch, kernel) cannot happen inside CUDA graph capture; call "

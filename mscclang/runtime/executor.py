@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 from mscclang.config import Settings, settings
 from mscclang.errors import CollectiveTimeout, NotPrepared, PlanError, RuntimeUnavailable
 from mscclang.plan.models import PACKET_OPS, BufferKind, ChannelType, Plan
-from mscclang.plan.dtypes import torch_dtype_code
+from mscclang.plan.dtypes import reduction_code, torch_dtype_code
 from mscclang.plan.shapes import check_layout, check_pair, check_sizes, check_tensor, output_bytes
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.abort import AbortState, Waits
@@ -208,14 +208,15 @@ class Executor:
         return not (packed.uses_packets and packed.packet_align < (8 if pkt == "ll16" else 4))
 
     def prepare(self, plan: Plan, input: Any, output: Any = None, dtype: Any = None,
-                packet_type: Any = None, reduce_op: Any = None) -> None:
+                packet_type: Any = None, reduce_op: Any = None, accum_dtype: Any = None) -> None:
         """Do every first-time step of a call outside CUDA graph capture, so the same call can
         then be captured: load the kernel and build the specialised one (at any size the policy
         allows), create the context, staging and the device plan. ``input``/``output``: the
         tensors of the call to come (the same ones: a zero-copy plan's entry depends on whether
         they are symmetric), checked as :meth:`execute` checks them; or byte counts (``output``
         defaults from the collective) of ordinary tensors of ``dtype`` (default float16).
-        Collective: every rank calls it with the same arguments."""
+        ``accum_dtype`` as for :meth:`execute`. Collective: every rank calls it with the same
+        arguments."""
         import torch
 
         lp = self.load(plan)
@@ -226,17 +227,18 @@ class Executor:
             if output is None:
                 output = input
             in_bytes, out_bytes = self._check_call(lp, input, output)
-            self.entries.resolve(lp, torch_dtype_code(input.dtype), input.dtype, input.data_ptr(), output.data_ptr(),
-                                 in_bytes, out_bytes, pkt, op, True, s)
+            dt = reduction_code(input.dtype, op, accum_dtype)
+            self.entries.resolve(lp, dt, dt, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes, pkt, op, True, s)
             return
         in_bytes = int(input)
         out_bytes = output_bytes(plan.collective, plan.world_size, in_bytes) if output is None else int(output)
         dt = dtype or torch.float16
         # ordinary tensors: their addresses play no part in the entry (zero-copy plans stage)
-        self.entries.resolve(lp, torch_dtype_code(dt), dt, 0, 1, in_bytes, out_bytes, pkt, op, True, s)
+        code = reduction_code(dt, op, accum_dtype)
+        self.entries.resolve(lp, code, code, 0, 1, in_bytes, out_bytes, pkt, op, True, s)
 
     def execute(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
-                reduce_op: Any = None, stream: Any = None) -> None:
+                reduce_op: Any = None, stream: Any = None, accum_dtype: Any = None) -> None:
         """Run ``plan`` on this rank with torch tensors ``input``/``output`` on the current torch
         stream (or ``stream``). ``packet_type``: 'LL16' (default) or 'LL8'; ``reduce_op``: overrides
         the plan's sum/min/max. An in-place plan (``plan.inplace``) runs only on the in-place layout
@@ -244,7 +246,9 @@ class Executor:
         the output is this rank's block of the input), an out-of-place plan only on buffers that do
         not overlap. The tensors are checked (CUDA on this executor's device, dtype, contiguity,
         sizes, layout) before anything reaches the GPU: :class:`~mscclang.errors.InvalidCall`.
-        Collective: every rank calls it in the same order."""
+        ``accum_dtype``: the accumulation dtype of an fp8 reduction (float32, the default, or
+        float16; docs/semantics.md), InvalidCall for any other dtype. Collective: every rank
+        calls it in the same order."""
         ab = self.abort
         if ab.aborted or ab.state():
             ab.check()
@@ -254,14 +258,14 @@ class Executor:
         in_bytes, out_bytes = self._check_call(lp, input, output)
         s = self.launcher.current_stream() if stream is None else int(getattr(stream, "cuda_stream", stream))
         ab.user_thread = threading.get_ident()
-        dt = torch_dtype_code(input.dtype)
+        dt = reduction_code(input.dtype, op, accum_dtype)
         self._last_call = describe_call(lp.plan, in_bytes, out_bytes, dt, pkt, op)
-        ent, opr = self.entries.resolve(lp, dt, input.dtype, input.data_ptr(), output.data_ptr(), in_bytes,
+        ent, opr = self.entries.resolve(lp, dt, dt, input.data_ptr(), output.data_ptr(), in_bytes,
                                         out_bytes, pkt, op, False, s)
         self.run(lp, ent, opr, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes, s)
 
     def execute_traced(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
-                       reduce_op: Any = None) -> "RankTrace":
+                       reduce_op: Any = None, accum_dtype: Any = None) -> "RankTrace":
         """:meth:`execute` once through the interpreter's traced variant, then wait for it: this
         rank's :class:`~mscclang.runtime.trace.RankTrace` (Chrome trace events, one per plan op,
         in microseconds from the rank's first op, its global-timer start, and where the launch
@@ -282,9 +286,9 @@ class Executor:
         op = reduce_code(reduce_op) if reduce_op is not None else lp.default_op
         in_bytes, out_bytes = self._check_call(lp, input, output)
         s = self.launcher.current_stream()
-        dt = torch_dtype_code(input.dtype)
+        dt = reduction_code(input.dtype, op, accum_dtype)
         self._last_call = describe_call(lp.plan, in_bytes, out_bytes, dt, pkt, op) + " (traced)"
-        ent, opr = self.entries.resolve(lp, dt, input.dtype, input.data_ptr(), output.data_ptr(), in_bytes,
+        ent, opr = self.entries.resolve(lp, dt, dt, input.data_ptr(), output.data_ptr(), in_bytes,
                                         out_bytes, pkt, op, False, s, count=False)
         dp = device_plan_of(lp, ent)
         if dp is None:
@@ -310,7 +314,7 @@ class Executor:
         return decode(lp.plan, self.comm.rank, [b.region for b in dp.packed.blocks], words)
 
     def bind(self, plan: Plan, input: Any, output: Any, packet_type: Any = None,
-             reduce_op: Any = None) -> Optional[Bound]:
+             reduce_op: Any = None, accum_dtype: Any = None) -> Optional[Bound]:
         """Resolve a call once for repeated launches on these same tensors (:meth:`launch_bound`),
         checked as :meth:`execute` checks it; None when the call must be resolved at every launch
         (registered tensors, whose uses are counted; a capture session; a CUDA graph capture; a
@@ -329,15 +333,15 @@ class Executor:
             si, so = self.comm.symmetric_of(input.data_ptr()), self.comm.symmetric_of(output.data_ptr())
             if si is None or so is None or si[0].internal or so[0].internal:
                 return None
-        dt = torch_dtype_code(input.dtype)
-        ent, opr = self.entries.resolve(lp, dt, input.dtype, input.data_ptr(), output.data_ptr(), in_bytes,
+        dt = reduction_code(input.dtype, op, accum_dtype)
+        ent, opr = self.entries.resolve(lp, dt, dt, input.data_ptr(), output.data_ptr(), in_bytes,
                                         out_bytes, pkt, op, False, self.launcher.current_stream(), count=False)
         key = self.entries.last_key
         if key is None or ent.pending is not None or opr.mode == "staged" \
                 or not all(isinstance(b, int) for b in key.buffers()):
             return None
         return Bound(lp, key, ent, opr, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes,
-                     describe_call(lp.plan, in_bytes, out_bytes, dt, pkt, op), op, pkt, self.entries.epoch)
+                     describe_call(lp.plan, in_bytes, out_bytes, dt, pkt, op), op, pkt, self.entries.epoch, accum_dtype)
 
     def launch_bound(self, b: Bound, stream: Any = None) -> bool:
         """Launch a call bound by :meth:`bind` on the current stream (or ``stream``), checking

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 from mscclang.config import settings
 from mscclang.errors import MscclangError, SettingError
-from mscclang.plan.dtypes import DTYPES as _DTYPE_TABLE
+from mscclang.plan.dtypes import KERNEL_CODES, kernel_dtype
 from mscclang.plan.models import BufferKind, ChannelType, Plan
 from mscclang.runtime.device_plan import (
     DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE, DOP_SIGNAL, DOP_WAIT,
@@ -36,7 +36,7 @@ from mscclang.runtime.structs import BLOCK_HEADER, DEV_OP
 KERNEL_NAME = "mscclang_spec"
 MAX_STEPS = 512          # emitted op segments of one rank, all blocks together
 MAX_ARGS_BYTES = 4096    # kernel parameter struct (the classic limit, safe on every driver)
-_DT = {d.code: (f"DT_{d.code.upper()}", d.itemsize) for d in _DTYPE_TABLE if d.gpu}
+_DT = {c: (f"DT_{c.upper()}", kernel_dtype(c).itemsize) for c in KERNEL_CODES}
 _OP = {"sum": "ROP_SUM", "min": "ROP_MIN", "max": "ROP_MAX"}
 _PKT = {"ll16": 16, "ll8": 8}
 
@@ -287,9 +287,9 @@ class _Gen:
             tail = ln - head - body
             segs = [(0, head, self.es), (head, body, a), (head + body, tail, self.es)]
         else:
-            if self.es != 2:
+            if self.es == 4:
                 raise SpecUnsupported("4-byte elements at offsets that are not 4-byte aligned")
-            segs = [(0, ln, 2)]
+            segs = [(0, ln, self.es)]
         out = []
         for start, nbytes, v in segs:
             if nbytes == 0:
@@ -483,10 +483,11 @@ def choose_threads(plan: Plan, packed: PackedRank, packet: str = "ll16", mode: O
 def generate(plan: Plan, packed: PackedRank, dtype: str, packet: str, reduce_op: str,
              nthreads: Optional[int] = None, max_steps: int = MAX_STEPS) -> SpecSource:
     """The specialised kernel of ``packed`` (one rank's device plan at one size) for ``dtype``
-    ('f16', 'bf16', 'f32', 'i32'), ``packet`` ('ll16', 'll8') and ``reduce_op`` ('sum', 'min',
+    ('f16', 'bf16', 'f32', 'i32', 'f8e4m3_a32', ...: :data:`~mscclang.plan.dtypes.KERNEL_CODES`), ``packet`` ('ll16', 'll8') and ``reduce_op`` ('sum', 'min',
     'max'). Raises SpecUnsupported for what it does not specialise (port/switch ops, more than
     ``max_steps`` op segments, parameters over 4 KiB, misaligned packet offsets)."""
-    if dtype not in _DT or packet not in _PKT or reduce_op not in _OP:
+    if dtype not in _DT or packet not in _PKT or reduce_op not in _OP \
+            or (kernel_dtype(dtype).accumulates and reduce_op != "sum"):
         raise SpecUnsupported(f"unsupported combination {dtype}/{packet}/{reduce_op}")
     rank = packed.rank
     g_plan = plan.gpus[rank]

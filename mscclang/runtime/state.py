@@ -186,8 +186,9 @@ class Operands:
 class Bound:
     """A call resolved once for repeated launches on the same tensors (the collective API's memo
     holds it): the loaded plan, entry key and entry, how the buffers map, the call's addresses and
-    sizes, its description, its reduce op and packet type, and the entries' ``epoch`` it is valid
-    for (any entry dropped or replaced since invalidates it)."""
+    sizes, its description, its reduce op and packet type, the entries' ``epoch`` it is valid
+    for (any entry dropped or replaced since invalidates it) and the ``accum_dtype`` it was bound
+    with (an fp8 call's kernel depends on it)."""
 
     lp: Any
     key: EntryKey
@@ -201,6 +202,7 @@ class Bound:
     op: str
     packet: str
     epoch: int
+    accum: Any = None
 
 
 @dataclass

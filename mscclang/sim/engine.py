@@ -49,7 +49,8 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
 
     ``inputs`` are byte arrays, one per rank. After :meth:`run`, ``outputs[k][r]`` holds rank
     ``r``'s output bytes after launch ``k`` and ``problems`` what was found (races and the like;
-    a deadlock raises :class:`Deadlock` when ``raise_deadlock``).
+    a deadlock raises :class:`Deadlock` when ``raise_deadlock``). ``accum``: the accumulation
+    dtype of fp8 reductions (``float32``, the default, or ``float16``).
 
     Plans with epilogue ops (plan/2) take ``residuals`` (byte arrays of the input's size, one
     per rank, written before every launch like the inputs; ``residual_outputs[k][r]`` holds
@@ -57,6 +58,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
 
     def __init__(self, program: Program, inputs: list[np.ndarray], *, dtype: np.dtype,
                  reduce_op: str = "sum", packet_type: str = "LL16", launches: int = 1,
+                 accum: Optional[str] = None,
                  schedule: str = "round_robin", seed: int = 0, check_races: bool = True,
                  nsym: int = 0, spec: Optional[CollectiveSpec] = None,
                  poison_outputs: bool = False, max_steps: int = 10_000_000,
@@ -73,6 +75,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         self.n = len(plan.gpus)
         self.dtype = np.dtype(dtype)
         self.reduce_op = reduce_op
+        self.accum = accum
         if packet_type not in ("LL8", "LL16"):
             raise PlanError(f"unknown packet type {packet_type!r} (LL8 or LL16)")
         self.ll16 = packet_type == "LL16"

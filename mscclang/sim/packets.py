@@ -25,7 +25,7 @@ PKT_WRITERS = frozenset({OpName.cpkt, OpName.ppkt, OpName.rppkt, OpName.respkt, 
 
 class PacketMixin:
     """Data movement and packets; mixed into :class:`mscclang.sim.engine.Simulation`, whose
-    ``mem``, ``log``, ``ll16``, ``dtype``, ``reduce_op``, ``flag_pages``, ``sym_granule``,
+    ``mem``, ``log``, ``ll16``, ``dtype``, ``reduce_op``, ``accum``, ``flag_pages``, ``sym_granule``,
     ``sym_ok`` and ``_record`` it uses."""
 
     def _exec_group(self, task: Task, actor: Actor, cop: COp, g: Group, rank: int, flag: int,
@@ -96,7 +96,7 @@ class PacketMixin:
                             shadows.append(self._sh_plain(m, key, a, n))
                 if g.reduce and nsrc > 1:
                     rop = "sum" if cop.op.name == OpName.radd else self.reduce_op
-                    result = reduce_bytes(datas, self.dtype, rop)
+                    result = reduce_bytes(datas, self.dtype, rop, self.accum)
                     sh = None
                     if shadows and all(x is not None for x in shadows):
                         sh = shadows[0].astype(np.int16)

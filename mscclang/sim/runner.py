@@ -67,7 +67,7 @@ def default_output_bytes(plan: Plan, input_bytes: int) -> int:
 def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[int] = None,
         reduce_op: Optional[str] = None, packet_type: str = "LL16", launches: int = 1,
         schedule: str = "round_robin", seed: int = 0,
-        limits: Optional[Limits] = None) -> list[np.ndarray]:
+        limits: Optional[Limits] = None, accum: Optional[str] = None) -> list[np.ndarray]:
     """Run ``plan`` on all ranks at once and return each rank's output of the last launch.
 
     ``inputs`` holds one 1-D array per rank, all of one supported dtype and size. For in-place
@@ -78,7 +78,8 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
     three; ``runahead`` lets rank ``seed % ranks`` run ahead of the others). Raises
     :class:`mscclang.sim.Deadlock` (a :class:`VerificationError`) when the plan deadlocks, and
     :class:`~mscclang.errors.LimitError` when the run would exceed (or runs past) ``limits``
-    (default: the environment's, see :mod:`mscclang.sim.budget`)."""
+    (default: the environment's, see :mod:`mscclang.sim.budget`). ``accum``: the accumulation
+    dtype of fp8 reductions (``float32``, the default, or ``float16``; docs/semantics.md)."""
     p = as_plan(plan)
     n = len(p.gpus)
     if len(inputs) != n:
@@ -99,7 +100,7 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
     prog = sim_program(p, ib, ob)
     sim = Simulation(prog, [a.view(np.uint8) for a in arrs], dtype=dt,
                      reduce_op=resolve_reduce_op(p, reduce_op), packet_type=packet_type,
-                     launches=launches, schedule=schedule, seed=seed, check_races=False,
+                     launches=launches, accum=accum, schedule=schedule, seed=seed, check_races=False,
                      deadline=deadline)
     sim.run()
     return [o.view(dt).copy() for o in sim.outputs[-1]]

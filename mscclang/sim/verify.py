@@ -17,7 +17,7 @@ from mscclang.plan.collectives import FUSED_NORM, CollectiveSpec, check_senders,
 from mscclang.plan.layout import scratch_bytes_needed
 from mscclang.plan.models import BufferKind, Plan
 from mscclang.sim.budget import Deadline, Estimate, Limits, estimate_runs
-from mscclang.sim.dtypes import dtype_name, parse_dtype
+from mscclang.sim.dtypes import accumulates, dtype_name, parse_dtype
 from mscclang.sim.engine import SCHEDULES, Simulation
 from mscclang.sim.diagnosis import annotate_sources, attribute_writers, classify, group_key, rotate_cycle
 from mscclang.sim.postcondition import check_numeric, check_symbolic, derive_senders, random_inputs
@@ -427,7 +427,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
                 break
             fitting = [d for d in dts if ib % d.itemsize == 0] or [parse_dtype("uint8")]
             dt = fitting[i % len(fitting)]
-            rop = rops[i % len(rops)]
+            rop = rops[i % len(rops)] if not accumulates(dt) else "sum"   # fp8 runs the sum only
             pt = pts[i % len(pts)]
             lead = (si + i // len(SCHEDULES)) % len(p.gpus) if sched == "runahead" else None
             ctx = f"size {size}, {dtype_name(dt)}, {rop}, {pt}, {sched} schedule seed {seed + i}" + (

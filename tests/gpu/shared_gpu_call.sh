@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 MSCCLANG_CUBIN_DIR="$PWD/.cubins" MSCCLANG_TEST_TIMEOUT_S=${MSCCLANG_TEST_TIMEOUT_S:-20} \
   PYTHONUNBUFFERED=1 MSCCLANG_RANKS_PER_GPU=2
 unset MSCCLANG_ENABLE_NVLS
-python3 -c "from mscclang.runtime.build import find_prebuilt as f; import sys; sys.exit(0 if all(f(d, 'sm_90') for d in ('f16','bf16','f32','i32')) else 1)" \
+python3 -c "from mscclang.runtime.build import DTYPES, find_prebuilt as f; import sys; sys.exit(0 if all(f(d, 'sm_90') for d in DTYPES) else 1)" \
   || echo "WARNING: .cubins does not match the executor sources: every worker builds with NVRTC (rebuild: python3 -m mscclang build-kernel --out .cubins)"
 nvidia-smi --query-gpu=name,compute_mode --format=csv,noheader
 t0=$(date +%s)
