@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mscclang.plan.models import OpName, PLAN_FORMAT
+from mscclang.plan.models import OpName, PLAN_FORMATS
 from mscclang.cli.main import main as cli_main
 from mscclang.plan.schema import DEFAULT_PATH, plan_schema, schema_text
 
@@ -38,7 +38,7 @@ def test_schema_text_is_deterministic_and_parses():
 def test_schema_content_follows_the_models():
     s = plan_schema()
     assert s["$schema"].startswith("https://json-schema.org/")
-    assert s["properties"]["format"]["const"] == PLAN_FORMAT
+    assert sorted(s["properties"]["format"]["enum"]) == sorted(PLAN_FORMATS)
     assert {"name", "collective", "gpus"} <= set(s["required"])
     assert sorted(s["$defs"]["OpName"]["enum"]) == sorted(o.value for o in OpName)
     assert s["additionalProperties"] is False

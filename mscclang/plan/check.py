@@ -30,6 +30,10 @@ What is checked:
   pipelines a ``unit_size`` divisible by 8 (an LL16 packet carries 8 payload bytes);
 * reduce ops: every reduction that names a reduce op names the same one (and the plan's
   ``reduce_op``, when set), since one launch runs one reduce op;
+* epilogue ops (plan/2): ``radd`` reads one local input/output/scratch range into the same
+  number of residual chunks; ``rmsnorm`` reads residual chunks into the output chunks of the same
+  index; neither stands in a pipeline and rmsnorm takes no thread-block group; the weight buffer
+  ``w`` is never referenced; a ``/1`` plan holds no epilogue op;
 * the collective: chunk counts of every rank equal the collective's (``spec_from_plan``); an
   in-place plan whose input is its output may give one of the two buffers zero chunks, as
   MSCCL++ plans do.
@@ -44,6 +48,7 @@ from typing import Optional, Sequence
 from mscclang.errors import PlanError
 from mscclang.plan.collectives import spec_from_plan
 from mscclang.plan.models import (
+    EPILOGUE_OPS,
     BufferKind,
     BufferRef,
     ChannelType,
@@ -63,6 +68,12 @@ S = "scratch"  # a local scratch buffer (packets)
 R = "remote"  # a peer's buffer through remote_buffer_refs
 RS = "remote-scratch"  # a peer's scratch buffer (packets)
 W = "switch"  # the multicast view of a switch channel
+D = "data"  # a local input, output or scratch buffer (radd's source)
+RES = "residual"  # the local residual buffer ('r')
+OUT = "output"  # the local output buffer ('o')
+_LOCAL_WANTS = {L: None, S: frozenset({BufferKind.scratch}),
+                D: frozenset({BufferKind.input, BufferKind.output, BufferKind.scratch}),
+                RES: frozenset({BufferKind.residual}), OUT: frozenset({BufferKind.output})}
 
 _MEM = frozenset({ChannelType.memory})
 _PORT = frozenset({ChannelType.port})
@@ -91,6 +102,10 @@ class OpRule:
     dst_min_tail: int = 0
     pairs: bool = False
     channels: str = "forbidden"  # "required" | "optional" | "forbidden"
+
+
+_WEIGHT_REF = ("the weight buffer ('w') is read whole by every rmsnorm: plans never reference it "
+               "in buffer refs, remote buffers or switch channels")
 
 
 def _copy_like(src: str, dst: str, types: frozenset, channels: str = "forbidden") -> OpRule:
@@ -137,11 +152,15 @@ OP_RULES: dict[OpName, OpRule] = {
     OpName.gstore: OpRule(_SWITCH, src_head=(L,), dst_head=(W,), channels="optional"),
     OpName.glres: OpRule(_SWITCH, src_head=(W,), dst_head=(W,), channels="optional"),
     OpName.gstorepkt: OpRule(_SWITCH, src_head=(L,), dst_head=(W,), channels="optional"),
+    # plan/2 epilogue: r[dst] += src; o[dst] = norm(r[src]) (the same chunks)
+    OpName.radd: OpRule(_NONE, src_head=(D,), dst_head=(RES,)),
+    OpName.rmsnorm: OpRule(_NONE, src_head=(RES,), dst_head=(OUT,)),
 }
 
 # ops that never carry a thread-block group (they are not split over threads by bytes)
 _NO_TBG = frozenset({OpName.nop, OpName.barrier, OpName.signal, OpName.rlxsignal, OpName.wait,
-                     OpName.rlxwait, OpName.flush, OpName.sem_acquire, OpName.sem_release})
+                     OpName.rlxwait, OpName.flush, OpName.sem_acquire, OpName.sem_release,
+                     OpName.rmsnorm})
 # ops whose channel i serves remote operand i
 _CHANNEL_PER_REMOTE = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.ppkt,
                                  OpName.rppkt})
@@ -150,7 +169,7 @@ _PACKET_SWITCH_DST = frozenset({OpName.gstorepkt})
 
 
 def _chunks(gpu: Gpu, kind: BufferKind) -> int:
-    if kind == BufferKind.input:
+    if kind in (BufferKind.input, BufferKind.residual):
         return gpu.input_chunks
     if kind == BufferKind.output:
         return gpu.output_chunks
@@ -158,7 +177,8 @@ def _chunks(gpu: Gpu, kind: BufferKind) -> int:
 
 
 def _kind_name(kind: BufferKind) -> str:
-    return {BufferKind.input: "input", BufferKind.output: "output", BufferKind.scratch: "scratch"}[kind]
+    return {BufferKind.input: "input", BufferKind.output: "output", BufferKind.scratch: "scratch",
+            BufferKind.residual: "residual", BufferKind.weight: "weight"}[kind]
 
 
 class _Checker:
@@ -279,6 +299,8 @@ class _Checker:
                     raise PlanError("a switch channel has rank_groups, not connected_to", f"{p}.connected_to")
                 if not ch.rank_groups:
                     raise PlanError("a switch channel needs at least one rank group", f"{p}.rank_groups")
+                if ch.buffer_type == BufferKind.weight:
+                    raise PlanError(_WEIGHT_REF, f"{p}.buffer_type")
                 for g, grp in enumerate(ch.rank_groups):
                     gp = f"{p}.rank_groups[{g}]"
                     for k, rank in enumerate(grp.ranks):
@@ -301,6 +323,8 @@ class _Checker:
         for b, rb in enumerate(gpu.remote_buffers):
             p = f"{base}.remote_buffers[{b}]"
             self.valid_peer(r, rb.rank, f"{p}.rank")
+            if rb.type == BufferKind.weight:
+                raise PlanError(_WEIGHT_REF, f"{p}.type")
             if not rb.access_channel_types:
                 raise PlanError("a remote buffer needs at least one access channel type",
                                 f"{p}.access_channel_types")
@@ -370,6 +394,9 @@ class _Checker:
             self.check_op(r, gpu, t, tb, op, f"{base}.ops[{i}]")
             if op.ops:
                 for j, inner in enumerate(op.ops):
+                    if inner.name in EPILOGUE_OPS:
+                        raise PlanError(f"{inner.name.value} cannot stand inside a pipeline (an epilogue "
+                                        "op runs over whole rows, not slices)", f"{base}.ops[{i}].ops[{j}].name")
                     self.check_op(r, gpu, t, tb, inner, f"{base}.ops[{i}].ops[{j}]")
 
     # ------------------------------------------------------------------ op level
@@ -437,6 +464,10 @@ class _Checker:
             raise PlanError("a pipeline op carries no tbg_info (its inner ops do)", f"{path}.tbg_info")
         # operands
         self.check_operands(r, gpu, t, tb, op, rule, path)
+        if op.name == OpName.rmsnorm and op.src_buff[0].index != op.dst_buff[0].index:
+            raise PlanError(f"rmsnorm writes row k of the residual to row k of the output: src_buff[0] "
+                            f"starts at chunk {op.src_buff[0].index}, dst_buff[0] at {op.dst_buff[0].index}",
+                            f"{path}.dst_buff[0].index")
 
     def check_operands(self, r: int, gpu: Gpu, t: int, tb: ThreadBlock, op: Op, rule: OpRule,
                        path: str) -> None:
@@ -500,14 +531,18 @@ class _Checker:
     def check_ref(self, r: int, gpu: Gpu, t: int, tb: ThreadBlock, op: Op, ref: BufferRef, want: str,
                   path: str) -> None:
         name = op.name.value
-        if want in (L, S):
+        if want in _LOCAL_WANTS:
             if not ref.is_local:
                 raise PlanError(f"{name} needs a local buffer here ('type'), not a "
                                 f"{'remote' if ref.is_remote else 'switch'} reference", path)
             assert ref.type is not None
+            kinds = _LOCAL_WANTS[want]
             if want == S and ref.type != BufferKind.scratch:
                 raise PlanError(f"{name} keeps packets here, so this operand must be scratch ('s'), "
                                 f"not {_kind_name(ref.type)}", f"{path}.type")
+            if kinds is not None and ref.type not in kinds:
+                allowed = " or ".join(f"{_kind_name(k)} ('{k.value}')" for k in sorted(kinds, key=lambda k: k.value))
+                raise PlanError(f"{name} needs {allowed} here, not {_kind_name(ref.type)}", f"{path}.type")
             self.in_range(gpu, ref.type, ref, f"rank {r}", path)
         elif want in (R, RS):
             if not ref.is_remote:
@@ -541,6 +576,8 @@ class _Checker:
                 self.in_range(self.plan.gpus[member], kind, ref, f"rank {member} (switch member)", path)
 
     def in_range(self, gpu: Gpu, kind: BufferKind, ref: BufferRef, who: str, path: str) -> None:
+        if kind == BufferKind.weight:
+            raise PlanError(_WEIGHT_REF, path)
         count = _chunks(gpu, kind)
         if ref.index + ref.size > count:
             raise PlanError(f"chunks {ref.index}..{ref.index + ref.size - 1} are outside {who}'s "
@@ -625,11 +662,15 @@ class _Checker:
 
 
 def validate_plan(plan: Plan) -> None:
-    """Check a validated plan's cross-references and op shapes.
+    """Check a validated plan's cross-references and op shapes (and the format rule:
+    epilogue ops only in ``mscclang.plan/2`` plans).
 
     Raises :class:`~mscclang.errors.PlanError` with the JSON path of the first offending field;
     returns ``None`` when the plan is consistent. See the module docstring for what is checked.
     """
+    from mscclang.plan.io import check_format  # late import: io imports this module lazily
+
+    check_format(plan)
     _Checker(plan).run()
 
 

@@ -20,7 +20,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from mscclang.plan.models import Plan
 
 #: every plan ``collective`` name (the one list; the others below are its subsets)
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv", "broadcast", "test", "custom")
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv", "broadcast",
+               "allreduce_add_rms_norm", "test", "custom")
+#: the fused allreduce + residual add + RMSNorm (plan/2; docs/semantics.md, "Epilogue ops")
+FUSED_NORM = "allreduce_add_rms_norm"
 
 #: API name (``Communicator`` method) -> plan ``collective`` name, for the collectives the
 #: communicator runs
@@ -137,7 +140,7 @@ class CollectiveSpec:
         if self.input_chunks_override is not None:
             return self.input_chunks_override
         return {"allgather": f, "allreduce": n * f, "reducescatter": n * f, "alltoall": n * f,
-                "sendrecv": f, "broadcast": f}.get(self.name, f)
+                "sendrecv": f, "broadcast": f, FUSED_NORM: n * f}.get(self.name, f)
 
     @property
     def output_chunks(self) -> int:
@@ -145,11 +148,11 @@ class CollectiveSpec:
         if self.output_chunks_override is not None:
             return self.output_chunks_override
         return {"allgather": n * f, "allreduce": n * f, "reducescatter": f, "alltoall": n * f,
-                "sendrecv": f, "broadcast": f}.get(self.name, f)
+                "sendrecv": f, "broadcast": f, FUSED_NORM: n * f}.get(self.name, f)
 
     @property
     def is_reduction(self) -> bool:
-        return self.name in ("allreduce", "reducescatter")
+        return self.name in ("allreduce", "reducescatter", FUSED_NORM)
 
     def input_in_output(self, rank: int) -> Optional[int]:
         """For in-place collectives: the output chunk index where ``rank``'s input starts (the
@@ -158,7 +161,7 @@ class CollectiveSpec:
             return None
         if self.name == "allgather":
             return rank * self.chunk_factor
-        if self.name in ("allreduce", "alltoall", "sendrecv", "broadcast", "test", "custom"):
+        if self.name in ("allreduce", "alltoall", "sendrecv", "broadcast", FUSED_NORM, "test", "custom"):
             return 0
         return None
 
@@ -172,7 +175,7 @@ class CollectiveSpec:
         """What output chunk ``chunk`` of ``rank`` must hold (``None``: unconstrained)."""
         n, f = self.num_ranks, self.chunk_factor
         name = self.name
-        if name == "allreduce":
+        if name in ("allreduce", FUSED_NORM):  # the fused output: the norm of the reduced rows
             return Expect(tuple((p, chunk) for p in range(n)), True)
         if name == "allgather":
             p, j = divmod(chunk, f)
@@ -234,7 +237,7 @@ def spec_from_plan(plan: "Plan", senders: Optional[Sequence[int]] = None) -> Col
     if f is None:
         if name == "allgather":
             f = g.input_chunks
-        elif name in ("allreduce", "reducescatter", "alltoall"):
+        elif name in ("allreduce", "reducescatter", "alltoall", FUSED_NORM):
             if g.input_chunks % n:
                 raise PlanError(f"{name} plan has {g.input_chunks} input chunks, not a multiple of {n} ranks", "gpus[0].input_chunks")
             f = g.input_chunks // n

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from mscclang.errors import PlanError
 from mscclang.plan.limits import MAX_PLAN_BYTES_ENV, MAX_PLAN_OPS_ENV, max_plan_bytes, max_plan_ops
 from mscclang.units import format_bytes
-from mscclang.plan.models import PLAN_FORMAT, Plan
+from mscclang.plan.models import PLAN_FORMAT, PLAN_FORMAT_2, PLAN_FORMATS, Plan
 
 
 def json_path(loc: tuple[Any, ...]) -> str:
@@ -92,15 +92,29 @@ def plan_from_dict(data: Any) -> Plan:
         raise PlanError(
             f"missing 'format' (expected {PLAN_FORMAT!r}); an MSCCL++ plan must be converted with "
             "mscclang.plan.from_mscclpp() or `mscclang import-mscclpp`", "format")
-    if fmt != PLAN_FORMAT:
-        raise PlanError(f"unsupported format {_short(fmt)}, expected {PLAN_FORMAT!r}", "format")
+    if fmt not in PLAN_FORMATS:
+        raise PlanError(f"unsupported format {_short(fmt)}, expected {PLAN_FORMAT!r} or "
+                        f"{PLAN_FORMAT_2!r}", "format")
     count_ops(data)
     try:
-        return Plan.model_validate(data)
+        plan = Plan.model_validate(data)
     except ValidationError as e:
         raise validation_error(e) from None
     except RecursionError:
         raise PlanError("the document is nested too deeply to validate") from None
+    check_format(plan)
+    return plan
+
+
+def check_format(plan: Plan) -> None:
+    """The format rule: a plan holding an epilogue op (``radd``, ``rmsnorm``) must say
+    ``mscclang.plan/2``; PlanError naming the first such op of a ``/1`` plan."""
+    if plan.format == PLAN_FORMAT:
+        ops = plan.epilogue_ops()
+        if ops:
+            path, op = ops[0]
+            raise PlanError(f"{op.name.value} is an epilogue op: a plan holding it must say format "
+                            f"{PLAN_FORMAT_2!r}, not {PLAN_FORMAT!r}", f"{path}.name")
 
 
 def _json_type(value: Any) -> str:

@@ -1,4 +1,8 @@
-"""Pydantic models of the execution plan, format ``mscclang.plan/1``.
+"""Pydantic models of the execution plan, formats ``mscclang.plan/1`` and ``mscclang.plan/2``.
+
+``mscclang.plan/2`` is ``/1`` plus the epilogue ops (``radd``, ``rmsnorm``) and their buffers
+(``r`` residual, ``w`` weight): a plan holding an epilogue op says ``/2``, every other plan
+``/1`` (:func:`plan_format`).
 
 The plan is the contract between the front half (DSL, compiler) and the back half (simulator,
 GPU runtime). It carries everything an MSCCL++ 0.9 execution plan carries (same key names, same op
@@ -28,6 +32,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, Stric
 from mscclang.errors import PlanError
 
 PLAN_FORMAT = "mscclang.plan/1"
+#: the format of plans with epilogue ops (:data:`EPILOGUE_OPS`)
+PLAN_FORMAT_2 = "mscclang.plan/2"
+#: every format the loader accepts
+PLAN_FORMATS = (PLAN_FORMAT, PLAN_FORMAT_2)
 #: largest message size a plan can name (an unsigned 64-bit byte count)
 MAX_MESSAGE_SIZE = 2**64 - 1
 #: largest chunk count, chunk index, id or rank a plan can name (a signed 32-bit value)
@@ -89,6 +97,9 @@ class OpName(str, Enum):
     sem_acquire = "sem_acquire"
     sem_release = "sem_release"
     pipeline = "pipeline"
+    # plan/2: the epilogue (docs/semantics.md, "Epilogue ops")
+    radd = "radd"
+    rmsnorm = "rmsnorm"
 
 
 class ChannelType(str, Enum):
@@ -104,6 +115,10 @@ class BufferKind(str, Enum):
     input = "i"
     output = "o"
     scratch = "s"
+    #: plan/2: the residual (activation dtype, the input's chunking)
+    residual = "r"
+    #: plan/2: the norm weight (one row, read whole by every rmsnorm; never in a buffer ref)
+    weight = "w"
 
 
 class ReduceOp(str, Enum):
@@ -132,6 +147,8 @@ PACKET_OPS = frozenset(
      OpName.recpkt, OpName.recspkt, OpName.gstorepkt}
 )
 SWITCH_OPS = frozenset({OpName.glre, OpName.glres, OpName.gstore, OpName.gstorepkt})
+#: ops only a ``mscclang.plan/2`` plan may hold
+EPILOGUE_OPS = frozenset({OpName.radd, OpName.rmsnorm})
 
 
 class _Strict(BaseModel):
@@ -215,9 +232,13 @@ class Op(_Strict):
     # program file and line of the DSL call). Optional; ignored by execution; not exported to
     # MSCCL++ plans.
     src: Optional[str] = Field(default=None, max_length=1024)
+    # plan/2, rmsnorm only: the output is FP8 (scaled, saturated; docs/semantics.md)
+    quant: Optional[StrictBool] = None
 
     @model_validator(mode="after")
     def _shape(self) -> "Op":
+        if self.quant is not None and self.name != OpName.rmsnorm:
+            raise ValueError(f"only rmsnorm takes 'quant', not {self.name.value}")
         if self.name == OpName.pipeline:
             if self.iter_context is None or self.ops is None:
                 raise ValueError("a pipeline op needs 'iter_context' and 'ops'")
@@ -286,6 +307,12 @@ class PairedEnd:
 
     rank: int
     index: int
+
+
+def plan_format(has_epilogue: bool) -> str:
+    """The format a plan must say: ``mscclang.plan/2`` when it holds an epilogue op, else
+    ``mscclang.plan/1`` (the one place the rule is written)."""
+    return PLAN_FORMAT_2 if has_epilogue else PLAN_FORMAT
 
 
 def channel_ordinals(peers: Sequence[int]) -> list[ChannelOrdinal]:
@@ -406,7 +433,7 @@ class Gpu(_Strict):
 class Plan(_Strict):
     """A whole execution plan: one entry of ``gpus`` per rank."""
 
-    format: Literal["mscclang.plan/1"] = PLAN_FORMAT
+    format: Literal["mscclang.plan/1", "mscclang.plan/2"] = PLAN_FORMAT
     name: Text
     collective: Text
     protocol: Literal["Simple", "LL"] = "Simple"
@@ -482,6 +509,19 @@ class Plan(_Strict):
         if not 0 <= rank < len(self.gpus):
             raise PlanError(f"rank {rank} is not in the plan (it has {len(self.gpus)} ranks)")
         return self.gpus[rank]
+
+    def epilogue_ops(self) -> list[tuple[str, "Op"]]:
+        """Every epilogue op (:data:`EPILOGUE_OPS`) with its JSON path, pipeline inner ops
+        after their pipeline."""
+        out: list[tuple[str, Op]] = []
+        for r, g in enumerate(self.gpus):
+            for t, tb in enumerate(g.threadblocks):
+                for i, op in enumerate(tb.ops):
+                    path = f"gpus[{r}].threadblocks[{t}].ops[{i}]"
+                    for j, inner in enumerate([op] + list(op.ops or [])):
+                        if inner.name in EPILOGUE_OPS:
+                            out.append((path if j == 0 else f"{path}.ops[{j - 1}]", inner))
+        return out
 
     def uses_port_channels(self) -> bool:
         """Whether some rank has a port channel (proxy / copy-engine transfers)."""

@@ -273,8 +273,16 @@ def _derived_chunk_factor(plan: Plan) -> Optional[int]:
 def to_mscclpp(plan: Plan) -> dict:
     """Convert a plan into an MSCCL++ 0.9 execution plan (a JSON-ready dict).
 
-    Raises :class:`PlanError` (with the JSON path) for what MSCCL++ cannot express.
+    Raises :class:`PlanError` (with the JSON path) for what MSCCL++ cannot express, among it
+    every ``mscclang.plan/2`` plan (MSCCL++ has no epilogue ops: the first one is named).
     """
+    epilogue = plan.epilogue_ops()
+    if epilogue:
+        path, op = epilogue[0]
+        raise PlanError(f"MSCCL++ has no epilogue ops: this {plan.format} plan holds {op.name.value} "
+                        "(the fused residual add / RMSNorm) and cannot be exported", f"{path}.name")
+    if plan.format != PLAN_FORMAT:
+        raise PlanError(f"MSCCL++ export takes {PLAN_FORMAT} plans, not {plan.format}", "format")
     if plan.root is not None or plan.collective == "broadcast":
         raise PlanError("MSCCL++ plans have no broadcast collective and no root; this plan cannot be "
                         "exported", "root" if plan.root is not None else "collective")
