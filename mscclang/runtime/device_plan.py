@@ -33,7 +33,9 @@ MAX_BLOCK_BYTES = 200 * 1024  # dynamic shared memory the kernel may ask for (H1
 
 DOP_NOP, DOP_BARRIER, DOP_SIGNAL, DOP_WAIT, DOP_DATA = 0, 1, 2, 3, 4
 DOP_SEM_ACQUIRE, DOP_SEM_RELEASE, DOP_PIPELINE = 5, 6, 7
+DOP_RADD, DOP_RMSNORM = CONSTANTS["DOP_RADD"], CONSTANTS["DOP_RMSNORM"]
 SLOT_INPUT, SLOT_OUTPUT, SLOT_SCRATCH, SLOT_REMOTE0 = 0, 1, 2, 3
+SLOT_RESIDUAL = CONSTANTS["OPND_SLOT_RESIDUAL"]   # the call's residual (epilogue kernels; never remote)
 MODE_PACKET = 1
 KIND_CODE = {BufferKind.input: 0, BufferKind.output: 1, BufferKind.scratch: 2}
 FLAG_RELAXED = 1
@@ -74,6 +76,11 @@ def check_runnable(plan: Plan, allow_switch: bool = False, topology: Optional[To
                 raise PlanError(
                     f"rank {g.id} declares switch channels (NVLink multicast); they are refused unless "
                     "MSCCLANG_ENABLE_NVLS=1", f"gpus[{g.id}].channels")
+        for k, rb in enumerate(g.remote_buffers):
+            if rb.type in (BufferKind.residual, BufferKind.weight):
+                raise PlanError(f"rank {g.id} maps rank {rb.rank}'s {rb.type.name} (remote buffer {k}); the GPU "
+                                "runtime keeps the residual and the weight local to each rank (the plan must move "
+                                "residual rows through scratch)", f"gpus[{g.id}].remote_buffers[{k}]")
         nmem = len(g.peers(ChannelType.memory))
         if nmem > 65535:
             raise PlanError(f"rank {g.id} has {nmem} memory channels, more than 65535", f"gpus[{g.id}].channels")

@@ -27,8 +27,9 @@ from mscclang.errors import MscclangError, SettingError
 from mscclang.plan.dtypes import DTYPES as _DTYPE_TABLE
 from mscclang.plan.models import BufferKind, ChannelType, Plan
 from mscclang.runtime.device_plan import (
-    DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE, DOP_SIGNAL, DOP_WAIT,
-    FLAG_READS_PACKETS, FLAG_RELAXED, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT, SLOT_REMOTE0, SLOT_SCRATCH,
+    DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_RADD, DOP_RMSNORM, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE,
+    DOP_SIGNAL, DOP_WAIT, FLAG_READS_PACKETS, FLAG_RELAXED, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT, SLOT_REMOTE0,
+    SLOT_RESIDUAL, SLOT_SCRATCH,
 )
 from mscclang.runtime.packing import PackedRank
 from mscclang.runtime.structs import BLOCK_HEADER, DEV_OP
@@ -43,6 +44,11 @@ _PKT = {"ll16": 16, "ll8": 8}
 
 class SpecUnsupported(MscclangError):
     """The generator does not specialise this plan (or size); the interpreter runs it instead."""
+
+
+#: why plans with epilogue ops always run on the interpreter (its ``_epi`` kernels)
+EPI_UNSPECIALISED = ("the specialised kernel does not run epilogue ops (radd, rmsnorm, the residual): the "
+                     "interpreter's epilogue kernel runs this plan")
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,6 +257,8 @@ class _Gen:
     # operand pointer expressions --------------------------------------------------------------
     def base(self, desc: int) -> str:
         slot = desc & 0xFF
+        if slot == SLOT_RESIDUAL:
+            raise SpecUnsupported(EPI_UNSPECIALISED)
         if slot == SLOT_INPUT:
             return "a.in"
         if slot == SLOT_OUTPUT:
@@ -384,6 +392,8 @@ class _Gen:
                 return [f"  {{  // op {r.index}: {name} {r.ids}"] + body + ["  }"]
             return ([f"  {{ bool okw = true;  // op {r.index}: {name} {r.ids}"] + body
                     + ["    if (__syncthreads_or(!okw)) return; }"])
+        if k in (DOP_RADD, DOP_RMSNORM):
+            raise SpecUnsupported(EPI_UNSPECIALISED)
         raise SpecUnsupported(f"op {r.index}: device op kind {k} is not specialised")
 
     # blocks ---------------------------------------------------------------------------------------
