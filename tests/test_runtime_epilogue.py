@@ -1,0 +1,319 @@
+"""The runtime side of the fused epilogue (issue 22) on the CPU: the device header compiles with
+NVRTC; the simulator's numerics equal a straightforward scalar implementation of the spec's
+order bit for bit; packing of radd / rmsnorm; the EpiArgs parameter and every refusal of a bad
+call; the specialised kernel and the load checks refuse what they do not run; the executor and
+the launcher pass the call's EpiArgs to the epilogue kernel."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import types
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from mscclang.errors import InvalidCall, PlanError
+from mscclang.plan.io import plan_from_dict
+from mscclang.runtime import build
+from mscclang.runtime.device_plan import DOP_RADD, DOP_RMSNORM, SLOT_RESIDUAL, check_runnable
+from mscclang.runtime.epilogue import Epilogue, EpiPlan, call_sizes, epi_plan, pack_args
+from mscclang.runtime.packing import pack_blocks
+from mscclang.runtime.spec_source import SpecUnsupported, generate, parse_region
+from mscclang.runtime.structs import EPI_ARGS
+from mscclang.sim.epilogue import fp8_max, rms_norm_rows
+from tests.harness.epilogue_fakes import FakeCudaTensor
+from tests.harness.fused_plans import fused_oneshot_dict, fused_oneshot_plan
+
+
+def _nvrtc_ok() -> bool:
+    try:
+        build.nvrtc_version()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+needs_nvrtc = pytest.mark.skipif(not _nvrtc_ok() and not os.environ.get("CI"), reason="NVRTC not available")
+
+F = np.float32
+A_TYPES = {"f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
+Q_TYPES = {"e4m3": np.dtype(ml_dtypes.float8_e4m3fn), "e5m2": np.dtype(ml_dtypes.float8_e5m2)}
+
+
+# --------------------------------------------------------------------------------------------
+# the device code compiles
+
+
+@needs_nvrtc
+def test_epilogue_header_compiles_for_every_activation_dtype():
+    src = '#include "epilogue.cuh"\n' + "".join(
+        f'extern "C" __global__ void t_{n}(const u8* r, u8* o, const u64* pc, u32 np, const __grid_constant__ '
+        f"EpiArgs e) {{ epi_rmsnorm<{dt}>(r, o, e, pc, np); }}\n"
+        for n, dt in (("f16", "DT_F16"), ("bf16", "DT_BF16"), ("f32", "DT_F32")))
+    cubin = build.compile_source(src, "sm_90", name="epilogue_test.cu")
+    assert len(cubin) > 1000
+    # the epilogue kernels are in the interpreter's module source of each activation dtype only
+    assert "MSCCLANG_EPI_KERNELS_DT(bf16" in build.module_source("bf16")
+    assert "EPI" not in build.module_source("i32") and "EPI" not in build.module_source("bf16", traced=True)
+    assert build.kernel_name("f16", "ll8", "sum", 512, epi=True) == "mscclang_f16_ll8_sum_t512_epi"
+
+
+# --------------------------------------------------------------------------------------------
+# the simulator's numerics against a straightforward scalar implementation of the spec
+
+
+def _fp8_rne(x: F, q: np.dtype) -> int:
+    """The FP8 code of a finite fp32 value already clamped to the type's range: the nearest
+    representable value, ties to the even code (decoding the 256 codes is exact)."""
+    codes = np.arange(256, dtype=np.uint8)
+    vals = codes.view(q).astype(np.float64)
+    ok = np.isfinite(vals)
+    d = np.abs(vals - float(x))
+    d[~ok] = np.inf
+    best = d.min()
+    cands = [int(c) for c in codes[d == best]]
+    if vals[cands[0]] == 0.0:   # rounds to zero: the sign stays
+        return 0x80 if np.signbit(x) else 0
+    even = [c for c in cands if c % 2 == 0]
+    return (even or cands)[0]
+
+
+def _scalar_norm(row: np.ndarray, w: np.ndarray, eps: float, act: np.dtype, q: np.dtype = None,
+                 scale: float = None) -> np.ndarray:
+    """The spec, one fp32 operation at a time (numpy float32 scalars are correctly rounded)."""
+    h = len(row)
+    v = [F(x) for x in row.astype(np.float32)]
+    g_n = h // 8
+    part = []
+    for g in range(g_n):
+        p = F(0.0)
+        for i in range(8 * g, 8 * g + 8):
+            p = F(p + F(v[i] * v[i]))
+        part.append(p)
+    width = 1
+    while width < g_n:
+        width *= 2
+    part += [F(0.0)] * (width - g_n)
+    stride = width // 2
+    while stride >= 1:
+        for j in range(stride):
+            part[j] = F(part[j] + part[j + stride])
+        stride //= 2
+    mean = F(part[0] / F(h))
+    inv = F(F(1.0) / F(np.sqrt(F(mean + F(eps)))))
+    wf = [F(x) for x in w.astype(np.float32)]
+    y = np.array([F(F(v[i] * inv) * wf[i]) for i in range(h)], dtype=np.float32).astype(act)
+    if q is None:
+        return y
+    sinv = F(F(1.0) / F(scale))
+    m = F(fp8_max(q))
+    out = []
+    for x in y.astype(np.float32):
+        z = F(x * sinv)
+        z = m if z > m else (-m if z < -m else z)
+        out.append(_fp8_rne(z, q))
+    return np.array(out, dtype=np.uint8).view(q)
+
+
+@pytest.mark.parametrize("h,rows", [(8, 3), (24, 2), (40, 2), (4096, 1), (8200, 1), (16384, 1)])
+@pytest.mark.parametrize("act", ["f16", "bf16"])
+@pytest.mark.parametrize("wdt", ["f32", "act"])
+@pytest.mark.parametrize("quant", [None, "e4m3", "e5m2"])
+def test_simulator_numerics_equal_the_scalar_spec(h, rows, act, wdt, quant):
+    rng = np.random.default_rng(h * 7 + rows)
+    a = A_TYPES[act]
+    x = (rng.standard_normal((rows, h)) * rng.choice([0.01, 1.0, 30.0], size=(rows, 1))).astype(a)
+    w = (rng.standard_normal(h) * 2).astype(np.float32 if wdt == "f32" else a)
+    q = Q_TYPES[quant] if quant else None
+    scale = 0.004 if quant else None    # small: many values saturate
+    got = rms_norm_rows(x, w, 1e-6, q if q is not None else a, scale=scale,
+                        fp8_max_value=fp8_max(q) if q is not None else 0.0)
+    for k in range(rows):
+        want = _scalar_norm(x[k], w, 1e-6, a, q, scale)
+        assert got[k].tobytes() == want.tobytes(), f"row {k}"
+
+
+# --------------------------------------------------------------------------------------------
+# packing and load checks
+
+
+def test_radd_and_rmsnorm_pack_as_epilogue_records_on_the_residual():
+    plan = fused_oneshot_plan()
+    nbytes = 7 * 4096 * 2
+    pk = pack_blocks(plan, 1, nbytes, nbytes)
+    recs = parse_region(pk.blocks[0].region)
+    radd, norm = recs[3], recs[5]
+    assert radd.kind == DOP_RADD and radd.n_src == 2 and [d & 0xFF for d in radd.operands] == [2, SLOT_RESIDUAL,
+                                                                                            SLOT_RESIDUAL]
+    assert norm.kind == DOP_RMSNORM and [d & 0xFF for d in norm.operands] == [SLOT_RESIDUAL, 1]
+    # the residual has the input's grid; the norm's rows cover the whole residual, in one piece
+    assert [(ln, offs) for ln, _, offs in norm.pieces] == [(nbytes, (0, 0))]
+    assert radd.pieces[0][2][1:] == (0, 0) and radd.total == nbytes
+    assert pk.norms == [("gpus[1].threadblocks[0].ops[5]", [(0, nbytes)])]
+    assert epi_plan(plan) == EpiPlan(norm=True, quant=False)
+    assert epi_plan(fused_oneshot_plan(quant=True)) == EpiPlan(norm=True, quant=True)
+
+
+def test_ordinary_plans_have_no_epilogue(shipped_plans):
+    from mscclang.plan.io import load_plan
+
+    assert shipped_plans, "no shipped plans"
+    assert epi_plan(load_plan(shipped_plans[0])) is None
+
+
+def test_rmsnorms_that_disagree_on_quant_are_refused():
+    d = fused_oneshot_dict(quant=True)
+    d["gpus"][1]["threadblocks"][0]["ops"][5].pop("quant")
+    with pytest.raises(PlanError, match="rmsnorm ops of one plan must all quantise"):
+        epi_plan(plan_from_dict(d))
+
+
+def test_a_remote_residual_is_refused_at_load():
+    d = fused_oneshot_dict()
+    d["gpus"][0]["remote_buffers"].append({"rank": 1, "type": "r", "access_channel_types": ["memory"]})
+    with pytest.raises(PlanError, match="keeps the residual and the weight local") as e:
+        check_runnable(plan_from_dict(d))
+    assert e.value.path == "gpus[0].remote_buffers[1]"
+
+
+def test_the_specialised_kernel_refuses_epilogue_plans():
+    plan = fused_oneshot_plan()
+    pk = pack_blocks(plan, 0, 4096, 4096)
+    with pytest.raises(SpecUnsupported, match="does not run epilogue ops"):
+        generate(plan, pk, "bf16", "ll16", "sum")
+
+
+# --------------------------------------------------------------------------------------------
+# the call's checks and its EpiArgs
+
+BF, N, H = torch.bfloat16, 7 * 64, 64
+
+
+def _call(**kw):
+    """A good bf16 call of 7 rows of 64 on device 0, fields overridable; returns pack_args' args."""
+    quant = kw.pop("quant", False)
+    args = dict(inp=FakeCudaTensor(BF, N, 0x10000), out=FakeCudaTensor(torch.float8_e4m3fn if quant else BF, N,
+                                                                         0x20000),
+                res=FakeCudaTensor(BF, N, 0x30000), w=FakeCudaTensor(torch.float32, H, 0x40000),
+                params=Epilogue(H, 1e-5, 0.5 if quant else None), arch="sm_90",
+                norms=[("gpus[0].threadblocks[0].ops[5]", [(0, N * 2)])])
+    args.update(kw)
+    plan = fused_oneshot_plan(quant)
+    ep = epi_plan(plan)
+    call_sizes(ep, plan, 0, 0, args["inp"], args["out"])
+    return pack_args(ep, plan, 0, 0, args["arch"], args["norms"], args["inp"], args["out"], args["res"], args["w"],
+                     args["params"])
+
+
+def test_a_good_call_packs_its_epiargs():
+    got = EPI_ARGS.unpack(_call())
+    assert got["residual"] == 0x30000 and got["weight"] == 0x40000 and got["hidden"] == H
+    assert got["wdt"] == 0 and got["quant"] == 0 and got["eps"] == float(np.float32(1e-5))
+    got = EPI_ARGS.unpack(_call(quant=True, w=FakeCudaTensor(BF, H, 0x40000)))
+    assert got["wdt"] == 1 and got["quant"] == 1 and got["scale"] == 0.5
+    e5 = _call(quant=True, out=FakeCudaTensor(torch.float8_e5m2, N, 0x20000),
+               params=Epilogue(H, 1e-5, 0.25, torch.float8_e5m2))
+    assert EPI_ARGS.unpack(e5)["quant"] == 2
+
+
+@pytest.mark.parametrize("kw,err,match", [
+    (dict(params=Epilogue(60)), InvalidCall, "multiple of 8"),
+    (dict(params=Epilogue(48)), InvalidCall, "does not divide"),
+    (dict(params=Epilogue(70000)), InvalidCall, "multiple of 8 from 8 to 65536"),
+    (dict(params=None), InvalidCall, "pass epilogue="),
+    (dict(params=Epilogue(H, float("nan"))), InvalidCall, "eps"),
+    (dict(w=FakeCudaTensor(torch.float32, H - 8, 0x40000)), InvalidCall, "weight has 56 elements"),
+    (dict(w=FakeCudaTensor(torch.float16, H, 0x40000)), InvalidCall, "weight dtype"),
+    (dict(w=None), InvalidCall, "pass weight="),
+    (dict(res=None), InvalidCall, "pass residual="),
+    (dict(res=FakeCudaTensor(torch.float16, N, 0x30000)), InvalidCall, "residual must have the input's dtype"),
+    (dict(res=FakeCudaTensor(BF, N, 0x30000, device=1)), InvalidCall, "residual is on cuda:1"),
+    (dict(res=FakeCudaTensor(BF, N, 0x10010)), InvalidCall, "residual overlaps the input"),
+    (dict(params=Epilogue(H, 1e-5, 0.5)), InvalidCall, "takes no fp8 scale"),
+    (dict(quant=True, params=Epilogue(H, 1e-5, 0.0)), InvalidCall, "fp8 scale must be positive"),
+    (dict(quant=True, params=Epilogue(H, 1e-5, None)), InvalidCall, "fp8 scale must be positive"),
+    (dict(quant=True, params=Epilogue(H, 1e-5, 1.0, torch.float8_e5m2)), InvalidCall, "differs from the output"),
+    (dict(quant=True, arch="sm_80"), InvalidCall, "needs sm_89"),
+    (dict(out=FakeCudaTensor(torch.float16, N, 0x20000)), InvalidCall, "output dtype"),
+    (dict(out=FakeCudaTensor(BF, N - 8, 0x20000)), InvalidCall, "output has 440 elements"),
+    (dict(quant=True, out=FakeCudaTensor(BF, N, 0x20000)), InvalidCall, "must be float8_e4m3fn or float8_e5m2"),
+    (dict(inp=FakeCudaTensor(torch.int32, N, 0x10000), res=FakeCudaTensor(torch.int32, N, 0x30000)), InvalidCall,
+     "activation dtype"),
+    (dict(norms=[("gpus[0].threadblocks[0].ops[5]", [(64, N * 2 - 64)])]), PlanError, "not whole rows"),
+])
+def test_bad_calls_are_refused_naming_what_is_wrong(kw, err, match):
+    with pytest.raises(err, match=match):
+        _call(**kw)
+
+
+# --------------------------------------------------------------------------------------------
+# the executor and the launcher pass the EpiArgs to the epilogue kernel
+
+
+def test_execute_passes_the_epiargs_to_the_launch_and_refuses_them_for_other_plans(monkeypatch):
+    from mscclang.runtime import executor as exmod
+    from mscclang.runtime.executor import Executor
+    from mscclang.runtime.state import LaunchEntry, LoadedPlan, Operands
+
+    ex = object.__new__(Executor)
+    launched = []
+    ex.comm = types.SimpleNamespace(rank=0, device=0)
+    ex.arch = "sm_90"
+    ex.timeout_ns = 1
+    ex.abort = types.SimpleNamespace(aborted=False, state=lambda: 0, user_thread=None)
+    ex.launcher = types.SimpleNamespace(current_stream=lambda: 5,
+                                        launch=lambda *a: launched.append(a))
+    plan = fused_oneshot_plan()
+    lp = LoadedPlan(plan, False, "ll16", "sum", 512, 1, epi=epi_plan(plan))
+    pk = pack_blocks(plan, 0, N * 2, N * 2)
+    ex.contexts = types.SimpleNamespace(packed=lambda lp_, a, b: pk)
+    ent = LaunchEntry("F", 0xB10B, 1, 512, 1024, 0xF)
+    ex.entries = types.SimpleNamespace(resolve=lambda *a, **k: (ent, Operands()))
+    inp, out = FakeCudaTensor(BF, N, 0x10000), FakeCudaTensor(BF, N, 0x20000)
+    res, w = FakeCudaTensor(BF, N, 0x30000), FakeCudaTensor(BF, H, 0x40000)
+    ex.execute(lp, inp, out, residual=res, weight=w, epilogue=Epilogue(H))
+    (e, i, o, di, do, s, t, epi), = launched
+    assert (e, i, o, s) == (ent, 0x10000, 0x20000, 5)
+    assert EPI_ARGS.unpack(epi)["residual"] == 0x30000 and EPI_ARGS.unpack(epi)["wdt"] == 1
+    with pytest.raises(InvalidCall, match="pass residual="):
+        ex.execute(lp, inp, out, weight=w, epilogue=Epilogue(H))
+    with pytest.raises(InvalidCall, match="reduces with sum, not max"):
+        ex.execute(lp, inp, out, reduce_op="max", residual=res, weight=w, epilogue=Epilogue(H))
+    other = LoadedPlan(plan, False, "ll16", "sum", 512, 1)   # as a plan without epilogue ops loads
+    monkeypatch.setattr(exmod.Executor, "_check_call", lambda self, lp_, a, b: (N * 2, N * 2))
+    with pytest.raises(InvalidCall, match="has no epilogue ops"):
+        ex.execute(other, inp, out, residual=res)
+    assert len(launched) == 1
+
+
+def test_the_launcher_hands_the_epiargs_by_value_as_the_seventh_parameter():
+    from mscclang.runtime.launcher import Launcher
+
+    seen = []
+    la = object.__new__(Launcher)   # the real class, its fields set without a driver
+    la.cooperative = False
+    la.last_stream = 3
+    la.stream_capturing = lambda s: False
+    la.trace_ptr = 0
+    la._eargs = ctypes.create_string_buffer(EPI_ARGS.size)
+    la._eparams = (ctypes.c_uint64 * 6)()
+    la._eparam_ptrs = (ctypes.c_void_p * 7)(*[ctypes.addressof(la._eparams) + 8 * i for i in range(6)],
+                                            ctypes.addressof(la._eargs))
+
+    def raw(handle, gx, gy, gz, bx, by, bz, smem, s, params, extra):
+        ptrs = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        words = [ctypes.c_uint64.from_address(ptrs[i]).value for i in range(6)]
+        seen.append((handle, gx, bx, smem, s, words, ctypes.string_at(ptrs[6], EPI_ARGS.size)))
+        return 0
+
+    la._raw = raw
+    ent = types.SimpleNamespace(blob=0xB10B, func="F", handle=0xF, n_blocks=2, nthreads=512, smem=4096,
+                                spec=object())   # a spec is never used for an epilogue launch
+    epi = EPI_ARGS.pack(residual=0x30000, weight=0x40000, hidden=64, wdt=0, quant=1, eps=1e-6, scale=0.5)
+    la.launch(ent, 0x10, 0x20, 0, 0, 3, 99, epi)
+    (h, gx, bx, smem, s, words, got), = seen
+    assert (h, gx, bx, smem, s) == (0xF, 2, 512, 4096, 3)
+    assert words == [0xB10B, 0x10, 0x20, 0, 0, 99] and got == epi and la.last_kernel == "interpreter"
