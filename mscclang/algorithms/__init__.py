@@ -21,6 +21,7 @@ from mscclang.algorithms.allreduce import (
 )
 from mscclang.algorithms.alltoall import build_alltoall_ll, build_alltoall_simple, build_alltoall_zero_copy
 from mscclang.algorithms.broadcast import build_broadcast_ll, build_broadcast_simple
+from mscclang.algorithms.fused import build_fused_oneshot_ll, build_fused_twoshot_ll
 from mscclang.algorithms.hierarchical import build_allgather_hierarchical, build_allreduce_hierarchical
 from mscclang.algorithms.port import build_allgather_port, build_allreduce_port_pipelined, build_alltoall_port
 from mscclang.algorithms.reducescatter import (
@@ -31,6 +32,7 @@ from mscclang.algorithms.reducescatter import (
 from mscclang.algorithms.registry import MiB, AlgorithmInfo, Variant
 from mscclang.algorithms.sendrecv import build_sendrecv_ll, build_sendrecv_simple, build_sendrecv_zero_copy
 from mscclang.errors import DSLError
+from mscclang.plan.collectives import FUSED_NORM
 from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
 
 __all__ = ["ALGORITHMS", "AlgorithmInfo", "Variant", "build", "algorithms_for"]
@@ -172,6 +174,15 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {info.name: info for info in (
           build_rsag_pipelined,
           "rsag through scratch in unit-sized slices, reduce and copy-out blocks overlapping",
           1024, _variants(_by_blocks(_two), BOTH)),
+    # plan/2: allreduce + residual add + RMSNorm (+ FP8 output), for all_reduce_add_rms_norm
+    _info("allreduce_add_rms_norm_oneshot_ll", FUSED_NORM, "LL", "any", BOTH, (0, 1 * MiB),
+          build_fused_oneshot_ll, "every rank reduces every row from peers' packets, adds the "
+          "residual and normalises all rows", 512,
+          _variants((1,), BOTH) + _variants((1,), (False,), (("quant", True),))),
+    _info("allreduce_add_rms_norm_twoshot_ll", FUSED_NORM, "LL", "any", BOTH, _ALL,
+          build_fused_twoshot_ll, "packet reduce-scatter by rows, residual add and norm of the own "
+          "rows, packet all-gather of the normed and of the residual rows", 1024,
+          _variants((1,), BOTH) + _variants((1,), (False,), (("quant", True),))),
     _info("allgather_ll", "allgather", "LL", "any", BOTH, (0, 1 * MiB), build_allgather_ll,
           "packets into every peer's scratch, unpacked by the peer", 512,
           _variants(_by_blocks(_per_peer, _LL_SMALL, LL_BLOCKS))),

@@ -199,6 +199,17 @@ class Communicator:
         out = tensor if out is None else out
         return self._call("allreduce", tensor, out, reduce_op_name(op))
 
+    def all_reduce_add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6,
+                                out: Any = None, fp8_scale: Any = None) -> Any:
+        """vLLM's ``fused_add_rms_norm`` after an allreduce: ``residual += all_reduce(x)``, then
+        ``x`` (or ``out``) gets ``RMSNorm(residual) * weight`` (FP8 in ``out`` with
+        ``fp8_scale``). Returns the tensor holding the norm. Bad arguments raise InvalidCall
+        before anything runs; see :mod:`mscclang.comm.fused_norm` for the rules and the
+        fallback."""
+        from mscclang.comm.fused_norm import fused_call
+
+        return fused_call(self, x, residual, weight, eps, out, fp8_scale)
+
     def all_gather(self, tensor: Any, out: Any = None) -> Any:
         """Gather every rank's ``tensor`` into ``out`` (``world_size`` times as many elements,
         rank order). In place when ``tensor`` is ``out``'s block of this rank."""

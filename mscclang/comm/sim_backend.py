@@ -81,6 +81,9 @@ class _Launch:
     #: per operand: where this rank's registered tensor starts
     bases: tuple = (None, None)
     kind: str = "launch"
+    #: plan/2 (fused) launches: this rank's residual and the epilogue's parameters
+    residual: Optional[np.ndarray] = None
+    epilogue: Any = None
 
 
 class SimWorld:
@@ -157,6 +160,15 @@ class SimWorld:
                                         f"registered {what} at {addr:#x}, but it is at {want:#x}")
         inputs = [s.inp for s in slots]  # type: ignore[union-attr]
         self._slots = [None] * self.world_size  # free for the next launch
+        if first.residual is not None:
+            from mscclang.sim.fused import run_fused
+
+            run = run_fused(first.plan, inputs, [s.residual for s in slots], first.epilogue)  # type: ignore[union-attr]
+            if not run.outputs:
+                raise CommError(f"plan {first.plan.name}: {run.problems[0].message}")
+            self._results = list(zip(run.outputs, run.residuals))  # type: ignore[arg-type]
+            self.launches.append(first.plan.name)
+            return
         if self.engine == "sim":
             from mscclang.sim import run
 
@@ -378,6 +390,20 @@ class SimBackend(Backend):
         launch = _Launch(plan, torch_to_numpy(inp), out.numel(), reduce_op, packet_type, sym, peers, bases)
         res = self.world.launch(self.rank, launch)
         out.reshape(-1).copy_(numpy_to_torch(res, out))
+
+    def execute_fused(self, plan: Plan, inp: Any, out: Any, residual: Any, params: Any) -> None:
+        """Run a fused (plan/2) plan on the simulator: ``residual`` is updated in place and
+        ``out`` gets the norm (``params``: :class:`mscclang.sim.epilogue.EpilogueParams`)."""
+        launch = _Launch(plan, torch_to_numpy(inp), out.numel(), "sum", None, None,
+                         residual=torch_to_numpy(residual), epilogue=params)
+        res_out, new_res = self.world.launch(self.rank, launch)  # type: ignore[misc]
+        residual.reshape(-1).copy_(numpy_to_torch(new_res, residual))
+        if out.dtype.itemsize == 1:  # FP8: the bytes
+            import torch
+
+            out.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(np.ascontiguousarray(res_out).view(np.uint8)))
+        else:
+            out.reshape(-1).copy_(numpy_to_torch(res_out, out))
 
 
 class _Freed:

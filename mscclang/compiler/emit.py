@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref
 from mscclang.plan.models import (
+    EPILOGUE_OPS,
     REDUCE_OPS,
     BufferRef,
     ChannelDesc,
@@ -29,6 +30,7 @@ from mscclang.plan.models import (
     Gpu,
     IterContext,
     Op,
+    OpName,
     Plan,
     RankGroup,
     RemoteBuffer,
@@ -37,6 +39,7 @@ from mscclang.plan.models import (
     TbgInfo,
     ThreadBlock,
     ThreadBlockChannels,
+    plan_format,
 )
 
 _TYPES = (ChannelType.memory, ChannelType.port, ChannelType.switch)
@@ -121,6 +124,8 @@ def _op(op: IROp, tables: _TbTables) -> Op:
         fields["semaphore_ids"] = list(op.semaphores)
     if op.source is not None:
         fields["src"] = op.source
+    if op.name == OpName.rmsnorm and op.quant:
+        fields["quant"] = True
     return Op(**fields)
 
 
@@ -160,7 +165,9 @@ def emit(ir: IRProgram) -> Plan:
     reduce_ops = {op.reduce_op for r in ir.ranks for ops in r.tbs for op in _all_ops(ops)
                   if op.name in REDUCE_OPS and op.reduce_op is not None}
     spec = ir.spec
+    epilogue = any(op.name in EPILOGUE_OPS for r in ir.ranks for ops in r.tbs for op in _all_ops(ops))
     return Plan(
+        format=plan_format(epilogue),
         name=ir.name,
         collective=spec.name,
         protocol=ir.protocol,  # type: ignore[arg-type]

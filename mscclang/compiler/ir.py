@@ -90,6 +90,8 @@ class IROp:
     body: Optional[list["IROp"]] = None
     origin: str = ""
     source: Optional[str] = None
+    #: rmsnorm only: the output is FP8 (the plan op's ``quant``)
+    quant: bool = False
 
     def describe(self) -> str:
         return self.origin or self.name.value
@@ -133,7 +135,8 @@ class IRRank:
 
     def chunks(self, kind: BufferKind) -> int:
         return {BufferKind.input: self.input_chunks, BufferKind.output: self.output_chunks,
-                BufferKind.scratch: self.scratch_chunks}[kind]
+                BufferKind.scratch: self.scratch_chunks, BufferKind.residual: self.input_chunks,
+                BufferKind.weight: 0}[kind]
 
     def peers(self, channel_type: ChannelType) -> list[int]:
         if channel_type == ChannelType.memory:
@@ -264,6 +267,11 @@ def operand_roles(op: IROp) -> list[tuple[Ref, bool, bool]]:
     elif n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt):
         out += [(s, False, i > 0) for i, s in enumerate(op.src)]
         out += [(d, True, i > 0) for i, d in enumerate(op.dst)]
+    elif n == OpName.radd:  # r[dst] = src + r[dst]: the residual is read, then written
+        out += [(s, False, False) for s in op.src] + [(d, False, False) for d in op.dst]
+        out += [(d, True, False) for d in op.dst]
+    elif n == OpName.rmsnorm:
+        out += [(s, False, False) for s in op.src] + [(d, True, False) for d in op.dst]
     return out
 
 

@@ -10,6 +10,7 @@ from mscclang.dsl.channel import MemoryChannel, PortChannel, SwitchChannel
 from mscclang.dsl.collectives import (
     AllGather,
     AllReduce,
+    AllReduceAddRMSNorm,
     AllToAll,
     Broadcast,
     Collective,
@@ -26,7 +27,7 @@ from mscclang.dsl.types import BufferType, ChannelType, Chunk, RankGroup, Reduce
 from mscclang.dsl.utils import AlgoSpec, ReplicationPolicy
 
 __all__ = [
-    "AlgoSpec", "AllGather", "AllReduce", "AllToAll", "BaseBuffer", "Broadcast", "Buffer",
+    "AlgoSpec", "AllGather", "AllReduce", "AllReduceAddRMSNorm", "AllToAll", "BaseBuffer", "Broadcast", "Buffer",
     "BufferType", "ChannelType", "Chunk", "Collective", "CollectiveProgram", "JSON",
     "LoopIterationContext", "MemoryChannel", "PortChannel", "Rank", "RankGroup",
     "ReduceOperationType", "ReduceScatter", "ReplicationPolicy", "Semaphore", "SendRecv",

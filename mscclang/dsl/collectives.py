@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Optional
 
 from mscclang.errors import DSLError, PlanError
-from mscclang.plan.collectives import CollectiveSpec, Expect
+from mscclang.plan.collectives import FUSED_NORM, CollectiveSpec, Expect
 from mscclang.plan.models import BufferKind
 
-__all__ = ["AllGather", "AllReduce", "AllToAll", "Broadcast", "Collective", "ReduceScatter",
+__all__ = ["AllGather", "AllReduce", "AllReduceAddRMSNorm", "AllToAll", "Broadcast", "Collective", "ReduceScatter",
            "SendRecv", "TestCollective"]
 
 
@@ -80,6 +80,22 @@ class AllReduce(Collective):
 
     def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
         super().__init__(num_ranks, chunk_factor, inplace)
+
+
+class AllReduceAddRMSNorm(Collective):
+    """The fused allreduce + residual add + RMSNorm (``allreduce_add_rms_norm``, a plan/2
+    collective): chunks as :class:`AllReduce` (``n*f`` / ``n*f``), plus the residual buffer
+    (``Rank.get_residual_buffer()``, the input's chunks). Every rank's residual must end as
+    ``residual + allreduce(input)`` and its output as the RMSNorm of those rows; the row length,
+    weight and eps are execution parameters (docs/semantics.md, "Epilogue ops")."""
+
+    name = FUSED_NORM
+
+    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
+        super().__init__(num_ranks, chunk_factor, inplace)
+
+    def buffer_sizes(self) -> dict[BufferKind, int]:
+        return {**super().buffer_sizes(), BufferKind.residual: self.input_chunks}
 
 
 class ReduceScatter(Collective):

@@ -126,6 +126,9 @@ class CollectiveProgram:
             {BufferType.input: BaseBuffer(r, BufferType.input, 0, collective.input_chunks),
              BufferType.output: BaseBuffer(r, BufferType.output, 0, collective.output_chunks)}
             for r in range(num_ranks)]
+        if BufferType.residual in collective.buffer_sizes():
+            for r, bufs in enumerate(self.buffers):
+                bufs[BufferType.residual] = BaseBuffer(r, BufferType.residual, 0, collective.input_chunks)
         self._barrier_ids: list[dict[tuple[int, ...], int]] = [{} for _ in range(num_ranks)]
         self._loop: Optional["LoopIterationContext"] = None
         self._loop_ops: dict[tuple[int, int], list[IROp]] = {}

@@ -117,6 +117,55 @@ class Rank:
         """This rank's output buffer."""
         return get_program().buffers[self.rank][BufferType.output]
 
+    def get_residual_buffer(self) -> BaseBuffer:
+        """This rank's residual buffer (the input's chunks; only the fused collective
+        :class:`~mscclang.dsl.AllReduceAddRMSNorm` has one)."""
+        bufs = get_program().buffers[self.rank]
+        if BufferType.residual not in bufs:
+            raise DSLError(f"Rank({self.rank}).get_residual_buffer(): only an AllReduceAddRMSNorm "
+                           "program has a residual buffer")
+        return bufs[BufferType.residual]
+
+    def add_residual(self, residual_chunk: Chunk, src_chunk: Chunk, tb: int) -> None:
+        """``residual_chunk += src_chunk`` elementwise, each sum through fp32 rounded to the
+        activation dtype (``radd``). ``src_chunk`` is an input, output or scratch chunk of this
+        rank, ``residual_chunk`` the same number of residual chunks."""
+        prog = get_program()
+        call = f"Rank({self.rank}).add_residual"
+        t = prog.check_tb(self.rank, tb, call)
+        prog.check_chunk(residual_chunk, call, self.rank, t, "residual chunk")
+        prog.check_chunk(src_chunk, call, self.rank, t, "source")
+        if residual_chunk.buffer != BufferType.residual:
+            raise prog.error(self.rank, t, call, f"residual chunk {residual_chunk} must be a chunk of the residual buffer")
+        if src_chunk.buffer not in (BufferType.input, BufferType.output, BufferType.scratch):
+            raise prog.error(self.rank, t, call, f"source {src_chunk} must be an input, output or scratch chunk")
+        prog.check_same_size(self.rank, t, call, ("residual chunk", residual_chunk), ("source", src_chunk))
+        prog.add_op(self.rank, t, IROp(OpName.radd, src=[_local(src_chunk)], dst=[_local(residual_chunk)],
+                                       origin=f"{call}(tb={t})"))
+
+    def rms_norm(self, dst_chunk: Chunk, residual_chunk: Chunk, tb: int, quantize: bool = False) -> None:
+        """``dst_chunk = RMSNorm(residual_chunk) * weight`` row by row (``rmsnorm``); with
+        ``quantize`` the output is FP8 with the call's static scale. ``dst_chunk`` is the output
+        chunks (an in-place program's input chunks, which are the output) of the same index and size: row k of the residual goes to row k of the output.
+        At execution the chunks must hold whole rows (the hidden size is a parameter of the
+        call). The compiler puts a ``nop`` between an ``add_residual`` and the norm of its rows
+        in one block; rows added in another block must be ordered before the norm (a barrier)."""
+        prog = get_program()
+        call = f"Rank({self.rank}).rms_norm"
+        t = prog.check_tb(self.rank, tb, call)
+        prog.check_chunk(residual_chunk, call, self.rank, t, "residual chunk")
+        prog.check_chunk(dst_chunk, call, self.rank, t, "destination")
+        if residual_chunk.buffer != BufferType.residual:
+            raise prog.error(self.rank, t, call, f"residual chunk {residual_chunk} must be a chunk of the residual buffer")
+        if dst_chunk.buffer == BufferType.input and prog.ir.spec.inplace:  # the input is the output
+            dst_chunk = Chunk(dst_chunk.rank, BufferType.output, dst_chunk.index, dst_chunk.size)
+        if dst_chunk.buffer != BufferType.output or (dst_chunk.index, dst_chunk.size) != (residual_chunk.index, residual_chunk.size):
+            raise prog.error(self.rank, t, call, f"destination {dst_chunk} must be the output chunks "
+                                                 f"[{residual_chunk.index}:{residual_chunk.index + residual_chunk.size}] "
+                                                 "(the rows of the residual chunk)")
+        prog.add_op(self.rank, t, IROp(OpName.rmsnorm, src=[_local(residual_chunk)], dst=[_local(dst_chunk)],
+                                       quant=bool(quantize), origin=f"{call}(tb={t})"))
+
     def _copy(self, name: OpName, what: str, dst_chunk: Chunk, src_chunk: Chunk, tb: Optional[int],
               tb_group: Optional[ThreadBlockGroup]) -> None:
         prog = get_program()

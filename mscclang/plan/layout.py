@@ -121,7 +121,8 @@ class Layout:
         return self.chunk_bytes * self.scratch_chunks
 
     def grid(self, kind: BufferKind) -> Optional[Grid]:
-        if kind == BufferKind.input:
+        """The chunk grid of a user buffer; the residual (plan/2) has the input's."""
+        if kind in (BufferKind.input, BufferKind.residual):
             return self.input
         if kind == BufferKind.output:
             return self.output

@@ -28,6 +28,8 @@ from mscclang.errors import PlanError
 from mscclang.plan.collectives import CollectiveSpec, spec_from_plan
 from mscclang.plan.models import BufferKind, ChannelType, OpName, Plan, channel_ordinals, paired_indices
 from mscclang.sim.deadlock import DeadlockMixin
+from mscclang.sim.epilogue import EpilogueParams
+from mscclang.sim.epilogue_exec import EpilogueMixin
 from mscclang.sim.packets import PKT_WRITERS, PacketMixin
 from mscclang.sim.ports import PortMixin, Proxy, Trigger
 from mscclang.sim.program import COp, Program
@@ -42,12 +44,16 @@ __all__ = ["ChannelEnd", "PKT_WRITERS", "Proxy", "REMOTE_WRITERS", "SCHEDULES", 
            "Task", "Trigger", "Wait"]
 
 
-class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
+class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueMixin):
     """One run of a compiled plan on given inputs under one schedule.
 
     ``inputs`` are byte arrays, one per rank. After :meth:`run`, ``outputs[k][r]`` holds rank
     ``r``'s output bytes after launch ``k`` and ``problems`` what was found (races and the like;
-    a deadlock raises :class:`Deadlock` when ``raise_deadlock``)."""
+    a deadlock raises :class:`Deadlock` when ``raise_deadlock``).
+
+    Plans with epilogue ops (plan/2) take ``residuals`` (byte arrays of the input's size, one
+    per rank, written before every launch like the inputs; ``residual_outputs[k][r]`` holds
+    them after launch ``k``) and ``epilogue`` (the rmsnorm's execution parameters)."""
 
     def __init__(self, program: Program, inputs: list[np.ndarray], *, dtype: np.dtype,
                  reduce_op: str = "sum", packet_type: str = "LL16", launches: int = 1,
@@ -55,8 +61,13 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
                  nsym: int = 0, spec: Optional[CollectiveSpec] = None,
                  poison_outputs: bool = False, max_steps: int = 10_000_000,
                  lead: Optional[int] = None, sym_granule: int = 4,
-                 deadline: Optional[Deadline] = None) -> None:
+                 deadline: Optional[Deadline] = None,
+                 residuals: Optional[list[np.ndarray]] = None,
+                 epilogue: Optional[EpilogueParams] = None) -> None:
         plan = program.plan
+        self.epilogue = epilogue
+        self.residuals = residuals
+        self.residual_outputs: list[list[np.ndarray]] = []
         self.plan: Plan = plan
         self.program = program
         self.n = len(plan.gpus)
@@ -316,6 +327,11 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
                     else:
                         actor.acquire(*s[2].popleft())
             return
+        if name == OpName.rmsnorm:
+            actor.dirty = True
+            actor.dirty_op = opref
+            self._rmsnorm(task, actor, cop, opref)
+            return
         # data ops
         if cop.op.channel_type == ChannelType.port and name in (
                 OpName.put, OpName.pws, OpName.pwsf, OpName.ppkt, OpName.rppkt):
@@ -412,6 +428,15 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
             mem.shadow[okey][obase // g: -(-(obase + ob) // g)] = 0
         data = self.inputs[rank]
         mem.storage[ikey][ibase: ibase + ib] = data
+        rb = mem.storage["res"].shape[0]
+        if rb:
+            if self.residuals is None or self.residuals[rank].shape[0] != rb:
+                raise PlanError(f"the plan has epilogue ops: rank {rank} needs a residual of {rb} bytes")
+            mem.storage["res"][:] = self.residuals[rank]
+            if mem.shadow is not None:
+                mem.shadow["res"][:] = 0
+            self._record(host, rank, "res", 0, rb, True,
+                         self._host_opref(rank, k, "launch start: residual written"), k, host=True, single=True)
         if mem.shadow is not None:
             self._init_input_shadow(rank)
         self._record(host, rank, okey, obase, obase + ob, True,
@@ -473,6 +498,13 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin):
             self.outputs.append([None] * self.n)  # type: ignore[list-item]
             self.out_shadows.append([None] * self.n)  # type: ignore[list-item]
         self.outputs[k - 1][rank] = mem.storage[okey][obase: obase + ob].copy()
+        rb = mem.storage["res"].shape[0]
+        if rb:
+            self._record(host, rank, "res", 0, rb, False,
+                         self._host_opref(rank, k, "launch end: residual read"), k, host=True, single=True)
+            while len(self.residual_outputs) < k:
+                self.residual_outputs.append([None] * self.n)  # type: ignore[list-item]
+            self.residual_outputs[k - 1][rank] = mem.storage["res"].copy()
         if mem.shadow is not None:
             g = self.sym_granule
             self.out_shadows[k - 1][rank] = mem.shadow[okey][obase // g: (obase + ob) // g].copy()

@@ -95,7 +95,8 @@ class PacketMixin:
                         if m.shadow is not None:
                             shadows.append(self._sh_plain(m, key, a, n))
                 if g.reduce and nsrc > 1:
-                    result = reduce_bytes(datas, self.dtype, self.reduce_op)
+                    rop = "sum" if cop.op.name == OpName.radd else self.reduce_op
+                    result = reduce_bytes(datas, self.dtype, rop)
                     sh = None
                     if shadows and all(x is not None for x in shadows):
                         sh = shadows[0].astype(np.int16)

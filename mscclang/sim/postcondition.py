@@ -364,3 +364,44 @@ def derive_senders(program: Program) -> list[set[int]]:
                     cur |= got
                     changed = True
     return [origin.get((r, BufferKind.output), set()) - {r} for r in range(n)]
+
+
+def check_fused(inputs: list[np.ndarray], residuals: list[np.ndarray], res_out: list[np.ndarray],
+                outputs: list[np.ndarray], params: Any, quant: bool, launch: int) -> list[Problem]:
+    """The postcondition of ``allreduce_add_rms_norm`` (arrays of the activation dtype, the
+    outputs of the FP8 type with ``quant``): every rank's residual is within ``(n + 1) * u *
+    (sum |x_p| + |residual|)`` of the float64 ``residual + sum of inputs`` (u: the activation's
+    unit roundoff; the sum's order is the plan's, so ranks may round differently, as with the
+    library allreduce), and every output is bit for bit :func:`mscclang.sim.epilogue.norm` of that rank's residual."""
+    from mscclang.sim.epilogue import norm
+
+    probs: list[Problem] = []
+    dt = residuals[0].dtype
+    n = len(inputs)
+    u = unit_roundoff(dt) if is_float(dt) else 0.0
+    x64 = [x.astype(np.float64) for x in inputs]
+    ref = np.sum(x64, axis=0) + residuals[0].astype(np.float64)
+    mag = np.sum(np.abs(x64), axis=0) + np.abs(residuals[0].astype(np.float64))
+    tiny = float(np.finfo(np.float32).tiny) if is_float(dt) else 0.0
+    bound = (n + 1) * u * mag + tiny
+    h = params.hidden
+    for r in range(n):
+        got = res_out[r].astype(np.float64)
+        bad = ~(np.abs(got - ref) <= bound)
+        if bad.any():
+            i = int(np.argmax(bad))
+            probs.append(Problem("postcondition", f"rank {r} residual element {i} (row {i // h}, launch {launch}) "
+                                 f"is {_fmt(got[i])}, expected residual + allreduce = {_fmt(ref[i])} "
+                                 f"(bound {bound[i]:.3g})", details={"rank": r, "row": i // h}))
+            continue
+        want = norm(res_out[r].reshape(-1, h), params, quant).reshape(-1)
+        ob = outputs[r].view(np.uint8)
+        wb = want.view(np.uint8)
+        if ob.shape != wb.shape or not np.array_equal(ob, wb):
+            isz = want.dtype.itemsize
+            neq = ob.reshape(-1, isz) != wb.reshape(-1, isz) if ob.shape == wb.shape else np.ones((1, 1), bool)
+            i = int(np.argmax(neq.any(axis=1)))
+            probs.append(Problem("postcondition", f"rank {r} output element {i} (row {i // h}, launch {launch}) is "
+                                 f"not the norm of the residual row: expected {_fmt(want[i])}",
+                                 details={"rank": r, "row": i // h}))
+    return probs

@@ -30,7 +30,7 @@ DATA_OPS = frozenset({
     OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.copy, OpName.cpkt, OpName.upkt,
     OpName.ppkt, OpName.rppkt, OpName.re, OpName.res, OpName.rre, OpName.rres, OpName.repkt,
     OpName.respkt, OpName.recpkt, OpName.recspkt, OpName.glre, OpName.glres, OpName.gstore,
-    OpName.gstorepkt,
+    OpName.gstorepkt, OpName.radd,
 })
 PAIRWISE_OPS = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.copy,
                           OpName.cpkt, OpName.upkt, OpName.ppkt, OpName.rppkt})
@@ -175,6 +175,9 @@ class _Resolver:
                 raise PlanError(f"{where}: {len(srcs_r)} sources and {len(dsts_r)} destinations do not pair up")
         elif name == OpName.gstore or name == OpName.gstorepkt:
             plans = [([0], list(range(len(dsts_r))), False)]
+        elif name == OpName.radd:  # r[dst] = src + r[dst]: the residual is the second source
+            srcs_r = [srcs_r[0], dsts_r[0]]
+            plans = [([0, 1], [0], True)]
         else:
             plans = [(list(range(len(srcs_r))), list(range(len(dsts_r))), True)]
         out: list[Group] = []
@@ -229,6 +232,23 @@ class _Resolver:
             out.append(g)
         return out
 
+    def norm_group(self, rank: int, tb: ThreadBlock, op: Op, where: str) -> list[Group]:
+        """An rmsnorm's one group: the residual range it reads (one piece, its byte extent) and
+        the output it writes; the rows are cut at execution, where the row length is known."""
+        if len(op.src_buff) != 1 or len(op.dst_buff) != 1:
+            raise PlanError(f"{where}: rmsnorm takes one source and one destination")
+        s, d = op.src_buff[0], op.dst_buff[0]
+        lay = self.layouts[rank]
+        src = self.ref(rank, tb, op, s, False, where)[0]
+        dst = self.ref(rank, tb, op, d, False, where)[0]
+        for o, r in ((src, s), (dst, d)):
+            if r.index + r.size > self._nchunks(o):
+                raise PlanError(f"{where}: chunks {r.index}..{r.index + r.size - 1} of buffer "
+                                f"{o.kind.value!r} are out of range ({self._nchunks(o)} chunks)")
+        a, b = lay.ref_span(s.type, s.index, s.size)  # type: ignore[arg-type]
+        oa, _ = lay.ref_span(d.type, d.index, d.size)  # type: ignore[arg-type]
+        return [Group([src], [dst], [Piece((a, oa), b - a)])]
+
     def _chunk_lens(self, lay: Layout, operands, size: int) -> list[int]:
         lens = []
         for t in range(size):
@@ -243,7 +263,8 @@ class _Resolver:
     def _nchunks(self, o: Operand) -> int:
         g = self.plan.gpus[o.rank]
         return {BufferKind.input: g.input_chunks, BufferKind.output: g.output_chunks,
-                BufferKind.scratch: g.scratch_chunks}[o.kind]
+                BufferKind.scratch: g.scratch_chunks, BufferKind.residual: g.input_chunks,
+                BufferKind.weight: 0}[o.kind]
 
 
 def _owner(total: int, pos: int, size: int, alignment: int) -> int:
@@ -356,4 +377,6 @@ def _compile_op(res: _Resolver, r: int, tb: ThreadBlock, op: Op, index: str, ali
             gs = [_slice_group(g, g.pieces, [(k, a, b) for (k, _t, a, b) in g.pads]) for g in gs]  # type: ignore[misc]
         chans = res.channels(r, tb, op, where) if op.channel_type == ChannelType.port else []
         return COp(index, op, gs, chans)
+    if op.name == OpName.rmsnorm:
+        return COp(index, op, res.norm_group(r, tb, op, where), [])
     return COp(index, op, [], res.channels(r, tb, op, where))

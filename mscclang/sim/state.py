@@ -46,6 +46,9 @@ class RankMemory:
             self.storage["out"] = np.zeros(ob, dtype=np.uint8)
             self.alias[BufferKind.input] = ("in", 0)
             self.alias[BufferKind.output] = ("out", 0)
+        # plan/2: the residual, laid out as the input (empty when the plan has no epilogue)
+        self.storage["res"] = np.zeros(ib if plan.epilogue_ops() else 0, dtype=np.uint8)
+        self.alias[BufferKind.residual] = ("res", 0)
         sb = scratch_bytes_needed(plan, layout)
         sb += (-sb) % 8
         self.storage["scr"] = np.zeros(sb, dtype=np.uint8)
@@ -75,7 +78,7 @@ class RankMemory:
         return key, base + off
 
     def span_bytes(self, kind: BufferKind) -> int:
-        if kind == BufferKind.input:
+        if kind in (BufferKind.input, BufferKind.residual):
             return self.layout.input_bytes
         if kind == BufferKind.output:
             return self.layout.output_bytes

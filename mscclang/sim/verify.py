@@ -13,7 +13,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from mscclang.errors import MscclangError, PlanError, VerificationError
-from mscclang.plan.collectives import CollectiveSpec, check_senders, spec_from_plan
+from mscclang.plan.collectives import FUSED_NORM, CollectiveSpec, check_senders, spec_from_plan
 from mscclang.plan.layout import scratch_bytes_needed
 from mscclang.plan.models import BufferKind, Plan
 from mscclang.sim.budget import Deadline, Estimate, Limits, estimate_runs
@@ -340,6 +340,11 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     t0 = time.perf_counter()
     p = as_plan(plan)
     spec = spec_from_plan(p)
+    if spec.name == FUSED_NORM:  # row-shaped cases and its own postcondition
+        from mscclang.sim.fused import verify_fused
+
+        return verify_fused(p, schedules=min(schedules, 4), seed=seed,
+                            **({"launches": launches} if launches is not None else {}))
     if launches is None:
         launches = default_launches(p)
     _check_arguments(sizes, schedules, seed, launches)
