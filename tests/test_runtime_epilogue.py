@@ -317,3 +317,44 @@ def test_the_launcher_hands_the_epiargs_by_value_as_the_seventh_parameter():
     (h, gx, bx, smem, s, words, got), = seen
     assert (h, gx, bx, smem, s) == (0xF, 2, 512, 4096, 3)
     assert words == [0xB10B, 0x10, 0x20, 0, 0, 99] and got == epi and la.last_kernel == "interpreter"
+
+
+# --------------------------------------------------------------------------------------------
+# what the GPU tests compare with: the simulator's run of each 2-rank fused plan equals the
+# postcondition (mscclang.sim.epilogue.fused_reference) at 2 ranks, bit for bit, for a residual
+# replicated on every rank (the two-shot gathers each rank's updated residual rows, so it needs
+# that)
+
+
+def _fused_plans_r2() -> list:
+    from pathlib import Path
+
+    from mscclang.plan.io import load_plan
+
+    root = Path(__file__).resolve().parent.parent / "plans"
+    return [fused_oneshot_plan(False), fused_oneshot_plan(True)] + [
+        load_plan(f) for f in sorted(root.glob("allreduce_add_rms_norm*.r2.*json"))]
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_the_simulator_runs_each_fused_plan_to_the_reference(i):
+    from mscclang.sim.epilogue import EpilogueParams, fused_reference
+    from mscclang.sim.fused import plan_quantises, run_fused
+
+    plans = _fused_plans_r2()
+    if i >= len(plans):
+        pytest.skip("fewer shipped fused plans")
+    plan = plans[i]
+    quant = plan_quantises(plan)
+    rng = np.random.default_rng(i)
+    a = A_TYPES["bf16"]
+    h, t = 64, 4
+    xs = [(rng.standard_normal(t * h) * 2).astype(a) for _ in range(2)]
+    rs = [rng.standard_normal(t * h).astype(a)] * 2   # replicated, as tensor parallelism has it
+    params = EpilogueParams(h, (rng.standard_normal(h) + 1).astype(np.float32), 1e-6, 0.05 if quant else None)
+    run = run_fused(plan, xs, rs, params)
+    assert not run.problems, run.problems
+    for r in range(2):
+        want_res, want_out = fused_reference(xs, rs[r], params, quant)
+        assert run.residuals[r].tobytes() == want_res.tobytes()
+        assert run.outputs[r].tobytes() == want_out.tobytes()

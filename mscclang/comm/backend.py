@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from mscclang.config import settings
-from mscclang.errors import RuntimeUnavailable
+from mscclang.errors import InvalidCall, RuntimeUnavailable
 from mscclang.plan.models import Plan
 
 
@@ -237,6 +237,17 @@ class RuntimeBackend(Backend):
     def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
                 reduce_op: Optional[str] = None) -> None:
         self.executor.prepare(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
+
+    def execute_fused(self, plan: Plan, inp: Any, out: Any, residual: Any, params: Any, weight: Any = None) -> None:
+        """Run a fused (plan/2) plan: ``residual`` updated in place, ``out`` gets the norm;
+        ``params``: :class:`mscclang.sim.epilogue.EpilogueParams` (H, eps, scale; its weight
+        array is not used), ``weight``: the CUDA weight tensor (required)."""
+        from mscclang.runtime.epilogue import Epilogue
+
+        if weight is None:
+            raise InvalidCall("the GPU runtime's execute_fused needs weight= (the CUDA weight tensor)")
+        epi = Epilogue(params.hidden, params.eps, params.scale, out.dtype if params.scale is not None else None)
+        self.executor.execute(plan, inp, out, residual=residual, weight=weight, epilogue=epi)
 
     def bind(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
              packet_type: Optional[str] = None) -> Any:

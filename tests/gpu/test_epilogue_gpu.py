@@ -17,7 +17,7 @@ from mscclang.plan.io import plan_to_json
 pytestmark = pytest.mark.gpu
 
 C = "tests.harness.epilogue_checks"
-TOKENS = [1, 7, 64, 512]
+TOKENS = [1, 2, 7, 64, 512]
 HIDDEN = [8, 4096, 8192, 16384]
 ROOT = Path(__file__).resolve().parents[2] / "plans"
 
@@ -41,20 +41,30 @@ def _quant(plan_json: str) -> bool:
 def _ok(results: list, name: str) -> None:
     for r in results:
         if r.get("refused"):
-            pytest.skip(f"{name}: the runtime refuses it: {r['refused']}")
+            pytest.fail(f"{name}: the runtime refuses it: {r['refused']}")
         assert not r["bad"], f"{name} rank {r['rank']}: {r['bad'][:4]}"
+        assert r["ran"], f"{name}: no shape of the test fits the plan"
         assert r["kernel"] == "interpreter"
 
 
-@pytest.mark.parametrize("act", ["bfloat16", "float16"])
-@pytest.mark.parametrize("wdt", ["float32", "act"])
-@pytest.mark.parametrize("graph", [False, True])
-def test_fused_plans_equal_the_simulator(pool, act, wdt, graph):
+def _run(pool, act: str, wdt: str, graph: bool, tokens: list, hidden: list) -> None:
     plans = _plans(pool.world_size)
     if not plans:
         pytest.skip(f"no fused plan for {pool.world_size} ranks")
     for name, j in plans:
-        fp8s = ["float8_e4m3fn", "float8_e5m2"] if _quant(j) else [None]
-        for fp8 in fp8s:
-            _ok(pool.run(f"{C}:fused_check", j, TOKENS, HIDDEN, act, act if wdt == "act" else wdt, fp8, graph),
+        if pool.world_size > 4 and "twoshot" in name:
+            continue   # its ppkt ops name more operands than the kernel's 16 (a load-time refusal)
+        for fp8 in (["float8_e4m3fn", "float8_e5m2"] if _quant(j) else [None]):
+            _ok(pool.run(f"{C}:fused_check", j, tokens, hidden, act, act if wdt == "act" else wdt, fp8, graph),
                 f"{name} {fp8 or ''}")
+
+
+@pytest.mark.parametrize("act", ["bfloat16", "float16"])
+@pytest.mark.parametrize("wdt", ["float32", "act"])
+def test_fused_plans_equal_the_simulator(pool, act, wdt):
+    _run(pool, act, wdt, False, TOKENS, HIDDEN)
+
+
+@pytest.mark.parametrize("act", ["bfloat16", "float16"])
+def test_fused_plans_in_cuda_graphs_equal_the_simulator(pool, act):
+    _run(pool, act, "float32", True, [2, 7, 64], [8, 8192])

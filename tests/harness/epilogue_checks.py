@@ -11,9 +11,6 @@ import numpy as np
 
 from mscclang.cli.run_checks import worker_device, worker_plan
 
-_NP = {"float16": "float16", "bfloat16": "bfloat16"}
-
-
 def _np_dtype(name: str) -> Any:
     import ml_dtypes
 
@@ -44,13 +41,16 @@ def _first_diff(a: bytes, b: bytes, esize: int) -> Optional[int]:
 
 def fused_check(w: Any, plan_json: str, tokens: list, hiddens: list, act: str = "bfloat16", wdt: str = "float32",
                 fp8: Optional[str] = None, graph: bool = False, seed: int = 3) -> dict:
-    """For every (tokens, H): random inputs of every rank (the same on every process), this
-    rank's residual and the weight; one eager launch (``graph``: one captured launch, replayed
-    twice on the same residual) through the executor; the residual and the output against the
-    simulator's definition, bit for bit. Returns the failures, if any."""
+    """For every (tokens, H) the plan takes (its message-size range; its rmsnorms on whole rows at
+    that size: the two-shot's rows must split evenly over the ranks): random inputs of every rank
+    (the same on every process), the residual (replicated) and the weight; one eager launch
+    (``graph``: then one captured launch, replayed twice on the same residual) through the
+    executor; the residual and the output against the simulator's definition, bit for bit.
+    Returns the failures and the shapes run."""
     import torch
 
     from mscclang.runtime.epilogue import Epilogue
+    from mscclang.runtime.packing import pack_blocks
     from mscclang.sim.epilogue import EpilogueParams, fused_reference
 
     plan = worker_plan(w, plan_json)
@@ -63,12 +63,22 @@ def fused_check(w: Any, plan_json: str, tokens: list, hiddens: list, act: str = 
     tdt = getattr(torch, act)
     quant = fp8 is not None
     bad = []
+    ran = []
     for t in tokens:
         for h in hiddens:
             n = t * h
+            esz = a.itemsize
+            if not plan.min_message_size <= n * esz <= plan.max_message_size:
+                continue
+            norms = pack_blocks(plan, w.rank, n * esz, n * (1 if quant else esz)).norms
+            if any(o % (h * esz) or ln % (h * esz) for _, spans in norms for o, ln in spans):
+                continue
+            ran.append((t, h))
             rng = np.random.default_rng(seed + 1000 * t + h)
             xs = [(rng.standard_normal(n) * 2).astype(a) for _ in range(plan.world_size)]
-            ress = [rng.standard_normal(n).astype(a) for _ in range(plan.world_size)]
+            # one residual, replicated on every rank as tensor parallelism has it (the two-shot
+            # gathers each rank's updated residual rows, so it needs that)
+            ress = [rng.standard_normal(n).astype(a)] * plan.world_size
             wnp = (rng.standard_normal(h) + 1).astype(np.float32 if wdt == "float32" else a)
             scale = 0.05 if quant else None
             qd = _np_dtype("float8_e4m3fn" if fp8 == "float8_e4m3fn" else "float8_e5m2") if quant else None
@@ -114,4 +124,4 @@ def fused_check(w: Any, plan_json: str, tokens: list, hiddens: list, act: str = 
                         bad.append({"tokens": t, "hidden": h, "run": k, "what": what,
                                     "first": _first_diff(got, want.tobytes(), want.dtype.itemsize)})
             res.copy_(res0)
-    return {"rank": w.rank, "bad": bad, "kernel": ex.last_kernel}
+    return {"rank": w.rank, "bad": bad, "kernel": ex.last_kernel, "ran": ran}
