@@ -114,10 +114,20 @@ __device__ float epi_sum_squares(const u8* v, u32 H, float* part) {
     part[g] = p;
   }
   __syncthreads();
-  for (u32 s = P >> 1; s >= 1u; s >>= 1) {
+  u32 s = P >> 1;
+  for (; s >= 32u; s >>= 1) {
     for (u32 j = tid; j < s; j += nt) part[j] = __fadd_rn(part[j], part[j + s]);
     __syncthreads();
   }
+  // the strides below 32 (the same adds in the same order) within the first warp
+  if (tid < 32u) {
+    const u32 lanes = nt >= 32u ? 0xffffffffu : ((1u << nt) - 1u);
+    for (; s >= 1u; s >>= 1) {
+      for (u32 j = tid; j < s; j += nt) part[j] = __fadd_rn(part[j], part[j + s]);
+      __syncwarp(lanes);
+    }
+  }
+  __syncthreads();
   const float total = part[0];
   __syncthreads();   // every thread has read the total: the next row may overwrite the partials
   return total;
