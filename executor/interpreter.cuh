@@ -445,7 +445,7 @@ __device__ bool run_op(const Ctx& c, const DevOp* op, long long iter, u64 unit, 
       return !__syncthreads_or(!ok);
     }
     case DOP_DATA: {
-      bool ok = run_data<DT, OP, PKT, U, UP>(c, op, opi, iter, unit);
+      bool ok = run_data<DT, OP, PKT, U, UP, EPI>(c, op, opi, iter, unit, e);
       if ((op->flags & 2u) && !last) return !__syncthreads_or(!ok);  // reads packets: may have aborted
       return ok;
     }
