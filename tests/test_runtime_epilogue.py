@@ -2,7 +2,7 @@
 NVRTC; the simulator's numerics equal a straightforward scalar implementation of the spec's
 order bit for bit; packing of radd / rmsnorm; the EpiArgs parameter and every refusal of a bad
 call; the specialised kernel and the load checks refuse what they do not run; the executor and
-the launcher pass the call's EpiArgs to the epilogue kernel."""
+the launcher pass the call's EpiArgs to the epilogue kernels (interpreter and specialised)."""
 
 from __future__ import annotations
 
@@ -179,11 +179,42 @@ def test_a_remote_residual_is_refused_at_load():
     assert e.value.path == "gpus[0].remote_buffers[1]"
 
 
-def test_the_specialised_kernel_refuses_epilogue_plans():
-    plan = fused_oneshot_plan()
-    pk = pack_blocks(plan, 0, 4096, 4096)
-    with pytest.raises(SpecUnsupported, match="does not run epilogue ops"):
-        generate(plan, pk, "bf16", "ll16", "sum")
+def test_the_specialised_kernel_holds_the_epiargs_and_refuses_what_the_epilogue_does_not_run():
+    plan = fused_oneshot_plan(quant=True)
+    pk = pack_blocks(plan, 0, 7 * 64 * 2, 7 * 64)
+    src = generate(plan, pk, "bf16", "ll16", "sum")
+    assert src.args.epi and src.args.peer_abort == src.args.epi_args + EPI_ARGS.size
+    assert "EpiArgs epi;" in src.source and "epi_rmsnorm<DT>(res, a.out, a.epi, pc, 1u)" in src.source
+    assert "res + 0ull, res + 0ull" in src.source   # radd: a sum of (src, residual) into the residual
+    assert src.nthreads == plan.num_threads_per_block   # rows of any H: the plan's threads
+    for dt, op in (("bf16", "max"), ("i32", "sum")):
+        with pytest.raises(SpecUnsupported, match="epilogue ops run sum"):
+            generate(plan, pk, dt, "ll16", op)
+    plain = generate(load_shipped("allreduce_oneshot_ll.r2.i1"), pack_blocks(load_shipped(
+        "allreduce_oneshot_ll.r2.i1"), 0, 4096, 4096), "bf16", "ll16", "sum")
+    assert not plain.args.epi and "EpiArgs" not in plain.source
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name", ["allreduce_add_rms_norm_oneshot_ll.r2.i1.quantTrue",
+                                  "allreduce_add_rms_norm_twoshot_ll.r2.i1.inplace"])
+def test_specialised_kernels_of_the_shipped_fused_plans_build_for_sm90(name):
+    plan = load_shipped(name)
+    quant = "quant" in name
+    pk = pack_blocks(plan, 1, 64 * 4096 * 2, 64 * 4096 * (1 if quant else 2))
+    src = generate(plan, pk, "bf16", "ll16", "sum")
+    assert len(build.compile_source(src.source, "sm_90", options=("-DMSCCLANG_CHECK_LAYOUT",), name="spec.cu")) > 1000
+
+
+def load_shipped(name: str):
+    from pathlib import Path
+
+    from mscclang.plan.io import load_plan
+
+    f = Path(__file__).resolve().parent.parent / "plans" / f"{name}.json"
+    if not f.is_file():
+        pytest.skip(f"{name} is not shipped")
+    return load_plan(f)
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,15 +320,19 @@ def test_execute_passes_the_epiargs_to_the_launch_and_refuses_them_for_other_pla
     assert len(launched) == 1
 
 
-def test_the_launcher_hands_the_epiargs_by_value_as_the_seventh_parameter():
+def _launcher(seen: list):
+    """A real Launcher without a driver: its raw launch records (handle, grid, block, smem,
+    stream, the six u64 parameters, the seventh parameter's EpiArgs bytes or None)."""
     from mscclang.runtime.launcher import Launcher
 
-    seen = []
-    la = object.__new__(Launcher)   # the real class, its fields set without a driver
+    la = object.__new__(Launcher)
     la.cooperative = False
     la.last_stream = 3
     la.stream_capturing = lambda s: False
     la.trace_ptr = 0
+    la._params = (ctypes.c_uint64 * 6)()
+    la._param_ptrs = (ctypes.c_void_p * 6)(*[ctypes.addressof(la._params) + 8 * i for i in range(6)])
+    la._param_addr = ctypes.addressof(la._param_ptrs)
     la._eargs = ctypes.create_string_buffer(EPI_ARGS.size)
     la._eparams = (ctypes.c_uint64 * 6)()
     la._eparam_ptrs = (ctypes.c_void_p * 7)(*[ctypes.addressof(la._eparams) + 8 * i for i in range(6)],
@@ -305,13 +340,47 @@ def test_the_launcher_hands_the_epiargs_by_value_as_the_seventh_parameter():
 
     def raw(handle, gx, gy, gz, bx, by, bz, smem, s, params, extra):
         ptrs = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        if handle == 0x5:   # a specialised kernel: one parameter, its SpecArgs
+            seen.append((handle, ctypes.string_at(ptrs[0], 48)))
+            return 0
         words = [ctypes.c_uint64.from_address(ptrs[i]).value for i in range(6)]
-        seen.append((handle, gx, bx, smem, s, words, ctypes.string_at(ptrs[6], EPI_ARGS.size)))
+        seen.append((handle, gx, bx, smem, s, words))
+        if handle == 0xF:
+            seen[-1] += (ctypes.string_at(ptrs[6], EPI_ARGS.size),)
         return 0
 
     la._raw = raw
+    return la
+
+
+def test_the_specialised_launch_writes_the_epiargs_into_its_parameters():
+    from mscclang.runtime.spec_source import ArgsLayout
+
+    seen = []
+    la = _launcher(seen)
+    lay = ArgsLayout(1, 1, 1, epi=True)
+    args = (ctypes.c_uint64 * (lay.size // 8))()
+    ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+    sp = types.SimpleNamespace(func="S", fh=0x5, n_blocks=2, nthreads=256, layout=lay)
     ent = types.SimpleNamespace(blob=0xB10B, func="F", handle=0xF, n_blocks=2, nthreads=512, smem=4096,
-                                spec=object())   # a spec is never used for an epilogue launch
+                                spec=types.SimpleNamespace(args=args, spec=sp, param_addr=ctypes.addressof(ptrs)))
+    epi = EPI_ARGS.pack(residual=0x30000, weight=0x40000, hidden=64, wdt=0, quant=0, eps=1e-6)
+    la.launch(ent, 0x10, 0x20, 0, 0, 3, 99, epi)
+    assert la.last_kernel == "spec" and seen[0][0] == 0x5 and seen[0][1][:16] == (0x10).to_bytes(8, "little") + \
+        (0x20).to_bytes(8, "little")
+    assert ctypes.string_at(ctypes.addressof(args) + lay.epi_args, EPI_ARGS.size) == epi
+    assert list(args)[:5] == [0x10, 0x20, 0, 0, 99]
+    # a residual not 16-byte aligned: the interpreter's epilogue kernel runs it
+    odd = EPI_ARGS.pack(residual=0x30008, weight=0x40000, hidden=64)
+    la.launch(ent, 0x10, 0x20, 0, 0, 3, 99, odd)
+    assert la.last_kernel == "interpreter" and seen[1][0] == 0xF and seen[1][-1] == odd
+
+
+def test_the_launcher_hands_the_epiargs_by_value_as_the_seventh_parameter():
+    seen = []
+    la = _launcher(seen)
+    ent = types.SimpleNamespace(blob=0xB10B, func="F", handle=0xF, n_blocks=2, nthreads=512, smem=4096,
+                                spec=None)
     epi = EPI_ARGS.pack(residual=0x30000, weight=0x40000, hidden=64, wdt=0, quant=1, eps=1e-6, scale=0.5)
     la.launch(ent, 0x10, 0x20, 0, 0, 3, 99, epi)
     (h, gx, bx, smem, s, words, got), = seen

@@ -37,7 +37,7 @@ from mscclang.runtime.kernels import SPEC_ERRORS, KernelCache, unsupported
 from mscclang.runtime.ports import PortScript
 from mscclang.runtime.proxy import Incoming, PortLaunch
 from mscclang.runtime.spec_build import pack_args, spec_hot_calls, when
-from mscclang.runtime.spec_source import EPI_UNSPECIALISED, generate
+from mscclang.runtime.spec_source import generate
 from mscclang.runtime.state import (
     DevPlan, EntryKey, LaunchEntry, LoadedPlan, Operands, Pending, SpecLaunch, describe_call,
 )
@@ -170,9 +170,6 @@ class Entries:
         if w == "never":
             return None, None
         skey = (in_bytes, out_bytes, dt, pkt, op)
-        if lp.epi is not None:
-            lp.spec[skey] = EPI_UNSPECIALISED
-            return None, None
         got = lp.spec.get(skey)
         if isinstance(got, str):   # refused earlier
             return None, None

@@ -69,17 +69,9 @@ class Launcher:
                timeout_ns: int, epi: Optional[bytes] = None) -> None:
         """Launch ``ent``'s kernel on stream ``s``: the specialised kernel when the entry has one
         and the buffers are 16-byte aligned (it assumes so), else the interpreter. ``epi``: the
-        call's ``EpiArgs`` bytes (an epilogue entry, whose kernel is the interpreter's ``_epi``
-        variant)."""
+        call's ``EpiArgs`` bytes (an epilogue entry: the interpreter's ``_epi`` variant, or a
+        specialised kernel whose parameters hold them)."""
         self.order(s)
-        if epi is not None:
-            p = self._eparams
-            p[0], p[1], p[2], p[3], p[4], p[5] = ent.blob, in_ptr, out_ptr, in_delta, out_delta, timeout_ns
-            ctypes.memmove(self._eargs, epi, EPI_ARGS.size)
-            self.last_kernel = "interpreter"
-            self._run(ent.func, ent.handle, ent.n_blocks, ent.nthreads, ent.smem, s,
-                      ctypes.addressof(self._eparam_ptrs))
-            return
         if self.trace_ptr:
             t = self._tparams
             t[0], t[1], t[2], t[3], t[4], t[5], t[6] = (ent.blob, in_ptr, out_ptr, in_delta, out_delta, timeout_ns,
@@ -89,14 +81,24 @@ class Launcher:
                       ctypes.addressof(self._tparam_ptrs))
             return
         sl = ent.spec
-        if sl is not None and not (in_ptr | out_ptr | in_delta | out_delta) & 15:
+        res = 0 if epi is None else int.from_bytes(epi[:8], "little")   # EpiArgs.residual
+        if sl is not None and not (in_ptr | out_ptr | in_delta | out_delta | res) & 15:
             a = sl.args
             a[0], a[1], a[2], a[3], a[4] = in_ptr, out_ptr, in_delta, out_delta, timeout_ns
+            if epi is not None:
+                ctypes.memmove(ctypes.addressof(a) + sl.spec.layout.epi_args, epi, EPI_ARGS.size)
             sp = sl.spec
             self.last_kernel = "spec"
             self._run(sp.func, sp.fh, sp.n_blocks, sp.nthreads, 0, s, sl.param_addr)
             return
         self.last_kernel = "interpreter"
+        if epi is not None:
+            p = self._eparams
+            p[0], p[1], p[2], p[3], p[4], p[5] = ent.blob, in_ptr, out_ptr, in_delta, out_delta, timeout_ns
+            ctypes.memmove(self._eargs, epi, EPI_ARGS.size)
+            self._run(ent.func, ent.handle, ent.n_blocks, ent.nthreads, ent.smem, s,
+                      ctypes.addressof(self._eparam_ptrs))
+            return
         p = self._params
         p[0], p[1], p[2], p[3], p[4], p[5] = ent.blob, in_ptr, out_ptr, in_delta, out_delta, timeout_ns
         self._run(ent.func, ent.handle, ent.n_blocks, ent.nthreads, ent.smem, s, self._param_addr)

@@ -4,7 +4,9 @@ one-shot, and the shipped fused plans of the run's world size) through
 ``Executor.execute(residual=, weight=, epilogue=)`` on the interpreter's epilogue kernels, the
 residual and the output equal to the simulator's definition bit for bit: bf16 and fp16
 activations, fp32 and activation-dtype weights, H in {8, 4096, 8192, 16384}, tokens
-{1, 7, 64, 512}, with and without FP8 output, eagerly and in CUDA graphs."""
+{1, 2, 7, 64, 512} (those each plan takes), with and without FP8 output, eagerly and in CUDA
+graphs; on the interpreter's epilogue kernels (the whole matrix) and on the plan-specialised
+kernels (a smaller one: each size builds its own kernel)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from mscclang.plan.io import plan_to_json
 pytestmark = pytest.mark.gpu
 
 C = "tests.harness.epilogue_checks"
+R = "tests.harness.runtime_checks"
 TOKENS = [1, 2, 7, 64, 512]
 HIDDEN = [8, 4096, 8192, 16384]
 ROOT = Path(__file__).resolve().parents[2] / "plans"
@@ -38,16 +41,24 @@ def _quant(plan_json: str) -> bool:
     return '"quant": true' in plan_json or '"quant":true' in plan_json
 
 
-def _ok(results: list, name: str) -> None:
+@pytest.fixture(params=["interpreter", "spec"])
+def kernel(pool, request):
+    """The kernel policy of the test: every worker's executor switched before, 'auto' after."""
+    pool.run(f"{R}:set_specialize", "never" if request.param == "interpreter" else "always")
+    yield request.param
+    pool.run(f"{R}:set_specialize", "auto")
+
+
+def _ok(results: list, name: str, kernel: str) -> None:
     for r in results:
         if r.get("refused"):
             pytest.fail(f"{name}: the runtime refuses it: {r['refused']}")
         assert not r["bad"], f"{name} rank {r['rank']}: {r['bad'][:4]}"
         assert r["ran"], f"{name}: no shape of the test fits the plan"
-        assert r["kernel"] == "interpreter"
+        assert r["kernel"] == kernel, f"{name} rank {r['rank']} ran the {r['kernel']} kernel, not {kernel}"
 
 
-def _run(pool, act: str, wdt: str, graph: bool, tokens: list, hidden: list) -> None:
+def _run(pool, kernel: str, act: str, wdt: str, graph: bool, tokens: list, hidden: list) -> None:
     plans = _plans(pool.world_size)
     if not plans:
         pytest.skip(f"no fused plan for {pool.world_size} ranks")
@@ -56,15 +67,27 @@ def _run(pool, act: str, wdt: str, graph: bool, tokens: list, hidden: list) -> N
             continue   # its ppkt ops name more operands than the kernel's 16 (a load-time refusal)
         for fp8 in (["float8_e4m3fn", "float8_e5m2"] if _quant(j) else [None]):
             _ok(pool.run(f"{C}:fused_check", j, tokens, hidden, act, act if wdt == "act" else wdt, fp8, graph),
-                f"{name} {fp8 or ''}")
+                f"{name} {fp8 or ''}", kernel)
 
 
 @pytest.mark.parametrize("act", ["bfloat16", "float16"])
 @pytest.mark.parametrize("wdt", ["float32", "act"])
 def test_fused_plans_equal_the_simulator(pool, act, wdt):
-    _run(pool, act, wdt, False, TOKENS, HIDDEN)
+    pool.run(f"{R}:set_specialize", "never")
+    try:
+        _run(pool, "interpreter", act, wdt, False, TOKENS, HIDDEN)
+    finally:
+        pool.run(f"{R}:set_specialize", "auto")
 
 
 @pytest.mark.parametrize("act", ["bfloat16", "float16"])
-def test_fused_plans_in_cuda_graphs_equal_the_simulator(pool, act):
-    _run(pool, act, "float32", True, [2, 7, 64], [8, 8192])
+def test_specialised_fused_kernels_equal_the_simulator(pool, act):
+    pool.run(f"{R}:set_specialize", "always")
+    try:
+        _run(pool, "spec", act, "act" if act == "float16" else "float32", False, [2, 64], [8, 8192])
+    finally:
+        pool.run(f"{R}:set_specialize", "auto")
+
+
+def test_fused_plans_in_cuda_graphs_equal_the_simulator(pool, kernel):
+    _run(pool, kernel, "bfloat16", "float32", True, [2, 7, 64], [8, 8192])
