@@ -19,6 +19,7 @@ from mscclang.dsl import (  # noqa: F401
     AlgoSpec,
     AllGather,
     AllReduce,
+    AllReduceAddRMSNorm,
     AllToAll,
     BaseBuffer,
     Broadcast,
@@ -49,7 +50,7 @@ __version__ = "0.1.0"
 __all__ = ["CollectiveTimeout", "CompileError", "DSLError", "DSLWarning", "LimitError", "MscclangError",
            "MscclangWarning", "PlanError", "VerificationError",
            # the DSL (mscclang.dsl.__all__)
-           "AlgoSpec", "AllGather", "AllReduce", "AllToAll", "BaseBuffer", "Broadcast", "Buffer",
+           "AlgoSpec", "AllGather", "AllReduce", "AllReduceAddRMSNorm", "AllToAll", "BaseBuffer", "Broadcast", "Buffer",
            "BufferType", "ChannelType", "Chunk", "Collective", "CollectiveProgram", "JSON",
            "LoopIterationContext", "MemoryChannel", "PortChannel", "Rank", "RankGroup",
            "ReduceOperationType", "ReduceScatter", "ReplicationPolicy", "Semaphore", "SendRecv",

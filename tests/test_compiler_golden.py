@@ -315,6 +315,28 @@ def _pipeline():
     return p
 
 
+def _epilogue():
+    """plan/2: a two-rank one-shot allreduce whose sums go into the residual (radd), then the
+    FP8 norm of all rows (rmsnorm) after a barrier."""
+    from mscclang import AllReduceAddRMSNorm
+
+    with CollectiveProgram("op_epilogue", AllReduceAddRMSNorm(2, 1, False), 2, protocol="LL",
+                           use_double_scratch_buffer=True) as p:
+        pk = [Buffer(r, 2) for r in range(2)]
+        for r in range(2):
+            Buffer(r, 2)
+        sums = [Buffer(r, 2) for r in range(2)]
+        for r in range(2):
+            res = Rank(r).get_residual_buffer()
+            for c in range(2):
+                MemoryChannel(1 - r, r).put_packets(pk[1 - r][c], inp(r)[c], tb=c)
+                Rank(r).reduce(inp(r)[c], [pk[r][c]], tb=c, dst_chunk=sums[r][c], packet=True)
+                Rank(r).add_residual(res[c], sums[r][c], tb=c)
+            Rank(r).barrier([0, 1])
+            Rank(r).rms_norm(out(r)[0:2], res[0:2], tb=0, quantize=True)
+    return p
+
+
 BUILDERS: dict[str, Callable[[], CollectiveProgram]] = {
     "nop": _nop, "barrier": _barrier, "signal": lambda: _signal_wait(False),
     "wait": lambda: _signal_wait(False), "rlxsignal": lambda: _signal_wait(True),
@@ -325,7 +347,7 @@ BUILDERS: dict[str, Callable[[], CollectiveProgram]] = {
     "respkt": _packet_reduce("respkt"), "recpkt": _packet_reduce("recpkt"),
     "recspkt": _packet_reduce("recspkt"), "glre": _switch("glre"), "glres": _switch("glres"),
     "gstore": _switch("gstore"), "gstorepkt": _switch("gstorepkt"), "sem_acquire": _sem,
-    "sem_release": _sem, "pipeline": _pipeline,
+    "sem_release": _sem, "pipeline": _pipeline, "radd": _epilogue, "rmsnorm": _epilogue,
 }
 
 
@@ -342,7 +364,7 @@ def _op_names(plan: Plan) -> set[str]:
 
 def test_every_op_name_has_a_program():
     assert set(BUILDERS) == {o.value for o in OpName}
-    assert len(BUILDERS) == 31
+    assert len(BUILDERS) == 33
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))
@@ -376,8 +398,8 @@ def test_mscclpp_round_trip(name):
     try:
         doc = to_mscclpp(plan)
     except PlanError as e:
-        assert name == "glre", f"to_mscclpp refused {name}: {e}"
-        assert "glre" in str(e)
+        assert name in ("glre", "radd", "rmsnorm"), f"to_mscclpp refused {name}: {e}"
+        assert ("glre" if name == "glre" else "no epilogue ops") in str(e)
         return
     back = from_mscclpp(doc)
     a = plan.model_dump(mode="json", exclude_none=True)

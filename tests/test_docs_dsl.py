@@ -34,7 +34,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", TEXT, flags=re.S)
 METHODS = {
     "CollectiveProgram": ["from_spec", "to_plan", "to_json", "post_process_operations"],
     "Rank": ["get_input_buffer", "get_output_buffer", "copy", "copy_packets", "unpack_packets",
-             "reduce", "barrier"],
+             "reduce", "barrier", "get_residual_buffer", "add_residual", "rms_norm"],
     "MemoryChannel": ["signal", "wait", "put", "get", "put_packets", "read_put_packets", "reduce"],
     "PortChannel": ["signal", "wait", "flush", "put", "put_with_signal", "put_with_signal_and_flush",
                     "put_packets", "read_put_packets"],

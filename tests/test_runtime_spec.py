@@ -323,10 +323,11 @@ def test_prebuilt_cubins_are_found_without_nvrtc(tmp_path, monkeypatch):
 def _refused_at_load(plan) -> bool:
     """Whether ``plan`` never reaches the generator: the runtime refuses it at load, or it has
     port channels (the executor runs those on the interpreter, next to the proxy; the generator
-    refuses their port records)."""
+    refuses their port records), or it has epilogue ops (plan/2: they run on the interpreter's
+    epilogue kernels, never the specialised one)."""
     from mscclang.errors import PlanError
 
-    if plan.uses_port_channels():
+    if plan.uses_port_channels() or plan.epilogue_ops():
         return True
     try:
         dp.check_runnable(plan)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from mscclang.config import settings
-from mscclang.errors import InvalidCall, RuntimeUnavailable
+from mscclang.errors import RuntimeUnavailable
 from mscclang.plan.models import Plan
 
 
@@ -32,6 +32,14 @@ class Backend:
         """Run ``plan`` on this rank with ``inp``/``out`` (torch tensors; the same tensor for an
         in-place plan whose input aliases the start of the output, or views into one buffer)."""
         raise NotImplementedError
+
+    def execute_fused(self, plan: Plan, inp: Any, out: Any, residual: Any, weight: Any, *,
+                      hidden: int, eps: float, scale: Optional[float] = None, fp8: Any = None) -> bool:
+        """Run a fused (plan/2, ``allreduce_add_rms_norm``) plan: ``residual`` is read and
+        written, ``out`` gets the norm of rows of ``hidden`` elements with ``weight`` and
+        ``eps`` (FP8 of the torch dtype ``fp8`` with ``scale``). Returns False when this engine
+        has no epilogue entry (the caller falls back). Default: none."""
+        return False
 
     def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
                 reduce_op: Optional[str] = None) -> None:
@@ -234,20 +242,24 @@ class RuntimeBackend(Backend):
                 packet_type: Optional[str] = None) -> None:
         self.executor.execute(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
 
+    def execute_fused(self, plan: Plan, inp: Any, out: Any, residual: Any, weight: Any, *,
+                      hidden: int, eps: float, scale: Optional[float] = None, fp8: Any = None) -> bool:
+        """The GPU runtime's epilogue entry: ``Executor.execute(..., residual=, weight=,
+        epilogue=mscclang.runtime.epilogue.Epilogue(hidden, eps, scale, fp8))``; False when the
+        runtime has no epilogue module (a runtime built before it)."""
+        import importlib.util
+
+        if importlib.util.find_spec("mscclang.runtime.epilogue") is None:
+            return False
+        from mscclang.runtime.epilogue import Epilogue  # type: ignore[import-not-found]
+
+        self.executor.execute(plan, inp, out, residual=residual, weight=weight,
+                              epilogue=Epilogue(hidden, eps, scale, fp8))
+        return True
+
     def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
                 reduce_op: Optional[str] = None) -> None:
         self.executor.prepare(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
-
-    def execute_fused(self, plan: Plan, inp: Any, out: Any, residual: Any, params: Any, weight: Any = None) -> None:
-        """Run a fused (plan/2) plan: ``residual`` updated in place, ``out`` gets the norm;
-        ``params``: :class:`mscclang.sim.epilogue.EpilogueParams` (H, eps, scale; its weight
-        array is not used), ``weight``: the CUDA weight tensor (required)."""
-        from mscclang.runtime.epilogue import Epilogue
-
-        if weight is None:
-            raise InvalidCall("the GPU runtime's execute_fused needs weight= (the CUDA weight tensor)")
-        epi = Epilogue(params.hidden, params.eps, params.scale, out.dtype if params.scale is not None else None)
-        self.executor.execute(plan, inp, out, residual=residual, weight=weight, epilogue=epi)
 
     def bind(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
              packet_type: Optional[str] = None) -> Any:

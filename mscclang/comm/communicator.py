@@ -56,6 +56,8 @@ class Communicator:
         self._schedule = AutoRegister()
         self._runtime_error: Optional[str] = None
         self.last: Optional[CallPlan] = None
+        #: the plan the last all_reduce_add_rms_norm ran (None: none ran, or the fallback)
+        self.last_fused: Optional[str] = None
         # the store the fallback may build its own group from: an explicit one, or the back
         # end's (e.g. the GPU runtime's); None when built from torch.distributed's group
         own_store = store
@@ -205,10 +207,18 @@ class Communicator:
         ``x`` (or ``out``) gets ``RMSNorm(residual) * weight`` (FP8 in ``out`` with
         ``fp8_scale``). Returns the tensor holding the norm. Bad arguments raise InvalidCall
         before anything runs; see :mod:`mscclang.comm.fused_norm` for the rules and the
-        fallback."""
+        fallback. ``last_fused`` names the plan the last such call ran (None: the fallback)."""
         from mscclang.comm.fused_norm import fused_call
 
         return fused_call(self, x, residual, weight, eps, out, fp8_scale)
+
+    def prepare_all_reduce_add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6,
+                                        out: Any = None, fp8_scale: Any = None) -> Optional[str]:
+        """:meth:`prepare` for :meth:`all_reduce_add_rms_norm` (same arguments): the fused
+        plan's name, or None when the call will fall back. Collective."""
+        from mscclang.comm.fused_norm import prepare_fused
+
+        return prepare_fused(self, x, residual, weight, eps, out, fp8_scale)
 
     def all_gather(self, tensor: Any, out: Any = None) -> Any:
         """Gather every rank's ``tensor`` into ``out`` (``world_size`` times as many elements,

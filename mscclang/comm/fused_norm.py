@@ -4,7 +4,8 @@
 ``residual += allreduce(x)``, then ``x`` (or ``out``) gets ``RMSNorm(residual) * weight``, or its
 FP8 quantisation with ``fp8_scale`` (``out`` then an FP8 tensor). The numerics are
 :mod:`mscclang.sim.epilogue`'s. Every argument is checked (:func:`check_call`, InvalidCall naming
-it) before anything runs. A shipped plan runs when one fits the shape (:func:`select_fused`); else
+it) before anything runs. A catalog plan runs when one fits the shape
+(:func:`mscclang.comm.selector.select_fused`); else
 the call falls back to the library ``all_reduce`` plus the reference epilogue in torch (the same
 numerics), logged once per reason. The simulator back end runs the plans (CPU CI); the GPU runtime
 runs them through its ``execute_fused`` entry (:func:`run_on_backend`).
@@ -16,15 +17,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-import numpy as np
-
+from mscclang.comm.selector import FusedShape, select_fused
 from mscclang.errors import InvalidCall
-from mscclang.plan.collectives import FUSED_NORM
-from mscclang.sim.epilogue import MAX_HIDDEN, MIN_HIDDEN, PARTIAL, TorchOps, fp8_max, rms_norm_rows
-
-#: the one-shot plans' largest message (bytes of x): above it the two-shot runs
-ONESHOT_MAX_BYTES = 256 * 1024
-
+from mscclang.sim.epilogue import MAX_HIDDEN, MIN_HIDDEN, PARTIAL, TorchOps, rms_norm_rows
 
 @dataclass(frozen=True)
 class FusedCall:
@@ -47,6 +42,10 @@ class FusedCall:
     @property
     def nbytes(self) -> int:
         return self.x.numel() * self.x.element_size()
+
+    def shape(self) -> FusedShape:
+        """What the selector needs (:func:`mscclang.comm.selector.select_fused`)."""
+        return FusedShape(self.rows, self.hidden, self.nbytes, self.quant, self.dst is self.x)
 
 
 def check_call(x: Any, residual: Any, weight: Any, eps: Any, out: Any = None,
@@ -112,27 +111,6 @@ def check_call(x: Any, residual: Any, weight: Any, eps: Any, out: Any = None,
     return FusedCall(x, residual, weight, float(eps), x if out is None else out, scale, x.numel() // h, h)
 
 
-def select_fused(entries: list[dict], ranks: int, call: FusedCall) -> Optional[dict]:
-    """The shipped plan for ``call`` on ``ranks`` ranks (an index entry), or None: the one-shot up
-    to :data:`ONESHOT_MAX_BYTES`, else the two-shot when its rows split evenly over the ranks
-    (and, with FP8, each rank's FP8 rows fill 16-byte chunks), else the one-shot."""
-    inplace = call.dst is call.x
-    quant = call.quant
-
-    def pick(algo: str) -> Optional[dict]:
-        for e in entries:
-            if (e.get("collective") == FUSED_NORM and e.get("algorithm") == algo and e.get("ranks") == ranks
-                    and bool(e.get("inplace")) == inplace and ("quant" in e.get("file", "")) == quant):
-                return e
-        return None
-
-    one, two = pick("allreduce_add_rms_norm_oneshot_ll"), pick("allreduce_add_rms_norm_twoshot_ll")
-    even = call.rows % ranks == 0 and (not quant or (call.rows // ranks * call.hidden) % 16 == 0)
-    if call.nbytes > ONESHOT_MAX_BYTES and even and two is not None:
-        return two
-    return one
-
-
 def reference_epilogue(summed: Any, call: FusedCall) -> None:
     """The reference epilogue in torch (the numerics of :mod:`mscclang.sim.epilogue`):
     ``residual = round(residual + summed)``, then the norm into ``call.dst``."""
@@ -151,59 +129,53 @@ def reference_epilogue(summed: Any, call: FusedCall) -> None:
 
 
 def run_on_backend(backend: Any, plan: Any, call: FusedCall) -> bool:
-    """Run ``plan`` for ``call`` through the back end's ``execute_fused`` entry (the simulator's
-    :meth:`~mscclang.comm.sim_backend.SimBackend.execute_fused`; the GPU runtime provides the
-    same entry, ``execute_fused(plan, x, out, residual, params)``). False when the back end has
-    no such entry (the caller then falls back)."""
-    from mscclang.sim.epilogue import EpilogueParams
-
-    execute = getattr(backend, "execute_fused", None)
-    if execute is None:
-        return False
-    import torch
-
-    q = None
-    if call.quant:
-        q = np.dtype("float8_e5m2") if call.dst.dtype == torch.float8_e5m2 else None
-        if q is None:
-            import ml_dtypes
-
-            q = np.dtype(ml_dtypes.float8_e4m3fn)
-    from mscclang.comm.sim_backend import torch_to_numpy
-
-    weight = torch_to_numpy(call.weight) if call.weight.device.type == "cpu" else call.weight
-    params = EpilogueParams(call.hidden, weight if isinstance(weight, np.ndarray) else np.zeros(call.hidden),
-                            call.eps, scale=call.scale, fp8=q)
-    execute(plan, call.x, call.dst, call.residual, params)
-    return True
+    """Run ``plan`` for ``call`` through the back end's epilogue entry
+    (:meth:`mscclang.comm.backend.Backend.execute_fused`: the simulator's, or the GPU runtime's
+    ``Executor.execute(residual=, weight=, epilogue=)``); False when it has none."""
+    return bool(backend.execute_fused(plan, call.x, call.dst, call.residual, call.weight, hidden=call.hidden,
+                                      eps=call.eps, scale=call.scale, fp8=call.dst.dtype if call.quant else None))
 
 
 def fused_call(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any = None,
                fp8_scale: Any = None) -> Any:
     """The body of ``Communicator.all_reduce_add_rms_norm`` (see the module docstring);
-    returns the tensor that holds the norm (``out``, or ``x``)."""
+    returns the tensor that holds the norm (``out``, or ``x``) and sets ``comm.last_fused`` to
+    the plan that ran (None: the fallback ran)."""
     call = check_call(x, residual, weight, eps, out, fp8_scale)
     if x.numel() == 0:
         return call.dst
-    entry = None
     be = comm.backend
     reason = "no back end runs plans"
     if be is not None:
-        from mscclang.algorithms.index import load_index
-
-        entry = select_fused(load_index(), comm.world_size, call)
-        reason = f"no shipped fused plan for {comm.world_size} ranks ({'fp8' if call.quant else 'no fp8'}, " \
-                 f"{'in place' if call.dst is call.x else 'out of place'})"
-    if entry is not None:
-        from mscclang.algorithms.index import default_plans_dir
-        from mscclang.plan.io import load_plan
-
-        plan = load_plan(default_plans_dir() / entry["file"])
-        if run_on_backend(be, plan, call):
-            return call.dst
-        reason = "the back end has no fused entry (execute_fused)"
+        variant = select_fused(comm.catalog, comm.world_size, call.shape())
+        reason = (f"no fused plan for {comm.world_size} ranks ({'FP8' if call.quant else 'no FP8'}, "
+                  f"{'in place' if call.dst is call.x else 'out of place'}) in the catalog")
+        if variant is not None:
+            if run_on_backend(be, variant.load(), call):
+                comm.last_fused = variant.load().name
+                return call.dst
+            reason = "the back end has no fused entry (execute_fused)"
+    comm.last_fused = None
     comm._note_fallback("all_reduce_add_rms_norm", reason)
     summed = x.clone()
     comm.all_reduce(summed)
     reference_epilogue(summed, call)
     return call.dst
+
+
+def prepare_fused(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any = None,
+                  fp8_scale: Any = None) -> Optional[str]:
+    """``Communicator.prepare_all_reduce_add_rms_norm``: check the call and do its setup (the
+    fused plan's, or the fallback all_reduce's) outside a CUDA graph capture, so the same call
+    can then be captured. Returns the fused plan's name, or None when the call will fall back."""
+    call = check_call(x, residual, weight, eps, out, fp8_scale)
+    be = comm.backend
+    if be is None or x.numel() == 0:
+        return None
+    variant = select_fused(comm.catalog, comm.world_size, call.shape())
+    if variant is not None:
+        plan = variant.load()
+        be.prepare(plan, call.x, call.dst)
+        return plan.name
+    comm.prepare("all_reduce", x)
+    return None

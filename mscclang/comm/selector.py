@@ -111,3 +111,41 @@ class Selector:
             return (proto_first, inst if small else -inst, v.key)
 
         return [Choice((v,), None, "heuristic") for v in sorted(variants, key=rank)]
+
+
+#: the fused one-shot's largest message (bytes of x): above it the two-shot runs when it can
+FUSED_ONESHOT_MAX_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class FusedShape:
+    """What choosing a fused (``allreduce_add_rms_norm``) plan depends on: the call's rows of
+    ``hidden`` elements, its bytes, whether the norm writes FP8 and whether it is in place."""
+
+    rows: int
+    hidden: int
+    nbytes: int
+    quant: bool
+    inplace: bool
+
+
+def select_fused(catalog: Catalog, ranks: int, shape: FusedShape) -> Optional[PlanVariant]:
+    """The catalog's fused plan for ``shape`` on ``ranks`` ranks, or None: a two-shot above
+    :data:`FUSED_ONESHOT_MAX_BYTES` when the rows split evenly over the ranks (with FP8, when each
+    rank's FP8 rows also fill 16-byte chunks), else a one-shot (any row count). Variants must
+    match in place, FP8 (their norms' ``quant``) and ranks, and hold the size in their range
+    (the shipped one-shot: up to 1 MiB; larger calls whose rows do not split evenly fall back)."""
+    from mscclang.plan.collectives import FUSED_NORM
+    from mscclang.sim.fused import plan_quantises
+
+    found: dict[str, PlanVariant] = {}
+    for v in catalog:
+        if v.collective != FUSED_NORM or v.ranks != ranks or v.inplace != shape.inplace or not v.fits(shape.nbytes):
+            continue
+        kind = "twoshot" if "twoshot" in v.algorithm else "oneshot"
+        if kind not in found and plan_quantises(v.load()) == shape.quant:
+            found[kind] = v
+    even = shape.rows % ranks == 0 and (not shape.quant or (shape.rows // ranks * shape.hidden) % 16 == 0)
+    if "twoshot" in found and even and (shape.nbytes > FUSED_ONESHOT_MAX_BYTES or "oneshot" not in found):
+        return found["twoshot"]
+    return found.get("oneshot")

@@ -391,9 +391,14 @@ class SimBackend(Backend):
         res = self.world.launch(self.rank, launch)
         out.reshape(-1).copy_(numpy_to_torch(res, out))
 
-    def execute_fused(self, plan: Plan, inp: Any, out: Any, residual: Any, params: Any) -> None:
-        """Run a fused (plan/2) plan on the simulator: ``residual`` is updated in place and
-        ``out`` gets the norm (``params``: :class:`mscclang.sim.epilogue.EpilogueParams`)."""
+    def execute_fused(self, plan: Plan, inp: Any, out: Any, residual: Any, weight: Any, *,
+                      hidden: int, eps: float, scale: Optional[float] = None, fp8: Any = None) -> bool:
+        """Run a fused (plan/2) plan on the simulator (see :meth:`Backend.execute_fused`)."""
+        from mscclang.plan.dtypes import torch_dtype_info
+        from mscclang.sim.epilogue import EpilogueParams
+
+        q = torch_dtype_info(fp8).numpy if fp8 is not None else None
+        params = EpilogueParams(hidden, torch_to_numpy(weight), eps, scale=scale, fp8=q)
         launch = _Launch(plan, torch_to_numpy(inp), out.numel(), "sum", None, None,
                          residual=torch_to_numpy(residual), epilogue=params)
         res_out, new_res = self.world.launch(self.rank, launch)  # type: ignore[misc]
@@ -404,6 +409,7 @@ class SimBackend(Backend):
             out.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(np.ascontiguousarray(res_out).view(np.uint8)))
         else:
             out.reshape(-1).copy_(numpy_to_torch(res_out, out))
+        return True
 
 
 class _Freed:

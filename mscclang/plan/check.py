@@ -537,6 +537,8 @@ class _Checker:
                                 f"{'remote' if ref.is_remote else 'switch'} reference", path)
             assert ref.type is not None
             kinds = _LOCAL_WANTS[want]
+            if ref.type == BufferKind.weight:
+                raise PlanError(_WEIGHT_REF, f"{path}.type")
             if want == S and ref.type != BufferKind.scratch:
                 raise PlanError(f"{name} keeps packets here, so this operand must be scratch ('s'), "
                                 f"not {_kind_name(ref.type)}", f"{path}.type")

@@ -123,9 +123,9 @@ class TorchOps(ArrayOps):
         return torch.zeros(shape, dtype=torch.float32, device=like.device)
 
     def scalar(self, like: Any, value: float) -> Any:
-        import torch
-
-        return torch.tensor(np.float32(value).item(), dtype=torch.float32, device=like.device)
+        # a Python number: torch rounds it to the fp32 tensor's type and runs no host-to-device
+        # copy (so the epilogue can be captured in a CUDA graph)
+        return float(np.float32(value))
 
     def sqrt(self, x: Any) -> Any:
         return x.sqrt()
@@ -178,8 +178,8 @@ def rms_norm_rows(rows: Any, weight: Any, eps: float, out_dtype: Any, *, act_dty
     y = ops.cast((v * inv[:, None]) * ops.f32(weight)[None, :], act)
     if scale is None:
         return y
-    sinv = ops.scalar(v, 1.0) / ops.scalar(v, float(np.float32(scale)))
-    return ops.cast(ops.clamp(ops.f32(y) * sinv, -fp8_max_value, fp8_max_value), out_dtype)
+    sinv = float(np.float32(1.0) / np.float32(scale))  # once, in fp32
+    return ops.cast(ops.clamp(ops.f32(y) * ops.scalar(v, sinv), -fp8_max_value, fp8_max_value), out_dtype)
 
 
 def residual_add(src: np.ndarray, res: np.ndarray) -> np.ndarray:

@@ -48,7 +48,8 @@ def plan_quantises(plan: Plan) -> bool:
 
 def run_fused(plan: Plan, inputs: Sequence[np.ndarray], residuals: Sequence[np.ndarray],
               params: EpilogueParams, *, schedule: str = "round_robin", seed: int = 0,
-              launches: int = 1, check_races: bool = False, symbolic: bool = False) -> FusedRun:
+              launches: int = 1, check_races: bool = False, symbolic: bool = False,
+              packet_type: str = "LL16") -> FusedRun:
     """Run a fused plan: ``inputs`` and ``residuals`` are flat arrays of the activation dtype,
     one per rank, ``rows * params.hidden`` elements each."""
     n = len(plan.gpus)
@@ -61,7 +62,7 @@ def run_fused(plan: Plan, inputs: Sequence[np.ndarray], residuals: Sequence[np.n
     prog = sim_program(plan, ib, ob)
     nsym = n * max(plan.gpus[0].input_chunks, 1) if symbolic else 0
     sim = Simulation(prog, [np.ascontiguousarray(x).view(np.uint8) for x in inputs], dtype=act,
-                     reduce_op="sum", launches=launches, schedule=schedule, seed=seed,
+                     reduce_op="sum", packet_type=packet_type, launches=launches, schedule=schedule, seed=seed,
                      check_races=check_races, nsym=nsym, poison_outputs=True,
                      residuals=[np.ascontiguousarray(x).view(np.uint8) for x in residuals], epilogue=params)
     try:
@@ -100,6 +101,8 @@ def verify_fused(plan: Plan, *, cases: Optional[Sequence[tuple[int, int]]] = Non
     rep.sizes = [r * h * dts[0].itemsize for r, h in cases]
     scheds = [SCHEDULES[i % len(SCHEDULES)] for i in range(max(schedules, 1))]
     rep.schedules = scheds
+    rep.reduce_ops = ["sum"]
+    rep.packet_types = ["LL16", "LL8"]
     quant = plan_quantises(plan)
     seen: dict[tuple, Problem] = {}
 
@@ -117,15 +120,18 @@ def verify_fused(plan: Plan, *, cases: Optional[Sequence[tuple[int, int]]] = Non
     for ci, (rows, hidden) in enumerate(cases):
         for i, sched in enumerate(scheds + (["symbolic"] if symbolic else [])):
             dt = dts[i % len(dts)]
+            pt = rep.packet_types[i % 2]
             xs, res, rng = _inputs(n, rows * hidden, dt, seed * 1000 + ci * 97 + i)
             params = EpilogueParams(hidden, rng.uniform(0.5, 1.5, hidden).astype(np.float32), eps,
                                     scale=scale if quant else None)
             sym = sched == "symbolic"
-            ctx = f"{rows} rows x {hidden}, {dtype_name(dt)}, " + ("symbolic run" if sym else f"{sched} schedule seed {seed + i}")
+            ctx = f"{rows} rows x {hidden}, {dtype_name(dt)}, {pt}, " + (
+                "symbolic run" if sym else f"{sched} schedule seed {seed + i}")
             rep.runs += 1
             try:
                 run = run_fused(plan, xs, res, params, schedule="round_robin" if sym else sched, seed=seed + i,
-                                launches=1 if sym else launches, check_races=not sym, symbolic=sym)
+                                launches=1 if sym else launches, check_races=not sym, symbolic=sym,
+                                packet_type=pt)
             except MscclangError as e:
                 add([Problem("plan", f"{rows} rows x {hidden}: {e}")], ctx)
                 continue
