@@ -40,7 +40,7 @@ class KernelCache:
         self.arch = arch
         self.sm_count = sm_count
         self._modules: dict[str, Any] = {}
-        self._funcs: dict[tuple, Any] = {}   # (dtype, packet, op, bound, traced, epi)
+        self._funcs: dict[tuple, Any] = {}   # (dtype, packet, op, bound, traced) [+ (True,): epilogue]
         self._builder = SpecBuilder(arch)
         self._spec_mods: "OrderedDict[str, tuple[Any, Any]]" = OrderedDict()   # cubin name -> (module, func)
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -58,9 +58,9 @@ class KernelCache:
             log.info("specialised kernels unavailable (%s); the interpreter serves every call", unsupported(e))
 
     # interpreter ------------------------------------------------------------------------------
-    def has_interpreter(self, dtype: str, packet: str, op: str, nthreads: int) -> bool:
+    def has_interpreter(self, dtype: str, packet: str, op: str, nthreads: int, epi: bool = False) -> bool:
         """Whether that interpreter function is loaded already (no build, no load needed)."""
-        return (dtype, packet, op, block_variant(nthreads), False, False) in self._funcs
+        return (dtype, packet, op, block_variant(nthreads), False) + ((True,) if epi else ()) in self._funcs
 
     def interpreter(self, dtype: str, packet: str, op: str, nthreads: int = 1024, traced: bool = False,
                     epi: bool = False) -> Any:
@@ -70,7 +70,7 @@ class KernelCache:
         if epi and (traced or op != "sum" or dtype not in EPI_DTYPES):
             raise RuntimeUnavailable(f"the epilogue kernels run sum on {', '.join(EPI_DTYPES)} untraced; "
                                      f"not {op} on {dtype}" + (" traced" if traced else ""))
-        key = (dtype, packet, op, block_variant(nthreads), traced, epi)
+        key = (dtype, packet, op, block_variant(nthreads), traced) + ((True,) if epi else ())
         f = self._funcs.get(key)
         if f is not None:
             return f
