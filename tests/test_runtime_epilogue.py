@@ -152,7 +152,7 @@ def test_radd_and_rmsnorm_pack_as_epilogue_records_on_the_residual():
     # the residual has the input's grid; the norm's rows cover the whole residual, in one piece
     assert [(ln, offs) for ln, _, offs in norm.pieces] == [(nbytes, (0, 0))]
     assert radd.pieces[0][2][1:] == (0, 0) and radd.total == nbytes
-    assert pk.norms == [("gpus[1].threadblocks[0].ops[5]", [(0, nbytes)])]
+    assert pk.norms == [("gpus[1].threadblocks[0].ops[5]", [(0, nbytes)], (0, nbytes))]
     assert epi_plan(plan) == EpiPlan(norm=True, quant=False)
     assert epi_plan(fused_oneshot_plan(quant=True)) == EpiPlan(norm=True, quant=True)
 
@@ -230,7 +230,7 @@ def _call(**kw):
                                                                          0x20000),
                 res=FakeCudaTensor(BF, N, 0x30000), w=FakeCudaTensor(torch.float32, H, 0x40000),
                 params=Epilogue(H, 1e-5, 0.5 if quant else None), arch="sm_90",
-                norms=[("gpus[0].threadblocks[0].ops[5]", [(0, N * 2)])])
+                norms=[("gpus[0].threadblocks[0].ops[5]", [(0, N * 2)], (0, N * (1 if quant else 2)))])
     args.update(kw)
     plan = fused_oneshot_plan(quant)
     ep = epi_plan(plan)
@@ -273,7 +273,9 @@ def test_a_good_call_packs_its_epiargs():
     (dict(quant=True, out=FakeCudaTensor(BF, N, 0x20000)), InvalidCall, "must be float8_e4m3fn or float8_e5m2"),
     (dict(inp=FakeCudaTensor(torch.int32, N, 0x10000), res=FakeCudaTensor(torch.int32, N, 0x30000)), InvalidCall,
      "activation dtype"),
-    (dict(norms=[("gpus[0].threadblocks[0].ops[5]", [(64, N * 2 - 64)])]), PlanError, "not whole rows"),
+    (dict(norms=[("gpus[0].threadblocks[0].ops[5]", [(64, N * 2 - 64)], (64, N * 2))]), PlanError, "not whole rows"),
+    (dict(quant=True, norms=[("gpus[0].threadblocks[0].ops[5]", [(0, 256)], (0, 256))]), PlanError,
+     r"output chunks are bytes \[0, 256\) but its rows belong at \[0, 128\)"),
 ])
 def test_bad_calls_are_refused_naming_what_is_wrong(kw, err, match):
     with pytest.raises(err, match=match):
@@ -427,3 +429,61 @@ def test_the_simulator_runs_each_fused_plan_to_the_reference(i):
         want_res, want_out = fused_reference(xs, rs[r], params, quant)
         assert run.residuals[r].tobytes() == want_res.tobytes()
         assert run.outputs[r].tobytes() == want_out.tobytes()
+
+
+# --------------------------------------------------------------------------------------------
+# the GPU tests' worker command, run here on the simulator back end (two ranks in threads), so a
+# fault of the check itself shows before a GPU run
+
+
+class _SimFusedExecutor:
+    """The few Executor calls the check makes, on a rank's simulator back end."""
+
+    last_kernel = "interpreter"
+
+    def __init__(self, backend) -> None:
+        self.b = backend
+
+    def runnable(self, plan):
+        return None
+
+    def prepare(self, *a, **k) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def execute(self, plan, x, out, *, residual, weight, epilogue) -> None:
+        assert self.b.execute_fused(plan, x, out, residual, weight, hidden=epilogue.hidden, eps=epilogue.eps,
+                                    scale=epilogue.scale, fp8=epilogue.fp8)
+
+
+@pytest.mark.parametrize("i,fp8", [(0, None), (1, "float8_e5m2"), (2, None), (4, "float8_e4m3fn"), (6, None),
+                                   (7, "float8_e5m2")])
+def test_the_gpu_check_passes_on_the_simulator(i, fp8):
+    import threading
+
+    from mscclang.comm.sim_backend import SimWorld
+    from mscclang.plan.io import plan_to_json
+    from tests.harness.epilogue_checks import fused_check
+
+    plans = _fused_plans_r2()
+    if i >= len(plans):
+        pytest.skip("fewer shipped fused plans")
+    j = plan_to_json(plans[i])
+    world = SimWorld(2, engine="sim", timeout=60.0)
+    out: list = [None, None]
+
+    def body(r: int) -> None:
+        w = types.SimpleNamespace(rank=r, device=torch.device("cpu"), executor=_SimFusedExecutor(world.backend(r)),
+                                  comm=types.SimpleNamespace(barrier=lambda: None))
+        out[r] = fused_check(w, j, [2, 7], [8, 64], "bfloat16", "float32", fp8)
+
+    ts = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    for r in out:
+        assert r is not None and not r["bad"], r
+        assert r["ran"] and all(t in (2, 7) for t, _ in r["ran"])

@@ -126,7 +126,9 @@ def pack_args(ep: EpiPlan, plan: Plan, rank: int, device: Any, arch: str, norms:
     and element count, on ``device``, overlapping neither the input nor the output), the weight
     (H elements of float32 or the activation dtype; a plan without rmsnorm takes none), the
     parameters (see :class:`Epilogue`), and (PlanError naming the op) that every rmsnorm record
-    of ``norms`` (the packed rank's) covers whole rows. The tensors passed :func:`call_sizes`."""
+    of ``norms`` (the packed rank's) covers whole rows and its output chunks are where those rows
+    go (row k at k * H output elements; with FP8 the output's own chunk grid must agree, as the
+    simulator requires). The tensors passed :func:`call_sizes`."""
     if not isinstance(params, Epilogue):
         raise InvalidCall(f"rank {rank}: plan {plan.name} has epilogue ops: pass epilogue=Epilogue(hidden=..., "
                           f"eps=...), got {type(params).__name__}")
@@ -181,12 +183,17 @@ def pack_args(ep: EpiPlan, plan: Plan, rank: int, device: Any, arch: str, norms:
     elif params.scale is not None:
         raise InvalidCall(f"rank {rank}: plan {plan.name} does not quantise (no rmsnorm says quant): it takes no "
                           "fp8 scale")
-    row = h * input.element_size()
-    for where, spans in norms:
-        for off, ln in spans:
-            if off % row or ln % row:
-                raise PlanError(f"rank {rank}: rmsnorm covers bytes [{off}, {off + ln}) of the residual, not whole "
-                                f"rows of {h} elements ({row} bytes) at this size", where)
+    row, orow = h * input.element_size(), h * output.element_size()
+    for where, spans, got in norms:
+        if not spans:
+            continue
+        a, b = spans[0][0], spans[-1][0] + spans[-1][1]
+        if a % row or b % row or sum(ln for _, ln in spans) != b - a:
+            raise PlanError(f"rank {rank}: rmsnorm covers bytes [{a}, {b}) of the residual, not whole rows of {h} "
+                            f"elements ({row} bytes) at this size", where)
+        if got != (a // row * orow, b // row * orow):
+            raise PlanError(f"rank {rank}: rmsnorm's output chunks are bytes [{got[0]}, {got[1]}) but its rows "
+                            f"belong at [{a // row * orow}, {b // row * orow}) of the {output.dtype} output", where)
     return EPI_ARGS.pack(residual=residual.data_ptr(), weight=wptr, hidden=h, wdt=wdt, quant=quant, eps=eps,
                          scale=scale)
 

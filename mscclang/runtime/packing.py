@@ -110,8 +110,9 @@ class PackedRank:
     packet_align: int   # largest packet size (4 or 8 bytes of payload) all packet offsets allow
     uses_packets: bool
     port: Optional[PortScript] = None   # the proxy's work (port channels only)
-    #: rmsnorm records: (JSON path, [(residual byte offset, length)]), checked on whole rows per call
-    norms: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)
+    #: rmsnorm records: (JSON path, [(residual byte offset, length)], the dst ref's byte span in the
+    #: output's own grid), checked per call (whole rows, and the output rows where they belong)
+    norms: list[tuple[str, list[tuple[int, int]], tuple[int, int]]] = field(default_factory=list)
 
 
 _STEP_BYTES, _STEP_DATA, _STEP_PIPE, _STEP_PORT = 0, 1, 2, 3
@@ -163,7 +164,7 @@ class _Packer:
         self.unit = max(plan.buffer_alignment, 8)
         self.packet_align = 8
         self.uses_packets = False
-        self.norms: list[tuple[str, list[tuple[int, int]]]] = []
+        self.norms: list[tuple[str, list[tuple[int, int]], tuple[int, int]]] = []
 
     # operands ---------------------------------------------------------------------------------
     def operand(self, ref: BufferRef, op: Op, tb: ThreadBlock, where: str, packet: bool) -> tuple[int, BufferKind]:
@@ -259,7 +260,9 @@ class _Packer:
             grid = [_grid_kind(k, d.kind == DOP_RMSNORM) for k in d.kinds]
             raw = [(p.length, p.length, p.offsets) for p in self.pieces(grid, d.refs, d.where)]
         if d.kind == DOP_RMSNORM:
-            self.norms.append((d.where, [(offs[0], ln) for ln, _, offs in raw]))
+            dst = d.refs[1]
+            self.norms.append((d.where, [(offs[0], ln) for ln, _, offs in raw],
+                               self.layout.ref_span(BufferKind.output, dst.index, dst.size)))
         if len(raw) > 65535:
             raise PlanError(f"rank {self.rank} thread block {d.tb} op {d.index}: {len(raw)} pieces, more than "
                             "the kernel's 65535", d.where)
