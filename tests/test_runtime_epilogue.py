@@ -157,6 +157,27 @@ def test_radd_and_rmsnorm_pack_as_epilogue_records_on_the_residual():
     assert epi_plan(fused_oneshot_plan(quant=True)) == EpiPlan(norm=True, quant=True)
 
 
+def test_every_shipped_fused_plan_loads_and_packs_on_whole_rows(shipped_plans):
+    from mscclang.plan.io import load_plan
+
+    fused = [f for f in shipped_plans if f.name.startswith("allreduce_add_rms_norm")]
+    if not fused:
+        pytest.skip("no shipped fused plans")
+    for f in fused:
+        plan = load_plan(f)
+        check_runnable(plan)   # e.g. the 8-rank two-shot's ppkt of 14 pairs: one record per pair
+        ep = epi_plan(plan)
+        n, h = plan.world_size, 4096
+        nbytes = 8 * n * h * 2
+        for r in range(n):
+            pk = pack_blocks(plan, r, nbytes, nbytes // (2 if ep.quant else 1))
+            assert pk.norms, f.name
+            for _, spans, got in pk.norms:
+                a, b = spans[0][0], spans[-1][0] + spans[-1][1]
+                assert a % (h * 2) == 0 and b % (h * 2) == 0
+                assert got == ((a // 2, b // 2) if ep.quant else (a, b)), f.name
+
+
 def test_ordinary_plans_have_no_epilogue(shipped_plans):
     from mscclang.plan.io import load_plan
 

@@ -42,6 +42,7 @@ FLAG_RELAXED = 1
 FLAG_READS_PACKETS = 2
 
 PORT_OPS = frozenset({OpName.flush, OpName.pws, OpName.pwsf})
+_PAIRWISE_OPS = frozenset({OpName.put, OpName.get, OpName.copy, OpName.cpkt, OpName.ppkt, OpName.upkt})
 
 # sync area of one rank (one per context): abort word, flags, inbound counters, expected counters,
 # semaphores, barrier counters
@@ -123,10 +124,11 @@ def _check_op(plan: Plan, rank: int, tb: ThreadBlock, i: int, op: Op, allow_swit
     if op.name == OpName.barrier and (op.barrier_id or 0) >= MAX_BARRIERS:
         raise PlanError(f"rank {rank} thread block {tb.id} op {i}: barrier id {op.barrier_id} exceeds the "
                         f"kernel's {MAX_BARRIERS} barriers", where + ".barrier_id")
-    if len(op.src_buff) + len(op.dst_buff) > MAX_OPERANDS:
+    # ops that move pairs (one source, one destination) pack one record per pair
+    n_opnd = 2 if op.name in _PAIRWISE_OPS else len(op.src_buff) + len(op.dst_buff)
+    if n_opnd > MAX_OPERANDS:
         raise PlanError(f"rank {rank} thread block {tb.id} op {i} ({op.name.value}) has "
-                        f"{len(op.src_buff) + len(op.dst_buff)} operands; the kernel supports {MAX_OPERANDS}",
-                        where)
+                        f"{n_opnd} operands; the kernel supports {MAX_OPERANDS}", where)
 
 
 # --------------------------------------------------------------------------------------------
