@@ -1,5 +1,6 @@
-"""Author a fused allreduce + residual add + RMSNorm plan in the DSL, verify it on the simulator,
-and run it through a Communicator.
+"""Compile the fused allreduce + residual add + RMSNorm program written in the DSL
+(``examples/fused_oneshot.py``), verify the plan on the simulator, and run it through a
+Communicator.
 
 The CPU part runs two ranks as threads on the simulator back end (no GPU needed). On a GPU the
 same ``Communicator.all_reduce_add_rms_norm`` call runs the plan through the runtime's epilogue
@@ -11,40 +12,20 @@ entry (the GPU suite runs that); this script only says it skips it.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
-from mscclang import AllReduceAddRMSNorm, Buffer, CollectiveProgram, MemoryChannel, Rank
+from mscclang.cli.compile_cmd import compile_file
 from mscclang.comm.catalog import Catalog, PlanVariant
 from mscclang.comm.sim_ranks import run_ranks
-from mscclang.plan.models import Plan
 from mscclang.sim.fused import verify_fused
 
-
-def fused_oneshot(n: int = 2) -> Plan:
-    """Every rank reduces every chunk from its peer's LL packets into scratch, adds it to the
-    residual, and block 0 normalises all rows after a barrier."""
-    with CollectiveProgram("my_fused_oneshot.r2", AllReduceAddRMSNorm(n, 1, True), n, protocol="LL",
-                           use_double_scratch_buffer=True) as prog:
-        packets = [Buffer(r, n) for r in range(n)]
-        for r in range(n):
-            Buffer(r, n)            # packet slots take twice their bytes: keep the sums apart
-        sums = [Buffer(r, n) for r in range(n)]
-        for r in range(n):
-            rank, peer = Rank(r), 1 - r
-            inp, res = rank.get_input_buffer(), rank.get_residual_buffer()
-            ch = MemoryChannel(peer, r)
-            for c in range(n):
-                ch.put_packets(packets[peer][c], inp[c], tb=c)
-                rank.reduce(inp[c], [packets[r][c]], tb=c, dst_chunk=sums[r][c], packet=True)
-                rank.add_residual(res[c], sums[r][c], tb=c)
-            rank.barrier(list(range(n)))
-            rank.rms_norm(inp[0:n], res[0:n], tb=0)     # in place: the norm goes to x
-    return prog.to_plan()
+PROGRAM = Path(__file__).resolve().parent / "fused_oneshot.py"
 
 
 def main() -> int:
-    plan = fused_oneshot()
+    plan = compile_file(PROGRAM, ["--num_gpus", "2"])   # the DSL program, compiled
     report = verify_fused(plan)
     print(f"{plan.name}: {plan.format}, verify {report.status} in {report.runs} runs")
     if not report.ok:

@@ -138,6 +138,25 @@ def test_plan_format_rules() -> None:
     d["gpus"][0]["threadblocks"][0]["ops"][-1]["src_buff"][0]["type"] = "w"
     with pytest.raises(PlanError, match="weight buffer"):
         load_plan(d)
+    d = plan_to_dict(plan)
+    d["gpus"][0]["threadblocks"][0]["ops"][-1]["dst_buff"][0].update(index=1, size=1)
+    d["gpus"][0]["threadblocks"][0]["ops"][-1]["src_buff"][0].update(index=0, size=1)
+    with pytest.raises(PlanError, match="row k of the residual to row k"):
+        load_plan(d)
+    d = plan_to_dict(plan)
+    d["gpus"][0]["threadblocks"][0]["ops"][-1]["src_buff"][0].update(index=1, size=2)
+    with pytest.raises(PlanError, match="outside rank 0's residual buffer"):
+        load_plan(d)
+    d = plan_to_dict(plan)
+    d["gpus"][0]["threadblocks"][0]["ops"][-1]["tbg_info"] = {"tb_id": 0, "tbg_size": 1}
+    with pytest.raises(PlanError, match="rmsnorm cannot be split over a thread-block group"):
+        load_plan(d)
+    d = plan_to_dict(plan)
+    ops = d["gpus"][0]["threadblocks"][0]["ops"]
+    k = [o["name"] for o in ops].index("radd")
+    ops[k] = {"name": "pipeline", "iter_context": {"unit_size": 64, "num_chunks": 1}, "ops": [ops[k]]}
+    with pytest.raises(PlanError, match="radd cannot stand inside a pipeline"):
+        load_plan(d)
 
 
 # -- the Communicator call ------------------------------------------------------------------

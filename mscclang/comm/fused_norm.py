@@ -21,6 +21,7 @@ from mscclang.comm.selector import FusedShape, select_fused
 from mscclang.errors import InvalidCall
 from mscclang.sim.epilogue import MAX_HIDDEN, MIN_HIDDEN, PARTIAL, TorchOps, rms_norm_rows
 
+
 @dataclass(frozen=True)
 class FusedCall:
     """A checked call: ``rows`` x ``hidden`` elements, ``dst`` the tensor the norm goes to,
@@ -156,7 +157,8 @@ def fused_call(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any
                 return call.dst
             reason = "the back end has no fused entry (execute_fused)"
     comm.last_fused = None
-    comm._note_fallback("all_reduce_add_rms_norm", reason)
+    comm._note("all_reduce_add_rms_norm", f"mscclang rank {comm.rank}: all_reduce_add_rms_norm falls back to "
+                                          f"all_reduce + the torch epilogue: {reason}")
     summed = x.clone()
     comm.all_reduce(summed)
     reference_epilogue(summed, call)
