@@ -4,8 +4,9 @@ need the epilogue kernels, the checks of an epilogue call, and the ``EpiArgs`` k
 A plan holding ``radd`` or ``rmsnorm`` ops (or naming the residual ``r``) runs on the
 interpreter's epilogue kernels (``executor/kernels.cu``, names ending in ``_epi``): the same
 interpreter with one more parameter, :data:`~mscclang.runtime.structs.EPI_ARGS`, which carries
-the call's residual and weight addresses and the execution parameters (:class:`Epilogue`). Every
-other plan runs on the kernels it always ran on. The residual and the weight are this rank's
+the call's residual and weight addresses and the execution parameters (:class:`Epilogue`), or on
+a plan-specialised kernel whose parameters hold the same struct (written at every launch). Every
+other plan runs on the kernels it always ran on (their code is unchanged). The residual and the weight are this rank's
 own: no peer maps them (:func:`mscclang.runtime.device_plan.check_runnable` refuses plans whose
 remote buffers name them), so they are never staged, registered or symmetric.
 
