@@ -11,7 +11,7 @@
 //   business (`nop`), as in the simulator.
 // * data loops move 16-byte vectors, U independent vectors (or packets) in flight per thread.
 #pragma once
-#include "primitives.cuh"
+#include "epilogue.cuh"
 
 __device__ __forceinline__ const u16* op_operands(const DevOp* op) {
   return (const u16*)((const u8*)op + sizeof(DevOp));
@@ -423,8 +423,10 @@ __device__ __forceinline__ void op_range(const DevOp* op, long long iter, u64 un
   }
 }
 
-template <int DT, int OP, int PKT, int U, int UP>
-__device__ bool run_data(const Ctx& c, const DevOp* op, int opi, long long iter, u64 unit) {
+// EPI: an epilogue kernel, where an operand may be the call's residual (`e`)
+template <int DT, int OP, int PKT, int U, int UP, int EPI = 0>
+__device__ bool run_data(const Ctx& c, const DevOp* op, int opi, long long iter, u64 unit,
+                         const EpiArgs* e = nullptr) {
   u64 A, B;
   op_range(op, iter, unit, A, B);
   if (A >= B) return true;
@@ -446,7 +448,10 @@ __device__ bool run_data(const Ctx& c, const DevOp* op, int opi, long long iter,
 #pragma unroll 1
       for (int k = 0; k < n; ++k) {
         u64 off = pc[2 + k] + d;
-        p[k] = operand_base(c, opnd[k]) + ((pmask >> k & 1u) ? 2ull * off : off);
+        if (EPI && (opnd[k] & 0xffu) == OPND_SLOT_RESIDUAL)
+          p[k] = (u8*)e->residual + off;
+        else
+          p[k] = operand_base(c, opnd[k]) + ((pmask >> k & 1u) ? 2ull * off : off);
       }
       if (pmask) {
         u64 pvalid = pc[1];
@@ -484,10 +489,19 @@ __device__ void run_switch(const Ctx& c, const DevOp* op, bool store) {
 
 // Runs one op; returns false when the block must stop (abort). `last`: no op of this block
 // follows (a failed packet read then needs no block-wide agreement: every thread just ends).
-template <int DT, int OP, int PKT, int U, int UP>
-__device__ bool run_op(const Ctx& c, const DevOp* op, long long iter, u64 unit, bool last) {
+// EPI: an epilogue kernel (its call's parameters in `e`); only those run radd and rmsnorm.
+template <int DT, int OP, int PKT, int U, int UP, int EPI = 0>
+__device__ bool run_op(const Ctx& c, const DevOp* op, long long iter, u64 unit, bool last,
+                       const EpiArgs* e = nullptr) {
   const u32 tid = threadIdx.x;
   const int opi = (int)op->index;
+  if constexpr (EPI) {
+    if (op->kind == DOP_RADD) return run_data<DT, ROP_SUM, PKT, U, UP, 1>(c, op, opi, iter, unit, e);
+    if (op->kind == DOP_RMSNORM) {
+      epi_rmsnorm<DT>((const u8*)e->residual, c.out, *e, op_pieces(op), op->n_pieces);
+      return true;
+    }
+  }
   switch (op->kind) {
     case DOP_NOP:
       __syncthreads();
@@ -510,7 +524,7 @@ __device__ bool run_op(const Ctx& c, const DevOp* op, long long iter, u64 unit, 
       return !__syncthreads_or(!ok);
     }
     case DOP_DATA: {
-      bool ok = run_data<DT, OP, PKT, U, UP>(c, op, opi, iter, unit);
+      bool ok = run_data<DT, OP, PKT, U, UP, EPI>(c, op, opi, iter, unit, e);
       if ((op->flags & 2u) && !last) return !__syncthreads_or(!ok);  // reads packets: may have aborted
       return ok;
     }
@@ -582,8 +596,9 @@ __device__ __forceinline__ void trace_mark(u64* trace, u32 rec, int which) {
 }
 
 // The block's ops in order; false when it must stop (abort).
-template <int DT, int OP, int PKT, int U, int UP, int TR = 0>
-__device__ __forceinline__ bool run_block(const Ctx& c, const u8* smem, u64* trace = nullptr) {
+template <int DT, int OP, int PKT, int U, int UP, int TR = 0, int EPI = 0>
+__device__ __forceinline__ bool run_block(const Ctx& c, const u8* smem, u64* trace = nullptr,
+                                          const EpiArgs* e = nullptr) {
   const BlockHeader* bh = (const BlockHeader*)smem;
   const u8* cur = smem + sizeof(BlockHeader);
   const u32 n_ops = bh->n_ops;
@@ -603,7 +618,7 @@ __device__ __forceinline__ bool run_block(const Ctx& c, const u8* smem, u64* tra
           if constexpr (TR) {
             if (it == 0u) trace_mark<TR>(trace, i + 1u + j, 0);
           }
-          if (!run_op<DT, OP, PKT, U, UP>(c, inner, (long long)it, unit, false)) return false;
+          if (!run_op<DT, OP, PKT, U, UP, EPI>(c, inner, (long long)it, unit, false, e)) return false;
           if constexpr (TR) {
             if (it + 1u == iters) trace_mark<TR>(trace, i + 1u + j, 1);
           }
@@ -615,7 +630,7 @@ __device__ __forceinline__ bool run_block(const Ctx& c, const u8* smem, u64* tra
       i += n_inner;
     } else {
       trace_mark<TR>(trace, i, 0);
-      if (!run_op<DT, OP, PKT, U, UP>(c, op, -1, 0, i + 1 == n_ops)) return false;
+      if (!run_op<DT, OP, PKT, U, UP, EPI>(c, op, -1, 0, i + 1 == n_ops, e)) return false;
       trace_mark<TR>(trace, i, 1);
       cur += op->bytes;
     }
@@ -636,9 +651,10 @@ __device__ __forceinline__ void port_finals(const Ctx& c, const u8* smem) {
   }
 }
 
-template <int DT, int OP, int PKT, int U, int UP, int TR = 0>
+template <int DT, int OP, int PKT, int U, int UP, int TR = 0, int EPI = 0>
 __device__ __forceinline__ void interpret(const u8* __restrict__ blob, u8* in, u8* out, u64 in_delta,
-                                          u64 out_delta, u64 timeout_ns, u64* trace = nullptr) {
+                                          u64 out_delta, u64 timeout_ns, u64* trace = nullptr,
+                                          const EpiArgs* e = nullptr) {
   extern __shared__ __align__(16) u8 smem[];
   __shared__ Ctx s_c;
   __shared__ u32 s_stop;
@@ -686,7 +702,7 @@ __device__ __forceinline__ void interpret(const u8* __restrict__ blob, u8* in, u
     return;
   }
 
-  if (!run_block<DT, OP, PKT, U, UP, TR>(c, smem, trace)) {
+  if (!run_block<DT, OP, PKT, U, UP, TR, EPI>(c, smem, trace, e)) {
     port_finals(c, smem);
     return;
   }

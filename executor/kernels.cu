@@ -40,6 +40,22 @@
         plan, input, output, input_delta, output_delta, timeout_ns, trace);                        \
   }
 
+// The epilogue variants (plans with radd / rmsnorm, issue 22): the same interpreter with EPI = 1,
+// sum only, one more parameter: the call's EpiArgs (epilogue.cuh), by value. Names end in _epi.
+// Kernels of plans without epilogue ops are the same with or without them.
+#define MSCCLANG_EPI_KERNEL(NAME, DT, PKT, NT)                                                     \
+  extern "C" __global__ void __launch_bounds__(NT, 1)                                              \
+      NAME##_epi(const u8* __restrict__ plan, u8* input, u8* output, u64 input_delta,             \
+                 u64 output_delta, u64 timeout_ns, const __grid_constant__ EpiArgs epi) {          \
+    interpret<DT, ROP_SUM, PKT, MSCCLANG_UNROLL, (NT > 512 ? MSCCLANG_UNROLL_PKT_1024 : MSCCLANG_UNROLL_PKT), 0, 1>( \
+        plan, input, output, input_delta, output_delta, timeout_ns, nullptr, &epi);               \
+  }
+#define MSCCLANG_EPI_KERNELS_DT(DTNAME, DT)                                \
+  MSCCLANG_EPI_KERNEL(mscclang_##DTNAME##_ll16_sum, DT, 16, 1024)         \
+  MSCCLANG_EPI_KERNEL(mscclang_##DTNAME##_ll8_sum, DT, 8, 1024)           \
+  MSCCLANG_EPI_KERNEL(mscclang_##DTNAME##_ll16_sum_t512, DT, 16, 512)     \
+  MSCCLANG_EPI_KERNEL(mscclang_##DTNAME##_ll8_sum_t512, DT, 8, 512)
+
 #ifdef MSCCLANG_TRACED
 #undef MSCCLANG_KERNEL
 #define MSCCLANG_KERNEL MSCCLANG_TRACE_KERNEL
@@ -70,4 +86,9 @@ MSCCLANG_KERNELS_DT(f16, DT_F16)
 MSCCLANG_KERNELS_DT(bf16, DT_BF16)
 MSCCLANG_KERNELS_DT(f32, DT_F32)
 MSCCLANG_KERNELS_DT(i32, DT_I32)
+#ifndef MSCCLANG_TRACED
+MSCCLANG_EPI_KERNELS_DT(f16, DT_F16)
+MSCCLANG_EPI_KERNELS_DT(bf16, DT_BF16)
+MSCCLANG_EPI_KERNELS_DT(f32, DT_F32)
+#endif
 #endif

@@ -38,6 +38,8 @@ enum DevOpKind : u32 {
   DOP_PORT_FINAL = 10,   // at block exit: set channel ids[0]'s trigger to aux0 (releases the proxy)
   DOP_SWITCH_REDUCE = 11,   // glre/glres: multimem load-reduce (compiled only)
   DOP_SWITCH_STORE = 12,    // gstore: multimem store (compiled only)
+  DOP_RADD = 13,     // residual add: a data op with sources (src, residual), destination residual
+  DOP_RMSNORM = 14,  // row-wise RMSNorm: pieces {length, valid, residual offset, output offset}
 };
 
 // operand descriptor (u16): low byte = slot, high byte = mode bits
@@ -45,6 +47,7 @@ enum DevOpKind : u32 {
 #define OPND_SLOT_OUTPUT 1
 #define OPND_SLOT_SCRATCH 2
 #define OPND_SLOT_REMOTE0 3       // slot 3 + k = remote buffer k of the rank
+#define OPND_SLOT_RESIDUAL 255   // the call's residual (epilogue kernels only; never remote)
 #define OPND_MODE_PACKET 1        // operand holds LL packets (address = base + 2 * offset)
 
 #define BUF_KIND_INPUT 0

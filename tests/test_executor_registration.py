@@ -590,7 +590,7 @@ def test_a_bound_call_launches_without_resolving_again_until_an_entry_changes(fc
     ex = exs[0]
     launched = []
     ex.launcher.stream_capturing = lambda s: False
-    ex.launcher.launch = lambda ent, a, b, da, db, s, t: launched.append((ent.blob, a, b))
+    ex.launcher.launch = lambda ent, a, b, da, db, s, t, epi=None: launched.append((ent.blob, a, b))
     ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
     lp = ex.load(_any_buffer_plan())
     _ready_any(ex, lp, fcu, 64 * MiB)
@@ -653,11 +653,11 @@ def test_a_traced_launch_runs_the_trace_kernel_with_its_buffer_and_decodes_it(fc
     _ready_any(ex, lp, fcu, 64 * MiB)
     real = ex.kernels.interpreter
     monkeypatch.setattr(ex.kernels, "interpreter",
-                        lambda dt, pkt, op, nt=1024, traced=False: 99 if traced else real(dt, pkt, op, nt))
+                        lambda dt, pkt, op, nt=1024, traced=False, epi=False: 99 if traced else real(dt, pkt, op, nt))
     monkeypatch.setattr(exmod.cu, "ptr", lambda f: int(f))
     launched = []
 
-    def launch(ent, a, b, da, db, s, t):
+    def launch(ent, a, b, da, db, s, t, epi=None):
         tp = ex.launcher.trace_ptr
         launched.append((ent.func, tp))
         if tp:   # what the kernel writes: {start, end} per block and record

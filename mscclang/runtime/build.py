@@ -30,6 +30,8 @@ _log = logging.getLogger("mscclang.runtime")
 DTYPES = KERNEL_CODES
 PACKET_TYPES = ("ll16", "ll8")
 REDUCE_OPS = ("sum", "min", "max")
+#: dtypes whose modules also hold the epilogue kernels (activation dtypes of fused plans)
+EPI_DTYPES = ("f16", "bf16", "f32")
 _DT_MACRO = {c: f"DT_{c.upper()}" for c in DTYPES}
 BASE_OPTIONS = ("-std=c++17", "--fmad=false")
 
@@ -55,13 +57,15 @@ def block_variant(nthreads: int) -> int:
     return min(v for v in BLOCK_VARIANTS if v >= nthreads)
 
 
-def kernel_name(dtype: str, packet: str, op: str, nthreads: int = 1024, traced: bool = False) -> str:
+def kernel_name(dtype: str, packet: str, op: str, nthreads: int = 1024, traced: bool = False,
+                epi: bool = False) -> str:
     """Name of one specialised kernel, e.g. ``mscclang_f16_ll16_sum`` (1024-thread bound) or
     ``mscclang_f16_ll16_sum_t512`` (plans of at most 512 threads per block); ``traced``: its
-    variant with per-op timestamps (``..._trace``, one more parameter: the trace buffer)."""
+    variant with per-op timestamps (``..._trace``, one more parameter: the trace buffer); ``epi``:
+    its epilogue variant (``..._epi``, sum only, one more parameter: the call's ``EpiArgs``)."""
     v = block_variant(nthreads)
     return (f"mscclang_{dtype}_{packet}_{op}" + ("" if v == BLOCK_VARIANTS[0] else f"_t{v}")
-            + ("_trace" if traced else ""))
+            + ("_trace" if traced else "") + ("_epi" if epi else ""))
 
 
 def executor_dir() -> Path:
@@ -212,8 +216,9 @@ def module_source(dtype: str, traced: bool = False) -> str:
     if dtype not in DTYPES:
         raise RuntimeUnavailable(f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}")
     which = "MSCCLANG_KERNELS_SUM_DT" if kernel_dtype(dtype).accumulates else "MSCCLANG_KERNELS_DT"
+    epi = "" if traced or dtype not in EPI_DTYPES else f"MSCCLANG_EPI_KERNELS_DT({dtype}, {_DT_MACRO[dtype]})\n"
     return (("#define MSCCLANG_TRACED\n" if traced else "") + "#define MSCCLANG_ONLY_DTYPE\n#include \"kernels.cu\"\n"
-            f"{which}({dtype}, {_DT_MACRO[dtype]})\n")
+            f"{which}({dtype}, {_DT_MACRO[dtype]})\n" + epi)
 
 
 def build_module(dtype: str, arch: str | int | tuple[int, int] = "sm_90", options: Sequence[str] = (),

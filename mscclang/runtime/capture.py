@@ -124,12 +124,13 @@ class CaptureGlue:
         r = self.comm.rank
         desc = describe_call(plan, in_bytes, out_bytes, dt, pkt, op)
         ctx = lp.ctx
-        if (not kernels.has_interpreter(dt, pkt, op, lp.nthreads) or ctx is None
+        epi = lp.epi is not None
+        if (not kernels.has_interpreter(dt, pkt, op, lp.nthreads, epi) or ctx is None
                 or ctx.scratch_bytes < contexts.group_scratch(lp, in_bytes, out_bytes)):
             raise NotPrepared(f"rank {r}: {desc} was not prepared: run it once or prepare it (any "
                               "tensors of these sizes) before capturing it")
         packed = pack_blocks(plan, r, in_bytes, out_bytes)
-        f = kernels.interpreter(dt, pkt, op, lp.nthreads)
+        f = kernels.interpreter(dt, pkt, op, lp.nthreads, epi=epi)
         nb = len(packed.blocks)
         smem = max((len(b.region) for b in packed.blocks), default=16)
         kernels.fit(f, lp.nthreads, smem, nb, f"rank {r}", packed.uses_packets, packed.packet_align, pkt)

@@ -33,13 +33,16 @@ MAX_BLOCK_BYTES = 200 * 1024  # dynamic shared memory the kernel may ask for (H1
 
 DOP_NOP, DOP_BARRIER, DOP_SIGNAL, DOP_WAIT, DOP_DATA = 0, 1, 2, 3, 4
 DOP_SEM_ACQUIRE, DOP_SEM_RELEASE, DOP_PIPELINE = 5, 6, 7
+DOP_RADD, DOP_RMSNORM = CONSTANTS["DOP_RADD"], CONSTANTS["DOP_RMSNORM"]
 SLOT_INPUT, SLOT_OUTPUT, SLOT_SCRATCH, SLOT_REMOTE0 = 0, 1, 2, 3
+SLOT_RESIDUAL = CONSTANTS["OPND_SLOT_RESIDUAL"]   # the call's residual (epilogue kernels; never remote)
 MODE_PACKET = 1
 KIND_CODE = {BufferKind.input: 0, BufferKind.output: 1, BufferKind.scratch: 2}
 FLAG_RELAXED = 1
 FLAG_READS_PACKETS = 2
 
 PORT_OPS = frozenset({OpName.flush, OpName.pws, OpName.pwsf})
+_PAIRWISE_OPS = frozenset({OpName.put, OpName.get, OpName.copy, OpName.cpkt, OpName.ppkt, OpName.upkt})
 
 # sync area of one rank (one per context): abort word, flags, inbound counters, expected counters,
 # semaphores, barrier counters
@@ -74,6 +77,11 @@ def check_runnable(plan: Plan, allow_switch: bool = False, topology: Optional[To
                 raise PlanError(
                     f"rank {g.id} declares switch channels (NVLink multicast); they are refused unless "
                     "MSCCLANG_ENABLE_NVLS=1", f"gpus[{g.id}].channels")
+        for k, rb in enumerate(g.remote_buffers):
+            if rb.type in (BufferKind.residual, BufferKind.weight):
+                raise PlanError(f"rank {g.id} maps rank {rb.rank}'s {rb.type.name} (remote buffer {k}); the GPU "
+                                "runtime keeps the residual and the weight local to each rank (the plan must move "
+                                "residual rows through scratch)", f"gpus[{g.id}].remote_buffers[{k}]")
         nmem = len(g.peers(ChannelType.memory))
         if nmem > 65535:
             raise PlanError(f"rank {g.id} has {nmem} memory channels, more than 65535", f"gpus[{g.id}].channels")
@@ -116,10 +124,11 @@ def _check_op(plan: Plan, rank: int, tb: ThreadBlock, i: int, op: Op, allow_swit
     if op.name == OpName.barrier and (op.barrier_id or 0) >= MAX_BARRIERS:
         raise PlanError(f"rank {rank} thread block {tb.id} op {i}: barrier id {op.barrier_id} exceeds the "
                         f"kernel's {MAX_BARRIERS} barriers", where + ".barrier_id")
-    if len(op.src_buff) + len(op.dst_buff) > MAX_OPERANDS:
+    # ops that move pairs (one source, one destination) pack one record per pair
+    n_opnd = 2 if op.name in _PAIRWISE_OPS else len(op.src_buff) + len(op.dst_buff)
+    if n_opnd > MAX_OPERANDS:
         raise PlanError(f"rank {rank} thread block {tb.id} op {i} ({op.name.value}) has "
-                        f"{len(op.src_buff) + len(op.dst_buff)} operands; the kernel supports {MAX_OPERANDS}",
-                        where)
+                        f"{n_opnd} operands; the kernel supports {MAX_OPERANDS}", where)
 
 
 # --------------------------------------------------------------------------------------------

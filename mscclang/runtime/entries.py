@@ -156,7 +156,7 @@ class Entries:
                               "(device plan, scratch, kernel) cannot happen inside CUDA graph capture; call "
                               "prepare with the same tensors (or run the call once) before capturing")
         with self._calling(desc):
-            f = self.kernels.interpreter(dt, pkt, op, lp.nthreads)
+            f = self.kernels.interpreter(dt, pkt, op, lp.nthreads, epi=lp.epi is not None)
             dp = self.contexts.device_plan(lp, in_bytes, out_bytes, sym_in, sym_out, stream)
             self.kernels.fit(f, lp.nthreads, dp.smem, dp.n_blocks, f"rank {r}", dp.uses_packets,
                              dp.packet_align, pkt)

@@ -20,7 +20,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from mscclang.config import Settings, settings
-from mscclang.errors import CollectiveTimeout, NotPrepared, PlanError, RuntimeUnavailable
+from mscclang.errors import CollectiveTimeout, InvalidCall, NotPrepared, PlanError, RuntimeUnavailable
 from mscclang.plan.models import PACKET_OPS, BufferKind, ChannelType, Plan
 from mscclang.plan.dtypes import reduction_code, torch_dtype_code
 from mscclang.plan.shapes import check_layout, check_pair, check_sizes, check_tensor, output_bytes
@@ -32,6 +32,7 @@ from mscclang.runtime.contexts import ContextPool
 from mscclang.runtime.device_plan import MAX_FLAGS, check_runnable
 from mscclang.runtime.engine import Engine, bindings as engine_bindings
 from mscclang.runtime.entries import Entries
+from mscclang.runtime.epilogue import Epilogue, call_args, call_sizes, epi_plan
 from mscclang.runtime.kernels import KernelCache
 from mscclang.runtime.launcher import Launcher
 from mscclang.runtime.proxy import PortLaunch, PortProxy
@@ -50,7 +51,7 @@ log = logging.getLogger("mscclang.runtime")
 
 DEFAULT_TIMEOUT_S = Settings.timeout_s.default
 
-__all__ = ["Executor", "LoadedPlan", "torch_dtype_code", "plan_reduce_op", "DEFAULT_TIMEOUT_S"]
+__all__ = ["Executor", "Epilogue", "LoadedPlan", "torch_dtype_code", "plan_reduce_op", "DEFAULT_TIMEOUT_S"]
 
 
 class Executor:
@@ -177,6 +178,7 @@ class Executor:
         lp = LoadedPlan(plan, zero_copy, packet_code(plan.packet_type.value if plan.packet_type else None),
                         plan_reduce_op(plan), plan.num_threads_per_block, nb)
         lp.has_port = any(g.peers(ChannelType.port) for g in plan.gpus)
+        lp.epi = epi_plan(plan)
         lp.packets = any(op.name in PACKET_OPS or any(i.name in PACKET_OPS for i in (op.ops or []))
                          for tb in plan.gpus[self.comm.rank].threadblocks for op in tb.ops)
         lp.engine_keys = [(g.id, c.peer, c.ordinal) for g in plan.gpus
@@ -238,7 +240,8 @@ class Executor:
         self.entries.resolve(lp, code, code, 0, 1, in_bytes, out_bytes, pkt, op, True, s)
 
     def execute(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
-                reduce_op: Any = None, stream: Any = None, accum_dtype: Any = None) -> None:
+                reduce_op: Any = None, stream: Any = None, accum_dtype: Any = None, *, residual: Any = None,
+                weight: Any = None, epilogue: Optional[Epilogue] = None) -> None:
         """Run ``plan`` on this rank with torch tensors ``input``/``output`` on the current torch
         stream (or ``stream``). ``packet_type``: 'LL16' (default) or 'LL8'; ``reduce_op``: overrides
         the plan's sum/min/max. An in-place plan (``plan.inplace``) runs only on the in-place layout
@@ -248,7 +251,12 @@ class Executor:
         sizes, layout) before anything reaches the GPU: :class:`~mscclang.errors.InvalidCall`.
         ``accum_dtype``: the accumulation dtype of an fp8 reduction (float32, the default, or
         float16; docs/semantics.md), InvalidCall for any other dtype. Collective: every rank
-        calls it in the same order."""
+        calls it in the same order.
+
+        A plan with epilogue ops (``allreduce_add_rms_norm``, plan/2) also takes this rank's
+        ``residual`` (read and written), the norm ``weight`` and ``epilogue`` (H, eps, FP8 scale
+        and type): the contract is :func:`mscclang.runtime.epilogue.pack_args`'s; other plans
+        refuse them. Capturable in a CUDA graph after :meth:`prepare`."""
         ab = self.abort
         if ab.aborted or ab.state():
             ab.check()
@@ -259,10 +267,14 @@ class Executor:
         s = self.launcher.current_stream() if stream is None else int(getattr(stream, "cuda_stream", stream))
         ab.user_thread = threading.get_ident()
         dt = reduction_code(input.dtype, op, accum_dtype)
+        epi = None
+        if lp.epi is not None or residual is not None or weight is not None or epilogue is not None:
+            epi = call_args(lp, self.comm.rank, self.comm.device, self.arch, lambda: self.contexts.packed(
+                lp, in_bytes, out_bytes).norms, op, input, output, residual, weight, epilogue)
         self._last_call = describe_call(lp.plan, in_bytes, out_bytes, dt, pkt, op)
         ent, opr = self.entries.resolve(lp, dt, dt, input.data_ptr(), output.data_ptr(), in_bytes,
                                         out_bytes, pkt, op, False, s)
-        self.run(lp, ent, opr, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes, s)
+        self.run(lp, ent, opr, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes, s, epi)
 
     def execute_traced(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
                        reduce_op: Any = None, accum_dtype: Any = None) -> "RankTrace":
@@ -282,6 +294,9 @@ class Executor:
         if self._capturing():
             raise NotPrepared(f"rank {self.comm.rank}: a traced launch cannot be captured in a CUDA graph")
         lp = self._loaded_plan(plan)
+        if lp.epi is not None:
+            raise InvalidCall(f"rank {self.comm.rank}: plan {lp.plan.name} has epilogue ops, which have no traced "
+                              "kernel")
         pkt = packet_code(packet_type) if packet_type is not None else lp.default_packet
         op = reduce_code(reduce_op) if reduce_op is not None else lp.default_op
         in_bytes, out_bytes = self._check_call(lp, input, output)
@@ -325,6 +340,8 @@ class Executor:
         if reg is not None and (reg.session is not None or reg.verify):
             return None
         lp = self._loaded_plan(plan)
+        if lp.epi is not None:   # its residual and parameters are checked and passed at every call
+            return None
         pkt = packet_code(packet_type) if packet_type is not None else lp.default_packet
         op = reduce_code(reduce_op) if reduce_op is not None else lp.default_op
         in_bytes, out_bytes = self._check_call(lp, input, output)
@@ -363,40 +380,42 @@ class Executor:
         return True
 
     def run(self, lp: LoadedPlan, ent: LaunchEntry, opr: Operands, in_ptr: int, out_ptr: int, in_bytes: int,
-            out_bytes: int, s: int) -> None:
+            out_bytes: int, s: int, epi: Optional[bytes] = None) -> None:
         """Launch a resolved call: on the caller's buffers, on symmetric or registered ones, or
-        through the plan's staging (copied in and out on stream ``s``)."""
+        through the plan's staging (copied in and out on stream ``s``). ``epi``: the call's
+        ``EpiArgs`` (an epilogue plan's entry)."""
         if opr.mode == "direct":
-            self._launch(ent, in_ptr, out_ptr, 0, 0, s)
+            self._launch(ent, in_ptr, out_ptr, 0, 0, s, epi)
         elif opr.mode == "sym":
-            self._launch(ent, in_ptr, out_ptr, opr.in_delta, opr.out_delta, s)
+            self._launch(ent, in_ptr, out_ptr, opr.in_delta, opr.out_delta, s, epi)
         else:
             st_in, st_out = opr.stage_in, opr.stage_out
             if lp.plan.inplace:
                 # the input lies in the output (in-place layout): stage the whole output
                 cu.dtod(st_out.base, out_ptr, out_bytes, s)
                 delta = in_ptr - out_ptr
-                self._launch(ent, st_out.base + delta, st_out.base, delta, 0, s)
+                self._launch(ent, st_out.base + delta, st_out.base, delta, 0, s, epi)
             else:
                 cu.dtod(st_in.base, in_ptr, in_bytes, s)
-                self._launch(ent, st_in.base, st_out.base, 0, 0, s)
+                self._launch(ent, st_in.base, st_out.base, 0, 0, s, epi)
             cu.dtod(out_ptr, st_out.base, out_bytes, s)
             if st_in.temp or st_out.temp:   # staging above the cap: released once this call is done
                 self.staging.release([st_in, st_out], "staging above the cap")
 
-    def _launch(self, ent: LaunchEntry, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int) -> None:
+    def _launch(self, ent: LaunchEntry, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int,
+                epi: Optional[bytes] = None) -> None:
         if ent.port is None:
-            self.launcher.launch(ent, in_ptr, out_ptr, in_delta, out_delta, s, self.timeout_ns)
+            self.launcher.launch(ent, in_ptr, out_ptr, in_delta, out_delta, s, self.timeout_ns, epi)
             return
-        self._launch_port(ent, ent.port, in_ptr, out_ptr, in_delta, out_delta, s)
+        self._launch_port(ent, ent.port, in_ptr, out_ptr, in_delta, out_delta, s, epi)
 
     def _launch_port(self, ent: LaunchEntry, port: PortLaunch, in_ptr: int, out_ptr: int, in_delta: int,
-                     out_delta: int, s: int) -> None:
+                     out_delta: int, s: int, epi: Optional[bytes] = None) -> None:
         """A launch of a port plan: the proxy's stream operations around the kernel."""
         self.launcher.order(s)
         try:
             n = self._proxy.before(port, s, in_ptr, out_ptr, in_delta, out_delta)
-            self.launcher.launch(ent, in_ptr, out_ptr, in_delta, out_delta, s, self.timeout_ns)
+            self.launcher.launch(ent, in_ptr, out_ptr, in_delta, out_delta, s, self.timeout_ns, epi)
         except BaseException:
             # side streams may already wait for triggers no kernel will post: release them as an
             # aborting kernel would (nothing to release in a capture: the graph is never made)
@@ -413,6 +432,8 @@ class Executor:
         """(input bytes, output bytes) of a call, after checking every argument; raises
         InvalidCall before anything reaches the GPU."""
         r = self.comm.rank
+        if lp.epi is not None:
+            return call_sizes(lp.epi, lp.plan, r, self.comm.device, input, output)
         check_pair("", r, input, output, self.comm.device, "executor")
         torch_dtype_code(input.dtype)
         esz = input.element_size()

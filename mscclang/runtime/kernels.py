@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 from mscclang.errors import PlanError, RuntimeUnavailable
 from mscclang.runtime import cuda as cu
-from mscclang.runtime.build import block_variant, build_module, find_prebuilt, kernel_name
+from mscclang.runtime.build import EPI_DTYPES, block_variant, build_module, find_prebuilt, kernel_name
 from mscclang.runtime.spec_build import SpecBuilder
 from mscclang.runtime.spec_source import SpecSource, SpecUnsupported
 from mscclang.runtime.state import Spec
@@ -40,7 +40,7 @@ class KernelCache:
         self.arch = arch
         self.sm_count = sm_count
         self._modules: dict[str, Any] = {}
-        self._funcs: dict[tuple[str, str, str, int, bool], Any] = {}   # (dtype, packet, op, bound, traced)
+        self._funcs: dict[tuple, Any] = {}   # (dtype, packet, op, bound, traced) [+ (True,): epilogue]
         self._builder = SpecBuilder(arch)
         self._spec_mods: "OrderedDict[str, tuple[Any, Any]]" = OrderedDict()   # cubin name -> (module, func)
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -58,15 +58,19 @@ class KernelCache:
             log.info("specialised kernels unavailable (%s); the interpreter serves every call", unsupported(e))
 
     # interpreter ------------------------------------------------------------------------------
-    def has_interpreter(self, dtype: str, packet: str, op: str, nthreads: int) -> bool:
+    def has_interpreter(self, dtype: str, packet: str, op: str, nthreads: int, epi: bool = False) -> bool:
         """Whether that interpreter function is loaded already (no build, no load needed)."""
-        return (dtype, packet, op, block_variant(nthreads), False) in self._funcs
+        return (dtype, packet, op, block_variant(nthreads), False) + ((True,) if epi else ()) in self._funcs
 
-    def interpreter(self, dtype: str, packet: str, op: str, nthreads: int = 1024, traced: bool = False) -> Any:
+    def interpreter(self, dtype: str, packet: str, op: str, nthreads: int = 1024, traced: bool = False,
+                    epi: bool = False) -> Any:
         """The interpreter function for one dtype, packet type, reduce op and block size
         (``traced``: its variant with per-op timestamps, from a module of its own, built by NVRTC
-        at its first use)."""
-        key = (dtype, packet, op, block_variant(nthreads), traced)
+        at its first use; ``epi``: its epilogue variant, in the dtype's module, sum only)."""
+        if epi and (traced or op != "sum" or dtype not in EPI_DTYPES):
+            raise RuntimeUnavailable(f"the epilogue kernels run sum on {', '.join(EPI_DTYPES)} untraced; "
+                                     f"not {op} on {dtype}" + (" traced" if traced else ""))
+        key = (dtype, packet, op, block_variant(nthreads), traced) + ((True,) if epi else ())
         f = self._funcs.get(key)
         if f is not None:
             return f
@@ -82,7 +86,7 @@ class KernelCache:
                 built = build_module(dtype, self.arch, traced=traced)
                 mod = cu.check(drv.cuModuleLoadData(built.cubin), f"cuModuleLoadData({built.path.name})")
             self._modules[mkey] = mod
-        f = cu.check(drv.cuModuleGetFunction(mod, kernel_name(dtype, packet, op, nthreads, traced).encode()),
+        f = cu.check(drv.cuModuleGetFunction(mod, kernel_name(dtype, packet, op, nthreads, traced, epi).encode()),
                      "cuModuleGetFunction")
         self._funcs[key] = f
         return f

@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.state import LaunchEntry
+from mscclang.runtime.structs import EPI_ARGS
 
 
 class Launcher:
@@ -30,6 +31,11 @@ class Launcher:
         #: nonzero while a traced launch runs: the entry's kernel is the ``_trace`` variant and
         #: this its buffer (mscclang.runtime.trace)
         self.trace_ptr = 0
+        # the epilogue kernels' block: the same six, then the call's EpiArgs (by value)
+        self._eargs = ctypes.create_string_buffer(EPI_ARGS.size)
+        self._eparams = (ctypes.c_uint64 * 6)()
+        self._eparam_ptrs = (ctypes.c_void_p * 7)(*[ctypes.addressof(self._eparams) + 8 * i for i in range(6)],
+                                                  ctypes.addressof(self._eargs))
         self._raw = cu.raw_launch_kernel()              # ctypes cuLaunchKernel (None: use cuda.bindings)
         self._raw_stream = cu.raw_current_stream()      # torch's current raw stream getter (or None)
         self.stream_capturing = cu.raw_stream_is_capturing()
@@ -60,9 +66,11 @@ class Launcher:
         self.last_stream = s
 
     def launch(self, ent: LaunchEntry, in_ptr: int, out_ptr: int, in_delta: int, out_delta: int, s: int,
-               timeout_ns: int) -> None:
+               timeout_ns: int, epi: Optional[bytes] = None) -> None:
         """Launch ``ent``'s kernel on stream ``s``: the specialised kernel when the entry has one
-        and the buffers are 16-byte aligned (it assumes so), else the interpreter."""
+        and the buffers are 16-byte aligned (it assumes so), else the interpreter. ``epi``: the
+        call's ``EpiArgs`` bytes (an epilogue entry: the interpreter's ``_epi`` variant, or a
+        specialised kernel whose parameters hold them)."""
         self.order(s)
         if self.trace_ptr:
             t = self._tparams
@@ -73,14 +81,24 @@ class Launcher:
                       ctypes.addressof(self._tparam_ptrs))
             return
         sl = ent.spec
-        if sl is not None and not (in_ptr | out_ptr | in_delta | out_delta) & 15:
+        res = 0 if epi is None else int.from_bytes(epi[:8], "little")   # EpiArgs.residual
+        if sl is not None and not (in_ptr | out_ptr | in_delta | out_delta | res) & 15:
             a = sl.args
             a[0], a[1], a[2], a[3], a[4] = in_ptr, out_ptr, in_delta, out_delta, timeout_ns
+            if epi is not None:
+                ctypes.memmove(ctypes.addressof(a) + sl.spec.layout.epi_args, epi, EPI_ARGS.size)
             sp = sl.spec
             self.last_kernel = "spec"
             self._run(sp.func, sp.fh, sp.n_blocks, sp.nthreads, 0, s, sl.param_addr)
             return
         self.last_kernel = "interpreter"
+        if epi is not None:
+            p = self._eparams
+            p[0], p[1], p[2], p[3], p[4], p[5] = ent.blob, in_ptr, out_ptr, in_delta, out_delta, timeout_ns
+            ctypes.memmove(self._eargs, epi, EPI_ARGS.size)
+            self._run(ent.func, ent.handle, ent.n_blocks, ent.nthreads, ent.smem, s,
+                      ctypes.addressof(self._eparam_ptrs))
+            return
         p = self._params
         p[0], p[1], p[2], p[3], p[4], p[5] = ent.blob, in_ptr, out_ptr, in_delta, out_delta, timeout_ns
         self._run(ent.func, ent.handle, ent.n_blocks, ent.nthreads, ent.smem, s, self._param_addr)

@@ -24,9 +24,9 @@ from mscclang.errors import PlanError
 from mscclang.plan.layout import Layout, Piece, make_layout, pipeline_iterations, scratch_bytes_needed
 from mscclang.plan.models import BufferKind, BufferRef, ChannelType, Op, OpName, Plan, ThreadBlock
 from mscclang.runtime.device_plan import (
-    DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE, DOP_SIGNAL, DOP_WAIT,
-    FLAG_READS_PACKETS, FLAG_RELAXED, MAX_BLOCK_BYTES, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT, SLOT_REMOTE0,
-    SLOT_SCRATCH, where_of as _where,
+    DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_RADD, DOP_RMSNORM, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE,
+    DOP_SIGNAL, DOP_WAIT, FLAG_READS_PACKETS, FLAG_RELAXED, MAX_BLOCK_BYTES, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT,
+    SLOT_REMOTE0, SLOT_RESIDUAL, SLOT_SCRATCH, where_of as _where,
 )
 from mscclang.runtime.ports import PortPacker, PortScript, is_port_op
 from mscclang.runtime.structs import BLOCK_HEADER, DEV_OP
@@ -110,6 +110,9 @@ class PackedRank:
     packet_align: int   # largest packet size (4 or 8 bytes of payload) all packet offsets allow
     uses_packets: bool
     port: Optional[PortScript] = None   # the proxy's work (port channels only)
+    #: rmsnorm records: (JSON path, [(residual byte offset, length)], the dst ref's byte span in the
+    #: output's own grid), checked per call (whole rows, and the output rows where they belong)
+    norms: list[tuple[str, list[tuple[int, int]], tuple[int, int]]] = field(default_factory=list)
 
 
 _STEP_BYTES, _STEP_DATA, _STEP_PIPE, _STEP_PORT = 0, 1, 2, 3
@@ -138,6 +141,16 @@ class _DataOp:
     whole_slots: bool
     reads_packets: bool
     tbg: tuple[int, int]
+    kind: int = DOP_DATA   # DOP_RADD / DOP_RMSNORM: the epilogue ops
+
+
+def _grid_kind(kind: BufferKind, norm: bool) -> BufferKind:
+    """The buffer whose chunk grid places a chunk of ``kind``: the residual's is the input's; an
+    rmsnorm's rows are placed by the residual (row k of it goes to row k of the output, in the
+    output's dtype: the kernel computes that address from the row)."""
+    if kind == BufferKind.residual or (norm and kind == BufferKind.output):
+        return BufferKind.input
+    return kind
 
 
 class _Packer:
@@ -151,13 +164,17 @@ class _Packer:
         self.unit = max(plan.buffer_alignment, 8)
         self.packet_align = 8
         self.uses_packets = False
+        self.norms: list[tuple[str, list[tuple[int, int]], tuple[int, int]]] = []
 
     # operands ---------------------------------------------------------------------------------
     def operand(self, ref: BufferRef, op: Op, tb: ThreadBlock, where: str, packet: bool) -> tuple[int, BufferKind]:
         mode = (MODE_PACKET << 8) if packet else 0
         if ref.type is not None:
-            slot = {BufferKind.input: SLOT_INPUT, BufferKind.output: SLOT_OUTPUT,
-                    BufferKind.scratch: SLOT_SCRATCH}[ref.type]
+            slot = {BufferKind.input: SLOT_INPUT, BufferKind.output: SLOT_OUTPUT, BufferKind.scratch: SLOT_SCRATCH,
+                    BufferKind.residual: SLOT_RESIDUAL}.get(ref.type)
+            if slot is None:
+                raise PlanError(f"rank {self.rank} thread block {tb.id}: buffer kind {ref.type.value!r} cannot be "
+                                "an operand", where)
             kind = ref.type
         elif ref.buffer_id is not None:
             ct = op.channel_type if op.channel_type != ChannelType.none else ChannelType.memory
@@ -171,8 +188,8 @@ class _Packer:
                                 where)
             kind = self.gpu.remote_buffers[k].type
             slot = SLOT_REMOTE0 + k
-            if slot > 255:
-                raise PlanError(f"rank {self.rank} has more than {255 - SLOT_REMOTE0} remote buffers", where)
+            if slot >= SLOT_RESIDUAL:
+                raise PlanError(f"rank {self.rank} has more than {SLOT_RESIDUAL - SLOT_REMOTE0} remote buffers", where)
         else:
             raise PlanError(f"rank {self.rank} thread block {tb.id}: switch references are not supported", where)
         if packet and kind != BufferKind.scratch:
@@ -221,7 +238,7 @@ class _Packer:
     # records ----------------------------------------------------------------------------------
     def data_op(self, op: Op, tb: ThreadBlock, index: int, where: str, srcs: Sequence[BufferRef],
                 src_packet: Sequence[bool], dsts: Sequence[BufferRef], dst_packet: Sequence[bool],
-                extend: bool = False) -> "_DataOp":
+                extend: bool = False, kind: int = DOP_DATA) -> "_DataOp":
         """The size-free part of one data record (operand descriptors and kinds)."""
         descs: list[int] = []
         kinds: list[BufferKind] = []
@@ -233,14 +250,19 @@ class _Packer:
             kinds.append(k)
         tbg = (op.tbg_info.tb_id, op.tbg_info.tbg_size) if op.tbg_info is not None else (0, 1)
         return _DataOp(index, where, tb.id, tuple(descs), tuple(kinds), tuple(refs), tuple(packets), len(srcs),
-                       extend or any(dst_packet), any(src_packet), tbg)
+                       extend or any(dst_packet), any(src_packet), tbg, kind)
 
     def data_record(self, d: "_DataOp") -> DevRecord:
         """The data record of ``d`` at this packer's message size."""
         if d.whole_slots:
-            raw = self.pack_pieces(d.kinds, d.refs, d.where)
+            raw = self.pack_pieces([_grid_kind(k, False) for k in d.kinds], d.refs, d.where)
         else:
-            raw = [(p.length, p.length, p.offsets) for p in self.pieces(d.kinds, d.refs, d.where)]
+            grid = [_grid_kind(k, d.kind == DOP_RMSNORM) for k in d.kinds]
+            raw = [(p.length, p.length, p.offsets) for p in self.pieces(grid, d.refs, d.where)]
+        if d.kind == DOP_RMSNORM:
+            dst = d.refs[1]
+            self.norms.append((d.where, [(offs[0], ln) for ln, _, offs in raw],
+                               self.layout.ref_span(BufferKind.output, dst.index, dst.size)))
         if len(raw) > 65535:
             raise PlanError(f"rank {self.rank} thread block {d.tb} op {d.index}: {len(raw)} pieces, more than "
                             "the kernel's 65535", d.where)
@@ -251,7 +273,7 @@ class _Packer:
                     if pk:
                         while self.packet_align > 1 and o % self.packet_align:
                             self.packet_align //= 2
-        return DevRecord(DOP_DATA, d.index, list(d.descs), d.n_src, pieces=raw,
+        return DevRecord(d.kind, d.index, list(d.descs), d.n_src, pieces=raw,
                          flags=FLAG_READS_PACKETS if d.reads_packets else 0,
                          total=sum(p[0] for p in raw), tbg=d.tbg, tbg_unit=self.unit)
 
@@ -340,8 +362,29 @@ class _Packer:
             src_pk = [False] + [True] * (len(S) - 1)
             dst_pk = [False] + [True] * (len(D) - 1)
             return [self.data_op(op, tb, index, where, S, src_pk, D, dst_pk)]
+        if n in (OpName.radd, OpName.rmsnorm):
+            return [self.epilogue_op(op, tb, index, where)]
         raise PlanError(f"rank {self.rank} thread block {tb.id} op {index}: op {n.value!r} is not supported "
                         "by the GPU executor", where)
+
+    def epilogue_op(self, op: Op, tb: ThreadBlock, index: int, where: str) -> "_DataOp":
+        """radd: a sum of (src, residual) into the residual; rmsnorm: residual rows to output rows
+        (both local, one reference each; the plan checks hold it, this refuses what the kernel
+        cannot address)."""
+        S, D = op.src_buff, op.dst_buff
+        norm = op.name == OpName.rmsnorm
+        want = (BufferKind.residual, BufferKind.output) if norm else (None, BufferKind.residual)
+        if len(S) != 1 or len(D) != 1 or S[0].type is None or D[0].type != want[1] or \
+                (want[0] is not None and S[0].type != want[0]):
+            raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({op.name.value}): the GPU runtime "
+                            "runs it on one local source and one local destination "
+                            + ("(residual -> output)" if norm else "(input/output/scratch -> residual)"), where)
+        if norm and (op.tbg_info is not None and op.tbg_info.tbg_size > 1):
+            raise PlanError(f"rank {self.rank} thread block {tb.id} op {index}: rmsnorm takes no thread-block "
+                            "group", where)
+        if norm:
+            return self.data_op(op, tb, index, where, S, [False], D, [False], kind=DOP_RMSNORM)
+        return self.data_op(op, tb, index, where, [S[0], D[0]], [False, False], D, [False], kind=DOP_RADD)
 
     def steps(self, tb: ThreadBlock) -> list[tuple[int, int, Any]]:
         """The block's ops as (what, op index, payload), made once per (plan, rank) and kept in
@@ -429,7 +472,7 @@ def pack_blocks(plan: Plan, rank: int, input_bytes: int, output_bytes: int,
     if pk.uses_packets and not (plan.protocol == "LL"):
         pass  # scratch_bytes_needed already doubles for plans with packet ops
     return PackedRank(rank, input_bytes, output_bytes, layout, blocks, sb, pk.packet_align, pk.uses_packets,
-                      pk.port.script())
+                      pk.port.script(), pk.norms)
 
 
 def group_scratch_bytes(plan: Plan, input_bytes: int, output_bytes: int) -> int:

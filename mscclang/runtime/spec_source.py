@@ -27,11 +27,12 @@ from mscclang.errors import MscclangError, SettingError
 from mscclang.plan.dtypes import KERNEL_CODES, kernel_dtype
 from mscclang.plan.models import BufferKind, ChannelType, Plan
 from mscclang.runtime.device_plan import (
-    DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE, DOP_SIGNAL, DOP_WAIT,
-    FLAG_READS_PACKETS, FLAG_RELAXED, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT, SLOT_REMOTE0, SLOT_SCRATCH,
+    DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_RADD, DOP_RMSNORM, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE,
+    DOP_SIGNAL, DOP_WAIT, FLAG_READS_PACKETS, FLAG_RELAXED, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT, SLOT_REMOTE0,
+    SLOT_RESIDUAL, SLOT_SCRATCH,
 )
 from mscclang.runtime.packing import PackedRank
-from mscclang.runtime.structs import BLOCK_HEADER, DEV_OP
+from mscclang.runtime.structs import BLOCK_HEADER, DEV_OP, EPI_ARGS
 
 KERNEL_NAME = "mscclang_spec"
 MAX_STEPS = 512          # emitted op segments of one rank, all blocks together
@@ -43,6 +44,8 @@ _PKT = {"ll16": 16, "ll8": 8}
 
 class SpecUnsupported(MscclangError):
     """The generator does not specialise this plan (or size); the interpreter runs it instead."""
+
+
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,13 +171,19 @@ class ArgsLayout:
     n_peers: int
     n_remote: int
     n_channels: int
+    epi: bool = False    # the call's EpiArgs follow the fixed fields (plans with epilogue ops)
 
     HEAD = ("in", "out", "in_delta", "out_delta", "timeout_ns", "flags", "abort_word", "err", "sems", "bars",
             "scratch", "half", "rank_npeers")
 
     @property
-    def peer_abort(self) -> int:
+    def epi_args(self) -> int:
+        """Offset of the EpiArgs (written per launch, like the first five words)."""
         return 8 * len(self.HEAD)
+
+    @property
+    def peer_abort(self) -> int:
+        return 8 * len(self.HEAD) + (EPI_ARGS.size if self.epi else 0)
 
     @property
     def remote(self) -> int:
@@ -195,12 +204,13 @@ class ArgsLayout:
         f = [
             "  u8* in;", "  u8* out;", "  u64 in_delta;", "  u64 out_delta;", "  u64 timeout_ns;",
             "  u32* flags;", "  u32* abort_word;", "  ErrorRecord* err;", "  i64* sems;", "  u64* bars;",
-            "  u8* scratch;", "  u64 half;", "  i32 rank;", "  u32 n_peers;",
+            "  u8* scratch;", "  u64 half;", "  i32 rank;", "  u32 n_peers;", *(["  EpiArgs epi;"] if self.epi else []),
             f"  u64 peer_abort[{max(self.n_peers, 1)}];", f"  u8* remote[{max(self.n_remote, 1)}];",
             f"  ChannelDev chan[{max(self.n_channels, 1)}];",
         ]
         lines = ["struct SpecArgs {"] + f + ["};"]
         checks = [(n, self.offset(n)) for n in self.HEAD if n != "rank_npeers"]
+        checks += [("epi", self.epi_args)] if self.epi else []
         checks += [("rank", self.offset("rank_npeers")), ("n_peers", self.offset("rank_npeers") + 4),
                    ("peer_abort", self.peer_abort), ("remote", self.remote), ("chan", self.chan)]
         lines.append(f'static_assert(sizeof(SpecArgs) == {self.size}, "sizeof(SpecArgs) drifted");')
@@ -251,6 +261,8 @@ class _Gen:
     # operand pointer expressions --------------------------------------------------------------
     def base(self, desc: int) -> str:
         slot = desc & 0xFF
+        if slot == SLOT_RESIDUAL:
+            return "res"
         if slot == SLOT_INPUT:
             return "a.in"
         if slot == SLOT_OUTPUT:
@@ -386,6 +398,13 @@ class _Gen:
                     + ["    if (__syncthreads_or(!okw)) return; }"])
         raise SpecUnsupported(f"op {r.index}: device op kind {k} is not specialised")
 
+    def norm(self, r: Rec) -> list[str]:
+        """An rmsnorm record: the epilogue's row loop (epilogue.cuh) over its pieces."""
+        self.steps += 1
+        words = ", ".join(_ull(x) for ln, v, offs in r.pieces for x in (ln, v, *offs))
+        return [f"  {{ const u64 pc[{max(4 * len(r.pieces), 1)}] = {{{words}}};  // op {r.index}: rmsnorm",
+                f"    epi_rmsnorm<DT>(res, a.out, a.epi, pc, {len(r.pieces)}u); }}"]
+
     # blocks ---------------------------------------------------------------------------------------
     def block(self, b: int, recs: list[Rec]) -> list[str]:
         flat: list[tuple[Rec, Optional[int], int, bool]] = []   # (record, iteration, unit, last)
@@ -403,12 +422,12 @@ class _Gen:
         advance = ["  __syncthreads();  // every warp has read the flag: advance it now, its stores drain meanwhile",
                    f"  sp_advance_flags<NT, {self.n_blocks}u>(a.flags, flag);"]
         for j, (r, it, unit, last) in enumerate(flat):
-            if r.kind == DOP_DATA:
+            if r.kind in (DOP_DATA, DOP_RADD):   # radd: a sum of (src, residual) into the residual
                 body += self.data(r, it, unit, j == 0, last)
             else:
                 if j == 0:
                     body.append(_STOP_CHECK)
-                body += self.sync(r)
+                body += self.norm(r) if r.kind == DOP_RMSNORM else self.sync(r)
             if j == 0 and self.early_flags:
                 body += advance
         if not flat:
@@ -448,7 +467,9 @@ def _needed_threads(g: _Gen, blocks: list[list[Rec]]) -> int:
     for recs in blocks:
         for r in recs:
             for x in (r.inner if r.kind == DOP_PIPELINE else [r]):
-                if x.kind == DOP_DATA:
+                if x.kind == DOP_RMSNORM:
+                    need = 1024   # rows of any length (H is the call's): the plan's threads
+                elif x.kind in (DOP_DATA, DOP_RADD):
                     its = range(r.aux1) if r.kind == DOP_PIPELINE else [None]
                     for it in its:
                         packet = any((d >> 8) & MODE_PACKET for d in x.operands)
@@ -496,8 +517,12 @@ def generate(plan: Plan, packed: PackedRank, dtype: str, packet: str, reduce_op:
     nt = nthreads or choose_threads(plan, packed, packet)
     from mscclang.runtime.device_plan import peers_of
 
+    epi = any(r.kind in (DOP_RADD, DOP_RMSNORM) or any((d & 0xFF) == SLOT_RESIDUAL for d in r.operands)
+              for recs in blocks for top in recs for r in [top, *top.inner])
+    if epi and (reduce_op != "sum" or dtype not in ("f16", "bf16", "f32")):
+        raise SpecUnsupported(f"epilogue ops run sum on f16, bf16 or f32, not {reduce_op} on {dtype}")
     args = ArgsLayout(len(peers_of(plan, rank)), len(remote_kinds),
-                      len(plan.channel_ordinals(rank, ChannelType.memory)))
+                      len(plan.channel_ordinals(rank, ChannelType.memory)), epi)
     if args.size > MAX_ARGS_BYTES:
         raise SpecUnsupported(f"kernel parameters of {args.size} bytes exceed {MAX_ARGS_BYTES}")
     g = _Gen(plan, packed, dtype, packet, reduce_op, nt, remote_kinds)
@@ -529,6 +554,7 @@ def generate(plan: Plan, packed: PackedRank, dtype: str, packet: str, reduce_op:
         "  const u32 stop = __any_sync(__activemask(), __ldcg(a.abort_word) != 0u) ? 1u : 0u;",
         "  const u64 half = (flag & 1u) ? 0ull : a.half;",
         "  u8* const scr = a.scratch + half;",
+        *(["  u8* const res = (u8*)a.epi.residual;"] if epi else []),
         *remote_lines,
         "  bool ok = true;",
         "  switch (blockIdx.x) {",

@@ -229,6 +229,7 @@ class LoadedPlan:
     static: dict = field(default_factory=dict)   # this rank's device records that no size changes
     tables: dict = field(default_factory=dict)   # rank -> RankTables (size-free, made on first use)
     addresses: dict = field(default_factory=dict)   # (id(ctx), id(in), id(out)) -> (ctx, in, out, bases, Addresses)
+    epi: Any = None   # EpiPlan (mscclang.runtime.epilogue): the plan runs on the epilogue kernels
 
     def table(self, rank: int) -> RankTables:
         """The channel tables of ``rank`` in this plan (computed once)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 _CTYPES = {
     "u8": ("B", 1, "u8"), "u16": ("H", 2, "u16"), "u32": ("I", 4, "u32"), "i32": ("i", 4, "i32"),
-    "u64": ("Q", 8, "u64"), "i64": ("q", 8, "i64"),
+    "u64": ("Q", 8, "u64"), "i64": ("q", 8, "i64"), "f32": ("f", 4, "float"),
 }
 
 
@@ -80,7 +80,8 @@ class Struct:
         new message size packs thousands of records.)"""
         if not values.keys() <= self._name_set:
             raise KeyError(f"{self.name} has no field(s) {sorted(set(values) - self._name_set)}")
-        return self._codec.pack(*[int(values.get(f, 0)) for f in self._names])
+        return self._codec.pack(*[float(values.get(f, 0)) if ct == "f32" else int(values.get(f, 0))
+                                  for f, ct in self.fields])
 
     def unpack(self, data: bytes, offset: int = 0) -> dict[str, int]:
         vals = self._codec.unpack_from(data, offset)
@@ -118,7 +119,13 @@ ERROR_RECORD = Struct("ErrorRecord", (
     ("host_ack", "u32"), ("pad", "u32"),
 ))
 
-ALL_STRUCTS = (PLAN_HEADER, REMOTE_BUF, CHANNEL_DEV, BLOCK_ENTRY, BLOCK_HEADER, DEV_OP, ERROR_RECORD)
+#: the epilogue kernels' parameter (executor/epilogue.cuh; mscclang.runtime.epilogue packs it)
+EPI_ARGS = Struct("EpiArgs", (
+    ("residual", "u64"), ("weight", "u64"), ("hidden", "u32"), ("wdt", "u32"), ("quant", "u32"),
+    ("eps", "f32"), ("scale", "f32"), ("pad", "u32"),
+))
+
+ALL_STRUCTS = (PLAN_HEADER, REMOTE_BUF, CHANNEL_DEV, BLOCK_ENTRY, BLOCK_HEADER, DEV_OP, ERROR_RECORD, EPI_ARGS)
 
 # constants that must match plan_layout.cuh (asserted too)
 CONSTANTS = {
@@ -135,12 +142,14 @@ CONSTANTS = {
     "WHAT_SIGNAL": 1, "WHAT_PACKET": 2, "WHAT_BARRIER": 3, "WHAT_SEMAPHORE": 4,
     "WHAT_PEER_ABORT": 5, "WHAT_PORT_FLUSH": 6,
     "DOP_PORT_TRIGGER": 8, "DOP_PORT_FLUSH": 9, "DOP_PORT_FINAL": 10,
+    "DOP_RADD": 13, "DOP_RMSNORM": 14, "OPND_SLOT_RESIDUAL": 255,
+    "EPI_W_F32": 0, "EPI_W_ACT": 1, "EPI_Q_NONE": 0, "EPI_Q_E4M3": 1, "EPI_Q_E5M2": 2, "EPI_MAX_HIDDEN": 65536,
 }
 
 
 def layout_asserts() -> str:
     """C++ source with one static_assert per struct size, field offset and constant."""
-    lines = ['#include "plan_layout.cuh"']
+    lines = ['#include "epilogue.cuh"']
     for s in ALL_STRUCTS:
         lines += s.asserts()
     for name, val in CONSTANTS.items():
