@@ -38,3 +38,28 @@ def test_run_fails_on_a_broken_plan(capsys):
         pytest.skip(f"no {path}")
     assert main(["run", str(path), "--size", "1K"]) == 1
     assert "OK" not in capsys.readouterr().out.split("\n")[0]
+
+
+def test_run_counts_ranks_sharing_a_gpu(monkeypatch, capsys):
+    """On one GPU with MSCCLANG_RANKS_PER_GPU=2, ``mscclang run`` of a 2-rank plan said "0 GPU(s)
+    visible ... verifying on the simulator instead" (it counted GPUs, not the ranks they hold),
+    so ``run --trace`` never ran on the shared GPU: it must start its worker pool."""
+    import torch
+
+    from mscclang.runtime import workers
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("MSCCLANG_RANKS_PER_GPU", "2")
+    assert workers.worker_capacity() == 2
+
+    class Started(Exception):
+        pass
+
+    def pool(**kw):
+        raise Started(kw)
+
+    monkeypatch.setattr(workers, "WorkerPool", pool)
+    with pytest.raises(Started):
+        main(["run", str(ROOT / "plans" / "allreduce_oneshot_ll.r2.i1.inplace.json"), "--size", "1K"])
+    assert "verifying on the simulator" not in capsys.readouterr().err

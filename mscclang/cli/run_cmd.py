@@ -130,12 +130,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {args.plan} is an MSCCL++ plan; running it as imported "
               "(`mscclang import-mscclpp` writes the converted plan)", file=sys.stderr)
     sizes = args.sizes or [1024, 1 << 20]
-    ngpu = 0
-    try:
-        import torch
+    try:   # ranks the GPUs here can hold: visible GPUs x MSCCLANG_RANKS_PER_GPU (two ranks may share one)
+        from mscclang.runtime.workers import worker_capacity
 
-        ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001
+        ngpu = worker_capacity()
+    except Exception:  # noqa: BLE001 - no torch CUDA here: the simulator
         ngpu = 0
     if ngpu < plan.world_size:
         print(f"mscclang run: {ngpu} GPU(s) visible, the plan needs {plan.world_size}; verifying on the "
