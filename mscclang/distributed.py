@@ -22,8 +22,9 @@ reduce ops other than sum/min/max/avg, dtypes the Communicator does not run (flo
 Every operation returns a :class:`MscclangWork`; its ``wait()`` orders the caller's current
 stream after the collective and returns True, its ``get_future()`` a completed future of the
 output tensors. Errors of the Communicator (``CollectiveTimeout``, ``CallMismatch``,
-``InvalidCall``) propagate from the call when ``async_op`` is false and from ``wait()`` when it
-is true. ``destroy_process_group()`` closes the Communicator and the inner groups.
+``InvalidCall``) propagate from the call when ``async_op`` is false and from ``wait()`` (and
+``get_future()``, which never returns a failed future: one reaching DDP's reducer from a Python
+process group crashes the process) when it is true. ``destroy_process_group()`` closes the Communicator and the inner groups.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class MscclangWork(dist.Work):
     been issued on the caller's stream (CPU: it has completed): ``wait()`` makes the current
     stream wait for it (through ``event``, recorded after an asynchronous CUDA collective) and
     returns True, or raises the operation's error; ``get_future()`` returns a completed future
-    holding the output tensors (or the error)."""
+    holding the output tensors, or raises the error."""
 
     def __init__(self, result: list, error: Optional[BaseException] = None, event: Any = None) -> None:
         super().__init__()
@@ -81,11 +82,13 @@ class MscclangWork(dist.Work):
         return True
 
     def get_future(self) -> torch.futures.Future:
-        fut: torch.futures.Future = torch.futures.Future()
+        """A completed future of the output tensors; for a failed operation the error is raised
+        here instead: a failed future from a Python process group crashes the process (SIGSEGV)
+        when it reaches DDP's reducer, which takes every bucket's result through this call."""
         if self._error is not None:
-            fut.set_exception(self._error)
-        else:
-            fut.set_result(self._result)
+            raise self._error
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(self._result)
         return fut
 
     def is_completed(self) -> bool:

@@ -8,6 +8,7 @@ semantics (``async_op``, ``get_future``), errors and teardown."""
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -381,3 +382,53 @@ def test_the_default_group_can_be_destroyed_and_made_again_under_torchrun(tmp_pa
                            env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         assert (tmp_path / "ok0").exists() and (tmp_path / "ok1").exists()
+
+
+def _torchrun(script, *args, timeout=180):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", str(_free_port()), str(script), *args],
+                          env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_a_failed_collective_under_ddp_raises_instead_of_crashing(tmp_path):
+    """An error of the Communicator inside DDP's backward (a planted CollectiveTimeout on every
+    rank at step 3) killed both processes with SIGSEGV: the asynchronous Work handed DDP's
+    reducer a failed future, which a Python process group cannot do safely. It must raise."""
+    script = tmp_path / "ddp_error.py"
+    script.write_text(
+        "import os, torch, torch.distributed as dist\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "import mscclang.distributed  # noqa: F401\n"
+        "from mscclang.errors import CollectiveTimeout\n"
+        "dist.init_process_group('mscclang')\n"
+        "model = DDP(torch.nn.Linear(16, 4))\n"
+        "comm = dist.group.WORLD.communicator\n"
+        "for step in range(6):\n"
+        "    if step == 3:\n"
+        "        def planted(*a, **k):\n"
+        "            raise CollectiveTimeout('planted')\n"
+        "        comm.all_reduce = planted\n"
+        "    try:\n"
+        "        model(torch.randn(4, 16)).sum().backward()\n"
+        "    except CollectiveTimeout as e:\n"
+        f"        open(os.path.join({str(tmp_path)!r}, 'raised' + os.environ['RANK']), 'w').write(str(step))\n"
+        "        break\n"
+        "os._exit(0)\n")
+    p = _torchrun(script)
+    assert "SIGSEGV" not in p.stderr and p.returncode == 0, p.stderr[-3000:]
+    assert [(tmp_path / f"raised{r}").read_text() for r in (0, 1)] == ["3", "3"]
+
+
+def test_a_rank_dying_mid_training_ends_in_an_error_on_the_survivor(tmp_path):
+    """tools/backend_dead_peer.py: rank 1 leaves at step 5 of a DDP training; rank 0 gets an
+    error within the group's timeout (here gloo's, the CPU having no GPU runtime), and
+    destroy_process_group() returns (before the fix above: SIGSEGV on the survivor)."""
+    out = tmp_path / "dead.json"
+    p = _torchrun(ROOT / "tools" / "backend_dead_peer.py", "--out", str(out), "--timeout", "10")
+    assert out.exists(), p.stdout[-2000:] + p.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["raised"] is not None and res["step"] == 5 and res["seconds"] < 10 + 15, res
+    assert res["destroyed"] is True
