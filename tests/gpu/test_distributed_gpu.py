@@ -73,3 +73,17 @@ def test_ddp_example_on_cuda_tensors(torchrun_env):
     for r in (0, 1):
         assert f"ddp_mscclang: rank {r}: 50 steps on mscclang and on" in p.stdout, p.stdout[-2000:]
         assert "parameters bit-identical" in p.stdout
+
+
+def test_a_rank_dying_mid_training_on_cuda_tensors(torchrun_env, tmp_path):
+    """Rank 1 leaves at step 5 of a DDP training on CUDA tensors: rank 0's collective ends in an
+    error (the runtime's CollectiveTimeout) within the group's timeout, and
+    destroy_process_group() returns."""
+    out = tmp_path / "dead.json"
+    p = _torchrun(torchrun_env, ROOT / "tools" / "backend_dead_peer.py", "--out", str(out), "--timeout", "10",
+                  timeout=150)
+    assert out.exists(), p.stdout[-3000:] + p.stderr[-3000:]
+    res = json.loads(out.read_text())
+    print(json.dumps(res))
+    assert res["raised"] is not None and res["step"] == 5 and res["seconds"] < 10 + 15, res
+    assert res["destroyed"] is True, res
