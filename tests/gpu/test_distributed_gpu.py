@@ -78,12 +78,14 @@ def test_ddp_example_on_cuda_tensors(torchrun_env):
 def test_a_rank_dying_mid_training_on_cuda_tensors(torchrun_env, tmp_path):
     """Rank 1 leaves at step 5 of a DDP training on CUDA tensors: rank 0's collective ends in an
     error (the runtime's CollectiveTimeout) within the group's timeout, and
-    destroy_process_group() returns."""
+    destroy_process_group() returns. The GPU runs the collectives asynchronously, so the error of
+    step 5's collective may surface at the next step's first call (device call 7 of session 9:
+    CollectiveTimeout after 10.000 s, at step 6)."""
     out = tmp_path / "dead.json"
     p = _torchrun(torchrun_env, ROOT / "tools" / "backend_dead_peer.py", "--out", str(out), "--timeout", "10",
                   timeout=150)
     assert out.exists(), p.stdout[-3000:] + p.stderr[-3000:]
     res = json.loads(out.read_text())
     print(json.dumps(res))
-    assert res["raised"] is not None and res["step"] == 5 and res["seconds"] < 10 + 15, res
+    assert res["raised"] == "CollectiveTimeout" and res["step"] in (5, 6) and res["seconds"] < 10 + 15, res
     assert res["destroyed"] is True, res
