@@ -154,9 +154,8 @@ def _check_errors(rank: int) -> None:
     w = pg.broadcast([_x(rank)], _bcast(WORLD + 3, True))
     with _raises(InvalidCall):
         w.wait()
-    fut = w.get_future()
-    with _raises(InvalidCall):
-        fut.wait()
+    with _raises(InvalidCall):   # never a failed future: DDP's reducer crashed on one
+        w.get_future()
     # the group still works after the bad calls
     t = _x(rank)
     dist.all_reduce(t)
