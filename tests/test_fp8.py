@@ -15,6 +15,7 @@ from mscclang.comm.tuning import tuning_from_dict
 from mscclang.errors import InvalidCall
 from mscclang.plan.dtypes import KERNEL_CODES, dtype_info, reduction_code
 from mscclang.sim.dtypes import reduce_bytes
+from tests.harness.nvrtc import nvrtc_ok
 
 algorithms = pytest.importorskip("mscclang.algorithms")
 
@@ -225,14 +226,6 @@ def test_communicator_bad_fp8_input_raises_invalid_call(call, says):
 
 
 # ------------------------------------------------------------------------------ kernel sources
-def _nvrtc_ok() -> bool:
-    from mscclang.runtime import build
-
-    try:
-        build.nvrtc_version()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def test_fp8_module_sources_hold_the_sum_only():
@@ -244,7 +237,7 @@ def test_fp8_module_sources_hold_the_sum_only():
     assert build.kernel_name("f8e4m3_a16", "ll8", "sum", 512) == "mscclang_f8e4m3_a16_ll8_sum_t512"
 
 
-@pytest.mark.skipif(not _nvrtc_ok(), reason="NVRTC not available")
+@pytest.mark.skipif(not nvrtc_ok(), reason="NVRTC not available")
 @pytest.mark.parametrize("code,pkt", [("f8e4m3_a32", 16), ("f8e5m2_a16", 8)])
 def test_one_fp8_interpreter_kernel_builds_for_sm90(code, pkt):
     """One kernel of the module (a few seconds; the whole module is built by build-kernel)."""

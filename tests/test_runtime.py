@@ -3,7 +3,6 @@ packing and load-time refusals. No GPU needed."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -16,18 +15,7 @@ from mscclang.plan.models import (
 )
 from mscclang.runtime import build, device_plan as dp, packing as pk, structs
 from mscclang.plan import samples as sp
-
-
-def _nvrtc_ok() -> bool:
-    try:
-        build.nvrtc_version()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-# CI must compile every kernel variant: there a missing NVRTC is a failure, not a skip.
-needs_nvrtc = pytest.mark.skipif(not _nvrtc_ok() and not os.environ.get("CI"), reason="NVRTC not available")
+from tests.harness.nvrtc import needs_nvrtc
 
 
 @needs_nvrtc

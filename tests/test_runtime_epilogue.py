@@ -7,7 +7,6 @@ the launcher pass the call's EpiArgs to the epilogue kernels (interpreter and sp
 from __future__ import annotations
 
 import ctypes
-import os
 import types
 
 import ml_dtypes
@@ -26,17 +25,8 @@ from mscclang.runtime.structs import EPI_ARGS
 from mscclang.sim.epilogue import fp8_max, rms_norm_rows
 from tests.harness.epilogue_fakes import FakeCudaTensor
 from tests.harness.fused_plans import fused_oneshot_dict, fused_oneshot_plan
+from tests.harness.nvrtc import needs_nvrtc
 
-
-def _nvrtc_ok() -> bool:
-    try:
-        build.nvrtc_version()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-needs_nvrtc = pytest.mark.skipif(not _nvrtc_ok() and not os.environ.get("CI"), reason="NVRTC not available")
 
 F = np.float32
 A_TYPES = {"f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}

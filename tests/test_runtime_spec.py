@@ -6,7 +6,6 @@ prebuilt-cubin lookup. No GPU needed; GPU runs are in tests/gpu/test_executor_gp
 from __future__ import annotations
 
 import glob
-import os
 import re
 from pathlib import Path
 
@@ -22,19 +21,9 @@ from mscclang.runtime.packing import DevRecord
 from mscclang.runtime.spec_source import (
     ArgsLayout, SpecUnsupported, choose_threads, generate, parse_region, sub_ranges,
 )
+from tests.harness.nvrtc import needs_nvrtc
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _nvrtc_ok() -> bool:
-    try:
-        build.nvrtc_version()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-needs_nvrtc = pytest.mark.skipif(not _nvrtc_ok() and not os.environ.get("CI"), reason="NVRTC not available")
 
 
 def _sample(name: str, n: int = 2):
