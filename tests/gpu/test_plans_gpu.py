@@ -13,6 +13,8 @@ The fused plans (plan/2) need a residual and a weight: ``test_fused_gpu.py`` run
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 
@@ -56,11 +58,19 @@ def _plans_of(world: int) -> list:
 
 
 def test_every_shipped_plan_of_the_pools_world_size(pool):
+    """``MSCCLANG_TEST_BUDGET_S`` bounds the time spent (eight ranks time-sharing one GPU are
+    slow): plans not reached are listed and the test, if nothing failed, is skipped as incomplete."""
     plans = _plans_of(pool.world_size)
     if not plans:
         pytest.skip(f"no shipped plan for {pool.world_size} ranks")
-    failures, refused, ran = [], {}, 0
+    budget = float(os.environ.get("MSCCLANG_TEST_BUDGET_S") or "inf")
+    t0 = time.monotonic()
+    failures, refused, ran, cut = [], {}, 0, []
     for plan, text, symmetric in plans:
+        if time.monotonic() - t0 > budget:
+            cut.append(plan.name)
+            continue
+        t1 = time.monotonic()
         why = pool.run("tests.harness.port_checks:runnable_reason", text)[0]
         if why:
             refused[plan.name] = why
@@ -79,8 +89,11 @@ def test_every_shipped_plan_of_the_pools_world_size(pool):
                                 f"(reference {r['ref_bad']}, simulator {r['sim_bad']}, {r['ref_mode']}), "
                                 f"first {r['first_bad']}, kernel {r['kernel']}")
         ran += 1
-        print(f"{'ok  ' if len(failures) == before else 'BAD '} {plan.name}", flush=True)
+        print(f"{'ok  ' if len(failures) == before else 'BAD '} {plan.name} ({time.monotonic() - t1:.1f} s)", flush=True)
     print(f"\nran {ran} shipped {pool.world_size}-rank plans, {len(failures)} failures, {len(refused)} refused")
     for name, why in refused.items():
         print(f"  refused {name}: {why[:160]}")
     assert ran > 0 and not failures, "\n".join(failures[:30])
+    if cut:
+        pytest.skip(f"time budget of {budget:.0f} s: {ran} of {len(plans)} plans run, {len(cut)} not "
+                    f"reached (first: {cut[0]})")
