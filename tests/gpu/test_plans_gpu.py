@@ -26,11 +26,15 @@ C = "tests.harness.runtime_checks"
 
 
 def _size(plan, want: int) -> int:
-    """About ``want`` bytes of input, inside the plan's message-size range, a multiple of its
-    alignment times the world size (so every rank's block is whole)."""
-    want = min(max(want, plan.min_message_size), plan.max_message_size)
+    """Input bytes of a call whose message (allgather: the output, else the input; the size the
+    plan's range is checked against) is about ``want``, inside the plan's range, the input a
+    multiple of the plan's alignment times the world size (so every rank's block is whole)."""
+    from mscclang.plan.shapes import call_bytes
+
+    message = min(max(want, plan.min_message_size), plan.max_message_size)
+    nbytes = call_bytes(plan.collective, plan.world_size, message)[0]
     a = max(plan.buffer_alignment, 2) * plan.world_size
-    return max(want // a * a, a)
+    return max(nbytes // a * a, a)
 
 
 def _plans_of(world: int) -> list:
