@@ -364,3 +364,94 @@ def test_engine_reconnect_after_abort_is_agreed_by_every_rank(monkeypatch):
         assert all(engines[r].comms[k] != first[r][k] for k in keys)     # new communicators
     # both ends of each new pair were made from the same unique id
     assert {i for _, i in engines[0]._nb.inits[-2:]} == {i for _, i in engines[1]._nb.inits[-2:]}
+
+
+# ------------------------------------------------------------------ side streams and work queues
+
+def test_port_streams_count_what_the_proxy_creates():
+    """``port_streams`` (the rule the load-time check uses) equals the side streams the proxy runs
+    for every shipped port plan on its node layout: one per packed channel of the rank, plus one
+    per engine channel of a rank on another node that points at it (the receives)."""
+    for stem, plan, gpn in pp.shipped_port_plans():
+        topo = Topology(plan.world_size, gpn)
+        nbytes = 1 << 16
+        out_b = nbytes * plan.world_size if plan.collective == "allgather" else nbytes
+        packs = [packing.pack_blocks(plan, r, nbytes, out_b) for r in range(plan.world_size)]
+        for r in range(plan.world_size):
+            own = len(packs[r].port.channels) if packs[r].port is not None else 0
+            incoming = sum(1 for q, pk in enumerate(packs) if not topo.same_node(q, r) and pk.port is not None
+                           for ch in pk.port.channels if ch.peer == r)
+            assert dp.port_streams(plan, r, topo) == own + incoming, (stem, r)
+
+
+def test_more_side_streams_than_work_queues_is_refused_not_a_hang():
+    """Seen on one H200 with eight ranks sharing it: allgather_hierarchical.r8.i4.gpus_per_node2
+    (12 port side streams per rank) hung past every timeout under CUDA's default 8 hardware work
+    queues (a side stream's trigger wait blocked the copies queued behind it on the same queue),
+    and ran exact with CUDA_DEVICE_MAX_CONNECTIONS=32. Such a plan is now refused at load, naming
+    the rank, the count and the variable; the library then falls back to a plan that fits."""
+    from mscclang.plan.io import load_plan
+    from tests.harness.shipped import PLANS_DIR
+
+    plan = load_plan(PLANS_DIR / "allgather_hierarchical.r8.i4.gpus_per_node2.inplace.json")
+    with pytest.raises(PlanError, match=r"rank 0 needs 12 side streams .*CUDA_DEVICE_MAX_CONNECTIONS=8 gives "
+                                        r"this process 8 hardware work queue\(s\), 7 beside") as e:
+        dp.check_runnable(plan, work_queues=8)
+    assert e.value.path == "gpus[0].channels"
+    dp.check_runnable(plan, work_queues=32)
+    dp.check_runnable(plan, work_queues=64)      # CUDA gives at most 32; 12 fit anyway
+    dp.check_runnable(plan)                      # no limit given: the simulator's and the CLI's checks
+    # Megatron-LM runs with CUDA_DEVICE_MAX_CONNECTIONS=1: no port plan fits, memory-channel plans do
+    with pytest.raises(PlanError, match="rank 0 needs 1 side streams"):
+        dp.check_runnable(pp.allgather_port_only(2), work_queues=1)
+    dp.check_runnable(load_plan(PLANS_DIR / "allreduce_oneshot_ll.r8.i1.json"), work_queues=1)
+
+
+def test_the_shipped_plans_that_need_more_work_queues_than_cudas_default():
+    """The whole class: at CUDA's default 8 queues exactly the plans with more than 7 side streams
+    on some rank are refused, on their own node layout (engine channels cost a send and a receive
+    stream: the hierarchical plans with 4 instances) and on one node (copy engine only: just the
+    8-rank ones across nodes of 2, 12 streams, the plan that hung on the GPU); with the 32 that
+    mscclang's own workers ask for, every shipped port plan runs."""
+    for one_node in (False, True):
+        refused = set()
+        for stem, plan, gpn in pp.shipped_port_plans():
+            topo = Topology(plan.world_size, plan.world_size if one_node else gpn)
+            dp.check_runnable(plan, topology=topo, work_queues=32)
+            most = max(dp.port_streams(plan, r, topo) for r in range(plan.world_size))
+            try:
+                dp.check_runnable(plan, topology=topo, work_queues=8)
+            except PlanError:
+                refused.add(stem)
+                assert most > 7, stem
+            else:
+                assert most <= 7, stem
+        want = ".r8.i4.gpus_per_node2" if one_node else ".i4.gpus_per_node"
+        assert refused and all("_hierarchical" in s and want in s for s in refused), sorted(refused)
+
+
+def test_the_executor_checks_the_work_queues_of_this_process(monkeypatch):
+    """Executor._accept passes this process's work queues (``CUDA_DEVICE_MAX_CONNECTIONS``; CUDA's
+    default 8 when unset or not a positive integer; at most 32) to the check, so a refused plan
+    never reaches a launch."""
+    import types
+
+    from mscclang.plan.io import load_plan
+    from mscclang.runtime.executor import Executor
+    from tests.harness.shipped import PLANS_DIR
+
+    plan = load_plan(PLANS_DIR / "allgather_hierarchical.r8.i4.gpus_per_node2.inplace.json")
+    me = types.SimpleNamespace(comm=types.SimpleNamespace(rank=3, world_size=8), topology=Topology(8, 8),
+                               _sm_count=132)
+    for unset_or_bad in (None, "", "lots", "0", "-4"):
+        if unset_or_bad is None:
+            monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", unset_or_bad)
+        assert dp.process_work_queues() == 8
+        with pytest.raises(PlanError, match="CUDA_DEVICE_MAX_CONNECTIONS=8"):
+            Executor._accept(me, plan)
+    for asked, got in (("32", 32), ("48", 32), (" 16 ", 16)):
+        monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", asked)
+        assert dp.process_work_queues() == got
+        assert Executor._accept(me, plan) == len(plan.gpus[3].threadblocks)

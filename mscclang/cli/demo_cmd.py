@@ -114,6 +114,7 @@ def run_gpus(sizes: list[int], dtype: str, world: int) -> int:
     _check_sizes(sizes, world + _GPU_BYTES_PER_BYTE, free, "memory on each GPU", "free on the smallest GPU")
 
     os.environ["NCCL_NVLS_ENABLE"] = "0"
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")   # a queue per port side stream (the workers' CUDA)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()

@@ -13,8 +13,9 @@ the sync-area layout and channel tables of a rank, and the whole blob.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from mscclang.errors import PlanError
 from mscclang.plan.models import SWITCH_OPS, BufferKind, ChannelOrdinal, ChannelType, Op, OpName, Plan, ThreadBlock
@@ -61,14 +62,59 @@ def where_of(rank: int, tb: int, i: int, inner: Optional[int] = None) -> str:
 # load-time checks
 
 
-def check_runnable(plan: Plan, allow_switch: bool = False, topology: Optional[Topology] = None) -> None:
+CUDA_MAX_CONNECTIONS = 32   # CUDA uses at most 32 hardware work queues per process, whatever is asked
+CUDA_DEFAULT_CONNECTIONS = 8
+
+
+def process_work_queues(env: Optional[Mapping[str, str]] = None) -> int:
+    """The hardware work queues CUDA gives this process: ``CUDA_DEVICE_MAX_CONNECTIONS`` (CUDA's
+    variable, read by CUDA when the process first uses the GPU; a value that is not a positive
+    integer counts as CUDA's default, 8), at most 32. mscclang's own worker processes set 32."""
+    text = str((os.environ if env is None else env).get("CUDA_DEVICE_MAX_CONNECTIONS", "")).strip()
+    n = int(text) if text.isdigit() and int(text) > 0 else CUDA_DEFAULT_CONNECTIONS
+    return min(n, CUDA_MAX_CONNECTIONS)
+
+
+def port_streams(plan: Plan, rank: int, topology: Topology) -> int:
+    """Side streams the port proxy runs for ``rank`` at every launch: one per port channel of the
+    rank (its copies, or its engine sends to another node) and one per port channel of a rank on
+    another node that points at it (the engine's receives). The proxy creates exactly these."""
+    own = len(plan.gpus[rank].peers(ChannelType.port))
+    incoming = sum(1 for g in plan.gpus if not topology.same_node(g.id, rank)
+                   for q in g.peers(ChannelType.port) if q == rank)
+    return own + incoming
+
+
+def check_port_streams(plan: Plan, rank: int, topology: Topology, work_queues: int) -> None:
+    """Refuse a plan whose port channels need more side streams on ``rank`` than the process's
+    hardware work queues (``CUDA_DEVICE_MAX_CONNECTIONS``, CUDA's default 8) hold beside the
+    launching stream. Streams beyond that share a queue, where a side stream's wait for a trigger
+    blocks the copies queued behind it, and a kernel waiting for those copies never gets its
+    trigger: a hang that no spin bound ends (the stream wait has no timeout). Seen on an H200
+    with eight ranks and 12 port channels per rank."""
+    n = port_streams(plan, rank, topology)
+    queues = min(work_queues, CUDA_MAX_CONNECTIONS)
+    if n > queues - 1:
+        raise PlanError(
+            f"rank {rank} needs {n} side streams for its port channels (one per channel) but "
+            f"CUDA_DEVICE_MAX_CONNECTIONS={work_queues} gives this process {queues} hardware work queue(s), "
+            f"{queues - 1} beside the launching stream; streams sharing a queue can deadlock. Set "
+            f"CUDA_DEVICE_MAX_CONNECTIONS={CUDA_MAX_CONNECTIONS} in the environment before the process first "
+            "uses CUDA, or use a plan with fewer port channels", f"gpus[{rank}].channels")
+
+
+def check_runnable(plan: Plan, allow_switch: bool = False, topology: Optional[Topology] = None,
+                   work_queues: Optional[int] = None) -> None:
     """Refuse plans the executor cannot run, naming rank, thread block and op index, or the
     rank, the channel and the reason: a channel the node layout (``topology``, default one node)
-    cannot carry, or a port-channel op the proxy cannot serve."""
+    cannot carry, a port-channel op the proxy cannot serve, or (given the process's hardware
+    ``work_queues``) more port side streams than those queues hold (:func:`check_port_streams`)."""
     topo = topology or Topology(plan.world_size, plan.world_size)
     for g in plan.gpus:
         channel_transports(plan, g.id, topo)
         check_port_plan(plan, g.id)
+        if work_queues is not None:
+            check_port_streams(plan, g.id, topo, work_queues)
         for q in g.peers(ChannelType.port):
             if q == g.id:
                 raise PlanError(f"rank {g.id} has a port channel to itself", f"gpus[{g.id}].channels")

@@ -29,7 +29,7 @@ from mscclang.runtime.abort import AbortState, Waits
 from mscclang.runtime.capture import CaptureGlue
 from mscclang.runtime.bootstrap import Bootstrap
 from mscclang.runtime.contexts import ContextPool
-from mscclang.runtime.device_plan import MAX_FLAGS, check_runnable
+from mscclang.runtime.device_plan import MAX_FLAGS, check_runnable, process_work_queues
 from mscclang.runtime.engine import Engine, bindings as engine_bindings
 from mscclang.runtime.entries import Entries
 from mscclang.runtime.epilogue import Epilogue, call_args, call_sizes, epi_plan
@@ -154,7 +154,8 @@ class Executor:
         if plan.world_size != self.comm.world_size:
             raise PlanError(f"the plan has {plan.world_size} ranks but the communicator has "
                             f"{self.comm.world_size}", "gpus")
-        check_runnable(plan, allow_switch=bool(settings.enable_nvls), topology=self.topology)
+        check_runnable(plan, allow_switch=bool(settings.enable_nvls), topology=self.topology,
+                       work_queues=process_work_queues())
         nb = len(plan.gpus[r].threadblocks)
         if nb > MAX_FLAGS:
             raise PlanError(f"rank {r} has {nb} thread blocks; the kernel supports {MAX_FLAGS}",

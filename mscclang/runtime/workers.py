@@ -120,6 +120,9 @@ def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: no traceback per worker
     os.environ.update(env)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    # every port channel's side stream on a hardware queue of its own (CUDA's default 8 is read when
+    # CUDA starts in this process): plans with up to 31 port side streams run
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     # the commands check every launch themselves: an asynchronous exception from the watchdog
     # could land in the command loop instead of the command
     os.environ.setdefault("MSCCLANG_ASYNC_ERROR", "log")
