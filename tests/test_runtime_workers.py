@@ -166,3 +166,89 @@ def _import_harness() -> str:
     import importlib
 
     return importlib.import_module("tests.harness.runtime_checks").__name__
+
+
+def raise_plan_error(w, rank_to_fail):
+    """Pool command for the tests below: an mscclang error on one rank, a result elsewhere."""
+    from mscclang.errors import PlanError
+
+    if w.rank == rank_to_fail:
+        raise PlanError(f"rank {w.rank} needs 12 side streams", f"gpus[{w.rank}].channels")
+    return w.rank
+
+
+def raise_bug(w):
+    """Pool command for the tests below: not an mscclang error (a bug)."""
+    return {}["missing"]
+
+
+REAL_POOL = workers.WorkerPool   # the CLI test below swaps the module's class for a stand-in
+
+
+def _pool_answering(replies):
+    """A WorkerPool whose workers already sent ``replies`` (one per rank), with no processes."""
+    pool = object.__new__(REAL_POOL)
+    pool.interrupted, pool.restarts = False, 0
+    pool._conns, pool._procs, pool.worker_ends = [], [], []
+    for reply in replies:
+        ours, theirs = mp.Pipe()
+        theirs.send(reply)
+        pool._conns.append(ours)
+        pool.worker_ends.append(theirs)   # kept open: the pool sends the command first
+        pool._procs.append(types.SimpleNamespace(is_alive=lambda: True, exitcode=None))
+    return pool
+
+
+def test_a_refused_plan_reaches_the_caller_as_its_message_not_eight_tracebacks():
+    """Seen on one H200 with eight ranks: `mscclang run` of a plan the executor refuses printed
+    every rank's Python traceback. An mscclang error on a worker now comes back as its type and
+    message per rank (a RankFailure record on WorkerError.failures); a bug keeps its traceback."""
+    w = [workers.Worker(r, 3, None, None) for r in range(3)]
+    replies = [workers.run_command(x, f"{__name__}:raise_plan_error", (1,)) for x in w]
+    assert [k for k, _ in replies] == ["ok", "error", "ok"]
+    f = replies[1][1]
+    assert (f.rank, f.kind, f.expected) == (1, "PlanError", True) and "Traceback" in f.traceback
+    pool = _pool_answering(replies)
+    with pytest.raises(WorkerError) as e:
+        pool.run("any:thing", reset_on_error=False)
+    assert str(e.value) == "rank 1: PlanError: gpus[1].channels: rank 1 needs 12 side streams"
+    assert "Traceback" not in str(e.value) and [x.rank for x in e.value.failures] == [1]
+    bug = workers.run_command(w[0], f"{__name__}:raise_bug")
+    assert bug[0] == "error" and not bug[1].expected
+    pool = _pool_answering([bug, ("ok", 1), ("ok", 2)])
+    with pytest.raises(WorkerError, match=r"(?s)rank 0:\nTraceback.*KeyError: 'missing'") as e:
+        pool.run("any:thing", reset_on_error=False)
+    assert e.value.failures[0].kind == "KeyError"
+
+
+def test_the_cli_prints_a_refused_plan_in_one_line_per_rank(capsys, monkeypatch):
+    """`mscclang run` on a plan the GPUs here refuse: exit 1, the refusal's message per rank, no
+    traceback (the pool stands in for the GPU workers)."""
+    from mscclang.cli import main as cli
+
+    class Pool:
+        world_size = 8
+
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def run(self, *a, **k):   # every rank refuses the plan, as the GPU executor did
+            replies = [workers.run_command(workers.Worker(r, 8, None, None), f"{__name__}:raise_plan_error", (r,))
+                       for r in range(8)]
+            return _pool_answering(replies).run("any:thing", reset_on_error=False)
+
+    monkeypatch.setattr(workers, "worker_capacity", lambda: 8)
+    monkeypatch.setattr(workers, "WorkerPool", Pool)
+    from tests.harness.shipped import PLANS_DIR
+
+    rc = cli.main(["run", str(PLANS_DIR / "allgather_hierarchical.r8.i4.gpus_per_node2.inplace.json"), "--sizes", "64K"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err
+    assert "mscclang run: error: rank 0: PlanError: gpus[0].channels: rank 0 needs 12 side streams" in err
+    assert err.count("PlanError") == 8

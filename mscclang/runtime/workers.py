@@ -15,14 +15,38 @@ import os
 import socket
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from mscclang.config import settings
 from mscclang.errors import MscclangError, SettingError
 
 
+@dataclass
+class RankFailure:
+    """Why a command failed on one rank. ``expected``: the exception was an mscclang error (bad
+    input, a plan this machine refuses, a collective timeout), which is reported by its type and
+    message alone; anything else is a bug and keeps its traceback."""
+
+    rank: int
+    kind: str
+    message: str
+    traceback: str = ""
+    expected: bool = False
+
+    def describe(self) -> str:
+        if self.expected or not self.traceback:
+            return f"rank {self.rank}: {self.kind}: {self.message}"
+        return f"rank {self.rank}:\n{self.traceback}"
+
+
 class WorkerError(MscclangError):
-    """A command failed on a worker; the message holds each failing rank's traceback."""
+    """A command failed on a worker: the message gives each failing rank's error (the traceback
+    only where the error is not an mscclang error); ``failures`` holds them as :class:`RankFailure`
+    records (empty when the pool itself failed: a worker that did not start or answer)."""
+
+    def __init__(self, message: str, failures: Sequence[RankFailure] = ()) -> None:
+        super().__init__(message)
+        self.failures = list(failures)
 
 
 def ranks_per_gpu() -> int:
@@ -113,6 +137,18 @@ def reset_executor(w: Worker) -> bool:
     return True
 
 
+def run_command(w: Worker, target: str, args: Sequence[Any] = (), kwargs: Optional[dict] = None) -> tuple[str, Any]:
+    """One pool command on this rank: ``("ok", result)`` of ``function(w, *args, **kwargs)`` for
+    ``target`` "module:function", or ``("error", RankFailure)`` for whatever it raised."""
+    try:
+        mod, fn = target.split(":")
+        f = getattr(importlib.import_module(mod), fn)
+        return "ok", f(w, *args, **(kwargs or {}))
+    except BaseException as e:  # noqa: BLE001 - the failure goes back to the parent
+        return "error", RankFailure(w.rank, type(e).__name__, str(e), traceback.format_exc(),
+                                    isinstance(e, MscclangError))
+
+
 def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, env: dict,
                  device: Optional[int] = None) -> None:
     import signal
@@ -151,12 +187,12 @@ def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, 
         if msg is None:
             break
         target, args, kwargs = msg
+        reply = run_command(w, target, args, kwargs)
         try:
-            mod, fn = target.split(":")
-            f = getattr(importlib.import_module(mod), fn)
-            conn.send(("ok", f(w, *args, **kwargs)))
-        except BaseException:  # noqa: BLE001 - send the failure back
-            conn.send(("error", traceback.format_exc()))
+            conn.send(reply)
+        except Exception as e:  # noqa: BLE001 - a result that cannot be pickled: say so
+            conn.send(("error", RankFailure(rank, type(e).__name__, f"{target}: its result could not be sent "
+                                            f"back: {e}", traceback.format_exc())))
     try:
         ex.close()
         comm.close()
@@ -253,29 +289,30 @@ class WorkerPool:
     def _run(self, target: str, args: tuple, kwargs: dict, reset_on_error: bool) -> list[Any]:
         for c in self._conns:
             c.send((target, args, kwargs))
-        out, errs = [], []
+        out: list[Any] = []
+        errs: list[RankFailure] = []
         dead = False
         for r, c in enumerate(self._conns):
             try:
                 kind, val = recv_from(c, self._procs[r], r)
             except WorkerError as e:
-                kind, val, dead = "error", str(e), True
+                kind, val, dead = "error", RankFailure(r, "WorkerError", str(e), expected=True), True
             if kind == "ok":
                 out.append(val)
             else:
                 out.append(None)
-                errs.append(f"rank {r}:\n{val}")
+                errs.append(val if isinstance(val, RankFailure) else RankFailure(r, "Exception", str(val), str(val)))
         if errs:
+            text = "\n".join(f.describe() for f in errs)
             if dead:
                 self.interrupted = True   # the next command starts a fresh pool
-                raise WorkerError("a worker process died; the pool restarts at its next command:\n"
-                                  + "\n".join(errs))
+                raise WorkerError("a worker process died; the pool restarts at its next command:\n" + text, errs)
             if reset_on_error:
                 try:
                     self.run(f"{__name__}:reset_executor", reset_on_error=False)
                 except WorkerError:
                     pass
-            raise WorkerError("\n".join(errs))
+            raise WorkerError(text, errs)
         return out
 
     def close(self) -> None:
