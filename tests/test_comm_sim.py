@@ -12,18 +12,9 @@ if not hasattr(sim, "run"):  # pragma: no cover
 
 from mscclang.comm.sim_ranks import run_ranks  # noqa: E402
 from mscclang.comm.tuning import tuning_from_dict  # noqa: E402
+from tests.harness.sim_plans import library_plans  # noqa: E402
 
 N = 2
-
-
-def library_plans(names):
-    out = []
-    for name in names:
-        info = algorithms.ALGORITHMS[name]
-        params = dict(info.variants[0].params) if info.variants else {}
-        for ip in info.inplace_modes:
-            out.append(info.build(N, instances=1, inplace=ip, **params))
-    return out
 
 
 def only(coll, name):
@@ -59,7 +50,7 @@ CASES = [(c, a) for c, names in [
 @pytest.mark.parametrize("coll,name", CASES)
 @pytest.mark.parametrize("numel,dtype", [(14, torch.float16), (1002, torch.bfloat16), (6, torch.int32)])
 def test_library_plan_through_communicator(coll, name, numel, dtype):
-    plans = library_plans([name])
+    plans = library_plans([name], N)
 
     def body(comm):
         r = comm.rank

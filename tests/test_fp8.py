@@ -16,6 +16,7 @@ from mscclang.errors import InvalidCall
 from mscclang.plan.dtypes import KERNEL_CODES, dtype_info, reduction_code
 from mscclang.sim.dtypes import reduce_bytes
 from tests.harness.nvrtc import nvrtc_ok
+from tests.harness.sim_plans import library_plans
 
 algorithms = pytest.importorskip("mscclang.algorithms")
 
@@ -113,16 +114,6 @@ def test_bad_reductions_raise_invalid_call(dtype, op, accum, says):
 N = 2
 
 
-def _plans(names: list[str]) -> list:
-    out = []
-    for name in names:
-        info = algorithms.ALGORITHMS[name]
-        params = dict(info.variants[0].params) if info.variants else {}
-        for ip in info.inplace_modes:
-            out.append(info.build(N, instances=1, inplace=ip, **params))
-    return out
-
-
 def _only(coll: str, name: str):
     return tuning_from_dict({"format": "mscclang.tuning/1", "rules": [
         {"collective": coll, "candidates": [{"plan": name}]}]})
@@ -189,7 +180,7 @@ def _want(coll: str, r: int, numel: int, tdt, dt, m: float, big: bool) -> torch.
 @pytest.mark.parametrize("numel,accum,big", [(1002, None, True), (38, torch.float16, False)])
 def test_communicator_fp8_on_the_simulator(coll, name, fp8, numel, accum, big):
     tdt, dt, m = FP8[fp8]
-    results, world, fb = run_ranks(N, _body(coll, numel, tdt, m, accum, big), plans=_plans([name]),
+    results, world, fb = run_ranks(N, _body(coll, numel, tdt, m, accum, big), plans=library_plans([name], N),
                                    tuning=_only(coll, name), engine="sim")
     assert fb.calls == [] and world.launches and all(n.startswith(name) for n in world.launches)
     for r, got in enumerate(results):
@@ -220,7 +211,7 @@ def test_communicator_bad_fp8_input_raises_invalid_call(call, says):
             call(comm, torch.zeros(16, dtype=torch.float8_e4m3fn))
         return True
 
-    results, world, _ = run_ranks(N, body, plans=_plans(["allreduce_oneshot_ll", "reducescatter_ll"]),
+    results, world, _ = run_ranks(N, body, plans=library_plans(["allreduce_oneshot_ll", "reducescatter_ll"], N),
                                   engine="sim")
     assert results == [True, True] and world.launches == []
 
@@ -291,7 +282,7 @@ def test_the_collective_reference_saturates_like_the_simulator(coll):
     """plan.reference (the definition the checks of ``mscclang run`` use): the one-shot rule."""
     tdt, dt, m = FP8["float8_e4m3"]
     name = "allreduce_oneshot_ll" if coll == "allreduce" else "reducescatter_ll"
-    results, _, _ = run_ranks(N, _body(coll, 66, tdt, m, None, True), plans=_plans([name]),
+    results, _, _ = run_ranks(N, _body(coll, 66, tdt, m, None, True), plans=library_plans([name], N),
                               tuning=_only(coll, name), engine="reference")
     for r, got in enumerate(results):
         assert _same(got, _want(coll, r, 66, tdt, dt, m, True)), r

@@ -31,6 +31,20 @@ def _sync(comm: Any) -> None:
     comm.synchronize()
 
 
+def attempt(comm: Any, case: Any, *args: Any, limit: int = 3) -> Optional[str]:
+    """``case(comm, *args)`` (a checked call: None or what was wrong); an exception becomes its
+    type, message and the last ``limit`` frames, after waiting for whatever the GPU still runs."""
+    try:
+        return case(comm, *args)
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        err = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=limit)}"
+        try:
+            _sync(comm)
+        except Exception:  # noqa: BLE001
+            pass
+        return err
+
+
 def communicator(w: Any, fallback: bool = False) -> Any:
     """The worker's communicator over its executor (made once per worker and fallback mode);
     its torch.distributed fallback builds a group of its own from the worker's store."""
@@ -182,14 +196,7 @@ def check_collective(w: Any, coll: str, dtypes=DTYPES, numels=(), ops=("sum",),
                                  f"{'symmetric' if sym else 'plain'} {'in-place' if ip else 'out-of-place'}"
                                  f"{' graph' if graph else ''}")
                         seed += 1
-                        try:
-                            err = _one(comm, coll, numel, dt, op, sym, ip, graph, seed, root, dev, n, r)
-                        except Exception as e:  # noqa: BLE001 - reported to the test
-                            err = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
-                            try:
-                                _sync(comm)
-                            except Exception:  # noqa: BLE001
-                                pass
+                        err = attempt(comm, _one, coll, numel, dt, op, sym, ip, graph, seed, root, dev, n, r)
                         checked += 1
                         if comm.last is not None:
                             plans.add(comm.last.label())

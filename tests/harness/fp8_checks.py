@@ -8,10 +8,9 @@ Each command returns ``{"rank", "checked", "failures": [...], "plans": [...], "k
 
 from __future__ import annotations
 
-import traceback
 from typing import Any, Optional
 
-from tests.harness.comm_checks import _buffers, _sync, communicator
+from tests.harness.comm_checks import _buffers, _sync, attempt, communicator
 
 #: torch dtype name -> largest finite value
 FP8 = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
@@ -147,14 +146,7 @@ def check_fp8(w: Any, coll: str, dtypes=("float8_e4m3fn", "float8_e5m2"), accums
                             where = (f"{coll} {dname} accum={accum} numel={numel} {'symmetric' if sym else 'plain'} "
                                      f"{'in-place' if ip else 'out-of-place'}{' graph' if graph else ''} "
                                      f"specialize={specialize}")
-                            try:
-                                err = _one(comm, coll, numel, dt, accum, sym, ip, graph, big, seed)
-                            except Exception as e:  # noqa: BLE001 - reported to the test
-                                err = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
-                                try:
-                                    _sync(comm)
-                                except Exception:  # noqa: BLE001
-                                    pass
+                            err = attempt(comm, _one, coll, numel, dt, accum, sym, ip, graph, big, seed, limit=4)
                             checked += 1
                             if comm.last is not None:
                                 plans.add(comm.last.label())

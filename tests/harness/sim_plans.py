@@ -253,3 +253,17 @@ def wait_cycle(broken: bool = True):
         b.op(r, 0, "wait", channels=[p])
         b.nop(r, 0)
     return b.build()
+
+
+def library_plans(names: list[str], n: int) -> list[Plan]:
+    """The library algorithms ``names`` built for ``n`` ranks, one instance, their first variant's
+    parameters, in every in-place mode they support (the plans a simulated Communicator picks from)."""
+    from mscclang import algorithms
+
+    out = []
+    for name in names:
+        info = algorithms.ALGORITHMS[name]
+        params = dict(info.variants[0].params) if info.variants else {}
+        for ip in info.inplace_modes:
+            out.append(info.build(n, instances=1, inplace=ip, **params))
+    return out
