@@ -45,8 +45,8 @@ def build_fused_oneshot_ll(ranks: int, instances: int = 1, num_threads_per_block
             for c in range(n):
                 for p in ps:
                     ch[(r, p)].put_packets(scratch[p][sender_slot(r, p) * n + c], inp[c], tb=c)
-                got = [scratch[r][sender_slot(q, r) * n + c] for q in ps]
-                rank.reduce(inp[c], got, tb=c, dst_chunk=sums[r][c], packet=True)
+                got = [scratch[r][sender_slot(q, r) * n + c] for q in ps]   # the peers in rank order
+                rank.reduce(inp[c], got, tb=c, dst_chunk=sums[r][c], packet=True, src_position=r)
                 rank.add_residual(res[c], sums[r][c], tb=c)
             rank.barrier(list(range(n)))
             rank.rms_norm(out[0:n], res[0:n], tb=0, quantize=quant)
@@ -74,7 +74,8 @@ def build_fused_twoshot_ll(ranks: int, instances: int = 1, num_threads_per_block
             rank, inp, out, res, ps = Rank(r), input_of(r), output_of(r, inplace), Rank(r).get_residual_buffer(), peers(r, n)
             for p in ps:
                 ch[(r, p)].put_packets(parts[p][sender_slot(r, p)], inp[p], tb=0)
-            rank.reduce(inp[r], [parts[r][sender_slot(q, r)] for q in ps], tb=0, dst_chunk=total[r][0], packet=True)
+            rank.reduce(inp[r], [parts[r][sender_slot(q, r)] for q in ps], tb=0, dst_chunk=total[r][0], packet=True,
+                        src_position=r)   # rank order, as the one-shot
             rank.add_residual(res[r], total[r][0], tb=0)
             rank.rms_norm(out[r], res[r], tb=0, quantize=quant)
             for p in ps:

@@ -354,14 +354,15 @@ class _Packer:
             if not S or not D:
                 raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({n.value}) needs sources "
                                 "and a destination", where)
-            return [self.data_op(op, tb, index, where, S, [False] * len(S), D, [False] * len(D))]
+            order = op.reduction_order()   # the kernel reduces its sources in the order packed
+            return [self.data_op(op, tb, index, where, [S[i] for i in order], [False] * len(S), D, [False] * len(D))]
         if n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt):
             if not S or not D:
                 raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({n.value}) needs sources "
                                 "and a destination", where)
-            src_pk = [False] + [True] * (len(S) - 1)
+            order = op.reduction_order()   # src_buff[0] is the plain one, the others packets
             dst_pk = [False] + [True] * (len(D) - 1)
-            return [self.data_op(op, tb, index, where, S, src_pk, D, dst_pk)]
+            return [self.data_op(op, tb, index, where, [S[i] for i in order], [i > 0 for i in order], D, dst_pk)]
         if n in (OpName.radd, OpName.rmsnorm):
             return [self.epilogue_op(op, tb, index, where)]
         raise PlanError(f"rank {self.rank} thread block {tb.id} op {index}: op {n.value!r} is not supported "

@@ -178,8 +178,8 @@ class _Resolver:
         elif name == OpName.radd:  # r[dst] = src + r[dst]: the residual is the second source
             srcs_r = [srcs_r[0], dsts_r[0]]
             plans = [([0, 1], [0], True)]
-        else:
-            plans = [(list(range(len(srcs_r))), list(range(len(dsts_r))), True)]
+        else:  # a reduction: its sources in their reduction order (Op.reduction_order)
+            plans = [(op.reduction_order(), list(range(len(dsts_r))), True)]
         out: list[Group] = []
         chans = self.channels(rank, tb, op, where) if op.channel_type == ChannelType.port else []
         for gi, (si, di, red) in enumerate(plans):
