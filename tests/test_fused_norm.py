@@ -251,12 +251,14 @@ def test_selector_picks_by_size_rows_and_ranks() -> None:
     pick = lambda **kw: select_fused(cat, kw.pop("ranks", 2), FusedShape(**kw))  # noqa: E731
     assert "oneshot" in pick(rows=4, hidden=8192, nbytes=4 * 8192 * 2, quant=False, inplace=True).algorithm
     assert "twoshot" in pick(rows=64, hidden=8192, nbytes=big, quant=False, inplace=True).algorithm
-    assert "oneshot" in pick(rows=63, hidden=8192, nbytes=big, quant=False, inplace=True).algorithm
+    # the two-shot's chunks are whole rows: odd row counts run it too
+    assert "twoshot" in pick(rows=63, hidden=8192, nbytes=big, quant=False, inplace=True).algorithm
     v = pick(rows=64, hidden=8192, nbytes=big, quant=True, inplace=False)
     assert "twoshot" in v.algorithm and v.load().epilogue_ops()[-1][1].quant
     assert pick(rows=64, hidden=8192, nbytes=big, quant=True, inplace=True) is None   # FP8 is never in place
     assert pick(ranks=3, rows=3, hidden=8, nbytes=48, quant=False, inplace=False) is None
-    assert pick(rows=65, hidden=8192, nbytes=65 * 8192 * 2, quant=False, inplace=True) is None  # past 1 MiB
+    for rows in (65, 129, 511):   # past the one-shot's 1 MiB: the two-shot, at any row count
+        assert "twoshot" in pick(rows=rows, hidden=8192, nbytes=rows * 8192 * 2, quant=False, inplace=True).algorithm
 
 
 def test_prepare_names_the_plan_then_the_call_runs_it() -> None:

@@ -10,8 +10,11 @@ FP8 output with ``quant``).
   rows (the norm's range is the whole buffer, so any row count works);
 * two-shot: rank ``r`` reduces only chunk ``r`` (a reduce-scatter by rows), adds and normalises
   it, then sends the normed rows and the updated residual rows to every peer (two all-gathers),
-  so every rank's residual and output are complete. The norm covers chunk ``r``: the call's rows
-  must split evenly into ``ranks`` chunks.
+  so every rank's residual and output are complete. Its chunks are whole rows (``chunk_unit``
+  ``"row"``): chunk ``r`` holds ``ceil(T / ranks)`` rows, the last ones fewer or none, so any row
+  count T runs.
+
+Both sum the ranks' inputs in rank order on every rank, so every rank holds the same bits.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def build_fused_twoshot_ll(ranks: int, instances: int = 1, num_threads_per_block
     """Two-shot fused allreduce + residual + RMSNorm (see the module docstring)."""
     algo = "allreduce_add_rms_norm_twoshot_ll" + ("_fp8" if quant else "")
     prog = library_program(algo, AllReduceAddRMSNorm, ranks, instances, inplace, "LL", num_threads_per_block,
-                           name, min_message_size, max_message_size, double_scratch=True)
+                           name, min_message_size, max_message_size, double_scratch=True, chunk_unit="row")
     n = ranks
     with prog:
         # per rank: the peers' input chunks, the sum, the peers' normed rows, their residual rows

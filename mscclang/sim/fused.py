@@ -62,7 +62,7 @@ def run_fused(plan: Plan, inputs: Sequence[np.ndarray], residuals: Sequence[np.n
     quant = plan_quantises(plan)
     ib = inputs[0].nbytes
     ob = ib // act.itemsize * np.dtype(params.fp8).itemsize if quant else ib
-    prog = sim_program(plan, ib, ob)
+    prog = sim_program(plan, ib, ob, params.hidden * act.itemsize)
     nsym = n * max(plan.gpus[0].input_chunks, 1) if symbolic else 0
     sim = Simulation(prog, [np.ascontiguousarray(x).view(np.uint8) for x in inputs], dtype=act,
                      reduce_op="sum", packet_type=packet_type, launches=launches, schedule=schedule, seed=seed,

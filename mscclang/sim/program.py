@@ -313,10 +313,11 @@ def _pads_for(g: Group, member: int, size: int, alignment: int, iteration: Optio
     return out
 
 
-def sim_program(plan: Plan, input_bytes: int, output_bytes: int) -> Program:
-    """Resolve every op of every block of ``plan`` for the given byte sizes."""
+def sim_program(plan: Plan, input_bytes: int, output_bytes: int, row_bytes: int = 0) -> Program:
+    """Resolve every op of every block of ``plan`` for the given byte sizes (``row_bytes``: a
+    row-chunked fused plan's input row, :func:`mscclang.plan.layout.make_layout`)."""
     n = len(plan.gpus)
-    layouts = [make_layout(plan, r, input_bytes, output_bytes) for r in range(n)]
+    layouts = [make_layout(plan, r, input_bytes, output_bytes, row_bytes) for r in range(n)]
     res = _Resolver(plan, layouts)
     align = plan.buffer_alignment
     blocks: list[list[list[COp]]] = []
