@@ -103,7 +103,7 @@ def test_methods_are_documented(owner):
 def test_methods_list_is_complete():
     """Every public method of the user-facing classes is in METHODS (a new one needs docs)."""
     internal = {"ir", "gpus", "error", "check_rank", "check_tb", "tb_targets", "check_chunk",
-                "check_same_size", "check_scratch", "add_op", "barrier_id", "touch",
+                "check_same_size", "check_scratch", "check_src_position", "add_op", "barrier_id", "touch",
                 "set_loop_context", "input_chunks", "output_chunks", "buffer_sizes",
                 "SwitchChannelRankView"}
     for owner, listed in METHODS.items():

@@ -95,9 +95,10 @@ def test_program_signature_and_defaults():
     assert defaults == dict(instances=1, protocol="Simple", instr_fusion=True, auto_sync=True,
                             replication_policy=ReplicationPolicy.interleaved, reuse_resources=False,
                             num_threads_per_block=1024, use_double_scratch_buffer=False, buffer_alignment=16,
-                            min_message_size=0, max_message_size=2**64 - 1, strict=False)
-    # MSCCL++'s parameters, in MSCCL++'s order; ours (strict) come after them
-    assert list(sig.parameters)[-1] == "strict"
+                            min_message_size=0, max_message_size=2**64 - 1, strict=False, consistent=None,
+                            chunk_unit=None)
+    # MSCCL++'s parameters, in MSCCL++'s order; ours (strict, consistent, chunk_unit) come after them
+    assert list(sig.parameters)[-3:] == ["strict", "consistent", "chunk_unit"]
     assert list(sig.parameters)[1:4] == ["name", "collective", "num_ranks"]
 
 
@@ -106,9 +107,10 @@ def test_channel_method_signatures():
     assert inspect.signature(MemoryChannel.signal).parameters["data_sync"].default == SyncType.both
     assert list(inspect.signature(MemoryChannel.put).parameters) == ["self", "dst_chunk", "src_chunk", "tb", "tb_group"]
     assert list(inspect.signature(MemoryChannel.reduce).parameters) == [
-        "self", "local_src_chunk", "remote_src_chunks", "tb", "tb_group", "local_dst_chunk", "reduce_op"]
+        "self", "local_src_chunk", "remote_src_chunks", "tb", "tb_group", "local_dst_chunk", "reduce_op",
+        "src_position"]   # MSCCL++'s, then ours
     assert list(inspect.signature(Rank.reduce).parameters) == [
-        "self", "src_chunk", "other_chunks", "tb", "tb_group", "dst_chunk", "reduce_op", "packet"]
+        "self", "src_chunk", "other_chunks", "tb", "tb_group", "dst_chunk", "reduce_op", "packet", "src_position"]
     assert list(inspect.signature(PortChannel.put_with_signal_and_flush).parameters) == ["self", "dst_chunk", "src_chunk", "tb"]
     assert list(inspect.signature(SwitchChannel.SwitchChannelRankView.reduce).parameters) == [
         "self", "buffer_offset", "size", "dst_chunk", "tb", "reduce_op"]

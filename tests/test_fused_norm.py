@@ -58,20 +58,18 @@ def test_fp8_saturates_and_keeps_nan() -> None:
 @pytest.mark.parametrize("build,n,rows,h", [(build_fused_oneshot_ll, 2, 5, 24), (build_fused_oneshot_ll, 4, 3, 64),
                                             (build_fused_twoshot_ll, 2, 4, 16), (build_fused_twoshot_ll, 4, 8, 128)])
 def test_sim_equals_exact_order_numerics(build, n: int, rows: int, h: int) -> None:
-    """With two ranks the sum's order does not matter (x0 + x1 = x1 + x0): the simulator's
-    outputs and residuals equal the spec's numerics bit for bit."""
+    """Every library fused plan sums the ranks' inputs in rank order on every rank: the
+    simulator's outputs and residuals equal the spec's numerics over the inputs in rank order,
+    bit for bit, on every rank (so every rank holds the same bits)."""
     plan = build(n)
     xs, res, w = _case(n, rows, h, BF16, n + rows)
     p = EpilogueParams(h, w, 1e-5)
     run = run_fused(plan, xs, [res] * n, p, check_races=True)
     assert not run.problems
+    want_res, want_out = fused_reference(xs, res, p)
     for r in range(n):
-        order = [xs[r]] + [xs[q] for q in range(n) if q != r] if plan.name.startswith("allreduce_add_rms_norm_oneshot") \
-            else None
-        want_res, want_out = fused_reference(order if order else xs, res, p)
-        if n == 2 or order is not None:
-            assert np.array_equal(run.residuals[r].view(np.uint16), want_res.view(np.uint16)), r
-            assert np.array_equal(run.outputs[r].view(np.uint16), want_out.view(np.uint16)), r
+        assert np.array_equal(run.residuals[r].view(np.uint16), want_res.view(np.uint16)), r
+        assert np.array_equal(run.outputs[r].view(np.uint16), want_out.view(np.uint16)), r
         # the output is always exactly the norm of the rank's residual
         assert np.array_equal(run.outputs[r].view(np.uint16),
                               norm(run.residuals[r].reshape(-1, h), p).reshape(-1).view(np.uint16))
@@ -253,12 +251,14 @@ def test_selector_picks_by_size_rows_and_ranks() -> None:
     pick = lambda **kw: select_fused(cat, kw.pop("ranks", 2), FusedShape(**kw))  # noqa: E731
     assert "oneshot" in pick(rows=4, hidden=8192, nbytes=4 * 8192 * 2, quant=False, inplace=True).algorithm
     assert "twoshot" in pick(rows=64, hidden=8192, nbytes=big, quant=False, inplace=True).algorithm
-    assert "oneshot" in pick(rows=63, hidden=8192, nbytes=big, quant=False, inplace=True).algorithm
+    # the two-shot's chunks are whole rows: odd row counts run it too
+    assert "twoshot" in pick(rows=63, hidden=8192, nbytes=big, quant=False, inplace=True).algorithm
     v = pick(rows=64, hidden=8192, nbytes=big, quant=True, inplace=False)
     assert "twoshot" in v.algorithm and v.load().epilogue_ops()[-1][1].quant
     assert pick(rows=64, hidden=8192, nbytes=big, quant=True, inplace=True) is None   # FP8 is never in place
     assert pick(ranks=3, rows=3, hidden=8, nbytes=48, quant=False, inplace=False) is None
-    assert pick(rows=65, hidden=8192, nbytes=65 * 8192 * 2, quant=False, inplace=True) is None  # past 1 MiB
+    for rows in (65, 129, 511):   # past the one-shot's 1 MiB: the two-shot, at any row count
+        assert "twoshot" in pick(rows=rows, hidden=8192, nbytes=rows * 8192 * 2, quant=False, inplace=True).algorithm
 
 
 def test_prepare_names_the_plan_then_the_call_runs_it() -> None:

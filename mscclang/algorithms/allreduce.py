@@ -63,8 +63,8 @@ def build_oneshot_ll(ranks: int, instances: int = 1, num_threads_per_block: int 
             for c in range(n):
                 for p in ps:
                     ch[(r, p)].put_packets(scratch[p][slot(r, p, c)], inp[c], tb=c)
-                got = [scratch[r][slot(q, r, c)] for q in ps]
-                rank.reduce(inp[c], got, tb=c, dst_chunk=out[c], packet=True)
+                got = [scratch[r][slot(q, r, c)] for q in ps]   # the peers in rank order
+                rank.reduce(inp[c], got, tb=c, dst_chunk=out[c], packet=True, src_position=r)
     return prog.to_plan()
 
 

@@ -96,19 +96,20 @@ def check_common(algorithm: str, ranks: int, instances: int) -> None:
 def make_program(name: str, collective: Collective, ranks: int, instances: int, protocol: str,
                  num_threads_per_block: int, min_message_size: int = 0,
                  max_message_size: int = MAX_MESSAGE_SIZE,
-                 double_scratch: bool = False) -> CollectiveProgram:
-    """A :class:`CollectiveProgram` with the library's settings (fusion and auto sync on)."""
+                 double_scratch: bool = False, chunk_unit: Optional[str] = None) -> CollectiveProgram:
+    """A :class:`CollectiveProgram` with the library's settings: fusion and auto sync on, and the
+    promise that every rank gets the same bits (``consistent``, which plan generation proves)."""
     return CollectiveProgram(
         name, collective, ranks, instances=instances, protocol=protocol, instr_fusion=True,
         auto_sync=True, num_threads_per_block=num_threads_per_block,
         use_double_scratch_buffer=double_scratch, min_message_size=min_message_size,
-        max_message_size=max_message_size)
+        max_message_size=max_message_size, consistent=True, chunk_unit=chunk_unit)
 
 
 def library_program(algorithm: str, collective: Callable[..., Collective], ranks: int, instances: int,
                     inplace: bool, protocol: str, num_threads_per_block: int, name: Optional[str],
                     min_message_size: int, max_message_size: int, double_scratch: bool = False,
-                    **collective_kw: Any) -> CollectiveProgram:
+                    chunk_unit: Optional[str] = None, **collective_kw: Any) -> CollectiveProgram:
     """The program of one library builder: checks ``ranks`` and ``instances``, then a
     :func:`make_program` named by :func:`plan_name` for ``collective(ranks, 1, inplace=inplace,
     **collective_kw)`` (one chunk per rank)."""
@@ -116,7 +117,7 @@ def library_program(algorithm: str, collective: Callable[..., Collective], ranks
     return make_program(plan_name(algorithm, ranks, instances, name),
                         collective(ranks, 1, inplace=inplace, **collective_kw), ranks, instances,
                         protocol, num_threads_per_block, min_message_size, max_message_size,
-                        double_scratch=double_scratch)
+                        double_scratch=double_scratch, chunk_unit=chunk_unit)
 
 
 def mesh(num_ranks: int, pairs: Optional[Sequence[tuple[int, int]]] = None) -> Channels:
@@ -306,7 +307,9 @@ def unpack_packets_from_peers(rank: int, ps: Sequence[int], scratch: BaseBuffer,
 def reduce_packets_from_peers(rank: int, ps: Sequence[int], scratch: BaseBuffer, own: Chunk, dst: Chunk,
                               group: Optional[ThreadBlockGroup] = None) -> None:
     """``dst = own OP packets of every peer p of ps`` (slot ``p`` of ``rank``'s ``scratch``),
-    shared by a thread block group (default: blocks ``0 .. len(ps) - 1``) as one ``repkt``."""
+    shared by a thread block group (default: blocks ``0 .. len(ps) - 1``) as one ``repkt``; the
+    ranks' contributions combine in rank order (``own`` at this rank's place)."""
     if group is None:
         group = ThreadBlockGroup(list(range(len(ps))))
-    Rank(rank).reduce(own, [scratch[q] for q in ps], tb_group=group, dst_chunk=dst, packet=True)
+    Rank(rank).reduce(own, [scratch[q] for q in ps], tb_group=group, dst_chunk=dst, packet=True,
+                      src_position=sum(1 for q in ps if q < rank))

@@ -10,8 +10,11 @@ FP8 output with ``quant``).
   rows (the norm's range is the whole buffer, so any row count works);
 * two-shot: rank ``r`` reduces only chunk ``r`` (a reduce-scatter by rows), adds and normalises
   it, then sends the normed rows and the updated residual rows to every peer (two all-gathers),
-  so every rank's residual and output are complete. The norm covers chunk ``r``: the call's rows
-  must split evenly into ``ranks`` chunks.
+  so every rank's residual and output are complete. Its chunks are whole rows (``chunk_unit``
+  ``"row"``): chunk ``r`` holds ``ceil(T / ranks)`` rows, the last ones fewer or none, so any row
+  count T runs.
+
+Both sum the ranks' inputs in rank order on every rank, so every rank holds the same bits.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ def build_fused_oneshot_ll(ranks: int, instances: int = 1, num_threads_per_block
             for c in range(n):
                 for p in ps:
                     ch[(r, p)].put_packets(scratch[p][sender_slot(r, p) * n + c], inp[c], tb=c)
-                got = [scratch[r][sender_slot(q, r) * n + c] for q in ps]
-                rank.reduce(inp[c], got, tb=c, dst_chunk=sums[r][c], packet=True)
+                got = [scratch[r][sender_slot(q, r) * n + c] for q in ps]   # the peers in rank order
+                rank.reduce(inp[c], got, tb=c, dst_chunk=sums[r][c], packet=True, src_position=r)
                 rank.add_residual(res[c], sums[r][c], tb=c)
             rank.barrier(list(range(n)))
             rank.rms_norm(out[0:n], res[0:n], tb=0, quantize=quant)
@@ -59,7 +62,7 @@ def build_fused_twoshot_ll(ranks: int, instances: int = 1, num_threads_per_block
     """Two-shot fused allreduce + residual + RMSNorm (see the module docstring)."""
     algo = "allreduce_add_rms_norm_twoshot_ll" + ("_fp8" if quant else "")
     prog = library_program(algo, AllReduceAddRMSNorm, ranks, instances, inplace, "LL", num_threads_per_block,
-                           name, min_message_size, max_message_size, double_scratch=True)
+                           name, min_message_size, max_message_size, double_scratch=True, chunk_unit="row")
     n = ranks
     with prog:
         # per rank: the peers' input chunks, the sum, the peers' normed rows, their residual rows
@@ -74,7 +77,8 @@ def build_fused_twoshot_ll(ranks: int, instances: int = 1, num_threads_per_block
             rank, inp, out, res, ps = Rank(r), input_of(r), output_of(r, inplace), Rank(r).get_residual_buffer(), peers(r, n)
             for p in ps:
                 ch[(r, p)].put_packets(parts[p][sender_slot(r, p)], inp[p], tb=0)
-            rank.reduce(inp[r], [parts[r][sender_slot(q, r)] for q in ps], tb=0, dst_chunk=total[r][0], packet=True)
+            rank.reduce(inp[r], [parts[r][sender_slot(q, r)] for q in ps], tb=0, dst_chunk=total[r][0], packet=True,
+                        src_position=r)   # rank order, as the one-shot
             rank.add_residual(res[r], total[r][0], tb=0)
             rank.rms_norm(out[r], res[r], tb=0, quantize=quant)
             for p in ps:

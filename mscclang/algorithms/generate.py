@@ -1,6 +1,7 @@
 """Generate the shipped plans: ``mscclang generate-plans [--check] [--out DIR]``.
 
-Builds every shipped variant of every algorithm in :data:`mscclang.algorithms.ALGORITHMS` and
+Builds every shipped variant of every algorithm in :data:`mscclang.algorithms.ALGORITHMS`, proves
+that each keeps its promise that every rank gets the same bits (:func:`inconsistent_plans`), and
 writes ``<out>/<stem>.json`` (compact JSON, one line) plus the index ``<out>/index.json`` (see
 :mod:`mscclang.algorithms.index`). The output is deterministic: regenerating gives byte-identical
 files. ``--check`` writes nothing; it exits with status 1 and lists every plan that is missing,
@@ -21,7 +22,7 @@ from mscclang.plan.io import plan_to_dict
 from mscclang.plan.models import OpName, Plan
 
 __all__ = ["variant_stem", "shipped", "render_plan", "index_entry", "generate_files", "check_files",
-           "write_files"]
+           "write_files", "inconsistent_plans"]
 
 
 def variant_stem(info: AlgorithmInfo, v: Variant) -> str:
@@ -154,6 +155,23 @@ def check_files(out_dir: Path, files: dict[str, str]) -> list[str]:
             if path.name not in files:
                 problems.append(f"stale: {path} (no shipped variant produces it)")
     return problems
+
+
+def inconsistent_plans(files: dict[str, str]) -> list[str]:
+    """One line per generated plan that breaks its promise that every rank gets the same bits
+    (the library's plans all promise it: ``consistent``), from one symbolic run of each
+    (:func:`mscclang.sim.verify.prove_consistent`); empty when every plan keeps it."""
+    from mscclang.plan.io import plan_from_dict
+    from mscclang.sim.verify import prove_consistent
+
+    out = []
+    for fname, text in sorted(files.items()):
+        if fname == INDEX_FILE:
+            continue
+        probs = prove_consistent(plan_from_dict(json.loads(text)))
+        if probs:
+            out.append(f"{fname}: {probs[0].message}" + (f" (and {len(probs) - 1} more)" if len(probs) > 1 else ""))
+    return out
 
 
 def write_files(out_dir: Path, files: dict[str, str], prune: bool = True) -> list[str]:

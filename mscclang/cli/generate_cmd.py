@@ -1,6 +1,7 @@
 """``mscclang generate-plans [--check] [--out DIR] [--only ALGORITHM ...]``: regenerate the shipped
 plans (``plans/*.json`` and ``plans/index.json``) from the library's DSL programs
-(:mod:`mscclang.algorithms.generate`), writing only the files that changed; with ``--check``
+(:mod:`mscclang.algorithms.generate`), writing only the files that changed; a plan that gives
+ranks different bits fails it (every library plan promises the same bits); with ``--check``
 write nothing and exit 1 when any plan or the index differs from a fresh generation (CI)."""
 
 from __future__ import annotations
@@ -23,11 +24,19 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mscclang.algorithms.generate import check_files, generate_files, write_files
+    from mscclang.algorithms.generate import check_files, generate_files, inconsistent_plans, write_files
     from mscclang.algorithms.index import default_plans_dir
 
     out_dir = args.out if args.out is not None else default_plans_dir()
     files = generate_files(args.only)  # a MscclangError is reported by mscclang.cli.main
+    broken = inconsistent_plans(files)
+    if broken:
+        print(f"mscclang generate-plans: {len(broken)} library plan(s) give ranks different bits, though "
+              "every library plan promises the same bits on every rank (docs/semantics.md, \"Rank "
+              "consistency\"); nothing written:", file=sys.stderr)
+        for line in broken:
+            print(f"  {line}", file=sys.stderr)
+        return 1
     if args.check:
         problems = check_files(out_dir, files)
         if problems:

@@ -44,9 +44,11 @@ class Backend:
         return False
 
     def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
-                reduce_op: Optional[str] = None, accum_dtype: Optional[str] = None) -> None:
+                reduce_op: Optional[str] = None, accum_dtype: Optional[str] = None,
+                hidden: Optional[int] = None) -> None:
         """Do every setup step of ``execute`` (registration, device plan) without launching, so a
-        later launch may be captured in a CUDA graph. Default: nothing to do."""
+        later launch may be captured in a CUDA graph; ``hidden``: a fused plan's row length.
+        Default: nothing to do."""
 
     def bind(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
              packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> Any:
@@ -269,8 +271,15 @@ class RuntimeBackend(Backend):
         return True
 
     def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
-                reduce_op: Optional[str] = None, accum_dtype: Optional[str] = None) -> None:
-        self.executor.prepare(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op, accum_dtype=accum_dtype)
+                reduce_op: Optional[str] = None, accum_dtype: Optional[str] = None,
+                hidden: Optional[int] = None) -> None:
+        epi = None
+        if hidden is not None:
+            from mscclang.runtime.epilogue import Epilogue  # type: ignore[import-not-found]
+
+            epi = Epilogue(hidden)
+        self.executor.prepare(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op, accum_dtype=accum_dtype,
+                              epilogue=epi)
 
     def bind(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
              packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> Any:

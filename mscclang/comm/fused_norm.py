@@ -177,7 +177,7 @@ def prepare_fused(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: 
     variant = select_fused(comm.catalog, comm.world_size, call.shape())
     if variant is not None:
         plan = variant.load()
-        be.prepare(plan, call.x, call.dst)
+        be.prepare(plan, call.x, call.dst, hidden=call.hidden)
         return plan.name
     comm.prepare("all_reduce", x)
     return None

@@ -131,10 +131,11 @@ class FusedShape:
 
 def select_fused(catalog: Catalog, ranks: int, shape: FusedShape) -> Optional[PlanVariant]:
     """The catalog's fused plan for ``shape`` on ``ranks`` ranks, or None: a two-shot above
-    :data:`FUSED_ONESHOT_MAX_BYTES` when the rows split evenly over the ranks (with FP8, when each
-    rank's FP8 rows also fill 16-byte chunks), else a one-shot (any row count). Variants must
-    match in place, FP8 (their norms' ``quant``) and ranks, and hold the size in their range
-    (the shipped one-shot: up to 1 MiB; larger calls whose rows do not split evenly fall back)."""
+    :data:`FUSED_ONESHOT_MAX_BYTES`, else a one-shot (both run any row count: the two-shot's
+    chunks are whole rows, ``ceil(rows / ranks)`` per rank). Variants must match in place, FP8
+    (their norms' ``quant``) and ranks, and hold the size in their range (the shipped one-shot:
+    up to 1 MiB; the two-shot: any size); a two-shot whose chunks are not rows runs only when the
+    rows split evenly into chunks of whole rows."""
     from mscclang.plan.collectives import FUSED_NORM
     from mscclang.sim.fused import plan_quantises
 
@@ -145,7 +146,14 @@ def select_fused(catalog: Catalog, ranks: int, shape: FusedShape) -> Optional[Pl
         kind = "twoshot" if "twoshot" in v.algorithm else "oneshot"
         if kind not in found and plan_quantises(v.load()) == shape.quant:
             found[kind] = v
-    even = shape.rows % ranks == 0 and (not shape.quant or (shape.rows // ranks * shape.hidden) % 16 == 0)
-    if "twoshot" in found and even and (shape.nbytes > FUSED_ONESHOT_MAX_BYTES or "oneshot" not in found):
+    two = found.get("twoshot")
+    even = False
+    if two is not None:   # a two-shot's norm covers its rank's chunk: the chunks must be whole rows
+        tp = two.load()
+        per = shape.rows // ranks * shape.hidden   # elements per rank when the rows split evenly
+        act = shape.nbytes // max(shape.rows * shape.hidden, 1)
+        even = tp.chunk_unit == "row" or (shape.rows % ranks == 0 and all(
+            per * isz % tp.buffer_alignment == 0 for isz in (act, 1 if shape.quant else act)))
+    if two is not None and even and (shape.nbytes > FUSED_ONESHOT_MAX_BYTES or "oneshot" not in found):
         return found["twoshot"]
     return found.get("oneshot")

@@ -341,7 +341,8 @@ class SimBackend(Backend):
         return int(g(plan)) if callable(g) else int(g)
 
     def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
-                reduce_op: Optional[str] = None, accum_dtype: Optional[str] = None) -> None:
+                reduce_op: Optional[str] = None, accum_dtype: Optional[str] = None,
+                hidden: Optional[int] = None) -> None:
         self.prepared.append(plan.name)
 
     def _check(self, plan: Plan, inp: Any, out: Any) -> None:

@@ -116,6 +116,8 @@ def _op(op: IROp, tables: _TbTables) -> Op:
         fields["tbg_info"] = TbgInfo(tb_id=op.tbg[0], tbg_size=op.tbg[1])
     if op.name in REDUCE_OPS:
         fields["reduce_op"] = op.reduce_op
+    if op.src_position:
+        fields["src0_position"] = op.src_position
     if op.barrier_id is not None:
         fields["barrier_id"] = op.barrier_id
         fields["num_threadblocks"] = len(op.barrier_tbs or [])
@@ -182,5 +184,7 @@ def emit(ir: IRProgram) -> Plan:
         root=spec.root if spec.name == "broadcast" else None,
         chunk_factor=None if spec.name in ("test", "custom") else spec.chunk_factor * ir.instances,
         reduce_op=next(iter(reduce_ops)) if len(reduce_ops) == 1 else None,
+        consistent=ir.consistent,
+        chunk_unit=ir.chunk_unit,  # type: ignore[arg-type]
         gpus=gpus,
     )

@@ -162,8 +162,8 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None,
     # reductions with more sources
     if na in (OpName.re, OpName.repkt, OpName.rre) and nb == na and len(a.dst) == 1 and len(b.dst) == 1:
         d = a.dst[0]
-        if b.src[0] != d or b.dst[0] != d or a.reduce_op != b.reduce_op:
-            return None
+        if b.src[0] != d or b.dst[0] != d or a.reduce_op != b.reduce_op or b.src_position:
+            return None   # b adds its sources after a's result, or the merged order would differ
         if not _independent(a, b, allowed=d, also_writes=True, spec=spec, prior=prior):
             return None
         return replace(a, src=a.src + b.src[1:], channels=_union(a.channels, b.channels),

@@ -92,6 +92,8 @@ class IROp:
     source: Optional[str] = None
     #: rmsnorm only: the output is FP8 (the plan op's ``quant``)
     quant: bool = False
+    #: reductions: where ``src[0]`` enters the reduction order (the plan op's ``src0_position``)
+    src_position: int = 0
 
     def describe(self) -> str:
         return self.origin or self.name.value
@@ -173,6 +175,10 @@ class IRProgram:
     strict: bool = False
     #: set by the replication pass; replicating twice is an error
     replicated: bool = False
+    #: the plan's ``consistent`` promise (True: every rank gets the same bits; None: unsaid)
+    consistent: Optional[bool] = None
+    #: the plan's ``chunk_unit`` ("row": fused plans whose chunks are whole rows)
+    chunk_unit: Optional[str] = None
 
     @property
     def num_ranks(self) -> int:

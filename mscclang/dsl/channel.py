@@ -135,8 +135,10 @@ class MemoryChannel(_PeerChannel):
 
     def reduce(self, local_src_chunk: Chunk, remote_src_chunks: Sequence[Chunk], tb: Optional[int] = None,
                tb_group: Optional[ThreadBlockGroup] = None, local_dst_chunk: Optional[Chunk] = None,
-               reduce_op: ReduceOperationType = ReduceOperationType.sum) -> None:
-        """``local_dst = local_src OP remote_0 OP ...`` reading the peer's chunks (``rre``)."""
+               reduce_op: ReduceOperationType = ReduceOperationType.sum, src_position: int = 0) -> None:
+        """``local_dst = local_src OP remote_0 OP ...`` reading the peer's chunks (``rre``);
+        ``local_src`` enters the order after the first ``src_position`` remote chunks (see
+        :meth:`mscclang.dsl.Rank.reduce`)."""
         prog = get_program()
         call = self._call("reduce")
         targets = prog.tb_targets(self.src_rank, call, tb, tb_group)
@@ -154,11 +156,12 @@ class MemoryChannel(_PeerChannel):
                              ("local destination", local_dst_chunk),
                              *[(f"remote source {i}", c) for i, c in enumerate(remotes)])
         rop = ReduceOperationType(reduce_op)
+        pos = prog.check_src_position(self.src_rank, t0, call, src_position, len(remotes))
         for t, tbg in targets:
             prog.add_op(self.src_rank, t, IROp(OpName.rre, src=[_local(local_src_chunk)] + [_remote(c) for c in remotes],
                                                dst=[_local(local_dst_chunk)], channel_type=self.channel_type,
                                                channels=[self.channel_id], tbg=tbg, reduce_op=rop,
-                                               origin=f"{call}(tb={t})"))
+                                               origin=f"{call}(tb={t})", src_position=pos))
 
 
 class PortChannel(_PeerChannel):

@@ -66,6 +66,8 @@ class CollectiveProgram:
         min_message_size: int = 0,
         max_message_size: int = 2**64 - 1,
         strict: bool = False,
+        consistent: Optional[bool] = None,
+        chunk_unit: Optional[str] = None,
     ) -> None:
         call = f"CollectiveProgram({name!r})"
         if not isinstance(collective, Collective):
@@ -94,6 +96,12 @@ class CollectiveProgram:
             raise DSLError(f"{call}: buffer_alignment must be a positive int, got {buffer_alignment!r}")
         if min_message_size < 0 or max_message_size < min_message_size:
             raise DSLError(f"{call}: bad message size range [{min_message_size}, {max_message_size}]")
+        if consistent not in (None, True, False):
+            raise DSLError(f"{call}: consistent must be True (the plan promises every rank the same bits), "
+                           f"False (it does not) or None (unsaid), got {consistent!r}")
+        if chunk_unit not in (None, "row") or (chunk_unit and collective.spec.name != "allreduce_add_rms_norm"):
+            raise DSLError(f"{call}: chunk_unit must be None or 'row' (an AllReduceAddRMSNorm program whose "
+                           f"chunks are whole rows), got {chunk_unit!r} for {collective.spec.name}")
         self.name = name
         self.collective = collective
         self.num_ranks = num_ranks
@@ -120,7 +128,8 @@ class CollectiveProgram:
             reuse_resources=bool(reuse_resources), num_threads_per_block=num_threads_per_block,
             use_double_scratch_buffer=bool(use_double_scratch_buffer),
             buffer_alignment=buffer_alignment, min_message_size=min_message_size,
-            max_message_size=max_message_size, strict=bool(strict))
+            max_message_size=max_message_size, strict=bool(strict), consistent=consistent,
+            chunk_unit=chunk_unit)
         #: per rank, the collective's buffers (MSCCL++'s ``prog.buffers[rank][BufferType.input]``)
         self.buffers: list[dict[BufferType, "BaseBuffer"]] = [
             {BufferType.input: BaseBuffer(r, BufferType.input, 0, collective.input_chunks),
@@ -228,6 +237,14 @@ class CollectiveProgram:
             if c.size != first.size:
                 raise self.error(rank, tb, call, f"size mismatch: {first_name} {first} has {first.size} chunks "
                                                  f"but {nm} {c} has {c.size}")
+
+    def check_src_position(self, rank: int, tb: Optional[int], call: str, position: object, others: int) -> int:
+        """``position`` of a reduction's own source among its ``others`` other sources: an int
+        from 0 (first) to ``others`` (last)."""
+        if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position <= others:
+            raise self.error(rank, tb, call, f"src_position must be an int from 0 to {others} (the number "
+                                             f"of other chunks), got {position!r}")
+        return position
 
     def check_scratch(self, rank: int, tb: Optional[int], call: str, what: str, chunk: Chunk) -> None:
         if chunk.buffer != BufferType.scratch:

@@ -201,9 +201,14 @@ class Rank:
 
     def reduce(self, src_chunk: Chunk, other_chunks: Sequence[Chunk], tb: Optional[int] = None,
                tb_group: Optional[ThreadBlockGroup] = None, dst_chunk: Optional[Chunk] = None,
-               reduce_op: ReduceOperationType = ReduceOperationType.sum, packet: bool = False) -> None:
+               reduce_op: ReduceOperationType = ReduceOperationType.sum, packet: bool = False,
+               src_position: int = 0) -> None:
         """``dst = src OP other_0 OP other_1 ...`` (``re``); with ``packet=True`` the other chunks
-        are LL packets in scratch (``repkt``). ``dst`` defaults to ``src``."""
+        are LL packets in scratch (``repkt``). ``dst`` defaults to ``src``. The sources combine in
+        the order written, ``src`` entering after the first ``src_position`` other chunks
+        (``other_0 OP ... OP src OP ...``): a reduction every rank writes in the same order (the
+        ranks' chunks in rank order, each rank's own at its rank's place) gives every rank the same
+        bits (docs/semantics.md, "Rank consistency")."""
         prog = get_program()
         call = f"Rank({self.rank}).reduce"
         targets = prog.tb_targets(self.rank, call, tb, tb_group)
@@ -222,11 +227,12 @@ class Rank:
         prog.check_same_size(self.rank, t0, call, ("source", src_chunk), ("destination", dst_chunk),
                              *[(f"other chunk {i}", c) for i, c in enumerate(others)])
         rop = ReduceOperationType(reduce_op)
+        pos = prog.check_src_position(self.rank, t0, call, src_position, len(others))
         name = OpName.repkt if packet else OpName.re
         for t, tbg in targets:
             prog.add_op(self.rank, t, IROp(name, src=[_local(src_chunk)] + [_local(c) for c in others],
                                            dst=[_local(dst_chunk)], tbg=tbg, reduce_op=rop,
-                                           origin=f"{call}(tb={t})"))
+                                           origin=f"{call}(tb={t})", src_position=pos))
 
     def barrier(self, tb_list: Sequence[int]) -> None:
         """Synchronise thread blocks of this rank: one block -> ``nop``; several -> ``barrier``."""

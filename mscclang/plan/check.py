@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from mscclang.errors import PlanError
-from mscclang.plan.collectives import spec_from_plan
+from mscclang.plan.collectives import FUSED_NORM, spec_from_plan
 from mscclang.plan.models import (
     EPILOGUE_OPS,
     BufferKind,
@@ -210,6 +210,9 @@ class _Checker:
             raise PlanError("a plan needs at least one rank", "gpus")
         if plan.root is not None and plan.collective != "broadcast":
             raise PlanError(f"'root' is only meaningful for broadcast, not {plan.collective}", "root")
+        if plan.chunk_unit is not None and plan.collective != FUSED_NORM:
+            raise PlanError(f"'chunk_unit' \"row\" cuts chunks at rows of the epilogue's hidden size: only "
+                            f"{FUSED_NORM} plans have rows, not {plan.collective}", "chunk_unit")
         self.check_collective()
         for r, gpu in enumerate(plan.gpus):
             self.check_gpu(r, gpu)

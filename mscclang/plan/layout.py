@@ -10,7 +10,8 @@ The rule (a superset of MSCCL++'s, identical to it whenever the reference size d
   reducescatter it is the output (the input holds ``n`` blocks); for alltoall it is ``1/n`` of the
   input (both buffers hold ``n`` blocks); otherwise it is the input buffer, or the output buffer
   when the input has no chunks.
-* With ``u = ceil(block_bytes / alignment)`` alignment units, every chunk is
+* With ``u = ceil(block_bytes / alignment)`` alignment units (a fused plan whose ``chunk_unit``
+  is ``"row"``: rows of the call's hidden size instead, so no chunk cuts a row), every chunk is
   ``chunk_bytes = alignment * ceil(u / block_chunks)`` bytes long, except that spans are clipped
   at the end of their block: so the last non-empty chunk of a block may be short and chunks after
   it may be empty. When ``block_bytes`` is a multiple of ``alignment * block_chunks`` this is
@@ -255,24 +256,45 @@ def reference_block(plan: Plan, input_bytes: int, output_bytes: int) -> tuple[in
     return bb, bc, nin, nout
 
 
-def make_layout(plan: Plan, rank: int, input_bytes: int, output_bytes: int) -> Layout:
-    """Layout of ``rank``'s buffers for one call with the given byte sizes."""
+def row_units(plan: Plan, input_bytes: int, output_bytes: int, row_bytes: int) -> tuple[int, int]:
+    """The chunking units (input, output) of a plan whose ``chunk_unit`` is ``"row"``: one row of
+    the input (``row_bytes``: the epilogue's hidden size times the activation's element size) and
+    the same row of the output (``output_bytes`` has as many rows); PlanError when the call's
+    sizes are not whole rows or no row size is given."""
+    if not isinstance(row_bytes, int) or row_bytes <= 0:
+        raise PlanError(f"plan {plan.name} cuts its chunks at rows (chunk_unit \"row\"): the call's row size "
+                        "is needed (the epilogue's hidden size)", "chunk_unit")
+    rows, rem = divmod(input_bytes, row_bytes)
+    if rem or rows == 0 or output_bytes % rows:
+        raise PlanError(f"plan {plan.name} cuts its chunks at rows of {row_bytes} bytes: {input_bytes} input and "
+                        f"{output_bytes} output bytes are not whole rows", "chunk_unit")
+    return row_bytes, output_bytes // rows
+
+
+def make_layout(plan: Plan, rank: int, input_bytes: int, output_bytes: int, row_bytes: int = 0) -> Layout:
+    """Layout of ``rank``'s buffers for one call with the given byte sizes. A plan whose
+    ``chunk_unit`` is ``"row"`` (fused plans whose chunks are whole rows) cuts its user buffers
+    in rows instead of ``buffer_alignment`` units: ``row_bytes`` is the call's input row
+    (:func:`row_units`); other plans ignore it."""
     if not 0 <= rank < len(plan.gpus):
         raise PlanError(f"rank {rank} is not in the plan (it has {len(plan.gpus)} ranks)")
     gpu = plan.gpus[rank]
     a = plan.buffer_alignment
+    ua = uo = a
+    if plan.chunk_unit == "row":
+        ua, uo = row_units(plan, input_bytes, output_bytes, row_bytes)
     bb, bc, nin, nout = reference_block(plan, input_bytes, output_bytes)
-    ref = make_grid(bb, bc, a)
+    ref = make_grid(bb, bc, ua)
 
-    def grid_for(nbytes: int, nchunks: int, nblocks: int) -> Grid:
+    def grid_for(nbytes: int, nchunks: int, nblocks: int, unit: int) -> Grid:
         if bc > 0 and nchunks == nblocks * bc and nbytes == nblocks * bb:
             return Grid(bb, bc, ref.chunk_bytes, nblocks)
         if bc > 0 and nchunks % bc == 0 and nbytes == (nchunks // bc) * bb:
             return Grid(bb, bc, ref.chunk_bytes, nchunks // bc)
-        return make_grid(nbytes, nchunks, a)
+        return make_grid(nbytes, nchunks, unit)
 
-    gin = grid_for(input_bytes, gpu.input_chunks, nin)
-    gout = grid_for(output_bytes, gpu.output_chunks, nout)
+    gin = grid_for(input_bytes, gpu.input_chunks, nin, ua)
+    gout = grid_for(output_bytes, gpu.output_chunks, nout, uo)
     return Layout(
         input=gin,
         output=gout,

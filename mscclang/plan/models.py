@@ -146,6 +146,12 @@ PACKET_OPS = frozenset(
     {OpName.cpkt, OpName.upkt, OpName.ppkt, OpName.rppkt, OpName.repkt, OpName.respkt,
      OpName.recpkt, OpName.recspkt, OpName.gstorepkt}
 )
+#: reductions whose first source is local (plain) and may take a place in the order other than
+#: the first (``Op.src0_position``): every reduction but the switch ones, whose sources are a group
+POSITIONED_REDUCE_OPS = frozenset(
+    {OpName.re, OpName.res, OpName.rre, OpName.rres, OpName.repkt, OpName.respkt, OpName.recpkt,
+     OpName.recspkt}
+)
 SWITCH_OPS = frozenset({OpName.glre, OpName.glres, OpName.gstore, OpName.gstorepkt})
 #: ops only a ``mscclang.plan/2`` plan may hold
 EPILOGUE_OPS = frozenset({OpName.radd, OpName.rmsnorm})
@@ -234,9 +240,26 @@ class Op(_Strict):
     src: Optional[str] = Field(default=None, max_length=1024)
     # plan/2, rmsnorm only: the output is FP8 (scaled, saturated; docs/semantics.md)
     quant: Optional[StrictBool] = None
+    # ours, reductions with a local first source (re, res, rre, rres and the packet reductions):
+    # where src_buff[0] enters the reduction order (reduction_order); absent means first
+    src0_position: Optional[Count] = None
+
+    def reduction_order(self) -> list[int]:
+        """The indexes of ``src_buff`` in the order a reduction combines them: ``src_buff[1..k]``,
+        then ``src_buff[0]``, then the rest, with k = ``src0_position`` (0 when absent: the listed
+        order). The one home of the rule; the simulator, the runtime's packing and ``show`` read it."""
+        k = self.src0_position or 0
+        rest = list(range(1, len(self.src_buff)))
+        return rest[:k] + [0] + rest[k:] if self.src_buff else []
 
     @model_validator(mode="after")
     def _shape(self) -> "Op":
+        if self.src0_position is not None and self.name not in POSITIONED_REDUCE_OPS:
+            raise ValueError(f"only reductions with a local first source take 'src0_position', not "
+                             f"{self.name.value}")
+        if self.src0_position is not None and self.src0_position >= max(len(self.src_buff), 1):
+            raise ValueError(f"src0_position {self.src0_position} must be below the number of sources "
+                             f"({len(self.src_buff)})")
         if self.quant is not None and self.name != OpName.rmsnorm:
             raise ValueError(f"only rmsnorm takes 'quant', not {self.name.value}")
         if self.name == OpName.pipeline:
@@ -450,6 +473,13 @@ class Plan(_Strict):
     chunk_factor: Optional[Positive] = None
     reduce_op: Optional[ReduceOp] = None
     packet_type: Optional[PacketType] = None
+    # ours: every rank's copy of a reduced output holds the same bits (docs/semantics.md, "Rank
+    # consistency"): true promises it (verify fails an inconsistent reduction), false disclaims
+    # it (verify notes it), absent says nothing (verify warns)
+    consistent: Optional[StrictBool] = None
+    # ours (plan/2): "row" cuts the chunks of the input, residual and output at whole rows of the
+    # epilogue's hidden size instead of buffer_alignment units (plan.layout)
+    chunk_unit: Optional[Literal["row"]] = None
     gpus: list[Gpu]
 
     @model_validator(mode="after")

@@ -42,33 +42,34 @@ class ContextPool:
         self._engine_serial = 0
         self._packed: "OrderedDict[tuple, Any]" = OrderedDict()   # (id(lp), in, out) -> PackedRank
 
-    def packed(self, lp: LoadedPlan, in_bytes: int, out_bytes: int) -> Any:
+    def packed(self, lp: LoadedPlan, in_bytes: int, out_bytes: int, row: int = 0) -> Any:
         """This rank's plan packed for these sizes (a few recent sizes are kept: the collective
-        API asks whether a size fits before the device plan of that size is built)."""
-        key = (id(lp), in_bytes, out_bytes)
+        API asks whether a size fits before the device plan of that size is built); ``row``: a
+        row-chunked plan's input row bytes."""
+        key = (id(lp), in_bytes, out_bytes, row)
         got = self._packed.get(key)
         if got is None or got[0] is not lp:
-            got = (lp, pack_blocks(lp.plan, self.comm.rank, in_bytes, out_bytes, lp.static))
+            got = (lp, pack_blocks(lp.plan, self.comm.rank, in_bytes, out_bytes, lp.static, row))
             self._packed[key] = got
             if len(self._packed) > 32:
                 self._packed.popitem(last=False)
         return got[1]
 
     # contexts ---------------------------------------------------------------------------------
-    def group_scratch(self, lp: LoadedPlan, in_bytes: int, out_bytes: int) -> int:
+    def group_scratch(self, lp: LoadedPlan, in_bytes: int, out_bytes: int, row: int = 0) -> int:
         """:func:`group_scratch_bytes` of the plan at this size (cached per size)."""
-        key = (in_bytes, out_bytes)
+        key = (in_bytes, out_bytes, row)
         v = lp.group_scratch.get(key)
         if v is None:
             if len(lp.group_scratch) >= 1024:
                 lp.group_scratch.clear()
-            v = lp.group_scratch[key] = group_scratch_bytes(lp.plan, in_bytes, out_bytes)
+            v = lp.group_scratch[key] = group_scratch_bytes(lp.plan, in_bytes, out_bytes, row)
         return v
 
-    def ensure(self, lp: LoadedPlan, in_bytes: int, out_bytes: int) -> Context:
+    def ensure(self, lp: LoadedPlan, in_bytes: int, out_bytes: int, row: int = 0) -> Context:
         """The plan's context, made or grown (collective, see the module docstring)."""
         ctx = lp.ctx
-        need = self.group_scratch(lp, in_bytes, out_bytes)
+        need = self.group_scratch(lp, in_bytes, out_bytes, row)
         if ctx is not None and ctx.scratch_bytes >= need:
             return ctx
         if self.capturing():
@@ -150,17 +151,17 @@ class ContextPool:
 
     # device plans ---------------------------------------------------------------------------------
     def device_plan(self, lp: LoadedPlan, in_bytes: int, out_bytes: int, sym_in: Any, sym_out: Any,
-                    stream: int = 0) -> DevPlan:
+                    stream: int = 0, row: int = 0) -> DevPlan:
         """The device plan of these sizes and buffers on the plan's context (made or grown first),
         built now if new: packed on the host, uploaded on ``stream`` (ordered before the launch that
-        follows on it)."""
+        follows on it); ``row``: a row-chunked plan's input row bytes."""
         plan = lp.plan
-        ctx = self.ensure(lp, in_bytes, out_bytes)
-        key = DevPlanKey(in_bytes, out_bytes, getattr(sym_in, "index", None), getattr(sym_out, "index", None))
+        ctx = self.ensure(lp, in_bytes, out_bytes, row)
+        key = DevPlanKey(in_bytes, out_bytes, getattr(sym_in, "index", None), getattr(sym_out, "index", None), row)
         dp = ctx.plans.get(key)
         if dp is not None:
             return dp
-        packed = self.packed(lp, in_bytes, out_bytes)
+        packed = self.packed(lp, in_bytes, out_bytes, row)
         area = 0
         if packed.port is not None:
             area = cu.mem_alloc(packed.port.area_bytes)

@@ -83,11 +83,12 @@ class Entries:
     # resolving -------------------------------------------------------------------------------
     def resolve(self, lp: LoadedPlan, dt: str, dtype: Any, in_ptr: int, out_ptr: int, in_bytes: int,
                 out_bytes: int, pkt: str, op: str, prepare: bool, stream: int,
-                count: bool = True) -> tuple[LaunchEntry, Operands]:
+                count: bool = True, row: int = 0) -> tuple[LaunchEntry, Operands]:
         """The launch entry of a call and how its buffers map (see the module docstring).
         ``prepare``: do every first-time step now, specialised kernel included, and keep the entry
         (never evicted). ``count``: this is a call (it counts toward the specialisation policy);
-        False only looks the entry up (``Executor.bind``)."""
+        False only looks the entry up (``Executor.bind``). ``row``: a row-chunked (fused) plan's
+        input row bytes (part of the entry: the chunks follow the rows)."""
         opr = Operands()
         sym_in = sym_out = None
         if lp.zero_copy:
@@ -119,13 +120,13 @@ class Entries:
                     # a prepared call or a captured graph uses them: never released before close
                     st_in.pinned = st_out.pinned = True
         else:
-            key = EntryKey(in_bytes, out_bytes, dtype, pkt, op)
+            key = EntryKey(in_bytes, out_bytes, dtype, pkt, op, row=row)
         self.capture.note(lp, key, dt)
         self.last_key = key
         lk = (id(lp), key)
         ent = lp.fast.get(key)
         if ent is None:
-            ent = self._build(lp, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out, prepare, stream)
+            ent = self._build(lp, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out, prepare, stream, row)
             lp.fast[key] = ent
             self._lru[lk] = lp
             if len(self._lru) > self.cap:
@@ -139,7 +140,7 @@ class Entries:
         return ent, opr
 
     def _build(self, lp: LoadedPlan, dt: str, in_bytes: int, out_bytes: int, pkt: str, op: str,
-               sym_in: Any, sym_out: Any, force: bool, stream: int) -> LaunchEntry:
+               sym_in: Any, sym_out: Any, force: bool, stream: int, row: int = 0) -> LaunchEntry:
         """A new entry (first-time set-up: refused inside a CUDA graph capture)."""
         plan = lp.plan
         r = self.comm.rank
@@ -157,7 +158,7 @@ class Entries:
                               "prepare with the same tensors (or run the call once) before capturing")
         with self._calling(desc):
             f = self.kernels.interpreter(dt, pkt, op, lp.nthreads, epi=lp.epi is not None)
-            dp = self.contexts.device_plan(lp, in_bytes, out_bytes, sym_in, sym_out, stream)
+            dp = self.contexts.device_plan(lp, in_bytes, out_bytes, sym_in, sym_out, stream, row)
             self.kernels.fit(f, lp.nthreads, dp.smem, dp.n_blocks, f"rank {r}", dp.uses_packets,
                              dp.packet_align, pkt)
             port = self._port_launch(lp, dp, in_bytes, out_bytes) if lp.has_port else None
@@ -165,7 +166,7 @@ class Entries:
             # port plans run on the interpreter (the specialised kernel has no port ops)
             if not lp.has_port:
                 spec, pending = self._specialisation(lp, dt, in_bytes, out_bytes, pkt, op, dp, force,
-                                                     (lp, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out))
+                                                     (lp, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out, row))
         return LaunchEntry(f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), spec, pending, lp.ctx, port)
 
     def _specialisation(self, lp: LoadedPlan, dt: str, in_bytes: int, out_bytes: int, pkt: str, op: str,
@@ -174,7 +175,7 @@ class Entries:
         w = when(self._specialize(), in_bytes, out_bytes)
         if w == "never":
             return None, None
-        skey = (in_bytes, out_bytes, dt, pkt, op)
+        skey = (in_bytes, out_bytes, dt, pkt, op) + ((args[-1],) if args[-1] else ())   # + a row-chunked plan's row
         got = lp.spec.get(skey)
         if isinstance(got, str):   # refused earlier
             return None, None
@@ -214,12 +215,12 @@ class Entries:
         pend = ent.pending
         if self._capturing():
             return ent
-        lp_, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out = pend.args
-        skey = (in_bytes, out_bytes, dt, pkt, op)
+        lp_, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out, row = pend.args
+        skey = (in_bytes, out_bytes, dt, pkt, op) + ((row,) if row else ())
         if now:
             if pend.build is not None and pend.build.done():
                 return self._switch(lp, key, ent, skey, pend)
-            new = self._build(lp, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out, True, 0)
+            new = self._build(lp, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out, True, 0, row)
             new = _replace(new, pending=None)
             lp.fast[key] = new
             self.epoch += 1
@@ -246,7 +247,7 @@ class Entries:
         except Exception as e:  # noqa: BLE001 - a failed background build never fails a call
             if not isinstance(e, SPEC_ERRORS):
                 log.warning("rank %d: building the specialised kernel of %s failed (%s: %s); the interpreter "
-                            "runs it", self.comm.rank, describe_call(lp.plan, *skey), type(e).__name__, e)
+                            "runs it", self.comm.rank, describe_call(lp.plan, *skey[:5]), type(e).__name__, e)
             lp.spec[skey] = unsupported(e)
             lp.fast[key] = new = _replace(ent, pending=None)
             self.epoch += 1

@@ -83,6 +83,20 @@ def epi_plan(plan: Plan) -> Optional[EpiPlan]:
     return EpiPlan(bool(quant), quant == {True})
 
 
+def row_bytes(plan: Plan, rank: int, itemsize: int, params: Optional[Epilogue]) -> int:
+    """The input row bytes of a call of a row-chunked plan (``chunk_unit`` ``"row"``: its chunks
+    are whole rows, :func:`mscclang.plan.layout.make_layout`): the epilogue's hidden size times
+    the activation's element size; 0 for every other plan. InvalidCall when such a plan gets no
+    epilogue (its chunks cannot be cut without the row length)."""
+    if plan.chunk_unit != "row":
+        return 0
+    h = getattr(params, "hidden", None)
+    if not isinstance(params, Epilogue) or isinstance(h, bool) or not isinstance(h, int) or h <= 0:
+        raise InvalidCall(f"rank {rank}: plan {plan.name} cuts its chunks at rows: pass epilogue=Epilogue(hidden=...) "
+                          f"(got {params!r})")
+    return h * itemsize
+
+
 def _fp8_name(t: Any) -> Optional[str]:
     info = find_dtype(t) if isinstance(t, str) else torch_dtype_info(t)
     return info.name if info is not None and info.name in FP8_CODES else None

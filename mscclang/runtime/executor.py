@@ -32,7 +32,7 @@ from mscclang.runtime.contexts import ContextPool
 from mscclang.runtime.device_plan import MAX_FLAGS, check_runnable, process_work_queues
 from mscclang.runtime.engine import Engine, bindings as engine_bindings
 from mscclang.runtime.entries import Entries
-from mscclang.runtime.epilogue import Epilogue, call_args, call_sizes, epi_plan
+from mscclang.runtime.epilogue import Epilogue, call_args, call_sizes, epi_plan, row_bytes
 from mscclang.runtime.kernels import KernelCache
 from mscclang.runtime.launcher import Launcher
 from mscclang.runtime.proxy import PortLaunch, PortProxy
@@ -211,14 +211,16 @@ class Executor:
         return not (packed.uses_packets and packed.packet_align < (8 if pkt == "ll16" else 4))
 
     def prepare(self, plan: Plan, input: Any, output: Any = None, dtype: Any = None,
-                packet_type: Any = None, reduce_op: Any = None, accum_dtype: Any = None) -> None:
+                packet_type: Any = None, reduce_op: Any = None, accum_dtype: Any = None,
+                epilogue: Optional[Epilogue] = None) -> None:
         """Do every first-time step of a call outside CUDA graph capture, so the same call can
         then be captured: load the kernel and build the specialised one (at any size the policy
         allows), create the context, staging and the device plan. ``input``/``output``: the
         tensors of the call to come (the same ones: a zero-copy plan's entry depends on whether
         they are symmetric), checked as :meth:`execute` checks them; or byte counts (``output``
         defaults from the collective) of ordinary tensors of ``dtype`` (default float16).
-        ``accum_dtype`` as for :meth:`execute`. Collective: every rank calls it with the same
+        ``accum_dtype`` and ``epilogue`` (a fused plan's; its hidden size decides a row-chunked
+        plan's chunks) as for :meth:`execute`. Collective: every rank calls it with the same
         arguments."""
         import torch
 
@@ -231,14 +233,16 @@ class Executor:
                 output = input
             in_bytes, out_bytes = self._check_call(lp, input, output)
             dt = reduction_code(input.dtype, op, accum_dtype)
-            self.entries.resolve(lp, dt, dt, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes, pkt, op, True, s)
+            self.entries.resolve(lp, dt, dt, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes, pkt, op, True, s,
+                                 row=row_bytes(lp.plan, self.comm.rank, input.element_size(), epilogue))
             return
         in_bytes = int(input)
         out_bytes = output_bytes(plan.collective, plan.world_size, in_bytes) if output is None else int(output)
         dt = dtype or torch.float16
         # ordinary tensors: their addresses play no part in the entry (zero-copy plans stage)
         code = reduction_code(dt, op, accum_dtype)
-        self.entries.resolve(lp, code, code, 0, 1, in_bytes, out_bytes, pkt, op, True, s)
+        self.entries.resolve(lp, code, code, 0, 1, in_bytes, out_bytes, pkt, op, True, s,
+                             row=row_bytes(lp.plan, self.comm.rank, torch.empty(0, dtype=dt).element_size(), epilogue))
 
     def execute(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
                 reduce_op: Any = None, stream: Any = None, accum_dtype: Any = None, *, residual: Any = None,
@@ -269,12 +273,13 @@ class Executor:
         ab.user_thread = threading.get_ident()
         dt = reduction_code(input.dtype, op, accum_dtype)
         epi = None
+        row = row_bytes(lp.plan, self.comm.rank, input.element_size(), epilogue)
         if lp.epi is not None or residual is not None or weight is not None or epilogue is not None:
             epi = call_args(lp, self.comm.rank, self.comm.device, self.arch, lambda: self.contexts.packed(
-                lp, in_bytes, out_bytes).norms, op, input, output, residual, weight, epilogue)
+                lp, in_bytes, out_bytes, row).norms, op, input, output, residual, weight, epilogue)
         self._last_call = describe_call(lp.plan, in_bytes, out_bytes, dt, pkt, op)
         ent, opr = self.entries.resolve(lp, dt, dt, input.data_ptr(), output.data_ptr(), in_bytes,
-                                        out_bytes, pkt, op, False, s)
+                                        out_bytes, pkt, op, False, s, row=row)
         self.run(lp, ent, opr, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes, s, epi)
 
     def execute_traced(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,

@@ -354,14 +354,15 @@ class _Packer:
             if not S or not D:
                 raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({n.value}) needs sources "
                                 "and a destination", where)
-            return [self.data_op(op, tb, index, where, S, [False] * len(S), D, [False] * len(D))]
+            order = op.reduction_order()   # the kernel reduces its sources in the order packed
+            return [self.data_op(op, tb, index, where, [S[i] for i in order], [False] * len(S), D, [False] * len(D))]
         if n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt):
             if not S or not D:
                 raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({n.value}) needs sources "
                                 "and a destination", where)
-            src_pk = [False] + [True] * (len(S) - 1)
+            order = op.reduction_order()   # src_buff[0] is the plain one, the others packets
             dst_pk = [False] + [True] * (len(D) - 1)
-            return [self.data_op(op, tb, index, where, S, src_pk, D, dst_pk)]
+            return [self.data_op(op, tb, index, where, [S[i] for i in order], [i > 0 for i in order], D, dst_pk)]
         if n in (OpName.radd, OpName.rmsnorm):
             return [self.epilogue_op(op, tb, index, where)]
         raise PlanError(f"rank {self.rank} thread block {tb.id} op {index}: op {n.value!r} is not supported "
@@ -461,11 +462,12 @@ class _Packer:
 
 
 def pack_blocks(plan: Plan, rank: int, input_bytes: int, output_bytes: int,
-                static: Optional[dict] = None) -> PackedRank:
+                static: Optional[dict] = None, row_bytes: int = 0) -> PackedRank:
     """Pack ``rank``'s thread blocks for one message size (sizes in bytes). ``static``: a dict kept
     per (plan, rank) by the caller, where the records that do not depend on the size are kept
-    between sizes (packing a new size then packs its data ops only)."""
-    layout = make_layout(plan, rank, input_bytes, output_bytes)
+    between sizes (packing a new size then packs its data ops only). ``row_bytes``: the input
+    row of a row-chunked fused plan (:func:`mscclang.plan.layout.make_layout`)."""
+    layout = make_layout(plan, rank, input_bytes, output_bytes, row_bytes)
     pk = _Packer(plan, rank, layout, static)
     blocks = [pk.block(tb) for tb in plan.gpus[rank].threadblocks]
     sb = scratch_bytes_needed(plan, layout)
@@ -475,12 +477,12 @@ def pack_blocks(plan: Plan, rank: int, input_bytes: int, output_bytes: int,
                       pk.port.script(), pk.norms)
 
 
-def group_scratch_bytes(plan: Plan, input_bytes: int, output_bytes: int) -> int:
+def group_scratch_bytes(plan: Plan, input_bytes: int, output_bytes: int, row_bytes: int = 0) -> int:
     """Scratch bytes of the rank that needs the most at one message size. Every rank allocates
     this much: making or growing a plan's context is collective (a store barrier, and every peer
     maps the new scratch), so the decision must be the same on every rank, which a rank's own
     need is not when the plan gives ranks different scratch (a receiver's, not a sender's)."""
-    return max(scratch_bytes_needed(plan, make_layout(plan, q, input_bytes, output_bytes))
+    return max(scratch_bytes_needed(plan, make_layout(plan, q, input_bytes, output_bytes, row_bytes))
                for q in range(len(plan.gpus)))
 
 

@@ -112,6 +112,8 @@ class DevPlanKey:
     out_bytes: int
     in_buf: Any = None
     out_buf: Any = None
+    #: a row-chunked plan's input row bytes (0: the plan's chunks are not rows)
+    row: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,8 @@ class EntryKey:
     mode: str = "any"
     in_buf: Any = None
     out_buf: Any = None
+    #: a row-chunked plan's input row bytes (0: the plan's chunks are not rows)
+    row: int = 0
 
     def buffers(self) -> tuple:
         """The buffer names this entry depends on (released with them)."""

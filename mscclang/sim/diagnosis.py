@@ -163,6 +163,8 @@ def group_key(problem: Problem) -> tuple:
         return (k, a, b, d.get("storage"))
     if k in ("postcondition", "symbolic") and "rank" in d and "chunk" in d:
         return (k, d["rank"], d["chunk"], d.get("what", ""))
+    if k == "inconsistent" and "ranks" in d:  # one cause: a rank pair and the ops they differ in
+        return (k, tuple(d["ranks"]), d.get("how"), repr(d.get("cause")))
     if k == "deadlock":
         if d.get("cycle"):
             return (k, "cycle", frozenset((e[0], e[1], e[2]) for e in d["cycle"]))

@@ -30,6 +30,7 @@ from mscclang.plan.models import BufferKind, ChannelType, OpName, Plan, channel_
 from mscclang.sim.deadlock import DeadlockMixin
 from mscclang.sim.epilogue import EpilogueParams
 from mscclang.sim.epilogue_exec import EpilogueMixin
+from mscclang.sim.exprs import ExprTable
 from mscclang.sim.packets import PKT_WRITERS, PacketMixin
 from mscclang.sim.ports import PortMixin, Proxy, Trigger
 from mscclang.sim.program import COp, Program
@@ -106,6 +107,11 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         self._race_keys: set = set()
         self.outputs: list[list[np.ndarray]] = []
         self.out_shadows: list[list[np.ndarray]] = []
+        #: per launch and rank, the expression ids of the output's granules (symbolic runs) and
+        #: of the residual's (fused plans), ids of :attr:`exprs`
+        self.out_exprs: list[list[np.ndarray]] = []
+        self.res_exprs: list[list[np.ndarray]] = []
+        self.exprs = ExprTable()
         self.sym_ok = True
 
         # thread ids: blocks, then hosts, then proxies
@@ -429,6 +435,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         g = self.sym_granule
         if mem.shadow is not None:
             mem.shadow[okey][obase // g: -(-(obase + ob) // g)] = 0
+            mem.expr[okey][obase // g: -(-(obase + ob) // g)] = 0  # type: ignore[index]
         data = self.inputs[rank]
         mem.storage[ikey][ibase: ibase + ib] = data
         rb = mem.storage["res"].shape[0]
@@ -438,6 +445,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
             mem.storage["res"][:] = self.residuals[rank]
             if mem.shadow is not None:
                 mem.shadow["res"][:] = 0
+                self._init_residual_exprs(rank)
             self._record(host, rank, "res", 0, rb, True,
                          self._host_opref(rank, k, "launch start: residual written"), k, host=True, single=True)
         if mem.shadow is not None:
@@ -485,6 +493,19 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
                 self.sym_ok = False
                 continue
             sh[(ibase + off) // g: (ibase + off + ln) // g, rank * cin + c] = 1
+            mem.expr[ikey][(ibase + off) // g: (ibase + off + ln) // g] = self.exprs.leaf("x", rank, c)  # type: ignore[index]
+
+    def _init_residual_exprs(self, rank: int) -> None:
+        """The residual's granules hold the leaves ``res[k]``: the same value on every rank (the
+        residual stream of tensor parallelism is replicated)."""
+        mem = self.mem[rank]
+        g = self.sym_granule
+        ex = mem.expr["res"]  # type: ignore[index]
+        ex[:] = 0
+        for c in range(self.plan.gpus[rank].input_chunks):
+            off, ln = mem.layout.span(BufferKind.residual, c)
+            if ln and not (off % g or ln % g):
+                ex[off // g: (off + ln) // g] = self.exprs.leaf("res", c)
 
     def _end_launch(self, rank: int) -> None:
         k = self.rank_launch[rank]
@@ -511,6 +532,11 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         if mem.shadow is not None:
             g = self.sym_granule
             self.out_shadows[k - 1][rank] = mem.shadow[okey][obase // g: (obase + ob) // g].copy()
+            while len(self.out_exprs) < k:
+                self.out_exprs.append([None] * self.n)  # type: ignore[list-item]
+                self.res_exprs.append([None] * self.n)  # type: ignore[list-item]
+            self.out_exprs[k - 1][rank] = mem.expr[okey][obase // g: (obase + ob) // g].copy()  # type: ignore[index]
+            self.res_exprs[k - 1][rank] = mem.expr["res"].copy()  # type: ignore[index]
         for (r, sid), s in self.sems.items():
             if r == rank and s[0] != self.plan.gpus[r].semaphores[sid].init_value:
                 self.problem("unbalanced-semaphore",

@@ -64,12 +64,16 @@ class EpilogueMixin:
         mem.storage[okey][obase + oa: obase + ob] = out.reshape(-1).view(np.uint8)
         self._record(actor, rank, okey, obase + oa, obase + ob, True, opref, task.launch, unit=ROW_UNIT)
         if mem.shadow is not None:
-            g = self.sym_granule
-            if quant or (rbase + a) % g or (obase + oa) % g or (b - a) % g:
+            # output granule j follows residual granule j * ratio (an FP8 output has 1/ratio of
+            # the bytes): its counts, and the norm of that residual value
+            g, ratio = self.sym_granule, act.itemsize // odt.itemsize
+            if (rbase + a) % g or (obase + oa) % g or (b - a) % (g * ratio):
                 self.sym_ok = False
             else:
-                mem.shadow[okey][(obase + oa) // g: (obase + ob) // g] = \
-                    mem.shadow[rkey][(rbase + a) // g: (rbase + b) // g]
+                lo, hi = (rbase + a) // g, (rbase + b) // g
+                mem.shadow[okey][(obase + oa) // g: (obase + ob) // g] = mem.shadow[rkey][lo:hi:ratio]
+                mem.expr[okey][(obase + oa) // g: (obase + ob) // g] = self.exprs.norm(  # type: ignore[index]
+                    mem.expr[rkey][lo:hi:ratio], quant)  # type: ignore[index]
 
     def _check_norm_rows(self, rank: int, key: str, a: int, b: int, opref: OpRef) -> None:
         """A symbolic run of the fused collective: the residual bytes [a, b) a norm reads must

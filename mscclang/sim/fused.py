@@ -15,8 +15,10 @@ from typing import Optional, Sequence
 import numpy as np
 
 from mscclang.errors import MscclangError, VerificationError
+from mscclang.plan.collectives import spec_from_plan
 from mscclang.plan.models import OpName, Plan
 from mscclang.sim.dtypes import dtype_name, parse_dtype
+from mscclang.sim.consistency import check_numeric_consistency, check_symbolic_consistency, consistency_level
 from mscclang.sim.engine import Simulation
 from mscclang.sim.epilogue import EpilogueParams
 from mscclang.sim.postcondition import check_fused
@@ -34,7 +36,8 @@ DEFAULT_CASES = ((1, 16), (3, 32), (2, 64))
 @dataclass
 class FusedRun:
     """What one run left: per rank, the outputs and residuals of the last launch (activation
-    dtype; the outputs FP8 when the plan quantises), and the problems found."""
+    dtype; the outputs FP8 when the plan quantises), and the problems found (with ``symbolic``,
+    the rank-consistency findings of its expressions among them)."""
 
     outputs: list[np.ndarray]
     residuals: list[np.ndarray]
@@ -59,7 +62,7 @@ def run_fused(plan: Plan, inputs: Sequence[np.ndarray], residuals: Sequence[np.n
     quant = plan_quantises(plan)
     ib = inputs[0].nbytes
     ob = ib // act.itemsize * np.dtype(params.fp8).itemsize if quant else ib
-    prog = sim_program(plan, ib, ob)
+    prog = sim_program(plan, ib, ob, params.hidden * act.itemsize)
     nsym = n * max(plan.gpus[0].input_chunks, 1) if symbolic else 0
     sim = Simulation(prog, [np.ascontiguousarray(x).view(np.uint8) for x in inputs], dtype=act,
                      reduce_op="sum", packet_type=packet_type, launches=launches, schedule=schedule, seed=seed,
@@ -70,8 +73,23 @@ def run_fused(plan: Plan, inputs: Sequence[np.ndarray], residuals: Sequence[np.n
     except Deadlock as e:
         return FusedRun([], [], sim.problems + [e.problem])
     odt = params.out_dtype(act, quant)
+    probs = list(sim.problems)
+    if symbolic and sim.sym_ok:
+        for k in range(len(sim.out_exprs)):
+            probs += check_symbolic_consistency(sim.spec, prog.layouts, sim.out_exprs[k], sim.exprs, sim.sym_granule,
+                                                k + 1, consistency_level(plan), sim.res_exprs[k])
     return FusedRun([o.view(odt).copy() for o in sim.outputs[-1]],
-                    [x.view(act).copy() for x in sim.residual_outputs[-1]], sim.problems)
+                    [x.view(act).copy() for x in sim.residual_outputs[-1]], probs)
+
+
+def prove_fused_consistent(plan: Plan) -> list[Problem]:
+    """:func:`mscclang.sim.verify.prove_consistent` of a fused plan: one symbolic run of one row
+    per rank of 16 elements."""
+    n = len(plan.gpus)
+    xs, res, _ = _inputs(n, n * 16, np.dtype(np.float32), 0)
+    params = EpilogueParams(16, np.ones(16, dtype=np.float32), 1e-6, scale=1.0 if plan_quantises(plan) else None)
+    run = run_fused(plan, xs, res, params, symbolic=True)
+    return [p for p in run.problems if p.kind == "inconsistent"]
 
 
 def _inputs(n: int, count: int, dt: np.dtype, seed: int) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
@@ -138,6 +156,9 @@ def verify_fused(plan: Plan, *, cases: Optional[Sequence[tuple[int, int]]] = Non
             add(run.problems, ctx)
             if run.outputs and not sym:
                 add(check_fused(xs, res, run.residuals, run.outputs, params, quant, launches), ctx)
+                if consistency_level(plan) is not None:
+                    add(check_numeric_consistency(spec_from_plan(plan), [], run.outputs, launches,
+                                                  consistency_level(plan), run.residuals), ctx)
     rep.problems = rep.ranked()
     rep.seconds = time.perf_counter() - t0
     return rep

@@ -8,6 +8,7 @@ the rest, so two blocks streaming packets to each other both progress.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import numpy as np
@@ -18,6 +19,25 @@ from mscclang.sim.program import COp, Group, Operand
 from mscclang.sim.races import Actor, OpRef
 from mscclang.sim.state import RankMemory
 from mscclang.sim.tasks import Task, Wait
+
+@dataclass
+class Sym:
+    """The symbolic shadow of a range: per granule its counts of input chunks and its expression
+    id (:mod:`mscclang.sim.exprs`)."""
+
+    counts: np.ndarray
+    ids: np.ndarray
+
+
+def _sym_get(m: RankMemory, key: str, lo: int, hi: int, step: int) -> Sym:
+    return Sym(m.shadow[key][lo:hi:step].copy(), m.expr[key][lo:hi:step].copy())  # type: ignore[index]
+
+
+def _sym_set(m: RankMemory, key: str, lo: int, hi: int, step: int, sh: Optional[Sym]) -> None:
+    """Rows [lo, hi) (every ``step``-th) of the shadow of ``key`` get ``sh``, or nothing (None)."""
+    m.shadow[key][lo:hi:step] = 0 if sh is None else sh.counts  # type: ignore[index]
+    m.expr[key][lo:hi:step] = 0 if sh is None else sh.ids  # type: ignore[index]
+
 
 PKT_WRITERS = frozenset({OpName.cpkt, OpName.ppkt, OpName.rppkt, OpName.respkt, OpName.recpkt,
                          OpName.recspkt, OpName.gstorepkt})
@@ -99,9 +119,11 @@ class PacketMixin:
                     result = reduce_bytes(datas, self.dtype, rop, self.accum)
                     sh = None
                     if shadows and all(x is not None for x in shadows):
-                        sh = shadows[0].astype(np.int16)
+                        counts = shadows[0].counts.astype(np.int16)
                         for x in shadows[1:]:
-                            sh = sh + x
+                            counts = counts + x.counts
+                        sh = Sym(counts, self.exprs.reduce([x.ids for x in shadows], self._op_label(opref, cop),
+                                                          (cop.name, cop.op.src or self._op_label(opref, cop))))
                 else:
                     result = datas[0]
                     sh = shadows[0] if shadows else None
@@ -123,7 +145,7 @@ class PacketMixin:
                 self._wake_flags(d.rank, s0, s1)
 
     def _write(self, actor: Actor, rank: int, d: Operand, off: int, data: np.ndarray,
-               sh: Optional[np.ndarray], flag: int, half: int, launch: int, opref: OpRef,
+               sh: Optional[Sym], flag: int, half: int, launch: int, opref: OpRef,
                delta_pos: int, unit: int, single: bool) -> None:
         m = self.mem[d.rank]
         key, base = m.alias[d.kind]
@@ -145,39 +167,38 @@ class PacketMixin:
             if m.shadow is not None:
                 self._sh_put_plain(m, key, a, n, sh)
 
-    # symbolic shadows (one row of symbol counts per granule of ``sym_granule`` bytes: 4, or a
-    # larger power of two when every access of the run is aligned to it)
-    def _sh_plain(self, m: RankMemory, key: str, a: int, n: int) -> Optional[np.ndarray]:
+    # symbolic shadows (one row of symbol counts and one expression id per granule of
+    # ``sym_granule`` bytes: 4, or a larger power of two when every access of the run is aligned
+    # to it)
+    def _sh_plain(self, m: RankMemory, key: str, a: int, n: int) -> Optional[Sym]:
         g = self.sym_granule
         if a % g or n % g:
             self.sym_ok = False
             return None
-        return m.shadow[key][a // g: (a + n) // g].copy()  # type: ignore[index]
+        return _sym_get(m, key, a // g, (a + n) // g, 1)
 
-    def _sh_pkt(self, m: RankMemory, key: str, half: int, off: int, n: int) -> Optional[np.ndarray]:
+    def _sh_pkt(self, m: RankMemory, key: str, half: int, off: int, n: int) -> Optional[Sym]:
         g = self.sym_granule
         if off % g or n % g or half % g:
             self.sym_ok = False
             return None
-        w0, w1 = off // g, (off + n) // g
-        h4 = half // g
-        return m.shadow["scr"][h4 + 2 * w0: h4 + 2 * w1: 2].copy()  # type: ignore[index]
+        h = half // g
+        return _sym_get(m, "scr", h + 2 * (off // g), h + 2 * ((off + n) // g), 2)
 
-    def _sh_put_plain(self, m: RankMemory, key: str, a: int, n: int, sh: Optional[np.ndarray]) -> None:
+    def _sh_put_plain(self, m: RankMemory, key: str, a: int, n: int, sh: Optional[Sym]) -> None:
         g = self.sym_granule
         if sh is None or a % g or n % g:
             self.sym_ok = False
             return
-        m.shadow[key][a // g: (a + n) // g] = sh  # type: ignore[index]
+        _sym_set(m, key, a // g, (a + n) // g, 1, sh)
 
-    def _sh_put_pkt(self, m: RankMemory, half: int, off: int, n: int, sh: Optional[np.ndarray]) -> None:
+    def _sh_put_pkt(self, m: RankMemory, half: int, off: int, n: int, sh: Optional[Sym]) -> None:
         g = self.sym_granule
         if sh is None or off % g or n % g or half % g:
             self.sym_ok = False
             return
-        w0, w1 = off // g, (off + n) // g
-        h4 = half // g
-        m.shadow["scr"][h4 + 2 * w0: h4 + 2 * w1: 2] = sh  # type: ignore[index]
+        h = half // g
+        _sym_set(m, "scr", h + 2 * (off // g), h + 2 * ((off + n) // g), 2, sh)
 
     def _sh_clear(self, m: RankMemory, s0: int, s1: int) -> None:
         """Scratch bytes [s0, s1) now hold zero-payload packets."""
@@ -185,7 +206,11 @@ class PacketMixin:
         if s0 % g or s1 % g:
             self.sym_ok = False
             return
-        m.shadow["scr"][s0 // g: s1 // g] = 0  # type: ignore[index]
+        _sym_set(m, "scr", s0 // g, s1 // g, 1, None)
+
+    def _op_label(self, opref: OpRef, cop: COp) -> str:
+        """How a consistency report names the op that computed a value."""
+        return f"rank {opref.rank} tb {opref.tb} op {cop.index} {cop.name}"
 
     def _wake_flags(self, rank: int, s0: int, s1: int) -> None:
         """Wake tasks waiting for packets whose flags lie in scratch bytes [s0, s1) of rank."""

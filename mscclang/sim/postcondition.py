@@ -77,7 +77,7 @@ class _Table:
         self.in_bytes = [lay.input_bytes for lay in layouts]
         self.bad_lengths: list[tuple[int, int]] = []
         acc: list[dict] = [dict() for _ in range(spec.num_ranks)]
-        for (r, c), exp in _postcondition(spec).items():
+        for (r, c), exp in postcondition_of(spec).items():
             off, ln = layouts[r].span(BufferKind.output, c)
             if ln == 0:
                 continue
@@ -100,7 +100,7 @@ _TABLES: dict = {}
 _GATHERS: dict = {}
 
 
-def _postcondition(spec: CollectiveSpec) -> dict:
+def postcondition_of(spec: CollectiveSpec) -> dict:
     pc = _POST.get(spec)
     if pc is None:
         if len(_POST) > 32:
@@ -194,7 +194,7 @@ def _check_numeric_chunkwise(spec: CollectiveSpec, layouts: list[Layout], inputs
     raws = [np.ascontiguousarray(o) for o in outputs]
     outs = [raw[: (raw.shape[0] // isz) * isz].view(dt) for raw in raws]
     todo = []
-    for (r, c), exp in sorted(_postcondition(spec).items()):
+    for (r, c), exp in sorted(postcondition_of(spec).items()):
         off, ln = layouts[r].span(BufferKind.output, c)
         if ln == 0:
             continue
@@ -278,7 +278,7 @@ def check_symbolic(spec: CollectiveSpec, layouts: list[Layout], shadows: list[np
     word of which received any contribution (out-of-place outputs start empty) is reported as
     never written. ``shadows`` hold one row per ``granule`` bytes of each rank's output."""
     probs: list[Problem] = []
-    for (r, c), exp in _postcondition(spec).items():
+    for (r, c), exp in postcondition_of(spec).items():
         off, ln = layouts[r].span(BufferKind.output, c)
         if ln == 0:
             continue

@@ -178,8 +178,8 @@ class _Resolver:
         elif name == OpName.radd:  # r[dst] = src + r[dst]: the residual is the second source
             srcs_r = [srcs_r[0], dsts_r[0]]
             plans = [([0, 1], [0], True)]
-        else:
-            plans = [(list(range(len(srcs_r))), list(range(len(dsts_r))), True)]
+        else:  # a reduction: its sources in their reduction order (Op.reduction_order)
+            plans = [(op.reduction_order(), list(range(len(dsts_r))), True)]
         out: list[Group] = []
         chans = self.channels(rank, tb, op, where) if op.channel_type == ChannelType.port else []
         for gi, (si, di, red) in enumerate(plans):
@@ -313,10 +313,11 @@ def _pads_for(g: Group, member: int, size: int, alignment: int, iteration: Optio
     return out
 
 
-def sim_program(plan: Plan, input_bytes: int, output_bytes: int) -> Program:
-    """Resolve every op of every block of ``plan`` for the given byte sizes."""
+def sim_program(plan: Plan, input_bytes: int, output_bytes: int, row_bytes: int = 0) -> Program:
+    """Resolve every op of every block of ``plan`` for the given byte sizes (``row_bytes``: a
+    row-chunked fused plan's input row, :func:`mscclang.plan.layout.make_layout`)."""
     n = len(plan.gpus)
-    layouts = [make_layout(plan, r, input_bytes, output_bytes) for r in range(n)]
+    layouts = [make_layout(plan, r, input_bytes, output_bytes, row_bytes) for r in range(n)]
     res = _Resolver(plan, layouts)
     align = plan.buffer_alignment
     blocks: list[list[list[COp]]] = []

@@ -21,7 +21,7 @@ from mscclang.errors import VerificationError
 #: deadlocks, unbalanced signal/wait and semaphores, unsynchronised signals) before the races
 #: they imply, and races before the wrong outputs they cause
 KINDS = ("plan", "deadlock", "unbalanced-channel", "unbalanced-semaphore", "unsynced-signal",
-         "race", "multimem-relaxed", "postcondition", "symbolic")
+         "race", "multimem-relaxed", "postcondition", "symbolic", "inconsistent")
 
 #: kinds that are warnings: reported, but they fail a run only under ``strict``.
 #: ``multimem-relaxed``: a hazard that exists only because a relaxed signal/wait is the one edge
@@ -63,7 +63,11 @@ class Problem:
 
     @property
     def severity(self) -> str:
-        """``"warning"`` for :data:`WARNING_KINDS`, else ``"error"``."""
+        """``"warning"`` for :data:`WARNING_KINDS`, else ``"error"``; a problem whose severity
+        depends on the plan (``inconsistent``: on its promise) says so in ``details["level"]``."""
+        level = self.details.get("level")
+        if level in ("error", "warning"):
+            return level
         return "warning" if self.kind in WARNING_KINDS else "error"
 
     def seen(self, context: str) -> None:

@@ -1,6 +1,6 @@
 """Per-rank memory of a simulation: user buffers (with in-place aliasing), scratch with LL
 packets, and the optional symbolic shadow that follows every byte moved (one row of symbol
-counts per ``granule`` bytes).
+counts per ``granule`` bytes, and the id of the value's reduction expression).
 
 Packets: payload word ``w`` (plain scratch bytes ``4w .. 4w+3``) lives at scratch byte
 ``half + 8w`` with its flag word at ``half + 8w + 4``. This is exactly the LL8 layout
@@ -59,9 +59,12 @@ class RankMemory:
         self.half = 0
         self.flag = 0
         self.shadow: Optional[dict[str, np.ndarray]] = None
+        #: per granule the id of its value's reduction expression (mscclang.sim.exprs)
+        self.expr: Optional[dict[str, np.ndarray]] = None
         if nsym:
             self.shadow = {k: np.zeros((-(-v.shape[0] // granule), nsym), dtype=np.int16)
                            for k, v in self.storage.items()}
+            self.expr = {k: np.zeros(v.shape[0], dtype=np.int32) for k, v in self.shadow.items()}
 
     def set_launch(self, launch: int) -> None:
         """Launch ``launch`` (1-based) uses flag ``launch``; with double scratch, half 0 when the

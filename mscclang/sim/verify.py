@@ -17,6 +17,7 @@ from mscclang.plan.collectives import FUSED_NORM, CollectiveSpec, check_senders,
 from mscclang.plan.layout import scratch_bytes_needed
 from mscclang.plan.models import BufferKind, Plan
 from mscclang.sim.budget import Deadline, Estimate, Limits, estimate_runs
+from mscclang.sim.consistency import check_numeric_consistency, check_symbolic_consistency, consistency_level
 from mscclang.sim.dtypes import accumulates, dtype_name, parse_dtype
 from mscclang.sim.engine import SCHEDULES, Simulation
 from mscclang.sim.diagnosis import annotate_sources, attribute_writers, classify, group_key, rotate_cycle
@@ -391,6 +392,17 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             groups[key] = pr
             rep.problems.append(pr)
 
+    level = consistency_level(p)
+    disclaimed: set[tuple] = set()
+
+    def consistent(probs: list[Problem], ctx: str) -> None:
+        """Rank-consistency findings: problems, or a note when the plan disclaims the promise."""
+        if level is not None:
+            add(probs, ctx)
+            return
+        for pr in probs:
+            disclaimed.update((pr.details["ranks"], c) for c in pr.details["chunks"])
+
     def enough() -> bool:
         return max_problems is not None and len(rep.problems) >= max_problems
 
@@ -454,6 +466,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
                     probs = check_numeric(spec, prog.layouts, inputs, outs, dt, rop, k + 1)
                     attribute_writers(probs, p, sim)
                     add(probs, ctx)
+                    consistent(check_numeric_consistency(spec, prog.layouts, outs, k + 1, level), ctx)
             ran()
 
     if symbolic and sizes and spec.has_postcondition and not stopped:
@@ -479,6 +492,8 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
                                                k + 1, granule=gran)
                         attribute_writers(probs, p, sim)
                         add(probs, ctx)
+                        consistent(check_symbolic_consistency(spec, prog.layouts, sim.out_exprs[k], sim.exprs,
+                                                              gran, k + 1, level), ctx)
                 else:
                     rep.notes.append(f"symbolic check skipped: size {size} moves bytes that are not 4-byte aligned")
             except Deadlock as e:
@@ -486,6 +501,12 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             ran()
         else:
             rep.notes.append(f"symbolic check skipped at size {size}")
+    found = {pr.details["ranks"] for pr in rep.problems if pr.kind == "inconsistent" and pr.details.get("how") == "symbolic"}
+    rep.problems = [pr for pr in rep.problems if not (pr.kind == "inconsistent" and pr.details.get("how") == "numeric"
+                                                      and pr.details["ranks"] in found)]  # the symbolic finding says more
+    if disclaimed:
+        rep.notes.append(f"the plan does not promise rank-consistent results (consistent: false): "
+                         f"{len(disclaimed)} (rank pair, chunk) results differ between ranks")
     if stopped:
         rep.notes.append(f"stopped after {len(rep.problems)} distinct problems (max_problems): "
                          "counts cover the runs made")
@@ -503,3 +524,34 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     rep.problems = rep.ranked()
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+def prove_consistent(plan: PlanLike) -> list[Problem]:
+    """The ``inconsistent`` problems of ``plan`` from one symbolic run at its smallest default size
+    (no race checks: :func:`verify` does those), whatever the plan promises; ``[]`` for a plan
+    that is not a reduction, or whose data moves cannot be followed symbolically at that size. A
+    race-free plan's results do not depend on the schedule (module docstring of
+    :mod:`mscclang.sim.consistency`); what ``plan generation`` runs on every library plan."""
+    p = as_plan(plan)
+    spec = spec_from_plan(p)
+    if not spec.is_reduction:
+        return []
+    if spec.name == FUSED_NORM:
+        from mscclang.sim.fused import prove_fused_consistent
+
+        return prove_fused_consistent(p)
+    size = min(default_sizes(p))
+    ib, ob = message_to_bytes(p, size)
+    prog = sim_program(p, ib, ob)
+    gran = symbolic_granule(prog)
+    nsym = len(p.gpus) * max(p.gpus[0].input_chunks, 1)
+    if ib % 4 or symbolic_bytes(prog, nsym, gran) > SYMBOLIC_BUDGET:
+        return []
+    dt = parse_dtype("float32")
+    inputs = random_inputs(len(p.gpus), ib, dt, 0)
+    sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=dt, launches=1, spec=spec, nsym=nsym,
+                     sym_granule=gran, check_races=False)
+    sim.run()
+    if not sim.sym_ok:
+        return []
+    return check_symbolic_consistency(spec, prog.layouts, sim.out_exprs[0], sim.exprs, gran, 1, "error")

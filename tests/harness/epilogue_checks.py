@@ -101,7 +101,7 @@ def fused_check(w: Any, plan_json: str, tokens: list, hiddens: list, act: str = 
             esz = a.itemsize
             if not plan.min_message_size <= n * esz <= plan.max_message_size:
                 continue
-            norms = pack_blocks(plan, w.rank, n * esz, n * (1 if quant else esz)).norms
+            norms = pack_blocks(plan, w.rank, n * esz, n * (1 if quant else esz), row_bytes=h * esz).norms
             orow = h * (1 if quant else esz)
             if any(o % (h * esz) or ln % (h * esz) or got != (o // (h * esz) * orow, (o + ln) // (h * esz) * orow)
                    for _, spans, got in norms for o, ln in spans[:1]):

@@ -1,0 +1,146 @@
+"""Reduction expressions: what the symbolic run knows about each value, to prove that every rank
+holds the same bits (docs/semantics.md, "Rank consistency").
+
+The symbolic shadow of a simulation (:mod:`mscclang.sim.state`) keeps, next to the counts of
+which input chunks reached a granule, one *expression id* per granule: an interned tree of how
+the value was computed. Leaves are rank ``p``'s input chunk ``k`` and residual chunk ``k`` (the
+residual is the same on every rank, as tensor parallelism has it); a node is one reduction op
+over its sources in their reduction order (rounded once per op for fp8, once per binary step
+for the other dtypes), or a norm of a residual value. Copies, packets and puts move ids, not
+nodes. Two values are the same bits when their trees are equal up to what IEEE arithmetic
+guarantees:
+
+* the first binary step of a reduction commutes (``a + b == b + a``), so a node's first two
+  sources are kept in a canonical order;
+* (``flat`` only) a reduction whose first source is another reduction's result continues that
+  reduction when every step rounds to the stored dtype (fp16, bf16, fp32, integers): nested
+  left-first reductions are spliced into one. fp8 rounds once per op, so there the op
+  boundaries count (the ``strict`` tree).
+
+Integer sums wrap exactly and min/max are exact, so only floating-point sums depend on the
+order; the check reports the dtypes concerned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+#: the id of a granule nothing has written (zeroed or poisoned memory)
+EMPTY = 0
+
+
+@dataclass(frozen=True)
+class Node:
+    """One interned value. ``kind``: ``"x"`` (``args`` = (rank, input chunk)), ``"res"``
+    ((residual chunk,)), ``"red"`` (the source ids in reduction order), ``"norm"`` ((residual
+    id, quantised)) or ``"flat"`` (a spliced reduction, only in :meth:`ExprTable.flat`)."""
+
+    kind: str
+    args: tuple
+
+
+class ExprTable:
+    """The interned expressions of one simulation; ids are indexes (0 is :data:`EMPTY`). ``op_of``
+    keeps, per reduction id, the op that first computed it (its description and DSL line)."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Optional[Node]] = [None]
+        self.ids: dict[Node, int] = {}
+        self.op_of: dict[int, str] = {}
+        #: per reduction id, what identifies its op across thread blocks (name and DSL line)
+        self.cause_of: dict[int, tuple] = {}
+        self._flat: dict[int, int] = {}
+        #: per reduction id, its sources in the order its first op wrote them (for reports)
+        self.written: dict[int, tuple] = {}
+
+    def intern(self, node: Node, op: Optional[str] = None, cause: tuple = ()) -> int:
+        got = self.ids.get(node)
+        if got is None:
+            got = self.ids[node] = len(self.nodes)
+            self.nodes.append(node)
+            if op is not None:
+                self.op_of[got] = op
+                self.cause_of[got] = cause or (op,)
+        return got
+
+    def leaf(self, kind: str, *args: int) -> int:
+        return self.intern(Node(kind, tuple(args)))
+
+    def reduce(self, sources: Sequence[np.ndarray], op: str, cause: tuple = ()) -> np.ndarray:
+        """The ids of reducing ``sources`` (one id array per source, in reduction order) granule
+        by granule; ``op`` describes the reducing op, ``cause`` what is common to its copies on
+        other thread blocks (its name and DSL line)."""
+        stack = np.stack(sources, axis=1)
+        combos, inverse = np.unique(stack, axis=0, return_inverse=True)
+        out = np.empty(combos.shape[0], dtype=np.int32)
+        for i, row in enumerate(combos.tolist()):
+            written = tuple(row)
+            if len(row) >= 2 and row[1] < row[0]:
+                row[0], row[1] = row[1], row[0]   # the first step commutes
+            out[i] = self.intern(Node("red", tuple(row)), op, cause)
+            self.written.setdefault(int(out[i]), written)
+        return out[inverse.reshape(-1)]
+
+    def norm(self, ids: np.ndarray, quant: bool) -> np.ndarray:
+        """The ids of normalising residual values ``ids`` (one granule each)."""
+        combos, inverse = np.unique(ids, return_inverse=True)
+        out = np.array([self.intern(Node("norm", (int(c), quant))) for c in combos.tolist()], dtype=np.int32)
+        return out[inverse.reshape(-1)]
+
+    # comparing ---------------------------------------------------------------------------------
+    def flat(self, i: int) -> int:
+        """The canonical id of ``i`` when every binary step rounds to the stored dtype: nested
+        reductions met as a first source are spliced (see the module docstring)."""
+        got = self._flat.get(i)
+        if got is not None:
+            return got
+        node = self.nodes[i]
+        if node is None or node.kind != "red":
+            res = i if node is None or node.kind != "norm" else self.intern(Node("norm", (self.flat(node.args[0]), node.args[1])))
+        elif len(node.args) == 1:
+            res = self.flat(node.args[0])
+        else:
+            kids = [self.flat(k) for k in node.args]
+            cands = []
+            for first, second in ((kids[0], kids[1]), (kids[1], kids[0])):
+                fn = self.nodes[first]
+                head = list(fn.args) if fn is not None and fn.kind == "flat" else [first]
+                cands.append(tuple(head + [second] + kids[2:]))
+            res = self.intern(Node("flat", min(cands)))
+        self._flat[i] = res
+        return res
+
+    def render(self, i: int, depth: int = 0) -> str:
+        """A readable form: ``x2[0]`` is rank 2's input chunk 0, ``res[0]`` residual chunk 0, a
+        reduction ``a + b + c`` combines left to right, ``(...)`` is one rounded by another op."""
+        node = self.nodes[i] if 0 <= i < len(self.nodes) else None
+        if node is None:
+            return "(nothing)"
+        if node.kind == "x":
+            return f"x{node.args[0]}[{node.args[1]}]"
+        if node.kind == "res":
+            return f"res[{node.args[0]}]"
+        if node.kind == "norm":
+            return f"norm({self.render(node.args[0], depth + 1)})"
+        if depth > 6:
+            return "(...)"
+        body = " + ".join(self.render(k, depth + 1) for k in self.written.get(i, node.args))
+        return f"({body})" if depth else body
+
+    def ops_in(self, i: int) -> list[str]:
+        """The ops that computed the reductions of ``i``, outermost first, each once."""
+        seen: list[str] = []
+        todo = [i]
+        while todo:
+            j = todo.pop(0)
+            node = self.nodes[j] if 0 <= j < len(self.nodes) else None
+            if node is None or node.kind not in ("red", "norm"):
+                continue
+            op = self.op_of.get(j)
+            if op is not None and op not in seen:
+                seen.append(op)
+            todo.extend(node.args if node.kind == "red" else [node.args[0]])
+        return seen
