@@ -124,7 +124,7 @@ def fused_check(w: Any, plan_json: str, tokens: list, hiddens: list, act: str = 
                     out.copy_(xin)
                 ex.execute(plan, out if plan.inplace else x, out, residual=res, weight=wt, epilogue=epi)
 
-            ex.prepare(plan, out if plan.inplace else x, out)
+            ex.prepare(plan, out if plan.inplace else x, out, epilogue=epi)
             w.comm.barrier()
             call()
             ex.synchronize()
