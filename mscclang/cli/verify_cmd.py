@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mscclang.cli.args import (MAX_LAUNCHES, MAX_SCHEDULES, SIM_DTYPES, MergeLists, add_progress_flag,
+from mscclang.cli.args import (MAX_LAUNCHES, MAX_SCHEDULES, MESSAGE_SIZE, SIM_DTYPES, MergeLists, add_progress_flag,
                                add_sizes_option, choice_list_arg, dtype_list_arg, int_range_arg)
 from mscclang.errors import MscclangError
 
@@ -34,7 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("plan", help="plan JSON file (mscclang or MSCCL++ format; '-' reads standard input)")
     p.add_argument("--schedules", type=int_range_arg(1, MAX_SCHEDULES), default=10,
                    help=f"runs per size, 1..{MAX_SCHEDULES} (default 10)")
-    add_sizes_option(p, "input bytes; allgather: output bytes", "a small, an odd and a larger one in the plan's range")
+    add_sizes_option(p, MESSAGE_SIZE, "a small, an odd and a larger one in the plan's range")
     p.add_argument("--dtype", action=MergeLists, type=dtype_list_arg(SIM_DTYPES), default=None,
                    help="comma list of dtypes, repeatable: " + ", ".join(SIM_DTYPES) +
                         " or an alias (fp16, bf16, fp32, i32, ...)")
@@ -95,9 +95,9 @@ def run(args: argparse.Namespace) -> int:
                      seed=args.seed, reduce_ops=args.reduce_op, symbolic=not args.no_symbolic,
                      progress=step, **kw)
     code = rep.exit_code(strict=args.strict)
-    print(rep.render(show_all=args.show_all), file=sys.stdout if code == 0 else sys.stderr)
-    if code and not rep.failed:
-        print(f"--strict: {rep.status}{' (vacuous)' if rep.vacuous else ''}"
-              f"{f' with {len(rep.warnings)} warning(s)' if rep.warnings else ''} is not a proof",
-              file=sys.stderr)
+    print(rep.render(show_all=args.show_all))
+    strict = (f"; --strict: {rep.status}{' (vacuous)' if rep.vacuous else ''}"
+              f"{f' with {len(rep.warnings)} warning(s)' if rep.warnings else ''} is not a proof"
+              if code and not rep.failed else "")
+    print(f"mscclang verify: {plan.name}: {rep.headline()}{strict}", file=sys.stderr)
     return code

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mscclang.errors import PlanError
+from mscclang.plan.models import Plan
 from mscclang.viz.graph import NodeKey, PlanGraph
 
 
@@ -42,11 +43,43 @@ def _events(trace: Any) -> dict[tuple[int, int, int], tuple[float, float]]:
     return out
 
 
+def check_trace(plan: Plan, trace: Any, ev: dict[tuple[int, int, int], tuple[float, float]]) -> None:
+    """PlanError unless ``trace`` (with its op events ``ev``) is a trace of ``plan``: the plan
+    name it records (``otherData.plan``, when it records one), its ranks (processes) and, per
+    thread block, its ops (one event per op index) must be the plan's."""
+    other = trace.get("otherData") if isinstance(trace, dict) else None
+    other = other if isinstance(other, dict) else {}
+    if other.get("plan") is not None and other["plan"] != plan.name:
+        raise PlanError(f"the trace is of plan {other['plan']!r}, not of {plan.name!r}: draw it with its own "
+                        "plan, or trace this one (mscclang predict PLAN --trace FILE)")
+    n, ranks = len(plan.gpus), sorted({r for r, _, _ in ev})
+    if ranks != list(range(n)):
+        sizes = other.get("sizes") if isinstance(other.get("sizes"), list) else []
+        several = (f": it holds {len(sizes)} sizes, a process per rank and size; trace one size "
+                   "(mscclang run PLAN --sizes S --trace FILE)") if len(sizes) > 1 else ""
+        raise PlanError(f"the trace has {len(ranks)} ranks (processes {ranks[:8]}{'...' * (len(ranks) > 8)}), "
+                        f"the plan {plan.name!r} has {n}{several}")
+    got: dict[tuple[int, int], set[int]] = {}
+    for r, t, i in ev:
+        got.setdefault((r, t), set()).add(i)
+    for r, g in enumerate(plan.gpus):
+        for t, tb in enumerate(g.threadblocks):
+            have = got.pop((r, t), set())
+            if have != set(range(len(tb.ops))):
+                raise PlanError(f"rank {r} thread block {t} has {len(tb.ops)} ops in the plan {plan.name!r}, "
+                                f"{len(have)} in the trace (op indexes {min(have, default='-')}..{max(have, default='-')}): "
+                                "is it a trace of another plan?")
+    if got:
+        r, t = min(got)
+        raise PlanError(f"the trace has ops of rank {r} thread block {t}, which the plan {plan.name!r} does not have")
+
+
 def apply_trace(graph: PlanGraph, trace: Any) -> Timed:
     """Place ``graph``'s nodes at the trace's times (see the module docstring). The scale keeps
-    about as many steps as the untimed picture has. PlanError when an op of the plan has no event
-    (the trace is of another plan)."""
+    about as many steps as the untimed picture has. PlanError when the trace is not one of the
+    graph's plan (:func:`check_trace`)."""
     ev = _events(trace)
+    check_trace(graph.plan, trace, ev)
     steps = max(graph.span, 1.0)
     t0 = min((s for s, _ in ev.values()), default=0.0)
     t1 = max((s + d for s, d in ev.values()), default=1.0)
