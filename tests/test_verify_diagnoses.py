@@ -6,6 +6,7 @@ from the author's first op, never-written outputs, and DSL source lines next to 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,9 @@ from mscclang.sim.report import SHOW_PROBLEMS
 from tests.harness.plan_samples import mscclpp_packet_allreduce
 from tests.harness.cli import cli_inproc
 from tests.harness.sim_plans import simple_allgather, switch_allreduce, wait_cycle
+
+
+DOCS_VERIFY = Path(__file__).resolve().parent.parent / "docs" / "verify.md"
 
 
 def _write(tmp_path: Path, plan, name: str = "plan.json") -> Path:
@@ -299,6 +303,27 @@ def test_postcondition_failure_names_the_chunks_never_written() -> None:
     assert all(not p.details.get("unwritten") or p.details["chunk"] == 0 for p in wrong.problems
                if p.kind == "postcondition")
     assert any("differs" in p.message for p in wrong.problems if p.kind == "postcondition")
+
+
+def test_a_chunk_written_too_late_or_too_early_is_not_called_never_written() -> None:
+    """Issue 34 item 14: without its final wait, the missing-wait allgather's puts write every
+    foreign output chunk, after the launch's outputs were read (or before the launch began, so
+    that its start overwrote them): no line and no note may say "never written", and the late
+    ones take docs/verify.md's wording."""
+    rep = verify(simple_allgather(final_wait=False))
+    poisoned = [p for p in rep.problems if p.kind in ("postcondition", "symbolic") and "0xFF" in p.message]
+    assert poisoned, str(rep)
+    assert not any("never written" in n for n in rep.notes), rep.notes
+    assert not any("never written" in p.message for p in rep.problems), str(rep)
+    for p in poisoned:
+        assert re.match(r"rank \d+ output chunk \d+ \(launch \d+\) was written by rank \d+ tb \d+ op 4 put"
+                        r"( from rank \d+ input chunk 0)?, but not (before the launch's outputs were read|between "
+                        r"the launch's start and the read of its outputs): it still holds the 0xFF bytes", p.message), p.message
+    late = [p for p in poisoned if p.details.get("written_late")]
+    assert late and all("but not before the launch's outputs were read" in p.message for p in late)
+    assert any(n.startswith(f"output chunks written, but not before the launch's outputs were read ({len(late)}): ")
+               for n in rep.notes), rep.notes
+    assert "written by ..., but not before the launch's outputs were read" in " ".join(DOCS_VERIFY.read_text().split())
 
 
 # ---------------------------------------------------------------- cycles and source lines
