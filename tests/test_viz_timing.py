@@ -112,9 +112,7 @@ def _extra_block(tr: dict) -> dict:
 
 def _two_sizes(tr: dict) -> dict:
     """What `mscclang run --sizes 1K,1M --trace` writes: a process per rank and size."""
-    more = [dict(e, pid=e["pid"] + 2) for e in tr["traceEvents"] if e.get("ph") == "X"]
-    tr["traceEvents"] += more
-    tr["otherData"].update(ranks=2, sizes=[1024, 1 << 20])
+    tr["traceEvents"] += [dict(e, pid=e["pid"] + 2) for e in tr["traceEvents"] if e.get("ph") == "X"]
     return tr
 
 
@@ -126,10 +124,12 @@ def _two_sizes(tr: dict) -> dict:
     (lambda: _renamed(_trace_of(RING4), "reducescatter_simple.r2.i16"), "the trace has 4 ranks"),
     (lambda: _trace_of(ROOT / "plans" / "allreduce_oneshot_ll.r2.i1.inplace.json", plan=None),
      "rank 0 thread block 0 has "),
-    (lambda: _without_op(_trace_of(RS2), 1, 0, 3), "rank 1 thread block 0 has "),
-    (lambda: _extra_block(_trace_of(RS2)), "the trace has ops of rank 1 thread block "),
+    (lambda: _without_op(_trace_of(RS2), 1, 0, 3), "rank 1 thread block 0 has 10 ops in the plan "
+                                                   "'reducescatter_simple.r2.i16', 9 in the trace"),
+    (lambda: _extra_block(_trace_of(RS2)), "rank 1 thread block 22 has 0 ops in the plan 'reducescatter_simple.r2.i16', 10 in the trace"),
     (lambda: _two_sizes(_trace_of(RS2)), "the trace has 4 ranks (processes [0, 1, 2, 3]), the plan "
-                                         "'reducescatter_simple.r2.i16' has 2: it holds 2 sizes"),
+                                         "'reducescatter_simple.r2.i16' has 2: is it a trace of another plan, "
+                                         "or of several sizes?"),
 ])
 def test_show_refuses_a_trace_that_is_not_of_the_plan(make, words, tmp_path, capsys):
     pytest.importorskip("matplotlib")

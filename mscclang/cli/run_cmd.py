@@ -219,7 +219,6 @@ def _trace(pool: "object", plan: "Plan", plan_json: str, sizes: list[int], input
               f"{'as planned' if not problems else '; '.join(problems[:3])}; a traced call {traced:.1f} us "
               f"against {plain:.1f} us untraced (each waited for, the trace read back)")
     tr = chrome_trace(events, plan)
-    tr["otherData"].update(ranks=plan.world_size, sizes=sizes)   # what `mscclang show --trace` checks
     names = {e["pid"]: f"rank {e['pid'] % plan.world_size}" + (f" @ {format_bytes(sizes[e['pid'] // plan.world_size])}"
                                                                  if len(sizes) > 1 else "")
              for e in events}

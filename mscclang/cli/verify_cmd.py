@@ -1,8 +1,9 @@
 """``mscclang verify PLAN.json [--schedules N] [--sizes 1K,4M ...] [--dtype fp16,bf16 ...] [--strict] [--all]``:
 prove a plan in the CPU simulator.
 
-Exit status: 1 with the diagnosis when an error is found (deadlock cycle, race, wrong output);
-otherwise 0, with the report's status: ``OK``; ``OK`` with warnings (``multimem-relaxed``) or
+The report goes to standard output whether the plan passes or fails, and a one-line verdict
+(``mscclang verify: NAME: FAILED (3 problems)``) to standard error. Exit status: 1 when an error
+is found (deadlock cycle, race, wrong output); otherwise 0, with the report's status: ``OK``; ``OK`` with warnings (``multimem-relaxed``) or
 vacuous (the plan moves no bytes); ``NO POSTCONDITION`` (a ``test``/``custom`` plan: deadlocks and
 races checked). ``--strict`` makes every status but a clean, non-vacuous ``OK`` exit 1. An
 MSCCL++ plan is imported first (a note on standard error says so); ``-`` reads the plan from
@@ -12,7 +13,8 @@ lists and may be repeated); ``--schedules`` is capped at
 :data:`~mscclang.cli.args.MAX_LAUNCHES` (16). A progress bar with an ETA is drawn on stderr when
 it is a terminal (or with ``--progress``). The first eight problems are printed, causes first
 (deadlocks, unbalanced channels and semaphores before the races they imply); ``--all`` prints
-every problem in full. A Python DSL program (``.py``) is refused with the command that compiles
+every problem in full. A size is :data:`~mscclang.cli.args.MESSAGE_SIZE`, refused unless whole
+elements of every dtype on every rank (:func:`mscclang.sim.runner.message_to_bytes`). A Python DSL program (``.py``) is refused with the command that compiles
 it: verify checks plans, and a program's own arguments (ranks, instances) are for
 ``mscclang compile`` to take."""
 

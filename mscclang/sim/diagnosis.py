@@ -287,19 +287,17 @@ def _plan_writers(plan: Plan, sim: Any, rank: int, off: int, ln: int) -> list[st
     mem = sim.mem[rank]
     key, a = mem.addr(BufferKind.output, off, 0)
     out = []
-    for r, g in enumerate(plan.gpus):
-        for t, tb in enumerate(g.threadblocks):
-            for i, top in enumerate(tb.ops):
-                for j, op in enumerate(top.ops or [top]):
-                    for b in op.dst_buff:
-                        at = _target(plan, r, t, op, b)
-                        if at is None or at[0] != rank or at[1] == BufferKind.scratch:
-                            continue
-                        s0, s1 = mem.layout.ref_span(at[1], b.index, b.size)
-                        k2, a2 = mem.addr(at[1], s0, 0)
-                        if k2 == key and a2 < a + ln and a < a2 + s1 - s0:
-                            out.append(f"rank {r} tb {t} op {f'{i}.{j}' if top.ops else i} {op.name.value}")
-                            break
+    for path, op in iter_op_paths(plan):
+        r, t, *index = map(int, re.findall(r"\d+", path))
+        for b in op.dst_buff:
+            at = _target(plan, r, t, op, b)
+            if at is None or at[0] != rank:
+                continue
+            s0, s1 = mem.layout.ref_span(at[1], b.index, b.size)
+            k2, a2 = mem.addr(at[1], s0, 0)
+            if k2 == key and a2 < a + ln and a < a2 + s1 - s0:
+                out.append(f"rank {r} tb {t} op {'.'.join(map(str, index))} {op.name.value}")
+                break
     return out
 
 
@@ -336,24 +334,23 @@ def attribute_writers(problems: list[Problem], plan: Plan, sim: Any) -> None:
         off, ln = sim.mem[d["rank"]].layout.span(BufferKind.output, d["chunk"])
         writers = _kernel_writers(sim, d["rank"], BufferKind.output, off, ln)[:3]
         head = _HEAD.match(pr.message)
-        if not writers:
-            early = _plan_writers(plan, sim, d["rank"], off, ln)[:3] if d.get("unwritten") and head else []
-            if early:   # overwritten by a launch's start (or a later one's): the plan writes it
-                pr.message = (f"{head.group(0)} was written by {'; '.join(early)}, but not between the launch's start "
-                              f"and the read of its outputs{pr.message[head.end():].replace(' was never written', '', 1)}")
-                d["unwritten"], d["written_early"] = False, True
-            continue
         srcs = [_sources(plan, sim, w) for w in writers]
         by = "; ".join(f"rank {w.rank} tb {w.tb} op {w.index} {w.name}"
                        + (f" from {', '.join(t for t, _ in s)}" if s else "") for w, s in zip(writers, srcs))
-        never = all(s and all(n for _, n in s) for s in srcs)
+        if not writers and d.get("unwritten") and head:   # the launch's start overwrote what the plan wrote
+            by = "; ".join(_plan_writers(plan, sim, d["rank"], off, ln)[:3])
+        never = bool(writers) and all(s and all(n for _, n in s) for s in srcs)
+        if not by:
+            continue
+        if d.get("unwritten") and head is not None and not never:   # docs/verify.md's wording
+            flag, when = (("written_late", "before the launch's outputs were read") if writers else
+                          ("written_early", "between the launch's start and the read of its outputs"))
+            pr.message = (f"{head.group(0)} was written by {by}, but not {when}"
+                          f"{pr.message[head.end():].replace(' was never written', '', 1)}")
+            d["unwritten"], d[flag] = False, True
+            continue
         if head is None or not never:
-            if d.get("unwritten") and head is not None:   # docs/verify.md's wording for it
-                pr.message = (f"{head.group(0)} was written by {by}, but not before the launch's outputs were "
-                              f"read{pr.message[head.end():].replace(' was never written', '', 1)}")
-                d["unwritten"], d["written_late"] = False, True
-            else:
-                pr.message += f" (written by {by})"
+            pr.message += f" (written by {by})"
             continue
         rest = pr.message[head.end():].strip()
         rest = rest[rest.find(": ") + 2:] if d.get("unwritten") else f"it {rest}"

@@ -104,7 +104,8 @@ class Report:
 
     ``status`` is ``"OK"``, ``"NO POSTCONDITION"`` or ``"FAILED"``; ``ok`` is true only for
     ``"OK"`` (a plan without a postcondition is never OK), ``failed`` when an error was found.
-    ``problems`` holds one entry per distinct bug (with its true count), errors and warnings."""
+    ``problems`` holds one entry per distinct bug (with its true count), errors and warnings;
+    ``dtypes``, ``reduce_ops`` and ``packet_types`` what the runs made took (:meth:`ran`)."""
 
     plan_name: str
     problems: list[Problem] = field(default_factory=list)

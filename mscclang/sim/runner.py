@@ -48,20 +48,17 @@ def resolve_reduce_op(plan: Plan, override: Optional[str] = None) -> str:
     return next(iter(seen), "sum")
 
 
+_PARTS = ("input", "output", "share of each peer")
+
+
 def _parts(plan: Plan) -> list[tuple[str, Fraction]]:
     """What one rank's buffers are, as fractions of the message (input bytes; allgather: output
     bytes): the input first, the output second, then alltoall's share of each peer."""
-    n, c = len(plan.gpus), plan.collective
-    if c == "allgather":
-        return [("input", Fraction(1, n)), ("output", Fraction(1))]
-    if c == "reducescatter":
-        return [("input", Fraction(1)), ("output", Fraction(1, n))]
-    if c == "alltoall":
-        return [("input", Fraction(1)), ("output", Fraction(1)), ("share of each peer", Fraction(1, n))]
-    g = plan.gpus[0]
-    if c not in ("allreduce", "sendrecv", "broadcast") and g.input_chunks:
-        return [("input", Fraction(1)), ("output", Fraction(g.output_chunks, g.input_chunks))]
-    return [("input", Fraction(1)), ("output", Fraction(1))]
+    one, share, g, c = Fraction(1), Fraction(1, len(plan.gpus)), plan.gpus[0], plan.collective
+    if c not in ("allgather", "reducescatter", "alltoall", "allreduce", "sendrecv", "broadcast") and g.input_chunks:
+        return list(zip(_PARTS, (one, Fraction(g.output_chunks, g.input_chunks))))
+    return list(zip(_PARTS, {"allgather": (share, one), "reducescatter": (one, share),
+                             "alltoall": (one, one, share)}.get(c, (one, one))))
 
 
 def message_unit(plan: Plan, dtype: DtypeLike = "uint8") -> int:

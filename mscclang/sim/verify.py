@@ -303,8 +303,11 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     The runs are estimated first (:mod:`mscclang.sim.budget`): what would exceed ``limits``
     (default: ``MSCCLANG_SIM_MAX_MEMORY`` / ``MSCCLANG_SIM_MAX_SECONDS``) raises
     :class:`~mscclang.errors.LimitError` before anything is allocated, and a run that passes the
-    time limit anyway stops with one. Sizes must be positive, ``schedules`` and ``launches`` at
-    least 1 and ``seed`` not negative (:class:`VerificationError` otherwise)."""
+    time limit anyway stops with one. Sizes must be positive and whole elements of every dtype on
+    every rank (:func:`~mscclang.sim.runner.message_to_bytes`), ``schedules`` and ``launches`` at
+    least 1 and ``seed`` not negative (:class:`VerificationError` otherwise). The report lists the
+    dtypes, reduce ops (for a plan that reduces) and packet types (for a plan with packet ops) of
+    the runs made, and warns (``protocol``) of a plan declaring LL without a packet op."""
     t0 = time.perf_counter()
     p = as_plan(plan)
     spec = spec_from_plan(p)

@@ -53,25 +53,18 @@ def check_trace(plan: Plan, trace: Any, ev: dict[tuple[int, int, int], tuple[flo
         raise PlanError(f"the trace is of plan {other['plan']!r}, not of {plan.name!r}: draw it with its own "
                         "plan, or trace this one (mscclang predict PLAN --trace FILE)")
     n, ranks = len(plan.gpus), sorted({r for r, _, _ in ev})
-    if ranks != list(range(n)):
-        sizes = other.get("sizes") if isinstance(other.get("sizes"), list) else []
-        several = (f": it holds {len(sizes)} sizes, a process per rank and size; trace one size "
-                   "(mscclang run PLAN --sizes S --trace FILE)") if len(sizes) > 1 else ""
+    if ranks != list(range(n)):   # (`mscclang run --trace` at several sizes: a process per rank and size)
         raise PlanError(f"the trace has {len(ranks)} ranks (processes {ranks[:8]}{'...' * (len(ranks) > 8)}), "
-                        f"the plan {plan.name!r} has {n}{several}")
+                        f"the plan {plan.name!r} has {n}: is it a trace of another plan, or of several sizes?")
     got: dict[tuple[int, int], set[int]] = {}
     for r, t, i in ev:
         got.setdefault((r, t), set()).add(i)
-    for r, g in enumerate(plan.gpus):
-        for t, tb in enumerate(g.threadblocks):
-            have = got.pop((r, t), set())
-            if have != set(range(len(tb.ops))):
-                raise PlanError(f"rank {r} thread block {t} has {len(tb.ops)} ops in the plan {plan.name!r}, "
-                                f"{len(have)} in the trace (op indexes {min(have, default='-')}..{max(have, default='-')}): "
-                                "is it a trace of another plan?")
-    if got:
-        r, t = min(got)
-        raise PlanError(f"the trace has ops of rank {r} thread block {t}, which the plan {plan.name!r} does not have")
+    want = {(r, t): set(range(len(tb.ops))) for r, g in enumerate(plan.gpus) for t, tb in enumerate(g.threadblocks)}
+    bad = sorted(k for k in want.keys() | got.keys() if want.get(k, set()) != got.get(k, set()))
+    if bad:
+        (r, t) = bad[0]
+        raise PlanError(f"rank {r} thread block {t} has {len(want.get((r, t), ()))} ops in the plan {plan.name!r}, "
+                        f"{len(got.get((r, t), ()))} in the trace: is it a trace of another plan?")
 
 
 def apply_trace(graph: PlanGraph, trace: Any) -> Timed:
