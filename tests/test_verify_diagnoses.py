@@ -22,7 +22,7 @@ from mscclang.sim.report import SHOW_PROBLEMS
 
 from tests.harness.plan_samples import mscclpp_packet_allreduce
 from tests.harness.cli import cli_inproc
-from tests.harness.sim_plans import simple_allgather, switch_allreduce, wait_cycle
+from tests.harness.sim_plans import simple_allgather, switch_allreduce, wait_cycle, zero_copy_allreduce
 
 
 DOCS_VERIFY = Path(__file__).resolve().parent.parent / "docs" / "verify.md"
@@ -324,6 +324,15 @@ def test_a_chunk_written_too_late_or_too_early_is_not_called_never_written() -> 
     assert any(n.startswith(f"output chunks written, but not before the launch's outputs were read ({len(late)}): ")
                for n in rep.notes), rep.notes
     assert "written by ..., but not before the launch's outputs were read" in " ".join(DOCS_VERIFY.read_text().split())
+    # without its handshake, a zero-copy allreduce writes a peer's output before that peer's launch
+    # begins (whose start then overwrites it): written, early, never "never written"
+    early = verify(zero_copy_allreduce(handshake=False), schedules=4)
+    assert early.notes == ["output chunks written, but not between the launch's start and the read of its outputs (2): "
+                           "rank 0 chunk 1; rank 1 chunk 0"], early.notes
+    for p in early.problems:
+        if p.kind == "postcondition":
+            assert re.match(r"rank (\d) output chunk (\d) \(launch 2\) was written by rank (?!\1)\d tb 0 op 0 rres, "
+                            r"but not between the launch's start and the read of its outputs: ", p.message), p.message
 
 
 # ---------------------------------------------------------------- cycles and source lines

@@ -280,24 +280,22 @@ def _target(plan: Plan, rank: int, tb: int, op: Op, b: Any) -> Optional[tuple[in
     return rbs[ids[b.buffer_id]].rank, rbs[ids[b.buffer_id]].type
 
 
-def _plan_writers(plan: Plan, sim: Any, rank: int, off: int, ln: int) -> list[str]:
-    """``rank 0 tb 1 op 4 put`` for every op of the plan (pipelines' inner ops included) whose
-    destinations overlap ``rank``'s output bytes [off, off + ln), as the simulator lays the
-    buffers out (in-place aliases too)."""
-    mem = sim.mem[rank]
-    key, a = mem.addr(BufferKind.output, off, 0)
-    out = []
+def _plan_writes(plan: Plan, sim: Any) -> dict[int, list[tuple[str, int, int, str]]]:
+    """Per rank, every byte range the plan's ops (pipelines' inner ops included) write into its
+    buffers, as the simulator of ``sim`` lays them out (in-place aliases too): (storage, start,
+    end, ``rank 0 tb 1 op 4 put``)."""
+    out: dict[int, list[tuple[str, int, int, str]]] = {}
     for path, op in iter_op_paths(plan):
         r, t, *index = map(int, re.findall(r"\d+", path))
         for b in op.dst_buff:
             at = _target(plan, r, t, op, b)
-            if at is None or at[0] != rank:
+            if at is None or not 0 <= at[0] < len(sim.mem):
                 continue
+            mem = sim.mem[at[0]]
             s0, s1 = mem.layout.ref_span(at[1], b.index, b.size)
-            k2, a2 = mem.addr(at[1], s0, 0)
-            if k2 == key and a2 < a + ln and a < a2 + s1 - s0:
-                out.append(f"rank {r} tb {t} op {'.'.join(map(str, index))} {op.name.value}")
-                break
+            key, a = mem.addr(at[1], s0, 0)
+            out.setdefault(at[0], []).append((key, a, a + s1 - s0, f"rank {r} tb {t} op {'.'.join(map(str, index))} "
+                                                                   f"{op.name.value}"))
     return out
 
 
@@ -327,6 +325,7 @@ def attribute_writers(problems: list[Problem], plan: Plan, sim: Any) -> None:
     chunk that ops wrote from sources no op wrote (never written themselves) is reported as
     written only from sources never written, not as never written (details: ``unwritten``
     false, ``unwritten_sources`` true)."""
+    writes: Optional[dict] = None
     for pr in problems:
         d = pr.details
         if pr.kind not in ("postcondition", "symbolic") or "chunk" not in d or sim.log is None:
@@ -338,7 +337,10 @@ def attribute_writers(problems: list[Problem], plan: Plan, sim: Any) -> None:
         by = "; ".join(f"rank {w.rank} tb {w.tb} op {w.index} {w.name}"
                        + (f" from {', '.join(t for t, _ in s)}" if s else "") for w, s in zip(writers, srcs))
         if not writers and d.get("unwritten") and head:   # the launch's start overwrote what the plan wrote
-            by = "; ".join(_plan_writers(plan, sim, d["rank"], off, ln)[:3])
+            writes = _plan_writes(plan, sim) if writes is None else writes
+            key, a = sim.mem[d["rank"]].addr(BufferKind.output, off, 0)
+            by = "; ".join(list(dict.fromkeys(w for k, lo, hi, w in writes.get(d["rank"], ())
+                                              if k == key and lo < a + ln and a < hi))[:3])
         never = bool(writers) and all(s and all(n for _, n in s) for s in srcs)
         if not by:
             continue
