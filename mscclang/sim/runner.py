@@ -48,12 +48,12 @@ def resolve_reduce_op(plan: Plan, override: Optional[str] = None) -> str:
     return next(iter(seen), "sum")
 
 
-_PARTS = ("input", "output", "share of each peer")
+_PARTS = ("input", "output", "block for each peer")
 
 
 def _parts(plan: Plan) -> list[tuple[str, Fraction]]:
     """What one rank's buffers are, as fractions of the message (input bytes; allgather: output
-    bytes): the input first, the output second, then alltoall's share of each peer."""
+    bytes): the input first, the output second, then alltoall's block for each peer."""
     one, share, g, c = Fraction(1), Fraction(1, len(plan.gpus)), plan.gpus[0], plan.collective
     if c not in ("allgather", "reducescatter", "alltoall", "allreduce", "sendrecv", "broadcast") and g.input_chunks:
         return list(zip(_PARTS, (one, Fraction(g.output_chunks, g.input_chunks))))
@@ -72,7 +72,7 @@ def message_to_bytes(plan: Plan, size: int, dtype: DtypeLike = "uint8") -> tuple
     message size, input bytes (allgather: output bytes, ``ranks`` x the input). The one home of
     the rule that a message is whole elements of ``dtype`` on every rank, in each buffer and,
     where the collective splits it over the ranks (allgather's inputs, reducescatter's outputs,
-    alltoall's shares), in each rank's share: :class:`VerificationError` naming the size, the
+    alltoall's blocks), in each rank's share: :class:`VerificationError` naming the size, the
     dtype, the collective, the rank count and the multiple to use otherwise."""
     dt = parse_dtype(dtype)
     k, parts, unit = dt.itemsize, _parts(plan), message_unit(plan, dtype)
@@ -80,11 +80,11 @@ def message_to_bytes(plan: Plan, size: int, dtype: DtypeLike = "uint8") -> tuple
         part = size * r
         if part.denominator != 1 or part.numerator % k:
             share = f" ({r} of the message)" if r != 1 else ""
+            a = "an" if plan.collective[:1] in "aeiou" else "a"
             raise VerificationError(
-                f"message size {size} bytes: each rank's {what}{share} of a{'n' * (plan.collective[:1] in 'aeiou')} "
-                f"{plan.collective} over "
-                f"{len(plan.gpus)} ranks would be {float(part):g} bytes, not a whole number of "
-                f"{dtype_name(dt)} elements ({k} byte{'s' * (k != 1)} each); use a multiple of {unit} bytes")
+                f"message size {size} bytes: each rank's {what}{share} of {a} {plan.collective} over {len(plan.gpus)} "
+                f"ranks would be {float(part):g} bytes, not a whole number of {dtype_name(dt)} elements ({k} "
+                f"byte{'s' * (k != 1)} each); use a multiple of {unit} bytes")
     return int(size * parts[0][1]), int(size * parts[1][1])
 
 
