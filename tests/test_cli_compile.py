@@ -156,3 +156,38 @@ def test_dsl_errors_name_the_program_line(tmp_path, capsys):
                     "    print(JSON())\n")
     rc, _, stderr = run(capsys, "compile", str(prog))
     assert rc == 1 and "mistake.py line 8: dependency cycle" in stderr and "(wait, mistake.py:4)" in stderr
+
+
+EMPTY = '''
+from mscclang.dsl import AllReduce, CollectiveProgram, JSON
+
+
+def program(ranks, instances=1, protocol="Simple"):
+    prog = CollectiveProgram("nothing", AllReduce(ranks, 1, True), ranks, instances=instances, protocol=protocol)
+    with prog:
+        pass
+    return prog
+
+
+if __name__ == "__main__":
+    with program(2):
+        print(JSON())
+'''
+
+
+@pytest.mark.parametrize("how", [["--ranks", "2"], []], ids=["function", "script"])
+def test_an_empty_program_compiles_with_a_warning(how, tmp_path, capsys):
+    """Issue 34 item 17: a program that builds no op wrote a plan without a word."""
+    prog = tmp_path / "empty.py"
+    prog.write_text(EMPTY)
+    out = tmp_path / "empty.json"
+    rc, _, err = run(capsys, "compile", str(prog), *how, "-o", str(out))
+    assert rc == 0 and out.is_file(), err
+    assert "empty.py:1: warning: the program built no ops: plan 'nothing' moves no data" in err, err
+    rc, _, err = run(capsys, "compile", str(prog), *how, "-o", str(tmp_path / "strict.json"), "--strict")
+    assert rc == 1 and "[strict: warnings are errors]" in err and not (tmp_path / "strict.json").exists()
+    with pytest.warns(DSLWarning, match="built no ops"):
+        compile_file(prog, ranks=2, function="program")
+    with warnings.catch_warnings():   # a program with ops: no such warning
+        warnings.simplefilter("error", DSLWarning)
+        compile_file(EXAMPLE, ["--num_gpus", "2"])

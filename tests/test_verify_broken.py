@@ -317,8 +317,9 @@ def test_broken_plan_files_fail_in_cli(tmp_path, capsys) -> None:
     f = tmp_path / "bad.json"
     save_plan(wait_cycle(), f)
     assert main(["verify", str(f), "--schedules", "2", "--sizes", "1K"]) == 1
-    err = capsys.readouterr().err
-    assert "deadlock" in err and "wait-for cycle" in err
+    cap = capsys.readouterr()   # the report on standard output, the verdict on standard error
+    assert "deadlock" in cap.out and "wait-for cycle" in cap.out
+    assert cap.err == "mscclang verify: wait_cycle: FAILED (1 problem)\n"
     g = tmp_path / "good.json"
     save_plan(wait_cycle(broken=False), g)
     assert main(["verify", str(g), "--schedules", "2", "--sizes", "1K,4K", "--dtype", "fp16"]) == 0

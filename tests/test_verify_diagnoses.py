@@ -6,6 +6,7 @@ from the author's first op, never-written outputs, and DSL source lines next to 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,10 @@ from mscclang.sim.report import SHOW_PROBLEMS
 
 from tests.harness.plan_samples import mscclpp_packet_allreduce
 from tests.harness.cli import cli_inproc
-from tests.harness.sim_plans import simple_allgather, switch_allreduce, wait_cycle
+from tests.harness.sim_plans import simple_allgather, switch_allreduce, wait_cycle, zero_copy_allreduce
+
+
+DOCS_VERIFY = Path(__file__).resolve().parent.parent / "docs" / "verify.md"
 
 
 def _write(tmp_path: Path, plan, name: str = "plan.json") -> Path:
@@ -110,7 +114,7 @@ def test_cli_exit_codes_no_postcondition_and_strict(tmp_path, capsys) -> None:
     assert res.returncode == 1 and "NO POSTCONDITION" in res.stderr and "--strict" in res.stderr
     bad = _write(tmp_path, _test_plan(deadlock=True), "bad.json")
     res = cli_inproc(capsys, "verify", str(bad), "--schedules", "2")
-    assert res.returncode == 1 and "FAILED" in res.stderr and "wait-for cycle" in res.stderr
+    assert res.returncode == 1 and "FAILED" in res.stderr and "wait-for cycle" in res.stdout
 
 
 # ---------------------------------------------------------------- vacuous passes
@@ -143,7 +147,7 @@ def test_relaxed_multimem_publication_is_a_warning_not_a_race(tmp_path, capsys) 
     f = _write(tmp_path, switch_allreduce("relaxed"))
     assert cli_inproc(capsys, "verify", str(f), "--schedules", "2").returncode == 0
     res = cli_inproc(capsys, "verify", str(f), "--schedules", "2", "--strict")
-    assert res.returncode == 1 and "multimem-relaxed" in res.stderr
+    assert res.returncode == 1 and "multimem-relaxed" in res.stdout and "--strict" in res.stderr
 
 
 def test_missing_synchronisation_after_multimem_stores_stays_a_race() -> None:
@@ -299,6 +303,36 @@ def test_postcondition_failure_names_the_chunks_never_written() -> None:
     assert all(not p.details.get("unwritten") or p.details["chunk"] == 0 for p in wrong.problems
                if p.kind == "postcondition")
     assert any("differs" in p.message for p in wrong.problems if p.kind == "postcondition")
+
+
+def test_a_chunk_written_too_late_or_too_early_is_not_called_never_written() -> None:
+    """Issue 34 item 14: without its final wait, the missing-wait allgather's puts write every
+    foreign output chunk, after the launch's outputs were read (or before the launch began, so
+    that its start overwrote them): no line and no note may say "never written", and the late
+    ones take docs/verify.md's wording."""
+    rep = verify(simple_allgather(final_wait=False))
+    poisoned = [p for p in rep.problems if p.kind in ("postcondition", "symbolic") and "0xFF" in p.message]
+    assert poisoned, str(rep)
+    assert not any("never written" in n for n in rep.notes), rep.notes
+    assert not any("never written" in p.message for p in rep.problems), str(rep)
+    for p in poisoned:
+        assert re.match(r"rank \d+ output chunk \d+ \(launch \d+\) was written by rank \d+ tb \d+ op 4 put"
+                        r"( from rank \d+ input chunk 0)?, but not (before the launch's outputs were read|between "
+                        r"the launch's start and the read of its outputs): it still holds the 0xFF bytes", p.message), p.message
+    late = [p for p in poisoned if p.details.get("written_late")]
+    assert late and all("but not before the launch's outputs were read" in p.message for p in late)
+    assert any(n.startswith(f"output chunks written, but not before the launch's outputs were read ({len(late)}): ")
+               for n in rep.notes), rep.notes
+    assert "written by ..., but not before the launch's outputs were read" in " ".join(DOCS_VERIFY.read_text().split())
+    # without its handshake, a zero-copy allreduce writes a peer's output before that peer's launch
+    # begins (whose start then overwrites it): written, early, never "never written"
+    early = verify(zero_copy_allreduce(handshake=False), schedules=4)
+    assert early.notes == ["output chunks written, but not between the launch's start and the read of its outputs (2): "
+                           "rank 0 chunk 1; rank 1 chunk 0"], early.notes
+    for p in early.problems:
+        if p.kind == "postcondition":
+            assert re.match(r"rank (\d) output chunk (\d) \(launch 2\) was written by rank (?!\1)\d tb 0 op 0 rres, "
+                            r"but not between the launch's start and the read of its outputs: ", p.message), p.message
 
 
 # ---------------------------------------------------------------- cycles and source lines

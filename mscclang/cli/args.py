@@ -42,7 +42,7 @@ from typing import Callable, Optional, Sequence
 from mscclang.plan.dtypes import DTYPE_ALIASES, DTYPES, GPU_DTYPES, SIM_DTYPES, find_dtype, kernel_codes
 
 __all__ = [
-    "SIZE_FORMS", "SIZES_FORMS", "GPU_DTYPES", "SIM_DTYPES", "DTYPE_ALIASES", "BUILD_DTYPE",
+    "SIZE_FORMS", "SIZES_FORMS", "MESSAGE_SIZE", "GPU_DTYPES", "SIM_DTYPES", "DTYPE_ALIASES", "BUILD_DTYPE",
     "MAX_SCHEDULES", "MAX_LAUNCHES", "parse_size", "parse_sizes", "parse_dtype",
     "sizes_arg", "dtype_arg", "list_arg", "dtype_list_arg", "choice_list_arg", "int_range_arg", "positive_float_arg",
     "add_progress_flag", "add_sizes_option", "add_output_option", "writable_dir", "MergeLists", "register_names", "suffix_arg",
@@ -53,6 +53,10 @@ SIZE_FORMS = "a positive byte count with an optional K, M, G or T suffix (4096, 
 #: the accepted spellings of a size list
 SIZES_FORMS = (SIZE_FORMS + ", a comma list of them (1K,64K), or a range LO:HI in x4 steps (1K:4M) "
                "or LO:HI:FACTOR (1K:4M:2)")
+
+#: what a size of ``run`` and ``verify`` measures (one text, so their help pages agree): the
+#: plan's message size (:func:`mscclang.sim.runner.message_to_bytes`)
+MESSAGE_SIZE = "each rank's input bytes; allgather: the output bytes, ranks x the input"
 
 #: canonical dtype name -> the codes of its kernel modules (``mscclang build-kernel``; fp8: one
 #: per accumulation dtype)

@@ -29,7 +29,8 @@ plan. What was written (plan name, collective, ranks, thread blocks, ops, where)
 standard error (``-q`` silences it), so standard output holds nothing but the plan.
 
 Warnings of the DSL (:class:`~mscclang.DSLWarning`, e.g. a signal/wait imbalance on one channel,
-which MSCCL++'s DSL compiles and ``mscclang verify`` reports as a deadlock) are printed on
+which MSCCL++'s DSL compiles and ``mscclang verify`` reports as a deadlock, or a program that
+builds no op at all) are printed on
 standard error as ``PROGRAM.py:LINE: warning: ...``; ``--strict`` makes them errors (exit 1, no
 plan written).
 
@@ -56,7 +57,7 @@ from mscclang.cli.args import add_progress_flag
 from mscclang.cli.progress import Progress
 from mscclang.compiler.budget import check_ranks, reporting
 from mscclang.compiler.validate import MAX_THREADBLOCKS
-from mscclang.errors import CompileError, DSLError, MscclangError, MscclangWarning, PlanError
+from mscclang.errors import CompileError, DSLError, DSLWarning, MscclangError, MscclangWarning, PlanError
 from mscclang.plan.io import load_plan, plan_to_dict, plan_to_json
 from mscclang.plan.models import Plan
 
@@ -184,6 +185,9 @@ def compile_file(program: str | Path, argv: Sequence[str] = (), function: Option
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", MscclangWarning)
             plan = _compile(path, argv, function, ranks, instances, protocol, check)
+            if not any(tb.ops for g in plan.gpus for tb in g.threadblocks):
+                warnings.warn_explicit(f"the program built no ops: plan {plan.name!r} moves no data", DSLWarning,
+                                       str(path), 1)
     finally:
         ours = [w for w in caught if issubclass(w.category, MscclangWarning)]
         for w in caught:  # hand them on (the CLI prints them; a library caller sees them as usual)

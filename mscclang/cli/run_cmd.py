@@ -10,14 +10,19 @@ enough GPUs it says so and verifies the plan on the simulator instead, at each r
 scaled down (with a message) until its simulation fits ``MSCCLANG_SIM_MAX_MEMORY`` and
 ``MSCCLANG_SIM_MAX_SECONDS`` (see :mod:`mscclang.sim.budget`), then the largest scaled down
 further while all of them together do not fit: a size is scaled the same whatever smaller sizes
-come with it. The simulator takes every dtype (``uint8``, fp8 ...); the GPUs take
-``GPU_DTYPES``."""
+come with it, with the ``--dtype``, ``--reduce-op`` and ``--packet-type`` given (by default
+every reduce op and packet type the plan takes; the report lists those that ran), and a line
+naming the flags given that only the GPUs take (``--graph``, ``--iters``, ``--timeout``). The
+simulator takes every dtype (``uint8``, fp8 ...); the GPUs take ``GPU_DTYPES``. A size is the
+plan's message size (``verify``'s: each rank's input; allgather: the output) and must be whole
+elements of the dtype on every rank (:func:`mscclang.sim.runner.message_to_bytes`): anything
+else is refused, on either path."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from mscclang.errors import LimitError, MscclangError
 
@@ -25,23 +30,25 @@ if TYPE_CHECKING:
     from mscclang.plan.models import Plan
     from mscclang.sim.budget import Estimate, Limits
 
-from mscclang.cli.args import (GPU_DTYPES, SIM_DTYPES, add_progress_flag, add_sizes_option, dtype_arg,
+from mscclang.cli.args import (GPU_DTYPES, MESSAGE_SIZE, SIM_DTYPES, add_progress_flag, add_sizes_option, dtype_arg,
                                int_range_arg, positive_float_arg)
 
 
 def add_parser(sub: "argparse._SubParsersAction") -> None:
     p = sub.add_parser("run", help="run a plan on all visible GPUs, check it and time it")
     p.add_argument("plan", help="plan JSON file (mscclang or MSCCL++ format; '-' reads standard input)")
-    add_sizes_option(p, "input bytes; allgather: per rank", "1K and 1M")
+    add_sizes_option(p, MESSAGE_SIZE, "1K and 1M")
     p.add_argument("--dtype", default="float16", type=dtype_arg(SIM_DTYPES),
                    help=f"on GPUs {', '.join(GPU_DTYPES)}, on the simulator also "
                         f"{', '.join(d for d in SIM_DTYPES if d not in GPU_DTYPES)}, or an alias "
                         "(fp16, bf16, fp32, i32, u8 ...); default float16")
     p.add_argument("--packet-type", default=None, choices=["LL16", "LL8"])
     p.add_argument("--reduce-op", default=None, choices=["sum", "min", "max"])
-    p.add_argument("--graph", action="store_true", help="time CUDA-graph replays instead of eager calls")
-    p.add_argument("--iters", type=int_range_arg(1, 1_000_000), default=200, help="timed launches per size")
-    p.add_argument("--timeout", type=positive_float_arg(), default=30.0, help="bound of every GPU spin, seconds")
+    p.add_argument("--graph", action="store_true", help="time CUDA-graph replays instead of eager calls (GPUs only)")
+    p.add_argument("--iters", type=int_range_arg(1, 1_000_000), default=None,
+                   help="timed launches per size (GPUs only; default 200)")
+    p.add_argument("--timeout", type=positive_float_arg(), default=None,
+                   help="bound of every GPU spin, seconds (GPUs only; default 30)")
     p.add_argument("--trace", metavar="FILE", default=None,
                    help="also run one traced launch per size and write its per-op GPU timeline to FILE "
                         "(Chrome trace-event JSON, one process per rank, one thread per block; Perfetto loads it)")
@@ -96,26 +103,33 @@ def _fitting_sizes(plan: "Plan", wants: list[int], unit: int, dtype: str, limits
     return chosen
 
 
-def _simulate_instead(plan: "Plan", sizes: list[int], dtype: str, progress: "Optional[bool]" = None) -> int:
+def _simulate_instead(plan: "Plan", sizes: list[int], args: argparse.Namespace) -> int:
     """Without GPUs: verify the plan on the simulator at the requested sizes, scaled down (with
     a message) until their simulation fits the simulator's limits (``MSCCLANG_SIM_MAX_MEMORY`` /
-    ``MSCCLANG_SIM_MAX_SECONDS``; see :func:`_fitting_sizes`)."""
-    from mscclang.plan.dtypes import dtype_info
+    ``MSCCLANG_SIM_MAX_SECONDS``; see :func:`_fitting_sizes`), with the dtype, reduce op and
+    packet type asked for (by default every reduce op and packet type the plan takes); one line
+    names the flags given that only the GPUs take."""
     from mscclang.sim.budget import Limits
+    from mscclang.sim.runner import message_unit
     from mscclang.sim.verify import verify
 
+    gpu_only = [flag for flag, given in (("--graph", args.graph), ("--iters", args.iters is not None),
+                                         ("--timeout", args.timeout is not None)) if given]
+    if gpu_only:
+        print(f"mscclang run: {', '.join(gpu_only)}: not applied on the simulator (GPU launches only: "
+              "their timing and the bound of their waits)", file=sys.stderr)
     limits = Limits.from_env()
-    unit = dtype_info(dtype).itemsize * len(plan.gpus)
-    chosen = _fitting_sizes(plan, [max(nb // unit * unit, unit) for nb in sizes], unit, dtype, limits)
+    chosen = _fitting_sizes(plan, sizes, message_unit(plan, args.dtype), args.dtype, limits)
     from mscclang.cli.progress import Progress
 
-    with Progress(None, f"simulate {plan.name}", unit="run", enabled=progress) as bar:
+    with Progress(None, f"simulate {plan.name}", unit="run", enabled=args.progress) as bar:
         def step(done: int, total: int) -> None:
             bar.set_total(total)
             bar.update(done - bar.n)
 
-        rep = verify(plan, sizes=sorted(set(chosen)), dtypes=[dtype], schedules=SIM_SCHEDULES, limits=limits,
-                     progress=step)
+        rep = verify(plan, sizes=sorted(set(chosen)), dtypes=[args.dtype], schedules=SIM_SCHEDULES, limits=limits,
+                     reduce_ops=[args.reduce_op] if args.reduce_op else None, progress=step,
+                     **({"packet_types": [args.packet_type]} if args.packet_type else {}))
     print(rep)
     return rep.exit_code()  # NO POSTCONDITION (test/custom plans) and warnings: 0
 
@@ -130,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {args.plan} is an MSCCL++ plan; running it as imported "
               "(`mscclang import-mscclpp` writes the converted plan)", file=sys.stderr)
     sizes = args.sizes or [1024, 1 << 20]
+    from mscclang.sim.runner import message_to_bytes
+
+    inputs = [message_to_bytes(plan, nb, args.dtype)[0] for nb in sizes]   # refuses a size of split elements
     try:   # ranks the GPUs here can hold: visible GPUs x MSCCLANG_RANKS_PER_GPU (two ranks may share one)
         from mscclang.runtime.workers import worker_capacity
 
@@ -142,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         if args.trace:
             print(f"mscclang run: no GPU trace written to {args.trace} (it needs the GPUs); `mscclang predict "
                   f"{args.plan} --trace FILE` writes the cost model's predicted timeline", file=sys.stderr)
-        return _simulate_instead(plan, sizes, args.dtype, args.progress)
+        return _simulate_instead(plan, sizes, args)
     if not dtype_info(args.dtype).gpu:
         raise MscclangError(f"--dtype {args.dtype} runs on the simulator only; on GPUs use {', '.join(GPU_DTYPES)}")
     from mscclang.runtime.workers import WorkerPool
@@ -151,29 +168,31 @@ def run(args: argparse.Namespace) -> int:
     op = args.reduce_op or "sum"
     C = "mscclang.cli.run_checks"
     failed = False
-    with WorkerPool(world_size=plan.world_size, timeout_s=args.timeout) as pool:
+    iters = args.iters or 200
+    with WorkerPool(world_size=plan.world_size, timeout_s=args.timeout or 30.0) as pool:
         print(f"{plan.name}: {plan.collective} on {pool.world_size} GPUs, {args.dtype}, "
               f"{'CUDA graph' if args.graph else 'eager'}")
         print(f"{'bytes':>12} {'check':>14} {'us/launch':>10}")
-        for nb in sizes:
-            res = pool.run(f"{C}:run_plan_check", j, nb, args.dtype, args.packet_type, op)
+        for nb, ib in zip(sizes, inputs):   # the workers take input bytes
+            res = pool.run(f"{C}:run_plan_check", j, ib, args.dtype, args.packet_type, op)
             bad = sum(r["bad"] for r in res)
             mode = res[0].get("ref_mode", "exact")
             via = f"sim+{mode}" if res[0].get("sim_bad") is not None else mode
             if args.graph:
-                t = pool.run(f"{C}:time_graph", j, nb, max(args.iters // 10, 1), 10, args.dtype, args.packet_type)
+                t = pool.run(f"{C}:time_graph", j, ib, max(iters // 10, 1), 10, args.dtype, args.packet_type)
                 us = max(r["us_per_launch"] for r in t)
             else:
-                t = pool.run(f"{C}:time_eager", j, nb, args.iters, args.dtype, args.packet_type)
+                t = pool.run(f"{C}:time_eager", j, ib, iters, args.dtype, args.packet_type)
                 us = max(r["us_per_call"] for r in t)
             failed |= bad > 0
             print(f"{nb:>12} {('ok ' + via) if bad == 0 else f'{bad} BAD ({via})':>14} {us:>10.2f}")
         if args.trace:
-            failed |= _trace(pool, plan, j, sizes, args, op)
+            failed |= _trace(pool, plan, j, sizes, inputs, args, op)
     return 1 if failed else 0
 
 
-def _trace(pool: "object", plan: "Plan", plan_json: str, sizes: list[int], args: argparse.Namespace, op: str) -> bool:
+def _trace(pool: "object", plan: "Plan", plan_json: str, sizes: list[int], inputs: list[int],
+           args: argparse.Namespace, op: str) -> bool:
     """One traced launch per size on every rank, written to ``args.trace`` as one Chrome trace
     (a process per rank and size, a thread per block; each size on its own time base); a line per
     size saying whether the results were right, whether every block ran its ops in the plan's
@@ -185,8 +204,8 @@ def _trace(pool: "object", plan: "Plan", plan_json: str, sizes: list[int], args:
 
     events: list[dict] = []
     failed = False
-    for k, nb in enumerate(sizes):
-        res = pool.run("mscclang.cli.run_checks:trace_plan", plan_json, nb, args.dtype, args.packet_type, op)  # type: ignore[attr-defined]
+    for k, (nb, ib) in enumerate(zip(sizes, inputs)):
+        res = pool.run("mscclang.cli.run_checks:trace_plan", plan_json, ib, args.dtype, args.packet_type, op)  # type: ignore[attr-defined]
         ranks = [RankTrace(r["rank"], r["t0_ns"], r["events"], r["problems"]) for r in res]
         for e in align(ranks):
             e["pid"] = e["pid"] + k * plan.world_size
@@ -211,6 +230,7 @@ def _trace(pool: "object", plan: "Plan", plan_json: str, sizes: list[int], args:
             json.dump(tr, f)
     except OSError as e:
         raise MscclangError(f"cannot write the trace to {args.trace}: {e.strerror or e}") from e
-    print(f"trace written to {args.trace} ({len(events)} events; `mscclang show {args.plan} --png FILE "
-          f"--trace {args.trace}` draws the plan on its time axis)")
+    draw = (f"`mscclang show {args.plan} --png FILE --trace {args.trace}` draws the plan on its time axis"
+            if len(sizes) == 1 else "a trace of one size draws with `mscclang show PLAN --png FILE --trace FILE`")
+    print(f"trace written to {args.trace} ({len(events)} events; {draw})")
     return failed

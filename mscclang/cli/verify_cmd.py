@@ -1,8 +1,9 @@
 """``mscclang verify PLAN.json [--schedules N] [--sizes 1K,4M ...] [--dtype fp16,bf16 ...] [--strict] [--all]``:
 prove a plan in the CPU simulator.
 
-Exit status: 1 with the diagnosis when an error is found (deadlock cycle, race, wrong output);
-otherwise 0, with the report's status: ``OK``; ``OK`` with warnings (``multimem-relaxed``) or
+The report goes to standard output whether the plan passes or fails, and a one-line verdict
+(``mscclang verify: NAME: FAILED (3 problems)``) to standard error. Exit status: 1 when an error
+is found (deadlock cycle, race, wrong output); otherwise 0, with the report's status: ``OK``; ``OK`` with warnings (``multimem-relaxed``) or
 vacuous (the plan moves no bytes); ``NO POSTCONDITION`` (a ``test``/``custom`` plan: deadlocks and
 races checked). ``--strict`` makes every status but a clean, non-vacuous ``OK`` exit 1. An
 MSCCL++ plan is imported first (a note on standard error says so); ``-`` reads the plan from
@@ -12,7 +13,8 @@ lists and may be repeated); ``--schedules`` is capped at
 :data:`~mscclang.cli.args.MAX_LAUNCHES` (16). A progress bar with an ETA is drawn on stderr when
 it is a terminal (or with ``--progress``). The first eight problems are printed, causes first
 (deadlocks, unbalanced channels and semaphores before the races they imply); ``--all`` prints
-every problem in full. A Python DSL program (``.py``) is refused with the command that compiles
+every problem in full. A size is :data:`~mscclang.cli.args.MESSAGE_SIZE`, refused unless whole
+elements of every dtype on every rank (:func:`mscclang.sim.runner.message_to_bytes`). A Python DSL program (``.py``) is refused with the command that compiles
 it: verify checks plans, and a program's own arguments (ranks, instances) are for
 ``mscclang compile`` to take."""
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mscclang.cli.args import (MAX_LAUNCHES, MAX_SCHEDULES, SIM_DTYPES, MergeLists, add_progress_flag,
+from mscclang.cli.args import (MAX_LAUNCHES, MAX_SCHEDULES, MESSAGE_SIZE, SIM_DTYPES, MergeLists, add_progress_flag,
                                add_sizes_option, choice_list_arg, dtype_list_arg, int_range_arg)
 from mscclang.errors import MscclangError
 
@@ -34,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("plan", help="plan JSON file (mscclang or MSCCL++ format; '-' reads standard input)")
     p.add_argument("--schedules", type=int_range_arg(1, MAX_SCHEDULES), default=10,
                    help=f"runs per size, 1..{MAX_SCHEDULES} (default 10)")
-    add_sizes_option(p, "input bytes; allgather: output bytes", "a small, an odd and a larger one in the plan's range")
+    add_sizes_option(p, MESSAGE_SIZE, "a small, an odd and a larger one in the plan's range")
     p.add_argument("--dtype", action=MergeLists, type=dtype_list_arg(SIM_DTYPES), default=None,
                    help="comma list of dtypes, repeatable: " + ", ".join(SIM_DTYPES) +
                         " or an alias (fp16, bf16, fp32, i32, ...)")
@@ -95,9 +97,9 @@ def run(args: argparse.Namespace) -> int:
                      seed=args.seed, reduce_ops=args.reduce_op, symbolic=not args.no_symbolic,
                      progress=step, **kw)
     code = rep.exit_code(strict=args.strict)
-    print(rep.render(show_all=args.show_all), file=sys.stdout if code == 0 else sys.stderr)
-    if code and not rep.failed:
-        print(f"--strict: {rep.status}{' (vacuous)' if rep.vacuous else ''}"
-              f"{f' with {len(rep.warnings)} warning(s)' if rep.warnings else ''} is not a proof",
-              file=sys.stderr)
+    print(rep.render(show_all=args.show_all))
+    strict = (f"; --strict: {rep.status}{' (vacuous)' if rep.vacuous else ''}"
+              f"{f' with {len(rep.warnings)} warning(s)' if rep.warnings else ''} is not a proof"
+              if code and not rep.failed else "")
+    print(f"mscclang verify: {plan.name}: {rep.headline()}{strict}", file=sys.stderr)
     return code

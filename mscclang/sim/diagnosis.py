@@ -16,7 +16,9 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-from mscclang.plan.models import BufferKind, ChannelType, Op, Plan
+from mscclang.plan.check import iter_op_paths
+from mscclang.plan.collectives import spec_from_plan
+from mscclang.plan.models import PACKET_OPS, REDUCE_OPS, BufferKind, ChannelType, Op, Plan
 from mscclang.sim.report import Problem
 
 _LAUNCH = re.compile(r"launch \d+")
@@ -268,21 +270,47 @@ def _kernel_writers(sim: Any, rank: int, kind: BufferKind, off: int, ln: int) ->
     return list(out.values())
 
 
+def _target(plan: Plan, rank: int, tb: int, op: Op, b: Any) -> Optional[tuple[int, BufferKind]]:
+    """(rank, buffer kind) a buffer reference ``b`` of ``op`` (on ``rank``'s block ``tb``) names,
+    through the block's remote buffers; ``None`` for a switch reference or an index out of range."""
+    if not b.is_remote:
+        return (rank, b.type) if b.type is not None else None
+    ids = plan.gpus[rank].threadblocks[tb].remote_buffer_list(op.channel_type)
+    rbs = plan.gpus[rank].remote_buffers
+    if not 0 <= b.buffer_id < len(ids) or not 0 <= ids[b.buffer_id] < len(rbs):
+        return None
+    return rbs[ids[b.buffer_id]].rank, rbs[ids[b.buffer_id]].type
+
+
+def _plan_writes(plan: Plan, sim: Any) -> dict[int, list[tuple[str, int, int, str]]]:
+    """Per rank, every byte range the plan's ops (pipelines' inner ops included) write into its
+    buffers, as the simulator of ``sim`` lays them out (in-place aliases too): (storage, start,
+    end, ``rank 0 tb 1 op 4 put``)."""
+    out: dict[int, list[tuple[str, int, int, str]]] = {}
+    for path, op in iter_op_paths(plan):
+        r, t, *index = map(int, re.findall(r"\d+", path))
+        for b in op.dst_buff:
+            at = _target(plan, r, t, op, b)
+            if at is None or not 0 <= at[0] < len(sim.mem):
+                continue
+            mem = sim.mem[at[0]]
+            s0, s1 = mem.layout.ref_span(at[1], b.index, b.size)
+            key, a = mem.addr(at[1], s0, 0)
+            out.setdefault(at[0], []).append((key, a, a + s1 - s0, f"rank {r} tb {t} op {'.'.join(map(str, index))} "
+                                                                   f"{op.name.value}"))
+    return out
+
+
 def _sources(plan: Plan, sim: Any, ref: Any) -> list[tuple[str, bool]]:
     """(``rank 1 scratch chunk 0``, never written) for every source of the op ``ref`` names:
     never written when it is an output or scratch chunk that no kernel op wrote."""
     op = op_at(plan, ref.rank, ref.tb, ref.index)
     out: list[tuple[str, bool]] = []
     for b in (op.src_buff if op is not None else ()):
-        rank, kind = ref.rank, b.type
-        if b.is_remote:
-            ids = plan.gpus[rank].threadblocks[ref.tb].remote_buffer_list(op.channel_type)
-            rbs = plan.gpus[rank].remote_buffers
-            if not 0 <= b.buffer_id < len(ids) or not 0 <= ids[b.buffer_id] < len(rbs):
-                continue
-            rank, kind = rbs[ids[b.buffer_id]].rank, rbs[ids[b.buffer_id]].type
-        if kind is None or not 0 <= rank < len(sim.mem):
+        at = _target(plan, ref.rank, ref.tb, op, b)
+        if at is None or not 0 <= at[0] < len(sim.mem):
             continue
+        rank, kind = at
         chunks = f"chunk {b.index}" if b.size == 1 else f"chunks {b.index}-{b.index + b.size - 1}"
         off, end = sim.mem[rank].layout.ref_span(kind, b.index, b.size)
         never = kind != BufferKind.input and end > off and not _kernel_writers(sim, rank, kind, off, end - off)
@@ -299,24 +327,89 @@ def attribute_writers(problems: list[Problem], plan: Plan, sim: Any) -> None:
     chunk that ops wrote from sources no op wrote (never written themselves) is reported as
     written only from sources never written, not as never written (details: ``unwritten``
     false, ``unwritten_sources`` true)."""
+    writes: Optional[dict] = None
     for pr in problems:
         d = pr.details
         if pr.kind not in ("postcondition", "symbolic") or "chunk" not in d or sim.log is None:
             continue
         off, ln = sim.mem[d["rank"]].layout.span(BufferKind.output, d["chunk"])
         writers = _kernel_writers(sim, d["rank"], BufferKind.output, off, ln)[:3]
-        if not writers:
-            continue
+        head = _HEAD.match(pr.message)
         srcs = [_sources(plan, sim, w) for w in writers]
         by = "; ".join(f"rank {w.rank} tb {w.tb} op {w.index} {w.name}"
                        + (f" from {', '.join(t for t, _ in s)}" if s else "") for w, s in zip(writers, srcs))
-        head = _HEAD.match(pr.message)
-        never = all(s and all(n for _, n in s) for s in srcs)
+        if not writers and d.get("unwritten") and head:   # the launch's start overwrote what the plan wrote
+            writes = _plan_writes(plan, sim) if writes is None else writes
+            key, a = sim.mem[d["rank"]].addr(BufferKind.output, off, 0)
+            by = "; ".join(list(dict.fromkeys(w for k, lo, hi, w in writes.get(d["rank"], ())
+                                              if k == key and lo < a + ln and a < hi))[:3])
+        never = bool(writers) and all(s and all(n for _, n in s) for s in srcs)
+        if not by:
+            continue
+        if d.get("unwritten") and head is not None and not never:   # docs/verify.md's wording
+            flag, when = (("written_late", "before the launch's outputs were read") if writers else
+                          ("written_early", "between the launch's start and the read of its outputs"))
+            pr.message = (f"{head.group(0)} was written by {by}, but not {when}"
+                          f"{pr.message[head.end():].replace(' was never written', '', 1)}")
+            d["unwritten"], d[flag] = False, True
+            continue
         if head is None or not never:
-            late = ", but not before the launch's outputs were read" if d.get("unwritten") else ""
-            pr.message += f" (written by {by}{late})"
+            pr.message += f" (written by {by})"
             continue
         rest = pr.message[head.end():].strip()
         rest = rest[rest.find(": ") + 2:] if d.get("unwritten") else f"it {rest}"
         pr.message = f"{head.group(0)} was written only from sources never written: written by {by}; {rest}"
         d["unwritten"], d["unwritten_sources"] = False, True
+
+
+#: the notes of a report on output chunks that held no data when read: (detail flag, what)
+CHUNK_NOTES = (("unwritten", "never written"),
+               ("written_late", "written, but not before the launch's outputs were read"),
+               ("written_early", "written, but not between the launch's start and the read of its outputs"),
+               ("unwritten_sources", "written only from sources never written"))
+
+
+def chunk_notes(problems: list[Problem]) -> list[str]:
+    """One note per :data:`CHUNK_NOTES` case the problems show: ``output chunks never written
+    (5): rank 0 chunks 4-7; rank 1 chunk 0`` (the first eight ranks)."""
+    notes = []
+    for flag, what in CHUNK_NOTES:
+        per: dict[int, list[int]] = {}
+        for r, c in sorted({(p.details["rank"], p.details["chunk"]) for p in problems if p.details.get(flag)}):
+            per.setdefault(r, []).append(c)
+        if per:
+            shown = [f"rank {r} chunk{'s' * (len(cs) != 1)} {_ranges(cs)}" for r, cs in list(per.items())[:8]]
+            more = f"; and {len(per) - 8} more ranks" if len(per) > 8 else ""
+            notes.append(f"output chunks {what} ({sum(map(len, per.values()))}): " + "; ".join(shown) + more)
+    return notes
+
+
+def _ranges(xs: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def plan_uses(plan: Plan) -> tuple[bool, bool]:
+    """(whether a reduce op applies to the plan: a reduction collective, or a reduce op in it;
+    whether it has packet ops): what a report lists reduce ops and packet types for."""
+    names = {op.name for _, op in iter_op_paths(plan)}
+    return spec_from_plan(plan).is_reduction or bool(names & REDUCE_OPS), bool(names & PACKET_OPS)
+
+
+def protocol_warnings(plan: Plan, packets: bool) -> list[Problem]:
+    """A ``protocol`` warning for a plan that declares the LL protocol but has no packet op
+    (``packets`` false): every byte then moves plainly, so the plan is not the low-latency plan
+    its protocol says (a selector or tuner would treat it as one)."""
+    if plan.protocol != "LL" or packets:
+        return []
+    return [Problem("protocol", "the plan declares protocol LL but has no packet op: every byte moves "
+                                "plainly (put, copy, reduce), not in LL packets; declare protocol Simple, or "
+                                "move the data with packet ops")]

@@ -21,12 +21,13 @@ from mscclang.errors import VerificationError
 #: deadlocks, unbalanced signal/wait and semaphores, unsynchronised signals) before the races
 #: they imply, and races before the wrong outputs they cause
 KINDS = ("plan", "deadlock", "unbalanced-channel", "unbalanced-semaphore", "unsynced-signal",
-         "race", "multimem-relaxed", "postcondition", "symbolic", "inconsistent")
+         "race", "multimem-relaxed", "postcondition", "symbolic", "inconsistent", "protocol")
 
 #: kinds that are warnings: reported, but they fail a run only under ``strict``.
 #: ``multimem-relaxed``: a hazard that exists only because a relaxed signal/wait is the one edge
 #: publishing multimem (switch-channel) stores; a plain missing synchronisation is a ``race``.
-WARNING_KINDS = frozenset({"multimem-relaxed"})
+#: ``protocol``: a plan that declares the LL protocol but has no packet op.
+WARNING_KINDS = frozenset({"multimem-relaxed", "protocol"})
 
 #: how many problems ``str(report)`` prints, and how many cases of each
 SHOW_PROBLEMS = 8
@@ -107,7 +108,8 @@ class Report:
 
     ``status`` is ``"OK"``, ``"NO POSTCONDITION"`` or ``"FAILED"``; ``ok`` is true only for
     ``"OK"`` (a plan without a postcondition is never OK), ``failed`` when an error was found.
-    ``problems`` holds one entry per distinct bug (with its true count), errors and warnings."""
+    ``problems`` holds one entry per distinct bug (with its true count), errors and warnings;
+    ``dtypes``, ``reduce_ops`` and ``packet_types`` what the runs made took (:meth:`ran`)."""
 
     plan_name: str
     problems: list[Problem] = field(default_factory=list)
@@ -163,6 +165,13 @@ class Report:
     def exit_code(self, strict: bool = False) -> int:
         return 0 if self.passed(strict) else 1
 
+    def ran(self, dtype: str, reduce_op: Optional[str], packet_type: Optional[str]) -> None:
+        """Record a run's dtype, reduce op and packet type in :attr:`dtypes`, :attr:`reduce_ops`
+        and :attr:`packet_types` (once each; ``None``: the plan has no op it applies to)."""
+        for seen, value in ((self.dtypes, dtype), (self.reduce_ops, reduce_op), (self.packet_types, packet_type)):
+            if value is not None and value not in seen:
+                seen.append(value)
+
     def kinds(self) -> set[str]:
         return {p.kind for p in self.problems}
 
@@ -199,10 +208,12 @@ class Report:
         """The printout: headline, what ran, notes, then the problems ranked (:meth:`ranked`):
         the first :data:`SHOW_PROBLEMS` (12 lines each) and a count of the rest, or with
         ``show_all`` every problem in full."""
+        ran = [f"sizes {', '.join(_fmt_size(s) for s in self.sizes)}", f"dtypes {', '.join(self.dtypes) or '-'}"]
+        ran += [f"{what} {', '.join(vs)}" for what, vs in (("reduce ops", self.reduce_ops),
+                                                          ("packets", self.packet_types)) if vs]
         lines = [f"verify {self.plan_name}: {self.headline()}",
-                 f"  {self.runs} runs in {self.seconds:.2f} s: sizes {', '.join(_fmt_size(s) for s in self.sizes)}; "
-                 f"dtypes {', '.join(self.dtypes)}; reduce ops {', '.join(self.reduce_ops) or '-'}; "
-                 f"packets {', '.join(self.packet_types)}; {len(self.schedules)} schedules; {self.launches} launches"]
+                 f"  {self.runs} runs in {self.seconds:.2f} s: {'; '.join(ran)}; {len(self.schedules)} schedules; "
+                 f"{self.launches} launches"]
         for n in self.notes:
             lines.append(f"  note: {n}")
         ordered = self.ranked()

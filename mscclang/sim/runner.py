@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
@@ -11,7 +13,7 @@ from mscclang.errors import PlanError, VerificationError
 from mscclang.plan.io import load_plan
 from mscclang.plan.models import OpName, Plan, REDUCE_OPS
 from mscclang.sim.budget import Deadline, Limits, check_runs
-from mscclang.sim.dtypes import parse_dtype
+from mscclang.sim.dtypes import DtypeLike, dtype_name, parse_dtype
 from mscclang.sim.engine import Simulation
 from mscclang.sim.program import sim_program
 
@@ -46,22 +48,44 @@ def resolve_reduce_op(plan: Plan, override: Optional[str] = None) -> str:
     return next(iter(seen), "sum")
 
 
-def default_output_bytes(plan: Plan, input_bytes: int) -> int:
-    """Output size implied by the collective for an input of ``input_bytes``."""
-    n = len(plan.gpus)
-    coll = plan.collective
-    if coll == "allgather":
-        return n * input_bytes
-    if coll == "reducescatter":
-        if input_bytes % n:
-            raise VerificationError(f"reducescatter input of {input_bytes} bytes is not divisible by {n} ranks")
-        return input_bytes // n
-    if coll in ("allreduce", "alltoall", "sendrecv", "broadcast"):
-        return input_bytes
-    g = plan.gpus[0]
-    if g.input_chunks and (input_bytes * g.output_chunks) % g.input_chunks == 0:
-        return input_bytes * g.output_chunks // g.input_chunks
-    raise VerificationError(f"cannot infer the output size of a {coll!r} plan; pass output_bytes")
+_PARTS = ("input", "output", "block for each peer")
+
+
+def _parts(plan: Plan) -> list[tuple[str, Fraction]]:
+    """What one rank's buffers are, as fractions of the message (input bytes; allgather: output
+    bytes): the input first, the output second, then alltoall's block for each peer."""
+    one, share, g, c = Fraction(1), Fraction(1, len(plan.gpus)), plan.gpus[0], plan.collective
+    if c not in ("allgather", "reducescatter", "alltoall", "allreduce", "sendrecv", "broadcast") and g.input_chunks:
+        return list(zip(_PARTS, (one, Fraction(g.output_chunks, g.input_chunks))))
+    return list(zip(_PARTS, {"allgather": (share, one), "reducescatter": (one, share),
+                             "alltoall": (one, one, share)}.get(c, (one, one))))
+
+
+def message_unit(plan: Plan, dtype: DtypeLike = "uint8") -> int:
+    """The smallest message size (bytes) that is whole elements of ``dtype`` in every buffer and
+    share of every rank (:func:`message_to_bytes`); every valid size is a multiple of it."""
+    return parse_dtype(dtype).itemsize * math.lcm(*(r.denominator for _, r in _parts(plan)))
+
+
+def message_to_bytes(plan: Plan, size: int, dtype: DtypeLike = "uint8") -> tuple[int, int]:
+    """(input bytes, output bytes) of one rank for a message of ``size`` bytes: the plan's
+    message size, input bytes (allgather: output bytes, ``ranks`` x the input). The one home of
+    the rule that a message is whole elements of ``dtype`` on every rank, in each buffer and,
+    where the collective splits it over the ranks (allgather's inputs, reducescatter's outputs,
+    alltoall's blocks), in each rank's share: :class:`VerificationError` naming the size, the
+    dtype, the collective, the rank count and the multiple to use otherwise."""
+    dt = parse_dtype(dtype)
+    k, parts, unit = dt.itemsize, _parts(plan), message_unit(plan, dtype)
+    for what, r in parts:
+        part = size * r
+        if part.denominator != 1 or part.numerator % k:
+            share = f" ({r} of the message)" if r != 1 else ""
+            a = "an" if plan.collective[:1] in "aeiou" else "a"
+            raise VerificationError(
+                f"message size {size} bytes: each rank's {what}{share} of {a} {plan.collective} over {len(plan.gpus)} "
+                f"ranks would be {float(part):g} bytes, not a whole number of {dtype_name(dt)} elements ({k} "
+                f"byte{'s' * (k != 1)} each); use a multiple of {unit} bytes")
+    return int(size * parts[0][1]), int(size * parts[1][1])
 
 
 def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[int] = None,
@@ -79,7 +103,9 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
     :class:`mscclang.sim.Deadlock` (a :class:`VerificationError`) when the plan deadlocks, and
     :class:`~mscclang.errors.LimitError` when the run would exceed (or runs past) ``limits``
     (default: the environment's, see :mod:`mscclang.sim.budget`). ``accum``: the accumulation
-    dtype of fp8 reductions (``float32``, the default, or ``float16``; docs/semantics.md)."""
+    dtype of fp8 reductions (``float32``, the default, or ``float16``; docs/semantics.md).
+    An input whose output (or alltoall share) is not whole elements on every rank, say 3
+    float16 elements per rank of a 2-rank reducescatter, is refused (:func:`message_to_bytes`)."""
     p = as_plan(plan)
     n = len(p.gpus)
     if len(inputs) != n:
@@ -93,7 +119,10 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
     if launches < 1:
         raise VerificationError("launches must be at least 1")
     ib = arrs[0].nbytes
-    ob = default_output_bytes(p, ib) if output_bytes is None else output_bytes
+    ob = message_to_bytes(p, int(ib / _parts(p)[0][1]), dt)[1] if output_bytes is None else output_bytes
+    if ob % dt.itemsize:
+        raise VerificationError(f"output_bytes must be a whole number of {dtype_name(dt)} elements "
+                                f"({dt.itemsize} bytes each), got {ob}")
     check_runs(p, [(ib, ib, ob)], 1, launches, itemsizes=[dt.itemsize], postcondition=False,
                what=f"simulating {p.name} on {ib:,} input bytes with {launches} launch(es)", limits=limits)
     deadline = Deadline(limits, f"simulating {p.name}")
@@ -106,4 +135,4 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
     return [o.view(dt).copy() for o in sim.outputs[-1]]
 
 
-__all__ = ["run", "as_plan", "resolve_reduce_op", "default_output_bytes", "OpName"]
+__all__ = ["run", "as_plan", "resolve_reduce_op", "message_to_bytes", "message_unit", "OpName"]

@@ -20,11 +20,12 @@ from mscclang.sim.budget import Deadline, Estimate, Limits, estimate_runs
 from mscclang.sim.consistency import check_numeric_consistency, check_symbolic_consistency, consistency_level
 from mscclang.sim.dtypes import accumulates, dtype_name, parse_dtype
 from mscclang.sim.engine import SCHEDULES, Simulation
-from mscclang.sim.diagnosis import annotate_sources, attribute_writers, classify, group_key, rotate_cycle
+from mscclang.sim.diagnosis import (annotate_sources, attribute_writers, chunk_notes, classify, group_key, plan_uses,
+                                    protocol_warnings, rotate_cycle)
 from mscclang.sim.postcondition import check_numeric, check_symbolic, derive_senders, random_inputs
 from mscclang.sim.program import Program, sim_program
 from mscclang.sim.report import Deadlock, Problem, Report
-from mscclang.sim.runner import PlanLike, as_plan, resolve_reduce_op
+from mscclang.sim.runner import PlanLike, as_plan, message_to_bytes, resolve_reduce_op
 
 DEFAULT_DTYPES = ("float16", "bfloat16", "float32", "int32")
 
@@ -170,45 +171,12 @@ def symbolic_bytes(prog: Program, nsym: int, granule: int) -> int:
     return rows * nsym * 2
 
 
-def message_to_bytes(plan: Plan, size: int) -> tuple[int, int]:
-    """(input bytes, output bytes) of a message of ``size`` bytes (allgather: output size)."""
-    n = len(plan.gpus)
-    c = plan.collective
-    if c == "allgather":
-        if size % n:
-            raise VerificationError(f"allgather message size {size} is not divisible by {n} ranks")
-        return size // n, size
-    if c == "reducescatter":
-        if size % n:
-            raise VerificationError(f"reducescatter message size {size} is not divisible by {n} ranks")
-        return size, size // n
-    if c in ("allreduce", "alltoall", "sendrecv", "broadcast"):
-        return size, size
-    g = plan.gpus[0]
-    if g.input_chunks:
-        return size, size * g.output_chunks // g.input_chunks
-    return size, size
-
-
 def default_launches(plan: Plan) -> int:
     """Consecutive launches a default verify simulates: enough for every scratch area to be
     reused by a later launch, so that what orders the reuse is checked. Two launches reuse a
     single scratch; a double scratch alternates halves, so its halves are reused from the third
     launch on."""
     return 3 if plan.use_double_scratch_buffer else 2
-
-
-def _ranges(xs: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out: list[str] = []
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ", ".join(out)
 
 
 def _moves_bytes(prog: Program) -> bool:
@@ -336,8 +304,11 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     The runs are estimated first (:mod:`mscclang.sim.budget`): what would exceed ``limits``
     (default: ``MSCCLANG_SIM_MAX_MEMORY`` / ``MSCCLANG_SIM_MAX_SECONDS``) raises
     :class:`~mscclang.errors.LimitError` before anything is allocated, and a run that passes the
-    time limit anyway stops with one. Sizes must be positive, ``schedules`` and ``launches`` at
-    least 1 and ``seed`` not negative (:class:`VerificationError` otherwise)."""
+    time limit anyway stops with one. Sizes must be positive and whole elements of every dtype on
+    every rank (:func:`~mscclang.sim.runner.message_to_bytes`), ``schedules`` and ``launches`` at
+    least 1 and ``seed`` not negative (:class:`VerificationError` otherwise). The report lists the
+    dtypes, reduce ops (for a plan that reduces) and packet types (for a plan with packet ops) of
+    the runs made, and warns (``protocol``) of a plan declaring LL without a packet op."""
     t0 = time.perf_counter()
     p = as_plan(plan)
     spec = spec_from_plan(p)
@@ -351,6 +322,8 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     _check_arguments(sizes, schedules, seed, launches)
     rep = Report(p.name, launches=launches)
     rep.postcondition = spec.has_postcondition
+    reduces, packets = plan_uses(p)
+    rep.problems.extend(protocol_warnings(p, packets))
     if senders is not None and spec.name != "sendrecv":
         raise VerificationError(f"senders are only meaningful for sendrecv plans, not {spec.name}")
     if sizes is None:
@@ -358,8 +331,10 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     sizes = list(sizes)
     rep.sizes = sizes
     dts = [parse_dtype(d) for d in dtypes] or [parse_dtype("float16")]
+    for size in sizes:   # whole elements of every dtype on every rank, or refused
+        for d in dts:
+            message_to_bytes(p, size, d)
     deadline = _within_budget(p, sizes, dts, schedules, launches, symbolic, limits)
-    rep.dtypes = [dtype_name(d) for d in dts]
     try:
         plan_op = resolve_reduce_op(p)
     except PlanError as e:
@@ -369,9 +344,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     if reduce_ops is None:
         reduce_ops = ("sum", "min", "max") if spec.is_reduction else (plan_op,)
     rops = list(reduce_ops)
-    rep.reduce_ops = rops
     pts = list(packet_types) or ["LL16"]
-    rep.packet_types = pts
     scheds = [SCHEDULES[i % len(SCHEDULES)] for i in range(max(schedules, 1))]
     rep.schedules = scheds
     groups: dict[tuple, Problem] = {}
@@ -437,12 +410,13 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             if enough():
                 stopped = True
                 break
-            fitting = [d for d in dts if ib % d.itemsize == 0] or [parse_dtype("uint8")]
-            dt = fitting[i % len(fitting)]
+            dt = dts[i % len(dts)]
             rop = rops[i % len(rops)] if not accumulates(dt) else "sum"   # fp8 runs the sum only
             pt = pts[i % len(pts)]
+            used = (dtype_name(dt), rop if reduces else None, pt if packets else None)
+            rep.ran(*used)
             lead = (si + i // len(SCHEDULES)) % len(p.gpus) if sched == "runahead" else None
-            ctx = f"size {size}, {dtype_name(dt)}, {rop}, {pt}, {sched} schedule seed {seed + i}" + (
+            ctx = ", ".join([f"size {size}", *filter(None, used), f"{sched} schedule seed {seed + i}"]) + (
                 f" (rank {lead} runs ahead)" if lead is not None else "")
             inputs = random_inputs(len(p.gpus), ib, dt, seed * 1000 + i)
             sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=dt, reduce_op=rop,
@@ -510,17 +484,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     if stopped:
         rep.notes.append(f"stopped after {len(rep.problems)} distinct problems (max_problems): "
                          "counts cover the runs made")
-    for flag, what in (("unwritten", "never written"),
-                       ("unwritten_sources", "written only from sources never written")):
-        chunks = sorted({(pr.details["rank"], pr.details["chunk"]) for pr in rep.problems
-                         if pr.details.get(flag)})
-        if chunks:
-            per: dict[int, list[int]] = {}
-            for r, c in chunks:
-                per.setdefault(r, []).append(c)
-            shown = [f"rank {r} chunk{'s' * (len(cs) != 1)} {_ranges(cs)}" for r, cs in list(per.items())[:8]]
-            more = f"; and {len(per) - 8} more ranks" if len(per) > 8 else ""
-            rep.notes.append(f"output chunks {what} ({len(chunks)}): " + "; ".join(shown) + more)
+    rep.notes.extend(chunk_notes(rep.problems))
     rep.problems = rep.ranked()
     rep.seconds = time.perf_counter() - t0
     return rep

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mscclang.errors import PlanError
+from mscclang.plan.models import Plan
 from mscclang.viz.graph import NodeKey, PlanGraph
 
 
@@ -42,11 +43,36 @@ def _events(trace: Any) -> dict[tuple[int, int, int], tuple[float, float]]:
     return out
 
 
+def check_trace(plan: Plan, trace: Any, ev: dict[tuple[int, int, int], tuple[float, float]]) -> None:
+    """PlanError unless ``trace`` (with its op events ``ev``) is a trace of ``plan``: the plan
+    name it records (``otherData.plan``, when it records one), its ranks (processes) and, per
+    thread block, its ops (one event per op index) must be the plan's."""
+    other = trace.get("otherData") if isinstance(trace, dict) else None
+    other = other if isinstance(other, dict) else {}
+    if other.get("plan") is not None and other["plan"] != plan.name:
+        raise PlanError(f"the trace is of plan {other['plan']!r}, not of {plan.name!r}: draw it with its own "
+                        "plan, or trace this one (mscclang predict PLAN --trace FILE)")
+    n, ranks = len(plan.gpus), sorted({r for r, _, _ in ev})
+    if ranks != list(range(n)):   # (`mscclang run --trace` at several sizes: a process per rank and size)
+        raise PlanError(f"the trace has {len(ranks)} ranks (processes {ranks[:8]}{'...' * (len(ranks) > 8)}), "
+                        f"the plan {plan.name!r} has {n}: is it a trace of another plan, or of several sizes?")
+    got: dict[tuple[int, int], set[int]] = {}
+    for r, t, i in ev:
+        got.setdefault((r, t), set()).add(i)
+    want = {(r, t): set(range(len(tb.ops))) for r, g in enumerate(plan.gpus) for t, tb in enumerate(g.threadblocks)}
+    bad = sorted(k for k in want.keys() | got.keys() if want.get(k, set()) != got.get(k, set()))
+    if bad:
+        (r, t) = bad[0]
+        raise PlanError(f"rank {r} thread block {t} has {len(want.get((r, t), ()))} ops in the plan {plan.name!r}, "
+                        f"{len(got.get((r, t), ()))} in the trace: is it a trace of another plan?")
+
+
 def apply_trace(graph: PlanGraph, trace: Any) -> Timed:
     """Place ``graph``'s nodes at the trace's times (see the module docstring). The scale keeps
-    about as many steps as the untimed picture has. PlanError when an op of the plan has no event
-    (the trace is of another plan)."""
+    about as many steps as the untimed picture has. PlanError when the trace is not one of the
+    graph's plan (:func:`check_trace`)."""
     ev = _events(trace)
+    check_trace(graph.plan, trace, ev)
     steps = max(graph.span, 1.0)
     t0 = min((s for s, _ in ev.values()), default=0.0)
     t1 = max((s + d for s, d in ev.values()), default=1.0)

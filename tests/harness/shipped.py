@@ -15,3 +15,12 @@ def shipped_plan_files(folder: Path = PLANS_DIR) -> list[Path]:
     if not folder.is_dir():
         return []
     return [p for p in sorted(folder.glob("*.json")) if p.name != "index.json"]
+
+
+def one_per_algorithm(folder: Path = PLANS_DIR) -> list[Path]:
+    """The first plan file (in name order) of each shipped algorithm (the name before the first
+    ``.``: ``allgather_ll``, ``broadcast_simple``...): every collective and algorithm once."""
+    seen: dict[str, Path] = {}
+    for p in shipped_plan_files(folder):
+        seen.setdefault(p.name.split(".")[0], p)
+    return list(seen.values())
