@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from mscclang.errors import InvalidCall, PlanError
+from mscclang.plan.check import validate_plan
 from mscclang.plan.io import plan_from_dict
 from mscclang.runtime import build
 from mscclang.runtime.device_plan import DOP_RADD, DOP_RMSNORM, SLOT_RESIDUAL, check_runnable
@@ -188,11 +189,13 @@ def test_rmsnorms_that_disagree_on_quant_are_refused():
 
 
 def test_a_remote_residual_is_refused_at_load():
+    """The plan's own rule: the simulator (verify) and the runtime both refuse it when loading."""
     d = fused_oneshot_dict()
     d["gpus"][0]["remote_buffers"].append({"rank": 1, "type": "r", "access_channel_types": ["memory"]})
-    with pytest.raises(PlanError, match="keeps the residual and the weight local") as e:
-        check_runnable(plan_from_dict(d))
-    assert e.value.path == "gpus[0].remote_buffers[1]"
+    for load in (lambda p: validate_plan(p), check_runnable):   # verify's loader, the runtime's
+        with pytest.raises(PlanError, match="a rank's residual is its own") as e:
+            load(plan_from_dict(d))
+        assert e.value.path == "gpus[0].remote_buffers[1].type"
 
 
 def test_the_specialised_kernel_holds_the_epiargs_and_refuses_what_the_epilogue_does_not_run():

@@ -96,20 +96,23 @@ def check_common(algorithm: str, ranks: int, instances: int) -> None:
 def make_program(name: str, collective: Collective, ranks: int, instances: int, protocol: str,
                  num_threads_per_block: int, min_message_size: int = 0,
                  max_message_size: int = MAX_MESSAGE_SIZE,
-                 double_scratch: bool = False, chunk_unit: Optional[str] = None) -> CollectiveProgram:
+                 double_scratch: bool = False, chunk_unit: Optional[str] = None,
+                 replicated_residual: Optional[bool] = None) -> CollectiveProgram:
     """A :class:`CollectiveProgram` with the library's settings: fusion and auto sync on, and the
     promise that every rank gets the same bits (``consistent``, which plan generation proves)."""
     return CollectiveProgram(
         name, collective, ranks, instances=instances, protocol=protocol, instr_fusion=True,
         auto_sync=True, num_threads_per_block=num_threads_per_block,
         use_double_scratch_buffer=double_scratch, min_message_size=min_message_size,
-        max_message_size=max_message_size, consistent=True, chunk_unit=chunk_unit)
+        max_message_size=max_message_size, consistent=True, chunk_unit=chunk_unit,
+        replicated_residual=replicated_residual)
 
 
 def library_program(algorithm: str, collective: Callable[..., Collective], ranks: int, instances: int,
                     inplace: bool, protocol: str, num_threads_per_block: int, name: Optional[str],
                     min_message_size: int, max_message_size: int, double_scratch: bool = False,
-                    chunk_unit: Optional[str] = None, **collective_kw: Any) -> CollectiveProgram:
+                    chunk_unit: Optional[str] = None, replicated_residual: Optional[bool] = None,
+                    **collective_kw: Any) -> CollectiveProgram:
     """The program of one library builder: checks ``ranks`` and ``instances``, then a
     :func:`make_program` named by :func:`plan_name` for ``collective(ranks, 1, inplace=inplace,
     **collective_kw)`` (one chunk per rank)."""
@@ -117,7 +120,8 @@ def library_program(algorithm: str, collective: Callable[..., Collective], ranks
     return make_program(plan_name(algorithm, ranks, instances, name),
                         collective(ranks, 1, inplace=inplace, **collective_kw), ranks, instances,
                         protocol, num_threads_per_block, min_message_size, max_message_size,
-                        double_scratch=double_scratch, chunk_unit=chunk_unit)
+                        double_scratch=double_scratch, chunk_unit=chunk_unit,
+                        replicated_residual=replicated_residual)
 
 
 def mesh(num_ranks: int, pairs: Optional[Sequence[tuple[int, int]]] = None) -> Channels:

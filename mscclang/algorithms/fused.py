@@ -62,7 +62,8 @@ def build_fused_twoshot_ll(ranks: int, instances: int = 1, num_threads_per_block
     """Two-shot fused allreduce + residual + RMSNorm (see the module docstring)."""
     algo = "allreduce_add_rms_norm_twoshot_ll" + ("_fp8" if quant else "")
     prog = library_program(algo, AllReduceAddRMSNorm, ranks, instances, inplace, "LL", num_threads_per_block,
-                           name, min_message_size, max_message_size, double_scratch=True, chunk_unit="row")
+                           name, min_message_size, max_message_size, double_scratch=True, chunk_unit="row",
+                           replicated_residual=True)
     n = ranks
     with prog:
         # per rank: the peers' input chunks, the sum, the peers' normed rows, their residual rows

@@ -71,7 +71,7 @@ def parse_senders(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from mscclang.cli.progress import Progress
     from mscclang.cli.show_cmd import read_plan_any
-    from mscclang.sim.verify import DEFAULT_DTYPES, verify
+    from mscclang.sim.verify import verify
 
     if args.plan.endswith(".py"):
         raise MscclangError(f"{args.plan} is a DSL program (Python), not a plan: compile it first, "
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             bar.set_total(total)
             bar.update(done - bar.n)
 
-        rep = verify(plan, sizes=sizes, dtypes=args.dtype or DEFAULT_DTYPES, schedules=args.schedules,
+        rep = verify(plan, sizes=sizes, dtypes=args.dtype or None, schedules=args.schedules,
                      seed=args.seed, reduce_ops=args.reduce_op, symbolic=not args.no_symbolic,
                      progress=step, **kw)
     code = rep.exit_code(strict=args.strict)

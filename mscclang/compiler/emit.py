@@ -186,5 +186,6 @@ def emit(ir: IRProgram) -> Plan:
         reduce_op=next(iter(reduce_ops)) if len(reduce_ops) == 1 else None,
         consistent=ir.consistent,
         chunk_unit=ir.chunk_unit,  # type: ignore[arg-type]
+        replicated_residual=ir.replicated_residual,
         gpus=gpus,
     )

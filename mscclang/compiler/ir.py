@@ -179,6 +179,8 @@ class IRProgram:
     consistent: Optional[bool] = None
     #: the plan's ``chunk_unit`` ("row": fused plans whose chunks are whole rows)
     chunk_unit: Optional[str] = None
+    #: the plan's ``replicated_residual`` (fused plans whose ranks take each other's residual rows)
+    replicated_residual: Optional[bool] = None
 
     @property
     def num_ranks(self) -> int:

@@ -68,6 +68,7 @@ class CollectiveProgram:
         strict: bool = False,
         consistent: Optional[bool] = None,
         chunk_unit: Optional[str] = None,
+        replicated_residual: Optional[bool] = None,
     ) -> None:
         call = f"CollectiveProgram({name!r})"
         if not isinstance(collective, Collective):
@@ -99,6 +100,10 @@ class CollectiveProgram:
         if consistent not in (None, True, False):
             raise DSLError(f"{call}: consistent must be True (the plan promises every rank the same bits), "
                            f"False (it does not) or None (unsaid), got {consistent!r}")
+        if replicated_residual not in (None, True, False) or (
+                replicated_residual is not None and collective.spec.name != "allreduce_add_rms_norm"):
+            raise DSLError(f"{call}: replicated_residual must be None, True or False (an AllReduceAddRMSNorm "
+                           f"program whose ranks take residual rows from each other), got {replicated_residual!r}")
         if chunk_unit not in (None, "row") or (chunk_unit and collective.spec.name != "allreduce_add_rms_norm"):
             raise DSLError(f"{call}: chunk_unit must be None or 'row' (an AllReduceAddRMSNorm program whose "
                            f"chunks are whole rows), got {chunk_unit!r} for {collective.spec.name}")
@@ -129,7 +134,7 @@ class CollectiveProgram:
             use_double_scratch_buffer=bool(use_double_scratch_buffer),
             buffer_alignment=buffer_alignment, min_message_size=min_message_size,
             max_message_size=max_message_size, strict=bool(strict), consistent=consistent,
-            chunk_unit=chunk_unit)
+            chunk_unit=chunk_unit, replicated_residual=replicated_residual)
         #: per rank, the collective's buffers (MSCCL++'s ``prog.buffers[rank][BufferType.input]``)
         self.buffers: list[dict[BufferType, "BaseBuffer"]] = [
             {BufferType.input: BaseBuffer(r, BufferType.input, 0, collective.input_chunks),

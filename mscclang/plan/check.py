@@ -210,6 +210,12 @@ class _Checker:
             raise PlanError("a plan needs at least one rank", "gpus")
         if plan.root is not None and plan.collective != "broadcast":
             raise PlanError(f"'root' is only meaningful for broadcast, not {plan.collective}", "root")
+        if plan.replicated_residual is not None and plan.collective != FUSED_NORM:
+            raise PlanError(f"'replicated_residual' is about the residual of {FUSED_NORM} plans, not "
+                            f"{plan.collective}", "replicated_residual")
+        if plan.collective == FUSED_NORM and not plan.epilogue_ops():
+            raise PlanError(f"an {FUSED_NORM} plan adds the residual and normalises: it needs radd and rmsnorm "
+                            "ops (docs/semantics.md, \"Epilogue ops\")", "collective")
         if plan.chunk_unit is not None and plan.collective != FUSED_NORM:
             raise PlanError(f"'chunk_unit' \"row\" cuts chunks at rows of the epilogue's hidden size: only "
                             f"{FUSED_NORM} plans have rows, not {plan.collective}", "chunk_unit")
@@ -328,6 +334,9 @@ class _Checker:
             self.valid_peer(r, rb.rank, f"{p}.rank")
             if rb.type == BufferKind.weight:
                 raise PlanError(_WEIGHT_REF, f"{p}.type")
+            if rb.type == BufferKind.residual:
+                raise PlanError(f"rank {r} maps rank {rb.rank}'s residual: a rank's residual is its own, passed with "
+                                "each call and mapped by no peer (move residual rows through scratch)", f"{p}.type")
             if not rb.access_channel_types:
                 raise PlanError("a remote buffer needs at least one access channel type",
                                 f"{p}.access_channel_types")

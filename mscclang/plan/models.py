@@ -480,6 +480,10 @@ class Plan(_Strict):
     # ours (plan/2): "row" cuts the chunks of the input, residual and output at whole rows of the
     # epilogue's hidden size instead of buffer_alignment units (plan.layout)
     chunk_unit: Optional[Literal["row"]] = None
+    # ours (plan/2): true when a rank's residual may come from another rank (a two-shot's rows
+    # normalised by their owner), so the call's residual must be the same on every rank; absent,
+    # every rank adds its own residual
+    replicated_residual: Optional[StrictBool] = None
     gpus: list[Gpu]
 
     @model_validator(mode="after")

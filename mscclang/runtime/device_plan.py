@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 from mscclang.errors import PlanError
+from mscclang.plan.check import validate_plan
 from mscclang.plan.models import SWITCH_OPS, BufferKind, ChannelOrdinal, ChannelType, Op, OpName, Plan, ThreadBlock
 from mscclang.runtime.ports import check_port_plan, is_port_op, pair_slots, port_inbound_slots
 from mscclang.runtime.topology import Topology, channel_transports
@@ -108,7 +109,10 @@ def check_runnable(plan: Plan, allow_switch: bool = False, topology: Optional[To
     """Refuse plans the executor cannot run, naming rank, thread block and op index, or the
     rank, the channel and the reason: a channel the node layout (``topology``, default one node)
     cannot carry, a port-channel op the proxy cannot serve, or (given the process's hardware
-    ``work_queues``) more port side streams than those queues hold (:func:`check_port_streams`)."""
+    ``work_queues``) more port side streams than those queues hold (:func:`check_port_streams`);
+    first every rule of the plan format (:func:`mscclang.plan.check.validate_plan`, which
+    ``load_plan`` and ``verify`` apply too: what one refuses the other does)."""
+    validate_plan(plan)
     topo = topology or Topology(plan.world_size, plan.world_size)
     for g in plan.gpus:
         channel_transports(plan, g.id, topo)
@@ -123,11 +127,6 @@ def check_runnable(plan: Plan, allow_switch: bool = False, topology: Optional[To
                 raise PlanError(
                     f"rank {g.id} declares switch channels (NVLink multicast); they are refused unless "
                     "MSCCLANG_ENABLE_NVLS=1", f"gpus[{g.id}].channels")
-        for k, rb in enumerate(g.remote_buffers):
-            if rb.type in (BufferKind.residual, BufferKind.weight):
-                raise PlanError(f"rank {g.id} maps rank {rb.rank}'s {rb.type.name} (remote buffer {k}); the GPU "
-                                "runtime keeps the residual and the weight local to each rank (the plan must move "
-                                "residual rows through scratch)", f"gpus[{g.id}].remote_buffers[{k}]")
         nmem = len(g.peers(ChannelType.memory))
         if nmem > 65535:
             raise PlanError(f"rank {g.id} has {nmem} memory channels, more than 65535", f"gpus[{g.id}].channels")

@@ -150,15 +150,16 @@ def _sources_per_element(plan: Plan) -> int:
     return len(plan.gpus) if spec.is_reduction else 1
 
 
-def size_cost(plan: Plan, size: int, input_bytes: int, output_bytes: int) -> SizeCost:
+def size_cost(plan: Plan, size: int, input_bytes: int, output_bytes: int, row_bytes: int = 0) -> SizeCost:
     """The cost of simulating ``plan`` for one message of ``size`` bytes (``input_bytes`` in,
-    ``output_bytes`` out per rank). Raises the layout's PlanError for sizes the collective does
-    not allow."""
+    ``output_bytes`` out per rank; ``row_bytes``: a row-chunked fused plan's input row). Raises
+    the layout's PlanError for sizes the collective does not allow."""
     footprint = outputs = chunks = 0
     op_execs = operand_execs = chunk_refs = signals = packet_writes = op_bytes = 0
+    residual = input_bytes if plan.epilogue_ops() else 0   # the fused collective's residual
     for r, g in enumerate(plan.gpus):
-        lay = make_layout(plan, r, input_bytes, output_bytes)
-        footprint += input_bytes + output_bytes + scratch_bytes_needed(plan, lay)
+        lay = make_layout(plan, r, input_bytes, output_bytes, row_bytes)
+        footprint += input_bytes + output_bytes + residual + scratch_bytes_needed(plan, lay)
         outputs += output_bytes
         chunks += g.input_chunks + g.output_chunks + g.scratch_chunks
         cb = max(lay.chunk_bytes, 1)
@@ -200,19 +201,19 @@ def _actors(plan: Plan) -> int:
     return sum(len(g.threadblocks) + 1 + len(g.peers(ChannelType.port)) for g in plan.gpus)
 
 
-def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, int, int]], runs_per_size: int,
+def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: int,
                   launches: int, *, itemsizes: Sequence[int] = (2, 4),
                   symbolic_size: Optional[tuple[int, int, int]] = None, postcondition: bool = True,
                   what: str = "this simulation") -> Estimate:
     """Estimate ``runs_per_size`` runs of ``launches`` launches at each ``(size, input bytes,
-    output bytes)`` of ``sizes`` with dtypes of ``itemsizes`` bytes in rotation (every size's
+    output bytes[, row bytes])`` of ``sizes`` (row bytes: a row-chunked fused plan's input row) with dtypes of ``itemsizes`` bytes in rotation (every size's
     program and postcondition index kept at once, as ``verify`` does), plus one symbolic run at
     ``symbolic_size``; without ``postcondition`` the outputs are not checked (``run``). Sizes the
     collective does not allow are left out (the simulation reports them itself)."""
     costs: list[SizeCost] = []
-    for size, ib, ob in sizes:
+    for shape in sizes:
         try:
-            costs.append(size_cost(plan, size, ib, ob))
+            costs.append(size_cost(plan, *shape))
         except MscclangError:
             continue
     isz = sorted({max(int(x), 1) for x in itemsizes}) or [1]

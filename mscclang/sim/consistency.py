@@ -176,3 +176,11 @@ def check_numeric_consistency(spec: CollectiveSpec, layouts: Sequence[Layout], o
             if ln == ln0 and r != r0:
                 cmp(r0, ref, r, outputs[r][off: off + ln], f"output chunk {c}")
     return found.problems()
+
+
+def drop_numeric_duplicates(problems: list[Problem]) -> list[Problem]:
+    """``problems`` without the numeric ``inconsistent`` findings of rank pairs a symbolic one
+    names (it says more: the orders and the ops)."""
+    sym = {p.details["ranks"] for p in problems if p.kind == KIND and p.details.get("how") == "symbolic"}
+    return [p for p in problems if not (p.kind == KIND and p.details.get("how") == "numeric"
+                                        and p.details["ranks"] in sym)]

@@ -165,6 +165,8 @@ def group_key(problem: Problem) -> tuple:
         return (k, a, b, d.get("storage"))
     if k in ("postcondition", "symbolic") and "rank" in d and "chunk" in d:
         return (k, d["rank"], d["chunk"], d.get("what", ""))
+    if k == "plan" and "op" in d:   # a plan that fails at one op, whatever the sizes
+        return (k, d["op"])
     if k == "inconsistent" and "ranks" in d:  # one cause: a rank pair and the ops they differ in
         return (k, tuple(d["ranks"]), d.get("how"), repr(d.get("cause")))
     if k == "deadlock":
@@ -413,3 +415,35 @@ def protocol_warnings(plan: Plan, packets: bool) -> list[Problem]:
     return [Problem("protocol", "the plan declares protocol LL but has no packet op: every byte moves "
                                 "plainly (put, copy, reduce), not in LL packets; declare protocol Simple, or "
                                 "move the data with packet ops")]
+
+
+class Findings:
+    """The problems of many runs of one plan, one :class:`Problem` per cause (:func:`group_key`):
+    each classified (:func:`classify`), its wait-for cycle rotated and its ops' program lines
+    added once, then counted with the contexts it was seen in. ``report.problems`` gets each
+    new cause; :meth:`add` takes a run's problems and that run's context."""
+
+    def __init__(self, plan: Plan, report: Any) -> None:
+        self.plan = plan
+        self.report = report
+        self.groups: dict[tuple, Problem] = {}
+
+    def known(self, problem: Problem) -> None:
+        """Count ``problem`` (already in the report) as its cause's entry."""
+        self.groups[group_key(problem)] = problem
+
+    def add(self, problems: list[Problem], context: str) -> None:
+        for pr in problems:
+            classify(pr, self.plan)
+            key = group_key(pr)
+            known = self.groups.get(key)
+            if known is not None:
+                known.seen(context)
+                continue
+            rotate_cycle(pr, self.plan)
+            annotate_sources(pr, self.plan)
+            pr.context = context
+            pr.count, pr.cases, pr.ncases = 1, [], 0
+            pr.add_case(context)
+            self.groups[key] = pr
+            self.report.problems.append(pr)

@@ -41,6 +41,23 @@ def fp8_max(q: np.dtype) -> float:
     return float(ml_dtypes.finfo(q).max)
 
 
+#: the activation dtypes of the epilogue
+ACT_NUMPY = tuple(dtype_info(n).numpy for n in ("float16", "bfloat16", "float32"))
+
+
+def _as_dtype(q: Any) -> Optional[np.dtype]:
+    """``q`` (a dtype, or a name of the dtype table) as a numpy dtype, None when it is neither."""
+    if isinstance(q, str):
+        try:
+            return dtype_info(q).numpy
+        except ValueError:
+            return None
+    try:
+        return np.dtype(q)
+    except TypeError:
+        return None
+
+
 @dataclass(frozen=True)
 class EpilogueParams:
     """The execution parameters of the epilogue ops (not in the plan, like the message size).
@@ -63,12 +80,33 @@ class EpilogueParams:
         w = np.asarray(self.weight)
         if w.ndim != 1 or w.shape[0] != h:
             raise PlanError(f"the weight must be one row of {h} elements, got shape {tuple(w.shape)}")
-        if self.scale is not None and not (float(self.scale) > 0 and np.isfinite(self.scale)):
-            raise PlanError(f"the fp8 scale must be positive and finite, got {self.scale!r}")
-        if self.fp8 is None:
-            object.__setattr__(self, "fp8", dtype_info("float8_e4m3").numpy)
-        elif np.dtype(self.fp8) not in (dtype_info("float8_e4m3").numpy, dtype_info("float8_e5m2").numpy):
-            raise PlanError(f"the fp8 output type must be float8_e4m3fn or float8_e5m2, not {self.fp8}")
+        if w.dtype not in (np.dtype(np.float32), *ACT_NUMPY):
+            raise PlanError(f"the weight's dtype must be float32 or the activation's, got {w.dtype}")
+        e = self.eps
+        if isinstance(e, bool) or not isinstance(e, (int, float, np.floating)) or not np.isfinite(e) or e < 0:
+            raise PlanError(f"eps must be a finite number >= 0, got {e!r}")
+        s = self.scale
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float, np.floating))
+                              or not (np.isfinite(s) and s > 0)):
+            raise PlanError(f"the fp8 scale must be positive and finite, got {s!r}")
+        fp8s = (dtype_info("float8_e4m3").numpy, dtype_info("float8_e5m2").numpy)
+        q = self.fp8
+        if q is None:
+            object.__setattr__(self, "fp8", fp8s[0])
+        elif _as_dtype(q) not in fp8s:
+            raise PlanError(f"the fp8 output type must be float8_e4m3fn or float8_e5m2, not {q!r}")
+        else:
+            object.__setattr__(self, "fp8", _as_dtype(q))
+
+    def check_activation(self, act: np.dtype) -> None:
+        """The activation dtype is float16, bfloat16 or float32 and the weight is float32 or of
+        it (PlanError naming them; docs/semantics.md, "Epilogue ops")."""
+        if np.dtype(act) not in ACT_NUMPY:
+            raise PlanError(f"the activation dtype {np.dtype(act)} is not one the epilogue takes: float16, "
+                            "bfloat16 or float32")
+        w = np.asarray(self.weight).dtype
+        if w not in (np.dtype(np.float32), np.dtype(act)):
+            raise PlanError(f"the weight's dtype {w} is neither float32 nor the activation's {np.dtype(act)}")
 
     @property
     def quant(self) -> bool:

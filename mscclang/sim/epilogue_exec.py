@@ -43,7 +43,8 @@ class EpilogueMixin:
         src, dst = cop.op.src_buff[0], cop.op.dst_buff[0]
         if a % rowb or b % rowb:
             raise PlanError(f"{where}: residual chunks {src.index}..{src.index + src.size - 1} are bytes "
-                            f"[{a}, {b}), not whole rows of {p.hidden} {act} elements ({rowb} bytes)")
+                            f"[{a}, {b}), not whole rows of {p.hidden} {act} elements ({rowb} bytes); a plan whose "
+                            "norms cover single chunks says chunk_unit \"row\" (docs/dsl.md)")
         odt = p.out_dtype(act, quant)
         orow = p.hidden * odt.itemsize
         oa, ob = a // rowb * orow, b // rowb * orow

@@ -93,25 +93,41 @@ class ExprTable:
     # comparing ---------------------------------------------------------------------------------
     def flat(self, i: int) -> int:
         """The canonical id of ``i`` when every binary step rounds to the stored dtype: nested
-        reductions met as a first source are spliced (see the module docstring)."""
-        got = self._flat.get(i)
-        if got is not None:
-            return got
-        node = self.nodes[i]
-        if node is None or node.kind != "red":
-            res = i if node is None or node.kind != "norm" else self.intern(Node("norm", (self.flat(node.args[0]), node.args[1])))
-        elif len(node.args) == 1:
-            res = self.flat(node.args[0])
-        else:
-            kids = [self.flat(k) for k in node.args]
-            cands = []
-            for first, second in ((kids[0], kids[1]), (kids[1], kids[0])):
-                fn = self.nodes[first]
-                head = list(fn.args) if fn is not None and fn.kind == "flat" else [first]
-                cands.append(tuple(head + [second] + kids[2:]))
-            res = self.intern(Node("flat", min(cands)))
-        self._flat[i] = res
-        return res
+        reductions met as a first source are spliced (see the module docstring). Iterative: a
+        chain of thousands of ops is no deeper for it."""
+        todo = [i]
+        while todo:
+            j = todo[-1]
+            if j in self._flat:
+                todo.pop()
+                continue
+            node = self.nodes[j]
+            kids = () if node is None else (node.args if node.kind == "red" else
+                                            (node.args[0],) if node.kind == "norm" else ())
+            missing = [k for k in kids if k not in self._flat]
+            if missing:
+                todo.extend(missing)
+                continue
+            todo.pop()
+            self._flat[j] = self._flat_of(j)
+        return self._flat[i]
+
+    def _flat_of(self, j: int) -> int:
+        """:meth:`flat` of ``j`` once its sources' are known."""
+        node = self.nodes[j]
+        if node is None or node.kind not in ("red", "norm"):
+            return j
+        if node.kind == "norm":
+            return self.intern(Node("norm", (self._flat[node.args[0]], node.args[1])))
+        if len(node.args) == 1:
+            return self._flat[node.args[0]]
+        kids = [self._flat[k] for k in node.args]
+        cands = []
+        for first, second in ((kids[0], kids[1]), (kids[1], kids[0])):
+            fn = self.nodes[first]
+            head = list(fn.args) if fn is not None and fn.kind == "flat" else [first]
+            cands.append(tuple(head + [second] + kids[2:]))
+        return self.intern(Node("flat", min(cands)))
 
     def render(self, i: int, depth: int = 0) -> str:
         """A readable form: ``x2[0]`` is rank 2's input chunk 0, ``res[0]`` residual chunk 0, a

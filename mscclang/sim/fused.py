@@ -1,36 +1,53 @@
 """Running and verifying fused (plan/2, ``allreduce_add_rms_norm``) plans in the simulator.
 
 A case is a row count and a hidden size (the message is ``rows * hidden`` elements of the
-activation dtype); each run checks races (with the row-wise mapping of ``rmsnorm``), the
-postcondition (:func:`mscclang.sim.postcondition.check_fused`) and, in one symbolic run per
-case, that no norm reads a row before every rank's contribution reached it.
+activation dtype). :func:`verify_fused` takes the options of :func:`mscclang.sim.verify` (which
+hands fused plans to it) and is as thorough: per case, every activation dtype crossed with every
+packet type, the schedules in turn, several eps values, FP8 scales and both FP8 output types for
+a quantising plan, weights of fp32 and of the activation dtype, and different residuals per rank
+where the plan's contract allows them (``replicated_residual`` not set); each run checks races
+(with the row-wise mapping of ``rmsnorm``), the postcondition of every launch
+(:func:`mscclang.sim.postcondition.check_fused`) and, with one residual for all ranks, that every
+rank holds the same bits; one symbolic run per case checks early norm reads and the reduction
+trees. Everything is estimated and bounded by the budget of :mod:`mscclang.sim.budget` before it
+runs, and every execution parameter is checked first (PlanError naming it).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from mscclang.errors import MscclangError, VerificationError
+from mscclang.errors import MscclangError, PlanError, VerificationError
 from mscclang.plan.collectives import spec_from_plan
 from mscclang.plan.models import OpName, Plan
+from mscclang.sim.budget import Deadline, Limits, estimate_runs
+from mscclang.sim.consistency import (check_numeric_consistency, check_symbolic_consistency, consistency_level,
+                                      drop_numeric_duplicates)
+from mscclang.sim.diagnosis import Findings
 from mscclang.sim.dtypes import dtype_name, parse_dtype
-from mscclang.sim.consistency import check_numeric_consistency, check_symbolic_consistency, consistency_level
 from mscclang.sim.engine import Simulation
-from mscclang.sim.epilogue import EpilogueParams
+from mscclang.sim.epilogue import MAX_HIDDEN, MIN_HIDDEN, PARTIAL, EpilogueParams
 from mscclang.sim.postcondition import check_fused
 from mscclang.sim.program import sim_program
 from mscclang.sim.report import Deadlock, Problem, Report
+from mscclang.sim.runner import check_arguments, default_launches
 from mscclang.sim.schedules import SCHEDULES
 
-__all__ = ["FusedRun", "plan_quantises", "run_fused", "verify_fused", "DEFAULT_CASES"]
+__all__ = ["FusedRun", "plan_quantises", "run_fused", "verify_fused", "default_cases", "ACT_DTYPES"]
 
-#: (rows per rank, hidden) cases :func:`verify_fused` runs by default (rows = ranks x the first,
-#: so that a two-shot plan's rows split evenly)
-DEFAULT_CASES = ((1, 16), (3, 32), (2, 64))
+#: where a PlanError of a run names its op ("rank 0 tb 0 op 5")
+_OP_AT = re.compile(r"rank \d+ tb \d+ op [\d.]+")
+#: the activation dtypes of the fused collective
+ACT_DTYPES = ("bfloat16", "float16", "float32")
+#: what the runs take in turn: eps values, FP8 scales and FP8 output types
+EPS_VALUES = (1e-6, 1e-5, 0.25)
+SCALES = (0.05, 1.0, 3.0)
+FP8_TYPES = ("float8_e4m3", "float8_e5m2")
 
 
 @dataclass
@@ -49,30 +66,69 @@ def plan_quantises(plan: Plan) -> bool:
     return any(op.name == OpName.rmsnorm and op.quant for _, op in plan.epilogue_ops())
 
 
+def _check_call(plan: Plan, inputs: Sequence[np.ndarray], residuals: Sequence[np.ndarray],
+                params: EpilogueParams) -> tuple[int, np.dtype]:
+    """(rows, activation dtype) of a fused run, after checking every argument (PlanError naming
+    it): one input and one residual per rank, one activation dtype, one length of whole rows,
+    and parameters the plan takes (its FP8 scale exactly when it quantises)."""
+    n = len(plan.gpus)
+    if not isinstance(params, EpilogueParams):
+        raise PlanError(f"the epilogue's parameters must be an EpilogueParams, got {type(params).__name__}")
+    if len(inputs) != n or len(residuals) != n:
+        raise PlanError(f"plan {plan.name!r} has {n} ranks: give {n} inputs and {n} residuals, got "
+                        f"{len(inputs)} and {len(residuals)}")
+    arrays = [("input", r, np.asarray(x)) for r, x in enumerate(inputs)] + \
+             [("residual", r, np.asarray(x)) for r, x in enumerate(residuals)]
+    act, count = arrays[0][2].dtype, arrays[0][2].size
+    params.check_activation(act)
+    for what, r, a in arrays:
+        if a.ndim != 1 or a.dtype != act or a.size != count:
+            raise PlanError(f"rank {r}'s {what} is {a.dtype} of shape {a.shape}; every input and residual must "
+                            f"be one flat array of {count} {act} elements (rank 0's input)")
+    if count == 0 or count % params.hidden:
+        raise PlanError(f"the inputs hold {count} elements, not whole rows of the hidden size {params.hidden}")
+    quant = plan_quantises(plan)
+    if quant != (params.scale is not None):
+        raise PlanError(f"plan {plan.name!r} {'quantises' if quant else 'does not quantise'} its norm: "
+                        + ("pass the fp8 scale" if quant else "pass no fp8 scale"))
+    return count // params.hidden, act
+
+
+def _sizes(plan: Plan, rows: int, params: EpilogueParams, act: np.dtype) -> tuple[int, int, int]:
+    """(input bytes, output bytes, input row bytes) of a run."""
+    ib = rows * params.hidden * act.itemsize
+    return ib, (rows * params.hidden * np.dtype(params.fp8).itemsize if plan_quantises(plan) else ib), \
+        params.hidden * act.itemsize
+
+
 def run_fused(plan: Plan, inputs: Sequence[np.ndarray], residuals: Sequence[np.ndarray],
               params: EpilogueParams, *, schedule: str = "round_robin", seed: int = 0,
               launches: int = 1, check_races: bool = False, symbolic: bool = False,
-              packet_type: str = "LL16") -> FusedRun:
+              packet_type: str = "LL16", deadline: Optional[Deadline] = None,
+              limits: Optional[Limits] = None) -> FusedRun:
     """Run a fused plan: ``inputs`` and ``residuals`` are flat arrays of the activation dtype,
-    one per rank, ``rows * params.hidden`` elements each."""
+    one per rank, ``rows * params.hidden`` elements each. Every argument is checked first
+    (PlanError naming it); without a ``deadline`` the run is estimated and refused
+    (LimitError) when it exceeds ``limits``, else bounded by their time."""
     n = len(plan.gpus)
-    if len(inputs) != n or len(residuals) != n:
-        raise VerificationError(f"plan {plan.name!r} has {n} ranks: give {n} inputs and {n} residuals")
-    act = inputs[0].dtype
-    quant = plan_quantises(plan)
-    ib = inputs[0].nbytes
-    ob = ib // act.itemsize * np.dtype(params.fp8).itemsize if quant else ib
-    prog = sim_program(plan, ib, ob, params.hidden * act.itemsize)
+    rows, act = _check_call(plan, inputs, residuals, params)
+    ib, ob, row = _sizes(plan, rows, params, act)
+    if deadline is None:
+        estimate_runs(plan, [(ib, ib, ob, row)], 1, launches, itemsizes=[act.itemsize],
+                      symbolic_size=(ib, ib, ob, row) if symbolic else None,
+                      what=f"running {plan.name} on {rows} rows of {params.hidden}").check(limits)
+        deadline = Deadline(limits, f"running {plan.name}")
+    prog = sim_program(plan, ib, ob, row)
     nsym = n * max(plan.gpus[0].input_chunks, 1) if symbolic else 0
     sim = Simulation(prog, [np.ascontiguousarray(x).view(np.uint8) for x in inputs], dtype=act,
                      reduce_op="sum", packet_type=packet_type, launches=launches, schedule=schedule, seed=seed,
-                     check_races=check_races, nsym=nsym, poison_outputs=True,
+                     check_races=check_races, nsym=nsym, poison_outputs=True, deadline=deadline,
                      residuals=[np.ascontiguousarray(x).view(np.uint8) for x in residuals], epilogue=params)
     try:
         sim.run()
     except Deadlock as e:
         return FusedRun([], [], sim.problems + [e.problem])
-    odt = params.out_dtype(act, quant)
+    odt = params.out_dtype(act, plan_quantises(plan))
     probs = list(sim.problems)
     if symbolic and sim.sym_ok:
         for k in range(len(sim.out_exprs)):
@@ -86,79 +142,190 @@ def prove_fused_consistent(plan: Plan) -> list[Problem]:
     """:func:`mscclang.sim.verify.prove_consistent` of a fused plan: one symbolic run of one row
     per rank of 16 elements."""
     n = len(plan.gpus)
-    xs, res, _ = _inputs(n, n * 16, np.dtype(np.float32), 0)
+    rng = np.random.default_rng(0)
+    xs = [rng.uniform(-1, 1, n * 16).astype(np.float32) for _ in range(n)]
+    res = rng.uniform(-1, 1, n * 16).astype(np.float32)
     params = EpilogueParams(16, np.ones(16, dtype=np.float32), 1e-6, scale=1.0 if plan_quantises(plan) else None)
-    run = run_fused(plan, xs, res, params, symbolic=True)
+    run = run_fused(plan, xs, [res] * n, params, symbolic=True)
     return [p for p in run.problems if p.kind == "inconsistent"]
 
 
-def _inputs(n: int, count: int, dt: np.dtype, seed: int) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
-    rng = np.random.default_rng(seed)
-    xs = [rng.uniform(-1, 1, count).astype(np.float32).astype(dt) for _ in range(n)]
-    res = [rng.uniform(-1, 1, count).astype(np.float32).astype(dt)] * n
-    return xs, res, rng
+def default_cases(plan: Plan) -> list[tuple[int, int]]:
+    """The (rows, hidden) cases a default verify runs: one row of 8; ranks + 1 rows of 24 (odd
+    row counts; rows of 48 or 96 bytes, which no power-of-two alignment divides, so chunks cut
+    at alignment units fall inside rows); 2 ranks + 1 rows of 40; 5 ranks rows of 24 (10 x 24 on
+    two ranks). Rows grow to the plan's smallest message; cases past its largest are left out."""
+    n = len(plan.gpus)
+    out = []
+    for rows, h in ((1, 8), (n + 1, 24), (2 * n + 1, 40), (5 * n, 24)):
+        rows = max(rows, -(-plan.min_message_size // (h * 2)))
+        if rows * h * 4 <= plan.max_message_size or rows * h * 2 <= plan.max_message_size:
+            out.append((rows, h))
+    return out
 
 
-def verify_fused(plan: Plan, *, cases: Optional[Sequence[tuple[int, int]]] = None,
-                 dtypes: Sequence[str] = ("bfloat16", "float16"), schedules: int = 4, seed: int = 0,
-                 launches: int = 2, symbolic: bool = True, eps: float = 1e-6,
-                 scale: float = 0.05) -> Report:
-    """Verify a fused plan over ``cases`` (rows, hidden; default :data:`DEFAULT_CASES` with the
-    rows times the rank count): ``schedules`` runs per case (the
-    schedules and dtypes in rotation) with races checked and the postcondition of every launch,
-    plus one symbolic round-robin run per case for early norm reads. Returns a :class:`Report`
-    whose problems are grouped by kind and message."""
+def _cases_of_sizes(sizes: Sequence[int], dts: Sequence[np.dtype]) -> list[tuple[int, int]]:
+    """(rows, hidden) cases of message sizes (bytes of x): per size and dtype, the largest and the
+    smallest hidden size (a multiple of 8 up to 65536) whose rows the size holds."""
+    out: list[tuple[int, int]] = []
+    for s in sizes:
+        for dt in dts:
+            elems, rem = divmod(s, dt.itemsize)
+            hs = [h for h in range(MIN_HIDDEN, min(elems, MAX_HIDDEN) + 1, PARTIAL) if elems % h == 0] if not rem else []
+            if not hs:
+                raise VerificationError(f"message size {s} bytes is not whole rows of {dtype_name(dt)}: a fused "
+                                        f"message is rows x hidden elements, hidden a multiple of {PARTIAL} from "
+                                        f"{MIN_HIDDEN} to {MAX_HIDDEN}")
+            for h in (hs[0], hs[-1]):
+                if (elems // h, h) not in out:
+                    out.append((elems // h, h))
+    return out
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One run of a fused verify: its case, dtype, packet type, schedule and parameters."""
+
+    rows: int
+    hidden: int
+    dtype: np.dtype
+    packet: str
+    schedule: str
+    seed: int
+    eps: float
+    scale: Optional[float]
+    fp8: str
+    weight_fp32: bool
+    own_residuals: bool
+    symbolic: bool = False
+
+    def context(self) -> str:
+        parts = [f"{self.rows} rows x {self.hidden}", dtype_name(self.dtype), self.packet, f"eps {self.eps:g}"]
+        if self.scale is not None:
+            parts.append(f"{self.fp8} scale {self.scale:g}")
+        parts.append("weight float32" if self.weight_fp32 else "weight of the activation dtype")
+        parts.append("per-rank residuals" if self.own_residuals else "one residual")
+        return ", ".join(parts + ["symbolic run" if self.symbolic else f"{self.schedule} schedule seed {self.seed}"])
+
+
+def _plan_runs(plan: Plan, cases: Sequence[tuple[int, int]], dts: Sequence[np.dtype], pts: Sequence[str],
+               schedules: int, seed: int, symbolic: bool) -> list[_Run]:
+    """Per case ``max(schedules, dtypes x packet types)`` runs, the (dtype, packet type) pairs
+    crossed and the schedules, eps values, scales, FP8 types, weight dtypes and residual modes in
+    turn; then one symbolic run per case."""
+    quant = plan_quantises(plan)
+    own_ok = not plan.replicated_residual
+    pairs = [(d, p) for d in dts for p in pts]
+    runs = []
+    for ci, (rows, h) in enumerate(cases):
+        for i in range(max(schedules, len(pairs))):
+            d, p = pairs[i % len(pairs)]
+            runs.append(_Run(rows, h, d, p, SCHEDULES[i % len(SCHEDULES)], seed + ci * 97 + i,
+                             EPS_VALUES[i % len(EPS_VALUES)], SCALES[i % len(SCALES)] if quant else None,
+                             FP8_TYPES[i % len(FP8_TYPES)], i % 2 == 0, own_ok and i % 2 == 1))
+        if symbolic:
+            runs.append(_Run(rows, h, dts[0], pts[0], "round_robin", seed + ci * 97, EPS_VALUES[0],
+                             SCALES[0] if quant else None, FP8_TYPES[0], True, False, True))
+    return runs
+
+
+def _data(plan: Plan, run: _Run) -> tuple[list[np.ndarray], list[np.ndarray], EpilogueParams]:
+    n = len(plan.gpus)
+    rng = np.random.default_rng(run.seed)
+    count = run.rows * run.hidden
+    xs = [rng.uniform(-1, 1, count).astype(np.float32).astype(run.dtype) for _ in range(n)]
+    res = [rng.uniform(-1, 1, count).astype(np.float32).astype(run.dtype) for _ in range(n if run.own_residuals else 1)]
+    w = rng.uniform(0.5, 1.5, run.hidden).astype(np.float32)
+    params = EpilogueParams(run.hidden, w if run.weight_fp32 else w.astype(run.dtype), run.eps, scale=run.scale,
+                            fp8=run.fp8)
+    return xs, res if run.own_residuals else res * n, params
+
+
+def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
+                 dtypes: Optional[Sequence[str]] = None, schedules: int = 10, seed: int = 0,
+                 launches: Optional[int] = None, reduce_ops: Optional[Sequence[str]] = None,
+                 packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
+                 max_problems: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None,
+                 limits: Optional[Limits] = None, cases: Optional[Sequence[tuple[int, int]]] = None) -> Report:
+    """Verify a fused plan (see the module docstring) over ``cases`` (rows, hidden), else the
+    cases of ``sizes`` (bytes of x: per size and dtype the largest and smallest hidden size its
+    rows take), else :func:`default_cases`; ``dtypes`` among :data:`ACT_DTYPES` (default: all),
+    ``launches`` by default :func:`~mscclang.sim.runner.default_launches` (3 with double scratch);
+    ``reduce_ops`` only ``sum`` (the fused collective sums). The runs are estimated first and
+    refused (LimitError) past ``limits``, then bounded by their time; a case outside the plan's
+    message size range is refused (VerificationError). Problems are grouped by cause, as
+    :func:`mscclang.sim.verify` groups them. Returns a :class:`Report`."""
     t0 = time.perf_counter()
     n = len(plan.gpus)
+    launches = default_launches(plan) if launches is None else launches
+    check_arguments(sizes, schedules, seed, launches)
+    if reduce_ops is not None and list(reduce_ops) != ["sum"]:
+        raise VerificationError(f"the fused collective sums: reduce ops {list(reduce_ops)} do not apply")
+    dts = [parse_dtype(d) for d in (dtypes or ACT_DTYPES)]
+    bad = [dtype_name(d) for d in dts if dtype_name(d) not in ACT_DTYPES]
+    if bad:
+        raise VerificationError(f"{', '.join(bad)}: the fused collective's activations are {', '.join(ACT_DTYPES)}")
+    pts = list(packet_types) or ["LL16"]
+    for p in pts:
+        if p not in ("LL16", "LL8"):
+            raise VerificationError(f"unknown packet type {p!r} (LL16 or LL8)")
     if cases is None:
-        cases = [(k * n, h) for k, h in DEFAULT_CASES]
+        cases = _cases_of_sizes(sizes, dts) if sizes else default_cases(plan)
+    cases = list(cases)
+    for rows, h in cases:
+        EpilogueParams(h, np.ones(h, np.float32))   # the hidden rule (PlanError naming it)
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise VerificationError(f"a case's row count must be a positive int, got {rows!r}")
+        for d in dts:
+            nb = rows * h * d.itemsize
+            if not plan.min_message_size <= nb <= plan.max_message_size:
+                raise VerificationError(f"{rows} rows x {h} of {dtype_name(d)} is {nb} bytes, outside the plan's "
+                                        f"message sizes [{plan.min_message_size}, {plan.max_message_size}]")
     rep = Report(plan.name, launches=launches)
     rep.postcondition = True
-    dts = [parse_dtype(d) for d in dtypes]
-    rep.dtypes = [dtype_name(d) for d in dts]
-    rep.sizes = [r * h * dts[0].itemsize for r, h in cases]
-    scheds = [SCHEDULES[i % len(SCHEDULES)] for i in range(max(schedules, 1))]
-    rep.schedules = scheds
-    rep.reduce_ops = ["sum"]
-    rep.packet_types = ["LL16", "LL8"]
+    rep.sizes = sorted({rows * h * d.itemsize for rows, h in cases for d in dts})
+    runs = _plan_runs(plan, cases, dts, pts, schedules, seed, symbolic)
+    rep.schedules = [SCHEDULES[i % len(SCHEDULES)] for i in range(max(schedules, len(dts) * len(pts)))]
     quant = plan_quantises(plan)
-    seen: dict[tuple, Problem] = {}
-
-    def add(probs: list[Problem], ctx: str) -> None:
-        for pr in probs:
-            key = (pr.kind, pr.message)
-            if key in seen:
-                seen[key].seen(ctx)
-                continue
-            pr.context = ctx
-            pr.add_case(ctx)
-            seen[key] = pr
-            rep.problems.append(pr)
-
-    for ci, (rows, hidden) in enumerate(cases):
-        for i, sched in enumerate(scheds + (["symbolic"] if symbolic else [])):
-            dt = dts[i % len(dts)]
-            pt = rep.packet_types[i % 2]
-            xs, res, rng = _inputs(n, rows * hidden, dt, seed * 1000 + ci * 97 + i)
-            params = EpilogueParams(hidden, rng.uniform(0.5, 1.5, hidden).astype(np.float32), eps,
-                                    scale=scale if quant else None)
-            sym = sched == "symbolic"
-            ctx = f"{rows} rows x {hidden}, {dtype_name(dt)}, {pt}, " + (
-                "symbolic run" if sym else f"{sched} schedule seed {seed + i}")
-            rep.runs += 1
-            try:
-                run = run_fused(plan, xs, res, params, schedule="round_robin" if sym else sched, seed=seed + i,
-                                launches=1 if sym else launches, check_races=not sym, symbolic=sym,
-                                packet_type=pt)
-            except MscclangError as e:
-                add([Problem("plan", f"{rows} rows x {hidden}: {e}")], ctx)
-                continue
-            add(run.problems, ctx)
-            if run.outputs and not sym:
-                add(check_fused(xs, res, run.residuals, run.outputs, params, quant, launches), ctx)
-                if consistency_level(plan) is not None:
-                    add(check_numeric_consistency(spec_from_plan(plan), [], run.outputs, launches,
-                                                  consistency_level(plan), run.residuals), ctx)
-    rep.problems = rep.ranked()
+    shaped = [(ib, ib, ob, row) for ib, ob, row in
+              {_sizes(plan, r.rows, EpilogueParams(r.hidden, np.ones(r.hidden, np.float32), scale=r.scale, fp8=r.fp8),
+                      r.dtype) for r in runs}]
+    small = min(shaped) if shaped else None
+    estimate_runs(plan, shaped, max(schedules, len(dts) * len(pts)), launches, itemsizes=[d.itemsize for d in dts],
+                  symbolic_size=small if symbolic else None,
+                  what=f"verifying {plan.name} over {len(cases)} case(s) with {len(runs)} run(s)").check(limits)
+    deadline = Deadline(limits, f"verifying {plan.name}")
+    found = Findings(plan, rep)
+    level = consistency_level(plan)
+    spec = spec_from_plan(plan)
+    for k, run in enumerate(runs):
+        if max_problems is not None and len(rep.problems) >= max_problems:
+            rep.notes.append(f"stopped after {len(rep.problems)} distinct problems (max_problems): counts cover the "
+                             "runs made")
+            break
+        ctx = run.context()
+        xs, res, params = _data(plan, run)
+        if not run.symbolic:
+            rep.ran(dtype_name(run.dtype), "sum", run.packet)
+        rep.runs += 1
+        try:
+            got = run_fused(plan, xs, res, params, schedule=run.schedule, seed=run.seed,
+                            launches=1 if run.symbolic else launches, check_races=not run.symbolic,
+                            symbolic=run.symbolic, packet_type=run.packet, deadline=deadline)
+        except MscclangError as e:
+            if not isinstance(e, PlanError):
+                raise
+            at = _OP_AT.match(str(e))   # the op the plan fails at: one problem per op, over the cases
+            found.add([Problem("plan", f"{run.rows} rows x {run.hidden}: {e}",
+                               details={"op": at.group(0)} if at else {})], ctx)
+            continue
+        found.add(got.problems, ctx)
+        if got.outputs and not run.symbolic:
+            found.add(check_fused(xs, res, got.residuals, got.outputs, params, quant, launches), ctx)
+            if level is not None and not run.own_residuals:
+                found.add(check_numeric_consistency(spec, [], got.outputs, launches, level, got.residuals), ctx)
+        if progress is not None:
+            progress(k + 1, len(runs))
+    rep.problems = drop_numeric_duplicates(rep.ranked())
     rep.seconds = time.perf_counter() - t0
     return rep

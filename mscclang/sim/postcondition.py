@@ -370,9 +370,9 @@ def check_fused(inputs: list[np.ndarray], residuals: list[np.ndarray], res_out: 
                 outputs: list[np.ndarray], params: Any, quant: bool, launch: int) -> list[Problem]:
     """The postcondition of ``allreduce_add_rms_norm`` (arrays of the activation dtype, the
     outputs of the FP8 type with ``quant``): every rank's residual is within ``(n + 1) * u *
-    (sum |x_p| + |residual|)`` of the float64 ``residual + sum of inputs`` (u: the activation's
-    unit roundoff; the sum's order is the plan's, so ranks may round differently, as with the
-    library allreduce), and every output is bit for bit :func:`mscclang.sim.epilogue.norm` of that rank's residual."""
+    (sum |x_p| + |residual_r|)`` of the float64 ``residual_r + sum of inputs``, rank ``r``'s own
+    ``residuals[r]`` (u: the activation's unit roundoff), and every output is bit for bit
+    :func:`mscclang.sim.epilogue.norm` of that rank's residual."""
     from mscclang.sim.epilogue import norm
 
     probs: list[Problem] = []
@@ -380,12 +380,13 @@ def check_fused(inputs: list[np.ndarray], residuals: list[np.ndarray], res_out: 
     n = len(inputs)
     u = unit_roundoff(dt) if is_float(dt) else 0.0
     x64 = [x.astype(np.float64) for x in inputs]
-    ref = np.sum(x64, axis=0) + residuals[0].astype(np.float64)
-    mag = np.sum(np.abs(x64), axis=0) + np.abs(residuals[0].astype(np.float64))
+    total = np.sum(x64, axis=0)
+    mags = np.sum(np.abs(x64), axis=0)
     tiny = float(np.finfo(np.float32).tiny) if is_float(dt) else 0.0
-    bound = (n + 1) * u * mag + tiny
     h = params.hidden
     for r in range(n):
+        ref = total + residuals[r].astype(np.float64)
+        bound = (n + 1) * u * (mags + np.abs(residuals[r].astype(np.float64))) + tiny
         got = res_out[r].astype(np.float64)
         bad = ~(np.abs(got - ref) <= bound)
         if bad.any():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from fractions import Fraction
 from pathlib import Path
 from typing import Optional, Sequence, Union
@@ -46,6 +47,24 @@ def resolve_reduce_op(plan: Plan, override: Optional[str] = None) -> str:
         (a, wa), (b, wb) = list(seen.items())[:2]
         raise PlanError(f"reductions disagree on the reduce op: {a} at {wa}, {b} at {wb}")
     return next(iter(seen), "sum")
+
+
+def default_launches(plan: Plan) -> int:
+    """Consecutive launches a default verify simulates: enough for every scratch area to be
+    reused by a later launch, so that what orders the reuse is checked. Two launches reuse a
+    single scratch; a double scratch alternates halves, so its halves are reused from the third
+    launch on."""
+    return 3 if plan.use_double_scratch_buffer else 2
+
+
+def check_arguments(sizes: Optional[Sequence[int]], schedules: int, seed: int, launches: int) -> None:
+    """Refuse verify arguments no run can take, before any work (VerificationError)."""
+    for name, value, low in (("schedules", schedules, 1), ("launches", launches, 1), ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise VerificationError(f"{name} must be an integer of at least {low}, got {value!r}")
+    for s in sizes or ():
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s <= 0:
+            raise VerificationError(f"message sizes must be positive integers (bytes), got {s!r}")
 
 
 _PARTS = ("input", "output", "block for each peer")

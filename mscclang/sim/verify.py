@@ -17,15 +17,17 @@ from mscclang.plan.collectives import FUSED_NORM, CollectiveSpec, check_senders,
 from mscclang.plan.layout import scratch_bytes_needed
 from mscclang.plan.models import BufferKind, Plan
 from mscclang.sim.budget import Deadline, Estimate, Limits, estimate_runs
-from mscclang.sim.consistency import check_numeric_consistency, check_symbolic_consistency, consistency_level
+from mscclang.sim.consistency import (check_numeric_consistency, check_symbolic_consistency, consistency_level,
+                                      drop_numeric_duplicates)
 from mscclang.sim.dtypes import accumulates, dtype_name, parse_dtype
 from mscclang.sim.engine import SCHEDULES, Simulation
-from mscclang.sim.diagnosis import (annotate_sources, attribute_writers, chunk_notes, classify, group_key, plan_uses,
-                                    protocol_warnings, rotate_cycle)
+from mscclang.sim.fused import prove_fused_consistent, verify_fused
+from mscclang.sim.diagnosis import Findings, attribute_writers, chunk_notes, plan_uses, protocol_warnings
 from mscclang.sim.postcondition import check_numeric, check_symbolic, derive_senders, random_inputs
 from mscclang.sim.program import Program, sim_program
 from mscclang.sim.report import Deadlock, Problem, Report
-from mscclang.sim.runner import PlanLike, as_plan, message_to_bytes, resolve_reduce_op
+from mscclang.sim.runner import (PlanLike, as_plan, check_arguments, default_launches, message_to_bytes,
+                                 resolve_reduce_op)
 
 DEFAULT_DTYPES = ("float16", "bfloat16", "float32", "int32")
 
@@ -171,14 +173,6 @@ def symbolic_bytes(prog: Program, nsym: int, granule: int) -> int:
     return rows * nsym * 2
 
 
-def default_launches(plan: Plan) -> int:
-    """Consecutive launches a default verify simulates: enough for every scratch area to be
-    reused by a later launch, so that what orders the reuse is checked. Two launches reuse a
-    single scratch; a double scratch alternates halves, so its halves are reused from the third
-    launch on."""
-    return 3 if plan.use_double_scratch_buffer else 2
-
-
 def _moves_bytes(prog: Program) -> bool:
     """Whether any data op of ``prog`` moves at least one byte."""
     def walk(cops: list) -> bool:
@@ -238,16 +232,6 @@ def _symbolic_fits(p: Plan, ib: int, ob: int) -> bool:
     return ib % 4 == 0 and nsym * (ib + ob) <= _SYMBOLIC_MAX
 
 
-def _check_arguments(sizes: Optional[Sequence[int]], schedules: int, seed: int, launches: int) -> None:
-    """Refuse arguments no run can take, before any work."""
-    for name, value, low in (("schedules", schedules, 1), ("launches", launches, 1), ("seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-            raise VerificationError(f"{name} must be an integer of at least {low}, got {value!r}")
-    for s in sizes or ():
-        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s <= 0:
-            raise VerificationError(f"message sizes must be positive integers (bytes), got {s!r}")
-
-
 def estimate_verify(p: Plan, sizes: Sequence[int], dtypes: Sequence[np.dtype], schedules: int,
                     launches: int, symbolic: bool = True) -> Estimate:
     """What :func:`verify` with these arguments would take (:mod:`mscclang.sim.budget`)."""
@@ -276,7 +260,7 @@ def _within_budget(p: Plan, sizes: Sequence[int], dts: Sequence[np.dtype], sched
 
 
 def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
-           dtypes: Sequence[str] = DEFAULT_DTYPES, schedules: int = 10, seed: int = 0,
+           dtypes: Optional[Sequence[str]] = None, schedules: int = 10, seed: int = 0,
            launches: Optional[int] = None, reduce_ops: Optional[Sequence[str]] = None,
            packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
            max_problems: Optional[int] = None,
@@ -312,14 +296,17 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     t0 = time.perf_counter()
     p = as_plan(plan)
     spec = spec_from_plan(p)
-    if spec.name == FUSED_NORM:  # row-shaped cases and its own postcondition
-        from mscclang.sim.fused import verify_fused
-
-        return verify_fused(p, schedules=min(schedules, 4), seed=seed,
-                            **({"launches": launches} if launches is not None else {}))
+    if spec.name == FUSED_NORM:  # row-shaped cases and its own postcondition, the same options
+        if senders is not None:
+            raise VerificationError(f"senders are only meaningful for sendrecv plans, not {spec.name}")
+        return verify_fused(p, sizes=sizes, dtypes=dtypes, schedules=schedules, seed=seed, launches=launches,
+                            reduce_ops=reduce_ops, packet_types=packet_types, symbolic=symbolic,
+                            max_problems=max_problems, progress=progress, limits=limits)
+    if dtypes is None:
+        dtypes = DEFAULT_DTYPES
     if launches is None:
         launches = default_launches(p)
-    _check_arguments(sizes, schedules, seed, launches)
+    check_arguments(sizes, schedules, seed, launches)
     rep = Report(p.name, launches=launches)
     rep.postcondition = spec.has_postcondition
     reduces, packets = plan_uses(p)
@@ -347,23 +334,8 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     pts = list(packet_types) or ["LL16"]
     scheds = [SCHEDULES[i % len(SCHEDULES)] for i in range(max(schedules, 1))]
     rep.schedules = scheds
-    groups: dict[tuple, Problem] = {}
-
-    def add(probs: list[Problem], ctx: str) -> None:
-        for pr in probs:
-            classify(pr, p)
-            key = group_key(pr)
-            known = groups.get(key)
-            if known is not None:
-                known.seen(ctx)
-                continue
-            rotate_cycle(pr, p)
-            annotate_sources(pr, p)
-            pr.context = ctx
-            pr.count, pr.cases, pr.ncases = 1, [], 0
-            pr.add_case(ctx)
-            groups[key] = pr
-            rep.problems.append(pr)
+    found = Findings(p, rep)
+    add = found.add
 
     level = consistency_level(p)
     disclaimed: set[tuple] = set()
@@ -394,7 +366,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
         if spec.name == "sendrecv":
             spec = _sendrecv_spec(p, spec, progs[max(progs)], senders, rep)
             for pr in rep.problems:
-                groups[group_key(pr)] = pr
+                found.known(pr)
 
     stopped = False
     planned = len(sizes) * len(scheds) + (1 if symbolic and sizes and spec.has_postcondition else 0)
@@ -475,9 +447,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             ran()
         else:
             rep.notes.append(f"symbolic check skipped at size {size}")
-    found = {pr.details["ranks"] for pr in rep.problems if pr.kind == "inconsistent" and pr.details.get("how") == "symbolic"}
-    rep.problems = [pr for pr in rep.problems if not (pr.kind == "inconsistent" and pr.details.get("how") == "numeric"
-                                                      and pr.details["ranks"] in found)]  # the symbolic finding says more
+    rep.problems = drop_numeric_duplicates(rep.problems)
     if disclaimed:
         rep.notes.append(f"the plan does not promise rank-consistent results (consistent: false): "
                          f"{len(disclaimed)} (rank pair, chunk) results differ between ranks")
@@ -501,8 +471,6 @@ def prove_consistent(plan: PlanLike) -> list[Problem]:
     if not spec.is_reduction:
         return []
     if spec.name == FUSED_NORM:
-        from mscclang.sim.fused import prove_fused_consistent
-
         return prove_fused_consistent(p)
     size = min(default_sizes(p))
     ib, ob = message_to_bytes(p, size)

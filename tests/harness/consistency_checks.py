@@ -48,9 +48,9 @@ def _within_bound(got: Any, xs: list, u: float, n_ops: int) -> bool:
 
 def check_allreduce(w: Any, counts: tuple = ALLREDUCE_COUNTS, dtypes: tuple = ALLREDUCE_DTYPES,
                     seed: int = 11) -> dict:
-    """Every dtype x count: the all_reduce's bytes digested (compared across ranks by the test),
-    and its values within the bound of a float64 reference (fp8: one rounding of the fp32 sum,
-    plus the accumulation's)."""
+    """Every dtype x count, on ordinary tensors and (large counts) on symmetric ones, where the
+    zero-copy plans run: the all_reduce's bytes digested (compared across ranks by the test), and
+    its values within the bound of a float64 reference."""
     import torch
 
     comm = communicator(w)
@@ -58,12 +58,13 @@ def check_allreduce(w: Any, counts: tuple = ALLREDUCE_COUNTS, dtypes: tuple = AL
     out: dict = {"rank": rank, "digests": {}, "plans": {}, "failures": []}
     for dname in dtypes:
         dt = getattr(torch, dname)
-        for count in counts:
+        for count, sym in [(c, False) for c in counts] + [(c, True) for c in counts if c >= 65536]:
             seed += 1
-            case = f"all_reduce {dname} {count}"
+            case = f"all_reduce {dname} {count}{' symmetric' if sym else ''}"   # symmetric: zero-copy plans
             try:
                 xs = _inputs(seed, n, count, dt)
-                x = xs[rank].to(dev).clone()
+                x = comm.empty(count, dtype=dt) if sym else torch.empty(count, dtype=dt, device=dev)
+                x.copy_(xs[rank])
                 comm.all_reduce(x)
                 _sync(comm)
                 out["digests"][case] = _digest(x)
