@@ -183,7 +183,8 @@ def _tune(args: argparse.Namespace, colls: list[str], instances: list[int], thre
             for coll in colls:
                 for size in sizes:
                     ranked = rank_by_prediction(catalog, coll, n, size, args.topology)
-                    best = ", ".join(f"{p.label} {p.us:.1f} us" for p in ranked[:3]) or "no candidate"
+                    best = ", ".join(f"{p.label} {'in place' if p.inplace else 'out of place'} {p.us:.1f} us"
+                                     for p in ranked[:3]) or "no candidate"
                     print(f"predicted {coll} {size} B: {best}")
             print("(predictions rank what to measure; no tuning file is written from them)")
         return 0
