@@ -256,7 +256,7 @@ def test_predict_topology_file_without_gpus_per_node(capsys, tmp_path):
     f = tmp_path / "topo.json"
     f.write_text('{"nodes": 1}')
     res = cli_inproc(capsys, "predict", str(PLAN2), "--topology", str(f))
-    user_error(res, "mscclang predict: error: ", '"gpus_per_node" (the GPUs of each node) is missing')
+    user_error(res, "mscclang predict: error: ", f"topology {f}: gpus_per_node: Field required")
     assert "KeyError" not in res.stderr
 
 

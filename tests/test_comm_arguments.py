@@ -66,19 +66,20 @@ def _misuse(call):
 
 
 @pytest.mark.parametrize("call,needle", [
-    (lambda c: c.broadcast(torch.ones(4), root="0"), "broadcast root must be an int rank, got '0' (str)"),
-    (lambda c: c.broadcast(torch.ones(4), root=1.0), "broadcast root must be an int rank, got 1.0 (float)"),
-    (lambda c: c.broadcast(torch.ones(4), root=True), "broadcast root must be an int rank, got True (bool)"),
-    (lambda c: c.broadcast(torch.ones(4), root=None), "broadcast root must be an int rank, got None"),
-    (lambda c: c.broadcast(torch.ones(4), root=-1), "broadcast root -1 is not a rank of 2 (0..1)"),
-    (lambda c: c.broadcast(torch.ones(4), root=2), "broadcast root 2 is not a rank of 2"),
-    (lambda c: c.prepare("broadcast", torch.ones(4), root="1"), "broadcast root must be an int rank, got '1'"),
-    (lambda c: c.prepare("broadcast", torch.ones(4), root=7), "broadcast root 7 is not a rank of 2"),
-    (lambda c: c.send(torch.ones(4), dst="1"), "send dst must be an int rank, got '1' (str)"),
+    (lambda c: c.broadcast(torch.ones(4), root="0"), "broadcast root '0' is not a rank: use an int in 0..1"),
+    (lambda c: c.broadcast(torch.ones(4), root=1.0), "broadcast root 1.0 is not a rank: use an int in 0..1"),
+    (lambda c: c.broadcast(torch.ones(4), root=True), "broadcast root True is not a rank: use an int in 0..1"),
+    (lambda c: c.broadcast(torch.ones(4), root=None), "broadcast root None is not a rank: use an int in 0..1"),
+    (lambda c: c.broadcast(torch.ones(4), root=torch.tensor(1.0)), "broadcast root tensor(1.) is not a rank"),
+    (lambda c: c.broadcast(torch.ones(4), root=-1), "broadcast root -1 is not a rank: use an int in 0..1"),
+    (lambda c: c.broadcast(torch.ones(4), root=2), "broadcast root 2 is not a rank: use an int in 0..1"),
+    (lambda c: c.prepare("broadcast", torch.ones(4), root="1"), "broadcast root '1' is not a rank: use an int in 0..1"),
+    (lambda c: c.prepare("broadcast", torch.ones(4), root=7), "broadcast root 7 is not a rank: use an int in 0..1"),
+    (lambda c: c.send(torch.ones(4), dst="1"), "send dst '1' is not a rank: use an int in 0..1"),
     (lambda c: c.send(torch.ones(4), dst=c.rank), "not another rank of 2 (it is this one)"),
-    (lambda c: c.send(torch.ones(4), dst=5), "send dst 5 is not a rank of 2"),
-    (lambda c: c.recv(torch.ones(4), src=1.5), "recv src must be an int rank, got 1.5 (float)"),
-    (lambda c: c.recv(torch.ones(4), src=-3), "recv src -3 is not a rank of 2"),
+    (lambda c: c.send(torch.ones(4), dst=5), "send dst 5 is not a rank: use an int in 0..1"),
+    (lambda c: c.recv(torch.ones(4), src=1.5), "recv src 1.5 is not a rank: use an int in 0..1"),
+    (lambda c: c.recv(torch.ones(4), src=-3), "recv src -3 is not a rank: use an int in 0..1"),
 ])
 def test_a_rank_argument_that_is_no_rank_is_an_invalid_call(call, needle):
     """Seen: broadcast(x, root='0') raised a raw TypeError ('<=' between int and str)."""

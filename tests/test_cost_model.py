@@ -213,20 +213,24 @@ def test_tune_ranks_only_placements_the_runtime_takes():
 
 @pytest.mark.parametrize("spec,needle", [
     ("0x2", "0 nodes of 2 GPUs"), ("2x0", "2 nodes of 0 GPUs"), ("3x3", "3 x 3 = 9 GPUs"),
-    ('{"nodes": 1}', '"gpus_per_node" (the GPUs of each node) is missing'),
-    ("[2]", 'expected {"gpus_per_node"'), ('{"gpus_per_node": 2, "model": 3}', 'expected {"gpus_per_node"'),
-    ('{"gpus_per_node": "2"}', "gpus_per_node is '2', not a whole number"),
-    ('{"gpus_per_node": 2, "nodes": 1.5}', "nodes is 1.5, not a whole number"),
-    ('{"gpus_per_node": 2, "model": {"link_us": "fast"}}', "model.link_us is 'fast', not a rate"),
-    ('{"gpus_per_node": 2, "model": {"link_us": -1}}', "model.link_us is -1, not a rate"),
-    ('{"gpus_per_node": 2, "racks": 1}', "unknown entries ['racks']"),
-    ("{", "not 'nvlink', 'NxM' or a readable JSON file"),
+    ('{"nodes": 1}', "topology FILE: gpus_per_node: Field required"),
+    ("[2]", "topology FILE: $: Input should be an object"),
+    ('{"gpus_per_node": 2, "model": 3}', "topology FILE: model: Input should be an object"),
+    ('{"gpus_per_node": "2"}', "topology FILE: gpus_per_node: Input should be a valid integer"),
+    ('{"gpus_per_node": true}', "topology FILE: gpus_per_node: Input should be a valid integer"),
+    ('{"gpus_per_node": 0}', "topology FILE: gpus_per_node: Input should be greater than or equal to 1"),
+    ('{"gpus_per_node": 2, "nodes": 1.5}', "topology FILE: nodes: Input should be a valid integer"),
+    ('{"gpus_per_node": 2, "model": {"link_us": "fast"}}', "topology FILE: model.link_us: Input should be a valid number"),
+    ('{"gpus_per_node": 2, "model": {"link_us": -1}}', "model.link_us: Input should be greater than or equal to 0"),
+    ('{"gpus_per_node": 2, "model": {"warp": 1}}', "model.warp: Input should be 'link_gbps'"),
+    ('{"gpus_per_node": 2, "racks": 1}', "topology FILE: racks: Extra inputs are not permitted"),
+    ("{", "topology FILE: $: Invalid JSON"),
 ])
 def test_a_bad_topology_is_named(tmp_path, spec, needle):
     if not spec[0].isdigit():
         f = tmp_path / "topo.json"
         f.write_text(spec)
-        spec = str(f)
+        spec, needle = str(f), needle.replace("FILE", str(f))
     with pytest.raises(PlanError) as e:
         cost.load_topology(spec, 2)
     assert needle in str(e.value)

@@ -77,14 +77,10 @@ class _HelpFormatter(argparse.HelpFormatter):
     separated) and list items (``* ``, ``1. ``) are refilled to the terminal one by one."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
-        blocks = []
-        for block in re.split(r"\n\s*\n", plain_text(text).strip()):
-            items = re.split(r"\n(?=\s*(?:\*|\d+\.) )", block)
-            blocks.append("\n".join(textwrap.fill(" ".join(it.split()), width, initial_indent=indent,
-                                                   subsequent_indent=indent + " " * len(_ITEM.match(it)[0]),
-                                                   break_on_hyphens=False)
-                                     for it in items))
-        return "\n\n".join(blocks)
+        parts = re.split(r"(\n\s*\n|\n(?=\s*(?:\*|\d+\.) ))", plain_text(text).strip())  # paragraphs, list items
+        return "".join(("\n\n" if p.count("\n") > 1 else "\n") if i % 2 else textwrap.fill(
+            " ".join(p.split()), width, initial_indent=indent, break_on_hyphens=False,
+            subsequent_indent=indent + " " * len(_ITEM.match(p)[0])) for i, p in enumerate(parts))
 
     def _split_lines(self, text: str, width: int) -> list[str]:
         return super()._split_lines(plain_text(text), width)

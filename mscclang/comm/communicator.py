@@ -486,18 +486,14 @@ class Communicator:
         return torch.empty(numel, dtype=like.dtype, device=like.device)
 
     def _rank_arg(self, value: Any, what: str) -> int:
-        """``value`` as a rank (an int, or an integer with ``__index__`` such as a numpy or 0-d
-        torch integer, not a bool); CommError naming ``what`` and the value otherwise, or when it
-        is not a rank of this communicator."""
+        """``value`` as a rank of this communicator (an int, or an integer with ``__index__`` such
+        as a numpy or 0-d torch integer; not a bool); CommError naming ``what`` and the value."""
         try:
-            if isinstance(value, bool):
-                raise TypeError
-            r = operator.index(value)
+            r = -1 if isinstance(value, bool) else operator.index(value)
         except TypeError:
-            raise CommError(f"rank {self.rank}: {what} must be an int rank, got {value!r} "
-                            f"({type(value).__name__})") from None
+            r = -1
         if not 0 <= r < self.world_size:
-            raise CommError(f"rank {self.rank}: {what} {r} is not a rank of {self.world_size} (0..{self.world_size - 1})")
+            raise CommError(f"rank {self.rank}: {what} {value!r} is not a rank: use an int in 0..{self.world_size - 1}")
         return r
 
     def _check_peer(self, peer: Any, what: str) -> int:

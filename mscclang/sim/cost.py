@@ -30,7 +30,9 @@ import json
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from mscclang.errors import PlanError
 from mscclang.plan.layout import make_layout
@@ -102,27 +104,28 @@ def load_topology(spec: str, world_size: int) -> Topology:
     return Topology(m, n, replace(calibrated(), **{k: float(v) for k, v in over.items()}))
 
 
+class _TopologyFile(BaseModel):
+    """A topology file: ``{"gpus_per_node": M, "nodes": N, "model": {RATE: VALUE, ...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpus_per_node: Annotated[int, Strict(), Field(ge=1)]
+    nodes: Annotated[int, Strict(), Field(ge=1)] = 1
+    model: dict[Literal[tuple(CostModel.__dataclass_fields__)], Annotated[float, Strict(), Field(  # type: ignore[misc]
+        ge=0, allow_inf_nan=False)]] = {}
+
+
 def _topology_file(spec: str) -> tuple[int, int, dict]:
     """(nodes, GPUs per node, model entries) of a topology file; PlanError naming the wrong entry."""
+    from mscclang.plan.io import validation_error
+
     try:
-        data = json.loads(Path(spec).read_text())
-    except (OSError, ValueError) as e:
-        raise PlanError(f"topology {spec!r}: not 'nvlink', 'NxM' or a readable JSON file ({e})") from None
-    where = f"topology {spec}"
-    if not isinstance(data, dict) or not isinstance(data.get("model", {}), dict):
-        raise PlanError(f'{where}: expected {{"gpus_per_node": M, "nodes": N, "model": {{RATE: VALUE, ...}}}}')
-    unknown = sorted(set(data) - {"gpus_per_node", "nodes", "model"})
-    unknown += [f"model.{k}" for k in sorted(set(data.get("model", {})) - set(CostModel.__dataclass_fields__))]
-    if unknown or "gpus_per_node" not in data:
-        raise PlanError(f"{where}: unknown entries {unknown}" if unknown else
-                        f'{where}: "gpus_per_node" (the GPUs of each node) is missing')
-    over = data.get("model", {})
-    for key, v in [("nodes", data.get("nodes", 1)), ("gpus_per_node", data["gpus_per_node"]),
-                   *((f"model.{k}", x) for k, x in over.items())]:
-        rate = key.startswith("model.")
-        if isinstance(v, bool) or not isinstance(v, (int, float) if rate else int) or (rate and not 0 <= v < 1e300):
-            raise PlanError(f"{where}: {key} is {v!r}, not {'a rate (a number >= 0)' if rate else 'a whole number'}")
-    return data.get("nodes", 1), data["gpus_per_node"], over
+        f = _TopologyFile.model_validate_json(Path(spec).read_text())
+    except OSError as e:
+        raise PlanError(f"topology {spec!r}: not 'nvlink', 'NxM' or a readable JSON file ({e.strerror})") from None
+    except ValidationError as e:
+        err = validation_error(e)
+        raise PlanError(f"topology {spec}: {err.path + ': ' if err.path else ''}{err.message}") from None
+    return f.nodes, f.gpus_per_node, f.model
 
 
 @dataclass(frozen=True)
