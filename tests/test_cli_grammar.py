@@ -182,7 +182,7 @@ class _Tty(io.StringIO):
 
 
 def test_a_terminal_bar_shows_each_step_done_at_the_next_note():
-    """build-kernel: a quick first step (layout checks) then a long one; the bar said 0/2 all along."""
+    """A quick first step then a long one: the bar said 0/2 all along (seen on build-kernel)."""
     pytest.importorskip("tqdm")
     tty = _Tty()
     with Progress(2, "build", unit="module", stream=tty) as bar:
