@@ -182,7 +182,7 @@ class _Tty(io.StringIO):
 
 
 def test_a_terminal_bar_shows_each_step_done_at_the_next_note():
-    """build-kernel: a quick first step (layout checks) then a long one; the bar said 0/2 all along."""
+    """A quick first step then a long one: the bar said 0/2 all along (seen on build-kernel)."""
     pytest.importorskip("tqdm")
     tty = _Tty()
     with Progress(2, "build", unit="module", stream=tty) as bar:
@@ -191,3 +191,137 @@ def test_a_terminal_bar_shows_each_step_done_at_the_next_note():
         bar.set_note("bf16")  # the long step starts: the bar must show 1/2 now
         assert "1/2" in tty.getvalue(), tty.getvalue()
         bar.update()
+
+
+# ------------------------------------------------------------------ help texts and errors
+
+def _subcommands() -> list[str]:
+    from mscclang.cli.main import COMMANDS
+
+    return list(COMMANDS)
+
+
+@pytest.mark.parametrize("cmd", _subcommands())
+def test_every_help_is_plain_text_with_a_description(capsys, cmd):
+    """Seen: predict, demo, generate-plans and schema showed raw reST (``x``, :mod:`y`); run and
+    build-kernel had no description at all."""
+    import re
+
+    with pytest.raises(SystemExit) as e:
+        _parse(cmd, "--help")
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert not re.search(r"``|:[a-z]+:`|\*\*", text), text
+    description = text.split("\n\n", 2)[1]
+    assert not description.startswith(("positional arguments:", "options:")) and len(description) > 40, text
+
+
+def test_a_description_keeps_its_list_items_apart(capsys):
+    with pytest.raises(SystemExit):
+        _parse("predict", "--help")
+    text = capsys.readouterr().out
+    items = [ln for ln in text.splitlines() if ln.startswith("* mscclang predict")]
+    assert len(items) == 3, text
+
+
+PLAN2 = ROOT / "plans" / "allreduce_oneshot_ll.r2.i1.inplace.json"
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["predict"], "give a plan"),
+    (["predict", str(PLAN2), "--topology", "0x2"], "topology '0x2': 0 nodes of 2 GPUs"),
+    (["predict", str(PLAN2), "--topology", "2x1"], "the GPU runtime refuses this plan on 2 x 1 GPUs"),
+    (["predict", "/nonexistent/plan.json"], "/nonexistent/plan.json"),
+    (["schema", "--check", "-o", "/nonexistent/schema.json"], "cannot read the schema"),
+    (["compile", "/nonexistent/prog.py"], "does not exist"),
+    (["show", "/nonexistent/plan.json"], "/nonexistent/plan.json"),
+    (["verify", "/nonexistent/plan.json"], "/nonexistent/plan.json"),
+    (["import-mscclpp", "/nonexistent/plan.json"], "/nonexistent/plan.json"),
+    (["generate-plans", "--only", "no_such_algorithm"], "no_such_algorithm"),
+    (["demo", "--sizes", "3"], "--sizes 3"),
+    (["bench", "--out", "/proc/mscclang-nope"], "--out /proc/mscclang-nope"),
+])
+def test_every_error_is_one_prefixed_line_with_status_1(capsys, argv, needle):
+    res = cli_inproc(capsys, *argv)
+    user_error(res, f"mscclang {argv[0]}: error: ", needle)
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_predict_topology_names_are_case_insensitive(capsys):
+    res = cli_inproc(capsys, "predict", str(PLAN2), "--topology", "NVLINK")
+    assert res.returncode == 0 and "on 1 x 2 GPUs: predicted" in res.stdout, res.stderr
+
+
+def test_predict_topology_file_without_gpus_per_node(capsys, tmp_path):
+    f = tmp_path / "topo.json"
+    f.write_text('{"nodes": 1}')
+    res = cli_inproc(capsys, "predict", str(PLAN2), "--topology", str(f))
+    user_error(res, "mscclang predict: error: ", f"topology {f}: gpus_per_node: Field required")
+    assert "KeyError" not in res.stderr
+
+
+def test_an_output_where_the_file_system_takes_nothing_is_named_as_such(capsys):
+    """Seen: `bench --out /proc/nope` said "(/proc: No such file or directory)", as if /proc were
+    missing; it exists, and its file system refuses new entries."""
+    import os
+
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no procfs here")
+    res = cli_inproc(capsys, "bench", "--out", "/proc/nope")
+    user_error(res, "mscclang bench: error: --out /proc/nope",
+               "/proc exists, but its file system does not take new files or folders")
+
+
+class _Clock:
+    """time.monotonic of the progress module, advanced by the fake compiler."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _fake_build(monkeypatch, seconds_per_kernel: float):
+    """build-kernel with a compiler that takes ``seconds_per_kernel`` per kernel on a fake clock
+    (and no time at all for the layout checks)."""
+    from types import SimpleNamespace
+
+    from mscclang.cli import build_kernel_cmd, progress
+    from mscclang.runtime import build
+
+    clock = _Clock()
+    monkeypatch.setattr(progress.time, "monotonic", clock)
+    monkeypatch.setitem(__import__("sys").modules, "tqdm", None)   # the text line
+    monkeypatch.setattr(build_kernel_cmd, "supported_archs", lambda: [90])
+    monkeypatch.setattr(build, "compile_source", lambda *a, **k: b"")
+    monkeypatch.setattr(build, "nvrtc_version", lambda: (13, 0))
+
+    def build_module(dtype, arch, use_cache=True):
+        clock.now += seconds_per_kernel * build.module_kernels(dtype)
+        return SimpleNamespace(dtype=dtype, cubin=b"x", cached=False, path="/nowhere")
+
+    monkeypatch.setattr(build, "build_module", build_module)
+
+
+def _etas(stderr: str) -> list[str]:
+    return [ln for ln in stderr.replace("\x1b[K", "").split("\r") if "build kernels" in ln]
+
+
+def test_build_kernel_eta_is_not_the_elapsed_time(capsys, monkeypatch):
+    """Seen: all 93 progress lines of a 472 s one-module build said "ETA = elapsed": the layout
+    checks (a fraction of a second) counted as one of two steps. They are no step now: no ETA
+    before a module is done, and after one the others' time scaled by their kernels."""
+    _fake_build(monkeypatch, 10.0)
+    res = cli_inproc(capsys, "build-kernel", "--dtype", "bf16", "--progress")
+    assert res.returncode == 0, res.stderr
+    lines = _etas(res.stderr)
+    assert lines and not any("ETA" in ln for ln in lines), lines
+    # bf16 (6 kernels) in 60 s, then fp8_e4m3 (2 modules of 2 kernels: 40 s left)
+    res = cli_inproc(capsys, "build-kernel", "--dtype", "bf16", "--dtype", "fp8_e4m3", "--progress")
+    assert res.returncode == 0, res.stderr
+    lines = _etas(res.stderr)
+    at = next(ln for ln in lines if "1/3 modules" in ln)
+    assert "1m00s elapsed, ETA 40s" in at, lines
+    at = next(ln for ln in lines if "2/3 modules" in ln)
+    assert "1m20s elapsed, ETA 20s" in at, lines

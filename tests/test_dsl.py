@@ -317,7 +317,7 @@ def _errors():
         ("packet reduce not scratch", lambda: Rank(0).reduce(inp(0)[0:1], [out(0)[0:1]], tb=0, packet=True),
          r"other chunk 0 rank 0 output\[0:1\] holds packets"),
         ("barrier duplicate", lambda: Rank(0).barrier([1, 1]), r"rank 0: Rank\(0\).barrier\(tb_list=\[1, 1\]\): a thread block is listed twice"),
-        ("semaphore negative", lambda: Semaphore(0, -1), r"initial_value must be a non-negative int"),
+        ("semaphore negative", lambda: Semaphore(0, -1), r"initial_value must be an int in 0..2147483647"),
         ("tb and group", lambda: Rank(0).copy(out(0)[0:1], inp(0)[0:1], tb=0, tb_group=ThreadBlockGroup([0])),
          r"give either 'tb' or 'tb_group'"),
         ("switch rank not in group", lambda: SwitchChannel([0], BufferType.input).at_rank(1),

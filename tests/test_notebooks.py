@@ -22,13 +22,19 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 
 
-def execute(name: str, out_dir: Path, monkeypatch: pytest.MonkeyPatch, gpus: bool = False):
+def execute(name: str, out_dir: Path, monkeypatch: pytest.MonkeyPatch, gpus: bool = False,
+            own_folder: bool = False):
     """Run notebook ``name`` in a fresh kernel; returns it with outputs and a tag -> cell map.
-    ``gpus``: leave the machine's GPUs visible (else the CI path: none). With
+    ``gpus``: leave the machine's GPUs visible (else the CI path: none). ``own_folder``: no
+    ``$MSCCLANG_NB_OUT`` (as a user runs it), the system temp folder being ``out_dir``. With
     ``$MSCCLANG_NB_SAVE`` set, the executed notebook is also written into that folder."""
     from jupyter_client.kernelspec import NoSuchKernel
 
-    monkeypatch.setenv("MSCCLANG_NB_OUT", str(out_dir))
+    if own_folder:
+        monkeypatch.delenv("MSCCLANG_NB_OUT", raising=False)
+        monkeypatch.setenv("TMPDIR", str(out_dir))
+    else:
+        monkeypatch.setenv("MSCCLANG_NB_OUT", str(out_dir))
     monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     if not gpus:
@@ -111,8 +117,10 @@ def test_author_verify_notebook(tmp_path, monkeypatch):
     assert "skipped: the measured run needs 4 GPUs" in text_of(tagged["gpu-run"])
 
 
-def test_gpu_vs_nccl_notebook_without_gpus(tmp_path, monkeypatch):
-    nb, tagged = execute("02_gpu_vs_nccl.ipynb", tmp_path, monkeypatch)
+def test_gpu_vs_nccl_notebook_without_gpus_leaves_nothing_behind(tmp_path, monkeypatch):
+    """Run as a user runs it (no MSCCLANG_NB_OUT). Seen: the notebooks left mscclang_notebooks/
+    in the system temp folder; their folder is now removed when the kernel exits."""
+    nb, tagged = execute("02_gpu_vs_nccl.ipynb", tmp_path, monkeypatch, own_folder=True)
     check_common(nb, tagged)
     assert "SKIP GPU run: 0 CUDA GPU(s) visible" in text_of(tagged["device-check"])
     assert "verify oneshot_ll: OK" in text_of(tagged["verify-ok"])
@@ -120,8 +128,11 @@ def test_gpu_vs_nccl_notebook_without_gpus(tmp_path, monkeypatch):
     assert "all ranks agree: True" in sim and "matches the fp32 reference" in sim
     assert "SKIP GPU run" in text_of(tagged["gpu-run"])
     assert "SKIP comparison" in text_of(tagged["compare"])
-    plan = load_plan(tmp_path / "oneshot_ll_2.json")
-    assert plan.protocol == "LL" and plan.world_size == 2
+    made = next(c for c in nb.cells if "save_plan(plan, plan_path)" in c.source)
+    written = text_of(made).strip()
+    assert written.startswith("oneshot_ll: LL, 2 ranks,") and written.endswith("oneshot_ll_2.json"), written
+    assert str(tmp_path) in written          # it was written in the temp folder ...
+    assert sorted(tmp_path.iterdir()) == []  # ... and nothing is left there
 
 
 def _cuda_gpus() -> int:

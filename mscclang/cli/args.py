@@ -272,7 +272,10 @@ def writable_dir(path: str, option: str) -> None:
             raise NotADirectoryError(0, "not a folder")
         os.rmdir(tempfile.mkdtemp(dir=there, prefix=".mscclang-"))
     except OSError as e:
-        raise MscclangError(f"{option} {path}: cannot write there ({there}: {e.strerror or e})") from None
+        why = f"{there}: {e.strerror or e}"
+        if isinstance(e, FileNotFoundError):   # it exists: its file system takes no new entries (/proc)
+            why = f"{there} exists, but its file system does not take new files or folders: {e.strerror}"
+        raise MscclangError(f"{option} {path}: cannot write there ({why})") from None
 
 
 def add_progress_flag(p: argparse.ArgumentParser) -> None:

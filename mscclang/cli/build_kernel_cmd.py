@@ -96,6 +96,7 @@ def prebuild_plans(args: argparse.Namespace, arch: str) -> int:
     ``--out`` and print one line per kernel (its file, or why it is not specialised)."""
     from mscclang.plan.io import load_plan, plan_to_json
     from mscclang.plan.samples import SAMPLES
+    from mscclang.plan.shapes import output_bytes
     from mscclang.runtime.spec_build import prebuild
 
     if not args.out:
@@ -108,12 +109,7 @@ def prebuild_plans(args: argparse.Namespace, arch: str) -> int:
     plans += [load_plan(plan_to_json(SAMPLES[n](args.ranks))) for n in args.sample]
     dtypes = [c for d in dict.fromkeys(args.dtype or ["bfloat16"]) for c in BUILD_DTYPE[d]]
     for plan in plans:
-        sizes = []
-        for n in args.sizes or [1024]:
-            out = n * plan.world_size if plan.collective == "allgather" else n
-            if plan.collective == "reducescatter":
-                out = n // plan.world_size
-            sizes.append((n, out))
+        sizes = [(n, output_bytes(plan.collective, plan.world_size, n)) for n in args.sizes or [1024]]
         try:
             res = prebuild(plan, sizes, dtypes, args.packet.split(","), args.op.split(","), Path(args.out), arch)
         except MscclangError as e:
@@ -140,15 +136,17 @@ def run(args: argparse.Namespace) -> int:
                                      "(hardware fp8 conversions)")
         dtypes = [c for c in dtypes if c not in fp8]
     mods = []
-    with Progress(1 + len(dtypes), f"build kernels for {arch}", unit="module", enabled=args.progress) as bar:
+    # the ETA counts kernels (an fp8 module holds a third of the others'); the layout checks, a
+    # fraction of a second, are no step of it (counted as one, they made every ETA the elapsed time)
+    with Progress(len(dtypes), f"build kernels for {arch}", unit="module", enabled=args.progress,
+                  work=sum(build.module_kernels(d) for d in dtypes)) as bar:
         bar.set_note("layout checks")
         build.compile_source(layout_asserts(), arch, name="layout_asserts.cu")
-        bar.update()
         if args.jobs <= 1 or len(dtypes) <= 1:
             for d in dtypes:
                 bar.set_note(d)
                 mods.append(build.build_module(d, arch, use_cache=not args.no_cache))
-                bar.update()
+                bar.update(work=build.module_kernels(d))
         else:
             import multiprocessing as mp
 
@@ -160,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
                 done = {}
                 for m in pool.imap_unordered(_build_one, [(d, arch, not args.no_cache) for d in dtypes]):
                     done[m.dtype] = m
-                    bar.update()
+                    bar.update(work=build.module_kernels(m.dtype))
                 mods = [done[d] for d in dtypes]
                 pool.close()
             finally:

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import re
 import sys
+import textwrap
 from typing import NoReturn, Optional, Sequence
 
 from mscclang.errors import MscclangError
@@ -59,10 +60,38 @@ class _Parser(argparse.ArgumentParser):
         return value
 
 
+#: reST roles (``:mod:`x```, ``:func:`~a.b```) and literals (````x````) of the docstrings
+_ROLE = re.compile(r":[a-z]+:`(~?)([^`]+)`")
+_ITEM = re.compile(r"\s*(?:(?:\*|\d+\.) )?")
+
+
+def plain_text(text: str) -> str:
+    """A docstring's reST as terminal text: ``:mod:`a.b``` is ``a.b`` (``~a.b``: ``b``), a
+    ````literal```` loses its backquotes, ``**bold**`` its stars."""
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    return text.replace("``", "").replace("**", "")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help texts as plain text (:func:`plain_text`); a description's paragraphs (blank-line
+    separated) and list items (``* ``, ``1. ``) are refilled to the terminal one by one."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        parts = re.split(r"(\n\s*\n|\n(?=\s*(?:\*|\d+\.) ))", plain_text(text).strip())  # paragraphs, list items
+        return "".join(("\n\n" if p.count("\n") > 1 else "\n") if i % 2 else textwrap.fill(
+            " ".join(p.split()), width, initial_indent=indent, break_on_hyphens=False,
+            subsequent_indent=indent + " " * len(_ITEM.match(p)[0])) for i, p in enumerate(parts))
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return super()._split_lines(plain_text(text), width)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``mscclang`` parser: every subcommand of :data:`COMMANDS`, described by its module's
+    docstring unless it gives a description, all help shown as plain text."""
     parser = _Parser(
         prog="mscclang",
-        description="Compile, verify, show and run mscclang collective plans.",
+        description="Compile, verify, show and run mscclang collective plans.", formatter_class=_HelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
@@ -73,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # not built yet
             raise
         mod.add_parser(sub)
+        p = sub.choices[name]
+        p.description, p.formatter_class = p.description or mod.__doc__, _HelpFormatter
     return parser
 
 

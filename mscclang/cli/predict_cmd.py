@@ -20,12 +20,13 @@ import json
 import sys
 from pathlib import Path
 
+from mscclang.errors import MscclangError
+
 
 def add_parser(sub: "argparse._SubParsersAction") -> None:
     from mscclang.cli.args import sizes_arg
 
-    p = sub.add_parser("predict", help="predicted per-op timeline of a plan (cost model, no GPU)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("predict", help="predicted per-op timeline of a plan (cost model, no GPU)")
     p.add_argument("plan", nargs="?", help="plan JSON (or an MSCCL++ plan)")
     p.add_argument("--size", "--sizes", dest="sizes", type=sizes_arg(), action="append",
                    help="message size(s): 1M, 4K,64M (default 1M)")
@@ -48,56 +49,55 @@ def _plans_dir() -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mscclang.errors import MscclangError
+    """Run the command (a MscclangError or OSError is reported by :mod:`mscclang.cli.main`: one
+    ``mscclang predict: error: ...`` line, exit status 1)."""
     from mscclang.sim import cost
 
-    try:
-        if args.calibrate:
-            rows = [r for f in args.calibrate for r in cost.bench_rows(Path(f))]
-            model = cost.fit(rows, _plans_dir())
-            text = json.dumps({"fitted_to": [str(f) for f in args.calibrate], "model": cost.model_dict(model)}, indent=2)
-            if args.out:
-                Path(args.out).write_text(text + "\n")
-                print(f"wrote {args.out}")
-            else:
-                print(text)
-            return 0
-        if args.error:
-            for f in args.error:
-                errs = cost.errors(cost.bench_rows(Path(f)), _plans_dir(), cost.calibrated())
-                print(f"{f}: {len(errs)} figures")
-                print(f"  {'collective':15s} {'sizes':10s} {'rows':>4s} {'median |err|':>12s} {'worst':>7s}  worst at")
-                for t in cost.error_table(errs):
-                    print(f"  {t['collective']:15s} {t['sizes']:10s} {t['rows']:4d} {t['median_abs_error']:12.1%} "
-                          f"{t['worst_error']:+7.1%}  {t['worst_at']}")
-            return 0
-        if not args.plan:
-            print("mscclang predict: give a plan, --error BENCH.json or --calibrate BENCH.json", file=sys.stderr)
-            return 2
-        from mscclang.plan.io import load_plan
-        from mscclang.plan.shapes import call_bytes
-
-        plan = load_plan(args.plan)
-        topo = cost.load_topology(args.topology, plan.world_size)
-        sizes = [s for group in (args.sizes or [[1 << 20]]) for s in group]
-        traces = []
-        for nbytes in sizes:
-            inb, outb = call_bytes(plan.collective, plan.world_size, nbytes)
-            pred = cost.predict(plan, inb, outb, topo)
-            print(f"{plan.name}: {nbytes} B on {topo.nodes} x {topo.gpus_per_node} GPUs: predicted {pred.total_us:.2f} us")
-            if args.ops:
-                last = max(pred.ops, key=lambda o: o.end_us)
-                for o in [o for o in pred.ops if o.rank == last.rank and o.tb == last.tb]:
-                    where = f" ({o.src})" if o.src else ""
-                    peer = f" peer {o.peer}" if o.peer is not None else ""
-                    print(f"  rank {o.rank} tb {o.tb} op {o.index:3d} {o.name:10s} {o.start_us:9.2f} -> {o.end_us:9.2f} us"
-                          f"{peer} {o.nbytes} B waited {o.waited_us:.2f}{where}")
-            traces.append(pred.chrome_trace())
-        if args.trace:
-            out = traces[0] if len(traces) == 1 else {"traceEvents": [e for t in traces for e in t["traceEvents"]]}
-            Path(args.trace).write_text(json.dumps(out))
-            print(f"wrote {args.trace}")
+    if args.calibrate:
+        rows = [r for f in args.calibrate for r in cost.bench_rows(Path(f))]
+        model = cost.fit(rows, _plans_dir())
+        text = json.dumps({"fitted_to": [str(f) for f in args.calibrate], "model": cost.model_dict(model)}, indent=2)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+            print(f"wrote {args.out}")
+        else:
+            print(text)
         return 0
-    except (MscclangError, OSError, ValueError) as e:
-        print(f"mscclang predict: {e}", file=sys.stderr)
-        return 1
+    if args.error:
+        for f in args.error:
+            errs = cost.errors(cost.bench_rows(Path(f)), _plans_dir(), cost.calibrated())
+            print(f"{f}: {len(errs)} figures")
+            print(f"  {'collective':15s} {'sizes':10s} {'rows':>4s} {'median |err|':>12s} {'worst':>7s}  worst at")
+            for t in cost.error_table(errs):
+                print(f"  {t['collective']:15s} {t['sizes']:10s} {t['rows']:4d} {t['median_abs_error']:12.1%} "
+                      f"{t['worst_error']:+7.1%}  {t['worst_at']}")
+        return 0
+    if not args.plan:
+        raise MscclangError("give a plan, --error BENCH.json or --calibrate BENCH.json")
+    from mscclang.plan.io import load_plan
+    from mscclang.plan.shapes import call_bytes
+
+    plan = load_plan(args.plan)
+    topo = cost.load_topology(args.topology, plan.world_size)
+    sizes = [s for group in (args.sizes or [[1 << 20]]) for s in group]
+    traces = []
+    for nbytes in sizes:
+        inb, outb = call_bytes(plan.collective, plan.world_size, nbytes)
+        pred = cost.predict(plan, inb, outb, topo)
+        launch = topo.model.launch_us
+        print(f"{plan.name}: {nbytes} B on {topo.nodes} x {topo.gpus_per_node} GPUs: predicted {pred.total_us:.2f} us "
+              f"(the {launch:.2f} us launch, then {pred.total_us - launch:.2f} us from the first op's start to the "
+              "last op's end: the time `mscclang show --trace` draws)")
+        if args.ops:
+            last = max(pred.ops, key=lambda o: o.end_us)
+            for o in [o for o in pred.ops if o.rank == last.rank and o.tb == last.tb]:
+                where = f" ({o.src})" if o.src else ""
+                peer = f" peer {o.peer}" if o.peer is not None else ""
+                print(f"  rank {o.rank} tb {o.tb} op {o.index:3d} {o.name:10s} {o.start_us:9.2f} -> {o.end_us:9.2f} us"
+                      f"{peer} {o.nbytes} B waited {o.waited_us:.2f}{where}")
+        traces.append(pred.chrome_trace())
+    if args.trace:
+        out = traces[0] if len(traces) == 1 else {"traceEvents": [e for t in traces for e in t["traceEvents"]]}
+        Path(args.trace).write_text(json.dumps(out))
+        print(f"wrote {args.trace}")
+    return 0

@@ -7,6 +7,12 @@ at most twice a second; either is redrawn every second, also while one long step
 each new note (so a step just done shows at once). When stderr is not a terminal (pipes, logs,
 CI) the same line is printed as a plain line every :data:`PLAIN_INTERVAL` seconds (none for a
 command that ends sooner). ``--no-progress`` prints nothing; a disabled bar costs nothing.
+
+The ETA is the time the work done so far took, scaled to the work left: steps count one unit of
+work each unless they say how much (``update(work=...)``, with the total given as ``work=``): a
+module of 6 kernels is three of 2, a plan of 64 instances more than one of 1. No ETA is shown
+before some work is done (a quick first step that is not part of the work, such as the layout
+checks of ``build-kernel``, is a note, not a step).
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ class Progress:
 
     def __init__(self, total: Optional[int], desc: str, *, unit: str = "step",
                  enabled: Optional[bool] = None, stream: Optional[IO[str]] = None,
-                 use_tqdm: bool = True, interval: float = PLAIN_INTERVAL) -> None:
+                 use_tqdm: bool = True, interval: float = PLAIN_INTERVAL, work: Optional[float] = None) -> None:
         self.stream = sys.stderr if stream is None else stream
         self.enabled = progress_wanted(enabled, self.stream)
         #: plain lines (no terminal, nothing asked) instead of a bar
@@ -66,6 +72,8 @@ class Progress:
         self.desc = desc
         self.unit = unit
         self.n = 0
+        #: the work of all the steps (default: one per step) and of those done
+        self.work, self.work_done = work, 0.0
         self.note = ""
         self._bar = None
         self._t0 = time.monotonic()
@@ -94,7 +102,8 @@ class Progress:
         """Create the tqdm bar (once the total is known, so it never shows a count without one)."""
         if self._tqdm is not None and self._bar is None and not self._closed:
             self._bar = self._tqdm(total=self.total, desc=self.desc, unit=self.unit, file=self.stream,
-                                   dynamic_ncols=True, leave=False)
+                                   dynamic_ncols=True, leave=False,   # our ETA (the work's), not tqdm's
+                                   bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} {unit}s [{elapsed}{postfix}]")
 
     def set_total(self, total: int) -> None:
         """Set (or change) the number of steps."""
@@ -113,9 +122,7 @@ class Progress:
         if not self.enabled or self._closed:
             return
         self._start()
-        if self._bar is not None:
-            self._bar.set_postfix_str(self.note, refresh=True)
-        elif self._tqdm is None:
+        if self._bar is not None or self._tqdm is None:
             with self._lock:
                 self._draw(time.monotonic())
 
@@ -125,19 +132,20 @@ class Progress:
             with self._lock:
                 if self._closed:
                     return
-                if self._bar is not None:
-                    self._bar.refresh()
-                elif self._tqdm is None:  # the text line (tqdm draws once the total is known)
+                if self._bar is not None or self._tqdm is None:  # tqdm draws once the total is known
                     self._draw(time.monotonic())
 
-    def update(self, n: int = 1) -> None:
-        """``n`` more steps are done."""
+    def update(self, n: int = 1, work: Optional[float] = None) -> None:
+        """``n`` more steps are done, ``work`` units of work (default ``n``)."""
         self.n += n
+        self.work_done += n if work is None else work
         if not self.enabled or self._closed:
             return
         self._start()
         if self._bar is not None:
             self._bar.update(n)
+            with self._lock:
+                self._draw(time.monotonic())
             return
         now = time.monotonic()
         if now - self._last_draw >= 0.5 or (self.total is not None and self.n >= self.total):
@@ -145,17 +153,27 @@ class Progress:
             with self._lock:
                 self._draw(now)
 
+    def eta(self, now: float) -> Optional[float]:
+        """Seconds left at ``now`` (``time.monotonic()``): the elapsed time per unit of work done,
+        times the work left; None before any work is done or once every step is."""
+        work = self.work if self.work is not None else self.total
+        if not work or not self.total or self.n >= self.total or self.work_done <= 0:
+            return None
+        return (now - self._t0) / self.work_done * max(work - self.work_done, 0.0)
+
     def _draw(self, now: float) -> None:
-        elapsed = now - self._t0
+        eta = self.eta(now)
+        tail = f", ETA {_clock(eta)}" if eta is not None else ""
+        if self._bar is not None:   # tqdm draws the counts and the elapsed time
+            self._bar.set_postfix_str(f"{self.note}{tail}" if self.note else tail[2:], refresh=True)
+            return
         line = f"{self.desc}: {self.n}"
         if self.total:
             line += f"/{self.total} {self.unit}s"
         else:
             line += f" {self.unit}s"
         line += f" ({self.note})" if self.note else ""
-        line += f", {_clock(elapsed)} elapsed"
-        if self.total and 0 < self.n < self.total:
-            line += f", ETA {_clock(elapsed / self.n * (self.total - self.n))}"
+        line += f", {_clock(now - self._t0)} elapsed{tail}"
         self.stream.write(line + "\n" if self.plain else "\r" + line + "\x1b[K")
         self.stream.flush()
         self._drawn = not self.plain

@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from mscclang.errors import MscclangError
+
 
 def add_parser(sub: "argparse._SubParsersAction") -> None:
     from mscclang.plan.schema import DEFAULT_PATH
@@ -34,18 +36,15 @@ def run(args: argparse.Namespace) -> int:
         try:
             current = json.loads(out.read_text())
         except (OSError, json.JSONDecodeError) as e:
-            print(f"mscclang schema: {out}: cannot read the schema: {e}", file=sys.stderr)
-            return 1
+            raise MscclangError(f"{out}: cannot read the schema: {getattr(e, 'strerror', None) or e}") from None
         if current != json.loads(text):
-            print(f"mscclang schema: {out} is out of date: run `mscclang schema`", file=sys.stderr)
-            return 1
+            raise MscclangError(f"{out} is out of date: run `mscclang schema`")
         print(f"{out} matches the plan models")
         return 0
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
     except OSError as e:
-        print(f"mscclang schema: cannot write {out}: {e.strerror or e}", file=sys.stderr)
-        return 1
+        raise MscclangError(f"cannot write {out}: {e.strerror or e}") from None
     print(f"wrote {out}")
     return 0

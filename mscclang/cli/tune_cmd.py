@@ -156,12 +156,14 @@ def _tune(args: argparse.Namespace, colls: list[str], instances: list[int], thre
     added = []
     if not (args.no_extra or args.quick):
         def with_bar(jobs: Iterable) -> Iterator:
+            # a job (algorithm, instances, ...) costs about its instances (its plan's ops): the ETA's work
             jobs = list(jobs)
             with Progress(len(jobs), "compile + verify extra variants", unit="plan",
-                          enabled=args.progress) as bar:
+                          enabled=args.progress, work=sum(inst for _, inst, *_ in jobs)) as bar:
                 for job in jobs:
                     yield job
-                    bar.update()
+                    _, inst, *_ = job
+                    bar.update(work=inst)
 
         res = compile_extra(catalog, colls, n, instances, threads, None if args.dry_run else plans_dir,
                             progress=with_bar)
@@ -181,7 +183,8 @@ def _tune(args: argparse.Namespace, colls: list[str], instances: list[int], thre
             for coll in colls:
                 for size in sizes:
                     ranked = rank_by_prediction(catalog, coll, n, size, args.topology)
-                    best = ", ".join(f"{p.label} {p.us:.1f} us" for p in ranked[:3]) or "no candidate"
+                    best = ", ".join(f"{p.label} {'in place' if p.inplace else 'out of place'} {p.us:.1f} us"
+                                     for p in ranked[:3]) or "no candidate"
                     print(f"predicted {coll} {size} B: {best}")
             print("(predictions rank what to measure; no tuning file is written from them)")
         return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import os
 from typing import Any, Optional, Union
 
@@ -261,9 +262,7 @@ class Communicator:
 
     def broadcast(self, tensor: Any, root: int = 0) -> Any:
         """Copy ``root``'s ``tensor`` into every rank's ``tensor`` (in place)."""
-        if not 0 <= root < self.world_size:
-            raise CommError(f"broadcast root {root} is not a rank of {self.world_size}")
-        return self._call("broadcast", tensor, tensor, "sum", root=root)
+        return self._call("broadcast", tensor, tensor, "sum", root=self._rank_arg(root, "broadcast root"))
 
     def send_recv(self, tensor: Any, out: Any = None) -> Any:
         """Ring shift: every rank sends ``tensor`` to ``rank + 1`` and receives ``rank - 1``'s
@@ -274,7 +273,7 @@ class Communicator:
     def send(self, tensor: Any, dst: int) -> None:
         """Point-to-point send (through torch.distributed: plans are collective, a lone send is
         not)."""
-        self._check_peer(dst)
+        dst = self._check_peer(dst, "send dst")
         self.planner.check_tensor("send tensor", tensor)
         dtype_name(tensor.dtype)
         self._note_fallback("send", "point-to-point send/recv runs through torch.distributed")
@@ -282,7 +281,7 @@ class Communicator:
 
     def recv(self, tensor: Any, src: int) -> Any:
         """Point-to-point receive into ``tensor`` (through torch.distributed)."""
-        self._check_peer(src)
+        src = self._check_peer(src, "recv src")
         self.planner.check_tensor("recv tensor", tensor)
         dtype_name(tensor.dtype)
         self._note_fallback("recv", "point-to-point send/recv runs through torch.distributed")
@@ -296,6 +295,7 @@ class Communicator:
         captured in a CUDA graph. Same arguments as the collective (``accum_dtype``: the fp8
         reductions'; the kernel depends on it). Collective."""
         coll = plan_collective(collective)
+        root = self._rank_arg(root, f"{coll} root")
         accum = self._accum(tensor, reduce_op_name(op), accum_dtype) if coll in ("allreduce", "reducescatter") \
             else None
         if out is None:
@@ -485,9 +485,22 @@ class Communicator:
 
         return torch.empty(numel, dtype=like.dtype, device=like.device)
 
-    def _check_peer(self, peer: int) -> None:
-        if not 0 <= peer < self.world_size or peer == self.rank:
-            raise CommError(f"rank {self.rank}: peer {peer} is not another rank of {self.world_size}")
+    def _rank_arg(self, value: Any, what: str) -> int:
+        """``value`` as a rank of this communicator (an int, or an integer with ``__index__`` such
+        as a numpy or 0-d torch integer; not a bool); CommError naming ``what`` and the value."""
+        try:
+            r = -1 if isinstance(value, bool) else operator.index(value)
+        except TypeError:
+            r = -1
+        if not 0 <= r < self.world_size:
+            raise CommError(f"rank {self.rank}: {what} {value!r} is not a rank: use an int in 0..{self.world_size - 1}")
+        return r
+
+    def _check_peer(self, peer: Any, what: str) -> int:
+        r = self._rank_arg(peer, what)
+        if r == self.rank:
+            raise CommError(f"rank {self.rank}: {what} {r} is not another rank of {self.world_size} (it is this one)")
+        return r
 
     def _accum(self, tensor: Any, op: str, accum_dtype: Any) -> Optional[str]:
         """The canonical accumulation dtype of a reduction of ``tensor`` (None: not fp8), after

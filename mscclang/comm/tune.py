@@ -153,10 +153,12 @@ def build_table(measured: dict[str, dict[int, dict[CandidateKey, float]]], world
 
 @dataclass(frozen=True)
 class Predicted:
-    """A candidate's predicted time for one collective and size (the cost model, no GPU)."""
+    """A candidate's predicted time for one collective and size (the cost model, no GPU);
+    ``inplace``: the in-place variant (the same label has an out-of-place one)."""
 
     label: str
     us: float
+    inplace: bool = False
 
 
 def rank_by_prediction(catalog: Catalog, collective: str, world_size: int, input_bytes: int,
@@ -178,7 +180,8 @@ def rank_by_prediction(catalog: Catalog, collective: str, world_size: int, input
         if (collective == "broadcast" and (v.root or 0) != 0) or not v.fits(msg):
             continue
         try:
-            ranked.append(Predicted(v.label(), cost.predict(v.load(), input_bytes, out_bytes, topo).total_us))
+            ranked.append(Predicted(v.label(), cost.predict(v.load(), input_bytes, out_bytes, topo).total_us,
+                                    v.inplace))
         except PlanError:
             continue
     return sorted(ranked, key=lambda p: p.us)

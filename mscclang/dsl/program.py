@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from pydantic import ValidationError
+
 from mscclang.compiler.budget import check_ops, check_ranks, report
 from mscclang.compiler.driver import compile_program
 from mscclang.compiler.ir import IROp, IRProgram, IRRank
@@ -25,7 +27,7 @@ from mscclang.dsl.types import BufferType, Chunk
 from mscclang.dsl.utils import AlgoSpec, ReplicationPolicy
 from mscclang.config import settings
 from mscclang.errors import DSLError
-from mscclang.plan.io import plan_to_json
+from mscclang.plan.io import plan_to_json, validation_error
 from mscclang.plan.models import OpName, Plan
 
 if TYPE_CHECKING:
@@ -33,6 +35,19 @@ if TYPE_CHECKING:
     from mscclang.dsl.rank import BaseBuffer
 
 __all__ = ["CollectiveProgram"]
+
+
+def _check_plan_fields(call: str, **values: object) -> None:
+    """Arguments that become fields of the plan, checked by the plan model's own rules
+    (:class:`~mscclang.plan.models.Plan`: types, bounds, a power-of-two alignment, the size
+    range): a DSLError naming the argument and its value, not pydantic's report."""
+    try:
+        Plan.model_validate({"name": "", "collective": "", "gpus": [], **values})
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        arg = err["loc"][0] if err["loc"] else None
+        what = f"{arg}={values[arg]!r}: " if arg in values else ""
+        raise DSLError(f"{call}: {what}{err['msg'].removeprefix('Value error, ')}") from None
 
 
 class CollectiveProgram:
@@ -91,22 +106,14 @@ class CollectiveProgram:
                 replication_policy = ReplicationPolicy(str(replication_policy))
             except ValueError:
                 raise DSLError(f"{call}: unknown replication_policy {replication_policy!r}") from None
-        if not isinstance(num_threads_per_block, int) or not 32 <= num_threads_per_block <= 1024:
-            raise DSLError(f"{call}: num_threads_per_block must be in 32..1024, got {num_threads_per_block!r}")
-        if not isinstance(buffer_alignment, int) or buffer_alignment < 1:
-            raise DSLError(f"{call}: buffer_alignment must be a positive int, got {buffer_alignment!r}")
-        if min_message_size < 0 or max_message_size < min_message_size:
-            raise DSLError(f"{call}: bad message size range [{min_message_size}, {max_message_size}]")
-        if consistent not in (None, True, False):
-            raise DSLError(f"{call}: consistent must be True (the plan promises every rank the same bits), "
-                           f"False (it does not) or None (unsaid), got {consistent!r}")
-        if replicated_residual not in (None, True, False) or (
-                replicated_residual is not None and collective.spec.name != "allreduce_add_rms_norm"):
-            raise DSLError(f"{call}: replicated_residual must be None, True or False (an AllReduceAddRMSNorm "
-                           f"program whose ranks take residual rows from each other), got {replicated_residual!r}")
-        if chunk_unit not in (None, "row") or (chunk_unit and collective.spec.name != "allreduce_add_rms_norm"):
-            raise DSLError(f"{call}: chunk_unit must be None or 'row' (an AllReduceAddRMSNorm program whose "
-                           f"chunks are whole rows), got {chunk_unit!r} for {collective.spec.name}")
+        _check_plan_fields(call, name=name, num_threads_per_block=num_threads_per_block,
+                           buffer_alignment=buffer_alignment, min_message_size=min_message_size,
+                           max_message_size=max_message_size, consistent=consistent, chunk_unit=chunk_unit,
+                           replicated_residual=replicated_residual)
+        if (chunk_unit is not None or replicated_residual is not None) and \
+                collective.spec.name != "allreduce_add_rms_norm":
+            raise DSLError(f"{call}: chunk_unit and replicated_residual are about AllReduceAddRMSNorm programs "
+                           f"(their rows and residual), not {collective.spec.name}")
         self.name = name
         self.collective = collective
         self.num_ranks = num_ranks
@@ -311,7 +318,11 @@ class CollectiveProgram:
             raise self.error(None, None, "to_plan", "a LoopIterationContext is still open")
         if self._plan_cache is not None and self._plan_cache[0] == self._version:
             return self._plan_cache[1].model_copy(deep=True)
-        plan = compile_program(self._ir)
+        try:
+            plan = compile_program(self._ir)
+        except ValidationError as e:   # a value the DSL's own checks let through, by its JSON path
+            err = validation_error(e)
+            raise DSLError(f"{self.name}: the compiled plan is refused at {err.path}: {err.message}") from None
         self._plan_cache = (self._version, plan)
         return plan.model_copy(deep=True)
 

@@ -9,7 +9,7 @@ from mscclang.dsl._context import get_program
 from mscclang.dsl.thread_block_group import ThreadBlockGroup
 from mscclang.dsl.types import BufferType, Chunk, ReduceOperationType, SyncType
 from mscclang.errors import DSLError
-from mscclang.plan.models import OpName
+from mscclang.plan.models import MAX_COUNT, OpName
 
 __all__ = ["BaseBuffer", "Buffer", "Rank", "Semaphore"]
 
@@ -75,8 +75,8 @@ class Semaphore:
         prog = get_program()
         call = f"Semaphore(rank={rank}, initial_value={initial_value})"
         prog.check_rank(rank, call)
-        if not isinstance(initial_value, int) or isinstance(initial_value, bool) or initial_value < 0:
-            raise prog.error(rank, None, call, f"initial_value must be a non-negative int, got {initial_value!r}")
+        if not isinstance(initial_value, int) or isinstance(initial_value, bool) or not 0 <= initial_value <= MAX_COUNT:
+            raise prog.error(rank, None, call, f"initial_value must be an int in 0..{MAX_COUNT}, got {initial_value!r}")
         sems = prog.gpus[rank].semaphores
         self.id = len(sems)
         self.rank = rank

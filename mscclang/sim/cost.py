@@ -27,13 +27,17 @@ exists), and pipelines beyond their total bytes.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from mscclang.errors import PlanError
 from mscclang.plan.layout import make_layout
 from mscclang.plan.models import BufferKind, BufferRef, ChannelType, Op, OpName, Plan
+from mscclang.plan.topology import Topology as NodeLayout, check_topology
 
 _CALIBRATION = Path(__file__).with_name("h200_calibration.json")
 _PACKET_READS = {OpName.upkt: (True,), OpName.rppkt: (True,)}
@@ -82,28 +86,46 @@ def calibrated() -> CostModel:
 
 
 def load_topology(spec: str, world_size: int) -> Topology:
-    """A topology from ``spec``: ``"nvlink"`` (one node of ``world_size`` GPUs), ``"NxM"`` (N
-    nodes of M GPUs) or a JSON file ``{"gpus_per_node": M, "nodes": N, "model": {...}}`` whose
-    model entries override the calibrated rates. PlanError when it does not fit the plan."""
-    model = calibrated()
-    if spec == "nvlink":
-        topo = Topology(world_size, 1, model)
-    elif "x" in spec and spec.replace("x", "").isdigit():
-        n, m = (int(v) for v in spec.split("x", 1))
-        topo = Topology(m, n, model)
+    """A topology from ``spec`` (case-insensitive): ``"nvlink"`` (one node of ``world_size`` GPUs),
+    ``"NxM"`` (N nodes of M GPUs) or a JSON file ``{"gpus_per_node": M, "nodes": N, "model": {...}}``
+    (``nodes`` default 1) whose model entries override the calibrated rates. PlanError naming the
+    spec and what is wrong with it (the entry of the file), or that it does not fit the plan."""
+    form = spec.strip().lower()
+    if form == "nvlink":
+        return Topology(world_size, 1, calibrated())
+    if re.fullmatch(r"\d+x\d+", form):
+        n, m, over = *(int(v) for v in form.split("x")), {}
     else:
-        try:
-            data = json.loads(Path(spec).read_text())
-            over = {k: float(v) for k, v in data.get("model", {}).items()}
-            bad = sorted(set(over) - set(CostModel.__dataclass_fields__))
-            if bad:
-                raise PlanError(f"topology {spec}: unknown model entries {bad}", "model")
-            topo = Topology(int(data["gpus_per_node"]), int(data.get("nodes", 1)), replace(model, **over))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise PlanError(f"topology {spec!r}: not 'nvlink', 'NxM' or a readable JSON file ({type(e).__name__}: {e})")
-    if topo.gpus_per_node < 1 or topo.nodes < 1 or topo.gpus_per_node * topo.nodes != world_size:
-        raise PlanError(f"topology {spec!r} has {topo.nodes} x {topo.gpus_per_node} GPUs; the plan has {world_size} ranks")
-    return topo
+        n, m, over = _topology_file(spec)
+    if n < 1 or m < 1:
+        raise PlanError(f"topology {spec!r}: {n} nodes of {m} GPUs; a topology has at least one node of one GPU")
+    if n * m != world_size:
+        raise PlanError(f"topology {spec!r} has {n} x {m} = {n * m} GPUs; the plan has {world_size} ranks")
+    return Topology(m, n, replace(calibrated(), **{k: float(v) for k, v in over.items()}))
+
+
+class _TopologyFile(BaseModel):
+    """A topology file: ``{"gpus_per_node": M, "nodes": N, "model": {RATE: VALUE, ...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpus_per_node: Annotated[int, Strict(), Field(ge=1)]
+    nodes: Annotated[int, Strict(), Field(ge=1)] = 1
+    model: dict[Literal[tuple(CostModel.__dataclass_fields__)], Annotated[float, Strict(), Field(  # type: ignore[misc]
+        ge=0, allow_inf_nan=False)]] = {}
+
+
+def _topology_file(spec: str) -> tuple[int, int, dict]:
+    """(nodes, GPUs per node, model entries) of a topology file; PlanError naming the wrong entry."""
+    from mscclang.plan.io import validation_error
+
+    try:
+        f = _TopologyFile.model_validate_json(Path(spec).read_text())
+    except OSError as e:
+        raise PlanError(f"topology {spec!r}: not 'nvlink', 'NxM' or a readable JSON file ({e.strerror})") from None
+    except ValidationError as e:
+        err = validation_error(e)
+        raise PlanError(f"topology {spec}: {err.path + ': ' if err.path else ''}{err.message}") from None
+    return f.nodes, f.gpus_per_node, f.model
 
 
 @dataclass(frozen=True)
@@ -271,9 +293,16 @@ class _Model:
 
 def predict(plan: Plan, input_bytes: int, output_bytes: int, topology: Optional[Topology] = None) -> Prediction:
     """The predicted timeline of one launch of ``plan`` at these sizes (bytes) on ``topology``
-    (default: one node of the plan's ranks, the calibrated H200 rates). PlanError when the plan
-    would never finish (a wait with no signal: the simulator's verify says why)."""
+    (default: one node of the plan's ranks, the calibrated H200 rates). PlanError when the GPU
+    runtime would refuse the plan on that node layout (its rule and message,
+    :func:`mscclang.plan.topology.check_topology`: a memory channel between nodes, say), or when
+    the plan would never finish (a wait with no signal: the simulator's verify says why)."""
     topo = topology or Topology(plan.world_size, 1, calibrated())
+    try:
+        check_topology(plan, NodeLayout(plan.world_size, topo.gpus_per_node))
+    except PlanError as e:
+        raise PlanError(f"the GPU runtime refuses this plan on {topo.nodes} x {topo.gpus_per_node} GPUs: "
+                        f"{e.message}", e.path) from None
     md = _Model(plan, topo, input_bytes, output_bytes)
     m = topo.model
     blocks = [_Block(g.id, tb, 0, m.launch_us) for g in plan.gpus for tb in g.threadblocks]
@@ -389,16 +418,21 @@ class RowError:
 
 
 def bench_rows(path: Path) -> list[BenchRow]:
-    """The mscclang CUDA-graph rows of a ``mscclang bench`` JSON file that ran a shipped plan."""
-    data = json.loads(Path(path).read_text())
-    world = int(data.get("meta", {}).get("world_size", 0) or 0)
-    out = []
-    for r in data.get("results", []):
-        plan = str(r.get("plan") or "").split(" ")[0]
-        if r.get("impl") != "mscclang" or r.get("mode") != "graph" or not r.get("ok") or plan in ("", "nccl"):
-            continue
-        n = world or int(plan.split(".r")[1].split(".")[0]) if ".r" in plan else world
-        out.append(BenchRow(r["coll"], int(r["bytes"]), float(r["us"]), plan, n))
+    """The mscclang CUDA-graph rows of a ``mscclang bench`` JSON file that ran a shipped plan;
+    PlanError naming the file when it is not one (OSError when it cannot be read)."""
+    text = Path(path).read_text()
+    try:
+        data = json.loads(text)
+        world = int(data.get("meta", {}).get("world_size", 0) or 0)
+        out = []
+        for r in data.get("results", []):
+            plan = str(r.get("plan") or "").split(" ")[0]
+            if r.get("impl") != "mscclang" or r.get("mode") != "graph" or not r.get("ok") or plan in ("", "nccl"):
+                continue
+            n = world or int(plan.split(".r")[1].split(".")[0]) if ".r" in plan else world
+            out.append(BenchRow(r["coll"], int(r["bytes"]), float(r["us"]), plan, n))
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        raise PlanError(f"{path}: not a `mscclang bench` JSON file ({type(e).__name__}: {e})") from None
     return out
 
 
