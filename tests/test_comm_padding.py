@@ -3,7 +3,17 @@
 import pytest
 
 from mscclang.comm.errors import CommError
-from mscclang.comm.padding import (block_shape, message_bytes, needs_padding, padded_block_elems)
+from mscclang.errors import InvalidCall
+from mscclang.comm.padding import needs_padding, padded_block_elems
+from mscclang.plan.collectives import collective
+
+
+def block_shape(coll, n, i, o):
+    return collective(coll).shape(n, i, o)
+
+
+def message_bytes(coll, i, o):
+    return collective(coll).message_bytes(i, o)
 
 
 @pytest.mark.parametrize("coll,n,i,o,expect", [
@@ -27,7 +37,7 @@ def test_block_shape(coll, n, i, o, expect):
     ("allreduce", 2, 8, 6, "equal input and output"),
 ])
 def test_block_shape_rejects(coll, n, i, o, msg):
-    with pytest.raises(CommError, match=msg):
+    with pytest.raises(InvalidCall, match=msg):
         block_shape(coll, n, i, o)
 
 

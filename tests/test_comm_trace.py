@@ -22,8 +22,8 @@ def _traced_engine(comm, store, t0_ns):
     b = comm.backend
     calls = []
 
-    def execute_traced(plan, inp, out, *, reduce_op="sum", packet_type=None, accum_dtype=None):
-        b.execute(plan, inp, out, reduce_op=reduce_op, packet_type=packet_type)
+    def execute_traced(plan, call, inp, out, *, packet_type=None):
+        b.execute(plan, call, inp, out, packet_type=packet_type)
         ops = [(tb.id, i, op) for tb in plan.gpus[b.rank].threadblocks for i, op in enumerate(tb.ops)]
         ev = [{"name": op.name.value, "ph": "X", "pid": b.rank, "tid": tid, "ts": 2.0 * k, "dur": 2.0,
                "args": {"op": op.name.value, "index": i}} for k, (tid, i, op) in enumerate(ops)]

@@ -15,7 +15,7 @@ from mscclang.comm.sim_ranks import stub_plan
 
 
 class FakeCuda:
-    """What :meth:`Executor._check_call` reads of a tensor, at a chosen address."""
+    """What :func:`mscclang.plan.call.make_call` reads of a tensor, at a chosen address."""
 
     def __init__(self, numel: int, addr: int, dtype=torch.float16, device: int = 0, cuda: bool = True,
                  contiguous: bool = True) -> None:
@@ -50,14 +50,19 @@ def _lp(coll: str, inplace: bool, world: int = 2) -> LoadedPlan:
     return LoadedPlan(plan, False, "ll16", "sum", 1024, 1)
 
 
+def _sizes(ex: Executor, lp: LoadedPlan, inp, out) -> tuple:
+    c = ex.call(lp, inp, out)
+    return c.in_bytes, c.out_bytes
+
+
 def test_good_calls_give_their_sizes():
     ex = _ex()
-    assert ex._check_call(_lp("allreduce", False), FakeCuda(512, 0x1000), FakeCuda(512, 0x9000)) == (1024, 1024)
-    assert ex._check_call(_lp("allreduce", True), FakeCuda(512, 0x1000), FakeCuda(512, 0x1000)) == (1024, 1024)
+    assert _sizes(ex, _lp("allreduce", False), FakeCuda(512, 0x1000), FakeCuda(512, 0x9000)) == (1024, 1024)
+    assert _sizes(ex, _lp("allreduce", True), FakeCuda(512, 0x1000), FakeCuda(512, 0x1000)) == (1024, 1024)
     # in-place allgather: the input is rank 1's block of the output
-    assert ex._check_call(_lp("allgather", True), FakeCuda(256, 0x1000 + 512), FakeCuda(512, 0x1000)) == (512, 1024)
+    assert _sizes(ex, _lp("allgather", True), FakeCuda(256, 0x1000 + 512), FakeCuda(512, 0x1000)) == (512, 1024)
     # in-place reduce-scatter: the output is rank 1's block of the input
-    assert ex._check_call(_lp("reducescatter", True), FakeCuda(512, 0x1000), FakeCuda(256, 0x1000 + 512)) \
+    assert _sizes(ex, _lp("reducescatter", True), FakeCuda(512, 0x1000), FakeCuda(256, 0x1000 + 512)) \
         == (1024, 512)
 
 
@@ -66,11 +71,11 @@ def test_good_calls_give_their_sizes():
     ("allreduce", False, FakeCuda(512, 0x1000), FakeCuda(512, 0x9000, device=1), "is on cuda:1"),
     ("allreduce", False, FakeCuda(512, 0x1000, contiguous=False), FakeCuda(512, 0x9000), "contiguous"),
     ("allreduce", False, FakeCuda(512, 0x1000, torch.float64), FakeCuda(512, 0x9000, torch.float64),
-     "not supported"),
+     "which mscclang does not run"),
     ("allreduce", False, FakeCuda(512, 0x1000), FakeCuda(512, 0x9000, torch.float32), "differs"),
-    ("allreduce", False, FakeCuda(512, 0x1000), FakeCuda(500, 0x9000), "must be equal"),
-    ("allgather", False, FakeCuda(256, 0x1000), FakeCuda(256, 0x9000), "2 x the input"),
-    ("reducescatter", False, FakeCuda(256, 0x1000), FakeCuda(256, 0x9000), "2 x the output"),
+    ("allreduce", False, FakeCuda(512, 0x1000), FakeCuda(500, 0x9000), "equal input and output element counts"),
+    ("allgather", False, FakeCuda(256, 0x1000), FakeCuda(256, 0x9000), "rank 1: all_gather needs an output of 2 x 256"),
+    ("reducescatter", False, FakeCuda(256, 0x1000), FakeCuda(256, 0x9000), "rank 1: reduce_scatter needs an input of 2 x 256"),
     ("allreduce", False, FakeCuda(0, 0x1000), FakeCuda(0, 0x9000), "empty"),
     ("allreduce", True, FakeCuda(512, 0x1000), FakeCuda(512, 0x9000), "same tensor"),
     ("allgather", True, FakeCuda(256, 0x1000), FakeCuda(512, 0x1000), "this rank's block of the output"),
@@ -80,12 +85,12 @@ def test_good_calls_give_their_sizes():
 ])
 def test_bad_calls_are_refused(coll, inplace, inp, out, match):
     with pytest.raises(InvalidCall, match=match):
-        _ex()._check_call(_lp(coll, inplace), inp, out)
+        _ex().call(_lp(coll, inplace), inp, out)
 
 
 def test_not_a_tensor():
     with pytest.raises(InvalidCall, match="must be a torch tensor"):
-        _ex()._check_call(_lp("allreduce", False), [1, 2], FakeCuda(2, 0x10))
+        _ex().call(_lp("allreduce", False), [1, 2], FakeCuda(2, 0x10))
 
 
 def test_call_description_names_collective_sizes_dtype_plan_packet_and_op():

@@ -15,6 +15,8 @@ import pytest
 import torch
 
 from mscclang.errors import NotPrepared
+from mscclang.plan.call import sized_call
+from mscclang.plan.dtypes import dtype_info
 from mscclang.plan.io import load_plan
 from mscclang.runtime import cuda as real_cu
 from mscclang.runtime import executor as exmod
@@ -190,6 +192,14 @@ def _lp(plan) -> LoadedPlan:
                       len(plan.gpus[0].threadblocks))
 
 
+def _resolve(ex: Executor, lp: LoadedPlan, in_ptr: int, out_ptr: int, in_bytes: int, out_bytes: int,
+             prepare: bool = False):
+    """Entries.resolve of a float16 sum call of these buffers and sizes, LL16, on stream 0."""
+    call = sized_call(lp.plan.collective, ex.comm.rank, ex.comm.world_size, dtype_info("float16"), in_bytes,
+                      out_bytes, "sum", None, in_ptr, out_ptr)
+    return ex.entries.resolve(lp, call, "ll16", 0, prepare=prepare)
+
+
 def _setup(n: int, fcu: FakeCu, **kw):
     cl = FakeCluster(n, **kw)
     comms = [FakeRtComm(cl, r, fcu) for r in range(n)]
@@ -209,19 +219,19 @@ def test_registered_call_gets_an_entry_keyed_by_its_registration_and_is_pinned_w
     ex = exs[0]
     lp = _lp(stub_plan("allreduce", 2, name="zc", symmetric=True, inplace=True))
     seen = []
-    ex.entries._build = lambda lp_, dt, a, b, pkt, op, si, so, force, stream: seen.append((si, so)) or \
+    ex.entries._build = lambda lp_, dt, a, b, pkt, op, si, so, force, stream, row=0: seen.append((si, so)) or \
         LaunchEntry("E", 0, 0, 0, 0, 0)
     p = ts[0].data_ptr()
-    ent, st = ex.entries.resolve(lp, "f16", torch.float16, p, p, MiB, MiB, "ll16", "sum", False, 0)
+    ent, st = _resolve(ex, lp, p, p, MiB, MiB)
     reg = cl.registry(0).lookup(p, MiB)
     assert st == Operands("sym", 0, 0) and seen == [(reg, reg)]
-    assert EntryKey(MiB, MiB, torch.float16, "ll16", "sum", "sym", ("reg", 0), ("reg", 0)) in lp.fast
+    assert EntryKey(MiB, MiB, "f16", "ll16", "sum", "sym", ("reg", 0), ("reg", 0)) in lp.fast
     assert not reg.pinned
     # a view from the start of the registered tensor reuses it; a tensor elsewhere is staged
-    ent2, st2 = ex.entries.resolve(lp, "f16", torch.float16, p, p, 4096, 4096, "ll16", "sum", False, 0)
+    ent2, st2 = _resolve(ex, lp, p, p, 4096, 4096)
     assert st2 == Operands("sym", 0, 0) and seen[-1] == (reg, reg)
     cap[0] = True
-    ex.entries.resolve(lp, "f16", torch.float16, p, p, MiB, MiB, "ll16", "sum", False, 0)
+    _resolve(ex, lp, p, p, MiB, MiB)
     assert reg.pinned    # a captured graph uses it: kept until close
     assert ex.zero_copy_ok(ts[0], ts[0]) and ex.buffer_class(ts[0]) == ("reg", 0)
     assert ex.buffer_class(FakeT(al[0].base + 32 * MiB, 64)) is None
@@ -240,8 +250,8 @@ def test_released_registrations_take_their_entries_and_device_plans_with_them(fc
                                        types.SimpleNamespace(blob=blob, port_area=0),
                                        DevPlanKey(MiB, MiB, 3, 3): types.SimpleNamespace(blob=other, port_area=0)})
     lp.ctx, lp.retired = ctx, []
-    k_reg = EntryKey(MiB, MiB, torch.float16, "ll16", "sum", "sym", ("reg", 0), ("reg", 0))
-    k_sym = EntryKey(MiB, MiB, torch.float16, "ll16", "sum", "sym", 3, 3)
+    k_reg = EntryKey(MiB, MiB, "f16", "ll16", "sum", "sym", ("reg", 0), ("reg", 0))
+    k_sym = EntryKey(MiB, MiB, "f16", "ll16", "sum", "sym", 3, 3)
     lp.fast = {k_reg: "a", k_sym: "b"}
     ex._loaded = {1: lp}
     assert cl.run(lambda r: exs[r].deregister([ts[r]])) == [1, 1]
@@ -287,13 +297,13 @@ def test_staging_a_capture_used_is_kept_when_outgrown(fcu):
     ex.capture.registered = lambda *a: None
     a, b = FakeT(0x5000_0000, 2048), FakeT(0x6000_0000, 2048)
     cap[0] = False
-    ex.entries.resolve(lp, "f16", torch.float16, a.data_ptr(), b.data_ptr(), 2048, 2048, "ll16", "sum", False, 0)
+    _resolve(ex, lp, a.data_ptr(), b.data_ptr(), 2048, 2048)
     si, so = ex.staging.plan_staging(lp)
     cap[0] = True
-    ex.entries.resolve(lp, "f16", torch.float16, a.data_ptr(), b.data_ptr(), 2048, 2048, "ll16", "sum", False, 0)
+    _resolve(ex, lp, a.data_ptr(), b.data_ptr(), 2048, 2048)
     assert si.pinned and so.pinned
     cap[0] = False
-    ex.entries.resolve(lp, "f16", torch.float16, a.data_ptr(), b.data_ptr(), 8192, 8192, "ll16", "sum", False, 0)
+    _resolve(ex, lp, a.data_ptr(), b.data_ptr(), 8192, 8192)
     assert comm.released == [] and si in comm._sym
 
 
@@ -331,7 +341,7 @@ def test_capture_session_slot_aborts_until_registration_then_holds_the_peers_add
         assert ex.begin_graph_capture(arena_bytes=64 << 10)
         cap_r = [True]
         ex._capturing = lambda: cap_r[0]
-        ent, st = ex.entries.resolve(lps[r], "f16", torch.float16, ptrs[r], ptrs[r], nbytes, nbytes, "ll16", "sum", False, 0)
+        ent, st = _resolve(ex, lps[r], ptrs[r], ptrs[r], nbytes, nbytes)
         assert st == Operands("sym", 0, 0) and ent.func == 77 and ent.handle == 77 and ent.spec is None
         assert ent.n_blocks == len(plan.gpus[r].threadblocks) and ent.nthreads == plan.num_threads_per_block
         slots[r] = ent.blob
@@ -371,7 +381,7 @@ def test_capture_sessions_that_disagree_leave_every_slot_aborting(fcu):
         ex._capturing = lambda: True
         for k in range(2 if r == 0 else 1):
             p = al[r].base + k * 4 * MiB
-            slots[r].append(ex.entries.resolve(lps[r], "f16", torch.float16, p, p, nbytes, nbytes, "ll16", "sum", False, 0)[0].blob)
+            slots[r].append(_resolve(ex, lps[r], p, p, nbytes, nbytes)[0].blob)
         ex._capturing = lambda: False
         return ex.end_graph_capture()
 
@@ -392,17 +402,17 @@ def test_deferred_call_needs_the_sizes_run_before_and_room_in_the_arena(fcu):
     ex.begin_graph_capture(arena_bytes=ARENA_STRIDE)
     cap[0] = True
     with pytest.raises(NotPrepared, match="was not prepared"):
-        ex.entries.resolve(lp, "f16", torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False, 0)
+        _resolve(ex, lp, a.base, a.base, 4096, 4096)
     sync = sync_layout(plan, 0)
     lp.ctx = Context(sync, fcu.mem_alloc(sync.size), fcu.mem_alloc(4096), 4096, {1: 0xAB00}, {1: 0xAC00})
     with pytest.raises(NotPrepared, match="was not prepared"):   # a context, but no kernel yet
-        ex.entries.resolve(lp, "f16", torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False, 0)
+        _resolve(ex, lp, a.base, a.base, 4096, 4096)
     from mscclang.runtime.build import block_variant
 
     ex.kernels._funcs[("f16", "ll16", "sum", block_variant(lp.nthreads), False)] = 5
-    ex.entries.resolve(lp, "f16", torch.float16, a.base, a.base, 4096, 4096, "ll16", "sum", False, 0)   # the one slot
+    _resolve(ex, lp, a.base, a.base, 4096, 4096)   # the one slot
     with pytest.raises(NotPrepared, match="arena"):
-        ex.entries.resolve(lp, "f16", torch.float16, a.base + MiB, a.base + MiB, 4096, 4096, "ll16", "sum", False, 0)
+        _resolve(ex, lp, a.base + MiB, a.base + MiB, 4096, 4096)
     assert pack_blocks(plan, 0, 4096, 4096).scratch_bytes <= 4096
 
 
@@ -475,14 +485,12 @@ def test_a_new_message_size_is_host_work_only(fcu, monkeypatch):
     syncs = fcu.syncs
     sizes = [49164, 49164 + 16, 100_000, 200_000 + 48]
     for n in sizes:
-        ent, opr = ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum",
-                                      False, 0)
+        ent, opr = _resolve(ex, lp, 0x7000_0000, 0x7800_0000, n, n)
         assert opr == Operands() and ent.spec is None and ent.pending is not None
     assert comm.barriers == [] and fcu.syncs == syncs and builds.now == 0
     assert builds.later == []                       # a size called once builds nothing
     for n in sizes:                                 # the second call starts its build, in the background
-        ent, _ = ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum",
-                                    False, 0)
+        ent, _ = _resolve(ex, lp, 0x7000_0000, 0x7800_0000, n, n)
         assert ent.spec is None and ent.pending is not None   # still building: the interpreter runs
     assert len(builds.later) == len(sizes) and builds.now == 0
     # the build of the first size finishes: its next call switches to the specialised kernel
@@ -491,7 +499,7 @@ def test_a_new_message_size_is_host_work_only(fcu, monkeypatch):
     monkeypatch.setattr(ex.entries, "_spec_launch", lambda sp, dp, ctx: ("launch", sp))
     n = sizes[0]
     builds.futures[0].set_result(("src", b"cubin", "nvrtc"))
-    ent, _ = ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
+    ent, _ = _resolve(ex, lp, 0x7000_0000, 0x7800_0000, n, n)
     assert ent.spec == ("launch", sentinel) and ent.pending is None
     assert comm.barriers == [] and fcu.syncs == syncs
 
@@ -507,11 +515,11 @@ def test_hot_sizes_are_built_in_the_background_only_once_called_again(fcu, monke
     monkeypatch.setenv("MSCCLANG_SPEC_HOT_CALLS", "3")
     builds = _Builds(ex, monkeypatch)
     for n in (300_000, 300_064, 700_000):   # one-off sizes
-        ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
+        _resolve(ex, lp, 0x7000_0000, 0x7800_0000, n, n)
     assert builds.later == []
     n = 500_000
     for k in range(3):
-        ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
+        _resolve(ex, lp, 0x7000_0000, 0x7800_0000, n, n)
         assert len(builds.later) == (1 if k == 2 else 0)
 
 
@@ -524,19 +532,19 @@ def test_launch_entries_are_bounded_and_prepared_ones_are_kept(fcu, monkeypatch)
     _ready_any(ex, lp, fcu, 256 * MiB)
     ex.entries.cap = 16
     first = 4096
-    ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, first, first, "ll16", "sum", True, 0)
-    kept_blob = lp.fast[EntryKey(first, first, torch.float16, "ll16", "sum")].blob
+    _resolve(ex, lp, 0x7000_0000, 0x7800_0000, first, first, prepare=True)
+    kept_blob = lp.fast[EntryKey(first, first, "f16", "ll16", "sum")].blob
     syncs = fcu.syncs
     sizes = [8192 + 256 * i for i in range(200)]
     for n in sizes:
-        ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
+        _resolve(ex, lp, 0x7000_0000, 0x7800_0000, n, n)
         assert len(lp.fast) <= 16
-    assert EntryKey(first, first, torch.float16, "ll16", "sum") in lp.fast and kept_blob in fcu.mem
+    assert EntryKey(first, first, "f16", "ll16", "sum") in lp.fast and kept_blob in fcu.mem
     assert len(lp.ctx.plans) == len(lp.fast)          # evicted entries took their device plans along
     assert ex.entries.evicted == 201 - len(lp.fast) and ex.memory()["evicted_entries"] == ex.entries.evicted
     assert 0 < fcu.syncs - syncs <= ex.entries.evicted // 4 + 1   # one device sync per batch of evictions
     # the most recent sizes are the ones kept
-    assert EntryKey(sizes[-1], sizes[-1], torch.float16, "ll16", "sum") in lp.fast
+    assert EntryKey(sizes[-1], sizes[-1], "f16", "ll16", "sum") in lp.fast
 
 
 def test_the_collective_apis_staging_is_symmetric_to_the_plans_that_run_on_it(fcu, monkeypatch):
@@ -583,7 +591,7 @@ def test_the_collective_apis_staging_starts_at_the_floor_so_new_sizes_below_it_a
 
 
 def test_a_bound_call_launches_without_resolving_again_until_an_entry_changes(fcu, monkeypatch):
-    """The collective API's memo holds what the runtime resolved (Executor.bind): a memo hit
+    """The collective API's memo holds what the runtime resolved (Executor.execute's Bound): a memo hit
     launches it with no check, no classification and no entry lookup; any entry dropped or
     replaced since makes it stale (launch_bound says so and nothing is launched)."""
     cl, comms, exs, cap = _setup(2, fcu)
@@ -595,13 +603,12 @@ def test_a_bound_call_launches_without_resolving_again_until_an_entry_changes(fc
     lp = ex.load(_any_buffer_plan())
     _ready_any(ex, lp, fcu, 64 * MiB)
     a, b = FakeT(0x7000_0000, 4096), FakeT(0x7800_0000, 4096)
-    ex.execute(lp.plan, a, b)
-    bound = ex.bind(lp.plan, a, b)
-    assert bound is not None and bound.in_ptr == a.data_ptr() and bound.op == "sum"
+    bound = ex.execute(lp.plan, a, b)
+    assert bound is not None and bound.call.in_ptr == a.data_ptr() and bound.call.op == "sum"
     resolves = []
     real = ex.entries.resolve
     monkeypatch.setattr(ex.entries, "resolve", lambda *x, **k: resolves.append(1) or real(*x, **k))
-    monkeypatch.setattr(ex, "_check_call", lambda *x: pytest.fail("a bound launch checks nothing again"))
+    monkeypatch.setattr(ex, "call", lambda *x, **k: pytest.fail("a bound launch checks nothing again"))
     for _ in range(3):
         assert ex.launch_bound(bound)
     assert resolves == [] and len(launched) == 4 and len({x for x in launched}) == 1
@@ -615,11 +622,18 @@ def test_registered_and_captured_calls_are_never_bound(fcu):
     al = [cl.devices[r].alloc(64 * MiB) for r in range(2)]
     ts = [FakeT(al[r].base, MiB) for r in range(2)]
     cl.run(lambda r: exs[r].register([ts[r]]))
+    ex.launcher.stream_capturing = lambda s: cap[0]
+    ex.launcher.launch = lambda *a, **k: None
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
     plan = stub_plan("allreduce", 2, name="zc", symmetric=True, inplace=True)
-    assert ex.bind(plan, ts[0], ts[0]) is None   # a registration's uses are counted per call
-    cap[0] = True
+    _ready(ex, ex.load(plan), fcu, MiB)
+    assert ex.execute(plan, ts[0], ts[0]) is None   # a registration's uses are counted per call
     lp = ex.load(_any_buffer_plan())
-    assert ex.bind(lp.plan, FakeT(0x7000_0000, 4096), FakeT(0x7800_0000, 4096)) is None
+    _ready_any(ex, lp, fcu, 64 * MiB)
+    a, b = FakeT(0x7000_0000, 4096), FakeT(0x7800_0000, 4096)
+    assert ex.execute(lp.plan, a, b) is not None   # eager, on ordinary tensors: bound
+    cap[0] = True
+    assert ex.execute(lp.plan, a, b) is None       # inside a capture: resolved at every launch
 
 
 def test_a_failed_background_build_never_fails_a_call(fcu, monkeypatch):
@@ -631,9 +645,9 @@ def test_a_failed_background_build_never_fails_a_call(fcu, monkeypatch):
     builds = _Builds(ex, monkeypatch)
     n = 8192
     for _ in range(2):   # the second call starts the build
-        ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
+        _resolve(ex, lp, 0x7000_0000, 0x7800_0000, n, n)
     builds.futures[0].set_exception(RuntimeError("the build thread died"))
-    ent, _ = ex.entries.resolve(lp, "f16", torch.float16, 0x7000_0000, 0x7800_0000, n, n, "ll16", "sum", False, 0)
+    ent, _ = _resolve(ex, lp, 0x7000_0000, 0x7800_0000, n, n)
     assert ent.spec is None and ent.pending is None        # the interpreter runs it from now on
     assert "RuntimeError: the build thread died" in ex.spec_status(lp.plan)[(n, n, "f16", "ll16", "sum")]
 

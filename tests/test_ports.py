@@ -117,7 +117,7 @@ def test_refusals():
     tb = plan.gpus[0].threadblocks[0]
     op = next(o for o in tb.ops if o.name == OpName.pwsf)
     op.channel_ids = [5]
-    with pytest.raises(PlanError, match=r"op \d+ \(pwsf\): channel id 5"):
+    with pytest.raises(PlanError, match=r"gpus\[0\]\.threadblocks\[0\]\.ops\[\d+\]\.channel_ids\[0\]: channel id 5"):
         dp.check_runnable(plan)
 
 

@@ -51,13 +51,21 @@ class SimExecutor:
                 si = so[k:k + inp.numel()]
             else:
                 si.copy_(inp)
-            b.execute(plan, si, so, reduce_op=reduce_op, packet_type=packet_type, accum_dtype=accum_dtype)
+            self._run(plan, si, so, packet_type, reduce_op, accum_dtype)
             out.copy_(so)
         else:
-            b.execute(plan, inp, out, reduce_op=reduce_op, packet_type=packet_type, accum_dtype=accum_dtype)
+            self._run(plan, inp, out, packet_type, reduce_op, accum_dtype)
         if self.corrupt is not None:
             self.corrupt(out)
         self.last_kernel = {"always": "spec", "never": "interpreter"}.get(self.policy, "sim")
+
+    def _run(self, plan, inp, out, packet_type, reduce_op, accum_dtype) -> None:
+        """The back end's run of a checked call (the collective API's way down)."""
+        from mscclang.plan.call import make_call
+
+        b = self.backend
+        call = make_call(plan.collective, b.rank, plan.world_size, b.device, inp, out, reduce_op, accum_dtype)
+        b.execute(plan, call, inp, out, packet_type=packet_type)
 
     def prepare(self, *args, **kw) -> None:
         pass
@@ -242,12 +250,15 @@ def test_run_trace_writes_one_chrome_trace_checked_against_the_plan(name, tmp_pa
     from pathlib import Path
 
     from mscclang.cli.run_cmd import _trace
+    from mscclang.plan.collectives import collective
     from mscclang.plan.io import load_plan
 
     plan = load_plan(Path(__file__).resolve().parents[1] / "plans" / f"{name}.json")
     out = tmp_path / "t.json"
     args = argparse.Namespace(trace=str(out), dtype="float16", packet_type=None, plan=name)
-    failed = _trace(_SimPool(2), plan, plan_to_json(plan), [4096, 1 << 16], args, "sum")
+    sizes = [4096, 1 << 16]
+    inputs = [collective(plan.collective).call_bytes(2, s)[0] for s in sizes]   # the workers take input bytes
+    failed = _trace(_SimPool(2), plan, plan_to_json(plan), sizes, inputs, args, "sum")
     printed = capsys.readouterr().out
     assert not failed, printed
     assert printed.count("results exact, op order as planned") == 2
@@ -258,5 +269,6 @@ def test_run_trace_writes_one_chrome_trace_checked_against_the_plan(name, tmp_pa
     names = {m["pid"]: m["args"]["name"] for m in tr["traceEvents"] if m["ph"] == "M"}
     assert names[3] == "rank 1 @ 64 KiB"
     # a wrong result is reported, and the command fails
-    failed = _trace(_SimPool(2, {1: lambda o: o.view(-1)[:1].add_(1)}), plan, plan_to_json(plan), [4096], args, "sum")
+    failed = _trace(_SimPool(2, {1: lambda o: o.view(-1)[:1].add_(1)}), plan, plan_to_json(plan), [4096], inputs[:1], args,
+                    "sum")
     assert failed and "BAD" in capsys.readouterr().out

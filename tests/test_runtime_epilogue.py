@@ -19,7 +19,7 @@ from mscclang.plan.check import validate_plan
 from mscclang.plan.io import plan_from_dict
 from mscclang.runtime import build
 from mscclang.runtime.device_plan import DOP_RADD, DOP_RMSNORM, SLOT_RESIDUAL, check_runnable
-from mscclang.runtime.epilogue import Epilogue, EpiPlan, call_sizes, epi_plan, pack_args
+from mscclang.runtime.epilogue import Epilogue, EpiPlan, epi_plan, pack_args
 from mscclang.runtime.packing import pack_blocks
 from mscclang.runtime.spec_source import SpecUnsupported, generate, parse_region
 from mscclang.runtime.structs import EPI_ARGS
@@ -244,7 +244,11 @@ BF, N, H = torch.bfloat16, 7 * 64, 64
 
 
 def _call(**kw):
-    """A good bf16 call of 7 rows of 64 on device 0, fields overridable; returns pack_args' args."""
+    """A good bf16 call of 7 rows of 64 on device 0, fields overridable: checked as the executor
+    checks it (Executor.call), then packed; returns pack_args' bytes."""
+    from mscclang.runtime.executor import Executor
+    from mscclang.runtime.state import LoadedPlan
+
     quant = kw.pop("quant", False)
     args = dict(inp=FakeCudaTensor(BF, N, 0x10000), out=FakeCudaTensor(torch.float8_e4m3fn if quant else BF, N,
                                                                          0x20000),
@@ -254,9 +258,11 @@ def _call(**kw):
     args.update(kw)
     plan = fused_oneshot_plan(quant)
     ep = epi_plan(plan)
-    call_sizes(ep, plan, 0, 0, args["inp"], args["out"])
-    return pack_args(ep, plan, 0, 0, args["arch"], args["norms"], args["inp"], args["out"], args["res"], args["w"],
-                     args["params"])
+    ex = object.__new__(Executor)
+    ex.comm = types.SimpleNamespace(rank=0, world_size=plan.world_size, device=0)
+    lp = LoadedPlan(plan, False, "ll16", "sum", 512, 1, epi=ep)
+    call = ex.call(lp, args["inp"], args["out"], residual=args["res"], weight=args["w"], epilogue=args["params"])
+    return pack_args(ep, plan, call, args["arch"], lambda: args["norms"])
 
 
 def test_a_good_call_packs_its_epiargs():
@@ -271,28 +277,29 @@ def test_a_good_call_packs_its_epiargs():
 
 
 @pytest.mark.parametrize("kw,err,match", [
-    (dict(params=Epilogue(60)), InvalidCall, "multiple of 8"),
-    (dict(params=Epilogue(48)), InvalidCall, "does not divide"),
-    (dict(params=Epilogue(70000)), InvalidCall, "multiple of 8 from 8 to 65536"),
+    (dict(params=Epilogue(60), w=FakeCudaTensor(torch.float32, 60, 0x40000)), InvalidCall, "multiple of 8"),
+    (dict(params=Epilogue(48), w=FakeCudaTensor(torch.float32, 48, 0x40000)), InvalidCall, "does not divide"),
+    (dict(params=Epilogue(70000), w=FakeCudaTensor(torch.float32, 70000, 0x40000)), InvalidCall,
+     "multiple of 8 from 8 to 65536"),
     (dict(params=None), InvalidCall, "pass epilogue="),
     (dict(params=Epilogue(H, float("nan"))), InvalidCall, "eps"),
     (dict(w=FakeCudaTensor(torch.float32, H - 8, 0x40000)), InvalidCall, "weight has 56 elements"),
-    (dict(w=FakeCudaTensor(torch.float16, H, 0x40000)), InvalidCall, "weight dtype"),
+    (dict(w=FakeCudaTensor(torch.float16, H, 0x40000)), InvalidCall, "weight has dtype torch.float16; use float32"),
     (dict(w=None), InvalidCall, "pass weight="),
-    (dict(res=None), InvalidCall, "pass residual="),
-    (dict(res=FakeCudaTensor(torch.float16, N, 0x30000)), InvalidCall, "residual must have the input's dtype"),
+    (dict(res=None), InvalidCall, "pass the residual"),
+    (dict(res=FakeCudaTensor(torch.float16, N, 0x30000)), InvalidCall, "residual has dtype torch.float16, x torch.bfloat16"),
     (dict(res=FakeCudaTensor(BF, N, 0x30000, device=1)), InvalidCall, "residual is on cuda:1"),
-    (dict(res=FakeCudaTensor(BF, N, 0x10010)), InvalidCall, "residual overlaps the input"),
-    (dict(params=Epilogue(H, 1e-5, 0.5)), InvalidCall, "takes no fp8 scale"),
-    (dict(quant=True, params=Epilogue(H, 1e-5, 0.0)), InvalidCall, "fp8 scale must be positive"),
-    (dict(quant=True, params=Epilogue(H, 1e-5, None)), InvalidCall, "fp8 scale must be positive"),
+    (dict(res=FakeCudaTensor(BF, N, 0x10010)), InvalidCall, "residual overlaps x"),
+    (dict(params=Epilogue(H, 1e-5, 0.5)), InvalidCall, "with fp8_scale it must be float8"),
+    (dict(quant=True, params=Epilogue(H, 1e-5, 0.0)), InvalidCall, "fp8_scale must be a finite number > 0"),
+    (dict(quant=True, params=Epilogue(H, 1e-5, None)), InvalidCall, "without fp8_scale it must be x's"),
     (dict(quant=True, params=Epilogue(H, 1e-5, 1.0, torch.float8_e5m2)), InvalidCall, "differs from the output"),
     (dict(quant=True, arch="sm_80"), InvalidCall, "needs sm_89"),
-    (dict(out=FakeCudaTensor(torch.float16, N, 0x20000)), InvalidCall, "output dtype"),
-    (dict(out=FakeCudaTensor(BF, N - 8, 0x20000)), InvalidCall, "output has 440 elements"),
+    (dict(out=FakeCudaTensor(torch.float16, N, 0x20000)), InvalidCall, "out has dtype torch.float16; without fp8_scale"),
+    (dict(out=FakeCudaTensor(BF, N - 8, 0x20000)), InvalidCall, r"out has shape \(440,\), x \(448,\)"),
     (dict(quant=True, out=FakeCudaTensor(BF, N, 0x20000)), InvalidCall, "must be float8_e4m3fn or float8_e5m2"),
     (dict(inp=FakeCudaTensor(torch.int32, N, 0x10000), res=FakeCudaTensor(torch.int32, N, 0x30000)), InvalidCall,
-     "activation dtype"),
+     "x has dtype torch.int32; use float16, bfloat16 or float32"),
     (dict(norms=[("gpus[0].threadblocks[0].ops[5]", [(64, N * 2 - 64)], (64, N * 2))]), PlanError, "not whole rows"),
     (dict(quant=True, norms=[("gpus[0].threadblocks[0].ops[5]", [(0, 256)], (0, 256))]), PlanError,
      r"output chunks are bytes \[0, 256\) but its rows belong at \[0, 128\)"),
@@ -313,30 +320,30 @@ def test_execute_passes_the_epiargs_to_the_launch_and_refuses_them_for_other_pla
 
     ex = object.__new__(Executor)
     launched = []
-    ex.comm = types.SimpleNamespace(rank=0, device=0)
+    ex.comm = types.SimpleNamespace(rank=0, world_size=2, device=0)
     ex.arch = "sm_90"
     ex.timeout_ns = 1
     ex.abort = types.SimpleNamespace(aborted=False, state=lambda: 0, user_thread=None)
-    ex.launcher = types.SimpleNamespace(current_stream=lambda: 5,
+    ex.launcher = types.SimpleNamespace(current_stream=lambda: 5, stream_capturing=lambda s: False,
                                         launch=lambda *a: launched.append(a))
     plan = fused_oneshot_plan()
     lp = LoadedPlan(plan, False, "ll16", "sum", 512, 1, epi=epi_plan(plan))
     pk = pack_blocks(plan, 0, N * 2, N * 2)
     ex.contexts = types.SimpleNamespace(packed=lambda lp_, a, b, row=0: pk)
     ent = LaunchEntry("F", 0xB10B, 1, 512, 1024, 0xF)
-    ex.entries = types.SimpleNamespace(resolve=lambda *a, **k: (ent, Operands()))
+    ex.entries = types.SimpleNamespace(resolve=lambda *a, **k: (ent, Operands()), last_key=None)
+    ex.capture = types.SimpleNamespace(registry=None)
     inp, out = FakeCudaTensor(BF, N, 0x10000), FakeCudaTensor(BF, N, 0x20000)
     res, w = FakeCudaTensor(BF, N, 0x30000), FakeCudaTensor(BF, H, 0x40000)
     ex.execute(lp, inp, out, residual=res, weight=w, epilogue=Epilogue(H))
     (e, i, o, di, do, s, t, epi), = launched
     assert (e, i, o, s) == (ent, 0x10000, 0x20000, 5)
     assert EPI_ARGS.unpack(epi)["residual"] == 0x30000 and EPI_ARGS.unpack(epi)["wdt"] == 1
-    with pytest.raises(InvalidCall, match="pass residual="):
+    with pytest.raises(InvalidCall, match="pass the residual"):
         ex.execute(lp, inp, out, weight=w, epilogue=Epilogue(H))
     with pytest.raises(InvalidCall, match="reduces with sum, not max"):
         ex.execute(lp, inp, out, reduce_op="max", residual=res, weight=w, epilogue=Epilogue(H))
     other = LoadedPlan(plan, False, "ll16", "sum", 512, 1)   # as a plan without epilogue ops loads
-    monkeypatch.setattr(exmod.Executor, "_check_call", lambda self, lp_, a, b: (N * 2, N * 2))
     with pytest.raises(InvalidCall, match="has no epilogue ops"):
         ex.execute(other, inp, out, residual=res)
     assert len(launched) == 1
@@ -474,8 +481,12 @@ class _SimFusedExecutor:
         pass
 
     def execute(self, plan, x, out, *, residual, weight, epilogue) -> None:
-        assert self.b.execute_fused(plan, x, out, residual, weight, hidden=epilogue.hidden, eps=epilogue.eps,
-                                    scale=epilogue.scale, fp8=epilogue.fp8)
+        from mscclang.plan.call import FusedArgs, make_call
+
+        b = self.b
+        call = make_call(plan.collective, b.rank, plan.world_size, x.device, x, out, "sum", None,
+                         FusedArgs(residual, weight, epilogue.eps, epilogue.scale, epilogue.hidden))
+        b.execute(plan, call, x, out, residual=residual, weight=weight)
 
 
 @pytest.mark.parametrize("i,fp8", [(0, None), (1, "float8_e5m2"), (2, None), (4, "float8_e4m3fn"), (6, None),

@@ -96,7 +96,7 @@ def prebuild_plans(args: argparse.Namespace, arch: str) -> int:
     ``--out`` and print one line per kernel (its file, or why it is not specialised)."""
     from mscclang.plan.io import load_plan, plan_to_json
     from mscclang.plan.samples import SAMPLES
-    from mscclang.plan.shapes import output_bytes
+    from mscclang.plan.collectives import collective
     from mscclang.runtime.spec_build import prebuild
 
     if not args.out:
@@ -109,7 +109,7 @@ def prebuild_plans(args: argparse.Namespace, arch: str) -> int:
     plans += [load_plan(plan_to_json(SAMPLES[n](args.ranks))) for n in args.sample]
     dtypes = [c for d in dict.fromkeys(args.dtype or ["bfloat16"]) for c in BUILD_DTYPE[d]]
     for plan in plans:
-        sizes = [(n, output_bytes(plan.collective, plan.world_size, n)) for n in args.sizes or [1024]]
+        sizes = [(n, collective(plan.collective).output_elems(plan.world_size, n)) for n in args.sizes or [1024]]
         try:
             res = prebuild(plan, sizes, dtypes, args.packet.split(","), args.op.split(","), Path(args.out), arch)
         except MscclangError as e:

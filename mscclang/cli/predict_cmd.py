@@ -75,14 +75,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.plan:
         raise MscclangError("give a plan, --error BENCH.json or --calibrate BENCH.json")
     from mscclang.plan.io import load_plan
-    from mscclang.plan.shapes import call_bytes
+    from mscclang.plan.collectives import collective
 
     plan = load_plan(args.plan)
     topo = cost.load_topology(args.topology, plan.world_size)
     sizes = [s for group in (args.sizes or [[1 << 20]]) for s in group]
     traces = []
     for nbytes in sizes:
-        inb, outb = call_bytes(plan.collective, plan.world_size, nbytes)
+        inb, outb = collective(plan.collective).call_bytes(plan.world_size, nbytes)
         pred = cost.predict(plan, inb, outb, topo)
         launch = topo.model.launch_us
         print(f"{plan.name}: {nbytes} B on {topo.nodes} x {topo.gpus_per_node} GPUs: predicted {pred.total_us:.2f} us "

@@ -14,6 +14,8 @@ from typing import Any, Optional
 
 from mscclang.config import settings
 from mscclang.errors import RuntimeUnavailable
+from mscclang.plan.call import Call
+from mscclang.plan.collectives import collective
 from mscclang.plan.models import Plan
 
 
@@ -27,45 +29,30 @@ class Backend:
     #: communicator's torch.distributed fallback can build its group from it)
     store: Any = None
 
-    def execute(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
-                packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> None:
-        """Run ``plan`` on this rank with ``inp``/``out`` (torch tensors; the same tensor for an
-        in-place plan whose input aliases the start of the output, or views into one buffer).
-        ``accum_dtype``: the canonical accumulation dtype of an fp8 reduction (``float32``,
-        ``float16``; None for other dtypes)."""
+    def execute(self, plan: Plan, call: Call, inp: Any, out: Any, *, packet_type: Optional[str] = None,
+                residual: Any = None, weight: Any = None) -> Any:
+        """Run ``plan`` for the checked ``call`` (:func:`mscclang.plan.call.make_call`: nothing
+        is checked again) on ``inp``/``out``, the torch tensors the plan runs on, which ``call``
+        describes (the caller's, the output with the input copied in, or staging; the same tensor,
+        or views into one buffer, for an in-place plan). A fused call (``call.epi``) also passes
+        its ``residual`` (read and written) and ``weight``. Returns what :meth:`launch_bound`
+        launches again for the same call (None: this engine resolves every call)."""
         raise NotImplementedError
 
-    def execute_fused(self, plan: Plan, inp: Any, out: Any, residual: Any, weight: Any, *,
-                      hidden: int, eps: float, scale: Optional[float] = None, fp8: Any = None) -> bool:
-        """Run a fused (plan/2, ``allreduce_add_rms_norm``) plan: ``residual`` is read and
-        written, ``out`` gets the norm of rows of ``hidden`` elements with ``weight`` and
-        ``eps`` (FP8 of the torch dtype ``fp8`` with ``scale``). Returns False when this engine
-        has no epilogue entry (the caller falls back). Default: none."""
-        return False
-
-    def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
-                reduce_op: Optional[str] = None, accum_dtype: Optional[str] = None,
-                hidden: Optional[int] = None) -> None:
-        """Do every setup step of ``execute`` (registration, device plan) without launching, so a
-        later launch may be captured in a CUDA graph; ``hidden``: a fused plan's row length.
-        Default: nothing to do."""
-
-    def bind(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
-             packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> Any:
-        """Resolve a call once for repeated launches on these same tensors (:meth:`launch_bound`),
-        or None when the engine must resolve it at every call. Default: None."""
-        return None
+    def prepare(self, plan: Plan, call: Call, *, packet_type: Optional[str] = None) -> None:
+        """Do every setup step of :meth:`execute` for ``call`` (device plan, kernel) without
+        launching, so a later launch may be captured in a CUDA graph. Default: nothing to do."""
 
     def launch_bound(self, bound: Any) -> bool:
-        """Launch a call :meth:`bind` resolved, checking nothing again; False (nothing launched)
-        when the binding is stale: :meth:`execute` then."""
+        """Launch what :meth:`execute` returned, checking nothing again; False (nothing launched)
+        when it is stale: :meth:`execute` then."""
         return False
 
     #: whether :meth:`execute_traced` runs (the GPU runtime's traced kernels)
     traces: bool = False
 
-    def execute_traced(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
-                       packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> Any:
+    def execute_traced(self, plan: Plan, call: Call, inp: Any, out: Any, *,
+                       packet_type: Optional[str] = None) -> Any:
         """:meth:`execute` through a traced kernel, waited for: this rank's
         :class:`~mscclang.runtime.trace.RankTrace`. Default: RuntimeUnavailable."""
         raise RuntimeUnavailable(f"rank {self.rank}: this engine has no traced kernels")
@@ -198,16 +185,13 @@ class Backend:
         """Release resources."""
 
 
-from mscclang.plan.collectives import MULTI_BLOCK_COLLECTIVES as MULTI_BLOCK  # noqa: E402
-
-
 def runtime_granule(plan: Plan) -> int:
     """The GPU runtime's granule for ``plan``: collectives whose buffers hold several blocks
     (allgather, reduce-scatter, all-to-all) have block starts inside the buffer, which the
     runtime needs aligned (packet offsets), so their blocks are padded to the plan's
     ``buffer_alignment`` (at least 16 bytes); single-block calls take any element count. The CPU
     backend can apply the same rule (``SimWorld(granule=runtime_granule)``)."""
-    if plan.collective in MULTI_BLOCK:
+    if collective(plan.collective).multi_block:
         return max(16, plan.buffer_alignment)
     return 1
 
@@ -251,50 +235,22 @@ class RuntimeBackend(Backend):
         self._forced_granule = settings.comm_granule
         self._runnable: dict[int, tuple] = {}   # id(plan) -> (plan, reason or None)
 
-    def execute(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
-                packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> None:
-        self.executor.execute(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op, accum_dtype=accum_dtype)
+    def execute(self, plan: Plan, call: Call, inp: Any, out: Any, *, packet_type: Optional[str] = None,
+                residual: Any = None, weight: Any = None) -> Any:
+        return self.executor.run_call(plan, call, packet_type)
 
-    def execute_fused(self, plan: Plan, inp: Any, out: Any, residual: Any, weight: Any, *,
-                      hidden: int, eps: float, scale: Optional[float] = None, fp8: Any = None) -> bool:
-        """The GPU runtime's epilogue entry: ``Executor.execute(..., residual=, weight=,
-        epilogue=mscclang.runtime.epilogue.Epilogue(hidden, eps, scale, fp8))``; False when the
-        runtime has no epilogue module (a runtime built before it)."""
-        import importlib.util
-
-        if importlib.util.find_spec("mscclang.runtime.epilogue") is None:
-            return False
-        from mscclang.runtime.epilogue import Epilogue  # type: ignore[import-not-found]
-
-        self.executor.execute(plan, inp, out, residual=residual, weight=weight,
-                              epilogue=Epilogue(hidden, eps, scale, fp8))
-        return True
-
-    def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
-                reduce_op: Optional[str] = None, accum_dtype: Optional[str] = None,
-                hidden: Optional[int] = None) -> None:
-        epi = None
-        if hidden is not None:
-            from mscclang.runtime.epilogue import Epilogue  # type: ignore[import-not-found]
-
-            epi = Epilogue(hidden)
-        self.executor.prepare(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op, accum_dtype=accum_dtype,
-                              epilogue=epi)
-
-    def bind(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
-             packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> Any:
-        return self.executor.bind(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op,
-                                  accum_dtype=accum_dtype)
+    def prepare(self, plan: Plan, call: Call, *, packet_type: Optional[str] = None) -> None:
+        self.executor.prepare_call(plan, call, packet_type)
 
     def launch_bound(self, bound: Any) -> bool:
         return self.executor.launch_bound(bound)
 
     traces = True
 
-    def execute_traced(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
-                       packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> Any:
-        return self.executor.execute_traced(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op,
-                                            accum_dtype=accum_dtype)
+    def execute_traced(self, plan: Plan, call: Call, inp: Any, out: Any, *,
+                       packet_type: Optional[str] = None) -> Any:
+        return self.executor.execute_traced(plan, inp, out, packet_type=packet_type, reduce_op=call.op,
+                                            accum_dtype=call.accum)
 
     def empty(self, numel: int, dtype: Any) -> Any:
         return self.executor.comm.alloc(numel, dtype)

@@ -20,13 +20,13 @@ from mscclang.comm.backend import Backend, RuntimeBackend
 from mscclang.comm.catalog import Catalog
 from mscclang.comm.errors import CommError
 from mscclang.comm.fallback import TorchFallback, run_fallback
-from mscclang.comm.names import dtype_name, plan_collective, reduce_op_name
+from mscclang.comm.names import dtype_name, plan_collective
 from mscclang.comm.planner import CallPlan, Planner
 from mscclang.comm.selector import Choice, Selector
 from mscclang.comm.tracing import CallTrace, TracedCall, Tracing, check_traceable
 from mscclang.comm.tuning import DEFAULT_TUNING_FILE, TuningTable, load_tuning
 from mscclang.config import settings
-from mscclang.plan.dtypes import check_reduction, dtype_info, torch_dtype_info
+from mscclang.plan.collectives import collective
 
 log = logging.getLogger("mscclang.comm")
 
@@ -210,9 +210,7 @@ class Communicator:
         once to fp8, to nearest even, saturating at the largest finite value (docs/semantics.md,
         "FP8 reductions"). ``accum_dtype`` with any other dtype, an fp8 ``min``/``max``, or another
         accumulation dtype raise :class:`~mscclang.errors.InvalidCall` naming it."""
-        out = tensor if out is None else out
-        rop = reduce_op_name(op)
-        return self._call("allreduce", tensor, out, rop, accum=self._accum(tensor, rop, accum_dtype))
+        return self._call("allreduce", tensor, tensor if out is None else out, op, accum=accum_dtype)
 
     def all_reduce_add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6,
                                 out: Any = None, fp8_scale: Any = None) -> Any:
@@ -237,22 +235,16 @@ class Communicator:
         """Gather every rank's ``tensor`` into ``out`` (``world_size`` times as many elements,
         rank order). In place when ``tensor`` is ``out``'s block of this rank."""
         if out is None:
-            out = self._new(tensor, tensor.numel() * self.world_size)
+            out = self._default_out("allgather", tensor)
         return self._call("allgather", tensor, out, "sum")
 
     def reduce_scatter(self, tensor: Any, op: Any = "sum", out: Any = None, accum_dtype: Any = None) -> Any:
         """Reduce ``tensor`` over all ranks and keep this rank's block (``numel / world_size``
         elements). In place when ``out`` is ``tensor``'s block of this rank. fp8 and
         ``accum_dtype``: as for :meth:`all_reduce`."""
-        rop = reduce_op_name(op)
-        accum = self._accum(tensor, rop, accum_dtype)
         if out is None:
-            n = self.world_size
-            if tensor.numel() % n:
-                raise CommError(f"reduce_scatter needs an element count divisible by the world "
-                                f"size {n}, got {tensor.numel()}")
-            out = self._new(tensor, tensor.numel() // n)
-        return self._call("reducescatter", tensor, out, rop, accum=accum)
+            out = self._default_out("reducescatter", tensor)
+        return self._call("reducescatter", tensor, out, op, accum=accum_dtype)
 
     def all_to_all(self, tensor: Any, out: Any = None) -> Any:
         """Block ``j`` of rank ``i``'s input goes to block ``i`` of rank ``j``'s output; in place
@@ -296,25 +288,18 @@ class Communicator:
         reductions'; the kernel depends on it). Collective."""
         coll = plan_collective(collective)
         root = self._rank_arg(root, f"{coll} root")
-        accum = self._accum(tensor, reduce_op_name(op), accum_dtype) if coll in ("allreduce", "reducescatter") \
-            else None
         if out is None:
-            if coll == "allgather":
-                out = self._new(tensor, tensor.numel() * self.world_size)
-            elif coll == "reducescatter":
-                out = self._new(tensor, tensor.numel() // self.world_size)
-            else:
-                out = tensor
-        if tensor.numel() == 0 and out.numel() == 0:
-            return self.planner.plan_call(coll, tensor, out, reduce_op_name(op), root)
-        key, cp = self.planner.lookup(coll, tensor, out, reduce_op_name(op), root)
+            out = self._default_out(coll, tensor)
+        key, cp = self.planner.lookup(coll, tensor, out, op, root, accum_dtype)
+        if cp.call.empty:
+            return cp
         be = self.backend
         if cp.registrable and be is not None and be.registration_mode() != "off" and not _capturing():
             # a zero-copy plan runs on these tensors once registered: prepare is collective
             if self._register_call(coll, tensor, out):
                 if cp.temp:
                     self._release_temp(cp, key)   # the staged plan's buffer above the cap is moot now
-                _, cp = self.planner.lookup(coll, tensor, out, reduce_op_name(op), root)
+                _, cp = self.planner.lookup(coll, tensor, out, op, root, accum_dtype)
         if cp.temp:
             # staging above the cap that a capture of this call will use: kept until close()
             self.backend.pin_staging(list(cp.temp))
@@ -325,7 +310,8 @@ class Communicator:
         if cp.mode != "nccl" and self.backend is not None and cp.plan is not None:
             pt = cp.choice.packet_type if cp.choice else None
             a, b = self.planner.operands(cp, tensor, out)
-            self.backend.prepare(cp.plan, a, b, packet_type=pt, reduce_op=reduce_op_name(op), accum_dtype=accum)
+            self.backend.prepare(cp.plan, cp.call if cp.mode == "direct" else cp.call.on(a, b, cp.plan.inplace),
+                                 packet_type=pt)
         return cp
 
     def register(self, *tensors: Any) -> list[bool]:
@@ -480,11 +466,6 @@ class Communicator:
         self.close()
 
     # ------------------------------------------------------------------ internals
-    def _new(self, like: Any, numel: int) -> Any:
-        import torch
-
-        return torch.empty(numel, dtype=like.dtype, device=like.device)
-
     def _rank_arg(self, value: Any, what: str) -> int:
         """``value`` as a rank of this communicator (an int, or an integer with ``__index__`` such
         as a numpy or 0-d torch integer; not a bool); CommError naming ``what`` and the value."""
@@ -502,13 +483,20 @@ class Communicator:
             raise CommError(f"rank {self.rank}: {what} {r} is not another rank of {self.world_size} (it is this one)")
         return r
 
-    def _accum(self, tensor: Any, op: str, accum_dtype: Any) -> Optional[str]:
-        """The canonical accumulation dtype of a reduction of ``tensor`` (None: not fp8), after
-        checking the dtype, the op and ``accum_dtype`` (InvalidCall naming what is wrong)."""
-        info = torch_dtype_info(getattr(tensor, "dtype", None))
-        if accum_dtype is None and (info is None or not info.accumulates):
-            return None   # not fp8 (or not a tensor: the call's own checks say so)
-        return check_reduction(dtype_info(dtype_name(tensor.dtype)), op, accum_dtype)
+    def _default_out(self, coll: str, tensor: Any) -> Any:
+        """A new output of the collective's size for ``tensor`` (the input itself when the
+        collective's output is its input's size)."""
+        import torch
+
+        self.planner.check_tensor(f"{coll} input", tensor)
+        row = collective(coll)
+        bi, bo = row.blocks(self.world_size)
+        if bi == bo:
+            return tensor
+        if tensor.numel() % bi:
+            raise CommError(f"{row.api} needs an element count divisible by the world size {self.world_size}, "
+                            f"got {tensor.numel()}")
+        return torch.empty(row.output_elems(self.world_size, tensor.numel()), dtype=tensor.dtype, device=tensor.device)
 
     def _launch(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int, accum: Optional[str] = None) -> None:
         if cp.mode == "nccl":
@@ -530,32 +518,30 @@ class Communicator:
                 self.backend.pin_staging(list(cp.bufs))
             a.view(cp.shape.in_blocks, kp)[:, :k].copy_(inp.view(cp.shape.in_blocks, k))
         bound = cp.bound
+        call = cp.call if cp.mode == "direct" else cp.call.on(a, b, cp.plan.inplace)
         if self._tracer is not None:
-            rt = self.backend.execute_traced(cp.plan, a, b, reduce_op=op, packet_type=pt, accum_dtype=accum)
+            rt = self.backend.execute_traced(cp.plan, call, a, b, packet_type=pt)
             self._tracer.calls.append(TracedCall(cp.plan.collective, cp.plan.name, inp.numel() * inp.element_size(), rt))
-        elif bound is None or bound.op != op or bound.accum != accum or not self.backend.launch_bound(bound):
-            self.backend.execute(cp.plan, a, b, reduce_op=op, packet_type=pt, accum_dtype=accum)
+        elif bound is None or not self.backend.launch_bound(bound):
+            got = self.backend.execute(cp.plan, call, a, b, packet_type=pt)
             if not cp.temp:   # a memo hit launches what the engine resolved now
-                cp.bound = self.backend.bind(cp.plan, a, b, reduce_op=op, packet_type=pt, accum_dtype=accum)
+                cp.bound = got
         if cp.mode == "staged":
             out.view(cp.shape.out_blocks, k).copy_(b.view(cp.shape.out_blocks, kp)[:, :k])
 
-    def _call(self, coll: str, inp: Any, out: Any, op: str, root: int = 0, accum: Optional[str] = None) -> Any:
-        if not (hasattr(inp, "data_ptr") and hasattr(out, "data_ptr")):
-            self.planner.check_tensors(coll, inp, out)   # raises: not tensors
-        if inp.numel() == 0 and out.numel() == 0:
-            self.planner.check_tensors(coll, inp, out)
+    def _call(self, coll: str, inp: Any, out: Any, op: Any, root: int = 0, accum: Any = None) -> Any:
+        key, cp = self.planner.lookup(coll, inp, out, op, root, accum)
+        if cp.call.empty:
             return out
-        key, cp = self.planner.lookup(coll, inp, out, op, root)
-        if cp.registrable and self._auto_register(coll, inp, out, op, root):
+        if cp.registrable and self._auto_register(coll, inp, out, cp.call.op, root):
             if cp.temp:
                 # the staged plan's buffer above the cap is moot now (every rank registered alike)
                 self._release_temp(cp, key)
-            key, cp = self.planner.lookup(coll, inp, out, op, root)
+            key, cp = self.planner.lookup(coll, inp, out, op, root, accum)
         self.last = cp
         if cp.shape.block_elems == 0:
             return out
-        self._launch(cp, inp, out, op, root, accum)
+        self._launch(cp, inp, out, cp.call.op, root, cp.call.accum)
         done = self.last
         if done is not None and done.temp:
             # staging above the cap: released (collectively) now that the call's work is done

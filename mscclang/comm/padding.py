@@ -13,9 +13,9 @@ output block are copied back. Pad elements are never read back, so their content
 from __future__ import annotations
 
 from mscclang.comm.errors import CommError
-from mscclang.plan.shapes import BlockShape, block_shape, message_bytes
+from mscclang.plan.collectives import BlockShape
 
-__all__ = ["BlockShape", "block_shape", "message_bytes", "padded_block_elems", "needs_padding"]
+__all__ = ["padded_block_elems", "needs_padding"]
 
 
 def padded_block_elems(block_elems: int, elem_size: int, granule: int) -> int:

@@ -15,18 +15,18 @@ to zero-copy plans (symmetric, registered or neither), so every rank chooses ali
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from mscclang.comm.catalog import PlanVariant
 from mscclang.comm.errors import CommError
-from mscclang.comm.names import dtype_name
 from mscclang.comm.padding import needs_padding, padded_block_elems
 from mscclang.comm.selector import Choice, Selector
-from mscclang.errors import MscclangError
-from mscclang.plan.collectives import INPLACE_COPY_COLLECTIVES
+from mscclang.errors import InvalidCall, MscclangError
+from mscclang.plan.call import Call, FusedArgs, check_tensor, make_call
+from mscclang.plan.collectives import BlockShape
 from mscclang.plan.models import Plan
-from mscclang.plan.shapes import BlockShape, block_shape, call_layout, check_pair, check_tensor, message_bytes
 
 _MODE_RANK = {"direct": 0, "copy_in": 1, "staged": 2}
 _MEMO_SIZE = 256
@@ -50,6 +50,8 @@ class CallPlan:
     plan: Optional[Plan]
     shape: BlockShape
     padded: BlockShape
+    #: the checked call this plans (:func:`mscclang.plan.call.make_call`)
+    call: Optional[Call] = None
     inp: Any = None
     out: Any = None
     reason: str = ""
@@ -67,6 +69,17 @@ class CallPlan:
         pt = f" {self.choice.packet_type}" if self.choice and self.choice.packet_type else ""
         return f"{self.variant.key}{pt} ({self.mode})"
 
+
+
+@contextmanager
+def _comm_errors() -> Iterator[None]:
+    """What the plan layer's call checks refuse, as the communicator's CommError (an InvalidCall)."""
+    try:
+        yield
+    except CommError:
+        raise
+    except InvalidCall as e:
+        raise CommError(str(e)) from None
 
 class Planner:
     """Plans the calls of one rank's communicator. ``backend`` is the engine (None: no runtime,
@@ -104,31 +117,30 @@ class Planner:
 
     def check_tensor(self, what: str, t: Any) -> None:
         """A tensor argument: a contiguous torch tensor on this communicator's device."""
-        check_tensor(t, what, self.rank, self.device, "communicator")
+        with _comm_errors():
+            check_tensor(t, what, self.rank, self.device, "communicator")
 
-    def check_tensors(self, coll: str, inp: Any, out: Any) -> None:
-        """A call's two tensors (one dtype, one this engine runs)."""
-        check_pair(f"{coll} ", self.rank, inp, out, self.device, "communicator")
-        dtype_name(inp.dtype)
+    def make_call(self, coll: str, inp: Any, out: Any, op: Any = "sum", accum: Any = None,
+                  epi: Optional[FusedArgs] = None) -> Call:
+        """The checked call (:func:`mscclang.plan.call.make_call`, this communicator's rank and
+        device): the one check of a call's tensors; what it refuses comes back as CommError (an
+        InvalidCall), the communicator's error."""
+        with _comm_errors():
+            return make_call(coll, self.rank, self.world_size, self.device, inp, out, op, accum, epi)
 
-    def inplace_layout(self, coll: str, inp: Any, out: Any, shape: BlockShape) -> bool:
-        """Whether ``inp``/``out`` are the collective's in-place layout; raises on any other
-        overlap."""
-        esz = inp.element_size()
-        return call_layout(coll, self.rank, inp.data_ptr(), inp.numel() * esz, out.data_ptr(), out.numel() * esz,
-                           shape.block_elems * esz)
-
-    def plan_call(self, coll: str, inp: Any, out: Any, op: str, root: int = 0) -> CallPlan:
-        self.check_tensors(coll, inp, out)
+    def plan_call(self, call: Call, inp: Any, out: Any, root: int = 0) -> CallPlan:
+        """How ``call`` (on ``inp``/``out``, whose views staging and copy-in take) runs: see the
+        module docstring."""
+        coll = call.collective.name
         n = self.world_size
-        shape = block_shape(coll, n, inp.numel(), out.numel())
-        esz = inp.element_size()
-        inplace = self.inplace_layout(coll, inp, out, shape)
-        nbytes = message_bytes(coll, inp.numel() * esz, out.numel() * esz)
+        shape = call.shape
+        esz = call.dtype.itemsize
+        inplace = call.inplace
+        nbytes = call.message_bytes
         if self.backend is None:
-            return CallPlan(coll, "nccl", None, None, shape, shape,
+            return CallPlan(coll, "nccl", None, None, shape, shape, call,
                             reason=self.runtime_error or "no runtime")
-        reason = f"no plan for {coll} of {nbytes} bytes ({dtype_name(inp.dtype)}) on {n} ranks"
+        reason = f"no plan for {coll} of {nbytes} bytes ({call.dtype.name}) on {n} ranks"
         dtype = inp.dtype
         # 1. the tuning's choices, in order: the first that runs without staging wins; a
         #    torch.distributed choice wins only over the choices after it (a plan listed before
@@ -148,10 +160,10 @@ class Planner:
                     if not self.has_fallback:
                         continue
                     if staged is None:
-                        nccl = CallPlan(coll, "nccl", choice, None, shape, shape,
+                        nccl = CallPlan(coll, "nccl", choice, None, shape, shape, call,
                                         reason="tuning selects torch.distributed")
                     break
-                best = self.best_variant(coll, choice, inp, out, inplace, shape, esz, root)
+                best = self.best_variant(call, choice, inp, out, root)
                 if best is None:
                     continue
                 if best.mode != "staged":
@@ -165,20 +177,19 @@ class Planner:
             return nccl
         if staged is not None:
             # allocate the staging buffers now
-            got = self.fit(coll, staged.variant, staged.plan, staged.choice, inp, out, inplace,
-                            shape, esz)
+            got = self.fit(call, staged.variant, staged.plan, staged.choice, inp, out)
             if got is not None:
                 got.registrable = want_reg
                 return got
-        return CallPlan(coll, "nccl", None, None, shape, shape, reason=reason, registrable=want_reg)
+        return CallPlan(coll, "nccl", None, None, shape, shape, call, reason=reason, registrable=want_reg)
 
-    def best_variant(self, coll: str, choice: Choice, inp: Any, out: Any, inplace: bool,
-                      shape: BlockShape, esz: int, root: int) -> Optional[CallPlan]:
+    def best_variant(self, call: Call, choice: Choice, inp: Any, out: Any, root: int) -> Optional[CallPlan]:
         """The best way one choice's variants can run the call (direct over copy-in over
         staged; the variant whose in-place mode matches the call first), or ``None``."""
+        coll = call.collective.name
         best: Optional[CallPlan] = None
         blocked = False
-        for v in sorted(choice.variants, key=lambda v: v.inplace != inplace):
+        for v in sorted(choice.variants, key=lambda v: v.inplace != call.inplace):
             if coll == "broadcast" and v.root is not None and v.root != root:
                 continue
             try:
@@ -193,7 +204,7 @@ class Planner:
                 self.note(coll, f"mscclang rank {self.rank}: plan {v.key} cannot run here: {why}",
                            level=logging.INFO)
                 continue
-            cp = self.fit(coll, v, plan, choice, inp, out, inplace, shape, esz, dry=True)
+            cp = self.fit(call, v, plan, choice, inp, out, dry=True)
             blocked = blocked or (cp is not None and cp.sym_blocked)
             if cp is not None and (best is None or _MODE_RANK[cp.mode] < _MODE_RANK[best.mode]):
                 best = cp
@@ -203,21 +214,22 @@ class Planner:
             best.sym_blocked = blocked
         return best
 
-    def fit(self, coll: str, v: Any, plan: Any, choice: Choice, inp: Any, out: Any,
-             inplace: bool, shape: BlockShape, esz: int, dry: bool = False) -> Optional[CallPlan]:
+    def fit(self, call: Call, v: Any, plan: Any, choice: Choice, inp: Any, out: Any,
+            dry: bool = False) -> Optional[CallPlan]:
         """How variant ``v`` can run the call (``dry``: decide without allocating staging)."""
         if self.backend is None:
             return None
+        coll, shape, esz, inplace = call.collective.name, call.shape, call.dtype.itemsize, call.inplace
         granule = max(1, int(self.backend.granule(plan)))
         pad = needs_padding(shape, esz, granule)
         sym_ok = not v.symmetric or self.backend.zero_copy_ok(inp, out)
-        runs = plan.inplace == inplace or (plan.inplace and coll in INPLACE_COPY_COLLECTIVES)
+        runs = call.fits_plan(plan) or (plan.inplace and call.collective.inplace_copy)
         if not pad and sym_ok and runs:
             # asked up front, alike on every rank, and only of a way the call would run (the
             # answer packs the plan at this size, which the launch then reuses)
             if self.fits(plan, choice, shape, esz):
                 return CallPlan(coll, "direct" if plan.inplace == inplace else "copy_in", choice, plan, shape,
-                                shape, variant=v)
+                                shape, call, variant=v)
             granule, pad = self.wider_granule(plan, shape, esz, granule)
             if not pad:
                 return None
@@ -233,21 +245,21 @@ class Planner:
             if not self.fits(plan, choice, ps, esz):
                 return None
         if kp != shape.block_elems and not (plan.min_message_size
-                                            <= message_bytes(coll, ps.in_elems * esz, ps.out_elems * esz)
+                                            <= call.collective.message_bytes(ps.in_elems * esz, ps.out_elems * esz)
                                             <= plan.max_message_size):
             return None  # the padded message leaves the plan's size range
         if dry:
-            return CallPlan(coll, "staged", choice, plan, shape, ps, None, None, variant=v, sym_blocked=blocked)
+            return CallPlan(coll, "staged", choice, plan, shape, ps, call, variant=v, sym_blocked=blocked)
         dt = inp.dtype
         if plan.inplace:
             total = max(ps.in_elems, ps.out_elems)
             view, whole, t_io = self.stage("io", total * esz)
             bufs, temp = (whole,), ((whole,) if t_io else ())
             buf = view.view(dt)
-            r = self.rank
-            if coll == "allgather":
+            r, row = self.rank, call.collective
+            if row.inplace == "input_in_output":
                 s_in, s_out = buf[r * kp:(r + 1) * kp], buf[:ps.out_elems]
-            elif coll == "reducescatter":
+            elif row.inplace == "output_in_input":
                 s_in, s_out = buf[:ps.in_elems], buf[r * kp:(r + 1) * kp]
             else:
                 s_in = s_out = buf[:ps.in_elems]
@@ -257,7 +269,7 @@ class Planner:
             s_in, s_out = v_in.view(dt), v_out.view(dt)
             bufs = (w_in, w_out)
             temp = tuple(w for w, t in ((w_in, t_in), (w_out, t_out)) if t)
-        return CallPlan(coll, "staged", choice, plan, shape, ps, s_in, s_out, variant=v, sym_blocked=blocked,
+        return CallPlan(coll, "staged", choice, plan, shape, ps, call, s_in, s_out, variant=v, sym_blocked=blocked,
                         bufs=bufs, temp=temp)
 
     def fits(self, plan: Any, choice: Choice, shape: BlockShape, esz: int) -> bool:
@@ -279,13 +291,16 @@ class Planner:
             return cp.inp, cp.out
         if cp.mode == "copy_in":
             k = cp.shape.block_elems
-            a = out[self.rank * k:(self.rank + 1) * k] if cp.collective == "allgather" else out[:inp.numel()]
+            a = out[self.rank * k:(self.rank + 1) * k] if cp.call.collective.inplace == "input_in_output" \
+                else out[:inp.numel()]
             return a, out
         return inp, out
 
-    def lookup(self, coll: str, inp: Any, out: Any, op: str, root: int) -> tuple[Optional[tuple], CallPlan]:
-        """The memo key of a call and its CallPlan (planned and memoised on a miss). Shared by the
-        collectives and :meth:`prepare`, so a prepared call is found again when captured."""
+    def lookup(self, coll: str, inp: Any, out: Any, op: str, root: int, accum: Any = None
+               ) -> tuple[Optional[tuple], CallPlan]:
+        """The memo key of a call and its CallPlan (checked, planned and memoised on a miss, so a
+        repeated call checks nothing again). Shared by the collectives and :meth:`prepare`, so a
+        prepared call is found again when captured."""
         key = None
         if getattr(inp, "is_contiguous", None) and inp.is_contiguous() and out.is_contiguous():
             # what the tensors are to zero-copy plans (symmetric, registered, or neither) is part of
@@ -298,15 +313,17 @@ class Planner:
                 a = be.buffer_class(inp)
                 sym = (a, a if out is inp else be.buffer_class(out))
             key = (coll, inp.data_ptr(), out.data_ptr(), inp.numel(), out.numel(), inp.dtype,
-                   out.dtype, inp.device, out.device, root, sym)
+                   out.dtype, inp.device, out.device, op, accum, root, sym)
         cp = self.memo.get(key) if key is not None else None
         if cp is None:
+            call = self.make_call(coll, inp, out, op, accum)
+            if call.empty:   # nothing to run
+                return key, CallPlan(coll, "empty", None, None, call.shape, call.shape, call)
             be = self.backend
             if be is not None:
-                be.describe_call(f"{coll} of {inp.numel()} x {dtype_name(inp.dtype)}"
-                                 f"{f' into {out.numel()}' if out.numel() != inp.numel() else ''}")
+                be.describe_call(call.describe())
             try:
-                cp = self.plan_call(coll, inp, out, op, root)
+                cp = self.plan_call(call, inp, out, root)
             finally:
                 if be is not None:
                     be.describe_call("")

@@ -29,11 +29,11 @@ import numpy as np
 from mscclang.comm.backend import Backend
 from mscclang.comm.catalog import SYMMETRIC, infer_buffer_mode
 from mscclang.comm.errors import CommError
-from mscclang.comm.names import dtype_name
-from mscclang.comm.padding import block_shape
 from mscclang.errors import CallMismatch, PlanError, RuntimeUnavailable
 from mscclang.plan import reference
-from mscclang.plan.dtypes import check_reduction, dtype_info, torch_dtype_info
+from mscclang.plan.call import Call
+from mscclang.plan.collectives import collective
+from mscclang.plan.dtypes import dtype_info, torch_dtype_info
 from mscclang.plan.models import Plan
 from mscclang.runtime.registration import AllocInfo, Region, Registry, zero_copy_operands
 
@@ -68,7 +68,7 @@ def numpy_to_torch(a: np.ndarray, like: Any) -> Any:
 def reference_outputs(plan: Plan, inputs: list[np.ndarray], out_elems: int, reduce_op: str) -> list[np.ndarray]:
     """Each rank's output by the collective's definition (:mod:`mscclang.plan.reference`), after
     checking that ``out_elems`` fits the call (CommError otherwise)."""
-    block_shape(plan.collective, len(inputs), inputs[0].size, out_elems)
+    collective(plan.collective).shape(len(inputs), inputs[0].size, out_elems)
     try:
         return reference.reference_outputs(plan.collective, inputs, reduce_op, plan.root)
     except ValueError as e:
@@ -340,54 +340,42 @@ class SimBackend(Backend):
         g = self.world.granule
         return int(g(plan)) if callable(g) else int(g)
 
-    def prepare(self, plan: Plan, inp: Any, out: Any, *, packet_type: Optional[str] = None,
-                reduce_op: Optional[str] = None, accum_dtype: Optional[str] = None,
-                hidden: Optional[int] = None) -> None:
+    def prepare(self, plan: Plan, call: Call, *, packet_type: Optional[str] = None) -> None:
         self.prepared.append(plan.name)
 
-    def _check(self, plan: Plan, inp: Any, out: Any) -> None:
-        n = self.world_size
-        esz = inp.element_size()
-        shape = block_shape(plan.collective, n, inp.numel(), out.numel())
-        if (self.world.refuse_unaligned and shape.in_blocks * shape.out_blocks > 1
-                and (shape.block_elems * esz) % self.world.refuse_unaligned):
+    def _check(self, plan: Plan, call: Call) -> None:
+        """What this engine needs beyond the checked call: the plan runs the buffers as they are
+        (:meth:`~mscclang.plan.call.Call.check_plan`), whole granules (and, like the GPU runtime
+        with ``refuse_unaligned``, aligned packet offsets) per block."""
+        call.check_plan(plan)
+        block = call.shape.block_elems * call.dtype.itemsize
+        if (self.world.refuse_unaligned and call.shape.in_blocks * call.shape.out_blocks > 1
+                and block % self.world.refuse_unaligned):
             self.world.refusals += 1
             raise PlanError(f"rank {self.rank}: packet offsets at this size are not aligned")
         granule = self.granule(plan)
-        if (shape.block_elems * esz) % granule:
-            raise CommError(f"rank {self.rank}: block of {shape.block_elems * esz} bytes is not a "
-                            f"multiple of the granule {granule}")
-        a0, a1 = inp.data_ptr(), inp.data_ptr() + inp.numel() * esz
-        b0, b1 = out.data_ptr(), out.data_ptr() + out.numel() * esz
-        overlap = not (a1 <= b0 or b1 <= a0)
-        if plan.inplace:
-            k = shape.block_elems * esz
-            want = {"allgather": a0 == b0 + self.rank * k,
-                    "reducescatter": b0 == a0 + self.rank * k}.get(plan.collective, a0 == b0)
-            if not want:
-                raise CommError(f"rank {self.rank}: in-place plan {plan.name} got buffers that "
-                                "are not the in-place layout")
-        elif overlap:
-            raise CommError(f"rank {self.rank}: out-of-place plan {plan.name} got overlapping buffers")
+        if block % granule:
+            raise CommError(f"rank {self.rank}: block of {block} bytes is not a multiple of the granule {granule}")
 
-    def execute(self, plan: Plan, inp: Any, out: Any, *, reduce_op: str = "sum",
-                packet_type: Optional[str] = None, accum_dtype: Optional[str] = None) -> None:
-        self._check(plan, inp, out)
+    def execute(self, plan: Plan, call: Call, inp: Any, out: Any, *, packet_type: Optional[str] = None,
+                residual: Any = None, weight: Any = None) -> Any:
+        if call.epi is not None:
+            return self._execute_fused(plan, call, inp, out, residual, weight)
+        self._check(plan, call)
         sym = None
         peers: tuple = (None, None)
         bases: tuple = (None, None)
         if infer_buffer_mode(plan) == SYMMETRIC:
-            esz = inp.element_size()
-            zc = zero_copy_operands(self._sym_of, self.registry, inp.data_ptr(), out.data_ptr(),
-                                    inp.numel() * esz, out.numel() * esz)
+            zc = zero_copy_operands(self._sym_of, self.registry, call.in_ptr, call.out_ptr, call.in_bytes,
+                                    call.out_bytes)
             if zc is None:
                 raise CommError(f"rank {self.rank}: zero-copy plan {plan.name} needs symmetric "
                                 "buffers (from Communicator.empty) or registered tensors")
             # in-place allgather/reducescatter: this rank's block sits at rank * block bytes
-            shift = block_shape(plan.collective, self.world_size, inp.numel(), out.numel()).block_elems \
-                * esz * self.rank
-            d_in = zc[1] - (shift if plan.inplace and plan.collective == "allgather" else 0)
-            d_out = zc[3] - (shift if plan.inplace and plan.collective == "reducescatter" else 0)
+            shift = call.collective.inplace_offset(self.rank, call.shape.block_elems * call.dtype.itemsize) \
+                if plan.inplace else 0
+            d_in = zc[1] - (shift if call.collective.inplace == "input_in_output" else 0)
+            d_out = zc[3] - (shift if call.collective.inplace == "output_in_input" else 0)
             kind = lambda b: "reg" if isinstance(b, Region) else "sym"  # noqa: E731
             for b in {id(zc[0]): zc[0], id(zc[2]): zc[2]}.values():
                 if isinstance(b, Region):
@@ -397,19 +385,19 @@ class SimBackend(Backend):
             peers = tuple({q: a for q, a in b.peer_bases.items() if q != self.rank} if isinstance(b, Region)
                           else None for b in (zc[0], zc[2]))
             bases = (zc[0].base, zc[2].base)
-        accum = check_reduction(dtype_info(dtype_name(inp.dtype)), reduce_op, accum_dtype)
-        launch = _Launch(plan, torch_to_numpy(inp), out.numel(), reduce_op, packet_type, sym, accum, peers, bases)
+        launch = _Launch(plan, torch_to_numpy(inp), out.numel(), call.op, packet_type, sym, call.accum, peers, bases)
         res = self.world.launch(self.rank, launch)
         out.reshape(-1).copy_(numpy_to_torch(res, out))
+        return None
 
-    def execute_fused(self, plan: Plan, inp: Any, out: Any, residual: Any, weight: Any, *,
-                      hidden: int, eps: float, scale: Optional[float] = None, fp8: Any = None) -> bool:
-        """Run a fused (plan/2) plan on the simulator (see :meth:`Backend.execute_fused`)."""
-        from mscclang.plan.dtypes import torch_dtype_info
+    def _execute_fused(self, plan: Plan, call: Call, inp: Any, out: Any, residual: Any, weight: Any) -> None:
+        """A fused (plan/2) call on the simulator: the residual is read and written."""
         from mscclang.sim.epilogue import EpilogueParams
 
-        q = torch_dtype_info(fp8).numpy if fp8 is not None else None
-        params = EpilogueParams(hidden, torch_to_numpy(weight), eps, scale=scale, fp8=q)
+        call.check_plan(plan)
+        e = call.epi
+        q = dtype_info(e.fp8).numpy if e.fp8 is not None else None
+        params = EpilogueParams(e.hidden, torch_to_numpy(weight), e.eps, scale=e.scale, fp8=q)
         launch = _Launch(plan, torch_to_numpy(inp), out.numel(), "sum", None, None,
                          residual=torch_to_numpy(residual), epilogue=params)
         res_out, new_res = self.world.launch(self.rank, launch)  # type: ignore[misc]
@@ -420,7 +408,6 @@ class SimBackend(Backend):
             out.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(np.ascontiguousarray(res_out).view(np.uint8)))
         else:
             out.reshape(-1).copy_(numpy_to_torch(res_out, out))
-        return True
 
 
 class _Freed:

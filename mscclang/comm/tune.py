@@ -169,11 +169,12 @@ def rank_by_prediction(catalog: Catalog, collective: str, world_size: int, input
     from mscclang.errors import PlanError
     from mscclang.sim import cost
 
-    from mscclang.plan.shapes import message_bytes, output_bytes
+    from mscclang.plan.collectives import collective as collective_row
 
     n = world_size
-    out_bytes = output_bytes(collective, n, input_bytes)
-    msg = message_bytes(collective, input_bytes, out_bytes)
+    row = collective_row(collective)
+    out_bytes = row.output_elems(n, input_bytes)
+    msg = row.message_bytes(input_bytes, out_bytes)
     topo = cost.load_topology(topology, n)
     ranked = []
     for v in catalog.matching(collective, n):

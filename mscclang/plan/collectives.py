@@ -14,42 +14,166 @@ import difflib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from mscclang.errors import CommError, PlanError
+from mscclang.errors import CommError, InvalidCall, PlanError
 
 if TYPE_CHECKING:  # pragma: no cover
     from mscclang.plan.models import Plan
 
-#: every plan ``collective`` name (the one list; the others below are its subsets)
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv", "broadcast",
-               "allreduce_add_rms_norm", "test", "custom")
 #: the fused allreduce + residual add + RMSNorm (plan/2; docs/semantics.md, "Epilogue ops")
 FUSED_NORM = "allreduce_add_rms_norm"
 
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective's rules, the one home of each (every name list, size rule and in-place
+    layout elsewhere is read from :data:`TABLE`). With ``n`` ranks and a chunk factor ``f``:
+
+    * ``api``: its ``Communicator`` method (None: not one the communicator runs);
+    * ``in_blocks`` / ``out_blocks``: how many blocks of one size each buffer holds, 1 or ``n``
+      (``"n"``); ``in_chunks`` / ``out_chunks`` likewise for its chunks per ``f`` (``n f`` or ``f``);
+    * ``message``: which side's bytes are the message size (plan ranges, tuning thresholds):
+      ``"output"`` for allgather, else ``"input"``;
+    * ``reduces``; ``inplace_copy``: an out-of-place call may run an in-place plan by copying its
+      input into the output first; ``inplace``: where the input lies in the output (``"same"``: one
+      buffer; ``"input_in_output"``: the input is block ``rank`` of the output;
+      ``"output_in_input"``: the reverse); ``bus``: the nccl-tests bus-bandwidth factor's scale
+      (``bus * (n - 1) / n``; 0: factor 1); ``sized``: the buffers' sizes follow from the blocks
+      (test and custom plans' do not); ``postcondition``: it says what its outputs hold."""
+
+    name: str
+    api: Optional[str]
+    in_blocks: str = "1"
+    out_blocks: str = "1"
+    in_chunks: str = "n"
+    out_chunks: str = "n"
+    message: str = "input"
+    reduces: bool = False
+    inplace_copy: bool = True
+    inplace: str = "same"
+    bus: float = 0.0
+    sized: bool = True
+    postcondition: bool = True
+
+    def blocks(self, n: int) -> tuple[int, int]:
+        """(input blocks, output blocks) over ``n`` ranks."""
+        return (n if self.in_blocks == "n" else 1), (n if self.out_blocks == "n" else 1)
+
+    def chunks(self, n: int, f: int) -> tuple[int, int]:
+        """(input chunks, output chunks) of one rank with chunk factor ``f``."""
+        return (n * f if self.in_chunks == "n" else f), (n * f if self.out_chunks == "n" else f)
+
+    @property
+    def multi_block(self) -> bool:
+        """Whether a buffer holds one block per rank (blocks start inside the buffer)."""
+        return "n" in (self.in_blocks, self.out_blocks)
+
+    def shape(self, n: int, in_elems: int, out_elems: int) -> "BlockShape":
+        """The blocks of a call of ``in_elems`` and ``out_elems`` elements (counts or bytes);
+        :class:`~mscclang.errors.InvalidCall` naming the rule when they do not fit."""
+        bi, bo = self.blocks(n)
+        api = self.api or self.name
+        if bi > 1 and bo == 1:   # the input holds the blocks: its size follows from the output's
+            if in_elems != bi * out_elems:
+                raise InvalidCall(f"{api} needs an input of {bi} x {out_elems} = {bi * out_elems} elements, "
+                                  f"got {in_elems}")
+            return BlockShape(bi, 1, out_elems)
+        if bo == 1 or bi > 1:
+            if in_elems != out_elems:
+                raise InvalidCall(f"{api} needs equal input and output element counts, got {in_elems} and "
+                                  f"{out_elems}")
+            if in_elems % bi:
+                raise InvalidCall(f"{api} needs an element count divisible by the world size {n}, got {in_elems}")
+            return BlockShape(bi, bo, in_elems // bi)
+        if out_elems != bo * in_elems:
+            raise InvalidCall(f"{api} needs an output of {bo} x {in_elems} = {bo * in_elems} elements, got "
+                              f"{out_elems}")
+        return BlockShape(1, bo, in_elems)
+
+    def output_elems(self, n: int, in_elems: int) -> int:
+        """One rank's output size for an input of ``in_elems`` (elements or bytes, whole blocks)."""
+        bi, bo = self.blocks(n)
+        return in_elems // bi * bo
+
+    def call_bytes(self, n: int, message: int) -> tuple[int, int]:
+        """(input, output) bytes of a call whose message size is ``message``."""
+        bi, bo = self.blocks(n)
+        if self.message == "output":
+            return message // bo * bi, message
+        return message, message // bi * bo
+
+    def message_bytes(self, in_bytes: int, out_bytes: int) -> int:
+        """The message size of a call: the side :attr:`message` names."""
+        return out_bytes if self.message == "output" else in_bytes
+
+    def inplace_offset(self, rank: int, block: int) -> int:
+        """Where the smaller buffer starts in the larger one in the in-place layout (bytes or
+        elements, ``block`` one rank's block): ``rank * block`` for allgather's input in its output
+        and reduce-scatter's output in its input, else 0."""
+        return rank * block if self.inplace != "same" else 0
+
+    def busbw(self, n: int) -> float:
+        """nccl-tests' bus-bandwidth factor: bus bandwidth = message bytes / time * factor."""
+        return self.bus * (n - 1) / n if self.bus and n > 1 else 1.0
+
+    def chunk_factor(self, n: int, in_chunks: int, out_chunks: int) -> int:
+        """A plan's chunks per rank ``f`` from rank 0's chunk counts (0 when they do not divide)."""
+        if not self.sized:
+            return in_chunks or out_chunks
+        c = in_chunks if in_chunks else out_chunks
+        per = n if (self.in_chunks if in_chunks else self.out_chunks) == "n" else 1
+        return c // per if c % per == 0 else 0
+
+
+#: every collective, by plan name (the one table; every list of names is read from it)
+TABLE: dict[str, Collective] = {c.name: c for c in (
+    Collective("allreduce", "all_reduce", reduces=True, bus=2.0),
+    Collective("allgather", "all_gather", out_blocks="n", in_chunks="1", message="output",
+               inplace="input_in_output", bus=1.0),
+    Collective("reducescatter", "reduce_scatter", in_blocks="n", out_chunks="1", reduces=True, inplace_copy=False,
+               inplace="output_in_input", bus=1.0),
+    Collective("alltoall", "all_to_all", in_blocks="n", out_blocks="n", bus=1.0),
+    Collective("broadcast", "broadcast", in_chunks="1", out_chunks="1"),
+    Collective("sendrecv", "send_recv", in_chunks="1", out_chunks="1"),
+    Collective(FUSED_NORM, None, reduces=True, inplace_copy=False, bus=2.0),
+    Collective("test", None, in_chunks="1", out_chunks="1", inplace_copy=False, sized=False, postcondition=False),
+    Collective("custom", None, in_chunks="1", out_chunks="1", inplace_copy=False, sized=False, postcondition=False),
+)}
+#: every plan ``collective`` name
+COLLECTIVES = tuple(TABLE)
 #: API name (``Communicator`` method) -> plan ``collective`` name, for the collectives the
 #: communicator runs
-API_TO_PLAN: dict[str, str] = {
-    "all_reduce": "allreduce",
-    "all_gather": "allgather",
-    "reduce_scatter": "reducescatter",
-    "all_to_all": "alltoall",
-    "broadcast": "broadcast",
-    "send_recv": "sendrecv",
-}
+API_TO_PLAN: dict[str, str] = {c.api: c.name for c in TABLE.values() if c.api}
 #: plan ``collective`` name -> API name
 PLAN_TO_API: dict[str, str] = {v: k for k, v in API_TO_PLAN.items()}
-#: the API names, in the order of :data:`API_TO_PLAN`
-API_COLLECTIVES: tuple[str, ...] = tuple(API_TO_PLAN)
 
-#: collectives an out-of-place call may run on an in-place plan by first copying its input into
-#: the output (their in-place plans read the input from where the output lies)
-INPLACE_COPY_COLLECTIVES: tuple[str, ...] = ("allreduce", "broadcast", "alltoall", "allgather", "sendrecv")
-#: collectives whose buffers hold one block per rank, so that blocks start inside the buffer
-#: (allgather's output, reduce-scatter's input, all-to-all's both)
-MULTI_BLOCK_COLLECTIVES: tuple[str, ...] = ("allgather", "reducescatter", "alltoall")
 
-#: collectives whose plans state no postcondition (op-emission tests and experiments): the
-#: simulator checks them for deadlocks and races only
-NO_POSTCONDITION = ("test", "custom")
+def collective(name: str) -> Collective:
+    """The table's row of a plan collective name, or of an API name (``all_reduce``); PlanError
+    (JSON path ``collective``) for any other name."""
+    row = TABLE.get(name) or TABLE.get(API_TO_PLAN.get(name, ""))
+    if row is None:
+        raise PlanError(unknown_collective_message(name), "collective")
+    return row
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """``in_blocks`` x ``block_elems`` input elements, ``out_blocks`` x ``block_elems`` output."""
+
+    in_blocks: int
+    out_blocks: int
+    block_elems: int
+
+    @property
+    def in_elems(self) -> int:
+        return self.in_blocks * self.block_elems
+
+    @property
+    def out_elems(self) -> int:
+        return self.out_blocks * self.block_elems
+
+    def padded(self, block_elems: int) -> "BlockShape":
+        return BlockShape(self.in_blocks, self.out_blocks, block_elems)
 
 
 def unknown_collective_message(name: object) -> str:
@@ -124,9 +248,14 @@ class CollectiveSpec:
             check_senders(self.senders, self.num_ranks)
 
     @property
+    def row(self) -> Collective:
+        """The collective's row of :data:`TABLE`."""
+        return TABLE[self.name]
+
+    @property
     def has_postcondition(self) -> bool:
         """Whether the collective says what its outputs must hold (``test``/``custom``: no)."""
-        return self.name not in NO_POSTCONDITION
+        return self.row.postcondition
 
     def sender(self, rank: int) -> int:
         """sendrecv: the rank whose input ``rank`` receives."""
@@ -136,39 +265,31 @@ class CollectiveSpec:
 
     @property
     def input_chunks(self) -> int:
-        n, f = self.num_ranks, self.chunk_factor
         if self.input_chunks_override is not None:
             return self.input_chunks_override
-        return {"allgather": f, "allreduce": n * f, "reducescatter": n * f, "alltoall": n * f,
-                "sendrecv": f, "broadcast": f, FUSED_NORM: n * f}.get(self.name, f)
+        return self.row.chunks(self.num_ranks, self.chunk_factor)[0]
 
     @property
     def output_chunks(self) -> int:
-        n, f = self.num_ranks, self.chunk_factor
         if self.output_chunks_override is not None:
             return self.output_chunks_override
-        return {"allgather": n * f, "allreduce": n * f, "reducescatter": f, "alltoall": n * f,
-                "sendrecv": f, "broadcast": f, FUSED_NORM: n * f}.get(self.name, f)
+        return self.row.chunks(self.num_ranks, self.chunk_factor)[1]
 
     @property
     def is_reduction(self) -> bool:
-        return self.name in ("allreduce", "reducescatter", FUSED_NORM)
+        return self.row.reduces
 
     def input_in_output(self, rank: int) -> Optional[int]:
         """For in-place collectives: the output chunk index where ``rank``'s input starts (the
         input aliases the output from there on); ``None`` when out of place."""
-        if not self.inplace:
+        if not self.inplace or self.row.inplace == "output_in_input":
             return None
-        if self.name == "allgather":
-            return rank * self.chunk_factor
-        if self.name in ("allreduce", "alltoall", "sendrecv", "broadcast", FUSED_NORM, "test", "custom"):
-            return 0
-        return None
+        return self.row.inplace_offset(rank, self.chunk_factor)
 
     def output_in_input(self, rank: int) -> Optional[int]:
         """For in-place reducescatter: the input chunk index where ``rank``'s output starts."""
-        if self.inplace and self.name == "reducescatter":
-            return rank * self.chunk_factor
+        if self.inplace and self.row.inplace == "output_in_input":
+            return self.row.inplace_offset(rank, self.chunk_factor)
         return None
 
     def expect(self, rank: int, chunk: int) -> Optional[Expect]:
@@ -233,18 +354,15 @@ def spec_from_plan(plan: "Plan", senders: Optional[Sequence[int]] = None) -> Col
     if not plan.gpus:
         raise PlanError("a plan needs at least one rank", "gpus")
     g = plan.gpus[0]
+    row = TABLE[name]
     f = plan.chunk_factor
     if f is None:
-        if name == "allgather":
-            f = g.input_chunks
-        elif name in ("allreduce", "reducescatter", "alltoall", FUSED_NORM):
-            if g.input_chunks % n:
-                raise PlanError(f"{name} plan has {g.input_chunks} input chunks, not a multiple of {n} ranks", "gpus[0].input_chunks")
-            f = g.input_chunks // n
-        else:
-            f = g.input_chunks or g.output_chunks
+        f = row.chunk_factor(n, g.input_chunks, g.output_chunks)
+        if not f and g.input_chunks:
+            raise PlanError(f"{name} plan has {g.input_chunks} input chunks, not a multiple of {n} ranks",
+                            "gpus[0].input_chunks")
     kw: dict = {}
-    if name in NO_POSTCONDITION:
+    if not row.sized:
         kw = dict(input_chunks_override=g.input_chunks, output_chunks_override=g.output_chunks)
     if senders is not None:
         kw["senders"] = tuple(senders)

@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterator, Optional
 
 from mscclang.config import settings
 from mscclang.errors import InvalidCall, NotPrepared, PlanError
+from mscclang.plan.call import Call
+from mscclang.plan.collectives import collective
 from mscclang.plan.dtypes import kernel_dtype
 from mscclang.plan.models import ChannelType
 from mscclang.runtime import cuda as cu
@@ -81,14 +83,16 @@ class Entries:
         self.last_key: Optional[EntryKey] = None
 
     # resolving -------------------------------------------------------------------------------
-    def resolve(self, lp: LoadedPlan, dt: str, dtype: Any, in_ptr: int, out_ptr: int, in_bytes: int,
-                out_bytes: int, pkt: str, op: str, prepare: bool, stream: int,
-                count: bool = True, row: int = 0) -> tuple[LaunchEntry, Operands]:
-        """The launch entry of a call and how its buffers map (see the module docstring).
-        ``prepare``: do every first-time step now, specialised kernel included, and keep the entry
-        (never evicted). ``count``: this is a call (it counts toward the specialisation policy);
-        False only looks the entry up (``Executor.bind``). ``row``: a row-chunked (fused) plan's
-        input row bytes (part of the entry: the chunks follow the rows)."""
+    def resolve(self, lp: LoadedPlan, call: Call, pkt: str, stream: int, prepare: bool = False,
+                count: bool = True) -> tuple[LaunchEntry, Operands]:
+        """The launch entry of a checked ``call`` (:class:`~mscclang.plan.call.Call`) with packet
+        type ``pkt`` and how its buffers map (see the module docstring). ``prepare``: do every
+        first-time step now, specialised kernel included, and keep the entry (never evicted).
+        ``count``: this is a call (it counts toward the specialisation policy); False only looks
+        the entry up (a traced launch)."""
+        dt = call.kernel_code
+        in_ptr, out_ptr, in_bytes, out_bytes, op = call.in_ptr, call.out_ptr, call.in_bytes, call.out_bytes, call.op
+        row = call.row_bytes if lp.plan.chunk_unit == "row" else 0   # the layout of row chunks needs it
         opr = Operands()
         sym_in = sym_out = None
         if lp.zero_copy:
@@ -96,14 +100,14 @@ class Entries:
             si = comm.symmetric_of(in_ptr)
             so = comm.symmetric_of(out_ptr)
             if si is not None and so is not None and not si[0].internal and not so[0].internal:
-                key = EntryKey(in_bytes, out_bytes, dtype, pkt, op, "sym", si[0].index, so[0].index)
+                key = EntryKey(in_bytes, out_bytes, dt, pkt, op, "sym", si[0].index, so[0].index)
                 opr = Operands("sym", si[1], so[1])
                 sym_in, sym_out = si[0], so[0]
             elif (zc := self.capture.registered(si, so, in_ptr, out_ptr, in_bytes, out_bytes)) is not None:
                 # registered ordinary tensors: like symmetric buffers, the peers' corresponding
                 # tensors at the registration's mapped bases
                 sym_in, din, sym_out, dout = zc
-                key = EntryKey(in_bytes, out_bytes, dtype, pkt, op, "sym", sym_in.index, sym_out.index)
+                key = EntryKey(in_bytes, out_bytes, dt, pkt, op, "sym", sym_in.index, sym_out.index)
                 opr = Operands("sym", din, dout)
             else:
                 dfr = self.capture.deferred(lp, dt, in_ptr, out_ptr, in_bytes, out_bytes, pkt, op,
@@ -113,14 +117,14 @@ class Entries:
                 # the plan's staging: the key names it, so an entry never runs on staging other
                 # than its device plan's
                 st_in, st_out = self.staging.get(lp, in_bytes, out_bytes, keep=prepare)
-                key = EntryKey(in_bytes, out_bytes, dtype, pkt, op, "staged", st_in.index, st_out.index)
+                key = EntryKey(in_bytes, out_bytes, dt, pkt, op, "staged", st_in.index, st_out.index)
                 opr = Operands("staged", stage_in=st_in, stage_out=st_out)
                 sym_in, sym_out = (st_out if lp.plan.inplace else st_in), st_out
                 if not (st_in.pinned and st_out.pinned) and (prepare or self._capturing()):
                     # a prepared call or a captured graph uses them: never released before close
                     st_in.pinned = st_out.pinned = True
         else:
-            key = EntryKey(in_bytes, out_bytes, dtype, pkt, op, row=row)
+            key = EntryKey(in_bytes, out_bytes, dt, pkt, op, row=row)
         self.capture.note(lp, key, dt)
         self.last_key = key
         lk = (id(lp), key)
@@ -144,7 +148,7 @@ class Entries:
         """A new entry (first-time set-up: refused inside a CUDA graph capture)."""
         plan = lp.plan
         r = self.comm.rank
-        ref = in_bytes if plan.collective != "allgather" else out_bytes
+        ref = collective(plan.collective).message_bytes(in_bytes, out_bytes)
         if not plan.min_message_size <= ref <= plan.max_message_size:
             raise PlanError(f"message size {ref} bytes is outside the plan's range "
                             f"[{plan.min_message_size}, {plan.max_message_size}]")

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 from mscclang.config import Settings, settings
 from mscclang.errors import CollectiveTimeout, InvalidCall, NotPrepared, PlanError, RuntimeUnavailable
 from mscclang.plan.models import PACKET_OPS, BufferKind, ChannelType, Plan
-from mscclang.plan.dtypes import reduction_code, torch_dtype_code
-from mscclang.plan.shapes import check_layout, check_pair, check_sizes, check_tensor, output_bytes
+from mscclang.plan.call import Call, FusedArgs, check_tensor, make_call, sized_call
+from mscclang.plan.collectives import collective
+from mscclang.plan.dtypes import dtype_info, torch_dtype_code, torch_dtype_info
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.abort import AbortState, Waits
 from mscclang.runtime.capture import CaptureGlue
@@ -32,7 +33,7 @@ from mscclang.runtime.contexts import ContextPool
 from mscclang.runtime.device_plan import MAX_FLAGS, check_runnable, process_work_queues
 from mscclang.runtime.engine import Engine, bindings as engine_bindings
 from mscclang.runtime.entries import Entries
-from mscclang.runtime.epilogue import Epilogue, call_args, call_sizes, epi_plan, row_bytes
+from mscclang.runtime.epilogue import Epilogue, _fp8_name, epi_plan, pack_args
 from mscclang.runtime.kernels import KernelCache
 from mscclang.runtime.launcher import Launcher
 from mscclang.runtime.proxy import PortLaunch, PortProxy
@@ -40,7 +41,7 @@ from mscclang.runtime.registration import staging_cap_bytes
 from mscclang.runtime.spec_build import spec_mode
 from mscclang.runtime.staging import StagingPool
 from mscclang.runtime.state import (
-    Bound, LaunchEntry, LoadedPlan, Operands, Spec, describe_call, packet_code, plan_reduce_op, reduce_code,
+    Bound, LaunchEntry, LoadedPlan, Operands, Spec, describe_call, packet_code, plan_reduce_op,
 )
 from mscclang.runtime.topology import topology_from_env
 
@@ -222,31 +223,66 @@ class Executor:
         ``accum_dtype`` and ``epilogue`` (a fused plan's; its hidden size decides a row-chunked
         plan's chunks) as for :meth:`execute`. Collective: every rank calls it with the same
         arguments."""
-        import torch
-
         lp = self.load(plan)
-        pkt = packet_code(packet_type) if packet_type is not None else lp.default_packet
-        op = reduce_code(reduce_op) if reduce_op is not None else lp.default_op
-        s = self.launcher.current_stream()
+        r, n = self.comm.rank, self.comm.world_size
+        op = reduce_op if reduce_op is not None else lp.default_op
+        hidden = epilogue.hidden if isinstance(epilogue, Epilogue) else 0
         if hasattr(input, "data_ptr"):
-            if output is None:
-                output = input
-            in_bytes, out_bytes = self._check_call(lp, input, output)
-            dt = reduction_code(input.dtype, op, accum_dtype)
-            self.entries.resolve(lp, dt, dt, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes, pkt, op, True, s,
-                                 row=row_bytes(lp.plan, self.comm.rank, input.element_size(), epilogue))
-            return
-        in_bytes = int(input)
-        out_bytes = output_bytes(plan.collective, plan.world_size, in_bytes) if output is None else int(output)
-        dt = dtype or torch.float16
-        # ordinary tensors: their addresses play no part in the entry (zero-copy plans stage)
-        code = reduction_code(dt, op, accum_dtype)
-        self.entries.resolve(lp, code, code, 0, 1, in_bytes, out_bytes, pkt, op, True, s,
-                             row=row_bytes(lp.plan, self.comm.rank, torch.empty(0, dtype=dt).element_size(), epilogue))
+            output = input if output is None else output
+            if lp.epi is None:
+                call = self.call(lp, input, output, op, accum_dtype)
+            else:   # the fused call's sizes and rows (its residual and weight come with each call)
+                check_tensor(input, "input", r, self.comm.device)
+                check_tensor(output, "output", r, self.comm.device)
+                call = sized_call(plan.collective, r, n, torch_dtype_info(input.dtype), input.numel() * input.element_size(),
+                                  output.numel() * output.element_size(), op, None, input.data_ptr(),
+                                  output.data_ptr(), hidden)
+        else:
+            info = torch_dtype_info(dtype) if dtype is not None else dtype_info("float16")
+            if info is None or not info.gpu:
+                raise InvalidCall(f"rank {r}: dtype {dtype} is not one the GPU runs")
+            in_bytes = int(input)
+            out_bytes = collective(plan.collective).output_elems(n, in_bytes) if output is None else int(output)
+            # ordinary tensors: their addresses play no part in the entry (zero-copy plans stage)
+            call = sized_call(plan.collective, r, n, info, in_bytes, out_bytes, op, accum_dtype, hidden=hidden)
+        self.prepare_call(lp, call, packet_type)
+
+    def prepare_call(self, plan: Union[Plan, LoadedPlan], call: Call, packet_type: Any = None) -> None:
+        """:meth:`prepare` of a checked ``call`` (the collective API's)."""
+        lp = self._loaded_plan(plan)
+        self.entries.resolve(lp, call, self._packet(lp, packet_type), self.launcher.current_stream(), prepare=True)
+
+    def call(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, reduce_op: Any = None,
+             accum_dtype: Any = None, residual: Any = None, weight: Any = None,
+             epilogue: Optional[Epilogue] = None) -> Call:
+        """The :class:`~mscclang.plan.call.Call` of running ``plan`` on these tensors, checked
+        once (:func:`~mscclang.plan.call.make_call`: the tensors, sizes, layout and fused
+        arguments) and against the plan (its in-place rule; a fused plan takes its residual,
+        weight and ``epilogue``, the others none): InvalidCall naming what is wrong."""
+        lp = self._loaded_plan(plan)
+        r = self.comm.rank
+        op = reduce_op if reduce_op is not None else lp.default_op
+        epi = None
+        if lp.epi is not None or residual is not None or weight is not None or epilogue is not None:
+            if lp.epi is None:
+                raise InvalidCall(f"rank {r}: plan {lp.plan.name} has no epilogue ops: it takes no residual, weight "
+                                  "or epilogue")
+            if not isinstance(epilogue, Epilogue):
+                raise InvalidCall(f"rank {r}: plan {lp.plan.name} has epilogue ops: pass epilogue=Epilogue(hidden=..., "
+                                  f"eps=...), got {type(epilogue).__name__}")
+            epi = FusedArgs(residual, weight, epilogue.eps, epilogue.scale, epilogue.hidden)
+        call = make_call(lp.plan.collective, r, self.comm.world_size, self.comm.device, input, output, op,
+                         accum_dtype, epi, owner="executor")
+        if call.empty:
+            raise InvalidCall(f"rank {r}: {lp.plan.collective} on empty tensors")
+        if epi is not None and epilogue.fp8 is not None and call.epi.fp8 != _fp8_name(epilogue.fp8):
+            raise InvalidCall(f"rank {r}: the fp8 type {epilogue.fp8} differs from the output's dtype {output.dtype}")
+        call.check_plan(lp.plan)
+        return call
 
     def execute(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
                 reduce_op: Any = None, stream: Any = None, accum_dtype: Any = None, *, residual: Any = None,
-                weight: Any = None, epilogue: Optional[Epilogue] = None) -> None:
+                weight: Any = None, epilogue: Optional[Epilogue] = None) -> Optional[Bound]:
         """Run ``plan`` on this rank with torch tensors ``input``/``output`` on the current torch
         stream (or ``stream``). ``packet_type``: 'LL16' (default) or 'LL8'; ``reduce_op``: overrides
         the plan's sum/min/max. An in-place plan (``plan.inplace``) runs only on the in-place layout
@@ -260,27 +296,61 @@ class Executor:
 
         A plan with epilogue ops (``allreduce_add_rms_norm``, plan/2) also takes this rank's
         ``residual`` (read and written), the norm ``weight`` and ``epilogue`` (H, eps, FP8 scale
-        and type): the contract is :func:`mscclang.runtime.epilogue.pack_args`'s; other plans
-        refuse them. Capturable in a CUDA graph after :meth:`prepare`."""
+        and type): :func:`~mscclang.plan.call.make_call` checks them and
+        :func:`mscclang.runtime.epilogue.pack_args` matches them with the plan; other plans refuse
+        them. Capturable in a CUDA graph after :meth:`prepare`. Returns what :meth:`run_call`
+        returns (a :class:`Bound` to launch again with :meth:`launch_bound`, or None)."""
         ab = self.abort
         if ab.aborted or ab.state():
             ab.check()
         lp = self._loaded_plan(plan)
-        pkt = packet_code(packet_type) if packet_type is not None else lp.default_packet
-        op = reduce_code(reduce_op) if reduce_op is not None else lp.default_op
-        in_bytes, out_bytes = self._check_call(lp, input, output)
+        call = self.call(lp, input, output, reduce_op, accum_dtype, residual, weight, epilogue)
+        return self.run_call(lp, call, packet_type, stream)
+
+    def run_call(self, plan: Union[Plan, LoadedPlan], call: Call, packet_type: Any = None,
+                 stream: Any = None) -> Optional[Bound]:
+        """Launch a checked ``call`` of ``plan`` (:meth:`call`; the collective API hands its own,
+        so a call is checked once) on the current stream (or ``stream``). Returns a :class:`Bound`
+        when the same call may be launched again with :meth:`launch_bound`, checking and resolving
+        nothing (None when it must be resolved at every launch: registered tensors, whose uses are
+        counted; a capture session; a CUDA graph capture; a specialised kernel still wanted;
+        staging)."""
+        ab = self.abort
+        if ab.aborted or ab.state():
+            ab.check()
+        lp = self._loaded_plan(plan)
+        pkt = self._packet(lp, packet_type)
         s = self.launcher.current_stream() if stream is None else int(getattr(stream, "cuda_stream", stream))
         ab.user_thread = threading.get_ident()
-        dt = reduction_code(input.dtype, op, accum_dtype)
         epi = None
-        row = row_bytes(lp.plan, self.comm.rank, input.element_size(), epilogue)
-        if lp.epi is not None or residual is not None or weight is not None or epilogue is not None:
-            epi = call_args(lp, self.comm.rank, self.comm.device, self.arch, lambda: self.contexts.packed(
-                lp, in_bytes, out_bytes, row).norms, op, input, output, residual, weight, epilogue)
-        self._last_call = describe_call(lp.plan, in_bytes, out_bytes, dt, pkt, op)
-        ent, opr = self.entries.resolve(lp, dt, dt, input.data_ptr(), output.data_ptr(), in_bytes,
-                                        out_bytes, pkt, op, False, s, row=row)
-        self.run(lp, ent, opr, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes, s, epi)
+        if lp.epi is not None:
+            epi = pack_args(lp.epi, lp.plan, call, self.arch, lambda: self.contexts.packed(
+                lp, call.in_bytes, call.out_bytes, self._row(lp, call)).norms)
+        ent, opr = self.entries.resolve(lp, call, pkt, s)
+        self._last_call = describe_call(lp.plan, call.in_bytes, call.out_bytes, call.kernel_code, pkt, call.op)
+        self.run(lp, ent, opr, call.in_ptr, call.out_ptr, call.in_bytes, call.out_bytes, s, epi)
+        return self._bound(lp, call, ent, opr, pkt, epi, s)
+
+    def _packet(self, lp: LoadedPlan, packet_type: Any) -> str:
+        return packet_code(packet_type) if packet_type is not None else lp.default_packet
+
+    @staticmethod
+    def _row(lp: LoadedPlan, call: Call) -> int:
+        """The input row bytes the layout of a row-chunked plan needs (0 for every other plan)."""
+        return call.row_bytes if lp.plan.chunk_unit == "row" else 0
+
+    def _bound(self, lp: LoadedPlan, call: Call, ent: LaunchEntry, opr: Operands, pkt: str, epi: Optional[bytes],
+               s: int) -> Optional[Bound]:
+        """What :meth:`run_call` returns (see there)."""
+        reg = self.capture.registry
+        if self.launcher.stream_capturing(s) or (reg is not None and (reg.session is not None or reg.verify)):
+            return None
+        key = self.entries.last_key
+        if key is None or ent.pending is not None or opr.mode == "staged" \
+                or not all(isinstance(b, int) for b in key.buffers()):
+            return None   # registered tensors (not symmetric ones): their uses are counted at every call
+        return Bound(lp, key, ent, opr, call, describe_call(lp.plan, call.in_bytes, call.out_bytes, call.kernel_code,
+                                                            pkt, call.op), pkt, self.entries.epoch, epi)
 
     def execute_traced(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
                        reduce_op: Any = None, accum_dtype: Any = None) -> "RankTrace":
@@ -303,18 +373,15 @@ class Executor:
         if lp.epi is not None:
             raise InvalidCall(f"rank {self.comm.rank}: plan {lp.plan.name} has epilogue ops, which have no traced "
                               "kernel")
-        pkt = packet_code(packet_type) if packet_type is not None else lp.default_packet
-        op = reduce_code(reduce_op) if reduce_op is not None else lp.default_op
-        in_bytes, out_bytes = self._check_call(lp, input, output)
+        call = self.call(lp, input, output, reduce_op, accum_dtype)
+        pkt = self._packet(lp, packet_type)
         s = self.launcher.current_stream()
-        dt = reduction_code(input.dtype, op, accum_dtype)
-        self._last_call = describe_call(lp.plan, in_bytes, out_bytes, dt, pkt, op) + " (traced)"
-        ent, opr = self.entries.resolve(lp, dt, dt, input.data_ptr(), output.data_ptr(), in_bytes,
-                                        out_bytes, pkt, op, False, s, count=False)
+        ent, opr = self.entries.resolve(lp, call, pkt, s, count=False)
+        self._last_call = describe_call(lp.plan, call.in_bytes, call.out_bytes, call.kernel_code, pkt, call.op) + " (traced)"
         dp = device_plan_of(lp, ent)
         if dp is None:
             raise RuntimeUnavailable(f"rank {self.comm.rank}: no device plan for the traced launch")
-        f = self.kernels.interpreter(dt, pkt, op, lp.nthreads, traced=True)
+        f = self.kernels.interpreter(call.kernel_code, pkt, call.op, lp.nthreads, traced=True)
         self.kernels.fit(f, lp.nthreads, dp.smem, dp.n_blocks, f"rank {self.comm.rank}", dp.uses_packets,
                          dp.packet_align, pkt)
         lay = trace_words([b.n_records for b in dp.packed.blocks])
@@ -324,8 +391,8 @@ class Executor:
             cu.htod(buf, int(lay.stride).to_bytes(8, "little"), s)
             self.launcher.trace_ptr = buf
             try:
-                self.run(lp, dataclasses.replace(ent, func=f, handle=cu.ptr(f), spec=None), opr, input.data_ptr(),
-                         output.data_ptr(), in_bytes, out_bytes, s)
+                self.run(lp, dataclasses.replace(ent, func=f, handle=cu.ptr(f), spec=None), opr, call.in_ptr,
+                         call.out_ptr, call.in_bytes, call.out_bytes, s)
             finally:
                 self.launcher.trace_ptr = 0
             raw = cu.dtoh(buf, lay.nbytes, s)
@@ -334,42 +401,11 @@ class Executor:
         words = [int.from_bytes(raw[8 * i:8 * i + 8], "little") for i in range(lay.words)]
         return decode(lp.plan, self.comm.rank, [b.region for b in dp.packed.blocks], words)
 
-    def bind(self, plan: Plan, input: Any, output: Any, packet_type: Any = None,
-             reduce_op: Any = None, accum_dtype: Any = None) -> Optional[Bound]:
-        """Resolve a call once for repeated launches on these same tensors (:meth:`launch_bound`),
-        checked as :meth:`execute` checks it; None when the call must be resolved at every launch
-        (registered tensors, whose uses are counted; a capture session; a CUDA graph capture; a
-        specialised kernel still wanted). Collective only in what :meth:`execute` would do."""
-        if self._capturing():
-            return None
-        reg = self.capture.registry
-        if reg is not None and (reg.session is not None or reg.verify):
-            return None
-        lp = self._loaded_plan(plan)
-        if lp.epi is not None:   # its residual and parameters are checked and passed at every call
-            return None
-        pkt = packet_code(packet_type) if packet_type is not None else lp.default_packet
-        op = reduce_code(reduce_op) if reduce_op is not None else lp.default_op
-        in_bytes, out_bytes = self._check_call(lp, input, output)
-        if lp.zero_copy:
-            # only symmetric buffers: a registration's uses are counted at every call
-            si, so = self.comm.symmetric_of(input.data_ptr()), self.comm.symmetric_of(output.data_ptr())
-            if si is None or so is None or si[0].internal or so[0].internal:
-                return None
-        dt = reduction_code(input.dtype, op, accum_dtype)
-        ent, opr = self.entries.resolve(lp, dt, dt, input.data_ptr(), output.data_ptr(), in_bytes,
-                                        out_bytes, pkt, op, False, self.launcher.current_stream(), count=False)
-        key = self.entries.last_key
-        if key is None or ent.pending is not None or opr.mode == "staged" \
-                or not all(isinstance(b, int) for b in key.buffers()):
-            return None
-        return Bound(lp, key, ent, opr, input.data_ptr(), output.data_ptr(), in_bytes, out_bytes,
-                     describe_call(lp.plan, in_bytes, out_bytes, dt, pkt, op), op, pkt, self.entries.epoch, accum_dtype)
-
     def launch_bound(self, b: Bound, stream: Any = None) -> bool:
-        """Launch a call bound by :meth:`bind` on the current stream (or ``stream``), checking
-        nothing again; False (nothing launched) when the binding is stale or the call must be
-        resolved now (a capture, a capture session): call :meth:`execute` instead."""
+        """Launch a call :meth:`run_call` returned as bound, on the current stream (or
+        ``stream``), checking nothing again; False (nothing launched) when the binding is stale or
+        the call must be resolved now (a capture, a capture session): call :meth:`execute`
+        instead."""
         if b.epoch != self.entries.epoch:
             return False
         ab = self.abort
@@ -382,7 +418,8 @@ class Executor:
         ab.user_thread = threading.get_ident()
         self._last_call = b.desc
         self.entries.touch(b.lp, b.key)
-        self.run(b.lp, b.entry, b.operands, b.in_ptr, b.out_ptr, b.in_bytes, b.out_bytes, s)
+        c = b.call
+        self.run(b.lp, b.entry, b.operands, c.in_ptr, c.out_ptr, c.in_bytes, c.out_bytes, s, b.epi)
         return True
 
     def run(self, lp: LoadedPlan, ent: LaunchEntry, opr: Operands, in_ptr: int, out_ptr: int, in_bytes: int,
@@ -433,22 +470,6 @@ class Executor:
                               self.comm.rank)
             raise
         self._proxy.after(s, n)
-
-    def _check_call(self, lp: LoadedPlan, input: Any, output: Any) -> tuple[int, int]:
-        """(input bytes, output bytes) of a call, after checking every argument; raises
-        InvalidCall before anything reaches the GPU."""
-        r = self.comm.rank
-        if lp.epi is not None:
-            return call_sizes(lp.epi, lp.plan, r, self.comm.device, input, output)
-        check_pair("", r, input, output, self.comm.device, "executor")
-        torch_dtype_code(input.dtype)
-        esz = input.element_size()
-        in_bytes, out_bytes = input.numel() * esz, output.numel() * esz
-        plan = lp.plan
-        check_sizes(plan.collective, plan.world_size, r, in_bytes, out_bytes)
-        check_layout(plan.collective, r, plan.inplace, plan.name, input.data_ptr(), in_bytes, output.data_ptr(),
-                     out_bytes)
-        return in_bytes, out_bytes
 
     def _check_tensor(self, t: Any, what: str) -> None:
         check_tensor(t, what, self.comm.rank, self.comm.device)

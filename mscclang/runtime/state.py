@@ -189,24 +189,20 @@ class Operands:
 @dataclass(frozen=True)
 class Bound:
     """A call resolved once for repeated launches on the same tensors (the collective API's memo
-    holds it): the loaded plan, entry key and entry, how the buffers map, the call's addresses and
-    sizes, its description, its reduce op and packet type, the entries' ``epoch`` it is valid
-    for (any entry dropped or replaced since invalidates it) and the ``accum_dtype`` it was bound
-    with (an fp8 call's kernel depends on it)."""
+    holds it): the loaded plan, entry key and entry, how the buffers map, the checked
+    :class:`~mscclang.plan.call.Call` (addresses, sizes, reduce op, accumulation), its
+    description and packet type, the entries' ``epoch`` it is valid for (any entry dropped or
+    replaced since invalidates it) and a fused call's ``EpiArgs`` bytes."""
 
     lp: Any
     key: EntryKey
     entry: LaunchEntry
     operands: Operands
-    in_ptr: int
-    out_ptr: int
-    in_bytes: int
-    out_bytes: int
+    call: Any
     desc: str
-    op: str
     packet: str
     epoch: int
-    accum: Any = None
+    epi: Optional[bytes] = None
 
 
 @dataclass

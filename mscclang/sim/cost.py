@@ -437,10 +437,10 @@ def bench_rows(path: Path) -> list[BenchRow]:
 
 
 def call_sizes(coll: str, nbytes: int, world: int) -> tuple[int, int]:
-    """(input, output) bytes of a bench row (:func:`mscclang.plan.shapes.call_bytes`)."""
-    from mscclang.plan.shapes import call_bytes
+    """(input, output) bytes of a bench row (the collective's rule)."""
+    from mscclang.plan.collectives import collective
 
-    return call_bytes(coll, world, nbytes)
+    return collective(coll).call_bytes(world, nbytes)
 
 
 def errors(rows: list[BenchRow], plans_dir: Path, model: CostModel) -> list[RowError]:

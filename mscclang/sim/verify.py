@@ -21,7 +21,7 @@ from mscclang.sim.consistency import (check_numeric_consistency, check_symbolic_
                                       drop_numeric_duplicates)
 from mscclang.sim.dtypes import accumulates, dtype_name, parse_dtype
 from mscclang.sim.engine import SCHEDULES, Simulation
-from mscclang.sim.fused import prove_fused_consistent, verify_fused
+from mscclang.sim.fused import default_cases, prove_fused_consistent, verify_fused
 from mscclang.sim.diagnosis import Findings, attribute_writers, chunk_notes, plan_uses, protocol_warnings
 from mscclang.sim.postcondition import check_numeric, check_symbolic, derive_senders, random_inputs
 from mscclang.sim.program import Program, sim_program
@@ -60,7 +60,11 @@ def default_sizes(plan: Plan) -> list[int]:
     """Message sizes a default verify runs: one where every chunk is one alignment unit, an odd
     one whose last chunk is short, and a larger one, kept inside the plan's message size range;
     and, for a plan with pipelines, the smallest size in range at which every pipeline runs at
-    least two iterations (:func:`pipeline_size`), so that the slicing is checked. Ascending."""
+    least two iterations (:func:`pipeline_size`), so that the slicing is checked. Ascending. A
+    fused plan's: the bytes of its default (rows, hidden) cases in float32, whole rows of every
+    activation dtype (:func:`~mscclang.sim.fused.default_cases`)."""
+    if plan.collective == FUSED_NORM:
+        return sorted({rows * h * 4 for rows, h in default_cases(plan)})
     a = max(plan.buffer_alignment, 4)
     bc = max(_block_chunks(plan), 1)
     f = _blocks_per_message(plan)

@@ -29,10 +29,10 @@ def _size(plan, want: int) -> int:
     """Input bytes of a call whose message (allgather: the output, else the input; the size the
     plan's range is checked against) is about ``want``, inside the plan's range, the input a
     multiple of the plan's alignment times the world size (so every rank's block is whole)."""
-    from mscclang.plan.shapes import call_bytes
+    from mscclang.plan.collectives import collective
 
     message = min(max(want, plan.min_message_size), plan.max_message_size)
-    nbytes = call_bytes(plan.collective, plan.world_size, message)[0]
+    nbytes = collective(plan.collective).call_bytes(plan.world_size, message)[0]
     a = max(plan.buffer_alignment, 2) * plan.world_size
     return max(nbytes // a * a, a)
 

@@ -30,6 +30,13 @@ class FakeCudaTensor:
     def numel(self) -> int:
         return self._n
 
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size([self._n])
+
+    def dim(self) -> int:
+        return 1
+
     def element_size(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
 

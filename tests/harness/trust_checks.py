@@ -18,12 +18,12 @@ import traceback
 from typing import Any, Callable, Optional
 
 from mscclang.bench.worker import capture_graph, gen_input
-from mscclang.plan.collectives import API_COLLECTIVES
+from mscclang.plan.collectives import API_TO_PLAN
 from mscclang.plan.dtypes import dtype_info, torch_dtype
 from tests.harness.comm_checks import _buffers, _call, _compare, _expectation, _sync
 
 #: the API names of the collectives the checks run
-COLLECTIVES = API_COLLECTIVES
+COLLECTIVES = tuple(API_TO_PLAN)
 
 
 def _fresh_comm(w: Any, name: str, fallback: bool = False, timeout_s: Optional[float] = None,
