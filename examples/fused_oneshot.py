@@ -16,9 +16,11 @@ args = ap.parse_args()
 n = args.num_gpus
 
 # instances: each instance's copy of the chunks lies in one piece (ReplicationPolicy.none), so
-# each instance's norm covers one contiguous share of the rows (the rows must split evenly)
+# each instance's norm covers one contiguous share of the chunks; chunk_unit "row" cuts the
+# chunks at whole rows, so that share is whole rows at any row count
 with CollectiveProgram(f"my_fused_oneshot.r{n}", AllReduceAddRMSNorm(n, 1, True), n, instances=args.instances,
-                       replication_policy=ReplicationPolicy.none, protocol="LL", use_double_scratch_buffer=True):
+                       replication_policy=ReplicationPolicy.none, protocol="LL", use_double_scratch_buffer=True,
+                       chunk_unit="row"):
     packets = [Buffer(r, (n - 1) * n) for r in range(n)]
     for r in range(n):
         Buffer(r, (n - 1) * n)      # packet slots take twice their bytes: keep the sums apart

@@ -26,6 +26,8 @@ exists), and pipelines beyond their total bytes.
 
 from __future__ import annotations
 
+import math
+
 import json
 import re
 from dataclasses import asdict, dataclass, field, replace
@@ -181,9 +183,9 @@ class _Block:
 
 
 class _Model:
-    def __init__(self, plan: Plan, topo: Topology, in_bytes: int, out_bytes: int) -> None:
+    def __init__(self, plan: Plan, topo: Topology, in_bytes: int, out_bytes: int, row_bytes: int = 0) -> None:
         self.plan, self.topo, self.m = plan, topo, topo.model
-        self.layouts = [make_layout(plan, r, in_bytes, out_bytes) for r in range(plan.world_size)]
+        self.layouts = [make_layout(plan, r, in_bytes, out_bytes, row_bytes) for r in range(plan.world_size)]
         self.signals: dict[tuple, list[float]] = {}    # (rank, type, channel) -> visible times
         self.waits: dict[tuple, int] = {}               # (rank, type, channel) -> waits consumed
         self.written: dict[tuple, float] = {}           # (rank, scratch chunk) -> packets land
@@ -291,9 +293,12 @@ class _Model:
         return rank, ct, tb.channel_list(ct)[c]
 
 
-def predict(plan: Plan, input_bytes: int, output_bytes: int, topology: Optional[Topology] = None) -> Prediction:
+def predict(plan: Plan, input_bytes: int, output_bytes: int, topology: Optional[Topology] = None,
+            row_bytes: Optional[int] = None) -> Prediction:
     """The predicted timeline of one launch of ``plan`` at these sizes (bytes) on ``topology``
-    (default: one node of the plan's ranks, the calibrated H200 rates). PlanError when the GPU
+    (default: one node of the plan's ranks, the calibrated H200 rates). A plan whose chunks are
+    rows (``chunk_unit`` "row") takes the call's input row bytes; by default rows of up to 8 KiB
+    (4096 bf16 elements) that divide the input. PlanError when the GPU
     runtime would refuse the plan on that node layout (its rule and message,
     :func:`mscclang.plan.topology.check_topology`: a memory channel between nodes, say), or when
     the plan would never finish (a wait with no signal: the simulator's verify says why)."""
@@ -303,7 +308,9 @@ def predict(plan: Plan, input_bytes: int, output_bytes: int, topology: Optional[
     except PlanError as e:
         raise PlanError(f"the GPU runtime refuses this plan on {topo.nodes} x {topo.gpus_per_node} GPUs: "
                         f"{e.message}", e.path) from None
-    md = _Model(plan, topo, input_bytes, output_bytes)
+    if row_bytes is None:
+        row_bytes = math.gcd(input_bytes, 8192) if plan.chunk_unit == "row" else 0
+    md = _Model(plan, topo, input_bytes, output_bytes, row_bytes)
     m = topo.model
     blocks = [_Block(g.id, tb, 0, m.launch_us) for g in plan.gpus for tb in g.threadblocks]
     ops: list[OpTime] = []
