@@ -332,6 +332,42 @@ def _drop_ready_pair(doc: dict, site: Site) -> None:
     _drop_channel_or_op(doc, site, site.arg)
 
 
+ACQUIRES = ("wait", "rlxwait", "sem_acquire")
+PORT_TRIGGERS = ("put", "pws", "pwsf", "signal", "rlxsignal")
+
+
+def _ids(op: dict) -> list:
+    """What thread ``k`` of an acquiring or publishing op handles, by ``k``: its channels, its
+    semaphores, or (a port data op) its destination entries."""
+    if op["name"] in ("put", "pws", "pwsf"):
+        return op.get("dst_buff") or []
+    return op.get("semaphore_ids") or op.get("channel_ids") or []
+
+
+def _publishes(op: dict) -> bool:
+    """A port request, memory signal or semaphore release: sent by one thread per entry."""
+    if op["name"] in ("signal", "rlxsignal", "sem_release"):
+        return True
+    return op["name"] in PORT_TRIGGERS and op.get("channel_type") == "port"
+
+
+def _trigger_nop_sites(doc: dict, operator: str) -> list[Site]:
+    """A ``nop`` right after a wait (``wait``, ``rlxwait``, ``sem_acquire``) and right before a
+    port request, signal or semaphore release, one of them with two or more entries: without the
+    nop, thread ``k`` of the second op has only what thread ``k`` acquired (issue 33). The site
+    is the nop (``drop_trigger_nop``) or the wait (``swap_trigger_nop``: the nop moves before it)."""
+    out = []
+    for r, t, i, j, op, lst in _each_op(doc):
+        k = i if j is None else j
+        if op["name"] != "nop" or not 0 < k < len(lst) - 1:
+            continue
+        w, p = lst[k - 1], lst[k + 1]
+        if w["name"] in ACQUIRES and _publishes(p) and max(len(_ids(w)), len(_ids(p))) >= 2:
+            at = k if operator == "drop_trigger_nop" else k - 1
+            out.append(Site(operator, r, t, at) if j is None else Site(operator, r, t, i, at))
+    return out
+
+
 class MutationError(MscclangError):
     """An operator does not apply at the site it was given."""
 
@@ -364,6 +400,10 @@ OPERATORS: dict[str, Operator] = {o.name: o for o in (
     Operator("sem_init", _sem_sites, _sem, "raise a semaphore's initial value by one"),
     Operator("drop_ready_pair", _ready_pair_sites, _drop_ready_pair,
              "delete one relaxed ready signal and the peer's relaxed wait for it (back-pressure)"),
+    Operator("drop_trigger_nop", _trigger_nop_sites, _delete,
+             "delete the nop between a wait and a multi-entry port request, signal or release"),
+    Operator("swap_trigger_nop", _trigger_nop_sites, _swap_ops,
+             "swap a wait with the nop after it, before a multi-entry port request, signal or release"),
 )}
 #: the seven operators of the reliability plan (issue 11)
 CORE_OPERATORS = ("drop_wait", "drop_signal", "shift_chunk", "swap_buffer", "drop_reduce_source",

@@ -377,30 +377,30 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         self._signal_clock(end, None if relaxed else vc, rvc)
         self._wake(("ctr", dst))
 
-    def _publish(self, task: Task, thread: int, opref: OpRef, what: str) -> tuple[np.ndarray, np.ndarray]:
+    def _publish(self, task: Task, thread: int, opref: OpRef, what: str,
+                 via: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
         """What thread ``thread`` of ``task``'s block publishes by sending ``what`` of op
-        ``opref`` (a signal, a semaphore release, a port request): the block as of its last nop
-        and what that thread acquired. Remembered, for race reports, when the block's other
+        ``opref`` (a signal, a semaphore release, a port request to proxy ``via``): the block as
+        of its last nop and what that thread acquired. Remembered, for race reports, when the block's other
         threads acquired more since the nop."""
         vc, rvc = task.actor.publish(thread)
-        miss = task.actor.missing(thread, vc, rvc)
-        if miss and len(self.unpublished) < 4096:
-            self.unpublished.append(Unpublished(thread, vc.copy(), rvc.copy(), opref, what, miss))
+        if len(self.unpublished) < 4096 and (miss := task.actor.missing(thread, vc, rvc)):
+            self.unpublished.append(Unpublished(thread, vc.copy(), rvc.copy(), opref, what, miss, via))
         return vc, rvc
 
     def _unpublished_hint(self, info: RaceInfo) -> str:
         """Why the later access of a race missed the earlier one, when a thread published
         without an acquisition that another thread of its block made (and that would have
-        ordered them) and the later access comes after what that thread published."""
+        ordered them) and the later access comes after what that thread published (by the proxy
+        that carried it out, for a port request)."""
         for e in self.unpublished:
-            if info.rvc is None or (info.rvc < e.rvc).any() or ordered(info.first, e.vc, e.rvc):
+            if e.via is not None and info.second.tid != e.via:
                 continue
-            for a in e.missing:
-                if ordered(info.first, a.vc, a.rvc):
-                    return (f" ({e.what} of {e.op} is sent by thread {e.thread} of its block, which "
-                            f"did not make the wait of {a.op} on {a.what}: thread {a.thread} did; "
-                            "what a thread acquires reaches the block's other threads only at a "
-                            "later nop or barrier)")
+            a = next((a for a in e.missing if ordered(info.first, a.vc, a.rvc)), None)
+            if a and info.rvc is not None and not (info.rvc < e.rvc).any() and not ordered(info.first, e.vc, e.rvc):
+                return (f" ({e.what} of {e.op} is sent by thread {e.thread} of its block, which did not make the "
+                        f"wait of {a.op} on {a.what}: thread {a.thread} did; what a thread acquires reaches the "
+                        "block's other threads only at a later nop or barrier)")
         return ""
 
 
@@ -427,9 +427,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
             yield Wait(("bar", rank, bid),
                        f"barrier {bid} (generation {g}): {len(arr)} of {need} blocks arrived "
                        f"({sorted(arr)})", ("bar", rank, bid, g, need, tuple(sorted(members or ()))))
-        vcs = [v for v, _ in arr.values()]
-        rvcs = [r for _, r in arr.values()]
-        actor.acquire(np.maximum.reduce(vcs), np.maximum.reduce(rvcs))  # the whole block: nop
+        actor.acquire(np.maximum.reduce([v for v, _ in arr.values()]), np.maximum.reduce([r for _, r in arr.values()]))
         actor.nop()
         left = st["left"].get(g, 0) + 1
         st["left"][g] = left

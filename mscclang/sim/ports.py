@@ -36,7 +36,7 @@ from mscclang.errors import PlanError
 from mscclang.plan.models import OpName
 from mscclang.sim.program import COp, Group
 from mscclang.sim.races import Actor, OpRef
-from mscclang.sim.tasks import ChannelEnd, Task, Wait
+from mscclang.sim.tasks import Task, Wait
 
 
 @dataclass
@@ -49,7 +49,6 @@ class Trigger:
     vc: np.ndarray
     rvc: np.ndarray
     op: OpRef
-    end: Optional[ChannelEnd] = None
     end_key: Optional[tuple] = None
     #: what every thread of the block had (its last nop), when the posting thread had more
     base: Optional[tuple[np.ndarray, np.ndarray]] = None
@@ -92,18 +91,15 @@ class PortMixin:
     def _post(self, task: Task, kind: str, g: Optional[Group], c: int, opref: OpRef, thread: int) -> None:
         """Thread ``thread`` of ``task``'s block posts a request of ``kind`` (``data``: entry
         ``g``, with its signal for a ``pws``/``pwsf``; ``signal``) to the proxy of port channel ``c``."""
-        rank = task.rank
-        mem = self.mem[rank]
-        actor = task.actor
+        rank, mem, actor = task.rank, self.mem[task.rank], task.actor
         to = f"port channel {c}, to rank {self.pair[(rank, 'port', c)][0]}"
-        vc, rvc = self._publish(task, thread, opref, f"entry {thread} ({to})" if g else to)
+        px = self._proxy_for(rank, c)
+        vc, rvc = self._publish(task, thread, opref, f"entry {thread} ({to})" if g else to, px.actor.tid)
         base = (actor.sync_vc.copy(), np.maximum(actor.sync_rvc, actor.sync_vc)) if any(
             a.thread == thread for a in actor.acquired) else None
-        kinds = ("data", "signal") if kind == "data" and opref.name in ("pws", "pwsf") else (kind,)
-        for k in kinds:
-            self._enqueue(self._proxy_for(rank, c), Trigger(
-                k, g if k == "data" else None, mem.flag, mem.half, task.launch, vc.copy(),
-                rvc.copy(), opref, end_key=(rank, "port", c) if k == "signal" else None, base=base))
+        for k in ("data", "signal") if g and opref.name in ("pws", "pwsf") else (kind,):
+            self._enqueue(px, Trigger(k, g if k == "data" else None, mem.flag, mem.half, task.launch, vc.copy(),
+                                      rvc.copy(), opref, end_key=(rank, "port", c), base=base))
 
     def _port_data(self, task: Task, cop: COp, opref: OpRef) -> Iterator:
         rank = task.rank

@@ -94,9 +94,11 @@ class ThreadEdge:
 @dataclass
 class Unpublished(ThreadEdge):
     """A signal, semaphore release or port request sent by a thread while other threads of its
-    block held acquisitions it lacks (``missing``: no nop or barrier since)."""
+    block held acquisitions it lacks (``missing``: no nop or barrier since); ``via``: the proxy
+    that carries out a port request."""
 
     missing: list[ThreadEdge] = field(default_factory=list)
+    via: Optional[int] = None
 
 
 _PAGE_BITS = 12
@@ -165,10 +167,6 @@ class Actor:
         self.dirty = False                 # data op since the last nop
         self.dirty_op: Optional[OpRef] = None
 
-    @property
-    def clk(self) -> int:
-        return int(self.vc[self.tid])
-
     def start(self, vc: np.ndarray, rvc: np.ndarray) -> None:
         """Begin a launch after ``vc``/``rvc`` (the host's clocks at launch start)."""
         self.sync_vc = vc.copy()
@@ -190,12 +188,9 @@ class Actor:
         """The whole block waited for an event (a port flush: the proxy finished the block's
         earlier requests): every thread's later accesses, and what a later signal publishes, are
         ordered after it, with no ``nop`` needed."""
-        np.maximum(self.vc, vc, out=self.vc)
-        np.maximum(self.rvc, rvc, out=self.rvc)
-        np.maximum(self.rvc, self.vc, out=self.rvc)
-        np.maximum(self.sync_vc, vc, out=self.sync_vc)
-        np.maximum(self.sync_rvc, rvc, out=self.sync_rvc)
-        np.maximum(self.sync_rvc, self.sync_vc, out=self.sync_rvc)
+        for mine, got in ((self.vc, vc), (self.rvc, rvc), (self.rvc, self.vc), (self.sync_vc, vc),
+                          (self.sync_rvc, rvc), (self.sync_rvc, self.sync_vc)):
+            np.maximum(mine, got, out=mine)
 
     def publish(self, thread: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """Clocks a signal by thread ``thread`` publishes: the block as of its last nop, plus
@@ -216,10 +211,7 @@ class Actor:
     def nop(self) -> None:
         """Block barrier: merge what every thread acquired, start a new epoch."""
         for a in self.acquired:
-            if a.vc is not None:
-                np.maximum(self.vc, a.vc, out=self.vc)
-            np.maximum(self.rvc, a.rvc, out=self.rvc)
-        np.maximum(self.rvc, self.vc, out=self.rvc)
+            self.join(self.vc if a.vc is None else a.vc, a.rvc)
         self.acquired = []
         self.sync_vc = self.vc.copy()
         self.sync_rvc = self.rvc.copy()
