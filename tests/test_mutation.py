@@ -124,6 +124,18 @@ def test_named_regression_mutant_is_killed(name: str, site: Site) -> None:
     assert res.outcome == "killed", (res.outcome, res.message)
 
 
+def test_judge_explains_a_trigger_nop_whose_entries_each_had_their_wait() -> None:
+    """allgather_port: thread k waits on peer k and posts entry k to peer k (equivalent without
+    the nop); the pipelined allreduce posts 4 entries after one thread's wait (a real bug)."""
+    from tools.mutation import judge
+
+    gather = _doc("allgather_port.r4.i1.json")
+    for site in sites(gather, ["drop_trigger_nop", "swap_trigger_nop"]):
+        assert judge(gather, site) is not None, site
+    pipe = _doc("allreduce_port_pipelined.r2.i1.steps4.json")
+    assert all(judge(pipe, site) is None for site in sites(pipe, ["drop_trigger_nop", "swap_trigger_nop"]))
+
+
 #: a fixed sample of the sweep over small plans: every one is killed or refused at load
 SAMPLE = [
     ("allgather_ll.r2.i1.json", Site("shift_chunk", 0, 0, 0)),

@@ -94,23 +94,27 @@ def test_port_request_whose_threads_made_their_own_waits_needs_no_nop() -> None:
     assert rep.ok, rep.render()
 
 
-@pytest.mark.parametrize("semaphore", [False, True], ids=["signal", "sem_release"])
-def test_relay_verifies(semaphore: bool) -> None:
-    rep = _report(relay_allgather(semaphore))
+@pytest.mark.parametrize("semaphore,port", [(False, False), (False, True), (True, False)],
+                         ids=["signal", "port signal", "sem_release"])
+def test_relay_verifies(semaphore: bool, port: bool) -> None:
+    rep = _report(relay_allgather(semaphore, port))
     assert rep.ok, rep.render()
 
 
+@pytest.mark.parametrize("port", [False, True], ids=["memory", "port"])
 @pytest.mark.parametrize("kind", ["drop", "swap"])
-def test_memory_signal_after_a_two_channel_wait_without_nop_fails(kind: str) -> None:
-    """Rank 0 waits on ranks 1 and 2 in one op and signals both in one op: thread 0's signal to
-    rank 1 does not carry rank 2's put, which thread 1 waited for."""
+def test_signal_after_a_two_channel_wait_without_nop_fails(kind: str, port: bool) -> None:
+    """Rank 0 waits on ranks 1 and 2 in one op and signals both in one op (memory channels, or
+    port channels: one request per channel): thread 0's signal to rank 1 does not carry rank 2's
+    put, which thread 1 waited for."""
     tb, wait = RELAY_WAIT[False]
-    rep = _report(mutants(relay_allgather(), 0, tb, wait)[kind])
+    rep = _report(mutants(relay_allgather(port=port), 0, tb, wait)[kind])
     assert rep.failed
     at = wait if kind == "drop" else wait + 1
     msgs = [p.message for p in rep.problems if p.kind == "race"]
     for thread, to, other, frm in ((0, 1, 1, 2), (1, 2, 0, 1)):
-        want = (f"memory channel {thread} (to rank {to}) of rank 0 tb 0 op {at + 1} signal (launch 1) is sent by "
+        want = (f"{'port' if port else 'memory'} channel {thread} (to rank {to}) of rank 0 tb 0 op {at + 1} "
+                f"signal (launch 1) is sent by "
                 f"thread {thread} of its block, which did not make the wait of rank 0 tb 0 op {at} wait "
                 f"(launch 1) on memory channel {other} (from rank {frm}): thread {other} did")
         assert any(want in m and f"rank {frm} tb 0 op 2 put" in m and f"rank {to} tb 0 op 8 get" in m

@@ -543,6 +543,14 @@ def judge(doc: dict, site: Site) -> Optional[str]:
                     "the threads the same way")
         if prev == "rlxwait" and ll_double and packet_writes_follow(k + 1):
             return back_pressure
+    if site.operator in ("drop_trigger_nop", "swap_trigger_nop"):
+        w, p = (lst[k - 1], lst[k + 1]) if site.operator == "drop_trigger_nop" else (lst[k], lst[k + 2])
+        waited = [_peer_of(doc, site.rank, site.tb, w.get("channel_type", "none"), c) for c in _ids(w)]
+        posted = [_peer_of(doc, site.rank, site.tb, "port", c) for c in p.get("channel_ids") or []]
+        if p["name"] in ("put", "pws", "pwsf") and all(ref.get("type") == "i" for ref in p.get("src_buff") or []) \
+                and len(posted) <= len(waited) and None not in posted and posted == waited[:len(posted)]:
+            return ("every entry k of the port request goes to the peer that thread k waited on and sends "
+                    "the rank's input: thread k has the only edge entry k needs, the peer's ready signal")
     if site.operator == "drop_ready_pair":
         mutant = mutate(doc, site)
         pairs = [x for x in sites(mutant, ["drop_ready_pair"]) if x.rank == site.rank]

@@ -381,8 +381,8 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
                  via: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
         """What thread ``thread`` of ``task``'s block publishes by sending ``what`` of op
         ``opref`` (a signal, a semaphore release, a port request to proxy ``via``): the block as
-        of its last nop and what that thread acquired. Remembered, for race reports, when the block's other
-        threads acquired more since the nop."""
+        of its last nop and what that thread acquired. Remembered, for race reports, when the
+        block's other threads acquired more since the nop."""
         vc, rvc = task.actor.publish(thread)
         if len(self.unpublished) < 4096 and (miss := task.actor.missing(thread, vc, rvc)):
             self.unpublished.append(Unpublished(thread, vc.copy(), rvc.copy(), opref, what, miss, via))
@@ -394,8 +394,8 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         ordered them) and the later access comes after what that thread published (by the proxy
         that carried it out, for a port request)."""
         for e in self.unpublished:
-            if e.via is not None and info.second.tid != e.via:
-                continue
+            if e.via is not None and info.second.op.tb <= -2 and info.second.tid != e.via:
+                continue  # a proxy's access: that of the request's own proxy
             a = next((a for a in e.missing if ordered(info.first, a.vc, a.rvc)), None)
             if a and info.rvc is not None and not (info.rvc < e.rvc).any() and not ordered(info.first, e.vc, e.rvc):
                 return (f" ({e.what} of {e.op} is sent by thread {e.thread} of its block, which did not make the "

@@ -92,9 +92,9 @@ class PortMixin:
         """Thread ``thread`` of ``task``'s block posts a request of ``kind`` (``data``: entry
         ``g``, with its signal for a ``pws``/``pwsf``; ``signal``) to the proxy of port channel ``c``."""
         rank, mem, actor = task.rank, self.mem[task.rank], task.actor
-        to = f"port channel {c}, to rank {self.pair[(rank, 'port', c)][0]}"
-        px = self._proxy_for(rank, c)
-        vc, rvc = self._publish(task, thread, opref, f"entry {thread} ({to})" if g else to, px.actor.tid)
+        px, peer = self._proxy_for(rank, c), self.pair[(rank, "port", c)][0]
+        what = f"entry {thread} (port channel {c}, to rank {peer})" if g else f"port channel {c} (to rank {peer})"
+        vc, rvc = self._publish(task, thread, opref, what, px.actor.tid)
         base = (actor.sync_vc.copy(), np.maximum(actor.sync_rvc, actor.sync_vc)) if any(
             a.thread == thread for a in actor.acquired) else None
         for k in ("data", "signal") if g and opref.name in ("pws", "pwsf") else (kind,):

@@ -7,6 +7,9 @@ it with the wait.
   on rank 1, thread 1 on rank 2), ``nop``, then signals both in one op; ranks 1 and 2 then read
   the chunks they lack from rank 0's output. Thread 0's signal to rank 1 must carry rank 2's put,
   which only thread 1 waited for: without the ``nop`` it does not.
+* ``relay_allgather(port=True)``: the same with rank 0's second signal (and the peers' wait
+  for it) on port channels: a multi-channel port ``signal`` is one request per channel, channel
+  ``k`` from thread ``k``.
 * ``relay_allgather(semaphore=True)``: the same, but rank 0's peers write its scratch and the
   waiting block hands over to a second block through a semaphore, which copies the scratch into
   the output and then signals: the ``sem_release`` after the two-channel wait must carry both.
@@ -24,7 +27,11 @@ from tests.harness.plan_samples import L, R, op
 RELAY_WAIT = {False: (0, 3), True: (0, 1)}
 
 
-def _peer_gpu(r: int, semaphore: bool) -> dict:
+def _chans(ids: list[int], port: bool) -> list[dict]:
+    return [{"channel_type": t, "channel_ids": ids} for t in ("memory", "port")[:1 + port]]
+
+
+def _peer_gpu(r: int, semaphore: bool, port: bool) -> dict:
     other = 3 - r
     dst = "s" if semaphore else "o"
     ops = [
@@ -33,7 +40,7 @@ def _peer_gpu(r: int, semaphore: bool) -> dict:
         op("put", [L("i", 0)], [R(0, r)], "memory"),
         op("nop"),
         op("signal", ct="memory", ch=[0]),
-        op("wait", ct="memory", ch=[0]),
+        op("wait", ct="port" if port else "memory", ch=[0]),
         op("nop"),
         op("copy", [L("i", 0)], [L("o", r)]),
         op("get", [R(1, 0), R(1, other)], [L("o", 0), L("o", other)], "memory"),
@@ -44,16 +51,16 @@ def _peer_gpu(r: int, semaphore: bool) -> dict:
              {"rank": 0, "type": "o", "access_channel_types": ["memory"]}]
     return {"id": r, "input_chunks": 1, "output_chunks": 3, "scratch_chunks": 0,
             "threadblocks": [{"id": 0, "ops": ops,
-                              "channels": [{"channel_type": "memory", "channel_ids": [0]}],
+                              "channels": _chans([0], port),
                               "remote_buffer_refs": [{"access_channel_type": "memory",
                                                       "remote_buffer_ids": [0, 1]}]}],
-            "channels": [{"channel_type": "memory", "connected_to": [0]}],
+            "channels": [{"channel_type": t, "connected_to": [0]} for t in ("memory", "port")[:1 + port]],
             "remote_buffers": rbufs, "semaphores": []}
 
 
-def _rank0_gpu(semaphore: bool) -> dict:
+def _rank0_gpu(semaphore: bool, port: bool) -> dict:
     both = [0, 1]
-    chans = [{"channel_type": "memory", "channel_ids": both}]
+    chans = _chans(both, port)
     if not semaphore:
         tbs = [{"id": 0, "channels": chans, "ops": [
             op("copy", [L("i", 0)], [L("o", 0)]),
@@ -61,12 +68,12 @@ def _rank0_gpu(semaphore: bool) -> dict:
             op("rlxsignal", ct="memory", ch=both),
             op("wait", ct="memory", ch=both),
             op("nop"),
-            op("signal", ct="memory", ch=both),
+            op("signal", ct="port" if port else "memory", ch=both),
             op("wait", ct="memory", ch=both),
             op("nop"),
         ]}]
-        return {"id": 0, "input_chunks": 1, "output_chunks": 3, "scratch_chunks": 0,
-                "threadblocks": tbs, "channels": [{"channel_type": "memory", "connected_to": [1, 2]}],
+        return {"id": 0, "input_chunks": 1, "output_chunks": 3, "scratch_chunks": 0, "threadblocks": tbs,
+                "channels": [{"channel_type": t, "connected_to": [1, 2]} for t in ("memory", "port")[:1 + port]],
                 "remote_buffers": [], "semaphores": []}
     tbs = [
         {"id": 0, "channels": chans, "ops": [
@@ -92,10 +99,12 @@ def _rank0_gpu(semaphore: bool) -> dict:
             "remote_buffers": [], "semaphores": [{"init_value": 0}]}
 
 
-def relay_allgather(semaphore: bool = False) -> dict:
+def relay_allgather(semaphore: bool = False, port: bool = False) -> dict:
     """The 3-rank relay allgather described in the module docstring (a correct plan)."""
-    gpus = [_rank0_gpu(semaphore)] + [_peer_gpu(r, semaphore) for r in (1, 2)]
-    name = "relay_allgather_sem" if semaphore else "relay_allgather"
+    if semaphore and port:
+        raise ValueError("the semaphore relay signals on memory channels only")
+    gpus = [_rank0_gpu(semaphore, port)] + [_peer_gpu(r, semaphore, port) for r in (1, 2)]
+    name = "relay_allgather" + ("_sem" if semaphore else "") + ("_port" if port else "")
     return {"format": "mscclang.plan/1", "name": name, "collective": "allgather", "protocol": "Simple",
             "inplace": False, "chunk_factor": 1, "gpus": gpus}
 
