@@ -14,7 +14,9 @@ or an op inside a pipeline's body, or a semaphore). Each mutant ends in one of:
 Operators (:data:`OPERATORS`): ``drop_wait``, ``drop_signal``, ``shift_chunk``, ``swap_buffer``,
 ``drop_reduce_source``, ``swap_ops``, ``change_channel`` (the seven of the reliability plan), and
 ``drop_nop``, ``dup_packet_op``, ``pipeline_unit``, ``sem_init`` and ``drop_ready_pair`` (the
-bugs issue 14 item 6 lists as once missed by the default verify).
+bugs issue 14 item 6 lists as once missed by the default verify), and ``drop_trigger_nop`` and
+``swap_trigger_nop`` (issue 33: the nop between a wait and a multi-entry port request, signal or
+semaphore release, deleted or swapped with the wait).
 
 Use :func:`sites` to list where an operator applies, :func:`mutate` to build one mutant,
 :func:`classify` to run one, and :func:`sweep` (or ``python -m tools.mutation``) for
