@@ -275,6 +275,12 @@ class AccessLog:
             return True  # a packet read is ordered after the write of those bytes by its flag
         return False
 
+    def _same_block_ok(self, prev: Access, c: Access, single: bool) -> bool:
+        """Whether two accesses of one block are ordered: by a nop or barrier between them (an
+        earlier epoch), by touching each byte from the same thread (same mapping), or ``single``."""
+        return single or epoch(prev.clk) < epoch(c.clk) or (prev.delta == c.delta and prev.unit == c.unit) \
+            or self._exempt(prev, c)
+
     def access(self, storage: str, a: int, b: int, c: Access, vc: np.ndarray,
                rvc: np.ndarray, same_thread_ordered: bool, touch: bool = False) -> None:
         """Record access ``c`` of bytes [a, b) and report any unordered conflicting access.
@@ -307,11 +313,8 @@ class AccessLog:
             if touch and prev.packet:
                 continue  # packet writes meet a hand-over only through the accesses it orders
             if prev.tid == c.tid:
-                if same_thread_ordered or epoch(prev.clk) < epoch(c.clk) or (prev.delta == c.delta and prev.unit == c.unit):
-                    continue
-                if self._exempt(prev, c):
-                    continue
-                self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c, rvc=rvc))
+                if not self._same_block_ok(prev, c, same_thread_ordered):
+                    self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c, rvc=rvc))
                 continue
             if self._exempt(prev, c):
                 continue
@@ -335,9 +338,7 @@ class AccessLog:
                     if id(item) not in checked:
                         checked.add(id(item))
                         if prev.tid == c.tid:
-                            if not (same_thread_ordered or epoch(prev.clk) < epoch(c.clk) or
-                                    (prev.delta == c.delta and prev.unit == c.unit)) \
-                                    and not self._exempt(prev, c):
+                            if not self._same_block_ok(prev, c, same_thread_ordered):
                                 self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c, rvc=rvc))
                         elif not self._exempt(prev, c) and not rvc[prev.tid] >= prev.clk:
                             self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c, rvc=rvc))
