@@ -545,11 +545,12 @@ def judge(doc: dict, site: Site) -> Optional[str]:
                     "the threads the same way")
         if prev == "rlxwait" and ll_double and packet_writes_follow(k + 1):
             return back_pressure
-    if site.operator in ("drop_trigger_nop", "swap_trigger_nop"):
-        w, p = (lst[k - 1], lst[k + 1]) if site.operator == "drop_trigger_nop" else (lst[k], lst[k + 2])
+    if site.operator in ("drop_trigger_nop", "swap_trigger_nop", "drop_nop") and 0 < k and k + 2 < len(lst):
+        w, p = (lst[k], lst[k + 2]) if site.operator == "swap_trigger_nop" else (lst[k - 1], lst[k + 1])
         waited = [_peer_of(doc, site.rank, site.tb, w.get("channel_type", "none"), c) for c in _ids(w)]
         posted = [_peer_of(doc, site.rank, site.tb, "port", c) for c in p.get("channel_ids") or []]
-        if p["name"] in ("put", "pws", "pwsf") and all(ref.get("type") == "i" for ref in p.get("src_buff") or []) \
+        if w["name"] in ACQUIRES and p["name"] in ("put", "pws", "pwsf") and p.get("channel_type") == "port" \
+                and all(ref.get("type") == "i" for ref in p.get("src_buff") or []) \
                 and len(posted) <= len(waited) and None not in posted and posted == waited[:len(posted)]:
             return ("every entry k of the port request goes to the peer that thread k waited on and sends "
                     "the rank's input: thread k has the only edge entry k needs, the peer's ready signal")
