@@ -42,26 +42,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from mscclang.compiler.ir import SYNC_AFTER, Access, IROp, IRProgram, Ref, accesses, alias_range, conflicts
+from mscclang.compiler.ir import (SYNC_AFTER, Access, AccessIndex, IROp, IRProgram, Ref, access_index, accesses,
+                                  alias_range, conflicting)
 from mscclang.plan.collectives import CollectiveSpec
 from mscclang.plan.models import ChannelType, OpName
 
 _CHANNEL_SYNC = frozenset({OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait, OpName.flush})
 _SEM = frozenset({OpName.sem_acquire, OpName.sem_release})
 _PUTS = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.ppkt})
-
-#: accesses by buffer key and mode (``(key, write)``: only accesses of one key can conflict,
-#: and a read only with a write)
-AccessIndex = dict[tuple, list[Access]]
-
-
-def access_index(accs: list[Access], into: Optional[AccessIndex] = None) -> AccessIndex:
-    """Accesses grouped by buffer key and mode; ``into`` is extended in place when given."""
-    index: AccessIndex = {} if into is None else into
-    for x in accs:
-        index.setdefault((x.key, x.write), []).append(x)
-    return index
-
 
 @dataclass
 class Run:
@@ -97,10 +85,8 @@ def _independent(a: IROp, b: IROp, allowed: Optional[Ref] = None, also_writes: b
     for y in accesses(b, spec=spec):
         if allowed is not None and (also_writes or not y.write) and _is_ref(y, allowed, spec):
             continue
-        for mode in (True, False) if y.write else (True,):
-            for x in acc_a.get((y.key, mode), ()):
-                if conflicts(x, y) and not (writeback and _is_writeback(x, y)):
-                    return False
+        if any(not (writeback and _is_writeback(x, y)) for x in conflicting(acc_a, y)):
+            return False
     return True
 
 

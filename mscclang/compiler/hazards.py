@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from mscclang.compiler.ir import Access, IROp, IRProgram, accesses, conflicts
+from mscclang.compiler.ir import AccessIndex, IROp, IRProgram, access_index, accesses, conflicting
 from mscclang.compiler.slices import ChunkClasses, chunk_classes, cross_iteration_conflict, stream_accesses
 from mscclang.plan.collectives import CollectiveSpec
 from mscclang.plan.models import OpName
@@ -82,19 +82,19 @@ def hazard_ops(ops: list[IROp], spec: Optional[CollectiveSpec] = None,
     ``spec`` (the program's collective) makes in-place input/output aliases count as the same
     bytes; ``classes`` as for :func:`pipeline_body`."""
     out: list[IROp] = []
-    seen: list[Access] = []
+    seen: AccessIndex = {}  # the accesses since the last sync
     for op in ops:
         if op.body is not None:
             op = replace(op, body=pipeline_body(op.body, spec, classes))
         if op.name in _SYNCS:
-            seen = []
+            seen = {}
             out.append(op)
             continue
         acc = accesses(op, spec=spec)
-        if any(conflicts(p, a) for a in acc for p in seen):
+        if any(next(conflicting(seen, a), None) is not None for a in acc):
             out.append(IROp(OpName.nop, origin=f"hazard before {op.describe()}", source=op.source))
-            seen = []
-        seen.extend(acc)
+            seen = {}
+        access_index(acc, seen)
         out.append(op)
     return out
 

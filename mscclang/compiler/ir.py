@@ -15,7 +15,7 @@ numbering also happens in the emitter.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Iterator, Optional
 
 from mscclang.plan.collectives import CollectiveSpec
 from mscclang.plan.models import BufferKind, ChannelType, OpName, ReduceOp
@@ -316,3 +316,24 @@ def conflicts(earlier: Access, later: Access) -> bool:
     if earlier.write and earlier.packet and not later.write and later.packet:
         return False
     return True
+
+
+#: accesses by buffer key and mode (``(key, write)``): only accesses of one key can conflict, and
+#: a read only with a write, so a lookup visits only the candidates
+AccessIndex = dict[tuple, list[Access]]
+
+
+def access_index(accs: list[Access], into: Optional[AccessIndex] = None) -> AccessIndex:
+    """Accesses grouped by buffer key and mode; ``into`` is extended in place when given."""
+    index: AccessIndex = {} if into is None else into
+    for x in accs:
+        index.setdefault((x.key, x.write), []).append(x)
+    return index
+
+
+def conflicting(index: AccessIndex, later: Access) -> Iterator[Access]:
+    """The accesses of ``index`` that ``later`` conflicts with (see :func:`conflicts`)."""
+    for mode in (True, False) if later.write else (True,):
+        for x in index.get((later.key, mode), ()):
+            if conflicts(x, later):
+                yield x
