@@ -42,14 +42,23 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from mscclang.compiler.ir import (SYNC_AFTER, Access, AccessIndex, IROp, IRProgram, Ref, access_index, accesses,
-                                  alias_range, conflicting)
+from mscclang.compiler.ir import SYNC_AFTER, Access, AccessIndex, IROp, IRProgram, Ref, accesses, alias_range
+from mscclang.compiler.meter import each_rank
 from mscclang.plan.collectives import CollectiveSpec
 from mscclang.plan.models import ChannelType, OpName
 
 _CHANNEL_SYNC = frozenset({OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait, OpName.flush})
 _SEM = frozenset({OpName.sem_acquire, OpName.sem_release})
 _PUTS = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.ppkt})
+_REDUCES = (OpName.re, OpName.res, OpName.rre, OpName.rres)
+#: (a, b): the kinds of op some rule may merge (``b`` into ``a``)
+_KINDS = frozenset({(OpName.nop, OpName.nop), (OpName.nop, OpName.barrier), (OpName.barrier, OpName.nop),
+                    (OpName.pipeline, OpName.nop), (OpName.repkt, OpName.cpkt), (OpName.glre, OpName.gstore)}
+                   | {(n, n) for n in _CHANNEL_SYNC | _SEM | _PUTS | {OpName.get, OpName.rppkt, OpName.re,
+                                                                        OpName.repkt, OpName.rre}}
+                   | {(n, OpName.put) for n in _REDUCES}
+                   | {(n, OpName.ppkt) for n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt)}
+                   | {(n, OpName.rppkt) for n in (OpName.recpkt, OpName.recspkt)})
 
 @dataclass
 class Run:
@@ -66,7 +75,7 @@ class Run:
 
     @classmethod
     def of(cls, op: IROp, accs: list[Access]) -> "Run":
-        return cls(access_index(accs), set(op.channels), set(op.semaphores), [op.origin])
+        return cls(AccessIndex(accs), set(op.channels), set(op.semaphores), [op.origin])
 
 
 def _independent(a: IROp, b: IROp, allowed: Optional[Ref] = None, also_writes: bool = False,
@@ -79,13 +88,13 @@ def _independent(a: IROp, b: IROp, allowed: Optional[Ref] = None, also_writes: b
     With ``writeback`` (``a`` is a read-reduce), a write of ``b`` that covers exactly a remote
     range ``a`` only reads (same peer, buffer and chunks) is allowed: in the fused op each thread
     reads, reduces and writes back the same elements. Any other access of ``a`` that the write
-    overlaps still refuses the merge. ``prior``: :func:`access_index` of ``a``'s accesses (or
+    overlaps still refuses the merge. ``prior``: the :class:`AccessIndex` of ``a``'s accesses (or
     of a superset that conflicts with the same accesses), when the caller keeps one."""
-    acc_a = access_index(accesses(a, spec=spec)) if prior is None else prior
+    acc_a = AccessIndex(accesses(a, spec=spec)) if prior is None else prior
     for y in accesses(b, spec=spec):
         if allowed is not None and (also_writes or not y.write) and _is_ref(y, allowed, spec):
             continue
-        if any(not (writeback and _is_writeback(x, y)) for x in conflicting(acc_a, y)):
+        if any(not (writeback and _is_writeback(x, y)) for x in acc_a.conflicting(y)):
             return False
     return True
 
@@ -102,10 +111,6 @@ def _is_ref(acc: Access, ref: Ref, spec: Optional[CollectiveSpec] = None) -> boo
     buffer, start, end = alias_range(spec, ref.rank, ref.buffer, scale * ref.index, scale * ref.end)
     key = ("R", ref.rank, buffer) if ref.remote else ("L", buffer)
     return acc.key == key and (acc.start, acc.end) == (start, end)
-
-
-def _merge_common(a: IROp, b: IROp) -> bool:
-    return a.tbg == b.tbg
 
 
 def _grow(a: IROp, b: IROp, run: Optional[Run], src: list[Ref] = (), dst: list[Ref] = (),
@@ -138,11 +143,19 @@ def _grow(a: IROp, b: IROp, run: Optional[Run], src: list[Ref] = (), dst: list[R
     return a
 
 
+def may_fuse(a: IROp, b: IROp) -> bool:
+    """Whether a rule could merge ``b`` into ``a``, judged by their kinds and thread-block groups
+    only: :func:`try_fuse` merges nothing else (it checks this first, then the operands)."""
+    return (a.name, b.name) in _KINDS and (a.tbg == b.tbg or OpName.nop in (a.name, b.name))
+
+
 def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None, run: Optional[Run] = None) -> Optional[IROp]:
     """The op that does ``a`` then ``b``, or ``None`` when no rule applies; ``spec`` (the
     program's collective) makes in-place input/output aliases count as the same bytes. Neither
     op is changed, unless ``run`` is given: :func:`fuse_ops`' state of ``a``, which a merge then
     grows in place (see :class:`Run`)."""
+    if not may_fuse(a, b):
+        return None
     na, nb = a.name, b.name
     prior = run.index if run else None
     # nops and barriers
@@ -156,8 +169,6 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None, run: Optio
         last = a.body[-1]
         if last.name == OpName.nop or (last.name in _CHANNEL_SYNC | _SEM and last.data_sync & SYNC_AFTER):
             return a
-    if not _merge_common(a, b):
-        return None
     # channel sync ops
     if na in _CHANNEL_SYNC and nb == na and a.channel_type == b.channel_type:
         if not (run.channels if run else set(a.channels)).isdisjoint(b.channels):
@@ -186,7 +197,7 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None, run: Optio
         return _grow(a, b, run, src=b.src[1:], channels=b.channels, union=True,
                      channel_type=a.channel_type if a.channel_type != ChannelType.none else b.channel_type)
     # reduce + put of its result
-    if na in (OpName.re, OpName.res, OpName.rre, OpName.rres) and nb == OpName.put \
+    if na in _REDUCES and nb == OpName.put \
             and b.channel_type == ChannelType.memory and a.channel_type in (ChannelType.none, ChannelType.memory):
         d = a.dst[0]
         writeback = na in (OpName.rre, OpName.rres)
@@ -240,7 +251,7 @@ def fuse_ops(ops: list[IROp], spec: Optional[CollectiveSpec] = None) -> list[IRO
         merged = try_fuse(out[-1], op, spec, run) if out else None
         if merged is not None and merged is not op:
             out[-1] = merged
-            access_index(acc, run.index)
+            run.index.add(acc)
             continue
         _end(out, run)
         if merged is op:
@@ -261,6 +272,6 @@ def _end(out: list[IROp], run: Optional[Run]) -> None:
 def fuse(ir: IRProgram) -> IRProgram:
     """Pass 2: fuse adjacent ops of every thread block (see the module docstring)."""
     out = ir.copy()
-    for r in out.ranks:
+    for r in each_rank(out.ranks):
         r.tbs = [fuse_ops(ops, ir.spec) for ops in r.tbs]
     return out

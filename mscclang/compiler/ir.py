@@ -14,8 +14,9 @@ numbering also happens in the emitter.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 from mscclang.plan.collectives import CollectiveSpec
 from mscclang.plan.models import BufferKind, ChannelType, OpName, ReduceOp
@@ -318,22 +319,40 @@ def conflicts(earlier: Access, later: Access) -> bool:
     return True
 
 
-#: accesses by buffer key and mode (``(key, write)``): only accesses of one key can conflict, and
-#: a read only with a write, so a lookup visits only the candidates
-AccessIndex = dict[tuple, list[Access]]
+@dataclass
+class _Sorted:
+    """Accesses of one buffer key and mode, sorted by start (``starts`` alongside)."""
+
+    starts: list[int] = field(default_factory=list)
+    accesses: list[Access] = field(default_factory=list)
+    longest: int = 0
 
 
-def access_index(accs: list[Access], into: Optional[AccessIndex] = None) -> AccessIndex:
-    """Accesses grouped by buffer key and mode; ``into`` is extended in place when given."""
-    index: AccessIndex = {} if into is None else into
-    for x in accs:
-        index.setdefault((x.key, x.write), []).append(x)
-    return index
+class AccessIndex:
+    """Accesses grouped by buffer key and mode, each group sorted by start: the earlier accesses a
+    later one conflicts with (same key; a write, or any access when the later one writes;
+    overlapping) are found by bisection, so a lookup costs the candidates near its range, not
+    every access so far (a pass that keeps adding accesses stays linear)."""
 
+    def __init__(self, accs: Sequence[Access] = ()) -> None:
+        self._groups: dict[tuple, _Sorted] = {}
+        self.add(accs)
 
-def conflicting(index: AccessIndex, later: Access) -> Iterator[Access]:
-    """The accesses of ``index`` that ``later`` conflicts with (see :func:`conflicts`)."""
-    for mode in (True, False) if later.write else (True,):
-        for x in index.get((later.key, mode), ()):
-            if conflicts(x, later):
-                yield x
+    def add(self, accs: Sequence[Access]) -> None:
+        for x in accs:
+            g = self._groups.setdefault((x.key, x.write), _Sorted())
+            i = bisect_right(g.starts, x.start)
+            g.starts.insert(i, x.start)
+            g.accesses.insert(i, x)
+            g.longest = max(g.longest, x.end - x.start)
+
+    def conflicting(self, later: Access) -> Iterator[Access]:
+        """The accesses of the index that ``later`` conflicts with (see :func:`conflicts`)."""
+        for mode in (True, False) if later.write else (True,):
+            g = self._groups.get((later.key, mode))
+            if g is None:
+                continue
+            lo, hi = bisect_right(g.starts, later.start - g.longest), bisect_left(g.starts, later.end)
+            for x in g.accesses[lo:hi]:
+                if conflicts(x, later):
+                    yield x
