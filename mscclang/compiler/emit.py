@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref
+from mscclang.compiler.meter import each_rank
 from mscclang.plan.models import (
     EPILOGUE_OPS,
     REDUCE_OPS,
@@ -156,7 +157,7 @@ def _rank(r: IRRank) -> Gpu:
 
 def emit(ir: IRProgram) -> Plan:
     """Pass 6: number channels and remote buffers and build the plan (see the module docstring)."""
-    gpus = [_rank(r) for r in ir.ranks]
+    gpus = [_rank(r) for r in each_rank(ir.ranks)]
     reduce_ops = {op.reduce_op for r in ir.ranks for ops in r.tbs for op in _all_ops(ops)
                   if op.name in REDUCE_OPS and op.reduce_op is not None}
     spec = ir.spec
