@@ -156,9 +156,9 @@ def _plan_text(plan: Plan, fmt: str) -> str:
         text = plan_to_json(plan)
     size, limit = len(text.encode()), max_plan_bytes()
     if size > limit:
-        raise LimitError(f"the plan is {format_bytes(size)}, more than the {format_bytes(limit)} limit "
-                         f"(set {MAX_PLAN_BYTES_ENV} to raise it): verify, show and predict would refuse "
-                         "it; nothing was written")
+        raise LimitError(f"the plan is {format_bytes(size)}, over the {format_bytes(limit)} limit on plans (set "
+                         f"{MAX_PLAN_BYTES_ENV} to raise it), which verify, show and predict enforce; nothing "
+                         "was written")
     return text
 
 

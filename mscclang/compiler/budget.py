@@ -40,10 +40,10 @@ BYTES_PER_OP = 3300
 #: and of each pass (and the cycle check), and per byte of the plan of
 #: emitting it and of writing it out (JSON text, parsed again and checked, as ``mscclang
 #: compile`` does); fitted to the 64- and 128-rank all-pairs allreduce
-RECORD_SECONDS = 9e-6
-PASS_SECONDS = {"validate": 11e-6, "fuse": 12e-6, "syncs": 0.3e-6, "hazards": 1e-6, "replicate": 0.2e-6,
-                "cycles": 1.6e-6}
-EMIT_SECONDS_PER_BYTE = 0.03e-6
+RECORD_SECONDS = 7e-6
+PASS_SECONDS = {"validate": 8e-6, "fuse": 10e-6, "syncs": 0.2e-6, "hazards": 1e-6, "replicate": 0.1e-6,
+                "cycles": 1.4e-6}
+EMIT_SECONDS_PER_BYTE = 0.02e-6
 WRITE_SECONDS_PER_BYTE = 0.2e-6
 
 # bytes of JSON (as plan_to_json indents it) per element of a plan
@@ -218,11 +218,11 @@ def check_plan(estimate: PlanEstimate, what: str = "the program") -> None:
     error (:data:`ERROR`); the message gives the estimate and the setting to raise."""
     over = []
     if estimate.plan_bytes > ERROR * settings.max_plan_bytes:
-        over.append(f"more than the {format_bytes(settings.max_plan_bytes)} a plan may have (set "
+        over.append(f"over the {format_bytes(settings.max_plan_bytes)} limit on plans (set "
                     f"{Settings.max_plan_bytes.name} to raise it)")
     if estimate.plan_ops > ERROR * settings.max_plan_ops:
-        over.append(f"more than the {settings.max_plan_ops:,} ops a plan may have (set "
+        over.append(f"over the limit of {settings.max_plan_ops:,} ops in a plan (set "
                     f"{Settings.max_plan_ops.name} to raise it)")
     if over:
-        raise LimitError(f"{what} would compile to {estimate.describe()}: {'; '.join(over)}; "
-                         "verify, show and predict would refuse it")
+        raise LimitError(f"{what} would compile to {estimate.describe()}: {' and '.join(over)}, which "
+                         "verify, show and predict enforce")
