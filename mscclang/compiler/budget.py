@@ -28,7 +28,7 @@ from mscclang.plan.models import REDUCE_OPS, OpName
 from mscclang.units import format_bytes
 
 __all__ = ["check_ranks", "check_ops", "check_plan", "estimate_plan", "PlanEstimate", "reporting", "report",
-           "SECONDS_PER_OP", "BYTES_PER_OP", "PASS_SECONDS"]
+           "SECONDS_PER_OP", "BYTES_PER_OP", "OP_SECONDS", "BYTE_SECONDS", "ERROR"]
 
 #: compile time per recorded op and instance, recording and writing the plan included (measured:
 #: 128-rank all-pairs allreduce, 130,000 ops)
@@ -36,15 +36,13 @@ SECONDS_PER_OP = 5e-5
 #: peak memory per recorded op and instance (same measurement)
 BYTES_PER_OP = 3300
 
-#: seconds per recorded op of recording it (the collector paused, as ``mscclang compile`` does)
-#: and of each pass (and the cycle check), and per byte of the plan of
-#: emitting it and of writing it out (JSON text, parsed again and checked, as ``mscclang
-#: compile`` does); fitted to the 64- and 128-rank all-pairs allreduce
-RECORD_SECONDS = 7e-6
-PASS_SECONDS = {"validate": 8e-6, "fuse": 10e-6, "syncs": 0.2e-6, "hazards": 1e-6, "replicate": 0.1e-6,
-                "cycles": 1.4e-6}
-EMIT_SECONDS_PER_BYTE = 0.02e-6
-WRITE_SECONDS_PER_BYTE = 0.2e-6
+#: seconds of each step of a compile per recorded op: recording (the collector paused, as
+#: ``mscclang compile`` does), the passes, the cycle check; and per byte of the plan: emitting it,
+#: writing it out (JSON text, parsed again and checked, as ``mscclang compile`` does). Fitted to
+#: the 128-rank all-pairs allreduce.
+OP_SECONDS = {"record": 7e-6, "validate": 8e-6, "fuse": 10e-6, "syncs": 0.2e-6, "hazards": 1e-6,
+              "replicate": 0.1e-6, "cycles": 1.4e-6}
+BYTE_SECONDS = {"emit": 0.02e-6, "write": 0.2e-6}
 
 # bytes of JSON (as plan_to_json indents it) per element of a plan
 _PLAN = 600       # the plan's own fields
@@ -96,27 +94,21 @@ def _duration(s: float) -> str:
 class PlanEstimate:
     """What compiling a recorded program makes and costs: the ``ops`` it recorded times its
     instances (pipeline inner ops included), the ``plan_ops`` and ``plan_bytes`` (of JSON) of the
-    plan, and the ``seconds`` still to come: the passes (``pass_seconds``, per pass), emitting the
-    plan and writing it out (microseconds of them are the progress bar's units)."""
+    plan, and the seconds of each step (``steps``: the keys of :data:`OP_SECONDS` and
+    :data:`BYTE_SECONDS`; microseconds of them are the progress bar's units)."""
 
     ops: int
     plan_ops: int
     plan_bytes: int
-    pass_seconds: dict[str, float]
-    emit_seconds: float
-    write_seconds: float
-
-    @property
-    def record_seconds(self) -> float:
-        """About how long recording the program took."""
-        return RECORD_SECONDS * self.ops
+    steps: dict[str, float]
 
     @property
     def seconds(self) -> float:
-        return sum(self.pass_seconds.values()) + self.emit_seconds + self.write_seconds
+        """The seconds still to come once the program is recorded."""
+        return sum(self.steps.values()) - self.steps["record"]
 
     def describe(self) -> str:
-        """``a plan of about 95.3 MiB (4,500 ops), about 45 s to compile``"""
+        """``a plan of about 89.7 MiB (4,500 ops), about 36 s to compile``"""
         return (f"a plan of about {format_bytes(self.plan_bytes)} ({self.plan_ops:,} ops), about "
                 f"{_duration(self.seconds)} to compile")
 
@@ -146,24 +138,17 @@ def _kept(head: IROp, op: IROp) -> int:
 def _tally(ops: list[IROp], fusion: bool, remotes: set, t: _Tally) -> None:
     """Count ``ops`` of one block (or pipeline body) into ``t``: an op starts a plan op unless
     fusion may merge it into the run's first op; a run with a ``before`` data sync gets a nop
-    before it, one with ``after`` a nop after it (adjacent nops, and nops next to barriers, are
-    one)."""
+    before it, one with ``after`` a nop after it."""
     head: IROp | None = None
     syncs = 0
-    synced = False  # the last plan op counted is a nop or a barrier
 
     def close() -> None:
-        nonlocal synced
-        if head is None:
-            return
-        nop = head.name in (OpName.nop, OpName.barrier)
-        own = 0 if nop and synced and head.name == OpName.nop else 1
-        n = (1 if syncs & SYNC_BEFORE and not synced else 0) + own + (1 if syncs & SYNC_AFTER else 0)
-        t.plan_ops += n
-        t.bytes += n * len(head.source or "") + own * (
-            (_TBG if head.tbg else 0) + (_REDUCE if head.name in REDUCE_OPS else 0)
-            + (_BARRIER + _ID * len(head.barrier_tbs or ()) if head.name == OpName.barrier else 0))
-        synced = bool(syncs & SYNC_AFTER) or nop or (synced and n == 0)
+        if head is not None:
+            n = 1 + bool(syncs & SYNC_BEFORE) + bool(syncs & SYNC_AFTER)
+            t.plan_ops += n
+            t.bytes += n * len(head.source or "") + (_TBG if head.tbg else 0) + (
+                _REDUCE if head.name in REDUCE_OPS else 0) + (
+                _BARRIER + _ID * len(head.barrier_tbs or ()) if head.name == OpName.barrier else 0)
 
     for op in ops:
         t.ops += 1
@@ -207,9 +192,8 @@ def estimate_plan(ir: IRProgram) -> PlanEstimate:
                          + t.refs * _REF + t.ids * _ID))
     ops = t.ops * n
     return PlanEstimate(ops=ops, plan_ops=t.plan_ops * n, plan_bytes=plan_bytes,
-                        pass_seconds={k: v * ops for k, v in PASS_SECONDS.items()},
-                        emit_seconds=EMIT_SECONDS_PER_BYTE * plan_bytes,
-                        write_seconds=WRITE_SECONDS_PER_BYTE * plan_bytes)
+                        steps={**{k: v * ops for k, v in OP_SECONDS.items()},
+                               **{k: v * plan_bytes for k, v in BYTE_SECONDS.items()}})
 
 
 def check_plan(estimate: PlanEstimate, what: str = "the program") -> None:

@@ -60,9 +60,9 @@ def _lower(ir: IRProgram, estimate: PlanEstimate) -> IRProgram:
     for name, run in _PASSES:
         if (name == "fuse" and not ir.instr_fusion) or (name == "hazards" and not ir.auto_sync):
             continue
-        with meter.step(name, 1e6 * estimate.pass_seconds[name]):
+        with meter.step(name, 1e6 * estimate.steps[name]):
             out = run(out)
-    with meter.step("cycle check", 1e6 * estimate.pass_seconds["cycles"]):
+    with meter.step("cycle check", 1e6 * estimate.steps["cycles"]):
         check_acyclic(out)
     return out
 
@@ -82,11 +82,12 @@ def compile_program(ir: IRProgram) -> Plan:
     counts the recording as done, then the passes and emitting the plan, and leaves writing it
     out (the tail) to the caller."""
     estimate = _check(ir)
-    meter.start(1e6 * (estimate.record_seconds + estimate.seconds), 1e6 * estimate.record_seconds,
-                [sum(len(tb) for tb in r.tbs) for r in ir.ranks], 1e6 * estimate.write_seconds)
+    steps = estimate.steps
+    meter.start(1e6 * sum(steps.values()), 1e6 * steps["record"], [sum(len(tb) for tb in r.tbs) for r in ir.ranks],
+                1e6 * steps["write"])
     with collector_paused():
         out = _lower(ir, estimate)
-        with meter.step("emit", 1e6 * estimate.emit_seconds):
+        with meter.step("emit", 1e6 * steps["emit"]):
             plan = emit(out)
     meter.advance("serialising the plan", 0.0)
     return plan

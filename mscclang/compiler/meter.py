@@ -33,12 +33,12 @@ class _Meter:
     total: float = 0.0
     done: float = 0.0
     tail: float = 0.0
-    tail_start: float = 0.0
     rank_ops: Sequence[int] = ()
     per_op: float = 0.0  # work per recorded op of the running step, counted by each_rank
     note: str = ""
 
-    def add(self, work: float) -> None:
+    def add(self, work: float, note: Optional[str] = None) -> None:
+        self.note = self.note if note is None else note
         self.done = min(self.total, self.done + max(0.0, work))
         self.callback(int(self.done), int(self.total), self.note)
 
@@ -69,8 +69,7 @@ def start(work: float, done: float, rank_ops: Sequence[int], tail: float) -> Non
     :func:`advance`; ``rank_ops``: each rank's recorded ops."""
     meter = _METER.get()
     if meter is not None:
-        meter.total, meter.done, meter.tail, meter.rank_ops = work, done, tail, rank_ops
-        meter.tail_start = work - tail
+        meter.total, meter.done, meter.tail, meter.rank_ops, meter.per_op = work, done, tail, rank_ops, 0.0
 
 
 @contextlib.contextmanager
@@ -81,13 +80,10 @@ def step(note: str, work: float) -> Iterator[None]:
     if meter is None:
         yield
         return
-    end = meter.done + work
-    meter.note, meter.per_op = note, work / max(1, sum(meter.rank_ops))
-    meter.add(0.0)
-    try:
-        yield
-    finally:
-        meter.per_op = 0.0
+    end, meter.per_op = meter.done + work, work / max(1, sum(meter.rank_ops))
+    meter.add(0.0, note)
+    yield
+    meter.per_op = 0.0
     meter.add(end - meter.done)
 
 
@@ -104,6 +100,4 @@ def advance(note: str, fraction: float) -> None:
     """``fraction`` of the tail is done; ``note``: what runs now."""
     meter = _METER.get()
     if meter is not None and meter.total:
-        meter.note = note
-        meter.add(meter.tail_start + fraction * meter.tail - meter.done)
-
+        meter.add(meter.total - (1 - fraction) * meter.tail - meter.done, note)
