@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
                 plan = compile_file(args.program, getattr(args, "passthrough", []), function=function,
                                     ranks=args.ranks, instances=args.instances, protocol=args.protocol,
                                     check=not args.no_check, strict=args.strict)
-                advance("writing the plan", 0.7)
+                advance("writing the plan", 0.62)
                 text = _plan_text(plan, args.format)
         finally:
             bar.close()
@@ -292,7 +292,7 @@ def _compile(path: Path, argv: Sequence[str], function: Optional[str], ranks: Op
                                    "CollectiveProgram, or print JSON())")
         else:
             _echo(printed)
-    advance("checking the plan", 0.55)
+    advance("checking the plan", 0.45)
     return _to_plan(doc, check)
 
 
@@ -460,6 +460,8 @@ def _arguments(fn: Any, name: str, ranks: int, instances: int, protocol: str) ->
 def _result_to_doc(result: Any) -> Optional[dict]:
     if result is None:
         return None
+    if hasattr(result, "to_plan") and callable(result.to_plan):  # a CollectiveProgram: no JSON text round trip
+        result = result.to_plan()
     if isinstance(result, Plan):
         return plan_to_dict(result)
     if isinstance(result, dict):

@@ -38,11 +38,11 @@ BYTES_PER_OP = 3300
 
 #: seconds of each step of a compile per recorded op: recording (the collector paused, as
 #: ``mscclang compile`` does), the passes, the cycle check; and per byte of the plan: emitting it,
-#: writing it out (JSON text, parsed again and checked, as ``mscclang compile`` does). Fitted to
-#: the 128-rank all-pairs allreduce.
+#: writing it out (copied, checked and written as JSON text, as ``mscclang compile`` does).
+#: Fitted to the 128-rank all-pairs allreduce.
 OP_SECONDS = {"record": 7e-6, "validate": 8e-6, "fuse": 10e-6, "syncs": 0.2e-6, "hazards": 1e-6,
               "replicate": 0.1e-6, "cycles": 1.4e-6}
-BYTE_SECONDS = {"emit": 0.02e-6, "write": 0.2e-6}
+BYTE_SECONDS = {"emit": 0.02e-6, "write": 0.12e-6}
 
 # bytes of JSON (as plan_to_json indents it) per element of a plan
 _PLAN = 600       # the plan's own fields
