@@ -25,7 +25,11 @@ Two kinds of program are accepted.
 
 The plan is validated (``--no-check`` skips the semantic checks) and written to ``-o`` or to
 standard output (``-o -`` too), as an mscclang plan or, with ``--format mscclpp``, as an MSCCL++
-plan. What was written (plan name, collective, ranks, thread blocks, ops, where) is reported on
+plan. A plan over ``MSCCLANG_MAX_PLAN_BYTES`` (the size ``verify``, ``show`` and ``predict`` read)
+is never written; a program whose plan would be far over that or ``MSCCLANG_MAX_PLAN_OPS`` is
+refused before the compiler's passes, with the estimate (:mod:`mscclang.compiler.budget`). With
+``--progress`` (or on a terminal) the bar counts the ops recorded, then thousandths of the work
+the estimate expects, pass by pass and rank by rank (:mod:`mscclang.compiler.meter`). What was written (plan name, collective, ranks, thread blocks, ops, where) is reported on
 standard error (``-q`` silences it), so standard output holds nothing but the plan.
 
 Warnings of the DSL (:class:`~mscclang.DSLWarning`, e.g. a signal/wait imbalance on one channel,
