@@ -59,7 +59,7 @@ def _host_work_class() -> type:
 
     class HostWork(dist.Work):
         """The Work of a :class:`HostStaged` call: ``wait()`` waits for the host call, then
-        copies the host tensors back into the CUDA ones (once)."""
+        copies the staged tensors of the call's outputs back into the caller's (once)."""
 
         def __init__(self, work: Any, pairs: list) -> None:
             super().__init__()
@@ -79,13 +79,26 @@ def _host_work_class() -> type:
     return HostWork
 
 
+def _host_copy(x: Any) -> Any:
+    """What gloo is given instead of tensor ``x`` (None: ``x`` itself): a host copy of a CUDA
+    tensor, a contiguous copy of a non-contiguous one (gloo's all_reduce, broadcast, reduce,
+    list reduce_scatter, all_to_all_single and scatter read a strided tensor as if it were dense:
+    wrong results, no error)."""
+    if getattr(x, "is_cuda", False):
+        return x.detach().cpu().contiguous()
+    return x.contiguous() if hasattr(x, "is_contiguous") and not x.is_contiguous() else None
+
+
 class HostStaged:
-    """A gloo process group's back end that takes CUDA tensors: each call copies every tensor it
-    is given (in lists too) to the host and runs there; its Work's ``wait()`` copies the host
-    tensors back into the CUDA ones (inputs come back unchanged). A call returns as soon as the
-    host call is issued, so a send never waits for its receiver. Only for ranks that share a GPU,
-    where NCCL cannot run and gloo has no CUDA path for most calls (its CUDA send aborts the
-    process)."""
+    """A gloo process group's back end that is only given host tensors gloo handles: each call
+    replaces every tensor it is given (in lists too) that gloo cannot take as it is by a copy
+    (:func:`_host_copy`: CUDA tensors, non-contiguous tensors) and runs on the copies; its Work's
+    ``wait()`` copies those of the call's first argument (torch's process groups take the outputs
+    first) back into the caller's tensors, so an input that lies in an output is never written
+    back over the result. A call returns as soon as the host call is issued, so a send never
+    waits for its receiver. Every gloo group of the fallback and of the torch.distributed backend
+    runs through one (for CUDA tensors: ranks sharing a GPU, where NCCL cannot run and gloo has
+    no CUDA path for most calls; its CUDA send aborts the process)."""
 
     def __init__(self, pg: Any) -> None:
         self._pg = pg
@@ -98,16 +111,17 @@ class HostStaged:
         def call(*args: Any, **kw: Any) -> Any:
             pairs: list = []
 
-            def host(x: Any) -> Any:
+            def host(x: Any, back: bool) -> Any:
                 if isinstance(x, list):
-                    return [host(y) for y in x]
-                if getattr(x, "is_cuda", False):
-                    h = x.detach().cpu()
+                    return [host(y, back) for y in x]
+                h = _host_copy(x)
+                if h is None:
+                    return x
+                if back:
                     pairs.append((x, h))
-                    return h
-                return x
+                return h
 
-            work = fn(*[host(a) for a in args], **{k: host(v) for k, v in kw.items()})
+            work = fn(*[host(a, i == 0) for i, a in enumerate(args)], **{k: host(v, False) for k, v in kw.items()})
             if not pairs or not hasattr(work, "wait"):
                 return work
             return _host_work_class()(work, pairs)
@@ -178,9 +192,7 @@ class TorchFallback:
                 pass
             pg = dist.ProcessGroupNCCL(prefix, self._rank, self._world, opts)
         else:
-            pg = dist.ProcessGroupGloo(prefix, self._rank, self._world, self._timeout)
-            if getattr(self._device, "type", "cpu") == "cuda":
-                pg = HostStaged(pg)   # ranks sharing a GPU (torch_backend_for)
+            pg = HostStaged(dist.ProcessGroupGloo(prefix, self._rank, self._world, self._timeout))
         log.debug("mscclang rank %s: torch.distributed fallback: %s group %d over the store",
                   self._rank, self.backend_name, gen)
         return pg
