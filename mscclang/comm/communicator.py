@@ -55,6 +55,7 @@ class Communicator:
                  backend: Optional[Backend] = None, fallback: Union[bool, Any] = True,
                  runtime_options: Optional[dict] = None) -> None:
         self._logged: set[tuple[str, str]] = set()
+        self._closed = False
         self._schedule = AutoRegister()
         self._runtime_error: Optional[str] = None
         self.last: Optional[CallPlan] = None
@@ -182,6 +183,7 @@ class Communicator:
     def empty(self, *shape: Union[int, tuple], dtype: Any = None) -> Any:
         """A symmetric tensor (zero-copy plans run on these directly). Collective: every rank
         must allocate the same shapes in the same order."""
+        self._check_open("empty")
         import math
 
         import torch
@@ -197,6 +199,7 @@ class Communicator:
 
     def is_symmetric(self, tensor: Any) -> bool:
         """Whether ``tensor`` lies in a buffer from :meth:`empty`."""
+        self._check_open("is_symmetric")
         return self.backend is not None and self.backend.is_symmetric(tensor)
 
     # ------------------------------------------------------------------ collectives
@@ -220,6 +223,7 @@ class Communicator:
         ``fp8_scale``). Returns the tensor holding the norm. Bad arguments raise InvalidCall
         before anything runs; see :mod:`mscclang.comm.fused_norm` for the rules and the
         fallback. ``last_fused`` names the plan the last such call ran (None: the fallback)."""
+        self._check_open("all_reduce_add_rms_norm")
         from mscclang.comm.fused_norm import fused_call
 
         return fused_call(self, x, residual, weight, eps, out, fp8_scale)
@@ -228,6 +232,7 @@ class Communicator:
                                         out: Any = None, fp8_scale: Any = None) -> Optional[str]:
         """:meth:`prepare` for :meth:`all_reduce_add_rms_norm` (same arguments): the fused
         plan's name, or None when the call will fall back. Collective."""
+        self._check_open("prepare_all_reduce_add_rms_norm")
         from mscclang.comm.fused_norm import prepare_fused
 
         return prepare_fused(self, x, residual, weight, eps, out, fp8_scale)
@@ -274,6 +279,7 @@ class Communicator:
     def send(self, tensor: Any, dst: int) -> None:
         """Point-to-point send (through torch.distributed: plans are collective, a lone send is
         not)."""
+        self._check_open("send")
         self._check_peer(dst)
         self.planner.check_tensor("send tensor", tensor)
         dtype_name(tensor.dtype)
@@ -282,6 +288,7 @@ class Communicator:
 
     def recv(self, tensor: Any, src: int) -> Any:
         """Point-to-point receive into ``tensor`` (through torch.distributed)."""
+        self._check_open("recv")
         self._check_peer(src)
         self.planner.check_tensor("recv tensor", tensor)
         dtype_name(tensor.dtype)
@@ -295,6 +302,7 @@ class Communicator:
         run on, staging buffers, device plan, kernel) without running it, so the call may then be
         captured in a CUDA graph. Same arguments as the collective (``accum_dtype``: the fp8
         reductions'; the kernel depends on it). Collective."""
+        self._check_open("prepare")
         coll = plan_collective(collective)
         accum = self._accum(tensor, reduce_op_name(op), accum_dtype) if coll in ("allreduce", "reducescatter") \
             else None
@@ -336,6 +344,7 @@ class Communicator:
         segments, logged once). A registration lasts while the tensor's storage lives (or until
         :meth:`deregister`); calls on the tensor, or a view starting at its first element, then
         need no staging and no store round trip."""
+        self._check_open("register")
         for i, t in enumerate(tensors):
             self.planner.check_tensor(f"register tensor {i}", t)
         if self.backend is None or not tensors:
@@ -352,6 +361,7 @@ class Communicator:
     def deregister(self, *tensors: Any) -> int:
         """Collective: drop the registrations of ``tensors`` (their IPC mappings and device plans
         are released unless a captured graph uses them). Returns how many were dropped."""
+        self._check_open("deregister")
         for i, t in enumerate(tensors):
             self.planner.check_tensor(f"deregister tensor {i}", t)
         if self.backend is None or not tensors:
@@ -389,6 +399,7 @@ class Communicator:
         """Collective, before ``torch.cuda.graph`` starts: open a capture session (see
         :meth:`graph_capture`). Returns whether deferred registration is enabled in it (every rank
         runs the same torch allocator settings; else ordinary tensors are staged as outside)."""
+        self._check_open("begin_graph_capture")
         if _capturing():
             raise CommError(f"rank {self.rank}: begin_graph_capture() must run before the capture starts")
         if self.backend is None:
@@ -402,6 +413,7 @@ class Communicator:
         ranks captured different calls or a buffer could not be registered: those captured calls
         then abort on replay (CollectiveTimeout) instead of touching a wrong address. Returns the
         number of calls registered."""
+        self._check_open("register_graph_buffers")
         if self.backend is None:
             return 0
         return int(self.backend.end_graph_capture(failed))
@@ -409,12 +421,14 @@ class Communicator:
     def use_tuning(self, tuning: Union[str, os.PathLike, dict, TuningTable]) -> None:
         """Replace the tuning table (e.g. the tuner forcing one candidate); the plan catalog and
         everything the runtime set up stay. Every rank must make the same change."""
+        self._check_open("use_tuning")
         self.tuning = load_tuning(tuning)
         self.selector = Selector(self.tuning, self.catalog)
         self.planner.memo.clear()
 
     def select(self, collective: str, nbytes: int, dtype: Any) -> list[Choice]:
         """The selector's ordered choices for a message of ``nbytes`` (introspection)."""
+        self._check_open("select")
         return self.selector.choices(collective, self.world_size, nbytes, dtype)
 
     def trace(self) -> Tracing:
@@ -425,6 +439,7 @@ class Communicator:
         capture); calls that fall back to torch.distributed are listed in ``tr.skipped``.
         Collective: every rank enters and leaves its block (leaving puts the ranks on one time
         base). RuntimeUnavailable without the GPU runtime."""
+        self._check_open("trace")
         check_traceable(self.backend, self.rank)
         self._traces += 1
         return Tracing(self, getattr(self.backend, "store", None), f"mscclang/trace/{self._traces}")
@@ -439,6 +454,7 @@ class Communicator:
         peers' memory) and the ``kernels`` loaded; ``staging_cap`` is the cap on staging kept
         between calls. ``total_bytes`` sums the byte kinds held here. The torch.distributed
         fallback's memory (NCCL's) is not included."""
+        self._check_open("memory")
         out = dict(self.backend.memory()) if self.backend is not None else {}
         cap = self.backend.staging_cap() if self.backend is not None else None
         if cap is not None:
@@ -448,18 +464,21 @@ class Communicator:
 
     def synchronize(self) -> None:
         """Wait for this rank's launches (raises a pending CollectiveTimeout)."""
+        self._check_open("synchronize")
         if self.backend is not None:
             self.backend.synchronize()
 
     def reset(self) -> None:
         """Collective reset after a CollectiveTimeout (every rank must call it)."""
+        self._check_open("reset")
         if self.backend is not None:
             self.backend.reset()
 
     def close(self) -> None:
         """Release staging buffers, registrations and the runtime. Always returns, from any
         thread: what fails to be released (after an abort, say: a dead peer's mappings) is logged,
-        never raised."""
+        never raised. Idempotent; afterwards every other method raises CommError."""
+        self._closed = True
         self._schedule.clear()
         self.planner.memo.clear()
         be, self.backend = self.backend, None
@@ -474,12 +493,19 @@ class Communicator:
                 log.warning("mscclang rank %d: closing %s: %s: %s", self.rank, what, type(e).__name__, e)
 
     def __enter__(self) -> "Communicator":
+        self._check_open("a with block")
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     # ------------------------------------------------------------------ internals
+    def _check_open(self, what: str) -> None:
+        """CommError once :meth:`close` has run: a closed communicator runs nothing (its call
+        would otherwise make a new torch.distributed group and run there)."""
+        if self._closed:
+            raise CommError(f"rank {self.rank}: {what} on a closed communicator (close() has run): make a new one")
+
     def _new(self, like: Any, numel: int) -> Any:
         import torch
 
@@ -528,6 +554,7 @@ class Communicator:
             out.view(cp.shape.out_blocks, k).copy_(b.view(cp.shape.out_blocks, kp)[:, :k])
 
     def _call(self, coll: str, inp: Any, out: Any, op: str, root: int = 0, accum: Optional[str] = None) -> Any:
+        self._check_open(coll)
         if not (hasattr(inp, "data_ptr") and hasattr(out, "data_ptr")):
             self.planner.check_tensors(coll, inp, out)   # raises: not tensors
         if inp.numel() == 0 and out.numel() == 0:
