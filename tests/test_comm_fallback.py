@@ -136,10 +136,11 @@ def test_gpu_check_fallback_logged_once_runs_on_the_backends_store():
         comm = Communicator(backend=be, plans=catalog_of(plans), tuning=TuningTable())
         w = types.SimpleNamespace(rank=r, world_size=N, state={"mscclang.comm/True": comm})
         out = gpu_checks.check_fallback_logged_once(w)
+        out["plan_calls_before"] = comm.plan_calls   # every call so far fell back
         # a root the plan serves still runs on the plan
         x = torch.full((8,), float(r))
         comm.broadcast(x, root=0)
-        out["plan_mode"] = comm.last.mode
+        out["plan_mode"], out["plan_calls"] = comm.last.mode, comm.plan_calls
         out["x"] = x
         return out
 
@@ -148,6 +149,7 @@ def test_gpu_check_fallback_logged_once_runs_on_the_backends_store():
         mine = [m for m in res["logged"] if f"rank {r}:" in m]  # threads share the logger
         assert len(mine) == 1 and "broadcast" in mine[0], res["logged"]
         assert res["plan_mode"] == "direct" and torch.equal(res["x"], torch.zeros(8))
+        assert (res["plan_calls_before"], res["plan_calls"]) == (0, 1)
     assert world.launches == ["bc0"]
 
 

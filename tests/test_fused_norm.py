@@ -264,11 +264,12 @@ def test_one_dimensional_x_is_rows_of_the_hidden_size() -> None:
         comm.all_reduce_add_rms_norm(flat, r_flat, w, 1e-6)
         x, r = xs[comm.rank].clone(), res.clone()
         comm.all_reduce_add_rms_norm(x, r, w, 1e-6)
-        return flat, r_flat, x, r
+        return flat, r_flat, x, r, comm.plan_calls
     got, world, _ = run_ranks(N, fn, engine="sim", catalog=Catalog.from_dir())
     assert len(world.launches) == 2 and all("rms_norm" in name for name in world.launches)
-    for flat, r_flat, x, r in got:
+    for flat, r_flat, x, r, plan_calls in got:
         assert flat.shape == (T * H,) and torch.equal(flat, x.reshape(-1)) and torch.equal(r_flat, r.reshape(-1))
+        assert plan_calls == 2   # the fused plans count as calls on mscclang plans
 
 
 def test_selector_picks_by_size_rows_and_ranks() -> None:

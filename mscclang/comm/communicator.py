@@ -18,7 +18,7 @@ from mscclang.comm.autoregister import AutoRegister
 from mscclang.comm.backend import Backend, RuntimeBackend
 from mscclang.comm.catalog import Catalog
 from mscclang.comm.errors import CommError
-from mscclang.comm.fallback import TorchFallback, run_fallback
+from mscclang.comm.fallback import FallbackCalls, TorchFallback, run_fallback
 from mscclang.comm.names import dtype_name, plan_collective, reduce_op_name
 from mscclang.comm.planner import CallPlan, Planner
 from mscclang.comm.selector import Choice, Selector
@@ -59,6 +59,9 @@ class Communicator:
         self._schedule = AutoRegister()
         self._runtime_error: Optional[str] = None
         self.last: Optional[CallPlan] = None
+        #: calls that ran on a mscclang plan (collectives and fused calls); every other call went
+        #: to torch.distributed. 0 after a run: no mscclang plan ran (e.g. no GPU runtime here)
+        self.plan_calls = 0
         self._tracer: Optional[CallTrace] = None   # inside a comm.trace() block
         self._traces = 0
         #: the plan the last all_reduce_add_rms_norm ran (None: none ran, or the fallback)
@@ -106,6 +109,11 @@ class Communicator:
             self._fallback = None
         else:
             self._fallback = fallback
+        # the gloo fallback's call check, over the explicit store, the back end's or torch.distributed's
+        check_store = store if store is not None else own_store
+        self._calls = FallbackCalls(check_store, self.rank, self.world_size, self._fallback.timeout_s) \
+            if isinstance(self._fallback, TorchFallback) and self._fallback.backend_name == "gloo" \
+            and check_store is not None else None
         self.planner = Planner(self.rank, self.world_size, self.device, self.backend, self.selector,
                                self._fallback is not None, self._note, self._runtime_error)
 
@@ -532,6 +540,7 @@ class Communicator:
             self._run_fallback(cp, inp, out, op, root, accum)
             return
         assert self.backend is not None and cp.plan is not None and cp.choice is not None
+        self.plan_calls += 1
         pt = cp.choice.packet_type
         k, kp = cp.shape.block_elems, cp.padded.block_elems
         a, b = self.planner.operands(cp, inp, out)
@@ -638,7 +647,10 @@ class Communicator:
             self._note_fallback(coll, cp.reason, level=logging.INFO)
         else:
             self._note_fallback(coll, _reason_kind(cp.reason))
-        run_fallback(self._need_fallback(coll), coll, inp, out, op, root, self.rank, self.world_size, accum)
+        fb = self._need_fallback(coll)
+        if self._calls is not None:
+            self._calls.check(fb, coll, inp, out, op, root, accum)   # CallMismatch before gloo sees the call
+        run_fallback(fb, coll, inp, out, op, root, self.rank, self.world_size, accum)
 
 
 def _reason_kind(reason: str) -> str:

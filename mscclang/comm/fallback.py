@@ -10,7 +10,9 @@ Where the group comes from:
   needs nor changes torch.distributed's default group, and it goes away with the communicator;
 * neither: torch.distributed's default group, when it is initialised.
 
-NVLink multicast (NVLS) stays off: ``NCCL_NVLS_ENABLE=0`` is set before an NCCL group is made.
+Before every gloo collective the ranks compare their calls (:class:`FallbackCalls`): ranks
+making different calls get CallMismatch instead of gloo's abort. NVLink multicast (NVLS) stays
+off: ``NCCL_NVLS_ENABLE=0`` is set before an NCCL group is made.
 """
 
 from __future__ import annotations
@@ -146,6 +148,23 @@ class TorchFallback:
         self._ready = group is not None
 
     # ------------------------------------------------------------------ the group
+    @property
+    def timeout_s(self) -> float:
+        """How long a fallback collective may wait for its peers: this fallback's bound for a
+        group made here, else the torch.distributed group's own (torch's default where its back
+        end does not say)."""
+        import torch
+        import torch.distributed as dist
+
+        if self._store is not None and self._group is None:
+            return self._timeout.total_seconds()
+        try:
+            pg = self._group if self._group is not None else dist.distributed_c10d._get_default_group()
+            return float(pg._get_backend(torch.device(getattr(self._device, "type", "cpu"))).options._timeout
+                         .total_seconds())
+        except Exception:  # noqa: BLE001 - a group whose back end has no options (a Python group)
+            return getattr(self._group, "_timeout", dist.default_pg_timeout).total_seconds()
+
     @property
     def backend_name(self) -> str:
         """:func:`torch_backend_for` the communicator's device."""
@@ -333,6 +352,42 @@ class TorchFallback:
         self._pg = None
         if self._store is not None and self._group is None:
             self._ready = False
+
+
+class FallbackCalls:
+    """The call check before every gloo fallback collective (the CPU path): the ranks first
+    all-gather an 8-byte digest of their call's description (collective, element counts,
+    dtype, reduce op, root) on the same group, and when the digests differ they compare the
+    descriptions through the store (the GPU runtime's set-up exchange,
+    :class:`~mscclang.runtime.store_group.StoreGroup`, with its record and its message):
+    CallMismatch on every rank, naming what each rank called, before the collective, so the
+    group stays usable. gloo given mismatched calls aborts the process (different sizes or
+    dtypes) or waits out its timeout and is unusable after (different collectives). The check
+    runs on every call, since whether a rank checks must not depend on its own call: one more
+    small collective per call. Making one is collective (its store group)."""
+
+    def __init__(self, store: Any, rank: int, world_size: int, timeout_s: float) -> None:
+        from mscclang.runtime.store_group import StoreGroup
+
+        self._group = StoreGroup(store, rank, world_size, "fallback-calls", timeout_s)
+
+    def check(self, fb: Any, collective: str, inp: Any, out: Any, op: str, root: int, accum: Optional[str]) -> None:
+        """CallMismatch on every rank unless every rank makes this call on ``fb`` (see the class)."""
+        import hashlib
+
+        import torch
+
+        from mscclang.comm.names import call_text
+
+        red = f" {op}{f' accumulated in {accum}' if accum else ''}" if collective in ("allreduce", "reducescatter") \
+            else f" from rank {root}" if collective == "broadcast" else ""
+        text = call_text(collective, inp, out) + red
+        mine = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+        everyone = torch.empty(self._group.world_size, dtype=torch.int64)
+        fb.all_gather(torch.tensor([mine], dtype=torch.int64), everyone)
+        if bool((everyone != mine).any()):
+            self._group.call = text
+            self._group.exchange(b"", "torch.distributed fallback")   # CallMismatch naming every rank's call
 
 
 def _fp8_reduction(fb: Any, collective: str, inp: Any, out: Any, rank: int, world_size: int,

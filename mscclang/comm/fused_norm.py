@@ -158,6 +158,7 @@ def fused_call(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any
         if variant is not None:
             if run_on_backend(be, variant.load(), call):
                 comm.last_fused = variant.load().name
+                comm.plan_calls += 1
                 return call.dst
             reason = "the back end has no fused entry (execute_fused)"
     comm.last_fused = None
