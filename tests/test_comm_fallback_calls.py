@@ -140,4 +140,5 @@ def test_every_call_is_compared_and_the_store_only_asked_on_a_difference(monkeyp
     fb.other = torch.tensor([12345], dtype=torch.int64)
     calls.check(fb, "allgather", x, torch.ones(16), "sum", 0, None)
     calls.check(fb, "allreduce", x, x, "max", 0, "float32")
-    assert fb.gathers == 6 and asked == ["allgather of 8 x float32 into 16", "allreduce of 8 x float32 max accumulated in float32"]
+    assert fb.gathers == 6 and asked == ["allgather of 8 x float32 into 16",
+                                         "allreduce of 8 x float32 max accumulated in float32"]

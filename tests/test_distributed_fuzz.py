@@ -257,7 +257,8 @@ def fuzz_rank(rank: int, seed: int, cases: int) -> dict:
     for i in range(cases):
         everyone = [make_case(seed * 100003 + i, q) for q in range(WORLD)]
         case = everyone[rank]
-        what = f"case {i} ({case.name}, {[(tuple(t.shape), str(t.dtype)[6:], t.is_contiguous()) for t in case.tensors]})"
+        shapes = [(tuple(t.shape), str(t.dtype)[6:], t.is_contiguous()) for t in case.tensors]
+        what = f"case {i} ({case.name}, {shapes})"
         g_err, g_out = ("refused on one rank", []) if case.gloo_refuses else _attempt(case.run, None, case.tensors)
         if g_err is not None and case.single:   # the form NCCL reads by element count
             g_err, g_out = _attempt(case.run, None, [t.reshape(-1) if t.is_contiguous() else t for t in case.tensors])

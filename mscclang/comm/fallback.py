@@ -265,7 +265,7 @@ class TorchFallback:
             src = inp.clone() if _overlap(inp, out) else inp
             pg._allgather_base(out, src).wait()
             return
-        dist.all_gather_into_tensor(out, inp, group=self.group)
+        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, inp, group=self.group)   # torch 2.13
 
     def reduce_scatter(self, inp: Any, out: Any, op: str) -> None:
         import torch.distributed as dist
@@ -277,7 +277,8 @@ class TorchFallback:
             src = inp.clone() if _overlap(inp, out) else inp
             pg._reduce_scatter_base(out, src, opts).wait()
             return
-        dist.reduce_scatter_tensor(out, inp, op=_torch_op(op), group=self.group)
+        rs = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)   # torch 2.13's name first
+        rs(out, inp, op=_torch_op(op), group=self.group)
 
     def all_to_all(self, inp: Any, out: Any) -> None:
         import torch.distributed as dist
