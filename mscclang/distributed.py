@@ -219,6 +219,7 @@ class MscclangProcessGroup(dist.ProcessGroup):
         return None
 
     def _to_inner(self, what: str, reason: str, tensors: list, call: Callable[[Any], Any]) -> Any:
+        self.communicator   # noqa: B018 - CommError once destroyed (a new inner group would be made otherwise)
         key = f"{what}: {reason}"
         if key not in self._logged:
             self._logged.add(key)
