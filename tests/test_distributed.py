@@ -179,8 +179,8 @@ def _check_lists(rank: int) -> None:
              "output_lists[0][1] is a tensor of shape (2,), torch.float32, on meta; expected a tensor of shape (2,), "
              "torch.float32, on cpu"),
             (lambda: dist.reduce_scatter(torch.empty(2), [x]), "input_lists[0] has 1 item(s); expected 2"),
-            (lambda: dist.reduce_scatter(torch.empty(2), [x, x.to("meta")]), "input_lists[0][1] is a tensor of shape (2,), "
-             "torch.float32, on meta"),   # gloo: one rank "unsupported device type", the other a copy error
+            (lambda: dist.reduce_scatter(torch.empty(2), [x, x.to("meta")]),
+             "input_lists[0][1] is a tensor of shape (2,), torch.float32, on meta"),   # gloo: one rank "unsupported device type", the other a copy error
             (lambda: dist.reduce_scatter(torch.empty(2), [x, torch.ones(3)]),
              "input_lists[0][1] is a tensor of shape (3,)"),
             (lambda: dist.group.WORLD.allgather_into_tensor_coalesced([torch.empty(4)], [x, x]),
@@ -291,7 +291,8 @@ def _worker(rank: int, init_file: str, backend: str, checks: list, q) -> None:
             assert pg._comm is None and pg._inner == {} and comm.backend is None
             from mscclang.errors import CommError
 
-            for call in (lambda: pg.allreduce([torch.ones(2)]), lambda: pg.allreduce([torch.ones(2, dtype=torch.float64)])):
+            for call in (lambda: pg.allreduce([torch.ones(2)]),
+                         lambda: pg.allreduce([torch.ones(2, dtype=torch.float64)])):
                 with _raises(CommError):   # the Communicator's path and the inner group's alike
                     call()
             assert pg._inner == {}
