@@ -53,8 +53,9 @@ def check_call(x: Any, residual: Any, weight: Any, eps: Any, out: Any = None,
                fp8_scale: Any = None) -> FusedCall:
     """Check every argument; InvalidCall naming the first bad one. ``x`` and ``residual`` are
     contiguous fp16/bf16/fp32 tensors of one shape, dtype and device; ``weight`` one row of H
-    elements (fp32 or x's dtype; H = ``weight.numel()``, a multiple of 8 from 8 to 65536 that
-    divides ``x.numel()``); ``eps`` a finite number >= 0; ``fp8_scale`` None or a finite number
+    elements (fp32 or x's dtype; H = ``weight.numel()``, a multiple of 8 from 8 to 65536, equal to
+    ``x.shape[-1]`` when x has 2 or more dimensions; a 1-D x is rows of H end to end, so H divides
+    ``x.numel()``); ``eps`` a finite number >= 0; ``fp8_scale`` None or a finite number
     > 0, and then ``out`` an FP8 (float8_e4m3fn / float8_e5m2) tensor of x's shape; ``out``
     without a scale has x's dtype and shape."""
     import torch
@@ -77,6 +78,9 @@ def check_call(x: Any, residual: Any, weight: Any, eps: Any, out: Any = None,
     if weight.dim() != 1:
         raise InvalidCall(f"all_reduce_add_rms_norm: weight must be one row (1-D), got shape {tuple(weight.shape)}")
     h = weight.numel()
+    if x.dim() >= 2 and x.shape[-1] != h:   # what a torch or vLLM caller means by the hidden size
+        raise InvalidCall(f"all_reduce_add_rms_norm: weight has {h} elements but x of shape {tuple(x.shape)} "
+                          f"has a last dimension (the hidden size) of {x.shape[-1]}; they must be equal")
     if h % PARTIAL or not MIN_HIDDEN <= h <= MAX_HIDDEN:
         raise InvalidCall(f"all_reduce_add_rms_norm: the hidden size (weight length) {h} must be a multiple "
                           f"of {PARTIAL} from {MIN_HIDDEN} to {MAX_HIDDEN}")
@@ -154,6 +158,7 @@ def fused_call(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any
         if variant is not None:
             if run_on_backend(be, variant.load(), call):
                 comm.last_fused = variant.load().name
+                comm.plan_calls += 1
                 return call.dst
             reason = "the back end has no fused entry (execute_fused)"
     comm.last_fused = None

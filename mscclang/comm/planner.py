@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 from mscclang.comm.catalog import PlanVariant
 from mscclang.comm.errors import CommError
-from mscclang.comm.names import dtype_name
+from mscclang.comm.names import call_text, dtype_name
 from mscclang.comm.padding import needs_padding, padded_block_elems
 from mscclang.comm.selector import Choice, Selector
 from mscclang.errors import MscclangError
@@ -303,8 +303,7 @@ class Planner:
         if cp is None:
             be = self.backend
             if be is not None:
-                be.describe_call(f"{coll} of {inp.numel()} x {dtype_name(inp.dtype)}"
-                                 f"{f' into {out.numel()}' if out.numel() != inp.numel() else ''}")
+                be.describe_call(call_text(coll, inp, out))
             try:
                 cp = self.plan_call(coll, inp, out, op, root)
             finally:
