@@ -7,7 +7,9 @@ Every rank allocates an ordinary bf16 tensor, prepares the call, captures one in
 ``comm.all_reduce`` in a CUDA graph inside ``comm.graph_capture()``, and replays the graph on fresh
 inputs, each result compared bit for bit with ``torch.distributed.all_reduce`` (NCCL) of the same
 input (small integers: every summation order is exact). Without CUDA the ranks run on gloo and the
-same eager calls are checked (no graph). Timing of this call: ``mscclang bench --impls ordinary``.
+same eager calls are checked (no graph): every call then falls back to torch.distributed, gloo
+is compared with gloo, and the script says "(fallback: no mscclang plan ran)" (``comm.plan_calls``
+counts the calls that ran on a plan). Timing of this call: ``mscclang bench --impls ordinary``.
 """
 
 import argparse
@@ -52,8 +54,11 @@ for i in range(args.replays):
     dist.all_reduce(ref)               # NCCL (gloo on the CPU)
     bad += int((x != ref).sum())
 how = "CUDA-graph replays" if cuda else "eager calls (no CUDA: gloo, no graph)"
+ref = "NCCL" if cuda else "gloo"
+# comm.plan_calls: the calls that ran on a mscclang plan (none: every call fell back to torch.distributed)
+note = "" if comm.plan_calls else " (fallback: no mscclang plan ran)"
 print(f"graph_allreduce: rank {rank}: {args.replays} {how} of {args.numel} bf16 elements: "
-      f"{'match NCCL' if bad == 0 else f'{bad} elements differ from NCCL'}", flush=True)
+      f"{f'match {ref}' if bad == 0 else f'{bad} elements differ from {ref}'}{note}", flush=True)
 comm.close()
 dist.destroy_process_group()
 sys.exit(1 if bad else 0)

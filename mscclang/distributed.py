@@ -17,7 +17,15 @@ first such call over the same store and logged once per reason (logger
 collective; the inner group's Work is returned at once, so a send never waits for its
 receiver), ``reduce``, ``gather``, ``scatter``, list ``all_to_all``, explicit all-to-all splits,
 reduce ops other than sum/min/max/avg, dtypes the Communicator does not run (float64, int64,
-...), non-contiguous tensors and tensors on another device type than the Communicator's.
+...), non-contiguous tensors (gloo gets contiguous copies: it reads a strided tensor as if it
+were dense) and tensors on another device type than the Communicator's.
+
+List arguments are checked as gloo checks them, on every rank alike and before anything runs
+(gloo checks some on some ranks only, leaving the others waiting): their lengths, and each
+tensor's shape, dtype and device against the one it stands beside; ``all_to_all_single`` takes
+contiguous tensors only (gloo's and NCCL's rule). The single-tensor forms (``all_gather_single``,
+``reduce_scatter_single``, ``all_to_all_single``) read their tensors by element count, as NCCL
+does. A bad argument raises :class:`~mscclang.errors.InvalidCall` naming it.
 
 Every operation returns a :class:`MscclangWork`; its ``wait()`` orders the caller's current
 stream after the collective and returns True, its ``get_future()`` a completed future of the
@@ -40,6 +48,7 @@ from torch._C import _distributed_c10d as _c10d   # AllgatherOptions is not re-e
 
 from mscclang.comm.communicator import Communicator
 from mscclang.comm.fallback import HostStaged, torch_backend_for
+from mscclang.errors import InvalidCall
 from mscclang.plan.dtypes import DTYPES
 
 __all__ = ["BACKEND_NAME", "MscclangProcessGroup", "MscclangWork", "create_process_group", "register"]
@@ -177,11 +186,21 @@ class MscclangProcessGroup(dist.ProcessGroup):
                 opts._timeout = self._timeout
                 pg = dist.ProcessGroupNCCL(prefix, self.rank(), self.size(), opts)
             else:
-                pg = dist.ProcessGroupGloo(prefix, self.rank(), self.size(), self._timeout)
-                if device_type == "cuda":
-                    pg = HostStaged(pg)   # ranks sharing a GPU (torch_backend_for)
+                pg = HostStaged(dist.ProcessGroupGloo(prefix, self.rank(), self.size(), self._timeout))
             self._inner[device_type] = pg
         return pg
+
+    def _check_list(self, what: str, name: str, items: list, count: int, per: str, like: Any = None) -> None:
+        """A list argument holds ``count`` items (one per ``per``) and, with ``like``, each is a
+        tensor of ``like``'s shape, dtype and device (gloo's rule for list arguments, which it
+        checks on some ranks only: a rank that passed would wait in the collective the others
+        refused); InvalidCall naming the argument and what is wrong, alike on every rank."""
+        if len(items) != count:
+            raise InvalidCall(f"rank {self.rank()}: {what}: {name} has {len(items)} item(s); expected {count} "
+                              f"(one per {per[:-1]})")
+        for i, t in enumerate(items if like is not None else ()):
+            if not isinstance(t, torch.Tensor) or (t.shape, t.dtype, t.device) != (like.shape, like.dtype, like.device):
+                raise InvalidCall(f"rank {self.rank()}: {what}: {name}[{i}] is {_shows(t)}; expected {_shows(like)}")
 
     def _fallback_reason(self, tensors: list, op: Any = None) -> Optional[str]:
         """Why these tensors (and reduce op) cannot run on the Communicator, or None."""
@@ -200,6 +219,7 @@ class MscclangProcessGroup(dist.ProcessGroup):
         return None
 
     def _to_inner(self, what: str, reason: str, tensors: list, call: Callable[[Any], Any]) -> Any:
+        self.communicator   # noqa: B018 - CommError once destroyed (a new inner group would be made otherwise)
         key = f"{what}: {reason}"
         if key not in self._logged:
             self._logged.add(key)
@@ -252,6 +272,9 @@ class MscclangProcessGroup(dist.ProcessGroup):
         t.div_(self.size())
 
     def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Any:
+        if len({(t.dtype, t.device) for t in tensors}) > 1:   # gloo's and NCCL's rule
+            raise InvalidCall(f"rank {self.rank()}: all_reduce_coalesced: the tensors must have one dtype and "
+                              f"device, got {sorted({f'{t.dtype} on {t.device}' for t in tensors})}")
         works = [self.allreduce([t], _allreduce_opts(opts)) for t in tensors]
         return _last(works, tensors)
 
@@ -264,18 +287,22 @@ class MscclangProcessGroup(dist.ProcessGroup):
         reason = self._fallback_reason([output, input])
         if reason:
             return self._to_inner("all_gather", reason, [output, input],
-                                  lambda g: g._allgather_base(output, input, opts))
+                                  lambda g: g._allgather_base(_flat(output), _flat(input), opts))
         return self._run(opts, [output], self.communicator.all_gather, input.reshape(-1), out=output.view(-1))
 
     def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         return self.all_gather_single(output, input, opts)
 
     def allgather_into_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:
+        self._check_list("all_gather_into_tensor_coalesced", "outputs", outputs, len(inputs), "inputs")
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return _last(works, outputs)
 
     def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else _c10d.AllgatherOptions()
+        self._check_list("all_gather", "output_lists", output_lists, len(inputs), "inputs")
+        for i, (lst, inp) in enumerate(zip(output_lists, inputs)):
+            self._check_list("all_gather", f"output_lists[{i}]", lst, len(inputs) * self.size(), "ranks", like=inp)
         outs = [t for lst in output_lists for t in lst]
         reason = self._fallback_reason(outs + list(inputs)) or (None if len(inputs) == 1 else "several tensors")
         if reason:
@@ -301,7 +328,7 @@ class MscclangProcessGroup(dist.ProcessGroup):
         reason = self._fallback_reason([output, input], op)
         if reason:
             return self._to_inner("reduce_scatter", reason, [output, input],
-                                  lambda g: g._reduce_scatter_base(output, input, opts))
+                                  lambda g: g._reduce_scatter_base(_flat(output), _flat(input), opts))
 
         def body() -> None:
             name = "sum" if op == dist.ReduceOp.AVG else _REDUCE[op]
@@ -314,11 +341,15 @@ class MscclangProcessGroup(dist.ProcessGroup):
         return self.reduce_scatter_single(output, input, opts)
 
     def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:
+        self._check_list("reduce_scatter_tensor_coalesced", "outputs", outputs, len(inputs), "inputs")
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return _last(works, outputs)
 
     def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
+        self._check_list("reduce_scatter", "input_lists", input_lists, len(outputs), "outputs")
+        for i, (out, lst) in enumerate(zip(outputs, input_lists)):
+            self._check_list("reduce_scatter", f"input_lists[{i}]", lst, self.size(), "ranks", like=out)
         ins = [t for lst in input_lists for t in lst]
         reason = (self._fallback_reason(list(outputs) + ins, _op_type(opts.reduceOp))
                   or (None if len(outputs) == 1 else "several tensors"))
@@ -335,11 +366,14 @@ class MscclangProcessGroup(dist.ProcessGroup):
         splits go to the inner group, even equal ones: whether a rank may use the Communicator
         must not depend on its own splits, which may be equal on one rank and not another."""
         opts = opts if opts is not None else dist.AllToAllOptions()
+        if not (output.is_contiguous() and input.is_contiguous()):   # gloo's and NCCL's rule
+            raise InvalidCall(f"rank {self.rank()}: all_to_all_single: the tensors must be contiguous")
         reason = self._fallback_reason([output, input]) or ("explicit splits" if output_splits or input_splits
                                                             else None)
         if reason:
+            o, i = (output, input) if output_splits or input_splits else (_flat(output), _flat(input))
             return self._to_inner("all_to_all", reason, [output, input],
-                                  lambda g: g.alltoall_base(output, input, output_splits, input_splits, opts))
+                                  lambda g: g.alltoall_base(o, i, output_splits, input_splits, opts))
         return self._run(opts, [output], self.communicator.all_to_all, input.reshape(-1), out=output.view(-1))
 
     def alltoall_base(self, output: Any, input: Any, output_splits: list, input_splits: list,  # noqa: A002
@@ -349,6 +383,9 @@ class MscclangProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------ broadcast, barrier, p2p
     def broadcast(self, tensors: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.BroadcastOptions()
+        if not 0 <= opts.rootTensor < len(tensors):
+            raise InvalidCall(f"rank {self.rank()}: broadcast: root tensor index {opts.rootTensor} is not an index "
+                              f"of the {len(tensors)} tensor(s)")
         reason = self._fallback_reason(tensors) or (None if len(tensors) == 1 else "several tensors")
         if reason:
             return self._to_inner("broadcast", reason, tensors, lambda g: g.broadcast(tensors, opts))
@@ -373,8 +410,6 @@ class MscclangProcessGroup(dist.ProcessGroup):
 
     def _check_peer(self, peer: int) -> None:
         if not 0 <= int(peer) < self.size() or int(peer) == self.rank():
-            from mscclang.errors import InvalidCall
-
             raise InvalidCall(f"rank {self.rank()}: peer {peer} is not another rank of this group of {self.size()}")
 
     # ------------------------------------------------------------------ the inner group's
@@ -421,9 +456,19 @@ class MscclangProcessGroup(dist.ProcessGroup):
         self.shutdown()
 
 
+def _shows(t: Any) -> str:
+    """A tensor argument as an error message names it: shape, dtype, device."""
+    if not isinstance(t, torch.Tensor):
+        return f"a {type(t).__name__}, not a tensor"
+    return f"a tensor of shape {tuple(t.shape)}, {t.dtype}, on {t.device}"
+
+
 def _flat(t: Any) -> Any:
-    """``t`` as one dimension (itself when it already is: no view made per call)."""
-    return t if t.dim() == 1 else t.reshape(-1)
+    """``t`` as one dimension (itself when it already is: no view made per call; and when it is
+    not contiguous, which a flat copy would not write back to). The single-tensor forms read
+    their tensors by element count, as NCCL does (gloo refuses an all-gather output stacked by
+    rank unless it is flat)."""
+    return t if t.dim() == 1 or not t.is_contiguous() else t.view(-1)
 
 
 @cache

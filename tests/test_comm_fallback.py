@@ -136,10 +136,11 @@ def test_gpu_check_fallback_logged_once_runs_on_the_backends_store():
         comm = Communicator(backend=be, plans=catalog_of(plans), tuning=TuningTable())
         w = types.SimpleNamespace(rank=r, world_size=N, state={"mscclang.comm/True": comm})
         out = gpu_checks.check_fallback_logged_once(w)
+        out["plan_calls_before"] = comm.plan_calls   # every call so far fell back
         # a root the plan serves still runs on the plan
         x = torch.full((8,), float(r))
         comm.broadcast(x, root=0)
-        out["plan_mode"] = comm.last.mode
+        out["plan_mode"], out["plan_calls"] = comm.last.mode, comm.plan_calls
         out["x"] = x
         return out
 
@@ -148,6 +149,7 @@ def test_gpu_check_fallback_logged_once_runs_on_the_backends_store():
         mine = [m for m in res["logged"] if f"rank {r}:" in m]  # threads share the logger
         assert len(mine) == 1 and "broadcast" in mine[0], res["logged"]
         assert res["plan_mode"] == "direct" and torch.equal(res["x"], torch.zeros(8))
+        assert (res["plan_calls_before"], res["plan_calls"]) == (0, 1)
     assert world.launches == ["bc0"]
 
 
@@ -221,3 +223,31 @@ def test_host_staged_gloo_takes_cuda_tensors_through_host_copies(monkeypatch):
     assert torch_backend_for("cuda") == "gloo"
     monkeypatch.setenv("MSCCLANG_RANKS_PER_GPU", "1")
     assert torch_backend_for("cuda") == "nccl" and torch_backend_for("cpu") == "gloo"
+
+
+def test_host_staged_gives_gloo_contiguous_copies_and_writes_back_only_the_outputs():
+    """gloo reads a non-contiguous CPU tensor as if it were dense (all_reduce, broadcast, reduce,
+    list reduce_scatter, all_to_all_single, scatter: wrong results, no error; found by
+    tests/test_distributed_fuzz.py), so every gloo group gets contiguous copies; only the call's
+    first argument (torch's process groups take the outputs first) is copied back, so an input
+    lying in an output never overwrites the result."""
+    from mscclang.comm.fallback import HostStaged
+
+    seen = []
+
+    class PG:
+        def reduce_scatter(self, outputs, input_lists, opts):
+            seen.append([t.is_contiguous() for t in outputs + input_lists[0]])
+            outputs[0].fill_(5)
+            input_lists[0][0].fill_(9)   # an input the call must not hand back
+            return types.SimpleNamespace(wait=lambda: True)
+
+    wide = torch.zeros(8)
+    out, inp = wide[::2], torch.arange(8.0)[::2]
+    w = HostStaged(PG()).reduce_scatter([out], [[inp, inp]], None)
+    assert seen == [[True, True, True]]
+    w.wait()
+    assert torch.equal(out, torch.full((4,), 5.0)) and torch.equal(wide[1::2], torch.zeros(4))
+    assert torch.equal(inp, torch.arange(8.0)[::2])
+    dense = torch.zeros(4)
+    assert not isinstance(HostStaged(PG()).reduce_scatter([dense], [[dense, dense]], None), torch.distributed.Work)

@@ -162,6 +162,52 @@ def _check_errors(rank: int) -> None:
     assert torch.equal(t, sum(_x(r) for r in range(WORLD)))
 
 
+def _check_lists(rank: int) -> None:
+    """Seen: ``dist.all_gather`` with a one-tensor output list on 2 ranks returned rank 0's
+    tensor (gloo raises "invalid output tensor list"). Every list argument is checked alike on
+    every rank, naming the argument; the group keeps working after each refusal."""
+    from mscclang.errors import InvalidCall
+
+    x = torch.full((2,), float(rank))
+    for call, words in (
+            (lambda: dist.all_gather([torch.empty(2)], x), "output_lists[0] has 1 item(s); expected 2"),
+            (lambda: dist.all_gather([torch.empty(2), torch.empty(2, 1)], x),
+             "output_lists[0][1] is a tensor of shape (2, 1)"),
+            (lambda: dist.group.WORLD.allgather([[torch.empty(2), torch.empty(2, dtype=torch.int32)]], [x.int()]),
+             "output_lists[0][0] is a tensor of shape (2,), torch.float32"),
+            (lambda: dist.all_gather([torch.empty(2), torch.empty(2, device="meta")], x),
+             "output_lists[0][1] is a tensor of shape (2,), torch.float32, on meta; expected a tensor of shape (2,), "
+             "torch.float32, on cpu"),
+            (lambda: dist.reduce_scatter(torch.empty(2), [x]), "input_lists[0] has 1 item(s); expected 2"),
+            (lambda: dist.reduce_scatter(torch.empty(2), [x, x.to("meta")]),
+             "input_lists[0][1] is a tensor of shape (2,), torch.float32, on meta"),   # gloo: one rank "unsupported device type", the other a copy error
+            (lambda: dist.reduce_scatter(torch.empty(2), [x, torch.ones(3)]),
+             "input_lists[0][1] is a tensor of shape (3,)"),
+            (lambda: dist.group.WORLD.allgather_into_tensor_coalesced([torch.empty(4)], [x, x]),
+             "outputs has 1 item(s); expected 2 (one per input)"),
+            (lambda: dist.group.WORLD.reduce_scatter_tensor_coalesced([torch.empty(1)], [x, x],
+                                                                       dist.ReduceScatterOptions()),
+             "outputs has 1 item(s); expected 2 (one per input)"),
+            (lambda: dist.group.WORLD.allreduce_coalesced([x, x.int()], dist.AllreduceCoalescedOptions()), "one dtype"),
+            (lambda: dist.group.WORLD.broadcast([x], _opts_root_tensor(1)), "root tensor index 1"),
+            (lambda: dist.all_to_all_single(torch.empty(4)[::2], x), "must be contiguous")):
+        try:
+            call()
+        except InvalidCall as e:
+            assert f"rank {rank}: " in str(e) and words in str(e), (words, str(e))
+        else:
+            raise AssertionError(f"no InvalidCall ({words})")
+    t = x.clone()
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.ones(2))
+
+
+def _opts_root_tensor(index: int) -> dist.BroadcastOptions:
+    o = dist.BroadcastOptions()
+    o.rootRank, o.rootTensor = 0, index
+    return o
+
+
 def _bcast(root: int, async_op: bool) -> dist.BroadcastOptions:
     o = dist.BroadcastOptions()
     o.rootRank = root
@@ -224,6 +270,7 @@ def _check_subgroup(rank: int) -> None:
 
 CHECKS: dict[str, Callable[[int], None]] = {"ops": _check_ops, "fallback": _check_fallback,
                                             "work": _check_work, "errors": _check_errors, "p2p": _check_p2p,
+                                            "lists": _check_lists,
                                             "subgroup": _check_subgroup}
 
 
@@ -242,6 +289,13 @@ def _worker(rank: int, init_file: str, backend: str, checks: list, q) -> None:
         dist.destroy_process_group()
         if comm is not None:
             assert pg._comm is None and pg._inner == {} and comm.backend is None
+            from mscclang.errors import CommError
+
+            for call in (lambda: pg.allreduce([torch.ones(2)]),
+                         lambda: pg.allreduce([torch.ones(2, dtype=torch.float64)])):
+                with _raises(CommError):   # the Communicator's path and the inner group's alike
+                    call()
+            assert pg._inner == {}
         q.put((rank, "ok"))
     except BaseException:  # noqa: BLE001 - reported to the test
         q.put((rank, traceback.format_exc()))
@@ -297,8 +351,9 @@ def test_inner_group(tmp_path):
 
 def test_work_and_errors(tmp_path):
     """``async_op=True`` returns a completed Work whose future holds the outputs; a bad call
-    raises from the call (sync) or from ``wait()`` (async) and the group keeps working."""
-    _spawn(tmp_path, "mscclang", ["work", "errors"])
+    raises from the call (sync) or from ``wait()`` (async) and the group keeps working; bad list
+    arguments raise InvalidCall naming them (the class: tests/test_distributed_fuzz.py)."""
+    _spawn(tmp_path, "mscclang", ["work", "errors", "lists"])
 
 
 def test_point_to_point(tmp_path):
@@ -323,7 +378,8 @@ def _free_port() -> int:
 
 
 def test_ddp_example_under_torchrun():
-    """examples/ddp_mscclang.py: 50 DDP steps on mscclang, then on gloo, bit-identical."""
+    """examples/ddp_mscclang.py: 50 DDP steps on mscclang, then on gloo, bit-identical; on a CPU
+    no mscclang plan runs (every call falls back to gloo), and the script says so."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["CUDA_VISIBLE_DEVICES"] = ""
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -332,7 +388,8 @@ def test_ddp_example_under_torchrun():
                        env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     for r in (0, 1):
-        assert f"ddp_mscclang: rank {r}: 50 steps on mscclang and on gloo: parameters bit-identical" in p.stdout
+        assert (f"ddp_mscclang: rank {r}: 50 steps on mscclang and on gloo: parameters bit-identical "
+                "(fallback: no mscclang plan ran)\n") in p.stdout
 
 
 def test_torch_callers_under_torchrun(tmp_path):

@@ -218,8 +218,16 @@ def test_fallback_without_a_plan_matches(caplog) -> None:
 
 
 @pytest.mark.parametrize("what,kw,match", [
-    ("hidden", {"weight": torch.ones(7)}, "multiple of 8"),
-    ("divide", {"weight": torch.ones(40)}, "does not divide x"),
+    ("hidden", {"x": torch.zeros(T, 7, dtype=torch.bfloat16), "residual": torch.zeros(T, 7, dtype=torch.bfloat16),
+                "weight": torch.ones(7)}, "multiple of 8"),
+    ("divide", {"x": torch.zeros(T * H, dtype=torch.bfloat16), "residual": torch.zeros(T * H, dtype=torch.bfloat16),
+                "weight": torch.ones(40)}, "does not divide x"),
+    # seen: x and residual (4, 64) with a weight of 32 normalised 8 rows of 32, without an error
+    ("weight is not the last dim", {"x": torch.zeros(4, 64, dtype=torch.bfloat16),
+                                    "residual": torch.zeros(4, 64, dtype=torch.bfloat16), "weight": torch.ones(32)},
+     r"weight has 32 elements but x of shape \(4, 64\) has a last dimension \(the hidden size\) of 64"),
+    ("3-D x", {"x": torch.zeros(2, 3, 64, dtype=torch.bfloat16),
+               "residual": torch.zeros(2, 3, 64, dtype=torch.bfloat16), "weight": torch.ones(96)}, "last dimension"),
     ("weight len", {"weight": torch.ones(2, 32)}, "weight must be one row"),
     ("dtypes", {"residual": torch.zeros(T, H, dtype=torch.float16)}, "residual has dtype"),
     ("weight dtype", {"weight": torch.ones(H, dtype=torch.float16)}, "weight has dtype"),
@@ -241,6 +249,25 @@ def test_bad_input_raises_before_anything_runs(what: str, kw: dict, match: str) 
         return True
     got, world, _ = run_ranks(N, fn, engine="sim")
     assert all(got) and not world.launches
+
+
+def test_one_dimensional_x_is_rows_of_the_hidden_size() -> None:
+    """A 1-D x (as documented: rows of H = weight.numel() end to end) runs, and gives what the
+    same call on x as (rows, H) gives; prepare takes it too."""
+    xs, res, w = _tensors()
+
+    def fn(comm):
+        flat, r_flat = xs[comm.rank].clone().reshape(-1), res.clone().reshape(-1)
+        comm.prepare_all_reduce_add_rms_norm(flat, r_flat, w, 1e-6)
+        comm.all_reduce_add_rms_norm(flat, r_flat, w, 1e-6)
+        x, r = xs[comm.rank].clone(), res.clone()
+        comm.all_reduce_add_rms_norm(x, r, w, 1e-6)
+        return flat, r_flat, x, r, comm.plan_calls
+    got, world, _ = run_ranks(N, fn, engine="sim", catalog=Catalog.from_dir())
+    assert len(world.launches) == 2 and all("rms_norm" in name for name in world.launches)
+    for flat, r_flat, x, r, plan_calls in got:
+        assert flat.shape == (T * H,) and torch.equal(flat, x.reshape(-1)) and torch.equal(r_flat, r.reshape(-1))
+        assert plan_calls == 2   # the fused plans count as calls on mscclang plans
 
 
 def test_selector_picks_by_size_rows_and_ranks() -> None:

@@ -56,6 +56,13 @@ def test_operators_apply_where_they_say() -> None:
     assert mutate(pipe, Site("pipeline_unit", 0, 1, 0, arg=1))["gpus"][0]["threadblocks"][1][
         "ops"][0]["iter_context"]["unit_size"] == 2 * unit
     assert mutate(pipe, Site("sem_init", 0, -1, 0))["gpus"][0]["semaphores"][0]["init_value"] == 1
+    port = _doc("allreduce_port_pipelined.r2.i1.steps4.json")
+    assert _ops(port, 0, 0)[:4] == ["rlxsignal", "rlxwait", "nop", "pws"]
+    assert Site("drop_trigger_nop", 0, 0, 2) in sites(port, ["drop_trigger_nop"])
+    assert _ops(mutate(port, Site("drop_trigger_nop", 0, 0, 2)), 0, 0)[:3] == ["rlxsignal", "rlxwait", "pws"]
+    assert _ops(mutate(port, Site("swap_trigger_nop", 0, 0, 1)), 0, 0)[:4] == ["rlxsignal", "nop", "rlxwait", "pws"]
+    # only before a multi-entry request: the single-entry puts of the same block have no site
+    assert {s.op for s in sites(port, ["drop_trigger_nop"]) if (s.rank, s.tb) == (0, 0)} == {2}
     # drop_reduce_source reaches inside pipeline bodies
     inner = [s for s in sites(pipe, ["drop_reduce_source"]) if s.inner is not None]
     assert inner and all(pipe["gpus"][s.rank]["threadblocks"][s.tb]["ops"][s.op]["name"] == "pipeline"
@@ -74,7 +81,8 @@ def test_bad_operator_or_site_is_a_clear_error() -> None:
 def test_sites_cover_every_operator_and_pick_spreads_them() -> None:
     counts: dict[str, int] = {}
     for name in ("allreduce_rsag_pipelined.r2.i8.json", "sendrecv_ll.r4.i1.json",
-                 "allreduce_twostep_ll.r4.i1.json", "allgather_simple.r4.i16.json"):
+                 "allreduce_twostep_ll.r4.i1.json", "allgather_simple.r4.i16.json",
+                 "allreduce_port_pipelined.r2.i1.steps4.json"):
         for s in sites(_doc(name)):
             counts[s.operator] = counts.get(s.operator, 0) + 1
     assert set(counts) == set(OPERATORS), set(OPERATORS) - set(counts)
@@ -100,6 +108,11 @@ NAMED = [
     # 6e: a packet put repeated at the end of its block (and right after itself)
     ("sendrecv_ll.r2.i1.json", Site("dup_packet_op", 0, 0, 0, arg=1)),
     ("sendrecv_ll.r2.i1.json", Site("dup_packet_op", 0, 0, 0, arg=0)),
+    # issue 33 item 1: a multi-entry port request after the ready wait with no nop between them
+    # (deleted, or swapped with the wait): an entry's thread did not make the wait
+    ("allreduce_port_pipelined.r2.i1.steps4.json", Site("drop_trigger_nop", 0, 0, 2)),
+    ("allreduce_port_pipelined.r4.i1.steps8.json", Site("swap_trigger_nop", 1, 0, 1)),
+    ("allreduce_port_pipelined.r8.i1.steps4.inplace.json", Site("drop_trigger_nop", 7, 0, 2)),
 ]
 
 
@@ -109,6 +122,18 @@ def test_named_regression_mutant_is_killed(name: str, site: Site) -> None:
     assert site in sites(doc, [site.operator])
     res = classify(name, doc, site)
     assert res.outcome == "killed", (res.outcome, res.message)
+
+
+def test_judge_explains_a_trigger_nop_whose_entries_each_had_their_wait() -> None:
+    """allgather_port: thread k waits on peer k and posts entry k to peer k (equivalent without
+    the nop); the pipelined allreduce posts 4 entries after one thread's wait (a real bug)."""
+    from tools.mutation import judge
+
+    gather = _doc("allgather_port.r4.i1.json")
+    for site in sites(gather, ["drop_trigger_nop", "swap_trigger_nop"]):
+        assert judge(gather, site) is not None, site
+    pipe = _doc("allreduce_port_pipelined.r2.i1.steps4.json")
+    assert all(judge(pipe, site) is None for site in sites(pipe, ["drop_trigger_nop", "swap_trigger_nop"]))
 
 
 #: a fixed sample of the sweep over small plans: every one is killed or refused at load

@@ -14,7 +14,9 @@ or an op inside a pipeline's body, or a semaphore). Each mutant ends in one of:
 Operators (:data:`OPERATORS`): ``drop_wait``, ``drop_signal``, ``shift_chunk``, ``swap_buffer``,
 ``drop_reduce_source``, ``swap_ops``, ``change_channel`` (the seven of the reliability plan), and
 ``drop_nop``, ``dup_packet_op``, ``pipeline_unit``, ``sem_init`` and ``drop_ready_pair`` (the
-bugs issue 14 item 6 lists as once missed by the default verify).
+bugs issue 14 item 6 lists as once missed by the default verify), and ``drop_trigger_nop`` and
+``swap_trigger_nop`` (issue 33: the nop between a wait and a multi-entry port request, signal or
+semaphore release, deleted or swapped with the wait).
 
 Use :func:`sites` to list where an operator applies, :func:`mutate` to build one mutant,
 :func:`classify` to run one, and :func:`sweep` (or ``python -m tools.mutation``) for
@@ -332,6 +334,42 @@ def _drop_ready_pair(doc: dict, site: Site) -> None:
     _drop_channel_or_op(doc, site, site.arg)
 
 
+ACQUIRES = ("wait", "rlxwait", "sem_acquire")
+PORT_TRIGGERS = ("put", "pws", "pwsf", "signal", "rlxsignal")
+
+
+def _ids(op: dict) -> list:
+    """What thread ``k`` of an acquiring or publishing op handles, by ``k``: its channels, its
+    semaphores, or (a port data op) its destination entries."""
+    if op["name"] in ("put", "pws", "pwsf"):
+        return op.get("dst_buff") or []
+    return op.get("semaphore_ids") or op.get("channel_ids") or []
+
+
+def _publishes(op: dict) -> bool:
+    """A port request, memory signal or semaphore release: sent by one thread per entry."""
+    if op["name"] in ("signal", "rlxsignal", "sem_release"):
+        return True
+    return op["name"] in PORT_TRIGGERS and op.get("channel_type") == "port"
+
+
+def _trigger_nop_sites(doc: dict, operator: str) -> list[Site]:
+    """A ``nop`` right after a wait (``wait``, ``rlxwait``, ``sem_acquire``) and right before a
+    port request, signal or semaphore release, one of them with two or more entries: without the
+    nop, thread ``k`` of the second op has only what thread ``k`` acquired (issue 33). The site
+    is the nop (``drop_trigger_nop``) or the wait (``swap_trigger_nop``: the nop moves before it)."""
+    out = []
+    for r, t, i, j, op, lst in _each_op(doc):
+        k = i if j is None else j
+        if op["name"] != "nop" or not 0 < k < len(lst) - 1:
+            continue
+        w, p = lst[k - 1], lst[k + 1]
+        if w["name"] in ACQUIRES and _publishes(p) and max(len(_ids(w)), len(_ids(p))) >= 2:
+            at = k if operator == "drop_trigger_nop" else k - 1
+            out.append(Site(operator, r, t, at) if j is None else Site(operator, r, t, i, at))
+    return out
+
+
 class MutationError(MscclangError):
     """An operator does not apply at the site it was given."""
 
@@ -364,6 +402,10 @@ OPERATORS: dict[str, Operator] = {o.name: o for o in (
     Operator("sem_init", _sem_sites, _sem, "raise a semaphore's initial value by one"),
     Operator("drop_ready_pair", _ready_pair_sites, _drop_ready_pair,
              "delete one relaxed ready signal and the peer's relaxed wait for it (back-pressure)"),
+    Operator("drop_trigger_nop", _trigger_nop_sites, _delete,
+             "delete the nop between a wait and a multi-entry port request, signal or release"),
+    Operator("swap_trigger_nop", _trigger_nop_sites, _swap_ops,
+             "swap a wait with the nop after it, before a multi-entry port request, signal or release"),
 )}
 #: the seven operators of the reliability plan (issue 11)
 CORE_OPERATORS = ("drop_wait", "drop_signal", "shift_chunk", "swap_buffer", "drop_reduce_source",
@@ -503,6 +545,15 @@ def judge(doc: dict, site: Site) -> Optional[str]:
                     "the threads the same way")
         if prev == "rlxwait" and ll_double and packet_writes_follow(k + 1):
             return back_pressure
+    if site.operator in ("drop_trigger_nop", "swap_trigger_nop", "drop_nop") and 0 < k and k + 2 < len(lst):
+        w, p = (lst[k], lst[k + 2]) if site.operator == "swap_trigger_nop" else (lst[k - 1], lst[k + 1])
+        waited = [_peer_of(doc, site.rank, site.tb, w.get("channel_type", "none"), c) for c in _ids(w)]
+        posted = [_peer_of(doc, site.rank, site.tb, "port", c) for c in p.get("channel_ids") or []]
+        if w["name"] in ACQUIRES and p["name"] in ("put", "pws", "pwsf") and p.get("channel_type") == "port" \
+                and all(ref.get("type") == "i" for ref in p.get("src_buff") or []) \
+                and len(posted) <= len(waited) and None not in posted and posted == waited[:len(posted)]:
+            return ("every entry k of the port request goes to the peer that thread k waited on and sends "
+                    "the rank's input: thread k has the only edge entry k needs, the peer's ready signal")
     if site.operator == "drop_ready_pair":
         mutant = mutate(doc, site)
         pairs = [x for x in sites(mutant, ["drop_ready_pair"]) if x.rank == site.rank]

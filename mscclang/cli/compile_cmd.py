@@ -25,7 +25,11 @@ Two kinds of program are accepted.
 
 The plan is validated (``--no-check`` skips the semantic checks) and written to ``-o`` or to
 standard output (``-o -`` too), as an mscclang plan or, with ``--format mscclpp``, as an MSCCL++
-plan. What was written (plan name, collective, ranks, thread blocks, ops, where) is reported on
+plan. A plan over ``MSCCLANG_MAX_PLAN_BYTES`` (the size ``verify``, ``show`` and ``predict`` read)
+is never written; a program whose plan would be far over that or ``MSCCLANG_MAX_PLAN_OPS`` is
+refused before the compiler's passes, with the estimate (:mod:`mscclang.compiler.budget`). With
+``--progress`` (or on a terminal) the bar counts the ops recorded, then thousandths of the work
+the estimate expects, pass by pass and rank by rank (:mod:`mscclang.compiler.meter`). What was written (plan name, collective, ranks, thread blocks, ops, where) is reported on
 standard error (``-q`` silences it), so standard output holds nothing but the plan.
 
 Warnings of the DSL (:class:`~mscclang.DSLWarning`, e.g. a signal/wait imbalance on one channel,
@@ -55,15 +59,20 @@ from typing import Any, Optional, Sequence
 
 from mscclang.cli.args import add_progress_flag
 from mscclang.cli.progress import Progress
-from mscclang.compiler.budget import check_ranks, reporting
+from mscclang.compiler.budget import check_ranks
+from mscclang.compiler.driver import collector_paused
+from mscclang.compiler.meter import advance, reporting
 from mscclang.compiler.validate import MAX_THREADBLOCKS
-from mscclang.errors import CompileError, DSLError, DSLWarning, MscclangError, MscclangWarning, PlanError
+from mscclang.errors import CompileError, DSLError, DSLWarning, LimitError, MscclangError, MscclangWarning, PlanError
 from mscclang.plan.io import load_plan, plan_to_dict, plan_to_json
+from mscclang.plan.limits import MAX_PLAN_BYTES_ENV, format_bytes, max_plan_bytes
 from mscclang.plan.models import Plan
 
 __all__ = ["add_parser", "run", "compile_file", "describe_output", "ProgramError"]
 
 RANK_NAMES = ("ranks", "num_ranks", "num_gpus", "nranks")
+#: the progress bar's steps: the compile's expected work (mscclang.compiler.meter), in thousandths
+PROGRESS_STEPS = 1000
 
 
 class ProgramError(MscclangError):
@@ -105,28 +114,28 @@ def run(args: argparse.Namespace) -> int:
                              or args.protocol is not None):
         function = "program"
     with warnings.catch_warnings(record=True) as caught, \
-            Progress(None, f"compile {Path(args.program).name}", unit="op", enabled=args.progress) as bar:
+            Progress(None, f"compile {Path(args.program).name}", unit="step", enabled=args.progress) as bar:
         warnings.simplefilter("always", MscclangWarning)
 
-        def step(done: int, total: Optional[int]) -> None:
-            if total:
-                bar.set_total(total)
-            bar.update(done - bar.n)
+        def step(done: int, total: Optional[int], note: str) -> None:
+            if total is None:  # recording: the ops so far
+                bar.set_note(f"{note}: {done:,} ops")
+                return
+            bar.set_total(PROGRESS_STEPS)
+            if note != bar.note:
+                bar.set_note(note)
+            bar.update(max(0, PROGRESS_STEPS * done // max(1, total) - bar.n))
 
         try:
-            with reporting(step):
+            with reporting(step), collector_paused():
                 plan = compile_file(args.program, getattr(args, "passthrough", []), function=function,
                                     ranks=args.ranks, instances=args.instances, protocol=args.protocol,
                                     check=not args.no_check, strict=args.strict)
+                advance("writing the plan", 0.62)
+                text = _plan_text(plan, args.format)
         finally:
             bar.close()
             _print_warnings(caught)
-    if args.format == "mscclpp":
-        from mscclang.plan.mscclpp import to_mscclpp
-
-        text = json.dumps(to_mscclpp(plan), indent=2) + "\n"
-    else:
-        text = plan_to_json(plan)
     to_stdout = args.output in (None, "-")
     if to_stdout:
         sys.stdout.write(text)
@@ -140,6 +149,22 @@ def run(args: argparse.Namespace) -> int:
         where = "standard output" if to_stdout else args.output
         print(f"mscclang compile: {describe_output(plan, args.format)}, to {where}", file=sys.stderr)
     return 0
+
+
+def _plan_text(plan: Plan, fmt: str) -> str:
+    """The plan's JSON text in ``fmt``; LimitError when it is more than plans are read with."""
+    if fmt == "mscclpp":
+        from mscclang.plan.mscclpp import to_mscclpp
+
+        text = json.dumps(to_mscclpp(plan), indent=2) + "\n"
+    else:
+        text = plan_to_json(plan)
+    size, limit = len(text.encode()), max_plan_bytes()
+    if size > limit:
+        raise LimitError(f"the plan is {format_bytes(size)}, over the {format_bytes(limit)} limit on plans (set "
+                         f"{MAX_PLAN_BYTES_ENV} to raise it), which verify, show and predict enforce; nothing "
+                         "was written")
+    return text
 
 
 def describe_output(plan: Plan, fmt: str = "mscclang") -> str:
@@ -275,6 +300,7 @@ def _compile(path: Path, argv: Sequence[str], function: Optional[str], ranks: Op
                                    "CollectiveProgram, or print JSON())")
         else:
             _echo(printed)
+    advance("checking the plan", 0.45)
     return _to_plan(doc, check)
 
 
@@ -442,6 +468,8 @@ def _arguments(fn: Any, name: str, ranks: int, instances: int, protocol: str) ->
 def _result_to_doc(result: Any) -> Optional[dict]:
     if result is None:
         return None
+    if hasattr(result, "to_plan") and callable(result.to_plan):  # a CollectiveProgram: no JSON text round trip
+        result = result.to_plan()
     if isinstance(result, Plan):
         return plan_to_dict(result)
     if isinstance(result, dict):

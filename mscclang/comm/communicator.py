@@ -19,7 +19,7 @@ from mscclang.comm.autoregister import AutoRegister
 from mscclang.comm.backend import Backend, RuntimeBackend
 from mscclang.comm.catalog import Catalog
 from mscclang.comm.errors import CommError
-from mscclang.comm.fallback import TorchFallback, run_fallback
+from mscclang.comm.fallback import FallbackCalls, TorchFallback, run_fallback
 from mscclang.comm.names import dtype_name, plan_collective
 from mscclang.comm.planner import CallPlan, Planner
 from mscclang.comm.selector import Choice, Selector
@@ -56,9 +56,13 @@ class Communicator:
                  backend: Optional[Backend] = None, fallback: Union[bool, Any] = True,
                  runtime_options: Optional[dict] = None) -> None:
         self._logged: set[tuple[str, str]] = set()
+        self._closed = False
         self._schedule = AutoRegister()
         self._runtime_error: Optional[str] = None
         self.last: Optional[CallPlan] = None
+        #: calls that ran on a mscclang plan (collectives and fused calls); every other call went
+        #: to torch.distributed. 0 after a run: no mscclang plan ran (e.g. no GPU runtime here)
+        self.plan_calls = 0
         self._tracer: Optional[CallTrace] = None   # inside a comm.trace() block
         self._traces = 0
         #: the plan the last all_reduce_add_rms_norm ran (None: none ran, or the fallback)
@@ -106,6 +110,11 @@ class Communicator:
             self._fallback = None
         else:
             self._fallback = fallback
+        # the gloo fallback's call check, over the explicit store, the back end's or torch.distributed's
+        check_store = store if store is not None else own_store
+        self._calls = FallbackCalls(check_store, self.rank, self.world_size, self._fallback.timeout_s) \
+            if isinstance(self._fallback, TorchFallback) and self._fallback.backend_name == "gloo" \
+            and check_store is not None else None
         self.planner = Planner(self.rank, self.world_size, self.device, self.backend, self.selector,
                                self._fallback is not None, self._note, self._runtime_error)
 
@@ -183,6 +192,7 @@ class Communicator:
     def empty(self, *shape: Union[int, tuple], dtype: Any = None) -> Any:
         """A symmetric tensor (zero-copy plans run on these directly). Collective: every rank
         must allocate the same shapes in the same order."""
+        self._check_open("empty")
         import math
 
         import torch
@@ -198,6 +208,7 @@ class Communicator:
 
     def is_symmetric(self, tensor: Any) -> bool:
         """Whether ``tensor`` lies in a buffer from :meth:`empty`."""
+        self._check_open("is_symmetric")
         return self.backend is not None and self.backend.is_symmetric(tensor)
 
     # ------------------------------------------------------------------ collectives
@@ -219,6 +230,7 @@ class Communicator:
         ``fp8_scale``). Returns the tensor holding the norm. Bad arguments raise InvalidCall
         before anything runs; see :mod:`mscclang.comm.fused_norm` for the rules and the
         fallback. ``last_fused`` names the plan the last such call ran (None: the fallback)."""
+        self._check_open("all_reduce_add_rms_norm")
         from mscclang.comm.fused_norm import fused_call
 
         return fused_call(self, x, residual, weight, eps, out, fp8_scale)
@@ -227,6 +239,7 @@ class Communicator:
                                         out: Any = None, fp8_scale: Any = None) -> Optional[str]:
         """:meth:`prepare` for :meth:`all_reduce_add_rms_norm` (same arguments): the fused
         plan's name, or None when the call will fall back. Collective."""
+        self._check_open("prepare_all_reduce_add_rms_norm")
         from mscclang.comm.fused_norm import prepare_fused
 
         return prepare_fused(self, x, residual, weight, eps, out, fp8_scale)
@@ -265,6 +278,7 @@ class Communicator:
     def send(self, tensor: Any, dst: int) -> None:
         """Point-to-point send (through torch.distributed: plans are collective, a lone send is
         not)."""
+        self._check_open("send")
         dst = self._check_peer(dst, "send dst")
         self.planner.check_tensor("send tensor", tensor)
         dtype_name(tensor.dtype)
@@ -273,6 +287,7 @@ class Communicator:
 
     def recv(self, tensor: Any, src: int) -> Any:
         """Point-to-point receive into ``tensor`` (through torch.distributed)."""
+        self._check_open("recv")
         src = self._check_peer(src, "recv src")
         self.planner.check_tensor("recv tensor", tensor)
         dtype_name(tensor.dtype)
@@ -286,6 +301,7 @@ class Communicator:
         run on, staging buffers, device plan, kernel) without running it, so the call may then be
         captured in a CUDA graph. Same arguments as the collective (``accum_dtype``: the fp8
         reductions'; the kernel depends on it). Collective."""
+        self._check_open("prepare")
         coll = plan_collective(collective)
         root = self._rank_arg(root, f"{coll} root")
         if out is None:
@@ -322,6 +338,7 @@ class Communicator:
         segments, logged once). A registration lasts while the tensor's storage lives (or until
         :meth:`deregister`); calls on the tensor, or a view starting at its first element, then
         need no staging and no store round trip."""
+        self._check_open("register")
         for i, t in enumerate(tensors):
             self.planner.check_tensor(f"register tensor {i}", t)
         if self.backend is None or not tensors:
@@ -338,6 +355,7 @@ class Communicator:
     def deregister(self, *tensors: Any) -> int:
         """Collective: drop the registrations of ``tensors`` (their IPC mappings and device plans
         are released unless a captured graph uses them). Returns how many were dropped."""
+        self._check_open("deregister")
         for i, t in enumerate(tensors):
             self.planner.check_tensor(f"deregister tensor {i}", t)
         if self.backend is None or not tensors:
@@ -375,6 +393,7 @@ class Communicator:
         """Collective, before ``torch.cuda.graph`` starts: open a capture session (see
         :meth:`graph_capture`). Returns whether deferred registration is enabled in it (every rank
         runs the same torch allocator settings; else ordinary tensors are staged as outside)."""
+        self._check_open("begin_graph_capture")
         if _capturing():
             raise CommError(f"rank {self.rank}: begin_graph_capture() must run before the capture starts")
         if self.backend is None:
@@ -388,6 +407,7 @@ class Communicator:
         ranks captured different calls or a buffer could not be registered: those captured calls
         then abort on replay (CollectiveTimeout) instead of touching a wrong address. Returns the
         number of calls registered."""
+        self._check_open("register_graph_buffers")
         if self.backend is None:
             return 0
         return int(self.backend.end_graph_capture(failed))
@@ -395,12 +415,14 @@ class Communicator:
     def use_tuning(self, tuning: Union[str, os.PathLike, dict, TuningTable]) -> None:
         """Replace the tuning table (e.g. the tuner forcing one candidate); the plan catalog and
         everything the runtime set up stay. Every rank must make the same change."""
+        self._check_open("use_tuning")
         self.tuning = load_tuning(tuning)
         self.selector = Selector(self.tuning, self.catalog)
         self.planner.memo.clear()
 
     def select(self, collective: str, nbytes: int, dtype: Any) -> list[Choice]:
         """The selector's ordered choices for a message of ``nbytes`` (introspection)."""
+        self._check_open("select")
         return self.selector.choices(collective, self.world_size, nbytes, dtype)
 
     def trace(self) -> Tracing:
@@ -411,6 +433,7 @@ class Communicator:
         capture); calls that fall back to torch.distributed are listed in ``tr.skipped``.
         Collective: every rank enters and leaves its block (leaving puts the ranks on one time
         base). RuntimeUnavailable without the GPU runtime."""
+        self._check_open("trace")
         check_traceable(self.backend, self.rank)
         self._traces += 1
         return Tracing(self, getattr(self.backend, "store", None), f"mscclang/trace/{self._traces}")
@@ -425,6 +448,7 @@ class Communicator:
         peers' memory) and the ``kernels`` loaded; ``staging_cap`` is the cap on staging kept
         between calls. ``total_bytes`` sums the byte kinds held here. The torch.distributed
         fallback's memory (NCCL's) is not included."""
+        self._check_open("memory")
         out = dict(self.backend.memory()) if self.backend is not None else {}
         cap = self.backend.staging_cap() if self.backend is not None else None
         if cap is not None:
@@ -434,18 +458,21 @@ class Communicator:
 
     def synchronize(self) -> None:
         """Wait for this rank's launches (raises a pending CollectiveTimeout)."""
+        self._check_open("synchronize")
         if self.backend is not None:
             self.backend.synchronize()
 
     def reset(self) -> None:
         """Collective reset after a CollectiveTimeout (every rank must call it)."""
+        self._check_open("reset")
         if self.backend is not None:
             self.backend.reset()
 
     def close(self) -> None:
         """Release staging buffers, registrations and the runtime. Always returns, from any
         thread: what fails to be released (after an abort, say: a dead peer's mappings) is logged,
-        never raised."""
+        never raised. Idempotent; afterwards every other method raises CommError."""
+        self._closed = True
         self._schedule.clear()
         self.planner.memo.clear()
         be, self.backend = self.backend, None
@@ -460,12 +487,19 @@ class Communicator:
                 log.warning("mscclang rank %d: closing %s: %s: %s", self.rank, what, type(e).__name__, e)
 
     def __enter__(self) -> "Communicator":
+        self._check_open("a with block")
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
     # ------------------------------------------------------------------ internals
+    def _check_open(self, what: str) -> None:
+        """CommError once :meth:`close` has run: a closed communicator runs nothing (its call
+        would otherwise make a new torch.distributed group and run there)."""
+        if self._closed:
+            raise CommError(f"rank {self.rank}: {what} on a closed communicator (close() has run): make a new one")
+
     def _rank_arg(self, value: Any, what: str) -> int:
         """``value`` as a rank of this communicator (an int, or an integer with ``__index__`` such
         as a numpy or 0-d torch integer; not a bool); CommError naming ``what`` and the value."""
@@ -507,6 +541,7 @@ class Communicator:
             self._run_fallback(cp, inp, out, op, root, accum)
             return
         assert self.backend is not None and cp.plan is not None and cp.choice is not None
+        self.plan_calls += 1
         pt = cp.choice.packet_type
         k, kp = cp.shape.block_elems, cp.padded.block_elems
         a, b = self.planner.operands(cp, inp, out)
@@ -530,6 +565,7 @@ class Communicator:
             out.view(cp.shape.out_blocks, k).copy_(b.view(cp.shape.out_blocks, kp)[:, :k])
 
     def _call(self, coll: str, inp: Any, out: Any, op: Any, root: int = 0, accum: Any = None) -> Any:
+        self._check_open(coll)
         key, cp = self.planner.lookup(coll, inp, out, op, root, accum)
         if cp.call.empty:
             return out
@@ -610,7 +646,10 @@ class Communicator:
             self._note_fallback(coll, cp.reason, level=logging.INFO)
         else:
             self._note_fallback(coll, _reason_kind(cp.reason))
-        run_fallback(self._need_fallback(coll), coll, inp, out, op, root, self.rank, self.world_size, accum)
+        fb = self._need_fallback(coll)
+        if self._calls is not None:
+            self._calls.check(fb, coll, inp, out, op, root, accum)   # CallMismatch before gloo sees the call
+        run_fallback(fb, coll, inp, out, op, root, self.rank, self.world_size, accum)
 
 
 def _reason_kind(reason: str) -> str:

@@ -10,7 +10,9 @@ Where the group comes from:
   needs nor changes torch.distributed's default group, and it goes away with the communicator;
 * neither: torch.distributed's default group, when it is initialised.
 
-NVLink multicast (NVLS) stays off: ``NCCL_NVLS_ENABLE=0`` is set before an NCCL group is made.
+Before every gloo collective the ranks compare their calls (:class:`FallbackCalls`): ranks
+making different calls get CallMismatch instead of gloo's abort. NVLink multicast (NVLS) stays
+off: ``NCCL_NVLS_ENABLE=0`` is set before an NCCL group is made.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def _host_work_class() -> type:
 
     class HostWork(dist.Work):
         """The Work of a :class:`HostStaged` call: ``wait()`` waits for the host call, then
-        copies the host tensors back into the CUDA ones (once)."""
+        copies the staged tensors of the call's outputs back into the caller's (once)."""
 
         def __init__(self, work: Any, pairs: list) -> None:
             super().__init__()
@@ -79,13 +81,26 @@ def _host_work_class() -> type:
     return HostWork
 
 
+def _host_copy(x: Any) -> Any:
+    """What gloo is given instead of tensor ``x`` (None: ``x`` itself): a host copy of a CUDA
+    tensor, a contiguous copy of a non-contiguous one (gloo's all_reduce, broadcast, reduce,
+    list reduce_scatter, all_to_all_single and scatter read a strided tensor as if it were dense:
+    wrong results, no error)."""
+    if getattr(x, "is_cuda", False):
+        return x.detach().cpu().contiguous()
+    return x.contiguous() if hasattr(x, "is_contiguous") and not x.is_contiguous() else None
+
+
 class HostStaged:
-    """A gloo process group's back end that takes CUDA tensors: each call copies every tensor it
-    is given (in lists too) to the host and runs there; its Work's ``wait()`` copies the host
-    tensors back into the CUDA ones (inputs come back unchanged). A call returns as soon as the
-    host call is issued, so a send never waits for its receiver. Only for ranks that share a GPU,
-    where NCCL cannot run and gloo has no CUDA path for most calls (its CUDA send aborts the
-    process)."""
+    """A gloo process group's back end that is only given host tensors gloo handles: each call
+    replaces every tensor it is given (in lists too) that gloo cannot take as it is by a copy
+    (:func:`_host_copy`: CUDA tensors, non-contiguous tensors) and runs on the copies; its Work's
+    ``wait()`` copies those of the call's first argument (torch's process groups take the outputs
+    first) back into the caller's tensors, so an input that lies in an output is never written
+    back over the result. A call returns as soon as the host call is issued, so a send never
+    waits for its receiver. Every gloo group of the fallback and of the torch.distributed backend
+    runs through one (for CUDA tensors: ranks sharing a GPU, where NCCL cannot run and gloo has
+    no CUDA path for most calls; its CUDA send aborts the process)."""
 
     def __init__(self, pg: Any) -> None:
         self._pg = pg
@@ -98,16 +113,17 @@ class HostStaged:
         def call(*args: Any, **kw: Any) -> Any:
             pairs: list = []
 
-            def host(x: Any) -> Any:
+            def host(x: Any, back: bool) -> Any:
                 if isinstance(x, list):
-                    return [host(y) for y in x]
-                if getattr(x, "is_cuda", False):
-                    h = x.detach().cpu()
+                    return [host(y, back) for y in x]
+                h = _host_copy(x)
+                if h is None:
+                    return x
+                if back:
                     pairs.append((x, h))
-                    return h
-                return x
+                return h
 
-            work = fn(*[host(a) for a in args], **{k: host(v) for k, v in kw.items()})
+            work = fn(*[host(a, i == 0) for i, a in enumerate(args)], **{k: host(v, False) for k, v in kw.items()})
             if not pairs or not hasattr(work, "wait"):
                 return work
             return _host_work_class()(work, pairs)
@@ -132,6 +148,23 @@ class TorchFallback:
         self._ready = group is not None
 
     # ------------------------------------------------------------------ the group
+    @property
+    def timeout_s(self) -> float:
+        """How long a fallback collective may wait for its peers: this fallback's bound for a
+        group made here, else the torch.distributed group's own (torch's default where its back
+        end does not say)."""
+        import torch
+        import torch.distributed as dist
+
+        if self._store is not None and self._group is None:
+            return self._timeout.total_seconds()
+        try:
+            pg = self._group if self._group is not None else dist.distributed_c10d._get_default_group()
+            return float(pg._get_backend(torch.device(getattr(self._device, "type", "cpu"))).options._timeout
+                         .total_seconds())
+        except Exception:  # noqa: BLE001 - a group whose back end has no options (a Python group)
+            return getattr(self._group, "_timeout", dist.default_pg_timeout).total_seconds()
+
     @property
     def backend_name(self) -> str:
         """:func:`torch_backend_for` the communicator's device."""
@@ -178,9 +211,7 @@ class TorchFallback:
                 pass
             pg = dist.ProcessGroupNCCL(prefix, self._rank, self._world, opts)
         else:
-            pg = dist.ProcessGroupGloo(prefix, self._rank, self._world, self._timeout)
-            if getattr(self._device, "type", "cpu") == "cuda":
-                pg = HostStaged(pg)   # ranks sharing a GPU (torch_backend_for)
+            pg = HostStaged(dist.ProcessGroupGloo(prefix, self._rank, self._world, self._timeout))
         log.debug("mscclang rank %s: torch.distributed fallback: %s group %d over the store",
                   self._rank, self.backend_name, gen)
         return pg
@@ -234,7 +265,7 @@ class TorchFallback:
             src = inp.clone() if _overlap(inp, out) else inp
             pg._allgather_base(out, src).wait()
             return
-        dist.all_gather_into_tensor(out, inp, group=self.group)
+        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, inp, group=self.group)   # torch 2.13
 
     def reduce_scatter(self, inp: Any, out: Any, op: str) -> None:
         import torch.distributed as dist
@@ -246,7 +277,8 @@ class TorchFallback:
             src = inp.clone() if _overlap(inp, out) else inp
             pg._reduce_scatter_base(out, src, opts).wait()
             return
-        dist.reduce_scatter_tensor(out, inp, op=_torch_op(op), group=self.group)
+        rs = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)   # torch 2.13's name first
+        rs(out, inp, op=_torch_op(op), group=self.group)
 
     def all_to_all(self, inp: Any, out: Any) -> None:
         import torch.distributed as dist
@@ -321,6 +353,42 @@ class TorchFallback:
         self._pg = None
         if self._store is not None and self._group is None:
             self._ready = False
+
+
+class FallbackCalls:
+    """The call check before every gloo fallback collective (the CPU path): the ranks first
+    all-gather an 8-byte digest of their call's description (collective, element counts,
+    dtype, reduce op, root) on the same group, and when the digests differ they compare the
+    descriptions through the store (the GPU runtime's set-up exchange,
+    :class:`~mscclang.runtime.store_group.StoreGroup`, with its record and its message):
+    CallMismatch on every rank, naming what each rank called, before the collective, so the
+    group stays usable. gloo given mismatched calls aborts the process (different sizes or
+    dtypes) or waits out its timeout and is unusable after (different collectives). The check
+    runs on every call, since whether a rank checks must not depend on its own call: one more
+    small collective per call. Making one is collective (its store group)."""
+
+    def __init__(self, store: Any, rank: int, world_size: int, timeout_s: float) -> None:
+        from mscclang.runtime.store_group import StoreGroup
+
+        self._group = StoreGroup(store, rank, world_size, "fallback-calls", timeout_s)
+
+    def check(self, fb: Any, collective: str, inp: Any, out: Any, op: str, root: int, accum: Optional[str]) -> None:
+        """CallMismatch on every rank unless every rank makes this call on ``fb`` (see the class)."""
+        import hashlib
+
+        import torch
+
+        from mscclang.comm.names import call_text
+
+        red = f" {op}{f' accumulated in {accum}' if accum else ''}" if collective in ("allreduce", "reducescatter") \
+            else f" from rank {root}" if collective == "broadcast" else ""
+        text = call_text(collective, inp, out) + red
+        mine = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
+        everyone = torch.empty(self._group.world_size, dtype=torch.int64)
+        fb.all_gather(torch.tensor([mine], dtype=torch.int64), everyone)
+        if bool((everyone != mine).any()):
+            self._group.call = text
+            self._group.exchange(b"", "torch.distributed fallback")   # CallMismatch naming every rank's call
 
 
 def _fp8_reduction(fb: Any, collective: str, inp: Any, out: Any, rank: int, world_size: int,

@@ -133,6 +133,7 @@ def fused_call(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any
         if fc.bound is None or not be.launch_bound(fc.bound):
             fc.bound = be.execute(fc.plan, fc.call, fc.x, fc.dst, residual=fc.residual, weight=fc.weight)
         comm.last_fused = fc.plan.name
+        comm.plan_calls += 1
         return fc.dst
     comm.last_fused = None
     comm._note("all_reduce_add_rms_norm", f"mscclang rank {comm.rank}: all_reduce_add_rms_norm falls back to "

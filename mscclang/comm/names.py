@@ -6,6 +6,8 @@ the benchmark."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from mscclang.comm.errors import CommError
 from mscclang.plan import collectives as _collectives
 from mscclang.plan.collectives import API_TO_PLAN, PLAN_TO_API
@@ -13,7 +15,7 @@ from mscclang.plan.dtypes import DTYPES as _DTYPE_TABLE
 from mscclang.plan.dtypes import GPU_DTYPES, find_dtype
 
 __all__ = ["API_TO_PLAN", "PLAN_TO_API", "DTYPES", "DTYPE_SIZES", "REDUCE_OPS", "plan_collective",
-           "dtype_name", "reduce_op_name", "busbw_factor"]
+           "call_text", "dtype_name", "reduce_op_name", "busbw_factor"]
 
 #: canonical names of the dtypes the communicator runs
 DTYPES: tuple[str, ...] = GPU_DTYPES
@@ -38,6 +40,13 @@ def dtype_name(dtype: object) -> str:
     if info is None or not info.gpu:
         raise CommError(f"unsupported dtype {dtype}; supported: {', '.join(DTYPES)}")
     return info.name
+
+
+def call_text(collective: str, inp: Any, out: Any) -> str:
+    """A call as the ranks compare it and errors name it, e.g. ``allgather of 8 x float32 into
+    16`` (the plan collective, element counts, dtype)."""
+    into = f" into {out.numel()}" if out.numel() != inp.numel() else ""
+    return f"{collective} of {inp.numel()} x {dtype_name(inp.dtype)}{into}"
 
 
 def reduce_op_name(op: object) -> str:

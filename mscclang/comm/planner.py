@@ -134,8 +134,6 @@ class Planner:
         coll = call.collective.name
         n = self.world_size
         shape = call.shape
-        esz = call.dtype.itemsize
-        inplace = call.inplace
         nbytes = call.message_bytes
         if self.backend is None:
             return CallPlan(coll, "nccl", None, None, shape, shape, call,

@@ -28,6 +28,7 @@ naming the ops of the cycle.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 from typing import Optional
 
@@ -148,6 +149,7 @@ def build_graph(ir: IRProgram) -> nx.DiGraph:
         for node, op in flat:
             if op.name == OpName.barrier and op.barrier_id is not None:
                 occurrences[(rank, op.barrier_id)][t].append(node)
+    position = {node: i for flat in flat_by_tb.values() for i, (node, _) in enumerate(flat)} if occurrences else {}
     for (rank, bid), per_tb in occurrences.items():
         rounds = min(len(v) for v in per_tb.values())
         for m in range(rounds):
@@ -157,7 +159,7 @@ def build_graph(ir: IRProgram) -> nx.DiGraph:
                 node = nodes[m]
                 g.add_edge(node, v)
                 flat = flat_by_tb[(rank, t)]
-                pos = [n for n, _ in flat].index(node)
+                pos = position[node]
                 if pos + 1 < len(flat):
                     g.add_edge(v, flat[pos + 1][0])
 
@@ -182,18 +184,25 @@ def build_graph(ir: IRProgram) -> nx.DiGraph:
                 if 1 <= need <= len(releases):
                     g.add_edge(releases[need - 1], a)
 
-    # LL packets
-    writes: dict[int, list[tuple[int, int, Node]]] = defaultdict(list)
+    # LL packets: per owner, writes sorted by start (the overlapping ones found by bisection,
+    # in the order they were listed, so the graph is the same however many there are)
+    writes: dict[int, list[tuple[int, int, int, Node]]] = defaultdict(list)
     for flat in flat_by_tb.values():
         for node, op in flat:
             for owner, a, b in _packet_writes(op):
-                writes[owner].append((a, b, node))
+                writes[owner].append((a, len(writes[owner]), b, node))
+    for ws in writes.values():
+        ws.sort()
+    starts = {o: [w[0] for w in ws] for o, ws in writes.items()}
+    longest = {o: max(b - a for a, _, b, _ in ws) for o, ws in writes.items()}
     for flat in flat_by_tb.values():
         for node, op in flat:
             for owner, a, b in _packet_reads(op):
-                for wa, wb, wnode in writes.get(owner, []):
-                    if wa < b and a < wb and wnode != node:
-                        g.add_edge(wnode, node)
+                if owner not in writes:
+                    continue
+                ws = writes[owner][bisect_left(starts[owner], a - longest[owner] + 1):bisect_left(starts[owner], b)]
+                for _, wnode in sorted((k, wnode) for _, k, wb, wnode in ws if a < wb and wnode != node):
+                    g.add_edge(wnode, node)
     return g
 
 

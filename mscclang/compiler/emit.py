@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref
+from mscclang.compiler.meter import each_rank
 from mscclang.plan.models import (
     EPILOGUE_OPS,
     REDUCE_OPS,
@@ -70,25 +71,20 @@ def _channel_descs(r: IRRank) -> list[ChannelDesc]:
 
 
 class _TbTables:
-    """Thread-block-local channel and remote-buffer tables, filled in order of first use."""
+    """Thread-block-local channel and remote-buffer tables, filled in order of first use (each
+    with the position of every entry, so a lookup costs the same however long the table)."""
 
     def __init__(self, remote_index: dict[tuple[int, object], int]) -> None:
-        self.channels: dict[ChannelType, list[int]] = {t: [] for t in _TYPES}
-        self.remotes: dict[ChannelType, list[int]] = {ChannelType.memory: [], ChannelType.port: []}
+        self.channels: dict[ChannelType, dict[int, int]] = {t: {} for t in _TYPES}
+        self.remotes: dict[ChannelType, dict[int, int]] = {ChannelType.memory: {}, ChannelType.port: {}}
         self.remote_index = remote_index
 
     def channel(self, ctype: ChannelType, c: int) -> int:
-        lst = self.channels[ctype]
-        if c not in lst:
-            lst.append(c)
-        return lst.index(c)
+        return self.channels[ctype].setdefault(c, len(self.channels[ctype]))
 
     def remote(self, ctype: ChannelType, ref: Ref) -> int:
-        gid = self.remote_index[(ref.rank, ref.buffer)]
-        lst = self.remotes[ctype]
-        if gid not in lst:
-            lst.append(gid)
-        return lst.index(gid)
+        table = self.remotes[ctype]
+        return table.setdefault(self.remote_index[(ref.rank, ref.buffer)], len(table))
 
 
 def _ref(ref: Ref, op: IROp, tables: _TbTables) -> BufferRef:
@@ -163,7 +159,7 @@ def _rank(r: IRRank) -> Gpu:
 
 def emit(ir: IRProgram) -> Plan:
     """Pass 6: number channels and remote buffers and build the plan (see the module docstring)."""
-    gpus = [_rank(r) for r in ir.ranks]
+    gpus = [_rank(r) for r in each_rank(ir.ranks)]
     reduce_ops = {op.reduce_op for r in ir.ranks for ops in r.tbs for op in _all_ops(ops)
                   if op.name in REDUCE_OPS and op.reduce_op is not None}
     spec = ir.spec

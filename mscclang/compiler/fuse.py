@@ -39,36 +39,43 @@ in-place collectives input and output ranges are compared as the same bytes, see
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Optional
 
-from mscclang.compiler.ir import SYNC_AFTER, Access, IROp, IRProgram, Ref, accesses, alias_range, conflicts
+from mscclang.compiler.ir import SYNC_AFTER, Access, AccessIndex, IROp, IRProgram, Ref, accesses, alias_range
+from mscclang.compiler.meter import each_rank
 from mscclang.plan.collectives import CollectiveSpec
 from mscclang.plan.models import ChannelType, OpName
 
 _CHANNEL_SYNC = frozenset({OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait, OpName.flush})
 _SEM = frozenset({OpName.sem_acquire, OpName.sem_release})
 _PUTS = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.ppkt})
+_REDUCES = (OpName.re, OpName.res, OpName.rre, OpName.rres)
+#: (a, b): the kinds of op some rule may merge (``b`` into ``a``)
+_KINDS = frozenset({(OpName.nop, OpName.nop), (OpName.nop, OpName.barrier), (OpName.barrier, OpName.nop),
+                    (OpName.pipeline, OpName.nop), (OpName.repkt, OpName.cpkt), (OpName.glre, OpName.gstore)}
+                   | {(n, n) for n in _CHANNEL_SYNC | _SEM | _PUTS | {OpName.get, OpName.rppkt, OpName.re,
+                                                                        OpName.repkt, OpName.rre}}
+                   | {(n, OpName.put) for n in _REDUCES}
+                   | {(n, OpName.ppkt) for n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt)}
+                   | {(n, OpName.rppkt) for n in (OpName.recpkt, OpName.recspkt)})
 
+@dataclass
+class Run:
+    """What :func:`fuse_ops` keeps of the op it is growing (the last one of its output): the
+    index of its accesses, the sets of its channels and semaphores, and its parts' origins
+    (joined once the run ends). A merge into a run grows the op in place (copied at the first
+    merge), so fusing ``k`` ops costs ``O(k)``, not ``O(k^2)``."""
 
-def _union(a: list[int], b: list[int]) -> list[int]:
-    out = list(a)
-    for x in b:
-        if x not in out:
-            out.append(x)
-    return out
+    index: AccessIndex
+    channels: set[int]
+    semaphores: set[int]
+    origins: list[str]
+    owned: bool = False
 
-
-AccessIndex = dict[tuple, list[Access]]
-
-
-def access_index(accs: list[Access], into: Optional[AccessIndex] = None) -> AccessIndex:
-    """Accesses grouped by buffer key (only accesses of one key can conflict); ``into`` is
-    extended in place when given."""
-    index: AccessIndex = {} if into is None else into
-    for x in accs:
-        index.setdefault(x.key, []).append(x)
-    return index
+    @classmethod
+    def of(cls, op: IROp, accs: list[Access]) -> "Run":
+        return cls(AccessIndex(accs), set(op.channels), set(op.semaphores), [op.origin])
 
 
 def _independent(a: IROp, b: IROp, allowed: Optional[Ref] = None, also_writes: bool = False,
@@ -81,17 +88,13 @@ def _independent(a: IROp, b: IROp, allowed: Optional[Ref] = None, also_writes: b
     With ``writeback`` (``a`` is a read-reduce), a write of ``b`` that covers exactly a remote
     range ``a`` only reads (same peer, buffer and chunks) is allowed: in the fused op each thread
     reads, reduces and writes back the same elements. Any other access of ``a`` that the write
-    overlaps still refuses the merge. ``prior``: :func:`access_index` of ``a``'s accesses (or
+    overlaps still refuses the merge. ``prior``: the :class:`AccessIndex` of ``a``'s accesses (or
     of a superset that conflicts with the same accesses), when the caller keeps one."""
-    acc_a = access_index(accesses(a, spec=spec)) if prior is None else prior
+    acc_a = AccessIndex(accesses(a, spec=spec)) if prior is None else prior
     for y in accesses(b, spec=spec):
         if allowed is not None and (also_writes or not y.write) and _is_ref(y, allowed, spec):
             continue
-        for x in acc_a.get(y.key, ()):
-            if not conflicts(x, y):
-                continue
-            if writeback and _is_writeback(x, y):
-                continue
+        if any(not (writeback and _is_writeback(x, y)) for x in acc_a.conflicting(y)):
             return False
     return True
 
@@ -110,16 +113,51 @@ def _is_ref(acc: Access, ref: Ref, spec: Optional[CollectiveSpec] = None) -> boo
     return acc.key == key and (acc.start, acc.end) == (start, end)
 
 
-def _merge_common(a: IROp, b: IROp) -> bool:
-    return a.tbg == b.tbg
+def _grow(a: IROp, b: IROp, run: Optional[Run], src: list[Ref] = (), dst: list[Ref] = (),
+          channels: list[int] = (), union: bool = False, semaphores: list[int] = (), **fields) -> IROp:
+    """``a`` merged with ``b``: ``src``, ``dst`` and ``semaphores`` appended to ``a``'s, ``channels``
+    too (with ``union`` only those ``a`` lacks, once each), ``fields`` set and the origins joined;
+    a new op, or with ``run`` (the state of ``a``) ``a`` itself grown in place."""
+    chans = run.channels if run else set(a.channels)
+    if union:
+        add = []
+        for c in channels:
+            if c not in chans:
+                chans.add(c)
+                add.append(c)
+        channels = add
+    if run is None:
+        return replace(a, src=a.src + list(src), dst=a.dst + list(dst), channels=a.channels + list(channels),
+                       semaphores=a.semaphores + list(semaphores), origin=f"{a.origin} + {b.origin}", **fields)
+    if not run.owned:
+        a, run.owned = a.copy(), True
+    a.src += src
+    a.dst += dst
+    a.channels += channels
+    a.semaphores += semaphores
+    run.channels.update(channels)
+    run.semaphores.update(semaphores)
+    run.origins.append(b.origin)
+    for k, v in fields.items():
+        setattr(a, k, v)
+    return a
 
 
-def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None,
-             prior: Optional[AccessIndex] = None) -> Optional[IROp]:
+def may_fuse(a: IROp, b: IROp) -> bool:
+    """Whether a rule could merge ``b`` into ``a``, judged by their kinds and thread-block groups
+    only: :func:`try_fuse` merges nothing else (it checks this first, then the operands)."""
+    return (a.name, b.name) in _KINDS and (a.tbg == b.tbg or OpName.nop in (a.name, b.name))
+
+
+def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None, run: Optional[Run] = None) -> Optional[IROp]:
     """The op that does ``a`` then ``b``, or ``None`` when no rule applies; ``spec`` (the
-    program's collective) makes in-place input/output aliases count as the same bytes;
-    ``prior``: the :func:`access_index` of ``a`` (see :func:`_independent`)."""
+    program's collective) makes in-place input/output aliases count as the same bytes. Neither
+    op is changed, unless ``run`` is given: :func:`fuse_ops`' state of ``a``, which a merge then
+    grows in place (see :class:`Run`)."""
+    if not may_fuse(a, b):
+        return None
     na, nb = a.name, b.name
+    prior = run.index if run else None
     # nops and barriers
     if na == OpName.nop and nb == OpName.nop:
         return a
@@ -131,34 +169,24 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None,
         last = a.body[-1]
         if last.name == OpName.nop or (last.name in _CHANNEL_SYNC | _SEM and last.data_sync & SYNC_AFTER):
             return a
-    if not _merge_common(a, b):
-        return None
     # channel sync ops
     if na in _CHANNEL_SYNC and nb == na and a.channel_type == b.channel_type:
-        if set(a.channels) & set(b.channels):
+        if not (run.channels if run else set(a.channels)).isdisjoint(b.channels):
             return None
-        return replace(a, channels=a.channels + b.channels, data_sync=a.data_sync | b.data_sync,
-                       origin=f"{a.origin} + {b.origin}")
+        return _grow(a, b, run, channels=b.channels, data_sync=a.data_sync | b.data_sync)
     if na in _SEM and nb == na:
-        if set(a.semaphores) & set(b.semaphores):
+        if not (run.semaphores if run else set(a.semaphores)).isdisjoint(b.semaphores):
             return None
-        return replace(a, semaphores=a.semaphores + b.semaphores, data_sync=a.data_sync | b.data_sync,
-                       origin=f"{a.origin} + {b.origin}")
+        return _grow(a, b, run, semaphores=b.semaphores, data_sync=a.data_sync | b.data_sync)
     # multi puts / gets
-    if na in _PUTS and nb == na and a.channel_type == b.channel_type:
+    if na in _PUTS | {OpName.get} and nb == na and a.channel_type == b.channel_type:
         if a.src[0].size != b.src[0].size or not _independent(a, b, spec=spec, prior=prior):
             return None
-        return replace(a, src=a.src + b.src, dst=a.dst + b.dst, channels=a.channels + b.channels,
-                       origin=f"{a.origin} + {b.origin}")
+        return _grow(a, b, run, src=b.src, dst=b.dst, channels=b.channels)
     if na == OpName.rppkt and nb == OpName.rppkt and a.channel_type == b.channel_type:
         if a.src != b.src or not _independent(a, b, spec=spec, prior=prior):
             return None
-        return replace(a, dst=a.dst + b.dst, channels=a.channels + b.channels, origin=f"{a.origin} + {b.origin}")
-    if na == OpName.get and nb == OpName.get and a.channel_type == b.channel_type:
-        if a.src[0].size != b.src[0].size or not _independent(a, b, spec=spec, prior=prior):
-            return None
-        return replace(a, src=a.src + b.src, dst=a.dst + b.dst, channels=a.channels + b.channels,
-                       origin=f"{a.origin} + {b.origin}")
+        return _grow(a, b, run, dst=b.dst, channels=b.channels)
     # reductions with more sources
     if na in (OpName.re, OpName.repkt, OpName.rre) and nb == na and len(a.dst) == 1 and len(b.dst) == 1:
         d = a.dst[0]
@@ -166,37 +194,36 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None,
             return None   # b adds its sources after a's result, or the merged order would differ
         if not _independent(a, b, allowed=d, also_writes=True, spec=spec, prior=prior):
             return None
-        return replace(a, src=a.src + b.src[1:], channels=_union(a.channels, b.channels),
-                       channel_type=a.channel_type if a.channel_type != ChannelType.none else b.channel_type,
-                       origin=f"{a.origin} + {b.origin}")
+        return _grow(a, b, run, src=b.src[1:], channels=b.channels, union=True,
+                     channel_type=a.channel_type if a.channel_type != ChannelType.none else b.channel_type)
     # reduce + put of its result
-    if na in (OpName.re, OpName.res, OpName.rre, OpName.rres) and nb == OpName.put \
+    if na in _REDUCES and nb == OpName.put \
             and b.channel_type == ChannelType.memory and a.channel_type in (ChannelType.none, ChannelType.memory):
         d = a.dst[0]
         writeback = na in (OpName.rre, OpName.rres)
         if all(s == d for s in b.src) and _independent(a, b, allowed=d, spec=spec, writeback=writeback, prior=prior):
             name = OpName.res if na in (OpName.re, OpName.res) else OpName.rres
-            return replace(a, name=name, dst=a.dst + b.dst, channels=_union(a.channels, b.channels),
-                           channel_type=ChannelType.memory, origin=f"{a.origin} + {b.origin}")
+            return _grow(a, b, run, dst=b.dst, channels=b.channels, union=True, name=name,
+                         channel_type=ChannelType.memory)
         return None
     # packet reductions
     if na in (OpName.repkt, OpName.respkt) and nb == OpName.ppkt and b.channel_type == ChannelType.memory:
         d = a.dst[0]
         if all(s == d for s in b.src) and _independent(a, b, allowed=d, spec=spec, prior=prior):
-            return replace(a, name=OpName.respkt, dst=a.dst + b.dst, channels=_union(a.channels, b.channels),
-                           channel_type=ChannelType.memory, origin=f"{a.origin} + {b.origin}")
+            return _grow(a, b, run, dst=b.dst, channels=b.channels, union=True, name=OpName.respkt,
+                         channel_type=ChannelType.memory)
         return None
     if na == OpName.repkt and nb == OpName.cpkt and len(a.dst) == 1:
         d = a.dst[0]
         if b.src == [d] and _independent(a, b, allowed=d, spec=spec, prior=prior):
-            return replace(a, name=OpName.recpkt, dst=a.dst + b.dst, origin=f"{a.origin} + {b.origin}")
+            return _grow(a, b, run, dst=b.dst, name=OpName.recpkt)
         return None
     if na in (OpName.recpkt, OpName.recspkt) and nb in (OpName.ppkt, OpName.rppkt) \
             and b.channel_type == ChannelType.memory:
         fwd = a.dst[0] if nb == OpName.ppkt else a.dst[1]
         if all(s == fwd for s in b.src) and _independent(a, b, allowed=fwd, spec=spec, prior=prior):
-            return replace(a, name=OpName.recspkt, dst=a.dst + b.dst, channels=_union(a.channels, b.channels),
-                           channel_type=ChannelType.memory, origin=f"{a.origin} + {b.origin}")
+            return _grow(a, b, run, dst=b.dst, channels=b.channels, union=True, name=OpName.recspkt,
+                         channel_type=ChannelType.memory)
         return None
     # switch: load-reduce + store
     if na == OpName.glre and nb == OpName.gstore and a.channels == b.channels:
@@ -204,35 +231,47 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None,
         store = b.dst[0]
         if (b.src == [d] and store.size == d.size and d.buffer == store.buffer and d.index == store.index
                 and not d.remote and d.switch is None):
-            return replace(a, name=OpName.glres, dst=[store], origin=f"{a.origin} + {b.origin}")
+            fused = _grow(a, b, run, name=OpName.glres)
+            fused.dst = [store]
+            return fused
         return None
     return None
 
 
 def fuse_ops(ops: list[IROp], spec: Optional[CollectiveSpec] = None) -> list[IROp]:
-    """Fuse one thread block's op list (pipeline bodies recursively)."""
+    """Fuse one thread block's op list (pipeline bodies recursively); ``ops`` are not changed."""
     out: list[IROp] = []
-    # the accesses of out[-1]; a merged op makes no access that its two parts do not (for
+    # the state of out[-1]; a merged op makes no access that its two parts do not (for
     # conflicts: a reduction merge also lists the reads of the accumulator it writes)
-    prior: AccessIndex = {}
+    run: Optional[Run] = None
     for op in ops:
         if op.body is not None:
             op = replace(op, body=fuse_ops(op.body, spec))
         acc = accesses(op, spec=spec)
-        if out:
-            merged = try_fuse(out[-1], op, spec, prior)
-            if merged is not None:
-                out[-1] = merged
-                access_index(acc, prior)
-                continue
-        out.append(op)
-        prior = access_index(acc)
+        merged = try_fuse(out[-1], op, spec, run) if out else None
+        if merged is not None and merged is not op:
+            out[-1] = merged
+            run.index.add(acc)
+            continue
+        _end(out, run)
+        if merged is op:
+            out[-1] = op
+        else:
+            out.append(op)
+        run = Run.of(op, acc)
+    _end(out, run)
     return out
+
+
+def _end(out: list[IROp], run: Optional[Run]) -> None:
+    """A run ends: its op gets the origins of its parts."""
+    if run is not None and len(run.origins) > 1:
+        out[-1].origin = " + ".join(run.origins)
 
 
 def fuse(ir: IRProgram) -> IRProgram:
     """Pass 2: fuse adjacent ops of every thread block (see the module docstring)."""
     out = ir.copy()
-    for r in out.ranks:
+    for r in each_rank(out.ranks):
         r.tbs = [fuse_ops(ops, ir.spec) for ops in r.tbs]
     return out

@@ -42,7 +42,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from mscclang.compiler.ir import Access, IROp, IRProgram, accesses, conflicts
+from mscclang.compiler.ir import AccessIndex, IROp, IRProgram, accesses
+from mscclang.compiler.meter import each_rank
 from mscclang.compiler.slices import ChunkClasses, chunk_classes, cross_iteration_conflict, stream_accesses
 from mscclang.plan.collectives import CollectiveSpec
 from mscclang.plan.models import OpName
@@ -82,19 +83,19 @@ def hazard_ops(ops: list[IROp], spec: Optional[CollectiveSpec] = None,
     ``spec`` (the program's collective) makes in-place input/output aliases count as the same
     bytes; ``classes`` as for :func:`pipeline_body`."""
     out: list[IROp] = []
-    seen: list[Access] = []
+    seen = AccessIndex()  # the accesses since the last sync
     for op in ops:
         if op.body is not None:
             op = replace(op, body=pipeline_body(op.body, spec, classes))
         if op.name in _SYNCS:
-            seen = []
+            seen = AccessIndex()
             out.append(op)
             continue
         acc = accesses(op, spec=spec)
-        if any(conflicts(p, a) for a in acc for p in seen):
+        if any(next(seen.conflicting(a), None) is not None for a in acc):
             out.append(IROp(OpName.nop, origin=f"hazard before {op.describe()}", source=op.source))
-            seen = []
-        seen.extend(acc)
+            seen = AccessIndex()
+        seen.add(acc)
         out.append(op)
     return out
 
@@ -104,6 +105,6 @@ def insert_hazard_syncs(ir: IRProgram) -> IRProgram:
     docstring)."""
     out = ir.copy()
     classes = {r.rank: chunk_classes(ir, i) for i, r in enumerate(ir.ranks)}
-    for r in out.ranks:
+    for r in each_rank(out.ranks):
         r.tbs = [hazard_ops(ops, ir.spec, classes) for ops in r.tbs]
     return out

@@ -14,8 +14,9 @@ numbering also happens in the emitter.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Iterator, Optional, Sequence
 
 from mscclang.plan.collectives import CollectiveSpec
 from mscclang.plan.models import BufferKind, ChannelType, OpName, ReduceOp
@@ -99,11 +100,19 @@ class IROp:
         return self.origin or self.name.value
 
     def copy(self) -> "IROp":
-        """An independent copy (lists and the body copied, refs shared: they are frozen)."""
-        return replace(self, src=list(self.src), dst=list(self.dst), channels=list(self.channels),
-                       barrier_tbs=None if self.barrier_tbs is None else list(self.barrier_tbs),
-                       semaphores=list(self.semaphores),
-                       body=None if self.body is None else [op.copy() for op in self.body])
+        """An independent copy (lists and the body copied, refs shared: they are frozen). Every
+        pass copies every op, so this copies the fields directly rather than through
+        :func:`dataclasses.replace` (which costs several times as much)."""
+        new = object.__new__(IROp)
+        d = new.__dict__
+        d.update(self.__dict__)
+        d["src"], d["dst"], d["channels"] = list(self.src), list(self.dst), list(self.channels)
+        d["semaphores"] = list(self.semaphores)
+        if self.barrier_tbs is not None:
+            d["barrier_tbs"] = list(self.barrier_tbs)
+        if self.body is not None:
+            d["body"] = [op.copy() for op in self.body]
+        return new
 
 
 def op_where(rank: int, tb: int, idx: str, op: IROp) -> str:
@@ -316,3 +325,42 @@ def conflicts(earlier: Access, later: Access) -> bool:
     if earlier.write and earlier.packet and not later.write and later.packet:
         return False
     return True
+
+
+@dataclass
+class _Sorted:
+    """Accesses of one buffer key and mode, sorted by start (``starts`` alongside)."""
+
+    starts: list[int] = field(default_factory=list)
+    accesses: list[Access] = field(default_factory=list)
+    longest: int = 0
+
+
+class AccessIndex:
+    """Accesses grouped by buffer key and mode, each group sorted by start: the earlier accesses a
+    later one conflicts with (same key; a write, or any access when the later one writes;
+    overlapping) are found by bisection, so a lookup costs the candidates near its range, not
+    every access so far (a pass that keeps adding accesses stays linear)."""
+
+    def __init__(self, accs: Sequence[Access] = ()) -> None:
+        self._groups: dict[tuple, _Sorted] = {}
+        self.add(accs)
+
+    def add(self, accs: Sequence[Access]) -> None:
+        for x in accs:
+            g = self._groups.setdefault((x.key, x.write), _Sorted())
+            i = bisect_right(g.starts, x.start)
+            g.starts.insert(i, x.start)
+            g.accesses.insert(i, x)
+            g.longest = max(g.longest, x.end - x.start)
+
+    def conflicting(self, later: Access) -> Iterator[Access]:
+        """The accesses of the index that ``later`` conflicts with (see :func:`conflicts`)."""
+        for mode in (True, False) if later.write else (True,):
+            g = self._groups.get((later.key, mode))
+            if g is None:
+                continue
+            lo, hi = bisect_right(g.starts, later.start - g.longest), bisect_left(g.starts, later.end)
+            for x in g.accesses[lo:hi]:
+                if conflicts(x, later):
+                    yield x

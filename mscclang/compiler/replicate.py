@@ -36,6 +36,7 @@ from dataclasses import replace
 from typing import Callable
 
 from mscclang.compiler.ir import IROp, IRProgram, IRRank, IRSwitch, Ref, alias_range, op_where, operand_roles
+from mscclang.compiler.meter import each_rank
 from mscclang.errors import CompileError, DSLError
 from mscclang.plan.models import BufferKind
 
@@ -193,7 +194,7 @@ def replicate(ir: IRProgram) -> IRProgram:
     if k == 1:
         return out
     new_ranks: list[IRRank] = []
-    for r in ir.ranks:
+    for r in each_rank(ir.ranks):
         nr = IRRank(r.rank, r.input_chunks * k, r.output_chunks * k, r.scratch_chunks * k,
                     memory=[p for p in r.memory for _ in range(k)],
                     port=[p for p in r.port for _ in range(k)],

@@ -14,6 +14,7 @@ The same walk gives warnings a ``stacklevel`` that names the user's line, not th
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from types import FrameType
@@ -34,7 +35,14 @@ def is_internal(frame: FrameType) -> bool:
         return True
     filename = frame.f_code.co_filename
     return filename.startswith(_INTERNAL_DIRS) or (
-        not os.path.isabs(filename) and os.path.abspath(filename).startswith(_INTERNAL_DIRS))
+        not os.path.isabs(filename) and _internal_path(filename, os.getcwd()))
+
+
+@functools.lru_cache(maxsize=256)
+def _internal_path(filename: str, cwd: str) -> bool:
+    """Whether the relative ``filename`` (from ``cwd``) lies in the DSL's code (every op the DSL
+    records asks this of its caller's file: a cached answer keeps that cheap)."""
+    return os.path.normpath(os.path.join(cwd, filename)).startswith(_INTERNAL_DIRS)
 
 
 def user_frame(start: Optional[FrameType] = None) -> Optional[FrameType]:
@@ -50,7 +58,10 @@ def source_line(start: Optional[FrameType] = None) -> Optional[str]:
     frame = user_frame(start if start is not None else sys._getframe(1))
     if frame is None:
         return None
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return f"{_basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+_basename = functools.lru_cache(maxsize=256)(os.path.basename)
 
 
 def user_stacklevel() -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mscclang.compiler.ir import SYNC_AFTER, SYNC_BEFORE, SYNC_OP_NAMES, IROp, IRProgram
+from mscclang.compiler.meter import each_rank
 from mscclang.plan.models import OpName
 
 
@@ -49,6 +50,6 @@ def sync_ops(ops: list[IROp]) -> list[IROp]:
 def insert_syncs(ir: IRProgram) -> IRProgram:
     """Pass 3: insert ``nop`` around sync ops per their ``data_sync`` (see the module docstring)."""
     out = ir.copy()
-    for r in out.ranks:
+    for r in each_rank(out.ranks):
         r.tbs = [sync_ops(ops) for ops in r.tbs]
     return out

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref, op_where
+from mscclang.compiler.meter import each_rank
 from mscclang.compiler.replicate import check_interleaved_ranges
 from mscclang.compiler.source import user_frame, user_stacklevel
 from mscclang.errors import DSLError, DSLWarning
@@ -315,7 +316,7 @@ def check_semaphores(ir: IRProgram) -> None:
 def validate(ir: IRProgram) -> IRProgram:
     """Check the program (see the module docstring); return an unchanged copy."""
     out = ir.copy()
-    for r in out.ranks:
+    for r in each_rank(out.ranks):
         if len(r.tbs) > MAX_THREADBLOCKS:
             raise DSLError(f"rank {r.rank} uses {len(r.tbs)} thread blocks; at most {MAX_THREADBLOCKS} are allowed")
         for s, init in enumerate(r.semaphores):

@@ -297,8 +297,8 @@ def _fused(rank: int, device: Any, owner: str, x: Any, out: Any, dt: DtypeInfo, 
         raise InvalidCall(f"rank {rank}: {what}: the hidden size {h} (weight length) does not divide x of shape "
                           f"{tuple(x.shape)}")
     if getattr(x, "dim", lambda: 1)() >= 2 and x.shape[-1] != h:   # a torch or vLLM user means the last dimension
-        raise InvalidCall(f"rank {rank}: {what}: the hidden size {h} (weight length) is not the last dimension "
-                          f"of x of shape {tuple(x.shape)}")
+        raise InvalidCall(f"rank {rank}: {what}: weight has {h} elements but x of shape {tuple(x.shape)} has a last "
+                          f"dimension (the hidden size) of {x.shape[-1]}; they must be equal")
     eps = _number(a.eps)
     if eps is None or not math.isfinite(eps) or eps < 0:
         raise InvalidCall(f"rank {rank}: {what}: eps must be a finite number >= 0, got {a.eps!r}")

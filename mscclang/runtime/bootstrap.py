@@ -1,8 +1,6 @@
-"""The communicator: bootstrap through torch.distributed's store, store barriers, byte exchange,
-and symmetric allocations (same order on every rank, IPC-mapped by every peer).
-
-Store keys carry the communicator's name and a generation number (each rank counts the
-communicators it created with that name, in the same order), so a stale key is never read.
+"""The communicator: bootstrap through torch.distributed's store (store barriers and byte
+exchanges: :mod:`mscclang.runtime.store_group`) and symmetric allocations (same order on every
+rank, IPC-mapped by every peer).
 """
 
 from __future__ import annotations
@@ -10,9 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from mscclang.errors import CallMismatch, RuntimeUnavailable
+from mscclang.errors import RuntimeUnavailable
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.registration import Registry
+from mscclang.runtime.store_group import StoreGroup
 
 
 @dataclass
@@ -57,8 +56,9 @@ def default_store() -> Any:
     return distributed_c10d._get_default_store()
 
 
-class Bootstrap:
-    """One rank's view of a group of GPUs that run plans together.
+class Bootstrap(StoreGroup):
+    """One rank's view of a group of GPUs that run plans together (its store exchanges:
+    :class:`~mscclang.runtime.store_group.StoreGroup`).
 
     ``store`` is a ``torch.distributed.Store`` shared by all ranks (default: the default process
     group's). The current CUDA device (or ``device``) is used.
@@ -78,9 +78,6 @@ class Bootstrap:
             raise RuntimeUnavailable("Bootstrap needs rank and world_size with an explicit store")
         if not torch.cuda.is_available():
             raise RuntimeUnavailable("no CUDA device is visible")
-        self.store = store
-        self.rank = int(rank)
-        self.world_size = int(world_size)
         self.device = torch.cuda.current_device() if device is None else int(device)
         torch.cuda.set_device(self.device)
         torch.empty(1, device=f"cuda:{self.device}")  # primary context current on this thread
@@ -91,73 +88,13 @@ class Bootstrap:
             dev = cu.check(drv.cuDeviceGet(self.device), "cuDeviceGet")
             pctx = cu.check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
             cu.check(drv.cuCtxSetCurrent(pctx), "cuCtxSetCurrent")
-        self.store_timeout_s = store_timeout_s
-        gen = int(store.add(f"mscclang/{name}/gen/{self.rank}", 1))
-        self.prefix = f"mscclang/{name}/{gen}"
-        self._seq = 0
+        super().__init__(store, int(rank), int(world_size), name, store_timeout_s)
         self._sym: list[SymAlloc] = []
         self._sym_by_id: dict[int, SymAlloc] = {}
         self._sym_count = 0   # symmetric allocations made so far (their indices are never reused)
         self._closed = False
         #: registrations of ordinary tensors for zero-copy plans (mscclang.runtime.registration)
         self.registry = Registry(self)
-        #: the call being set up (e.g. "allreduce of 2048 B bfloat16, plan X"): it travels with
-        #: every setup exchange so that ranks making different calls get a clear error
-        self.call = ""
-
-    # store primitives ---------------------------------------------------------------------------
-    def _next(self, what: str) -> str:
-        self._seq += 1
-        return f"{self.prefix}/{what}{self._seq}"
-
-    def _wait(self, keys: list[str], tag: str = "", timeout_s: Optional[float] = None) -> None:
-        import datetime
-
-        t = self.store_timeout_s if timeout_s is None else timeout_s
-        try:
-            self.store.wait(keys, datetime.timedelta(seconds=t))
-        except Exception as e:  # noqa: BLE001 - torch raises several kinds
-            missing = []
-            for r, k in enumerate(keys):
-                try:
-                    if not self.store.check([k]):
-                        missing.append(r)
-                except Exception:  # noqa: BLE001 - the store itself may be gone
-                    missing.append(r)
-            what = f" at {tag!r}" if tag else ""
-            raise CallMismatch(
-                f"rank {self.rank}: waited {t:.0f} s for the other ranks{what}; rank(s) {missing} did not "
-                f"arrive: the ranks disagree on the call (a rank made a different call or none), or a peer "
-                f"is hung or dead ({type(e).__name__})") from None
-
-    def exchange(self, data: bytes, tag: str, timeout_s: Optional[float] = None) -> list[bytes]:
-        """Every rank's ``data``, by rank, for a setup step named ``tag``. The step's tag and the
-        call being set up (:attr:`call`) travel with the data: when the ranks' tags differ (they
-        are setting up different calls), :class:`CallMismatch` is raised on every rank, naming what
-        each rank called, instead of pairing one rank's bytes with another step's."""
-        k = self._next("x")
-        head = f"{tag}|{self.call}".encode("utf-8", "replace")
-        self.store.set(f"{k}/{self.rank}", len(head).to_bytes(4, "little") + head + data)
-        keys = [f"{k}/{r}" for r in range(self.world_size)]
-        self._wait(keys, f"{tag} of {self.call}" if self.call else tag, timeout_s)
-        heads, datas = [], []
-        for r in range(self.world_size):
-            raw = bytes(self.store.get(keys[r]))
-            n = int.from_bytes(raw[:4], "little")
-            heads.append(raw[4:4 + n].decode("utf-8", "replace"))
-            datas.append(raw[4 + n:])
-        if len(set(heads)) > 1:
-            what = ", ".join(f"rank {r}: {_describe(h)}" for r, h in enumerate(heads))
-            raise CallMismatch(f"ranks disagree on the call ({what})")
-        return datas
-
-    def barrier(self, tag: str = "barrier", timeout_s: Optional[float] = None) -> None:
-        """Store barrier among all ranks (host side only); checks that the ranks agree on the step."""
-        self.exchange(b"", tag, timeout_s)
-
-    def allgather_bytes(self, data: bytes, tag: str = "exchange") -> list[bytes]:
-        """Every rank's ``data``, by rank (see :meth:`exchange`)."""
-        return self.exchange(data, tag)
 
     # symmetric memory -----------------------------------------------------------------------------
     def _sym_alloc(self, nbytes: int, internal: bool = False, label: str = "") -> SymAlloc:
@@ -272,8 +209,3 @@ class Bootstrap:
             self._sym.clear()
             self._sym_by_id.clear()
 
-
-def _describe(head: str) -> str:
-    """``"tag|call"`` as a reader sees it: ``call (tag)``, or the tag alone."""
-    tag, _, call = head.partition("|")
-    return f"{call} ({tag})" if call else tag

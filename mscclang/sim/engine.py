@@ -35,7 +35,7 @@ from mscclang.sim.packets import PKT_WRITERS, PacketMixin
 from mscclang.sim.ports import PortMixin, Proxy, Trigger
 from mscclang.sim.program import COp, Program
 from mscclang.sim.budget import Deadline
-from mscclang.sim.races import Access, AccessLog, Actor, OpRef, RaceInfo
+from mscclang.sim.races import Access, AccessLog, Actor, OpRef, RaceInfo, Unpublished, ordered
 from mscclang.sim.report import Deadlock, Problem
 from mscclang.sim.schedules import REMOTE_WRITERS, SCHEDULES, ScheduleMixin
 from mscclang.sim.state import RankMemory
@@ -160,6 +160,8 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
             for i, s in enumerate(g.semaphores):
                 self.sems[(r, i)] = [s.init_value, s.init_value, deque()]
         self.barriers: dict[tuple[int, int], dict] = {}
+        #: signals, releases and port requests sent without what other threads acquired
+        self.unpublished: list[Unpublished] = []
 
         # scheduling
         self.waiting: dict[tuple, list[Task]] = {}
@@ -214,6 +216,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
             hint = " (a peer touches this rank's buffer with no ready edge from its current launch)"
         elif (a.host and a.op.name.startswith("launch end")) or (b.host and b.op.name.startswith("launch end")):
             hint = " (data arrives after the owner may have finished: no signal->wait publishes it)"
+        hint += self._unpublished_hint(info)
         self.problems.append(Problem(
             "race",
             f"{a.op} {kinds[0]}s and {b.op} {kinds[1]}s bytes [{info.start}, {info.end}) of "
@@ -278,12 +281,11 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
                              op=opref)
                 actor.dirty = False
             relaxed = name == OpName.rlxsignal
-            if cop.op.channel_type == ChannelType.port:
-                for c in cop.channels:
-                    self._trigger_signal(task, rank, c, opref)
-            else:
-                for c in cop.channels:
-                    self._signal(actor, (rank, "memory", c), relaxed)
+            for k, c in enumerate(cop.channels):  # thread k signals the op's k-th channel
+                if cop.op.channel_type == ChannelType.port:
+                    self._post(task, "signal", None, c, opref, k)
+                else:
+                    self._signal(task, (rank, "memory", c), relaxed, opref, k)
             return
         if name in (OpName.wait, OpName.rlxwait):
             relaxed = name == OpName.rlxwait
@@ -294,13 +296,14 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
                 end = self._end(key)
                 end.expected += 1
                 targets.append((key, end, end.expected))
-            for key, end, target in targets:
+            for k, (key, end, target) in enumerate(targets):  # thread k waits on channel k
                 while end.counter < target:
                     yield Wait(("ctr", key),
                                f"{ctype} channel {key[2]} (to rank {self._peer_of(key)}) to reach "
                                f"{target} signals, has {end.counter}", ("ctr", key, target))
                 vc, rvc = end.clocks[target - 1]
-                actor.acquire(None if relaxed else vc, rvc)
+                actor.acquire(None if relaxed else vc, rvc, k, opref,
+                              f"{ctype} channel {key[2]} (from rank {self._peer_of(key)})")
             return
         if name == OpName.flush:
             for c in cop.channels:
@@ -309,7 +312,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
                 yield from self._flush(task, rank, c)
             return
         if name in (OpName.sem_acquire, OpName.sem_release):
-            for sid in cop.op.semaphore_ids:
+            for k, sid in enumerate(cop.op.semaphore_ids):  # thread k: the op's k-th semaphore
                 s = self.sems.get((rank, sid))
                 if s is None:
                     raise PlanError(f"rank {rank} tb {task.tb} op {cop.index} {cop.name}: semaphore "
@@ -319,7 +322,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
                     # initial value); an acquire takes the oldest token, the initial ones first,
                     # and is ordered after that release only: an acquire that a wrong initial
                     # value lets through orders nothing, whatever the schedule
-                    vc, rvc = actor.publish()
+                    vc, rvc = self._publish(task, k, opref, f"semaphore {sid}")
                     s[0] += 1
                     if s[1] < 0:
                         s[1] += 1
@@ -334,7 +337,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
                     if s[1] > 0:
                         s[1] -= 1
                     else:
-                        actor.acquire(*s[2].popleft())
+                        actor.acquire(*s[2].popleft(), k, opref, f"semaphore {sid}")
             return
         if name == OpName.rmsnorm:
             actor.dirty = True
@@ -373,12 +376,38 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         end.clocks.append((nvc, nrvc))
         end.counter += 1
 
-    def _signal(self, actor: Actor, key: tuple, relaxed: bool) -> None:
+    def _signal(self, task: Task, key: tuple, relaxed: bool, opref: OpRef, thread: int) -> None:
         dst = self.pair[key]
         end = self._end(dst)
-        vc, rvc = actor.publish()
+        vc, rvc = self._publish(task, thread, opref, f"memory channel {key[2]} (to rank {dst[0]})")
         self._signal_clock(end, None if relaxed else vc, rvc)
         self._wake(("ctr", dst))
+
+    def _publish(self, task: Task, thread: int, opref: OpRef, what: str,
+                 via: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+        """What thread ``thread`` of ``task``'s block publishes by sending ``what`` of op
+        ``opref`` (a signal, a semaphore release, a port request to proxy ``via``): the block as
+        of its last nop and what that thread acquired. Remembered, for race reports, when the
+        block's other threads acquired more since the nop."""
+        vc, rvc = task.actor.publish(thread)
+        if len(self.unpublished) < 4096 and (miss := task.actor.missing(thread, vc, rvc)):
+            self.unpublished.append(Unpublished(thread, vc.copy(), rvc.copy(), opref, what, miss, via))
+        return vc, rvc
+
+    def _unpublished_hint(self, info: RaceInfo) -> str:
+        """Why the later access of a race missed the earlier one, when a thread published
+        without an acquisition that another thread of its block made (and that would have
+        ordered them) and the later access comes after what that thread published (by the proxy
+        that carried it out, for a port request)."""
+        for e in self.unpublished:
+            if e.via is not None and info.second.op.tb <= -2 and info.second.tid != e.via:
+                continue  # a proxy's access: that of the request's own proxy
+            a = next((a for a in e.missing if ordered(info.first, a.vc, a.rvc)), None)
+            if a and info.rvc is not None and not (info.rvc < e.rvc).any() and not ordered(info.first, e.vc, e.rvc):
+                return (f" ({e.what} of {e.op} is sent by thread {e.thread} of its block, which did not make the "
+                        f"wait of {a.op} on {a.what}: thread {a.thread} did; what a thread acquires reaches the "
+                        "block's other threads only at a later nop or barrier)")
+        return ""
 
 
     # ---------------------------------------------------------------- barriers
@@ -404,9 +433,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
             yield Wait(("bar", rank, bid),
                        f"barrier {bid} (generation {g}): {len(arr)} of {need} blocks arrived "
                        f"({sorted(arr)})", ("bar", rank, bid, g, need, tuple(sorted(members or ()))))
-        vcs = [v for v, _ in arr.values()]
-        rvcs = [r for _, r in arr.values()]
-        actor.acquire(np.maximum.reduce(vcs), np.maximum.reduce(rvcs))
+        actor.acquire(np.maximum.reduce([v for v, _ in arr.values()]), np.maximum.reduce([r for _, r in arr.values()]))
         actor.nop()
         left = st["left"].get(g, 0) + 1
         st["left"][g] = left

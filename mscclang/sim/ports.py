@@ -12,6 +12,12 @@ launch's end does not wait for it; each launch after the first starts with the h
 the scratch (only the half it uses with double scratch), which races with any earlier proxy
 access of those bytes that no flush or edge ordered before it.
 
+The entries of one op are posted by different threads, entry ``k`` by thread ``k`` (as MSCCL++
+does), so a request carries what its own thread acquired since the block's last ``nop``, not what
+the others did; and since a thread that did not wait may post before one that did, what one
+entry's thread acquired does not reach the proxy's processing of the channel's later requests
+either (only the block as of its last ``nop``, the ``base`` of the trigger, does).
+
 A flush is ordered after the requests posted on the channel before it, and after nothing the
 proxy did later: when the proxy is behind, the flush takes the proxy's clocks as of the request
 it waits for (a snapshot), not as of the moment the flushing block resumes, by which time the
@@ -30,7 +36,7 @@ from mscclang.errors import PlanError
 from mscclang.plan.models import OpName
 from mscclang.sim.program import COp, Group
 from mscclang.sim.races import Actor, OpRef
-from mscclang.sim.tasks import ChannelEnd, Task, Wait
+from mscclang.sim.tasks import Task, Wait
 
 
 @dataclass
@@ -43,8 +49,9 @@ class Trigger:
     vc: np.ndarray
     rvc: np.ndarray
     op: OpRef
-    end: Optional[ChannelEnd] = None
     end_key: Optional[tuple] = None
+    #: what every thread of the block had (its last nop), when the posting thread had more
+    base: Optional[tuple[np.ndarray, np.ndarray]] = None
 
 
 class Proxy:
@@ -81,18 +88,24 @@ class PortMixin:
             px.task = t
             self._make_runnable(t)
 
-    def _trigger_signal(self, task: Task, rank: int, c: int, opref: OpRef) -> None:
-        px = self._proxy_for(rank, c)
-        vc, rvc = task.actor.publish()
-        mem = self.mem[rank]
-        self._enqueue(px, Trigger("signal", None, mem.flag, mem.half, task.launch, vc.copy(),
-                                  rvc.copy(), opref, end_key=(rank, "port", c)))
+    def _post(self, task: Task, kind: str, g: Optional[Group], c: int, opref: OpRef, thread: int) -> None:
+        """Thread ``thread`` of ``task``'s block posts a request of ``kind`` (``data``: entry
+        ``g``, with its signal for a ``pws``/``pwsf``; ``signal``) to the proxy of port channel ``c``."""
+        rank, mem, actor = task.rank, self.mem[task.rank], task.actor
+        px, peer = self._proxy_for(rank, c), self.pair[(rank, "port", c)][0]
+        what = f"entry {thread} (port channel {c}, to rank {peer})" if g else f"port channel {c} (to rank {peer})"
+        vc, rvc = self._publish(task, thread, opref, what, px.actor.tid)
+        base = (actor.sync_vc.copy(), np.maximum(actor.sync_rvc, actor.sync_vc)) if any(
+            a.thread == thread for a in actor.acquired) else None
+        for k in ("data", "signal") if g and opref.name in ("pws", "pwsf") else (kind,):
+            self._enqueue(px, Trigger(k, g if k == "data" else None, mem.flag, mem.half, task.launch, vc.copy(),
+                                      rvc.copy(), opref, end_key=(rank, "port", c), base=base))
 
     def _port_data(self, task: Task, cop: COp, opref: OpRef) -> Iterator:
         rank = task.rank
         mem = self.mem[rank]
         name = cop.op.name
-        for g in cop.groups:
+        for k, g in enumerate(cop.groups):  # entry k, posted by thread k
             # packets to forward must be there before the trigger is posted
             for i, s in enumerate(g.srcs):
                 if not s.packet:
@@ -108,12 +121,7 @@ class PortMixin:
             c = g.channel if g.channel is not None else (cop.channels[0] if cop.channels else None)
             if c is None:
                 raise PlanError(f"rank {rank} tb {task.tb} op {cop.index} {cop.name}: a port op needs a channel id")
-            px = self._proxy_for(rank, c)
-            vc, rvc = task.actor.publish()
-            self._enqueue(px, Trigger("data", g, mem.flag, mem.half, task.launch, vc.copy(), rvc.copy(), opref))
-            if name in (OpName.pws, OpName.pwsf):
-                self._enqueue(px, Trigger("signal", None, mem.flag, mem.half, task.launch, vc.copy(),
-                                          rvc.copy(), opref, end_key=(rank, "port", c)))
+            self._post(task, "data", g, c, opref, k)
         if name == OpName.pwsf:
             for c in sorted({g.channel for g in cop.groups if g.channel is not None}):
                 yield from self._flush(task, rank, c)
@@ -146,8 +154,10 @@ class PortMixin:
             return False
         trig = px.queue.popleft()
         a = px.actor
-        a.join(trig.vc, trig.rvc)
+        a.join(*(trig.base or (trig.vc, trig.rvc)))
         a.tick()
+        kept = (a.vc.copy(), a.rvc.copy()) if trig.base else None
+        a.join(trig.vc, trig.rvc)  # what the posting thread alone acquired: this request only
         if trig.kind == "data":
             assert trig.group is not None
             popref = OpRef(px.rank, -2 - px.channel, trig.op.index, f"proxy for tb {trig.op.tb} {trig.op.name}", trig.launch)
@@ -161,6 +171,8 @@ class PortMixin:
             end = self._end(dst)
             self._signal_clock(end, a.vc.copy(), a.rvc.copy())
             self._wake(("ctr", dst))
+        if kept:
+            a.vc, a.rvc = kept
         px.processed += 1
         if px.processed in px.wants:
             px.snaps[px.processed] = (a.vc.copy(), a.rvc.copy())

@@ -15,7 +15,10 @@ A block's own clock component is its *epoch* and, below it, the op's position in
 number at every op. Two accesses of one block in the same epoch are ordered only when the
 block's threads split the bytes the same way (same byte-to-stream alignment ``delta`` and
 unit); otherwise they race. What the block publishes through a barrier or a signal covers
-whole epochs (the block as of its last ``nop``); what a packet write publishes (its execution
+whole epochs (the block as of its last ``nop``) plus what the publishing thread itself acquired:
+an edge that arrives at a block (a wait's channel, a semaphore token) arrives at one thread, the
+one handling that channel or semaphore index of the op (:class:`ThreadEdge`), and reaches the
+block's other threads only at its next ``nop`` or barrier; what a packet write publishes (its execution
 clock, which the packet's reader acquires through the flag) covers the writing op and the ops
 before it, not the ops after it in the same epoch, so a race is judged the same way wherever in
 the epoch the conflicting op stands.
@@ -65,6 +68,37 @@ class Access:
     host: bool = False
     packet: bool = False    # packet-format access (flags synchronise packet reads)
     rvc: Optional[np.ndarray] = field(default=None, compare=False, repr=False)  # packet writes
+
+
+def ordered(prev: Access, vc: Optional[np.ndarray], rvc: np.ndarray) -> bool:
+    """Whether clocks ``vc``/``rvc`` order access ``prev`` before a later conflicting access: a
+    kernel's write through ``vc`` (strong edges), a read or anything the host did through ``rvc``."""
+    if prev.host or not prev.write:
+        return bool(rvc[prev.tid] >= prev.clk)
+    return vc is not None and bool(vc[prev.tid] >= prev.clk)
+
+
+@dataclass
+class ThreadEdge:
+    """One thread's end of an edge: what thread ``thread`` of a block acquired (``op``, a wait or
+    ``sem_acquire``, on channel or semaphore ``what``) or published; ``vc`` is None for a
+    relaxed one."""
+
+    thread: int
+    vc: Optional[np.ndarray] = field(repr=False)
+    rvc: np.ndarray = field(repr=False)
+    op: Optional[OpRef] = None
+    what: str = ""
+
+
+@dataclass
+class Unpublished(ThreadEdge):
+    """A signal, semaphore release or port request sent by a thread while other threads of its
+    block held acquisitions it lacks (``missing``: no nop or barrier since); ``via``: the proxy
+    that carries out a port request."""
+
+    missing: list[ThreadEdge] = field(default_factory=list)
+    via: Optional[int] = None
 
 
 _PAGE_BITS = 12
@@ -121,8 +155,7 @@ class IntervalMap:
 class Actor:
     """Clock state of one actor (thread block, host or proxy)."""
 
-    __slots__ = ("tid", "vc", "rvc", "sync_vc", "sync_rvc", "pend_vc", "pend_rvc", "dirty",
-                 "dirty_op")
+    __slots__ = ("tid", "vc", "rvc", "sync_vc", "sync_rvc", "acquired", "dirty", "dirty_op")
 
     def __init__(self, tid: int, nthreads: int) -> None:
         self.tid = tid
@@ -130,14 +163,9 @@ class Actor:
         self.rvc = np.zeros(nthreads, dtype=np.int64)
         self.sync_vc = self.vc.copy()      # what a strong signal publishes (as of the last nop)
         self.sync_rvc = self.rvc.copy()
-        self.pend_vc: Optional[np.ndarray] = None   # acquired since the last nop
-        self.pend_rvc: Optional[np.ndarray] = None
+        self.acquired: list[ThreadEdge] = []   # per thread, since the last nop
         self.dirty = False                 # data op since the last nop
         self.dirty_op: Optional[OpRef] = None
-
-    @property
-    def clk(self) -> int:
-        return int(self.vc[self.tid])
 
     def start(self, vc: np.ndarray, rvc: np.ndarray) -> None:
         """Begin a launch after ``vc``/``rvc`` (the host's clocks at launch start)."""
@@ -147,46 +175,44 @@ class Actor:
         self.rvc = rvc.copy()
         self.vc[self.tid] = _next_epoch(self.vc[self.tid])
         self.rvc[self.tid] = self.vc[self.tid]
-        self.pend_vc = None
-        self.pend_rvc = None
+        self.acquired = []
         self.dirty = False
 
-    def acquire(self, vc: Optional[np.ndarray], rvc: Optional[np.ndarray]) -> None:
-        """An edge arrives at one thread of the block; it reaches the others at the next nop."""
-        if vc is not None:
-            self.pend_vc = vc.copy() if self.pend_vc is None else np.maximum(self.pend_vc, vc)
-        if rvc is not None:
-            self.pend_rvc = rvc.copy() if self.pend_rvc is None else np.maximum(self.pend_rvc, rvc)
+    def acquire(self, vc: Optional[np.ndarray], rvc: np.ndarray, thread: int = 0,
+                op: Optional[OpRef] = None, what: str = "") -> None:
+        """An edge arrives at thread ``thread`` of the block (``op``'s channel or semaphore
+        ``what``); it reaches the other threads at the next nop."""
+        self.acquired.append(ThreadEdge(thread, vc, rvc, op, what))
 
     def complete(self, vc: np.ndarray, rvc: np.ndarray) -> None:
         """The whole block waited for an event (a port flush: the proxy finished the block's
         earlier requests): every thread's later accesses, and what a later signal publishes, are
         ordered after it, with no ``nop`` needed."""
-        np.maximum(self.vc, vc, out=self.vc)
-        np.maximum(self.rvc, rvc, out=self.rvc)
-        np.maximum(self.rvc, self.vc, out=self.rvc)
-        np.maximum(self.sync_vc, vc, out=self.sync_vc)
-        np.maximum(self.sync_rvc, rvc, out=self.sync_rvc)
-        np.maximum(self.sync_rvc, self.sync_vc, out=self.sync_rvc)
+        for mine, got in ((self.vc, vc), (self.rvc, rvc), (self.rvc, self.vc), (self.sync_vc, vc),
+                          (self.sync_rvc, rvc), (self.sync_rvc, self.sync_vc)):
+            np.maximum(mine, got, out=mine)
 
-    def publish(self) -> tuple[np.ndarray, np.ndarray]:
-        """Clocks a (strong) signal by one thread publishes: the block as of its last nop, plus
-        what the signalling thread itself acquired since."""
+    def publish(self, thread: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Clocks a signal by thread ``thread`` publishes: the block as of its last nop, plus
+        what that thread itself acquired since (not what the other threads acquired)."""
         vc, rvc = self.sync_vc, self.sync_rvc
-        if self.pend_vc is not None:
-            vc = np.maximum(vc, self.pend_vc)
-        if self.pend_rvc is not None:
-            rvc = np.maximum(rvc, self.pend_rvc)
+        for a in self.acquired:
+            if a.thread == thread:
+                vc = vc if a.vc is None else np.maximum(vc, a.vc)
+                rvc = np.maximum(rvc, a.rvc)
         return vc, np.maximum(rvc, vc)
 
+    def missing(self, thread: int, vc: np.ndarray, rvc: np.ndarray) -> list[ThreadEdge]:
+        """What the block's other threads acquired since the last nop that ``vc``/``rvc`` (what
+        thread ``thread`` publishes) lack."""
+        return [a for a in self.acquired if a.thread != thread and (
+            (a.rvc > rvc).any() or (a.vc is not None and (a.vc > vc).any()))]
+
     def nop(self) -> None:
-        """Block barrier: merge what was acquired, start a new epoch."""
-        if self.pend_vc is not None:
-            np.maximum(self.vc, self.pend_vc, out=self.vc)
-        if self.pend_rvc is not None:
-            np.maximum(self.rvc, self.pend_rvc, out=self.rvc)
-        np.maximum(self.rvc, self.vc, out=self.rvc)
-        self.pend_vc = self.pend_rvc = None
+        """Block barrier: merge what every thread acquired, start a new epoch."""
+        for a in self.acquired:
+            self.join(self.vc if a.vc is None else a.vc, a.rvc)
+        self.acquired = []
         self.sync_vc = self.vc.copy()
         self.sync_rvc = self.rvc.copy()
         self.vc[self.tid] = _next_epoch(self.vc[self.tid])
@@ -222,6 +248,8 @@ class RaceInfo:
     #: the execution clock (``rvc``: relaxed signal->wait edges too) orders the pair, only the
     #: strong clock does not: the earlier write was published by a relaxed edge alone
     exec_ordered: bool = False
+    #: the execution clock of the second access (which edges reached it)
+    rvc: Optional[np.ndarray] = field(default=None, repr=False)
 
 
 class AccessLog:
@@ -246,6 +274,12 @@ class AccessLog:
         if c.packet and not c.write and e.packet and e.write:
             return True  # a packet read is ordered after the write of those bytes by its flag
         return False
+
+    def _same_block_ok(self, prev: Access, c: Access, single: bool) -> bool:
+        """Whether two accesses of one block are ordered: by a nop or barrier between them (an
+        earlier epoch), by touching each byte from the same thread (same mapping), or ``single``."""
+        return single or epoch(prev.clk) < epoch(c.clk) or (prev.delta == c.delta and prev.unit == c.unit) \
+            or self._exempt(prev, c)
 
     def access(self, storage: str, a: int, b: int, c: Access, vc: np.ndarray,
                rvc: np.ndarray, same_thread_ordered: bool, touch: bool = False) -> None:
@@ -274,26 +308,19 @@ class AccessLog:
         if tm is not None and not (c.packet and c.write):
             for s, e_, prev in tm.overlapping(a, b):
                 if prev.tid != c.tid and not self._exempt(prev, c) and not rvc[prev.tid] >= prev.clk:
-                    self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
+                    self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c, rvc=rvc))
         for s, e_, prev in wm.overlapping(a, b):
             if touch and prev.packet:
                 continue  # packet writes meet a hand-over only through the accesses it orders
             if prev.tid == c.tid:
-                if same_thread_ordered or epoch(prev.clk) < epoch(c.clk) or (prev.delta == c.delta and prev.unit == c.unit):
-                    continue
-                if self._exempt(prev, c):
-                    continue
-                self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
+                if not self._same_block_ok(prev, c, same_thread_ordered):
+                    self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c, rvc=rvc))
                 continue
             if self._exempt(prev, c):
                 continue
-            if prev.host:
-                ok = rvc[prev.tid] >= prev.clk
-            else:
-                ok = vc[prev.tid] >= prev.clk
-            if not ok:
+            if not ordered(prev, vc, rvc):
                 self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c,
-                                      exec_ordered=not prev.host and bool(rvc[prev.tid] >= prev.clk)))
+                                      exec_ordered=not prev.host and bool(rvc[prev.tid] >= prev.clk), rvc=rvc))
         pages = self.reads[storage]
         p0, p1 = a >> _PAGE_BITS, (b - 1) >> _PAGE_BITS
         if c.write:
@@ -311,12 +338,10 @@ class AccessLog:
                     if id(item) not in checked:
                         checked.add(id(item))
                         if prev.tid == c.tid:
-                            if not (same_thread_ordered or epoch(prev.clk) < epoch(c.clk) or
-                                    (prev.delta == c.delta and prev.unit == c.unit)) \
-                                    and not self._exempt(prev, c):
-                                self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
+                            if not self._same_block_ok(prev, c, same_thread_ordered):
+                                self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c, rvc=rvc))
                         elif not self._exempt(prev, c) and not rvc[prev.tid] >= prev.clk:
-                            self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c))
+                            self.on_race(RaceInfo(storage, max(s, a), min(e_, b), prev, c, rvc=rvc))
                     if touch or s < a or e_ > b:
                         keep.append(item)  # a hand-over does not hide the reads before it
                 pages[pg] = keep
