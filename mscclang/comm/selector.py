@@ -136,12 +136,12 @@ def select_fused(catalog: Catalog, ranks: int, shape: FusedShape) -> Optional[Pl
     (their norms' ``quant``) and ranks, and hold the size in their range (the shipped one-shot:
     up to 1 MiB; the two-shot: any size); a two-shot whose chunks are not rows runs only when the
     rows split evenly into chunks of whole rows."""
-    from mscclang.plan.collectives import FUSED_NORM
+    from mscclang.plan.collectives import collective
     from mscclang.sim.fused import plan_quantises
 
     found: dict[str, PlanVariant] = {}
     for v in catalog:
-        if v.collective != FUSED_NORM or v.ranks != ranks or v.inplace != shape.inplace or not v.fits(shape.nbytes):
+        if not collective(v.collective).fused or v.ranks != ranks or v.inplace != shape.inplace or not v.fits(shape.nbytes):
             continue
         kind = "twoshot" if "twoshot" in v.algorithm else "oneshot"
         if kind not in found and plan_quantises(v.load()) == shape.quant:

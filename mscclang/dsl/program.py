@@ -110,8 +110,7 @@ class CollectiveProgram:
                            buffer_alignment=buffer_alignment, min_message_size=min_message_size,
                            max_message_size=max_message_size, consistent=consistent, chunk_unit=chunk_unit,
                            replicated_residual=replicated_residual)
-        if (chunk_unit is not None or replicated_residual is not None) and \
-                collective.spec.name != "allreduce_add_rms_norm":
+        if (chunk_unit is not None or replicated_residual is not None) and not collective.spec.row.fused:
             raise DSLError(f"{call}: chunk_unit and replicated_residual are about AllReduceAddRMSNorm programs "
                            f"(their rows and residual), not {collective.spec.name}")
         self.name = name

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from mscclang.errors import PlanError
-from mscclang.plan.collectives import FUSED_NORM, spec_from_plan
+from mscclang.plan.collectives import FUSED_NORM, TABLE, spec_from_plan
 from mscclang.plan.models import (
     EPILOGUE_OPS,
     BufferKind,
@@ -208,15 +208,17 @@ class _Checker:
         plan = self.plan
         if not plan.gpus:
             raise PlanError("a plan needs at least one rank", "gpus")
-        if plan.root is not None and plan.collective != "broadcast":
+        row = TABLE.get(plan.collective)
+        rooted, fused = row is not None and row.rooted, row is not None and row.fused
+        if plan.root is not None and not rooted:
             raise PlanError(f"'root' is only meaningful for broadcast, not {plan.collective}", "root")
-        if plan.replicated_residual is not None and plan.collective != FUSED_NORM:
+        if plan.replicated_residual is not None and not fused:
             raise PlanError(f"'replicated_residual' is about the residual of {FUSED_NORM} plans, not "
                             f"{plan.collective}", "replicated_residual")
-        if plan.collective == FUSED_NORM and not plan.epilogue_ops():
+        if fused and not plan.epilogue_ops():
             raise PlanError(f"an {FUSED_NORM} plan adds the residual and normalises: it needs radd and rmsnorm "
                             "ops (docs/semantics.md, \"Epilogue ops\")", "collective")
-        if plan.chunk_unit is not None and plan.collective != FUSED_NORM:
+        if plan.chunk_unit is not None and not fused:
             raise PlanError(f"'chunk_unit' \"row\" cuts chunks at rows of the epilogue's hidden size: only "
                             f"{FUSED_NORM} plans have rows, not {plan.collective}", "chunk_unit")
         self.check_collective()

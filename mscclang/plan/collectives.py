@@ -38,7 +38,11 @@ class Collective:
       buffer; ``"input_in_output"``: the input is block ``rank`` of the output;
       ``"output_in_input"``: the reverse); ``bus``: the nccl-tests bus-bandwidth factor's scale
       (``bus * (n - 1) / n``; 0: factor 1); ``sized``: the buffers' sizes follow from the blocks
-      (test and custom plans' do not); ``postcondition``: it says what its outputs hold."""
+      (test and custom plans' do not); ``postcondition``: it says what its outputs hold;
+    * ``sources``: where output block ``p`` comes from: ``"all"`` ranks (reduced), ``"each"``
+      (rank ``p``), the ``"root"`` (broadcast) or the rank's ``"sender"`` (sendrecv: the previous
+      rank unless the plan names them); ``from_block``: which input block of those ranks,
+      ``"0"`` or the receiving ``"rank"``'s; ``fused``: the epilogue collective (plan/2)."""
 
     name: str
     api: Optional[str]
@@ -53,6 +57,36 @@ class Collective:
     bus: float = 0.0
     sized: bool = True
     postcondition: bool = True
+    sources: str = "all"
+    from_block: str = "0"
+    fused: bool = False
+
+    @property
+    def rooted(self) -> bool:
+        """Whether a call names a root (broadcast)."""
+        return self.sources == "root"
+
+    @property
+    def has_senders(self) -> bool:
+        """Whether a plan may name each rank's sender (sendrecv)."""
+        return self.sources == "sender"
+
+    def source_ranks(self, n: int, p: int, root: Optional[int] = None, sender: int = 0) -> tuple[int, ...]:
+        """The ranks whose input reaches output block ``p`` (reduced when :attr:`reduces`)."""
+        return {"all": tuple(range(n)), "each": (p,), "root": (root,), "sender": (sender,)}[self.sources]  # type: ignore[return-value]
+
+    def source_block(self, rank: int) -> int:
+        """Which input block of the source ranks reaches ``rank``'s output."""
+        return rank if self.from_block == "rank" else 0
+
+    def block_chunks(self, n: int, in_chunks: int, out_chunks: int) -> int:
+        """The chunks of one block, from a plan's chunk counts (at least 1)."""
+        bi, bo = self.blocks(n)
+        if bi > 1:
+            return max(1, in_chunks // bi)
+        if bo > 1:
+            return max(1, out_chunks // bo)
+        return in_chunks or out_chunks or 1
 
     def blocks(self, n: int) -> tuple[int, int]:
         """(input blocks, output blocks) over ``n`` ranks."""
@@ -128,13 +162,13 @@ class Collective:
 TABLE: dict[str, Collective] = {c.name: c for c in (
     Collective("allreduce", "all_reduce", reduces=True, bus=2.0),
     Collective("allgather", "all_gather", out_blocks="n", in_chunks="1", message="output",
-               inplace="input_in_output", bus=1.0),
+               inplace="input_in_output", bus=1.0, sources="each"),
     Collective("reducescatter", "reduce_scatter", in_blocks="n", out_chunks="1", reduces=True, inplace_copy=False,
-               inplace="output_in_input", bus=1.0),
-    Collective("alltoall", "all_to_all", in_blocks="n", out_blocks="n", bus=1.0),
-    Collective("sendrecv", "send_recv", in_chunks="1", out_chunks="1"),
-    Collective("broadcast", "broadcast", in_chunks="1", out_chunks="1"),
-    Collective(FUSED_NORM, None, reduces=True, inplace_copy=False, bus=2.0),
+               inplace="output_in_input", bus=1.0, from_block="rank"),
+    Collective("alltoall", "all_to_all", in_blocks="n", out_blocks="n", bus=1.0, sources="each", from_block="rank"),
+    Collective("sendrecv", "send_recv", in_chunks="1", out_chunks="1", sources="sender"),
+    Collective("broadcast", "broadcast", in_chunks="1", out_chunks="1", sources="root"),
+    Collective(FUSED_NORM, None, reduces=True, inplace_copy=False, bus=2.0, fused=True),
     Collective("test", None, in_chunks="1", out_chunks="1", inplace_copy=False, sized=False, postcondition=False),
     Collective("custom", None, in_chunks="1", out_chunks="1", inplace_copy=False, sized=False, postcondition=False),
 )}
@@ -240,10 +274,10 @@ class CollectiveSpec:
             raise PlanError(unknown_collective_message(self.name), "collective")
         if self.num_ranks < 1:
             raise PlanError(f"a collective needs at least one rank, got {self.num_ranks}")
-        if self.name == "broadcast" and (self.root is None or not 0 <= self.root < self.num_ranks):
-            raise PlanError(f"broadcast root {self.root} is not a rank of {self.num_ranks}")
+        if self.row.rooted and (self.root is None or not 0 <= self.root < self.num_ranks):
+            raise PlanError(f"{self.name} root {self.root} is not a rank of {self.num_ranks}")
         if self.senders is not None:
-            if self.name != "sendrecv":
+            if not self.row.has_senders:
                 raise PlanError(f"senders are only meaningful for sendrecv, not {self.name}")
             check_senders(self.senders, self.num_ranks)
 
@@ -293,24 +327,18 @@ class CollectiveSpec:
         return None
 
     def expect(self, rank: int, chunk: int) -> Optional[Expect]:
-        """What output chunk ``chunk`` of ``rank`` must hold (``None``: unconstrained)."""
-        n, f = self.num_ranks, self.chunk_factor
-        name = self.name
-        if name in ("allreduce", FUSED_NORM):  # the fused output: the norm of the reduced rows
-            return Expect(tuple((p, chunk) for p in range(n)), True)
-        if name == "allgather":
-            p, j = divmod(chunk, f)
-            return Expect(((p, j),), False)
-        if name == "reducescatter":
-            return Expect(tuple((p, rank * f + chunk) for p in range(n)), True)
-        if name == "alltoall":
-            p, j = divmod(chunk, f)
-            return Expect(((p, rank * f + j),), False)
-        if name == "sendrecv":
-            return Expect(((self.sender(rank), chunk),), False)
-        if name == "broadcast":
-            return Expect(((self.root, chunk),), False)  # type: ignore[arg-type]
-        return None
+        """What output chunk ``chunk`` of ``rank`` must hold (``None``: unconstrained): output block
+        ``p``'s chunk ``j`` holds chunk ``j`` of the source block of :meth:`Collective.source_ranks`
+        (the fused output: the norm of the reduced rows)."""
+        row = self.row
+        if not row.postcondition:
+            return None
+        n = self.num_ranks
+        bi, bo = row.blocks(n)
+        p, j = divmod(chunk, max(1, self.output_chunks // bo))
+        k = row.source_block(rank) * (self.input_chunks // bi) + j
+        srcs = row.source_ranks(n, p, self.root, self.sender(rank))
+        return Expect(tuple((q, k) for q in srcs), row.reduces)
 
     def postcondition(self) -> dict[tuple[int, int], Expect]:
         """Every constrained (rank, output chunk) and what it must hold."""

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 from mscclang.errors import PlanError
+from mscclang.plan.collectives import TABLE
 from mscclang.plan.models import BufferKind, Plan
 
 
@@ -229,24 +230,16 @@ def reference_block(plan: Plan, input_bytes: int, output_bytes: int) -> tuple[in
     cout = g.output_chunks if g else 0
     n = len(plan.gpus)
     coll = plan.collective
-    if coll == "allgather":
-        if output_bytes != n * input_bytes:
-            raise PlanError(f"allgather needs output bytes = {n} x input bytes, got {output_bytes} and {input_bytes}")
-        if cin == 0 or cout != n * cin:
-            raise PlanError(f"allgather plan needs output_chunks = {n} x input_chunks, got {cout} and {cin}", "gpus[0]")
-        return input_bytes, cin, 1, n
-    if coll == "reducescatter":
-        if input_bytes != n * output_bytes:
-            raise PlanError(f"reducescatter needs input bytes = {n} x output bytes, got {input_bytes} and {output_bytes}")
-        if cout == 0 or cin != n * cout:
-            raise PlanError(f"reducescatter plan needs input_chunks = {n} x output_chunks, got {cin} and {cout}", "gpus[0]")
-        return output_bytes, cout, n, 1
-    if coll == "alltoall":
-        if input_bytes % n or output_bytes != input_bytes:
-            raise PlanError(f"alltoall needs equal input and output sizes divisible by {n} ranks, got {input_bytes} and {output_bytes}")
-        if cin % n or cout != cin:
-            raise PlanError(f"alltoall plan needs input_chunks = output_chunks divisible by {n}", "gpus[0]")
-        return input_bytes // n, cin // n, n, n
+    row = TABLE.get(coll)
+    bi, bo = row.blocks(n) if row is not None else (1, 1)
+    if bi > 1 or bo > 1:   # the buffers hold bi and bo blocks of one size
+        if input_bytes % bi or output_bytes != input_bytes // bi * bo:
+            raise PlanError(f"{coll} needs {bi} x output bytes = {bo} x input bytes (whole blocks of {n} ranks), "
+                            f"got {input_bytes} input and {output_bytes} output bytes")
+        if cin == 0 or cin % bi or cout != cin // bi * bo:
+            raise PlanError(f"{coll} plan needs {bi} x output_chunks = {bo} x input_chunks (whole blocks), got "
+                            f"{cin} input and {cout} output chunks", "gpus[0]")
+        return input_bytes // bi, cin // bi, bi, bo
     if cin > 0:
         bb, bc = input_bytes, cin
     else:

@@ -30,6 +30,7 @@ from typing import Any, Optional
 from pydantic import ValidationError
 
 from mscclang.errors import PlanError
+from mscclang.plan.collectives import collective
 from mscclang.plan.io import count_ops, validation_error
 from mscclang.plan.models import (
     MAX_MESSAGE_SIZE,
@@ -264,14 +265,7 @@ def _op_to(op: Op, plan_reduce: Optional[str], path: str) -> dict:
 
 def _derived_chunk_factor(plan: Plan) -> Optional[int]:
     g = plan.gpus[0]
-    n = len(plan.gpus)
-    if plan.collective == "allgather":
-        f = g.input_chunks
-    elif plan.collective in ("allreduce", "reducescatter", "alltoall"):
-        f = g.input_chunks // n if g.input_chunks % n == 0 else 0
-    else:
-        f = g.input_chunks or g.output_chunks
-    return f or None
+    return collective(plan.collective).chunk_factor(len(plan.gpus), g.input_chunks, g.output_chunks) or None
 
 
 def to_mscclpp(plan: Plan) -> dict:
@@ -287,7 +281,7 @@ def to_mscclpp(plan: Plan) -> dict:
                         "(the fused residual add / RMSNorm) and cannot be exported", f"{path}.name")
     if plan.format != PLAN_FORMAT:
         raise PlanError(f"MSCCL++ export takes {PLAN_FORMAT} plans, not {plan.format}", "format")
-    if plan.root is not None or plan.collective == "broadcast":
+    if plan.root is not None or collective(plan.collective).rooted:
         raise PlanError("MSCCL++ plans have no broadcast collective and no root; this plan cannot be "
                         "exported", "root" if plan.root is not None else "collective")
     if plan.collective not in MSCCLPP_COLLECTIVES:

@@ -27,10 +27,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from mscclang.plan.collectives import TABLE
 from mscclang.plan.dtypes import ACCUM_DTYPES, numpy_dtype_info
 
 #: the collectives defined here (plan spelling)
-COLLECTIVES: tuple[str, ...] = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "sendrecv")
+COLLECTIVES: tuple[str, ...] = tuple(c.name for c in TABLE.values() if c.api)
 #: the reductions defined here
 REDUCE_OPS: tuple[str, ...] = ("sum", "min", "max")
 
@@ -64,43 +65,32 @@ def output_elems(collective: str, world_size: int, in_elems: int) -> int:
     when ``in_elems`` does not fit the collective (reducescatter and alltoall inputs must be a
     multiple of the world size)."""
     _check(collective, world_size)
-    n = world_size
-    if collective == "allgather":
-        return n * in_elems
-    if collective in ("reducescatter", "alltoall") and in_elems % n:
-        raise ValueError(f"{collective} needs an input element count divisible by the world size {n}, "
+    row = TABLE[collective]
+    bi, bo = row.blocks(world_size)
+    if in_elems % bi:
+        raise ValueError(f"{collective} needs an input element count divisible by the world size {world_size}, "
                          f"got {in_elems}")
-    if collective == "reducescatter":
-        return in_elems // n
-    return in_elems
+    return row.output_elems(world_size, in_elems)
 
 
 def output_blocks(collective: str, world_size: int, rank: int, in_elems: int,
                   root: Optional[int] = None) -> list[OutputBlock]:
     """Where every output element of ``rank`` comes from, as blocks in output order (see the
-    module's definitions). ``root`` is broadcast's source rank (default 0). ValueError for an
-    unknown collective, a rank or root outside ``0 .. world_size - 1`` or an input size that does
-    not fit the collective."""
-    out = output_elems(collective, world_size, in_elems)
+    module's definitions). ``root`` is broadcast's source rank (default 0); sendrecv's sender is
+    the previous rank. ValueError for an unknown collective, a rank or root outside
+    ``0 .. world_size - 1`` or an input size that does not fit the collective."""
+    output_elems(collective, world_size, in_elems)
     n = world_size
     if not 0 <= rank < n:
         raise ValueError(f"rank {rank} outside 0..{n - 1}")
-    everyone = tuple(range(n))
-    if collective == "allreduce":
-        return [OutputBlock(0, out, everyone, 0)]
-    if collective == "allgather":
-        return [OutputBlock(p * in_elems, in_elems, (p,), 0) for p in range(n)]
-    if collective == "reducescatter":
-        return [OutputBlock(0, out, everyone, rank * out)]
-    if collective == "alltoall":
-        k = in_elems // n
-        return [OutputBlock(p * k, k, (p,), rank * k) for p in range(n)]
-    if collective == "broadcast":
-        src = 0 if root is None else root
-        if not 0 <= src < n:
-            raise ValueError(f"broadcast root {src} outside 0..{n - 1}")
-        return [OutputBlock(0, out, (src,), 0)]
-    return [OutputBlock(0, out, ((rank - 1) % n,), 0)]  # sendrecv
+    row = TABLE[collective]
+    src = 0 if root is None else root
+    if row.rooted and not 0 <= src < n:
+        raise ValueError(f"{collective} root {src} outside 0..{n - 1}")
+    bi, bo = row.blocks(n)
+    k = in_elems // bi
+    return [OutputBlock(p * k, k, row.source_ranks(n, p, src, (rank - 1) % n), row.source_block(rank) * k)
+            for p in range(bo)]
 
 
 def fp8_sum_arrays(views: Sequence[np.ndarray], dt: np.dtype, accum: str) -> np.ndarray:

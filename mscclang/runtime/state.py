@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from mscclang.errors import PlanError, RuntimeUnavailable
+from mscclang.plan.collectives import collective
 from mscclang.plan.models import REDUCE_OPS, Plan
 from mscclang.runtime.device_plan import RankTables, SyncLayout, rank_tables
 
@@ -243,5 +244,5 @@ def describe_call(plan: Plan, in_bytes: int, out_bytes: int, dt: str, pkt: str, 
     """What a call is, as the ranks compare it: collective, sizes, dtype, plan, packet and op."""
     size = f"{in_bytes} B" if in_bytes == out_bytes else f"{in_bytes} B in, {out_bytes} B out"
     extra = f" {pkt.upper()}" if plan.protocol == "LL" else ""
-    red = f" {op}" if plan.collective in ("allreduce", "reducescatter") else ""
+    red = f" {op}" if collective(plan.collective).reduces else ""
     return f"{plan.collective} of {size} {dt} on plan {plan.name}{extra}{red}"

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from mscclang.plan.collectives import FUSED_NORM, CollectiveSpec
+from mscclang.plan.collectives import CollectiveSpec
 from mscclang.plan.layout import Layout
 from mscclang.plan.models import BufferKind, Plan
 from mscclang.sim.exprs import ExprTable
@@ -118,7 +118,7 @@ def check_symbolic_consistency(spec: CollectiveSpec, layouts: Sequence[Layout], 
     ``out_exprs[r]`` holds rank ``r``'s output granule ids; for the fused collective
     ``res_exprs[r]`` its residual's, and every rank's whole residual and output are compared."""
     found = _Findings(launch, level)
-    if spec.name == FUSED_NORM:
+    if spec.row.fused:
         for name, exprs, kind in (("residual", res_exprs, BufferKind.residual),
                                   ("output", out_exprs, BufferKind.output)):
             if exprs is None:
@@ -162,7 +162,7 @@ def check_numeric_consistency(spec: CollectiveSpec, layouts: Sequence[Layout], o
         found.add((rb,), what, f"rank {ra} and rank {rb} hold different bytes in {what} (launch {launch}; first at "
                   f"byte {i}): their results are not the same bits", {"ranks": (ra, rb), "how": "numeric"})
 
-    if spec.name == FUSED_NORM:
+    if spec.row.fused:
         for name, bufs in (("residual", residuals), ("output", outputs)):
             for r in range(1, len(bufs or ())):
                 cmp(0, np.asarray(bufs[0]).view(np.uint8), r, np.asarray(bufs[r]).view(np.uint8), f"the {name}")

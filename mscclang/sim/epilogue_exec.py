@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 
 from mscclang.errors import PlanError
-from mscclang.plan.collectives import FUSED_NORM
 from mscclang.plan.models import BufferKind
 from mscclang.sim.epilogue import norm
 from mscclang.sim.program import COp
@@ -81,7 +80,7 @@ class EpilogueMixin:
         hold every rank's contribution to their chunk exactly once (else the norm reads a row
         before its sum is complete: an ``early-norm-read``)."""
         mem = self.mem[rank]
-        if mem.shadow is None or self.spec.name != FUSED_NORM:
+        if mem.shadow is None or not self.spec.row.fused:
             return
         g = self.sym_granule
         if a % g or b % g:

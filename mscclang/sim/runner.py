@@ -11,6 +11,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from mscclang.errors import PlanError, VerificationError
+from mscclang.plan.collectives import collective
 from mscclang.plan.io import load_plan
 from mscclang.plan.models import OpName, Plan, REDUCE_OPS
 from mscclang.sim.budget import Deadline, Limits, check_runs
@@ -73,11 +74,12 @@ _PARTS = ("input", "output", "block for each peer")
 def _parts(plan: Plan) -> list[tuple[str, Fraction]]:
     """What one rank's buffers are, as fractions of the message (input bytes; allgather: output
     bytes): the input first, the output second, then alltoall's block for each peer."""
-    one, share, g, c = Fraction(1), Fraction(1, len(plan.gpus)), plan.gpus[0], plan.collective
-    if c not in ("allgather", "reducescatter", "alltoall", "allreduce", "sendrecv", "broadcast") and g.input_chunks:
+    one, g, row = Fraction(1), plan.gpus[0], collective(plan.collective)
+    if not row.sized and g.input_chunks:
         return list(zip(_PARTS, (one, Fraction(g.output_chunks, g.input_chunks))))
-    return list(zip(_PARTS, {"allgather": (share, one), "reducescatter": (one, share),
-                             "alltoall": (one, one, share)}.get(c, (one, one))))
+    bi, bo = row.blocks(len(plan.gpus))
+    parts = (Fraction(bi, bo), one) if row.message == "output" else (one, Fraction(bo, bi))
+    return list(zip(_PARTS, parts + ((Fraction(1, bi),) if bi > 1 and bo > 1 else ())))
 
 
 def message_unit(plan: Plan, dtype: DtypeLike = "uint8") -> int:

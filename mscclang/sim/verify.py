@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from mscclang.errors import MscclangError, PlanError, VerificationError
-from mscclang.plan.collectives import FUSED_NORM, CollectiveSpec, check_senders, spec_from_plan
+from mscclang.plan.collectives import CollectiveSpec, check_senders, collective, spec_from_plan
 from mscclang.plan.layout import scratch_bytes_needed
 from mscclang.plan.models import BufferKind, Plan
 from mscclang.sim.budget import Deadline, Estimate, Limits, estimate_runs
@@ -33,21 +32,12 @@ DEFAULT_DTYPES = ("float16", "bfloat16", "float32", "int32")
 
 
 def _blocks_per_message(plan: Plan) -> int:
-    n = len(plan.gpus)
-    return n if plan.collective in ("allgather", "reducescatter", "alltoall") else 1
+    return max(collective(plan.collective).blocks(len(plan.gpus)))
 
 
 def _block_chunks(plan: Plan) -> int:
     g = plan.gpus[0]
-    n = len(plan.gpus)
-    c = plan.collective
-    if c == "allgather":
-        return g.input_chunks
-    if c == "reducescatter":
-        return g.output_chunks
-    if c == "alltoall":
-        return max(1, g.input_chunks // n)
-    return g.input_chunks or g.output_chunks or 1
+    return collective(plan.collective).block_chunks(len(plan.gpus), g.input_chunks, g.output_chunks)
 
 
 #: the largest row of a symbolic shadow, in bytes (see :func:`symbolic_granule`)
@@ -63,7 +53,7 @@ def default_sizes(plan: Plan) -> list[int]:
     least two iterations (:func:`pipeline_size`), so that the slicing is checked. Ascending. A
     fused plan's: the bytes of its default (rows, hidden) cases in float32, whole rows of every
     activation dtype (:func:`~mscclang.sim.fused.default_cases`)."""
-    if plan.collective == FUSED_NORM:
+    if collective(plan.collective).fused:
         return sorted({rows * h * 4 for rows, h in default_cases(plan)})
     a = max(plan.buffer_alignment, 4)
     bc = max(_block_chunks(plan), 1)
@@ -300,7 +290,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     t0 = time.perf_counter()
     p = as_plan(plan)
     spec = spec_from_plan(p)
-    if spec.name == FUSED_NORM:  # row-shaped cases and its own postcondition, the same options
+    if spec.row.fused:  # row-shaped cases and its own postcondition, the same options
         if senders is not None:
             raise VerificationError(f"senders are only meaningful for sendrecv plans, not {spec.name}")
         return verify_fused(p, sizes=sizes, dtypes=dtypes, schedules=schedules, seed=seed, launches=launches,
@@ -315,7 +305,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     rep.postcondition = spec.has_postcondition
     reduces, packets = plan_uses(p)
     rep.problems.extend(protocol_warnings(p, packets))
-    if senders is not None and spec.name != "sendrecv":
+    if senders is not None and not spec.row.has_senders:
         raise VerificationError(f"senders are only meaningful for sendrecv plans, not {spec.name}")
     if sizes is None:
         sizes = default_sizes(p)
@@ -367,7 +357,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
         return rep
     if progs:
         rep.vacuous = not any(_moves_bytes(pr) for pr in progs.values())
-        if spec.name == "sendrecv":
+        if spec.row.has_senders:
             spec = _sendrecv_spec(p, spec, progs[max(progs)], senders, rep)
             for pr in rep.problems:
                 found.known(pr)
@@ -474,7 +464,7 @@ def prove_consistent(plan: PlanLike) -> list[Problem]:
     spec = spec_from_plan(p)
     if not spec.is_reduction:
         return []
-    if spec.name == FUSED_NORM:
+    if spec.row.fused:
         return prove_fused_consistent(p)
     size = min(default_sizes(p))
     ib, ob = message_to_bytes(p, size)
