@@ -18,6 +18,7 @@ from mscclang.algorithms import ALGORITHMS
 from mscclang.algorithms.index import INDEX_FILE, INDEX_FORMAT
 from mscclang.algorithms.registry import AlgorithmInfo, Variant
 from mscclang.errors import MscclangError
+from mscclang.plan.collectives import collective
 from mscclang.plan.io import plan_to_dict
 from mscclang.plan.models import OpName, Plan
 
@@ -80,7 +81,7 @@ def index_entry(info: AlgorithmInfo, v: Variant, plan: Plan, filename: str) -> d
         "inplace": plan.inplace,
         "min_message_size": plan.min_message_size,
         "max_message_size": plan.max_message_size,
-        "size_of": "output" if plan.collective == "allgather" else "input",
+        "size_of": collective(plan.collective).message,
         "instances": v.instances,
         "num_threads_per_block": plan.num_threads_per_block,
         "threadblocks": plan.max_threadblocks(),

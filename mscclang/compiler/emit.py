@@ -177,8 +177,8 @@ def emit(ir: IRProgram) -> Plan:
         min_message_size=ir.min_message_size,
         max_message_size=ir.max_message_size,
         num_ranks=ir.num_ranks,
-        root=spec.root if spec.name == "broadcast" else None,
-        chunk_factor=None if spec.name in ("test", "custom") else spec.chunk_factor * ir.instances,
+        root=spec.root if spec.row.rooted else None,
+        chunk_factor=spec.chunk_factor * ir.instances if spec.row.sized else None,
         reduce_op=next(iter(reduce_ops)) if len(reduce_ops) == 1 else None,
         consistent=ir.consistent,
         chunk_unit=ir.chunk_unit,  # type: ignore[arg-type]

@@ -46,10 +46,8 @@ def block_size(ir: IRProgram, rank: int, kind: BufferKind) -> int:
     spec = ir.spec
     f = spec.chunk_factor
     n = ir.ranks[rank].chunks(kind)
-    name = spec.name
-    if kind == BufferKind.output and name in ("allgather", "alltoall") and n == spec.num_ranks * f:
-        return f
-    if kind == BufferKind.input and name in ("reducescatter", "alltoall") and n == spec.num_ranks * f:
+    bi, bo = spec.row.blocks(spec.num_ranks)
+    if (bo if kind == BufferKind.output else bi) > 1 and n == spec.num_ranks * f:
         return f
     return max(n, 1)
 

@@ -65,34 +65,26 @@ def chunk_classes(ir: IRProgram, rank: int) -> ChunkClasses:
     cin0, cout0 = r0.input_chunks, r0.output_chunks
     me = ir.ranks[rank]
     cin, cout = me.input_chunks, me.output_chunks
-    name = ir.spec.name
+    row = ir.spec.row
+    bi, bo = row.blocks(n)
     periodic: set[BufferKind] = set()
-    if name == "allgather":
-        bc = cin0
-        if cin == bc:
+    if bi > 1 or bo > 1:   # whole blocks of bc chunks: allgather, reducescatter, alltoall
+        bc = cin0 // bi if cin0 % bi == 0 else 0
+        if bc and cin == bi * bc:
             periodic.add(BufferKind.input)
-        if bc and cout == n * bc:
+        if bc and cout == bo * bc:
             periodic.add(BufferKind.output)
-    elif name == "reducescatter":
-        bc = cout0
-        if cout == bc:
-            periodic.add(BufferKind.output)
-        if bc and cin == n * bc:
-            periodic.add(BufferKind.input)
-    elif name == "alltoall":
-        bc = cin0 // n if cin0 % n == 0 else 0
-        if bc and cin == n * bc and cout == cin:
-            periodic.update((BufferKind.input, BufferKind.output))
     else:
         # the block is the input (or the output when there is no input); the other buffer of a
         # standard collective has the same size, so it repeats the block only when its chunk
-        # count is the block's; test/custom collectives may size it freely
+        # count is the block's; test/custom collectives may size it freely, and the fused
+        # collective's FP8 output has other bytes
         bc = cin0 if cin0 > 0 else cout0
         block_kind = BufferKind.input if cin0 > 0 else BufferKind.output
         if me.chunks(block_kind) == bc:
             periodic.add(block_kind)
         other = BufferKind.output if block_kind == BufferKind.input else BufferKind.input
-        if name in ("allreduce", "sendrecv", "broadcast") and me.chunks(other) == bc:
+        if row.sized and not row.fused and me.chunks(other) == bc:
             periodic.add(other)
     return ChunkClasses(bc, frozenset(periodic))
 
