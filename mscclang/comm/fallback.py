@@ -26,6 +26,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mscclang.comm.errors import CommError
+from mscclang.plan.collectives import collective as collective_row
 from mscclang.plan.dtypes import ACCUM_DTYPES, torch_dtype_info
 from mscclang.plan.reference import fp8_sum_arrays
 
@@ -404,7 +405,7 @@ def _fp8_reduction(fb: Any, collective: str, inp: Any, out: Any, rank: int, worl
     dt = torch_dtype_info(inp.dtype).numpy  # type: ignore[union-attr]
     rows = gathered.cpu().numpy().view(dt).reshape(world_size, -1)
     total = fp8_sum_arrays(list(rows), dt, accum)
-    if collective == "reducescatter":
+    if collective_row(collective).blocks(world_size)[0] > 1:   # reduce-scatter: this rank's block
         total = total.reshape(world_size, -1)[rank]
     out.reshape(-1).copy_(torch.from_numpy(total.view(np.uint8).copy()).view(inp.dtype))
 
@@ -416,25 +417,21 @@ def run_fallback(fb: Any, collective: str, inp: Any, out: Any, op: str, root: in
     ``broadcast``, ``send_recv``). fp8 tensors move as bytes; their reductions (sum, in the
     accumulation dtype ``accum``, float32 when None) are gathered and reduced here
     (:func:`_fp8_reduction`)."""
+    row = collective_row(collective)
+    if row.api is None:
+        raise CommError(f"no torch.distributed fallback for collective {collective!r}")
     info = torch_dtype_info(inp.dtype)
     if info is not None and info.accumulates:
         import torch
 
-        if collective in ("allreduce", "reducescatter"):
+        if row.reduces:
             _fp8_reduction(fb, collective, inp, out, rank, world_size, accum or ACCUM_DTYPES[0])
             return
         inp, out = inp.view(torch.uint8), out.view(torch.uint8)
-    if collective == "allreduce":
-        fb.all_reduce(inp, out, op)
-    elif collective == "allgather":
-        fb.all_gather(inp, out)
-    elif collective == "reducescatter":
-        fb.reduce_scatter(inp, out, op)
-    elif collective == "alltoall":
-        fb.all_to_all(inp, out)
-    elif collective == "broadcast":
-        fb.broadcast(out, root)
-    elif collective == "sendrecv":
-        fb.send_recv(inp, out, rank, world_size)
+    run = getattr(fb, row.api)   # the fallback's method of the collective's API name
+    if row.rooted:
+        run(out, root)
+    elif row.has_senders:
+        run(inp, out, rank, world_size)
     else:
-        raise CommError(f"no torch.distributed fallback for collective {collective!r}")
+        run(inp, out, *((op,) if row.reduces else ()))

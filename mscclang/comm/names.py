@@ -11,6 +11,7 @@ from typing import Any
 from mscclang.comm.errors import CommError
 from mscclang.plan import collectives as _collectives
 from mscclang.plan.collectives import API_TO_PLAN, PLAN_TO_API
+from mscclang.plan.collectives import collective as collective_row
 from mscclang.plan.dtypes import DTYPES as _DTYPE_TABLE
 from mscclang.plan.dtypes import GPU_DTYPES, find_dtype
 
@@ -66,12 +67,4 @@ def busbw_factor(collective: str, world_size: int) -> float:
     """Bus-bandwidth factor of nccl-tests: bus bandwidth = bytes / time * factor.
 
     ``bytes`` is the message size (allgather: output bytes; other collectives: input bytes)."""
-    coll = plan_collective(collective)
-    n = world_size
-    if n <= 1:
-        return 1.0
-    if coll == "allreduce":
-        return 2.0 * (n - 1) / n
-    if coll in ("allgather", "reducescatter", "alltoall"):
-        return (n - 1) / n
-    return 1.0
+    return collective_row(plan_collective(collective)).busbw(world_size)

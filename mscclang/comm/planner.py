@@ -188,7 +188,7 @@ class Planner:
         best: Optional[CallPlan] = None
         blocked = False
         for v in sorted(choice.variants, key=lambda v: v.inplace != call.inplace):
-            if coll == "broadcast" and v.root is not None and v.root != root:
+            if call.collective.rooted and v.root is not None and v.root != root:
                 continue
             try:
                 plan = v.load()

@@ -13,13 +13,8 @@ from mscclang.comm.errors import CommError
 from mscclang.comm.names import plan_collective
 from mscclang.comm.sim_backend import SimWorld, numpy_to_torch, torch_to_numpy
 from mscclang.comm.tuning import TuningTable
+from mscclang.plan.collectives import collective as collective_row
 from mscclang.plan.models import MAX_MESSAGE_SIZE, BufferKind, ChannelDesc, ChannelType, Gpu, Plan, RemoteBuffer
-
-_CHUNKS = {  # collective -> (input chunks, output chunks) for f = 1, as multiples of n or 1
-    "allreduce": ("n", "n"), "allgather": ("1", "n"), "reducescatter": ("n", "1"),
-    "alltoall": ("n", "n"), "broadcast": ("1", "1"), "sendrecv": ("1", "1"),
-}
-
 
 def stub_plan(collective: str, world_size: int, *, name: Optional[str] = None, inplace: bool = False,
               symmetric: bool = False, protocol: str = "Simple", root: Optional[int] = None,
@@ -28,7 +23,8 @@ def stub_plan(collective: str, world_size: int, *, name: Optional[str] = None, i
     communicator's staging logic and the reference engine (which computes the definition)."""
     coll = plan_collective(collective)
     n = world_size
-    cin, cout = (n if x == "n" else 1 for x in _CHUNKS[coll])
+    row = collective_row(coll)
+    cin, cout = row.chunks(n, 1)
     kind = BufferKind.output if symmetric else BufferKind.scratch
     gpus = []
     for r in range(n):
@@ -39,7 +35,7 @@ def stub_plan(collective: str, world_size: int, *, name: Optional[str] = None, i
             remote_buffers=[RemoteBuffer(rank=p, type=kind, access_channel_types=[ChannelType.memory])
                             for p in peers]))
     return Plan(name=name or f"{coll}_stub", collective=coll, protocol=protocol, inplace=inplace,
-                num_threads_per_block=threads, root=root if coll == "broadcast" else None,
+                num_threads_per_block=threads, root=root if row.rooted else None,
                 min_message_size=min_bytes, max_message_size=max_bytes, gpus=gpus)
 
 

@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from mscclang.comm.catalog import Catalog, PlanVariant, infer_buffer_mode
 from mscclang.comm.tuning import NCCL, TUNING_FORMAT, Candidate, Rule, TuningTable
+from mscclang.plan.collectives import collective as collective_row
 from mscclang.plan.io import save_plan
 
 
@@ -46,7 +47,7 @@ def candidates(catalog: Catalog, collective: str, world_size: int) -> list[Candi
     """Every (algorithm, instances, threads) the catalog has for a collective and world size."""
     seen: dict[CandidateKey, None] = {}
     for v in catalog.matching(collective, world_size):
-        if collective == "broadcast" and (v.root or 0) != 0:
+        if collective_row(collective).rooted and (v.root or 0) != 0:
             continue
         seen.setdefault(CandidateKey(v.algorithm, v.instances, v.threads), None)
     return list(seen)
@@ -169,8 +170,6 @@ def rank_by_prediction(catalog: Catalog, collective: str, world_size: int, input
     from mscclang.errors import PlanError
     from mscclang.sim import cost
 
-    from mscclang.plan.collectives import collective as collective_row
-
     n = world_size
     row = collective_row(collective)
     out_bytes = row.output_elems(n, input_bytes)
@@ -178,7 +177,7 @@ def rank_by_prediction(catalog: Catalog, collective: str, world_size: int, input
     topo = cost.load_topology(topology, n)
     ranked = []
     for v in catalog.matching(collective, n):
-        if (collective == "broadcast" and (v.root or 0) != 0) or not v.fits(msg):
+        if (row.rooted and (v.root or 0) != 0) or not v.fits(msg):
             continue
         try:
             ranked.append(Predicted(v.label(), cost.predict(v.load(), input_bytes, out_bytes, topo).total_us,
