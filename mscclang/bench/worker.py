@@ -25,6 +25,7 @@ from mscclang.bench.results import ORDINARY, Record
 from mscclang.bench.sizes import format_size
 from mscclang.comm.names import busbw_factor
 from mscclang.config import settings
+from mscclang.plan.collectives import collective as collective_row
 from mscclang.plan.dtypes import DTYPES, torch_dtype
 
 MiB = 1 << 20
@@ -289,7 +290,10 @@ class BenchWorker:
             return fused.make_cell(self, impl, nbytes)
         n, esz, dt, dev = self.world, self.esz, self.dtype, self.device
         total = nbytes // esz
-        per = total // n
+        row = collective_row(coll)
+        in_e, out_e = row.call_bytes(n, total)   # element counts of a message of total elements
+        single = row.blocks(n) == (1, 1)
+        kw = {"root": 0} if row.rooted else {}
         if impl.startswith("mscclang"):
             self._force_algo(coll, impl.partition(":")[2] or None)
             impl = "mscclang"
@@ -311,42 +315,21 @@ class BenchWorker:
             # the specialised kernel of sizes the 'auto' policy specialises only when hot, so the
             # checked call runs the kernel that is then timed
             setup = comm.prepare if prepare else (lambda *_args, **_kw: None)
-            if coll == "all_reduce":
-                x = a.view(dt)
-                setup(coll, x)
-                return _Cell(lambda: comm.all_reduce(x), x, x, total, capture=capture)
-            if coll == "all_gather":
-                i, o = a[:per * esz].view(dt), b.view(dt)
-                setup(coll, i, o)
-                return _Cell(lambda: comm.all_gather(i, out=o), i, o, per, capture=capture)
-            if coll == "reduce_scatter":
-                i, o = a.view(dt), b[:per * esz].view(dt)
-                setup(coll, i, o)
-                return _Cell(lambda: comm.reduce_scatter(i, out=o), i, o, total, capture=capture)
-            if coll == "all_to_all":
-                i, o = a.view(dt), b.view(dt)
-                setup(coll, i, o)
-                return _Cell(lambda: comm.all_to_all(i, out=o), i, o, total, capture=capture)
-            if coll == "broadcast":
-                x = a.view(dt)
-                setup(coll, x, root=0)
-                return _Cell(lambda: comm.broadcast(x, root=0), x, x, total, capture=capture)
-        elif impl == "nccl":
-            if coll == "all_reduce":
-                x = torch.empty(total, dtype=dt, device=dev)
-                return _Cell(lambda: dist.all_reduce(x), x, x, total)
-            if coll == "all_gather":
-                i, o = torch.empty(per, dtype=dt, device=dev), torch.empty(total, dtype=dt, device=dev)
-                return _Cell(lambda: dist.all_gather_into_tensor(o, i), i, o, per)
-            if coll == "reduce_scatter":
-                i, o = torch.empty(total, dtype=dt, device=dev), torch.empty(per, dtype=dt, device=dev)
-                return _Cell(lambda: dist.reduce_scatter_tensor(o, i), i, o, total)
-            if coll == "all_to_all":
-                i, o = torch.empty(total, dtype=dt, device=dev), torch.empty(total, dtype=dt, device=dev)
-                return _Cell(lambda: dist.all_to_all_single(o, i), i, o, total)
-            if coll == "broadcast":
-                x = torch.empty(total, dtype=dt, device=dev)
-                return _Cell(lambda: dist.broadcast(x, src=0), x, x, total)
+            i, o = a[:in_e * esz].view(dt), b[:out_e * esz].view(dt)
+            run = getattr(comm, coll)
+            if single:   # all_reduce, broadcast: one tensor
+                setup(coll, i, **kw)
+                return _Cell(lambda: run(i, **kw), i, i, in_e, capture=capture)
+            setup(coll, i, o)
+            return _Cell(lambda: run(i, out=o), i, o, in_e, capture=capture)
+        elif impl == "nccl" and row.torch is not None:
+            i = torch.empty(in_e, dtype=dt, device=dev)
+            o = i if single else torch.empty(out_e, dtype=dt, device=dev)
+            fn = getattr(dist, row.torch)   # the torch.distributed function of the collective
+            if single:
+                src = {"src": 0} if row.rooted else {}
+                return _Cell(lambda: fn(i, **src), i, i, in_e)
+            return _Cell(lambda: fn(o, i), i, o, in_e)
         elif impl == "symm":
             import torch.distributed._symmetric_memory as symm_mem
 

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from mscclang.plan.collectives import collective as collective_row
 from mscclang.plan.dtypes import SIM_DTYPES, torch_dtype, torch_dtype_info
 from mscclang.plan.io import load_plan
 from mscclang.plan.models import Plan
@@ -77,7 +78,7 @@ def order_free(collective: str, dtype: Any, reduce_op: str, nranks: int) -> bool
     reference in rank order is exact): copies, int32, min/max, or at most 2 contributions."""
     import torch
 
-    return (collective not in ("allreduce", "reducescatter") or dtype == torch.int32
+    return (not collective_row(collective).reduces or dtype == torch.int32
             or reduce_op in ("min", "max") or nranks <= 2)
 
 
@@ -156,7 +157,7 @@ def expectation(plan: Plan, inputs: list, reduce_op: str, rank: int, packet_type
     exact), else the sum's error bound (:func:`sum_bound`) over the elements each output element
     reduces."""
     coll = plan.collective
-    summed = coll in ("allreduce", "reducescatter") and reduce_op == "sum" and len(inputs) > 1
+    summed = collective_row(coll).reduces and reduce_op == "sum" and len(inputs) > 1
     if order_free(coll, inputs[0].dtype, reduce_op, len(inputs)):
         return Expected("exact", exact=reference(plan, inputs, reduce_op, rank), summed=summed)
     n_out = output_elems(coll, len(inputs), inputs[0].numel()) if out_numel is None else out_numel
@@ -193,8 +194,8 @@ def _sizes(plan: Plan, nbytes: int, esize: int, world: int) -> tuple[int, int]:
     """(input elements, output elements) for a message of ``nbytes`` (input bytes; allgather: per
     rank); a reducescatter or alltoall input is rounded down to a multiple of the world size."""
     n_in = max(nbytes // esize, 1)
-    if plan.collective in ("reducescatter", "alltoall"):
-        n_in = max(n_in // world, 1) * world
+    bi = collective_row(plan.collective).blocks(world)[0]
+    n_in = max(n_in // bi, 1) * bi
     if plan.collective not in REFERENCE_COLLECTIVES:   # a test or custom collective: equal sizes
         return n_in, n_in
     return n_in, output_elems(plan.collective, world, n_in)
@@ -217,10 +218,11 @@ def inplace_input(plan: Plan, out: Any, inp: Any, rank: int) -> Any:
     """The in-place layout of a call: ``inp``'s data copied to where the plan reads it inside
     ``out`` (allgather: this rank's block; the other collectives here: the whole output), and
     that view returned as the input."""
-    if plan.collective == "allgather":
+    where = collective_row(plan.collective).inplace
+    if where == "input_in_output":
         k = inp.numel()
         view = out[rank * k:(rank + 1) * k]
-    elif plan.collective in ("allreduce", "alltoall", "sendrecv", "broadcast"):
+    elif where == "same":
         view = out[:inp.numel()]
     else:
         raise ValueError(f"no in-place layout for a {plan.collective} check (allreduce and allgather only)")

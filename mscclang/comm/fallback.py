@@ -381,8 +381,9 @@ class FallbackCalls:
 
         from mscclang.comm.names import call_text
 
-        red = f" {op}{f' accumulated in {accum}' if accum else ''}" if collective in ("allreduce", "reducescatter") \
-            else f" from rank {root}" if collective == "broadcast" else ""
+        row = collective_row(collective)
+        red = f" {op}{f' accumulated in {accum}' if accum else ''}" if row.reduces \
+            else f" from rank {root}" if row.rooted else ""
         text = call_text(collective, inp, out) + red
         mine = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
         everyone = torch.empty(self._group.world_size, dtype=torch.int64)

@@ -195,7 +195,7 @@ class Planner:
             except MscclangError as e:
                 self.note_fallback(coll, f"plan {v.key} cannot be loaded: {e}", level=logging.ERROR)
                 continue
-            if coll == "broadcast" and (plan.root or 0) != root:
+            if call.collective.rooted and (plan.root or 0) != root:
                 continue
             why = self.backend.runnable(plan) if self.backend is not None else None
             if why is not None:

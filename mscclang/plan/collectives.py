@@ -42,7 +42,8 @@ class Collective:
     * ``sources``: where output block ``p`` comes from: ``"all"`` ranks (reduced), ``"each"``
       (rank ``p``), the ``"root"`` (broadcast) or the rank's ``"sender"`` (sendrecv: the previous
       rank unless the plan names them); ``from_block``: which input block of those ranks,
-      ``"0"`` or the receiving ``"rank"``'s; ``fused``: the epilogue collective (plan/2)."""
+      ``"0"`` or the receiving ``"rank"``'s; ``fused``: the epilogue collective (plan/2);
+      ``torch``: its ``torch.distributed`` function (one tensor, or output and input)."""
 
     name: str
     api: Optional[str]
@@ -60,6 +61,7 @@ class Collective:
     sources: str = "all"
     from_block: str = "0"
     fused: bool = False
+    torch: Optional[str] = None
 
     @property
     def rooted(self) -> bool:
@@ -160,14 +162,15 @@ class Collective:
 
 #: every collective, by plan name (the one table; every list of names is read from it)
 TABLE: dict[str, Collective] = {c.name: c for c in (
-    Collective("allreduce", "all_reduce", reduces=True, bus=2.0),
+    Collective("allreduce", "all_reduce", reduces=True, bus=2.0, torch="all_reduce"),
     Collective("allgather", "all_gather", out_blocks="n", in_chunks="1", message="output",
-               inplace="input_in_output", bus=1.0, sources="each"),
+               inplace="input_in_output", bus=1.0, sources="each", torch="all_gather_into_tensor"),
     Collective("reducescatter", "reduce_scatter", in_blocks="n", out_chunks="1", reduces=True, inplace_copy=False,
-               inplace="output_in_input", bus=1.0, from_block="rank"),
-    Collective("alltoall", "all_to_all", in_blocks="n", out_blocks="n", bus=1.0, sources="each", from_block="rank"),
+               inplace="output_in_input", bus=1.0, from_block="rank", torch="reduce_scatter_tensor"),
+    Collective("alltoall", "all_to_all", in_blocks="n", out_blocks="n", bus=1.0, sources="each", from_block="rank",
+               torch="all_to_all_single"),
     Collective("sendrecv", "send_recv", in_chunks="1", out_chunks="1", sources="sender"),
-    Collective("broadcast", "broadcast", in_chunks="1", out_chunks="1", sources="root"),
+    Collective("broadcast", "broadcast", in_chunks="1", out_chunks="1", sources="root", torch="broadcast"),
     Collective(FUSED_NORM, None, reduces=True, inplace_copy=False, bus=2.0, fused=True),
     Collective("test", None, in_chunks="1", out_chunks="1", inplace_copy=False, sized=False, postcondition=False),
     Collective("custom", None, in_chunks="1", out_chunks="1", inplace_copy=False, sized=False, postcondition=False),
