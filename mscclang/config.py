@@ -1,5 +1,7 @@
-"""Every ``MSCCLANG_*`` environment variable, declared once: its type, default, validation and a
-one-line description. Code reads ``settings.<name>``, never ``os.environ``.
+"""Every environment variable mscclang reads or sets, declared once. Each ``MSCCLANG_*`` one with
+its type, default, validation and a one-line description; each of another program (NCCL, CUDA,
+torch, a launcher) with what it means here (:func:`externals`). Code reads ``settings.<name>``,
+never ``os.environ``; the environment NCCL must run with is :func:`nccl_env`.
 
 Each setting is a descriptor on :class:`Settings`; reading it reads the environment at that
 moment (nothing is cached, so a program or a test may change a variable between calls), and a
@@ -8,7 +10,8 @@ an error that names the variable, the value and what is accepted; the error's cl
 the reading subsystem documents (:class:`~mscclang.errors.LimitError` for limits,
 :class:`~mscclang.errors.InvalidCall` for the collective API's settings, ...), by default
 :class:`~mscclang.errors.SettingError`. An explicit value given through an API (for instance
-``Executor(specialize=...)``) goes through the same rule with ``Settings.<name>.parse(value)``.
+``Executor(specialize=...)``) goes through the same rule with ``Settings.<name>.or_env(value)``
+(None: the environment's value).
 
 ``settings`` reads ``os.environ``; ``Settings(mapping)`` reads another mapping (a launcher's
 environment, a test's dict). :func:`describe` lists every setting with its value;
@@ -21,20 +24,42 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, Optional, Sequence, TypeVar, Union
 
-from mscclang.errors import InvalidCall, LimitError, RuntimeUnavailable, SettingError
+from mscclang.errors import InvalidCall, LimitError, RuntimeUnavailable, SettingError, SpecUnsupported, WorkerError
 from mscclang.units import BYTE_COUNT_EXAMPLES, format_bytes, parse_bytes
 
-__all__ = ["Settings", "settings", "EnvSetting", "EnvBool", "EnvInt", "EnvFloat", "EnvBytes", "EnvStr",
-           "EnvPath", "EnvChoice", "SettingInfo", "declared", "describe", "settings_markdown", "settings_text",
-           "default_sim_max_memory"]
+__all__ = ["Settings", "settings", "EnvVar", "EnvSetting", "EnvBool", "EnvInt", "EnvFloat", "EnvBytes", "EnvStr",
+           "EnvPath", "EnvChoice", "SettingInfo", "declared", "externals", "describe", "settings_markdown",
+           "settings_text", "default_sim_max_memory", "nccl_env", "worker_env", "CUDA_MAX_CONNECTIONS"]
 
 T = TypeVar("T")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+CUDA_MAX_CONNECTIONS = 32   # CUDA uses at most 32 hardware work queues per process, whatever is asked
 
 
-class EnvSetting(Generic[T]):
-    """One environment variable ``name``: ``default`` (a value, or a callable giving it, when the
+class EnvVar:
+    """One environment variable ``name``, declared on :class:`Settings`, and what it does
+    (``doc``, one line). This base class declares a variable of another program (NCCL, CUDA,
+    torch, a launcher) that mscclang reads or sets: reading it gives its text as it is (None when
+    unset), and the reader applies that program's rule. :class:`EnvSetting` is a ``MSCCLANG_*`` one."""
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name = name
+        self.doc = doc
+        self.attr = ""
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    def __get__(self, obj: Optional["Settings"], owner: type) -> Any:
+        return self if obj is None else obj.environ.get(self.name)
+
+    def __set__(self, obj: "Settings", value: Any) -> None:
+        raise AttributeError(f"settings.{self.attr} is read from ${self.name}; set the environment variable")
+
+
+class EnvSetting(EnvVar, Generic[T]):
+    """One ``MSCCLANG_*`` variable ``name``: ``default`` (a value, or a callable giving it, when the
     default depends on the machine) applies when it is unset or blank; ``doc`` says what it does
     in one line; ``default_doc`` replaces the default in tables where the value alone would
     mislead (``no cap``); ``error`` is the exception class a bad value raises."""
@@ -45,23 +70,18 @@ class EnvSetting(Generic[T]):
                  default_doc: Optional[str] = None, error: type[Exception] = SettingError) -> None:
         if not name.startswith("MSCCLANG_"):
             raise ValueError(f"setting {name!r}: every variable is named MSCCLANG_*")
-        self.name = name
+        super().__init__(name, doc)
         self.default = default
-        self.doc = doc
         self.default_doc = default_doc
         self.error = error
-        self.attr = ""
-
-    def __set_name__(self, owner: type, attr: str) -> None:
-        self.attr = attr
 
     def __get__(self, obj: Optional["Settings"], owner: type) -> Any:
-        if obj is None:
-            return self
-        return self.parse(obj.environ.get(self.name))
+        return self if obj is None else self.parse(obj.environ.get(self.name))
 
-    def __set__(self, obj: "Settings", value: Any) -> None:
-        raise AttributeError(f"settings.{self.attr} is read from ${self.name}; set the environment variable")
+    def or_env(self, value: Any = None) -> Optional[T]:
+        """``value`` (given through an API) by this setting's rule, or, when it is None, the
+        setting's value in :data:`settings`."""
+        return self.__get__(settings, Settings) if value is None else self.parse(value)
 
     def default_value(self) -> Optional[T]:
         """The default (computed now when it depends on the machine)."""
@@ -304,7 +324,7 @@ class Settings:
     ranks_per_gpu = EnvInt(
         "MSCCLANG_RANKS_PER_GPU", 1,
         "worker processes per GPU, for functional tests on fewer GPUs than ranks (timings mean nothing)",
-        minimum=1)
+        minimum=1, error=WorkerError)
     specialize = EnvChoice(
         "MSCCLANG_SPECIALIZE", "auto", ("auto", "always", "never"),
         "plan-specialised kernels: auto (built in the background: small sizes from their second call, "
@@ -326,7 +346,7 @@ class Settings:
     spec_flags = EnvChoice(
         "MSCCLANG_SPEC_FLAGS", "early", ("early", "end"),
         "when a specialised kernel's block advances its flag: early (after its first op) or end "
-        "(after its last, as the interpreter does)")
+        "(after its last, as the interpreter does)", error=SpecUnsupported)
     spec_threads = EnvStr(
         "MSCCLANG_SPEC_THREADS", "auto",
         "threads per block of specialised kernels: auto (fewest warps the data needs), plan (the "
@@ -364,6 +384,27 @@ class Settings:
     bench_debug = EnvBool(
         "MSCCLANG_BENCH_DEBUG", False, "print the traceback of every failed benchmark cell")
 
+    # --- variables of other programs
+    local_world_size = EnvVar(
+        "LOCAL_WORLD_SIZE", "GPUs per node, set by torchrun and launchers like it (MSCCLANG_GPUS_PER_NODE overrides it)")
+    cuda_device_max_connections = EnvVar(
+        "CUDA_DEVICE_MAX_CONNECTIONS",
+        "CUDA's hardware work queues per process (default 8, at most 32), read when the process first uses CUDA; "
+        "plans need one per port channel side stream beside the launching stream. mscclang's GPU workers start "
+        "with 32 unless it is set")
+    pytorch_cuda_alloc_conf = EnvVar(
+        "PYTORCH_CUDA_ALLOC_CONF", "torch's allocator settings, compared across ranks before a CUDA-graph capture session")
+    pytorch_alloc_conf = EnvVar("PYTORCH_ALLOC_CONF", "the newer name of PYTORCH_CUDA_ALLOC_CONF, compared alike")
+    xdg_cache_home = EnvVar(
+        "XDG_CACHE_HOME", "the user's cache folder: the kernel cache is its mscclang/ (unless MSCCLANG_CACHE_DIR)")
+    nccl_nvls_enable = EnvVar(
+        "NCCL_NVLS_ENABLE", "NCCL's NVLink multicast: set to 0 before mscclang starts NCCL, always; it must never "
+        "be enabled on the machines mscclang runs on")
+    nccl_p2p_disable = EnvVar(
+        "NCCL_P2P_DISABLE", "set to 1 by `mscclang bench --gpus-per-node` (NCCL between one host's \"nodes\" "
+        "takes its network path)")
+    nccl_shm_disable = EnvVar("NCCL_SHM_DISABLE", "set to 1 with NCCL_P2P_DISABLE")
+
 
 #: the settings of this process's environment
 settings = Settings()
@@ -389,6 +430,31 @@ class SettingInfo:
 def declared() -> list[EnvSetting[Any]]:
     """Every setting, in declaration order."""
     return [v for v in vars(Settings).values() if isinstance(v, EnvSetting)]
+
+
+def externals() -> list[EnvVar]:
+    """Every variable of another program that mscclang reads or sets, in declaration order."""
+    return [v for v in vars(Settings).values() if isinstance(v, EnvVar) and not isinstance(v, EnvSetting)]
+
+
+def nccl_env(network_only: bool = False) -> dict[str, str]:
+    """The variables NCCL must run with, for ``os.environ.update`` before a process makes an NCCL
+    communicator or spawns workers that do: NVLink multicast off (``NCCL_NVLS_ENABLE=0``), always,
+    since it must never be enabled on the machines mscclang runs on. ``network_only`` also keeps
+    NCCL off peer-to-peer and shared memory, so that ranks of one host talk as over the network."""
+    env = {Settings.nccl_nvls_enable.name: "0"}
+    if network_only:
+        env.update({Settings.nccl_p2p_disable.name: "1", Settings.nccl_shm_disable.name: "1"})
+    return env
+
+
+def worker_env(of: Optional[Settings] = None) -> dict[str, str]:
+    """The variables a process that mscclang starts to run a GPU rank gets before it first uses
+    CUDA: :func:`nccl_env`, and ``CUDA_DEVICE_MAX_CONNECTIONS`` at CUDA's most unless ``of``
+    (default :data:`settings`) sets it, so that every port channel's side stream has a hardware
+    work queue of its own."""
+    queues = (settings if of is None else of).cuda_device_max_connections
+    return {**nccl_env(), Settings.cuda_device_max_connections.name: queues or str(CUDA_MAX_CONNECTIONS)}
 
 
 def describe(of: Optional[Settings] = None) -> list[SettingInfo]:
@@ -423,8 +489,9 @@ def settings_text(of: Optional[Settings] = None) -> str:
 
 
 def settings_markdown() -> str:
-    """``docs/settings.md``: every setting with its kind, default and description (generated;
-    ``python3 -m mscclang env --markdown > docs/settings.md`` rewrites it)."""
+    """``docs/settings.md``: every setting with its kind, default and description, then every
+    variable of another program with its meaning (generated; ``python3 -m mscclang env --markdown >
+    docs/settings.md`` rewrites it)."""
     head = ("# Settings\n\n"
             "<!-- generated from mscclang/config.py by `python3 -m mscclang env --markdown`; do not edit -->\n\n"
             "Every `MSCCLANG_*` environment variable mscclang reads. Each is read when it is needed, "
@@ -441,4 +508,9 @@ def settings_markdown() -> str:
     for r in describe(Settings({})):
         choices = f"`{'`, `'.join(r.choices)}`: " if r.choices else ""
         rows.append(f"| `{r.name}` | {r.kind} | {r.default} | {choices}{r.doc} |")
+    rows += ["", "## Variables of other programs", "",
+             "mscclang reads or sets these variables of NCCL, CUDA, torch and launchers (declared in "
+             "`mscclang/config.py` too; mscclang never enables NCCL's NVLink multicast).", "",
+             "| variable | what it means to mscclang |", "|---|---|"]
+    rows += [f"| `{v.name}` | {v.doc} |" for v in externals()]
     return head + "\n".join(rows) + "\n"

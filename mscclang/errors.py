@@ -3,7 +3,7 @@ what is wrong (rank, thread block, op index, JSON path)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 
 class MscclangError(Exception):
@@ -71,6 +71,22 @@ class RegistrationError(MscclangError):
     registrations disagree (e.g. the calls captured in a CUDA graph differ between ranks). Raised on
     every rank; nothing registered in that step is used (captured calls that depended on it abort
     on replay instead of touching a wrong address)."""
+
+
+class SpecUnsupported(MscclangError):
+    """The generator of plan-specialised kernels does not specialise this plan (or size, or
+    setting); the interpreter runs it instead."""
+
+
+class WorkerError(MscclangError):
+    """A command failed on a GPU worker of :mod:`mscclang.runtime.workers`: the message gives each
+    failing rank's error (the traceback only where the error is not an mscclang error);
+    ``failures`` holds them as ``RankFailure`` records (empty when the pool itself failed: a worker
+    that did not start or answer, or a bad ``MSCCLANG_RANKS_PER_GPU``)."""
+
+    def __init__(self, message: str, failures: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.failures = list(failures)
 
 
 class NotPrepared(RuntimeUnavailable):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -69,57 +70,161 @@ def _is_environ(node: ast.AST) -> bool:
            (isinstance(node, ast.Name) and node.id == "environ")
 
 
+def _key(k: Optional[ast.AST], consts: dict[str, str]) -> str:
+    if isinstance(k, ast.Constant) and isinstance(k.value, str):
+        return k.value
+    if isinstance(k, ast.Name) and k.id in consts:
+        return consts[k.id]
+    return "<os.environ>" if k is None else f"<{ast.unparse(k)}>"
+
+
 def environ_reads(source: str) -> list[tuple[int, str]]:
-    """(line, key) of every read of os.environ whose key is an MSCCLANG_* string (literal or a
-    module constant) or not a constant at all (a generic reader): ``os.environ.get(k)``,
-    ``os.getenv(k)``, ``os.environ[k]`` (not as an assignment target), ``k in os.environ``."""
+    """(line, key) of every read of the process environment: ``os.environ.get(k)``,
+    ``os.environ.setdefault(k, v)`` (and every other method but ``update``), ``os.getenv(k)``,
+    ``os.environ[k]`` (not as an assignment or ``del`` target), ``k in os.environ``, and
+    ``os.environ`` itself handed on as a mapping (key ``<os.environ>``). A key that is neither a
+    literal nor a module constant is ``<expression>``. Writes (``os.environ[k] = v``,
+    ``os.environ.update(m)``, ``del os.environ[k]``) are not reads."""
     tree = ast.parse(source)
     consts = _constants(tree)
-    keys: list[tuple[int, ast.AST]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and node.args:
-            f = node.func
-            if isinstance(f, ast.Attribute) and ((f.attr == "get" and _is_environ(f.value)) or f.attr == "getenv"):
-                keys.append((node.lineno, node.args[0]))
-        elif isinstance(node, ast.Subscript) and _is_environ(node.value) and isinstance(node.ctx, ast.Load):
-            keys.append((node.lineno, node.slice))
-        elif isinstance(node, ast.Compare) and any(_is_environ(c) for c in node.comparators):
-            keys.append((node.lineno, node.left))
+    parent = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
     out = []
-    for line, k in keys:
-        if isinstance(k, ast.Constant) and isinstance(k.value, str):
-            key = k.value
-        elif isinstance(k, ast.Name) and k.id in consts:
-            key = consts[k.id]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and (getattr(node.func, "attr", None) == "getenv"
+                                           or getattr(node.func, "id", None) == "getenv"):
+            out.append((node.lineno, _key(node.args[0] if node.args else None, consts)))
+        if not _is_environ(node):
+            continue
+        up = parent.get(node)
+        if isinstance(up, ast.Attribute):
+            if up.attr == "update":
+                continue
+            call = parent.get(up)
+            key = call.args[0] if isinstance(call, ast.Call) and call.args else None
+        elif isinstance(up, ast.Subscript) and up.value is node:
+            if not isinstance(up.ctx, ast.Load):
+                continue
+            key = up.slice
+        elif isinstance(up, ast.Compare):
+            key = up.left
         else:
-            key = f"<{ast.unparse(k)}>"
-        if key.startswith("MSCCLANG_") or key.startswith("<"):
-            out.append((line, key))
+            key = None
+        out.append((node.lineno, _key(key, consts)))
     return sorted(out)
 
 
-#: generic environment readers outside config.py, each with why it is one: (file, key expression)
-#: modules allowed to read a variable by a computed name (none in the package today)
-GENERIC_READERS: set[tuple[str, str]] = set()
-
-
-def test_only_config_reads_mscclang_variables():
+def test_only_config_reads_the_environment():
+    """Every variable mscclang reads, MSCCLANG_* or another program's (NCCL, CUDA, torch, the
+    launcher), is read through mscclang.config; other modules only write the environment."""
     found = {}
     for p in PACKAGE.rglob("*.py"):
         rel = p.relative_to(PACKAGE).as_posix()
-        if rel == "config.py":
-            continue
-        reads = [(line, key) for line, key in environ_reads(p.read_text()) if (rel, key) not in GENERIC_READERS]
-        if reads:
+        if rel != "config.py" and (reads := environ_reads(p.read_text())):
             found[rel] = reads
-    assert not found, f"read settings through mscclang.config.settings, not os.environ: {found}"
+    assert not found, f"read the environment through mscclang.config.settings, not os.environ: {found}"
 
 
 def test_the_scanner_sees_every_kind_of_read():
     src = ('import os\nX = "MSCCLANG_A"\nos.environ.get("MSCCLANG_B")\nos.environ[X]\nos.getenv("MSCCLANG_C")\n'
            '"MSCCLANG_D" in os.environ\nos.environ.get(name)\nos.environ["MSCCLANG_E"] = "1"\n'
-           'os.environ.get("HOME")\n')
-    assert [k for _, k in environ_reads(src)] == ["MSCCLANG_B", "MSCCLANG_A", "MSCCLANG_C", "MSCCLANG_D", "<name>"]
+           'os.environ.get("HOME")\nos.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")\n'
+           'env = env or os.environ\nos.environ.update(other)\ndel os.environ["Y"]\n')
+    assert [k for _, k in environ_reads(src)] == ["MSCCLANG_B", "MSCCLANG_A", "MSCCLANG_C", "MSCCLANG_D", "<name>",
+                                                 "HOME", "CUDA_DEVICE_MAX_CONNECTIONS", "<os.environ>"]
+
+
+def _code_strings(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, text) of every string constant of the code, docstrings left out."""
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_nccl_environment_and_variable_names_have_one_home():
+    """NVLink multicast is never enabled: ``nccl_env()`` is the one place that says so, and
+    every module that starts NCCL sets it; no module but config.py spells a variable's name as a
+    key (``Settings.<name>.name`` names it)."""
+    assert config.nccl_env() == {"NCCL_NVLS_ENABLE": "0"}
+    net = config.nccl_env(network_only=True)
+    assert net["NCCL_NVLS_ENABLE"] == "0" and net["NCCL_P2P_DISABLE"] == net["NCCL_SHM_DISABLE"] == "1"
+    names = {s.name for s in declared()} | {e.name for e in config.externals()}
+    assert {"LOCAL_WORLD_SIZE", "CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_NVLS_ENABLE"} <= names
+    found = {}
+    for p in PACKAGE.rglob("*.py"):
+        rel = p.relative_to(PACKAGE).as_posix()
+        if rel == "config.py":
+            continue
+        bad = [(line, s) for line, s in _code_strings(ast.parse(p.read_text()))
+               if "NCCL_NVLS_ENABLE" in s or s in names or re.fullmatch(r"NCCL_[A-Z0-9_]+", s)]
+        if bad:
+            found[rel] = bad
+    assert not found, f"variable names spelled outside mscclang/config.py (use nccl_env(), Settings.<x>.name): {found}"
+
+
+_WRAPPERS = {"int", "float", "bool", "str", "min", "max"}
+
+
+def _reads_settings(e: ast.AST) -> bool:
+    """``settings.x``, ``Settings.x.default``, ``Settings.x.parse(v)``, ``Settings(env).x``."""
+    while isinstance(e, (ast.Attribute, ast.Call)):
+        e = e.value if isinstance(e, ast.Attribute) else e.func
+    return isinstance(e, ast.Name) and e.id in ("settings", "Settings")
+
+
+def _is_second_name(e: ast.AST) -> bool:
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id in _WRAPPERS:
+        return any(_is_second_name(a) for a in e.args)
+    if isinstance(e, ast.IfExp):
+        return _is_second_name(e.body) or _is_second_name(e.orelse)
+    return _reads_settings(e)
+
+
+def second_names(source: str) -> list[str]:
+    """Functions whose body is only a settings read (wrapped at most in int/min/max/..., a choice
+    between an explicit value and the setting, or a try), and module names bound to a setting's
+    value, default, name or choices, or to a function of mscclang.config."""
+    tree = ast.parse(source)
+    from_config = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom)
+                   and n.module == "mscclang.config" for a in n.names}
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = n.body[1:] if ast.get_docstring(n) is not None else n.body
+            if len(body) == 1 and isinstance(body[0], ast.Try) and len(body[0].body) == 1:
+                body = body[0].body
+            if len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None \
+                    and _is_second_name(body[0].value):
+                out.append(f"{n.lineno}: def {n.name}")
+    for n in tree.body:
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
+            if _reads_settings(n.value) or (isinstance(n.value, ast.Name) and n.value.id in from_config):
+                out.append(f"{n.lineno}: {ast.unparse(n.targets[0] if isinstance(n, ast.Assign) else n.target)}")
+    return out
+
+
+def test_settings_have_no_second_names():
+    """Code reads ``settings.<name>`` (an explicit API value: ``Settings.<name>.or_env(value)``),
+    never an accessor or constant that re-exports a setting under another name."""
+    found = {}
+    for p in PACKAGE.rglob("*.py"):
+        rel = p.relative_to(PACKAGE).as_posix()
+        if rel != "config.py" and (names := second_names(p.read_text())):
+            found[rel] = names
+    assert not found, f"read settings.<name> directly: {found}"
+
+
+def test_the_second_name_scanner_sees_every_form():
+    src = ("from mscclang.config import Settings, settings, default_sim_max_memory\n"
+           "A = Settings.x.default\nB: str = Settings.x.name\nC = default_sim_max_memory\nD = 3\n"
+           "def f():\n    'doc'\n    return settings.x\n"
+           "def g():\n    return max(settings.x, 4)\n"
+           "def h(v=None):\n    return Settings.x.parse(v) if v is not None else settings.x\n"
+           "def i():\n    try:\n        return settings.x\n    except E:\n        raise F from None\n"
+           "def j():\n    n = settings.x\n    return n * 2\n"
+           "def k():\n    return Limits(settings.x, settings.y)\n")
+    assert [s.split(": ")[1] for s in second_names(src)] == ["def f", "def g", "def h", "def i", "A", "B", "C"]
 
 
 # ------------------------------------------------------------------------------- byte counts
@@ -176,6 +281,33 @@ def test_a_mapping_of_ones_own():
     assert not Settings({"MSCCLANG_TIMEOUT_S": " "}).is_set("timeout_s")
     with pytest.raises(AttributeError, match="no setting 'environ'"):
         s.is_set("environ")
+
+
+def test_an_explicit_value_or_the_environment(monkeypatch):
+    """``Settings.<name>.or_env(value)``: an API's explicit value by the setting's rule (its
+    error class included), else the environment's value at that moment."""
+    monkeypatch.setenv("MSCCLANG_SPECIALIZE", "never")
+    assert Settings.specialize.or_env() == "never" and Settings.specialize.or_env("1") == "always"
+    monkeypatch.delenv("MSCCLANG_SPECIALIZE")
+    assert Settings.specialize.or_env(None) == "auto"
+    with pytest.raises(RuntimeUnavailable, match="MSCCLANG_ASYNC_ERROR='loud'"):
+        Settings.async_error.or_env("loud")
+    monkeypatch.setenv("MSCCLANG_REGISTER", "nope")
+    with pytest.raises(InvalidCall, match="MSCCLANG_REGISTER='nope'"):
+        Settings.register.or_env()
+    assert Settings.register.or_env("explicit") == "explicit"
+
+
+def test_variables_of_other_programs_are_read_as_text():
+    s = Settings({"LOCAL_WORLD_SIZE": " 4 ", "CUDA_DEVICE_MAX_CONNECTIONS": "16"})
+    assert s.local_world_size == " 4 " and s.cuda_device_max_connections == "16" and s.xdg_cache_home is None
+    assert [v.name for v in config.externals()] == [v.name for v in vars(Settings).values()
+                                                    if isinstance(v, config.EnvVar) and v not in declared()]
+    assert not {v.name for v in config.externals()} & {v.name for v in declared()}
+    with pytest.raises(AttributeError, match="LOCAL_WORLD_SIZE"):
+        s.local_world_size = "2"
+    assert config.worker_env(s) == {"NCCL_NVLS_ENABLE": "0", "CUDA_DEVICE_MAX_CONNECTIONS": "16"}
+    assert config.worker_env(Settings({}))["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
 
 
 _BAD = {EnvBool: "maybe", EnvInt: "x", EnvFloat: "fast", EnvBytes: "lots", EnvChoice: "zzz"}

@@ -10,6 +10,7 @@ import logging
 
 import pytest
 
+from mscclang.config import Settings, settings
 from mscclang.errors import CallMismatch, InvalidCall, RegistrationError
 from mscclang.runtime import registration as regmod
 from mscclang.runtime.registration import (
@@ -421,18 +422,17 @@ def test_byte_counts_and_settings(monkeypatch):
         with pytest.raises(ValueError, match="X="):
             parse_bytes(bad, "X")
     monkeypatch.setenv("MSCCLANG_STAGING_CAP_BYTES", "8M")
-    assert regmod.staging_cap_bytes() == 8 * MiB
+    assert settings.staging_cap_bytes == 8 * MiB
     monkeypatch.delenv("MSCCLANG_STAGING_CAP_BYTES")
-    assert regmod.staging_cap_bytes() == regmod.DEFAULT_STAGING_CAP_BYTES
+    assert settings.staging_cap_bytes == Settings.staging_cap_bytes.default
     monkeypatch.setenv("MSCCLANG_REGISTER", "sometimes")
     with pytest.raises(InvalidCall, match="MSCCLANG_REGISTER"):
-        regmod.registration_mode()
+        settings.register
     monkeypatch.setenv("MSCCLANG_MAX_REGISTRATIONS", "0")
     with pytest.raises(InvalidCall, match="MSCCLANG_MAX_REGISTRATIONS"):
-        regmod.max_registrations()
+        settings.max_registrations
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     assert "expandable_segments:True" in regmod.allocator_config()
-    assert regmod.graph_arena_bytes() >= regmod.ARENA_STRIDE
 
 
 def test_record_layout_round_trips():

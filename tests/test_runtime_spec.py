@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from mscclang.config import Settings, settings
 from mscclang.runtime.structs import BLOCK_HEADER
 
 from mscclang.plan.io import load_plan, plan_to_json
@@ -221,12 +222,13 @@ def test_args_layout_and_packing():
 def test_policy(monkeypatch):
     monkeypatch.delenv("MSCCLANG_SPECIALIZE", raising=False)
     monkeypatch.delenv("MSCCLANG_SPEC_MAX_BYTES", raising=False)
-    assert sb.spec_mode() == "auto"
-    assert sb.spec_mode("0") == "never" and sb.spec_mode("ALWAYS") == "always"
+    mode = Settings.specialize.or_env
+    assert mode() == "auto" and settings.specialize == "auto"
+    assert mode("0") == "never" and mode("ALWAYS") == "always"
     monkeypatch.setenv("MSCCLANG_SPECIALIZE", "off")
-    assert sb.spec_mode() == "never"
+    assert mode() == "never" and mode("auto") == "auto"
     with pytest.raises(Exception, match="auto, always or never"):
-        sb.spec_mode("maybe")
+        mode("maybe")
     for v in ("MSCCLANG_SPEC_FIRST_BYTES", "MSCCLANG_SPEC_HOT_CALLS"):
         monkeypatch.delenv(v, raising=False)
     assert sb.when("auto", 1024, 1024) == "first" and sb.when("auto", 256 << 10, 256 << 10) == "first"
@@ -234,15 +236,15 @@ def test_policy(monkeypatch):
     assert sb.when("auto", 1 << 20, 128 << 20) == "never" and sb.when("auto", 1 << 30, 1 << 30) == "never"
     assert sb.when("always", 1 << 30, 1 << 30) == "first"
     assert sb.when("never", 1024, 1024) == "never"
-    assert sb.spec_hot_calls() == 3
+    assert settings.spec_hot_calls == 3
     monkeypatch.setenv("MSCCLANG_SPEC_HOT_CALLS", "1")   # hot from the first call (built then, in the background)
-    assert sb.when("auto", 1 << 20, 1 << 20) == "hot" and sb.spec_hot_calls() == 1
+    assert sb.when("auto", 1 << 20, 1 << 20) == "hot" and settings.spec_hot_calls == 1
     monkeypatch.setenv("MSCCLANG_SPEC_HOT_CALLS", "0")
     with pytest.raises(Exception, match="MSCCLANG_SPEC_HOT_CALLS=0: must be at least 1"):
-        sb.spec_hot_calls()
+        settings.spec_hot_calls
     monkeypatch.setenv("MSCCLANG_SPEC_HOT_CALLS", "x")
     with pytest.raises(Exception, match="not an integer"):
-        sb.spec_hot_calls()
+        settings.spec_hot_calls
     monkeypatch.delenv("MSCCLANG_SPEC_HOT_CALLS")
     monkeypatch.setenv("MSCCLANG_SPEC_MAX_BYTES", "4096")
     assert sb.when("auto", 8192, 8192) == "never" and sb.when("auto", 4096, 4096) == "first"

@@ -5,11 +5,13 @@ larger than the visible GPUs is refused with the count in the message."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import sys
 import types
 
 import pytest
 
+from mscclang.config import settings
 from mscclang.runtime import workers
 from mscclang.runtime.workers import WorkerError, recv_from
 
@@ -66,7 +68,7 @@ def test_ranks_may_share_a_gpu_for_functional_tests(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setenv("MSCCLANG_RANKS_PER_GPU", "2")
-    assert workers.ranks_per_gpu() == 2 and workers.worker_capacity() == 2
+    assert settings.ranks_per_gpu == 2 and workers.worker_capacity() == 2
     with pytest.raises(WorkerError, match="3 workers needs 2 visible GPU.*2 rank.*1 visible"):
         workers.WorkerPool(world_size=3)
     started = []
@@ -94,7 +96,33 @@ def test_ranks_may_share_a_gpu_for_functional_tests(monkeypatch):
     for bad in ("0", "two"):
         monkeypatch.setenv("MSCCLANG_RANKS_PER_GPU", bad)
         with pytest.raises(WorkerError, match="MSCCLANG_RANKS_PER_GPU"):
-            workers.ranks_per_gpu()
+            settings.ranks_per_gpu
+
+
+def test_a_worker_starts_with_nvlink_multicast_off_whatever_it_is_given(monkeypatch):
+    """A pool worker sets nccl_env() over the environment it is given (NVLink multicast is never
+    enabled), keeps a CUDA_DEVICE_MAX_CONNECTIONS and an MSCCLANG_ASYNC_ERROR it is given, and
+    otherwise starts with 32 work queues and the watchdog logging."""
+    import signal
+
+    import torch
+
+    def no_gpu(dev):
+        raise RuntimeError("stop before CUDA")
+
+    monkeypatch.setattr(signal, "signal", lambda *a: None)   # the worker ignores Ctrl-C; pytest must not
+    monkeypatch.setattr(torch.cuda, "set_device", no_gpu)
+    sent = []
+    conn = types.SimpleNamespace(send=sent.append)
+    keys = ("NCCL_NVLS_ENABLE", "CUDA_DEVICE_MAX_CONNECTIONS", "MSCCLANG_ASYNC_ERROR")
+    for given, want in (({"NCCL_NVLS_ENABLE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "12", "MSCCLANG_ASYNC_ERROR": "abort"},
+                         ("0", "12", "abort")), ({}, ("0", "32", "log"))):
+        for k in keys:
+            monkeypatch.setenv(k, "x")     # restored after the test
+            monkeypatch.delenv(k)
+        workers._worker_main(0, 1, 1, 1.0, conn, given, device=0)
+        assert tuple(os.environ.get(k) for k in keys) == want
+        assert sent[-1][0] == "error" and "stop before CUDA" in sent[-1][1]
 
 
 def test_an_interrupted_command_restarts_the_pool_before_the_next():

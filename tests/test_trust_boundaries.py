@@ -17,7 +17,8 @@ from mscclang.comm.errors import CommError
 from mscclang.comm.tuning import TuningTable
 from mscclang.errors import CallMismatch, CollectiveTimeout, InvalidCall
 from mscclang.runtime.bootstrap import Bootstrap as RuntimeComm
-from mscclang.runtime.watchdog import AbortWatchdog, watchdog_mode
+from mscclang.config import Settings
+from mscclang.runtime.watchdog import AbortWatchdog
 from mscclang.comm.sim_ranks import catalog_of, stub_plan
 
 
@@ -166,5 +167,5 @@ def test_watchdog_log_mode_and_rearm(caplog):
 def test_watchdog_mode_is_checked(monkeypatch):
     monkeypatch.setenv("MSCCLANG_ASYNC_ERROR", "explode")
     with pytest.raises(Exception, match="MSCCLANG_ASYNC_ERROR"):
-        watchdog_mode()
-    assert watchdog_mode("abort") == "abort"
+        Settings.async_error.or_env()
+    assert Settings.async_error.or_env("abort") == "abort"

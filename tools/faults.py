@@ -39,9 +39,10 @@ def _rank_main(rank: int, port: int, args: dict, q: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    from mscclang.runtime.workers import device_of_rank, ranks_per_gpu
+    from mscclang.config import settings
+    from mscclang.runtime.workers import device_of_rank
 
-    dev = device_of_rank(rank, torch.cuda.device_count(), ranks_per_gpu())  # one GPU: both ranks on it
+    dev = device_of_rank(rank, torch.cuda.device_count(), settings.ranks_per_gpu)  # one GPU: both ranks on it
     torch.cuda.set_device(dev)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, wait_for_workers=False)
     from mscclang.comm import Communicator

@@ -15,6 +15,7 @@ from typing import Optional
 from mscclang.bench.report import render
 from mscclang.bench.results import BenchResult, merge, read_jsonl
 from mscclang.bench.worker import BenchConfig, worker_entry
+from mscclang.config import Settings, nccl_env
 from mscclang.errors import RuntimeUnavailable
 
 #: seconds the parent waits past the workers' deadline before killing them
@@ -53,14 +54,12 @@ def spawn_workers(entry, n: int, cfg: BenchConfig, time_limit_s: float) -> list[
     limit or when one fails. Returns the problems seen."""
     import torch.multiprocessing as mp
 
-    os.environ["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast (inherited by the workers)
     gpn = (cfg.extra or {}).get("gpus_per_node")
+    # inherited by the workers: never NVLink multicast; one host's GPUs as nodes of gpn: mscclang's
+    # topology, and NCCL on its network transport
+    os.environ.update(nccl_env(network_only=gpn is not None and gpn < n))
     if gpn is not None:
-        # one host's GPUs as nodes of gpn: mscclang's topology, and NCCL on its network transport
-        os.environ["MSCCLANG_GPUS_PER_NODE"] = str(gpn)
-        if gpn < n:
-            os.environ["NCCL_P2P_DISABLE"] = "1"
-            os.environ["NCCL_SHM_DISABLE"] = "1"
+        os.environ[Settings.gpus_per_node.name] = str(gpn)
     cfg.deadline = time.time() + time_limit_s
     problems: list[str] = []
     ctx = mp.start_processes(entry, args=(n, cfg, _free_port()), nprocs=n, join=False,

@@ -24,7 +24,7 @@ from typing import Any, Callable, ContextManager, Optional, TypeVar
 from mscclang.bench.results import ORDINARY, Record
 from mscclang.bench.sizes import format_size
 from mscclang.comm.names import busbw_factor
-from mscclang.config import settings
+from mscclang.config import nccl_env, settings
 from mscclang.plan.collectives import collective as collective_row
 from mscclang.plan.dtypes import DTYPES, torch_dtype
 
@@ -605,7 +605,7 @@ def run_rank(worker_cls: type[BenchWorker], rank: int, world: int, cfg: BenchCon
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    os.environ.update(nccl_env())
     import torch
     import torch.distributed as dist
 

@@ -63,10 +63,11 @@ from mscclang.compiler.budget import check_ranks
 from mscclang.compiler.driver import collector_paused
 from mscclang.compiler.meter import advance, reporting
 from mscclang.compiler.validate import MAX_THREADBLOCKS
+from mscclang.config import Settings, settings
 from mscclang.errors import CompileError, DSLError, DSLWarning, LimitError, MscclangError, MscclangWarning, PlanError
 from mscclang.plan.io import load_plan, plan_to_dict, plan_to_json
-from mscclang.plan.limits import MAX_PLAN_BYTES_ENV, format_bytes, max_plan_bytes
 from mscclang.plan.models import Plan
+from mscclang.units import format_bytes
 
 __all__ = ["add_parser", "run", "compile_file", "describe_output", "ProgramError"]
 
@@ -159,10 +160,10 @@ def _plan_text(plan: Plan, fmt: str) -> str:
         text = json.dumps(to_mscclpp(plan), indent=2) + "\n"
     else:
         text = plan_to_json(plan)
-    size, limit = len(text.encode()), max_plan_bytes()
+    size, limit = len(text.encode()), settings.max_plan_bytes
     if size > limit:
         raise LimitError(f"the plan is {format_bytes(size)}, over the {format_bytes(limit)} limit on plans (set "
-                         f"{MAX_PLAN_BYTES_ENV} to raise it), which verify, show and predict enforce; nothing "
+                         f"{Settings.max_plan_bytes.name} to raise it), which verify, show and predict enforce; nothing "
                          "was written")
     return text
 

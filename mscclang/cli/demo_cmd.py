@@ -13,6 +13,7 @@ from typing import Any
 
 from mscclang.bench.sizes import format_size, parse_sizes
 from mscclang.cli.args import GPU_DTYPES, SIZES_FORMS, sizes_arg
+from mscclang.config import nccl_env, worker_env
 from mscclang.errors import InvalidCall
 from mscclang.plan.dtypes import find_dtype
 
@@ -26,7 +27,7 @@ def _free_port() -> int:
 
 
 def _gpu_worker(rank: int, world: int, port: int, sizes: list[int], dtype_name: str, q: Any) -> None:
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
+    os.environ.update(nccl_env())
     import torch
     import torch.distributed as dist
 
@@ -139,8 +140,7 @@ def run_gpus(sizes: list[int], dtype: str, world: int) -> int:
     free = min(torch.cuda.mem_get_info(d)[0] for d in range(world))
     _check_sizes(sizes, world + _GPU_BYTES_PER_BYTE, free, "memory on each GPU", "free on the smallest GPU")
 
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
-    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")   # a queue per port side stream (the workers' CUDA)
+    os.environ.update(worker_env())   # inherited by the workers: NVLink multicast off, a queue per port side stream
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()

@@ -181,7 +181,7 @@ def reference(plan: Plan, inputs: list, reduce_op: str, rank: int) -> Any:
 
 def worker_device(w: Any) -> Any:
     """The worker's torch device: ``w.device`` when it has one (CPU test harness), else its
-    communicator's GPU (rank r's GPU is r // ranks per GPU, see :func:`~mscclang.runtime.workers.ranks_per_gpu`)."""
+    communicator's GPU (rank r's GPU is r // ranks per GPU, ``settings.ranks_per_gpu``)."""
     import torch
 
     dev = getattr(w, "device", None)

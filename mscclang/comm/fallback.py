@@ -26,6 +26,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mscclang.comm.errors import CommError
+from mscclang.config import nccl_env
 from mscclang.plan.collectives import collective as collective_row
 from mscclang.plan.dtypes import ACCUM_DTYPES, torch_dtype_info
 from mscclang.plan.reference import fp8_sum_arrays
@@ -204,7 +205,7 @@ class TorchFallback:
             if not dist.is_nccl_available():
                 raise CommError(f"rank {self._rank}: the torch.distributed fallback on {self._device} "
                                 "needs NCCL, which this torch build lacks")
-            os.environ["NCCL_NVLS_ENABLE"] = "0"
+            os.environ.update(nccl_env())
             opts = dist.ProcessGroupNCCL.Options()
             try:
                 opts._timeout = self._timeout
@@ -221,7 +222,7 @@ class TorchFallback:
         gen = int(self._store.add(f"mscclang/fallback/default/{self._rank}", 1))
         prefix = dist.PrefixStore(f"mscclang/fallback/default/{gen}/", self._store)
         if self.backend_name == "nccl":
-            os.environ["NCCL_NVLS_ENABLE"] = "0"
+            os.environ.update(nccl_env())
         dist.init_process_group(self.backend_name, store=prefix, rank=self._rank,
                                 world_size=self._world, timeout=self._timeout)
         self._group = None

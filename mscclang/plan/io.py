@@ -1,7 +1,7 @@
 """Loading and saving plans. Errors name the JSON path of the offending field.
 
 Every way a file can be wrong is a :class:`~mscclang.errors.PlanError`, never another exception:
-too large (:mod:`mscclang.plan.limits`), not UTF-8, not JSON (including ``NaN``, integers of
+too large (``settings.max_plan_bytes``), not UTF-8, not JSON (including ``NaN``, integers of
 thousands of digits, nesting too deep to parse), not an object, too many ops, or not a plan
 (the models' and :func:`~mscclang.plan.check.validate_plan`'s findings, with the JSON path)."""
 
@@ -15,8 +15,8 @@ from typing import Any, Union
 
 from pydantic import ValidationError
 
+from mscclang.config import Settings, settings
 from mscclang.errors import PlanError
-from mscclang.plan.limits import MAX_PLAN_BYTES_ENV, MAX_PLAN_OPS_ENV, max_plan_bytes, max_plan_ops
 from mscclang.units import format_bytes
 from mscclang.plan.models import PLAN_FORMAT, PLAN_FORMAT_2, PLAN_FORMATS, Plan
 
@@ -43,10 +43,10 @@ def _short(value: Any, limit: int = 60) -> str:
 
 def count_ops(data: dict) -> None:
     """Bound the plan's size before any validation work: count its ops (pipeline inner ops
-    included) against :func:`~mscclang.plan.limits.max_plan_ops`, and refuse pipelines nested
+    included) against ``settings.max_plan_ops``, and refuse pipelines nested
     in pipelines here, where nesting costs nothing to find (validating an arbitrarily deep
     nest would recurse). Shapes that are not lists or objects are left to the models."""
-    limit = max_plan_ops()
+    limit = settings.max_plan_ops
     gpus = data.get("gpus")
     if not isinstance(gpus, list):
         return
@@ -71,7 +71,7 @@ def count_ops(data: dict) -> None:
                                         f"gpus[{r}].threadblocks[{t}].ops[{i}].ops[{j}].ops")
             if total > limit:
                 raise PlanError(f"the plan has more than {limit:,} ops (the limit; set "
-                                f"{MAX_PLAN_OPS_ENV} to raise it)", f"gpus[{r}].threadblocks[{t}].ops")
+                                f"{Settings.max_plan_ops.name} to raise it)", f"gpus[{r}].threadblocks[{t}].ops")
 
 
 def validation_error(e: ValidationError) -> PlanError:
@@ -130,16 +130,16 @@ def _reject_constant(name: str) -> Any:
 
 def read_plan_text(source: Union[str, Path]) -> str:
     """The text of a plan file, bounded and decoded: a file larger than
-    :func:`~mscclang.plan.limits.max_plan_bytes` is refused before it is read, and a file that is
+    ``settings.max_plan_bytes`` is refused before it is read, and a file that is
     not UTF-8 (a leading byte-order mark is allowed) is a PlanError naming the offending byte."""
     p = Path(source)
-    limit = max_plan_bytes()
+    limit = settings.max_plan_bytes
     try:
         with p.open("rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > limit:
                 raise PlanError(f"plan file {p} is {format_bytes(size)}, more than the "
-                                f"{format_bytes(limit)} limit (set {MAX_PLAN_BYTES_ENV} to raise it)")
+                                f"{format_bytes(limit)} limit (set {Settings.max_plan_bytes.name} to raise it)")
             raw = f.read(limit + 1)  # a file that grows (or a pipe) cannot exceed the limit either
     except OSError as e:
         raise PlanError(f"cannot read plan file {p}: {e.strerror or e}") from None
@@ -147,7 +147,7 @@ def read_plan_text(source: Union[str, Path]) -> str:
         raise PlanError(f"cannot read plan file {source!r}: {e}") from None
     if len(raw) > limit:
         raise PlanError(f"plan file {p} is more than the {format_bytes(limit)} limit "
-                        f"(set {MAX_PLAN_BYTES_ENV} to raise it)")
+                        f"(set {Settings.max_plan_bytes.name} to raise it)")
     return decode_plan_bytes(raw, str(p))
 
 
@@ -165,10 +165,10 @@ def parse_plan_json(text: str) -> Any:
     """Parse JSON text with every failure a PlanError: syntax errors (with line and column),
     ``NaN``/``Infinity``, integers past Python's digit limit, nesting too deep to parse, and text
     longer than the plan size limit."""
-    limit = max_plan_bytes()
+    limit = settings.max_plan_bytes
     if len(text) > limit:  # characters: a cheap bound before encoding
         raise PlanError(f"the plan text is more than the {format_bytes(limit)} limit "
-                        f"(set {MAX_PLAN_BYTES_ENV} to raise it)")
+                        f"(set {Settings.max_plan_bytes.name} to raise it)")
     if text.startswith("\ufeff"):  # a byte-order mark, as a file read with read_text() keeps it
         text = text[1:]
     try:
@@ -185,11 +185,11 @@ def read_plan_document(source: Union[str, Path]) -> Any:
     """Read and parse a plan file (``"-"``: standard input) into JSON data, bounded as
     :func:`read_plan_text` and :func:`parse_plan_json` say; the format is not checked."""
     if str(source) == "-":
-        limit = max_plan_bytes()
+        limit = settings.max_plan_bytes
         raw = sys.stdin.buffer.read(limit + 1)
         if len(raw) > limit:
             raise PlanError(f"the plan on standard input is more than the {format_bytes(limit)} "
-                            f"limit (set {MAX_PLAN_BYTES_ENV} to raise it)")
+                            f"limit (set {Settings.max_plan_bytes.name} to raise it)")
         text = decode_plan_bytes(raw, "standard input")
         if not text.strip():
             raise PlanError("no plan on standard input ('-' reads the plan JSON from stdin)")
@@ -212,7 +212,7 @@ def load_plan(source: Union[str, Path, dict, Any], check: bool = True) -> Plan:
     With ``check`` (the default) the plan must also pass the semantic checks of
     :func:`mscclang.plan.check.validate_plan` (indexes in range, operands per op kind, chunk counts
     fitting the collective); failures raise PlanError with the JSON path. Files are read within
-    the limits of :mod:`mscclang.plan.limits` (size, op count), which raise PlanError too.
+    the limits of ``settings.max_plan_bytes`` and ``settings.max_plan_ops`` (size, op count), which raise PlanError too.
     """
     if isinstance(source, dict):
         data: Any = source

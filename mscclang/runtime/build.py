@@ -102,7 +102,7 @@ def cache_dir() -> Path:
     d = settings.cache_dir
     if d:
         return Path(d)
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = settings.xdg_cache_home
     return (Path(xdg) if xdg else Path.home() / ".cache") / "mscclang"
 
 

@@ -16,13 +16,12 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from mscclang.config import settings
 from mscclang.errors import InvalidCall, NotPrepared, RuntimeUnavailable
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.device_plan import MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, pack_blob
 from mscclang.runtime.packing import pack_blocks
-from mscclang.runtime.registration import (
-    ARENA_STRIDE, Region, allocator_config, graph_arena_bytes, zero_copy_operands,
-)
+from mscclang.runtime.registration import ARENA_STRIDE, Region, allocator_config, zero_copy_operands
 from mscclang.runtime.state import EntryKey, LaunchEntry, LoadedPlan, Operands, describe_call
 from mscclang.runtime.structs import CONSTANTS, PLAN_HEADER
 
@@ -273,7 +272,7 @@ class CaptureGlue:
         if self._capturing():
             raise InvalidCall(f"rank {self.comm.rank}: open the graph-capture session before torch.cuda.graph "
                               "starts capturing")
-        size = graph_arena_bytes() if arena_bytes is None else max(int(arena_bytes), ARENA_STRIDE)
+        size = max(settings.graph_arena_bytes if arena_bytes is None else int(arena_bytes), ARENA_STRIDE)
         size = -(-size // ARENA_STRIDE) * ARENA_STRIDE
         config = allocator_config()
         free = sum(a.size - a.used for a in self.state.arenas)

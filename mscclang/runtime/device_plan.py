@@ -13,10 +13,10 @@ the sync-area layout and channel tables of a rank, and the whole blob.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
+from mscclang.config import CUDA_MAX_CONNECTIONS, Settings
 from mscclang.errors import PlanError
 from mscclang.plan.check import validate_plan
 from mscclang.plan.models import SWITCH_OPS, BufferKind, ChannelOrdinal, ChannelType, Op, OpName, Plan, ThreadBlock
@@ -63,7 +63,6 @@ def where_of(rank: int, tb: int, i: int, inner: Optional[int] = None) -> str:
 # load-time checks
 
 
-CUDA_MAX_CONNECTIONS = 32   # CUDA uses at most 32 hardware work queues per process, whatever is asked
 CUDA_DEFAULT_CONNECTIONS = 8
 
 
@@ -71,7 +70,7 @@ def process_work_queues(env: Optional[Mapping[str, str]] = None) -> int:
     """The hardware work queues CUDA gives this process: ``CUDA_DEVICE_MAX_CONNECTIONS`` (CUDA's
     variable, read by CUDA when the process first uses the GPU; a value that is not a positive
     integer counts as CUDA's default, 8), at most 32. mscclang's own worker processes set 32."""
-    text = str((os.environ if env is None else env).get("CUDA_DEVICE_MAX_CONNECTIONS", "")).strip()
+    text = str(Settings(env).cuda_device_max_connections or "").strip()
     n = int(text) if text.isdigit() and int(text) > 0 else CUDA_DEFAULT_CONNECTIONS
     return min(n, CUDA_MAX_CONNECTIONS)
 

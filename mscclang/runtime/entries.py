@@ -40,17 +40,13 @@ from mscclang.runtime.packing import pack_blocks
 from mscclang.runtime.kernels import SPEC_ERRORS, KernelCache, unsupported
 from mscclang.runtime.ports import PortScript
 from mscclang.runtime.proxy import Incoming, PortLaunch
-from mscclang.runtime.spec_build import pack_args, spec_hot_calls, when
+from mscclang.runtime.spec_build import pack_args, when
 from mscclang.runtime.spec_source import generate
 from mscclang.runtime.state import (
     DevPlan, EntryKey, LaunchEntry, LoadedPlan, Operands, Pending, SpecLaunch, describe_call,
 )
 
 log = logging.getLogger("mscclang.runtime.entries")
-
-def max_entries() -> int:
-    """The entry cap (``$MSCCLANG_MAX_LAUNCH_ENTRIES``)."""
-    return int(settings.max_launch_entries)
 
 
 class Entries:
@@ -73,7 +69,7 @@ class Entries:
         self._specialize = specialize
         self._capturing = capturing
         self._capturing_now = capturing_now
-        self.cap = max_entries()
+        self.cap = settings.max_launch_entries
         self._lru: "OrderedDict[tuple[int, EntryKey], LoadedPlan]" = OrderedDict()
         self._pinned: set[tuple[int, EntryKey]] = set()
         self.evicted = 0
@@ -196,7 +192,7 @@ class Entries:
             return self._spec_launch(sp, dp, lp.ctx), None
         # 'first' sizes are built at their second call, 'hot' ones at the policy's count: a size
         # called once (a stream of new sizes) builds nothing
-        pend = Pending(1 if w == "first" else spec_hot_calls() - 1, args)
+        pend = Pending(1 if w == "first" else settings.spec_hot_calls - 1, args)
         if pend.calls <= 0:
             pend.build = self._start(lp, dt, pkt, op, dp)
             if pend.build is None:

@@ -37,8 +37,6 @@ from mscclang.runtime.epilogue import Epilogue, _fp8_name, epi_plan, pack_args
 from mscclang.runtime.kernels import KernelCache
 from mscclang.runtime.launcher import Launcher
 from mscclang.runtime.proxy import PortLaunch, PortProxy
-from mscclang.runtime.registration import staging_cap_bytes
-from mscclang.runtime.spec_build import spec_mode
 from mscclang.runtime.staging import StagingPool
 from mscclang.runtime.state import (
     Bound, LaunchEntry, LoadedPlan, Operands, Spec, describe_call, packet_code, plan_reduce_op,
@@ -50,9 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mscclang.runtime")
 
-DEFAULT_TIMEOUT_S = Settings.timeout_s.default
-
-__all__ = ["Executor", "Epilogue", "LoadedPlan", "torch_dtype_code", "plan_reduce_op", "DEFAULT_TIMEOUT_S"]
+__all__ = ["Executor", "Epilogue", "LoadedPlan", "torch_dtype_code", "plan_reduce_op"]
 
 
 class Executor:
@@ -79,7 +75,7 @@ class Executor:
         abort = AbortState(comm, lambda: self._last_call, watchdog,
                            poll_s=float(settings.watchdog_poll_s))
         self._assemble(comm, f"sm_{cc[0]}{cc[1]}", cu.device_attribute(dev, "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
-                       int(timeout_s * 1e9), spec_mode(specialize), Launcher(dev, cooperative), abort)
+                       int(timeout_s * 1e9), Settings.specialize.or_env(specialize), Launcher(dev, cooperative), abort)
         if self.specialize != "never":
             # NVRTC found and loaded now, on this thread, at set-up: done by the first background
             # build instead, its library search and import hold the GIL (and the import lock)
@@ -114,7 +110,7 @@ class Executor:
         # staging is symmetric to the plans that run on it (reported as staging)
         alloc = lambda n, api: (comm._sym_alloc(n, label="staging") if api  # noqa: E731
                                 else comm._sym_alloc(n, internal=True))
-        self.staging = StagingPool(alloc, self._release, comm.barrier, staging_cap_bytes(), capturing, comm.rank,
+        self.staging = StagingPool(alloc, self._release, comm.barrier, settings.staging_cap_bytes, capturing, comm.rank,
                                    floor=settings.staging_min_bytes)
         self.capture = CaptureGlue(comm, self._forget, capturing, capturing_now, abort.dev, self._check_tensor)
         self.entries = Entries(comm, self.kernels, self.contexts, self.staging, self.capture, self.topology,
@@ -136,7 +132,7 @@ class Executor:
 
     def set_specialize(self, mode: str) -> None:
         """Switch the kernel policy ('auto', 'always', 'never'); later calls re-pick their kernel."""
-        self.specialize = spec_mode(mode)
+        self.specialize = Settings.specialize.or_env(mode)
         for lp in self._loaded.values():
             self.entries.clear(lp)
 

@@ -66,7 +66,6 @@ GPUs: larger staging is released after its call),
 from __future__ import annotations
 
 import logging
-import os
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, Sequence
@@ -79,55 +78,20 @@ from mscclang.runtime.sessions import CaptureSession, CaptureSessions
 
 log = logging.getLogger("mscclang.runtime")
 
-MODES = Settings.register.choices
-DEFAULT_MAX_REGISTRATIONS = Settings.max_registrations.default
 #: designed defaults (``auto``, 128 MiB) apply once the GPU tests have run on this code; until then
 #: registration is off and staging uncapped, i.e. the behaviour the GPU suites have validated
 DESIGNED_MODE = "auto"
 DESIGNED_STAGING_CAP_BYTES = 128 << 20
-DEFAULT_MODE = Settings.register.default
-DEFAULT_STAGING_CAP_BYTES = Settings.staging_cap_bytes.default
-DEFAULT_GRAPH_ARENA_BYTES = Settings.graph_arena_bytes.default
 #: bytes per device-plan slot of a capture arena: every slot starts with an aborting plan header
 #: and room for the block table of the largest grid (16 KiB holds 2000 block entries)
 ARENA_STRIDE = 16 << 10
 
 
-def registration_mode(value: Optional[str] = None) -> str:
-    """The registration policy: ``value`` or ``$MSCCLANG_REGISTER`` (default :data:`DEFAULT_MODE`,
-    ``off`` until the GPU tests of registration have run; ``auto`` is the designed default)."""
-    return settings.register if value is None else Settings.register.parse(value)
-
-
-def staging_cap_bytes() -> int:
-    """Staging kept between calls (``$MSCCLANG_STAGING_CAP_BYTES``; default no cap until the GPU
-    tests of the cap have run, 128 MiB designed): a call that needs more gets staging of its own,
-    released when its work is done."""
-    return settings.staging_cap_bytes
-
-
-def graph_arena_bytes() -> int:
-    """Device-plan arena of a capture session (``$MSCCLANG_GRAPH_ARENA_BYTES``, default 4 MiB,
-    256 zero-copy calls of up to 16 KiB of device plan each)."""
-    return max(settings.graph_arena_bytes, ARENA_STRIDE)
-
-
-def max_registrations() -> int:
-    """Registrations kept (``$MSCCLANG_MAX_REGISTRATIONS``, default 64); beyond, the least
-    recently used is dropped (collectively)."""
-    return settings.max_registrations
-
-
-def check_registration() -> bool:
-    """``$MSCCLANG_CHECK_REGISTRATION=1``: compare every zero-copy call's buffers across ranks."""
-    return settings.check_registration
-
-
 def allocator_config() -> str:
     """torch's allocator settings of this process, as the ranks compare them before a capture
     session (a rank with expandable segments cannot export what its peers can)."""
-    return (f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '')}|"
-            f"PYTORCH_ALLOC_CONF={os.environ.get('PYTORCH_ALLOC_CONF', '')}")
+    return (f"PYTORCH_CUDA_ALLOC_CONF={settings.pytorch_cuda_alloc_conf or ''}|"
+            f"PYTORCH_ALLOC_CONF={settings.pytorch_alloc_conf or ''}")
 
 
 # ------------------------------------------------------------------------------------------
@@ -227,11 +191,11 @@ class Registry:
                  max_regions: Optional[int] = None, verify: Optional[bool] = None) -> None:
         self.comm = comm
         self.ipc = ipc if ipc is not None else CudaIpc()
-        self.mode = registration_mode(mode)
-        self.max_regions = max_registrations() if max_regions is None else int(max_regions)
+        self.mode = Settings.register.or_env(mode)
+        self.max_regions = settings.max_registrations if max_regions is None else int(max_regions)
         if self.max_regions < 1:
             raise InvalidCall(f"max_regions must be positive, got {self.max_regions}")
-        self.verify = check_registration() if verify is None else bool(verify)
+        self.verify = settings.check_registration if verify is None else bool(verify)
         self.on_release: list[Callable[[list[Region]], None]] = []
         self.sessions = CaptureSessions(self)
         self._table: dict[int, Region] = {}     # eager registrations by seq: the same seqs on every rank

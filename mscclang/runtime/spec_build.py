@@ -28,57 +28,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from mscclang.config import Settings, settings
+from mscclang.config import settings
 from mscclang.errors import RuntimeUnavailable
 from mscclang.runtime import build
 from mscclang.runtime.device_plan import SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, SyncLayout
 from mscclang.runtime.spec_source import ArgsLayout, SpecSource, SpecUnsupported, generate
 
-MODES: tuple[str, ...] = Settings.specialize.choices
+
 # Specialising up to 64 MiB halves the 1-4 MiB times on 2x H200 (notes/perf.md v5); each new
 # (plan, size) costs one NVRTC build, so above 256 KiB only sizes that are prepared or called again
 # get one (building every size at first use made the GPU suite outrun its time budget).
-DEFAULT_FIRST_BYTES: int = Settings.spec_first_bytes.default
-DEFAULT_MAX_BYTES: int = Settings.spec_max_bytes.default
-DEFAULT_HOT_CALLS: int = Settings.spec_hot_calls.default
-
-
-def spec_mode(value: Optional[str] = None) -> str:
-    """Normalised mode: ``value``, else ``$MSCCLANG_SPECIALIZE``, else ``auto`` (aliases such as
-    ``off`` and ``1`` are accepted; RuntimeUnavailable naming the variable otherwise)."""
-    return Settings.specialize.parse(value) if value is not None else settings.specialize
-
-
-def spec_max_bytes() -> int:
-    """Largest message (input or output bytes) ``auto`` specialises (``$MSCCLANG_SPEC_MAX_BYTES``)."""
-    return settings.spec_max_bytes
-
-
-def spec_first_bytes() -> int:
-    """Largest message ``auto`` specialises at its first call (``$MSCCLANG_SPEC_FIRST_BYTES``,
-    never above :func:`spec_max_bytes`)."""
-    return min(settings.spec_first_bytes, spec_max_bytes())
-
-
-def spec_hot_calls() -> int:
-    """Calls of one (plan, sizes, dtype, packet, op) after which ``auto`` builds its kernel for a
-    size above :func:`spec_first_bytes` (``$MSCCLANG_SPEC_HOT_CALLS``; the kernel runs from that
-    call on; 1 = at first use)."""
-    return settings.spec_hot_calls
-
-
 def when(mode: str, input_bytes: int, output_bytes: int) -> str:
     """When ``mode`` wants a specialised kernel at these sizes: 'first' (a small size: from its
     second call under 'auto', its first under 'always'), 'hot' (at ``prepare()`` or once called
-    :func:`spec_hot_calls` times) or 'never'."""
+    ``settings.spec_hot_calls`` times: calls of one (plan, sizes, dtype, packet, op)) or 'never'.
+    Under 'auto', a size up to ``settings.spec_first_bytes`` (never above
+    ``settings.spec_max_bytes``) is small; one up to ``settings.spec_max_bytes`` (input or output
+    bytes) is hot; a larger one never."""
     if mode == "never":
         return "never"
     if mode == "always":
         return "first"
-    n = max(input_bytes, output_bytes)
-    if n <= spec_first_bytes():
+    n, top = max(input_bytes, output_bytes), settings.spec_max_bytes
+    if n <= min(settings.spec_first_bytes, top):
         return "first"
-    if n <= spec_max_bytes():
+    if n <= top:
         return "hot"
     return "never"
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from mscclang.config import settings
-from mscclang.errors import MscclangError, SettingError
+from mscclang.errors import SpecUnsupported
 from mscclang.plan.dtypes import KERNEL_CODES, kernel_dtype
 from mscclang.plan.models import BufferKind, ChannelType, Plan
 from mscclang.runtime.device_plan import (
@@ -40,10 +40,6 @@ MAX_ARGS_BYTES = 4096    # kernel parameter struct (the classic limit, safe on e
 _DT = {c: (f"DT_{c.upper()}", kernel_dtype(c).itemsize) for c in KERNEL_CODES}
 _OP = {"sum": "ROP_SUM", "min": "ROP_MIN", "max": "ROP_MAX"}
 _PKT = {"ll16": 16, "ll8": 8}
-
-
-class SpecUnsupported(MscclangError):
-    """The generator does not specialise this plan (or size); the interpreter runs it instead."""
 
 
 
@@ -256,7 +252,9 @@ class _Gen:
         self.remote_kinds = list(remote_kinds)
         self.steps = 0
         self.n_blocks = len(packed.blocks)
-        self.early_flags = flags_mode() == "early"
+        # early: advance the flag right after the first op, behind a block barrier, so the flag stores
+        # drain while the block waits for its peers; a launch that finds the abort word set leaves them
+        self.early_flags = settings.spec_flags == "early"
 
     # operand pointer expressions --------------------------------------------------------------
     def base(self, desc: int) -> str:
@@ -446,17 +444,6 @@ _STOP_CHECK = ("  if (stop) {  // a peer or an earlier launch aborted\n"
                "    if (tid == 0) { record_error(a, -1, WHAT_PEER_ABORT, -1, 0ull, 0ull, 0ull); hold_for_host(a); }\n"
                "    return;\n"
                "  }")
-
-
-def flags_mode() -> str:
-    """When a block advances its flag (``$MSCCLANG_SPEC_FLAGS``): 'early' (default: right after
-    its first op, behind a block barrier, so the flag stores drain while the block waits for its
-    peers) or 'end' (after its last op, as the interpreter does). Either way a launch that finds
-    the abort word set leaves the flags alone."""
-    try:
-        return settings.spec_flags
-    except SettingError as e:
-        raise SpecUnsupported(str(e)) from None
 
 
 def _needed_threads(g: _Gen, blocks: list[list[Rec]]) -> int:

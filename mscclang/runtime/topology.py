@@ -9,7 +9,6 @@ Which transport carries each channel, and which plans a layout refuses, is
 
 from __future__ import annotations
 
-import os
 from typing import Mapping, Optional
 
 from mscclang.config import Settings
@@ -22,9 +21,10 @@ def topology_from_env(world_size: int, env: Optional[Mapping[str, str]] = None) 
     """The launcher's layout in ``env`` (default ``os.environ``): ``MSCCLANG_GPUS_PER_NODE``, else
     ``LOCAL_WORLD_SIZE`` (at most ``world_size``), else one node. RuntimeUnavailable names a
     variable that is not a number of GPUs per node, or one the ranks do not split by."""
-    gpn = Settings(env).gpus_per_node
+    s = Settings(env)
+    gpn = s.gpus_per_node
     if gpn is None:
-        text = (os.environ if env is None else env).get("LOCAL_WORLD_SIZE", "").strip()
+        text = (s.local_world_size or "").strip()
         try:
             gpn = min(int(text), world_size) if text else world_size
         except ValueError:

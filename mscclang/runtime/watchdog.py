@@ -27,19 +27,10 @@ import threading
 import time
 from typing import Callable, Optional
 
-from mscclang.config import Settings, settings
+from mscclang.config import Settings
 from mscclang.errors import CollectiveTimeout
 
 log = logging.getLogger("mscclang.runtime")
-
-MODES: tuple[str, ...] = Settings.async_error.choices
-
-
-def watchdog_mode(mode: Optional[str] = None) -> str:
-    """The watchdog's action: ``mode``, else ``$MSCCLANG_ASYNC_ERROR``, else ``raise``
-    (RuntimeUnavailable naming the variable for anything but raise, abort or log)."""
-    return Settings.async_error.parse(mode) if mode else settings.async_error
-
 
 def raise_in_thread(thread_id: int, message: str) -> bool:
     """Raise ``CollectiveTimeout(message)`` asynchronously in thread ``thread_id``; False when no
@@ -60,7 +51,7 @@ class AbortWatchdog:
     def __init__(self, state: Callable[[], int], describe: Callable[[], str], reported: Callable[[], bool],
                  target: Callable[[], Optional[int]], mode: Optional[str] = None, poll_s: float = 0.05,
                  grace_s: float = 0.2, acknowledge: Optional[Callable[[], None]] = None) -> None:
-        self.mode = watchdog_mode(mode)
+        self.mode = Settings.async_error.or_env(mode)
         self._ack = acknowledge
         self._state, self._describe, self._reported, self._target = state, describe, reported, target
         self.poll_s, self.grace_s = poll_s, grace_s

@@ -6,6 +6,12 @@ and builds a :class:`~mscclang.runtime.bootstrap.Bootstrap` and an
 ``function(worker, *args)`` on every rank at once and returns the per-rank results (exceptions
 come back as ``WorkerError`` with the rank's traceback). Used by the GPU tests (one pool for the
 whole session) and by ``mscclang run``.
+
+``settings.ranks_per_gpu`` (``MSCCLANG_RANKS_PER_GPU``, default 1) workers may share a GPU, for
+functional tests on a machine with fewer GPUs than ranks only: ranks on one GPU run in separate
+processes (separate CUDA contexts, IPC between them works as between GPUs) and their kernels
+time-share the GPU, so every cross-rank wait may last a scheduler time slice. Timings taken this
+way mean nothing, and NCCL refuses two ranks on one GPU.
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from mscclang.config import settings
-from mscclang.errors import MscclangError, SettingError
+from mscclang.config import Settings, settings, worker_env
+from mscclang.errors import MscclangError, WorkerError
 
 
 @dataclass
@@ -39,30 +45,6 @@ class RankFailure:
         return f"rank {self.rank}:\n{self.traceback}"
 
 
-class WorkerError(MscclangError):
-    """A command failed on a worker: the message gives each failing rank's error (the traceback
-    only where the error is not an mscclang error); ``failures`` holds them as :class:`RankFailure`
-    records (empty when the pool itself failed: a worker that did not start or answer)."""
-
-    def __init__(self, message: str, failures: Sequence[RankFailure] = ()) -> None:
-        super().__init__(message)
-        self.failures = list(failures)
-
-
-def ranks_per_gpu() -> int:
-    """How many workers share one GPU: ``MSCCLANG_RANKS_PER_GPU`` (default 1).
-
-    For functional tests on a machine with fewer GPUs than ranks only: ranks on one GPU run in
-    separate processes (separate CUDA contexts, IPC between them works as between GPUs) and their
-    kernels time-share the GPU, so every cross-rank wait may last a scheduler time slice. Timings
-    taken this way mean nothing, and NCCL refuses two ranks on one GPU.
-    """
-    try:
-        return settings.ranks_per_gpu
-    except SettingError as e:
-        raise WorkerError(str(e)) from None
-
-
 def device_of_rank(rank: int, visible: int, share: int = 1) -> int:
     """The GPU that rank ``rank`` binds when ``share`` ranks share each of ``visible`` GPUs: the
     pool's binding ``rank // share``, wrapped onto the visible GPUs (so two ranks on a one-GPU
@@ -79,19 +61,19 @@ def device_of_rank(rank: int, visible: int, share: int = 1) -> int:
 def nccl_refusal(share: Optional[int] = None) -> Optional[str]:
     """Why NCCL cannot run between the ranks of a pool here, or None when it can: NCCL refuses two
     ranks on one GPU ("Duplicate GPU detected"), so with ``share`` (default
-    :func:`ranks_per_gpu`) above 1 every test or command that needs NCCL between ranks must skip."""
-    n = ranks_per_gpu() if share is None else share
+    ``settings.ranks_per_gpu``) above 1 every test or command that needs NCCL between ranks must skip."""
+    n = settings.ranks_per_gpu if share is None else share
     if n > 1:
         return f"needs one GPU per rank for NCCL (MSCCLANG_RANKS_PER_GPU={n}: ranks share a GPU)"
     return None
 
 
 def worker_capacity() -> int:
-    """How many workers a pool can start here: visible GPUs x :func:`ranks_per_gpu`."""
+    """How many workers a pool can start here: visible GPUs x ``settings.ranks_per_gpu``."""
     import torch
 
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return visible * ranks_per_gpu()
+    return visible * settings.ranks_per_gpu
 
 
 @dataclass
@@ -155,13 +137,11 @@ def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, 
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: no traceback per worker
     os.environ.update(env)
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    # every port channel's side stream on a hardware queue of its own (CUDA's default 8 is read when
-    # CUDA starts in this process): plans with up to 31 port side streams run
-    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+    os.environ.update(worker_env())   # NVLink multicast off; plans with up to 31 port side streams run
     # the commands check every launch themselves: an asynchronous exception from the watchdog
     # could land in the command loop instead of the command
-    os.environ.setdefault("MSCCLANG_ASYNC_ERROR", "log")
+    if not settings.is_set("async_error"):
+        os.environ[Settings.async_error.name] = "log"
     try:
         import torch
         import torch.distributed as dist
@@ -211,7 +191,7 @@ class WorkerPool:
         import torch
 
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        share = ranks_per_gpu()
+        share = settings.ranks_per_gpu
         n = visible * share if world_size is None else world_size
         if n < 1 or n > visible * share:
             need = -(-max(n, 1) // share)

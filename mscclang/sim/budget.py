@@ -28,18 +28,11 @@ from typing import Optional, Sequence
 from mscclang.errors import LimitError, MscclangError
 from mscclang.plan.collectives import spec_from_plan
 from mscclang.plan.layout import make_layout, scratch_bytes_needed
-from mscclang.config import Settings, default_sim_max_memory, settings
+from mscclang.config import Settings, settings
 from mscclang.plan.models import PACKET_OPS, SIGNAL_OPS, ChannelType, Plan
 from mscclang.units import format_bytes
 
-__all__ = ["Limits", "SizeCost", "Estimate", "size_cost", "estimate_runs", "check_runs",
-           "Deadline", "MEMORY_ENV", "SECONDS_ENV", "DEFAULT_MAX_SECONDS", "default_max_memory"]
-
-MEMORY_ENV: str = Settings.sim_max_memory.name
-SECONDS_ENV: str = Settings.sim_max_seconds.name
-DEFAULT_MAX_SECONDS: float = Settings.sim_max_seconds.default
-#: half the machine's physical memory, at most 8 GiB (the default memory limit)
-default_max_memory = default_sim_max_memory
+__all__ = ["Limits", "SizeCost", "Estimate", "size_cost", "estimate_runs", "check_runs", "Deadline"]
 
 # --- coefficients fitted to 38 verify runs of library and synthetic plans (2 KiB .. 16 MiB, 2 to
 # 32 ranks, pipelines down to 16-byte units) on CPython 3.11 / numpy 2; memory with a margin
@@ -109,10 +102,10 @@ class Estimate:
         out = []
         if self.memory_bytes > limits.memory_bytes:
             out.append(f"about {format_bytes(self.memory_bytes)} of memory, over the "
-                       f"{format_bytes(limits.memory_bytes)} limit (set {MEMORY_ENV} to raise it)")
+                       f"{format_bytes(limits.memory_bytes)} limit (set {Settings.sim_max_memory.name} to raise it)")
         if self.seconds > limits.seconds:
             out.append(f"about {_duration(self.seconds)}, over the {_duration(limits.seconds)} "
-                       f"limit (set {SECONDS_ENV} to raise it)")
+                       f"limit (set {Settings.sim_max_seconds.name} to raise it)")
         return out
 
     def fits(self, limits: Optional[Limits] = None) -> bool:
@@ -282,5 +275,5 @@ class Deadline:
         """Raise :class:`LimitError` when the deadline has passed."""
         if time.monotonic() > self.at:
             raise LimitError(f"{self.what} ran past the {_duration(self.seconds)} time limit "
-                             f"(set {SECONDS_ENV} to raise it); choose smaller sizes, fewer "
+                             f"(set {Settings.sim_max_seconds.name} to raise it); choose smaller sizes, fewer "
                              "schedules or launches")

@@ -167,9 +167,9 @@ def test_auto_policy_specialises_hot_sizes(pool):
     """'auto' above 256 KiB: the interpreter runs the first MSCCLANG_SPEC_HOT_CALLS calls of a size
     (the last of them starts the build off the calling thread), the specialised kernel every call
     once built, all outputs right across the switch."""
-    from mscclang.runtime.spec_build import spec_hot_calls
+    from mscclang.config import settings
 
-    hot = spec_hot_calls()
+    hot = settings.spec_hot_calls
     for name, nbytes in (("allreduce_oneshot_ll", 1 << 20), ("allreduce_read_simple", (1 << 20) + 4096)):
         res = pool.run(f"{C}:hot_promotion", _json(pool, name), nbytes, hot + 3)
         for r in res:

@@ -113,12 +113,12 @@ def hot_promotion(w: Any, plan_json: str, nbytes: int, iters: int = 6, dtype: st
     from then on."""
     plan, dt, esize, n_in, n_out, inp, out, bad, exp, neg = _sign_flip_setup(
         w, plan_json, nbytes, dtype, packet_type, seed, sim_max_bytes)
-    from mscclang.runtime.spec_build import spec_hot_calls
+    from mscclang.config import settings
 
     w.executor.set_specialize("auto")
     # builds that earlier commands started must not fill the queue this size's build joins
     w.executor.kernels.wait_builds(120.0)
-    hot = spec_hot_calls()
+    hot = settings.spec_hot_calls
     kinds = _sign_flip_runs(w.executor, plan, inp, out, bad, exp, neg, min(hot, iters), packet_type)
     built = w.executor.kernels.wait_builds(120.0)   # the build started at the hot call, off this thread
     if iters > hot:
