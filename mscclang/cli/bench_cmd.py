@@ -92,13 +92,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "the device sync, fresh ordinary tensors and random data, results checked); "
                         "writes DIR/first_calls.json and DIR/first_calls.md")
     p.add_argument("--host", action="store_true",
-                   help="instead of the sweep: host microseconds per queued call (a loop queues "
-                        "--calls calls without waiting for the GPU, after a checked call and a warm-up; "
-                        "the median of --repeats loops) of Communicator.all_reduce on symmetric and "
-                        "ordinary tensors, torch.distributed.all_reduce through the mscclang backend "
-                        "(1K, 64K and 1M elements) and all_reduce_add_rms_norm (16 x 4096), beside "
-                        "torch's x.add_(1) and y.copy_(x) timed the same way, with the host-time "
-                        "targets; runs on ranks sharing a GPU too (MSCCLANG_RANKS_PER_GPU=2); writes "
+                   help="instead of the sweep: host microseconds per queued call of the Communicator's and "
+                        "torch.distributed's all_reduce and of the fused call, beside a torch launch, with the "
+                        "host-time targets (README: Host time per call); ranks may share a GPU; writes "
                         "DIR/host.json and DIR/host.md")
     p.add_argument("--calls", type=int_range_arg(1, MAX_CALLS), default=None, metavar="N",
                    help=f"--host: calls queued per timed loop (default {DEFAULT_CALLS})")
