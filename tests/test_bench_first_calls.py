@@ -151,3 +151,35 @@ def test_warmup_size_is_never_a_measured_one():
 
     assert warmup_bytes(list(FIRST_CALL_SIZES)) == 8192
     assert warmup_bytes([8192, 16384, 100]) == 32768
+
+
+def test_each_size_says_whether_its_plan_was_new(tmp_path):
+    """A size whose first call runs a plan no earlier call of the process ran is a plan's first
+    call (``new_plan``, judged against 20 ms); a size of a plan that already ran (the warm-up's
+    included) is a new size of a loaded plan (judged against 1.2x its repeated call)."""
+    cfg = BenchConfig(colls=["all_reduce", "reduce_scatter"], sizes=[4100, 4200], impls=["ordinary"],
+                      modes=["eager"], out_dir=str(tmp_path))
+
+    def body(comm):
+        w = _worker(comm, cfg)
+        w.out_dir = tmp_path
+        w.plans_run = set()
+        direct = [w.measure_size("all_reduce", 4100), w.measure_size("all_reduce", 4200),
+                  w.measure_size("reduce_scatter", 4100)]
+        w.run()   # a warm-up call of each collective first: its plan then counts as run
+        return direct, w.plans_run
+
+    results, _, fb = run_ranks(2, body, catalog=_plans(), tuning=load_tuning(), engine="sim", refuse_unaligned=16)
+    assert fb.calls == []
+    plan = lambda r: r.plan_first.split()[0]   # noqa: E731 - a label is "KEY [PACKET TYPE] (MODE)"
+    (ar1, ar2, rs1), run = results[0]
+    assert ar1.ok and ar1.new_plan is True and rs1.ok and rs1.new_plan is True
+    assert ar2.ok and ar2.new_plan is (plan(ar2) != plan(ar1))
+    recs = read_records(tmp_path / JSONL)
+    assert len(recs) == 4 and all(r.ok and r.new_plan is False for r in recs)   # the warm-ups' one-shot plans
+    assert run == {plan(r) for r in (ar1, ar2, rs1, *recs)}
+    md = markdown(recs)
+    assert "4 measured targets met." in md
+    assert md.count("| all_reduce: a new size of a loaded plan | ") == 2
+    assert md.count("| reduce_scatter: a new size of a loaded plan | ") == 2
+    assert markdown([ar1]).count("| all_reduce: a plan's first call | 4100 | <= 20 ms | ") == 1

@@ -1,6 +1,7 @@
 """``mscclang bench``: collectives x sizes x {mscclang on symmetric tensors, mscclang on ordinary
 tensors, NCCL, torch SymmetricMemory two-shot}, eager and CUDA graph, one process per GPU; JSON, a
-markdown table and a PNG plot. ``--first-calls``: the first and second call of new sizes."""
+markdown table and a PNG plot. ``--first-calls``: the first and second call of new sizes;
+``--host``: host time per queued call (:mod:`mscclang.bench.host`)."""
 
 from mscclang.bench.report import markdown, plot, render
 from mscclang.bench.results import BenchResult, Record, load_result, save_result

@@ -9,7 +9,11 @@ timed). The figure is the slower rank's. The first call carries the set-up a new
 selection, registration or staging, device plan, kernel); the second shows what remains. Before
 the first size, one untimed checked call of each collective at :func:`warmup_bytes` (a size not in
 the list) takes the process's one-time start-up (the runtime's first kernel load), so that it is
-not charged to the first size.
+not charged to the first size. A size whose first call ran a plan no earlier call of the process
+ran (the warm-up's included) is a plan's first call (``new_plan``); any other is a new size of a
+loaded plan: the report judges each against its target
+(:func:`~mscclang.bench.targets.check_first_call_targets`). Ranks may share a GPU
+(``MSCCLANG_RANKS_PER_GPU``).
 
 Results: one :class:`FirstCallRecord` per (collective, size), streamed by rank 0 into
 ``<out>/first_calls.jsonl``, rendered as ``first_calls.json`` and ``first_calls.md``.
@@ -17,25 +21,27 @@ Results: one :class:`FirstCallRecord` per (collective, size), streamed by rank 0
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
-from mscclang.bench.report import facts_lines
-from mscclang.bench.results import ORDINARY
+from mscclang.bench.report import facts_lines, targets_lines, write_report
+from mscclang.bench.results import ORDINARY, LineRecord, read_jsonl
+from mscclang.bench.targets import check_first_call_targets
 from mscclang.bench.worker import BenchConfig, BenchWorker, _sync, error_text, run_rank
-from mscclang.comm.errors import CommError
 
 FIRST_CALL_FORMAT = "mscclang.bench.first_calls/1"
 JSONL = "first_calls.jsonl"
 
 
 @dataclass
-class FirstCallRecord:
+class FirstCallRecord(LineRecord):
     """One (collective, size): the first and the second call's time in milliseconds (the
-    slower rank's), whether both results were right, and the plan each call ran."""
+    slower rank's), whether both results were right, the plan each call ran, and whether the
+    first call's plan was new to the process (None: not known, e.g. torch.distributed ran it)."""
+
+    KIND, REQUIRED, DEFAULTS = "first-call record", ("coll", "bytes"), {"dtype": "bfloat16"}
 
     coll: str
     bytes: int
@@ -46,6 +52,7 @@ class FirstCallRecord:
     error: Optional[str] = None
     plan_first: Optional[str] = None
     plan_second: Optional[str] = None
+    new_plan: Optional[bool] = None
 
     @property
     def ratio(self) -> Optional[float]:
@@ -53,21 +60,6 @@ class FirstCallRecord:
         if not self.ok or not self.first_ms or not self.second_ms:
             return None
         return self.first_ms / self.second_ms
-
-    def to_dict(self) -> dict:
-        """A JSON-ready dict (without the fields that are None)."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "FirstCallRecord":
-        """The inverse of :meth:`to_dict`; :class:`CommError` when ``coll`` or ``bytes`` is missing."""
-        missing = [k for k in ("coll", "bytes") if k not in d]
-        if missing:
-            raise CommError(f"first-call record lacks {', '.join(missing)}: {d}")
-        known = set(cls.__dataclass_fields__)
-        kw = {k: v for k, v in d.items() if k in known}
-        kw.setdefault("dtype", "bfloat16")
-        return cls(**kw)
 
 
 def warmup_bytes(sizes: list[int]) -> int:
@@ -117,6 +109,12 @@ class FirstCallWorker(BenchWorker):
                 self._after_failure(ORDINARY)
                 return rec
             times.append(slowest)
+            if which == "first":
+                last = self.comm.last if self.comm is not None else None
+                key = None if last is None or last.variant is None else last.variant.key
+                if key is not None:
+                    rec.new_plan = key not in self.plans_run
+                    self.plans_run.add(key)
         rec.first_ms, rec.second_ms = round(times[0], 4), round(times[1], 4)
         rec.ok = True
         return rec
@@ -133,6 +131,7 @@ class FirstCallWorker(BenchWorker):
     def run(self) -> None:
         """Every collective and size in order; rank 0 streams one record a line."""
         self.setup()
+        self.plans_run: set[str] = set()   # the plans this process has run (keys)
         warm = warmup_bytes(list(self.cfg.sizes))
         for coll in self.cfg.colls:
             w = self.measure_size(coll, warm)
@@ -158,25 +157,15 @@ def first_call_entry(rank: int, world: int, cfg: BenchConfig, port: int) -> None
 
 def read_records(path: Union[str, Path]) -> list[FirstCallRecord]:
     """The records streamed into ``path`` (a torn last line is ignored)."""
-    p = Path(path)
-    if not p.is_file():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        if not line.strip():
-            continue
-        try:
-            out.append(FirstCallRecord.from_dict(json.loads(line)))
-        except (json.JSONDecodeError, CommError):
-            continue
-    return out
+    return read_jsonl(path, FirstCallRecord.from_dict)
 
 
 def markdown(records: list[FirstCallRecord], meta: Optional[dict] = None) -> str:
     """The table: one row per (collective, size) with both times and their ratio."""
     meta = meta or {}
     lines = ["# mscclang bench: first call of a new size", ""]
-    lines += facts_lines(meta, (("dtype", "dtype"), ("torch", "torch"), ("date", "date")))
+    lines += facts_lines(meta, (("dtype", "dtype"), ("ranks_per_gpu", "ranks per GPU"), ("torch", "torch"),
+                                ("date", "date")))
     lines += ["Host wall time of one eager call plus the device synchronisation, in milliseconds (the "
               "slower rank's), on fresh ordinary tensors and fresh random data; the first call is the "
               "first the communicator sees of that size (an untimed call of another size warmed the "
@@ -196,15 +185,14 @@ def markdown(records: list[FirstCallRecord], meta: Optional[dict] = None) -> str
     if errs:
         lines.append("")
         lines += [f"- {r.coll} {r.bytes} B: {r.error}" for r in errs[:8]]
-    return "\n".join(lines) + "\n"
+    lines += [""] + targets_lines("## Targets (a plan's first call, a new size of a loaded plan)",
+                                  check_first_call_targets(records), "call")
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def render(records: list[FirstCallRecord], meta: dict, out_dir: Union[str, Path]) -> dict[str, Path]:
-    """Write ``first_calls.json`` and ``first_calls.md`` into ``out_dir``; returns their paths."""
-    d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    paths = {"json": d / "first_calls.json", "md": d / "first_calls.md"}
+def render(records: list[FirstCallRecord], meta: dict, out_dir: Union[str, Path],
+           json_path: Optional[Union[str, Path]] = None) -> dict[str, Path]:
+    """Write ``first_calls.json`` (or ``json_path``) and ``first_calls.md`` into ``out_dir``;
+    returns their paths."""
     doc = {"format": FIRST_CALL_FORMAT, "meta": meta, "results": [r.to_dict() for r in records]}
-    paths["json"].write_text(json.dumps(doc, indent=1) + "\n")
-    paths["md"].write_text(markdown(records, meta))
-    return paths
+    return write_report(out_dir, "first_calls", doc, markdown(records, meta), json_path)

@@ -3,12 +3,13 @@ target verdicts, and a PNG plot of latency and bus bandwidth against size."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional, Union
 
 from mscclang.bench.results import IMPL_LABELS, ORDINARY, BenchResult, Record
 from mscclang.bench.sizes import format_size
-from mscclang.bench.targets import check_targets
+from mscclang.bench.targets import Verdict, check_targets
 
 PEERS = ("nccl", "symm", "unfused", "flashinfer")
 
@@ -124,20 +125,36 @@ def markdown(res: BenchResult, title: str = "mscclang bench") -> str:
                 lines.append(f"- {r.impl} {format_size(r.bytes)}: {r.error}")
             if errs:
                 lines.append("")
-    verdicts = check_targets(res, "graph")
-    if verdicts:
-        met = sum(v.ok is True for v in verdicts)
-        judged = sum(v.ok is not None for v in verdicts)
-        world = res.meta.get("world_size")
-        head = "## Targets (CUDA graph)"
-        if world not in (None, 2):
-            head = f"## Targets of 2x H200 (CUDA graph; for reference only: this run used {world} GPUs)"
-        lines += [head, "",
-                  f"{met} of {judged} measured targets met.", "",
-                  "| collective | size | goal | measured | verdict |", "|---|---|---|---|---|"]
-        lines += [v.row() for v in verdicts]
-        lines.append("")
+    world = res.meta.get("world_size")
+    head = "## Targets (CUDA graph)"
+    if world not in (None, 2):
+        head = f"## Targets of 2x H200 (CUDA graph; for reference only: this run used {world} GPUs)"
+    lines += targets_lines(head, check_targets(res, "graph"))
     return "\n".join(lines)
+
+
+def targets_lines(head: str, verdicts: list[Verdict], what: str = "collective") -> list[str]:
+    """A report's targets section: ``head``, how many of the measured targets were met, and one
+    row per verdict (its first column headed ``what``); none without verdicts."""
+    if not verdicts:
+        return []
+    met = sum(v.ok is True for v in verdicts)
+    judged = sum(v.ok is not None for v in verdicts)
+    return [head, "", f"{met} of {judged} measured targets met.", "",
+            f"| {what} | size | goal | measured | verdict |", "|---|---|---|---|---|",
+            *(v.row() for v in verdicts), ""]
+
+
+def write_report(out_dir: Union[str, Path], stem: str, doc: dict, md: str,
+                 json_path: Optional[Union[str, Path]] = None) -> dict[str, Path]:
+    """Write a measurement's JSON document ``doc`` to ``json_path`` (default
+    ``<out_dir>/<stem>.json``) and its markdown to ``<out_dir>/<stem>.md``; their paths."""
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    paths = {"json": Path(json_path) if json_path else d / f"{stem}.json", "md": d / f"{stem}.md"}
+    paths["json"].write_text(json.dumps(doc, indent=1) + "\n")
+    paths["md"].write_text(md)
+    return paths
 
 
 _STYLE = {"mscclang": ("tab:red", "o"), ORDINARY: ("tab:orange", "D"), "nccl": ("tab:blue", "s"), "symm": ("tab:green", "^")}

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, ClassVar, Iterable, Optional, TypeVar, Union
 
 from mscclang.comm.errors import CommError
 
 BENCH_FORMAT = "mscclang.bench/1"
+_R = TypeVar("_R")
+_L = TypeVar("_L", bound="LineRecord")
 #: the implementation name of mscclang on ordinary (``torch.empty``) tensors
 ORDINARY = "ordinary"
 IMPLS = ("mscclang", ORDINARY, "nccl", "symm")
@@ -20,6 +22,29 @@ IMPL_LABELS = {"mscclang": "mscclang", ORDINARY: "mscclang ordinary tensor", "nc
 MODES = ("graph", "eager")
 #: collectives in the API spelling used by the baselines (nccl_bench.py)
 COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+
+class LineRecord:
+    """The JSON side of a dataclass record that the workers stream one a line (:func:`read_jsonl`):
+    :meth:`to_dict` leaves out the fields that are None and :meth:`from_dict` is its inverse,
+    with ``DEFAULTS`` for fields older files lack, ignoring keys it does not know and raising
+    :class:`CommError` (naming the record ``KIND``) when a ``REQUIRED`` field is missing."""
+
+    KIND: ClassVar[str] = "record"
+    REQUIRED: ClassVar[tuple[str, ...]] = ()
+    DEFAULTS: ClassVar[dict[str, Any]] = {}
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict (without the fields that are None)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[_L], d: dict) -> _L:
+        """The inverse of :meth:`to_dict`."""
+        missing = [k for k in cls.REQUIRED if k not in d]
+        if missing:
+            raise CommError(f"{cls.KIND} lacks {', '.join(missing)}: {d}")
+        return cls(**{**cls.DEFAULTS, **{k: v for k, v in d.items() if k in cls.__dataclass_fields__}})  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -135,8 +160,11 @@ def save_result(res: BenchResult, path: Union[str, Path]) -> None:
     Path(path).write_text(json.dumps(res.to_dict(), indent=1) + "\n")
 
 
-def read_jsonl(path: Union[str, Path]) -> list[Record]:
-    """Records streamed by the workers, one JSON object a line (a torn last line is ignored)."""
+def read_jsonl(path: Union[str, Path],
+               parse: Callable[[dict], _R] = Record.from_dict) -> list[_R]:  # type: ignore[assignment]
+    """Records streamed by the workers, one JSON object a line, each made by ``parse`` (a
+    record class's ``from_dict``, which raises :class:`CommError` on a bad one); a torn or bad
+    line is ignored."""
     p = Path(path)
     if not p.is_file():
         return []
@@ -146,7 +174,7 @@ def read_jsonl(path: Union[str, Path]) -> list[Record]:
         if not line:
             continue
         try:
-            out.append(Record.from_dict(json.loads(line)))
+            out.append(parse(json.loads(line)))
         except (json.JSONDecodeError, CommError):
             continue
     return out

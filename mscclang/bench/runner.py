@@ -10,12 +10,12 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, TextIO
 
 from mscclang.bench.report import render
 from mscclang.bench.results import BenchResult, merge, read_jsonl
 from mscclang.bench.worker import BenchConfig, worker_entry
-from mscclang.config import Settings, nccl_env
+from mscclang.config import Settings, nccl_env, settings
 from mscclang.errors import RuntimeUnavailable
 
 #: seconds the parent waits past the workers' deadline before killing them
@@ -38,14 +38,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _need_gpus(nprocs: Optional[int], what: str) -> int:
+def _need_gpus(nprocs: Optional[int], what: str, shared: bool = False) -> int:
+    """The ranks to start: ``nprocs``, or one per GPU; with ``shared`` (modes whose figures hold
+    on ranks sharing a GPU) ``MSCCLANG_RANKS_PER_GPU`` per GPU (two ranks on one GPU, say).
+    :class:`RuntimeUnavailable` naming what is missing, and for the other modes (their peers
+    are NCCL's) when ranks would share a GPU."""
+    from mscclang.runtime.workers import nccl_refusal
+
+    share = settings.ranks_per_gpu
+    if share > 1 and not shared:
+        raise RuntimeUnavailable(f"mscclang {what} {nccl_refusal(share)}; of the bench only --host and "
+                                 "--first-calls run on ranks sharing a GPU")
     have = gpu_count()
-    n = have if nprocs is None else nprocs
-    if have < 2 or n < 2 or n > have:
+    n = have * share if nprocs is None else nprocs
+    if have * share < 2 or n < 2 or n > have * share:
+        ranks = f" ({have * share} ranks at MSCCLANG_RANKS_PER_GPU={share})" if share > 1 else ""
         raise RuntimeUnavailable(
-            f"mscclang {what} needs at least 2 CUDA GPUs (one process per GPU); this machine has "
-            f"{have}." + (" Render an earlier run with --from-json FILE." if what == "bench" else
-                          " Use --dry-run to compile and verify the candidates without GPUs."))
+            f"mscclang {what} needs at least 2 CUDA GPUs (one process per GPU)"
+            + (", or one GPU with MSCCLANG_RANKS_PER_GPU=2" if shared else "")
+            + f"{'' if nprocs is None else f' for {n} processes'}; this machine has {have}{ranks}."
+            + ("" if shared else " Render an earlier run with --from-json FILE." if what == "bench" else
+               " Use --dry-run to compile and verify the candidates without GPUs."))
     return n
 
 
@@ -106,7 +119,7 @@ def _run_workers(entry, n: int, cfg: BenchConfig, time_limit_s: float, out: Path
 
 
 def run_bench(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = None,
-              log=sys.stderr) -> tuple[BenchResult, dict[str, Path], list[str]]:
+              log: Optional[TextIO] = None) -> tuple[BenchResult, dict[str, Path], list[str]]:
     """Run the benchmark; return the result, the written files and problems (worker crashes,
     the time limit). Raises :class:`RuntimeUnavailable` without at least two GPUs."""
     n = _need_gpus(nprocs, "bench")
@@ -119,24 +132,44 @@ def run_bench(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = Non
         problems.append(f"{skipped} cells skipped at the time limit ({time_limit_s:.0f} s)")
     paths = render(res, out)
     print(f"mscclang bench: {len(res.records)} records in {meta['elapsed_s']} s -> "
-          f"{paths['json']}, {paths['md']}, {paths['png']}", file=log)
+          f"{paths['json']}, {paths['md']}, {paths['png']}", file=log or sys.stderr)
     return res, paths, problems
 
 
 def run_first_calls(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = None,
-                    log=sys.stderr) -> tuple[list, dict, dict[str, Path], list[str]]:
-    """Run the first-call measurement (:mod:`mscclang.bench.first_call`); return the records, the
-    meta, the written files and problems. Raises :class:`RuntimeUnavailable` without two GPUs."""
+                    json_path: Optional[str] = None,
+                    log: Optional[TextIO] = None) -> tuple[list, dict, dict[str, Path], list[str]]:
+    """Run the first-call measurement (:mod:`mscclang.bench.first_call`; ranks may share a GPU);
+    return the records, the meta, the written files (the JSON at ``json_path`` when given) and
+    problems. Raises :class:`RuntimeUnavailable` without two ranks' GPUs."""
     from mscclang.bench.first_call import JSONL, first_call_entry, read_records, render as render_first
 
-    n = _need_gpus(nprocs, "bench")
+    n = _need_gpus(nprocs, "bench", shared=True)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta, problems = _run_workers(first_call_entry, n, cfg, time_limit_s, out, JSONL)
     recs = read_records(out / JSONL)
-    paths = render_first(recs, meta, out)
+    paths = render_first(recs, meta, out, json_path)
     print(f"mscclang bench --first-calls: {len(recs)} records in {meta['elapsed_s']} s -> "
-          f"{paths['json']}, {paths['md']}", file=log)
+          f"{paths['json']}, {paths['md']}", file=log or sys.stderr)
+    return recs, meta, paths, problems
+
+
+def run_host(cfg: BenchConfig, time_limit_s: float, nprocs: Optional[int] = None, json_path: Optional[str] = None,
+             log: Optional[TextIO] = None) -> tuple[list, dict, dict[str, Path], list[str]]:
+    """Run the host-time measurement (:mod:`mscclang.bench.host`; ranks may share a GPU); return
+    the records, the meta, the written files and problems. :class:`RuntimeUnavailable` without
+    two ranks' GPUs."""
+    from mscclang.bench.host import JSONL, HostRecord, host_entry, render as render_host
+
+    n = _need_gpus(nprocs, "bench", shared=True)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta, problems = _run_workers(host_entry, n, cfg, time_limit_s, out, JSONL)
+    recs = read_jsonl(out / JSONL, HostRecord.from_dict)
+    paths = render_host(recs, meta, out, json_path)
+    print(f"mscclang bench --host: {len(recs)} rows in {meta['elapsed_s']} s -> {paths['json']}, {paths['md']}",
+          file=log or sys.stderr)
     return recs, meta, paths, problems
 
 

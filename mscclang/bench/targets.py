@@ -9,13 +9,20 @@ goals of the project (no other module keeps goals of its own).
   2.0 / 2.7 / 3.6 / 7 / 15 / 50 / 195 us at 1K / 64K / 256K / 1M / 4M / 16M / 64M;
 * allgather and reduce-scatter: at most 0.8x NCCL's time below 1 MiB and at least 1.1x its bus
   bandwidth above 64 MiB;
-* all-to-all: at most 0.8x NCCL's time below 1 MiB and at least NCCL's bandwidth above 64 MiB.
+* all-to-all: at most 0.8x NCCL's time below 1 MiB and at least NCCL's bandwidth above 64 MiB;
+* host time per queued call (``mscclang bench --host``, in torch launches timed the same way in
+  the same process, :data:`HOST_LAUNCHES`): a memo hit on symmetric tensors at most 1.5 torch
+  launches, on ordinary tensors at most 3, the fused call at most 2; ``dist.all_reduce`` at most
+  the Communicator's call on the same tensor + 20%; the largest message within 10% of the
+  smallest;
+* first calls (``mscclang bench --first-calls``): a plan's first call at most 20 ms, a new size of
+  a loaded plan at most 1.2x a repeated call.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 from mscclang.bench.results import ORDINARY, BenchResult
 from mscclang.bench.sizes import format_size
@@ -28,6 +35,16 @@ ALLREDUCE_US = {1 * KiB: 2.4, 4 * KiB: 2.5, 16 * KiB: 3.0, 64 * KiB: 3.3, 256 * 
 ORDINARY_ALLREDUCE_US = {1 * KiB: 2.0, 64 * KiB: 2.7, 256 * KiB: 3.6, 1 * MiB: 7.0, 4 * MiB: 15.0,
                          16 * MiB: 50.0, 64 * MiB: 195.0}
 PEER_FROM = 64 * MiB
+#: ``bench --host``: the rows whose mean is a torch launch, the unit of the other rows
+TORCH_LAUNCHES = ("add", "copy")
+#: ``bench --host``: at most this many torch launches per queued call, by row
+HOST_LAUNCHES = {"symmetric": 1.5, "ordinary": 3.0, "fused": 2.0}
+#: ``bench --host``: ``dist.all_reduce`` at most this times the Communicator's call on the same tensor
+DIST_OVER_COMM = 1.2
+#: ``bench --host``: the rows whose host time may not grow with the message, and by how much it may
+HOST_SIZED, HOST_GROWTH = ("symmetric", "ordinary", "dist"), 1.1
+#: ``bench --first-calls``: a plan's first call (ms); a new size of a loaded plan over a repeated call
+FIRST_CALL_MS, NEW_SIZE_RATIO = 20.0, 1.2
 
 
 @dataclass(frozen=True)
@@ -125,4 +142,68 @@ def check_targets(res: BenchResult, mode: str = "graph") -> list[Verdict]:
                 ok = None if mine is None or ref is None else mine >= bw_factor * ref
                 goal = f">= {bw_factor} x NCCL busbw" + (f" ({bw_factor * ref:.1f} GB/s)" if ref is not None else "")
                 out.append(verdict(coll, nbytes, goal, f"{mine:.1f} GB/s" if mine is not None else None, ok))
+    return out
+
+
+def torch_launch_us(records: Sequence[Any]) -> Optional[float]:
+    """A torch launch's host time: the mean of the measured :data:`TORCH_LAUNCHES` rows of a
+    ``bench --host`` result (None unless both were measured)."""
+    us = [r.us for r in records if r.call in TORCH_LAUNCHES and r.ok and r.us]
+    return sum(us) / len(us) if len(us) == len(TORCH_LAUNCHES) else None
+
+
+def check_host_targets(records: Sequence[Any]) -> list[Verdict]:
+    """Verdicts on a ``bench --host`` result (:class:`~mscclang.bench.host.HostRecord` rows, in
+    order): every :data:`HOST_LAUNCHES` row against the torch launch, every ``dist`` row against
+    the Communicator's call on an ordinary tensor of its size, and each :data:`HOST_SIZED` row
+    kind's largest size against its smallest; not measured where a figure is missing."""
+    unit = torch_launch_us(records)
+    us = {(r.call, r.elements): r.us for r in records if r.ok}
+    out: list[Verdict] = []
+
+    def judged(what: str, r: Any, goal: str, mine: Optional[float], limit: Optional[float], note: str = "") -> None:
+        out.append(Verdict(what, r.bytes, goal + ("" if limit is None else f" ({limit:.1f} us)"),
+                           None if mine is None else f"{mine:.1f} us{note}",
+                           None if mine is None or limit is None else mine <= limit))
+
+    for r in records:
+        what, mine = f"{r.label}, {format_size(r.elements)} elements", us.get((r.call, r.elements))
+        if r.call in HOST_LAUNCHES:
+            lim = HOST_LAUNCHES[r.call]
+            judged(what, r, f"<= {lim} torch launches", mine, None if unit is None else lim * unit,
+                   "" if unit is None or mine is None else f" = {mine / unit:.2f} launches")
+        elif r.call == "dist":
+            comm = us.get(("ordinary", r.elements))
+            judged(what, r, f"<= {DIST_OVER_COMM} x Communicator.all_reduce, ordinary tensor", mine,
+                   None if comm is None else DIST_OVER_COMM * comm)
+    for call in HOST_SIZED:
+        rows = sorted((r for r in records if r.call == call), key=lambda r: r.elements)
+        if len(rows) < 2:
+            continue
+        lo, hi = rows[0], rows[-1]
+        a, b = us.get((call, lo.elements)), us.get((call, hi.elements))
+        judged(f"{hi.label}: {format_size(hi.elements)} against {format_size(lo.elements)} elements", hi,
+               f"<= {HOST_GROWTH} x {format_size(lo.elements)}'s", b, None if a is None else HOST_GROWTH * a,
+               "" if a is None or b is None else f" = {b / a:.2f}x")
+    return out
+
+
+def check_first_call_targets(records: Sequence[Any]) -> list[Verdict]:
+    """Verdicts on a ``bench --first-calls`` result (:class:`~mscclang.bench.first_call.FirstCallRecord`
+    rows): a size whose first call ran a plan no earlier call of the process ran is a plan's first
+    call (at most :data:`FIRST_CALL_MS`); any other is a new size of a loaded plan (at most
+    :data:`NEW_SIZE_RATIO` times its repeated call). Rows that failed, and rows from before the
+    records said which they are, are not judged."""
+    out: list[Verdict] = []
+    for r in records:
+        if not r.ok or r.new_plan is None:
+            continue
+        if r.new_plan:
+            out.append(Verdict(f"{r.coll}: a plan's first call", r.bytes, f"<= {FIRST_CALL_MS:g} ms",
+                               f"{r.first_ms:.2f} ms", r.first_ms <= FIRST_CALL_MS))
+        else:
+            lim = NEW_SIZE_RATIO * r.second_ms
+            out.append(Verdict(f"{r.coll}: a new size of a loaded plan", r.bytes,
+                               f"<= {NEW_SIZE_RATIO} x the repeated call ({lim:.2f} ms)",
+                               f"{r.first_ms:.2f} ms ({r.first_ms / r.second_ms:.2f}x)", r.first_ms <= lim))
     return out

@@ -167,7 +167,7 @@ class BenchWorker:
         import torch.distributed as dist
 
         self.rank, self.world, self.cfg = rank, world, cfg
-        self.device = torch.device("cuda", rank)
+        self.device = torch.device("cuda", torch.cuda.current_device())   # run_rank bound it
         self.dtype = torch_dtype(cfg.dtype)
         self.esz = torch.empty((), dtype=self.dtype).element_size()
         self.ctrl = dist.new_group(backend="gloo")
@@ -228,6 +228,7 @@ class BenchWorker:
             nccl = None
         meta = {
             "device": torch.cuda.get_device_name(self.device), "world_size": self.world,
+            "ranks_per_gpu": settings.ranks_per_gpu,
             "dtype": self.cfg.dtype, "torch": torch.__version__, "nccl": nccl,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "config": self.cfg.to_dict(),
             "mscclang": {"error": self.comm_error,
@@ -242,10 +243,7 @@ class BenchWorker:
         wants_comm = any(is_mscclang(i) for i in self.cfg.impls) or FUSED in self.cfg.colls
         if wants_comm:
             try:
-                from mscclang.comm import Communicator
-
-                self.comm = Communicator.from_torch(
-                    tuning=self.cfg.tuning, runtime_options={"timeout_s": self.cfg.runtime_timeout_s})
+                self.comm = self.make_comm()
                 if self.comm.backend is None:
                     self.comm_error = self.comm._runtime_error
                 if any(i.startswith("mscclang") for i in self.cfg.impls):   # symmetric pools
@@ -275,6 +273,13 @@ class BenchWorker:
                 self.symm_error = f"{type(e).__name__}: {e}"
                 self.symm_group = None
         self.write_meta()
+
+    def make_comm(self) -> Any:
+        """This rank's Communicator over torch.distributed's default group."""
+        from mscclang.comm import Communicator
+
+        return Communicator.from_torch(tuning=self.cfg.tuning,
+                                       runtime_options={"timeout_s": self.cfg.runtime_timeout_s})
 
     # -- cells ----------------------------------------------------------------------------------
     def make_cell(self, coll: str, impl: str, nbytes: int, prepare: bool = True) -> _Cell:
@@ -597,11 +602,21 @@ class BenchWorker:
             torch.cuda.empty_cache()
 
 
+def rank_binding(rank: int, visible: int) -> tuple[int, str]:
+    """The GPU rank ``rank`` binds among ``visible`` ones and the backend of the workers' default
+    process group: a GPU per rank and NCCL, or, when ``MSCCLANG_RANKS_PER_GPU`` lets ranks share a
+    GPU (GPU ``rank // ranks_per_gpu``), gloo, since NCCL refuses two ranks on one GPU."""
+    from mscclang.comm.fallback import torch_backend_for
+    from mscclang.runtime.workers import device_of_rank
+
+    return device_of_rank(rank, visible, settings.ranks_per_gpu), torch_backend_for("cuda")
+
+
 def run_rank(worker_cls: type[BenchWorker], rank: int, world: int, cfg: BenchConfig, port: int) -> None:
-    """The body of one rank's process: join the NCCL process group (NVLink multicast off), run
-    ``worker_cls(rank, world, cfg)``, and leave the process (exit status 1 after an error).
-    Ctrl-C is the parent's to handle (it stops the workers): ignored here, so no rank prints a
-    traceback."""
+    """The body of one rank's process: bind the rank's GPU and join the default process group
+    (:func:`rank_binding`; NVLink multicast off), run ``worker_cls(rank, world, cfg)``, and leave
+    the process (exit status 1 after an error). Ctrl-C is the parent's to handle (it stops the
+    workers): ignored here, so no rank prints a traceback."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -609,9 +624,10 @@ def run_rank(worker_cls: type[BenchWorker], rank: int, world: int, cfg: BenchCon
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            device_id=torch.device("cuda", rank))
+    gpu, backend = rank_binding(rank, torch.cuda.device_count())
+    torch.cuda.set_device(gpu)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            **({"device_id": torch.device("cuda", gpu)} if backend == "nccl" else {}))
     code = 0
     try:
         w = worker_cls(rank, world, cfg)

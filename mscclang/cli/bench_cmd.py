@@ -1,12 +1,17 @@
 """``mscclang bench``: collectives x sizes x {mscclang, NCCL, torch SymmetricMemory two-shot},
-eager and CUDA graph, one process per GPU; writes JSON, a markdown table and a PNG plot."""
+eager and CUDA graph, one process per GPU; writes JSON, a markdown table and a PNG plot.
+``--first-calls`` and ``--host`` measure a new size's first call and the host's time per call
+instead (ranks may share a GPU there)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
+from mscclang.bench.fused import DEFAULT_HIDDEN
+from mscclang.bench.host import DEFAULT_CALLS, DEFAULT_REPEATS, MAX_CALLS
 from mscclang.bench.results import IMPLS, ORDINARY
 from mscclang.bench.sizes import FIRST_CALL_SIZES
 from mscclang.cli.args import (GPU_DTYPES, add_output_option, add_sizes_option, dtype_arg, int_range_arg,
@@ -54,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--collectives", default=None,
                    help=f"comma list of {', '.join(ALL_COLLS)} (default: the first four; with "
                         "--first-calls: all_reduce)")
-    p.add_argument("--hidden", type=int_range_arg(8, 65536), default=8192, metavar="H",
+    p.add_argument("--hidden", type=int_range_arg(8, 65536), default=DEFAULT_HIDDEN, metavar="H",
                    help="all_reduce_add_rms_norm: elements per row (default 8192); its sizes are the bytes "
                         "of x, whole rows (default 1 to 512 tokens); its columns are the fused call, "
                         "mscclang's allreduce + torch's norm, NCCL + torch's norm and FlashInfer's "
@@ -86,6 +91,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "and then the second one of that size (host wall time around the call and "
                         "the device sync, fresh ordinary tensors and random data, results checked); "
                         "writes DIR/first_calls.json and DIR/first_calls.md")
+    p.add_argument("--host", action="store_true",
+                   help="instead of the sweep: host microseconds per queued call of the Communicator's and "
+                        "torch.distributed's all_reduce and of the fused call, beside a torch launch, with the "
+                        "host-time targets (README: Host time per call); ranks may share a GPU; writes "
+                        "DIR/host.json and DIR/host.md")
+    p.add_argument("--calls", type=int_range_arg(1, MAX_CALLS), default=None, metavar="N",
+                   help=f"--host: calls queued per timed loop (default {DEFAULT_CALLS})")
+    p.add_argument("--repeats", type=int_range_arg(1, 100), default=None, metavar="R",
+                   help=f"--host: timed loops per row, the median reported (default {DEFAULT_REPEATS})")
+    p.add_argument("--json", metavar="PATH",
+                   help="--host, --first-calls: write the JSON document to PATH instead of DIR")
     p.add_argument("--from-json", metavar="FILE",
                    help="do not measure: render FILE (a bench.json, or a baseline list) into --out")
     p.set_defaults(func=run)
@@ -137,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
     from mscclang.bench.results import load_result
 
     writable_dir(args.out, "--out")
+    _check_mode_options(args)
+    if args.json:
+        writable_dir(str(Path(args.json).absolute().parent), "--json")
     if args.from_json:
         res = load_result(args.from_json)
         paths = render(res, args.out)
@@ -145,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from mscclang.bench.runner import run_bench
 
+    if args.host:
+        return _run_host(args)
     cfg = bench_config(args)
     if args.first_calls:
         return _run_first_calls(cfg, args)
@@ -160,15 +181,61 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed or problems or not any(r.measured for r in res.records) else 0
 
 
-def _run_first_calls(cfg: Any, args: argparse.Namespace) -> int:
-    """``--first-calls``: print the table; 0 only when every size was checked correct and timed."""
-    from mscclang.bench.runner import run_first_calls
+#: the options of one mode or a few ("": the sweep) -> the modes that take them
+_MODE_OPTIONS = {"--quick": ("",), "--impls": ("",), "--modes": ("",), "--algos": ("",), "--gpus-per-node": ("",),
+                 "--hidden": ("",), "--sizes": ("", "--first-calls"), "--collectives": ("", "--first-calls"),
+                 "--calls": ("--host",), "--repeats": ("--host",), "--json": ("--host", "--first-calls")}
 
-    recs, _, paths, problems = run_first_calls(cfg, args.time_limit, args.nprocs)
+
+def _check_mode_options(args: argparse.Namespace) -> None:
+    """:class:`CommError` naming the options the chosen mode (one of ``--host``,
+    ``--first-calls``, ``--from-json`` or none: the sweep) does not take, and which modes take
+    them (:data:`_MODE_OPTIONS`; ``--from-json`` renders a file and reads none of them)."""
+    modes = [o for o, on in (("--host", args.host), ("--first-calls", args.first_calls),
+                             ("--from-json", bool(args.from_json))) if on]
+    if len(modes) > 1:
+        raise CommError(f"{' and '.join(modes)} are different modes: choose one")
+    mode = modes[0] if modes else ""
+    if mode == "--from-json":
+        return
+    given = {"--quick": args.quick, "--impls": args.impls != ",".join(IMPLS),
+             "--modes": args.modes != ",".join(MODES), "--algos": bool(args.algos),
+             "--gpus-per-node": args.gpus_per_node is not None,
+             "--hidden": args.hidden != DEFAULT_HIDDEN, "--sizes": args.sizes is not None,
+             "--collectives": args.collectives is not None, "--calls": args.calls is not None,
+             "--repeats": args.repeats is not None, "--json": args.json is not None}
+    bad = [f"{o} (an option of {' and '.join(m or 'the sweep' for m in _MODE_OPTIONS[o])})"
+           for o, on in given.items() if on and mode not in _MODE_OPTIONS[o]]
+    if bad:
+        raise CommError(f"{mode or 'the sweep'} takes no {', '.join(bad)}")
+
+
+def _report(recs: list, paths: dict, problems: list[str], what: str) -> int:
+    """Print a mode's table and its problems; 0 only when every row was checked correct and
+    measured (a skipped row is no failure, a missed target neither)."""
     print(paths["md"].read_text())
     for p in problems:
         print(f"mscclang bench: warning: {p}", file=sys.stderr)
     failed = [r for r in recs if not r.ok and r.error and not r.error.startswith("skipped")]
     if failed:
-        print(f"mscclang bench: {len(failed)} sizes failed their check or run (see the table)", file=sys.stderr)
+        print(f"mscclang bench: {len(failed)} {what} failed their check or run (see the table)", file=sys.stderr)
     return 1 if failed or problems or not any(r.ok for r in recs) else 0
+
+
+def _run_first_calls(cfg: Any, args: argparse.Namespace) -> int:
+    """``--first-calls``: print the table; 0 only when every size was checked correct and timed."""
+    from mscclang.bench.runner import run_first_calls
+
+    recs, _, paths, problems = run_first_calls(cfg, args.time_limit, args.nprocs, args.json)
+    return _report(recs, paths, problems, "sizes")
+
+
+def _run_host(args: argparse.Namespace) -> int:
+    """``--host``: print the table; 0 only when every row that ran was checked correct and timed."""
+    from mscclang.bench.host import host_config
+    from mscclang.bench.runner import run_host
+
+    cfg = host_config(args.dtype, args.out, args.tuning, calls=args.calls or DEFAULT_CALLS,
+                      repeats=args.repeats or DEFAULT_REPEATS)
+    recs, _, paths, problems = run_host(cfg, args.time_limit, args.nprocs, args.json)
+    return _report(recs, paths, problems, "rows")
