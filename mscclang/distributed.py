@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d   # AllgatherOptions is not re-exported by torch.distributed
 
 from mscclang.comm.communicator import Communicator
-from mscclang.comm.fallback import HostStaged, torch_backend_for
+from mscclang.comm.fallback import HostStaged, TorchFallback, torch_backend_for
 from mscclang.errors import InvalidCall
 from mscclang.plan.dtypes import DTYPES
 
@@ -133,9 +133,14 @@ class MscclangProcessGroup(dist.ProcessGroup):
         self._timeout = timeout
         self._device = torch.device(device) if device is not None else _device_for(rank)
         self._device_type = self._device.type
+        # one torch group per device type: the Communicator's fallback group is the inner group
+        # of its device type (made from the store at the first call that needs it)
+        self._fallback = None if communicator is not None else TorchFallback(
+            store=dist.PrefixStore(f"mscclang/inner/{self._device_type}/", store), rank=rank, world_size=world_size,
+            device=self._device, timeout_s=timeout.total_seconds())
         self._comm: Optional[Communicator] = communicator or Communicator(
             store=dist.PrefixStore("mscclang/comm/", store), rank=rank, world_size=world_size,
-            device=self._device, runtime_options={"timeout_s": timeout.total_seconds()})
+            device=self._device, runtime_options={"timeout_s": timeout.total_seconds()}, fallback=self._fallback)
         self._inner: dict[str, Any] = {}
         self._token: Any = None
         self._logged: set[str] = set()
@@ -175,10 +180,13 @@ class MscclangProcessGroup(dist.ProcessGroup):
 
     def inner_group(self, device_type: str) -> Any:
         """The inner group for tensors of ``device_type`` (NCCL for ``cuda``, gloo otherwise),
-        made on first use over the same store. Collective: every rank reaches the same first
-        fallback call. When ranks share a GPU (``MSCCLANG_RANKS_PER_GPU`` above 1, functional
+        made on first use over the same store; for the Communicator's device type it is the
+        Communicator's fallback group. Collective: every rank reaches the same first fallback
+        call. When ranks share a GPU (``MSCCLANG_RANKS_PER_GPU`` above 1, functional
         testing on one GPU) NCCL refuses them, so CUDA tensors go to gloo too."""
         pg = self._inner.get(device_type)
+        if pg is None and device_type == self._device_type and self._fallback is not None:
+            pg = self._inner[device_type] = self._fallback.own_backend   # the Communicator's own
         if pg is None:
             prefix = dist.PrefixStore(f"mscclang/inner/{device_type}/", self._store)
             if torch_backend_for(device_type) == "nccl":

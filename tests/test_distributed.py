@@ -98,6 +98,9 @@ def _check_fallback(rank: int) -> None:
     if rank == 1:
         assert torch.equal(t, sum(xs))
     assert set(pg._inner) == {"cpu"}
+    # one torch group per device type: the inner group is the Communicator's fallback group
+    dist.all_reduce(_x(rank))   # the Communicator's call (its fallback on a machine without GPUs)
+    assert pg._inner["cpu"] is pg.communicator._fallback.own_backend
     # float64 runs on the inner group
     t = _x(rank, dtype=torch.float64)
     dist.all_reduce(t)
@@ -345,7 +348,8 @@ def test_new_group_with_the_backend_inside_a_gloo_default_group(tmp_path):
 
 def test_inner_group(tmp_path):
     """reduce, float64, PRODUCT, uneven all_to_all, gather and scatter run on the inner gloo
-    group, made at the first such call."""
+    group, made at the first such call; it is the Communicator's fallback group (one torch group
+    per device type)."""
     _spawn(tmp_path, "mscclang", ["fallback"])
 
 
