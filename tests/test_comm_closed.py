@@ -35,6 +35,7 @@ CALLS = {
     "begin_graph_capture": lambda c: c.begin_graph_capture(),
     "register_graph_buffers": lambda c: c.register_graph_buffers(),
     "use_tuning": lambda c: c.use_tuning({}),
+    "warm_up": lambda c: c.warm_up(),
     "select": lambda c: c.select("all_reduce", 1024, torch.float32),
     "trace": lambda c: c.trace(),
     "memory": lambda c: c.memory(),

@@ -393,7 +393,7 @@ def test_ddp_example_under_torchrun():
     assert p.returncode == 0, p.stdout + p.stderr
     for r in (0, 1):
         assert (f"ddp_mscclang: rank {r}: 50 steps on mscclang and on gloo: parameters bit-identical "
-                "(fallback: no mscclang plan ran)\n") in p.stdout
+                "(fallback: no mscclang plan ran)") in p.stdout   # the ranks' lines may interleave
 
 
 def test_torch_callers_under_torchrun(tmp_path):

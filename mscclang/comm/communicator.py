@@ -330,6 +330,21 @@ class Communicator:
                                  packet_type=pt)
         return cp
 
+    def warm_up(self, collectives: Any = None, dtype: Any = None, max_bytes: Optional[int] = None,
+                symmetric: bool = True) -> list:
+        """Load every plan the selector can pick for ``collectives`` (default all_reduce,
+        all_gather, reduce_scatter) in ``dtype`` (default bfloat16) up to ``max_bytes`` (default
+        64 MiB), on ordinary and symmetric tensors, so that no later call pays a plan's first
+        load: one real call at each size where the choice can change
+        (:mod:`mscclang.comm.warmup`). Collective; not inside a CUDA graph capture. Returns one
+        :class:`~mscclang.comm.warmup.WarmedCall` per call."""
+        self._check_open("warm_up")
+        if _capturing():
+            raise CommError(f"rank {self.rank}: warm_up cannot run inside a CUDA graph capture")
+        from mscclang.comm.warmup import DEFAULT_MAX_BYTES, warm_up
+
+        return warm_up(self, collectives, dtype, DEFAULT_MAX_BYTES if max_bytes is None else max_bytes, symmetric)
+
     def register(self, *tensors: Any) -> list[bool]:
         """Collective: register ordinary CUDA tensors so that zero-copy plans run on them directly
         (every rank passes its corresponding tensors, in the same order; never inside a CUDA graph
