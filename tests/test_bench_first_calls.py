@@ -138,6 +138,10 @@ def test_command_line(tmp_path, capsys):
     cfg = bench_config(p.parse_args(["bench", "--first-calls", "--collectives", "all_gather,all_reduce",
                                      "--sizes", "1000,3000", "--out", "x"]))
     assert (cfg.colls, cfg.sizes) == (["all_gather", "all_reduce"], [1000, 3000])
+    assert cfg.extra == {"warm_up": False}
+    assert bench_config(p.parse_args(["bench", "--first-calls", "--warm-up", "--out", "x"])).extra == {"warm_up": True}
+    assert main(["bench", "--warm-up", "--out", str(tmp_path / "w")]) == 1
+    assert "--warm-up (an option of --first-calls)" in capsys.readouterr().err
     assert bench_config(p.parse_args(["bench", "--out", "x"])).colls == ["all_reduce", "all_gather",
                                                                          "reduce_scatter", "all_to_all"]
     if torch.cuda.is_available() and torch.cuda.device_count() >= 2:  # pragma: no cover

@@ -111,7 +111,7 @@ class FirstCallWorker(BenchWorker):
             times.append(slowest)
             if which == "first":
                 last = self.comm.last if self.comm is not None else None
-                key = None if last is None or last.variant is None else last.variant.key
+                key = None if last is None or last.plan is None else last.plan.name
                 if key is not None:
                     rec.new_plan = key not in self.plans_run
                     self.plans_run.add(key)
@@ -131,7 +131,14 @@ class FirstCallWorker(BenchWorker):
     def run(self) -> None:
         """Every collective and size in order; rank 0 streams one record a line."""
         self.setup()
-        self.plans_run: set[str] = set()   # the plans this process has run (keys)
+        self.plans_run: set[str] = set()   # the plans this process has run (names)
+        if self.cfg.extra.get("warm_up"):
+            t0 = time.perf_counter()
+            warmed = self.comm.warm_up(self.cfg.colls, dtype=self.dtype, max_bytes=max(self.cfg.sizes))
+            self.plans_run |= {w.plan for w in warmed if w.plan is not None}
+            if self.rank == 0:
+                print(f"warm_up: {len(warmed)} calls, {len(self.plans_run)} plans, "
+                      f"{time.perf_counter() - t0:.2f} s", flush=True)
         warm = warmup_bytes(list(self.cfg.sizes))
         for coll in self.cfg.colls:
             w = self.measure_size(coll, warm)

@@ -91,6 +91,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "and then the second one of that size (host wall time around the call and "
                         "the device sync, fresh ordinary tensors and random data, results checked); "
                         "writes DIR/first_calls.json and DIR/first_calls.md")
+    p.add_argument("--warm-up", action="store_true",
+                   help="--first-calls: call Communicator.warm_up for the collectives and sizes first "
+                        "(timed), so the table shows what calls cost after the documented warm-up")
     p.add_argument("--host", action="store_true",
                    help="instead of the sweep: host microseconds per queued call of the Communicator's and "
                         "torch.distributed's all_reduce and of the fused call, beside a torch launch, with the "
@@ -119,7 +122,8 @@ def bench_config(args: argparse.Namespace) -> Any:
     if first:
         return BenchConfig(colls=_list(colls, ALL_COLLS, "collective"),
                            sizes=list(args.sizes or FIRST_CALL_SIZES), impls=[ORDINARY], modes=["eager"],
-                           dtype=args.dtype, out_dir=args.out, tuning=args.tuning)
+                           dtype=args.dtype, out_dir=args.out, tuning=args.tuning,
+                           extra={"warm_up": bool(getattr(args, "warm_up", False))})
     sizes = args.sizes or list(QUICK_SIZES if args.quick else DEFAULT_SIZES)
     impls = _list(args.impls, IMPLS, "implementation")
     for a in (x.strip() for x in (getattr(args, "algos", "") or "").split(",")):
@@ -184,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
 #: the options of one mode or a few ("": the sweep) -> the modes that take them
 _MODE_OPTIONS = {"--quick": ("",), "--impls": ("",), "--modes": ("",), "--algos": ("",), "--gpus-per-node": ("",),
                  "--hidden": ("",), "--sizes": ("", "--first-calls"), "--collectives": ("", "--first-calls"),
-                 "--calls": ("--host",), "--repeats": ("--host",), "--json": ("--host", "--first-calls")}
+                 "--calls": ("--host",), "--repeats": ("--host",), "--json": ("--host", "--first-calls"),
+                 "--warm-up": ("--first-calls",)}
 
 
 def _check_mode_options(args: argparse.Namespace) -> None:
@@ -203,7 +208,8 @@ def _check_mode_options(args: argparse.Namespace) -> None:
              "--gpus-per-node": args.gpus_per_node is not None,
              "--hidden": args.hidden != DEFAULT_HIDDEN, "--sizes": args.sizes is not None,
              "--collectives": args.collectives is not None, "--calls": args.calls is not None,
-             "--repeats": args.repeats is not None, "--json": args.json is not None}
+             "--repeats": args.repeats is not None, "--json": args.json is not None,
+             "--warm-up": bool(getattr(args, "warm_up", False))}
     bad = [f"{o} (an option of {' and '.join(m or 'the sweep' for m in _MODE_OPTIONS[o])})"
            for o, on in given.items() if on and mode not in _MODE_OPTIONS[o]]
     if bad:
