@@ -582,6 +582,14 @@ class Communicator:
     def _call(self, coll: str, inp: Any, out: Any, op: Any, root: int = 0, accum: Any = None) -> Any:
         self._check_open(coll)
         key, cp = self.planner.lookup(coll, inp, out, op, root, accum)
+        if cp.bound is not None and cp.mode == "direct" and not cp.registrable and self._tracer is None:
+            # a memo hit of a call that runs on the caller's tensors: launch what the engine
+            # resolved at its first call (nothing is checked or resolved again)
+            if self.backend.launch_bound(cp.bound):
+                self.last = cp
+                self.plan_calls += 1
+                return out
+            cp.bound = None   # stale: resolved again below
         if cp.call.empty:
             return out
         if cp.registrable and self._auto_register(coll, inp, out, cp.call.op, root):

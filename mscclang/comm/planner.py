@@ -300,16 +300,17 @@ class Planner:
         repeated call checks nothing again). Shared by the collectives and :meth:`prepare`, so a
         prepared call is found again when captured."""
         key = None
-        if getattr(inp, "is_contiguous", None) and inp.is_contiguous() and out.is_contiguous():
+        be = self.backend
+        if out is inp:
+            # in place (the common call): the tensor is read once
+            if getattr(inp, "is_contiguous", None) and inp.is_contiguous():
+                key = (coll, inp.data_ptr(), inp.numel(), inp.dtype, inp.device, op, accum, root,
+                       None if be is None else be.buffer_class(inp))
+        elif getattr(inp, "is_contiguous", None) and inp.is_contiguous() and out.is_contiguous():
             # what the tensors are to zero-copy plans (symmetric, registered, or neither) is part of
             # the key: an address may come back as an ordinary tensor on one rank and a symmetric
             # or registered one on another, and the ranks must choose alike
-            be = self.backend
-            if be is None:
-                sym = None
-            else:
-                a = be.buffer_class(inp)
-                sym = (a, a if out is inp else be.buffer_class(out))
+            sym = None if be is None else (be.buffer_class(inp), be.buffer_class(out))
             key = (coll, inp.data_ptr(), out.data_ptr(), inp.numel(), out.numel(), inp.dtype,
                    out.dtype, inp.device, out.device, op, accum, root, sym)
         cp = self.memo.get(key) if key is not None else None
@@ -317,7 +318,6 @@ class Planner:
             call = self.make_call(coll, inp, out, op, accum)
             if call.empty:   # nothing to run
                 return key, CallPlan(coll, "empty", None, None, call.shape, call.shape, call)
-            be = self.backend
             if be is not None:
                 be.describe_call(call.describe())
             try:
