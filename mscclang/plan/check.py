@@ -54,6 +54,8 @@ from mscclang.plan.models import (
     ChannelType,
     Gpu,
     PACKET_OPS,
+    PLAN_FORMAT,
+    PLAN_FORMAT_2,
     Op,
     OpName,
     Plan,
@@ -677,6 +679,17 @@ class _Checker:
                                     f"{dict(sorted(counts.items()))})", p0)
 
 
+def check_format(plan: Plan) -> None:
+    """The format rule: a plan holding an epilogue op (``radd``, ``rmsnorm``) must say
+    ``mscclang.plan/2``; PlanError naming the first such op of a ``/1`` plan."""
+    if plan.format == PLAN_FORMAT:
+        ops = plan.epilogue_ops()
+        if ops:
+            path, op = ops[0]
+            raise PlanError(f"{op.name.value} is an epilogue op: a plan holding it must say format "
+                            f"{PLAN_FORMAT_2!r}, not {PLAN_FORMAT!r}", f"{path}.name")
+
+
 def validate_plan(plan: Plan) -> None:
     """Check a validated plan's cross-references and op shapes (and the format rule:
     epilogue ops only in ``mscclang.plan/2`` plans).
@@ -684,8 +697,6 @@ def validate_plan(plan: Plan) -> None:
     Raises :class:`~mscclang.errors.PlanError` with the JSON path of the first offending field;
     returns ``None`` when the plan is consistent. See the module docstring for what is checked.
     """
-    from mscclang.plan.io import check_format  # late import: io imports this module lazily
-
     check_format(plan)
     _Checker(plan).run()
 
