@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from mscclang.errors import PlanError, RuntimeUnavailable
 from mscclang.plan.collectives import collective
-from mscclang.plan.models import REDUCE_OPS, Plan
+from mscclang.plan.models import REDUCE_OP_NAMES, REDUCE_OPS, Plan
 from mscclang.runtime.device_plan import RankTables, SyncLayout, rank_tables
 
 
@@ -28,7 +28,7 @@ def packet_code(p: Any) -> str:
 def reduce_code(r: Any) -> str:
     """'sum', 'min' or 'max' from a reduce op name or enum."""
     s = str(getattr(r, "value", r)).lower()
-    if s not in ("sum", "min", "max"):
+    if s not in REDUCE_OP_NAMES:
         raise RuntimeUnavailable(f"unknown reduce op {r!r}; use sum, min or max")
     return s
 
