@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 from mscclang.config import CUDA_MAX_CONNECTIONS, Settings
 from mscclang.errors import PlanError
 from mscclang.plan.check import validate_plan
-from mscclang.plan.models import PUT_SIGNAL_OPS, SEMAPHORE_OPS, SIGNAL_OPS, SWITCH_OPS, WAIT_OPS, BufferKind, ChannelOrdinal, ChannelType, Op, OpName, Plan, ThreadBlock
+from mscclang.plan.models import SEMAPHORE_OPS, SIGNAL_OPS, SWITCH_OPS, WAIT_OPS, BufferKind, ChannelOrdinal, ChannelType, Op, OpName, Plan, ThreadBlock
 from mscclang.runtime.ports import check_port_plan, is_port_op, pair_slots, port_inbound_slots
 from mscclang.runtime.topology import Topology, channel_transports
 from mscclang.runtime.structs import BLOCK_ENTRY, CHANNEL_DEV, CONSTANTS, PLAN_HEADER, REMOTE_BUF
@@ -43,7 +43,6 @@ KIND_CODE = {BufferKind.input: 0, BufferKind.output: 1, BufferKind.scratch: 2}
 FLAG_RELAXED = 1
 FLAG_READS_PACKETS = 2
 
-PORT_OPS = PUT_SIGNAL_OPS | {OpName.flush}
 _PAIRWISE_OPS = frozenset({OpName.put, OpName.get, OpName.copy, OpName.cpkt, OpName.ppkt, OpName.upkt})
 
 # sync area of one rank (one per context): abort word, flags, inbound counters, expected counters,

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from mscclang.errors import PlanError, RuntimeUnavailable
 from mscclang.plan.collectives import collective
-from mscclang.plan.models import REDUCE_OP_NAMES, REDUCE_OPS, Plan
+from mscclang.plan.models import REDUCE_OPS, Plan
 from mscclang.runtime.device_plan import RankTables, SyncLayout, rank_tables
 
 
@@ -24,13 +24,6 @@ def packet_code(p: Any) -> str:
         raise RuntimeUnavailable(f"unknown packet type {p!r}; use 'LL16' or 'LL8'")
     return s
 
-
-def reduce_code(r: Any) -> str:
-    """'sum', 'min' or 'max' from a reduce op name or enum."""
-    s = str(getattr(r, "value", r)).lower()
-    if s not in REDUCE_OP_NAMES:
-        raise RuntimeUnavailable(f"unknown reduce op {r!r}; use sum, min or max")
-    return s
 
 
 def plan_reduce_op(plan: Plan) -> str:

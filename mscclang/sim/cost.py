@@ -42,7 +42,6 @@ from mscclang.plan.models import SIGNAL_OPS, SYNC_OPS, WAIT_OPS, BufferKind, Buf
 from mscclang.plan.topology import Topology as NodeLayout, check_topology
 
 _CALIBRATION = Path(__file__).with_name("h200_calibration.json")
-_PACKET_READS = {OpName.upkt: (True,), OpName.rppkt: (True,)}
 _SYNC = SYNC_OPS | {OpName.barrier, OpName.nop}
 
 
