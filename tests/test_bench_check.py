@@ -4,7 +4,8 @@ emulating what every rank computes: right results pass, wrong, unwritten or corr
 import pytest
 import torch
 
-from mscclang.bench.worker import BenchConfig, BenchWorker, _Cell, gen_input, iters_for
+from mscclang.bench.cells import Cell
+from mscclang.bench.worker import BenchConfig, BenchWorker, gen_input, iters_for
 
 
 def worker(rank, world, dtype):
@@ -46,7 +47,7 @@ def make(w, coll, numel_in, corrupt=None):
     out_numel = {"all_gather": numel_in * n, "reduce_scatter": numel_in // n}.get(coll, numel_in)
     inp = torch.empty(numel_in, dtype=w.dtype)
     out = inp if coll in ("all_reduce", "broadcast") else torch.empty(out_numel, dtype=w.dtype)
-    cell = _Cell(None, inp, out, numel_in)
+    cell = Cell(None, inp, out, numel_in)
 
     def op():
         res = oracle(w, coll, numel_in, w.seed)

@@ -35,7 +35,7 @@ from mscclang.errors import DSLError
 from mscclang.plan.collectives import FUSED_NORM
 from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
 
-__all__ = ["ALGORITHMS", "AlgorithmInfo", "Variant", "build", "algorithms_for"]
+__all__ = ["ALGORITHMS", "AlgorithmInfo", "Variant", "build"]
 
 SHIPPED_RANKS = (2, 4, 8)
 BOTH = (False, True)
@@ -251,16 +251,3 @@ def build(name: str, ranks: int, instances: int = 1, num_threads_per_block: Opti
         raise DSLError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
     return info.build(ranks, instances=instances, num_threads_per_block=num_threads_per_block,
                       inplace=inplace, **kw)
-
-
-def algorithms_for(collective: str, buffer_mode: Optional[str] = None) -> list[AlgorithmInfo]:
-    """The algorithms implementing ``collective`` (optionally only those of ``buffer_mode``;
-    "any"-mode plans also run on symmetric buffers, so asking for "symmetric" returns both)."""
-    out = []
-    for info in ALGORITHMS.values():
-        if info.collective != collective:
-            continue
-        if buffer_mode == "any" and info.buffer_mode != "any":
-            continue
-        out.append(info)
-    return out

@@ -84,10 +84,6 @@ class AlgorithmInfo:
         if not self.inplace_modes or self.min_message_size > self.max_message_size:
             raise DSLError(f"algorithm {self.name}: needs in-place modes and a valid size range")
 
-    @property
-    def supports_inplace(self) -> bool:
-        return True in self.inplace_modes
-
     def build(self, ranks: int, instances: int = 1, num_threads_per_block: Optional[int] = None,
               inplace: Optional[bool] = None, **kw: Any) -> Plan:
         """Build the plan for ``ranks`` ranks (see the algorithm's module for extra keywords)."""

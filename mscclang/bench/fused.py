@@ -20,13 +20,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
-from mscclang.bench.worker import FUSED, _Cell, gen_input
+from mscclang.bench.cells import Cell, gen_input
 
 if TYPE_CHECKING:
     from mscclang.bench.worker import BenchWorker
 
 __all__ = ["FUSED", "FUSED_IMPLS", "compare", "fill", "fused_sizes", "make_cell"]
 
+#: the fused case's collective name
+FUSED = "all_reduce_add_rms_norm"
 #: the fused case's columns, in table order
 FUSED_IMPLS = ("mscclang", "unfused", "nccl", "flashinfer")
 DEFAULT_HIDDEN = 8192
@@ -53,7 +55,7 @@ def torch_epilogue(s: Any, residual: Any, weight: Any, eps: float, out: Any) -> 
     out.copy_(r.mul_(inv).mul_(weight.float()))
 
 
-class FusedCell(_Cell):
+class FusedCell(Cell):
     """A fused-case cell: ``inp`` is x, ``out`` where the norm lands, ``residual`` the residual
     the call updates in place, ``residual_out`` where the updated residual lands (the residual
     itself, but for FlashInfer) and ``weight`` the norm's weight."""

@@ -39,7 +39,8 @@ from mscclang.bench.report import facts_lines, targets_lines, write_report
 from mscclang.bench.results import ORDINARY, LineRecord
 from mscclang.bench.sizes import format_size
 from mscclang.bench.targets import TORCH_LAUNCHES, check_host_targets, torch_launch_us
-from mscclang.bench.worker import BenchConfig, BenchWorker, _Cell, _sync, error_text, median, run_rank
+from mscclang.bench.cells import Cell
+from mscclang.bench.worker import BenchConfig, BenchWorker, _sync, error_text, median, run_rank
 from mscclang.comm.errors import CommError
 from mscclang.plan.dtypes import dtype_info
 
@@ -159,7 +160,7 @@ class HostWorker(BenchWorker):
         dist.all_gather(out, torch.tensor([value], dtype=torch.float64), group=self.ctrl)
         return [float(t.item()) for t in out]
 
-    def host_cell(self, call: str, elements: int) -> _Cell:
+    def host_cell(self, call: str, elements: int) -> Cell:
         """The tensors and the call of a row (mscclang rows prepared, not yet checked)."""
         import torch
         import torch.distributed as dist
@@ -167,7 +168,7 @@ class HostWorker(BenchWorker):
         dt, dev = self.dtype, self.device
         if call in TORCH_LAUNCHES:
             x, y = torch.zeros(elements, dtype=dt, device=dev), torch.zeros(elements, dtype=dt, device=dev)
-            return _Cell((lambda: x.add_(1)) if call == "add" else (lambda: y.copy_(x)), x, y, elements)
+            return Cell((lambda: x.add_(1)) if call == "add" else (lambda: y.copy_(x)), x, y, elements)
         if call == "fused":
             return self.make_cell(FUSED, "mscclang", elements * self.esz)
         if call == "dist":
@@ -175,7 +176,7 @@ class HostWorker(BenchWorker):
             if group is None:
                 raise RuntimeError(f"skipped: no mscclang process group here ({self.group_error})")
             x = torch.empty(elements, dtype=dt, device=dev)
-            return _Cell(lambda: dist.all_reduce(x, group=group), x, x, elements)
+            return Cell(lambda: dist.all_reduce(x, group=group), x, x, elements)
         return self.make_cell("all_reduce", "mscclang" if call == "symmetric" else ORDINARY, elements * self.esz)
 
     def measure_row(self, call: str, elements: int) -> HostRecord:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from mscclang.bench.worker import BenchConfig, BenchWorker, _Cell, error_text, iters_for, median, run_rank
+from mscclang.bench.cells import Cell
+from mscclang.bench.worker import BenchConfig, BenchWorker, error_text, iters_for, median, run_rank
 from mscclang.plan.collectives import PLAN_TO_API
 
 
@@ -20,7 +21,7 @@ class TuneWorker(BenchWorker):
     def emit_tune(self, rec: dict) -> None:
         self.append_line("tune.jsonl", rec)
 
-    def check_candidate(self, coll: str, nbytes: int, key: Any) -> tuple[bool, str, Optional[_Cell], Optional[str]]:
+    def check_candidate(self, coll: str, nbytes: int, key: Any) -> tuple[bool, str, Optional[Cell], Optional[str]]:
         """Force candidate ``key`` (or NCCL), build its cell and check one call. Returns
         (ok, error, cell, plan label)."""
         from mscclang.comm.tuning import Candidate, Rule, TuningTable

@@ -19,8 +19,11 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
+from mscclang.bench import fused
+from mscclang.bench.cells import Cell, gen_input
+from mscclang.bench.fused import FUSED, FUSED_IMPLS, fused_sizes
 from mscclang.bench.results import ORDINARY, Record
 from mscclang.bench.sizes import format_size
 from mscclang.comm.names import busbw_factor
@@ -29,8 +32,6 @@ from mscclang.plan.collectives import collective as collective_row
 from mscclang.plan.dtypes import DTYPES, torch_dtype
 
 MiB = 1 << 20
-#: the fused case's collective name (mscclang.bench.fused, which imports this module)
-FUSED = "all_reduce_add_rms_norm"
 _T = TypeVar("_T")
 #: unit roundoff per dtype (for the reduction error bound)
 _UNIT = {d.name: d.unit_roundoff for d in DTYPES if d.gpu}
@@ -97,17 +98,6 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def gen_input(seed: int, rank: int, numel: int, dtype: Any, device: Any) -> Any:
-    """Rank ``rank``'s input for a cell (every process can regenerate every rank's)."""
-    import torch
-
-    g = torch.Generator(device=device)
-    g.manual_seed(seed * 1000003 + rank)
-    if dtype == torch.int32:
-        return torch.randint(-1000, 1000, (numel,), generator=g, device=device, dtype=dtype)
-    return torch.randn(numel, generator=g, device=device, dtype=torch.float32).to(dtype)
-
-
 def timed_blocks(launch: Callable[[], None], calls: int, blocks: int, barrier: Callable[[], None]) -> list[float]:
     """Microseconds per call of ``blocks`` timed runs of ``launch()`` (which makes ``calls``
     calls: one graph replay of that many, say), each run started after ``barrier()`` and a device
@@ -141,22 +131,6 @@ def capture_graph(body: Callable[[], _T]) -> tuple[Any, _T]:
             result = body()
     torch.cuda.current_stream().wait_stream(s)
     return g, result
-
-
-class _Cell:
-    """Buffers and the call of one (collective, impl, size). ``capture``, when set, returns the
-    context manager a CUDA-graph capture of the call runs inside (``comm.graph_capture()`` for
-    ordinary tensors)."""
-
-    def __init__(self, op: Callable[[], Any], inp: Any, out: Any, numel_in: int, plan: str = "",
-                 capture: Optional[Callable[[], ContextManager[Any]]] = None) -> None:
-        self.op = op
-        self.inp = inp
-        self.out = out
-        self.numel_in = numel_in
-        self.plan = plan
-        self.capture = capture
-        self.keep: list[Any] = []
 
 
 class BenchWorker:
@@ -282,14 +256,12 @@ class BenchWorker:
                                        runtime_options={"timeout_s": self.cfg.runtime_timeout_s})
 
     # -- cells ----------------------------------------------------------------------------------
-    def make_cell(self, coll: str, impl: str, nbytes: int, prepare: bool = True) -> _Cell:
+    def make_cell(self, coll: str, impl: str, nbytes: int, prepare: bool = True) -> Cell:
         """The buffers and the call of ``(coll, impl, nbytes)``. For the mscclang
         implementations the call is set up with ``comm.prepare`` first unless ``prepare`` is
         False (the first-call measurement times an unprepared call)."""
         import torch
         import torch.distributed as dist
-
-        from mscclang.bench import fused
 
         if coll == fused.FUSED:
             return fused.make_cell(self, impl, nbytes)
@@ -324,17 +296,17 @@ class BenchWorker:
             run = getattr(comm, coll)
             if single:   # all_reduce, broadcast: one tensor
                 setup(coll, i, **kw)
-                return _Cell(lambda: run(i, **kw), i, i, in_e, capture=capture)
+                return Cell(lambda: run(i, **kw), i, i, in_e, capture=capture)
             setup(coll, i, o)
-            return _Cell(lambda: run(i, out=o), i, o, in_e, capture=capture)
+            return Cell(lambda: run(i, out=o), i, o, in_e, capture=capture)
         elif impl == "nccl" and row.torch is not None:
             i = torch.empty(in_e, dtype=dt, device=dev)
             o = i if single else torch.empty(out_e, dtype=dt, device=dev)
             fn = getattr(dist, row.torch)   # the torch.distributed function of the collective
             if single:
                 src = {"src": 0} if row.rooted else {}
-                return _Cell(lambda: fn(i, **src), i, i, in_e)
-            return _Cell(lambda: fn(o, i), i, o, in_e)
+                return Cell(lambda: fn(i, **src), i, i, in_e)
+            return Cell(lambda: fn(o, i), i, o, in_e)
         elif impl == "symm":
             import torch.distributed._symmetric_memory as symm_mem
 
@@ -343,7 +315,7 @@ class BenchWorker:
             buf = symm_mem.empty(total, dtype=dt, device=dev)
             symm_mem.rendezvous(buf, self.symm_group)
             g = self.symm_group
-            cell = _Cell(lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", g), buf, buf, total)
+            cell = Cell(lambda: torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", g), buf, buf, total)
             cell.plan = "two_shot_all_reduce_"
             return cell
         raise RuntimeError(f"no {impl} implementation of {coll}")
@@ -376,10 +348,8 @@ class BenchWorker:
                               "rules": [{"collective": plan_collective(coll), "candidates": [{"plan": algo}]}]})
         self._forced = algo
 
-    def check(self, coll: str, cell: _Cell) -> tuple[bool, str]:
+    def check(self, coll: str, cell: Cell) -> tuple[bool, str]:
         """Fresh random inputs, poisoned output, one call, compare with the reference."""
-        from mscclang.bench import fused
-
         seed = fused.fill(self, cell) if coll == fused.FUSED else self.fill(cell)  # type: ignore[arg-type]
         _sync(self.device)
         self.barrier()
@@ -389,7 +359,7 @@ class BenchWorker:
             return fused.compare(self, cell, seed)  # type: ignore[arg-type]
         return self.compare(coll, cell, seed)
 
-    def fill(self, cell: _Cell) -> int:
+    def fill(self, cell: Cell) -> int:
         """Fresh random inputs (a new seed, the same on every rank) and a poisoned output for
         one checked call of ``cell``; returns the seed :meth:`compare` needs."""
         dt = self.dtype
@@ -399,7 +369,7 @@ class BenchWorker:
             cell.out.fill_(float("nan") if dt.is_floating_point else -(2 ** 31))
         return self.seed
 
-    def compare(self, coll: str, cell: _Cell, seed: int) -> tuple[bool, str]:
+    def compare(self, coll: str, cell: Cell, seed: int) -> tuple[bool, str]:
         """Whether ``cell``'s output is the reference result of ``coll`` on the inputs of ``seed``
         (sums within the any-order error bound, copies exact); (ok, what is wrong)."""
         import torch
@@ -445,11 +415,11 @@ class BenchWorker:
         return True, ""
 
     def check_call(self, coll: str, impl: str, nbytes: int,
-                   prepare: Optional[Callable[[], None]] = None) -> tuple[bool, str, Optional[_Cell]]:
+                   prepare: Optional[Callable[[], None]] = None) -> tuple[bool, str, Optional[Cell]]:
         """``prepare()`` (if given), build the cell of ``(coll, impl, nbytes)`` and :meth:`check`
         one call. An exception fails the check with :func:`error_text`. For ``mscclang`` the
         cell's plan becomes the label of the plan that ran. Returns (ok, error, cell or None)."""
-        cell: Optional[_Cell] = None
+        cell: Optional[Cell] = None
         try:
             if prepare is not None:
                 prepare()
@@ -467,7 +437,7 @@ class BenchWorker:
         each), every block started together on all ranks."""
         return timed_blocks(launch, iters, self.cfg.blocks, self.barrier)
 
-    def time_eager(self, cell: _Cell, iters: int) -> list[float]:
+    def time_eager(self, cell: Cell, iters: int) -> list[float]:
         """Per-call times of ``iters`` eager calls a block, after ``cfg.warmup`` calls."""
         import torch
 
@@ -481,7 +451,7 @@ class BenchWorker:
 
         return self._timed_blocks(calls, iters)
 
-    def time_graph(self, cell: _Cell, iters: int) -> list[float]:
+    def time_graph(self, cell: Cell, iters: int) -> list[float]:
         """Per-call times of one CUDA graph of ``iters`` calls, replayed once a block."""
         import torch
 
@@ -513,7 +483,7 @@ class BenchWorker:
         ex = getattr(getattr(self.comm, "backend", None), "executor", None)
         return str(getattr(ex, "last_kernel", "") or "")
 
-    def measure(self, cell: _Cell, mode: str, iters: int) -> list[float]:
+    def measure(self, cell: Cell, mode: str, iters: int) -> list[float]:
         """Sorted per-call times of ``cell`` in ``mode`` ("graph" or "eager")."""
         times = self.time_graph(cell, iters) if mode == "graph" else self.time_eager(cell, iters)
         return sorted(times)
@@ -587,8 +557,6 @@ class BenchWorker:
 
     def run(self) -> None:
         import torch
-
-        from mscclang.bench.fused import FUSED_IMPLS, fused_sizes
 
         self.setup()
         for coll in self.cfg.colls:

@@ -25,6 +25,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from mscclang.errors import LimitError, MscclangError
+from mscclang.plan.models import PACKET_TYPES, REDUCE_OP_NAMES
 
 if TYPE_CHECKING:
     from mscclang.plan.models import Plan
@@ -42,8 +43,8 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
                    help=f"on GPUs {', '.join(GPU_DTYPES)}, on the simulator also "
                         f"{', '.join(d for d in SIM_DTYPES if d not in GPU_DTYPES)}, or an alias "
                         "(fp16, bf16, fp32, i32, u8 ...); default float16")
-    p.add_argument("--packet-type", default=None, choices=["LL16", "LL8"])
-    p.add_argument("--reduce-op", default=None, choices=["sum", "min", "max"])
+    p.add_argument("--packet-type", default=None, choices=PACKET_TYPES)
+    p.add_argument("--reduce-op", default=None, choices=REDUCE_OP_NAMES)
     p.add_argument("--graph", action="store_true", help="time CUDA-graph replays instead of eager calls (GPUs only)")
     p.add_argument("--iters", type=int_range_arg(1, 1_000_000), default=None,
                    help="timed launches per size (GPUs only; default 200)")

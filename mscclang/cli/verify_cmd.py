@@ -26,6 +26,7 @@ import sys
 from mscclang.cli.args import (MAX_LAUNCHES, MAX_SCHEDULES, MESSAGE_SIZE, SIM_DTYPES, MergeLists, add_progress_flag,
                                add_sizes_option, choice_list_arg, dtype_list_arg, int_range_arg)
 from mscclang.errors import MscclangError
+from mscclang.plan.models import PACKET_TYPES, REDUCE_OP_NAMES
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -40,9 +41,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", action=MergeLists, type=dtype_list_arg(SIM_DTYPES), default=None,
                    help="comma list of dtypes, repeatable: " + ", ".join(SIM_DTYPES) +
                         " or an alias (fp16, bf16, fp32, i32, ...)")
-    p.add_argument("--reduce-op", action=MergeLists, type=choice_list_arg(("sum", "min", "max")), default=None,
+    p.add_argument("--reduce-op", action=MergeLists, type=choice_list_arg(REDUCE_OP_NAMES), default=None,
                    help="comma list of sum, min, max")
-    p.add_argument("--packet-type", action=MergeLists, type=choice_list_arg(("LL8", "LL16")), default=None,
+    p.add_argument("--packet-type", action=MergeLists, type=choice_list_arg(PACKET_TYPES), default=None,
                    help="comma list of LL8, LL16")
     p.add_argument("--launches", type=int_range_arg(1, MAX_LAUNCHES), default=None,
                    help=f"consecutive launches, 1..{MAX_LAUNCHES} (default: 3 for double-scratch plans, else 2)")

@@ -14,6 +14,7 @@ from mscclang.plan.collectives import API_TO_PLAN, PLAN_TO_API
 from mscclang.plan.collectives import collective as collective_row
 from mscclang.plan.dtypes import DTYPES as _DTYPE_TABLE
 from mscclang.plan.dtypes import GPU_DTYPES, find_dtype
+from mscclang.plan.models import REDUCE_OP_NAMES
 
 __all__ = ["API_TO_PLAN", "PLAN_TO_API", "DTYPES", "DTYPE_SIZES", "REDUCE_OPS", "plan_collective",
            "call_text", "dtype_name", "reduce_op_name", "busbw_factor"]
@@ -21,7 +22,7 @@ __all__ = ["API_TO_PLAN", "PLAN_TO_API", "DTYPES", "DTYPE_SIZES", "REDUCE_OPS", 
 #: canonical names of the dtypes the communicator runs
 DTYPES: tuple[str, ...] = GPU_DTYPES
 DTYPE_SIZES: dict[str, int] = {d.name: d.itemsize for d in _DTYPE_TABLE if d.gpu}
-REDUCE_OPS: tuple[str, ...] = ("sum", "min", "max")
+REDUCE_OPS: tuple[str, ...] = REDUCE_OP_NAMES
 
 
 def plan_collective(name: str) -> str:

@@ -292,8 +292,7 @@ def operand_roles(op: IROp) -> list[tuple[Ref, bool, bool]]:
     return out
 
 
-def accesses(op: IROp, switch_buffers: Optional[list[IRSwitch]] = None,
-             spec: Optional[CollectiveSpec] = None) -> list[Access]:
+def accesses(op: IROp, spec: Optional[CollectiveSpec] = None) -> list[Access]:
     """The byte ranges ``op`` reads and writes (see :class:`Access`).
 
     Packet-format operands: ``cpkt``/``ppkt``/``rppkt``/``gstorepkt`` destinations, the packet

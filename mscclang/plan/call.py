@@ -18,7 +18,7 @@ from typing import Any, Optional, Union
 
 from mscclang.errors import InvalidCall
 from mscclang.plan.collectives import BlockShape, Collective, collective as collective_row
-from mscclang.plan.dtypes import DtypeInfo, check_reduction, find_dtype, kernel_code, torch_dtype_info
+from mscclang.plan.dtypes import EPILOGUE_DTYPES, DtypeInfo, check_reduction, find_dtype, kernel_code, torch_dtype_info
 from mscclang.plan.models import ReduceOp
 
 __all__ = ["Call", "EpiCall", "FusedArgs", "make_call", "check_tensor", "overlap", "reduce_op_name",
@@ -265,7 +265,7 @@ def _shape(row: Collective, rank: int, world: int, in_elems: int, out_elems: int
 def _fused(rank: int, device: Any, owner: str, x: Any, out: Any, dt: DtypeInfo, op: str, a: FusedArgs) -> EpiCall:
     """The fused collective's checks (docs/semantics.md, "Epilogue ops"), in one place."""
     what = "all_reduce_add_rms_norm"
-    if dt.name not in ("float16", "bfloat16", "float32"):
+    if dt.name not in EPILOGUE_DTYPES:
         raise InvalidCall(f"rank {rank}: {what}: x has dtype {x.dtype}; use float16, bfloat16 or float32")
     if op != "sum":
         raise InvalidCall(f"rank {rank}: {what} reduces with sum, not {op}")

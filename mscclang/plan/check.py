@@ -54,6 +54,10 @@ from mscclang.plan.models import (
     ChannelType,
     Gpu,
     PACKET_OPS,
+    PLAN_FORMAT,
+    PLAN_FORMAT_2,
+    SEMAPHORE_OPS,
+    SYNC_OPS,
     Op,
     OpName,
     Plan,
@@ -158,8 +162,7 @@ OP_RULES: dict[OpName, OpRule] = {
 }
 
 # ops that never carry a thread-block group (they are not split over threads by bytes)
-_NO_TBG = frozenset({OpName.nop, OpName.barrier, OpName.signal, OpName.rlxsignal, OpName.wait,
-                     OpName.rlxwait, OpName.flush, OpName.sem_acquire, OpName.sem_release,
+_NO_TBG = SYNC_OPS | frozenset({OpName.nop, OpName.barrier,
                      OpName.rmsnorm})
 # ops whose channel i serves remote operand i
 _CHANNEL_PER_REMOTE = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.ppkt,
@@ -426,7 +429,7 @@ class _Checker:
             for field in ("barrier_id", "num_threadblocks", "barrier_tbs"):
                 if getattr(op, field) is not None:
                     raise PlanError(f"{name} does not take '{field}'", f"{path}.{field}")
-        if op.name not in (OpName.sem_acquire, OpName.sem_release) and op.semaphore_ids:
+        if op.name not in SEMAPHORE_OPS and op.semaphore_ids:
             raise PlanError(f"{name} does not take 'semaphore_ids'", f"{path}.semaphore_ids")
         if op.reduce_op is not None and op.name not in (OpName.re, OpName.res, OpName.rre, OpName.rres,
                                                          OpName.repkt, OpName.respkt, OpName.recpkt,
@@ -448,7 +451,7 @@ class _Checker:
                 raise PlanError(
                     f"channel id {cid} is outside thread block {t}'s {ct.value} channel list "
                     f"(length {len(tb_list)}) on rank {r}", f"{path}.channel_ids[{k}]")
-        if op.name in (OpName.signal, OpName.wait, OpName.rlxsignal, OpName.rlxwait, OpName.flush):
+        if op.name in SYNC_OPS - SEMAPHORE_OPS:
             if len(set(op.channel_ids)) != len(op.channel_ids):
                 raise PlanError(f"{name} lists a channel twice", f"{path}.channel_ids")
         # semaphores and barriers
@@ -677,6 +680,17 @@ class _Checker:
                                     f"{dict(sorted(counts.items()))})", p0)
 
 
+def check_format(plan: Plan) -> None:
+    """The format rule: a plan holding an epilogue op (``radd``, ``rmsnorm``) must say
+    ``mscclang.plan/2``; PlanError naming the first such op of a ``/1`` plan."""
+    if plan.format == PLAN_FORMAT:
+        ops = plan.epilogue_ops()
+        if ops:
+            path, op = ops[0]
+            raise PlanError(f"{op.name.value} is an epilogue op: a plan holding it must say format "
+                            f"{PLAN_FORMAT_2!r}, not {PLAN_FORMAT!r}", f"{path}.name")
+
+
 def validate_plan(plan: Plan) -> None:
     """Check a validated plan's cross-references and op shapes (and the format rule:
     epilogue ops only in ``mscclang.plan/2`` plans).
@@ -684,8 +698,6 @@ def validate_plan(plan: Plan) -> None:
     Raises :class:`~mscclang.errors.PlanError` with the JSON path of the first offending field;
     returns ``None`` when the plan is consistent. See the module docstring for what is checked.
     """
-    from mscclang.plan.io import check_format  # late import: io imports this module lazily
-
     check_format(plan)
     _Checker(plan).run()
 

@@ -83,6 +83,8 @@ DTYPES: tuple[DtypeInfo, ...] = (
 GPU_DTYPES: tuple[str, ...] = tuple(d.name for d in DTYPES if d.gpu)
 #: canonical names of the dtypes the CPU simulator runs (all of them)
 SIM_DTYPES: tuple[str, ...] = tuple(d.name for d in DTYPES)
+#: the activation dtypes of the epilogue ops (the fused collective's x, residual and output)
+EPILOGUE_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
 #: the accumulation dtypes of fp8 reductions, the default first
 ACCUM_DTYPES: tuple[str, ...] = ("float32", "float16")
 #: the reduce ops of dtypes that accumulate (fp8)

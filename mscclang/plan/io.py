@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from mscclang.config import Settings, settings
 from mscclang.errors import PlanError
 from mscclang.units import format_bytes
+from mscclang.plan.check import check_format, validate_plan
 from mscclang.plan.models import PLAN_FORMAT, PLAN_FORMAT_2, PLAN_FORMATS, Plan
 
 
@@ -104,17 +105,6 @@ def plan_from_dict(data: Any) -> Plan:
         raise PlanError("the document is nested too deeply to validate") from None
     check_format(plan)
     return plan
-
-
-def check_format(plan: Plan) -> None:
-    """The format rule: a plan holding an epilogue op (``radd``, ``rmsnorm``) must say
-    ``mscclang.plan/2``; PlanError naming the first such op of a ``/1`` plan."""
-    if plan.format == PLAN_FORMAT:
-        ops = plan.epilogue_ops()
-        if ops:
-            path, op = ops[0]
-            raise PlanError(f"{op.name.value} is an epilogue op: a plan holding it must say format "
-                            f"{PLAN_FORMAT_2!r}, not {PLAN_FORMAT!r}", f"{path}.name")
 
 
 def _json_type(value: Any) -> str:
@@ -230,14 +220,8 @@ def plan_from_document(data: Any, check: bool = True) -> Plan:
     the semantic checks when ``check``."""
     plan = plan_from_dict(data)
     if check:
-        _check(plan)
+        validate_plan(plan)
     return plan
-
-
-def _check(plan: Plan) -> None:
-    from mscclang.plan.check import validate_plan  # late import: check imports this package
-
-    validate_plan(plan)
 
 
 def plan_to_dict(plan: Plan) -> dict:

@@ -134,10 +134,17 @@ class PacketType(str, Enum):
 
 SIGNAL_OPS = frozenset({OpName.signal, OpName.rlxsignal})
 WAIT_OPS = frozenset({OpName.wait, OpName.rlxwait})
-SYNC_OPS = frozenset(
-    {OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait, OpName.flush,
-     OpName.sem_acquire, OpName.sem_release}
-)
+#: the relaxed signal and wait
+RELAXED_OPS = frozenset({OpName.rlxsignal, OpName.rlxwait})
+#: put-with-signal: data ops that signal the peer after writing
+PUT_SIGNAL_OPS = frozenset({OpName.pws, OpName.pwsf})
+SEMAPHORE_OPS = frozenset({OpName.sem_acquire, OpName.sem_release})
+#: the ops that move no data and order other ops (signal, wait, flush, semaphores)
+SYNC_OPS = SIGNAL_OPS | WAIT_OPS | SEMAPHORE_OPS | {OpName.flush}
+#: the reduce-op names a plan or a call may name (:class:`ReduceOp`'s values)
+REDUCE_OP_NAMES: tuple[str, ...] = tuple(o.value for o in ReduceOp)
+#: the packet types a plan may name (:class:`PacketType`'s values)
+PACKET_TYPES: tuple[str, ...] = tuple(p.value for p in PacketType)
 REDUCE_OPS = frozenset(
     {OpName.re, OpName.res, OpName.rre, OpName.rres, OpName.repkt, OpName.respkt,
      OpName.recpkt, OpName.recspkt, OpName.glre, OpName.glres}
@@ -272,7 +279,7 @@ class Op(_Strict):
             raise ValueError(f"only pipeline ops carry 'ops'/'iter_context', not {self.name.value}")
         if self.name == OpName.barrier and (self.barrier_id is None or self.num_threadblocks is None):
             raise ValueError("a barrier op needs 'barrier_id' and 'num_threadblocks'")
-        if self.name in (OpName.sem_acquire, OpName.sem_release) and not self.semaphore_ids:
+        if self.name in SEMAPHORE_OPS and not self.semaphore_ids:
             raise ValueError(f"{self.name.value} needs 'semaphore_ids'")
         return self
 

@@ -29,11 +29,11 @@ import numpy as np
 
 from mscclang.plan.collectives import TABLE
 from mscclang.plan.dtypes import ACCUM_DTYPES, numpy_dtype_info
+from mscclang.plan.models import REDUCE_OP_NAMES
 
 #: the collectives defined here (plan spelling)
 COLLECTIVES: tuple[str, ...] = tuple(c.name for c in TABLE.values() if c.api)
 #: the reductions defined here
-REDUCE_OPS: tuple[str, ...] = ("sum", "min", "max")
 
 
 @dataclass(frozen=True)
@@ -114,8 +114,8 @@ def reduce_arrays(arrays: Sequence[np.ndarray], reduce_op: str = "sum") -> np.nd
     included) in float32 each step, rounded back to the element type; fp8 (sum only) by
     :func:`fp8_sum_arrays` in float32, one reduction of every array; integers in their own type
     (sums wrap around)."""
-    if reduce_op not in REDUCE_OPS:
-        raise ValueError(f"reduce op {reduce_op!r}: one of {', '.join(REDUCE_OPS)}")
+    if reduce_op not in REDUCE_OP_NAMES:
+        raise ValueError(f"reduce op {reduce_op!r}: one of {', '.join(REDUCE_OP_NAMES)}")
     if not arrays:
         raise ValueError("nothing to reduce (no arrays)")
     info = numpy_dtype_info(arrays[0].dtype)

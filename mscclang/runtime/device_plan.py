@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 from mscclang.config import CUDA_MAX_CONNECTIONS, Settings
 from mscclang.errors import PlanError
 from mscclang.plan.check import validate_plan
-from mscclang.plan.models import SWITCH_OPS, BufferKind, ChannelOrdinal, ChannelType, Op, OpName, Plan, ThreadBlock
+from mscclang.plan.models import SEMAPHORE_OPS, SIGNAL_OPS, SWITCH_OPS, WAIT_OPS, BufferKind, ChannelOrdinal, ChannelType, Op, OpName, Plan, ThreadBlock
 from mscclang.runtime.ports import check_port_plan, is_port_op, pair_slots, port_inbound_slots
 from mscclang.runtime.topology import Topology, channel_transports
 from mscclang.runtime.structs import BLOCK_ENTRY, CHANNEL_DEV, CONSTANTS, PLAN_HEADER, REMOTE_BUF
@@ -43,7 +43,6 @@ KIND_CODE = {BufferKind.input: 0, BufferKind.output: 1, BufferKind.scratch: 2}
 FLAG_RELAXED = 1
 FLAG_READS_PACKETS = 2
 
-PORT_OPS = frozenset({OpName.flush, OpName.pws, OpName.pwsf})
 _PAIRWISE_OPS = frozenset({OpName.put, OpName.get, OpName.copy, OpName.cpkt, OpName.ppkt, OpName.upkt})
 
 # sync area of one rank (one per context): abort word, flags, inbound counters, expected counters,
@@ -147,7 +146,7 @@ def _check_op(plan: Plan, rank: int, tb: ThreadBlock, i: int, op: Op, allow_swit
                         "(NVLink multicast), which this executor does not run"
                         + ("" if allow_switch else " (refused unless MSCCLANG_ENABLE_NVLS=1)"), where)
     nt = plan.num_threads_per_block
-    if op.name in (OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait):
+    if op.name in SIGNAL_OPS | WAIT_OPS:
         n = len(op.channel_ids)
         if n > min(MAX_IDS, nt):
             raise PlanError(f"rank {rank} thread block {tb.id} op {i} ({op.name.value}) uses {n} channels; "
@@ -157,7 +156,7 @@ def _check_op(plan: Plan, rank: int, tb: ThreadBlock, i: int, op: Op, allow_swit
             if not 0 <= c < len(lst):
                 raise PlanError(f"rank {rank} thread block {tb.id} op {i}: channel id {c} is not in the "
                                 f"thread block's {len(lst)} memory channels", where + ".channel_ids")
-    if op.name in (OpName.sem_acquire, OpName.sem_release):
+    if op.name in SEMAPHORE_OPS:
         nsem = len(plan.gpus[rank].semaphores)
         if len(op.semaphore_ids) > min(MAX_IDS, nt):
             raise PlanError(f"rank {rank} thread block {tb.id} op {i}: too many semaphores in one op", where)

@@ -24,8 +24,6 @@ from mscclang.plan.call import Call
 from mscclang.plan.models import BufferKind, OpName, Plan
 from mscclang.runtime.structs import CONSTANTS, EPI_ARGS
 
-#: activation dtypes (runtime codes) the epilogue kernels are built for
-ACT_CODES = ("f16", "bf16", "f32")
 #: FP8 output types: canonical dtype name -> EpiArgs.quant code
 FP8_CODES = {"float8_e4m3": CONSTANTS["EPI_Q_E4M3"], "float8_e5m2": CONSTANTS["EPI_Q_E5M2"]}
 MAX_HIDDEN = CONSTANTS["EPI_MAX_HIDDEN"]

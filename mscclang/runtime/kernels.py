@@ -228,10 +228,6 @@ class KernelCache:
             n += 1
         return n
 
-    def spec_modules_over(self) -> bool:
-        """Whether more specialised modules are loaded than :data:`MAX_SPEC_MODULES`."""
-        return len(self._spec_mods) > MAX_SPEC_MODULES
-
     def count(self) -> int:
         """Modules loaded (interpreter and specialised)."""
         return len(self._modules) + len(self._spec_mods)

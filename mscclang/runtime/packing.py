@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 from mscclang.errors import PlanError
 from mscclang.plan.layout import Layout, Piece, make_layout, pipeline_iterations, scratch_bytes_needed
-from mscclang.plan.models import BufferKind, BufferRef, ChannelType, Op, OpName, Plan, ThreadBlock
+from mscclang.plan.models import RELAXED_OPS, SEMAPHORE_OPS, SIGNAL_OPS, SYNC_OPS, WAIT_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, Plan, ThreadBlock
 from mscclang.runtime.device_plan import (
     DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_RADD, DOP_RMSNORM, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE,
     DOP_SIGNAL, DOP_WAIT, FLAG_READS_PACKETS, FLAG_RELAXED, MAX_BLOCK_BYTES, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT,
@@ -120,8 +120,7 @@ _STEP_BYTES, _STEP_DATA, _STEP_PIPE, _STEP_PORT = 0, 1, 2, 3
 
 #: ops whose device records are the same at every message size (memory-channel sync and
 #: semaphores; port-channel ops are not: the proxy's script is built with them)
-_SIZE_FREE_OPS = frozenset({OpName.nop, OpName.barrier, OpName.signal, OpName.rlxsignal, OpName.wait,
-                            OpName.rlxwait, OpName.sem_acquire, OpName.sem_release})
+_SIZE_FREE_OPS = (SYNC_OPS - {OpName.flush}) | {OpName.nop, OpName.barrier}
 
 
 @dataclass(frozen=True)
@@ -315,12 +314,12 @@ class _Packer:
             return [DevRecord(DOP_NOP, index)]
         if n == OpName.barrier:
             return [DevRecord(DOP_BARRIER, index, aux0=op.barrier_id or 0, aux1=op.num_threadblocks or 1)]
-        if n in (OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait):
+        if n in SIGNAL_OPS | WAIT_OPS:
             lst = tb.channel_list(ChannelType.memory)
-            kind = DOP_SIGNAL if n in (OpName.signal, OpName.rlxsignal) else DOP_WAIT
-            relaxed = FLAG_RELAXED if n in (OpName.rlxsignal, OpName.rlxwait) else 0
+            kind = DOP_SIGNAL if n in SIGNAL_OPS else DOP_WAIT
+            relaxed = FLAG_RELAXED if n in RELAXED_OPS else 0
             return [DevRecord(kind, index, ids=[lst[c] for c in op.channel_ids], flags=relaxed)]
-        if n in (OpName.sem_acquire, OpName.sem_release):
+        if n in SEMAPHORE_OPS:
             kind = DOP_SEM_ACQUIRE if n == OpName.sem_acquire else DOP_SEM_RELEASE
             return [DevRecord(kind, index, ids=list(op.semaphore_ids))]
         return [self.data_record(d) for d in self.data_ops(op, tb, index, where)]

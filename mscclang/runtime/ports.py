@@ -131,10 +131,6 @@ class PortScript:
     def area_bytes(self) -> int:
         return max(16, (self.block_offset(len(self.channels)) + 15) // 16 * 16)
 
-    @property
-    def n_triggers(self) -> int:
-        return sum(len(c.triggers) for c in self.channels)
-
 
 @dataclass
 class _Pending:

@@ -78,10 +78,6 @@ from mscclang.runtime.sessions import CaptureSession, CaptureSessions
 
 log = logging.getLogger("mscclang.runtime")
 
-#: designed defaults (``auto``, 128 MiB) apply once the GPU tests have run on this code; until then
-#: registration is off and staging uncapped, i.e. the behaviour the GPU suites have validated
-DESIGNED_MODE = "auto"
-DESIGNED_STAGING_CAP_BYTES = 128 << 20
 #: bytes per device-plan slot of a capture arena: every slot starts with an aborting plan header
 #: and room for the block table of the largest grid (16 KiB holds 2000 block entries)
 ARENA_STRIDE = 16 << 10

@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 from mscclang.config import settings
 from mscclang.errors import SpecUnsupported
-from mscclang.plan.dtypes import KERNEL_CODES, kernel_dtype
+from mscclang.plan.dtypes import EPILOGUE_DTYPES, KERNEL_CODES, kernel_dtype
 from mscclang.plan.models import BufferKind, ChannelType, Plan
 from mscclang.runtime.device_plan import (
     DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_RADD, DOP_RMSNORM, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE,
@@ -506,7 +506,7 @@ def generate(plan: Plan, packed: PackedRank, dtype: str, packet: str, reduce_op:
 
     epi = any(r.kind in (DOP_RADD, DOP_RMSNORM) or any((d & 0xFF) == SLOT_RESIDUAL for d in r.operands)
               for recs in blocks for top in recs for r in [top, *top.inner])
-    if epi and (reduce_op != "sum" or dtype not in ("f16", "bf16", "f32")):
+    if epi and (reduce_op != "sum" or kernel_dtype(dtype).name not in EPILOGUE_DTYPES):
         raise SpecUnsupported(f"epilogue ops run sum on f16, bf16 or f32, not {reduce_op} on {dtype}")
     args = ArgsLayout(len(peers_of(plan, rank)), len(remote_kinds),
                       len(plan.channel_ordinals(rank, ChannelType.memory)), epi)

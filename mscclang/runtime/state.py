@@ -25,13 +25,6 @@ def packet_code(p: Any) -> str:
     return s
 
 
-def reduce_code(r: Any) -> str:
-    """'sum', 'min' or 'max' from a reduce op name or enum."""
-    s = str(getattr(r, "value", r)).lower()
-    if s not in ("sum", "min", "max"):
-        raise RuntimeUnavailable(f"unknown reduce op {r!r}; use sum, min or max")
-    return s
-
 
 def plan_reduce_op(plan: Plan) -> str:
     """The plan's reduce op: ``plan.reduce_op``, else the ops' (they must agree), else sum."""

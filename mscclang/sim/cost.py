@@ -38,13 +38,11 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from mscclang.errors import PlanError
 from mscclang.plan.layout import make_layout
-from mscclang.plan.models import BufferKind, BufferRef, ChannelType, Op, OpName, Plan
+from mscclang.plan.models import SIGNAL_OPS, SYNC_OPS, WAIT_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, Plan
 from mscclang.plan.topology import Topology as NodeLayout, check_topology
 
 _CALIBRATION = Path(__file__).with_name("h200_calibration.json")
-_PACKET_READS = {OpName.upkt: (True,), OpName.rppkt: (True,)}
-_SYNC = {OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait, OpName.barrier, OpName.nop,
-         OpName.sem_acquire, OpName.sem_release, OpName.flush}
+_SYNC = SYNC_OPS | {OpName.barrier, OpName.nop}
 
 
 @dataclass(frozen=True)
@@ -352,10 +350,10 @@ def _step(md: _Model, b: _Block, op: Op) -> Optional[OpTime]:
     """Time ``op`` on block ``b``, or None when it must wait for another block first."""
     m, r, tb = md.m, b.rank, b.tb
     start = b.t
-    if op.name in (OpName.signal, OpName.rlxsignal):
+    if op.name in SIGNAL_OPS:
         _signal(md, r, tb, op, start + m.op_us)
         return OpTime(r, tb.id, b.pc, op.name.value, start, start + m.op_us, 0, None, 0.0, op.src)
-    if op.name in (OpName.wait, OpName.rlxwait):
+    if op.name in WAIT_OPS:
         ready = start
         keys = [md.channel_key(r, tb, op, c) for c in op.channel_ids]
         for k in keys:

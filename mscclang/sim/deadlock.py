@@ -3,7 +3,7 @@ could end each wait and report the wait-for cycle."""
 
 from __future__ import annotations
 
-from mscclang.plan.models import OpName
+from mscclang.plan.models import PUT_SIGNAL_OPS, SIGNAL_OPS, OpName
 from mscclang.sim.packets import PKT_WRITERS
 from mscclang.sim.program import COp
 from mscclang.sim.report import Problem
@@ -40,7 +40,7 @@ class DeadlockMixin:
                     continue
                 for c in self._remaining(t):
                     n = c.op.name
-                    if n in (OpName.signal, OpName.rlxsignal, OpName.pws, OpName.pwsf) and \
+                    if n in SIGNAL_OPS | PUT_SIGNAL_OPS and \
                             c.op.channel_type.value == stype and sch in (c.channels or [g.channel for g in c.groups]):
                         out.append(t)
                         break

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from mscclang.plan.check import iter_op_paths
 from mscclang.plan.collectives import spec_from_plan
-from mscclang.plan.models import PACKET_OPS, REDUCE_OPS, BufferKind, ChannelType, Op, Plan
+from mscclang.plan.models import PACKET_OPS, REDUCE_OPS, SIGNAL_OPS, WAIT_OPS, BufferKind, ChannelType, Op, Plan
 from mscclang.sim.report import Problem
 
 _LAUNCH = re.compile(r"launch \d+")
@@ -247,11 +247,11 @@ def relaxed_edge(plan: Plan, rank: int, tb: int, index: Any) -> Optional[str]:
         for cid in sig.channel_ids:
             peer = _peer(plan, rank, tb, sig, cid)
             sent = [k for k, s in _waits_on(plan, rank, tb, peer, sig.channel_type)
-                    if s.name.value in ("signal", "rlxsignal")] if peer is not None else []
+                    if s.name in SIGNAL_OPS] if peer is not None else []
             n = sent.index(j) if j in sent else -1
             for t2 in range(len(plan.gpus[peer].threadblocks) if peer is not None else 0):
                 got = [(k, w) for k, w in _waits_on(plan, peer, t2, rank, sig.channel_type)
-                       if w.name.value in ("wait", "rlxwait")]
+                       if w.name in WAIT_OPS]
                 if 0 <= n < len(got) and got[n][1].name.value == "rlxwait":
                     return f"{text} -> rank {peer} tb {t2} op {got[n][0]} rlxwait"
         return text

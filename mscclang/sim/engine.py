@@ -26,7 +26,7 @@ import numpy as np
 
 from mscclang.errors import PlanError
 from mscclang.plan.collectives import CollectiveSpec, spec_from_plan
-from mscclang.plan.models import BufferKind, ChannelType, OpName, Plan, channel_ordinals, paired_indices
+from mscclang.plan.models import PACKET_TYPES, SEMAPHORE_OPS, SIGNAL_OPS, WAIT_OPS, BufferKind, ChannelType, OpName, Plan, channel_ordinals, paired_indices
 from mscclang.sim.deadlock import DeadlockMixin
 from mscclang.sim.epilogue import EpilogueParams
 from mscclang.sim.epilogue_exec import EpilogueMixin
@@ -77,7 +77,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         self.dtype = np.dtype(dtype)
         self.reduce_op = reduce_op
         self.accum = accum
-        if packet_type not in ("LL8", "LL16"):
+        if packet_type not in PACKET_TYPES:
             raise PlanError(f"unknown packet type {packet_type!r} (LL8 or LL16)")
         self.ll16 = packet_type == "LL16"
         self.launches = launches
@@ -271,7 +271,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         if name == OpName.barrier:
             yield from self._barrier(task, cop)
             return
-        if name in (OpName.signal, OpName.rlxsignal):
+        if name in SIGNAL_OPS:
             if actor.dirty:
                 self.problem("unsynced-signal",
                              f"rank {rank} tb {task.tb} op {cop.index} {cop.name} follows data op "
@@ -287,7 +287,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
                 else:
                     self._signal(task, (rank, "memory", c), relaxed, opref, k)
             return
-        if name in (OpName.wait, OpName.rlxwait):
+        if name in WAIT_OPS:
             relaxed = name == OpName.rlxwait
             ctype = cop.op.channel_type.value
             targets = []
@@ -311,7 +311,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
                 # its writes precede every later op of the block (a pws without flush: no order)
                 yield from self._flush(task, rank, c)
             return
-        if name in (OpName.sem_acquire, OpName.sem_release):
+        if name in SEMAPHORE_OPS:
             for k, sid in enumerate(cop.op.semaphore_ids):  # thread k: the op's k-th semaphore
                 s = self.sems.get((rank, sid))
                 if s is None:

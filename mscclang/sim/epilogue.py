@@ -25,7 +25,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mscclang.errors import PlanError
-from mscclang.plan.dtypes import dtype_info
+from mscclang.plan.dtypes import EPILOGUE_DTYPES, dtype_info
 
 #: hidden sizes the epilogue takes: multiples of 8 in this range
 MIN_HIDDEN = 8
@@ -42,7 +42,7 @@ def fp8_max(q: np.dtype) -> float:
 
 
 #: the activation dtypes of the epilogue
-ACT_NUMPY = tuple(dtype_info(n).numpy for n in ("float16", "bfloat16", "float32"))
+ACT_NUMPY = tuple(dtype_info(n).numpy for n in EPILOGUE_DTYPES)
 
 
 def _as_dtype(q: Any) -> Optional[np.dtype]:

@@ -24,7 +24,8 @@ import numpy as np
 
 from mscclang.errors import MscclangError, PlanError, VerificationError
 from mscclang.plan.collectives import spec_from_plan
-from mscclang.plan.models import OpName, Plan
+from mscclang.plan.dtypes import EPILOGUE_DTYPES
+from mscclang.plan.models import PACKET_TYPES, OpName, Plan
 from mscclang.sim.budget import Deadline, Limits, estimate_runs
 from mscclang.sim.consistency import (check_numeric_consistency, check_symbolic_consistency, consistency_level,
                                       drop_numeric_duplicates)
@@ -43,7 +44,7 @@ __all__ = ["FusedRun", "plan_quantises", "run_fused", "verify_fused", "default_c
 #: where a PlanError of a run names its op ("rank 0 tb 0 op 5")
 _OP_AT = re.compile(r"rank \d+ tb \d+ op [\d.]+")
 #: the activation dtypes of the fused collective
-ACT_DTYPES = ("bfloat16", "float16", "float32")
+ACT_DTYPES = EPILOGUE_DTYPES
 #: what the runs take in turn: eps values, FP8 scales and FP8 output types
 EPS_VALUES = (1e-6, 1e-5, 0.25)
 SCALES = (0.05, 1.0, 3.0)
@@ -256,7 +257,6 @@ def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
     message size range is refused (VerificationError). Problems are grouped by cause, as
     :func:`mscclang.sim.verify` groups them. Returns a :class:`Report`."""
     t0 = time.perf_counter()
-    n = len(plan.gpus)
     launches = default_launches(plan) if launches is None else launches
     check_arguments(sizes, schedules, seed, launches)
     if reduce_ops is not None and list(reduce_ops) != ["sum"]:
@@ -267,7 +267,7 @@ def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
         raise VerificationError(f"{', '.join(bad)}: the fused collective's activations are {', '.join(ACT_DTYPES)}")
     pts = list(packet_types) or ["LL16"]
     for p in pts:
-        if p not in ("LL16", "LL8"):
+        if p not in PACKET_TYPES:
             raise VerificationError(f"unknown packet type {p!r} (LL16 or LL8)")
     if cases is None:
         cases = _cases_of_sizes(sizes, dts) if sizes else default_cases(plan)

@@ -24,7 +24,6 @@ from mscclang.plan.layout import (
 )
 from mscclang.plan.models import BufferKind, BufferRef, ChannelType, Op, OpName, Plan, ThreadBlock
 
-PLAIN_OUT_REMOTE = frozenset({OpName.res, OpName.rres})
 PKT_SRC_TAIL = frozenset({OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt})
 DATA_OPS = frozenset({
     OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.copy, OpName.cpkt, OpName.upkt,

@@ -13,7 +13,7 @@ import numpy as np
 from mscclang.errors import PlanError, VerificationError
 from mscclang.plan.collectives import collective
 from mscclang.plan.io import load_plan
-from mscclang.plan.models import OpName, Plan, REDUCE_OPS
+from mscclang.plan.models import REDUCE_OP_NAMES, REDUCE_OPS, OpName, Plan
 from mscclang.sim.budget import Deadline, Limits, check_runs
 from mscclang.sim.dtypes import DtypeLike, dtype_name, parse_dtype
 from mscclang.sim.engine import Simulation
@@ -31,7 +31,7 @@ def resolve_reduce_op(plan: Plan, override: Optional[str] = None) -> str:
     """The launch's reduce op: the caller's, else the plan's, else the ops' (which must
     agree), else sum."""
     if override is not None:
-        if override not in ("sum", "min", "max"):
+        if override not in REDUCE_OP_NAMES:
             raise VerificationError(f"unknown reduce op {override!r} (sum, min, max)")
         return override
     if plan.reduce_op is not None:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mscclang.plan.models import OpName
+from mscclang.plan.models import PUT_SIGNAL_OPS, SIGNAL_OPS, OpName
 from mscclang.sim.tasks import Task
 
 SCHEDULES = ("round_robin", "random", "adversarial", "runahead")
-REMOTE_WRITERS = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.ppkt, OpName.rppkt,
-                            OpName.res, OpName.rres, OpName.respkt, OpName.recspkt,
-                            OpName.gstore, OpName.gstorepkt, OpName.glres, OpName.signal,
-                            OpName.rlxsignal, OpName.sem_release})
+REMOTE_WRITERS = PUT_SIGNAL_OPS | SIGNAL_OPS | frozenset({
+    OpName.put, OpName.ppkt, OpName.rppkt, OpName.res, OpName.rres, OpName.respkt, OpName.recspkt,
+    OpName.gstore, OpName.gstorepkt, OpName.glres, OpName.sem_release})
 
 
 class ScheduleMixin:

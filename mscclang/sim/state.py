@@ -80,13 +80,6 @@ class RankMemory:
             base += half
         return key, base + off
 
-    def span_bytes(self, kind: BufferKind) -> int:
-        if kind in (BufferKind.input, BufferKind.residual):
-            return self.layout.input_bytes
-        if kind == BufferKind.output:
-            return self.layout.output_bytes
-        return self.storage["scr"].shape[0]
-
     # packets -----------------------------------------------------------------------------
     def ready_bytes(self, off: int, n: int, flag: int, half: int) -> int:
         """How many leading payload bytes of plain scratch range [off, off+n) carry ``flag``."""

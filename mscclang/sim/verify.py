@@ -14,7 +14,7 @@ import numpy as np
 from mscclang.errors import MscclangError, PlanError, VerificationError
 from mscclang.plan.collectives import CollectiveSpec, check_senders, collective, spec_from_plan
 from mscclang.plan.layout import scratch_bytes_needed
-from mscclang.plan.models import BufferKind, Plan
+from mscclang.plan.models import REDUCE_OP_NAMES, BufferKind, Plan
 from mscclang.sim.budget import Deadline, Estimate, Limits, estimate_runs
 from mscclang.sim.consistency import (check_numeric_consistency, check_symbolic_consistency, consistency_level,
                                       drop_numeric_duplicates)
@@ -323,7 +323,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
         rep.seconds = time.perf_counter() - t0
         return rep
     if reduce_ops is None:
-        reduce_ops = ("sum", "min", "max") if spec.is_reduction else (plan_op,)
+        reduce_ops = REDUCE_OP_NAMES if spec.is_reduction else (plan_op,)
     rops = list(reduce_ops)
     pts = list(packet_types) or ["LL16"]
     scheds = [SCHEDULES[i % len(SCHEDULES)] for i in range(max(schedules, 1))]

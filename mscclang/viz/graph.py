@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from mscclang.errors import PlanError
-from mscclang.plan.models import BufferKind, BufferRef, ChannelType, Gpu, Op, OpName, Plan, ThreadBlock
+from mscclang.plan.models import PUT_SIGNAL_OPS, SEMAPHORE_OPS, SIGNAL_OPS, SYNC_OPS, WAIT_OPS, BufferKind, BufferRef, ChannelType, Gpu, Op, OpName, Plan, ThreadBlock
 
 __all__ = ["Edge", "OpNode", "PlanGraph", "PlanPicture", "build_graph", "op_family", "FAMILY_COLORS",
            "EDGE_STYLES", "LABEL_LIMIT", "NodeKey"]
@@ -40,9 +40,9 @@ EDGE_STYLES: dict[str, tuple[str, str]] = {
 }
 
 _FAMILY: dict[OpName, str] = {}
-for _n in (OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait, OpName.flush):
+for _n in SYNC_OPS - SEMAPHORE_OPS:
     _FAMILY[_n] = "signal/wait"
-for _n in (OpName.sem_acquire, OpName.sem_release):
+for _n in SEMAPHORE_OPS:
     _FAMILY[_n] = "semaphore"
 for _n in (OpName.nop, OpName.barrier):
     _FAMILY[_n] = "block sync"
@@ -57,8 +57,7 @@ for _n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt):
 for _n in (OpName.glre, OpName.glres, OpName.gstore, OpName.gstorepkt):
     _FAMILY[_n] = "switch"
 
-_SIGNALLING = frozenset({OpName.signal, OpName.rlxsignal, OpName.pws, OpName.pwsf})
-_WAITING = frozenset({OpName.wait, OpName.rlxwait})
+_SIGNALLING = SIGNAL_OPS | PUT_SIGNAL_OPS
 #: op -> which dst operands it writes as packets (slice start, or None for none)
 _PACKET_DST_FROM: dict[OpName, int] = {
     OpName.ppkt: 0, OpName.cpkt: 0, OpName.rppkt: 0, OpName.gstorepkt: 0,
@@ -235,7 +234,7 @@ def build_graph(plan: Plan) -> PlanGraph:
                         signals[(end.rank, op.channel_type, end.index)].append(key)
                     if name == OpName.rlxsignal:
                         relaxed_sig.add(key)
-                elif name in _WAITING and op.channel_type in (ChannelType.memory, ChannelType.port):
+                elif name in WAIT_OPS and op.channel_type in (ChannelType.memory, ChannelType.port):
                     for cid in op.channel_ids:
                         g = _global_channel(gpu, tb, op, cid, r, label)
                         waits[(r, op.channel_type, g)].append((key, name == OpName.rlxwait))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from mscclang.plan.models import BufferRef, ChannelType, Gpu, Op, OpName, Plan, ThreadBlock
-from mscclang.viz.graph import _SIGNALLING, _WAITING, OpNode
+from mscclang.plan.models import SEMAPHORE_OPS, SIGNAL_OPS, SYNC_OPS, BufferRef, ChannelType, Gpu, Op, OpName, Plan, ThreadBlock
+from mscclang.viz.graph import OpNode
 # ------------------------------------------------------------------------------------------------
 # labels
 
@@ -42,7 +42,7 @@ def _detail(plan: Plan, node: OpNode) -> str:
     gpu = plan.gpus[node.rank]
     tb = gpu.threadblocks[node.tb]
     op = node.op
-    if op.name in _SIGNALLING | _WAITING | {OpName.flush} and op.name not in (OpName.pws, OpName.pwsf):
+    if op.name in SYNC_OPS - SEMAPHORE_OPS:
         peers = gpu.peers(op.channel_type) if op.channel_type in (ChannelType.memory, ChannelType.port) else []
         lst = tb.channel_list(op.channel_type)
         names = []
@@ -51,7 +51,7 @@ def _detail(plan: Plan, node: OpNode) -> str:
             names.append(f"r{peers[g]}" if g is not None and g < len(peers) else "?")
         if len(names) > 3:
             return "r: " + ",".join(names[:2]) + f",+{len(names) - 2}"
-        return ("\u2192" if op.name in _SIGNALLING else "\u2190") + ",".join(names) if names else ""
+        return ("\u2192" if op.name in SIGNAL_OPS else "\u2190") + ",".join(names) if names else ""
     if op.name in (OpName.sem_acquire, OpName.sem_release):
         return "sem " + ",".join(str(s) for s in op.semaphore_ids)
     if op.name == OpName.barrier:
