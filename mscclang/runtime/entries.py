@@ -95,16 +95,16 @@ class Entries:
             comm = self.comm
             si = comm.symmetric_of(in_ptr)
             so = comm.symmetric_of(out_ptr)
-            if si is not None and so is not None and not si[0].internal and not so[0].internal:
-                key = EntryKey(in_bytes, out_bytes, dt, pkt, op, "sym", si[0].index, so[0].index)
-                opr = Operands("sym", si[1], so[1])
-                sym_in, sym_out = si[0], so[0]
+            if si is not None and so is not None and not si.buffer.internal and not so.buffer.internal:
+                sym_in, sym_out = si.buffer, so.buffer
+                key = EntryKey(in_bytes, out_bytes, dt, pkt, op, "sym", sym_in.index, sym_out.index)
+                opr = Operands("sym", si.offset, so.offset)
             elif (zc := self.capture.registered(si, so, in_ptr, out_ptr, in_bytes, out_bytes)) is not None:
                 # registered ordinary tensors: like symmetric buffers, the peers' corresponding
                 # tensors at the registration's mapped bases
-                sym_in, din, sym_out, dout = zc
+                sym_in, sym_out = zc.in_buf, zc.out_buf
                 key = EntryKey(in_bytes, out_bytes, dt, pkt, op, "sym", sym_in.index, sym_out.index)
-                opr = Operands("sym", din, dout)
+                opr = Operands("sym", zc.in_delta, zc.out_delta)
             else:
                 dfr = self.capture.deferred(lp, dt, in_ptr, out_ptr, in_bytes, out_bytes, pkt, op,
                                             self.kernels, self.contexts)

@@ -520,7 +520,7 @@ class Executor:
         for t in tensors:
             got = self.comm.symmetric_of(t.data_ptr())
             if got is not None:
-                allocs.append(got[0])
+                allocs.append(got.buffer)
         self.staging.release(allocs, "staging")
 
     def _release(self, allocs: list, why: str) -> None:

@@ -147,36 +147,54 @@ def _inside(p: int, n: int, obj: Any) -> bool:
     return obj.base <= p and p + n <= obj.base + obj.size
 
 
-def zero_copy_operands(sym_of: Callable[[int], Optional[tuple[Any, int]]], registry: Optional["Registry"],
-                       in_ptr: int, out_ptr: int, in_bytes: int,
-                       out_bytes: int) -> Optional[tuple[Any, int, Any, int]]:
-    """How a zero-copy plan reaches the buffers of a call: ``(input buffer, input delta, output
-    buffer, output delta)``, each buffer a symmetric allocation (not the runtime's internal
-    staging) or a live :class:`Region`, the delta being the call's offset in it; None when either
-    operand is neither (the call must be staged). ``sym_of(p)`` is
+@dataclass(frozen=True, slots=True)
+class Located:
+    """Where a device address lies: ``offset`` bytes into ``buffer`` (a symmetric allocation or
+    a :class:`Region`)."""
+
+    buffer: Any
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroCopy:
+    """How a zero-copy plan reaches a call's buffers: each a symmetric allocation (never the
+    runtime's internal staging) or a live :class:`Region`, the call's tensor at ``in_delta`` /
+    ``out_delta`` bytes from its base."""
+
+    in_buf: Any
+    in_delta: int
+    out_buf: Any
+    out_delta: int
+
+
+def zero_copy_operands(sym_of: Callable[[int], Optional[Located]], registry: Optional["Registry"],
+                       in_ptr: int, out_ptr: int, in_bytes: int, out_bytes: int) -> Optional[ZeroCopy]:
+    """How a zero-copy plan reaches the buffers of a call (:class:`ZeroCopy`); None when either
+    operand is neither symmetric nor registered (the call must be staged). ``sym_of(p)`` is
     :meth:`mscclang.runtime.bootstrap.Communicator.symmetric_of`. A registered tensor matches when the
     call's tensor starts at its base (no larger); an input inside the output's registered tensor
     (in-place allgather), or an output inside the input's (in-place reduce-scatter), uses that one.
     Shared by the executor and the CPU test back end, so both decide alike."""
 
-    def one(p: int, n: int) -> Optional[tuple[Any, int]]:
+    def one(p: int, n: int) -> Optional[Located]:
         s = sym_of(p)
         if s is not None:
-            return None if getattr(s[0], "internal", False) else (s[0], s[1])
+            return None if getattr(s.buffer, "internal", False) else s
         if registry is None:
             return None
         g = registry.lookup(p, n)
-        return None if g is None else (g, 0)
+        return None if g is None else Located(g, 0)
 
     a = one(in_ptr, in_bytes)
     b = a if (out_ptr == in_ptr and out_bytes == in_bytes) else one(out_ptr, out_bytes)
-    if a is None and b is not None and _inside(in_ptr, in_bytes, b[0]):
-        a = (b[0], in_ptr - b[0].base)
-    if b is None and a is not None and _inside(out_ptr, out_bytes, a[0]):
-        b = (a[0], out_ptr - a[0].base)
+    if a is None and b is not None and _inside(in_ptr, in_bytes, b.buffer):
+        a = Located(b.buffer, in_ptr - b.buffer.base)
+    if b is None and a is not None and _inside(out_ptr, out_bytes, a.buffer):
+        b = Located(a.buffer, out_ptr - a.buffer.base)
     if a is None or b is None:
         return None
-    return a[0], a[1], b[0], b[1]
+    return ZeroCopy(a.buffer, a.offset, b.buffer, b.offset)
 
 
 class Registry:
