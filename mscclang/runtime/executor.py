@@ -39,7 +39,7 @@ from mscclang.runtime.launcher import Launcher
 from mscclang.runtime.proxy import PortLaunch, PortProxy
 from mscclang.runtime.staging import StagingPool
 from mscclang.runtime.state import (
-    Bound, LaunchEntry, LoadedPlan, Operands, Spec, describe_call, packet_code, plan_reduce_op,
+    Bound, LaunchEntry, LoadedPlan, Operands, Spec, SpecKey, describe_call, packet_code, plan_reduce_op,
 )
 from mscclang.runtime.topology import topology_from_env
 
@@ -550,8 +550,8 @@ class Executor:
             self.contexts.memory(lp, out)
         return out
 
-    def spec_status(self, plan: Plan) -> dict[tuple, str]:
-        """Per (input bytes, output bytes, dtype, packet, reduce op) seen so far: how the
+    def spec_status(self, plan: Plan) -> dict[SpecKey, str]:
+        """Per specialised kernel (:class:`~mscclang.runtime.state.SpecKey`) seen so far: how the
         specialised kernel was obtained ('spec NT threads, origin') or why the interpreter runs."""
         lp = self._loaded.get(id(plan))
         if lp is None:

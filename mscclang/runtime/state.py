@@ -145,13 +145,29 @@ class EntryKey:
         return "staged" if self.mode == "staged" else f"zero-copy {self.in_buf} {self.out_buf}"
 
 
+@dataclass(frozen=True, slots=True)
+class SpecKey:
+    """A specialised kernel's identity in :attr:`LoadedPlan.spec`: the call's sizes, dtype,
+    packet type and reduce op, and a row-chunked plan's input row bytes (0: not rows)."""
+
+    in_bytes: int
+    out_bytes: int
+    dtype: str
+    packet: str
+    op: str
+    row: int = 0
+
+
 @dataclass
 class Pending:
-    """A launch entry running the interpreter while its specialised kernel is wanted: ``calls``
-    left before it is built (the 'hot' policy), or the background build in flight (``build``)."""
+    """A launch entry running the interpreter while its specialised kernel ``key`` is wanted:
+    ``calls`` left before it is built (the 'hot' policy), or the background build in flight
+    (``build``); ``sym_in``/``sym_out``: the buffers its device plan names (a rebuild needs them)."""
 
     calls: int
-    args: tuple
+    key: SpecKey
+    sym_in: Any = None
+    sym_out: Any = None
     build: Any = None
 
 
@@ -221,7 +237,7 @@ class LoadedPlan:
     ctx: Optional[Context] = None
     retired: list = field(default_factory=list)
     fast: dict = field(default_factory=dict)     # EntryKey -> LaunchEntry
-    spec: dict = field(default_factory=dict)     # (in, out, dt, pkt, op) -> Spec or the reason not
+    spec: dict = field(default_factory=dict)     # SpecKey -> Spec or the reason not
     has_port: bool = False   # port channels on some rank: the interpreter runs it, with the proxy
     packets: bool = False    # this rank's blocks use LL packets (their offsets must suit the packet type)
     engine_keys: list = field(default_factory=list)   # (src, dst, ordinal) of port channels between nodes
