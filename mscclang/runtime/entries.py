@@ -37,6 +37,7 @@ from mscclang.runtime import cuda as cu
 from mscclang.runtime.contexts import ContextPool, drop_device_plans
 from mscclang.runtime.device_plan import SYNC_ABORT_OFF
 from mscclang.runtime.packing import pack_blocks
+from mscclang.runtime.engine import Key as EngineKey
 from mscclang.runtime.kernels import SPEC_ERRORS, KernelCache, unsupported
 from mscclang.runtime.ports import PortScript
 from mscclang.runtime.proxy import Incoming, PortLaunch
@@ -280,7 +281,7 @@ class Entries:
                     theirs = pack_blocks(plan, g.id, in_bytes, out_bytes).port
                 incoming.append(Incoming(theirs.channels[kq], ctx.sync_base + ctx.sync.port_inbound + 8 * pin[(g.id, o)],
                                          [rb.type for rb in g.remote_buffers],
-                                         self.engine.comm((lp.serial, g.id, r, o))))
+                                         self.engine.comm(EngineKey(lp.serial, g.id, r, o))))
         if script is None and not incoming:
             return None
         if script is None:
@@ -299,7 +300,7 @@ class Entries:
                 comms.append(None)
             else:
                 peer_inbound.append(None)
-                comms.append(self.engine.comm((lp.serial, r, q, o)))
+                comms.append(self.engine.comm(EngineKey(lp.serial, r, q, o)))
         pl = PortLaunch(script, dp.port_area, remote_base,
                         [rb.type for rb in g.remote_buffers], ctx.scratch_base, peer_inbound, comms, incoming,
                         bounds=(in_bytes, out_bytes, ctx.scratch_bytes), abort_word=ctx.sync_base + SYNC_ABORT_OFF)

@@ -222,6 +222,19 @@ class Bound:
     epi: Optional[bytes] = None
 
 
+@dataclass(frozen=True, slots=True)
+class CachedAddresses:
+    """A device plan's :class:`~mscclang.runtime.device_plan.Addresses` as cached on its loaded
+    plan, with what they were made from: the context, the buffers (the objects, so a reused id
+    never matches) and the buffers' peer ``bases`` then."""
+
+    ctx: Any
+    sym_in: Any
+    sym_out: Any
+    bases: tuple
+    addr: Any
+
+
 @dataclass
 class LoadedPlan:
     """A plan accepted by this executor (load-time checks passed), with what the runtime built
@@ -240,12 +253,12 @@ class LoadedPlan:
     spec: dict = field(default_factory=dict)     # SpecKey -> Spec or the reason not
     has_port: bool = False   # port channels on some rank: the interpreter runs it, with the proxy
     packets: bool = False    # this rank's blocks use LL packets (their offsets must suit the packet type)
-    engine_keys: list = field(default_factory=list)   # (src, dst, ordinal) of port channels between nodes
+    engine_keys: list = field(default_factory=list)   # engine.Key of each port channel between nodes
     serial: int = -1         # engine communicators' namespace (assigned collectively at first context)
     group_scratch: dict = field(default_factory=dict)   # (in, out bytes) -> scratch
     static: dict = field(default_factory=dict)   # this rank's device records that no size changes
     tables: dict = field(default_factory=dict)   # rank -> RankTables (size-free, made on first use)
-    addresses: dict = field(default_factory=dict)   # (id(ctx), id(in), id(out)) -> (ctx, in, out, bases, Addresses)
+    addresses: dict = field(default_factory=dict)   # (id(ctx), id(in), id(out)) -> CachedAddresses
     epi: Any = None   # EpiPlan (mscclang.runtime.epilogue): the plan runs on the epilogue kernels
 
     def table(self, rank: int) -> RankTables:
