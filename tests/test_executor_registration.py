@@ -25,7 +25,7 @@ from mscclang.runtime.device_plan import SYNC_ABORT_OFF, sync_layout
 from mscclang.runtime.packing import pack_blocks
 from mscclang.runtime.executor import Executor, LoadedPlan
 from mscclang.runtime.state import Context, DevPlanKey, EntryKey, LaunchEntry, Operands, SpecKey
-from mscclang.runtime.registration import ARENA_STRIDE, Located
+from mscclang.runtime.registration import ARENA_STRIDE
 from mscclang.runtime.structs import PLAN_HEADER, REMOTE_BUF
 from mscclang.comm.sim_ranks import stub_plan
 from tests.harness.registration_fakes import FakeCluster, RankErrors
@@ -107,7 +107,7 @@ class FakeRtComm:
     def symmetric_of(self, p: int):
         for sa in self._sym:
             if 0 <= p - sa.base < sa.size:
-                return Located(sa, p - sa.base)
+                return sa
         return None
 
     def _sym_alloc(self, nbytes: int, internal: bool = False, label: str = "") -> SymAlloc:

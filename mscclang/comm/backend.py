@@ -257,7 +257,7 @@ class RuntimeBackend(Backend):
 
     def is_symmetric(self, tensor: Any) -> bool:
         got = self.executor.comm.symmetric_of(tensor.data_ptr())
-        return got is not None and not getattr(got.buffer, "internal", False)
+        return got is not None and not getattr(got, "internal", False)
 
     def empty_staging(self, numel: int, dtype: Any) -> Any:
         return self.executor.comm.alloc(numel, dtype, label="staging")
@@ -276,7 +276,7 @@ class RuntimeBackend(Backend):
         for t in tensors:
             got = self.executor.comm.symmetric_of(t.data_ptr())
             if got is not None:
-                got.buffer.pinned = True
+                got.pinned = True
 
     def zero_copy_ok(self, inp: Any, out: Any) -> bool:
         return self.executor.zero_copy_ok(inp, out)

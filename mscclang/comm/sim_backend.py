@@ -35,7 +35,7 @@ from mscclang.plan.call import Call
 from mscclang.plan.collectives import collective
 from mscclang.plan.dtypes import dtype_info, torch_dtype_info
 from mscclang.plan.models import Plan
-from mscclang.runtime.registration import AllocInfo, Located, Region, Registry, zero_copy_operands
+from mscclang.runtime.registration import AllocInfo, Region, Registry, zero_copy_operands
 
 
 #: integer types of the sizes of the ml_dtypes types (bfloat16, fp8), which torch and numpy
@@ -235,12 +235,12 @@ class SimBackend(Backend):
         self._allocs.append(t)
         return t
 
-    def _sym_of(self, ptr: int) -> Optional[Located]:
+    def _sym_of(self, ptr: int) -> Any:
         for i, a in enumerate(self._allocs):
             base = a.data_ptr()
             size = max(a.numel() * a.element_size(), 1)
             if base <= ptr < base + size:
-                return Located(SimpleNamespace(index=i, base=base, size=size, internal=False), ptr - base)
+                return SimpleNamespace(index=i, base=base, size=size, internal=False)
         return None
 
     def is_symmetric(self, tensor: Any) -> bool:
@@ -294,7 +294,7 @@ class SimBackend(Backend):
     def buffer_class(self, tensor: Any) -> Any:
         got = self._sym_of(tensor.data_ptr())
         if got is not None:
-            return ("sym", got.buffer.index)
+            return ("sym", got.index)
         reg = self.registry.lookup(tensor.data_ptr(), tensor.numel() * tensor.element_size())
         return None if reg is None else reg.index
 

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from mscclang.errors import RuntimeUnavailable
 from mscclang.runtime import cuda as cu
-from mscclang.runtime.registration import Located, Registry
+from mscclang.runtime.registration import Registry
 from mscclang.runtime.store_group import StoreGroup
 
 
@@ -176,8 +176,8 @@ class Bootstrap(StoreGroup):
             out.update(reg.memory())
         return out
 
-    def symmetric_of(self, p: int) -> Optional[Located]:
-        """The allocation and offset (:class:`Located`) when device address ``p`` lies in a symmetric allocation.
+    def symmetric_of(self, p: int) -> Optional[SymAlloc]:
+        """The allocation holding ``p`` (at offset ``p - base`` in it) when device address ``p`` lies in a symmetric allocation.
 
         The communicator owns these allocations and frees them only in close(), so an address
         inside one's range belongs to it: a range check (no driver call) is exact here. Other
@@ -185,7 +185,7 @@ class Bootstrap(StoreGroup):
         for sa in self._sym:
             d = p - sa.base
             if 0 <= d < sa.size:
-                return Located(sa, d)
+                return sa
         return None
 
     def close(self) -> None:

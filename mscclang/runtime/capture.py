@@ -210,7 +210,7 @@ class CaptureGlue:
             got = self.comm.symmetric_of(t.data_ptr())
             if got is not None or n == 0:
                 items.append((None, n, None))
-                sym.append(got is not None and not got.buffer.internal)
+                sym.append(got is not None and not got.internal)
             else:
                 items.append((t.data_ptr(), n, StorageWeakRef(t.untyped_storage())))
                 sym.append(False)
@@ -233,7 +233,7 @@ class CaptureGlue:
         a, b = input.numel() * esz, output.numel() * esz
         comm = self.comm
         si, so = comm.symmetric_of(p), comm.symmetric_of(q)
-        if si is not None and so is not None and not si.buffer.internal and not so.buffer.internal:
+        if si is not None and so is not None and not si.internal and not so.internal:
             return True
         reg = self.registry
         if reg is None:
@@ -249,7 +249,7 @@ class CaptureGlue:
         p = t.data_ptr()
         got = self.comm.symmetric_of(p)
         if got is not None:
-            return ("internal" if got.buffer.internal else "sym", got.buffer.index)
+            return ("internal" if got.internal else "sym", got.index)
         reg = self.registry
         if reg is None:
             return None

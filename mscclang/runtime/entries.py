@@ -96,10 +96,10 @@ class Entries:
             comm = self.comm
             si = comm.symmetric_of(in_ptr)
             so = comm.symmetric_of(out_ptr)
-            if si is not None and so is not None and not si.buffer.internal and not so.buffer.internal:
-                sym_in, sym_out = si.buffer, so.buffer
-                key = EntryKey(in_bytes, out_bytes, dt, pkt, op, "sym", sym_in.index, sym_out.index)
-                opr = Operands("sym", si.offset, so.offset)
+            if si is not None and so is not None and not si.internal and not so.internal:
+                sym_in, sym_out = si, so
+                key = EntryKey(in_bytes, out_bytes, dt, pkt, op, "sym", si.index, so.index)
+                opr = Operands("sym", in_ptr - si.base, out_ptr - so.base)
             elif (zc := self.capture.registered(si, so, in_ptr, out_ptr, in_bytes, out_bytes)) is not None:
                 # registered ordinary tensors: like symmetric buffers, the peers' corresponding
                 # tensors at the registration's mapped bases

@@ -520,7 +520,7 @@ class Executor:
         for t in tensors:
             got = self.comm.symmetric_of(t.data_ptr())
             if got is not None:
-                allocs.append(got.buffer)
+                allocs.append(got)
         self.staging.release(allocs, "staging")
 
     def _release(self, allocs: list, why: str) -> None:

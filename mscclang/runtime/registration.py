@@ -148,15 +148,6 @@ def _inside(p: int, n: int, obj: Any) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Located:
-    """Where a device address lies: ``offset`` bytes into ``buffer`` (a symmetric allocation or
-    a :class:`Region`)."""
-
-    buffer: Any
-    offset: int
-
-
-@dataclass(frozen=True, slots=True)
 class ZeroCopy:
     """How a zero-copy plan reaches a call's buffers: each a symmetric allocation (never the
     runtime's internal staging) or a live :class:`Region`, the call's tensor at ``in_delta`` /
@@ -168,7 +159,7 @@ class ZeroCopy:
     out_delta: int
 
 
-def zero_copy_operands(sym_of: Callable[[int], Optional[Located]], registry: Optional["Registry"],
+def zero_copy_operands(sym_of: Callable[[int], Any], registry: Optional["Registry"],
                        in_ptr: int, out_ptr: int, in_bytes: int, out_bytes: int) -> Optional[ZeroCopy]:
     """How a zero-copy plan reaches the buffers of a call (:class:`ZeroCopy`); None when either
     operand is neither symmetric nor registered (the call must be staged). ``sym_of(p)`` is
@@ -177,24 +168,21 @@ def zero_copy_operands(sym_of: Callable[[int], Optional[Located]], registry: Opt
     (in-place allgather), or an output inside the input's (in-place reduce-scatter), uses that one.
     Shared by the executor and the CPU test back end, so both decide alike."""
 
-    def one(p: int, n: int) -> Optional[Located]:
+    def one(p: int, n: int) -> Any:
         s = sym_of(p)
         if s is not None:
-            return None if getattr(s.buffer, "internal", False) else s
-        if registry is None:
-            return None
-        g = registry.lookup(p, n)
-        return None if g is None else Located(g, 0)
+            return None if getattr(s, "internal", False) else s
+        return None if registry is None else registry.lookup(p, n)
 
     a = one(in_ptr, in_bytes)
     b = a if (out_ptr == in_ptr and out_bytes == in_bytes) else one(out_ptr, out_bytes)
-    if a is None and b is not None and _inside(in_ptr, in_bytes, b.buffer):
-        a = Located(b.buffer, in_ptr - b.buffer.base)
-    if b is None and a is not None and _inside(out_ptr, out_bytes, a.buffer):
-        b = Located(a.buffer, out_ptr - a.buffer.base)
+    if a is None and b is not None and _inside(in_ptr, in_bytes, b):
+        a = b
+    if b is None and a is not None and _inside(out_ptr, out_bytes, a):
+        b = a
     if a is None or b is None:
         return None
-    return ZeroCopy(a.buffer, a.offset, b.buffer, b.offset)
+    return ZeroCopy(a, in_ptr - a.base, b, out_ptr - b.base)
 
 
 class Registry:
