@@ -296,9 +296,11 @@ class RuntimeBackend(Backend):
 
     def registration_uses(self, cls: Any) -> int:
         reg = getattr(getattr(self.executor, "comm", None), "registry", None)
-        if reg is None or not (isinstance(cls, tuple) and len(cls) == 2 and cls[0] == "reg"):
+        from mscclang.runtime.registration import BufferName
+
+        if reg is None or not (isinstance(cls, BufferName) and cls.kind == "reg"):
             return 0
-        return reg.uses(cls[1])
+        return reg.uses(cls.index)
 
     def begin_graph_capture(self, arena_bytes: Optional[int] = None) -> bool:
         return self.executor.begin_graph_capture(arena_bytes)

@@ -35,7 +35,7 @@ from mscclang.plan.call import Call
 from mscclang.plan.collectives import collective
 from mscclang.plan.dtypes import dtype_info, torch_dtype_info
 from mscclang.plan.models import Plan
-from mscclang.runtime.registration import AllocInfo, Region, Registry, zero_copy_operands
+from mscclang.runtime.registration import AllocInfo, BufferName, Region, Registry, zero_copy_operands
 
 
 #: integer types of the sizes of the ml_dtypes types (bfloat16, fp8), which torch and numpy
@@ -294,7 +294,7 @@ class SimBackend(Backend):
     def buffer_class(self, tensor: Any) -> Any:
         got = self._sym_of(tensor.data_ptr())
         if got is not None:
-            return ("sym", got.index)
+            return BufferName("sym", got.index)
         reg = self.registry.lookup(tensor.data_ptr(), tensor.numel() * tensor.element_size())
         return None if reg is None else reg.index
 
@@ -323,9 +323,9 @@ class SimBackend(Backend):
         return self.registry.deregister([(t.data_ptr(), t.numel() * t.element_size()) for t in tensors])
 
     def registration_uses(self, cls: Any) -> int:
-        if not (isinstance(cls, tuple) and len(cls) == 2 and cls[0] == "reg"):
+        if not (isinstance(cls, BufferName) and cls.kind == "reg"):
             return 0
-        return self.registry.uses(cls[1])
+        return self.registry.uses(cls.index)
 
     def memory(self) -> dict[str, int]:
         out = {"staging": self.staging_bytes()}

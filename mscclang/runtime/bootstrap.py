@@ -6,11 +6,12 @@ rank, IPC-mapped by every peer).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Optional
 
 from mscclang.errors import RuntimeUnavailable
 from mscclang.runtime import cuda as cu
-from mscclang.runtime.registration import Registry
+from mscclang.runtime.registration import BufferName, Registry
 from mscclang.runtime.store_group import StoreGroup
 
 
@@ -33,6 +34,11 @@ class SymAlloc:
     label: str = ""
     pinned: bool = False
     temp: bool = False
+
+    @cached_property
+    def name(self) -> BufferName:
+        """What this allocation is to zero-copy plans (made once: index and internal never change)."""
+        return BufferName("internal" if self.internal else "sym", self.index)
 
 
 class _DevMem:

@@ -244,12 +244,12 @@ class CaptureGlue:
         return bool(s is not None and s.enabled and self._capturing() and reg.can_defer(p, a, q, b))
 
     def buffer_class(self, t: Any) -> Any:
-        """What a tensor is to zero-copy plans: ``("sym", index)``, ``("internal", index)``, a
-        registration's ``("reg", seq)``, ``"defer"`` (capturing in a session, exportable), or None."""
+        """What a tensor is to zero-copy plans: a :class:`BufferName` (a symmetric allocation's, or
+        a registration's), ``"defer"`` (capturing in a session, exportable), or None."""
         p = t.data_ptr()
         got = self.comm.symmetric_of(p)
         if got is not None:
-            return ("internal" if got.internal else "sym", got.index)
+            return got.name
         reg = self.registry
         if reg is None:
             return None

@@ -316,7 +316,7 @@ class Entries:
 
     def forget(self, loaded: list[LoadedPlan], idx: set) -> None:
         """Drop the entries and device plans built on the buffers named by ``idx`` (symmetric
-        allocation indices, registrations' ``("reg", seq)``); the device is idle."""
+        allocation indices, registrations' ``Region.index``); the device is idle."""
         self.epoch += 1
         for lp in loaded:
             for k in [k for k in lp.fast if any(x in idx for x in k.buffers())]:

@@ -68,7 +68,8 @@ from __future__ import annotations
 import logging
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional, Sequence
+from functools import cached_property
+from typing import Any, Callable, ClassVar, NamedTuple, Optional, Sequence
 
 from mscclang.config import Settings, settings
 from mscclang.errors import InvalidCall, MscclangError, RegistrationError
@@ -96,6 +97,17 @@ def allocator_config() -> str:
 
 # ------------------------------------------------------------------------------------------
 # registrations
+
+
+class BufferName(NamedTuple):
+    """What a buffer is to zero-copy plans (``Executor.buffer_class``, the executor's cache keys):
+    ``kind`` 'sym' (a caller's symmetric allocation), 'internal' (the runtime's staging) or 'reg'
+    (a registration), and ``index``: the allocation's index or the registration's ``seq``. A
+    NamedTuple, not a dataclass: it is hashed in every memo and launch-entry lookup, and a
+    tuple's hash is the interpreter's own (no Python-level ``__hash__`` call)."""
+
+    kind: str
+    index: int
 
 
 @dataclass(eq=False)
@@ -126,9 +138,10 @@ class Region:
     uses: int = 0
     internal: ClassVar[bool] = False
 
-    @property
-    def index(self) -> tuple[str, int]:
-        return ("reg", self.seq)
+    @cached_property
+    def index(self) -> BufferName:
+        """This registration's name in the executor's caches (made once: ``seq`` never changes)."""
+        return BufferName("reg", self.seq)
 
     def alive(self) -> bool:
         """Whether the registered storage still lives here and the registration is not released."""

@@ -107,7 +107,7 @@ class Context:
 @dataclass(frozen=True)
 class DevPlanKey:
     """A device plan's identity on its context: the sizes and the buffers its addresses name
-    (symmetric allocation indices or registrations' ``("reg", seq)``; None: the caller's)."""
+    (symmetric allocation indices or registrations' ``Region.index``; None: the caller's)."""
 
     in_bytes: int
     out_bytes: int
