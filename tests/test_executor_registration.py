@@ -24,7 +24,7 @@ from mscclang.runtime.bootstrap import SymAlloc
 from mscclang.runtime.device_plan import SYNC_ABORT_OFF, sync_layout
 from mscclang.runtime.packing import pack_blocks
 from mscclang.runtime.executor import Executor, LoadedPlan
-from mscclang.runtime.state import Context, DevPlanKey, EntryKey, LaunchEntry, Operands
+from mscclang.runtime.state import Context, DevPlanKey, EntryKey, LaunchEntry, Operands, SpecKey
 from mscclang.runtime.registration import ARENA_STRIDE
 from mscclang.runtime.structs import PLAN_HEADER, REMOTE_BUF
 from mscclang.comm.sim_ranks import stub_plan
@@ -107,7 +107,7 @@ class FakeRtComm:
     def symmetric_of(self, p: int):
         for sa in self._sym:
             if 0 <= p - sa.base < sa.size:
-                return sa, p - sa.base
+                return sa
         return None
 
     def _sym_alloc(self, nbytes: int, internal: bool = False, label: str = "") -> SymAlloc:
@@ -649,7 +649,7 @@ def test_a_failed_background_build_never_fails_a_call(fcu, monkeypatch):
     builds.futures[0].set_exception(RuntimeError("the build thread died"))
     ent, _ = _resolve(ex, lp, 0x7000_0000, 0x7800_0000, n, n)
     assert ent.spec is None and ent.pending is None        # the interpreter runs it from now on
-    assert "RuntimeError: the build thread died" in ex.spec_status(lp.plan)[(n, n, "f16", "ll16", "sum")]
+    assert "RuntimeError: the build thread died" in ex.spec_status(lp.plan)[SpecKey(n, n, "f16", "ll16", "sum")]
 
 
 def test_a_traced_launch_runs_the_trace_kernel_with_its_buffer_and_decodes_it(fcu, monkeypatch):

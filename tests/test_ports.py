@@ -159,7 +159,7 @@ def test_engine_connect_pairs_ranks_and_ids(monkeypatch):
 
     monkeypatch.setattr(eng.Engine, "_warm_up", lambda self, keys: None)
 
-    keys = [(0, 0, 1, 0), (0, 1, 0, 0), (0, 2, 0, 0)]
+    keys = [eng.Key(0, 0, 1, 0), eng.Key(0, 1, 0, 0), eng.Key(0, 2, 0, 0)]
     fakes = {r: FakeNB(r) for r in range(3)}
     engines = {r: eng.Engine(r) for r in range(3)}
     for r in range(3):
@@ -188,7 +188,7 @@ def test_engine_connect_pairs_ranks_and_ids(monkeypatch):
     assert fakes[0].inits[0][1] == fakes[1].inits[0][1]           # channel 0->1: rank 0's id
     assert fakes[0].inits[1][1] == fakes[1].inits[1][1]           # channel 1->0: rank 1's id
     assert fakes[0].inits[2][1] == fakes[2].inits[0][1]
-    assert set(engines[1].comms) == {(0, 0, 1, 0), (0, 1, 0, 0)}
+    assert set(engines[1].comms) == {eng.Key(0, 0, 1, 0), eng.Key(0, 1, 0, 0)}
 
 
 def _shipped_port_plans():
@@ -327,7 +327,7 @@ def test_engine_reconnect_after_abort_is_agreed_by_every_rank(monkeypatch):
     from mscclang.runtime import engine as eng
 
     monkeypatch.setattr(eng.Engine, "_warm_up", lambda self, keys: None)
-    keys = [(3, 0, 1, 0), (3, 1, 0, 0)]
+    keys = [eng.Key(3, 0, 1, 0), eng.Key(3, 1, 0, 0)]
     engines = {r: eng.Engine(r) for r in range(2)}
     for r in range(2):
         engines[r]._nb = FakeNB(r)

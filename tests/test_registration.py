@@ -14,7 +14,7 @@ from mscclang.config import Settings, settings
 from mscclang.errors import CallMismatch, InvalidCall, RegistrationError
 from mscclang.runtime import registration as regmod
 from mscclang.runtime.registration import (
-    Region, Registry, zero_copy_operands,
+    Region, Registry, ZeroCopy, zero_copy_operands,
 )
 from tests.harness.registration_fakes import FakeCluster, FakeRef, RankErrors
 
@@ -389,20 +389,20 @@ def test_zero_copy_operands_rule():
     def sym_of(p):
         for s in (sym, internal):
             if s.base <= p < s.base + s.size:
-                return s, p - s.base
+                return s
         return None
 
     # nothing registered: symmetric operands only
-    assert zero_copy_operands(sym_of, reg, sym.base, sym.base + 512, 256, 256) == (sym, 0, sym, 512)
+    assert zero_copy_operands(sym_of, reg, sym.base, sym.base + 512, 256, 256) == ZeroCopy(sym, 0, sym, 512)
     assert zero_copy_operands(sym_of, reg, internal.base, internal.base, 256, 256) is None
     assert zero_copy_operands(sym_of, None, a.base, a.base, 256, 256) is None
     g = reg.register([(a.base, 4 * MiB, FakeRef())])[0]
-    assert zero_copy_operands(sym_of, reg, a.base, a.base, 256, 256) == (g, 0, g, 0)
+    assert zero_copy_operands(sym_of, reg, a.base, a.base, 256, 256) == ZeroCopy(g, 0, g, 0)
     # registered output, input inside it (in-place allgather) and the reverse
-    assert zero_copy_operands(sym_of, reg, a.base + MiB, a.base, MiB, 4 * MiB) == (g, MiB, g, 0)
-    assert zero_copy_operands(sym_of, reg, a.base, a.base + MiB, 4 * MiB, MiB) == (g, 0, g, MiB)
+    assert zero_copy_operands(sym_of, reg, a.base + MiB, a.base, MiB, 4 * MiB) == ZeroCopy(g, MiB, g, 0)
+    assert zero_copy_operands(sym_of, reg, a.base, a.base + MiB, 4 * MiB, MiB) == ZeroCopy(g, 0, g, MiB)
     # one symmetric, one registered
-    assert zero_copy_operands(sym_of, reg, sym.base, a.base, 256, 256) == (sym, 0, g, 0)
+    assert zero_copy_operands(sym_of, reg, sym.base, a.base, 256, 256) == ZeroCopy(sym, 0, g, 0)
     # an unregistered output beside a registered input
     assert zero_copy_operands(sym_of, reg, a.base, a.base + 8 * MiB, 256, 256) is None
 

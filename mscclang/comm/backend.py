@@ -257,7 +257,7 @@ class RuntimeBackend(Backend):
 
     def is_symmetric(self, tensor: Any) -> bool:
         got = self.executor.comm.symmetric_of(tensor.data_ptr())
-        return got is not None and not getattr(got[0], "internal", False)
+        return got is not None and not getattr(got, "internal", False)
 
     def empty_staging(self, numel: int, dtype: Any) -> Any:
         return self.executor.comm.alloc(numel, dtype, label="staging")
@@ -276,7 +276,7 @@ class RuntimeBackend(Backend):
         for t in tensors:
             got = self.executor.comm.symmetric_of(t.data_ptr())
             if got is not None:
-                got[0].pinned = True
+                got.pinned = True
 
     def zero_copy_ok(self, inp: Any, out: Any) -> bool:
         return self.executor.zero_copy_ok(inp, out)
@@ -296,9 +296,11 @@ class RuntimeBackend(Backend):
 
     def registration_uses(self, cls: Any) -> int:
         reg = getattr(getattr(self.executor, "comm", None), "registry", None)
-        if reg is None or not (isinstance(cls, tuple) and len(cls) == 2 and cls[0] == "reg"):
+        from mscclang.runtime.registration import BufferName
+
+        if reg is None or not (isinstance(cls, BufferName) and cls.kind == "reg"):
             return 0
-        return reg.uses(cls[1])
+        return reg.uses(cls.index)
 
     def begin_graph_capture(self, arena_bytes: Optional[int] = None) -> bool:
         return self.executor.begin_graph_capture(arena_bytes)

@@ -35,7 +35,7 @@ from mscclang.plan.call import Call
 from mscclang.plan.collectives import collective
 from mscclang.plan.dtypes import dtype_info, torch_dtype_info
 from mscclang.plan.models import Plan
-from mscclang.runtime.registration import AllocInfo, Region, Registry, zero_copy_operands
+from mscclang.runtime.registration import AllocInfo, BufferName, Region, Registry, zero_copy_operands
 
 
 #: integer types of the sizes of the ml_dtypes types (bfloat16, fp8), which torch and numpy
@@ -235,20 +235,16 @@ class SimBackend(Backend):
         self._allocs.append(t)
         return t
 
-    def _where(self, t: Any) -> Optional[tuple[int, int]]:
-        got = self._sym_of(t.data_ptr())
-        return None if got is None else (got[0].index, got[1])
-
-    def _sym_of(self, ptr: int) -> Optional[tuple[Any, int]]:
+    def _sym_of(self, ptr: int) -> Any:
         for i, a in enumerate(self._allocs):
             base = a.data_ptr()
             size = max(a.numel() * a.element_size(), 1)
             if base <= ptr < base + size:
-                return SimpleNamespace(index=i, base=base, size=size, internal=False), ptr - base
+                return SimpleNamespace(index=i, base=base, size=size, internal=False)
         return None
 
     def is_symmetric(self, tensor: Any) -> bool:
-        return self._where(tensor) is not None
+        return self._sym_of(tensor.data_ptr()) is not None
 
     def fits(self, plan: Plan, in_bytes: int, out_bytes: int, packet_type: Optional[str] = None) -> bool:
         """Like the GPU runtime (``refuse_unaligned``): multi-block calls whose blocks are not a
@@ -296,9 +292,9 @@ class SimBackend(Backend):
                                   inp.numel() * esz, out.numel() * esz) is not None
 
     def buffer_class(self, tensor: Any) -> Any:
-        got = self._where(tensor)
+        got = self._sym_of(tensor.data_ptr())
         if got is not None:
-            return ("sym", got[0])
+            return BufferName("sym", got.index)
         reg = self.registry.lookup(tensor.data_ptr(), tensor.numel() * tensor.element_size())
         return None if reg is None else reg.index
 
@@ -327,9 +323,9 @@ class SimBackend(Backend):
         return self.registry.deregister([(t.data_ptr(), t.numel() * t.element_size()) for t in tensors])
 
     def registration_uses(self, cls: Any) -> int:
-        if not (isinstance(cls, tuple) and len(cls) == 2 and cls[0] == "reg"):
+        if not (isinstance(cls, BufferName) and cls.kind == "reg"):
             return 0
-        return self.registry.uses(cls[1])
+        return self.registry.uses(cls.index)
 
     def memory(self) -> dict[str, int]:
         out = {"staging": self.staging_bytes()}
@@ -374,17 +370,17 @@ class SimBackend(Backend):
             # in-place allgather/reducescatter: this rank's block sits at rank * block bytes
             shift = call.collective.inplace_offset(self.rank, call.shape.block_elems * call.dtype.itemsize) \
                 if plan.inplace else 0
-            d_in = zc[1] - (shift if call.collective.inplace == "input_in_output" else 0)
-            d_out = zc[3] - (shift if call.collective.inplace == "output_in_input" else 0)
+            d_in = zc.in_delta - (shift if call.collective.inplace == "input_in_output" else 0)
+            d_out = zc.out_delta - (shift if call.collective.inplace == "output_in_input" else 0)
             kind = lambda b: "reg" if isinstance(b, Region) else "sym"  # noqa: E731
-            for b in {id(zc[0]): zc[0], id(zc[2]): zc[2]}.values():
+            for b in {id(zc.in_buf): zc.in_buf, id(zc.out_buf): zc.out_buf}.values():
                 if isinstance(b, Region):
                     b.uses += 1
-            sym = ((kind(zc[0]), zc[0].index, d_in), (kind(zc[2]), zc[2].index, d_out))
+            sym = ((kind(zc.in_buf), zc.in_buf.index, d_in), (kind(zc.out_buf), zc.out_buf.index, d_out))
             # a registration: the address each peer's buffer is reached at must be where it lives
             peers = tuple({q: a for q, a in b.peer_bases.items() if q != self.rank} if isinstance(b, Region)
-                          else None for b in (zc[0], zc[2]))
-            bases = (zc[0].base, zc[2].base)
+                          else None for b in (zc.in_buf, zc.out_buf))
+            bases = (zc.in_buf.base, zc.out_buf.base)
         launch = _Launch(plan, torch_to_numpy(inp), out.numel(), call.op, packet_type, sym, call.accum, peers, bases)
         res = self.world.launch(self.rank, launch)
         out.reshape(-1).copy_(numpy_to_torch(res, out))

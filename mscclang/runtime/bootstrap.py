@@ -6,11 +6,12 @@ rank, IPC-mapped by every peer).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Optional
 
 from mscclang.errors import RuntimeUnavailable
 from mscclang.runtime import cuda as cu
-from mscclang.runtime.registration import Registry
+from mscclang.runtime.registration import BufferName, Registry
 from mscclang.runtime.store_group import StoreGroup
 
 
@@ -33,6 +34,11 @@ class SymAlloc:
     label: str = ""
     pinned: bool = False
     temp: bool = False
+
+    @cached_property
+    def name(self) -> BufferName:
+        """What this allocation is to zero-copy plans (made once: index and internal never change)."""
+        return BufferName("internal" if self.internal else "sym", self.index)
 
 
 class _DevMem:
@@ -176,8 +182,8 @@ class Bootstrap(StoreGroup):
             out.update(reg.memory())
         return out
 
-    def symmetric_of(self, p: int) -> Optional[tuple[SymAlloc, int]]:
-        """(allocation, offset) when device address ``p`` lies in a symmetric allocation.
+    def symmetric_of(self, p: int) -> Optional[SymAlloc]:
+        """The allocation holding ``p`` (at offset ``p - base`` in it) when device address ``p`` lies in a symmetric allocation.
 
         The communicator owns these allocations and frees them only in close(), so an address
         inside one's range belongs to it: a range check (no driver call) is exact here. Other
@@ -185,7 +191,7 @@ class Bootstrap(StoreGroup):
         for sa in self._sym:
             d = p - sa.base
             if 0 <= d < sa.size:
-                return sa, d
+                return sa
         return None
 
     def close(self) -> None:

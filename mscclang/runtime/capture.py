@@ -21,7 +21,7 @@ from mscclang.errors import InvalidCall, NotPrepared, RuntimeUnavailable
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.device_plan import MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, pack_blob
 from mscclang.runtime.packing import pack_blocks
-from mscclang.runtime.registration import ARENA_STRIDE, Region, allocator_config, zero_copy_operands
+from mscclang.runtime.registration import ARENA_STRIDE, Region, ZeroCopy, allocator_config, zero_copy_operands
 from mscclang.runtime.state import EntryKey, LaunchEntry, LoadedPlan, Operands, describe_call
 from mscclang.runtime.structs import CONSTANTS, PLAN_HEADER
 
@@ -84,8 +84,8 @@ class CaptureGlue:
 
     # calls --------------------------------------------------------------------------------------
     def registered(self, si: Any, so: Any, in_ptr: int, out_ptr: int, in_bytes: int,
-                   out_bytes: int) -> Optional[tuple]:
-        """``(input buffer, input delta, output buffer, output delta)`` when the call's tensors are
+                   out_bytes: int) -> Optional[ZeroCopy]:
+        """How the call reaches its buffers (:class:`ZeroCopy`) when the call's tensors are
         registered (or one symmetric and one registered), else None. A registration used inside a
         capture is pinned (kept until close)."""
         reg = self.registry
@@ -94,7 +94,7 @@ class CaptureGlue:
         got = zero_copy_operands({in_ptr: si, out_ptr: so}.get, reg, in_ptr, out_ptr, in_bytes, out_bytes)
         if got is None:
             return None
-        rin, rout = got[0], got[2]
+        rin, rout = got.in_buf, got.out_buf
         if isinstance(rin, Region):
             rin.uses += 1
         if isinstance(rout, Region) and rout is not rin:
@@ -210,7 +210,7 @@ class CaptureGlue:
             got = self.comm.symmetric_of(t.data_ptr())
             if got is not None or n == 0:
                 items.append((None, n, None))
-                sym.append(got is not None and not got[0].internal)
+                sym.append(got is not None and not got.internal)
             else:
                 items.append((t.data_ptr(), n, StorageWeakRef(t.untyped_storage())))
                 sym.append(False)
@@ -233,7 +233,7 @@ class CaptureGlue:
         a, b = input.numel() * esz, output.numel() * esz
         comm = self.comm
         si, so = comm.symmetric_of(p), comm.symmetric_of(q)
-        if si is not None and so is not None and not si[0].internal and not so[0].internal:
+        if si is not None and so is not None and not si.internal and not so.internal:
             return True
         reg = self.registry
         if reg is None:
@@ -244,12 +244,12 @@ class CaptureGlue:
         return bool(s is not None and s.enabled and self._capturing() and reg.can_defer(p, a, q, b))
 
     def buffer_class(self, t: Any) -> Any:
-        """What a tensor is to zero-copy plans: ``("sym", index)``, ``("internal", index)``, a
-        registration's ``("reg", seq)``, ``"defer"`` (capturing in a session, exportable), or None."""
+        """What a tensor is to zero-copy plans: a :class:`BufferName` (a symmetric allocation's, or
+        a registration's), ``"defer"`` (capturing in a session, exportable), or None."""
         p = t.data_ptr()
         got = self.comm.symmetric_of(p)
         if got is not None:
-            return ("internal" if got[0].internal else "sym", got[0].index)
+            return got.name
         reg = self.registry
         if reg is None:
             return None

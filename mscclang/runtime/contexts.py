@@ -13,6 +13,7 @@ an upload ordered on the launching stream): no store exchange, no device synchro
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from mscclang.errors import NotPrepared, RuntimeUnavailable
@@ -22,7 +23,7 @@ from mscclang.runtime.device_plan import (
     KIND_CODE, MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, Addresses, SyncLayout, mapped_peers, pack_blob,
 )
 from mscclang.runtime.packing import group_scratch_bytes, pack_blocks
-from mscclang.runtime.state import Context, DevPlan, DevPlanKey, LoadedPlan
+from mscclang.runtime.state import CachedAddresses, Context, DevPlan, DevPlanKey, LoadedPlan
 
 
 class ContextPool:
@@ -106,7 +107,8 @@ class ContextPool:
             if lp.engine_keys and lp.serial < 0:
                 lp.serial = self._engine_serial
                 self._engine_serial += 1
-                self.engine.connect([(lp.serial, *k) for k in lp.engine_keys], comm.allgather_bytes)
+                lp.engine_keys = [replace(k, namespace=lp.serial) for k in lp.engine_keys]
+                self.engine.connect(lp.engine_keys, comm.allgather_bytes)
             for q in mapped_peers(plan, r, self.topology):
                 peer_sync[q] = cu.ipc_open(allh[q][:64])
                 peer_scratch[q] = cu.ipc_open(allh[q][64:128])
@@ -185,8 +187,9 @@ class ContextPool:
         key = (id(ctx), id(sym_in), id(sym_out))
         bases = (_bases(sym_in), _bases(sym_out))
         got = None if port else lp.addresses.get(key)
-        if got is not None and got[0] is ctx and got[1] is sym_in and got[2] is sym_out and got[3] == bases:
-            return got[4]
+        if got is not None and got.ctx is ctx and got.sym_in is sym_in and got.sym_out is sym_out \
+                and got.bases == bases:
+            return got.addr
         plan = lp.plan
         r = self.comm.rank
         g = plan.gpus[r]
@@ -226,7 +229,7 @@ class ContextPool:
                 lp.addresses.clear()
             # the objects and their peers' bases are kept with the addresses: an id reused by a
             # new buffer, or a buffer whose peers' mappings changed, never matches
-            lp.addresses[key] = (ctx, sym_in, sym_out, bases, addr)
+            lp.addresses[key] = CachedAddresses(ctx, sym_in, sym_out, bases, addr)
         return addr
 
     def memory(self, lp: LoadedPlan, out: dict[str, int]) -> None:

@@ -23,6 +23,7 @@ without it is refused with that message.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from mscclang.errors import RuntimeUnavailable
@@ -42,7 +43,16 @@ def bindings() -> Any:
     return nb
 
 
-Key = tuple[int, int, int, int]   # (namespace: the plan's, sending rank, receiving rank, ordinal of the channel)
+@dataclass(frozen=True, order=True, slots=True)
+class Key:
+    """One inter-node port channel's communicator: the plan's ``namespace`` (-1 until its first
+    context assigns it), the sending rank ``src``, the receiving rank ``dst`` and the channel's
+    ``ordinal`` between them. Ordered: every rank sorts the keys alike."""
+
+    namespace: int
+    src: int
+    dst: int
+    ordinal: int
 
 
 class Engine:
@@ -64,22 +74,22 @@ class Engine:
         Collective over every rank (``exchange`` is the store allgather): every rank passes the
         same keys in the same order."""
         want = sorted({k for k in keys if k not in self.comms})
-        mine = [k for k in want if self.rank in (k[1], k[2])]
+        mine = [k for k in want if self.rank in (k.src, k.dst)]
         nb = self._b() if mine else None
         ids: dict[Key, bytes] = {}
         blob = b""
         for k in mine:
-            if k[1] == self.rank:
+            if k.src == self.rank:
                 uid = bytes(nb.get_unique_id())
                 ids[k] = uid
-                blob += (len(uid).to_bytes(4, "little") + k[0].to_bytes(4, "little") + k[2].to_bytes(4, "little")
-                         + k[3].to_bytes(4, "little") + uid)
+                blob += (len(uid).to_bytes(4, "little") + k.namespace.to_bytes(4, "little")
+                         + k.dst.to_bytes(4, "little") + k.ordinal.to_bytes(4, "little") + uid)
         got = exchange(blob, f"engine communicators {want}") if want else []
         for src, data in enumerate(got):
             pos = 0
             while pos < len(data):
                 n, ns, dst, o = (int.from_bytes(data[pos + 4 * i:pos + 4 * i + 4], "little") for i in range(4))
-                ids[(ns, src, dst, o)] = data[pos + 16:pos + 16 + n]
+                ids[Key(ns, src, dst, o)] = data[pos + 16:pos + 16 + n]
                 pos += 16 + n
         if not mine:
             return
@@ -89,7 +99,7 @@ class Engine:
         nb.group_start()
         try:
             for k in mine:
-                me = 0 if k[1] == self.rank else 1
+                me = 0 if k.src == self.rank else 1
                 self.comms[k] = nb.comm_init_rank_scalable(2, me, 1, bytearray(ids[k]), 0)
         finally:
             nb.group_end()
@@ -103,7 +113,7 @@ class Engine:
         the broken pair, and a reconnect on one side only would wait for the other forever.
         Returns whether it reconnected. Every rank passes the same keys."""
         keys = sorted(set(keys))
-        lost = any(k not in self.comms for k in keys if self.rank in (k[1], k[2]))
+        lost = any(k not in self.comms for k in keys if self.rank in (k.src, k.dst))
         flags = exchange(b"\x01" if lost else b"\x00", f"engine reconnect after abort {keys}")
         if not any(f == b"\x01" for f in flags):
             return False
@@ -133,7 +143,7 @@ class Engine:
             nb.group_start()
             try:
                 for k in keys:
-                    if k[1] == self.rank:
+                    if k.src == self.rank:
                         nb.send(buf, 1, NCCL_UINT8, 1, self.comms[k], cu.ptr(s))
                     else:
                         nb.recv(buf, 1, NCCL_UINT8, 0, self.comms[k], cu.ptr(s))

@@ -37,13 +37,14 @@ from mscclang.runtime import cuda as cu
 from mscclang.runtime.contexts import ContextPool, drop_device_plans
 from mscclang.runtime.device_plan import SYNC_ABORT_OFF
 from mscclang.runtime.packing import pack_blocks
+from mscclang.runtime.engine import Key as EngineKey
 from mscclang.runtime.kernels import SPEC_ERRORS, KernelCache, unsupported
 from mscclang.runtime.ports import PortScript
 from mscclang.runtime.proxy import Incoming, PortLaunch
 from mscclang.runtime.spec_build import pack_args, when
 from mscclang.runtime.spec_source import generate
 from mscclang.runtime.state import (
-    DevPlan, EntryKey, LaunchEntry, LoadedPlan, Operands, Pending, SpecLaunch, describe_call,
+    DevPlan, EntryKey, LaunchEntry, LoadedPlan, Operands, Pending, SpecKey, SpecLaunch, describe_call,
 )
 
 log = logging.getLogger("mscclang.runtime.entries")
@@ -95,16 +96,16 @@ class Entries:
             comm = self.comm
             si = comm.symmetric_of(in_ptr)
             so = comm.symmetric_of(out_ptr)
-            if si is not None and so is not None and not si[0].internal and not so[0].internal:
-                key = EntryKey(in_bytes, out_bytes, dt, pkt, op, "sym", si[0].index, so[0].index)
-                opr = Operands("sym", si[1], so[1])
-                sym_in, sym_out = si[0], so[0]
+            if si is not None and so is not None and not si.internal and not so.internal:
+                sym_in, sym_out = si, so
+                key = EntryKey(in_bytes, out_bytes, dt, pkt, op, "sym", si.index, so.index)
+                opr = Operands("sym", in_ptr - si.base, out_ptr - so.base)
             elif (zc := self.capture.registered(si, so, in_ptr, out_ptr, in_bytes, out_bytes)) is not None:
                 # registered ordinary tensors: like symmetric buffers, the peers' corresponding
                 # tensors at the registration's mapped bases
-                sym_in, din, sym_out, dout = zc
+                sym_in, sym_out = zc.in_buf, zc.out_buf
                 key = EntryKey(in_bytes, out_bytes, dt, pkt, op, "sym", sym_in.index, sym_out.index)
-                opr = Operands("sym", din, dout)
+                opr = Operands("sym", zc.in_delta, zc.out_delta)
             else:
                 dfr = self.capture.deferred(lp, dt, in_ptr, out_ptr, in_bytes, out_bytes, pkt, op,
                                             self.kernels, self.contexts)
@@ -165,17 +166,16 @@ class Entries:
             spec, pending = None, None
             # port plans run on the interpreter (the specialised kernel has no port ops)
             if not lp.has_port:
-                spec, pending = self._specialisation(lp, dt, in_bytes, out_bytes, pkt, op, dp, force,
-                                                     (lp, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out, row))
+                spec, pending = self._specialisation(lp, SpecKey(in_bytes, out_bytes, dt, pkt, op, row), dp, force,
+                                                     sym_in, sym_out)
         return LaunchEntry(f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), spec, pending, lp.ctx, port)
 
-    def _specialisation(self, lp: LoadedPlan, dt: str, in_bytes: int, out_bytes: int, pkt: str, op: str,
-                        dp: DevPlan, force: bool, args: tuple) -> tuple[Optional[SpecLaunch], Optional[Pending]]:
+    def _specialisation(self, lp: LoadedPlan, skey: SpecKey, dp: DevPlan, force: bool, sym_in: Any,
+                        sym_out: Any) -> tuple[Optional[SpecLaunch], Optional[Pending]]:
         """The specialised launch now (``force``: built on this thread), or what is pending."""
-        w = when(self._specialize(), in_bytes, out_bytes)
+        w = when(self._specialize(), skey.in_bytes, skey.out_bytes)
         if w == "never":
             return None, None
-        skey = (in_bytes, out_bytes, dt, pkt, op) + ((args[-1],) if args[-1] else ())   # + a row-chunked plan's row
         got = lp.spec.get(skey)
         if isinstance(got, str):   # refused earlier
             return None, None
@@ -184,7 +184,7 @@ class Entries:
         if force or self._specialize() == "always":
             # prepare (a capture follows), or the 'always' policy: built on this thread
             try:
-                sp = self.kernels.specialised_now(generate(lp.plan, dp.packed, dt, pkt, op))
+                sp = self.kernels.specialised_now(generate(lp.plan, dp.packed, skey.dtype, skey.packet, skey.op))
             except SPEC_ERRORS as e:
                 lp.spec[skey] = unsupported(e)
                 return None, None
@@ -192,15 +192,15 @@ class Entries:
             return self._spec_launch(sp, dp, lp.ctx), None
         # 'first' sizes are built at their second call, 'hot' ones at the policy's count: a size
         # called once (a stream of new sizes) builds nothing
-        pend = Pending(1 if w == "first" else settings.spec_hot_calls - 1, args)
+        pend = Pending(1 if w == "first" else settings.spec_hot_calls - 1, skey, sym_in, sym_out)
         if pend.calls <= 0:
-            pend.build = self._start(lp, dt, pkt, op, dp)
+            pend.build = self._start(lp, skey, dp)
             if pend.build is None:
                 return None, None
         return None, pend
 
-    def _start(self, lp: LoadedPlan, dt: str, pkt: str, op: str, dp: DevPlan) -> Any:
-        plan, packed = lp.plan, dp.packed
+    def _start(self, lp: LoadedPlan, skey: SpecKey, dp: DevPlan) -> Any:
+        plan, packed, dt, pkt, op = lp.plan, dp.packed, skey.dtype, skey.packet, skey.op
         return self.kernels.specialise_later(lambda: generate(plan, packed, dt, pkt, op))
 
     def _spec_launch(self, sp: Any, dp: DevPlan, ctx: Any) -> SpecLaunch:
@@ -215,12 +215,12 @@ class Entries:
         pend = ent.pending
         if self._capturing():
             return ent
-        lp_, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out, row = pend.args
-        skey = (in_bytes, out_bytes, dt, pkt, op) + ((row,) if row else ())
+        sk = pend.key
         if now:
             if pend.build is not None and pend.build.done():
-                return self._switch(lp, key, ent, skey, pend)
-            new = self._build(lp, dt, in_bytes, out_bytes, pkt, op, sym_in, sym_out, True, 0, row)
+                return self._switch(lp, key, ent, pend)
+            new = self._build(lp, sk.dtype, sk.in_bytes, sk.out_bytes, sk.packet, sk.op, pend.sym_in, pend.sym_out,
+                              True, 0, sk.row)
             new = _replace(new, pending=None)
             lp.fast[key] = new
             self.epoch += 1
@@ -233,21 +233,22 @@ class Entries:
             if dp is None:
                 lp.fast[key] = new = _replace(ent, pending=None)
                 return new
-            pend.build = self._start(lp, dt, pkt, op, dp)
+            pend.build = self._start(lp, sk, dp)
             if pend.build is None:
                 pend.calls = 1   # the build queue is full: ask again at the next call
             return ent
         if not pend.build.done():
             return ent
-        return self._switch(lp, key, ent, skey, pend)
+        return self._switch(lp, key, ent, pend)
 
-    def _switch(self, lp: LoadedPlan, key: EntryKey, ent: LaunchEntry, skey: tuple, pend: Pending) -> LaunchEntry:
+    def _switch(self, lp: LoadedPlan, key: EntryKey, ent: LaunchEntry, pend: Pending) -> LaunchEntry:
+        skey = pend.key
         try:
             sp = self.kernels.finish(pend.build)
         except Exception as e:  # noqa: BLE001 - a failed background build never fails a call
             if not isinstance(e, SPEC_ERRORS):
                 log.warning("rank %d: building the specialised kernel of %s failed (%s: %s); the interpreter "
-                            "runs it", self.comm.rank, describe_call(lp.plan, *skey[:5]), type(e).__name__, e)
+                            "runs it", self.comm.rank, describe_call(lp.plan, skey.in_bytes, skey.out_bytes, skey.dtype, skey.packet, skey.op), type(e).__name__, e)
             lp.spec[skey] = unsupported(e)
             lp.fast[key] = new = _replace(ent, pending=None)
             self.epoch += 1
@@ -280,7 +281,7 @@ class Entries:
                     theirs = pack_blocks(plan, g.id, in_bytes, out_bytes).port
                 incoming.append(Incoming(theirs.channels[kq], ctx.sync_base + ctx.sync.port_inbound + 8 * pin[(g.id, o)],
                                          [rb.type for rb in g.remote_buffers],
-                                         self.engine.comm((lp.serial, g.id, r, o))))
+                                         self.engine.comm(EngineKey(lp.serial, g.id, r, o))))
         if script is None and not incoming:
             return None
         if script is None:
@@ -299,7 +300,7 @@ class Entries:
                 comms.append(None)
             else:
                 peer_inbound.append(None)
-                comms.append(self.engine.comm((lp.serial, r, q, o)))
+                comms.append(self.engine.comm(EngineKey(lp.serial, r, q, o)))
         pl = PortLaunch(script, dp.port_area, remote_base,
                         [rb.type for rb in g.remote_buffers], ctx.scratch_base, peer_inbound, comms, incoming,
                         bounds=(in_bytes, out_bytes, ctx.scratch_bytes), abort_word=ctx.sync_base + SYNC_ABORT_OFF)
@@ -315,7 +316,7 @@ class Entries:
 
     def forget(self, loaded: list[LoadedPlan], idx: set) -> None:
         """Drop the entries and device plans built on the buffers named by ``idx`` (symmetric
-        allocation indices, registrations' ``("reg", seq)``); the device is idle."""
+        allocation indices, registrations' ``Region.index``); the device is idle."""
         self.epoch += 1
         for lp in loaded:
             for k in [k for k in lp.fast if any(x in idx for x in k.buffers())]:

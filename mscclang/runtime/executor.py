@@ -31,7 +31,7 @@ from mscclang.runtime.capture import CaptureGlue
 from mscclang.runtime.bootstrap import Bootstrap
 from mscclang.runtime.contexts import ContextPool
 from mscclang.runtime.device_plan import MAX_FLAGS, check_runnable, process_work_queues
-from mscclang.runtime.engine import Engine, bindings as engine_bindings
+from mscclang.runtime.engine import Engine, Key as EngineKey, bindings as engine_bindings
 from mscclang.runtime.entries import Entries
 from mscclang.runtime.epilogue import Epilogue, _fp8_name, epi_plan, pack_args
 from mscclang.runtime.kernels import KernelCache
@@ -39,7 +39,7 @@ from mscclang.runtime.launcher import Launcher
 from mscclang.runtime.proxy import PortLaunch, PortProxy
 from mscclang.runtime.staging import StagingPool
 from mscclang.runtime.state import (
-    Bound, LaunchEntry, LoadedPlan, Operands, Spec, describe_call, packet_code, plan_reduce_op,
+    Bound, LaunchEntry, LoadedPlan, Operands, Spec, SpecKey, describe_call, packet_code, plan_reduce_op,
 )
 from mscclang.runtime.topology import topology_from_env
 
@@ -179,7 +179,7 @@ class Executor:
         lp.epi = epi_plan(plan)
         lp.packets = any(op.name in PACKET_OPS or any(i.name in PACKET_OPS for i in (op.ops or []))
                          for tb in plan.gpus[self.comm.rank].threadblocks for op in tb.ops)
-        lp.engine_keys = [(g.id, c.peer, c.ordinal) for g in plan.gpus
+        lp.engine_keys = [EngineKey(-1, g.id, c.peer, c.ordinal) for g in plan.gpus
                           for c in plan.channel_ordinals(g.id, ChannelType.port)
                           if not self.topology.same_node(g.id, c.peer)]
         if lp.engine_keys:
@@ -520,7 +520,7 @@ class Executor:
         for t in tensors:
             got = self.comm.symmetric_of(t.data_ptr())
             if got is not None:
-                allocs.append(got[0])
+                allocs.append(got)
         self.staging.release(allocs, "staging")
 
     def _release(self, allocs: list, why: str) -> None:
@@ -550,8 +550,8 @@ class Executor:
             self.contexts.memory(lp, out)
         return out
 
-    def spec_status(self, plan: Plan) -> dict[tuple, str]:
-        """Per (input bytes, output bytes, dtype, packet, reduce op) seen so far: how the
+    def spec_status(self, plan: Plan) -> dict[SpecKey, str]:
+        """Per specialised kernel (:class:`~mscclang.runtime.state.SpecKey`) seen so far: how the
         specialised kernel was obtained ('spec NT threads, origin') or why the interpreter runs."""
         lp = self._loaded.get(id(plan))
         if lp is None:
@@ -584,7 +584,7 @@ class Executor:
         engine_plans = [lp for lp in self._loaded.values() if lp.engine_keys and lp.serial >= 0]
         if engine_plans:
             # a rank that aborted its communicators makes every rank reconnect; entries are rebuilt
-            keys = [(lp.serial, *k) for lp in engine_plans for k in lp.engine_keys]
+            keys = [k for lp in engine_plans for k in lp.engine_keys]
             if self._engine.resync(keys, self.comm.allgather_bytes):
                 for lp in engine_plans:
                     self.entries.clear(lp)

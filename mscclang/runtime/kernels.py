@@ -16,6 +16,7 @@ import concurrent.futures
 import logging
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from mscclang.errors import PlanError, RuntimeUnavailable
@@ -33,6 +34,26 @@ MAX_SPEC_MODULES = 512
 MAX_PENDING_BUILDS = 64
 
 
+@dataclass(frozen=True, slots=True)
+class Module:
+    """A loaded specialised module and its kernel function."""
+
+    module: Any
+    func: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Built:
+    """A background build's result: the source, its ``cubin`` (None: the module was loaded
+    already), where it came from, and the module the build thread ``loaded`` (None: the launching
+    thread loads it)."""
+
+    src: SpecSource
+    cubin: Optional[bytes]
+    origin: str
+    loaded: Optional[Module] = None
+
+
 class KernelCache:
     """The kernels of one executor on a device of ``arch`` with ``sm_count`` multiprocessors."""
 
@@ -42,7 +63,7 @@ class KernelCache:
         self._modules: dict[str, Any] = {}
         self._funcs: dict[tuple, Any] = {}   # (dtype, packet, op, bound, traced) [+ (True,): epilogue]
         self._builder = SpecBuilder(arch)
-        self._spec_mods: "OrderedDict[str, tuple[Any, Any]]" = OrderedDict()   # cubin name -> (module, func)
+        self._spec_mods: "OrderedDict[str, Module]" = OrderedDict()   # cubin name -> its loaded module
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._pending = 0
         self._futures: list = []
@@ -126,11 +147,11 @@ class KernelCache:
             loaded = self._load(name, built.cubin, src)
         else:
             self._spec_mods.move_to_end(name)
-        return self._spec(src, loaded[1], origin, name)
+        return self._spec(src, loaded.func, origin, name)
 
     def specialise_later(self, make_src: Callable[[], SpecSource]) -> Optional["concurrent.futures.Future[Any]"]:
         """Generate (``make_src()``) and build a specialised kernel on the background thread; the
-        future's result is ``(source, cubin, origin, (module, function) or None)``, taken by
+        future's result is a :class:`Built`, taken by
         :meth:`finish` on the launching thread. None when too many builds wait already (the
         interpreter keeps running the call).
         The background thread also loads the module, in the calling thread's CUDA context."""
@@ -150,7 +171,7 @@ class KernelCache:
                 src = make_src()
                 name = builder.name(src)
                 if name in loaded:
-                    return src, None, "loaded", None
+                    return Built(src, None, "loaded")
                 built = builder.get(src)
                 # loaded here too, in the calling thread's context: loading a module on the
                 # launching thread cost that thread milliseconds per build
@@ -162,8 +183,8 @@ class KernelCache:
                 except Exception:  # noqa: BLE001 - the launching thread loads it instead
                     if mod is not None:
                         drv.cuModuleUnload(mod)
-                    return src, built.cubin, built.origin, None
-                return src, built.cubin, built.origin, (mod, func)
+                    return Built(src, built.cubin, built.origin)
+                return Built(src, built.cubin, built.origin, Module(mod, func))
             finally:
                 with self._lock:
                     self._pending -= 1
@@ -181,28 +202,28 @@ class KernelCache:
     def finish(self, fut: "concurrent.futures.Future[Any]") -> Spec:
         """Load a finished background build (on the launching thread). Raises what the build
         raised."""
-        src, cubin, origin, mine = fut.result()
+        b = fut.result()
+        src, mine = b.src, b.loaded
         name = self._builder.name(src)
         loaded = self._spec_mods.get(name)
         if loaded is not None:
             self._spec_mods.move_to_end(name)
-            if mine is not None and mine[0] is not loaded[0]:
-                cu.driver().cuModuleUnload(mine[0])   # two builds of one kernel: keep the first
-            return self._spec(src, loaded[1], "loaded", name)
+            if mine is not None and mine.module is not loaded.module:
+                cu.driver().cuModuleUnload(mine.module)   # two builds of one kernel: keep the first
+            return self._spec(src, loaded.func, "loaded", name)
         if mine is not None:
             self._spec_mods[name] = mine
-            return self._spec(src, mine[1], origin, name)
-        if cubin is None:
-            cubin = self._builder.get(src).cubin
+            return self._spec(src, mine.func, b.origin, name)
+        cubin = b.cubin if b.cubin is not None else self._builder.get(src).cubin
         loaded = self._load(name, cubin, src)
-        return self._spec(src, loaded[1], origin, name)
+        return self._spec(src, loaded.func, b.origin, name)
 
-    def _load(self, name: str, cubin: bytes, src: SpecSource) -> tuple[Any, Any]:
+    def _load(self, name: str, cubin: bytes, src: SpecSource) -> Module:
         drv = cu.driver()
         mod = cu.check(drv.cuModuleLoadData(cubin), f"cuModuleLoadData({name})")
         func = cu.check(drv.cuModuleGetFunction(mod, src.kernel.encode()), "cuModuleGetFunction")
-        self._spec_mods[name] = (mod, func)
-        return mod, func
+        got = self._spec_mods[name] = Module(mod, func)
+        return got
 
     def _spec(self, src: SpecSource, func: Any, origin: str, name: str) -> Spec:
         drv = cu.driver()
@@ -223,8 +244,7 @@ class KernelCache:
                 break
             if name in in_use:
                 continue
-            mod, _ = self._spec_mods.pop(name)
-            drv.cuModuleUnload(mod)
+            drv.cuModuleUnload(self._spec_mods.pop(name).module)
             n += 1
         return n
 
@@ -241,8 +261,8 @@ class KernelCache:
         for m in self._modules.values():
             drv.cuModuleUnload(m)
         self._modules.clear()
-        for m, _ in self._spec_mods.values():
-            drv.cuModuleUnload(m)
+        for m in self._spec_mods.values():
+            drv.cuModuleUnload(m.module)
         self._spec_mods.clear()
         self._funcs.clear()
 

@@ -68,7 +68,8 @@ from __future__ import annotations
 import logging
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional, Sequence
+from functools import cached_property
+from typing import Any, Callable, ClassVar, NamedTuple, Optional, Sequence
 
 from mscclang.config import Settings, settings
 from mscclang.errors import InvalidCall, MscclangError, RegistrationError
@@ -92,6 +93,17 @@ def allocator_config() -> str:
 
 # ------------------------------------------------------------------------------------------
 # registrations
+
+
+class BufferName(NamedTuple):
+    """What a buffer is to zero-copy plans (``Executor.buffer_class``, the executor's cache keys):
+    ``kind`` 'sym' (a caller's symmetric allocation), 'internal' (the runtime's staging) or 'reg'
+    (a registration), and ``index``: the allocation's index or the registration's ``seq``. A
+    NamedTuple, not a dataclass: it is hashed in every memo and launch-entry lookup, and a
+    tuple's hash is the interpreter's own (no Python-level ``__hash__`` call)."""
+
+    kind: str
+    index: int
 
 
 @dataclass(eq=False)
@@ -122,9 +134,10 @@ class Region:
     uses: int = 0
     internal: ClassVar[bool] = False
 
-    @property
-    def index(self) -> tuple[str, int]:
-        return ("reg", self.seq)
+    @cached_property
+    def index(self) -> BufferName:
+        """This registration's name in the executor's caches (made once: ``seq`` never changes)."""
+        return BufferName("reg", self.seq)
 
     def alive(self) -> bool:
         """Whether the registered storage still lives here and the registration is not released."""
@@ -143,36 +156,42 @@ def _inside(p: int, n: int, obj: Any) -> bool:
     return obj.base <= p and p + n <= obj.base + obj.size
 
 
-def zero_copy_operands(sym_of: Callable[[int], Optional[tuple[Any, int]]], registry: Optional["Registry"],
-                       in_ptr: int, out_ptr: int, in_bytes: int,
-                       out_bytes: int) -> Optional[tuple[Any, int, Any, int]]:
-    """How a zero-copy plan reaches the buffers of a call: ``(input buffer, input delta, output
-    buffer, output delta)``, each buffer a symmetric allocation (not the runtime's internal
-    staging) or a live :class:`Region`, the delta being the call's offset in it; None when either
-    operand is neither (the call must be staged). ``sym_of(p)`` is
+@dataclass(frozen=True, slots=True)
+class ZeroCopy:
+    """How a zero-copy plan reaches a call's buffers: each a symmetric allocation (never the
+    runtime's internal staging) or a live :class:`Region`, the call's tensor at ``in_delta`` /
+    ``out_delta`` bytes from its base."""
+
+    in_buf: Any
+    in_delta: int
+    out_buf: Any
+    out_delta: int
+
+
+def zero_copy_operands(sym_of: Callable[[int], Any], registry: Optional["Registry"],
+                       in_ptr: int, out_ptr: int, in_bytes: int, out_bytes: int) -> Optional[ZeroCopy]:
+    """How a zero-copy plan reaches the buffers of a call (:class:`ZeroCopy`); None when either
+    operand is neither symmetric nor registered (the call must be staged). ``sym_of(p)`` is
     :meth:`mscclang.runtime.bootstrap.Communicator.symmetric_of`. A registered tensor matches when the
     call's tensor starts at its base (no larger); an input inside the output's registered tensor
     (in-place allgather), or an output inside the input's (in-place reduce-scatter), uses that one.
     Shared by the executor and the CPU test back end, so both decide alike."""
 
-    def one(p: int, n: int) -> Optional[tuple[Any, int]]:
+    def one(p: int, n: int) -> Any:
         s = sym_of(p)
         if s is not None:
-            return None if getattr(s[0], "internal", False) else (s[0], s[1])
-        if registry is None:
-            return None
-        g = registry.lookup(p, n)
-        return None if g is None else (g, 0)
+            return None if getattr(s, "internal", False) else s
+        return None if registry is None else registry.lookup(p, n)
 
     a = one(in_ptr, in_bytes)
     b = a if (out_ptr == in_ptr and out_bytes == in_bytes) else one(out_ptr, out_bytes)
-    if a is None and b is not None and _inside(in_ptr, in_bytes, b[0]):
-        a = (b[0], in_ptr - b[0].base)
-    if b is None and a is not None and _inside(out_ptr, out_bytes, a[0]):
-        b = (a[0], out_ptr - a[0].base)
+    if a is None and b is not None and _inside(in_ptr, in_bytes, b):
+        a = b
+    if b is None and a is not None and _inside(out_ptr, out_bytes, a):
+        b = a
     if a is None or b is None:
         return None
-    return a[0], a[1], b[0], b[1]
+    return ZeroCopy(a, in_ptr - a.base, b, out_ptr - b.base)
 
 
 class Registry:

@@ -100,7 +100,7 @@ class Context:
 @dataclass(frozen=True)
 class DevPlanKey:
     """A device plan's identity on its context: the sizes and the buffers its addresses name
-    (symmetric allocation indices or registrations' ``("reg", seq)``; None: the caller's)."""
+    (symmetric allocation indices or registrations' ``Region.index``; None: the caller's)."""
 
     in_bytes: int
     out_bytes: int
@@ -138,13 +138,29 @@ class EntryKey:
         return "staged" if self.mode == "staged" else f"zero-copy {self.in_buf} {self.out_buf}"
 
 
+@dataclass(frozen=True, slots=True)
+class SpecKey:
+    """A specialised kernel's identity in :attr:`LoadedPlan.spec`: the call's sizes, dtype,
+    packet type and reduce op, and a row-chunked plan's input row bytes (0: not rows)."""
+
+    in_bytes: int
+    out_bytes: int
+    dtype: str
+    packet: str
+    op: str
+    row: int = 0
+
+
 @dataclass
 class Pending:
-    """A launch entry running the interpreter while its specialised kernel is wanted: ``calls``
-    left before it is built (the 'hot' policy), or the background build in flight (``build``)."""
+    """A launch entry running the interpreter while its specialised kernel ``key`` is wanted:
+    ``calls`` left before it is built (the 'hot' policy), or the background build in flight
+    (``build``); ``sym_in``/``sym_out``: the buffers its device plan names (a rebuild needs them)."""
 
     calls: int
-    args: tuple
+    key: SpecKey
+    sym_in: Any = None
+    sym_out: Any = None
     build: Any = None
 
 
@@ -199,6 +215,19 @@ class Bound:
     epi: Optional[bytes] = None
 
 
+@dataclass(frozen=True, slots=True)
+class CachedAddresses:
+    """A device plan's :class:`~mscclang.runtime.device_plan.Addresses` as cached on its loaded
+    plan, with what they were made from: the context, the buffers (the objects, so a reused id
+    never matches) and the buffers' peer ``bases`` then."""
+
+    ctx: Any
+    sym_in: Any
+    sym_out: Any
+    bases: tuple
+    addr: Any
+
+
 @dataclass
 class LoadedPlan:
     """A plan accepted by this executor (load-time checks passed), with what the runtime built
@@ -214,15 +243,15 @@ class LoadedPlan:
     ctx: Optional[Context] = None
     retired: list = field(default_factory=list)
     fast: dict = field(default_factory=dict)     # EntryKey -> LaunchEntry
-    spec: dict = field(default_factory=dict)     # (in, out, dt, pkt, op) -> Spec or the reason not
+    spec: dict = field(default_factory=dict)     # SpecKey -> Spec or the reason not
     has_port: bool = False   # port channels on some rank: the interpreter runs it, with the proxy
     packets: bool = False    # this rank's blocks use LL packets (their offsets must suit the packet type)
-    engine_keys: list = field(default_factory=list)   # (src, dst, ordinal) of port channels between nodes
+    engine_keys: list = field(default_factory=list)   # engine.Key of each port channel between nodes
     serial: int = -1         # engine communicators' namespace (assigned collectively at first context)
     group_scratch: dict = field(default_factory=dict)   # (in, out bytes) -> scratch
     static: dict = field(default_factory=dict)   # this rank's device records that no size changes
     tables: dict = field(default_factory=dict)   # rank -> RankTables (size-free, made on first use)
-    addresses: dict = field(default_factory=dict)   # (id(ctx), id(in), id(out)) -> (ctx, in, out, bases, Addresses)
+    addresses: dict = field(default_factory=dict)   # (id(ctx), id(in), id(out)) -> CachedAddresses
     epi: Any = None   # EpiPlan (mscclang.runtime.epilogue): the plan runs on the epilogue kernels
 
     def table(self, rank: int) -> RankTables:

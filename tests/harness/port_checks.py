@@ -145,7 +145,7 @@ def ce_bandwidth(w: Any, nbytes: int = 256 << 20, peer_access: bool = False) -> 
     src = w.comm.alloc(nbytes // 4, torch.int32)
     dst = w.comm.alloc(nbytes // 4, torch.int32)
     got = w.comm.symmetric_of(dst.data_ptr())
-    peer = got[0].peer_bases[q] + got[1]
+    peer = got.peer_bases[q] + dst.data_ptr() - got.base
     s = cu.check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
     cs = torch.cuda.ExternalStream(cu.ptr(s))
 
