@@ -9,8 +9,8 @@ number of actors whose vector clocks it keeps. :func:`estimate_verify` adds thes
 alone (no allocation), so a run that cannot fit is refused at once, with a message that says what
 it would need, which limit it exceeds and the environment variable that raises the limit:
 
-* ``MSCCLANG_SIM_MAX_MEMORY``: bytes a simulation may use (default: half the machine's memory,
-  at most 8 GiB; suffixes K, M, G, T);
+* ``MSCCLANG_SIM_MAX_MEMORY``: bytes a simulation may use (default: three quarters of the
+  machine's memory; suffixes K, M, G, T);
 * ``MSCCLANG_SIM_MAX_SECONDS``: seconds a ``verify`` (or one ``run``) may take (default 600).
 
 The time estimate is deliberately optimistic (it refuses only what clearly cannot finish in
