@@ -226,14 +226,15 @@ class EnvChoice(EnvSetting[str]):
 
 
 def default_sim_max_memory() -> int:
-    """Half the machine's physical memory, at most 8 GiB (8 GiB when it cannot be read): the
-    default of ``MSCCLANG_SIM_MAX_MEMORY``."""
+    """Three quarters of the machine's physical memory (8 GiB when it cannot be read; at least
+    1 GiB): the default of ``MSCCLANG_SIM_MAX_MEMORY``. No fixed cap: a simulation that fits in
+    the machine's memory is not refused for a fixed cap."""
     cap = 8 << 30
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return cap
-    return int(min(cap, max(total // 2, 1 << 30)))
+    return int(max(total * 3 // 4, 1 << 30))
 
 
 class Settings:
@@ -376,7 +377,7 @@ class Settings:
         minimum=1, error=LimitError)
     sim_max_memory = EnvBytes(
         "MSCCLANG_SIM_MAX_MEMORY", default_sim_max_memory, "bytes one simulation may use",
-        minimum=1, default_doc="half the machine's memory, at most 8 GiB", error=LimitError)
+        minimum=1, default_doc="three quarters of the machine's memory", error=LimitError)
     sim_max_seconds = EnvFloat(
         "MSCCLANG_SIM_MAX_SECONDS", 600.0, "seconds a verify (or one run) may take", error=LimitError)
 

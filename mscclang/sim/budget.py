@@ -9,8 +9,8 @@ number of actors whose vector clocks it keeps. :func:`estimate_verify` adds thes
 alone (no allocation), so a run that cannot fit is refused at once, with a message that says what
 it would need, which limit it exceeds and the environment variable that raises the limit:
 
-* ``MSCCLANG_SIM_MAX_MEMORY``: bytes a simulation may use (default: half the machine's memory,
-  at most 8 GiB; suffixes K, M, G, T);
+* ``MSCCLANG_SIM_MAX_MEMORY``: bytes a simulation may use (default: three quarters of the
+  machine's memory; suffixes K, M, G, T);
 * ``MSCCLANG_SIM_MAX_SECONDS``: seconds a ``verify`` (or one ``run``) may take (default 600).
 
 The time estimate is deliberately optimistic (it refuses only what clearly cannot finish in
@@ -43,7 +43,10 @@ _MEM_PER_FOOTPRINT_BYTE = 2.5    # buffers, plus packet, read and reduce tempora
 _MEM_PER_INDEX_ENTRY = 8 * 1.6   # postcondition index arrays: int64 per output element and source
 _MEM_PER_DRAWN = 8 * 1.5         # random inputs are drawn as float64
 _MEM_PER_OP_OBJECT = 1000        # one resolved op (COp, groups, pieces) of a compiled program
-_MEM_PER_ACTOR_PAIR = 450        # vector clocks: several per actor, one int64 entry per actor
+_MEM_PER_ACTOR_PAIR = 8 * 4 * 1.25  # vector clocks: 4 per actor (vc, rvc and their published copies),
+#                                   one int64 entry per actor, plus the wait edges' joins (was 450,
+#                                   fitted at 32 ranks or fewer where clocks are small: 10x too high
+#                                   at 128 ranks, where they dominate)
 _MEM_PER_ACCESS = 256            # one access in the race log (kept until overwritten)
 _SEC_PER_OP = 4e-6               # one op executed (generator step, scheduling)
 _SEC_PER_OPERAND = 3.5e-6        # one operand of an executed op (read/write, race log)
@@ -190,6 +193,25 @@ def size_cost(plan: Plan, size: int, input_bytes: int, output_bytes: int, row_by
                     chunks, signals, packet_writes, op_bytes)
 
 
+#: the most memory the symbolic shadows of one run may take (a larger run is skipped)
+SYMBOLIC_BUDGET = 256 << 20
+
+
+def _granule(plan: Plan, c: SizeCost, row_bytes: int = 0) -> int:
+    """The largest power of two (4 .. 4096) dividing the message's buffer and chunk sizes and
+    the pipelines' unit sizes: bytes per row of the symbolic shadow, at most what the run uses."""
+    lay = make_layout(plan, 0, c.input_bytes, c.output_bytes, row_bytes)
+    vals = [c.input_bytes, c.output_bytes, lay.chunk_bytes, lay.input.chunk_bytes, lay.input.block_bytes,
+            lay.output.chunk_bytes, lay.output.block_bytes] + [
+        op.iter_context.unit_size for g in plan.gpus for tb in g.threadblocks for op in tb.ops
+        if op.iter_context is not None]
+    g = 4096
+    for v in vals:
+        while g > 4 and v % g:
+            g //= 2
+    return g
+
+
 def _actors(plan: Plan) -> int:
     return sum(len(g.threadblocks) + 1 + len(g.peers(ChannelType.port)) for g in plan.gpus)
 
@@ -240,9 +262,11 @@ def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: i
             c = size_cost(plan, *symbolic_size)
         except MscclangError:
             c = None
-        if c is not None:
-            nsym = len(plan.gpus) * max(plan.gpus[0].input_chunks, 1)
-            shadow = (c.footprint // 4 + 1) * nsym * 2 * (1 + launches)
+        nsym = len(plan.gpus) * max(plan.gpus[0].input_chunks, 1)
+        row = symbolic_size[3] if len(symbolic_size) > 3 else 0
+        rows = (c.footprint // _granule(plan, c, row) + 1) if c is not None else 0
+        if c is not None and rows * nsym * 2 <= SYMBOLIC_BUDGET:   # else verify skips the symbolic run
+            shadow = rows * nsym * 2 * (1 + launches)
             peak_run = max(peak_run, c.footprint * _MEM_PER_FOOTPRINT_BYTE + launches * c.outputs + shadow)
             seconds += launches * (c.op_execs * _SEC_PER_OP + c.operand_execs * _SEC_PER_OPERAND
                                    + shadow * _SEC_PER_BYTE)

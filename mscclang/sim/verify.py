@@ -15,7 +15,7 @@ from mscclang.errors import MscclangError, PlanError, VerificationError
 from mscclang.plan.collectives import CollectiveSpec, check_senders, collective, spec_from_plan
 from mscclang.plan.layout import scratch_bytes_needed
 from mscclang.plan.models import REDUCE_OP_NAMES, BufferKind, Plan
-from mscclang.sim.budget import Deadline, Estimate, Limits, estimate_runs
+from mscclang.sim.budget import SYMBOLIC_BUDGET, Deadline, Estimate, Limits, estimate_runs
 from mscclang.sim.consistency import (check_numeric_consistency, check_symbolic_consistency, consistency_level,
                                       drop_numeric_duplicates)
 from mscclang.sim.dtypes import accumulates, dtype_name, parse_dtype
@@ -42,8 +42,6 @@ def _block_chunks(plan: Plan) -> int:
 
 #: the largest row of a symbolic shadow, in bytes (see :func:`symbolic_granule`)
 MAX_SYMBOLIC_GRANULE = 4096
-#: the most memory the symbolic shadows of one run may take
-SYMBOLIC_BUDGET = 256 << 20
 
 
 def default_sizes(plan: Plan) -> list[int]:

@@ -56,3 +56,15 @@ def test_fallback_logged_once(pool, own_gpus):
     for r in res:
         assert r["bad"] == 0 and r["mode"] == "nccl"
         assert len(r["logged"]) == 1, r["logged"]
+
+
+def test_warm_up_loads_what_later_calls_run(pool):
+    """Communicator.warm_up on the GPU: every warmed call ran a plan (none fell back), later calls
+    of sizes it never ran use only plans it warmed, and every rank holds the same bytes after."""
+    res = pool.run(f"{C}:check_warm_up")
+    assert all(r["warmed"] == res[0]["warmed"] for r in res), "every rank warms alike"
+    assert res[0]["warmed"] and not any(m == "nccl" for *_, m in res[0]["warmed"]), res[0]["warmed"]
+    seen = {(c, p) for c, _, _, p, _ in res[0]["warmed"]}
+    for r in res:
+        assert set(r["later"]) <= seen, set(r["later"]) - seen
+        assert r["digests"] == res[0]["digests"], "ranks differ after the warm-up"

@@ -267,3 +267,31 @@ def check_fallback_logged_once(w: Any) -> dict:
         logging.getLogger("mscclang.comm").removeHandler(h)
     return {"rank": w.rank, "bad": bad, "mode": mode,
             "logged": [m for m in records if "falls back" in m]}
+
+
+def check_warm_up(w: Any, max_bytes: int = 4 << 20) -> dict:
+    """``Communicator.warm_up`` on the GPU runtime, then all_reduce and all_gather at sizes the
+    warm-up never ran: the plans those calls run (every one warmed), what they returned (every
+    rank's bytes, gathered by the caller) and the warm-up's records."""
+    import random
+
+    import torch
+
+    comm = communicator(w)
+    warmed = comm.warm_up(["all_reduce", "all_gather"], dtype=torch.bfloat16, max_bytes=max_bytes)
+    rng = random.Random(11)
+    n = w.world_size
+    later, digests = [], []
+    for _ in range(6):
+        k = rng.randrange(1, max_bytes // 2 // n)
+        x = torch.randn(k * n, generator=torch.Generator().manual_seed(k + w.rank)).to(
+            device=comm.device, dtype=torch.bfloat16)
+        comm.all_reduce(x)
+        later.append(("allreduce", comm.last.plan.name if comm.last.plan is not None else None))
+        y = comm.all_gather(x[:k])
+        later.append(("allgather", comm.last.plan.name if comm.last.plan is not None else None))
+        _sync(comm)
+        digests.append((x.view(torch.int16).cpu().tolist()[:64], int(x.view(torch.int16).sum()),
+                        int(y.view(torch.int16).sum())))
+    return {"warmed": [(c.collective, c.nbytes, c.buffers, c.plan, c.mode) for c in warmed],
+            "later": later, "digests": digests}

@@ -1,0 +1,225 @@
+"""The verify budget's estimates (:mod:`mscclang.sim.budget`) against measured runs.
+
+For every case (a plan built here: rings, full meshes, the library's LL plans, up to 1000 ranks,
+and the ``verify`` arguments it runs with) a fresh process builds the plan, takes
+:func:`~mscclang.sim.verify.estimate_verify` of the run, then runs
+:func:`~mscclang.sim.verify.verify` and measures its wall time (``time.perf_counter``) and its
+peak memory (``ru_maxrss`` of that process, which the estimate's interpreter base covers). One
+row per case: estimate, measurement and their ratio (estimate / measured), printed as text or
+written as a markdown table (``--markdown FILE``). ``--only NAME,...`` picks cases; ``--max-ranks``
+leaves out the larger ones.
+
+    python3 tools/budget_table.py [--only CASES] [--max-ranks N] [--markdown notes/table.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row: a plan (``kind`` at ``ranks`` ranks) and the verify arguments it runs with
+    (``sizes`` None: the default sizes; ``schedules``)."""
+
+    name: str
+    kind: str
+    ranks: int
+    schedules: int = 10
+    sizes: Optional[tuple[int, ...]] = None
+
+
+@dataclass
+class Row:
+    """What one case estimated and measured (seconds, bytes)."""
+
+    case: str
+    ranks: int
+    est_seconds: float
+    seconds: float
+    est_memory: int
+    memory: int
+    ok: bool
+
+    @property
+    def time_ratio(self) -> float:
+        return self.est_seconds / max(self.seconds, 1e-9)
+
+    @property
+    def memory_ratio(self) -> float:
+        return self.est_memory / max(self.memory, 1)
+
+
+def ring_allgather(n: int):
+    """A ring allgather (zero-copy, symmetric buffers): after a ready word from the next rank,
+    every rank forwards, in ``n - 1`` steps, the chunk it got last into the next rank's output,
+    signalling it after each step and waiting for the previous rank's signal: a dependency chain
+    ``n - 1`` signals long."""
+    from mscclang.algorithms.common import (data_handshake, input_of, library_program, mesh, output_of,
+                                            ready_handshake)
+    from mscclang.dsl import AllGather, Rank
+
+    prog = library_program("ring_allgather", AllGather, n, 1, False, "Simple", 512, None, 0, 1 << 40)
+    with prog:
+        pairs = [(r, p) for r in range(n) for p in sorted({(r + 1) % n, (r - 1) % n})]
+        ch = mesh(n, pairs)
+        for r in range(n):
+            nxt, prv = (r + 1) % n, (r - 1) % n
+            ready_handshake(ch, r, to=[prv], frm=[nxt], tb=0)
+            Rank(r).copy(output_of(r)[r], input_of(r)[0], tb=0)
+            for s in range(n - 1):
+                c = (r - s) % n
+                ch[(r, nxt)].put(output_of(nxt)[c], output_of(r)[c], tb=0)
+                data_handshake(ch, r, to=[nxt], frm=[prv], tb=0)
+    return prog.to_plan()
+
+
+def build_plan(kind: str, n: int):
+    """The plan of a case: ``ring_allgather``, ``full_mesh`` (every rank signals every other),
+    or a library algorithm's builder at ``n`` ranks (any rank count)."""
+    from mscclang.algorithms import ALGORITHMS
+    from mscclang.plan import load_plan
+    from tools.fuzz import fully_connected_plan
+
+    if kind == "ring_allgather":
+        return ring_allgather(n)
+    if kind == "full_mesh":
+        return load_plan(fully_connected_plan(n))
+    info = ALGORITHMS[kind]
+    return info.builder(n, instances=1, num_threads_per_block=info.default_threads,
+                        inplace=info.inplace_modes[0], min_message_size=info.min_message_size,
+                        max_message_size=info.max_message_size)
+
+
+CASES: tuple[Case, ...] = (
+    Case("ring_allgather.r8", "ring_allgather", 8),
+    Case("ring_allgather.r32", "ring_allgather", 32, 2),
+    Case("ring_allgather.r128", "ring_allgather", 128, 1, (4096,)),
+    Case("sendrecv_simple.r1000 (ring)", "sendrecv_simple", 1000, 2, (16000,)),
+    Case("sendrecv_ll.r128 (ring)", "sendrecv_ll", 128, 4),
+    Case("full_mesh.r32", "full_mesh", 32),
+    Case("full_mesh.r128", "full_mesh", 128, 2),
+    Case("full_mesh.r1000", "full_mesh", 1000, 1, (16,)),
+    Case("allgather_simple.r32", "allgather_simple", 32, 2),
+    Case("allgather_zero_copy.r32", "allgather_zero_copy", 32, 2),
+    Case("allreduce_rsag_simple.r8", "allreduce_rsag_simple", 8),
+    Case("allgather_ll.r8", "allgather_ll", 8),
+    Case("allgather_ll.r32", "allgather_ll", 32, 2),
+    Case("allgather_ll.r128", "allgather_ll", 128, 1, (2048,)),
+    Case("allreduce_oneshot_ll.r8", "allreduce_oneshot_ll", 8),
+    Case("allreduce_oneshot_ll.r32", "allreduce_oneshot_ll", 32, 1, (512,)),
+    Case("allreduce_twostep_ll.r32", "allreduce_twostep_ll", 32, 1, (4096,)),
+    Case("reducescatter_ll.r32", "reducescatter_ll", 32, 2),
+    Case("alltoall_ll.r32", "alltoall_ll", 32, 1, (16384,)),
+    Case("broadcast_ll.r128", "broadcast_ll", 128, 2),
+)
+
+
+PLAN_DIR = Path("/tmp/budget_table_plans")
+
+
+def plan_file(case: Case) -> Path:
+    """``case``'s plan as a JSON file (built once, kept in :data:`PLAN_DIR`)."""
+    from mscclang.plan import plan_to_dict
+
+    f = PLAN_DIR / f"{case.kind}.r{case.ranks}.json"
+    if not f.exists():
+        PLAN_DIR.mkdir(exist_ok=True)
+        f.write_text(json.dumps(plan_to_dict(build_plan(case.kind, case.ranks))))
+    return f
+
+
+def measure(case: Case) -> Row:
+    """Load ``case``'s plan (as ``mscclang verify`` does), estimate and run its verify in this
+    process (call it in a fresh one: the peak is the process's)."""
+    import resource
+    import time
+
+    from mscclang.sim.dtypes import parse_dtype
+    from mscclang.sim.runner import default_launches
+    from mscclang.sim.verify import DEFAULT_DTYPES, default_sizes, estimate_verify, verify
+
+    from mscclang.plan import load_plan
+
+    plan = load_plan(plan_file(case))
+    sizes = list(case.sizes) if case.sizes else default_sizes(plan)
+    dts = [parse_dtype(d) for d in DEFAULT_DTYPES]
+    est = estimate_verify(plan, sizes, dts, case.schedules, default_launches(plan))
+    t = time.perf_counter()
+    rep = verify(plan, sizes=sizes, schedules=case.schedules)
+    seconds = time.perf_counter() - t
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return Row(case.name, case.ranks, est.seconds, seconds, est.memory_bytes, peak, rep.passed())
+
+
+def _run_case(case: Case, timeout: float) -> Optional[Row]:
+    plan_file(case)
+    env_path = str(ROOT)
+    r = subprocess.run([sys.executable, __file__, "--one", case.name], capture_output=True, text=True,
+                       timeout=timeout, cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": env_path,
+                                                       "MSCCLANG_SIM_MAX_MEMORY": "64G",
+                                                       "MSCCLANG_SIM_MAX_SECONDS": "100000"})
+    if r.returncode != 0:
+        print(f"{case.name}: failed\n{r.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return Row(**json.loads(r.stdout.strip().splitlines()[-1]))
+
+
+def _gib(b: int) -> str:
+    return f"{b / 2**30:.3g} GiB" if b >= 2**30 else f"{b / 2**20:.0f} MiB"
+
+
+def markdown(rows: list[Row]) -> str:
+    """The rows as a markdown table."""
+    out = ["| case | ranks | est. time | measured | est./meas. | est. memory | measured peak | est./meas. |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r.case} | {r.ranks} | {r.est_seconds:.3g} s | {r.seconds:.3g} s | {r.time_ratio:.2f} | "
+                   f"{_gib(r.est_memory)} | {_gib(r.memory)} | {r.memory_ratio:.2f} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """See the module docstring; exit status 1 when a row is off by more than 2x either way."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--max-ranks", type=int, default=1 << 30)
+    ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--timeout", type=float, default=1800)
+    a = ap.parse_args(argv)
+    by_name: dict[str, Case] = {c.name: c for c in CASES}
+    if a.one:
+        print(json.dumps(asdict(measure(by_name[a.one]))))
+        return 0
+    picked = [c for c in CASES if (not a.only or c.name in a.only.split(",")) and c.ranks <= a.max_ranks]
+    rows: list[Row] = []
+    bad = 0
+    for c in picked:
+        row = _run_case(c, a.timeout)
+        if row is None:
+            bad += 1
+            continue
+        rows.append(row)
+        off = not (0.5 <= row.time_ratio <= 2 and 0.5 <= row.memory_ratio <= 2)
+        bad += off
+        print(f"{row.case:34s} time {row.est_seconds:9.3g} / {row.seconds:9.3g} s = {row.time_ratio:5.2f}   "
+              f"memory {_gib(row.est_memory):>10s} / {_gib(row.memory):>10s} = {row.memory_ratio:5.2f}"
+              f"{'  OFF' if off else ''}", flush=True)
+    if a.markdown:
+        a.markdown.write_text(markdown(rows))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
