@@ -33,7 +33,7 @@ def test_runs_under_torchrun_on_the_cpu():
     for r in (0, 1):
         # on a CPU every call falls back: gloo is compared with gloo, and the script says so
         assert (f"graph_allreduce: rank {r}: 3 eager calls (no CUDA: gloo, no graph) of 1000 bf16 "
-                "elements: match gloo (fallback: no mscclang plan ran)\n") in p.stdout
+                "elements: match gloo (fallback: no mscclang plan ran)") in p.stdout   # the ranks' lines may interleave
     assert "Traceback" not in p.stderr
 
 
