@@ -320,7 +320,7 @@ def _refused_at_load(plan) -> bool:
     epilogue kernels, never the specialised one)."""
     from mscclang.errors import PlanError
 
-    if plan.uses_port_channels() or plan.epilogue_ops():
+    if plan.uses_port_channels() or plan.has_epilogue_ops():
         return True
     try:
         dp.check_runnable(plan)

@@ -218,7 +218,7 @@ class _Checker:
         if plan.replicated_residual is not None and not fused:
             raise PlanError(f"'replicated_residual' is about the residual of {FUSED_NORM} plans, not "
                             f"{plan.collective}", "replicated_residual")
-        if fused and not plan.epilogue_ops():
+        if fused and not plan.has_epilogue_ops():
             raise PlanError(f"an {FUSED_NORM} plan adds the residual and normalises: it needs radd and rmsnorm "
                             "ops (docs/semantics.md, \"Epilogue ops\")", "collective")
         if plan.chunk_unit is not None and not fused:

@@ -115,12 +115,20 @@ class Layout:
     alignment: int
     input_bytes: int
     output_bytes: int
+    #: :func:`scratch_factor` of the plan: allocated scratch bytes per plain slot byte
+    scratch_factor: int = 1
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def scratch_bytes(self) -> int:
         """Plain bytes of scratch (before packet doubling and double buffering)."""
         return self.chunk_bytes * self.scratch_chunks
+
+    @property
+    def scratch_alloc_bytes(self) -> int:
+        """Bytes of scratch the rank allocates: the plain slots times :attr:`scratch_factor`
+        (doubled for LL packets, doubled again with double scratch buffering)."""
+        return self.scratch_bytes * self.scratch_factor
 
     def grid(self, kind: BufferKind) -> Optional[Grid]:
         """The chunk grid of a user buffer; the residual (plan/2) has the input's."""
@@ -264,11 +272,21 @@ def row_units(plan: Plan, input_bytes: int, output_bytes: int, row_bytes: int) -
     return row_bytes, output_bytes // rows
 
 
-def make_layout(plan: Plan, rank: int, input_bytes: int, output_bytes: int, row_bytes: int = 0) -> Layout:
+def make_layouts(plan: Plan, input_bytes: int, output_bytes: int, row_bytes: int = 0) -> list[Layout]:
+    """:func:`make_layout` of every rank (the plan's :func:`scratch_factor` found once, not once
+    per rank: a per-rank scan of the whole plan is quadratic in the ranks)."""
+    factor = scratch_factor(plan)
+    return [make_layout(plan, r, input_bytes, output_bytes, row_bytes, factor=factor)
+            for r in range(len(plan.gpus))]
+
+
+def make_layout(plan: Plan, rank: int, input_bytes: int, output_bytes: int, row_bytes: int = 0, *,
+                factor: Optional[int] = None) -> Layout:
     """Layout of ``rank``'s buffers for one call with the given byte sizes. A plan whose
     ``chunk_unit`` is ``"row"`` (fused plans whose chunks are whole rows) cuts its user buffers
     in rows instead of ``buffer_alignment`` units: ``row_bytes`` is the call's input row
-    (:func:`row_units`); other plans ignore it."""
+    (:func:`row_units`); other plans ignore it. ``factor``: the plan's :func:`scratch_factor`
+    when the caller has it (else it is found here, a walk over the plan's ops)."""
     if not 0 <= rank < len(plan.gpus):
         raise PlanError(f"rank {rank} is not in the plan (it has {len(plan.gpus)} ranks)")
     gpu = plan.gpus[rank]
@@ -296,18 +314,15 @@ def make_layout(plan: Plan, rank: int, input_bytes: int, output_bytes: int, row_
         alignment=a,
         input_bytes=input_bytes,
         output_bytes=output_bytes,
+        scratch_factor=scratch_factor(plan) if factor is None else factor,
     )
 
 
-def scratch_bytes_needed(plan: Plan, layout: Layout) -> int:
-    """Bytes of scratch one rank needs: plain slots, doubled for LL packets, doubled again with
-    double scratch buffering."""
-    nbytes = layout.scratch_bytes
-    if plan.protocol == "LL" or _has_packet_scratch(plan):
-        nbytes *= 2
-    if plan.use_double_scratch_buffer:
-        nbytes *= 2
-    return nbytes
+def scratch_factor(plan: Plan) -> int:
+    """Allocated scratch bytes per plain slot byte: 2 for LL packets (an LL plan, or one with
+    packet ops), times 2 again with double scratch buffering."""
+    f = 2 if plan.protocol == "LL" or _has_packet_scratch(plan) else 1
+    return f * 2 if plan.use_double_scratch_buffer else f
 
 
 def _has_packet_scratch(plan: Plan) -> bool:

@@ -551,6 +551,12 @@ class Plan(_Strict):
             raise PlanError(f"rank {rank} is not in the plan (it has {len(self.gpus)} ranks)")
         return self.gpus[rank]
 
+    def has_epilogue_ops(self) -> bool:
+        """Whether some op (or pipeline inner op) is an epilogue op (:data:`EPILOGUE_OPS`): the
+        plan/2 fused collective's residual exists. Stops at the first one."""
+        return any(op.name in EPILOGUE_OPS or (op.ops and any(i.name in EPILOGUE_OPS for i in op.ops))
+                   for g in self.gpus for tb in g.threadblocks for op in tb.ops)
+
     def epilogue_ops(self) -> list[tuple[str, "Op"]]:
         """Every epilogue op (:data:`EPILOGUE_OPS`) with its JSON path, pipeline inner ops
         after their pipeline."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from mscclang.errors import PlanError
-from mscclang.plan.layout import Layout, Piece, make_layout, pipeline_iterations, scratch_bytes_needed
+from mscclang.plan.layout import Layout, Piece, make_layout, make_layouts, pipeline_iterations
 from mscclang.plan.models import RELAXED_OPS, SEMAPHORE_OPS, SIGNAL_OPS, SYNC_OPS, WAIT_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, Plan, ThreadBlock
 from mscclang.runtime.device_plan import (
     DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_RADD, DOP_RMSNORM, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE,
@@ -469,9 +469,7 @@ def pack_blocks(plan: Plan, rank: int, input_bytes: int, output_bytes: int,
     layout = make_layout(plan, rank, input_bytes, output_bytes, row_bytes)
     pk = _Packer(plan, rank, layout, static)
     blocks = [pk.block(tb) for tb in plan.gpus[rank].threadblocks]
-    sb = scratch_bytes_needed(plan, layout)
-    if pk.uses_packets and not (plan.protocol == "LL"):
-        pass  # scratch_bytes_needed already doubles for plans with packet ops
+    sb = layout.scratch_alloc_bytes
     return PackedRank(rank, input_bytes, output_bytes, layout, blocks, sb, pk.packet_align, pk.uses_packets,
                       pk.port.script(), pk.norms)
 
@@ -481,7 +479,6 @@ def group_scratch_bytes(plan: Plan, input_bytes: int, output_bytes: int, row_byt
     this much: making or growing a plan's context is collective (a store barrier, and every peer
     maps the new scratch), so the decision must be the same on every rank, which a rank's own
     need is not when the plan gives ranks different scratch (a receiver's, not a sender's)."""
-    return max(scratch_bytes_needed(plan, make_layout(plan, q, input_bytes, output_bytes, row_bytes))
-               for q in range(len(plan.gpus)))
+    return max(lay.scratch_alloc_bytes for lay in make_layouts(plan, input_bytes, output_bytes, row_bytes))
 
 

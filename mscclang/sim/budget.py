@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 
 from mscclang.errors import LimitError, MscclangError
 from mscclang.plan.collectives import spec_from_plan
-from mscclang.plan.layout import make_layout, scratch_bytes_needed
+from mscclang.plan.layout import make_layout, make_layouts
 from mscclang.config import Settings, settings
 from mscclang.plan.models import PACKET_OPS, SIGNAL_OPS, ChannelType, Plan
 from mscclang.units import format_bytes
@@ -152,10 +152,9 @@ def size_cost(plan: Plan, size: int, input_bytes: int, output_bytes: int, row_by
     the layout's PlanError for sizes the collective does not allow."""
     footprint = outputs = chunks = 0
     op_execs = operand_execs = chunk_refs = signals = packet_writes = op_bytes = 0
-    residual = input_bytes if plan.epilogue_ops() else 0   # the fused collective's residual
-    for r, g in enumerate(plan.gpus):
-        lay = make_layout(plan, r, input_bytes, output_bytes, row_bytes)
-        footprint += input_bytes + output_bytes + residual + scratch_bytes_needed(plan, lay)
+    residual = input_bytes if plan.has_epilogue_ops() else 0   # the fused collective's residual
+    for r, (g, lay) in enumerate(zip(plan.gpus, make_layouts(plan, input_bytes, output_bytes, row_bytes))):
+        footprint += input_bytes + output_bytes + residual + lay.scratch_alloc_bytes
         outputs += output_bytes
         chunks += g.input_chunks + g.output_chunks + g.scratch_chunks
         cb = max(lay.chunk_bytes, 1)

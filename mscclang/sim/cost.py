@@ -37,7 +37,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from mscclang.errors import PlanError
-from mscclang.plan.layout import make_layout
+from mscclang.plan.layout import make_layouts
 from mscclang.plan.models import SIGNAL_OPS, SYNC_OPS, WAIT_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, Plan
 from mscclang.plan.topology import Topology as NodeLayout, check_topology
 
@@ -183,7 +183,7 @@ class _Block:
 class _Model:
     def __init__(self, plan: Plan, topo: Topology, in_bytes: int, out_bytes: int, row_bytes: int = 0) -> None:
         self.plan, self.topo, self.m = plan, topo, topo.model
-        self.layouts = [make_layout(plan, r, in_bytes, out_bytes, row_bytes) for r in range(plan.world_size)]
+        self.layouts = make_layouts(plan, in_bytes, out_bytes, row_bytes)
         self.signals: dict[tuple, list[float]] = {}    # (rank, type, channel) -> visible times
         self.waits: dict[tuple, int] = {}               # (rank, type, channel) -> waits consumed
         self.written: dict[tuple, float] = {}           # (rank, scratch chunk) -> packets land

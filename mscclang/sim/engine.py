@@ -100,7 +100,8 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         self.max_steps = max_steps
         #: checked at every step: a run past its time limit stops with a LimitError
         self.deadline = deadline
-        self.mem = [RankMemory(plan, self.spec, r, program.layouts[r], nsym, sym_granule)
+        residual = plan.has_epilogue_ops()
+        self.mem = [RankMemory(plan, self.spec, r, program.layouts[r], nsym, sym_granule, residual)
                     for r in range(self.n)]
         self.inputs = inputs
         self.problems: list[Problem] = []

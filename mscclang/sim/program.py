@@ -17,7 +17,7 @@ from mscclang.plan.layout import (
     Piece,
     group_slice,
     iteration_slice,
-    make_layout,
+    make_layouts,
     near_equal_split,
     pipeline_iterations,
     total_length,
@@ -316,7 +316,7 @@ def sim_program(plan: Plan, input_bytes: int, output_bytes: int, row_bytes: int 
     """Resolve every op of every block of ``plan`` for the given byte sizes (``row_bytes``: a
     row-chunked fused plan's input row, :func:`mscclang.plan.layout.make_layout`)."""
     n = len(plan.gpus)
-    layouts = [make_layout(plan, r, input_bytes, output_bytes, row_bytes) for r in range(n)]
+    layouts = make_layouts(plan, input_bytes, output_bytes, row_bytes)
     res = _Resolver(plan, layouts)
     align = plan.buffer_alignment
     blocks: list[list[list[COp]]] = []

@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 
 from mscclang.plan.collectives import CollectiveSpec
-from mscclang.plan.layout import Layout, scratch_bytes_needed
+from mscclang.plan.layout import Layout
 from mscclang.plan.models import BufferKind, Plan
 
 
@@ -23,7 +23,7 @@ class RankMemory:
     """Buffers of one rank. Storage keys: ``"in"``, ``"out"``, ``"scr"``."""
 
     def __init__(self, plan: Plan, spec: CollectiveSpec, rank: int, layout: Layout,
-                 nsym: int = 0, granule: int = 4) -> None:
+                 nsym: int = 0, granule: int = 4, residual: bool = False) -> None:
         self.rank = rank
         self.layout = layout
         ib, ob = layout.input_bytes, layout.output_bytes
@@ -46,10 +46,11 @@ class RankMemory:
             self.storage["out"] = np.zeros(ob, dtype=np.uint8)
             self.alias[BufferKind.input] = ("in", 0)
             self.alias[BufferKind.output] = ("out", 0)
-        # plan/2: the residual, laid out as the input (empty when the plan has no epilogue)
-        self.storage["res"] = np.zeros(ib if plan.epilogue_ops() else 0, dtype=np.uint8)
+        # plan/2: the residual, laid out as the input (empty when the plan has no epilogue:
+        # ``residual``, Plan.has_epilogue_ops, found once for every rank by the caller)
+        self.storage["res"] = np.zeros(ib if residual else 0, dtype=np.uint8)
         self.alias[BufferKind.residual] = ("res", 0)
-        sb = scratch_bytes_needed(plan, layout)
+        sb = layout.scratch_alloc_bytes
         sb += (-sb) % 8
         self.storage["scr"] = np.zeros(sb, dtype=np.uint8)
         self.alias[BufferKind.scratch] = ("scr", 0)

@@ -13,7 +13,6 @@ import numpy as np
 
 from mscclang.errors import MscclangError, PlanError, VerificationError
 from mscclang.plan.collectives import CollectiveSpec, check_senders, collective, spec_from_plan
-from mscclang.plan.layout import scratch_bytes_needed
 from mscclang.plan.models import REDUCE_OP_NAMES, BufferKind, Plan
 from mscclang.sim.budget import SYMBOLIC_BUDGET, Deadline, Estimate, Limits, estimate_runs
 from mscclang.sim.consistency import (check_numeric_consistency, check_symbolic_consistency, consistency_level,
@@ -129,7 +128,7 @@ def symbolic_granule(prog: Program) -> int:
                             (BufferKind.output, lay.output.num_chunks)):
             for c in range(count):
                 vals.extend(lay.span(kind, c))
-        sb = scratch_bytes_needed(plan, lay)
+        sb = lay.scratch_alloc_bytes
         sb += (-sb) % 8
         vals.append(sb // 2 if plan.use_double_scratch_buffer else sb)
 
@@ -159,7 +158,7 @@ def symbolic_bytes(prog: Program, nsym: int, granule: int) -> int:
     plan = prog.plan
     rows = 0
     for lay in prog.layouts:
-        sb = scratch_bytes_needed(plan, lay)
+        sb = lay.scratch_alloc_bytes
         for nbytes in (lay.input_bytes, lay.output_bytes, sb + (-sb) % 8):
             rows += -(-nbytes // granule)
     return rows * nsym * 2
