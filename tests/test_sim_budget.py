@@ -284,3 +284,92 @@ def test_symbolic_shadow_is_estimated_as_verify_allocates_it():
     with_sym = estimate_verify(plan, [16384], dts, 1, 3, symbolic=True)
     without = estimate_verify(plan, [16384], dts, 1, 3, symbolic=False)
     assert with_sym.memory_bytes < 2 * without.memory_bytes
+
+
+def _ring_plan(n: int):
+    from mscclang.algorithms import ALGORITHMS
+
+    return ALGORITHMS["sendrecv_simple"].builder(n, instances=1, num_threads_per_block=512)
+
+
+def test_plan_wide_facts_are_found_once_per_run_not_once_per_rank(monkeypatch):
+    """Whether a plan has packet scratch or epilogue ops is a walk over every op of every rank;
+    the simulator and the budget asked it once per rank (per run and size), so a 128-rank ring
+    spent 50 of its 67 s of verify rescanning the plan and a 1000-rank ring took 4x its
+    estimate. The number of walks must not grow with the ranks."""
+    import mscclang.plan.layout as layout
+    from mscclang.plan.models import Plan
+
+    calls = {"scratch": 0, "epilogue": 0}
+    scan = layout._has_packet_scratch
+    listed = Plan.epilogue_ops
+
+    def counted_scan(plan):
+        calls["scratch"] += 1
+        return scan(plan)
+
+    def counted(method, key):
+        def wrapper(self):
+            calls[key] += 1
+            return method(self)
+        return wrapper
+
+    monkeypatch.setattr(layout, "_has_packet_scratch", counted_scan)
+    if hasattr(Plan, "has_epilogue_ops"):
+        monkeypatch.setattr(Plan, "has_epilogue_ops", counted(Plan.has_epilogue_ops, "epilogue"))
+    monkeypatch.setattr(Plan, "epilogue_ops", counted(listed, "epilogue"))
+    seen = []
+    for n in (4, 16):
+        plan = _ring_plan(n)
+        calls.update(scratch=0, epilogue=0)
+        verify(plan, sizes=[64 * n], dtypes=["float32"], schedules=2, symbolic=True)
+        seen.append(dict(calls))
+    assert seen[0] == seen[1], seen
+
+
+def _counted_run(plan, size: int, launches: int, monkeypatch) -> tuple[int, int]:
+    """(scheduler steps, race-log accesses) of one round-robin run of ``plan``."""
+    from mscclang.sim.postcondition import random_inputs
+    from mscclang.sim.races import AccessLog
+    from mscclang.sim.runner import message_to_bytes
+
+    n = {"access": 0}
+    real = AccessLog.access
+
+    def access(self, *a, **k):
+        n["access"] += 1
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(AccessLog, "access", access)
+    ib, ob = message_to_bytes(plan, size)[:2]
+    prog = sim_program(plan, ib, ob)
+    inputs = random_inputs(len(plan.gpus), ib, np.dtype(np.float32), 0)
+    sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=np.dtype(np.float32), launches=launches)
+    sim.run()
+    monkeypatch.setattr(AccessLog, "access", real)
+    return sim.steps, n["access"]
+
+
+@pytest.mark.parametrize("kind,ranks,size", [
+    ("sendrecv_simple", 16, 4096), ("allgather_simple", 8, 4096), ("allreduce_rsag_simple", 8, 16384),
+    ("allreduce_rsag_pipelined", 4, 1 << 16), ("allgather_ll", 8, 1024), ("allreduce_oneshot_ll", 8, 512),
+    ("reducescatter_ll", 8, 2048), ("allreduce_twostep_ll", 8, 4096), ("broadcast_ll", 16, 512),
+    ("alltoall_ll", 8, 4096)])
+def test_counted_work_of_the_time_estimate_matches_the_simulators(kind, ranks, size, monkeypatch):
+    """The time estimate is a weighted sum of counted work; its two largest counts, scheduler
+    steps and race-log accesses, are within 2x of what the simulator counts (deterministic: a
+    round-robin run). A thread-block group's op touches memory only in the members whose share
+    is not empty (the estimate counted every member: 3x too many accesses for the LL
+    reduce-scatter), and the host hands every rank's buffers over at each launch start."""
+    from mscclang.algorithms import ALGORITHMS
+    from mscclang.sim.budget import size_cost
+    from mscclang.sim.runner import message_to_bytes
+
+    info = ALGORITHMS[kind]
+    plan = info.builder(ranks, instances=1, num_threads_per_block=info.default_threads,
+                        inplace=info.inplace_modes[0])
+    steps, accesses = _counted_run(plan, size, 2, monkeypatch)
+    c = size_cost(plan, size, *message_to_bytes(plan, size)[:2])
+    assert 0.5 <= 2 * c.steps / steps <= 2, (2 * c.steps, steps)
+    assert 0.5 <= 2 * c.accesses / accesses <= 2, (2 * c.accesses, accesses)
+

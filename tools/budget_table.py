@@ -9,16 +9,23 @@ row per case: estimate, measurement and their ratio (estimate / measured), print
 written as a markdown table (``--markdown FILE``). ``--only NAME,...`` picks cases; ``--max-ranks``
 leaves out the larger ones.
 
+``--fit`` measures the table's cases and :data:`FIT_CASES` and fits the time estimate's weights
+(:data:`mscclang.sim.budget.SECONDS_PER`) to them: a non-negative least-squares fit of the
+measured seconds to the estimate's counted terms, each run weighted by its inverse time (so the
+fit minimises relative error); it prints the weights to paste and each run's ratio.
+
     python3 tools/budget_table.py [--only CASES] [--max-ranks N] [--markdown notes/table.md]
+    python3 tools/budget_table.py --fit
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -50,6 +57,7 @@ class Row:
     est_memory: int
     memory: int
     ok: bool
+    terms: dict = field(default_factory=dict)
 
     @property
     def time_ratio(self) -> float:
@@ -124,6 +132,21 @@ CASES: tuple[Case, ...] = (
     Case("broadcast_ll.r128", "broadcast_ll", 128, 2),
 )
 
+#: more runs for ``--fit`` only (other rank counts, sizes and schedule counts of the same kinds)
+FIT_CASES: tuple[Case, ...] = tuple(Case(f"{k}.r{n}.s{s}" + (f".{z[0]}" if z else ""), k, n, s, z) for k, n, s, z in (
+    ("ring_allgather", 16, 4, None), ("ring_allgather", 64, 2, (4096,)), ("full_mesh", 8, 10, None),
+    ("full_mesh", 64, 4, None), ("full_mesh", 200, 1, (64,)), ("sendrecv_simple", 250, 4, None),
+    ("sendrecv_simple", 500, 2, (8000,)), ("sendrecv_ll", 32, 10, None), ("allgather_ll", 16, 4, None),
+    ("allgather_ll", 64, 1, (1024,)), ("allreduce_oneshot_ll", 16, 2, None), ("allreduce_oneshot_ll", 4, 10, None),
+    ("allreduce_twostep_ll", 8, 10, None), ("allreduce_twostep_ll", 16, 2, None), ("reducescatter_ll", 8, 10, None),
+    ("reducescatter_ll", 16, 2, None), ("alltoall_ll", 8, 10, None), ("alltoall_ll", 16, 4, None),
+    ("broadcast_ll", 32, 10, None), ("broadcast_ll", 64, 4, None), ("allgather_simple", 8, 10, None),
+    ("allgather_simple", 64, 1, (8192,)), ("allreduce_rsag_simple", 16, 4, None),
+    ("allreduce_rsag_simple", 4, 10, None), ("allreduce_rsag_simple", 8, 1, (4 << 20,)),
+    ("allgather_simple", 8, 2, (4 << 20,)), ("allreduce_rsag_pipelined", 4, 1, (4 << 20,)),
+    ("allreduce_oneshot_ll", 8, 1, (1 << 18,)), ("alltoall_ll", 8, 2, (1 << 20,)),
+    ("allreduce_port_pipelined", 4, 1, (1 << 20,)), ("reducescatter_ll", 8, 1, (1 << 18,))))
+
 
 PLAN_DIR = Path("/tmp/budget_table_plans")
 
@@ -159,16 +182,17 @@ def measure(case: Case) -> Row:
     rep = verify(plan, sizes=sizes, schedules=case.schedules)
     seconds = time.perf_counter() - t
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return Row(case.name, case.ranks, est.seconds, seconds, est.memory_bytes, peak, rep.passed())
+    return Row(case.name, case.ranks, est.seconds, seconds, est.memory_bytes, peak, rep.passed(), est.terms)
 
 
 def _run_case(case: Case, timeout: float) -> Optional[Row]:
-    plan_file(case)
-    env_path = str(ROOT)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MSCCLANG_SIM_MAX_MEMORY": "64G",
+           "MSCCLANG_SIM_MAX_SECONDS": "100000"}
+    # the plan is built in a process of its own: a measuring process's ru_maxrss counts the
+    # memory of the process it was forked from, so this one stays small
+    subprocess.run([sys.executable, __file__, "--build", case.name], check=True, timeout=timeout, cwd=ROOT, env=env)
     r = subprocess.run([sys.executable, __file__, "--one", case.name], capture_output=True, text=True,
-                       timeout=timeout, cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": env_path,
-                                                       "MSCCLANG_SIM_MAX_MEMORY": "64G",
-                                                       "MSCCLANG_SIM_MAX_SECONDS": "100000"})
+                       timeout=timeout, cwd=ROOT, env=env)
     if r.returncode != 0:
         print(f"{case.name}: failed\n{r.stderr[-2000:]}", file=sys.stderr)
         return None
@@ -193,16 +217,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     """See the module docstring; exit status 1 when a row is off by more than 2x either way."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--build", help=argparse.SUPPRESS)
+    ap.add_argument("--fit", action="store_true", help="fit the time estimate's weights (see above)")
     ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--max-ranks", type=int, default=1 << 30)
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--timeout", type=float, default=1800)
     a = ap.parse_args(argv)
-    by_name: dict[str, Case] = {c.name: c for c in CASES}
+    by_name: dict[str, Case] = {c.name: c for c in CASES + FIT_CASES}
     if a.one:
         print(json.dumps(asdict(measure(by_name[a.one]))))
         return 0
-    picked = [c for c in CASES if (not a.only or c.name in a.only.split(",")) and c.ranks <= a.max_ranks]
+    if a.build:
+        plan_file(by_name[a.build])
+        return 0
+    pool = CASES + FIT_CASES if a.fit else CASES
+    picked = [c for c in pool if (not a.only or c.name in a.only.split(",")) and c.ranks <= a.max_ranks]
     rows: list[Row] = []
     bad = 0
     for c in picked:
@@ -218,7 +248,31 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"{'  OFF' if off else ''}", flush=True)
     if a.markdown:
         a.markdown.write_text(markdown(rows))
+    if a.fit:
+        fit(rows)
     return 1 if bad else 0
+
+
+def fit(rows: list[Row]) -> dict[str, float]:
+    """Fit the weights of the time terms to ``rows`` (non-negative least squares, relative
+    error); print them and each row's ratio under them."""
+    import numpy as np
+    from scipy.optimize import nnls   # a development tool's dependency, not the package's
+
+    from mscclang.sim.budget import SECONDS_PER
+
+    keys = list(SECONDS_PER)
+    rows = [r for r in rows if r.terms and r.seconds > 0.05]
+    x = np.array([[r.terms.get(k, 0.0) for k in keys] for r in rows])
+    y = np.array([r.seconds for r in rows])
+    w, _ = nnls(x / y[:, None], np.ones(len(y)))
+    print("SECONDS_PER = {")
+    for k, v in zip(keys, w):
+        print(f"    {k!r}: {v:.2g},")
+    print("}")
+    for r, p in sorted(zip(rows, x @ w), key=lambda t: t[1] / t[0].seconds):
+        print(f"{r.case:34s} fitted {p:8.3g} s / measured {r.seconds:8.3g} s = {p / r.seconds:5.2f}")
+    return dict(zip(keys, w))
 
 
 if __name__ == "__main__":

@@ -13,10 +13,12 @@ it would need, which limit it exceeds and the environment variable that raises t
   machine's memory; suffixes K, M, G, T);
 * ``MSCCLANG_SIM_MAX_SECONDS``: seconds a ``verify`` (or one ``run``) may take (default 600).
 
-The time estimate is deliberately optimistic (it refuses only what clearly cannot finish in
-time); a simulation that runs past the time limit anyway stops there with a
-:class:`~mscclang.errors.LimitError` (:class:`Deadline`). The memory estimate errs the other way.
-The coefficients were fitted to measured runs (see ``notes/reliability_fuzz.md``).
+Both estimates aim within 2x of the measured run on the machine class CI uses (2 cores,
+CPython 3.11); a simulation that runs past the time limit anyway stops there with a
+:class:`~mscclang.errors.LimitError` (:class:`Deadline`). The time is a weighted sum of counted
+terms (:attr:`Estimate.terms`: steps, accesses, channel and clock work, compile and checks) whose
+weights (:data:`SECONDS_PER`) ``tools/budget_table.py --fit`` fits to measured runs; the table of
+estimates against measurements is in ``notes/budget.md``.
 """
 
 from __future__ import annotations
@@ -27,17 +29,16 @@ from typing import Optional, Sequence
 
 from mscclang.errors import LimitError, MscclangError
 from mscclang.plan.collectives import spec_from_plan
-from mscclang.plan.layout import make_layout, make_layouts
+from mscclang.plan.layout import make_layout, make_layouts, near_equal_split
 from mscclang.config import Settings, settings
-from mscclang.plan.models import PACKET_OPS, SIGNAL_OPS, ChannelType, Plan
+from mscclang.plan.models import (PACKET_OPS, PUT_SIGNAL_OPS, REDUCE_OPS, SIGNAL_OPS, SYNC_OPS, WAIT_OPS,
+                                  ChannelType, Op, OpName, Plan)
 from mscclang.units import format_bytes
 
 __all__ = ["Limits", "SizeCost", "Estimate", "size_cost", "estimate_runs", "check_runs", "Deadline"]
 
-# --- coefficients fitted to 38 verify runs of library and synthetic plans (2 KiB .. 16 MiB, 2 to
-# 32 ranks, pipelines down to 16-byte units) on CPython 3.11 / numpy 2; memory with a margin
-# (measured/estimated 0.5 .. 0.9), time without one (measured/estimated 0.9 .. 5 for runs over
-# 0.1 s; runs of a few milliseconds are mostly fixed cost).
+# --- memory coefficients, fitted to measured verify runs (tracemalloc and ru_maxrss peaks) of
+# library and synthetic plans up to 128 ranks on CPython 3.11 / numpy 2, with a margin
 _MEM_BASE = 72 << 20             # the interpreter, numpy, pydantic and the plan
 _MEM_PER_FOOTPRINT_BYTE = 2.5    # buffers, plus packet, read and reduce temporaries
 _MEM_PER_INDEX_ENTRY = 8 * 1.6   # postcondition index arrays: int64 per output element and source
@@ -48,13 +49,22 @@ _MEM_PER_ACTOR_PAIR = 8 * 4 * 1.25  # vector clocks: 4 per actor (vc, rvc and th
 #                                   fitted at 32 ranks or fewer where clocks are small: 10x too high
 #                                   at 128 ranks, where they dominate)
 _MEM_PER_ACCESS = 256            # one access in the race log (kept until overwritten)
-_SEC_PER_OP = 4e-6               # one op executed (generator step, scheduling)
-_SEC_PER_OPERAND = 3.5e-6        # one operand of an executed op (read/write, race log)
-_SEC_PER_BYTE = 0.35e-9          # one byte of buffer per launch
-_SEC_PER_CHECKED = 15e-9         # one source element of one output element checked per launch
-_SEC_PER_CHUNK_REF = 7e-6        # one chunk of an operand resolved at compile time
-_SEC_PER_CLOCK_ENTRY = 1.2e-7    # one actor's vector clock entry, per op executed
-_SEC_PER_CLOCK_COPY = 1e-9       # one entry of a clock copied (per signalled channel, packet write)
+
+#: seconds per unit of each term of the time estimate (:attr:`Estimate.terms`), fitted by
+#: ``tools/budget_table.py --fit`` to measured verify runs (see ``notes/budget.md``)
+SECONDS_PER: dict[str, float] = {
+    "steps": 5.6e-6,            # a scheduler step (an op executed, a wait)
+    "accesses": 1.7e-5,         # a data operand touched: the bytes moved, the race log, packets
+    "channels": 6.7e-6,         # a channel signalled or waited on
+    "channel_entries": 5.7e-9,  # one actor's clock entry, per channel signalled or waited on
+    "nop_entries": 5.8e-8,      # one actor's clock entry, per nop (merging what was acquired)
+    "reduced_bytes": 2.8e-8,    # a byte of a reduction's operands
+    "clock_pairs": 2.0e-7,      # an actor pair of a run's vector clocks (made once per run)
+    "compiled_ops": 8.8e-6,     # an op (pipeline iteration) resolved when compiling a size
+    "chunk_refs": 9.9e-6,       # a chunk of an operand resolved when compiling a size
+    "checked": 1.5e-8,          # a source element of an output element checked, per launch
+    "symbolic_granules": 2e-6,  # a granule reduced in the symbolic run (its expressions)
+}
 
 
 @dataclass(frozen=True)
@@ -73,7 +83,11 @@ class Limits:
 
 @dataclass(frozen=True)
 class SizeCost:
-    """What simulating one message size costs, per launch unless stated."""
+    """What simulating one message size costs, per launch unless stated. The counts follow what
+    the simulator does: a step per op executed (pipeline iterations expanded) and per wait, a
+    race-log access per data operand a thread block's share of the op touches (a thread-block
+    group splits an op, and members whose share is empty touch nothing) and per host hand-over,
+    clock work per channel signalled or waited on and per nop."""
 
     size: int
     input_bytes: int
@@ -83,12 +97,75 @@ class SizeCost:
     inputs: int             # bytes of every rank's input (drawn at random once per run)
     checked: int            # output bytes times sources per output element, over every rank
     op_execs: int           # ops executed per launch, pipeline iterations expanded
-    operand_execs: int      # operands of those ops
+    operand_execs: int      # operands of those ops (buffers and channels)
     chunk_refs: int         # chunks resolved when compiling the plan for this size (once)
     chunks: int             # chunks of every rank's buffers (walked at each launch start)
     signal_execs: int = 0   # channels signalled per launch (each keeps a copy of the clocks)
     packet_writes: int = 0  # packet destinations written per launch (each keeps a clock copy)
     op_bytes: int = 0       # the largest op's operand bytes (copies and reduce temporaries)
+    steps: int = 0          # scheduler steps: ops executed plus waits
+    accesses: int = 0       # race-log accesses: data operands touched, host hand-overs
+    channel_execs: int = 0  # channels of signals, waits, puts with signal, flushes, semaphores
+    nops: int = 0           # nops and barriers executed (each merges the clocks acquired)
+    reduced_bytes: int = 0  # operand bytes of reductions
+
+
+#: ops that wait for packets (their flags) before reading them
+_PACKET_READERS = frozenset({OpName.upkt, OpName.rppkt, OpName.repkt, OpName.respkt, OpName.recpkt,
+                             OpName.recspkt})
+
+
+@dataclass
+class _Tally:
+    """Counts of :class:`SizeCost` being added up over a plan's ops."""
+
+    op_execs: int = 0
+    operand_execs: int = 0
+    chunk_refs: int = 0
+    signal_execs: int = 0
+    packet_writes: int = 0
+    op_bytes: int = 0
+    steps: int = 0
+    accesses: int = 0
+    channel_execs: int = 0
+    nops: int = 0
+    reduced_bytes: int = 0
+
+    def add(self, op: Op, iters: int, chunk_bytes: int, unit: Optional[int], alignment: int) -> None:
+        """``op`` executed ``iters`` times (a pipeline's inner op: ``unit`` bytes per iteration;
+        the pipeline, not its inner ops, takes a step per iteration)."""
+        refs = op.src_buff + op.dst_buff
+        self.op_execs += iters
+        self.steps += 0 if unit else iters
+        self.operand_execs += iters * (len(refs) + len(op.channel_ids))
+        self.chunk_refs += sum(x.size for x in refs) + (iters if unit else 0)
+        if op.name in SIGNAL_OPS:
+            self.signal_execs += iters * len(op.channel_ids)
+        if op.name in PACKET_OPS:
+            self.packet_writes += iters * len(op.dst_buff)
+        if op.name in WAIT_OPS or op.name == OpName.sem_acquire or op.name in _PACKET_READERS:
+            self.steps += iters   # a wait (for a signal, a semaphore, packets) takes a step of its own
+        if op.name in (OpName.nop, OpName.barrier):
+            self.nops += iters
+        if op.name in SYNC_OPS or op.name in PUT_SIGNAL_OPS:
+            self.channel_execs += iters * len(op.channel_ids)
+        lens = [min(x.size * chunk_bytes, unit) if unit else x.size * chunk_bytes for x in refs]
+        if lens:
+            self.op_bytes = max(self.op_bytes, (len(refs) + 2) * max(lens))
+            if _share(op, max(lens), alignment):
+                self.accesses += iters * len(refs)
+                if op.name in REDUCE_OPS:
+                    self.reduced_bytes += iters * sum(lens)
+
+
+def _share(op: Op, nbytes: int, alignment: int) -> int:
+    """Bytes of an op of ``nbytes`` its thread block handles: all of them, or its share of a
+    thread-block group's split (:func:`mscclang.plan.layout.group_slice`)."""
+    if op.tbg_info is None or op.tbg_info.tbg_size <= 1:
+        return nbytes
+    unit = max(alignment, 8)
+    s, e = near_equal_split(_ceil_div(nbytes, unit), op.tbg_info.tbg_size, op.tbg_info.tb_id)
+    return min(e * unit, nbytes) - min(s * unit, nbytes)
 
 
 @dataclass
@@ -99,6 +176,9 @@ class Estimate:
     seconds: float
     what: str
     costs: list[SizeCost] = field(default_factory=list)
+    #: the time estimate's terms (units of :data:`SECONDS_PER`'s keys): seconds is their sum
+    #: weighted by :data:`SECONDS_PER`
+    terms: dict[str, float] = field(default_factory=dict)
 
     def problems(self, limits: Limits) -> list[str]:
         """Why the estimate does not fit ``limits`` (empty when it fits)."""
@@ -151,45 +231,33 @@ def size_cost(plan: Plan, size: int, input_bytes: int, output_bytes: int, row_by
     ``output_bytes`` out per rank; ``row_bytes``: a row-chunked fused plan's input row). Raises
     the layout's PlanError for sizes the collective does not allow."""
     footprint = outputs = chunks = 0
-    op_execs = operand_execs = chunk_refs = signals = packet_writes = op_bytes = 0
+    t = _Tally()
+    align = plan.buffer_alignment
     residual = input_bytes if plan.has_epilogue_ops() else 0   # the fused collective's residual
-    for r, (g, lay) in enumerate(zip(plan.gpus, make_layouts(plan, input_bytes, output_bytes, row_bytes))):
+    for g, lay in zip(plan.gpus, make_layouts(plan, input_bytes, output_bytes, row_bytes)):
         footprint += input_bytes + output_bytes + residual + lay.scratch_alloc_bytes
         outputs += output_bytes
         chunks += g.input_chunks + g.output_chunks + g.scratch_chunks
+        t.accesses += 3 + (1 if residual else 0)   # the host's hand-overs at each launch start
         cb = max(lay.chunk_bytes, 1)
         for tb in g.threadblocks:
             for op in tb.ops:
                 if op.ops is not None and op.iter_context is not None:
-                    longest = 0
-                    inner_operands = inner_signals = inner_packets = 0
+                    unit = op.iter_context.unit_size
+                    longest = max([x.size * cb for inner in op.ops for x in inner.src_buff + inner.dst_buff],
+                                  default=0)
+                    iters = _ceil_div(longest, unit) if longest else 0
+                    t.op_execs += 1
+                    t.steps += 1 + iters   # the pipeline, and the step after each iteration
                     for inner in op.ops:
-                        refs = inner.src_buff + inner.dst_buff
-                        inner_operands += len(refs) + len(inner.channel_ids)
-                        inner_signals += len(inner.channel_ids) if inner.name in SIGNAL_OPS else 0
-                        inner_packets += len(inner.dst_buff) if inner.name in PACKET_OPS else 0
-                        chunk_refs += sum(x.size for x in refs)
-                        longest = max([longest] + [x.size * cb for x in refs])
-                        op_bytes = max([op_bytes] + [(len(refs) + 2) * min(x.size * cb, op.iter_context.unit_size)
-                                                     for x in refs])
-                    iters = _ceil_div(longest, op.iter_context.unit_size) if longest else 0
-                    op_execs += 1 + iters * len(op.ops)
-                    operand_execs += iters * inner_operands
-                    signals += iters * inner_signals
-                    packet_writes += iters * inner_packets
-                    chunk_refs += iters * len(op.ops)  # slicing every inner op per iteration
+                        t.add(inner, iters, cb, unit, align)
                 else:
-                    refs = op.src_buff + op.dst_buff
-                    op_execs += 1
-                    operand_execs += len(refs) + len(op.channel_ids)
-                    signals += len(op.channel_ids) if op.name in SIGNAL_OPS else 0
-                    packet_writes += len(op.dst_buff) if op.name in PACKET_OPS else 0
-                    chunk_refs += sum(x.size for x in refs)
-                    op_bytes = max([op_bytes] + [(len(refs) + 2) * x.size * cb for x in refs])
+                    t.add(op, 1, cb, None, align)
     n = len(plan.gpus)
     return SizeCost(size, input_bytes, output_bytes, footprint, outputs, n * input_bytes,
-                    outputs * _sources_per_element(plan), op_execs, operand_execs, chunk_refs,
-                    chunks, signals, packet_writes, op_bytes)
+                    outputs * _sources_per_element(plan), t.op_execs, t.operand_execs, t.chunk_refs,
+                    chunks, t.signal_execs, t.packet_writes, t.op_bytes, t.steps, t.accesses,
+                    t.channel_execs, t.nops, t.reduced_bytes)
 
 
 #: the most memory the symbolic shadows of one run may take (a larger run is skipped)
@@ -237,7 +305,7 @@ def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: i
     used = isz[: max(min(runs, len(isz)), 1)]  # the dtypes the runs rotate through
     mem_kept = _MEM_BASE + actors * actors * _MEM_PER_ACTOR_PAIR
     peak_run = 0.0
-    seconds = 0.0
+    terms = dict.fromkeys(SECONDS_PER, 0.0)
     for c in costs:
         mem_kept += c.op_execs * _MEM_PER_OP_OBJECT
         checked = c.checked if postcondition else 0
@@ -251,11 +319,10 @@ def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: i
             transient = c.op_bytes * 8 / used[0] + (checked / len(plan.gpus) / used[0] * 16 if plan.gpus else 0)
             peak_run = max(peak_run, c.footprint * _MEM_PER_FOOTPRINT_BYTE + launches * c.outputs
                            + c.inputs / used[0] * _MEM_PER_DRAWN + logs + transient)
-        per_launch = (c.op_execs * (_SEC_PER_OP + actors * _SEC_PER_CLOCK_ENTRY)
-                      + (c.signal_execs * 2 + c.packet_writes) * actors * _SEC_PER_CLOCK_COPY
-                      + c.operand_execs * _SEC_PER_OPERAND + c.footprint * _SEC_PER_BYTE
-                      + c.chunks * _SEC_PER_CHUNK_REF + checked / used[-1] * _SEC_PER_CHECKED)
-        seconds += c.chunk_refs * _SEC_PER_CHUNK_REF + runs * launches * per_launch
+        _add_terms(terms, c, actors, runs, launches)
+        terms["compiled_ops"] += c.op_execs
+        terms["chunk_refs"] += c.chunk_refs
+        terms["checked"] += runs * launches * checked / used[-1]
     if symbolic_size is not None:
         try:
             c = size_cost(plan, *symbolic_size)
@@ -267,9 +334,22 @@ def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: i
         if c is not None and rows * nsym * 2 <= SYMBOLIC_BUDGET:   # else verify skips the symbolic run
             shadow = rows * nsym * 2 * (1 + launches)
             peak_run = max(peak_run, c.footprint * _MEM_PER_FOOTPRINT_BYTE + launches * c.outputs + shadow)
-            seconds += launches * (c.op_execs * _SEC_PER_OP + c.operand_execs * _SEC_PER_OPERAND
-                                   + shadow * _SEC_PER_BYTE)
-    return Estimate(int(mem_kept + peak_run), seconds, what, costs)
+            _add_terms(terms, c, actors, 1, launches)
+            terms["symbolic_granules"] += launches * c.reduced_bytes / _granule(plan, c, row)
+    seconds = sum(SECONDS_PER[k] * v for k, v in terms.items())
+    return Estimate(int(mem_kept + peak_run), seconds, what, costs, terms)
+
+
+def _add_terms(terms: dict[str, float], c: SizeCost, actors: int, runs: int, launches: int) -> None:
+    """Add ``runs`` runs of ``launches`` launches at ``c`` to the time terms."""
+    k = runs * launches
+    terms["steps"] += k * c.steps
+    terms["accesses"] += k * c.accesses
+    terms["channels"] += k * c.channel_execs
+    terms["channel_entries"] += k * c.channel_execs * actors
+    terms["nop_entries"] += k * c.nops * actors
+    terms["reduced_bytes"] += k * c.reduced_bytes
+    terms["clock_pairs"] += runs * actors * actors
 
 
 def check_runs(plan: Plan, sizes: Sequence[tuple[int, int, int]], runs_per_size: int, launches: int,
