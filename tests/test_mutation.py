@@ -136,6 +136,26 @@ def test_judge_explains_a_trigger_nop_whose_entries_each_had_their_wait() -> Non
     assert all(judge(pipe, site) is None for site in sites(pipe, ["drop_trigger_nop", "swap_trigger_nop"]))
 
 
+def test_alignment_mutants_of_a_byte_chunked_two_shot_are_killed_and_the_row_chunked_judged() -> None:
+    """issue 33 item 2: a two-shot fused plan whose chunks are alignment units (not rows) cuts its
+    norm's rows at alignment 32, 64 or 256; the alignment operator plants that, the default
+    verify kills it, and the shipped (row-chunked) plan survives as equivalent by rule."""
+    from mscclang.plan import plan_to_dict
+    from mscclang.algorithms.fused import build_fused_twoshot_ll
+    from tools.mutation import ALIGNMENTS, judge
+
+    doc = plan_to_dict(build_fused_twoshot_ll(2, inplace=True))
+    doc.pop("chunk_unit", None)
+    doc.pop("replicated_residual", None)
+    for a in (32, 64, 256):
+        site = Site("alignment", -1, -1, -1, None, ALIGNMENTS.index(a))
+        assert site in sites(doc, ["alignment"])
+        res = classify("two-shot, byte chunks", doc, site)
+        assert res.outcome == "killed", (a, res.outcome, res.message)
+    shipped = _doc("allreduce_add_rms_norm_twoshot_ll.r2.i1.json")
+    assert all(judge(shipped, site) for site in sites(shipped, ["alignment"]))
+
+
 #: a fixed sample of the sweep over small plans: every one is killed or refused at load
 SAMPLE = [
     ("allgather_ll.r2.i1.json", Site("shift_chunk", 0, 0, 0)),

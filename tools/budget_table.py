@@ -162,22 +162,29 @@ def plan_file(case: Case) -> Path:
     return f
 
 
-def measure(case: Case) -> Row:
-    """Load ``case``'s plan (as ``mscclang verify`` does), estimate and run its verify in this
-    process (call it in a fresh one: the peak is the process's)."""
-    import resource
-    import time
-
+def estimate(case: Case):
+    """``case``'s plan (loaded as ``mscclang verify`` loads it), its sizes and the estimate of
+    its verify."""
+    from mscclang.plan import load_plan
     from mscclang.sim.dtypes import parse_dtype
     from mscclang.sim.runner import default_launches
-    from mscclang.sim.verify import DEFAULT_DTYPES, default_sizes, estimate_verify, verify
-
-    from mscclang.plan import load_plan
+    from mscclang.sim.verify import DEFAULT_DTYPES, default_sizes, estimate_verify
 
     plan = load_plan(plan_file(case))
     sizes = list(case.sizes) if case.sizes else default_sizes(plan)
     dts = [parse_dtype(d) for d in DEFAULT_DTYPES]
-    est = estimate_verify(plan, sizes, dts, case.schedules, default_launches(plan))
+    return plan, sizes, estimate_verify(plan, sizes, dts, case.schedules, default_launches(plan))
+
+
+def measure(case: Case) -> Row:
+    """Estimate and run ``case``'s verify in this process (call it in a fresh one: the peak is
+    the process's)."""
+    import resource
+    import time
+
+    from mscclang.sim.verify import verify
+
+    plan, sizes, est = estimate(case)
     t = time.perf_counter()
     rep = verify(plan, sizes=sizes, schedules=case.schedules)
     seconds = time.perf_counter() - t
@@ -219,6 +226,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--build", help=argparse.SUPPRESS)
     ap.add_argument("--fit", action="store_true", help="fit the time estimate's weights (see above)")
+    ap.add_argument("--save", type=Path, help="write the measured rows here (JSON)")
+    ap.add_argument("--refit", type=Path, help="fit to the rows --save wrote, re-estimating their terms "
+                                                 "(after a change of the counting), measuring nothing")
     ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--max-ranks", type=int, default=1 << 30)
     ap.add_argument("--markdown", type=Path)
@@ -230,6 +240,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     if a.build:
         plan_file(by_name[a.build])
+        return 0
+    if a.refit:
+        rows = [Row(**r) for r in json.loads(a.refit.read_text())]
+        for r in rows:
+            r.terms = estimate(by_name[r.case])[2].terms
+        fit(rows)
         return 0
     pool = CASES + FIT_CASES if a.fit else CASES
     picked = [c for c in pool if (not a.only or c.name in a.only.split(",")) and c.ranks <= a.max_ranks]
@@ -248,6 +264,8 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"{'  OFF' if off else ''}", flush=True)
     if a.markdown:
         a.markdown.write_text(markdown(rows))
+    if a.save:
+        a.save.write_text(json.dumps([asdict(r) for r in rows]))
     if a.fit:
         fit(rows)
     return 1 if bad else 0

@@ -16,7 +16,8 @@ Operators (:data:`OPERATORS`): ``drop_wait``, ``drop_signal``, ``shift_chunk``, 
 ``drop_nop``, ``dup_packet_op``, ``pipeline_unit``, ``sem_init`` and ``drop_ready_pair`` (the
 bugs issue 14 item 6 lists as once missed by the default verify), and ``drop_trigger_nop`` and
 ``swap_trigger_nop`` (issue 33: the nop between a wait and a multi-entry port request, signal or
-semaphore release, deleted or swapped with the wait).
+semaphore release, deleted or swapped with the wait), and ``alignment`` (issue 33: another
+``buffer_alignment`` for the whole plan, where chunk boundaries fall).
 
 Use :func:`sites` to list where an operator applies, :func:`mutate` to build one mutant,
 :func:`classify` to run one, and :func:`sweep` (or ``python -m tools.mutation``) for
@@ -54,7 +55,8 @@ OUTCOMES = ("killed", "rejected", "survived", "timeout", "error")
 class Site:
     """Where an operator applies: ``rank``, thread block ``tb``, op ``op`` of the block and, for
     an op in a pipeline's body, its index ``inner`` there; ``arg`` picks a variant (which operand,
-    which direction). ``sem_init`` sites name a semaphore in ``op`` (``tb`` is -1)."""
+    which direction). ``sem_init`` sites name a semaphore in ``op`` (``tb`` is -1); ``alignment``
+    sites are the whole plan (rank, tb and op -1; ``arg`` picks the alignment)."""
 
     operator: str
     rank: int
@@ -66,6 +68,8 @@ class Site:
     def __str__(self) -> str:
         if self.operator == "sem_init":
             return f"sem_init rank {self.rank} semaphore {self.op}"
+        if self.operator == "alignment":
+            return f"alignment {ALIGNMENTS[self.arg]}"
         where = f"rank {self.rank} tb {self.tb} op {self.op}" + (
             f".{self.inner}" if self.inner is not None else "")
         return f"{self.operator} {where}" + (f" arg {self.arg}" if self.arg else "")
@@ -370,6 +374,21 @@ def _trigger_nop_sites(doc: dict, operator: str) -> list[Site]:
     return out
 
 
+#: the buffer alignments the ``alignment`` operator gives a plan (each one other than its own)
+ALIGNMENTS = (4, 8, 32, 64, 256)
+
+
+def _alignment_sites(doc: dict, operator: str) -> list[Site]:
+    """One site per alignment of :data:`ALIGNMENTS` other than the plan's (``arg``: its index);
+    a plan-level site (rank and tb -1)."""
+    own = doc.get("buffer_alignment", 16)
+    return [Site(operator, -1, -1, -1, None, k) for k, a in enumerate(ALIGNMENTS) if a != own]
+
+
+def _alignment(doc: dict, site: Site) -> None:
+    doc["buffer_alignment"] = ALIGNMENTS[site.arg]
+
+
 class MutationError(MscclangError):
     """An operator does not apply at the site it was given."""
 
@@ -406,6 +425,8 @@ OPERATORS: dict[str, Operator] = {o.name: o for o in (
              "delete the nop between a wait and a multi-entry port request, signal or release"),
     Operator("swap_trigger_nop", _trigger_nop_sites, _swap_ops,
              "swap a wait with the nop after it, before a multi-entry port request, signal or release"),
+    Operator("alignment", _alignment_sites, _alignment,
+             "give the plan another buffer_alignment (arg: the index in ALIGNMENTS)"),
 )}
 #: the seven operators of the reliability plan (issue 11)
 CORE_OPERATORS = ("drop_wait", "drop_signal", "shift_chunk", "swap_buffer", "drop_reduce_source",
@@ -510,6 +531,24 @@ def _meet_ok(doc: dict, site: Site, xs: list[dict], ys: list[dict]) -> bool:
     return all(_same_mapping(x, y, _conflicts(doc, site.rank, site.tb, x, y)) for x in xs for y in ys)
 
 
+def _alignment_equivalent(doc: dict) -> Optional[str]:
+    """Why a plan is correct at any buffer alignment the loader accepts, when it is: only an
+    epilogue's rows can be cut by a chunk boundary (every other op moves or reduces chunk to
+    chunk, elementwise, on one grid for every rank)."""
+    norms = [op for _, _, _, _, op, _ in _each_op(doc) if op["name"] == "rmsnorm"]
+    if not norms:
+        return "no epilogue: ops move and reduce chunk to chunk, elementwise, at any alignment"
+    if doc.get("chunk_unit") == "row":
+        return ("chunks are whole rows (chunk_unit \"row\"): the alignment cuts no row, it only splits "
+                "thread-block groups' shares")
+    whole = all(ref.get("index") == 0 and ref.get("size") == g["input_chunks"]
+                for g in doc["gpus"] for tb in g["threadblocks"] for op in tb["ops"] if op["name"] == "rmsnorm"
+                for ref in op["src_buff"])
+    if whole:
+        return "every rmsnorm normalises the whole buffer: no chunk boundary falls inside its rows"
+    return None
+
+
 def judge(doc: dict, site: Site) -> Optional[str]:
     """Why the mutant of ``doc`` at ``site`` is *equivalent* (still a correct plan), when it
     falls in one of the classes judged so by hand in notes/reliability_mutation.md; None
@@ -517,6 +556,8 @@ def judge(doc: dict, site: Site) -> Optional[str]:
     mutant passed ``verify`` (no deadlock, no wrong output at the sizes run)."""
     if site.operator == "sem_init":
         return None
+    if site.operator == "alignment":
+        return _alignment_equivalent(doc)
     op, lst, k = _locate(doc, site)
     if site.operator == "swap_buffer" and _same_grid_inplace(doc):
         ref = next(x for x in op["dst_buff" if site.arg == 0 else "src_buff"] if x.get("type") is not None)

@@ -33,6 +33,7 @@ from mscclang.plan.layout import make_layout, make_layouts, near_equal_split
 from mscclang.config import Settings, settings
 from mscclang.plan.models import (PACKET_OPS, PUT_SIGNAL_OPS, REDUCE_OPS, SIGNAL_OPS, SYNC_OPS, WAIT_OPS,
                                   ChannelType, Op, OpName, Plan)
+from mscclang.sim.postcondition import CHUNKWISE_ELEMENTS
 from mscclang.units import format_bytes
 
 __all__ = ["Limits", "SizeCost", "Estimate", "size_cost", "estimate_runs", "check_runs", "Deadline"]
@@ -53,17 +54,19 @@ _MEM_PER_ACCESS = 256            # one access in the race log (kept until overwr
 #: seconds per unit of each term of the time estimate (:attr:`Estimate.terms`), fitted by
 #: ``tools/budget_table.py --fit`` to measured verify runs (see ``notes/budget.md``)
 SECONDS_PER: dict[str, float] = {
-    "steps": 5.6e-6,            # a scheduler step (an op executed, a wait)
-    "accesses": 1.7e-5,         # a data operand touched: the bytes moved, the race log, packets
-    "channels": 6.7e-6,         # a channel signalled or waited on
-    "channel_entries": 5.7e-9,  # one actor's clock entry, per channel signalled or waited on
-    "nop_entries": 5.8e-8,      # one actor's clock entry, per nop (merging what was acquired)
-    "reduced_bytes": 2.8e-8,    # a byte of a reduction's operands
-    "clock_pairs": 2.0e-7,      # an actor pair of a run's vector clocks (made once per run)
-    "compiled_ops": 8.8e-6,     # an op (pipeline iteration) resolved when compiling a size
-    "chunk_refs": 9.9e-6,       # a chunk of an operand resolved when compiling a size
-    "checked": 1.5e-8,          # a source element of an output element checked, per launch
-    "symbolic_granules": 2e-6,  # a granule reduced in the symbolic run (its expressions)
+    "steps": 3.6e-6,             # a scheduler step (an op executed, a wait)
+    "accesses": 1.7e-5,          # a data operand touched: its race-log entry, copy and packets
+    "channels": 5.1e-6,          # a channel signalled or waited on
+    "channel_entries": 2.8e-9,   # one actor's clock entry, per channel signalled or waited on
+    "nop_entries": 7.9e-8,       # one actor's clock entry, per nop (merging what was acquired)
+    "reduced_bytes": 2.3e-9,     # a byte of a reduction's operands
+    "moved_bytes": 0.0,          # a byte of a data op's operands (the fit finds it in the others)
+    "packet_bytes": 1.5e-9,      # a byte of a packet op's operands (flags written and polled)
+    "clock_pairs": 1.8e-7,       # an actor pair of a run's vector clocks (made once per run)
+    "compiled_ops": 1.0e-5,      # an op (pipeline iteration) resolved when compiling a size
+    "chunk_refs": 1.7e-5,        # a chunk of an operand resolved when compiling a size
+    "checked": 1.2e-8,           # a source element of an output element checked, per launch
+    "symbolic_granules": 1.6e-5,  # a granule reduced in the symbolic run (its expressions)
 }
 
 
@@ -108,6 +111,8 @@ class SizeCost:
     channel_execs: int = 0  # channels of signals, waits, puts with signal, flushes, semaphores
     nops: int = 0           # nops and barriers executed (each merges the clocks acquired)
     reduced_bytes: int = 0  # operand bytes of reductions
+    moved_bytes: int = 0    # operand bytes of every data op (copies, packets, reductions)
+    packet_bytes: int = 0   # operand bytes of packet ops (flags written and polled per word)
 
 
 #: ops that wait for packets (their flags) before reading them
@@ -130,6 +135,8 @@ class _Tally:
     channel_execs: int = 0
     nops: int = 0
     reduced_bytes: int = 0
+    moved_bytes: int = 0
+    packet_bytes: int = 0
 
     def add(self, op: Op, iters: int, chunk_bytes: int, unit: Optional[int], alignment: int) -> None:
         """``op`` executed ``iters`` times (a pipeline's inner op: ``unit`` bytes per iteration;
@@ -152,10 +159,14 @@ class _Tally:
         lens = [min(x.size * chunk_bytes, unit) if unit else x.size * chunk_bytes for x in refs]
         if lens:
             self.op_bytes = max(self.op_bytes, (len(refs) + 2) * max(lens))
-            if _share(op, max(lens), alignment):
+            if (part := _share(op, max(lens), alignment)):
                 self.accesses += iters * len(refs)
+                moved = iters * sum(min(x, part) for x in lens)
+                self.moved_bytes += moved
                 if op.name in REDUCE_OPS:
-                    self.reduced_bytes += iters * sum(lens)
+                    self.reduced_bytes += moved
+                if op.name in PACKET_OPS:
+                    self.packet_bytes += moved
 
 
 def _share(op: Op, nbytes: int, alignment: int) -> int:
@@ -257,7 +268,7 @@ def size_cost(plan: Plan, size: int, input_bytes: int, output_bytes: int, row_by
     return SizeCost(size, input_bytes, output_bytes, footprint, outputs, n * input_bytes,
                     outputs * _sources_per_element(plan), t.op_execs, t.operand_execs, t.chunk_refs,
                     chunks, t.signal_execs, t.packet_writes, t.op_bytes, t.steps, t.accesses,
-                    t.channel_execs, t.nops, t.reduced_bytes)
+                    t.channel_execs, t.nops, t.reduced_bytes, t.moved_bytes, t.packet_bytes)
 
 
 #: the most memory the symbolic shadows of one run may take (a larger run is skipped)
@@ -310,8 +321,10 @@ def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: i
         mem_kept += c.op_execs * _MEM_PER_OP_OBJECT
         checked = c.checked if postcondition else 0
         if runs and postcondition:
-            # postcondition index arrays (int64 per output element and per source), one per dtype size
-            mem_kept += sum((c.checked + 2 * c.outputs) / k * _MEM_PER_INDEX_ENTRY for k in used)
+            # postcondition index arrays (int64 per output element and per source), one per dtype
+            # size; larger outputs are checked chunk by chunk, with none (one rank's check below)
+            mem_kept += sum((c.checked + 2 * c.outputs) / k * _MEM_PER_INDEX_ENTRY for k in used
+                            if c.output_bytes // k <= CHUNKWISE_ELEMENTS)
         if runs:
             logs = launches * (c.operand_execs * _MEM_PER_ACCESS
                                + (c.signal_execs * 2 + c.packet_writes) * actors * 8)
@@ -349,6 +362,8 @@ def _add_terms(terms: dict[str, float], c: SizeCost, actors: int, runs: int, lau
     terms["channel_entries"] += k * c.channel_execs * actors
     terms["nop_entries"] += k * c.nops * actors
     terms["reduced_bytes"] += k * c.reduced_bytes
+    terms["moved_bytes"] += k * c.moved_bytes
+    terms["packet_bytes"] += k * c.packet_bytes
     terms["clock_pairs"] += runs * actors * actors
 
 
