@@ -26,7 +26,7 @@ from mscclang.errors import MscclangError, PlanError, VerificationError
 from mscclang.plan.collectives import spec_from_plan
 from mscclang.plan.dtypes import EPILOGUE_DTYPES
 from mscclang.plan.models import PACKET_TYPES, OpName, Plan
-from mscclang.sim.budget import Deadline, Limits, estimate_runs
+from mscclang.sim.budget import COMPILE_TERMS, SECONDS_PER, Deadline, Estimate, Limits, estimate_runs
 from mscclang.sim.consistency import (check_numeric_consistency, check_symbolic_consistency, consistency_level,
                                       drop_numeric_duplicates)
 from mscclang.sim.diagnosis import Findings
@@ -39,7 +39,7 @@ from mscclang.sim.report import Deadlock, Problem, Report
 from mscclang.sim.runner import check_arguments, default_launches
 from mscclang.sim.schedules import SCHEDULES
 
-__all__ = ["FusedRun", "plan_quantises", "run_fused", "verify_fused", "default_cases", "ACT_DTYPES"]
+__all__ = ["FusedRun", "plan_quantises", "run_fused", "verify_fused", "estimate_fused", "default_cases", "ACT_DTYPES"]
 
 #: where a PlanError of a run names its op ("rank 0 tb 0 op 5")
 _OP_AT = re.compile(r"rank \d+ tb \d+ op [\d.]+")
@@ -242,22 +242,11 @@ def _data(plan: Plan, run: _Run) -> tuple[list[np.ndarray], list[np.ndarray], Ep
     return xs, res if run.own_residuals else res * n, params
 
 
-def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
-                 dtypes: Optional[Sequence[str]] = None, schedules: int = 10, seed: int = 0,
-                 launches: Optional[int] = None, reduce_ops: Optional[Sequence[str]] = None,
-                 packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
-                 max_problems: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None,
-                 limits: Optional[Limits] = None, cases: Optional[Sequence[tuple[int, int]]] = None) -> Report:
-    """Verify a fused plan (see the module docstring) over ``cases`` (rows, hidden), else the
-    cases of ``sizes`` (bytes of x: per size and dtype the largest and smallest hidden size its
-    rows take), else :func:`default_cases`; ``dtypes`` among :data:`ACT_DTYPES` (default: all),
-    ``launches`` by default :func:`~mscclang.sim.runner.default_launches` (3 with double scratch);
-    ``reduce_ops`` only ``sum`` (the fused collective sums). The runs are estimated first and
-    refused (LimitError) past ``limits``, then bounded by their time; a case outside the plan's
-    message size range is refused (VerificationError). Problems are grouped by cause, as
-    :func:`mscclang.sim.verify` groups them. Returns a :class:`Report`."""
-    t0 = time.perf_counter()
-    launches = default_launches(plan) if launches is None else launches
+def _resolve(plan: Plan, sizes: Optional[Sequence[int]], dtypes: Optional[Sequence[str]], schedules: int,
+             seed: int, launches: int, reduce_ops: Optional[Sequence[str]], packet_types: Sequence[str],
+             cases: Optional[Sequence[tuple[int, int]]]) -> tuple[list[tuple[int, int]], list[np.dtype], list[str]]:
+    """:func:`verify_fused`'s arguments checked (VerificationError naming what is wrong) and
+    resolved: its (rows, hidden) cases, activation dtypes and packet types."""
     check_arguments(sizes, schedules, seed, launches)
     if reduce_ops is not None and list(reduce_ops) != ["sum"]:
         raise VerificationError(f"the fused collective sums: reduce ops {list(reduce_ops)} do not apply")
@@ -281,19 +270,69 @@ def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
             if not plan.min_message_size <= nb <= plan.max_message_size:
                 raise VerificationError(f"{rows} rows x {h} of {dtype_name(d)} is {nb} bytes, outside the plan's "
                                         f"message sizes [{plan.min_message_size}, {plan.max_message_size}]")
+    return cases, dts, pts
+
+
+def estimate_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None, dtypes: Optional[Sequence[str]] = None,
+                   schedules: int = 10, seed: int = 0, launches: Optional[int] = None,
+                   packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
+                   cases: Optional[Sequence[tuple[int, int]]] = None) -> Estimate:
+    """What :func:`verify_fused` with these arguments would take (:mod:`mscclang.sim.budget`)."""
+    launches = default_launches(plan) if launches is None else launches
+    cases, dts, pts = _resolve(plan, sizes, dtypes, schedules, seed, launches, None, packet_types, cases)
+    runs = _plan_runs(plan, cases, dts, pts, schedules, seed, symbolic)
+    return _estimate(plan, runs, launches, f"verifying {plan.name} over {len(cases)} case(s) with {len(runs)} run(s)")
+
+
+def _estimate(plan: Plan, runs: Sequence["_Run"], launches: int, what: str) -> Estimate:
+    """The runs' estimate: each (shape, dtype) with its own count of runs, each run compiling its
+    program; the symbolic runs one launch each, with no race log. Memory: the largest."""
+    numeric: dict[tuple[int, int, int, int, int], int] = {}
+    symbolic: list[tuple[int, int, int, int, int]] = []
+    for r in runs:
+        params = EpilogueParams(r.hidden, np.ones(r.hidden, np.float32), scale=r.scale, fp8=r.fp8)
+        ib, ob, row = _sizes(plan, r.rows, params, r.dtype)
+        key = (ib, ib, ob, row, r.dtype.itemsize)
+        if r.symbolic:
+            symbolic.append(key)
+        else:
+            numeric[key] = numeric.get(key, 0) + 1
+    terms = dict.fromkeys(SECONDS_PER, 0.0)
+    memory = 0
+    parts = [(key, count, None) for key, count in numeric.items()] + [(key, 0, key[:4]) for key in symbolic]
+    for key, count, sym in parts:
+        e = estimate_runs(plan, [key[:4]], count, launches if sym is None else 1, itemsizes=[key[4]],
+                          symbolic_size=sym, what=what)
+        memory = max(memory, e.memory_bytes)
+        for k, v in e.terms.items():
+            terms[k] += v * (max(count, 1) if k in COMPILE_TERMS else 1)   # a program per run
+    return Estimate(memory, sum(SECONDS_PER[k] * v for k, v in terms.items()), what, [], terms)
+
+
+def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
+                 dtypes: Optional[Sequence[str]] = None, schedules: int = 10, seed: int = 0,
+                 launches: Optional[int] = None, reduce_ops: Optional[Sequence[str]] = None,
+                 packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
+                 max_problems: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None,
+                 limits: Optional[Limits] = None, cases: Optional[Sequence[tuple[int, int]]] = None) -> Report:
+    """Verify a fused plan (see the module docstring) over ``cases`` (rows, hidden), else the
+    cases of ``sizes`` (bytes of x: per size and dtype the largest and smallest hidden size its
+    rows take), else :func:`default_cases`; ``dtypes`` among :data:`ACT_DTYPES` (default: all),
+    ``launches`` by default :func:`~mscclang.sim.runner.default_launches` (3 with double scratch);
+    ``reduce_ops`` only ``sum`` (the fused collective sums). The runs are estimated first and
+    refused (LimitError) past ``limits``, then bounded by their time; a case outside the plan's
+    message size range is refused (VerificationError). Problems are grouped by cause, as
+    :func:`mscclang.sim.verify` groups them. Returns a :class:`Report`."""
+    t0 = time.perf_counter()
+    launches = default_launches(plan) if launches is None else launches
+    cases, dts, pts = _resolve(plan, sizes, dtypes, schedules, seed, launches, reduce_ops, packet_types, cases)
     rep = Report(plan.name, launches=launches)
     rep.postcondition = True
     rep.sizes = sorted({rows * h * d.itemsize for rows, h in cases for d in dts})
     runs = _plan_runs(plan, cases, dts, pts, schedules, seed, symbolic)
     rep.schedules = [SCHEDULES[i % len(SCHEDULES)] for i in range(max(schedules, len(dts) * len(pts)))]
     quant = plan_quantises(plan)
-    shaped = [(ib, ib, ob, row) for ib, ob, row in
-              {_sizes(plan, r.rows, EpilogueParams(r.hidden, np.ones(r.hidden, np.float32), scale=r.scale, fp8=r.fp8),
-                      r.dtype) for r in runs}]
-    small = min(shaped) if shaped else None
-    estimate_runs(plan, shaped, max(schedules, len(dts) * len(pts)), launches, itemsizes=[d.itemsize for d in dts],
-                  symbolic_size=small if symbolic else None,
-                  what=f"verifying {plan.name} over {len(cases)} case(s) with {len(runs)} run(s)").check(limits)
+    _estimate(plan, runs, launches, f"verifying {plan.name} over {len(cases)} case(s) with {len(runs)} run(s)").check(limits)
     deadline = Deadline(limits, f"verifying {plan.name}")
     found = Findings(plan, rep)
     level = consistency_level(plan)
