@@ -371,6 +371,6 @@ def test_counted_work_of_the_time_estimate_matches_the_simulators(kind, ranks, s
                         inplace=info.inplace_modes[0])
     steps, accesses = _counted_run(plan, size, 2, monkeypatch)
     c = size_cost(plan, size, *message_to_bytes(plan, size)[:2])
-    assert 0.5 <= 2 * c.steps / steps <= 2, (2 * c.steps, steps)
-    assert 0.5 <= 2 * c.accesses / accesses <= 2, (2 * c.accesses, accesses)
+    assert 0.5 <= 2 * c.work.steps / steps <= 2, (2 * c.work.steps, steps)
+    assert 0.5 <= 2 * c.work.accesses / accesses <= 2, (2 * c.work.accesses, accesses)
 

@@ -36,7 +36,7 @@ from mscclang.plan.models import (PACKET_OPS, PUT_SIGNAL_OPS, REDUCE_OPS, SIGNAL
 from mscclang.sim.postcondition import CHUNKWISE_ELEMENTS
 from mscclang.units import format_bytes
 
-__all__ = ["Limits", "SizeCost", "Estimate", "size_cost", "estimate_runs", "check_runs", "Deadline"]
+__all__ = ["Limits", "Work", "SizeCost", "Estimate", "size_cost", "estimate_runs", "check_runs", "Deadline"]
 
 # --- memory coefficients, fitted to measured verify runs (tracemalloc and ru_maxrss peaks) of
 # library and synthetic plans up to 128 ranks on CPython 3.11 / numpy 2, with a margin
@@ -89,27 +89,24 @@ class Limits:
         return cls(settings.sim_max_memory, settings.sim_max_seconds)
 
 
-@dataclass(frozen=True)
-class SizeCost:
-    """What simulating one message size costs, per launch unless stated. The counts follow what
-    the simulator does: a step per op executed (pipeline iterations expanded) and per wait, a
-    race-log access per data operand a thread block's share of the op touches (a thread-block
-    group splits an op, and members whose share is empty touch nothing) and per host hand-over,
-    clock work per channel signalled or waited on and per nop."""
+#: ops that wait for packets (their flags) before reading them
+_PACKET_READERS = frozenset({OpName.upkt, OpName.rppkt, OpName.repkt, OpName.respkt, OpName.recpkt,
+                             OpName.recspkt})
 
-    size: int
-    input_bytes: int
-    output_bytes: int
-    footprint: int          # bytes of every rank's buffers (in, out, scratch as allocated)
-    outputs: int            # bytes of every rank's output (copied after each launch)
-    inputs: int             # bytes of every rank's input (drawn at random once per run)
-    checked: int            # output bytes times sources per output element, over every rank
-    op_execs: int           # ops executed per launch, pipeline iterations expanded
-    operand_execs: int      # operands of those ops (buffers and channels)
-    chunk_refs: int         # chunks resolved when compiling the plan for this size (once)
-    chunks: int             # chunks of every rank's buffers (walked at each launch start)
-    signal_execs: int = 0   # channels signalled per launch (each keeps a copy of the clocks)
-    packet_writes: int = 0  # packet destinations written per launch (each keeps a clock copy)
+
+@dataclass
+class Work:
+    """What the simulator does for one message size, per launch: the counts follow it. A step
+    per op executed (pipeline iterations expanded) and per wait; a race-log access per data
+    operand a thread block's share of the op touches (a thread-block group splits an op, and
+    members whose share is empty touch nothing) and per host hand-over; clock work per channel
+    signalled or waited on and per nop."""
+
+    op_execs: int = 0       # ops executed, pipeline iterations expanded (each a resolved object)
+    operand_execs: int = 0  # operands of those ops (buffers and channels)
+    chunk_refs: int = 0     # chunks resolved when compiling the plan for this size (once)
+    signal_execs: int = 0   # channels signalled (each keeps a copy of the clocks)
+    packet_writes: int = 0  # packet destinations written (each keeps a clock copy)
     op_bytes: int = 0       # the largest op's operand bytes (copies and reduce temporaries)
     steps: int = 0          # scheduler steps: ops executed plus waits
     accesses: int = 0       # race-log accesses: data operands touched, host hand-overs
@@ -118,30 +115,6 @@ class SizeCost:
     reduced_bytes: int = 0  # operand bytes of reductions
     moved_bytes: int = 0    # operand bytes of every data op (copies, packets, reductions)
     packet_bytes: int = 0   # operand bytes of packet ops (flags written and polled per word)
-
-
-#: ops that wait for packets (their flags) before reading them
-_PACKET_READERS = frozenset({OpName.upkt, OpName.rppkt, OpName.repkt, OpName.respkt, OpName.recpkt,
-                             OpName.recspkt})
-
-
-@dataclass
-class _Tally:
-    """Counts of :class:`SizeCost` being added up over a plan's ops."""
-
-    op_execs: int = 0
-    operand_execs: int = 0
-    chunk_refs: int = 0
-    signal_execs: int = 0
-    packet_writes: int = 0
-    op_bytes: int = 0
-    steps: int = 0
-    accesses: int = 0
-    channel_execs: int = 0
-    nops: int = 0
-    reduced_bytes: int = 0
-    moved_bytes: int = 0
-    packet_bytes: int = 0
 
     def add(self, op: Op, iters: int, chunk_bytes: int, unit: Optional[int], alignment: int) -> None:
         """``op`` executed ``iters`` times (a pipeline's inner op: ``unit`` bytes per iteration;
@@ -172,6 +145,21 @@ class _Tally:
                     self.reduced_bytes += moved
                 if op.name in PACKET_OPS:
                     self.packet_bytes += moved
+
+
+@dataclass(frozen=True)
+class SizeCost:
+    """What simulating one message size costs: every rank's buffers and the :class:`Work` of a
+    launch."""
+
+    size: int
+    input_bytes: int
+    output_bytes: int
+    footprint: int          # bytes of every rank's buffers (in, out, scratch as allocated)
+    outputs: int            # bytes of every rank's output (copied after each launch)
+    inputs: int             # bytes of every rank's input (drawn at random once per run)
+    checked: int            # output bytes times sources per output element, over every rank
+    work: Work
 
 
 def _share(op: Op, nbytes: int, alignment: int) -> int:
@@ -246,14 +234,13 @@ def size_cost(plan: Plan, size: int, input_bytes: int, output_bytes: int, row_by
     """The cost of simulating ``plan`` for one message of ``size`` bytes (``input_bytes`` in,
     ``output_bytes`` out per rank; ``row_bytes``: a row-chunked fused plan's input row). Raises
     the layout's PlanError for sizes the collective does not allow."""
-    footprint = outputs = chunks = 0
-    t = _Tally()
+    footprint = outputs = 0
+    t = Work()
     align = plan.buffer_alignment
     residual = input_bytes if plan.has_epilogue_ops() else 0   # the fused collective's residual
     for g, lay in zip(plan.gpus, make_layouts(plan, input_bytes, output_bytes, row_bytes)):
         footprint += input_bytes + output_bytes + residual + lay.scratch_alloc_bytes
         outputs += output_bytes
-        chunks += g.input_chunks + g.output_chunks + g.scratch_chunks
         t.accesses += 3 + (1 if residual else 0)   # the host's hand-overs at each launch start
         cb = max(lay.chunk_bytes, 1)
         for tb in g.threadblocks:
@@ -271,9 +258,7 @@ def size_cost(plan: Plan, size: int, input_bytes: int, output_bytes: int, row_by
                     t.add(op, 1, cb, None, align)
     n = len(plan.gpus)
     return SizeCost(size, input_bytes, output_bytes, footprint, outputs, n * input_bytes,
-                    outputs * _sources_per_element(plan), t.op_execs, t.operand_execs, t.chunk_refs,
-                    chunks, t.signal_execs, t.packet_writes, t.op_bytes, t.steps, t.accesses,
-                    t.channel_execs, t.nops, t.reduced_bytes, t.moved_bytes, t.packet_bytes)
+                    outputs * _sources_per_element(plan), t)
 
 
 #: the most memory the symbolic shadows of one run may take (a larger run is skipped)
@@ -323,7 +308,7 @@ def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: i
     peak_run = 0.0
     terms = dict.fromkeys(SECONDS_PER, 0.0)
     for c in costs:
-        mem_kept += c.op_execs * _MEM_PER_OP_OBJECT
+        mem_kept += c.work.op_execs * _MEM_PER_OP_OBJECT
         checked = c.checked if postcondition else 0
         if runs and postcondition:
             # postcondition index arrays (int64 per output element and per source), one per dtype
@@ -331,15 +316,15 @@ def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: i
             mem_kept += sum((c.checked + 2 * c.outputs) / k * _MEM_PER_INDEX_ENTRY for k in used
                             if c.output_bytes // k <= CHUNKWISE_ELEMENTS)
         if runs:
-            logs = launches * (c.operand_execs * _MEM_PER_ACCESS
-                               + (c.signal_execs * 2 + c.packet_writes) * actors * 8)
+            logs = launches * (c.work.operand_execs * _MEM_PER_ACCESS
+                               + (c.work.signal_execs * 2 + c.work.packet_writes) * actors * 8)
             # transients: the largest op's copies (as float64 when reducing), one rank's check
-            transient = c.op_bytes * 8 / used[0] + (checked / len(plan.gpus) / used[0] * 16 if plan.gpus else 0)
+            transient = c.work.op_bytes * 8 / used[0] + (checked / len(plan.gpus) / used[0] * 16 if plan.gpus else 0)
             peak_run = max(peak_run, c.footprint * _MEM_PER_FOOTPRINT_BYTE + launches * c.outputs
                            + c.inputs / used[0] * _MEM_PER_DRAWN + logs + transient)
         _add_terms(terms, c, actors, runs, launches)
-        terms["compiled_ops"] += c.op_execs
-        terms["chunk_refs"] += c.chunk_refs
+        terms["compiled_ops"] += c.work.op_execs
+        terms["chunk_refs"] += c.work.chunk_refs
         terms["checked"] += runs * launches * checked / used[-1]
     if symbolic_size is not None:
         try:
@@ -353,7 +338,7 @@ def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: i
             shadow = rows * nsym * 2 * (1 + launches)
             peak_run = max(peak_run, c.footprint * _MEM_PER_FOOTPRINT_BYTE + launches * c.outputs + shadow)
             _add_terms(terms, c, actors, 1, launches)
-            terms["symbolic_granules"] += launches * c.reduced_bytes / _granule(plan, c, row)
+            terms["symbolic_granules"] += launches * c.work.reduced_bytes / _granule(plan, c, row)
     seconds = sum(SECONDS_PER[k] * v for k, v in terms.items())
     return Estimate(int(mem_kept + peak_run), seconds, what, costs, terms)
 
@@ -361,14 +346,14 @@ def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: i
 def _add_terms(terms: dict[str, float], c: SizeCost, actors: int, runs: int, launches: int) -> None:
     """Add ``runs`` runs of ``launches`` launches at ``c`` to the time terms."""
     k = runs * launches
-    terms["steps"] += k * c.steps
-    terms["accesses"] += k * c.accesses
-    terms["channels"] += k * c.channel_execs
-    terms["channel_entries"] += k * c.channel_execs * actors
-    terms["nop_entries"] += k * c.nops * actors
-    terms["reduced_bytes"] += k * c.reduced_bytes
-    terms["moved_bytes"] += k * c.moved_bytes
-    terms["packet_bytes"] += k * c.packet_bytes
+    terms["steps"] += k * c.work.steps
+    terms["accesses"] += k * c.work.accesses
+    terms["channels"] += k * c.work.channel_execs
+    terms["channel_entries"] += k * c.work.channel_execs * actors
+    terms["nop_entries"] += k * c.work.nops * actors
+    terms["reduced_bytes"] += k * c.work.reduced_bytes
+    terms["moved_bytes"] += k * c.work.moved_bytes
+    terms["packet_bytes"] += k * c.work.packet_bytes
     terms["clock_pairs"] += runs * actors * actors
 
 
