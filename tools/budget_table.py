@@ -175,7 +175,7 @@ def estimate(case: Case):
 
     plan = load_plan(plan_file(case))
     sizes = list(case.sizes) if case.sizes else default_sizes(plan)
-    if plan.epilogue_ops():   # a fused plan: verify runs its own cases (rows x hidden)
+    if plan.has_epilogue_ops():   # a fused plan: verify runs its own cases (rows x hidden)
         from mscclang.sim.fused import estimate_fused
 
         sizes = list(case.sizes) if case.sizes else None
