@@ -156,9 +156,15 @@ def torch_dtype_code(dtype: Any) -> str:
 
 def kernel_code(code: str, accum: Optional[str] = None) -> str:
     """The GPU kernel module's code of a dtype code and its (canonical) accumulation dtype:
-    the dtype code itself, or ``<code>_a32`` / ``<code>_a16`` for fp8 (``f8e4m3_a32``)."""
+    the dtype code itself, or ``<code>_a32`` / ``<code>_a16`` for fp8 (``f8e4m3_a32``). Every
+    fp8 module moves bytes alike, so an fp8 call that does not reduce (``accum`` None: an
+    all_gather, all_to_all, broadcast) runs on the default accumulation's module: no build holds
+    a module of the bare fp8 code."""
     if accum is None:
-        return code
+        info = dtype_by_code(code)
+        if not info.accumulates:
+            return code
+        accum = ACCUM_DTYPES[0]
     return f"{code}_a{8 * find_dtype(accum).itemsize}"  # type: ignore[union-attr]
 
 
