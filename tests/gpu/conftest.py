@@ -54,3 +54,13 @@ def pool():
     print(f"\nkernels loaded: {p.run('tests.harness.runtime_checks:warm_kernels')[0]}", flush=True)
     yield p
     p.close()
+
+
+def pytest_runtest_logreport(report) -> None:
+    """With ``MSCCLANG_TEST_DURATIONS=FILE``, one line per test phase as it ends (seconds, phase,
+    outcome, test): the durations survive a run cut by its time limit (pytest's own
+    ``--durations`` table prints only at the end). Under xdist the controller writes it."""
+    path = os.environ.get("MSCCLANG_TEST_DURATIONS")
+    if path and (report.when == "call" or report.duration > 1.0):
+        with open(path, "a") as f:
+            f.write(f"{report.duration:8.2f} {report.when:8} {report.outcome:7} {report.nodeid}\n")

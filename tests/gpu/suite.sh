@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The whole GPU suite in two commands of at most 8 minutes each, on a machine with ONE GPU (ranks
+# share it through MSCCLANG_RANKS_PER_GPU; functional checks, no timing means anything) or on
+# several GPUs (one rank per GPU). Run from the repository root on the GPU machine, carrying
+# .whl and .cubins (python3 -m mscclang build-kernel --out .cubins; ../tools: device-wheels):
+#
+#   bash tests/gpu/suite.sh all    # every file of tests/gpu, 2 ranks sharing the GPU
+#   bash tests/gpu/suite.sh wide   # the 4- and 8-rank parts: consistency, every shipped plan, fused
+#
+# Independent test files run in parallel worker pools (pytest-xdist: each xdist worker holds its
+# own pool of rank processes, so WORKERS x RANKS processes share the GPU). `wide` runs the 4-rank
+# part and the 8-rank part at the same time. Each part is bounded (LIMIT_S, default 470 s) and
+# prints its pytest summary line and wall time; the logs and each test's duration as it ends
+# (durations_NAME.txt) go to $OUT (default /tmp/out).
+# Settings: WORKERS (xdist workers of `all`, default 4), LIMIT_S, TEST_TIMEOUT (one test, 420 s).
+set -u
+what=${1:?usage: bash tests/gpu/suite.sh all|wide}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. .whl/prelude.sh || exit 1
+export NCCL_NVLS_ENABLE=0 MSCCLANG_CUBIN_DIR="$PWD/.cubins" MSCCLANG_TEST_TIMEOUT_S=${MSCCLANG_TEST_TIMEOUT_S:-20} \
+  PYTHONUNBUFFERED=1
+unset MSCCLANG_ENABLE_NVLS
+python3 -c "from mscclang.runtime.build import DTYPES, find_prebuilt as f; import sys; sys.exit(0 if all(f(d, 'sm_90') for d in DTYPES) else 1)" \
+  || echo "WARNING: .cubins does not match the executor sources: every worker builds with NVRTC"
+gpus=$(nvidia-smi -L | grep -c '^GPU')
+nvidia-smi --query-gpu=name --format=csv,noheader | head -1
+LIMIT_S=${LIMIT_S:-470}
+
+# part NAME RANKS XDIST_WORKERS FILES...: one bounded pytest run, its log in $OUT/gpu_NAME.log
+part() {
+  local name=$1 ranks=$2 n=$3; shift 3
+  local per=1 log="$OUT/gpu_$name.log" t0=$(date +%s)
+  [ "$gpus" -lt 2 ] && per=$ranks
+  local xd=""; [ "$n" -gt 1 ] && xd="-n $n --dist load"
+  MSCCLANG_TEST_DURATIONS="$OUT/durations_$name.txt" MSCCLANG_RANKS_PER_GPU=$per MSCCLANG_TEST_WORLD=$([ "$per" = 1 ] && echo "$ranks") \
+    timeout -k 10 "$LIMIT_S" python3 -m pytest -m gpu "$@" -o addopts="" -q -rfEs $xd --tb=short \
+    --timeout "${TEST_TIMEOUT:-420}" --durations=25 > "$log" 2>&1
+  echo "[$name] rc=$? wall $(( $(date +%s) - t0 )) s: $(grep -E '(passed|failed|error)' "$log" | tail -1)"
+}
+
+case "$what" in
+  all)
+    part ranks2 2 "${WORKERS:-4}" tests/gpu ;;
+  wide)
+    F="tests/gpu/test_consistency_gpu.py tests/gpu/test_plans_gpu.py tests/gpu/test_fused_gpu.py"
+    part ranks4 4 1 $F &
+    part ranks8 8 "${WIDE_WORKERS:-2}" $F &
+    wait ;;
+  *) echo "usage: bash tests/gpu/suite.sh all|wide" >&2; exit 2 ;;
+esac
+for f in "$OUT"/gpu_ranks*.log; do
+  echo "== $f"; grep -E "^(FAILED|ERROR)|^E  |SKIPPED|^[0-9.]+s (call|setup)" "$f" | cut -c1-220 | head -60
+done
