@@ -245,10 +245,10 @@ def _op_to(op: Op, plan_reduce: Optional[str], path: str) -> dict:
         reduce_op = plan_reduce
     if reduce_op is not None:
         out["reduce_op"] = reduce_op
-    if op.src0_position:
-        raise PlanError(f"MSCCL++ reduces the local source first; this {op.name.value} adds it at place "
-                        f"{op.src0_position} (a rank-consistent order: docs/semantics.md), which MSCCL++ "
-                        "cannot express", f"{path}.src0_position")
+    if op.src0_position is not None and op.src0_position >= 2:  # places 0 and 1 are one sum: x0+x1 == x1+x0
+        raise PlanError(f"{op.name.value} adds its local source at place {op.src0_position}; MSCCL++ adds it "
+                        "first, and only the first two operands of a sum commute exactly, so MSCCL++ cannot "
+                        "express this order", f"{path}.src0_position")
     if op.barrier_id is not None:
         out["barrier_id"] = op.barrier_id
     if op.num_threadblocks is not None:
