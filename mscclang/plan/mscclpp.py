@@ -13,14 +13,19 @@ MSCCL++ plans use the same key names and op names as ours (see docs/plan.schema.
   ``reduce_op`` to the reduce op the reductions name when they all name the same one (as plans
   built by our DSL carry them); on export a plan-wide ``reduce_op`` is written into every
   reduction op, where MSCCL++ keeps it;
-* refusing, on export, what MSCCL++ cannot express: a broadcast root, a lone ``glre`` (its
-  parser has no such op), an LL8 default packet type, a plan-wide reduce op that disagrees with
-  an op's, a chunk factor that the chunk counts do not imply.
+* reductions: MSCCL++ adds the local source (``src_buff[0]``) first. Ours may add it later
+  (``src0_position``); at place 1 the export writes it first, which is the same sum bit for bit
+  (the first two operands commute: ``x1 + x0 == x0 + x1``), and drops ``src0_position``;
+* refusing, on export, what MSCCL++ cannot express: a broadcast root, an epilogue op, a lone
+  ``glre`` (its parser has no such op), an LL8 default packet type, a plan-wide reduce op that
+  disagrees with an op's, a chunk factor that the chunk counts do not imply, a local source at
+  place 2 or later (no exact reordering exists).
 
 ``to_mscclpp`` emits keys in the order MSCCL++'s DSL writes them and omits empty optional fields,
-as that DSL does, so ``from_mscclpp(to_mscclpp(p)) == p`` for every plan ``to_mscclpp`` accepts
-whose ``barrier_tbs``, ``chunk_factor`` and ``reduce_op`` are what import infers (true of plans
-built by the DSL).
+as that DSL does, so ``from_mscclpp(to_mscclpp(p))`` is ``p`` up to a normalisation, for every
+plan ``to_mscclpp`` accepts whose ``barrier_tbs``, ``chunk_factor`` and ``reduce_op`` are what
+import infers (true of plans built by the DSL): ``consistent`` and the ops' ``src``
+(MSCCL++ has no such fields) are absent, and ``src0_position`` 1 is absent (local first).
 """
 
 from __future__ import annotations
