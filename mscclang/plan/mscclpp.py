@@ -25,7 +25,7 @@ MSCCL++ plans use the same key names and op names as ours (see docs/plan.schema.
 as that DSL does, so ``from_mscclpp(to_mscclpp(p))`` is ``p`` up to a normalisation, for every
 plan ``to_mscclpp`` accepts whose ``barrier_tbs``, ``chunk_factor`` and ``reduce_op`` are what
 import infers (true of plans built by the DSL): ``consistent`` and the ops' ``src``
-(MSCCL++ has no such fields) are absent, and ``src0_position`` 1 is absent (local first).
+(MSCCL++ has no such fields) are absent, and so is ``src0_position`` 0 or 1 (local first).
 """
 
 from __future__ import annotations
@@ -277,7 +277,10 @@ def to_mscclpp(plan: Plan) -> dict:
     """Convert a plan into an MSCCL++ 0.9 execution plan (a JSON-ready dict).
 
     Raises :class:`PlanError` (with the JSON path) for what MSCCL++ cannot express, among it
-    every ``mscclang.plan/2`` plan (MSCCL++ has no epilogue ops: the first one is named).
+    every ``mscclang.plan/2`` plan (MSCCL++ has no epilogue ops: the first one is named) and a
+    reduction adding its local source at place 2 or later (``src0_position``); at place 1 it is
+    written first, the same sum bit for bit. The result is exact: importing it gives the plan
+    back up to the normalisation of the module docstring.
     """
     epilogue = plan.epilogue_ops()
     if epilogue:
