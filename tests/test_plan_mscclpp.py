@@ -233,3 +233,61 @@ def test_dsl_plans_round_trip_exactly(program):
                     for inner in op.ops or []:
                         inner.src = None
         assert plan_to_dict(back) == plan_to_dict(plan)
+
+
+# ----------------------------------------------------------------- the local source's place
+
+def _positioned(place: int) -> dict:
+    """allpairs_allreduce(4) with rank 1's reductions of tb 0 adding its own chunk at ``place``."""
+    doc = allpairs_allreduce(4)
+    reds = [o for o in doc["gpus"][1]["threadblocks"][0]["ops"] if o["name"] == "re"]
+    assert reds and all(len(o["src_buff"]) == 4 for o in reds)
+    for o in reds:
+        o["src0_position"] = place
+    return doc
+
+
+def test_local_source_at_place_1_exports_local_first():
+    """x1 + x0 == x0 + x1 bit for bit: MSCCL++'s local-first order is the same sum."""
+    doc = _positioned(1)
+    plan = plan_from_dict(doc)
+    d = to_mscclpp(plan)
+    ops = d["gpus"][1]["threadblocks"][0]["ops"]
+    want = [o for o in doc["gpus"][1]["threadblocks"][0]["ops"] if o["name"] == "re"]
+    got = [o for o in ops if o["name"] == "re"]
+    assert [o["src_buff"] for o in got] == [o["src_buff"] for o in want]  # the local source stays first
+    assert all("src0_position" not in o for o in _walk_ops(d))
+    back = from_mscclpp(json.loads(json.dumps(d)))
+    for o, p in zip(back.gpus[1].threadblocks[0].ops, plan.gpus[1].threadblocks[0].ops):
+        if p.src0_position == 1:
+            assert o.src0_position is None and o.reduction_order()[2:] == p.reduction_order()[2:]
+            assert sorted(o.reduction_order()[:2]) == sorted(p.reduction_order()[:2])
+
+
+@pytest.mark.parametrize("place", [2, 3])
+def test_local_source_at_place_2_or_later_is_refused_naming_op_and_place(place):
+    with pytest.raises(PlanError) as ei:
+        to_mscclpp(plan_from_dict(_positioned(place)))
+    first = next(i for i, o in enumerate(allpairs_allreduce(4)["gpus"][1]["threadblocks"][0]["ops"])
+                 if o["name"] == "re")
+    assert ei.value.path == f"gpus[1].threadblocks[0].ops[{first}].src0_position"
+    msg = ei.value.message
+    assert f"re adds its local source at place {place}" in msg and "commute" in msg, msg
+    assert "\n" not in str(ei.value)
+
+
+def test_library_two_rank_plans_with_a_moved_local_source_export(shipped_plans):
+    """Every 2-rank shipped plan that reduces through a positioned source exports (the
+    library's rank-order plans put rank 1's own chunk at place 1)."""
+    from mscclang.plan import load_plan
+
+    moved = 0
+    for f in shipped_plans:
+        plan = load_plan(f)
+        if len(plan.gpus) != 2 or plan.format != "mscclang.plan/1":
+            continue
+        if any(o.src0_position for g in plan.gpus for tb in g.threadblocks for op in tb.ops
+               for o in [op, *(op.ops or [])]):
+            moved += 1
+            to_mscclpp(plan)
+    assert moved > 0

@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Optional
 
 from mscclang.errors import PlanError
 from mscclang.plan.io import plan_to_json, read_plan_document
 from mscclang.plan.mscclpp import from_mscclpp
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "write_output"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -30,12 +31,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     data = read_plan_document(args.input)  # bounded, UTF-8, JSON errors as PlanError
     plan = from_mscclpp(data, check=not args.no_check)
-    out = plan_to_json(plan)
-    if args.output:
-        try:
-            Path(args.output).write_text(out)
-        except OSError as e:
-            raise PlanError(f"cannot write {args.output}: {e.strerror}") from None
-    else:
-        sys.stdout.write(out)
+    write_output(plan_to_json(plan), args.output)
     return 0
+
+
+def write_output(text: str, path: Optional[str]) -> None:
+    """Write ``text`` to the file ``path``, or to standard output when ``path`` is None or empty;
+    a file that cannot be written is a PlanError naming it and why."""
+    if path:
+        try:
+            Path(path).write_text(text)
+        except OSError as e:
+            raise PlanError(f"cannot write {path}: {e.strerror}") from None
+    else:
+        sys.stdout.write(text)

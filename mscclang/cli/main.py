@@ -19,6 +19,7 @@ from mscclang.errors import MscclangError
 COMMANDS: dict[str, str] = {
     "compile": "compile_cmd",
     "import-mscclpp": "import_cmd",
+    "export-mscclpp": "export_cmd",
     "show": "show_cmd",
     "verify": "verify_cmd",
     "predict": "predict_cmd",

@@ -13,14 +13,19 @@ MSCCL++ plans use the same key names and op names as ours (see docs/plan.schema.
   ``reduce_op`` to the reduce op the reductions name when they all name the same one (as plans
   built by our DSL carry them); on export a plan-wide ``reduce_op`` is written into every
   reduction op, where MSCCL++ keeps it;
-* refusing, on export, what MSCCL++ cannot express: a broadcast root, a lone ``glre`` (its
-  parser has no such op), an LL8 default packet type, a plan-wide reduce op that disagrees with
-  an op's, a chunk factor that the chunk counts do not imply.
+* reductions: MSCCL++ adds the local source (``src_buff[0]``) first. Ours may add it later
+  (``src0_position``); at place 1 the export writes it first, which is the same sum bit for bit
+  (the first two operands commute: ``x1 + x0 == x0 + x1``), and drops ``src0_position``;
+* refusing, on export, what MSCCL++ cannot express: a broadcast root, an epilogue op, a lone
+  ``glre`` (its parser has no such op), an LL8 default packet type, a plan-wide reduce op that
+  disagrees with an op's, a chunk factor that the chunk counts do not imply, a local source at
+  place 2 or later (no exact reordering exists).
 
 ``to_mscclpp`` emits keys in the order MSCCL++'s DSL writes them and omits empty optional fields,
-as that DSL does, so ``from_mscclpp(to_mscclpp(p)) == p`` for every plan ``to_mscclpp`` accepts
-whose ``barrier_tbs``, ``chunk_factor`` and ``reduce_op`` are what import infers (true of plans
-built by the DSL).
+as that DSL does, so ``from_mscclpp(to_mscclpp(p))`` is ``p`` up to a normalisation, for every
+plan ``to_mscclpp`` accepts whose ``barrier_tbs``, ``chunk_factor`` and ``reduce_op`` are what
+import infers (true of plans built by the DSL): ``consistent`` and the ops' ``src``
+(MSCCL++ has no such fields) are absent, and so is ``src0_position`` 0 or 1 (local first).
 """
 
 from __future__ import annotations
@@ -245,10 +250,10 @@ def _op_to(op: Op, plan_reduce: Optional[str], path: str) -> dict:
         reduce_op = plan_reduce
     if reduce_op is not None:
         out["reduce_op"] = reduce_op
-    if op.src0_position:
-        raise PlanError(f"MSCCL++ reduces the local source first; this {op.name.value} adds it at place "
-                        f"{op.src0_position} (a rank-consistent order: docs/semantics.md), which MSCCL++ "
-                        "cannot express", f"{path}.src0_position")
+    if op.src0_position is not None and op.src0_position >= 2:  # places 0 and 1 are one sum: x0+x1 == x1+x0
+        raise PlanError(f"{op.name.value} adds its local source at place {op.src0_position}; MSCCL++ adds it "
+                        "first, and only the first two operands of a sum commute exactly, so MSCCL++ cannot "
+                        "express this order", f"{path}.src0_position")
     if op.barrier_id is not None:
         out["barrier_id"] = op.barrier_id
     if op.num_threadblocks is not None:
@@ -272,7 +277,10 @@ def to_mscclpp(plan: Plan) -> dict:
     """Convert a plan into an MSCCL++ 0.9 execution plan (a JSON-ready dict).
 
     Raises :class:`PlanError` (with the JSON path) for what MSCCL++ cannot express, among it
-    every ``mscclang.plan/2`` plan (MSCCL++ has no epilogue ops: the first one is named).
+    every ``mscclang.plan/2`` plan (MSCCL++ has no epilogue ops: the first one is named) and a
+    reduction adding its local source at place 2 or later (``src0_position``); at place 1 it is
+    written first, the same sum bit for bit. The result is exact: importing it gives the plan
+    back up to the normalisation of the module docstring.
     """
     epilogue = plan.epilogue_ops()
     if epilogue:

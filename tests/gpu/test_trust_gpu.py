@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from tests.harness.trust_checks import library_inplace_mscclpp
+
 pytestmark = pytest.mark.gpu
 
 T = "tests.harness.trust_checks"
@@ -89,29 +91,11 @@ def test_concurrency(pool, own_gpus):
     _ok(pool.run(f"{T}:concurrency", iters=30))
 
 
-def _library_inplace_mscclpp(tmp_path):
-    """Three in-place plans as MSCCL++ 0.9 JSON: two-step LL allreduce, read-reduce allreduce
-    (rsag through scratch) and a simple allgather."""
-    from mscclang.algorithms.allgather import build_allgather_simple
-    from mscclang.plan import load_plan, to_mscclpp
-
-    root = os.path.join(os.path.dirname(__file__), "..", "..", "plans")
-    plans = [load_plan(os.path.join(root, "allreduce_twostep_ll.r2.i2.inplace.json")),
-             load_plan(os.path.join(root, "allreduce_rsag_simple.r2.i16.inplace.json"))]
-    ag = build_allgather_simple(2, 1, inplace=True)
-    plans.append(ag if not hasattr(ag, "to_plan") else ag.to_plan())
-    out = []
-    for p in plans:
-        f = tmp_path / f"{p.name}.mscclpp.json"
-        f.write_text(json.dumps(to_mscclpp(p)))
-        out.append(f)
-    return out
-
-
 def test_inplace_plans_imported_from_mscclpp_run_exact(pool, tmp_path):
-    """Defect 3: in-place plans imported from MSCCL++ run in place through ``mscclang run``."""
+    """Defect 3: in-place plans imported from MSCCL++ run in place through ``mscclang run``. The
+    export and import up to the launch: tests/test_mscclpp_export.py (CPU)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    for f in _library_inplace_mscclpp(tmp_path):
+    for f in library_inplace_mscclpp(tmp_path):
         ours = tmp_path / (f.stem + ".ours.json")
         r = subprocess.run([sys.executable, "-m", "mscclang", "import-mscclpp", str(f), "-o", str(ours)],
                            capture_output=True, text=True, env=env, timeout=120)

@@ -11,10 +11,12 @@ Each command returns a dict with ``checked`` and ``failures`` (strings naming th
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from mscclang.bench.worker import capture_graph, gen_input
@@ -572,3 +574,23 @@ def layout_refusals(w: Any) -> dict:
     if bad:
         failures.append(f"rank {r}: in-place allgather: {bad}")
     return {"rank": r, "checked": 1, "failures": failures}
+
+
+def library_inplace_mscclpp(folder: Path) -> list[Path]:
+    """Three in-place library plans written into ``folder`` as MSCCL++ 0.9 JSON (``to_mscclpp``,
+    what ``mscclang export-mscclpp`` writes), for ``mscclang import-mscclpp`` and ``run``: the
+    two-step LL allreduce (rank 1 adds its own chunk at place 1, exported local first), the
+    read-reduce allreduce (rsag through scratch) and a simple allgather, all at 2 ranks."""
+    from mscclang.algorithms.allgather import build_allgather_simple
+    from mscclang.plan import load_plan, to_mscclpp
+    from tests.harness.shipped import PLANS_DIR
+
+    plans = [load_plan(PLANS_DIR / "allreduce_twostep_ll.r2.i2.inplace.json"),
+             load_plan(PLANS_DIR / "allreduce_rsag_simple.r2.i16.inplace.json"),
+             build_allgather_simple(2, 1, inplace=True)]
+    out = []
+    for p in plans:
+        f = folder / f"{p.name}.mscclpp.json"
+        f.write_text(json.dumps(to_mscclpp(p)))
+        out.append(f)
+    return out
