@@ -56,3 +56,9 @@ def spread(shape: Union[int, tuple], dtype: Any, seed: Union[int, Any], device: 
     if top is not None:
         x = x.clamp(-top, top)
     return x.to(dtype)
+
+
+def rank_input(seed: int, rank: int, numel: int, dtype: Any, device: Any) -> Any:
+    """Rank ``rank``'s input of a check seeded ``seed``: :func:`spread` data of ``numel`` elements
+    on ``device`` (any process regenerates every rank's from the same ``seed``)."""
+    return spread(numel, dtype, seed * 1000003 + rank, device=device)
