@@ -15,17 +15,19 @@ from typing import Any, Optional
 import numpy as np
 
 from tests.harness.comm_checks import _sync, communicator
+from tests.harness.data import spread
 
 #: (tokens, hidden) shapes: one-shot sizes and two-shot sizes (rows split evenly over 2/4/8)
 SHAPES = ((1, 8192), (7, 4104), (64, 8192), (256, 8192))
 
 
 def _data(seed: int, n: int, tokens: int, hidden: int, dt: Any, wdt: Any) -> tuple[list, Any, Any]:
+    """Every rank's input and the residual (:func:`~tests.harness.data.spread` data), the weight."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    xs = [torch.randn(tokens, hidden, generator=g).to(dt) for _ in range(n)]
-    res = torch.randn(tokens, hidden, generator=g).to(dt)
+    xs = [spread((tokens, hidden), dt, g) for _ in range(n)]
+    res = spread((tokens, hidden), dt, g)
     w = (torch.rand(hidden, generator=g) + 0.5).to(wdt)
     return xs, res, w
 
