@@ -51,10 +51,11 @@ def spread(shape: Union[int, tuple], dtype: Any, seed: Union[int, Any], device: 
         scale = top / 4.0 / 2.0 ** SPREAD_HI   # |normal| <= 4 in all but ~1e-4 of the elements
         lo = max(SPREAD_LO, math.ceil(math.log2(info.tiny / scale)))
     x = torch.randn(shape, generator=g, device=dev, dtype=torch.float32)
-    k = torch.randint(lo, SPREAD_HI + 1, shape, generator=g, device=dev, dtype=torch.int32)
-    x = torch.ldexp(x, k) * scale
+    k = torch.randint(lo, SPREAD_HI + 1, shape, generator=g, device=dev, dtype=torch.int8)
+    x.mul_(torch.pow(2.0, k))   # in place, k in int8: large inputs (1 GiB) stay near randn's memory
+    del k
     if top is not None:
-        x = x.clamp(-top, top)
+        x.mul_(scale).clamp_(-top, top)
     return x.to(dtype)
 
 
