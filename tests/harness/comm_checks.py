@@ -1,6 +1,7 @@
 """Commands for the GPU test workers (:mod:`mscclang.runtime.workers`): the communicator on the
 worker's executor, every collective against a reference computed on each rank from every rank's
-(regenerated) input, eager and under CUDA-graph replay. Used by ``tests/gpu/test_comm_gpu.py``.
+(regenerated) input (:func:`tests.harness.data.rank_input`: sums that show the order), eager
+and under CUDA-graph replay. Used by ``tests/gpu/test_comm_gpu.py``.
 
 Reductions are checked bit for bit where the order cannot matter (2 ranks, int32, min/max) and,
 for floating-point sums over 3 or more ranks, within the error bound of summation in any order
@@ -16,9 +17,10 @@ from __future__ import annotations
 import traceback
 from typing import Any, Optional
 
-from mscclang.bench.worker import capture_graph, gen_input
+from mscclang.bench.worker import capture_graph
 from mscclang.cli.run_checks import Expected, sum_bound
 from mscclang.plan.dtypes import torch_dtype
+from tests.harness.data import rank_input, spread
 
 DTYPES = ("float16", "bfloat16", "float32", "int32")
 
@@ -211,7 +213,7 @@ def _one(comm: Any, coll: str, numel: int, dt: Any, op: str, sym: bool, ip: bool
 
     x, out = _buffers(comm, coll, numel, dt, sym, ip, dev)
     per_rank = x.numel()
-    xs = [gen_input(seed, q, per_rank, dt, dev) for q in range(n)]
+    xs = [rank_input(seed, q, per_rank, dt, dev) for q in range(n)]
     want = _expectation(coll, r, n, xs, op, root)
     if out is not None:
         (out.view(torch.int16) if out.element_size() == 2 else out.view(torch.int32)).fill_(0x7F7F)
@@ -225,7 +227,7 @@ def _one(comm: Any, coll: str, numel: int, dt: Any, op: str, sym: bool, ip: bool
     _call(comm, coll, x, out, ip, op, root)
     g, got = capture_graph(lambda: _call(comm, coll, x, out, ip, op, root))
     for rep in range(3):
-        xs = [gen_input(seed * 7 + rep, q, per_rank, dt, dev) for q in range(n)]
+        xs = [rank_input(seed * 7 + rep, q, per_rank, dt, dev) for q in range(n)]
         want = _expectation(coll, r, n, xs, op, root)
         x.copy_(xs[r])
         torch.cuda.synchronize()
@@ -258,10 +260,10 @@ def check_fallback_logged_once(w: Any) -> dict:
         root = w.world_size - 1
         bad = 0
         for i in range(3):
-            x = torch.full((1000 + i,), float(w.rank + 1), device=comm.device)
+            x = rank_input(i, w.rank, 1000 + i, torch.float32, comm.device)
             comm.broadcast(x, root=root)
             _sync(comm)
-            bad += int((x != float(root + 1)).sum())
+            bad += int((x != rank_input(i, root, 1000 + i, torch.float32, comm.device)).sum())
         mode = comm.last.mode if comm.last else None
     finally:
         logging.getLogger("mscclang.comm").removeHandler(h)
@@ -284,8 +286,7 @@ def check_warm_up(w: Any, max_bytes: int = 4 << 20) -> dict:
     later, digests = [], []
     for _ in range(6):
         k = rng.randrange(1, max_bytes // 2 // n)
-        x = torch.randn(k * n, generator=torch.Generator().manual_seed(k + w.rank)).to(
-            device=comm.device, dtype=torch.bfloat16)
+        x = spread(k * n, torch.bfloat16, k + w.rank).to(comm.device)
         comm.all_reduce(x)
         later.append(("allreduce", comm.last.plan.name if comm.last.plan is not None else None))
         y = comm.all_gather(x[:k])

@@ -1,9 +1,9 @@
 """Commands for the GPU test workers: every rank gets the same bits (docs/semantics.md, "Rank
 consistency"). Each rank runs ``all_reduce`` (at sizes that reach every plan the selector picks,
 in every floating-point dtype, fp8 included) and the fused ``all_reduce_add_rms_norm`` on its own
-seeded data, checks its result against a float64 reference within the documented bound, and
-returns a digest of its output bytes per case: the test compares every rank's digests with rank
-0's. Used by ``tests/gpu/test_consistency_gpu.py``.
+seeded :func:`~tests.harness.data.spread` data (whose sums show the order), checks its result
+against a float64 reference within the documented bound, and returns a digest of its output bytes
+per case: the test compares every rank's digests with rank 0's. Used by ``tests/gpu/test_consistency_gpu.py``.
 
 Each command returns ``{"rank", "digests": {case: sha256}, "plans": {case: plan}, "failures"}``.
 """
@@ -15,6 +15,7 @@ import traceback
 from typing import Any
 
 from tests.harness.comm_checks import _sync, communicator
+from tests.harness.data import spread
 
 #: all_reduce element counts: the one-shot, the two-step, the zero-copy and pipelined plans
 #: (the selector's picks from 2 B to several MiB), odd counts included
@@ -32,11 +33,11 @@ def _digest(t: Any) -> str:
 
 
 def _inputs(seed: int, n: int, count: int, dt: Any) -> list:
+    """Every rank's input: :func:`~tests.harness.data.spread` data (fp8: below saturation)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    scale = 1.0 if dt.itemsize > 1 else 4.0   # fp8: values around its middle range, sums far from 448
-    return [(torch.randn(count, generator=g) * scale).to(dt) for _ in range(n)]
+    return [spread(count, dt, g) for _ in range(n)]
 
 
 def _within_bound(got: Any, xs: list, u: float, n_ops: int) -> bool:
@@ -99,8 +100,8 @@ def check_fused(w: Any, tokens: tuple = FUSED_TOKENS, hiddens: tuple = FUSED_HID
                     case = f"fused {dname} {t}x{h}{' fp8' if quant else ''}"
                     try:
                         g = torch.Generator().manual_seed(seed)
-                        xs = [torch.randn(t, h, generator=g).to(dt) for _ in range(n)]
-                        res0 = torch.randn(t, h, generator=g).to(dt)
+                        xs = [spread((t, h), dt, g) for _ in range(n)]
+                        res0 = spread((t, h), dt, g)
                         wt = (torch.rand(h, generator=g) + 0.5).to(dev)
                         x, res = xs[rank].to(dev).clone(), res0.to(dev).clone()
                         dst = torch.empty(t, h, dtype=torch.float8_e4m3fn, device=dev) if quant else None

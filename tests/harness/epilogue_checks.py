@@ -10,6 +10,7 @@ from typing import Any, Optional
 import numpy as np
 
 from mscclang.cli.run_checks import worker_device, worker_plan
+from tests.harness.data import spread
 
 def _np_dtype(name: str) -> Any:
     import ml_dtypes
@@ -45,8 +46,11 @@ _CASES: dict = {}
 
 
 def _case(world: int, rank: int, t: int, h: int, a: Any, wdt: str, fp8: Optional[str], seed: int) -> tuple:
-    """(inputs of every rank, the replicated residual, weight, EpilogueParams, expected residual,
-    expected output) of one shape."""
+    """(this rank's input, the replicated residual, weight, scale, expected residual, expected
+    output) of one shape; the inputs and the residual :func:`~tests.harness.data.spread` data."""
+    import torch
+
+    from mscclang.comm.sim_backend import torch_to_numpy
     from mscclang.sim.epilogue import EpilogueParams, fused_reference
 
     params = (world, rank, str(a), wdt, fp8, seed)
@@ -56,11 +60,12 @@ def _case(world: int, rank: int, t: int, h: int, a: Any, wdt: str, fp8: Optional
     got = _CASES.get((t, h))
     if got is None:
         n = t * h
-        rng = np.random.default_rng(seed + 1000 * t + h)
-        xs = [(rng.standard_normal(n) * 2).astype(a) for _ in range(world)]
+        g = torch.Generator().manual_seed(seed + 1000 * t + h)
+        xs = [torch_to_numpy(spread(n, getattr(torch, a.name), g)) for _ in range(world)]
         # one residual, replicated on every rank as tensor parallelism has it (the two-shot
         # gathers each rank's updated residual rows, so it needs that)
-        res = rng.standard_normal(n).astype(a)
+        res = torch_to_numpy(spread(n, getattr(torch, a.name), g))
+        rng = np.random.default_rng(seed + 1000 * t + h)
         wnp = (rng.standard_normal(h) + 1).astype(np.float32 if wdt == "float32" else a)
         scale = 0.05 if fp8 else None
         qd = _np_dtype("float8_e4m3fn" if fp8 == "float8_e4m3fn" else "float8_e5m2") if fp8 else None

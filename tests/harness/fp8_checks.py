@@ -11,24 +11,23 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from tests.harness.comm_checks import _buffers, _sync, attempt, communicator
+from tests.harness.data import rank_input
 
 #: torch dtype name -> largest finite value
 FP8 = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 
 
 def fp8_input(seed: int, rank: int, numel: int, dtype: Any, device: Any, big: bool) -> Any:
-    """Rank ``rank``'s input (any process can regenerate every rank's): normal values at a
-    quarter of the largest finite one, clamped into range; ``big``: every third element at 0.9 x
-    the largest finite value, so that sums overflow and saturate."""
-    import torch
-
-    m = FP8[str(dtype).split(".")[-1]]
-    g = torch.Generator(device=device)
-    g.manual_seed(seed * 1000003 + rank)
-    x = torch.randn(numel, generator=g, device=device, dtype=torch.float32) * (m / 4)
-    if big:
-        x[::3] = m * 0.9
-    return x.clamp(-m, m).to(dtype)
+    """Rank ``rank``'s input (any process can regenerate every rank's):
+    :func:`~tests.harness.data.rank_input` data (sums that show the order, below saturation);
+    ``big``: every third element at 0.9 x the largest finite value, so that sums overflow and
+    saturate."""
+    x = rank_input(seed, rank, numel, dtype, device)
+    if not big:
+        return x
+    y = x.float()
+    y[::3] = FP8[str(dtype).split(".")[-1]] * 0.9
+    return y.to(dtype)
 
 
 def _sim_expected(plan: Any, coll: str, xs: list, rank: int, accum: Optional[str]) -> Any:

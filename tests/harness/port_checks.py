@@ -12,9 +12,9 @@ from typing import Any
 from mscclang.bench.worker import capture_graph
 from mscclang.errors import CollectiveTimeout
 from mscclang.plan.io import load_plan
-from mscclang.cli.run_checks import (
-    compare_with_sim, call_tensors, expectation, inplace_input, make_input,
-)
+from mscclang.cli.run_checks import compare_with_sim, expectation, inplace_input
+from tests.harness.data import rank_input
+from tests.harness.runtime_checks import call_tensors
 
 
 def _tensors(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int, symmetric: bool) -> tuple:
@@ -65,7 +65,7 @@ def graph_replays(w: Any, plan_json: str, nbytes: int, dtype: str = "int32", rep
     g, _ = capture_graph(lambda: ex.execute(plan, inp, out))
     sim_bad = 0
     for k in range(replays):
-        fresh = [make_input(q, n_in, dt, 100 + k, dev) for q in range(w.world_size)]
+        fresh = [rank_input(100 + k, q, n_in, dt, dev) for q in range(w.world_size)]
         out.zero_()
         inp.copy_(fresh[w.rank])   # after the zeroing: an in-place input lies inside the output
         torch.cuda.synchronize()

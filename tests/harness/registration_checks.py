@@ -27,6 +27,7 @@ from typing import Any, Optional
 from mscclang.bench.worker import capture_graph, gen_input
 from mscclang.plan.dtypes import dtype_info, torch_dtype
 from tests.harness.comm_checks import _compare, _expectation
+from tests.harness.data import rank_input
 from tests.harness.trust_checks import _fresh_comm, _safe_close
 
 SIZES = (1 << 10, 1 << 16, 1 << 20, 16 << 20, 256 << 20)
@@ -79,9 +80,10 @@ def _run(comm: Any, coll: str, x: Any, out: Optional[Any]) -> Any:
 
 
 def _load(comm: Any, coll: str, x: Any, seed: int) -> Any:
-    """Fresh inputs for ``seed`` (this rank's into ``x``); the expectation of this rank's output."""
+    """Fresh inputs for ``seed`` (:func:`~tests.harness.data.rank_input`, this rank's into ``x``);
+    the expectation of this rank's output."""
     n, r = comm.world_size, comm.rank
-    xs = [gen_input(seed, q, x.numel(), x.dtype, x.device) for q in range(n)]
+    xs = [rank_input(seed, q, x.numel(), x.dtype, x.device) for q in range(n)]
     x.copy_(xs[r])
     return _expectation(coll, r, n, xs, "sum", 0)
 
@@ -437,7 +439,7 @@ def memory_report(w: Any, colls=("all_reduce", "all_gather", "reduce_scatter", "
                 try:
                     if coll == "broadcast":
                         x = torch.empty(numel, dtype=dt, device=comm.device)
-                        xs = [gen_input(seed, q, numel, dt, comm.device) for q in range(n)]
+                        xs = [rank_input(seed, q, numel, dt, comm.device) for q in range(n)]
                         x.copy_(xs[r])
                         comm.broadcast(x, root=0)
                         comm.synchronize()
