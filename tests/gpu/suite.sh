@@ -2,7 +2,8 @@
 # The whole GPU suite in two commands of at most 8 minutes each, on a machine with ONE GPU (ranks
 # share it through MSCCLANG_RANKS_PER_GPU; functional checks, no timing means anything) or on
 # several GPUs (one rank per GPU). Run from the repository root on the GPU machine, carrying
-# .whl and .cubins (python3 -m mscclang build-kernel --out .cubins; ../tools: device-wheels):
+# .cubins (python3 -m mscclang build-kernel --out .cubins) and, where the machine lacks pydantic,
+# .whl (wheels of the missing packages and a prelude.sh that installs them):
 #
 #   bash tests/gpu/suite.sh all    # every file of tests/gpu, 2 ranks sharing the GPU
 #   bash tests/gpu/suite.sh wide   # the 4- and 8-rank parts: consistency, every shipped plan, fused
@@ -16,7 +17,7 @@
 set -u
 what=${1:?usage: bash tests/gpu/suite.sh all|wide}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-. .whl/prelude.sh || exit 1
+if [ -f .whl/prelude.sh ]; then . .whl/prelude.sh || exit 1; else export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"; fi
 export NCCL_NVLS_ENABLE=0 MSCCLANG_CUBIN_DIR="$PWD/.cubins" MSCCLANG_TEST_TIMEOUT_S=${MSCCLANG_TEST_TIMEOUT_S:-20} \
   PYTHONUNBUFFERED=1
 unset MSCCLANG_ENABLE_NVLS
