@@ -201,9 +201,10 @@ def _sizes(plan: Plan, nbytes: int, esize: int, world: int) -> tuple[int, int]:
     return n_in, output_elems(plan.collective, world, n_in)
 
 
-def check_case(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int) -> tuple:
+def check_case(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int, make: Any = make_input) -> tuple:
     """What a check command starts from: (plan, torch dtype, device, element size, input and
-    output element counts, every rank's input)."""
+    output element counts, every rank's input: ``make(rank, numel, dtype, seed, device)``,
+    :func:`make_input` by default)."""
     import torch
 
     plan = worker_plan(w, plan_json)
@@ -211,7 +212,7 @@ def check_case(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int) -> tu
     dev = worker_device(w)
     esize = torch.empty((), dtype=dt).element_size()
     n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
-    return plan, dt, dev, esize, n_in, n_out, [make_input(q, n_in, dt, seed, dev) for q in range(w.world_size)]
+    return plan, dt, dev, esize, n_in, n_out, [make(q, n_in, dt, seed, dev) for q in range(w.world_size)]
 
 
 def inplace_input(plan: Plan, out: Any, inp: Any, rank: int) -> Any:
@@ -230,12 +231,13 @@ def inplace_input(plan: Plan, out: Any, inp: Any, rank: int) -> Any:
     return view
 
 
-def call_tensors(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int, symmetric: bool) -> tuple:
+def call_tensors(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int, symmetric: bool,
+                 make: Any = make_input) -> tuple:
     """:func:`check_case` plus this rank's input (a copy of its random input) and output tensors, in
     symmetric memory (``comm.alloc``) or ordinary torch tensors."""
     import torch
 
-    plan, dt, dev, esize, n_in, n_out, inputs = check_case(w, plan_json, nbytes, dtype, seed)
+    plan, dt, dev, esize, n_in, n_out, inputs = check_case(w, plan_json, nbytes, dtype, seed, make)
     if symmetric:
         out = w.comm.alloc(n_out, dt)
         inp = w.comm.alloc(n_in, dt)
@@ -248,11 +250,12 @@ def call_tensors(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int, sym
 
 def run_plan_check(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", packet_type: Optional[str] = None,
                reduce_op: str = "sum", seed: int = 0, inplace: bool = False, symmetric: bool = False,
-               sim_max_bytes: int = 1 << 16) -> dict:
-    """Run the plan once on random data and compare it bit for bit with the reference and, up to
-    ``sim_max_bytes``, with the simulator's output. An in-place plan (or ``inplace``) runs on the
-    in-place layout (:func:`inplace_input`)."""
-    plan, dt, dev, esize, n_in, n_out, inputs, inp, out = call_tensors(w, plan_json, nbytes, dtype, seed, symmetric)
+               sim_max_bytes: int = 1 << 16, make: Any = make_input) -> dict:
+    """Run the plan once on random data (``make``: :func:`check_case`) and compare it bit for bit
+    with the reference and, up to ``sim_max_bytes``, with the simulator's output. An in-place plan
+    (or ``inplace``) runs on the in-place layout (:func:`inplace_input`)."""
+    plan, dt, dev, esize, n_in, n_out, inputs, inp, out = call_tensors(w, plan_json, nbytes, dtype, seed, symmetric,
+                                                                       make)
     bits(out).fill_(0x7F7F if esize == 2 else 0x7F7F7F7F)  # poison
     if inplace or plan.inplace:
         inp = inplace_input(plan, out, inp, w.rank)

@@ -9,67 +9,35 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
+from mscclang.cli import run_checks
 from mscclang.cli.run_checks import (  # noqa: F401 - time_eager, time_graph: pool commands
-    _sizes, bits, compare_with_sim, expectation, inplace_input, spec_status, time_eager, time_graph, worker_device,
-    worker_plan,
+    expectation, inplace_input, spec_status, time_eager, time_graph, worker_device, worker_plan,
 )
 from mscclang.errors import CollectiveTimeout
-from mscclang.plan.dtypes import torch_dtype
 from mscclang.plan.models import Plan
 from tests.harness.data import rank_input
 
 
-def check_case(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int) -> tuple:
-    """:func:`mscclang.cli.run_checks.check_case` (plan, torch dtype, device, element size, input
-    and output element counts, every rank's input) with :func:`~tests.harness.data.rank_input`
-    data, whose sums show a changed reduction order."""
-    import torch
-
-    plan = worker_plan(w, plan_json)
-    dt = torch_dtype(dtype)
-    dev = worker_device(w)
-    esize = torch.empty((), dtype=dt).element_size()
-    n_in, n_out = _sizes(plan, nbytes, esize, w.world_size)
-    return plan, dt, dev, esize, n_in, n_out, [rank_input(seed, q, n_in, dt, dev) for q in range(w.world_size)]
+def order_sensitive_input(rank: int, numel: int, dtype: Any, seed: int, device: Any) -> Any:
+    """:func:`~tests.harness.data.rank_input` in the argument order of
+    :func:`mscclang.cli.run_checks.make_input`: the checks' inputs (sums that show the order)."""
+    return rank_input(seed, rank, numel, dtype, device)
 
 
-def call_tensors(w: Any, plan_json: str, nbytes: int, dtype: str, seed: int, symmetric: bool) -> tuple:
-    """:func:`check_case` plus this rank's input (a copy of its input) and output tensors, in
-    symmetric memory (``comm.alloc``) or ordinary torch tensors."""
-    import torch
-
-    plan, dt, dev, esize, n_in, n_out, inputs = check_case(w, plan_json, nbytes, dtype, seed)
-    if symmetric:
-        out = w.comm.alloc(n_out, dt)
-        inp = w.comm.alloc(n_in, dt)
-        inp.copy_(inputs[w.rank])
-    else:
-        out = torch.empty(n_out, dtype=dt, device=dev)
-        inp = inputs[w.rank].clone()
-    return plan, dt, dev, esize, n_in, n_out, inputs, inp, out
+def check_case(w: Any, *args: Any) -> tuple:
+    """:func:`mscclang.cli.run_checks.check_case` on :func:`order_sensitive_input` data."""
+    return run_checks.check_case(w, *args, make=order_sensitive_input)
 
 
-def run_plan_check(w: Any, plan_json: str, nbytes: int, dtype: str = "float16", packet_type: Optional[str] = None,
-                   reduce_op: str = "sum", seed: int = 0, inplace: bool = False, symmetric: bool = False,
-                   sim_max_bytes: int = 1 << 16) -> dict:
-    """:func:`mscclang.cli.run_checks.run_plan_check` on :func:`check_case`'s inputs: the plan run
-    once and compared bit for bit with the reference and, up to ``sim_max_bytes``, with the
-    simulator's output; an in-place plan (or ``inplace``) on the in-place layout."""
-    plan, dt, dev, esize, n_in, n_out, inputs, inp, out = call_tensors(w, plan_json, nbytes, dtype, seed, symmetric)
-    bits(out).fill_(0x7F7F if esize == 2 else 0x7F7F7F7F)  # poison
-    if inplace or plan.inplace:
-        inp = inplace_input(plan, out, inp, w.rank)
-    w.executor.execute(plan, inp, out, packet_type=packet_type, reduce_op=reduce_op)
-    w.executor.synchronize()
-    sim_bad = None
-    if nbytes <= sim_max_bytes:
-        sim_bad = compare_with_sim(plan, inputs, out, reduce_op, packet_type, w.rank)
-    exp = expectation(plan, inputs, reduce_op, w.rank, packet_type)
-    bad = exp.count_bad(out)
-    first = exp.first_bad(out) if bad else None
-    return {"rank": w.rank, "bad": bad + (sim_bad or 0), "ref_bad": bad, "sim_bad": sim_bad, "n": n_out,
-            "ref_mode": exp.how, "first_bad": first, "kernel": w.executor.last_kernel,
-            "spec": spec_status(w, plan)}
+def call_tensors(w: Any, *args: Any) -> tuple:
+    """:func:`mscclang.cli.run_checks.call_tensors` on :func:`order_sensitive_input` data."""
+    return run_checks.call_tensors(w, *args, make=order_sensitive_input)
+
+
+def run_plan_check(w: Any, *args: Any, **kwargs: Any) -> dict:
+    """:func:`mscclang.cli.run_checks.run_plan_check` (one checked launch, compared bit for bit
+    with the reference and the simulator) on :func:`order_sensitive_input` data."""
+    return run_checks.run_plan_check(w, *args, make=order_sensitive_input, **kwargs)
 
 
 def set_env(w: Any, name: str, value: Optional[str]) -> bool:
