@@ -9,11 +9,13 @@
 #   bash tests/gpu/suite.sh wide   # the 4- and 8-rank parts: consistency, every shipped plan, fused
 #
 # Independent test files run in parallel worker pools (pytest-xdist: each xdist worker holds its
-# own pool of rank processes, so WORKERS x RANKS processes share the GPU). `wide` runs the 4-rank
-# part and the 8-rank part at the same time. Each part is bounded (LIMIT_S, default 470 s) and
+# own pool of rank processes, so WORKERS x RANKS processes share the GPU: each holds about 3.5 GB,
+# so 2 x 8 + 4 ranks overran an 80 GB H100). `wide` runs the 4-rank part and the 8-rank part at the
+# same time. Tests marked `alone` (they measure the device's free memory) run after the pools.
+# Each part is bounded (LIMIT_S, default 470 s) and
 # prints its pytest summary line and wall time; the logs and each test's duration as it ends
 # (durations_NAME.txt) go to $OUT (default /tmp/out).
-# Settings: WORKERS (xdist workers of `all`, default 4), LIMIT_S, TEST_TIMEOUT (one test, 420 s).
+# Settings: WORKERS (xdist workers of `all`, default 5), LIMIT_S, TEST_TIMEOUT (one test, 420 s).
 set -u
 what=${1:?usage: bash tests/gpu/suite.sh all|wide}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -24,7 +26,7 @@ unset MSCCLANG_ENABLE_NVLS
 python3 -c "from mscclang.runtime.build import DTYPES, find_prebuilt as f; import sys; sys.exit(0 if all(f(d, 'sm_90') for d in DTYPES) else 1)" \
   || echo "WARNING: .cubins does not match the executor sources: every worker builds with NVRTC"
 gpus=$(nvidia-smi -L | grep -c '^GPU')
-nvidia-smi --query-gpu=name --format=csv,noheader | head -1
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | head -1
 LIMIT_S=${LIMIT_S:-470}
 
 # part NAME RANKS XDIST_WORKERS FILES...: one bounded pytest run, its log in $OUT/gpu_NAME.log
@@ -40,12 +42,13 @@ part() {
 }
 
 case "$what" in
-  all)
-    part ranks2 2 "${WORKERS:-4}" tests/gpu ;;
+  all)   # the tests marked `alone` (they measure the device's free memory) after the pools
+    part ranks2 2 "${WORKERS:-5}" tests/gpu -m "gpu and not alone"
+    part ranks2_alone 2 1 tests/gpu -m "gpu and alone" ;;
   wide)
     F="tests/gpu/test_consistency_gpu.py tests/gpu/test_plans_gpu.py tests/gpu/test_fused_gpu.py"
     part ranks4 4 1 $F &
-    part ranks8 8 "${WIDE_WORKERS:-2}" $F &
+    part ranks8 8 "${WIDE_WORKERS:-1}" $F &
     wait ;;
   *) echo "usage: bash tests/gpu/suite.sh all|wide" >&2; exit 2 ;;
 esac

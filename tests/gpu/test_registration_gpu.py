@@ -124,6 +124,7 @@ def test_expandable_segments_fall_back_to_staging_logged_once():
         _ok(p.run(f"{R}:graph_ordinary", colls=("all_reduce",), sizes=(1 << 20, 16 << 20), session=False))
 
 
+@pytest.mark.alone   # the device's free memory: no other pool may run beside it
 def test_staging_above_the_cap_is_released(pool):
     cap = 8 * MiB
     res = pool.run(f"{R}:memory_cap", cap=cap, nbytes=64 * MiB)
@@ -136,6 +137,7 @@ def test_staging_above_the_cap_is_released(pool):
         assert abs(r["free_after_last"] - r["free_after_first"]) < 16 * MiB, r
 
 
+@pytest.mark.alone   # the device's free memory: no other pool may run beside it
 def test_memory_after_a_large_call_on_an_ordinary_tensor_comes_back(pool):
     res = pool.run(f"{R}:free_after_large", nbytes=1 << 30)
     _ok(res)
