@@ -296,6 +296,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
                 key = (rank, ctype, c)
                 end = self._end(key)
                 end.expected += 1
+                end.first_wait = end.first_wait or opref
                 targets.append((key, end, end.expected))
             for k, (key, end, target) in enumerate(targets):  # thread k waits on channel k
                 while end.counter < target:
@@ -366,7 +367,8 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
             e = self.ends[key] = ChannelEnd(f"rank {key[0]} {key[1]} channel {key[2]}")
         return e
 
-    def _signal_clock(self, end: ChannelEnd, vc: Optional[np.ndarray], rvc: np.ndarray) -> None:
+    def _signal_clock(self, end: ChannelEnd, vc: Optional[np.ndarray], rvc: np.ndarray, op: OpRef) -> None:
+        end.first_signal = end.first_signal or op
         if end.clocks:
             pvc, prvc = end.clocks[-1]
             nvc = pvc if vc is None else np.maximum(pvc, vc)
@@ -381,7 +383,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         dst = self.pair[key]
         end = self._end(dst)
         vc, rvc = self._publish(task, thread, opref, f"memory channel {key[2]} (to rank {dst[0]})")
-        self._signal_clock(end, None if relaxed else vc, rvc)
+        self._signal_clock(end, None if relaxed else vc, rvc, opref)
         self._wake(("ctr", dst))
 
     def _publish(self, task: Task, thread: int, opref: OpRef, what: str,
@@ -588,11 +590,20 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
             self._step(t)
         for key, end in self.ends.items():
             if end.counter != end.expected:
-                peer = self._peer_of_end(key)
-                self.problem("unbalanced-channel",
-                             f"{end.label} received {end.counter} signals from rank {peer} but its "
-                             f"blocks waited for {end.expected}: signals and waits do not pair up on "
-                             f"this channel", end=key)
+                self._unbalanced(key, end)
+
+    def _unbalanced(self, key: tuple, end: ChannelEnd) -> None:
+        """The ``unbalanced-channel`` problem of channel end ``key``: its counts per launch (every
+        launch ran to its end, so each gave the same counts: those of the compile warning) and the
+        first op of the side that has more."""
+        n, peer = self.launches, self._peer_of_end(key)
+        per = (f"{end.counter // n} signals per launch from rank {peer} but its blocks waited for "
+               f"{end.expected // n} per launch" if end.counter % n == 0 and end.expected % n == 0 else
+               f"{end.counter} signals over {n} launches from rank {peer} but its blocks waited for {end.expected}")
+        side, op = ("signal", end.first_signal) if end.counter > end.expected else ("wait", end.first_wait)
+        first = f" (first {side}: rank {op.rank} tb {op.tb} op {op.index} {op.name})" if op is not None else ""
+        self.problem("unbalanced-channel", f"{end.label} received {per}: signals and waits do not pair up on "
+                     f"this channel{first}", end=key)
 
     def _peer_of_end(self, key: tuple) -> int:
         for a, b in self.pair.items():
