@@ -89,7 +89,8 @@ def _compare(table: ExprTable, ra: int, ia: np.ndarray, rb: int, ib: np.ndarray,
         a, b = int(ia[j]), int(ib[j])
         fp8_only = table.flat(a) == table.flat(b)
         opa, opb = table.ops_in(a, ra), table.ops_in(b, rb)
-        key = (rb, table.cause(a, ra), table.cause(b, rb), fp8_only)
+        key = (rb, table.by_rank(table.cause_of, a, ra) or ("copy",), table.by_rank(table.cause_of, b, rb) or ("copy",),
+               fp8_only)
         if key in found.found:
             found.add(key, what, "", {})
             continue

@@ -148,19 +148,15 @@ class ExprTable:
             return f"norm({self.render(node.args[0], rank, depth + 1)})"
         if depth > 6:
             return "(...)"
-        body = " + ".join(self.render(k, rank, depth + 1) for k in self._by(self.written, i, rank) or node.args)
+        body = " + ".join(self.render(k, rank, depth + 1) for k in self.by_rank(self.written, i, rank) or node.args)
         return f"({body})" if depth else body
 
-    def _by(self, table: dict[int, dict], i: int, rank: int) -> Any:
-        """``table``'s entry of id ``i`` on ``rank`` when that rank computed it, else on the rank
-        that computed it first (a value it received); None for no reduction."""
+    def by_rank(self, table: dict[int, dict], i: int, rank: int) -> Any:
+        """``table``'s (:attr:`op_of`, :attr:`cause_of`, :attr:`written`) entry of id ``i`` on
+        ``rank`` when that rank computed it, else on the rank that computed it first (a value it
+        received); None for no reduction."""
         got = table.get(i)
         return None if not got else got.get(rank, next(iter(got.values())))
-
-    def cause(self, i: int, rank: int) -> tuple:
-        """What identifies the computation of ``i`` held by ``rank`` across chunks: its top op's
-        name and DSL line there (:meth:`_by`), ``("copy",)`` for a leaf."""
-        return self._by(self.cause_of, i, rank) or ("copy",)
 
     def ops_in(self, i: int, rank: int = -1) -> list[str]:
         """The ops that computed the reductions of ``i`` as held by ``rank``, outermost first,
@@ -173,7 +169,7 @@ class ExprTable:
             node = self.nodes[j] if 0 <= j < len(self.nodes) else None
             if node is None or node.kind not in ("red", "norm"):
                 continue
-            op = self._by(self.op_of, j, rank)
+            op = self.by_rank(self.op_of, j, rank)
             if op is not None and op not in seen:
                 seen.append(op)
             todo.extend(node.args if node.kind == "red" else [node.args[0]])

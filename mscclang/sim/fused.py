@@ -25,13 +25,13 @@ import numpy as np
 from mscclang.errors import MscclangError, PlanError, VerificationError
 from mscclang.plan.collectives import spec_from_plan
 from mscclang.plan.dtypes import EPILOGUE_DTYPES
-from mscclang.plan.models import PACKET_TYPES, OpName, Plan
+from mscclang.plan.models import OpName, Plan
 from mscclang.sim.budget import COMPILE_TERMS, SECONDS_PER, Deadline, Estimate, Limits, estimate_runs
 from mscclang.sim.consistency import (check_numeric_consistency, check_symbolic_consistency, consistency_level,
                                       drop_numeric_duplicates)
 from mscclang.sim.diagnosis import Findings
 from mscclang.sim.dtypes import dtype_name, parse_dtype
-from mscclang.sim.engine import Simulation
+from mscclang.sim.engine import Simulation, check_count
 from mscclang.sim.epilogue import MAX_HIDDEN, MIN_HIDDEN, PARTIAL, EpilogueParams, check_hidden
 from mscclang.sim.postcondition import check_fused
 from mscclang.sim.program import sim_program
@@ -169,10 +169,8 @@ def _grouped(found: Sequence[tuple[int, int, np.dtype]]) -> list[Case]:
     """(rows, hidden, dtype) triples as cases, one per (rows, hidden) in first-seen order."""
     by: dict[tuple[int, int], list[np.dtype]] = {}
     for rows, h, d in found:
-        got = by.setdefault((rows, h), [])
-        if d not in got:
-            got.append(d)
-    return [Case(rows, h, tuple(ds)) for (rows, h), ds in by.items()]
+        by.setdefault((rows, h), []).append(d)
+    return [Case(rows, h, tuple(dict.fromkeys(ds))) for (rows, h), ds in by.items()]
 
 
 def default_cases(plan: Plan, dts: Sequence[np.dtype] = ()) -> list[Case]:
@@ -200,16 +198,14 @@ def _cases_of_sizes(plan: Plan, sizes: Sequence[int], dts: Sequence[np.dtype]) -
     found, notes = [], []
     for s in sizes:
         check_message_range(plan, s, f"message size {s}")
-        took = False
+        before = len(found)
         for dt in dts:
             elems, rem = divmod(s, dt.itemsize)
             hs = [h for h in range(MIN_HIDDEN, min(elems, MAX_HIDDEN) + 1, PARTIAL) if elems % h == 0] if not rem else []
-            for h in (hs[:1] + hs[-1:]) if hs else ():
-                found.append((elems // h, h, dt))
-                took = True
+            found += [(elems // h, h, dt) for h in dict.fromkeys(hs[:1] + hs[-1:])]
             if not hs:
                 notes.append(f"size {s} is not whole rows of {dtype_name(dt)}: not run in it")
-        if not took:
+        if len(found) == before:
             raise VerificationError(f"message size {s} bytes is not whole rows of {', '.join(map(dtype_name, dts))}: "
                                     f"a fused message is rows x hidden elements, hidden a multiple of {PARTIAL} "
                                     f"from {MIN_HIDDEN} to {MAX_HIDDEN}")
@@ -301,25 +297,21 @@ def _resolve(plan: Plan, sizes: Optional[Sequence[int]], dtypes: Optional[Sequen
     pts = list(packet_types) or ["LL16"]
     notes: list[str] = []
     if cases is not None:
-        got = []
+        found = []
         for case in cases:
             if not isinstance(case, (tuple, list)) or len(case) != 2:
                 raise VerificationError(f"a case must be a pair (rows, hidden), got {case!r}")
             rows, h = case
             check_hidden(h)
-            if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-                raise VerificationError(f"a case's row count must be a positive int, got {rows!r}")
+            check_count("a case's row count", rows, 1)
             for d in dts:
                 check_message_range(plan, rows * h * d.itemsize, f"{rows} rows x {h} of {dtype_name(d)}")
-            got.append(Case(rows, h, tuple(dts)))
-        if not got:
-            raise VerificationError("cases is empty: nothing to verify")
-    elif sizes:
-        got, notes = _cases_of_sizes(plan, sizes, dts)
+                found.append((rows, h, d))
+        got = _grouped(found)
     else:
-        got = default_cases(plan, dts)
-        if not got:
-            raise nothing_to_verify(plan, f"no default case (rows of {', '.join(map(dtype_name, dts))}) lies")
+        got, notes = _cases_of_sizes(plan, sizes, dts) if sizes else (default_cases(plan, dts), [])
+    if not got:
+        raise nothing_to_verify(plan, f"no {'given' if cases is not None else 'default'} case lies")
     return _Resolved(got, pts, notes)
 
 

@@ -17,9 +17,8 @@ from mscclang.plan.dtypes import ACCUM_DTYPES
 from mscclang.plan.models import PACKET_TYPES, REDUCE_OP_NAMES, REDUCE_OPS, OpName, Plan
 from mscclang.sim.budget import Deadline, Limits, check_runs
 from mscclang.sim.dtypes import DtypeLike, dtype_name, parse_dtype
-from mscclang.sim.engine import Simulation
+from mscclang.sim.engine import Simulation, check_choice, check_count, check_run_arguments
 from mscclang.sim.program import sim_program
-from mscclang.sim.schedules import SCHEDULES
 
 PlanLike = Union[Plan, str, Path, dict]
 
@@ -60,26 +59,6 @@ def default_launches(plan: Plan) -> int:
     return 3 if plan.use_double_scratch_buffer else 2
 
 
-def _check_count(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise VerificationError(f"{name} must be an integer of at least {low}, got {value!r}")
-
-
-def _check_choice(name: str, value: object, known: Sequence[str]) -> None:
-    if not isinstance(value, str) or value not in known:
-        raise VerificationError(f"unknown {name} {value!r}; known: {', '.join(known)}")
-
-
-def check_run_arguments(schedule: str, seed: int, launches: int, packet_type: str) -> None:
-    """Refuse the execution parameters of one run (:func:`run`, :func:`~mscclang.sim.fused.run_fused`)
-    that no run can take, before anything is allocated (VerificationError naming the parameter):
-    a known schedule and packet type, ``launches`` at least 1, ``seed`` not negative."""
-    _check_choice("schedule", schedule, SCHEDULES)
-    _check_choice("packet type", packet_type, PACKET_TYPES)
-    _check_count("launches", launches, 1)
-    _check_count("seed", seed, 0)
-
-
 def check_arguments(sizes: Optional[Sequence[int]], schedules: int, seed: int, launches: int,
                     packet_types: Sequence[str] = (), max_problems: Optional[int] = None) -> None:
     """Refuse verify arguments no run can take, before any work (VerificationError naming the
@@ -87,11 +66,11 @@ def check_arguments(sizes: Optional[Sequence[int]], schedules: int, seed: int, l
     types, ``max_problems`` (when given) at least 1, and ``sizes`` (when given) a non-empty list
     of positive byte counts: arguments that leave nothing to run are refused, never reported OK."""
     for name, value, low in (("schedules", schedules, 1), ("launches", launches, 1), ("seed", seed, 0)):
-        _check_count(name, value, low)
+        check_count(name, value, low)
     if max_problems is not None:
-        _check_count("max_problems", max_problems, 1)
+        check_count("max_problems", max_problems, 1)
     for p in packet_types:
-        _check_choice("packet type", p, PACKET_TYPES)
+        check_choice("packet type", p, PACKET_TYPES)
     if sizes is not None and not len(sizes):
         raise VerificationError("sizes is empty: nothing to verify")
     for s in sizes or ():
@@ -177,8 +156,7 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
     p = as_plan(plan)
     n = len(p.gpus)
     check_run_arguments(schedule, seed, launches, packet_type)
-    if accum is not None:
-        _check_choice("accum (accumulation dtype)", accum, ACCUM_DTYPES)
+    check_choice("accum (accumulation dtype)", ACCUM_DTYPES[0] if accum is None else accum, ACCUM_DTYPES)
     if len(inputs) != n:
         raise VerificationError(f"plan {p.name!r} has {n} ranks but {len(inputs)} inputs were given")
     arrs = [np.ascontiguousarray(x) for x in inputs]

@@ -290,9 +290,9 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     t0 = time.perf_counter()
     p = as_plan(plan)
     spec = spec_from_plan(p)
+    if senders is not None and not spec.row.has_senders:
+        raise VerificationError(f"senders are only meaningful for sendrecv plans, not {spec.name}")
     if spec.row.fused:  # row-shaped cases and its own postcondition, the same options
-        if senders is not None:
-            raise VerificationError(f"senders are only meaningful for sendrecv plans, not {spec.name}")
         return verify_fused(p, sizes=sizes, dtypes=dtypes, schedules=schedules, seed=seed, launches=launches,
                             reduce_ops=reduce_ops, packet_types=packet_types, symbolic=symbolic,
                             max_problems=max_problems, progress=progress, limits=limits)
@@ -306,8 +306,6 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     rep.postcondition = spec.has_postcondition
     reduces, packets = plan_uses(p)
     rep.problems.extend(protocol_warnings(p, packets))
-    if senders is not None and not spec.row.has_senders:
-        raise VerificationError(f"senders are only meaningful for sendrecv plans, not {spec.name}")
     if sizes is None:
         sizes = default_sizes(p)
         if not sizes:
