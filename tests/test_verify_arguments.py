@@ -84,6 +84,16 @@ def test_a_16_byte_maximum_runs_its_default_case_in_the_dtypes_that_fit() -> Non
     assert rep.ok and rep.sizes == [16] and set(rep.dtypes) == {"float16", "bfloat16"}, str(rep)
 
 
+def test_a_one_size_range_runs_every_dtype_at_that_size() -> None:
+    """min = max = 64 B: 4 rows of 8 in float16 and bfloat16, 2 rows of 8 in float32."""
+    from mscclang.sim.fused import default_cases
+
+    plan = _fused(64, 64)
+    assert [(c.rows, c.hidden, len(c.dtypes)) for c in default_cases(plan)] == [(4, 8, 2), (2, 8, 1)]
+    rep = verify(plan, schedules=1, packet_types=("LL16",))
+    assert rep.ok and rep.sizes == [64] and set(rep.dtypes) == {"float16", "bfloat16", "float32"}, str(rep)
+
+
 def test_an_explicit_size_outside_the_range_is_refused() -> None:
     with pytest.raises(VerificationError, match=r"128 bytes.*outside the plan's message sizes \[0, 64\]"):
         verify(_fused(0, 64), sizes=[128], schedules=1, dtypes=("float16",))

@@ -177,16 +177,19 @@ def default_cases(plan: Plan, dts: Sequence[np.dtype] = ()) -> list[Case]:
     """The cases a default verify runs, per activation dtype of ``dts`` (default: all): one row
     of 8; ranks + 1 rows of 24 (odd row counts; rows of 48 or 96 bytes, which no power-of-two
     alignment divides, so chunks cut at alignment units fall inside rows); 2 ranks + 1 rows of
-    40; 5 ranks rows of 24 (10 x 24 on two ranks). In each dtype the rows grow to the plan's
-    smallest message, and a case past its largest is left out: every run's message lies in the
-    plan's range. Empty when the range holds none."""
-    n = len(plan.gpus)
+    40; 5 ranks rows of 24 (10 x 24 on two ranks). The rows grow to the plan's smallest message
+    in the narrowest dtype, and every dtype whose message then lies in the plan's range runs
+    them; a dtype past the largest runs the rows grown for it alone, or is left out: every run's
+    message lies in the plan's range. Empty when the range holds none."""
+    n, dts = len(plan.gpus), list(dts) or [parse_dtype(x) for x in ACT_DTYPES]
     found = []
     for rows0, h in ((1, 8), (n + 1, 24), (2 * n + 1, 40), (5 * n, 24)):
-        for d in dts or [parse_dtype(x) for x in ACT_DTYPES]:
-            rows = max(rows0, -(-plan.min_message_size // (h * d.itemsize)))
-            if rows * h * d.itemsize <= plan.max_message_size:
-                found.append((rows, h, d))
+        for d in dts:
+            for k in (min(x.itemsize for x in dts), d.itemsize):   # the rows every dtype shares, else its own
+                rows = max(rows0, -(-plan.min_message_size // (h * k)))
+                if rows * h * d.itemsize <= plan.max_message_size:
+                    found.append((rows, h, d))
+                    break
     return _grouped(found)
 
 
