@@ -5,6 +5,7 @@ size range."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 import tracemalloc
@@ -119,27 +120,42 @@ def test_run_fused_refuses_a_message_outside_the_plan_s_range() -> None:
         run_fused(_fused(0, 64), xs, xs, EpilogueParams(8, np.ones(8, np.float32)))
 
 
+@pytest.fixture
+def no_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compiling a plan for the simulator or starting a simulation fails the test: the argument
+    checks must come first."""
+    def refuse(*args: object, **kw: object) -> None:
+        raise AssertionError("a program was compiled or a simulation started before the arguments were checked")
+
+    for name in ("runner", "fused", "verify"):
+        mod = importlib.import_module(f"mscclang.sim.{name}")
+        monkeypatch.setattr(mod, "sim_program", refuse)
+        monkeypatch.setattr(mod, "Simulation", refuse)
+
+
 _BAD_RUN = [({"schedule": "bogus"}, "schedule"), ({"packet_type": "LL4"}, "packet type"),
             ({"launches": 0}, "launches"), ({"launches": True}, "launches"), ({"launches": 2.0}, "launches"),
             ({"seed": -1}, "seed"), ({"seed": "a"}, "seed")]
 
 
-@pytest.mark.parametrize("kw, what", _BAD_RUN + [({"accum": "int8"}, "accum"), ({"output_bytes": -4}, "output_bytes")])
-def test_run_checks_every_parameter_first(kw: dict, what: str) -> None:
+@pytest.mark.parametrize("kw, what", _BAD_RUN + [({"accum": "int8"}, "accum"), ({"output_bytes": -4}, "output_bytes"),
+                                                ({"reduce_op": "prod"}, "reduce op")])
+def test_run_checks_every_parameter_first(kw: dict, what: str, no_run: None) -> None:
     with pytest.raises(VerificationError, match=what):
         run(build_oneshot_ll(2), [np.ones(64, np.float32)] * 2, **kw)
 
 
 @pytest.mark.parametrize("kw, what", _BAD_RUN)
-def test_run_fused_checks_every_parameter_first(kw: dict, what: str) -> None:
+def test_run_fused_checks_every_parameter_first(kw: dict, what: str, no_run: None) -> None:
     xs = [np.ones(16, np.float32)] * 2
     with pytest.raises(VerificationError, match=what):
         run_fused(_fused(), xs, xs, EpilogueParams(8, np.ones(8, np.float32)), **kw)
 
 
 @pytest.mark.parametrize("kw, what", [({"packet_types": ["LL4"]}, "packet type"), ({"max_problems": 1.5}, "max_problems"),
+                                      ({"reduce_ops": ["prod"]}, "reduce op"),
                                       ({"cases": [(1,)]}, "case"), ({"cases": [(1, 8, 2)]}, "case")])
-def test_verify_checks_every_parameter_first(kw: dict, what: str) -> None:
+def test_verify_checks_every_parameter_first(kw: dict, what: str, no_run: None) -> None:
     plans = [build_oneshot_ll(2), _fused()] if "cases" not in kw else [_fused()]
     for plan in plans:
         with pytest.raises(VerificationError, match=what):

@@ -206,8 +206,7 @@ def _cases_of_sizes(plan: Plan, sizes: Sequence[int], dts: Sequence[np.dtype]) -
             elems, rem = divmod(s, dt.itemsize)
             hs = [h for h in range(MIN_HIDDEN, min(elems, MAX_HIDDEN) + 1, PARTIAL) if elems % h == 0] if not rem else []
             found += [(elems // h, h, dt) for h in dict.fromkeys(hs[:1] + hs[-1:])]
-            if not hs:
-                notes.append(f"size {s} is not whole rows of {dtype_name(dt)}: not run in it")
+            notes += [] if hs else [f"size {s} is not whole rows of {dtype_name(dt)}: not run in it"]
         if len(found) == before:
             raise VerificationError(f"message size {s} bytes is not whole rows of {', '.join(map(dtype_name, dts))}: "
                                     f"a fused message is rows x hidden elements, hidden a multiple of {PARTIAL} "

@@ -60,17 +60,20 @@ def default_launches(plan: Plan) -> int:
 
 
 def check_arguments(sizes: Optional[Sequence[int]], schedules: int, seed: int, launches: int,
-                    packet_types: Sequence[str] = (), max_problems: Optional[int] = None) -> None:
+                    packet_types: Sequence[str] = (), max_problems: Optional[int] = None,
+                    reduce_ops: Optional[Sequence[str]] = None) -> None:
     """Refuse verify arguments no run can take, before any work (VerificationError naming the
     argument): ``schedules`` and ``launches`` at least 1, ``seed`` not negative, known packet
-    types, ``max_problems`` (when given) at least 1, and ``sizes`` (when given) a non-empty list
-    of positive byte counts: arguments that leave nothing to run are refused, never reported OK."""
+    types and reduce ops, ``max_problems`` (when given) at least 1, and ``sizes`` (when given) a
+    non-empty list of positive byte counts: arguments that leave nothing to run are refused,
+    never reported OK."""
     for name, value, low in (("schedules", schedules, 1), ("launches", launches, 1), ("seed", seed, 0)):
         check_count(name, value, low)
     if max_problems is not None:
         check_count("max_problems", max_problems, 1)
-    for p in packet_types:
-        check_choice("packet type", p, PACKET_TYPES)
+    for name, values, known in (("packet type", packet_types, PACKET_TYPES), ("reduce op", reduce_ops, REDUCE_OP_NAMES)):
+        for v in values or ():
+            check_choice(name, v, known)
     if sizes is not None and not len(sizes):
         raise VerificationError("sizes is empty: nothing to verify")
     for s in sizes or ():
@@ -157,6 +160,7 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
     n = len(p.gpus)
     check_run_arguments(schedule, seed, launches, packet_type)
     check_choice("accum (accumulation dtype)", ACCUM_DTYPES[0] if accum is None else accum, ACCUM_DTYPES)
+    rop = resolve_reduce_op(p, reduce_op)
     if len(inputs) != n:
         raise VerificationError(f"plan {p.name!r} has {n} ranks but {len(inputs)} inputs were given")
     arrs = [np.ascontiguousarray(x) for x in inputs]
@@ -175,7 +179,7 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
     deadline = Deadline(limits, f"simulating {p.name}")
     prog = sim_program(p, ib, ob)
     sim = Simulation(prog, [a.view(np.uint8) for a in arrs], dtype=dt,
-                     reduce_op=resolve_reduce_op(p, reduce_op), packet_type=packet_type,
+                     reduce_op=rop, packet_type=packet_type,
                      launches=launches, accum=accum, schedule=schedule, seed=seed, check_races=False,
                      deadline=deadline)
     sim.run()

@@ -59,8 +59,7 @@ def default_sizes(plan: Plan) -> list[int]:
     cands = [block * f, (3 * block + 4) * f, 32 * block * f]
     ok = [s for s in cands if plan.min_message_size <= s <= plan.max_message_size]
     if not ok:
-        s = max(plan.min_message_size, 4 * f)
-        s += -s % (4 * f)
+        s = -(-max(plan.min_message_size, 4 * f) // (4 * f)) * (4 * f)   # the least multiple of 4f in range
         ok = [s] if s <= plan.max_message_size else []
     ps = pipeline_size(plan)
     if ps is not None and ps not in ok:
@@ -281,7 +280,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     :class:`~mscclang.errors.LimitError` before anything is allocated, and a run that passes the
     time limit anyway stops with one. Sizes must be positive and whole elements of every dtype on
     every rank (:func:`~mscclang.sim.runner.message_to_bytes`), ``schedules`` and ``launches`` at
-    least 1, ``seed`` not negative, packet types known and ``max_problems`` at least 1
+    least 1, ``seed`` not negative, packet types and reduce ops known and ``max_problems`` at least 1
     (:class:`VerificationError` otherwise, before anything is allocated); a verify with nothing to
     run (``sizes`` empty, or no default size in the plan's message size range) raises
     :class:`VerificationError` (never an OK over no runs). The report lists the
@@ -301,7 +300,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     if launches is None:
         launches = default_launches(p)
     sizes = None if sizes is None else list(sizes)
-    check_arguments(sizes, schedules, seed, launches, list(packet_types), max_problems)
+    check_arguments(sizes, schedules, seed, launches, list(packet_types), max_problems, reduce_ops)
     rep = Report(p.name, launches=launches)
     rep.postcondition = spec.has_postcondition
     reduces, packets = plan_uses(p)
