@@ -231,3 +231,47 @@ def test_fusion_keeps_the_written_order() -> None:
     assert len(fused) == 1 and fused[0].src0_position == 1 and len(fused[0].src_buff) == 3
     kept = [op for op in build(1).gpus[0].threadblocks[0].ops if op.name.value == "re"]
     assert len(kept) == 2 and [op.src0_position for op in kept] == [1, 1]
+
+
+def _rank0_pairs(n: int = 4) -> Plan:
+    """Rank 0 sums ``(x0 + x1) + (x2 + x3)`` (three ops), ranks 1.. left to right in one op: ranks
+    1.. compute the same tree, which rank 0 does not."""
+    from mscclang.algorithms.common import data_handshake, mesh, peers, ready_handshake
+    from mscclang.dsl import AllReduce, Buffer, CollectiveProgram, Rank
+
+    with CollectiveProgram("pairs", AllReduce(n, 1, False), n, instr_fusion=False) as prog:
+        scratch = [Buffer(r, n * n) for r in range(n)]
+        ch = mesh(n)
+        for r in range(n):
+            rank, inp, out, ps = Rank(r), Rank(r).get_input_buffer(), Rank(r).get_output_buffer(), peers(r, n)
+            ready_handshake(ch, r, ps, ps, 0)
+            for p in ps:
+                ch[(r, p)].put(scratch[p][r * n:(r + 1) * n], inp[0:n], tb=0)
+            data_handshake(ch, r, ps, ps, 0)
+            for k in range(n):
+                got = [scratch[r][q * n + k:q * n + k + 1] for q in ps]
+                if r == 0:
+                    rank.reduce(inp[k:k + 1], got[:1], tb=0, dst_chunk=out[k:k + 1])
+                    rank.reduce(got[1], got[2:], tb=0)
+                    rank.reduce(out[k:k + 1], got[1:2], tb=0)
+                else:
+                    rank.reduce(inp[k:k + 1], got, tb=0, dst_chunk=out[k:k + 1], src_position=r)
+            data_handshake(ch, r, ps, ps, 0)
+    return prog.to_plan()
+
+
+def test_each_rank_s_order_comes_with_its_own_ops_and_lines() -> None:
+    """Ranks 1.. compute one tree (interned once, by whichever rank got there first); each
+    rank's finding names that rank's own op and program line."""
+    rep = verify(_rank0_pairs(), schedules=1, dtypes=("float32",), sizes=(256,))
+    sym = [p for p in _inconsistent(rep) if p.details["how"] == "symbolic"]
+    assert {p.details["ranks"] for p in sym} == {(0, 1), (0, 2), (0, 3)}
+    for p in sym:
+        ra, rb = p.details["ranks"]
+        assert p.details["orders"][0] == "(x0[0] + x1[0]) + (x2[0] + x3[0])"
+        assert p.details["orders"][1] == "x0[0] + x1[0] + x2[0] + x3[0]"
+        ops_a, ops_b = p.details["ops"]
+        assert ops_a and all(o.startswith(f"rank {ra} ") for o in ops_a), ops_a
+        assert ops_b and all(o.startswith(f"rank {rb} ") for o in ops_b), ops_b
+        assert {r for r, _, _ in p.details["src"]} == {ra, rb}, p.details["src"]
+        assert f"rank {rb} computes x0[0] + x1[0] + x2[0] + x3[0] [rank {rb} tb 0 op" in p.message, p.message

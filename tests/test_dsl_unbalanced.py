@@ -72,3 +72,33 @@ def test_verify_reports_the_deadlock(name):
     assert any(p.kind == "deadlock" for p in report.problems), str(report)
     shown = str(report)
     assert "deadlock" in shown and "memory channel 2" in shown
+
+
+def _six_signals_five_waits():
+    """Rank 0 signals 6 times on its memory channel to rank 1, which waits 5 times: no hang (the
+    extra signal is never consumed), an unbalanced channel."""
+    from mscclang.dsl import CollectiveProgram, MemoryChannel, TestCollective
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with CollectiveProgram("six_five", TestCollective(2, 0, 0), 2, protocol="Simple") as prog:
+            a, b = MemoryChannel(1, 0), MemoryChannel(0, 1)
+            for _ in range(6):
+                a.signal(tb=0)   # L-six-signals
+            for _ in range(5):
+                b.wait(tb=0)
+        plan = prog.to_plan()
+    return plan, [str(w.message) for w in record if issubclass(w.category, DSLWarning)]
+
+
+def test_verify_s_unbalanced_channel_has_its_line_and_the_compile_warning_s_counts():
+    plan, warned = _six_signals_five_waits()
+    assert len(warned) == 1 and "signals 6 times" in warned[0] and "waits 5 times" in warned[0]
+    src = Path(__file__).read_text().splitlines()
+    line = next(i + 1 for i, t in enumerate(src) if t.rstrip().endswith("# L-six-signals"))
+    report = verify(plan, schedules=1, sizes=[16], dtypes=["float32"], launches=2)
+    found = [p for p in report.problems if p.kind == "unbalanced-channel"]
+    assert len(found) == 1 and not report.ok, str(report)
+    msg = found[0].message
+    assert "received 6 signals per launch from rank 0" in msg and "waited for 5 per launch" in msg, msg
+    assert f"first signal: rank 0 tb 0 op " in msg and f"test_dsl_unbalanced.py:{line}" in msg, msg

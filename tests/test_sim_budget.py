@@ -87,9 +87,12 @@ def test_huge_chunk_factor_is_refused(tmp_path, capsys):
 
 def test_largest_message_size_range_is_refused(tmp_path, capsys):
     d = json.loads(ONESHOT.read_text())
-    d["min_message_size"] = d["max_message_size"] = 2**64 - 1
+    d["min_message_size"] = d["max_message_size"] = 2**64 - 64   # the largest size a default verify takes
     rc, err = _cli(["verify", str(_write(tmp_path, d))], capsys)
     assert rc == 1 and "limit" in err
+    d["min_message_size"] = d["max_message_size"] = 2**64 - 1     # no whole-element size: nothing to verify
+    rc, err = _cli(["verify", str(_write(tmp_path, d))], capsys)
+    assert rc == 1 and "nothing to verify" in err
 
 
 def test_pipeline_unit_size_one_is_refused(tmp_path):

@@ -88,27 +88,22 @@ def _compare(table: ExprTable, ra: int, ia: np.ndarray, rb: int, ib: np.ndarray,
     for j in bad.tolist():
         a, b = int(ia[j]), int(ib[j])
         fp8_only = table.flat(a) == table.flat(b)
-        opa, opb = table.ops_in(a), table.ops_in(b)
-        key = (rb, _cause(table, a), _cause(table, b), fp8_only)
+        opa, opb = table.ops_in(a, ra), table.ops_in(b, rb)
+        key = (rb, table.by_rank(table.cause_of, a, ra) or ("copy",), table.by_rank(table.cause_of, b, rb) or ("copy",),
+               fp8_only)
         if key in found.found:
             found.add(key, what, "", {})
             continue
         dtypes = ("fp8 (which rounds once per op, so the ops' boundaries differ)" if fp8_only
                   else "floating-point sums (fp16, bf16, fp32, fp8)")
         msg = (f"rank {ra} and rank {rb} compute {what} (launch {found.launch}) differently, so their "
-               f"{dtypes} differ in bits: rank {ra} computes {table.render(a)}"
-               f" [{'; '.join(opa) or 'a copy'}], rank {rb} computes {table.render(b)} "
+               f"{dtypes} differ in bits: rank {ra} computes {table.render(a, ra)}"
+               f" [{'; '.join(opa) or 'a copy'}], rank {rb} computes {table.render(b, rb)} "
                f"[{'; '.join(opb) or 'a copy'}] (xR[k]: rank R's input chunk k; a + b + c adds left to right)")
-        found.add(key, what, msg, {"ranks": (ra, rb), "orders": (table.render(a), table.render(b)),
+        found.add(key, what, msg, {"ranks": (ra, rb), "orders": (table.render(a, ra), table.render(b, rb)),
                                    "ops": (opa, opb), "fp8_only": fp8_only, "how": "symbolic",
                                    "cause": key[1:]})
         return
-
-
-def _cause(table: ExprTable, i: int) -> tuple:
-    """What identifies the computation of ``i`` across chunks: its top op's name and DSL line
-    (the same program line on every thread block), else the op itself."""
-    return table.cause_of.get(i, ("copy",))
 
 
 def check_symbolic_consistency(spec: CollectiveSpec, layouts: Sequence[Layout], out_exprs: Sequence[np.ndarray],

@@ -18,13 +18,14 @@ semaphores and launches, and composes the concepts kept in their own modules:
 
 from __future__ import annotations
 
+import numbers
 import random
 from collections import deque
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from mscclang.errors import PlanError
+from mscclang.errors import PlanError, VerificationError
 from mscclang.plan.collectives import CollectiveSpec, spec_from_plan
 from mscclang.plan.models import PACKET_TYPES, SEMAPHORE_OPS, SIGNAL_OPS, WAIT_OPS, BufferKind, ChannelType, OpName, Plan, channel_ordinals, paired_indices
 from mscclang.sim.deadlock import DeadlockMixin
@@ -43,6 +44,30 @@ from mscclang.sim.tasks import ChannelEnd, Task, Wait
 
 __all__ = ["ChannelEnd", "PKT_WRITERS", "Proxy", "REMOTE_WRITERS", "SCHEDULES", "Simulation",
            "Task", "Trigger", "Wait"]
+
+
+
+def check_count(name: str, value: object, low: int) -> None:
+    """``value`` is an int (not a bool) of at least ``low``: VerificationError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise VerificationError(f"{name} must be an integer of at least {low}, got {value!r}")
+
+
+def check_choice(name: str, value: object, known: Sequence[str]) -> None:
+    """``value`` is one of ``known``: VerificationError naming ``name`` and listing them otherwise."""
+    if not isinstance(value, str) or value not in known:
+        raise VerificationError(f"unknown {name} {value!r}; known: {', '.join(known)}")
+
+
+def check_run_arguments(schedule: str, seed: int, launches: int, packet_type: str) -> None:
+    """The one home of the execution parameters of a run (:class:`Simulation`, and
+    :func:`~mscclang.sim.runner.run` and :func:`~mscclang.sim.fused.run_fused` before anything
+    is allocated): a known schedule and packet type, ``launches`` at least 1, ``seed`` not
+    negative (VerificationError naming the parameter)."""
+    check_choice("schedule", schedule, SCHEDULES)
+    check_choice("packet type", packet_type, PACKET_TYPES)
+    check_count("launches", launches, 1)
+    check_count("seed", seed, 0)
 
 
 class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueMixin):
@@ -77,12 +102,9 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         self.dtype = np.dtype(dtype)
         self.reduce_op = reduce_op
         self.accum = accum
-        if packet_type not in PACKET_TYPES:
-            raise PlanError(f"unknown packet type {packet_type!r} (LL8 or LL16)")
+        check_run_arguments(schedule, seed, launches, packet_type)
         self.ll16 = packet_type == "LL16"
         self.launches = launches
-        if schedule not in SCHEDULES:
-            raise PlanError(f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
         self.schedule = schedule
         self.rng = random.Random(seed)
         n = len(plan.gpus)
@@ -296,6 +318,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
                 key = (rank, ctype, c)
                 end = self._end(key)
                 end.expected += 1
+                end.first_wait = end.first_wait or opref
                 targets.append((key, end, end.expected))
             for k, (key, end, target) in enumerate(targets):  # thread k waits on channel k
                 while end.counter < target:
@@ -366,7 +389,8 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
             e = self.ends[key] = ChannelEnd(f"rank {key[0]} {key[1]} channel {key[2]}")
         return e
 
-    def _signal_clock(self, end: ChannelEnd, vc: Optional[np.ndarray], rvc: np.ndarray) -> None:
+    def _signal_clock(self, end: ChannelEnd, vc: Optional[np.ndarray], rvc: np.ndarray, op: OpRef) -> None:
+        end.first_signal = end.first_signal or op
         if end.clocks:
             pvc, prvc = end.clocks[-1]
             nvc = pvc if vc is None else np.maximum(pvc, vc)
@@ -381,7 +405,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         dst = self.pair[key]
         end = self._end(dst)
         vc, rvc = self._publish(task, thread, opref, f"memory channel {key[2]} (to rank {dst[0]})")
-        self._signal_clock(end, None if relaxed else vc, rvc)
+        self._signal_clock(end, None if relaxed else vc, rvc, opref)
         self._wake(("ctr", dst))
 
     def _publish(self, task: Task, thread: int, opref: OpRef, what: str,
@@ -588,17 +612,18 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
             self._step(t)
         for key, end in self.ends.items():
             if end.counter != end.expected:
-                peer = self._peer_of_end(key)
-                self.problem("unbalanced-channel",
-                             f"{end.label} received {end.counter} signals from rank {peer} but its "
-                             f"blocks waited for {end.expected}: signals and waits do not pair up on "
-                             f"this channel", end=key)
+                self._unbalanced(key, end)
 
-    def _peer_of_end(self, key: tuple) -> int:
-        for a, b in self.pair.items():
-            if b == key:
-                return a[0]
-        return -1
+    def _unbalanced(self, key: tuple, end: ChannelEnd) -> None:
+        """The ``unbalanced-channel`` problem of channel end ``key``: its counts per launch (every
+        launch ran to its end, the same ops each time, so the totals divide: the figures of the
+        compile warning) and the first op of the side that has more."""
+        n, peer = self.launches, next((a[0] for a, b in self.pair.items() if b == key), -1)
+        side, op = ("signal", end.first_signal) if end.counter > end.expected else ("wait", end.first_wait)
+        first = f" (first {side}: rank {op.rank} tb {op.tb} op {op.index} {op.name})" if op is not None else ""
+        self.problem("unbalanced-channel", f"{end.label} received {end.counter // n} signals per launch from rank {peer} "
+                     f"but its blocks waited for {end.expected // n} per launch: signals and waits do not pair up on "
+                     f"this channel{first}", end=key)
 
     def _step(self, t: Task) -> None:
         self.steps += 1

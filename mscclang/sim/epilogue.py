@@ -58,6 +58,13 @@ def _as_dtype(q: Any) -> Optional[np.dtype]:
         return None
 
 
+def check_hidden(h: object) -> None:
+    """The hidden-size rule (PlanError otherwise): an int, a multiple of :data:`PARTIAL` from
+    :data:`MIN_HIDDEN` to :data:`MAX_HIDDEN`; checked before anything of that size is built."""
+    if isinstance(h, bool) or not isinstance(h, int) or h % PARTIAL or not MIN_HIDDEN <= h <= MAX_HIDDEN:
+        raise PlanError(f"hidden size {h!r} must be a multiple of {PARTIAL} from {MIN_HIDDEN} to {MAX_HIDDEN}")
+
+
 @dataclass(frozen=True)
 class EpilogueParams:
     """The execution parameters of the epilogue ops (not in the plan, like the message size).
@@ -75,8 +82,7 @@ class EpilogueParams:
 
     def __post_init__(self) -> None:
         h = self.hidden
-        if isinstance(h, bool) or not isinstance(h, int) or h % PARTIAL or not MIN_HIDDEN <= h <= MAX_HIDDEN:
-            raise PlanError(f"hidden size {h!r} must be a multiple of {PARTIAL} from {MIN_HIDDEN} to {MAX_HIDDEN}")
+        check_hidden(h)
         w = np.asarray(self.weight)
         if w.ndim != 1 or w.shape[0] != h:
             raise PlanError(f"the weight must be one row of {h} elements, got shape {tuple(w.shape)}")

@@ -24,7 +24,7 @@ order; the check reports the dtypes concerned.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -43,36 +43,39 @@ class Node:
 
 
 class ExprTable:
-    """The interned expressions of one simulation; ids are indexes (0 is :data:`EMPTY`). ``op_of``
-    keeps, per reduction id, the op that first computed it (its description and DSL line)."""
+    """The interned expressions of one simulation; ids are indexes (0 is :data:`EMPTY`). Ranks
+    that compute the same tree share its id; ``op_of`` keeps, per reduction id and per rank that
+    computed it, the op that did so first there (its description), ``cause_of`` likewise its
+    name and DSL line, so that a report names each rank's own ops (:meth:`ops_in`)."""
 
     def __init__(self) -> None:
         self.nodes: list[Optional[Node]] = [None]
         self.ids: dict[Node, int] = {}
-        self.op_of: dict[int, str] = {}
-        #: per reduction id, what identifies its op across thread blocks (name and DSL line)
-        self.cause_of: dict[int, tuple] = {}
+        self.op_of: dict[int, dict[int, str]] = {}
+        #: per reduction id and rank, what identifies its op across thread blocks (name and DSL line)
+        self.cause_of: dict[int, dict[int, tuple]] = {}
         self._flat: dict[int, int] = {}
-        #: per reduction id, its sources in the order its first op wrote them (for reports)
-        self.written: dict[int, tuple] = {}
+        #: per reduction id and rank, its sources in the order its first op there wrote them
+        self.written: dict[int, dict[int, tuple]] = {}
 
-    def intern(self, node: Node, op: Optional[str] = None, cause: tuple = ()) -> int:
+    def intern(self, node: Node, op: Optional[str] = None, cause: tuple = (), rank: int = -1) -> int:
+        """The id of ``node`` (a new one the first time); ``op`` on ``rank`` computed it."""
         got = self.ids.get(node)
         if got is None:
             got = self.ids[node] = len(self.nodes)
             self.nodes.append(node)
-            if op is not None:
-                self.op_of[got] = op
-                self.cause_of[got] = cause or (op,)
+        if op is not None:
+            self.op_of.setdefault(got, {}).setdefault(rank, op)
+            self.cause_of.setdefault(got, {}).setdefault(rank, cause or (op,))
         return got
 
     def leaf(self, kind: str, *args: int) -> int:
         return self.intern(Node(kind, tuple(args)))
 
-    def reduce(self, sources: Sequence[np.ndarray], op: str, cause: tuple = ()) -> np.ndarray:
+    def reduce(self, sources: Sequence[np.ndarray], op: str, cause: tuple = (), rank: int = -1) -> np.ndarray:
         """The ids of reducing ``sources`` (one id array per source, in reduction order) granule
-        by granule; ``op`` describes the reducing op, ``cause`` what is common to its copies on
-        other thread blocks (its name and DSL line)."""
+        by granule; ``op`` describes the reducing op (on ``rank``), ``cause`` what is common to
+        its copies on other thread blocks (its name and DSL line)."""
         stack = np.stack(sources, axis=1)
         combos, inverse = np.unique(stack, axis=0, return_inverse=True)
         out = np.empty(combos.shape[0], dtype=np.int32)
@@ -80,8 +83,8 @@ class ExprTable:
             written = tuple(row)
             if len(row) >= 2 and row[1] < row[0]:
                 row[0], row[1] = row[1], row[0]   # the first step commutes
-            out[i] = self.intern(Node("red", tuple(row)), op, cause)
-            self.written.setdefault(int(out[i]), written)
+            out[i] = self.intern(Node("red", tuple(row)), op, cause, rank)
+            self.written.setdefault(int(out[i]), {}).setdefault(rank, written)
         return out[inverse.reshape(-1)]
 
     def norm(self, ids: np.ndarray, quant: bool) -> np.ndarray:
@@ -129,9 +132,11 @@ class ExprTable:
             cands.append(tuple(head + [second] + kids[2:]))
         return self.intern(Node("flat", min(cands)))
 
-    def render(self, i: int, depth: int = 0) -> str:
-        """A readable form: ``x2[0]`` is rank 2's input chunk 0, ``res[0]`` residual chunk 0, a
-        reduction ``a + b + c`` combines left to right, ``(...)`` is one rounded by another op."""
+    def render(self, i: int, rank: int = -1, depth: int = 0) -> str:
+        """A readable form of ``i`` as held by ``rank`` (each reduction in the order it was
+        written there, see :meth:`ops_in`): ``x2[0]`` is rank 2's input chunk 0, ``res[0]``
+        residual chunk 0, a reduction ``a + b + c`` combines left to right, ``(...)`` is one
+        rounded by another op."""
         node = self.nodes[i] if 0 <= i < len(self.nodes) else None
         if node is None:
             return "(nothing)"
@@ -140,14 +145,23 @@ class ExprTable:
         if node.kind == "res":
             return f"res[{node.args[0]}]"
         if node.kind == "norm":
-            return f"norm({self.render(node.args[0], depth + 1)})"
+            return f"norm({self.render(node.args[0], rank, depth + 1)})"
         if depth > 6:
             return "(...)"
-        body = " + ".join(self.render(k, depth + 1) for k in self.written.get(i, node.args))
+        body = " + ".join(self.render(k, rank, depth + 1) for k in self.by_rank(self.written, i, rank) or node.args)
         return f"({body})" if depth else body
 
-    def ops_in(self, i: int) -> list[str]:
-        """The ops that computed the reductions of ``i``, outermost first, each once."""
+    def by_rank(self, table: dict[int, dict], i: int, rank: int) -> Any:
+        """``table``'s (:attr:`op_of`, :attr:`cause_of`, :attr:`written`) entry of id ``i`` on
+        ``rank`` when that rank computed it, else on the rank that computed it first (a value it
+        received); None for no reduction."""
+        got = table.get(i)
+        return None if not got else got.get(rank, next(iter(got.values())))
+
+    def ops_in(self, i: int, rank: int = -1) -> list[str]:
+        """The ops that computed the reductions of ``i`` as held by ``rank``, outermost first,
+        each once: a reduction ``rank`` computed itself names its op there, one it received the
+        op of the rank that computed it first."""
         seen: list[str] = []
         todo = [i]
         while todo:
@@ -155,7 +169,7 @@ class ExprTable:
             node = self.nodes[j] if 0 <= j < len(self.nodes) else None
             if node is None or node.kind not in ("red", "norm"):
                 continue
-            op = self.op_of.get(j)
+            op = self.by_rank(self.op_of, j, rank)
             if op is not None and op not in seen:
                 seen.append(op)
             todo.extend(node.args if node.kind == "red" else [node.args[0]])

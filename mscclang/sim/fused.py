@@ -25,21 +25,23 @@ import numpy as np
 from mscclang.errors import MscclangError, PlanError, VerificationError
 from mscclang.plan.collectives import spec_from_plan
 from mscclang.plan.dtypes import EPILOGUE_DTYPES
-from mscclang.plan.models import PACKET_TYPES, OpName, Plan
+from mscclang.plan.models import OpName, Plan
 from mscclang.sim.budget import COMPILE_TERMS, SECONDS_PER, Deadline, Estimate, Limits, estimate_runs
 from mscclang.sim.consistency import (check_numeric_consistency, check_symbolic_consistency, consistency_level,
                                       drop_numeric_duplicates)
 from mscclang.sim.diagnosis import Findings
 from mscclang.sim.dtypes import dtype_name, parse_dtype
-from mscclang.sim.engine import Simulation
-from mscclang.sim.epilogue import MAX_HIDDEN, MIN_HIDDEN, PARTIAL, EpilogueParams
+from mscclang.sim.engine import Simulation, check_count
+from mscclang.sim.epilogue import MAX_HIDDEN, MIN_HIDDEN, PARTIAL, EpilogueParams, check_hidden
 from mscclang.sim.postcondition import check_fused
 from mscclang.sim.program import sim_program
 from mscclang.sim.report import Deadlock, Problem, Report
-from mscclang.sim.runner import check_arguments, default_launches
+from mscclang.sim.runner import (check_arguments, check_message_range, check_run_arguments, default_launches,
+                                 nothing_to_verify)
 from mscclang.sim.schedules import SCHEDULES
 
-__all__ = ["FusedRun", "plan_quantises", "run_fused", "verify_fused", "estimate_fused", "default_cases", "ACT_DTYPES"]
+__all__ = ["Case", "FusedRun", "plan_quantises", "run_fused", "verify_fused", "estimate_fused", "default_cases",
+           "ACT_DTYPES"]
 
 #: where a PlanError of a run names its op ("rank 0 tb 0 op 5")
 _OP_AT = re.compile(r"rank \d+ tb \d+ op [\d.]+")
@@ -108,12 +110,14 @@ def run_fused(plan: Plan, inputs: Sequence[np.ndarray], residuals: Sequence[np.n
               packet_type: str = "LL16", deadline: Optional[Deadline] = None,
               limits: Optional[Limits] = None) -> FusedRun:
     """Run a fused plan: ``inputs`` and ``residuals`` are flat arrays of the activation dtype,
-    one per rank, ``rows * params.hidden`` elements each. Every argument is checked first
-    (PlanError naming it); without a ``deadline`` the run is estimated and refused
+    one per rank, ``rows * params.hidden`` elements each, a message in the plan's message size
+    range. Every argument is checked first (PlanError or VerificationError naming it); without a ``deadline`` the run is estimated and refused
     (LimitError) when it exceeds ``limits``, else bounded by their time."""
     n = len(plan.gpus)
+    check_run_arguments(schedule, seed, launches, packet_type)
     rows, act = _check_call(plan, inputs, residuals, params)
     ib, ob, row = _sizes(plan, rows, params, act)
+    check_message_range(plan, ib, f"a message of {rows} rows x {params.hidden} {dtype_name(act)}")
     if deadline is None:
         estimate_runs(plan, [(ib, ib, ob, row)], 1, launches, itemsizes=[act.itemsize],
                       symbolic_size=(ib, ib, ob, row) if symbolic else None,
@@ -151,36 +155,63 @@ def prove_fused_consistent(plan: Plan) -> list[Problem]:
     return [p for p in run.problems if p.kind == "inconsistent"]
 
 
-def default_cases(plan: Plan) -> list[tuple[int, int]]:
-    """The (rows, hidden) cases a default verify runs: one row of 8; ranks + 1 rows of 24 (odd
-    row counts; rows of 48 or 96 bytes, which no power-of-two alignment divides, so chunks cut
-    at alignment units fall inside rows); 2 ranks + 1 rows of 40; 5 ranks rows of 24 (10 x 24 on
-    two ranks). Rows grow to the plan's smallest message; cases past its largest are left out."""
-    n = len(plan.gpus)
-    out = []
-    for rows, h in ((1, 8), (n + 1, 24), (2 * n + 1, 40), (5 * n, 24)):
-        rows = max(rows, -(-plan.min_message_size // (h * 2)))
-        if rows * h * 4 <= plan.max_message_size or rows * h * 2 <= plan.max_message_size:
-            out.append((rows, h))
-    return out
+@dataclass(frozen=True)
+class Case:
+    """One case of a fused verify: ``rows`` rows of ``hidden`` elements, run in each of ``dtypes``
+    (those whose message, ``rows * hidden`` elements, lies in the plan's message size range)."""
+
+    rows: int
+    hidden: int
+    dtypes: tuple[np.dtype, ...]
 
 
-def _cases_of_sizes(sizes: Sequence[int], dts: Sequence[np.dtype]) -> list[tuple[int, int]]:
-    """(rows, hidden) cases of message sizes (bytes of x): per size and dtype, the largest and the
-    smallest hidden size (a multiple of 8 up to 65536) whose rows the size holds."""
-    out: list[tuple[int, int]] = []
+def _grouped(found: Sequence[tuple[int, int, np.dtype]]) -> list[Case]:
+    """(rows, hidden, dtype) triples as cases, one per (rows, hidden) in first-seen order."""
+    by: dict[tuple[int, int], list[np.dtype]] = {}
+    for rows, h, d in found:
+        by.setdefault((rows, h), []).append(d)
+    return [Case(rows, h, tuple(dict.fromkeys(ds))) for (rows, h), ds in by.items()]
+
+
+def default_cases(plan: Plan, dts: Sequence[np.dtype] = ()) -> list[Case]:
+    """The cases a default verify runs, per activation dtype of ``dts`` (default: all): one row
+    of 8; ranks + 1 rows of 24 (odd row counts; rows of 48 or 96 bytes, which no power-of-two
+    alignment divides, so chunks cut at alignment units fall inside rows); 2 ranks + 1 rows of
+    40; 5 ranks rows of 24 (10 x 24 on two ranks). The rows grow to the plan's smallest message
+    in the narrowest dtype, and every dtype whose message then lies in the plan's range runs
+    them; a dtype past the largest runs the rows grown for it alone, or is left out: every run's
+    message lies in the plan's range. Empty when the range holds none."""
+    n, dts = len(plan.gpus), list(dts) or [parse_dtype(x) for x in ACT_DTYPES]
+    found = []
+    for rows0, h in ((1, 8), (n + 1, 24), (2 * n + 1, 40), (5 * n, 24)):
+        for d in dts:
+            for k in (min(x.itemsize for x in dts), d.itemsize):   # the rows every dtype shares, else its own
+                rows = max(rows0, -(-plan.min_message_size // (h * k)))
+                if rows * h * d.itemsize <= plan.max_message_size:
+                    found.append((rows, h, d))
+                    break
+    return _grouped(found)
+
+
+def _cases_of_sizes(plan: Plan, sizes: Sequence[int], dts: Sequence[np.dtype]) -> tuple[list[Case], list[str]]:
+    """(cases, notes) of message sizes (bytes of x, the same bytes in every dtype): per size and
+    dtype, the largest and the smallest hidden size (a multiple of 8 up to 65536) whose rows the
+    size's elements fill; a dtype whose elements no such rows fill is left out for that size (a
+    note says so), a size no dtype takes or outside the plan's range is refused."""
+    found, notes = [], []
     for s in sizes:
+        check_message_range(plan, s, f"message size {s}")
+        before = len(found)
         for dt in dts:
             elems, rem = divmod(s, dt.itemsize)
             hs = [h for h in range(MIN_HIDDEN, min(elems, MAX_HIDDEN) + 1, PARTIAL) if elems % h == 0] if not rem else []
-            if not hs:
-                raise VerificationError(f"message size {s} bytes is not whole rows of {dtype_name(dt)}: a fused "
-                                        f"message is rows x hidden elements, hidden a multiple of {PARTIAL} from "
-                                        f"{MIN_HIDDEN} to {MAX_HIDDEN}")
-            for h in (hs[0], hs[-1]):
-                if (elems // h, h) not in out:
-                    out.append((elems // h, h))
-    return out
+            found += [(elems // h, h, dt) for h in dict.fromkeys(hs[:1] + hs[-1:])]
+            notes += [] if hs else [f"size {s} is not whole rows of {dtype_name(dt)}: not run in it"]
+        if len(found) == before:
+            raise VerificationError(f"message size {s} bytes is not whole rows of {', '.join(map(dtype_name, dts))}: "
+                                    f"a fused message is rows x hidden elements, hidden a multiple of {PARTIAL} "
+                                    f"from {MIN_HIDDEN} to {MAX_HIDDEN}")
+    return _grouped(found), notes
 
 
 @dataclass(frozen=True)
@@ -209,23 +240,23 @@ class _Run:
         return ", ".join(parts + ["symbolic run" if self.symbolic else f"{self.schedule} schedule seed {self.seed}"])
 
 
-def _plan_runs(plan: Plan, cases: Sequence[tuple[int, int]], dts: Sequence[np.dtype], pts: Sequence[str],
-               schedules: int, seed: int, symbolic: bool) -> list[_Run]:
-    """Per case ``max(schedules, dtypes x packet types)`` runs, the (dtype, packet type) pairs
+def _plan_runs(plan: Plan, cases: Sequence[Case], pts: Sequence[str], schedules: int, seed: int,
+               symbolic: bool) -> list[_Run]:
+    """Per case ``max(schedules, its dtypes x packet types)`` runs, the (dtype, packet type) pairs
     crossed and the schedules, eps values, scales, FP8 types, weight dtypes and residual modes in
     turn; then one symbolic run per case."""
     quant = plan_quantises(plan)
     own_ok = not plan.replicated_residual
-    pairs = [(d, p) for d in dts for p in pts]
     runs = []
-    for ci, (rows, h) in enumerate(cases):
+    for ci, c in enumerate(cases):
+        pairs = [(d, p) for d in c.dtypes for p in pts]
         for i in range(max(schedules, len(pairs))):
             d, p = pairs[i % len(pairs)]
-            runs.append(_Run(rows, h, d, p, SCHEDULES[i % len(SCHEDULES)], seed + ci * 97 + i,
+            runs.append(_Run(c.rows, c.hidden, d, p, SCHEDULES[i % len(SCHEDULES)], seed + ci * 97 + i,
                              EPS_VALUES[i % len(EPS_VALUES)], SCALES[i % len(SCALES)] if quant else None,
                              FP8_TYPES[i % len(FP8_TYPES)], i % 2 == 0, own_ok and i % 2 == 1))
         if symbolic:
-            runs.append(_Run(rows, h, dts[0], pts[0], "round_robin", seed + ci * 97, EPS_VALUES[0],
+            runs.append(_Run(c.rows, c.hidden, c.dtypes[0], pts[0], "round_robin", seed + ci * 97, EPS_VALUES[0],
                              SCALES[0] if quant else None, FP8_TYPES[0], True, False, True))
     return runs
 
@@ -242,12 +273,23 @@ def _data(plan: Plan, run: _Run) -> tuple[list[np.ndarray], list[np.ndarray], Ep
     return xs, res if run.own_residuals else res * n, params
 
 
+@dataclass
+class _Resolved:
+    """:func:`verify_fused`'s arguments resolved: its cases, packet types and notes."""
+
+    cases: list[Case]
+    pts: list[str]
+    notes: list[str]
+
+
 def _resolve(plan: Plan, sizes: Optional[Sequence[int]], dtypes: Optional[Sequence[str]], schedules: int,
              seed: int, launches: int, reduce_ops: Optional[Sequence[str]], packet_types: Sequence[str],
-             cases: Optional[Sequence[tuple[int, int]]]) -> tuple[list[tuple[int, int]], list[np.dtype], list[str]]:
-    """:func:`verify_fused`'s arguments checked (VerificationError naming what is wrong) and
-    resolved: its (rows, hidden) cases, activation dtypes and packet types."""
-    check_arguments(sizes, schedules, seed, launches)
+             cases: Optional[Sequence[tuple[int, int]]], max_problems: Optional[int] = None) -> _Resolved:
+    """:func:`verify_fused`'s arguments checked (VerificationError, PlanError for the hidden
+    rule, naming what is wrong) before anything is allocated, and resolved; arguments that leave
+    no case to run are refused (:func:`~mscclang.sim.runner.nothing_to_verify`)."""
+    sizes = None if sizes is None else list(sizes)
+    check_arguments(sizes, schedules, seed, launches, list(packet_types), max_problems)
     if reduce_ops is not None and list(reduce_ops) != ["sum"]:
         raise VerificationError(f"the fused collective sums: reduce ops {list(reduce_ops)} do not apply")
     dts = [parse_dtype(d) for d in (dtypes or ACT_DTYPES)]
@@ -255,22 +297,24 @@ def _resolve(plan: Plan, sizes: Optional[Sequence[int]], dtypes: Optional[Sequen
     if bad:
         raise VerificationError(f"{', '.join(bad)}: the fused collective's activations are {', '.join(ACT_DTYPES)}")
     pts = list(packet_types) or ["LL16"]
-    for p in pts:
-        if p not in PACKET_TYPES:
-            raise VerificationError(f"unknown packet type {p!r} (LL16 or LL8)")
-    if cases is None:
-        cases = _cases_of_sizes(sizes, dts) if sizes else default_cases(plan)
-    cases = list(cases)
-    for rows, h in cases:
-        EpilogueParams(h, np.ones(h, np.float32))   # the hidden rule (PlanError naming it)
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-            raise VerificationError(f"a case's row count must be a positive int, got {rows!r}")
-        for d in dts:
-            nb = rows * h * d.itemsize
-            if not plan.min_message_size <= nb <= plan.max_message_size:
-                raise VerificationError(f"{rows} rows x {h} of {dtype_name(d)} is {nb} bytes, outside the plan's "
-                                        f"message sizes [{plan.min_message_size}, {plan.max_message_size}]")
-    return cases, dts, pts
+    notes: list[str] = []
+    if cases is not None:
+        found = []
+        for case in cases:
+            if not isinstance(case, (tuple, list)) or len(case) != 2:
+                raise VerificationError(f"a case must be a pair (rows, hidden), got {case!r}")
+            rows, h = case
+            check_hidden(h)
+            check_count("a case's row count", rows, 1)
+            for d in dts:
+                check_message_range(plan, rows * h * d.itemsize, f"{rows} rows x {h} of {dtype_name(d)}")
+                found.append((rows, h, d))
+        got = _grouped(found)
+    else:
+        got, notes = _cases_of_sizes(plan, sizes, dts) if sizes else (default_cases(plan, dts), [])
+    if not got:
+        raise nothing_to_verify(plan, f"no {'given' if cases is not None else 'default'} case lies")
+    return _Resolved(got, pts, notes)
 
 
 def estimate_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None, dtypes: Optional[Sequence[str]] = None,
@@ -279,9 +323,9 @@ def estimate_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None, dtypes:
                    cases: Optional[Sequence[tuple[int, int]]] = None) -> Estimate:
     """What :func:`verify_fused` with these arguments would take (:mod:`mscclang.sim.budget`)."""
     launches = default_launches(plan) if launches is None else launches
-    cases, dts, pts = _resolve(plan, sizes, dtypes, schedules, seed, launches, None, packet_types, cases)
-    runs = _plan_runs(plan, cases, dts, pts, schedules, seed, symbolic)
-    return _estimate(plan, runs, launches, f"verifying {plan.name} over {len(cases)} case(s) with {len(runs)} run(s)")
+    got = _resolve(plan, sizes, dtypes, schedules, seed, launches, None, packet_types, cases)
+    runs = _plan_runs(plan, got.cases, got.pts, schedules, seed, symbolic)
+    return _estimate(plan, runs, launches, f"verifying {plan.name} over {len(got.cases)} case(s) with {len(runs)} run(s)")
 
 
 def _estimate(plan: Plan, runs: Sequence["_Run"], launches: int, what: str) -> Estimate:
@@ -316,23 +360,28 @@ def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
                  max_problems: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None,
                  limits: Optional[Limits] = None, cases: Optional[Sequence[tuple[int, int]]] = None) -> Report:
     """Verify a fused plan (see the module docstring) over ``cases`` (rows, hidden), else the
-    cases of ``sizes`` (bytes of x: per size and dtype the largest and smallest hidden size its
-    rows take), else :func:`default_cases`; ``dtypes`` among :data:`ACT_DTYPES` (default: all),
-    ``launches`` by default :func:`~mscclang.sim.runner.default_launches` (3 with double scratch);
-    ``reduce_ops`` only ``sum`` (the fused collective sums). The runs are estimated first and
-    refused (LimitError) past ``limits``, then bounded by their time; a case outside the plan's
-    message size range is refused (VerificationError). Problems are grouped by cause, as
+    cases of ``sizes`` (bytes of x, the same bytes in every dtype: per size and dtype the largest
+    and smallest hidden size its elements' rows take), else :func:`default_cases` (sized per
+    dtype); ``dtypes`` among :data:`ACT_DTYPES` (default: all), ``launches`` by default
+    :func:`~mscclang.sim.runner.default_launches` (3 with double scratch); ``reduce_ops`` only
+    ``sum`` (the fused collective sums). Every argument is checked before anything is allocated;
+    a case or size outside the plan's message size range is refused (VerificationError), and so
+    is a verify with no case to run (never an OK over no runs). The runs are estimated first and
+    refused (LimitError) past ``limits``, then bounded by their time. Problems are grouped by cause, as
     :func:`mscclang.sim.verify` groups them. Returns a :class:`Report`."""
     t0 = time.perf_counter()
     launches = default_launches(plan) if launches is None else launches
-    cases, dts, pts = _resolve(plan, sizes, dtypes, schedules, seed, launches, reduce_ops, packet_types, cases)
+    got = _resolve(plan, sizes, dtypes, schedules, seed, launches, reduce_ops, packet_types, cases, max_problems)
     rep = Report(plan.name, launches=launches)
     rep.postcondition = True
-    rep.sizes = sorted({rows * h * d.itemsize for rows, h in cases for d in dts})
-    runs = _plan_runs(plan, cases, dts, pts, schedules, seed, symbolic)
-    rep.schedules = [SCHEDULES[i % len(SCHEDULES)] for i in range(max(schedules, len(dts) * len(pts)))]
+    rep.sizes = sorted({c.rows * c.hidden * d.itemsize for c in got.cases for d in c.dtypes})
+    rep.notes.extend(got.notes)
+    runs = _plan_runs(plan, got.cases, got.pts, schedules, seed, symbolic)
+    most = max(len(c.dtypes) for c in got.cases) * len(got.pts)
+    rep.schedules = [SCHEDULES[i % len(SCHEDULES)] for i in range(max(schedules, most))]
     quant = plan_quantises(plan)
-    _estimate(plan, runs, launches, f"verifying {plan.name} over {len(cases)} case(s) with {len(runs)} run(s)").check(limits)
+    _estimate(plan, runs, launches,
+              f"verifying {plan.name} over {len(got.cases)} case(s) with {len(runs)} run(s)").check(limits)
     deadline = Deadline(limits, f"verifying {plan.name}")
     found = Findings(plan, rep)
     level = consistency_level(plan)

@@ -123,7 +123,7 @@ class PacketMixin:
                         for x in shadows[1:]:
                             counts = counts + x.counts
                         sh = Sym(counts, self.exprs.reduce([x.ids for x in shadows], self._op_label(opref, cop),
-                                                          (cop.name, cop.op.src or self._op_label(opref, cop))))
+                                                          (cop.name, cop.op.src or self._op_label(opref, cop)), opref.rank))
                 else:
                     result = datas[0]
                     sh = shadows[0] if shadows else None

@@ -169,7 +169,7 @@ class PortMixin:
         else:
             dst = self.pair[trig.end_key]  # type: ignore[index]
             end = self._end(dst)
-            self._signal_clock(end, a.vc.copy(), a.rvc.copy())
+            self._signal_clock(end, a.vc.copy(), a.rvc.copy(), trig.op)
             self._wake(("ctr", dst))
         if kept:
             a.vc, a.rvc = kept

@@ -13,10 +13,11 @@ import numpy as np
 from mscclang.errors import PlanError, VerificationError
 from mscclang.plan.collectives import collective
 from mscclang.plan.io import load_plan
-from mscclang.plan.models import REDUCE_OP_NAMES, REDUCE_OPS, OpName, Plan
+from mscclang.plan.dtypes import ACCUM_DTYPES
+from mscclang.plan.models import PACKET_TYPES, REDUCE_OP_NAMES, REDUCE_OPS, OpName, Plan
 from mscclang.sim.budget import Deadline, Limits, check_runs
 from mscclang.sim.dtypes import DtypeLike, dtype_name, parse_dtype
-from mscclang.sim.engine import Simulation
+from mscclang.sim.engine import Simulation, check_choice, check_count, check_run_arguments
 from mscclang.sim.program import sim_program
 
 PlanLike = Union[Plan, str, Path, dict]
@@ -58,14 +59,40 @@ def default_launches(plan: Plan) -> int:
     return 3 if plan.use_double_scratch_buffer else 2
 
 
-def check_arguments(sizes: Optional[Sequence[int]], schedules: int, seed: int, launches: int) -> None:
-    """Refuse verify arguments no run can take, before any work (VerificationError)."""
+def check_arguments(sizes: Optional[Sequence[int]], schedules: int, seed: int, launches: int,
+                    packet_types: Sequence[str] = (), max_problems: Optional[int] = None,
+                    reduce_ops: Optional[Sequence[str]] = None) -> None:
+    """Refuse verify arguments no run can take, before any work (VerificationError naming the
+    argument): ``schedules`` and ``launches`` at least 1, ``seed`` not negative, known packet
+    types and reduce ops, ``max_problems`` (when given) at least 1, and ``sizes`` (when given) a
+    non-empty list of positive byte counts: arguments that leave nothing to run are refused,
+    never reported OK."""
     for name, value, low in (("schedules", schedules, 1), ("launches", launches, 1), ("seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-            raise VerificationError(f"{name} must be an integer of at least {low}, got {value!r}")
+        check_count(name, value, low)
+    if max_problems is not None:
+        check_count("max_problems", max_problems, 1)
+    for name, values, known in (("packet type", packet_types, PACKET_TYPES), ("reduce op", reduce_ops, REDUCE_OP_NAMES)):
+        for v in values or ():
+            check_choice(name, v, known)
+    if sizes is not None and not len(sizes):
+        raise VerificationError("sizes is empty: nothing to verify")
     for s in sizes or ():
         if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s <= 0:
             raise VerificationError(f"message sizes must be positive integers (bytes), got {s!r}")
+
+
+def check_message_range(plan: Plan, nbytes: int, what: str) -> None:
+    """The one home of the rule that a run's message (``nbytes``, the plan's message size)
+    lies in the plan's message size range: VerificationError naming ``what`` otherwise."""
+    if not plan.min_message_size <= nbytes <= plan.max_message_size:
+        raise VerificationError(f"{what} is {nbytes} bytes, outside the plan's message sizes "
+                                f"[{plan.min_message_size}, {plan.max_message_size}]")
+
+
+def nothing_to_verify(plan: Plan, what: str) -> VerificationError:
+    """The error of a verify none of whose runs would run (never an OK over no runs)."""
+    return VerificationError(f"plan {plan.name!r}: nothing to verify: {what} in the plan's message sizes "
+                             f"[{plan.min_message_size}, {plan.max_message_size}]")
 
 
 _PARTS = ("input", "output", "block for each peer")
@@ -124,11 +151,16 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
     :class:`mscclang.sim.Deadlock` (a :class:`VerificationError`) when the plan deadlocks, and
     :class:`~mscclang.errors.LimitError` when the run would exceed (or runs past) ``limits``
     (default: the environment's, see :mod:`mscclang.sim.budget`). ``accum``: the accumulation
-    dtype of fp8 reductions (``float32``, the default, or ``float16``; docs/semantics.md).
+    dtype of fp8 reductions (``float32``, the default, or ``float16``; docs/semantics.md). Every
+    parameter is checked before anything is allocated (:func:`check_run_arguments`;
+    VerificationError naming it).
     An input whose output (or alltoall share) is not whole elements on every rank, say 3
     float16 elements per rank of a 2-rank reducescatter, is refused (:func:`message_to_bytes`)."""
     p = as_plan(plan)
     n = len(p.gpus)
+    check_run_arguments(schedule, seed, launches, packet_type)
+    check_choice("accum (accumulation dtype)", ACCUM_DTYPES[0] if accum is None else accum, ACCUM_DTYPES)
+    rop = resolve_reduce_op(p, reduce_op)
     if len(inputs) != n:
         raise VerificationError(f"plan {p.name!r} has {n} ranks but {len(inputs)} inputs were given")
     arrs = [np.ascontiguousarray(x) for x in inputs]
@@ -137,19 +169,17 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
         if a.ndim != 1 or a.dtype != dt or a.nbytes != arrs[0].nbytes:
             raise VerificationError(f"input of rank {r} must be 1-D {dt} of {arrs[0].nbytes} bytes, "
                                     f"got {a.ndim}-D {a.dtype} of {a.nbytes} bytes")
-    if launches < 1:
-        raise VerificationError("launches must be at least 1")
     ib = arrs[0].nbytes
     ob = message_to_bytes(p, int(ib / _parts(p)[0][1]), dt)[1] if output_bytes is None else output_bytes
-    if ob % dt.itemsize:
+    if isinstance(ob, bool) or not isinstance(ob, numbers.Integral) or ob < 0 or ob % dt.itemsize:
         raise VerificationError(f"output_bytes must be a whole number of {dtype_name(dt)} elements "
-                                f"({dt.itemsize} bytes each), got {ob}")
+                                f"({dt.itemsize} bytes each), got {ob!r}")
     check_runs(p, [(ib, ib, ob)], 1, launches, itemsizes=[dt.itemsize], postcondition=False,
                what=f"simulating {p.name} on {ib:,} input bytes with {launches} launch(es)", limits=limits)
     deadline = Deadline(limits, f"simulating {p.name}")
     prog = sim_program(p, ib, ob)
     sim = Simulation(prog, [a.view(np.uint8) for a in arrs], dtype=dt,
-                     reduce_op=resolve_reduce_op(p, reduce_op), packet_type=packet_type,
+                     reduce_op=rop, packet_type=packet_type,
                      launches=launches, accum=accum, schedule=schedule, seed=seed, check_races=False,
                      deadline=deadline)
     sim.run()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 import numpy as np
 
 from mscclang.sim.program import COp
-from mscclang.sim.races import Actor
+from mscclang.sim.races import Actor, OpRef
 
 if TYPE_CHECKING:
     from mscclang.sim.ports import Proxy
@@ -32,15 +32,18 @@ class Wait:
 
 
 class ChannelEnd:
-    """The inbound counter of one channel end and what each signal published."""
+    """The inbound counter of one channel end and what each signal published; the first op that
+    signalled it and the first that waited on it (what an ``unbalanced-channel`` finding names)."""
 
-    __slots__ = ("counter", "expected", "clocks", "label")
+    __slots__ = ("counter", "expected", "clocks", "label", "first_signal", "first_wait")
 
     def __init__(self, label: str) -> None:
         self.counter = 0
         self.expected = 0
         self.clocks: list[tuple[np.ndarray, np.ndarray]] = []  # prefix joins (vc, rvc)
         self.label = label
+        self.first_signal: Optional[OpRef] = None
+        self.first_wait: Optional[OpRef] = None
 
 
 class Task:

@@ -25,7 +25,7 @@ from mscclang.sim.postcondition import check_numeric, check_symbolic, derive_sen
 from mscclang.sim.program import Program, sim_program
 from mscclang.sim.report import Deadlock, Problem, Report
 from mscclang.sim.runner import (PlanLike, as_plan, check_arguments, default_launches, message_to_bytes,
-                                 resolve_reduce_op)
+                                 nothing_to_verify, resolve_reduce_op)
 
 DEFAULT_DTYPES = ("float16", "bfloat16", "float32", "int32")
 
@@ -47,11 +47,11 @@ def default_sizes(plan: Plan) -> list[int]:
     """Message sizes a default verify runs: one where every chunk is one alignment unit, an odd
     one whose last chunk is short, and a larger one, kept inside the plan's message size range;
     and, for a plan with pipelines, the smallest size in range at which every pipeline runs at
-    least two iterations (:func:`pipeline_size`), so that the slicing is checked. Ascending. A
-    fused plan's: the bytes of its default (rows, hidden) cases in float32, whole rows of every
-    activation dtype (:func:`~mscclang.sim.fused.default_cases`)."""
+    least two iterations (:func:`pipeline_size`), so that the slicing is checked. Ascending; empty
+    when the plan's range holds none. A fused plan's: the bytes of its default cases
+    (:func:`~mscclang.sim.fused.default_cases`), each in the dtypes it is run in."""
     if collective(plan.collective).fused:
-        return sorted({rows * h * 4 for rows, h in default_cases(plan)})
+        return sorted({c.rows * c.hidden * d.itemsize for c in default_cases(plan) for d in c.dtypes})
     a = max(plan.buffer_alignment, 4)
     bc = max(_block_chunks(plan), 1)
     f = _blocks_per_message(plan)
@@ -59,9 +59,8 @@ def default_sizes(plan: Plan) -> list[int]:
     cands = [block * f, (3 * block + 4) * f, 32 * block * f]
     ok = [s for s in cands if plan.min_message_size <= s <= plan.max_message_size]
     if not ok:
-        s = max(plan.min_message_size, 4 * f)
-        s -= s % (4 * f)
-        ok = [s]
+        s = -(-max(plan.min_message_size, 4 * f) // (4 * f)) * (4 * f)   # the least multiple of 4f in range
+        ok = [s] if s <= plan.max_message_size else []
     ps = pipeline_size(plan)
     if ps is not None and ps not in ok:
         ok = sorted(ok + [ps])
@@ -281,15 +280,18 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     :class:`~mscclang.errors.LimitError` before anything is allocated, and a run that passes the
     time limit anyway stops with one. Sizes must be positive and whole elements of every dtype on
     every rank (:func:`~mscclang.sim.runner.message_to_bytes`), ``schedules`` and ``launches`` at
-    least 1 and ``seed`` not negative (:class:`VerificationError` otherwise). The report lists the
+    least 1, ``seed`` not negative, packet types and reduce ops known and ``max_problems`` at least 1
+    (:class:`VerificationError` otherwise, before anything is allocated); a verify with nothing to
+    run (``sizes`` empty, or no default size in the plan's message size range) raises
+    :class:`VerificationError` (never an OK over no runs). The report lists the
     dtypes, reduce ops (for a plan that reduces) and packet types (for a plan with packet ops) of
     the runs made, and warns (``protocol``) of a plan declaring LL without a packet op."""
     t0 = time.perf_counter()
     p = as_plan(plan)
     spec = spec_from_plan(p)
+    if senders is not None and not spec.row.has_senders:
+        raise VerificationError(f"senders are only meaningful for sendrecv plans, not {spec.name}")
     if spec.row.fused:  # row-shaped cases and its own postcondition, the same options
-        if senders is not None:
-            raise VerificationError(f"senders are only meaningful for sendrecv plans, not {spec.name}")
         return verify_fused(p, sizes=sizes, dtypes=dtypes, schedules=schedules, seed=seed, launches=launches,
                             reduce_ops=reduce_ops, packet_types=packet_types, symbolic=symbolic,
                             max_problems=max_problems, progress=progress, limits=limits)
@@ -297,16 +299,16 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
         dtypes = DEFAULT_DTYPES
     if launches is None:
         launches = default_launches(p)
-    check_arguments(sizes, schedules, seed, launches)
+    sizes = None if sizes is None else list(sizes)
+    check_arguments(sizes, schedules, seed, launches, list(packet_types), max_problems, reduce_ops)
     rep = Report(p.name, launches=launches)
     rep.postcondition = spec.has_postcondition
     reduces, packets = plan_uses(p)
     rep.problems.extend(protocol_warnings(p, packets))
-    if senders is not None and not spec.row.has_senders:
-        raise VerificationError(f"senders are only meaningful for sendrecv plans, not {spec.name}")
     if sizes is None:
         sizes = default_sizes(p)
-    sizes = list(sizes)
+        if not sizes:
+            raise nothing_to_verify(p, "no default message size lies")
     rep.sizes = sizes
     dts = [parse_dtype(d) for d in dtypes] or [parse_dtype("float16")]
     for size in sizes:   # whole elements of every dtype on every rank, or refused
@@ -463,8 +465,10 @@ def prove_consistent(plan: PlanLike) -> list[Problem]:
         return []
     if spec.row.fused:
         return prove_fused_consistent(p)
-    size = min(default_sizes(p))
-    ib, ob = message_to_bytes(p, size)
+    sizes = default_sizes(p)
+    if not sizes:
+        return []
+    ib, ob = message_to_bytes(p, min(sizes))
     prog = sim_program(p, ib, ob)
     gran = symbolic_granule(prog)
     nsym = len(p.gpus) * max(p.gpus[0].input_chunks, 1)
