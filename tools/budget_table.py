@@ -58,6 +58,8 @@ class Row:
     memory: int
     ok: bool
     terms: dict = field(default_factory=dict)
+    wall: float = 0.0   # wall seconds (``seconds`` is the process's CPU time: a loaded machine's
+    #                     wall time is several times its CPU time)
 
     @property
     def time_ratio(self) -> float:
@@ -92,9 +94,27 @@ def ring_allgather(n: int):
     return prog.to_plan()
 
 
+def full_ring(n: int, all_peers: bool = True) -> dict:
+    """A ring of ``n`` ranks (signal the next rank, wait for the previous) in which every rank
+    declares a memory channel to every other rank (``all_peers``; else to its two neighbours),
+    using two: ``n * (n - 1)`` channel ends for ``2 n`` signals and waits."""
+    gpus = []
+    for r in range(n):
+        peers = [p for p in range(n) if p != r and (all_peers or p in ((r + 1) % n, (r - 1) % n))]
+        used = [peers.index((r + 1) % n), peers.index((r - 1) % n)]
+        gpus.append({"id": r, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0,
+                     "channels": [{"channel_type": "memory", "connected_to": peers}],
+                     "threadblocks": [{
+                         "id": 0, "channels": [{"channel_type": "memory", "channel_ids": used}],
+                         "ops": [{"name": "signal", "channel_type": "memory", "channel_ids": [0]},
+                                 {"name": "wait", "channel_type": "memory", "channel_ids": [1]}]}]})
+    return {"format": "mscclang.plan/1", "name": f"full_ring.r{n}", "collective": "test", "gpus": gpus}
+
+
 def build_plan(kind: str, n: int):
     """The plan of a case: ``ring_allgather``, ``full_mesh`` (every rank signals every other),
-    or a library algorithm's builder at ``n`` ranks (any rank count)."""
+    ``full_ring`` (:func:`full_ring`) or a library algorithm's builder at ``n`` ranks (any rank
+    count)."""
     from mscclang.algorithms import ALGORITHMS
     from mscclang.plan import load_plan
     from tools.fuzz import fully_connected_plan
@@ -103,6 +123,8 @@ def build_plan(kind: str, n: int):
         return ring_allgather(n)
     if kind == "full_mesh":
         return load_plan(fully_connected_plan(n))
+    if kind == "full_ring":
+        return load_plan(full_ring(n))
     info = ALGORITHMS[kind]
     return info.builder(n, instances=1, num_threads_per_block=info.default_threads,
                         inplace=info.inplace_modes[0], min_message_size=info.min_message_size,
@@ -118,6 +140,7 @@ CASES: tuple[Case, ...] = (
     Case("full_mesh.r32", "full_mesh", 32),
     Case("full_mesh.r128", "full_mesh", 128, 2),
     Case("full_mesh.r1000", "full_mesh", 1000, 1, (16,)),
+    Case("full_ring.r1000", "full_ring", 1000, 2),
     Case("allgather_simple.r32", "allgather_simple", 32, 2),
     Case("allgather_zero_copy.r32", "allgather_zero_copy", 32, 2),
     Case("allreduce_rsag_simple.r8", "allreduce_rsag_simple", 8),
@@ -148,7 +171,8 @@ FIT_CASES: tuple[Case, ...] = tuple(Case(f"{k}.r{n}.s{s}" + (f".{z[0]}" if z els
     ("allgather_simple", 8, 2, (4 << 20,)), ("allreduce_rsag_pipelined", 4, 1, (4 << 20,)),
     ("allreduce_oneshot_ll", 8, 1, (1 << 18,)), ("alltoall_ll", 8, 2, (1 << 20,)),
     ("allreduce_port_pipelined", 4, 1, (1 << 20,)), ("reducescatter_ll", 8, 1, (1 << 18,)),
-    ("allreduce_add_rms_norm_oneshot_ll", 2, 10, None), ("allreduce_add_rms_norm_twoshot_ll", 4, 4, None)))
+    ("allreduce_add_rms_norm_oneshot_ll", 2, 10, None), ("allreduce_add_rms_norm_twoshot_ll", 4, 4, None),
+    ("full_ring", 300, 2, None), ("full_ring", 100, 10, None)))
 
 
 PLAN_DIR = Path("/tmp/budget_table_plans")
@@ -193,11 +217,11 @@ def measure(case: Case) -> Row:
     from mscclang.sim.verify import verify
 
     plan, sizes, est = estimate(case)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     rep = verify(plan, sizes=sizes, schedules=case.schedules)
-    seconds = time.perf_counter() - t
+    wall, seconds = time.perf_counter() - t, time.process_time() - cpu
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return Row(case.name, case.ranks, est.seconds, seconds, est.memory_bytes, peak, rep.passed(), est.terms)
+    return Row(case.name, case.ranks, est.seconds, seconds, est.memory_bytes, peak, rep.passed(), est.terms, wall)
 
 
 def _run_case(case: Case, timeout: float) -> Optional[Row]:
