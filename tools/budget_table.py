@@ -3,7 +3,8 @@
 For every case (a plan built here: rings, full meshes, the library's LL plans, up to 1000 ranks,
 and the ``verify`` arguments it runs with) a fresh process builds the plan, takes
 :func:`~mscclang.sim.verify.estimate_verify` of the run, then runs
-:func:`~mscclang.sim.verify.verify` and measures its wall time (``time.perf_counter``) and its
+:func:`~mscclang.sim.verify.verify` and measures its CPU time (``time.process_time``: on a
+machine shared with other jobs the wall time is several times that; it is kept too) and its
 peak memory (``ru_maxrss`` of that process, which the estimate's interpreter base covers). One
 row per case: estimate, measurement and their ratio (estimate / measured), printed as text or
 written as a markdown table (``--markdown FILE``). ``--only NAME,...`` picks cases; ``--max-ranks``
@@ -244,11 +245,11 @@ def _gib(b: int) -> str:
 
 def markdown(rows: list[Row]) -> str:
     """The rows as a markdown table."""
-    out = ["| case | ranks | est. time | measured | est./meas. | est. memory | measured peak | est./meas. |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| case | ranks | est. time | measured CPU | (wall) | est./meas. | est. memory | measured peak | est./meas. |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r.case} | {r.ranks} | {r.est_seconds:.3g} s | {r.seconds:.3g} s | {r.time_ratio:.2f} | "
-                   f"{_gib(r.est_memory)} | {_gib(r.memory)} | {r.memory_ratio:.2f} |")
+        out.append(f"| {r.case} | {r.ranks} | {r.est_seconds:.3g} s | {r.seconds:.3g} s | {r.wall:.3g} s | "
+                   f"{r.time_ratio:.2f} | {_gib(r.est_memory)} | {_gib(r.memory)} | {r.memory_ratio:.2f} |")
     return "\n".join(out) + "\n"
 
 
@@ -259,8 +260,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--build", help=argparse.SUPPRESS)
     ap.add_argument("--fit", action="store_true", help="fit the time estimate's weights (see above)")
     ap.add_argument("--save", type=Path, help="write the measured rows here (JSON)")
-    ap.add_argument("--refit", type=Path, help="fit to the rows --save wrote, re-estimating their terms "
-                                                 "(after a change of the counting), measuring nothing")
+    ap.add_argument("--refit", type=Path, help="fit to the rows --save wrote, re-estimating them (after a "
+                                                 "change of the model), measuring nothing; --markdown writes them")
     ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--max-ranks", type=int, default=1 << 30)
     ap.add_argument("--markdown", type=Path)
@@ -278,7 +279,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.refit:
         rows = [Row(**r) for r in json.loads(a.refit.read_text())]
         for r in rows:
-            r.terms = estimate(by_name[r.case])[2].terms
+            est = estimate(by_name[r.case])[2]
+            r.terms, r.est_seconds, r.est_memory = est.terms, est.seconds, est.memory_bytes
+        if a.markdown:   # the saved measurements against the package's estimates now
+            a.markdown.write_text(markdown(rows))
         fit(rows)
         return 0
     pool = CASES + FIT_CASES if a.fit else CASES

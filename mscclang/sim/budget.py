@@ -3,9 +3,11 @@ it must stay within.
 
 The simulator keeps every byte of every rank's buffers (inputs, outputs, scratch with LL packets
 at twice their payload and double scratch twice again), a copy of every output per launch, and
-the resolved program (one object per op and pipeline iteration) of every message size; its time
-grows with the ops and operands it executes, the bytes it moves, the chunks it resolves and the
-number of actors whose vector clocks it keeps. :func:`estimate_verify` adds these up from the plan
+the resolved program (one object per op and pipeline iteration) of every message size, the
+state of every channel end the plan declares, and in a symbolic run a shadow row per granule of
+every buffer; its time grows with the ops and operands it executes, the bytes it moves, the
+chunks it resolves, the channel ends it pairs and the number of actors whose vector clocks it
+keeps. :func:`estimate_verify` adds these up from the plan
 alone (no allocation), so a run that cannot fit is refused at once, with a message that says what
 it would need, which limit it exceeds and the environment variable that raises the limit:
 
@@ -13,8 +15,8 @@ it would need, which limit it exceeds and the environment variable that raises t
   machine's memory; suffixes K, M, G, T);
 * ``MSCCLANG_SIM_MAX_SECONDS``: seconds a ``verify`` (or one ``run``) may take (default 600).
 
-Both estimates aim within 2x of the measured run on the machine class CI uses (2 cores,
-CPython 3.11); a simulation that runs past the time limit anyway stops there with a
+Both estimates aim within 2x of the measured run (its CPU time and peak memory) on the machine
+class CI uses (2 cores, CPython 3.11); a simulation that runs past the time limit anyway stops there with a
 :class:`~mscclang.errors.LimitError` (:class:`Deadline`). The time is a weighted sum of counted
 terms (:attr:`Estimate.terms`: steps, accesses, channel and clock work, compile and checks) whose
 weights (:data:`SECONDS_PER`) ``tools/budget_table.py --fit`` fits to measured runs; the table of
