@@ -56,24 +56,24 @@ _MEM_PER_CHANNEL_END = 300       # a declared channel end: its pairing entries a
 _SIM_GRANULE = 4                 # the simulator's default symbolic granule (bytes per shadow row)
 
 #: seconds per unit of each term of the time estimate (:attr:`Estimate.terms`), fitted by
-#: ``tools/budget_table.py --fit`` to 49 measured verify runs (2 to 1000 ranks, 16 B to 4 MiB;
-#: see ``notes/budget.md``); a weight of 0 is a term the fit finds inside the others' at the
-#: shapes measured (kept: it is counted, and a refit on other shapes may weigh it)
+#: ``tools/budget_table.py --fit`` to the CPU time of 55 measured verify runs (2 to 1000 ranks,
+#: 16 B to 4 MiB, fused plans; see ``notes/budget.md``); a weight of 0 is a term the fit finds
+#: inside the others' at the shapes measured (kept: it is counted, and a refit may weigh it)
 SECONDS_PER: dict[str, float] = {
-    "steps": 4.3e-6,             # a scheduler step (an op executed, a wait)
-    "accesses": 1.6e-5,          # a data operand touched: its race-log entry, copy and packets
-    "channels": 5.0e-6,          # a channel signalled or waited on
-    "channel_ends": 0.0,         # a channel end the plan declares, per run (paired, its state kept)
-    "channel_entries": 0.0,      # one actor's clock entry, per channel signalled or waited on
-    "nop_entries": 8.0e-8,       # one actor's clock entry, per nop (merging what was acquired)
-    "reduced_bytes": 2.3e-9,     # a byte of a reduction's operands
-    "moved_bytes": 0.0,          # a byte of a data op's operands
-    "packet_bytes": 1.5e-9,      # a byte of a packet op's operands (flags written and polled)
-    "clock_pairs": 1.8e-7,       # an actor pair of a run's vector clocks (made once per run)
-    "compiled_ops": 0.0,         # an op (pipeline iteration) resolved when compiling a size
-    "chunk_refs": 1.9e-5,        # a chunk of an operand resolved when compiling a size
-    "checked": 1.2e-8,           # a source element of an output element checked, per launch
-    "symbolic_reductions": 1.7e-5,  # a reduction of the symbolic run (its granules' expressions, vectorised)
+    "steps": 4.9e-6,              # a scheduler step (an op executed, a wait)
+    "accesses": 1.7e-5,           # a data operand touched: its race-log entry, copy and packets
+    "channels": 4.2e-6,           # a channel signalled or waited on
+    "channel_ends": 1.8e-6,       # a channel end the plan declares, per run (paired, its state kept)
+    "channel_entries": 2.6e-9,    # one actor's clock entry, per channel signalled or waited on
+    "nop_entries": 3.5e-8,        # one actor's clock entry, per nop (merging what was acquired)
+    "reduced_bytes": 0.0,         # a byte of a reduction's operands
+    "moved_bytes": 0.0,           # a byte of a data op's operands
+    "packet_bytes": 1.1e-9,       # a byte of a packet op's operands (flags written and polled)
+    "clock_pairs": 1.4e-7,        # an actor pair of a run's vector clocks (made once per run)
+    "compiled_ops": 4.3e-6,       # an op (pipeline iteration) resolved when compiling a size
+    "chunk_refs": 2.7e-6,         # a chunk of an operand resolved when compiling a size
+    "checked": 9.9e-9,            # a source element of an output element checked, per launch
+    "symbolic_reductions": 8.0e-4,  # a reduction of the symbolic run (its expressions, vectorised)
 }
 
 #: the terms paid once per compiled program (a size of ``verify``; every run of a fused verify)
@@ -363,9 +363,13 @@ def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: i
         terms["compiled_ops"] += c.work.op_execs
         terms["chunk_refs"] += c.work.chunk_refs
         terms["checked"] += runs * launches * checked / used[-1]
+    sims = runs * len(costs)
     if symbolic_size is not None:
         sym = _symbolic(plan, symbolic_size, actors, ends, launches, terms)
+        sims += 1 if sym else 0
         peak = max(peak, sym, key=lambda d: sum(d.values()))
+    if sims > 1:   # ``verify`` builds each run's simulation before the last one is freed: its clocks
+        peak = {**peak, "next_run": actors * actors * _MEM_PER_ACTOR_PAIR}
     memory = {**kept, **peak}
     seconds = sum(SECONDS_PER[k] * v for k, v in terms.items())
     return Estimate(int(sum(memory.values())), seconds, what, costs, terms, memory)
