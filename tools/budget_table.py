@@ -245,8 +245,8 @@ def _gib(b: int) -> str:
 
 def markdown(rows: list[Row]) -> str:
     """The rows as a markdown table."""
-    out = ["| case | ranks | est. time | measured CPU | (wall) | est./meas. | est. memory | measured peak | est./meas. |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| case | ranks | est. time | measured CPU | (wall) | est./meas. | est. memory | measured peak "
+           "| est./meas. |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         out.append(f"| {r.case} | {r.ranks} | {r.est_seconds:.3g} s | {r.seconds:.3g} s | {r.wall:.3g} s | "
                    f"{r.time_ratio:.2f} | {_gib(r.est_memory)} | {_gib(r.memory)} | {r.memory_ratio:.2f} |")
