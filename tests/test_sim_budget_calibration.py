@@ -14,8 +14,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# the peak is VmHWM (this process image's own high-water mark): ru_maxrss survives exec, so a
+# probe started by a pytest process that had grown (a large test before it) reported the parent's
 _PROBE = r"""
-import json, resource, sys, time
+import json, sys, time
 from mscclang.plan import load_plan
 from mscclang.sim.dtypes import parse_dtype
 from mscclang.sim.verify import estimate_verify, verify
@@ -24,7 +26,7 @@ est = estimate_verify(plan, [size], [parse_dtype("float32")], 2, 2, symbolic=Fal
 t = time.perf_counter()
 rep = verify(plan, sizes=[size], dtypes=["float32"], schedules=2, symbolic=False)
 print(json.dumps({"ok": rep.ok, "seconds": time.perf_counter() - t, "est_seconds": est.seconds,
-                  "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "peak": int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM"))) * 1024,
                   "est_memory": est.memory_bytes}))
 """
 

@@ -3,7 +3,8 @@
 For every case (a plan built here: rings, full meshes, the library's LL plans, up to 1000 ranks,
 and the ``verify`` arguments it runs with) a fresh process builds the plan, takes
 :func:`~mscclang.sim.verify.estimate_verify` of the run, then runs
-:func:`~mscclang.sim.verify.verify` and measures its wall time (``time.perf_counter``) and its
+:func:`~mscclang.sim.verify.verify` and measures its CPU time (``time.process_time``: on a
+machine shared with other jobs the wall time is several times that; it is kept too) and its
 peak memory (``ru_maxrss`` of that process, which the estimate's interpreter base covers). One
 row per case: estimate, measurement and their ratio (estimate / measured), printed as text or
 written as a markdown table (``--markdown FILE``). ``--only NAME,...`` picks cases; ``--max-ranks``
@@ -58,6 +59,8 @@ class Row:
     memory: int
     ok: bool
     terms: dict = field(default_factory=dict)
+    wall: float = 0.0   # wall seconds (``seconds`` is the process's CPU time: a loaded machine's
+    #                     wall time is several times its CPU time)
 
     @property
     def time_ratio(self) -> float:
@@ -92,9 +95,27 @@ def ring_allgather(n: int):
     return prog.to_plan()
 
 
+def full_ring(n: int, all_peers: bool = True) -> dict:
+    """A ring of ``n`` ranks (signal the next rank, wait for the previous) in which every rank
+    declares a memory channel to every other rank (``all_peers``; else to its two neighbours),
+    using two: ``n * (n - 1)`` channel ends for ``2 n`` signals and waits."""
+    gpus = []
+    for r in range(n):
+        peers = [p for p in range(n) if p != r and (all_peers or p in ((r + 1) % n, (r - 1) % n))]
+        used = [peers.index((r + 1) % n), peers.index((r - 1) % n)]
+        gpus.append({"id": r, "input_chunks": 1, "output_chunks": 1, "scratch_chunks": 0,
+                     "channels": [{"channel_type": "memory", "connected_to": peers}],
+                     "threadblocks": [{
+                         "id": 0, "channels": [{"channel_type": "memory", "channel_ids": used}],
+                         "ops": [{"name": "signal", "channel_type": "memory", "channel_ids": [0]},
+                                 {"name": "wait", "channel_type": "memory", "channel_ids": [1]}]}]})
+    return {"format": "mscclang.plan/1", "name": f"full_ring.r{n}", "collective": "test", "gpus": gpus}
+
+
 def build_plan(kind: str, n: int):
     """The plan of a case: ``ring_allgather``, ``full_mesh`` (every rank signals every other),
-    or a library algorithm's builder at ``n`` ranks (any rank count)."""
+    ``full_ring`` (:func:`full_ring`) or a library algorithm's builder at ``n`` ranks (any rank
+    count)."""
     from mscclang.algorithms import ALGORITHMS
     from mscclang.plan import load_plan
     from tools.fuzz import fully_connected_plan
@@ -103,6 +124,8 @@ def build_plan(kind: str, n: int):
         return ring_allgather(n)
     if kind == "full_mesh":
         return load_plan(fully_connected_plan(n))
+    if kind == "full_ring":
+        return load_plan(full_ring(n))
     info = ALGORITHMS[kind]
     return info.builder(n, instances=1, num_threads_per_block=info.default_threads,
                         inplace=info.inplace_modes[0], min_message_size=info.min_message_size,
@@ -118,6 +141,7 @@ CASES: tuple[Case, ...] = (
     Case("full_mesh.r32", "full_mesh", 32),
     Case("full_mesh.r128", "full_mesh", 128, 2),
     Case("full_mesh.r1000", "full_mesh", 1000, 1, (16,)),
+    Case("full_ring.r1000", "full_ring", 1000, 2),
     Case("allgather_simple.r32", "allgather_simple", 32, 2),
     Case("allgather_zero_copy.r32", "allgather_zero_copy", 32, 2),
     Case("allreduce_rsag_simple.r8", "allreduce_rsag_simple", 8),
@@ -148,7 +172,8 @@ FIT_CASES: tuple[Case, ...] = tuple(Case(f"{k}.r{n}.s{s}" + (f".{z[0]}" if z els
     ("allgather_simple", 8, 2, (4 << 20,)), ("allreduce_rsag_pipelined", 4, 1, (4 << 20,)),
     ("allreduce_oneshot_ll", 8, 1, (1 << 18,)), ("alltoall_ll", 8, 2, (1 << 20,)),
     ("allreduce_port_pipelined", 4, 1, (1 << 20,)), ("reducescatter_ll", 8, 1, (1 << 18,)),
-    ("allreduce_add_rms_norm_oneshot_ll", 2, 10, None), ("allreduce_add_rms_norm_twoshot_ll", 4, 4, None)))
+    ("allreduce_add_rms_norm_oneshot_ll", 2, 10, None), ("allreduce_add_rms_norm_twoshot_ll", 4, 4, None),
+    ("full_ring", 300, 2, None), ("full_ring", 100, 10, None)))
 
 
 PLAN_DIR = Path("/tmp/budget_table_plans")
@@ -193,11 +218,11 @@ def measure(case: Case) -> Row:
     from mscclang.sim.verify import verify
 
     plan, sizes, est = estimate(case)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     rep = verify(plan, sizes=sizes, schedules=case.schedules)
-    seconds = time.perf_counter() - t
+    wall, seconds = time.perf_counter() - t, time.process_time() - cpu
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return Row(case.name, case.ranks, est.seconds, seconds, est.memory_bytes, peak, rep.passed(), est.terms)
+    return Row(case.name, case.ranks, est.seconds, seconds, est.memory_bytes, peak, rep.passed(), est.terms, wall)
 
 
 def _run_case(case: Case, timeout: float) -> Optional[Row]:
@@ -220,11 +245,11 @@ def _gib(b: int) -> str:
 
 def markdown(rows: list[Row]) -> str:
     """The rows as a markdown table."""
-    out = ["| case | ranks | est. time | measured | est./meas. | est. memory | measured peak | est./meas. |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| case | ranks | est. time | measured CPU | (wall) | est./meas. | est. memory | measured peak "
+           "| est./meas. |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r.case} | {r.ranks} | {r.est_seconds:.3g} s | {r.seconds:.3g} s | {r.time_ratio:.2f} | "
-                   f"{_gib(r.est_memory)} | {_gib(r.memory)} | {r.memory_ratio:.2f} |")
+        out.append(f"| {r.case} | {r.ranks} | {r.est_seconds:.3g} s | {r.seconds:.3g} s | {r.wall:.3g} s | "
+                   f"{r.time_ratio:.2f} | {_gib(r.est_memory)} | {_gib(r.memory)} | {r.memory_ratio:.2f} |")
     return "\n".join(out) + "\n"
 
 
@@ -235,8 +260,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--build", help=argparse.SUPPRESS)
     ap.add_argument("--fit", action="store_true", help="fit the time estimate's weights (see above)")
     ap.add_argument("--save", type=Path, help="write the measured rows here (JSON)")
-    ap.add_argument("--refit", type=Path, help="fit to the rows --save wrote, re-estimating their terms "
-                                                 "(after a change of the counting), measuring nothing")
+    ap.add_argument("--refit", type=Path, help="fit to the rows --save wrote, re-estimating them (after a "
+                                                 "change of the model), measuring nothing; --markdown writes them")
     ap.add_argument("--only", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--max-ranks", type=int, default=1 << 30)
     ap.add_argument("--markdown", type=Path)
@@ -254,7 +279,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.refit:
         rows = [Row(**r) for r in json.loads(a.refit.read_text())]
         for r in rows:
-            r.terms = estimate(by_name[r.case])[2].terms
+            est = estimate(by_name[r.case])[2]
+            r.terms, r.est_seconds, r.est_memory = est.terms, est.seconds, est.memory_bytes
+        if a.markdown:   # the saved measurements against the package's estimates now
+            a.markdown.write_text(markdown(rows))
         fit(rows)
         return 0
     pool = CASES + FIT_CASES if a.fit else CASES

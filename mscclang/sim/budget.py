@@ -3,9 +3,11 @@ it must stay within.
 
 The simulator keeps every byte of every rank's buffers (inputs, outputs, scratch with LL packets
 at twice their payload and double scratch twice again), a copy of every output per launch, and
-the resolved program (one object per op and pipeline iteration) of every message size; its time
-grows with the ops and operands it executes, the bytes it moves, the chunks it resolves and the
-number of actors whose vector clocks it keeps. :func:`estimate_verify` adds these up from the plan
+the resolved program (one object per op and pipeline iteration) of every message size, the
+state of every channel end the plan declares, and in a symbolic run a shadow row per granule of
+every buffer; its time grows with the ops and operands it executes, the bytes it moves, the
+chunks it resolves, the channel ends it pairs and the number of actors whose vector clocks it
+keeps. :func:`estimate_verify` adds these up from the plan
 alone (no allocation), so a run that cannot fit is refused at once, with a message that says what
 it would need, which limit it exceeds and the environment variable that raises the limit:
 
@@ -13,8 +15,8 @@ it would need, which limit it exceeds and the environment variable that raises t
   machine's memory; suffixes K, M, G, T);
 * ``MSCCLANG_SIM_MAX_SECONDS``: seconds a ``verify`` (or one ``run``) may take (default 600).
 
-Both estimates aim within 2x of the measured run on the machine class CI uses (2 cores,
-CPython 3.11); a simulation that runs past the time limit anyway stops there with a
+Both estimates aim within 2x of the measured run (its CPU time and peak memory) on the machine
+class CI uses (2 cores, CPython 3.11); a simulation that runs past the time limit anyway stops there with a
 :class:`~mscclang.errors.LimitError` (:class:`Deadline`). The time is a weighted sum of counted
 terms (:attr:`Estimate.terms`: steps, accesses, channel and clock work, compile and checks) whose
 weights (:data:`SECONDS_PER`) ``tools/budget_table.py --fit`` fits to measured runs; the table of
@@ -40,7 +42,7 @@ __all__ = ["Limits", "Work", "SizeCost", "Estimate", "size_cost", "estimate_runs
 
 # --- memory coefficients, fitted to measured verify runs (tracemalloc and ru_maxrss peaks) of
 # library and synthetic plans up to 128 ranks on CPython 3.11 / numpy 2, with a margin
-_MEM_BASE = 72 << 20             # the interpreter, numpy, pydantic and the plan
+_MEM_BASE = 80 << 20             # the interpreter, numpy, pydantic, the plan (small runs peak at 75-78 MiB)
 _MEM_PER_FOOTPRINT_BYTE = 2.5    # buffers, plus packet, read and reduce temporaries
 _MEM_PER_INDEX_ENTRY = 8 * 1.6   # postcondition index arrays: int64 per output element and source
 _MEM_PER_DRAWN = 8 * 1.5         # random inputs are drawn as float64
@@ -50,25 +52,28 @@ _MEM_PER_ACTOR_PAIR = 8 * 4 * 1.25  # vector clocks: 4 per actor (vc, rvc and th
 #                                   fitted at 32 ranks or fewer where clocks are small: 10x too high
 #                                   at 128 ranks, where they dominate)
 _MEM_PER_ACCESS = 256            # one access in the race log (kept until overwritten)
+_MEM_PER_CHANNEL_END = 300       # a declared channel end: its pairing entries and the plan's lists
+_SIM_GRANULE = 4                 # the simulator's default symbolic granule (bytes per shadow row)
 
 #: seconds per unit of each term of the time estimate (:attr:`Estimate.terms`), fitted by
-#: ``tools/budget_table.py --fit`` to 49 measured verify runs (2 to 1000 ranks, 16 B to 4 MiB;
-#: see ``notes/budget.md``); a weight of 0 is a term the fit finds inside the others' at the
-#: shapes measured (kept: it is counted, and a refit on other shapes may weigh it)
+#: ``tools/budget_table.py --fit`` to the CPU time of 55 measured verify runs (2 to 1000 ranks,
+#: 16 B to 4 MiB, fused plans; see ``notes/budget.md``); a weight of 0 is a term the fit finds
+#: inside the others' at the shapes measured (kept: it is counted, and a refit may weigh it)
 SECONDS_PER: dict[str, float] = {
-    "steps": 4.3e-6,             # a scheduler step (an op executed, a wait)
-    "accesses": 1.6e-5,          # a data operand touched: its race-log entry, copy and packets
-    "channels": 5.0e-6,          # a channel signalled or waited on
-    "channel_entries": 0.0,      # one actor's clock entry, per channel signalled or waited on
-    "nop_entries": 8.0e-8,       # one actor's clock entry, per nop (merging what was acquired)
-    "reduced_bytes": 2.3e-9,     # a byte of a reduction's operands
-    "moved_bytes": 0.0,          # a byte of a data op's operands
-    "packet_bytes": 1.5e-9,      # a byte of a packet op's operands (flags written and polled)
-    "clock_pairs": 1.8e-7,       # an actor pair of a run's vector clocks (made once per run)
-    "compiled_ops": 0.0,         # an op (pipeline iteration) resolved when compiling a size
-    "chunk_refs": 1.9e-5,        # a chunk of an operand resolved when compiling a size
-    "checked": 1.2e-8,           # a source element of an output element checked, per launch
-    "symbolic_granules": 1.7e-5,  # a granule reduced in the symbolic run (its expressions)
+    "steps": 4.9e-6,              # a scheduler step (an op executed, a wait)
+    "accesses": 1.7e-5,           # a data operand touched: its race-log entry, copy and packets
+    "channels": 4.2e-6,           # a channel signalled or waited on
+    "channel_ends": 1.8e-6,       # a channel end the plan declares, per run (paired, its state kept)
+    "channel_entries": 2.6e-9,    # one actor's clock entry, per channel signalled or waited on
+    "nop_entries": 3.5e-8,        # one actor's clock entry, per nop (merging what was acquired)
+    "reduced_bytes": 0.0,         # a byte of a reduction's operands
+    "moved_bytes": 0.0,           # a byte of a data op's operands
+    "packet_bytes": 1.1e-9,       # a byte of a packet op's operands (flags written and polled)
+    "clock_pairs": 1.4e-7,        # an actor pair of a run's vector clocks (made once per run)
+    "compiled_ops": 4.3e-6,       # an op (pipeline iteration) resolved when compiling a size
+    "chunk_refs": 2.7e-6,         # a chunk of an operand resolved when compiling a size
+    "checked": 9.9e-9,            # a source element of an output element checked, per launch
+    "symbolic_reductions": 8.0e-4,  # a reduction of the symbolic run (its expressions, vectorised)
 }
 
 #: the terms paid once per compiled program (a size of ``verify``; every run of a fused verify)
@@ -94,6 +99,12 @@ _PACKET_READERS = frozenset({OpName.upkt, OpName.rppkt, OpName.repkt, OpName.res
                              OpName.recspkt})
 
 
+#: packet ops -> the first destination they write as packets (the simulator's rule: the others,
+#: an unpacked reduction's local result, are plain writes)
+_PACKET_DST_FROM = {OpName.ppkt: 0, OpName.cpkt: 0, OpName.rppkt: 0, OpName.gstorepkt: 0,
+                    OpName.respkt: 1, OpName.recpkt: 1, OpName.recspkt: 1}
+
+
 @dataclass
 class Work:
     """What the simulator does for one message size, per launch: the counts follow it. A step
@@ -106,13 +117,14 @@ class Work:
     operand_execs: int = 0  # operands of those ops (buffers and channels)
     chunk_refs: int = 0     # chunks resolved when compiling the plan for this size (once)
     signal_execs: int = 0   # channels signalled (each keeps a copy of the clocks)
-    packet_writes: int = 0  # packet destinations written (each keeps a clock copy)
+    packet_writes: int = 0  # destinations written as packets (each keeps a clock copy)
     op_bytes: int = 0       # the largest op's operand bytes (copies and reduce temporaries)
     steps: int = 0          # scheduler steps: ops executed plus waits
     accesses: int = 0       # race-log accesses: data operands touched, host hand-overs
     channel_execs: int = 0  # channels of signals, waits, puts with signal, flushes, semaphores
     nops: int = 0           # nops and barriers executed (each merges the clocks acquired)
     reduced_bytes: int = 0  # operand bytes of reductions
+    reductions: int = 0     # reductions executed by a thread block with a share to reduce
     moved_bytes: int = 0    # operand bytes of every data op (copies, packets, reductions)
     packet_bytes: int = 0   # operand bytes of packet ops (flags written and polled per word)
 
@@ -126,8 +138,8 @@ class Work:
         self.chunk_refs += sum(x.size for x in refs) + (iters if unit else 0)
         if op.name in SIGNAL_OPS:
             self.signal_execs += iters * len(op.channel_ids)
-        if op.name in PACKET_OPS:
-            self.packet_writes += iters * len(op.dst_buff)
+        if op.name in _PACKET_DST_FROM:
+            self.packet_writes += iters * len(op.dst_buff[_PACKET_DST_FROM[op.name]:])
         if op.name in WAIT_OPS or op.name == OpName.sem_acquire or op.name in _PACKET_READERS:
             self.steps += iters   # a wait (for a signal, a semaphore, packets) takes a step of its own
         if op.name in (OpName.nop, OpName.barrier):
@@ -143,6 +155,7 @@ class Work:
                 self.moved_bytes += moved
                 if op.name in REDUCE_OPS:
                     self.reduced_bytes += moved
+                    self.reductions += iters
                 if op.name in PACKET_OPS:
                     self.packet_bytes += moved
 
@@ -156,6 +169,9 @@ class SizeCost:
     input_bytes: int
     output_bytes: int
     footprint: int          # bytes of every rank's buffers (in, out, scratch as allocated)
+    buffers: int            # bytes of every rank's input, output and residual
+    scratch: int            # bytes of every rank's plain scratch slots (a launch's packets touch
+    #                         these many: one half of a double scratch, flags interleaved)
     outputs: int            # bytes of every rank's output (copied after each launch)
     inputs: int             # bytes of every rank's input (drawn at random once per run)
     checked: int            # output bytes times sources per output element, over every rank
@@ -183,6 +199,10 @@ class Estimate:
     #: the time estimate's terms (units of :data:`SECONDS_PER`'s keys): seconds is their sum
     #: weighted by :data:`SECONDS_PER`
     terms: dict[str, float] = field(default_factory=dict)
+    #: the memory estimate's parts in bytes (interpreter base, vector clocks, programs,
+    #: postcondition index, and the largest run's buffers, logs, channels, symbolic shadows):
+    #: memory_bytes is their sum
+    memory_terms: dict[str, float] = field(default_factory=dict)
 
     def problems(self, limits: Limits) -> list[str]:
         """Why the estimate does not fit ``limits`` (empty when it fits)."""
@@ -234,12 +254,14 @@ def size_cost(plan: Plan, size: int, input_bytes: int, output_bytes: int, row_by
     """The cost of simulating ``plan`` for one message of ``size`` bytes (``input_bytes`` in,
     ``output_bytes`` out per rank; ``row_bytes``: a row-chunked fused plan's input row). Raises
     the layout's PlanError for sizes the collective does not allow."""
-    footprint = outputs = 0
+    footprint = outputs = buffers = scratch = 0
     t = Work()
     align = plan.buffer_alignment
     residual = input_bytes if plan.has_epilogue_ops() else 0   # the fused collective's residual
     for g, lay in zip(plan.gpus, make_layouts(plan, input_bytes, output_bytes, row_bytes)):
         footprint += input_bytes + output_bytes + residual + lay.scratch_alloc_bytes
+        buffers += input_bytes + output_bytes + residual
+        scratch += lay.scratch_bytes
         outputs += output_bytes
         t.accesses += 3 + (1 if residual else 0)   # the host's hand-overs at each launch start
         cb = max(lay.chunk_bytes, 1)
@@ -257,7 +279,7 @@ def size_cost(plan: Plan, size: int, input_bytes: int, output_bytes: int, row_by
                 else:
                     t.add(op, 1, cb, None, align)
     n = len(plan.gpus)
-    return SizeCost(size, input_bytes, output_bytes, footprint, outputs, n * input_bytes,
+    return SizeCost(size, input_bytes, output_bytes, footprint, buffers, scratch, outputs, n * input_bytes,
                     outputs * _sources_per_element(plan), t)
 
 
@@ -284,15 +306,23 @@ def _actors(plan: Plan) -> int:
     return sum(len(g.threadblocks) + 1 + len(g.peers(ChannelType.port)) for g in plan.gpus)
 
 
+def _channel_ends(plan: Plan) -> int:
+    """Channel ends the plan declares (every rank's memory and port channels), used or not: the
+    simulator pairs each and keeps its state, per run."""
+    return sum(len(g.peers(ChannelType.memory)) + len(g.peers(ChannelType.port)) for g in plan.gpus)
+
+
 def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: int,
                   launches: int, *, itemsizes: Sequence[int] = (2, 4),
-                  symbolic_size: Optional[tuple[int, int, int]] = None, postcondition: bool = True,
+                  symbolic_size: Optional[tuple[int, ...]] = None, postcondition: bool = True,
                   what: str = "this simulation") -> Estimate:
     """Estimate ``runs_per_size`` runs of ``launches`` launches at each ``(size, input bytes,
-    output bytes[, row bytes])`` of ``sizes`` (row bytes: a row-chunked fused plan's input row) with dtypes of ``itemsizes`` bytes in rotation (every size's
-    program and postcondition index kept at once, as ``verify`` does), plus one symbolic run at
-    ``symbolic_size``; without ``postcondition`` the outputs are not checked (``run``). Sizes the
-    collective does not allow are left out (the simulation reports them itself)."""
+    output bytes[, row bytes])`` of ``sizes`` (row bytes: a row-chunked fused plan's input row)
+    with dtypes of ``itemsizes`` bytes in rotation (every size's program and postcondition index
+    kept at once, as ``verify`` does), plus one symbolic run at ``symbolic_size``; without
+    ``postcondition`` the outputs are not checked (``run``). Sizes the collective does not allow
+    are left out (the simulation reports them itself). :attr:`Estimate.memory_terms` names the
+    parts of the memory estimate."""
     costs: list[SizeCost] = []
     for shape in sizes:
         try:
@@ -301,51 +331,88 @@ def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: i
             continue
     isz = sorted({max(int(x), 1) for x in itemsizes}) or [1]
     actors = _actors(plan)
+    ends = _channel_ends(plan)
     runs = max(runs_per_size, 0)
     launches = max(launches, 1)
     used = isz[: max(min(runs, len(isz)), 1)]  # the dtypes the runs rotate through
-    mem_kept = _MEM_BASE + actors * actors * _MEM_PER_ACTOR_PAIR
-    peak_run = 0.0
+    kept = {"base": float(_MEM_BASE), "clocks": actors * actors * _MEM_PER_ACTOR_PAIR,
+            "programs": 0.0, "index": 0.0}
+    peak: dict[str, float] = {}
     terms = dict.fromkeys(SECONDS_PER, 0.0)
     for c in costs:
-        mem_kept += c.work.op_execs * _MEM_PER_OP_OBJECT
+        kept["programs"] += c.work.op_execs * _MEM_PER_OP_OBJECT
         checked = c.checked if postcondition else 0
         if runs and postcondition:
             # postcondition index arrays (int64 per output element and per source), one per dtype
             # size; larger outputs are checked chunk by chunk, with none (one rank's check below)
-            mem_kept += sum((c.checked + 2 * c.outputs) / k * _MEM_PER_INDEX_ENTRY for k in used
-                            if c.output_bytes // k <= CHUNKWISE_ELEMENTS)
+            kept["index"] += sum((c.checked + 2 * c.outputs) / k * _MEM_PER_INDEX_ENTRY for k in used
+                                 if c.output_bytes // k <= CHUNKWISE_ELEMENTS)
         if runs:
-            logs = launches * (c.work.operand_execs * _MEM_PER_ACCESS
-                               + (c.work.signal_execs * 2 + c.work.packet_writes) * actors * 8)
+            run = _run_memory(c, actors, ends, launches)
+            # the race log's accesses, the clocks every signal keeps, and a clock copy per packet
+            # written: kept until a later launch overwrites it (a double scratch alternates halves)
+            kept_launches = min(launches, 2 if plan.use_double_scratch_buffer else 1)
+            run["logs"] = launches * (c.work.operand_execs * _MEM_PER_ACCESS + c.work.signal_execs * 2 * actors * 8) \
+                + kept_launches * c.work.packet_writes * actors * 8
             # transients: the largest op's copies (as float64 when reducing), one rank's check
-            transient = c.work.op_bytes * 8 / used[0] + (checked / len(plan.gpus) / used[0] * 16 if plan.gpus else 0)
-            peak_run = max(peak_run, c.footprint * _MEM_PER_FOOTPRINT_BYTE + launches * c.outputs
-                           + c.inputs / used[0] * _MEM_PER_DRAWN + logs + transient)
-        _add_terms(terms, c, actors, runs, launches)
+            run["transient"] = c.work.op_bytes * 8 / used[0] + (
+                checked / len(plan.gpus) / used[0] * 16 if plan.gpus else 0)
+            run["drawn"] = c.inputs / used[0] * _MEM_PER_DRAWN
+            peak = max(peak, run, key=lambda d: sum(d.values()))
+        _add_terms(terms, c, actors, ends, runs, launches)
         terms["compiled_ops"] += c.work.op_execs
         terms["chunk_refs"] += c.work.chunk_refs
         terms["checked"] += runs * launches * checked / used[-1]
+    sims = runs * len(costs)
     if symbolic_size is not None:
-        try:
-            c = size_cost(plan, *symbolic_size)
-        except MscclangError:
-            c = None
-        nsym = len(plan.gpus) * max(plan.gpus[0].input_chunks, 1)
-        row = symbolic_size[3] if len(symbolic_size) > 3 else 0
-        rows = (c.footprint // _granule(plan, c, row) + 1) if c is not None else 0
-        if c is not None and rows * nsym * 2 <= SYMBOLIC_BUDGET:   # else verify skips the symbolic run
-            shadow = rows * nsym * 2 * (1 + launches)
-            peak_run = max(peak_run, c.footprint * _MEM_PER_FOOTPRINT_BYTE + launches * c.outputs + shadow)
-            _add_terms(terms, c, actors, 1, launches)
-            terms["symbolic_granules"] += launches * c.work.reduced_bytes / _granule(plan, c, row)
+        sym = _symbolic(plan, symbolic_size, actors, ends, launches, terms)
+        sims += 1 if sym else 0
+        peak = max(peak, sym, key=lambda d: sum(d.values()))
+    if sims > 1:   # ``verify`` builds each run's simulation before the last one is freed: its clocks
+        peak = {**peak, "next_run": actors * actors * _MEM_PER_ACTOR_PAIR}
+    memory = {**kept, **peak}
     seconds = sum(SECONDS_PER[k] * v for k, v in terms.items())
-    return Estimate(int(mem_kept + peak_run), seconds, what, costs, terms)
+    return Estimate(int(sum(memory.values())), seconds, what, costs, terms, memory)
 
 
-def _add_terms(terms: dict[str, float], c: SizeCost, actors: int, runs: int, launches: int) -> None:
+def _run_memory(c: SizeCost, actors: int, ends: int, launches: int) -> dict[str, float]:
+    """The memory every run at ``c`` holds: buffers with their temporaries, the outputs' copies,
+    the channel ends' state."""
+    return {"buffers": c.footprint * _MEM_PER_FOOTPRINT_BYTE + launches * c.outputs,
+            "channels": ends * _MEM_PER_CHANNEL_END}
+
+
+def _symbolic(plan: Plan, shape: tuple[int, ...], actors: int, ends: int, launches: int,
+              terms: dict[str, float]) -> dict[str, float]:
+    """The symbolic run at ``shape``: its memory (empty when it is not run), its time added to
+    ``terms``. ``verify`` uses the coarsest granule the run allows and skips a run whose shadows
+    exceed :data:`SYMBOLIC_BUDGET`; a fused plan's run (``run_fused``) keeps the simulator's
+    default granule of 4 bytes and is never skipped."""
+    try:
+        c = size_cost(plan, *shape)
+    except MscclangError:
+        return {}
+    fused = plan.has_epilogue_ops()
+    gran = _SIM_GRANULE if fused else _granule(plan, c, shape[3] if len(shape) > 3 else 0)
+    nsym = len(plan.gpus) * max(plan.gpus[0].input_chunks, 1)
+    pad = len(plan.gpus) * 4 * gran   # every buffer (in, out, res, scratch) rounds up to a row
+    if not fused and (c.footprint + pad) // gran * nsym * 2 > SYMBOLIC_BUDGET:
+        return {}   # verify skips the symbolic run
+    _add_terms(terms, c, actors, ends, 1, launches)
+    terms["symbolic_reductions"] += launches * c.work.reductions
+    # the shadows (nsym int16 counts and an int32 expression id per row: expressions are interned
+    # per chunk, few) are allocated for every buffer but resident where a launch touches them;
+    # each launch copies the outputs' rows
+    halves = min(launches, 2) if plan.use_double_scratch_buffer else 1
+    rows = (c.buffers + halves * c.scratch + pad) / gran
+    return {**_run_memory(c, actors, ends, launches),
+            "symbolic": (rows + launches * c.outputs / gran) * (nsym * 2 + 4)}
+
+
+def _add_terms(terms: dict[str, float], c: SizeCost, actors: int, ends: int, runs: int, launches: int) -> None:
     """Add ``runs`` runs of ``launches`` launches at ``c`` to the time terms."""
     k = runs * launches
+    terms["channel_ends"] += runs * ends
     terms["steps"] += k * c.work.steps
     terms["accesses"] += k * c.work.accesses
     terms["channels"] += k * c.work.channel_execs
@@ -359,7 +426,7 @@ def _add_terms(terms: dict[str, float], c: SizeCost, actors: int, runs: int, lau
 
 def check_runs(plan: Plan, sizes: Sequence[tuple[int, int, int]], runs_per_size: int, launches: int,
                *, itemsizes: Sequence[int] = (2, 4),
-               symbolic_size: Optional[tuple[int, int, int]] = None, postcondition: bool = True,
+               symbolic_size: Optional[tuple[int, ...]] = None, postcondition: bool = True,
                what: str = "this simulation", limits: Optional[Limits] = None) -> Estimate:
     """:func:`estimate_runs`, then refuse (:class:`LimitError`) what exceeds ``limits``."""
     est = estimate_runs(plan, sizes, runs_per_size, launches, itemsizes=itemsizes,
