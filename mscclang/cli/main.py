@@ -7,6 +7,7 @@ on stderr with exit code 1, never with a traceback; Ctrl-C ends any command with
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import re
 import sys
@@ -93,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mscclang",
         description="Compile, verify, show and run mscclang collective plans.", formatter_class=_HelpFormatter,
     )
+    from mscclang import __version__
+
+    parser.add_argument("--version", action="version", version=f"mscclang {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
         try:
@@ -110,11 +114,23 @@ def build_parser() -> argparse.ArgumentParser:
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """``parser.parse_args``, with arguments no option takes reported by the subcommand's parser
     (``mscclang run: error: unrecognized arguments: ...``), as its other usage errors are."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is not None and command not in sub.choices:
+        near = difflib.get_close_matches(command, list(sub.choices), n=1)
+        if near:
+            parser.error(f"unknown command {command!r}: did you mean {near[0]}?")
     args, extra = parser.parse_known_args(argv)
     if extra:
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         target = sub.choices.get(getattr(args, "command", None) or "", parser)
-        hint = "" if all(x.startswith("-") for x in extra) else " (a list is one comma list per option: --sizes 1K,4M)"
+        known = [o for a in target._actions for o in a.option_strings]
+        typos = [(x.split("=", 1)[0], difflib.get_close_matches(x.split("=", 1)[0], known, n=1))
+                 for x in extra if x.startswith("--") or (x.startswith("-") and not _NEGATIVE.match(x))]
+        hint = "; ".join(f"{x}: did you mean {near[0]}?" for x, near in typos if near)
+        if hint:
+            hint = f" ({hint})"
+        elif not all(x.startswith("-") for x in extra):
+            hint = " (a list is one comma list per option: --sizes 1K,4M)"
         target.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     return args
 

@@ -1,0 +1,117 @@
+"""What a new user meets first: ``mscclang --version``, the error classes the docs name, a typo'd
+flag, files of the wrong kind, and the settings every command honours or refuses
+(``MSCCLANG_PLANS_DIR``, ``MSCCLANG_TUNING``): one line on stderr, exit status 1."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+
+import pytest
+
+from tests.harness.cli import ROOT, cli, cli_inproc, user_error
+
+import mscclang
+import mscclang.errors
+
+GOLDEN = ROOT / "tests" / "golden"
+SMALL = GOLDEN / "prog_allreduce_ll_twostep_2.json"
+
+
+# ------------------------------------------------------------------------ version, exports
+
+def test_version_flag():
+    res = cli("--version")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == f"mscclang {mscclang.__version__}"
+
+
+def test_every_error_class_is_exported_from_mscclang():
+    """Every exception and warning of :mod:`mscclang.errors` (the README and docs name them as
+    ``mscclang.X``), and every such name the docs use, is importable from ``mscclang``."""
+    classes = {n for n, c in vars(mscclang.errors).items()
+               if inspect.isclass(c) and issubclass(c, (Exception, Warning)) and c.__module__ == "mscclang.errors"}
+    docs = "".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    named = set(re.findall(r"\b([A-Z]\w*(?:Error|Call|Mismatch|Timeout|Unavailable|Unsupported|Warning))\b", docs))
+    assert {"CommError", "InvalidCall", "CallMismatch"} <= named
+    for name in classes | (named & set(dir(mscclang.errors))) | ({"TuningError"} & named):
+        assert name in mscclang.__all__, name
+        assert getattr(mscclang, name).__name__ == name
+    from mscclang import CallMismatch, CommError, InvalidCall  # noqa: F401
+
+
+# ------------------------------------------------------------------------------- typo'd flag
+
+@pytest.mark.parametrize("argv,wrong,right", [
+    (["verify", str(SMALL), "--shedules", "3"], "--shedules", "--schedules"),
+    (["verify", str(SMALL), "--shedules=3"], "--shedules", "--schedules"),
+    (["demo", "--cpus"], "--cpus", "--cpu"),
+    (["predict", str(SMALL), "--topolgy", "nvlink"], "--topolgy", "--topology"),
+])
+def test_a_typod_flag_gets_did_you_mean(capsys, argv, wrong, right):
+    res = cli_inproc(capsys, *argv)
+    user_error(res, f"unrecognized arguments: {wrong}", f"did you mean {right}?")
+    assert "a list is one comma list" not in res.stderr, res.stderr
+
+
+def test_a_typod_command_gets_did_you_mean(capsys):
+    user_error(cli_inproc(capsys, "verfiy", str(SMALL)), "did you mean verify?")
+
+
+# ------------------------------------------------------------------- files of the wrong kind
+
+@pytest.mark.parametrize("content", ["plan", "{}", '{"results": []}', "[1, 2]", "not json"])
+@pytest.mark.parametrize("flag", ["--calibrate", "--error"])
+def test_predict_refuses_files_that_are_not_bench_results(capsys, tmp_path, flag, content):
+    f = tmp_path / "f.json"
+    f.write_text(SMALL.read_text() if content == "plan" else content)
+    out = tmp_path / "cal.json"
+    res = cli_inproc(capsys, "predict", flag, str(f), "-o", str(out))
+    user_error(res, str(f))
+    assert "0 figures" not in res.stdout and not out.exists()
+    assert res.stderr.count("\n") == 1, res.stderr
+
+
+# ------------------------------------------------------------------------------- settings
+
+@pytest.fixture
+def cpu_demo(monkeypatch):
+    """``mscclang demo`` on the simulator, whatever this machine has."""
+    import mscclang.cli.demo_cmd as demo_cmd
+
+    def small(sizes, dtype, world=2):
+        return real(sizes, dtype, world)
+
+    real = demo_cmd.run_simulator
+    monkeypatch.setattr(demo_cmd, "run_gpus", lambda sizes, dtype, world: small(sizes, dtype))
+    return monkeypatch
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "file"])
+def test_a_plans_dir_without_plans_is_refused(capsys, cpu_demo, tmp_path, kind):
+    folder = tmp_path / "plans"
+    if kind == "empty":
+        folder.mkdir()
+    elif kind == "file":
+        folder.write_text("")
+    cpu_demo.setenv("MSCCLANG_PLANS_DIR", str(folder))
+    res = cli_inproc(capsys, "demo", "--sizes", "1K")
+    user_error(res, "MSCCLANG_PLANS_DIR", str(folder))
+    assert res.stderr.count("\n") == 1, res.stderr
+    from mscclang.comm.catalog import Catalog
+    from mscclang.errors import SettingError
+
+    with pytest.raises(SettingError, match="MSCCLANG_PLANS_DIR"):
+        Catalog.from_dir()   # what a Communicator built without plans= reads
+
+
+def test_the_demo_honours_and_checks_mscclang_tuning(capsys, cpu_demo, tmp_path):
+    cpu_demo.setenv("MSCCLANG_TUNING", "{not json")
+    user_error(cli_inproc(capsys, "demo", "--sizes", "1K"), "not valid JSON")
+    # a valid table that sends every call to NCCL: the demo's calls go there
+    cpu_demo.setenv("MSCCLANG_TUNING", json.dumps({"rules": [{"collective": c, "candidates": [{"plan": "nccl"}]}
+                                                             for c in ("allreduce", "allgather")]}))
+    res = cli_inproc(capsys, "demo", "--sizes", "1K")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("nccl") == 2, res.stdout
