@@ -48,13 +48,34 @@ def _plans_dir() -> Path:
     return Path(d)
 
 
+def _bench_rows(f: str) -> list:
+    """The rows :func:`mscclang.sim.cost.bench_rows` reads from ``f``; MscclangError naming ``f``
+    when it is not a ``mscclang bench`` result or holds no CUDA-graph figure of an mscclang plan."""
+    from mscclang.bench.results import BENCH_FORMAT
+    from mscclang.sim import cost
+
+    try:
+        data = json.loads(Path(f).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MscclangError(f"{f}: not a `mscclang bench` result: not valid JSON ({e})") from None
+    if (not isinstance(data, dict) or data.get("format", BENCH_FORMAT) != BENCH_FORMAT
+            or not isinstance(data.get("results"), list)):
+        raise MscclangError(f"{f}: not a `mscclang bench` result (a JSON object of format {BENCH_FORMAT!r} "
+                            "with a 'results' list)")
+    rows = cost.bench_rows(Path(f))
+    if not rows:
+        raise MscclangError(f"{f}: no CUDA-graph figure of an mscclang plan in it (a `mscclang bench` run "
+                            "with --impls mscclang and --modes graph has them)")
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the command (a MscclangError or OSError is reported by :mod:`mscclang.cli.main`: one
     ``mscclang predict: error: ...`` line, exit status 1)."""
     from mscclang.sim import cost
 
     if args.calibrate:
-        rows = [r for f in args.calibrate for r in cost.bench_rows(Path(f))]
+        rows = [r for f in args.calibrate for r in _bench_rows(f)]
         model = cost.fit(rows, _plans_dir())
         text = json.dumps({"fitted_to": [str(f) for f in args.calibrate], "model": cost.model_dict(model)}, indent=2)
         if args.out:
@@ -65,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.error:
         for f in args.error:
-            errs = cost.errors(cost.bench_rows(Path(f)), _plans_dir(), cost.calibrated())
+            errs = cost.errors(_bench_rows(f), _plans_dir(), cost.calibrated())
+            if not errs:
+                raise MscclangError(f"{f}: none of its plans is in the plans folder {_plans_dir()}")
             print(f"{f}: {len(errs)} figures")
             print(f"  {'collective':15s} {'sizes':10s} {'rows':>4s} {'median |err|':>12s} {'worst':>7s}  worst at")
             for t in cost.error_table(errs):
