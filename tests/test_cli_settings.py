@@ -110,7 +110,7 @@ def test_the_demo_honours_and_checks_mscclang_tuning(capsys, cpu_demo, tmp_path)
     cpu_demo.setenv("MSCCLANG_TUNING", "{not json")
     user_error(cli_inproc(capsys, "demo", "--sizes", "1K"), "not valid JSON")
     # a valid table that sends every call to NCCL: the demo's calls go there
-    cpu_demo.setenv("MSCCLANG_TUNING", json.dumps({"rules": [{"collective": c, "candidates": [{"plan": "nccl"}]}
+    cpu_demo.setenv("MSCCLANG_TUNING", json.dumps({"format": "mscclang.tuning/1", "rules": [{"collective": c, "candidates": [{"plan": "nccl"}]}
                                                              for c in ("allreduce", "allgather")]}))
     res = cli_inproc(capsys, "demo", "--sizes", "1K")
     assert res.returncode == 0, res.stderr
