@@ -7,11 +7,17 @@ on stderr with exit code 1, never with a traceback; Ctrl-C ends any command with
 from __future__ import annotations
 
 import argparse
+import atexit
 import difflib
 import importlib
+import os
 import re
+import signal
 import sys
 import textwrap
+import threading
+import time
+from dataclasses import dataclass
 from typing import NoReturn, Optional, Sequence
 
 from mscclang.errors import MscclangError
@@ -165,17 +171,99 @@ def _isatty(stream: object) -> bool:
         return False
 
 
+#: seconds the interrupt path waits for what the command started to end
+STOP_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class _Started:
+    """The threads and child processes alive when a command began (the interrupt path stops only
+    what the command itself started)."""
+
+    threads: frozenset[int]
+    children: frozenset[int]
+
+    @classmethod
+    def now(cls) -> "_Started":
+        import multiprocessing
+
+        return cls(frozenset(t.ident or 0 for t in threading.enumerate()),
+                   frozenset(id(p) for p in multiprocessing.active_children()))
+
+
+def _stop_started(before: _Started, wait_s: float = STOP_WAIT_S) -> None:
+    """After Ctrl-C: terminate (then kill) the child processes the command started, raise
+    KeyboardInterrupt in each thread it started (they run Python: the simulator's rank threads,
+    a progress ticker), and wait at most ``wait_s`` in all for them to end."""
+    import ctypes
+    import multiprocessing
+
+    end = time.monotonic() + wait_s
+    procs = [p for p in multiprocessing.active_children() if id(p) not in before.children]
+    for p in procs:
+        p.terminate()
+    threads = [t for t in threading.enumerate() if t.ident not in before.threads and t.is_alive()]
+    hook = threading.excepthook   # a thread ended by the interrupt prints no traceback
+    threading.excepthook = lambda a: None if a.exc_type is KeyboardInterrupt else hook(a)
+    main = threading.current_thread() is threading.main_thread()
+    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None  # a second Ctrl-C waits too
+    try:
+        for t in threads:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident or 0),
+                                                       ctypes.py_object(KeyboardInterrupt))
+        for p in procs:
+            p.join(max(0.0, end - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+        for t in threads:
+            t.join(max(0.0, end - time.monotonic()))
+    finally:
+        threading.excepthook = hook
+        if main:
+            signal.signal(signal.SIGINT, sigint)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``mscclang ARGV`` (None: ``sys.argv[1:]``, this process is the command) and return its
+    exit status. On Ctrl-C (or an error a SIGINT turned into, such as a C extension's failed
+    import), what the command started is stopped (:func:`_stop_started`), one line ``mscclang
+    COMMAND: interrupted`` goes to stderr and the status is 130; when this process is the
+    command, it then ends at once (its ``atexit`` functions run, the interpreter's finalization
+    does not: the C++ destructors it runs abort under threads a library such as torch still has
+    busy, ``terminate called without an active exception``)."""
+    whole = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), "")
+    before = _Started.now()
+    got: list[int] = []   # SIGINT seen: whatever error it turned into (a C extension's import fails)
+
+    def on_sigint(signum: int, frame: object) -> None:
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    ours = (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    if ours:
+        signal.signal(signal.SIGINT, on_sigint)
     try:
         return _main(argv)
-    except KeyboardInterrupt:
+    except BaseException as e:
+        if not (isinstance(e, KeyboardInterrupt) or got):
+            raise
+        _stop_started(before)
         # on a terminal, start a fresh line after the echoed ^C (or a progress bar)
         fresh = "\n" if _isatty(sys.stderr) else ""
         sys.stderr.write(f"{fresh}mscclang{' ' + command if command in COMMANDS else ''}: interrupted\n")
         sys.stderr.flush()
+        if whole:   # no interpreter exit: C++ destructors under a library's busy threads abort (torch's)
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            os._exit(INTERRUPTED)
         return INTERRUPTED
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _main(argv: list[str]) -> int:
