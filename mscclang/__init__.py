@@ -3,56 +3,15 @@
 ``from mscclang import *`` gives the whole DSL (compatible with the MSCCL++ DSL)."""
 
 from mscclang.errors import (  # noqa: F401
-    CallMismatch,
-    CollectiveTimeout,
-    CommError,
-    CompileError,
-    DSLError,
-    DSLWarning,
-    InvalidCall,
-    LimitError,
-    MscclangError,
-    MscclangWarning,
-    NotPrepared,
-    PlanError,
-    RegistrationError,
-    RuntimeUnavailable,
-    SettingError,
-    SpecUnsupported,
-    VerificationError,
-    WorkerError,
-)
+    CallMismatch, CollectiveTimeout, CommError, CompileError, DSLError, DSLWarning, InvalidCall, LimitError,
+    MscclangError, MscclangWarning, NotPrepared, PlanError, RegistrationError, RuntimeUnavailable, SettingError,
+    SpecUnsupported, VerificationError, WorkerError)
 
 from mscclang.dsl import (  # noqa: F401
-    JSON,
-    AlgoSpec,
-    AllGather,
-    AllReduce,
-    AllReduceAddRMSNorm,
-    AllToAll,
-    BaseBuffer,
-    Broadcast,
-    Buffer,
-    BufferType,
-    ChannelType,
-    Chunk,
-    Collective,
-    CollectiveProgram,
-    LoopIterationContext,
-    MemoryChannel,
-    PortChannel,
-    Rank,
-    RankGroup,
-    ReduceOperationType,
-    ReduceScatter,
-    ReplicationPolicy,
-    Semaphore,
-    SendRecv,
-    SwitchChannel,
-    SyncType,
-    TestCollective,
-    ThreadBlockGroup,
-)
+    JSON, AlgoSpec, AllGather, AllReduce, AllReduceAddRMSNorm, AllToAll, BaseBuffer, Broadcast, Buffer,
+    BufferType, ChannelType, Chunk, Collective, CollectiveProgram, LoopIterationContext, MemoryChannel,
+    PortChannel, Rank, RankGroup, ReduceOperationType, ReduceScatter, ReplicationPolicy, Semaphore,
+    SendRecv, SwitchChannel, SyncType, TestCollective, ThreadBlockGroup)
 
 __version__ = "0.1.0"
 

@@ -17,7 +17,6 @@ import sys
 import textwrap
 import threading
 import time
-from dataclasses import dataclass
 from typing import NoReturn, Optional, Sequence
 
 from mscclang.errors import MscclangError
@@ -130,13 +129,11 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     if extra:
         target = sub.choices.get(getattr(args, "command", None) or "", parser)
         known = [o for a in target._actions for o in a.option_strings]
-        typos = [(x.split("=", 1)[0], difflib.get_close_matches(x.split("=", 1)[0], known, n=1))
-                 for x in extra if x.startswith("--") or (x.startswith("-") and not _NEGATIVE.match(x))]
+        typos = [(x, difflib.get_close_matches(x, known, n=1)) for x in (y.split("=")[0] for y in extra)
+                 if x.startswith("-") and not _NEGATIVE.match(x)]
         hint = "; ".join(f"{x}: did you mean {near[0]}?" for x, near in typos if near)
-        if hint:
-            hint = f" ({hint})"
-        elif not all(x.startswith("-") for x in extra):
-            hint = " (a list is one comma list per option: --sizes 1K,4M)"
+        hint = f" ({hint})" if hint else "" if all(x.startswith("-") for x in extra) else \
+            " (a list is one comma list per option: --sizes 1K,4M)"
         target.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     return args
 
@@ -164,86 +161,60 @@ def _join_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
-def _isatty(stream: object) -> bool:
-    try:
-        return bool(stream.isatty())  # type: ignore[attr-defined]
-    except (AttributeError, ValueError):
-        return False
-
-
 #: seconds the interrupt path waits for what the command started to end
 STOP_WAIT_S = 10.0
 
 
-@dataclass(frozen=True)
-class _Started:
-    """The threads and child processes alive when a command began (the interrupt path stops only
-    what the command itself started)."""
-
-    threads: frozenset[int]
-    children: frozenset[int]
-
-    @classmethod
-    def now(cls) -> "_Started":
-        import multiprocessing
-
-        return cls(frozenset(t.ident or 0 for t in threading.enumerate()),
-                   frozenset(id(p) for p in multiprocessing.active_children()))
-
-
-def _stop_started(before: _Started, wait_s: float = STOP_WAIT_S) -> None:
-    """After Ctrl-C: terminate (then kill) the child processes the command started, raise
-    KeyboardInterrupt in each thread it started (they run Python: the simulator's rank threads,
-    a progress ticker), and wait at most ``wait_s`` in all for them to end."""
+def _stop_started(threads: set[int], children: set[int], wait_s: float = STOP_WAIT_S) -> None:
+    """After Ctrl-C: terminate (then kill) the child processes the command started (those not in
+    ``children``, by ``id``), raise KeyboardInterrupt in each thread it started (not in
+    ``threads``, by ident: the simulator's rank threads, a progress ticker), and wait at most
+    ``wait_s`` in all for them to end."""
     import ctypes
     import multiprocessing
 
     end = time.monotonic() + wait_s
-    procs = [p for p in multiprocessing.active_children() if id(p) not in before.children]
-    for p in procs:
-        p.terminate()
-    threads = [t for t in threading.enumerate() if t.ident not in before.threads and t.is_alive()]
+    procs = [p for p in multiprocessing.active_children() if id(p) not in children]
+    started = [t for t in threading.enumerate() if t.ident not in threads]
     hook = threading.excepthook   # a thread ended by the interrupt prints no traceback
     threading.excepthook = lambda a: None if a.exc_type is KeyboardInterrupt else hook(a)
-    main = threading.current_thread() is threading.main_thread()
-    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None  # a second Ctrl-C waits too
     try:
-        for t in threads:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident or 0),
-                                                       ctypes.py_object(KeyboardInterrupt))
         for p in procs:
-            p.join(max(0.0, end - time.monotonic()))
-            if p.is_alive():
-                p.kill()
-                p.join(1.0)
-        for t in threads:
-            t.join(max(0.0, end - time.monotonic()))
+            p.terminate()
+        for t in started:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident or 0), ctypes.py_object(KeyboardInterrupt))
+        for w in [*procs, *started]:
+            w.join(max(0.0, end - time.monotonic()))
+        for p in procs:
+            p.kill()   # no-op when it ended
     finally:
         threading.excepthook = hook
-        if main:
-            signal.signal(signal.SIGINT, sigint)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run ``mscclang ARGV`` (None: ``sys.argv[1:]``, this process is the command) and return its
     exit status. On Ctrl-C (or an error a SIGINT turned into, such as a C extension's failed
-    import), what the command started is stopped (:func:`_stop_started`), one line ``mscclang
-    COMMAND: interrupted`` goes to stderr and the status is 130; when this process is the
-    command, it then ends at once (its ``atexit`` functions run, the interpreter's finalization
-    does not: the C++ destructors it runs abort under threads a library such as torch still has
-    busy, ``terminate called without an active exception``)."""
+    import), what the command started is stopped (:func:`_stop_started`; a second Ctrl-C does not
+    cut that short), one line ``mscclang COMMAND: interrupted`` goes to stderr and the status is
+    130; when this process is the command, it then ends at once (its ``atexit`` functions run,
+    the interpreter's finalization does not: the C++ destructors it runs abort under threads a
+    library such as torch still has busy, ``terminate called without an active exception``)."""
+    import multiprocessing
+
+    from mscclang.cli.progress import progress_wanted
+
     whole = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), "")
-    before = _Started.now()
-    got: list[int] = []   # SIGINT seen: whatever error it turned into (a C extension's import fails)
+    threads, children = {t.ident or 0 for t in threading.enumerate()}, set(map(id, multiprocessing.active_children()))
+    got: list[int] = []   # SIGINTs seen, whatever error the first turned into (a C extension's import fails)
 
     def on_sigint(signum: int, frame: object) -> None:
         got.append(signum)
-        raise KeyboardInterrupt
+        if len(got) == 1:
+            raise KeyboardInterrupt
 
-    ours = (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    ours = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
     if ours:
         signal.signal(signal.SIGINT, on_sigint)
     try:
@@ -251,9 +222,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BaseException as e:
         if not (isinstance(e, KeyboardInterrupt) or got):
             raise
-        _stop_started(before)
+        got.append(signal.SIGINT)
+        _stop_started(threads, children)
         # on a terminal, start a fresh line after the echoed ^C (or a progress bar)
-        fresh = "\n" if _isatty(sys.stderr) else ""
+        fresh = "\n" if progress_wanted(None) else ""
         sys.stderr.write(f"{fresh}mscclang{' ' + command if command in COMMANDS else ''}: interrupted\n")
         sys.stderr.flush()
         if whole:   # no interpreter exit: C++ destructors under a library's busy threads abort (torch's)

@@ -56,10 +56,10 @@ def _bench_rows(f: str) -> list:
 
     try:
         data = json.loads(Path(f).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise MscclangError(f"{f}: not a `mscclang bench` result: not valid JSON ({e})") from None
-    if (not isinstance(data, dict) or data.get("format", BENCH_FORMAT) != BENCH_FORMAT
-            or not isinstance(data.get("results"), list)):
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = None
+    if not isinstance(data, dict) or data.get("format", BENCH_FORMAT) != BENCH_FORMAT or \
+            not isinstance(data.get("results"), list):
         raise MscclangError(f"{f}: not a `mscclang bench` result (a JSON object of format {BENCH_FORMAT!r} "
                             "with a 'results' list)")
     rows = cost.bench_rows(Path(f))
