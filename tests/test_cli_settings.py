@@ -115,3 +115,11 @@ def test_the_demo_honours_and_checks_mscclang_tuning(capsys, cpu_demo, tmp_path)
     res = cli_inproc(capsys, "demo", "--sizes", "1K")
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("nccl") == 2, res.stdout
+
+
+@pytest.mark.parametrize("command", ["show", "verify", "run", "predict", "import-mscclpp"])
+@pytest.mark.parametrize("other", ["notes/bench_2xh200/bench.json", "mscclang/comm/tuning_2xh200.json"])
+def test_plan_commands_name_a_file_of_another_kind(capsys, command, other):
+    res = cli_inproc(capsys, command, str(ROOT / other))
+    user_error(res, str(ROOT / other), "file, not a plan")
+    assert res.stderr.count("\n") == 1 and "already an mscclang plan" not in res.stderr, res.stderr

@@ -97,10 +97,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.plan:
         raise MscclangError("give a plan, --error BENCH.json or --calibrate BENCH.json")
-    from mscclang.plan.io import load_plan
+    from mscclang.cli.show_cmd import read_plan_any
     from mscclang.plan.collectives import collective
 
-    plan = load_plan(args.plan)
+    plan = read_plan_any(args.plan)[0]
     topo = cost.load_topology(args.topology, plan.world_size)
     sizes = [s for group in (args.sizes or [[1 << 20]]) for s in group]
     traces = []

@@ -59,11 +59,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def refuse_other_files(source: str, data: object) -> None:
+    """PlanError naming ``source`` when the document is another mscclang file (its ``format`` is
+    ``mscclang.*`` but no plan's: a bench result, a tuning table)."""
+    fmt = data.get("format") if isinstance(data, dict) else None
+    if isinstance(fmt, str) and fmt.startswith("mscclang.") and not fmt.startswith("mscclang.plan/"):
+        raise PlanError(f"{source} is a {fmt!r} file, not a plan", "format")
+
+
 def read_plan_any(source: str, check: bool = True) -> tuple[Plan, bool]:
     """Load a plan file in either format; returns (plan, was_mscclpp)."""
     from mscclang.plan.mscclpp import from_mscclpp, is_mscclpp_plan
 
     data = read_plan_document(source)
+    refuse_other_files(source, data)
     if is_mscclpp_plan(data):
         return from_mscclpp(data, check=check), True
     return plan_from_document(data, check=check), False
