@@ -55,13 +55,21 @@ def interrupt(argv: list[str], marker: bytes, *, after: float = 0.0, env: dict |
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    # nothing it started outlives it (its session holds its children)
+    # nothing it started outlives it (its session holds its children; zombies, ended, do not count)
     time.sleep(0.5)
-    leftover = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    pids = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    leftover = [p for p in pids if _running(p)]
     if leftover:
         os.killpg(proc.pid, signal.SIGKILL)
     assert not leftover, f"processes left behind: {leftover}"
     return proc.returncode, b"".join(err).decode(errors="replace")
+
+
+def _running(pid: str) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def one_line(rc: int, err: str, command: str) -> None:
@@ -131,3 +139,19 @@ def test_ctrl_c_in_predict_calibrate(tmp_path):
     src = ROOT / "notes" / "bench_2xh200" / "bench.json"
     one_line(*interrupt(["-m", "mscclang", "predict", "--calibrate", str(src)], b"",
                         after=4.0), "predict")
+
+
+def test_ctrl_c_in_generate_plans(tmp_path):
+    one_line(*interrupt(["-m", "mscclang", "generate-plans", "-o", str(tmp_path)], b"", after=3.0), "generate-plans")
+
+
+def test_ctrl_c_in_show(tmp_path):
+    """Interrupted in matplotlib's import (a C extension's import fails with ImportError then)."""
+    one_line(*interrupt(["-X", "importtime", "-m", "mscclang", "show", str(BIG), "--png", str(tmp_path / "p.png")],
+                        b"matplotlib"), "show")
+
+
+def test_ctrl_c_in_build_kernel():
+    """Its worker processes (a pool, two jobs) end with it."""
+    one_line(*interrupt(["-m", "mscclang", "build-kernel", "--arch", "sm_90", "--no-cache", "--jobs", "2",
+                         "--progress"], b"build kernels", after=0.5), "build-kernel")

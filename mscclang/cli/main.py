@@ -161,33 +161,34 @@ def _join_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
-#: seconds the interrupt path waits for what the command started to end
-STOP_WAIT_S = 10.0
+#: seconds the interrupt path waits for what the command started to end (a library thread asleep in
+#: a wait, such as tqdm's monitor, sees the interrupt only when it wakes)
+STOP_WAIT_S = 3.0
 
 
-def _stop_started(threads: set[int], children: set[int], wait_s: float = STOP_WAIT_S) -> None:
+def _stop_started(threads: Optional[set[int]], children: set[int], wait_s: float = STOP_WAIT_S) -> None:
     """After Ctrl-C: terminate (then kill) the child processes the command started (those not in
     ``children``, by ``id``), raise KeyboardInterrupt in each thread it started (not in
-    ``threads``, by ident: the simulator's rank threads, a progress ticker), and wait at most
-    ``wait_s`` in all for them to end."""
+    ``threads``, by ident: the simulator's rank threads, a progress ticker; None: leave them), and
+    wait at most ``wait_s`` in all for them to end. Until they have, a thread ended by the
+    interrupt prints no traceback."""
     import ctypes
     import multiprocessing
 
     end = time.monotonic() + wait_s
     procs = [p for p in multiprocessing.active_children() if id(p) not in children]
-    started = [t for t in threading.enumerate() if t.ident not in threads]
-    hook = threading.excepthook   # a thread ended by the interrupt prints no traceback
+    started = [t for t in threading.enumerate() if threads is not None and t.ident not in threads]
+    hook = threading.excepthook
     threading.excepthook = lambda a: None if a.exc_type is KeyboardInterrupt else hook(a)
-    try:
-        for p in procs:
-            p.terminate()
-        for t in started:
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident or 0), ctypes.py_object(KeyboardInterrupt))
-        for w in [*procs, *started]:
-            w.join(max(0.0, end - time.monotonic()))
-        for p in procs:
-            p.kill()   # no-op when it ended
-    finally:
+    for p in procs:
+        p.terminate()
+    for t in started:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident or 0), ctypes.py_object(KeyboardInterrupt))
+    for w in [*procs, *started]:
+        w.join(max(0.0, end - time.monotonic()))
+    for p in procs:
+        p.kill()   # no-op when it ended
+    if not any(t.is_alive() for t in started):
         threading.excepthook = hook
 
 
@@ -223,7 +224,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not (isinstance(e, KeyboardInterrupt) or got):
             raise
         got.append(signal.SIGINT)
-        _stop_started(threads, children)
+        _stop_started(None if whole else threads, children)   # whole: os._exit ends the threads
         # on a terminal, start a fresh line after the echoed ^C (or a progress bar)
         fresh = "\n" if progress_wanted(None) else ""
         sys.stderr.write(f"{fresh}mscclang{' ' + command if command in COMMANDS else ''}: interrupted\n")
