@@ -4,6 +4,7 @@ flag, files of the wrong kind, and the settings every command honours or refuses
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
 import re
@@ -55,6 +56,21 @@ def test_a_typod_flag_gets_did_you_mean(capsys, argv, wrong, right):
     assert "a list is one comma list" not in res.stderr, res.stderr
 
 
+def test_every_command_suggests_its_options(capsys):
+    """For every command, each long option with a letter left out gets "did you mean" that option."""
+    from mscclang.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, p in sub.choices.items():
+        for opt in (o for a in p._actions for o in a.option_strings if o.startswith("--") and len(o) > 6):
+            typo = opt[:4] + opt[5:]
+            if any(o.startswith(typo) for a in p._actions for o in a.option_strings):
+                continue   # an abbreviation argparse accepts
+            plans = ["x.json"] * sum(not a.option_strings and a.required for a in p._actions)
+            res = cli_inproc(capsys, name, typo, *plans)
+            user_error(res, f"{typo}: did you mean ")
+
+
 def test_a_typod_command_gets_did_you_mean(capsys):
     user_error(cli_inproc(capsys, "verfiy", str(SMALL)), "did you mean verify?")
 
@@ -88,11 +104,13 @@ def cpu_demo(monkeypatch):
     return monkeypatch
 
 
-@pytest.mark.parametrize("kind", ["missing", "empty", "file"])
+@pytest.mark.parametrize("kind", ["missing", "empty", "file", "no plan"])
 def test_a_plans_dir_without_plans_is_refused(capsys, cpu_demo, tmp_path, kind):
     folder = tmp_path / "plans"
-    if kind == "empty":
+    if kind in ("empty", "no plan"):
         folder.mkdir()
+    if kind == "no plan":
+        (folder / "tuning.json").write_text((ROOT / "mscclang" / "comm" / "tuning_2xh200.json").read_text())
     elif kind == "file":
         folder.write_text("")
     cpu_demo.setenv("MSCCLANG_PLANS_DIR", str(folder))

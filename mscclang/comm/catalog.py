@@ -275,6 +275,8 @@ class Catalog:
             except Exception:  # not a plan (e.g. a tuning file): skip
                 continue
             cat.add(PlanVariant.from_plan(plan, key=p.name[:-5], path=p))
+        if not len(cat) and settings.plans_dir and folder == default_plans_dir():
+            raise Settings.plans_dir.fail(settings.plans_dir, "no file of the folder is a plan")
         return cat
 
     def matching(self, collective: str, world_size: int) -> list[PlanVariant]:
