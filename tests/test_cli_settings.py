@@ -120,8 +120,13 @@ def test_a_plans_dir_without_plans_is_refused(capsys, cpu_demo, tmp_path, kind):
     from mscclang.comm.catalog import Catalog
     from mscclang.errors import SettingError
 
+    from mscclang.comm import Communicator
+    from mscclang.comm.sim_backend import SimWorld
+
     with pytest.raises(SettingError, match="MSCCLANG_PLANS_DIR"):
-        Catalog.from_dir()   # what a Communicator built without plans= reads
+        Catalog.from_dir()
+    with pytest.raises(SettingError, match=f"MSCCLANG_PLANS_DIR='{folder}'"):
+        Communicator(backend=SimWorld(1).backend(0), fallback=False)
 
 
 def test_the_demo_honours_and_checks_mscclang_tuning(capsys, cpu_demo, tmp_path):
