@@ -71,10 +71,6 @@ def test_every_command_suggests_its_options(capsys):
             user_error(res, f"{typo}: did you mean ")
 
 
-def test_a_typod_command_gets_did_you_mean(capsys):
-    user_error(cli_inproc(capsys, "verfiy", str(SMALL)), "did you mean verify?")
-
-
 # ------------------------------------------------------------------- files of the wrong kind
 
 @pytest.mark.parametrize("content", ["plan", "{}", '{"results": []}', "[1, 2]", "not json"])
@@ -146,3 +142,27 @@ def test_plan_commands_name_a_file_of_another_kind(capsys, command, other):
     res = cli_inproc(capsys, command, str(ROOT / other))
     user_error(res, str(ROOT / other), "file, not a plan")
     assert res.stderr.count("\n") == 1 and "already an mscclang plan" not in res.stderr, res.stderr
+
+
+BENCH, TUNING, PLAN = "notes/bench_2xh200/bench.json", "mscclang/comm/tuning_2xh200.json", str(SMALL)
+
+
+@pytest.mark.parametrize("argv,other,what", [
+    (["show", PLAN, "--png", "{tmp}/p.png", "--trace"], BENCH, "not a Chrome trace"),
+    (["show", PLAN, "--png", "{tmp}/p.png", "--trace"], PLAN, "not a Chrome trace"),
+    (["show", PLAN, "--png", "{tmp}/p.png", "--trace"], "{tmp}/empty.json", "not a Chrome trace"),
+    (["predict", PLAN, "--topology"], BENCH, "not a topology"),
+    (["predict", PLAN, "--topology"], PLAN, "not a topology"),
+    (["bench", "-o", "{tmp}/out", "--from-json"], PLAN, "not a `mscclang bench` result"),
+    (["bench", "-o", "{tmp}/out", "--from-json"], TUNING, "not a `mscclang bench` result"),
+    (["bench", "-o", "{tmp}/out", "--from-json"], "{tmp}/empty.json", "not a `mscclang bench` result"),
+    (["bench", "-o", "{tmp}/out", "--from-json"], "{tmp}/list.json", "not a `mscclang bench` result"),
+])
+def test_files_of_another_kind_are_named(capsys, tmp_path, argv, other, what):
+    (tmp_path / "empty.json").write_text("{}")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    other = other.format(tmp=tmp_path)
+    other = other if other.startswith("/") else str(ROOT / other)
+    res = cli_inproc(capsys, *[a.format(tmp=tmp_path) for a in argv], other)
+    user_error(res, other, what)
+    assert res.stderr.count("\n") == 1, res.stderr

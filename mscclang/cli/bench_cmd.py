@@ -152,16 +152,31 @@ def bench_config(args: argparse.Namespace) -> Any:
     )
 
 
+def _read_result(path: str) -> Any:
+    """The bench result of ``--from-json PATH``; CommError naming the file when it is not one."""
+    import json
+
+    from mscclang.bench.results import load_result
+    from mscclang.cli.show_cmd import refuse_other_files
+
+    where = f"--from-json {path}"
+    try:
+        data = json.loads(Path(path).read_text())
+        refuse_other_files(where, data, "a `mscclang bench` result", want="mscclang.bench/")
+        return load_result(data)
+    except (ValueError, KeyError, TypeError, AttributeError, CommError) as e:
+        raise CommError(f"{where}: not a `mscclang bench` result ({e})") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from mscclang.bench.report import markdown, render
-    from mscclang.bench.results import load_result
 
     writable_dir(args.out, "--out")
     _check_mode_options(args)
     if args.json:
         writable_dir(str(Path(args.json).absolute().parent), "--json")
     if args.from_json:
-        res = load_result(args.from_json)
+        res = _read_result(args.from_json)
         paths = render(res, args.out)
         print(markdown(res))
         print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", file=sys.stderr)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import time
 from typing import Any
 
@@ -18,12 +17,6 @@ from mscclang.errors import InvalidCall
 from mscclang.plan.dtypes import find_dtype
 
 COLLS = ("all_reduce", "all_gather")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _gpu_worker(rank: int, world: int, port: int, sizes: list[int], dtype_name: str, q: Any) -> None:
@@ -143,6 +136,8 @@ def run_gpus(sizes: list[int], dtype: str, world: int) -> int:
     os.environ.update(worker_env())   # inherited by the workers: NVLink multicast off, a queue per port side stream
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
+    from mscclang.bench.runner import _free_port
+
     port = _free_port()
     procs = [ctx.Process(target=_gpu_worker, args=(r, world, port, sizes, dtype, q)) for r in range(world)]
     for p in procs:

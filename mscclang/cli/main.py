@@ -119,14 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """``parser.parse_args``, with arguments no option takes reported by the subcommand's parser
     (``mscclang run: error: unrecognized arguments: ...``), as its other usage errors are."""
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    command = next((a for a in argv if not a.startswith("-")), None)
-    if command is not None and command not in sub.choices:
-        near = difflib.get_close_matches(command, list(sub.choices), n=1)
-        if near:
-            parser.error(f"unknown command {command!r}: did you mean {near[0]}?")
     args, extra = parser.parse_known_args(argv)
     if extra:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         target = sub.choices.get(getattr(args, "command", None) or "", parser)
         known = [o for a in target._actions for o in a.option_strings]
         typos = [(x, difflib.get_close_matches(x, known, n=1)) for x in (y.split("=")[0] for y in extra)
@@ -149,15 +144,11 @@ INTERRUPTED = 130
 
 def _join_negative_values(argv: list[str]) -> list[str]:
     out: list[str] = []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a in _VALUE_OPTIONS and i + 1 < len(argv) and _NEGATIVE.match(argv[i + 1]):
-            out.append(f"{a}={argv[i + 1]}")
-            i += 2
-            continue
-        out.append(a)
-        i += 1
+    for a in argv:
+        if out and out[-1] in _VALUE_OPTIONS and _NEGATIVE.match(a):
+            out[-1] = f"{out[-1]}={a}"
+        else:
+            out.append(a)
     return out
 
 
@@ -215,8 +206,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if len(got) == 1:
             raise KeyboardInterrupt
 
-    ours = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    if ours:
+    if ours := threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, on_sigint)
     try:
         return _main(argv)
@@ -227,8 +218,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _stop_started(None if whole else threads, children)   # whole: os._exit ends the threads
         # on a terminal, start a fresh line after the echoed ^C (or a progress bar)
         fresh = "\n" if progress_wanted(None) else ""
-        sys.stderr.write(f"{fresh}mscclang{' ' + command if command in COMMANDS else ''}: interrupted\n")
-        sys.stderr.flush()
+        print(f"{fresh}mscclang{' ' + command if command in COMMANDS else ''}: interrupted", file=sys.stderr, flush=True)
         if whole:   # no interpreter exit: C++ destructors under a library's busy threads abort (torch's)
             atexit._run_exitfuncs()
             sys.stdout.flush()

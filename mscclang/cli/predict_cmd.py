@@ -16,6 +16,7 @@ Sizes are the message size: allgather's output, every other collective's input.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -54,10 +55,9 @@ def _bench_rows(f: str) -> list:
     from mscclang.bench.results import BENCH_FORMAT
     from mscclang.sim import cost
 
-    try:
+    data = None
+    with contextlib.suppress(ValueError):   # not JSON (UnicodeDecodeError is a ValueError too)
         data = json.loads(Path(f).read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        data = None
     if not isinstance(data, dict) or data.get("format", BENCH_FORMAT) != BENCH_FORMAT or \
             not isinstance(data.get("results"), list):
         raise MscclangError(f"{f}: not a `mscclang bench` result (a JSON object of format {BENCH_FORMAT!r} "
@@ -97,10 +97,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.plan:
         raise MscclangError("give a plan, --error BENCH.json or --calibrate BENCH.json")
-    from mscclang.cli.show_cmd import read_plan_any
+    from mscclang.cli.show_cmd import read_plan_any, refuse_other_files
     from mscclang.plan.collectives import collective
 
     plan = read_plan_any(args.plan)[0]
+    if Path(args.topology).is_file():
+        with contextlib.suppress(ValueError):   # not JSON: load_topology says so
+            refuse_other_files(f"topology {args.topology}", json.loads(Path(args.topology).read_text()), "a topology", "")
     topo = cost.load_topology(args.topology, plan.world_size)
     sizes = [s for group in (args.sizes or [[1 << 20]]) for s in group]
     traces = []
