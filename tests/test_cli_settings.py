@@ -166,3 +166,11 @@ def test_files_of_another_kind_are_named(capsys, tmp_path, argv, other, what):
     res = cli_inproc(capsys, *[a.format(tmp=tmp_path) for a in argv], other)
     user_error(res, other, what)
     assert res.stderr.count("\n") == 1, res.stderr
+
+
+def test_predict_error_names_a_bench_file_whose_plans_are_not_here(capsys, tmp_path):
+    f = tmp_path / "bench.json"
+    f.write_text(json.dumps({"format": "mscclang.bench/1", "meta": {"world_size": 2}, "results": [
+        {"coll": "all_reduce", "impl": "mscclang", "mode": "graph", "bytes": 1024, "us": 2.0, "ok": True,
+         "plan": "nosuch.r2.i1"}]}))
+    user_error(cli_inproc(capsys, "predict", "--error", str(f)), str(f), "none of its plans is in the plans folder")
