@@ -35,8 +35,8 @@ from typing import Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from mscclang.comm.errors import TuningError
-from mscclang.config import settings
 from mscclang.comm.names import DTYPES, plan_collective
+from mscclang.config import settings
 
 TUNING_FORMAT = "mscclang.tuning/1"
 NCCL = "nccl"
