@@ -174,3 +174,19 @@ def test_predict_error_names_a_bench_file_whose_plans_are_not_here(capsys, tmp_p
         {"coll": "all_reduce", "impl": "mscclang", "mode": "graph", "bytes": 1024, "us": 2.0, "ok": True,
          "plan": "nosuch.r2.i1"}]}))
     user_error(cli_inproc(capsys, "predict", "--error", str(f)), str(f), "none of its plans is in the plans folder")
+
+
+@pytest.mark.parametrize("var,value,needle", [("MSCCLANG_TUNING", "{not json", "not valid JSON"),
+                                              ("MSCCLANG_PLANS_DIR", "/nonexistent/plans", "no such folder")])
+def test_the_gpu_demo_refuses_bad_settings_before_starting_workers(capsys, monkeypatch, var, value, needle):
+    """With GPUs each worker process would meet the bad setting on its own, and the demo wait for
+    their results."""
+    import torch
+
+    import mscclang.cli.demo_cmd as demo_cmd
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(demo_cmd, "run_gpus", lambda *a: pytest.fail("workers started"))
+    monkeypatch.setenv(var, value)
+    user_error(cli_inproc(capsys, "demo"), var if var == "MSCCLANG_PLANS_DIR" else "", needle)
