@@ -52,16 +52,10 @@ def _plans_dir() -> Path:
 def _bench_rows(f: str) -> list:
     """The rows :func:`mscclang.sim.cost.bench_rows` reads from ``f``; MscclangError naming ``f``
     when it is not a ``mscclang bench`` result or holds no CUDA-graph figure of an mscclang plan."""
-    from mscclang.bench.results import BENCH_FORMAT
+    from mscclang.cli.bench_cmd import read_bench_result
     from mscclang.sim import cost
 
-    data = None
-    with contextlib.suppress(ValueError):   # not JSON (UnicodeDecodeError is a ValueError too)
-        data = json.loads(Path(f).read_text())
-    if not isinstance(data, dict) or data.get("format", BENCH_FORMAT) != BENCH_FORMAT or \
-            not isinstance(data.get("results"), list):
-        raise MscclangError(f"{f}: not a `mscclang bench` result (a JSON object of format {BENCH_FORMAT!r} "
-                            "with a 'results' list)")
+    read_bench_result(f, "")
     rows = cost.bench_rows(Path(f))
     if not rows:
         raise MscclangError(f"{f}: no CUDA-graph figure of an mscclang plan in it (a `mscclang bench` run "
