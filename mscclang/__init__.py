@@ -3,52 +3,22 @@
 ``from mscclang import *`` gives the whole DSL (compatible with the MSCCL++ DSL)."""
 
 from mscclang.errors import (  # noqa: F401
-    CollectiveTimeout,
-    CompileError,
-    DSLError,
-    DSLWarning,
-    LimitError,
-    MscclangError,
-    MscclangWarning,
-    PlanError,
-    VerificationError,
-)
+    CallMismatch, CollectiveTimeout, CommError, CompileError, DSLError, DSLWarning, InvalidCall, LimitError,
+    MscclangError, MscclangWarning, NotPrepared, PlanError, RegistrationError, RuntimeUnavailable, SettingError,
+    SpecUnsupported, VerificationError, WorkerError)
 
 from mscclang.dsl import (  # noqa: F401
-    JSON,
-    AlgoSpec,
-    AllGather,
-    AllReduce,
-    AllReduceAddRMSNorm,
-    AllToAll,
-    BaseBuffer,
-    Broadcast,
-    Buffer,
-    BufferType,
-    ChannelType,
-    Chunk,
-    Collective,
-    CollectiveProgram,
-    LoopIterationContext,
-    MemoryChannel,
-    PortChannel,
-    Rank,
-    RankGroup,
-    ReduceOperationType,
-    ReduceScatter,
-    ReplicationPolicy,
-    Semaphore,
-    SendRecv,
-    SwitchChannel,
-    SyncType,
-    TestCollective,
-    ThreadBlockGroup,
-)
+    JSON, AlgoSpec, AllGather, AllReduce, AllReduceAddRMSNorm, AllToAll, BaseBuffer, Broadcast, Buffer,
+    BufferType, ChannelType, Chunk, Collective, CollectiveProgram, LoopIterationContext, MemoryChannel,
+    PortChannel, Rank, RankGroup, ReduceOperationType, ReduceScatter, ReplicationPolicy, Semaphore,
+    SendRecv, SwitchChannel, SyncType, TestCollective, ThreadBlockGroup)
 
 __version__ = "0.1.0"
 
-__all__ = ["CollectiveTimeout", "CompileError", "DSLError", "DSLWarning", "LimitError", "MscclangError",
-           "MscclangWarning", "PlanError", "VerificationError",
+__all__ = [# the errors (mscclang.errors)
+           "CallMismatch", "CollectiveTimeout", "CommError", "CompileError", "DSLError", "DSLWarning", "InvalidCall",
+           "LimitError", "MscclangError", "MscclangWarning", "NotPrepared", "PlanError", "RegistrationError",
+           "RuntimeUnavailable", "SettingError", "SpecUnsupported", "VerificationError", "WorkerError",
            # the DSL (mscclang.dsl.__all__)
            "AlgoSpec", "AllGather", "AllReduce", "AllReduceAddRMSNorm", "AllToAll", "BaseBuffer", "Broadcast", "Buffer",
            "BufferType", "ChannelType", "Chunk", "Collective", "CollectiveProgram", "JSON",

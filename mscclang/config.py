@@ -289,7 +289,8 @@ class Settings:
         "tuning table of the collective API: a file or JSON text (unset: the shipped 2x H200 table)")
     plans_dir = EnvPath(
         "MSCCLANG_PLANS_DIR", None,
-        "folder of the plans the collective API chooses from (unset: the checkout's or the installed plans/)")
+        "folder of the plans the collective API chooses from (unset: the checkout's or the installed plans/); "
+        "a folder that is missing or holds no plan is refused")
     comm_granule = EnvInt(
         "MSCCLANG_COMM_GRANULE", None,
         "force one padding granule (elements) for every collective call (unset: the plan's alignment)",

@@ -70,3 +70,52 @@ def test_first_sizes_are_the_bench_sizes():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert tuple(mod.FIRST_SIZES) == tuple(FIRST_CALL_SIZES)
+
+
+def _tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("callpath_checks", TOOL)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("argv", [["--ranks", "3", "--out", "f.json", "--timeout", "9", "memory"],
+                                  ["memory", "--ranks", "3", "--out", "f.json", "--timeout", "9"],
+                                  ["--ranks", "3", "memory", "--out", "f.json", "--timeout", "9"]])
+def test_common_options_go_before_or_after_the_subcommand(argv):
+    args = _tool().parse_args(argv)
+    assert (args.cmd, args.ranks, args.out, args.timeout) == ("memory", 3, "f.json", 9.0)
+    args = _tool().parse_args(["stream", "--calls", "3"])
+    assert (args.ranks, args.out, args.timeout) == (2, None, 1800.0)
+
+
+def test_memory_on_the_cpu_is_bounded_and_shows_progress(monkeypatch):
+    """Without CUDA the default is CPU_MEMORY_SIZES sizes (10,000 gloo calls ran for many minutes
+    with no output); rank 0 prints progress lines on stderr."""
+    tool = _tool()
+    assert tool.CPU_MEMORY_SIZES <= 200 and tool.parse_args(["memory"]).sizes is None
+    p = _run("memory", "--ranks", "2", "--sizes", "20", timeout=200)
+    assert _result(p)["sizes"] == 20
+    monkeypatch.setattr(tool, "PROGRESS_S", 0.0)
+    lines: list[str] = []
+
+    class FakeRank:
+        rank, cuda = 0, False
+
+        def checked_call(self, *a):
+            return 0.0, True, "nccl"
+
+        def memory(self):
+            return {"total_bytes": 0}
+
+        def base(self, what):
+            return {"subcommand": what}
+
+    r = FakeRank()
+    r.comm = r
+    monkeypatch.setattr(tool.sys, "stderr", type("E", (), {"write": lambda s, t: lines.append(t), "flush": lambda s: None})())
+    res = tool.memory(r, None, 1)
+    assert res["sizes"] == tool.CPU_MEMORY_SIZES
+    assert sum("sizes" in x and "s left" in x for x in lines) == tool.CPU_MEMORY_SIZES - 1, lines[:3]

@@ -12,8 +12,8 @@ Subcommands (each writes one JSON line of results to stdout, and to ``--out FILE
   torch.distributed (``fallback_calls``).
   ``--specialize never`` runs with ``MSCCLANG_SPECIALIZE=never`` (for comparison).
 * ``memory --sizes 10000``: that many distinct sizes of all_reduce (log-uniform, 1 element to 4M
-  elements, bf16, each checked), then
-  ``comm.memory()`` (its ``total_bytes`` and the whole dict).
+  elements, bf16, each checked), then ``comm.memory()`` (its ``total_bytes`` and the whole dict).
+  Default 10,000 sizes with CUDA, 100 on the CPU (each size is a gloo all_reduce there).
 * ``first [--sizes B,B,...]``: per message size never seen before (default: 49,164 and 278,596
   bytes, then 10 sizes log-spaced from 475,252 to 16,371,612, bf16), the time of the first eager
   all_reduce of that size on fresh tensors and of the second (host wall time around the call and
@@ -33,6 +33,9 @@ Subcommands (each writes one JSON line of results to stdout, and to ``--out FILE
   replays completed and synchronised after the peer stopped before an exception
   (``mscclang.CollectiveTimeout``) reached it, and whether ``comm.close()`` returned. Mode eager:
   eager calls instead of graph replays. Every wait has a deadline; the children are killed.
+
+``stream`` and ``memory`` print a progress line on stderr every few seconds. The options
+``--ranks``, ``--out`` and ``--timeout`` go before or after the subcommand.
 
 Launch: under ``torchrun --nproc-per-node N`` (stream, memory), or plainly: the script then starts
 ``--ranks`` processes itself (NCCL with CUDA, else gloo). Without CUDA, ``stream`` and ``memory``
@@ -61,6 +64,10 @@ DTYPES = ("float16", "bfloat16", "float32", "int32")
 MAX_NUMEL = 4 << 20
 ABORT_NUMEL, PEER_REPLAYS, SYNC_EVERY, ABORT_TIMEOUT_S = 1000, 20, 10, 5
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: ``memory``'s default sizes: with CUDA, and on the CPU (each a gloo all_reduce, ~0.2 s)
+MEMORY_SIZES, CPU_MEMORY_SIZES = 10000, 100
+#: seconds between progress lines on stderr
+PROGRESS_S = 5.0
 
 
 def _torch_dtype(name: str) -> Any:
@@ -190,6 +197,24 @@ class Profile:
         return out
 
 
+class Progress:
+    """Rank 0's progress line on stderr every :data:`PROGRESS_S` seconds: done, total, elapsed
+    and the time left at the pace so far."""
+
+    def __init__(self, r: Rank, what: str, total: int) -> None:
+        self.show = r.rank == 0
+        self.what, self.total = what, total
+        self.t0 = self.last = time.perf_counter()
+
+    def step(self, done: int) -> None:
+        now = time.perf_counter()
+        if self.show and done and now - self.last >= PROGRESS_S:
+            self.last = now
+            left = (now - self.t0) / done * (self.total - done)
+            print(f"callpath_checks: {self.what} {done}/{self.total} in {now - self.t0:.0f} s, "
+                  f"about {left:.0f} s left", file=sys.stderr, flush=True)
+
+
 def stream(r: Rank, calls: int, seed: int, profile: int = 0) -> dict:
     """See the module docstring."""
     rng = random.Random(seed)
@@ -200,7 +225,9 @@ def stream(r: Rank, calls: int, seed: int, profile: int = 0) -> dict:
     fallback = 0
     call_s = 0.0
     t0 = time.perf_counter()
+    bar = Progress(r, "calls", calls)
     for i in range(calls):
+        bar.step(i)
         coll, dname = rng.choice(COLLS), rng.choice(DTYPES)
         numel = max(1, int(math.exp(rng.uniform(0.0, math.log(MAX_NUMEL)))))
         dt, ok, plan = prof.call(lambda: r.checked_call(coll, numel, _torch_dtype(dname), seed * 1_000_003 + i))
@@ -217,10 +244,12 @@ def stream(r: Rank, calls: int, seed: int, profile: int = 0) -> dict:
     return res
 
 
-def memory(r: Rank, sizes: int, seed: int) -> dict:
-    """See the module docstring."""
+def memory(r: Rank, sizes: Optional[int], seed: int) -> dict:
+    """See the module docstring; ``sizes`` None: :data:`MEMORY_SIZES` with CUDA, else
+    :data:`CPU_MEMORY_SIZES`."""
     import torch
 
+    sizes = sizes or (MEMORY_SIZES if r.cuda else CPU_MEMORY_SIZES)
     rng = random.Random(seed)
     numels: list[int] = []
     seen: set[int] = set()
@@ -231,7 +260,9 @@ def memory(r: Rank, sizes: int, seed: int) -> dict:
             numels.append(numel)
     mism = 0
     t0 = time.perf_counter()
+    bar = Progress(r, "sizes", sizes)
     for i, numel in enumerate(numels):
+        bar.step(i)
         _, ok, _ = r.checked_call("all_reduce", numel, torch.bfloat16, seed * 1_000_003 + i)
         mism += not ok
     mem = r.comm.memory()
@@ -468,31 +499,47 @@ def emit(res: dict, out: Optional[str]) -> None:
             f.write(line + "\n")
 
 
+def _common(defaults: bool) -> argparse.ArgumentParser:
+    """The options of every subcommand, taken before or after its name (``--ranks 2 stream`` or
+    ``stream --ranks 2``): the main parser holds the defaults, a subcommand's copy only what is
+    given there."""
+    p = argparse.ArgumentParser(add_help=False)
+
+    def d(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    p.add_argument("--ranks", type=int, default=d(2), help="processes to start without torchrun (default 2)")
+    p.add_argument("--out", metavar="FILE", default=d(None), help="also write the JSON line to FILE")
+    p.add_argument("--timeout", type=float, default=d(1800.0), metavar="S",
+                   help="without torchrun: stop the ranks after S seconds (default 1800)")
+    return p
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     """The command line (see the module docstring); usage errors exit with status 2."""
-    ap = argparse.ArgumentParser(prog="callpath_checks.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", type=int, default=2, help="processes to start without torchrun (default 2)")
-    ap.add_argument("--out", metavar="FILE", help="also write the JSON line to FILE")
-    ap.add_argument("--timeout", type=float, default=1800.0, metavar="S",
-                    help="without torchrun: stop the ranks after S seconds (default 1800)")
+    ap = argparse.ArgumentParser(prog="callpath_checks.py", description=__doc__.split("\n\n")[0],
+                                 parents=[_common(True)])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("stream", help="random eager calls on fresh tensors, each checked")
+    common = _common(False)
+    s = sub.add_parser("stream", parents=[common], help="random eager calls on fresh tensors, each checked")
     s.add_argument("--calls", type=int, default=2000)
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--specialize", choices=("default", "never"), default="default",
                    help="never: MSCCLANG_SPECIALIZE=never (interpreter kernel only)")
     s.add_argument("--profile", type=int, default=0, metavar="N", help="rank 0 under cProfile: the top N functions")
-    m = sub.add_parser("memory", help="distinct all_reduce sizes, then comm.memory()")
-    m.add_argument("--sizes", type=int, default=10000)
+    m = sub.add_parser("memory", parents=[common], help="distinct all_reduce sizes, then comm.memory()")
+    m.add_argument("--sizes", type=int, default=None,
+                   help=f"distinct sizes (default {MEMORY_SIZES} with CUDA, {CPU_MEMORY_SIZES} on the CPU's gloo "
+                        "fallback, where each takes a fraction of a second)")
     m.add_argument("--seed", type=int, default=1)
-    f = sub.add_parser("first", help="first and second eager call of new message sizes")
+    f = sub.add_parser("first", parents=[common], help="first and second eager call of new message sizes")
     f.add_argument("--sizes", type=lambda t: [int(x) for x in t.split(",") if x], default=list(FIRST_SIZES),
                    help="comma list of byte counts (even: bf16 elements)")
     f.add_argument("--seed", type=int, default=1)
     f.add_argument("--profile", type=int, default=0, metavar="N", help="rank 0 under cProfile: the top N functions")
     f.add_argument("--profile-skip", type=int, default=0, metavar="K",
                    help="profile from the K-th size on (the sizes before set a plan up)")
-    a = sub.add_parser("abort", help="a peer stops mid-stream (CUDA only, 2 GPUs)")
+    a = sub.add_parser("abort", parents=[common], help="a peer stops mid-stream (CUDA only, 2 GPUs)")
     a.add_argument("--mode", choices=("graph", "eager", "hung"), default="graph")
     a.add_argument("--runs", type=int, default=3)
     args = ap.parse_args(argv)
@@ -500,7 +547,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         ap.error("--ranks must be at least 2")
     if args.cmd == "stream" and args.calls < 1:
         ap.error("--calls must be at least 1")
-    if args.cmd == "memory" and not 1 <= args.sizes <= 100_000:
+    if args.cmd == "memory" and args.sizes is not None and not 1 <= args.sizes <= 100_000:
         ap.error("--sizes must be between 1 and 100000")
     if args.cmd == "abort" and args.runs < 1:
         ap.error("--runs must be at least 1")

@@ -17,6 +17,7 @@ from mscclang.bench.sizes import FIRST_CALL_SIZES
 from mscclang.cli.args import (GPU_DTYPES, add_output_option, add_sizes_option, dtype_arg, int_range_arg,
                                positive_float_arg, writable_dir)
 from mscclang.comm.errors import CommError
+from mscclang.comm.tuning import load_tuning
 
 ALL_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "all_reduce_add_rms_norm")
 DEFAULT_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -152,16 +153,33 @@ def bench_config(args: argparse.Namespace) -> Any:
     )
 
 
+def read_bench_result(path: str, where: str = "--from-json ") -> Any:
+    """The :class:`mscclang.bench.results.BenchResult` of file ``path``; CommError naming
+    ``where`` + ``path`` when the file is not a ``mscclang bench`` result (OSError when it
+    cannot be read)."""
+    import json
+
+    from mscclang.bench.results import load_result
+    from mscclang.cli.show_cmd import refuse_other_files
+
+    try:
+        data = json.loads(Path(path).read_text())
+        refuse_other_files(where + path, data, "a `mscclang bench` result", want="mscclang.bench/")
+        return load_result(data)
+    except (ValueError, KeyError, TypeError, AttributeError, CommError) as e:
+        raise CommError(f"{where}{path}: not a `mscclang bench` result ({e})") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from mscclang.bench.report import markdown, render
-    from mscclang.bench.results import load_result
 
     writable_dir(args.out, "--out")
     _check_mode_options(args)
+    load_tuning(args.tuning)   # a bad --tuning or MSCCLANG_TUNING: refused here, not in each worker
     if args.json:
         writable_dir(str(Path(args.json).absolute().parent), "--json")
     if args.from_json:
-        res = load_result(args.from_json)
+        res = read_bench_result(args.from_json)
         paths = render(res, args.out)
         print(markdown(res))
         print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", file=sys.stderr)

@@ -7,23 +7,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import time
 from typing import Any
 
 from mscclang.bench.sizes import format_size, parse_sizes
 from mscclang.cli.args import GPU_DTYPES, SIZES_FORMS, sizes_arg
+from mscclang.comm.catalog import Catalog
+from mscclang.comm.tuning import load_tuning
 from mscclang.config import nccl_env, worker_env
 from mscclang.errors import InvalidCall
 from mscclang.plan.dtypes import find_dtype
 
 COLLS = ("all_reduce", "all_gather")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _gpu_worker(rank: int, world: int, port: int, sizes: list[int], dtype_name: str, q: Any) -> None:
@@ -143,6 +138,8 @@ def run_gpus(sizes: list[int], dtype: str, world: int) -> int:
     os.environ.update(worker_env())   # inherited by the workers: NVLink multicast off, a queue per port side stream
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
+    from mscclang.bench.runner import _free_port
+
     port = _free_port()
     procs = [ctx.Process(target=_gpu_worker, args=(r, world, port, sizes, dtype, q)) for r in range(world)]
     for p in procs:
@@ -169,9 +166,7 @@ def run_simulator(sizes: list[int], dtype: str, world: int = 2) -> int:
     check_demo_sizes(sizes, dtype, world)
     _check_sizes(sizes, world * _SIM_BYTES_PER_BYTE, settings.sim_max_memory, "memory",
                  f"a simulation may use (set {Settings.sim_max_memory.name} to raise it)")
-    from mscclang.comm.catalog import Catalog
     from mscclang.comm.sim_ranks import run_ranks
-    from mscclang.comm.tuning import load_tuning
 
     dt = find_dtype(dtype).torch
     cat = Catalog.from_dir()
@@ -226,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
         ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # noqa: BLE001
         ngpu = 0
+    Catalog.from_dir(), load_tuning()   # a bad MSCCLANG_PLANS_DIR or MSCCLANG_TUNING: refused before any worker starts
     if ngpu >= 2 and not args.cpu:
         return run_gpus(args.sizes or parse_sizes("1K,64K,1M,16M"), args.dtype, ngpu)
     return run_simulator(args.sizes or parse_sizes("1K,16K"), args.dtype)

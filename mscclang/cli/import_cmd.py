@@ -29,7 +29,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mscclang.cli.show_cmd import refuse_other_files
+
     data = read_plan_document(args.input)  # bounded, UTF-8, JSON errors as PlanError
+    refuse_other_files(args.input, data)
     plan = from_mscclpp(data, check=not args.no_check)
     write_output(plan_to_json(plan), args.output)
     return 0

@@ -7,10 +7,16 @@ on stderr with exit code 1, never with a traceback; Ctrl-C ends any command with
 from __future__ import annotations
 
 import argparse
+import atexit
+import difflib
 import importlib
+import os
 import re
+import signal
 import sys
 import textwrap
+import threading
+import time
 from typing import NoReturn, Optional, Sequence
 
 from mscclang.errors import MscclangError
@@ -94,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mscclang",
         description="Compile, verify, show and run mscclang collective plans.", formatter_class=_HelpFormatter,
     )
+    from mscclang import __version__
+
+    parser.add_argument("--version", action="version", version=f"mscclang {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
         try:
@@ -115,7 +124,12 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     if extra:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         target = sub.choices.get(getattr(args, "command", None) or "", parser)
-        hint = "" if all(x.startswith("-") for x in extra) else " (a list is one comma list per option: --sizes 1K,4M)"
+        known = [o for a in target._actions for o in a.option_strings]
+        typos = [(x, difflib.get_close_matches(x, known, n=1)) for x in (y.split("=")[0] for y in extra)
+                 if x.startswith("-") and not _NEGATIVE.match(x)]
+        hint = "; ".join(f"{x}: did you mean {near[0]}?" for x, near in typos if near)
+        hint = f" ({hint})" if hint else "" if all(x.startswith("-") for x in extra) else \
+            " (a list is one comma list per option: --sizes 1K,4M)"
         target.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     return args
 
@@ -131,36 +145,89 @@ INTERRUPTED = 130
 
 def _join_negative_values(argv: list[str]) -> list[str]:
     out: list[str] = []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a in _VALUE_OPTIONS and i + 1 < len(argv) and _NEGATIVE.match(argv[i + 1]):
-            out.append(f"{a}={argv[i + 1]}")
-            i += 2
-            continue
-        out.append(a)
-        i += 1
+    for a in argv:
+        if out and out[-1] in _VALUE_OPTIONS and _NEGATIVE.match(a):
+            out[-1] = f"{out[-1]}={a}"
+        else:
+            out.append(a)
     return out
 
 
-def _isatty(stream: object) -> bool:
-    try:
-        return bool(stream.isatty())  # type: ignore[attr-defined]
-    except (AttributeError, ValueError):
-        return False
+#: seconds the interrupt path waits for what the command started to end (a library thread asleep in
+#: a wait, such as tqdm's monitor, sees the interrupt only when it wakes)
+STOP_WAIT_S = 3.0
+
+
+def _stop_started(threads: Optional[set[int]], children: set[int], wait_s: float = STOP_WAIT_S) -> None:
+    """After Ctrl-C: terminate (then kill) the child processes the command started (those not in
+    ``children``, by ``id``), raise KeyboardInterrupt in each thread it started (not in
+    ``threads``, by ident: the simulator's rank threads, a progress ticker; None: leave them), and
+    wait at most ``wait_s`` in all for them to end. Until they have, a thread ended by the
+    interrupt prints no traceback."""
+    import ctypes
+    import multiprocessing
+
+    end = time.monotonic() + wait_s
+    procs = [p for p in multiprocessing.active_children() if id(p) not in children]
+    started = [t for t in threading.enumerate() if threads is not None and t.ident not in threads]
+    hook = threading.excepthook
+    threading.excepthook = lambda a: None if a.exc_type is KeyboardInterrupt else hook(a)
+    for p in procs:
+        p.terminate()
+    for t in started:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident or 0), ctypes.py_object(KeyboardInterrupt))
+    for w in [*procs, *started]:
+        w.join(max(0.0, end - time.monotonic()))
+    for p in procs:
+        p.kill()   # no-op when it ended
+    if not any(t.is_alive() for t in started):
+        threading.excepthook = hook
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run ``mscclang ARGV`` (None: ``sys.argv[1:]``, this process is the command) and return its
+    exit status. On Ctrl-C (or an error a SIGINT turned into, such as a C extension's failed
+    import), what the command started is stopped (:func:`_stop_started`; a second Ctrl-C does not
+    cut that short), one line ``mscclang COMMAND: interrupted`` goes to stderr and the status is
+    130; when this process is the command, it then ends at once (its ``atexit`` functions run,
+    the interpreter's finalization does not: the C++ destructors it runs abort under threads a
+    library such as torch still has busy, ``terminate called without an active exception``)."""
+    import multiprocessing
+
+    from mscclang.cli.progress import progress_wanted
+
+    whole = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), "")
+    threads, children = {t.ident or 0 for t in threading.enumerate()}, set(map(id, multiprocessing.active_children()))
+    got: list[int] = []   # SIGINTs seen, whatever error the first turned into (a C extension's import fails)
+
+    def on_sigint(signum: int, frame: object) -> None:
+        got.append(signum)
+        if len(got) == 1:
+            raise KeyboardInterrupt
+
+    if ours := threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_sigint)
     try:
         return _main(argv)
-    except KeyboardInterrupt:
+    except BaseException as e:
+        if not (isinstance(e, KeyboardInterrupt) or got):
+            raise
+        got.append(signal.SIGINT)
+        _stop_started(None if whole else threads, children)   # whole: os._exit ends the threads
         # on a terminal, start a fresh line after the echoed ^C (or a progress bar)
-        fresh = "\n" if _isatty(sys.stderr) else ""
-        sys.stderr.write(f"{fresh}mscclang{' ' + command if command in COMMANDS else ''}: interrupted\n")
-        sys.stderr.flush()
+        fresh = "\n" if progress_wanted(None) else ""
+        print(f"{fresh}mscclang{' ' + command if command in COMMANDS else ''}: interrupted", file=sys.stderr, flush=True)
+        if whole:   # no interpreter exit: C++ destructors under a library's busy threads abort (torch's)
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            os._exit(INTERRUPTED)
         return INTERRUPTED
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _main(argv: list[str]) -> int:

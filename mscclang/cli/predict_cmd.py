@@ -16,6 +16,7 @@ Sizes are the message size: allgather's output, every other collective's input.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -48,13 +49,27 @@ def _plans_dir() -> Path:
     return Path(d)
 
 
+def _bench_rows(f: str) -> list:
+    """The rows :func:`mscclang.sim.cost.bench_rows` reads from ``f``; MscclangError naming ``f``
+    when it is not a ``mscclang bench`` result or holds no CUDA-graph figure of an mscclang plan."""
+    from mscclang.cli.bench_cmd import read_bench_result
+    from mscclang.sim import cost
+
+    read_bench_result(f, "")
+    rows = cost.bench_rows(Path(f))
+    if not rows:
+        raise MscclangError(f"{f}: no CUDA-graph figure of an mscclang plan in it (a `mscclang bench` run "
+                            "with --impls mscclang and --modes graph has them)")
+    return rows
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the command (a MscclangError or OSError is reported by :mod:`mscclang.cli.main`: one
     ``mscclang predict: error: ...`` line, exit status 1)."""
     from mscclang.sim import cost
 
     if args.calibrate:
-        rows = [r for f in args.calibrate for r in cost.bench_rows(Path(f))]
+        rows = [r for f in args.calibrate for r in _bench_rows(f)]
         model = cost.fit(rows, _plans_dir())
         text = json.dumps({"fitted_to": [str(f) for f in args.calibrate], "model": cost.model_dict(model)}, indent=2)
         if args.out:
@@ -65,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.error:
         for f in args.error:
-            errs = cost.errors(cost.bench_rows(Path(f)), _plans_dir(), cost.calibrated())
+            errs = cost.errors(_bench_rows(f), _plans_dir(), cost.calibrated())
+            if not errs:
+                raise MscclangError(f"{f}: none of its plans is in the plans folder {_plans_dir()}")
             print(f"{f}: {len(errs)} figures")
             print(f"  {'collective':15s} {'sizes':10s} {'rows':>4s} {'median |err|':>12s} {'worst':>7s}  worst at")
             for t in cost.error_table(errs):
@@ -74,10 +91,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.plan:
         raise MscclangError("give a plan, --error BENCH.json or --calibrate BENCH.json")
-    from mscclang.plan.io import load_plan
+    from mscclang.cli.show_cmd import read_plan_any, refuse_other_files
     from mscclang.plan.collectives import collective
 
-    plan = load_plan(args.plan)
+    plan = read_plan_any(args.plan)[0]
+    if Path(args.topology).is_file():
+        with contextlib.suppress(ValueError):   # not JSON: load_topology says so
+            refuse_other_files(f"topology {args.topology}", json.loads(Path(args.topology).read_text()), "a topology", "")
     topo = cost.load_topology(args.topology, plan.world_size)
     sizes = [s for group in (args.sizes or [[1 << 20]]) for s in group]
     traces = []

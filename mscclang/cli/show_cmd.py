@@ -59,11 +59,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def refuse_other_files(source: str, data: object, what: str = "a plan", want: str = "mscclang.plan/") -> None:
+    """PlanError naming ``source`` when the document is another mscclang file: its ``format`` is
+    ``mscclang.*`` but does not start with ``want`` ("": no mscclang format is ``what``)."""
+    fmt = data.get("format") if isinstance(data, dict) else None
+    if isinstance(fmt, str) and fmt.startswith("mscclang.") and not (want and fmt.startswith(want)):
+        raise PlanError(f"{source} is a {fmt!r} file, not {what}")
+
+
 def read_plan_any(source: str, check: bool = True) -> tuple[Plan, bool]:
     """Load a plan file in either format; returns (plan, was_mscclpp)."""
     from mscclang.plan.mscclpp import from_mscclpp, is_mscclpp_plan
 
     data = read_plan_document(source)
+    refuse_other_files(source, data)
     if is_mscclpp_plan(data):
         return from_mscclpp(data, check=check), True
     return plan_from_document(data, check=check), False
@@ -98,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
             trace = json.loads(Path(args.trace).read_text())
         except (OSError, ValueError) as e:
             raise PlanError(f"--trace {args.trace}: cannot read a JSON trace ({e})") from None
+        refuse_other_files(f"--trace {args.trace}", trace, "a Chrome trace", want="")
+        if not isinstance(trace.get("traceEvents") if isinstance(trace, dict) else trace, list):
+            raise PlanError(f"--trace {args.trace}: not a Chrome trace (no traceEvents list)")
     if getattr(args, "png", None):
         from mscclang.viz import draw_plan
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
 from mscclang.comm.errors import TuningError
-from mscclang.config import settings
+from mscclang.config import Settings, settings
 from mscclang.plan.models import MAX_MESSAGE_SIZE, BufferKind, Plan
 
 SYMMETRIC = "symmetric"
@@ -196,20 +196,27 @@ def installed_data_dirs() -> list[Path]:
     return out
 
 
+def _holds_plans(folder: Path) -> bool:
+    return (folder / "index.json").is_file() or (folder.is_dir() and any(folder.glob("*.json")))
+
+
 def default_plans_dir() -> Optional[Path]:
     """``$MSCCLANG_PLANS_DIR``, else ``plans/`` of the checkout, else the installed copy
     (``mscclang/plans``, ``mscclang/_plans`` or ``<data root>/share/mscclang/plans``, see
-    :func:`installed_data_dirs`)."""
+    :func:`installed_data_dirs`). A ``MSCCLANG_PLANS_DIR`` that is not a folder, or holds no
+    ``index.json`` and no ``*.json``, raises :class:`~mscclang.errors.SettingError` naming the
+    variable and the folder (every call would otherwise fall back to NCCL)."""
     env = settings.plans_dir
     if env:
+        if not Path(env).is_dir():
+            raise Settings.plans_dir.fail(env, "no such folder" if not Path(env).exists() else "not a folder")
+        if not _holds_plans(Path(env)):
+            raise Settings.plans_dir.fail(env, "the folder holds no plan (no index.json, no *.json)")
         return Path(env)
     here = Path(__file__).resolve().parent.parent
     cands = [here.parent / "plans", here / "plans", here / "_plans"]
     cands += [root / "share" / "mscclang" / "plans" for root in installed_data_dirs()]
-    for cand in cands:
-        if (cand / "index.json").is_file() or (cand.is_dir() and any(cand.glob("*.json"))):
-            return cand
-    return None
+    return next((cand for cand in cands if _holds_plans(cand)), None)
 
 
 class Catalog:
@@ -236,7 +243,8 @@ class Catalog:
     @classmethod
     def from_dir(cls, folder: Union[str, Path, None] = None) -> "Catalog":
         """Read a plans folder (its ``index.json``, else every ``*.json``); an absent folder
-        gives an empty catalog."""
+        gives an empty catalog, except where ``MSCCLANG_PLANS_DIR`` names it
+        (:func:`default_plans_dir` refuses it)."""
         folder = Path(folder) if folder is not None else default_plans_dir()
         cat = cls()
         if folder is None or not folder.is_dir():
@@ -267,6 +275,8 @@ class Catalog:
             except Exception:  # not a plan (e.g. a tuning file): skip
                 continue
             cat.add(PlanVariant.from_plan(plan, key=p.name[:-5], path=p))
+        if not len(cat) and settings.plans_dir and folder == default_plans_dir():
+            raise Settings.plans_dir.fail(settings.plans_dir, "no file of the folder is a plan")
         return cat
 
     def matching(self, collective: str, world_size: int) -> list[PlanVariant]:

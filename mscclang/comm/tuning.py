@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from mscclang.comm.errors import TuningError
 from mscclang.comm.names import DTYPES, plan_collective
+from mscclang.config import settings
 
 TUNING_FORMAT = "mscclang.tuning/1"
 NCCL = "nccl"
@@ -183,11 +184,13 @@ def tuning_from_dict(data: object, file: Optional[str] = None) -> TuningTable:
 
 
 def load_tuning(source: Union[str, Path, dict, TuningTable, None] = None) -> TuningTable:
-    """Load a tuning table from a path, a JSON string, a dict, or the shipped defaults (None)."""
+    """Load a tuning table from a path, a JSON string, a dict, or (None) ``$MSCCLANG_TUNING``
+    when it is set, else the shipped defaults; TuningError naming the file (or the text's JSON
+    path) when the table cannot be read or is invalid."""
     if isinstance(source, TuningTable):
         return source
     if source is None:
-        source = DEFAULT_TUNING_FILE
+        source = settings.tuning or DEFAULT_TUNING_FILE
     if isinstance(source, dict):
         return tuning_from_dict(source)
     if isinstance(source, Path) or not str(source).lstrip().startswith("{"):
