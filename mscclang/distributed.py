@@ -38,6 +38,7 @@ process group crashes the process) when it is true. ``destroy_process_group()`` 
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 from functools import cache
 from typing import Any, Callable, Optional
@@ -47,8 +48,10 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d   # AllgatherOptions is not re-exported by torch.distributed
 
 from mscclang.comm.communicator import Communicator
-from mscclang.comm.fallback import HostStaged, TorchFallback, torch_backend_for
+from mscclang.comm.fallback import FallbackCalls, HostStaged, TorchFallback, torch_backend_for
+from mscclang.config import settings
 from mscclang.errors import InvalidCall
+from mscclang.plan.call import overlap
 from mscclang.plan.dtypes import DTYPES
 
 __all__ = ["BACKEND_NAME", "MscclangProcessGroup", "MscclangWork", "create_process_group", "register"]
@@ -142,6 +145,10 @@ class MscclangProcessGroup(dist.ProcessGroup):
             store=dist.PrefixStore("mscclang/comm/", store), rank=rank, world_size=world_size,
             device=self._device, runtime_options={"timeout_s": timeout.total_seconds()}, fallback=self._fallback)
         self._inner: dict[str, Any] = {}
+        # the agreement before a call runs (see the module docstring), over the group's store
+        self._calls = None if store is None else FallbackCalls(
+            dist.PrefixStore("mscclang/agree/", store), rank, world_size, settings.timeout_s, "agreement")
+        self._agreed: dict[Any, None] = {}
         self._token: Any = None
         self._logged: set[str] = set()
 
@@ -198,6 +205,61 @@ class MscclangProcessGroup(dist.ProcessGroup):
             self._inner[device_type] = pg
         return pg
 
+    def _agree(self, key: Any, what: str, call: Callable[[], str], data: bytes = b"") -> list[bytes]:
+        """The agreement of one call before it runs (the module docstring's rule): ``call()``
+        checks this rank's arguments and describes the call (InvalidCall: this rank refuses it,
+        and the refusal travels with ``what``); ``key`` (None: every call) is the call's
+        signature, agreed once where the Communicator has its runtime. Raises on every rank
+        alike; returns every rank's ``data`` when it was exchanged."""
+        if key is not None and key in self._agreed:
+            return []
+        try:
+            text, error = call(), ""
+        except InvalidCall as e:
+            text, error = what, str(e)
+        if self._calls is None:   # an embedded Communicator without a store: this rank's check alone
+            if error:
+                raise InvalidCall(error)
+            datas: list[bytes] = []
+        else:
+            every = self.communicator.backend is None   # each call goes to the gloo fallback anyway
+            datas = self._calls.agree(text, error, self._fallback if every else None, data, "torch.distributed backend")
+            if every:
+                return datas
+        if key is not None:
+            if len(self._agreed) >= 1024:
+                self._agreed.pop(next(iter(self._agreed)))
+            self._agreed[key] = None
+        return datas
+
+    def _agree_tensors(self, coll: str, inp: Any, out: Any, op: str = "sum", more: str = "") -> None:
+        """:meth:`_agree` of a single-tensor call on the Communicator, once per signature: the
+        Communicator's own check of the call (sizes, dtype, the in-place layout)."""
+        def call() -> str:
+            c = self.communicator.planner.make_call(coll, _flat(inp), _flat(out), op)
+            return f"{c.describe()}{f' {c.op}' if c.collective.reduces else ''}{' in place' if c.inplace else ''}{more}"
+        gap = inp.data_ptr() - out.data_ptr()
+        layout = gap if overlap(inp.data_ptr(), inp.nbytes, out.data_ptr(), out.nbytes) else None
+        self._agree((coll, inp.numel(), out.numel(), inp.dtype, op, layout, more), coll, call)
+
+    def _agree_splits(self, what: str, inp: Any, ins: list, outs: list, check: Callable[[], None]) -> Optional[list]:
+        """:meth:`_agree` of an all-to-all with splits (``ins``/``outs``: element counts by
+        rank), every call: the splits are exchanged and rank i's input split to j must equal
+        rank j's output split from i (InvalidCall on every rank naming each that does not).
+        Every rank's ``[ins, outs]``, or None when nothing was exchanged."""
+        def call() -> str:
+            check()
+            return f"{what} of {getattr(inp, 'dtype', None)} with splits"
+        datas = self._agree(None, what, call, json.dumps([ins, outs]).encode())
+        if not datas:
+            return None
+        every = [json.loads(d) for d in datas]
+        bad = [f"rank {i} sends {every[i][0][j]} element(s) to rank {j}, which expects {every[j][1][i]}"
+               for i in range(self.size()) for j in range(self.size()) if every[i][0][j] != every[j][1][i]]
+        if bad:
+            raise InvalidCall(f"rank {self.rank()}: {what}: the ranks' splits disagree: {'; '.join(bad[:4])}")
+        return every
+
     def _check_list(self, what: str, name: str, items: list, count: int, per: str, like: Any = None) -> None:
         """A list argument holds ``count`` items (one per ``per``) and, with ``like``, each is a
         tensor of ``like``'s shape, dtype and device (gloo's rule for list arguments, which it
@@ -220,14 +282,19 @@ class MscclangProcessGroup(dist.ProcessGroup):
                 return f"{t.device.type} tensors (the communicator runs on {self._device_type})"
             if not t.is_contiguous():
                 return "non-contiguous tensors"
-        if op is not None and op not in _REDUCE and op != dist.ReduceOp.AVG:
+        if op is not None and op not in _REDUCE:
             return f"reduce op {op}"
-        if op == dist.ReduceOp.AVG and tensors and tensors[0].is_floating_point() is False:
-            return "avg of integer tensors"
         return None
 
-    def _to_inner(self, what: str, reason: str, tensors: list, call: Callable[[Any], Any]) -> Any:
+    def _to_inner(self, what: str, reason: str, tensors: list, call: Callable[[Any], Any],
+                  agree: Optional[str] = None) -> Any:
+        """``call`` on the inner group of the tensors' device type; with ``agree`` (the call's
+        reduce op or root, "" for none) after the agreement of the call's tensors' shapes and
+        dtypes, once per signature."""
         self.communicator   # noqa: B018 - CommError once destroyed (a new inner group would be made otherwise)
+        if agree is not None:
+            sig = _signature(tensors)
+            self._agree((what, reason, sig, agree), what, lambda: f"{what} of {sig}{agree} on the inner group ({reason})")
         key = f"{what}: {reason}"
         if key not in self._logged:
             self._logged.add(key)
@@ -264,25 +331,34 @@ class MscclangProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllreduceOptions()
         op = _op_type(opts.reduceOp)
+        if op == dist.ReduceOp.AVG:
+            return self._averaged(opts, tensors, dist.AllreduceOptions(), lambda o: self.allreduce(tensors, o))
         name = _REDUCE_BY_CODE.get(int(op))
         if name is not None and len(tensors) == 1 and self._runs(tensors[0]):   # the lean path
             t = tensors[0]
+            self._agree_tensors("allreduce", t, t, name)
             return self._run(opts, tensors, self.communicator.all_reduce, t if t.dim() == 1 else t.view(-1), name)
-        reason = self._fallback_reason(tensors, op) or (None if len(tensors) == 1 else "several tensors")
-        if reason:
-            return self._to_inner("all_reduce", reason, tensors, lambda g: g.allreduce(tensors, opts))
-        if op == dist.ReduceOp.AVG:
-            return self._run(opts, tensors, self._all_reduce_avg, tensors[0])
-        return self._run(opts, tensors, self.communicator.all_reduce, tensors[0].view(-1), _REDUCE[op])
+        reason = self._fallback_reason(tensors, op) or "several tensors"
+        return self._to_inner("all_reduce", reason, tensors, lambda g: g.allreduce(tensors, opts), f" {op}")
 
-    def _all_reduce_avg(self, t: Any) -> None:
-        self.communicator.all_reduce(t.view(-1), "sum")
-        t.div_(self.size())
+    def _averaged(self, opts: Any, result: list, sum_opts: Any, run: Callable[[Any], Any]) -> MscclangWork:
+        """AVG as NCCL defines it: the sum (``run(sum_opts)``, synchronous), then the division of
+        ``result`` by the rank count (of integer tensors: truncated, as NCCL's integer division)."""
+        sum_opts.reduceOp = dist.ReduceOp.SUM
+
+        def body() -> None:
+            run(sum_opts).wait()
+            for t in result:
+                t.div_(self.size(), rounding_mode=None if t.is_floating_point() else "trunc")
+        return self._run(opts, result, body)
 
     def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Any:
-        if len({(t.dtype, t.device) for t in tensors}) > 1:   # gloo's and NCCL's rule
-            raise InvalidCall(f"rank {self.rank()}: all_reduce_coalesced: the tensors must have one dtype and "
-                              f"device, got {sorted({f'{t.dtype} on {t.device}' for t in tensors})}")
+        def check() -> str:
+            if len({(t.dtype, t.device) for t in tensors}) > 1:   # gloo's and NCCL's rule
+                raise InvalidCall(f"rank {self.rank()}: all_reduce_coalesced: the tensors must have one dtype and "
+                                  f"device, got {sorted({f'{t.dtype} on {t.device}' for t in tensors})}")
+            return f"all_reduce_coalesced of {len(tensors)} tensor(s)"
+        self._agree(("allreduce_coalesced", len(tensors)), "all_reduce_coalesced", check)
         works = [self.allreduce([t], _allreduce_opts(opts)) for t in tensors]
         return _last(works, tensors)
 
@@ -291,26 +367,29 @@ class MscclangProcessGroup(dist.ProcessGroup):
         """Gather every rank's ``input`` into ``output`` (torch >= 2.13's name)."""
         opts = opts if opts is not None else _c10d.AllgatherOptions()
         if self._runs(output) and self._runs(input):   # the lean path
+            self._agree_tensors("allgather", input, output)
             return self._run(opts, [output], self.communicator.all_gather, _flat(input), out=_flat(output))
-        reason = self._fallback_reason([output, input])
-        if reason:
-            return self._to_inner("all_gather", reason, [output, input],
-                                  lambda g: g._allgather_base(_flat(output), _flat(input), opts))
-        return self._run(opts, [output], self.communicator.all_gather, input.reshape(-1), out=output.view(-1))
+        return self._to_inner("all_gather", self._fallback_reason([output, input]) or "", [output, input],
+                              lambda g: g._allgather_base(_flat(output), _flat(input), opts), "")
 
     def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         return self.all_gather_single(output, input, opts)
 
     def allgather_into_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:
-        self._check_list("all_gather_into_tensor_coalesced", "outputs", outputs, len(inputs), "inputs")
+        self._agree(("allgather_coalesced", len(outputs), len(inputs)), "all_gather_into_tensor_coalesced",
+                    lambda: self._check_list("all_gather_into_tensor_coalesced", "outputs", outputs, len(inputs), "inputs"))
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return _last(works, outputs)
 
     def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else _c10d.AllgatherOptions()
-        self._check_list("all_gather", "output_lists", output_lists, len(inputs), "inputs")
-        for i, (lst, inp) in enumerate(zip(output_lists, inputs)):
-            self._check_list("all_gather", f"output_lists[{i}]", lst, len(inputs) * self.size(), "ranks", like=inp)
+
+        def check() -> str:
+            self._check_list("all_gather", "output_lists", output_lists, len(inputs), "inputs")
+            for i, (lst, inp) in enumerate(zip(output_lists, inputs)):
+                self._check_list("all_gather", f"output_lists[{i}]", lst, len(inputs) * self.size(), "ranks", like=inp)
+            return f"all_gather of {_signature(inputs)} into lists of {[len(lst) for lst in output_lists]}"
+        self._agree(("allgather_list", _signature(inputs), tuple(len(lst) for lst in output_lists)), "all_gather", check)
         outs = [t for lst in output_lists for t in lst]
         reason = self._fallback_reason(outs + list(inputs)) or (None if len(inputs) == 1 else "several tensors")
         if reason:
@@ -330,34 +409,39 @@ class MscclangProcessGroup(dist.ProcessGroup):
         2.13's name)."""
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op = _op_type(opts.reduceOp)
+        if op == dist.ReduceOp.AVG:
+            return self._averaged(opts, [output], dist.ReduceScatterOptions(),
+                                  lambda o: self.reduce_scatter_single(output, input, o))
         name = _REDUCE_BY_CODE.get(int(op))
         if name is not None and self._runs(output) and self._runs(input):   # the lean path
+            self._agree_tensors("reducescatter", input, output, name)
             return self._run(opts, [output], self.communicator.reduce_scatter, _flat(input), name, out=_flat(output))
-        reason = self._fallback_reason([output, input], op)
-        if reason:
-            return self._to_inner("reduce_scatter", reason, [output, input],
-                                  lambda g: g._reduce_scatter_base(_flat(output), _flat(input), opts))
-
-        def body() -> None:
-            name = "sum" if op == dist.ReduceOp.AVG else _REDUCE[op]
-            self.communicator.reduce_scatter(input.reshape(-1), name, out=output.view(-1))
-            if op == dist.ReduceOp.AVG:
-                output.div_(self.size())
-        return self._run(opts, [output], body)
+        return self._to_inner("reduce_scatter", self._fallback_reason([output, input], op) or "", [output, input],
+                              lambda g: g._reduce_scatter_base(_flat(output), _flat(input), opts), f" {op}")
 
     def _reduce_scatter_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         return self.reduce_scatter_single(output, input, opts)
 
     def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:
-        self._check_list("reduce_scatter_tensor_coalesced", "outputs", outputs, len(inputs), "inputs")
+        self._agree(("reduce_scatter_coalesced", len(outputs), len(inputs)), "reduce_scatter_tensor_coalesced",
+                    lambda: self._check_list("reduce_scatter_tensor_coalesced", "outputs", outputs, len(inputs), "inputs"))
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return _last(works, outputs)
 
     def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        self._check_list("reduce_scatter", "input_lists", input_lists, len(outputs), "outputs")
-        for i, (out, lst) in enumerate(zip(outputs, input_lists)):
-            self._check_list("reduce_scatter", f"input_lists[{i}]", lst, self.size(), "ranks", like=out)
+        if _op_type(opts.reduceOp) == dist.ReduceOp.AVG:
+            return self._averaged(opts, list(outputs), dist.ReduceScatterOptions(),
+                                  lambda o: self.reduce_scatter(outputs, input_lists, o))
+
+        def check() -> str:
+            self._check_list("reduce_scatter", "input_lists", input_lists, len(outputs), "outputs")
+            for i, (out, lst) in enumerate(zip(outputs, input_lists)):
+                self._check_list("reduce_scatter", f"input_lists[{i}]", lst, self.size(), "ranks", like=out)
+            return (f"reduce_scatter of lists of {[len(lst) for lst in input_lists]} into {_signature(outputs)} "
+                    f"{_op_type(opts.reduceOp)}")
+        self._agree(("reduce_scatter_list", _signature(outputs), tuple(len(lst) for lst in input_lists),
+                     int(_op_type(opts.reduceOp))), "reduce_scatter", check)
         ins = [t for lst in input_lists for t in lst]
         reason = (self._fallback_reason(list(outputs) + ins, _op_type(opts.reduceOp))
                   or (None if len(outputs) == 1 else "several tensors"))
@@ -371,13 +455,31 @@ class MscclangProcessGroup(dist.ProcessGroup):
     def all_to_all_single(self, output: Any, input: Any, output_splits: list, input_splits: list,  # noqa: A002
                           opts: Any = None) -> Any:
         """Block ``j`` of this rank's ``input`` to block ``r`` of rank ``j``'s ``output``. Explicit
-        splits go to the inner group, even equal ones: whether a rank may use the Communicator
-        must not depend on its own splits, which may be equal on one rank and not another."""
+        splits are agreed on every call (:meth:`_agree_splits`); they run on the Communicator
+        when every rank's are equal, else on the inner group."""
         opts = opts if opts is not None else dist.AllToAllOptions()
-        if not (output.is_contiguous() and input.is_contiguous()):   # gloo's and NCCL's rule
-            raise InvalidCall(f"rank {self.rank()}: all_to_all_single: the tensors must be contiguous")
-        reason = self._fallback_reason([output, input]) or ("explicit splits" if output_splits or input_splits
-                                                            else None)
+
+        def check() -> None:
+            if not (output.is_contiguous() and input.is_contiguous()):   # gloo's and NCCL's rule
+                raise InvalidCall(f"rank {self.rank()}: all_to_all_single: the tensors must be contiguous")
+            for name, t, splits in (("output", output, output_splits), ("input", input, input_splits)):
+                if splits and (len(splits) != self.size() or sum(splits) != t.size(0)):
+                    raise InvalidCall(f"rank {self.rank()}: all_to_all_single: {name} splits {list(splits)} are not "
+                                      f"{self.size()} sizes summing to the {name}'s {t.size(0)} rows")
+        if not (output_splits or input_splits):
+            check()
+            self._agree_tensors("alltoall", input, output)
+            return self._a2a(output, input, [], [], opts, True)
+        ins, outs = _elements(input, input_splits, self.size()), _elements(output, output_splits, self.size())
+        every = self._agree_splits("all_to_all_single", input, ins, outs, check)
+        even = every is not None and len({x for r in every for side in r for x in side}) == 1
+        return self._a2a(output, input, list(output_splits), list(input_splits), opts, even)
+
+    def _a2a(self, output: Any, input: Any, output_splits: list, input_splits: list, opts: Any,  # noqa: A002
+             even: bool) -> Any:
+        """An agreed all-to-all: on the Communicator when ``even`` (equal splits everywhere) and
+        it runs these tensors, else on the inner group with the splits."""
+        reason = self._fallback_reason([output, input]) or (None if even else "explicit splits")
         if reason:
             o, i = (output, input) if output_splits or input_splits else (_flat(output), _flat(input))
             return self._to_inner("all_to_all", reason, [output, input],
@@ -391,9 +493,13 @@ class MscclangProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------ broadcast, barrier, p2p
     def broadcast(self, tensors: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.BroadcastOptions()
-        if not 0 <= opts.rootTensor < len(tensors):
-            raise InvalidCall(f"rank {self.rank()}: broadcast: root tensor index {opts.rootTensor} is not an index "
-                              f"of the {len(tensors)} tensor(s)")
+
+        def check() -> str:
+            if not 0 <= opts.rootTensor < len(tensors):
+                raise InvalidCall(f"rank {self.rank()}: broadcast: root tensor index {opts.rootTensor} is not an index "
+                                  f"of the {len(tensors)} tensor(s)")
+            return f"broadcast of {_signature(tensors)} from rank {opts.rootRank}"
+        self._agree(("broadcast", _signature(tensors), opts.rootRank, opts.rootTensor), "broadcast", check)
         reason = self._fallback_reason(tensors) or (None if len(tensors) == 1 else "several tensors")
         if reason:
             return self._to_inner("broadcast", reason, tensors, lambda g: g.broadcast(tensors, opts))
@@ -433,8 +539,29 @@ class MscclangProcessGroup(dist.ProcessGroup):
                               lambda g: g.scatter(outputs, input_lists, opts))
 
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Any:
-        return self._to_inner("all_to_all", "a list all_to_all", list(outputs),
-                              lambda g: g.alltoall(outputs, inputs, opts))
+        """List all-to-all: ``inputs[j]`` to rank ``j``'s ``outputs[r]``, as one flat
+        all-to-all with the list sizes as splits (agreed; on the Communicator when every size is
+        equal everywhere; gloo has no list all-to-all)."""
+        opts = opts if opts is not None else dist.AllToAllOptions()
+
+        def check() -> None:
+            for name, items in (("outputs", outputs), ("inputs", inputs)):
+                self._check_list("all_to_all", name, items, self.size(), "ranks")
+                for i, t in enumerate(items):
+                    if not isinstance(t, torch.Tensor) or (t.dtype, t.device) != (inputs[0].dtype, inputs[0].device):
+                        raise InvalidCall(f"rank {self.rank()}: all_to_all: {name}[{i}] is {_shows(t)}; expected "
+                                          f"a tensor of {inputs[0].dtype} on {inputs[0].device}")
+        ins, outs = ([getattr(t, "numel", lambda: 0)() for t in items] for items in (inputs, outputs))
+        every = self._agree_splits("all_to_all", inputs[0] if inputs else None, ins, outs, check)
+        even = every is not None and len({x for r in every for side in r for x in side}) == 1
+        flat = torch.cat([t.reshape(-1) for t in inputs])
+        out = torch.empty(sum(outs), dtype=flat.dtype, device=flat.device)
+
+        def body() -> None:
+            self._a2a(out, flat, [] if even else outs, [] if even else ins, dist.AllToAllOptions(), even).wait()
+            for t, part in zip(outputs, out.split(outs)):
+                t.copy_(part.view(t.shape))
+        return self._run(opts, list(outputs), body)
 
     def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
         return self._to_inner("all_gather_coalesced", "no mscclang coalesced all_gather", list(inputs),
@@ -464,11 +591,23 @@ class MscclangProcessGroup(dist.ProcessGroup):
         self.shutdown()
 
 
+def _signature(tensors: list) -> str:
+    """Tensors' shapes and dtypes as the ranks compare them."""
+    return ", ".join(f"{tuple(t.shape)} x {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+                     for t in tensors)
+
+
 def _shows(t: Any) -> str:
     """A tensor argument as an error message names it: shape, dtype, device."""
     if not isinstance(t, torch.Tensor):
         return f"a {type(t).__name__}, not a tensor"
     return f"a tensor of shape {tuple(t.shape)}, {t.dtype}, on {t.device}"
+
+
+def _elements(t: Any, splits: list, n: int) -> list[int]:
+    """An all-to-all's splits (rows of ``t``; none: equal) as element counts by rank."""
+    row = t.numel() // max(t.size(0), 1) if t.dim() else 1
+    return [int(s) * row for s in splits] if splits else [t.numel() // n] * n
 
 
 def _flat(t: Any) -> Any:
