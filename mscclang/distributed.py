@@ -237,7 +237,7 @@ class MscclangProcessGroup(dist.ProcessGroup):
         Communicator's own check of the call (sizes, dtype, the in-place layout)."""
         def call() -> str:
             c = self.communicator.planner.make_call(coll, _flat(inp), _flat(out), op)
-            return f"{c.describe()}{f' {c.op}' if c.collective.reduces else ''}{' in place' if c.inplace else ''}{more}"
+            return f"{c.describe()}{f' {c.op}' if c.collective.reduces else ''}{more}"
         gap = inp.data_ptr() - out.data_ptr()
         layout = gap if overlap(inp.data_ptr(), inp.nbytes, out.data_ptr(), out.nbytes) else None
         self._agree((coll, inp.numel(), out.numel(), inp.dtype, op, layout, more), coll, call)
