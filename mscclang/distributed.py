@@ -232,15 +232,19 @@ class MscclangProcessGroup(dist.ProcessGroup):
             self._agreed[key] = None
         return datas
 
-    def _agree_tensors(self, coll: str, inp: Any, out: Any, op: str = "sum", more: str = "") -> None:
-        """:meth:`_agree` of a single-tensor call on the Communicator, once per signature: the
-        Communicator's own check of the call (sizes, dtype, the in-place layout)."""
+    def _agree_tensors(self, coll: str, inp: Any, out: Any, op: str = "sum") -> None:
+        """:meth:`_agree` of a single-tensor call on the Communicator, once per signature (the
+        sizes, dtype, reduce op and, where the tensors overlap, the input's offset in the output):
+        the Communicator's own check of the call (sizes, dtype, the in-place layout)."""
+        n, gap = inp.numel(), inp.data_ptr() - out.data_ptr()
+        key = (coll, n, out.numel(), inp.dtype, op, gap if -n * inp.element_size() < gap < out.nbytes else None)
+        if key in self._agreed:   # the hot path's whole cost: one tuple, one lookup
+            return
+
         def call() -> str:
             c = self.communicator.planner.make_call(coll, _flat(inp), _flat(out), op)
-            return f"{c.describe()}{f' {c.op}' if c.collective.reduces else ''}{more}"
-        gap = inp.data_ptr() - out.data_ptr()
-        layout = gap if overlap(inp.data_ptr(), inp.nbytes, out.data_ptr(), out.nbytes) else None
-        self._agree((coll, inp.numel(), out.numel(), inp.dtype, op, layout, more), coll, call)
+            return f"{c.describe()}{f' {c.op}' if c.collective.reduces else ''}"
+        self._agree(key, coll, call)
 
     def _agree_splits(self, what: str, inp: Any, ins: list, outs: list, check: Callable[[], None]) -> Optional[list]:
         """:meth:`_agree` of an all-to-all with splits (``ins``/``outs``: element counts by

@@ -121,32 +121,14 @@ def _label(rank: int, n: int, wrong: list, moved: list) -> None:
         wrong.append(f"label: {label!r} for a call gloo ran")
 
 
-def bad_arguments(rank: int) -> dict:
-    """Cases (a) to (c), (e) and (g) on every rank, each on its own (one that raises is reported
-    and the next runs); what went wrong, and the bytes the data calls moved."""
-    n = dist.get_world_size()
-    wrong: list[str] = []
-    moved: list[bytes] = []
-    for case in (_list_length, _inplace_layout, _splits, _list_all_to_all, _label):
-        try:
-            case(rank, n, wrong, moved)
-        except Exception as e:  # noqa: BLE001 - reported to the test
-            wrong.append(f"{case.__name__}: {type(e).__name__}: {str(e)[:300]}")
-            moved.append(b"")
-    return {"wrong": wrong, "moved": moved}
-
-
-def integer_avg(rank: int) -> dict:
-    """(d): AVG of int32 on every AVG path: NCCL's result (the sum divided by the rank count,
-    truncated) or a refusal that leaves the tensor alone."""
+def _integer_avg(rank: int, n: int, wrong: list, moved: list) -> None:
+    """(d): AVG of int32 on every AVG path gives NCCL's result (the sum divided by the rank
+    count, truncated)."""
     from mscclang.errors import MscclangError
 
-    n = dist.get_world_size()
     xs = [torch.tensor([1 + q, 3 * q, -5 if q == 0 else 0, 7 * q + 1], dtype=torch.int32) for q in range(n)]
     total = torch.stack(xs).sum(0)
     want = torch.div(total, n, rounding_mode="trunc").to(torch.int32)
-    wrong: list[str] = []
-    moved: list[bytes] = []
 
     def check(what: str, run: Callable[[], torch.Tensor], before: torch.Tensor, expect: torch.Tensor) -> None:
         refusal = ""
@@ -189,6 +171,19 @@ def integer_avg(rank: int) -> dict:
     check("reduce_scatter_tensor", reduce_scatter_tensor, xs[rank], want)
     check("reduce_scatter", reduce_scatter_list, xs[rank], want)
     check("all_reduce_coalesced", coalesced, xs[rank], torch.cat([want, want]))
+
+
+def bad_arguments(rank: int) -> dict:
+    """Cases (a) to (e) and (g) on every rank, each on its own (one that raises is reported
+    and the next runs); what went wrong, and the bytes each case's data calls moved."""
+    n = dist.get_world_size()
+    wrong: list[str] = []
+    moved: dict[str, list[bytes]] = {}
+    for case in (_list_length, _inplace_layout, _splits, _list_all_to_all, _label, _integer_avg):
+        try:
+            case(rank, n, wrong, moved.setdefault(case.__name__, []))
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            wrong.append(f"{case.__name__}: {type(e).__name__}: {str(e)[:300]}")
     return {"wrong": wrong, "moved": moved}
 
 
@@ -221,16 +216,14 @@ def _run(tmp_path: Any, target: str, world: int, wait_s: float = 120) -> list:
 @pytest.mark.parametrize("world", [2, 4])
 def test_a_bad_argument_on_one_rank_raises_on_every_rank_and_the_group_stays_usable(tmp_path, short_agreement,
                                                                                      world):
-    values = _run(tmp_path, "bad_arguments", world)
-    # the all_gathers moved the same bytes on every rank
-    for k in (0, 1, 3):
-        assert len({v["moved"][k] for v in values}) == 1
-
-
-@pytest.mark.parametrize("world", [2, 4])
-def test_integer_avg_gives_ncclsresult_on_every_path(tmp_path, short_agreement, world):
-    values = _run(tmp_path, "integer_avg", world)
-    assert all(len(v["moved"]) == 4 for v in values)
+    """(a) to (e) and (g) on ``world`` ranks; every call that moved data moved the same bytes on
+    every rank where it should (the all_gathers), and every case moved its data."""
+    moved = [r["moved"] for r in _run(tmp_path, "bad_arguments", world)]
+    # the calls whose result is the same on every rank: the following all_gathers, the AVGs
+    same = [(m["_list_length"], m["_inplace_layout"], m["_splits"][1], m["_integer_avg"]) for m in moved]
+    assert all(s == same[0] for s in same) and len(same[0][3]) == 4
+    # the all-to-alls moved each rank's own blocks (checked on the rank against its peers' inputs)
+    assert all(len(m["_splits"]) == 2 and len(m["_list_all_to_all"]) == 2 for m in moved)
 
 
 def test_a_dead_peer_before_the_first_fallback_call_raises_within_the_timeout(tmp_path, short_agreement):
