@@ -243,7 +243,7 @@ class MscclangProcessGroup(dist.ProcessGroup):
             self._agreed[key] = None
         return datas
 
-    def _lean(self, coll: str, inp: Any, out: Any, op: str = "sum") -> bool:
+    def _lean(self, coll: str, inp: Any, out: Any, op: str = "") -> bool:
         """Whether a single-tensor call runs on the Communicator as it is (:meth:`_runs`), after
         its :meth:`_agree`, once per signature (sizes, dtype, reduce op and, where the tensors
         overlap, the input's offset in the output), checked by the Communicator's own check of a
@@ -253,8 +253,8 @@ class MscclangProcessGroup(dist.ProcessGroup):
         n, gap = inp.numel(), inp.data_ptr() - out.data_ptr()
         key = (coll, n, out.numel(), inp.dtype, op, gap if -n * inp.element_size() < gap < out.nbytes else None)
         if key not in self._agreed:   # the hot path's whole cost: one tuple, one lookup
-            self._agree(lambda: f"{call_text(coll, inp, out)} {op}",
-                        lambda: self.communicator.planner.make_call(coll, _flat(inp), _flat(out), op), key=key)
+            self._agree(lambda: f"{call_text(coll, inp, out)} {op}".rstrip(),   # op: a reduction's only
+                        lambda: self.communicator.planner.make_call(coll, _flat(inp), _flat(out), op or "sum"), key=key)
         return True
 
     def _check_list(self, what: str, name: str, items: list, count: int, per: str, like: Any = None) -> None:

@@ -32,7 +32,7 @@ CASES = [
     ("reduce ops", lambda c, r: c.all_reduce(torch.ones(4), op="sum" if r == 0 else "max"),
      "rank 1: allreduce of 4 x float32 max"),
     ("roots", lambda c, r: c.broadcast(torch.ones(4), root=r), "rank 0: broadcast of 4 x float32 from rank 0"
-     "|rank 0: broadcast of (4,) x torch.float32 from rank 0"),
+     "|rank 0: broadcast of a tensor of shape (4,), torch.float32, on cpu from rank 0"),
     # calls each rank has made before (all_reduce of 8 runs after every case) are compared too
     ("a call made before against a new one", lambda c, r: c.all_reduce(torch.ones(8 if r == 0 else 32)),
      "rank 0: allreduce of 8 x float32 sum (torch.distributed fallback), rank 1: allreduce of 32 x float32 sum"),
@@ -64,8 +64,7 @@ class Backend:
 
     def words(self, words: str) -> str:
         comm, _, mine = words.partition("|")
-        return mine or comm.replace("allreduce", "all_reduce").replace("allgather", "all_gather").replace(
-            "torch.distributed fallback", "torch.distributed backend")
+        return mine or comm.replace("torch.distributed fallback", "torch.distributed backend")
 
     def all_reduce(self, t: Any, op: str = "sum") -> None:
         dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
