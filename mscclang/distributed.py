@@ -235,7 +235,8 @@ class MscclangProcessGroup(dist.ProcessGroup):
             if error:
                 raise InvalidCall(error)
             return []
-        every = self.communicator.backend is None   # every call goes to the gloo fallback anyway: no cache
+        # without the runtime every call goes to the gloo fallback anyway: agreed each time, on its group
+        every = self.communicator.backend is None and getattr(self._fallback, "backend_name", "") == "gloo"
         datas = self._calls.agree(text() if callable(text) else text, error, self._fallback if every else None, data)
         if not (data or every):
             if len(self._agreed) >= 1024:
