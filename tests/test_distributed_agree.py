@@ -7,7 +7,8 @@ with splits that disagree ended in gloo's enforce failure on one rank and a hang
 list ``all_to_all`` raised "Backend gloo does not support alltoall"; a dead peer before the first
 fallback call hung rank 0 until torch's timeout; ``comm.last.label()`` said ``nccl`` for a call
 gloo ran. Every rank must now raise promptly (within ``MSCCLANG_TIMEOUT_S``, far below the group's
-timeout) naming the bad rank's call, and the next call works."""
+timeout) naming the bad rank's call, and the next call works. The last test runs on the
+simulator's back end (the runtime's path): there a call signature is agreed once."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from mscclang.comm.catalog import Catalog, default_plans_dir
+from mscclang.comm.sim_ranks import run_ranks
+from mscclang.comm.tuning import load_tuning
+from mscclang.errors import InvalidCall
 from tests.harness.dist_ranks import spawn_ranks
 
 #: the agreement's bound in the spawned ranks; the group's own timeout is far longer
@@ -232,3 +237,63 @@ def test_a_dead_peer_before_the_first_fallback_call_raises_within_the_timeout(tm
     assert res[0].ok, res[0].error or f"rank 0 died or hung (exit code {res[0].exitcode})"
     assert res[0].value["error"] is not None and "rank(s) [1]" in res[0].value["error"], res[0].value
     assert res[0].value["s"] < AGREE_S + 10, res[0].value
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    folder = default_plans_dir()
+    if folder is None or not folder.is_dir():
+        pytest.skip("the shipped plans are not installed")
+    return Catalog.from_dir(folder)
+
+
+def test_a_signature_is_agreed_once_on_the_runtime_path(catalog, monkeypatch):
+    """Where the Communicator has its runtime (here the simulator's back end; threads stand for
+    the ranks, over one store): a repeated single-tensor call makes one store exchange, at its
+    first call; an all-to-all with splits one per call, and equal splits run on the plan; an
+    in-place layout valid on rank 0 only raises on both ranks, naming rank 1's refusal, and the
+    group goes on."""
+    from mscclang.distributed import MscclangProcessGroup
+    from mscclang.errors import CallMismatch
+    from mscclang.runtime.store_group import StoreGroup
+
+    store, counts, real = dist.HashStore(), {0: 0, 1: 0}, StoreGroup.exchange
+
+    def counting(self, data, tag, timeout_s=None):
+        counts[self.rank] += 1
+        return real(self, data, tag, timeout_s)
+    monkeypatch.setattr(StoreGroup, "exchange", counting)
+    monkeypatch.setenv("MSCCLANG_TIMEOUT_S", "20")
+
+    def body(comm):
+        pg, r = MscclangProcessGroup(store, comm.rank, 2, device="cpu", communicator=comm), comm.rank
+        seen = []
+        for _ in range(5):
+            t = torch.full((64,), float(r + 1))
+            pg.allreduce([t]).wait()
+            assert torch.equal(t, torch.full((64,), 3.0))
+        seen.append(counts[r])
+        for _ in range(5):
+            out = torch.empty(128)
+            pg._allgather_base(out, torch.full((64,), float(r))).wait()
+            assert torch.equal(out, torch.arange(2.0).repeat_interleave(64))
+        seen.append(counts[r])
+        for _ in range(3):
+            y = torch.empty(4)
+            pg.alltoall_base(y, torch.arange(4.0) + 10 * r, [2, 2], [2, 2]).wait()
+            assert torch.equal(y, torch.tensor([0.0, 1.0, 10.0, 11.0]) + 2 * r)
+        seen += [counts[r], comm.last.collective]
+        out = torch.zeros(128)
+        try:
+            pg._allgather_base(out, out[:64]).wait()
+            seen.append("ran")
+        except (CallMismatch, InvalidCall) as e:
+            seen.append("rank 1" in str(e) and "in-place layout" in str(e))
+        t = torch.ones(8)
+        pg.allreduce([t]).wait()
+        seen.append(t.tolist())
+        return seen
+
+    results, _, fb = run_ranks(2, body, catalog=catalog, tuning=load_tuning(), engine="sim")
+    assert results == [[1, 2, 5, "alltoall", True, [2.0] * 8]] * 2
+    assert fb.calls == []   # everything ran on the library's plans
