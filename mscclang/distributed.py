@@ -9,17 +9,18 @@ Each rank of a group made with this backend holds one :class:`mscclang.Communica
 group's store. ``all_reduce`` (sum, min, max; avg as NCCL defines it: the sum, then a division
 by the rank count, truncated for integer tensors), ``all_gather`` (list and single tensor),
 ``reduce_scatter`` (list and single tensor), ``all_to_all_single`` and list ``all_to_all`` whose
-sizes are equal on every rank, ``broadcast`` (any root) and ``barrier`` run on the Communicator (which itself
-falls back to torch.distributed where the library has no plan, and always on a machine without
-its GPU runtime). Everything else goes to an inner group of the ordinary backend (NCCL for CUDA
-tensors, gloo for CPU tensors; gloo through host copies when ranks share a GPU), created on the
-first such call over the same store and logged once per reason (logger
+sizes are equal on every rank, ``broadcast`` (any root) and ``barrier`` run on the Communicator
+(which itself falls back to torch.distributed where the library has no plan, and always on a
+machine without its GPU runtime). Everything else goes to an inner group of the ordinary backend
+(NCCL for CUDA tensors, gloo for CPU tensors; gloo through host copies when ranks share a GPU),
+created on the first such call over the same store and logged once per reason (logger
 ``mscclang.distributed``): ``send``/``recv`` and ``batch_isend_irecv`` (the library's plans are
-collective; the inner group's Work is returned at once, so a send never waits for its
-receiver), ``reduce``, ``gather``, ``scatter``, all-to-alls of unequal sizes (list ``all_to_all``
-as one ``all_to_all_single`` with splits, which gloo has), reduce ops other than sum/min/max/avg, dtypes the Communicator does not run (float64, int64,
-...), non-contiguous tensors (gloo gets contiguous copies: it reads a strided tensor as if it
-were dense) and tensors on another device type than the Communicator's.
+collective; the inner group's Work is returned at once, so a send never waits for its receiver),
+``reduce``, ``gather``, ``scatter``, all-to-alls of unequal sizes (list ``all_to_all`` as one
+``all_to_all_single`` with splits, which gloo has), reduce ops other than sum/min/max/avg,
+dtypes the Communicator does not run (float64, int64, ...), non-contiguous tensors (gloo gets
+contiguous copies: it reads a strided tensor as if it were dense) and tensors on another device
+type than the Communicator's.
 
 Agreement before anything runs: every collective's arguments are checked on each rank (list
 arguments as gloo checks them: their lengths, and each tensor's shape, dtype and device against
@@ -231,13 +232,12 @@ class MscclangProcessGroup(dist.ProcessGroup):
             check()
         except InvalidCall as e:
             error = str(e)
-        if self._calls is None:   # an embedded Communicator without a store: this rank's check alone
-            if error:
-                raise InvalidCall(error)
-            return []
+        if self._calls is None and error:   # an embedded Communicator without a store: this rank's check alone
+            raise InvalidCall(error)
         # without the runtime every call goes to the gloo fallback anyway: agreed each time, on its group
         every = self.communicator.backend is None and getattr(self._fallback, "backend_name", "") == "gloo"
-        datas = self._calls.agree(text() if callable(text) else text, error, self._fallback if every else None, data)
+        datas = [] if self._calls is None else self._calls.agree(text() if callable(text) else text, error,
+                                                                 self._fallback if every else None, data)
         if not (data or every):
             if len(self._agreed) >= 1024:
                 self._agreed.clear()
@@ -251,8 +251,8 @@ class MscclangProcessGroup(dist.ProcessGroup):
         call (sizes, dtype, the in-place layout)."""
         if not (self._runs(inp) and (out is inp or self._runs(out))):
             return False
-        n, gap = inp.numel(), inp.data_ptr() - out.data_ptr()
-        key = (coll, n, out.numel(), inp.dtype, op, gap if -n * inp.element_size() < gap < out.nbytes else None)
+        n, gap = inp.numel(), 0 if out is inp else inp.data_ptr() - out.data_ptr()
+        key = (coll, n, out.numel(), inp.dtype, op, gap and (gap if -n * inp.element_size() < gap < out.nbytes else None))
         if key not in self._agreed:   # the hot path's whole cost: one tuple, one lookup
             self._agree(lambda: f"{call_text(coll, inp, out)} {op}".rstrip(),   # op: a reduction's only
                         lambda: self.communicator.planner.make_call(coll, _flat(inp), _flat(out), op or "sum"), key=key)
