@@ -6,26 +6,42 @@ After the import, existing torch code runs on mscclang by naming the backend::
     torch.distributed.init_process_group("mscclang")
 
 Each rank of a group made with this backend holds one :class:`mscclang.Communicator` over the
-group's store. ``all_reduce`` (sum, min, max; avg as a sum then a division), ``all_gather`` (list
-and single tensor), ``reduce_scatter`` (list and single tensor), ``all_to_all_single`` without
-explicit splits, ``broadcast`` (any root) and ``barrier`` run on the Communicator (which itself
-falls back to torch.distributed where the library has no plan, and always on a machine without
-its GPU runtime). Everything else goes to an inner group of the ordinary backend (NCCL for CUDA
-tensors, gloo for CPU tensors; gloo through host copies when ranks share a GPU), created on the
-first such call over the same store and logged once per reason (logger
+group's store. ``all_reduce`` (sum, min, max; avg as NCCL defines it: the sum, then a division
+by the rank count, truncated for integer tensors), ``all_gather`` (list and single tensor),
+``reduce_scatter`` (list and single tensor), ``all_to_all_single`` and list ``all_to_all`` whose
+sizes are equal on every rank, ``broadcast`` (any root) and ``barrier`` run on the Communicator
+(which itself falls back to torch.distributed where the library has no plan, and always on a
+machine without its GPU runtime). Everything else goes to an inner group of the ordinary backend
+(NCCL for CUDA tensors, gloo for CPU tensors; gloo through host copies when ranks share a GPU),
+created on the first such call over the same store and logged once per reason (logger
 ``mscclang.distributed``): ``send``/``recv`` and ``batch_isend_irecv`` (the library's plans are
-collective; the inner group's Work is returned at once, so a send never waits for its
-receiver), ``reduce``, ``gather``, ``scatter``, list ``all_to_all``, explicit all-to-all splits,
-reduce ops other than sum/min/max/avg, dtypes the Communicator does not run (float64, int64,
-...), non-contiguous tensors (gloo gets contiguous copies: it reads a strided tensor as if it
-were dense) and tensors on another device type than the Communicator's.
+collective; the inner group's Work is returned at once, so a send never waits for its receiver),
+``reduce``, ``gather``, ``scatter``, all-to-alls of unequal sizes (list ``all_to_all`` as one
+``all_to_all_single`` with splits, which gloo has), reduce ops other than sum/min/max/avg,
+dtypes the Communicator does not run (float64, int64, ...), non-contiguous tensors (gloo gets
+contiguous copies: it reads a strided tensor as if it were dense) and tensors on another device
+type than the Communicator's.
 
-List arguments are checked as gloo checks them, on every rank alike and before anything runs
-(gloo checks some on some ranks only, leaving the others waiting): their lengths, and each
-tensor's shape, dtype and device against the one it stands beside; ``all_to_all_single`` takes
-contiguous tensors only (gloo's and NCCL's rule). The single-tensor forms (``all_gather_single``,
-``reduce_scatter_single``, ``all_to_all_single``) read their tensors by element count, as NCCL
-does. A bad argument raises :class:`~mscclang.errors.InvalidCall` naming it.
+Agreement before anything runs: every collective's arguments are checked on each rank (list
+arguments as gloo checks them: their lengths, and each tensor's shape, dtype and device against
+the one it stands beside; ``all_to_all_single`` takes contiguous tensors only; the single-tensor
+forms by the Communicator's own check: sizes, dtype, the in-place layout), and the ranks then
+compare their calls through the group's store (:class:`~mscclang.comm.fallback.FallbackCalls`),
+each rank's refusal travelling with its call, within ``MSCCLANG_TIMEOUT_S``: ranks making
+different calls, or a call one rank refused, raise on every rank alike
+(:class:`~mscclang.errors.CallMismatch` naming each rank's call, or
+:class:`~mscclang.errors.InvalidCall`), and the group stays usable. A call signature (sizes,
+dtypes, reduce op, root, list lengths, where an input lies in its output) is agreed once, at its
+first call: a repeated call costs one lookup, no store round trip (a rank repeating an agreed
+call while another makes a new one is caught by the timeouts instead: CallMismatch on the new
+call's rank, the collective's own timeout on the other). All-to-alls with splits
+(``all_to_all_single`` with explicit splits, list ``all_to_all``) exchange their splits on every
+call: rank i's input split to j must equal rank j's output split from i. Without the GPU runtime
+(every call goes to the gloo fallback anyway) every call is agreed, by an all-gather of a digest
+on the fallback group and the store only when the digests differ. Point-to-point calls,
+``reduce``, ``gather`` and ``scatter`` are not agreed. The single-tensor forms
+(``all_gather_single``, ``reduce_scatter_single``, ``all_to_all_single``) read their tensors by
+element count, as NCCL does.
 
 Every operation returns a :class:`MscclangWork`; its ``wait()`` orders the caller's current
 stream after the collective and returns True, its ``get_future()`` a completed future of the
@@ -38,6 +54,7 @@ process group crashes the process) when it is true. ``destroy_process_group()`` 
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 from functools import cache
 from typing import Any, Callable, Optional
@@ -47,8 +64,11 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d   # AllgatherOptions is not re-exported by torch.distributed
 
 from mscclang.comm.communicator import Communicator
-from mscclang.comm.fallback import HostStaged, TorchFallback, torch_backend_for
+from mscclang.comm.fallback import FallbackCalls, HostStaged, TorchFallback, torch_backend_for
+from mscclang.comm.names import call_text
+from mscclang.config import settings
 from mscclang.errors import InvalidCall
+from mscclang.plan.call import overlap
 from mscclang.plan.dtypes import DTYPES
 
 __all__ = ["BACKEND_NAME", "MscclangProcessGroup", "MscclangWork", "create_process_group", "register"]
@@ -79,9 +99,7 @@ class MscclangWork(dist.Work):
 
     def __init__(self, result: list, error: Optional[BaseException] = None, event: Any = None) -> None:
         super().__init__()
-        self._result = result
-        self._error = error
-        self._event = event
+        self._result, self._error, self._event = result, error, event
 
     def wait(self, timeout: datetime.timedelta = _NO_TIMEOUT) -> bool:
         if self._error is not None:
@@ -111,9 +129,7 @@ class MscclangWork(dist.Work):
 
 
 def _device_for(rank: int) -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 class MscclangProcessGroup(dist.ProcessGroup):
@@ -129,8 +145,7 @@ class MscclangProcessGroup(dist.ProcessGroup):
                  timeout: datetime.timedelta = datetime.timedelta(minutes=5),  # noqa: B008
                  device: Any = None, communicator: Optional[Communicator] = None) -> None:
         super().__init__(rank, world_size)
-        self._store = store
-        self._timeout = timeout
+        self._store, self._timeout = store, timeout
         self._device = torch.device(device) if device is not None else _device_for(rank)
         self._device_type = self._device.type
         # one torch group per device type: the Communicator's fallback group is the inner group
@@ -142,6 +157,10 @@ class MscclangProcessGroup(dist.ProcessGroup):
             store=dist.PrefixStore("mscclang/comm/", store), rank=rank, world_size=world_size,
             device=self._device, runtime_options={"timeout_s": timeout.total_seconds()}, fallback=self._fallback)
         self._inner: dict[str, Any] = {}
+        # the agreement before a call runs (see the module docstring), over the group's store
+        self._calls = None if store is None else FallbackCalls(
+            dist.PrefixStore("mscclang/agree/", store), rank, world_size, settings.timeout_s, "agreement")
+        self._agreed: dict[Any, None] = {}
         self._token: Any = None
         self._logged: set[str] = set()
 
@@ -198,6 +217,47 @@ class MscclangProcessGroup(dist.ProcessGroup):
             self._inner[device_type] = pg
         return pg
 
+    def _agree(self, text: Any, check: Callable[[], Any] = lambda: None, error: str = "", key: Any = None,
+               data: bytes = b"") -> list[bytes]:
+        """The agreement of one call before it runs (the module docstring's rule): ``text`` (or
+        ``text()``) describes the call, ``check()`` checks this rank's arguments, ``error`` is
+        this rank's refusal (a check's InvalidCall too), which travels with the text. The call's
+        signature, ``key`` (default: ``text``), is agreed once where the Communicator has its
+        runtime; a call with ``data`` on every call. Raises on every rank alike; returns every
+        rank's ``data`` when it was exchanged through the store."""
+        key = text if key is None else key
+        if not data and key in self._agreed:
+            return []
+        try:
+            check()
+        except InvalidCall as e:
+            error = str(e)
+        if self._calls is None and error:   # an embedded Communicator without a store: this rank's check alone
+            raise InvalidCall(error)
+        # without the runtime every call goes to the gloo fallback anyway: agreed each time, on its group
+        every = self.communicator.backend is None and getattr(self._fallback, "backend_name", "") == "gloo"
+        datas = [] if self._calls is None else self._calls.agree(text() if callable(text) else text, error,
+                                                                 self._fallback if every else None, data)
+        if not (data or every):
+            if len(self._agreed) >= 1024:
+                self._agreed.clear()
+            self._agreed[key] = None
+        return datas
+
+    def _lean(self, coll: str, inp: Any, out: Any, op: str = "") -> bool:
+        """Whether a single-tensor call runs on the Communicator as it is (:meth:`_runs`), after
+        its :meth:`_agree`, once per signature (sizes, dtype, reduce op and, where the tensors
+        overlap, the input's offset in the output), checked by the Communicator's own check of a
+        call (sizes, dtype, the in-place layout)."""
+        if not (self._runs(inp) and (out is inp or self._runs(out))):
+            return False
+        n, gap = inp.numel(), 0 if out is inp else inp.data_ptr() - out.data_ptr()
+        key = (coll, n, out.numel(), inp.dtype, op, gap and (gap if -n * inp.element_size() < gap < out.nbytes else None))
+        if key not in self._agreed:   # the hot path's whole cost: one tuple, one lookup
+            self._agree(lambda: f"{call_text(coll, inp, out)} {op}".rstrip(),   # op: a reduction's only
+                        lambda: self.communicator.planner.make_call(coll, _flat(inp), _flat(out), op or "sum"), key=key)
+        return True
+
     def _check_list(self, what: str, name: str, items: list, count: int, per: str, like: Any = None) -> None:
         """A list argument holds ``count`` items (one per ``per``) and, with ``like``, each is a
         tensor of ``like``'s shape, dtype and device (gloo's rule for list arguments, which it
@@ -212,28 +272,29 @@ class MscclangProcessGroup(dist.ProcessGroup):
 
     def _fallback_reason(self, tensors: list, op: Any = None) -> Optional[str]:
         """Why these tensors (and reduce op) cannot run on the Communicator, or None."""
-        runnable = _runnable_dtypes()
         for t in tensors:
-            if t.dtype not in runnable:
+            if t.dtype not in _runnable_dtypes():
                 return f"dtype {t.dtype}"
             if t.device.type != self._device_type:
                 return f"{t.device.type} tensors (the communicator runs on {self._device_type})"
             if not t.is_contiguous():
                 return "non-contiguous tensors"
-        if op is not None and op not in _REDUCE and op != dist.ReduceOp.AVG:
+        if op is not None and op not in _REDUCE:
             return f"reduce op {op}"
-        if op == dist.ReduceOp.AVG and tensors and tensors[0].is_floating_point() is False:
-            return "avg of integer tensors"
         return None
 
-    def _to_inner(self, what: str, reason: str, tensors: list, call: Callable[[Any], Any]) -> Any:
+    def _to_inner(self, what: str, reason: str, tensors: list, call: Callable[[Any], Any], agree: Any = None) -> Any:
+        """``call`` on the inner group of the tensors' device type; with ``agree`` (the call's
+        reduce op or root, "" for none) after the agreement of the call's tensors' shapes and
+        dtypes, once per signature."""
         self.communicator   # noqa: B018 - CommError once destroyed (a new inner group would be made otherwise)
-        key = f"{what}: {reason}"
+        if agree is not None:
+            self._agree(f"{what} of {', '.join(map(_shows, tensors))}{agree} on the inner group ({reason})")
+        key, dev = f"{what}: {reason}", tensors[0].device.type if tensors else self._device_type
         if key not in self._logged:
             self._logged.add(key)
-            log.warning("mscclang rank %d: %s goes to the inner %s group: %s", self.rank(), what,
-                        torch_backend_for(tensors[0].device.type if tensors else self._device_type), reason)
-        dev = tensors[0].device.type if tensors else self._device_type
+            log.warning("mscclang rank %d: %s goes to the inner %s group: %s", self.rank(), what, torch_backend_for(dev),
+                        reason)
         return call(self.inner_group(dev))
 
     def _run(self, opts: Any, result: list, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> MscclangWork:
@@ -264,25 +325,29 @@ class MscclangProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllreduceOptions()
         op = _op_type(opts.reduceOp)
-        name = _REDUCE_BY_CODE.get(int(op))
-        if name is not None and len(tensors) == 1 and self._runs(tensors[0]):   # the lean path
-            t = tensors[0]
-            return self._run(opts, tensors, self.communicator.all_reduce, t if t.dim() == 1 else t.view(-1), name)
-        reason = self._fallback_reason(tensors, op) or (None if len(tensors) == 1 else "several tensors")
-        if reason:
-            return self._to_inner("all_reduce", reason, tensors, lambda g: g.allreduce(tensors, opts))
         if op == dist.ReduceOp.AVG:
-            return self._run(opts, tensors, self._all_reduce_avg, tensors[0])
-        return self._run(opts, tensors, self.communicator.all_reduce, tensors[0].view(-1), _REDUCE[op])
+            return self._averaged(opts, tensors, dist.AllreduceOptions(), lambda o: self.allreduce(tensors, o))
+        name = _REDUCE_BY_CODE.get(int(op))
+        if name is not None and len(tensors) == 1 and self._lean("allreduce", tensors[0], tensors[0], name):
+            return self._run(opts, tensors, self.communicator.all_reduce, _flat(tensors[0]), name)
+        reason = self._fallback_reason(tensors, op) or "several tensors"
+        return self._to_inner("all_reduce", reason, tensors, lambda g: g.allreduce(tensors, opts), f" {op}")
 
-    def _all_reduce_avg(self, t: Any) -> None:
-        self.communicator.all_reduce(t.view(-1), "sum")
-        t.div_(self.size())
+    def _averaged(self, opts: Any, result: list, sum_opts: Any, run: Callable[[Any], Any]) -> MscclangWork:
+        """AVG as NCCL defines it: the sum (``run(sum_opts)``, synchronous), then the division of
+        ``result`` by the rank count (of integer tensors: truncated, as NCCL's integer division)."""
+        sum_opts.reduceOp = dist.ReduceOp.SUM
+
+        def body() -> None:
+            run(sum_opts).wait()
+            for t in result:
+                t.div_(self.size(), rounding_mode=None if t.is_floating_point() else "trunc")
+        return self._run(opts, result, body)
 
     def allreduce_coalesced(self, tensors: list, opts: Any = None) -> Any:
-        if len({(t.dtype, t.device) for t in tensors}) > 1:   # gloo's and NCCL's rule
-            raise InvalidCall(f"rank {self.rank()}: all_reduce_coalesced: the tensors must have one dtype and "
-                              f"device, got {sorted({f'{t.dtype} on {t.device}' for t in tensors})}")
+        kinds = sorted({f"{t.dtype} on {t.device}" for t in tensors})
+        self._agree(f"all_reduce_coalesced of {len(tensors)} tensor(s)", error="" if len(kinds) < 2 else   # gloo's rule
+                    f"rank {self.rank()}: all_reduce_coalesced: the tensors must have one dtype and device, got {kinds}")
         works = [self.allreduce([t], _allreduce_opts(opts)) for t in tensors]
         return _last(works, tensors)
 
@@ -290,27 +355,28 @@ class MscclangProcessGroup(dist.ProcessGroup):
     def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         """Gather every rank's ``input`` into ``output`` (torch >= 2.13's name)."""
         opts = opts if opts is not None else _c10d.AllgatherOptions()
-        if self._runs(output) and self._runs(input):   # the lean path
+        if self._lean("allgather", input, output):
             return self._run(opts, [output], self.communicator.all_gather, _flat(input), out=_flat(output))
-        reason = self._fallback_reason([output, input])
-        if reason:
-            return self._to_inner("all_gather", reason, [output, input],
-                                  lambda g: g._allgather_base(_flat(output), _flat(input), opts))
-        return self._run(opts, [output], self.communicator.all_gather, input.reshape(-1), out=output.view(-1))
+        return self._to_inner("all_gather", self._fallback_reason([output, input]) or "", [output, input],
+                              lambda g: g._allgather_base(_flat(output), _flat(input), opts), "")
 
     def _allgather_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         return self.all_gather_single(output, input, opts)
 
     def allgather_into_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:
-        self._check_list("all_gather_into_tensor_coalesced", "outputs", outputs, len(inputs), "inputs")
+        self._agree(f"all_gather_into_tensor_coalesced of {len(inputs)} into {len(outputs)}",
+                    lambda: self._check_list("all_gather_into_tensor_coalesced", "outputs", outputs, len(inputs), "inputs"))
         works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return _last(works, outputs)
 
     def allgather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else _c10d.AllgatherOptions()
-        self._check_list("all_gather", "output_lists", output_lists, len(inputs), "inputs")
-        for i, (lst, inp) in enumerate(zip(output_lists, inputs)):
-            self._check_list("all_gather", f"output_lists[{i}]", lst, len(inputs) * self.size(), "ranks", like=inp)
+
+        def check() -> None:
+            self._check_list("all_gather", "output_lists", output_lists, len(inputs), "inputs")
+            for i, (lst, inp) in enumerate(zip(output_lists, inputs)):
+                self._check_list("all_gather", f"output_lists[{i}]", lst, len(inputs) * self.size(), "ranks", like=inp)
+        self._agree(f"all_gather of {', '.join(map(_shows, inputs))} into lists of {list(map(len, output_lists))}", check)
         outs = [t for lst in output_lists for t in lst]
         reason = self._fallback_reason(outs + list(inputs)) or (None if len(inputs) == 1 else "several tensors")
         if reason:
@@ -330,34 +396,36 @@ class MscclangProcessGroup(dist.ProcessGroup):
         2.13's name)."""
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op = _op_type(opts.reduceOp)
+        if op == dist.ReduceOp.AVG:
+            return self._averaged(opts, [output], dist.ReduceScatterOptions(),
+                                  lambda o: self.reduce_scatter_single(output, input, o))
         name = _REDUCE_BY_CODE.get(int(op))
-        if name is not None and self._runs(output) and self._runs(input):   # the lean path
+        if name is not None and self._lean("reducescatter", input, output, name):
             return self._run(opts, [output], self.communicator.reduce_scatter, _flat(input), name, out=_flat(output))
-        reason = self._fallback_reason([output, input], op)
-        if reason:
-            return self._to_inner("reduce_scatter", reason, [output, input],
-                                  lambda g: g._reduce_scatter_base(_flat(output), _flat(input), opts))
-
-        def body() -> None:
-            name = "sum" if op == dist.ReduceOp.AVG else _REDUCE[op]
-            self.communicator.reduce_scatter(input.reshape(-1), name, out=output.view(-1))
-            if op == dist.ReduceOp.AVG:
-                output.div_(self.size())
-        return self._run(opts, [output], body)
+        return self._to_inner("reduce_scatter", self._fallback_reason([output, input], op) or "", [output, input],
+                              lambda g: g._reduce_scatter_base(_flat(output), _flat(input), opts), f" {op}")
 
     def _reduce_scatter_base(self, output: Any, input: Any, opts: Any = None) -> Any:  # noqa: A002
         return self.reduce_scatter_single(output, input, opts)
 
     def reduce_scatter_tensor_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> Any:
-        self._check_list("reduce_scatter_tensor_coalesced", "outputs", outputs, len(inputs), "inputs")
+        self._agree(f"reduce_scatter_tensor_coalesced of {len(inputs)} into {len(outputs)}",
+                    lambda: self._check_list("reduce_scatter_tensor_coalesced", "outputs", outputs, len(inputs), "inputs"))
         works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
         return _last(works, outputs)
 
     def reduce_scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        self._check_list("reduce_scatter", "input_lists", input_lists, len(outputs), "outputs")
-        for i, (out, lst) in enumerate(zip(outputs, input_lists)):
-            self._check_list("reduce_scatter", f"input_lists[{i}]", lst, self.size(), "ranks", like=out)
+        if _op_type(opts.reduceOp) == dist.ReduceOp.AVG:
+            return self._averaged(opts, list(outputs), dist.ReduceScatterOptions(),
+                                  lambda o: self.reduce_scatter(outputs, input_lists, o))
+
+        def check() -> None:
+            self._check_list("reduce_scatter", "input_lists", input_lists, len(outputs), "outputs")
+            for i, (out, lst) in enumerate(zip(outputs, input_lists)):
+                self._check_list("reduce_scatter", f"input_lists[{i}]", lst, self.size(), "ranks", like=out)
+        self._agree(f"reduce_scatter of lists of {list(map(len, input_lists))} into {', '.join(map(_shows, outputs))} "
+                    f"{_op_type(opts.reduceOp)}", check)
         ins = [t for lst in input_lists for t in lst]
         reason = (self._fallback_reason(list(outputs) + ins, _op_type(opts.reduceOp))
                   or (None if len(outputs) == 1 else "several tensors"))
@@ -370,19 +438,36 @@ class MscclangProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------ all-to-all
     def all_to_all_single(self, output: Any, input: Any, output_splits: list, input_splits: list,  # noqa: A002
                           opts: Any = None) -> Any:
-        """Block ``j`` of this rank's ``input`` to block ``r`` of rank ``j``'s ``output``. Explicit
-        splits go to the inner group, even equal ones: whether a rank may use the Communicator
-        must not depend on its own splits, which may be equal on one rank and not another."""
+        """Block ``j`` of this rank's ``input`` to block ``r`` of rank ``j``'s ``output``. Equal
+        blocks (no splits) are agreed once per signature; splits (rows of the tensors) on every
+        call, and run on the Communicator when every rank's are equal,
+        else on the inner group."""
         opts = opts if opts is not None else dist.AllToAllOptions()
-        if not (output.is_contiguous() and input.is_contiguous()):   # gloo's and NCCL's rule
-            raise InvalidCall(f"rank {self.rank()}: all_to_all_single: the tensors must be contiguous")
-        reason = self._fallback_reason([output, input]) or ("explicit splits" if output_splits or input_splits
-                                                            else None)
-        if reason:
-            o, i = (output, input) if output_splits or input_splits else (_flat(output), _flat(input))
-            return self._to_inner("all_to_all", reason, [output, input],
-                                  lambda g: g.alltoall_base(o, i, output_splits, input_splits, opts))
-        return self._run(opts, [output], self.communicator.all_to_all, input.reshape(-1), out=output.view(-1))
+        if not (output_splits or input_splits) and self._lean("alltoall", input, output):
+            return self._run(opts, [output], self.communicator.all_to_all, _flat(input), out=_flat(output))
+        n = self.size()
+        ins, outs = (list(splits) or [t.size(0) // n] * n for t, splits in ((input, input_splits), (output, output_splits)))
+
+        def check() -> None:
+            if not (output.is_contiguous() and input.is_contiguous()):   # gloo's and NCCL's rule
+                raise InvalidCall(f"rank {self.rank()}: all_to_all_single: the tensors must be contiguous")
+            for name, t, splits in (("output", output, outs), ("input", input, ins)):
+                if len(splits) != n or sum(splits) != t.size(0):
+                    raise InvalidCall(f"rank {self.rank()}: all_to_all_single: {name} splits {splits} are not {n} "
+                                      f"sizes summing to the {name}'s {t.size(0)} rows")
+        # the splits are exchanged on every call: rank i's input split to j must equal rank j's output split from i
+        every = [json.loads(d) for d in self._agree(f"all_to_all_single of {input.dtype} rows of {tuple(input.shape[1:])}",
+                                                    check, data=json.dumps([ins, outs]).encode())]
+        bad = [f"rank {i} sends {a[j]} row(s) to rank {j}, which expects {every[j][1][i]}"
+               for i, (a, _) in enumerate(every) for j in range(n) if a[j] != every[j][1][i]]
+        if bad:
+            raise InvalidCall(f"rank {self.rank()}: all_to_all_single: the ranks' splits disagree: {'; '.join(bad[:4])}")
+        reason = self._fallback_reason([output, input])
+        if every and len({x for r in every for side in r for x in side}) == 1 and not reason:   # equal everywhere
+            return self._run(opts, [output], self.communicator.all_to_all, input.reshape(-1), out=output.view(-1))
+        o, i = (output, input) if output_splits or input_splits else (_flat(output), _flat(input))
+        return self._to_inner("all_to_all", reason or "explicit splits", [output, input],
+                              lambda g: g.alltoall_base(o, i, output_splits, input_splits, opts))
 
     def alltoall_base(self, output: Any, input: Any, output_splits: list, input_splits: list,  # noqa: A002
                       opts: Any = None) -> Any:
@@ -391,9 +476,9 @@ class MscclangProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------ broadcast, barrier, p2p
     def broadcast(self, tensors: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.BroadcastOptions()
-        if not 0 <= opts.rootTensor < len(tensors):
-            raise InvalidCall(f"rank {self.rank()}: broadcast: root tensor index {opts.rootTensor} is not an index "
-                              f"of the {len(tensors)} tensor(s)")
+        self._agree(f"broadcast of {', '.join(map(_shows, tensors))} from rank {opts.rootRank}",
+                    error="" if 0 <= opts.rootTensor < len(tensors) else f"rank {self.rank()}: broadcast: root tensor "
+                    f"index {opts.rootTensor} is not an index of the {len(tensors)} tensor(s)")
         reason = self._fallback_reason(tensors) or (None if len(tensors) == 1 else "several tensors")
         if reason:
             return self._to_inner("broadcast", reason, tensors, lambda g: g.broadcast(tensors, opts))
@@ -425,24 +510,31 @@ class MscclangProcessGroup(dist.ProcessGroup):
         return self._to_inner("reduce", "no mscclang reduce", tensors, lambda g: g.reduce(tensors, opts))
 
     def gather(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
-        return self._to_inner("gather", "no mscclang gather", list(inputs),
-                              lambda g: g.gather(output_lists, inputs, opts))
+        return self._to_inner("gather", "no mscclang gather", list(inputs), lambda g: g.gather(output_lists, inputs, opts))
 
     def scatter(self, outputs: list, input_lists: list, opts: Any = None) -> Any:
-        return self._to_inner("scatter", "no mscclang scatter", list(outputs),
-                              lambda g: g.scatter(outputs, input_lists, opts))
+        return self._to_inner("scatter", "no mscclang scatter", list(outputs), lambda g: g.scatter(outputs, input_lists, opts))
 
     def alltoall(self, outputs: list, inputs: list, opts: Any = None) -> Any:
-        return self._to_inner("all_to_all", "a list all_to_all", list(outputs),
-                              lambda g: g.alltoall(outputs, inputs, opts))
+        """List all-to-all: ``inputs[j]`` to rank ``j``'s ``outputs[r]``, as one
+        :meth:`all_to_all_single` of the lists' tensors with their sizes as splits (gloo has no
+        list all-to-all; equal sizes everywhere run on the Communicator)."""
+        sizes = [t.numel() for t in outputs]
+        out = torch.empty(sum(sizes), dtype=inputs[0].dtype, device=inputs[0].device)
+
+        def body() -> None:
+            flat = torch.cat([t.reshape(-1) for t in inputs])
+            self.all_to_all_single(out, flat, sizes, [t.numel() for t in inputs], dist.AllToAllOptions()).wait()
+            for t, part in zip(outputs, out.split(sizes)):
+                t.copy_(part.view(t.shape))
+        return self._run(opts if opts is not None else dist.AllToAllOptions(), list(outputs), body)
 
     def allgather_coalesced(self, output_lists: list, inputs: list, opts: Any = None) -> Any:
         return self._to_inner("all_gather_coalesced", "no mscclang coalesced all_gather", list(inputs),
                               lambda g: g.allgather_coalesced(output_lists, inputs, opts))
 
     def recv_anysource(self, tensors: list, tag: int = 0) -> Any:
-        return self._to_inner("recv", "receive from any source", tensors,
-                              lambda g: g.recv_anysource(tensors, tag))
+        return self._to_inner("recv", "receive from any source", tensors, lambda g: g.recv_anysource(tensors, tag))
 
     # ------------------------------------------------------------------ teardown
     def shutdown(self) -> None:

@@ -17,7 +17,9 @@ import torch.distributed as dist
 from tests.harness.dist_ranks import spawn_ranks
 
 #: (what rank 0 calls, what rank 1 calls, the words CallMismatch must hold); each call is
-#: ``call(api, rank)`` where api runs a collective by name
+#: ``call(api, rank)`` where api runs a collective by name. The backend compares its calls
+#: before the Communicator sees them, in its words (:meth:`Backend.words`); ``a|b``: ``a`` through the
+#: Communicator, ``b`` through the backend
 CASES = [
     ("sizes", lambda c, r: c.all_reduce(torch.ones(8 if r == 0 else 16)),
      "rank 0: allreduce of 8 x float32 sum (torch.distributed fallback), "
@@ -29,7 +31,8 @@ CASES = [
      "rank 1: allreduce of 8 x bfloat16 sum"),
     ("reduce ops", lambda c, r: c.all_reduce(torch.ones(4), op="sum" if r == 0 else "max"),
      "rank 1: allreduce of 4 x float32 max"),
-    ("roots", lambda c, r: c.broadcast(torch.ones(4), root=r), "rank 0: broadcast of 4 x float32 from rank 0"),
+    ("roots", lambda c, r: c.broadcast(torch.ones(4), root=r), "rank 0: broadcast of 4 x float32 from rank 0"
+     "|rank 0: broadcast of a tensor of shape (4,), torch.float32, on cpu from rank 0"),
     # calls each rank has made before (all_reduce of 8 runs after every case) are compared too
     ("a call made before against a new one", lambda c, r: c.all_reduce(torch.ones(8 if r == 0 else 32)),
      "rank 0: allreduce of 8 x float32 sum (torch.distributed fallback), rank 1: allreduce of 32 x float32 sum"),
@@ -43,6 +46,9 @@ class Comm:
     def __init__(self, comm: Any) -> None:
         self.comm = comm
 
+    def words(self, words: str) -> str:
+        return words.partition("|")[0]
+
     def all_reduce(self, t: Any, op: str = "sum") -> None:
         self.comm.all_reduce(t, op=op)
 
@@ -55,6 +61,10 @@ class Comm:
 
 class Backend:
     """The same calls through torch.distributed on the ``mscclang`` backend."""
+
+    def words(self, words: str) -> str:
+        comm, _, mine = words.partition("|")
+        return mine or comm.replace("torch.distributed fallback", "torch.distributed backend")
 
     def all_reduce(self, t: Any, op: str = "sum") -> None:
         dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
@@ -76,8 +86,8 @@ def _mismatches(rank: int, api: Any) -> list[str]:
             call(api, rank)
             wrong.append(f"{name}: no CallMismatch")
         except CallMismatch as e:
-            if words not in str(e):
-                wrong.append(f"{name}: {e} (wanted {words!r})")
+            if api.words(words) not in str(e):
+                wrong.append(f"{name}: {e} (wanted {api.words(words)!r})")
         t = torch.full((8,), float(rank + 1))   # the group still works
         api.all_reduce(t)
         if not torch.equal(t, torch.full((8,), 3.0)):

@@ -30,8 +30,8 @@ class Case:
     """One fuzzed call: ``run(group, tensors)`` issues it on ``group``; ``tensors`` are every
     tensor the call is given (each run gets copies); ``expect(everyone)`` is, from every rank's
     ``tensors`` (flattened to float64), what this rank's tensors must hold after the call (None:
-    unchanged), by the collective's definition; ``single``: a single-tensor form, whose shapes
-    NCCL reads by element count."""
+    unchanged), by the collective's definition; ``single``: a single-tensor form (or list
+    ``all_to_all``), whose shapes NCCL reads by element count."""
 
     name: str
     tensors: list
@@ -172,8 +172,9 @@ def make_case(seed: int, rank: int) -> Case:
         ins = [d.like((n,), dtype) for _ in range(W)]
         outs = [d.like((n,), dtype, fill=-77) for _ in range(d.count(W))]
         k = len(outs)
+        # NCCL reads the list's tensors by element count (gloo wants one shape): as a single form
         return Case(kind, [*outs, *ins], lambda g, t: dist.all_to_all(t[:k], t[k:], group=g),
-                    lambda a: [a[j][k + r] for j in range(W)] + [None] * W)
+                    lambda a: [a[j][k + r] for j in range(W)] + [None] * W, single=True)
     if kind == "gather":
         # only the root checks the call (gloo alike): nothing but contiguity is perturbed, or
         # the other rank would wait out the timeout in a gather the root refused

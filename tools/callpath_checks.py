@@ -233,7 +233,7 @@ def stream(r: Rank, calls: int, seed: int, profile: int = 0) -> dict:
         dt, ok, plan = prof.call(lambda: r.checked_call(coll, numel, _torch_dtype(dname), seed * 1_000_003 + i))
         call_s += dt
         by_coll[coll] += 1
-        fallback += plan == "nccl"
+        fallback += plan in ("nccl", "gloo")   # the fallback's label: the backend that ran it
         if not ok:
             mism.append(f"call {i}: {coll} {dname} {numel} elements ({plan})")
     res.update(seed=seed, calls=calls, total_s=round(time.perf_counter() - t0, 3), call_s=round(call_s, 3),

@@ -34,7 +34,7 @@ def _plan_label(r: Optional[Record]) -> str:
     if r is None:
         return "-"
     label = r.plan or "-"
-    if r.extra.get("kernel") == "interpreter" and label != "-" and not label.startswith("nccl"):
+    if r.extra.get("kernel") == "interpreter" and label != "-" and not label.startswith(("nccl", "gloo")):
         label += " [interpreter]"
     return label
 

@@ -100,7 +100,7 @@ def check_targets(res: BenchResult, mode: str = "graph") -> list[Verdict]:
 
     def fell_back(coll: str, nbytes: int, impl: str) -> bool:
         r = res.find(coll, impl, mode, nbytes)
-        return r is not None and (r.plan or "").startswith("nccl")
+        return r is not None and (r.plan or "").startswith(("nccl", "gloo"))
 
     def verdict(coll: str, nbytes: int, goal: str, value: Optional[str], ok: Optional[bool],
                 impl: str = "mscclang") -> Verdict:

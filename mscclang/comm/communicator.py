@@ -670,6 +670,8 @@ class Communicator:
         else:
             self._note_fallback(coll, _reason_kind(cp.reason))
         fb = self._need_fallback(coll)
+        if isinstance(fb, TorchFallback):
+            cp.ran_on = fb.backend_name
         if self._calls is not None:
             self._calls.check(fb, coll, inp, out, op, root, accum)   # CallMismatch before gloo sees the call
         run_fallback(fb, coll, inp, out, op, root, self.rank, self.world_size, accum)

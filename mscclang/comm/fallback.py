@@ -26,10 +26,12 @@ from typing import Any, Optional
 import numpy as np
 
 from mscclang.comm.errors import CommError
-from mscclang.config import nccl_env
+from mscclang.config import nccl_env, settings
+from mscclang.errors import InvalidCall
 from mscclang.plan.collectives import collective as collective_row
 from mscclang.plan.dtypes import ACCUM_DTYPES, torch_dtype_info
 from mscclang.plan.reference import fp8_sum_arrays
+from mscclang.runtime.store_group import StoreGroup
 
 log = logging.getLogger("mscclang.comm")
 
@@ -199,6 +201,9 @@ class TorchFallback:
     def _make_backend(self, dist: Any) -> Any:
         """A process-group back end of our own over the store (collective: every rank makes its
         fallback groups in the same order, so the generation numbers agree)."""
+        # every rank arrives first, within MSCCLANG_TIMEOUT_S: a dead peer raises CallMismatch
+        # naming it here, not after the torch group's own (store) timeout
+        StoreGroup(self._store, self._rank, self._world, "fallback-group", settings.timeout_s).barrier("the fallback group")
         gen = int(self._store.add(f"mscclang/fallback/gen/{self._rank}", 1))
         prefix = dist.PrefixStore(f"mscclang/fallback/{gen}/", self._store)
         if self.backend_name == "nccl":
@@ -367,31 +372,46 @@ class FallbackCalls:
     group stays usable. gloo given mismatched calls aborts the process (different sizes or
     dtypes) or waits out its timeout and is unusable after (different collectives). The check
     runs on every call, since whether a rank checks must not depend on its own call: one more
-    small collective per call. Making one is collective (its store group)."""
+    small collective per call. :meth:`agree` is the comparison itself, for any call described
+    by a text (the torch.distributed backend's agreement). Making one is collective (its store
+    group)."""
 
-    def __init__(self, store: Any, rank: int, world_size: int, timeout_s: float) -> None:
-        from mscclang.runtime.store_group import StoreGroup
-
-        self._group = StoreGroup(store, rank, world_size, "fallback-calls", timeout_s)
+    def __init__(self, store: Any, rank: int, world_size: int, timeout_s: float, name: str = "fallback-calls") -> None:
+        self._group = StoreGroup(store, rank, world_size, name, timeout_s)
 
     def check(self, fb: Any, collective: str, inp: Any, out: Any, op: str, root: int, accum: Optional[str]) -> None:
         """CallMismatch on every rank unless every rank makes this call on ``fb`` (see the class)."""
-        import hashlib
-
-        import torch
-
         from mscclang.comm.names import call_text
 
         row = collective_row(collective)
         red = f" {op}{f' accumulated in {accum}' if accum else ''}" if row.reduces \
             else f" from rank {root}" if row.rooted else ""
-        text = call_text(collective, inp, out) + red
-        mine = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
-        everyone = torch.empty(self._group.world_size, dtype=torch.int64)
-        fb.all_gather(torch.tensor([mine], dtype=torch.int64), everyone)
-        if bool((everyone != mine).any()):
-            self._group.call = text
-            self._group.exchange(b"", "torch.distributed fallback")   # CallMismatch naming every rank's call
+        self.agree(call_text(collective, inp, out) + red, fb=fb, tag="torch.distributed fallback")
+
+    def agree(self, text: str, error: str = "", fb: Any = None, data: bytes = b"",
+              tag: str = "torch.distributed backend") -> list[bytes]:
+        """Every rank's call ``text`` compared before it runs, ``error`` being this rank's refusal
+        of it (empty: none), which travels with the text: CallMismatch on every rank naming each
+        rank's call when they differ, else InvalidCall on every rank when this rank (so every
+        rank) refused it. With ``fb`` (and no ``data``) the ranks first all-gather a digest on
+        its group and go to the store only when the digests differ; without, through the store,
+        which also carries every rank's ``data``: returned by rank (empty when not exchanged)."""
+        import hashlib
+
+        import torch
+
+        why = error.split(": ", 1)[-1] if error.startswith(f"rank {self._group.rank}: ") else error
+        self._group.call = f"{text}, refused: {why}" if error else text
+        same = fb is not None and not data
+        if same:   # a digest all-gathered on fb's group first
+            mine = int.from_bytes(hashlib.blake2b(self._group.call.encode(), digest_size=8).digest(), "little", signed=True)
+            everyone = torch.empty(self._group.world_size, dtype=torch.int64)
+            fb.all_gather(torch.tensor([mine], dtype=torch.int64), everyone)
+            same = not bool((everyone != mine).any())
+        datas = [] if same else self._group.exchange(data, tag)   # CallMismatch naming every rank's call
+        if error:
+            raise InvalidCall(error)
+        return datas
 
 
 def _fp8_reduction(fb: Any, collective: str, inp: Any, out: Any, rank: int, world_size: int,

@@ -61,11 +61,13 @@ class CallPlan:
     bufs: tuple = ()
     temp: tuple = ()
     bound: Any = None       # the engine's resolution of this call, for launches that check nothing again
+    ran_on: str = "nccl"    # the torch.distributed backend that ran a fallback call
 
     def label(self) -> str:
-        """E.g. ``allreduce_oneshot_ll.r2.i1.ip (direct)`` or ``nccl``."""
+        """E.g. ``allreduce_oneshot_ll.r2.i1.ip (direct)``, or for a fallback call the backend that
+        ran it (``nccl``, ``gloo``)."""
         if self.mode == "nccl" or self.variant is None:
-            return "nccl"
+            return self.ran_on
         pt = f" {self.choice.packet_type}" if self.choice and self.choice.packet_type else ""
         return f"{self.variant.key}{pt} ({self.mode})"
 
