@@ -368,8 +368,6 @@ def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: i
         sym = _symbolic(plan, symbolic_size, actors, ends, launches, terms)
         sims += 1 if sym else 0
         peak = max(peak, sym, key=lambda d: sum(d.values()))
-    if sims > 1:   # ``verify`` builds each run's simulation before the last one is freed: its clocks
-        peak = {**peak, "next_run": actors * actors * _MEM_PER_ACTOR_PAIR}
     memory = {**kept, **peak}
     seconds = sum(SECONDS_PER[k] * v for k, v in terms.items())
     return Estimate(int(sum(memory.values())), seconds, what, costs, terms, memory)

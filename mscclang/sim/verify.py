@@ -5,6 +5,7 @@ semaphores, and wrong outputs (numeric and symbolic)."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import time
 from typing import Callable, Optional, Sequence
@@ -383,6 +384,8 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             lead = (si + i // len(SCHEDULES)) % len(p.gpus) if sched == "runahead" else None
             ctx = ", ".join([f"size {size}", *filter(None, used), f"{sched} schedule seed {seed + i}"]) + (
                 f" (rank {lead} runs ahead)" if lead is not None else "")
+            sim = inputs = None   # the last run's simulation is freed before the next is built
+            gc.collect()
             inputs = random_inputs(len(p.gpus), ib, dt, seed * 1000 + i)
             sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=dt, reduce_op=rop,
                              packet_type=pt, launches=launches, schedule=sched, seed=seed + i,
@@ -416,6 +419,8 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
         gran = symbolic_granule(prog)
         if ib % 4 == 0 and symbolic_bytes(prog, nsym, gran) <= SYMBOLIC_BUDGET:
             dt = parse_dtype("float32")
+            sim = inputs = None
+            gc.collect()
             inputs = random_inputs(len(p.gpus), ib, dt, seed)
             sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=dt, reduce_op="sum",
                              packet_type=pts[0], launches=launches, schedule="round_robin",
