@@ -15,7 +15,8 @@
 # Each part is bounded (LIMIT_S, default 470 s) and
 # prints its pytest summary line and wall time; the logs and each test's duration as it ends
 # (durations_NAME.txt) go to $OUT (default /tmp/out).
-# Settings: WORKERS (xdist workers of `all`, default 5), LIMIT_S, TEST_TIMEOUT (one test, 420 s).
+# Settings: WORKERS (xdist workers of `all`, default 5), LIMIT_S, TEST_TIMEOUT (one test, 420 s),
+# F8 (the 8-rank part's files, in the order they run; default: those of the 4-rank part).
 set -u
 what=${1:?usage: bash tests/gpu/suite.sh all|wide}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -48,7 +49,7 @@ case "$what" in
   wide)
     F="tests/gpu/test_consistency_gpu.py tests/gpu/test_plans_gpu.py tests/gpu/test_fused_gpu.py"
     part ranks4 4 1 $F &
-    part ranks8 8 "${WIDE_WORKERS:-1}" $F &
+    part ranks8 8 "${WIDE_WORKERS:-1}" ${F8:-$F} &
     wait ;;
   *) echo "usage: bash tests/gpu/suite.sh all|wide" >&2; exit 2 ;;
 esac
