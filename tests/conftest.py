@@ -17,3 +17,15 @@ def shipped_plans() -> list[Path]:
     if not files:
         pytest.skip("plans/ holds no library plans (run `mscclang generate-plans`)")
     return files
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    """The shipped library's :class:`~mscclang.comm.catalog.Catalog` (``plans/`` and its index);
+    the test is skipped when the checkout has no plans."""
+    from mscclang.comm.catalog import Catalog, default_plans_dir
+
+    folder = default_plans_dir()
+    if folder is None or not (folder / "index.json").is_file():
+        pytest.skip("no plans/ with its index in this checkout (run `mscclang generate-plans`)")
+    return Catalog.from_dir(folder)

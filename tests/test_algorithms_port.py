@@ -259,11 +259,6 @@ def test_dropped_remote_ready_handshake_is_caught() -> None:
 
 # -- selection ------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def catalog() -> Catalog:
-    return Catalog.from_dir()
-
-
 def test_catalog_marks_port_variants(catalog: Catalog) -> None:
     ports = {v.algorithm for v in catalog if v.uses_port_channels()}
     assert ports == set(CE + HIER)

@@ -13,19 +13,10 @@ import torch
 
 from tests.harness import comm_checks as gpu_checks
 from mscclang.comm.backend import runtime_granule
-from mscclang.comm.catalog import Catalog, default_plans_dir
 from mscclang.comm.sim_ranks import run_ranks
 from mscclang.comm.tuning import load_tuning
 
 COLLS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"]
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    folder = default_plans_dir()
-    if folder is None or not (folder / "index.json").is_file():
-        pytest.skip("no plans/ in this checkout")
-    return Catalog.from_dir(folder)
 
 
 def run_check(catalog, n, coll, **kw):

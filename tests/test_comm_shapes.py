@@ -11,7 +11,6 @@ import pytest
 
 from tests.harness import comm_checks as gpu_checks
 from mscclang.comm.backend import runtime_granule
-from mscclang.comm.catalog import Catalog, default_plans_dir
 from mscclang.comm.sim_ranks import run_ranks
 from mscclang.comm.tuning import load_tuning
 
@@ -19,14 +18,6 @@ N = 2
 COLLS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"]
 EAGER = [N * 7, N * 513, N * 4099, N * ((1 << 20) + 3)]  # tests/gpu: _numels(n)
 GRAPH = [N * 512, N * 262147]  # tests/gpu: test_cuda_graph_replay
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    folder = default_plans_dir()
-    if folder is None or not (folder / "index.json").is_file():
-        pytest.skip("no plans/ in this checkout")
-    return Catalog.from_dir(folder)
 
 
 def run_check(catalog, coll, engine, **kw):

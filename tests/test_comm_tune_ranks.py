@@ -7,16 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mscclang.comm.catalog import Catalog, default_plans_dir
 from mscclang.comm.tune import NCCL_KEY, build_table, candidates
-
-
-@pytest.fixture(scope="module")
-def catalog():
-    folder = default_plans_dir()
-    if folder is None or not (folder / "index.json").is_file():
-        pytest.skip("no plans/ in this checkout")
-    return Catalog.from_dir(folder)
 
 
 @pytest.mark.parametrize("n", [4, 8])

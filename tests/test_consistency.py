@@ -5,6 +5,8 @@ every library plan keeps its promise."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -96,14 +98,15 @@ def test_rank_order_oneshot_gives_every_rank_the_same_bits(n: int) -> None:
     assert rep.ok and not rep.warnings
 
 
-def _split_sums(n: int = 3) -> Plan:
-    """Every rank sums the ranks' inputs in rank order, but rank 1 in two ops (x0 + x1, then +
-    x2): the same bits wherever every addition rounds (fp16, bf16, fp32), not in fp8, which
-    rounds once per op."""
+def _mesh_allreduce(name: str, n: int, special: int, reduce_special: Any) -> Plan:
+    """An ``n``-rank all-reduce over a full mesh of memory channels: every rank puts its input
+    into every peer's scratch, then sums element ``k`` of the inputs in rank order in one op,
+    except rank ``special``, which calls ``reduce_special(rank, inp_k, out_k, got)`` (``got``:
+    the peers' element ``k`` in rank order) to sum it another way."""
     from mscclang.algorithms.common import data_handshake, mesh, peers, ready_handshake
     from mscclang.dsl import AllReduce, Buffer, CollectiveProgram, Rank
 
-    with CollectiveProgram("split", AllReduce(n, 1, False), n, instr_fusion=False) as prog:
+    with CollectiveProgram(name, AllReduce(n, 1, False), n, instr_fusion=False) as prog:
         scratch = [Buffer(r, n * n) for r in range(n)]
         ch = mesh(n)
         for r in range(n):
@@ -114,13 +117,23 @@ def _split_sums(n: int = 3) -> Plan:
             data_handshake(ch, r, ps, ps, 0)
             for k in range(n):
                 got = [scratch[r][q * n + k:q * n + k + 1] for q in ps]
-                if r == 1:
-                    rank.reduce(inp[k:k + 1], got[:1], tb=0, dst_chunk=out[k:k + 1], src_position=1)
-                    rank.reduce(out[k:k + 1], got[1:], tb=0)
+                if r == special:
+                    reduce_special(rank, inp[k:k + 1], out[k:k + 1], got)
                 else:
                     rank.reduce(inp[k:k + 1], got, tb=0, dst_chunk=out[k:k + 1], src_position=r)
             data_handshake(ch, r, ps, ps, 0)
     return prog.to_plan()
+
+
+def _split_sums(n: int = 3) -> Plan:
+    """Every rank sums the ranks' inputs in rank order, but rank 1 in two ops (x0 + x1, then +
+    x2): the same bits wherever every addition rounds (fp16, bf16, fp32), not in fp8, which
+    rounds once per op."""
+    def two_ops(rank: Any, inp: Any, out: Any, got: list) -> None:
+        rank.reduce(inp, got[:1], tb=0, dst_chunk=out, src_position=1)
+        rank.reduce(out, got[1:], tb=0)
+
+    return _mesh_allreduce("split", n, 1, two_ops)
 
 
 def test_op_boundaries_count_for_fp8_only() -> None:
@@ -236,28 +249,12 @@ def test_fusion_keeps_the_written_order() -> None:
 def _rank0_pairs(n: int = 4) -> Plan:
     """Rank 0 sums ``(x0 + x1) + (x2 + x3)`` (three ops), ranks 1.. left to right in one op: ranks
     1.. compute the same tree, which rank 0 does not."""
-    from mscclang.algorithms.common import data_handshake, mesh, peers, ready_handshake
-    from mscclang.dsl import AllReduce, Buffer, CollectiveProgram, Rank
+    def pairs(rank: Any, inp: Any, out: Any, got: list) -> None:
+        rank.reduce(inp, got[:1], tb=0, dst_chunk=out)
+        rank.reduce(got[1], got[2:], tb=0)
+        rank.reduce(out, got[1:2], tb=0)
 
-    with CollectiveProgram("pairs", AllReduce(n, 1, False), n, instr_fusion=False) as prog:
-        scratch = [Buffer(r, n * n) for r in range(n)]
-        ch = mesh(n)
-        for r in range(n):
-            rank, inp, out, ps = Rank(r), Rank(r).get_input_buffer(), Rank(r).get_output_buffer(), peers(r, n)
-            ready_handshake(ch, r, ps, ps, 0)
-            for p in ps:
-                ch[(r, p)].put(scratch[p][r * n:(r + 1) * n], inp[0:n], tb=0)
-            data_handshake(ch, r, ps, ps, 0)
-            for k in range(n):
-                got = [scratch[r][q * n + k:q * n + k + 1] for q in ps]
-                if r == 0:
-                    rank.reduce(inp[k:k + 1], got[:1], tb=0, dst_chunk=out[k:k + 1])
-                    rank.reduce(got[1], got[2:], tb=0)
-                    rank.reduce(out[k:k + 1], got[1:2], tb=0)
-                else:
-                    rank.reduce(inp[k:k + 1], got, tb=0, dst_chunk=out[k:k + 1], src_position=r)
-            data_handshake(ch, r, ps, ps, 0)
-    return prog.to_plan()
+    return _mesh_allreduce("pairs", n, 0, pairs)
 
 
 def test_each_rank_s_order_comes_with_its_own_ops_and_lines() -> None:

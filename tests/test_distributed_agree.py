@@ -20,7 +20,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mscclang.comm.catalog import Catalog, default_plans_dir
 from mscclang.comm.sim_ranks import run_ranks
 from mscclang.comm.tuning import load_tuning
 from mscclang.errors import InvalidCall
@@ -237,14 +236,6 @@ def test_a_dead_peer_before_the_first_fallback_call_raises_within_the_timeout(tm
     assert res[0].ok, res[0].error or f"rank 0 died or hung (exit code {res[0].exitcode})"
     assert res[0].value["error"] is not None and "rank(s) [1]" in res[0].value["error"], res[0].value
     assert res[0].value["s"] < AGREE_S + 10, res[0].value
-
-
-@pytest.fixture(scope="module")
-def catalog() -> Catalog:
-    folder = default_plans_dir()
-    if folder is None or not folder.is_dir():
-        pytest.skip("the shipped plans are not installed")
-    return Catalog.from_dir(folder)
 
 
 def test_a_signature_is_agreed_once_on_the_runtime_path(catalog, monkeypatch):

@@ -11,20 +11,11 @@ import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 
-from mscclang.comm.catalog import Catalog, default_plans_dir
 from mscclang.comm.sim_ranks import run_ranks
 from mscclang.comm.tuning import load_tuning
 from mscclang.distributed import MscclangProcessGroup
 
 WORLD = 2
-
-
-@pytest.fixture(scope="module")
-def catalog() -> Catalog:
-    folder = default_plans_dir()
-    if folder is None or not folder.is_dir():
-        pytest.skip("the shipped plans are not installed")
-    return Catalog.from_dir(folder)
 
 
 def _x(rank: int, n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from mscclang.comm.catalog import Catalog
 from mscclang.comm.selector import FusedShape, select_fused
 from mscclang.comm.sim_ranks import run_ranks
 from mscclang.errors import PlanError
@@ -22,11 +21,6 @@ from tests.harness.sim_plans import library_plans
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 HIDDENS = [8, 16, 24, 40, 1024, 4096, 5120, 8192, 65536]
-
-
-@pytest.fixture(scope="module")
-def catalog() -> Catalog:
-    return Catalog.from_dir()
 
 
 @pytest.mark.parametrize("ranks", [2, 4, 8])
