@@ -78,14 +78,15 @@ def test_choices_are_case_insensitive():
 
 
 @pytest.mark.parametrize("cmd,dest", [(["compile", "x.py"], "output"), (["import-mscclpp", "x.json"], "output"),
-                                      (["schema"], "output"), (["tune"], "out"), (["bench"], "out"),
+                                      (["export-mscclpp", "x.json"], "output"), (["schema"], "output"), (["tune"], "out"), (["bench"], "out"),
                                       (["build-kernel"], "out"), (["generate-plans"], "out")])
 def test_every_output_takes_o_out_and_output(cmd, dest):
     for flag in ("-o", "--out", "--output"):
         assert str(getattr(_parse(*cmd, flag, "somewhere"), dest)) == "somewhere", flag
 
 
-@pytest.mark.parametrize("cmd", [["run", str(SMALL)], ["verify", str(SMALL)], ["show", str(SMALL)], ["tune"]])
+@pytest.mark.parametrize("cmd", [["run", str(SMALL)], ["verify", str(SMALL)], ["show", str(SMALL)], ["tune"],
+                                 ["export-mscclpp", str(SMALL)]])
 def test_unknown_flags_are_reported_by_the_subcommand(capsys, cmd):
     res = cli_inproc(capsys, *cmd, "--bogus")
     user_error(res, f"mscclang {cmd[0]}: error: unrecognized arguments: --bogus")
@@ -239,6 +240,8 @@ PLAN2 = ROOT / "plans" / "allreduce_oneshot_ll.r2.i1.inplace.json"
     (["show", "/nonexistent/plan.json"], "/nonexistent/plan.json"),
     (["verify", "/nonexistent/plan.json"], "/nonexistent/plan.json"),
     (["import-mscclpp", "/nonexistent/plan.json"], "/nonexistent/plan.json"),
+    (["export-mscclpp", "/nonexistent/plan.json"], "/nonexistent/plan.json"),
+    (["export-mscclpp", str(SMALL), "-o", "/proc/mscclang-nope/x.json"], "/proc/mscclang-nope"),
     (["generate-plans", "--only", "no_such_algorithm"], "no_such_algorithm"),
     (["demo", "--sizes", "3"], "--sizes 3"),
     (["bench", "--out", "/proc/mscclang-nope"], "--out /proc/mscclang-nope"),
