@@ -71,6 +71,23 @@ def test_every_command_suggests_its_options(capsys):
             user_error(res, f"{typo}: did you mean ")
 
 
+@pytest.mark.parametrize("argv,wrong,right", [
+    (["verfy", str(SMALL)], "verfy", "verify"),
+    (["exprt-mscclpp", str(SMALL)], "exprt-mscclpp", "export-mscclpp"),
+    (["bnch", "--sizes", "1K"], "bnch", "bench"),
+])
+def test_a_typod_command_gets_did_you_mean(capsys, argv, wrong, right):
+    res = cli_inproc(capsys, *argv)
+    user_error(res, f"mscclang: error: argument COMMAND: invalid choice: '{wrong}'", f"did you mean {right}?")
+    assert len(res.stderr.strip().splitlines()) == 2, res.stderr   # the usage line, the error
+
+
+def test_a_command_like_none_lists_them_all(capsys):
+    res = cli_inproc(capsys, "zzzz")
+    user_error(res, "invalid choice: 'zzzz'", "'verify'")
+    assert "did you mean" not in res.stderr, res.stderr
+
+
 # ------------------------------------------------------------------- files of the wrong kind
 
 @pytest.mark.parametrize("content", ["plan", "{}", '{"results": []}', "[1, 2]", "not json"])

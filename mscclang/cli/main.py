@@ -17,7 +17,7 @@ import sys
 import textwrap
 import threading
 import time
-from typing import NoReturn, Optional, Sequence
+from typing import Iterable, NoReturn, Optional, Sequence
 
 from mscclang.errors import MscclangError
 
@@ -55,6 +55,16 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> "NoReturn":  # type: ignore[override]
         self.print_usage(sys.stderr)
         self.exit(1, f"{self.prog}: error: {message}\n")
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        try:
+            super()._check_value(action, value)  # type: ignore[misc]
+        except argparse.ArgumentError as e:
+            near = did_you_mean(str(value), action.choices or ()) if isinstance(
+                action, argparse._SubParsersAction) else None
+            if near is None:
+                raise
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r} (did you mean {near}?)") from e
 
     def _get_value(self, action: argparse.Action, arg_string: str) -> object:
         value = super()._get_value(action, arg_string)  # type: ignore[misc]
@@ -117,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def did_you_mean(word: str, known: Iterable[str]) -> Optional[str]:
+    """The one of ``known`` (option or command names) closest to the mistyped ``word``, or None
+    when none is close: the hint of an unknown flag and of an unknown command."""
+    near = difflib.get_close_matches(word, list(known), n=1)
+    return near[0] if near else None
+
+
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """``parser.parse_args``, with arguments no option takes reported by the subcommand's parser
     (``mscclang run: error: unrecognized arguments: ...``), as its other usage errors are."""
@@ -125,9 +142,9 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         target = sub.choices.get(getattr(args, "command", None) or "", parser)
         known = [o for a in target._actions for o in a.option_strings]
-        typos = [(x, difflib.get_close_matches(x, known, n=1)) for x in (y.split("=")[0] for y in extra)
+        typos = [(x, did_you_mean(x, known)) for x in (y.split("=")[0] for y in extra)
                  if x.startswith("-") and not _NEGATIVE.match(x)]
-        hint = "; ".join(f"{x}: did you mean {near[0]}?" for x, near in typos if near)
+        hint = "; ".join(f"{x}: did you mean {near}?" for x, near in typos if near)
         hint = f" ({hint})" if hint else "" if all(x.startswith("-") for x in extra) else \
             " (a list is one comma list per option: --sizes 1K,4M)"
         target.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
