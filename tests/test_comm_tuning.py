@@ -79,6 +79,40 @@ def test_file_round_trip_and_file_errors(tmp_path):
         load_tuning(tmp_path / "missing.json")
 
 
+def _communicator():
+    from mscclang.comm import Communicator
+    from mscclang.comm.sim_backend import SimWorld
+
+    return Communicator(backend=SimWorld(1).backend(0), fallback=False)
+
+
+def test_mscclang_tuning_reaches_the_communicator_through_load_tuning(monkeypatch, tmp_path):
+    """One home for the variable: what load_tuning(None) honours or refuses, the Communicator does."""
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(table([rule(None, "nccl")])))
+    monkeypatch.setenv("MSCCLANG_TUNING", str(p))
+    assert tuning_to_json(_communicator().tuning) == tuning_to_json(load_tuning(None)) == tuning_to_json(load_tuning(p))
+    monkeypatch.setenv("MSCCLANG_TUNING", "{not json")
+    with pytest.raises(TuningError, match="not valid JSON"):
+        _communicator()
+    monkeypatch.setenv("MSCCLANG_TUNING", str(tmp_path / "missing.json"))
+    with pytest.raises(TuningError, match="missing.json.*cannot read"):
+        _communicator()
+
+
+def test_without_the_shipped_table_the_default_is_an_empty_one(monkeypatch, tmp_path):
+    """A package built without the shipped table: no rule (every call to NCCL), not an error;
+    a MSCCLANG_TUNING is still read."""
+    import mscclang.comm.tuning as tuning
+
+    monkeypatch.setattr(tuning, "DEFAULT_TUNING_FILE", tmp_path / "absent.json")
+    monkeypatch.delenv("MSCCLANG_TUNING", raising=False)
+    assert load_tuning(None).rules == [] and _communicator().tuning.rules == []
+    monkeypatch.setenv("MSCCLANG_TUNING", "{not json")
+    with pytest.raises(TuningError, match="not valid JSON"):
+        load_tuning(None)
+
+
 def test_plans_dir_is_relative_to_the_file(tmp_path):
     doc = table([rule(None, "a")])
     doc["plans_dir"] = "extra"

@@ -24,7 +24,7 @@ from mscclang.comm.names import dtype_name, plan_collective
 from mscclang.comm.planner import CallPlan, Planner
 from mscclang.comm.selector import Choice, Selector
 from mscclang.comm.tracing import CallTrace, TracedCall, Tracing, check_traceable
-from mscclang.comm.tuning import DEFAULT_TUNING_FILE, TuningTable, load_tuning
+from mscclang.comm.tuning import TuningTable, load_tuning
 from mscclang.config import settings
 from mscclang.plan.collectives import collective
 
@@ -81,12 +81,7 @@ class Communicator:
         if not 0 <= self.rank < self.world_size:
             raise CommError(f"rank {self.rank} is not in a world of {self.world_size}")
         # tuning table and plan catalog
-        if tuning is None and settings.tuning:
-            tuning = settings.tuning
-        if tuning is None and not DEFAULT_TUNING_FILE.is_file():
-            self.tuning = TuningTable()
-        else:
-            self.tuning = load_tuning(tuning)
+        self.tuning = load_tuning(tuning)   # None: $MSCCLANG_TUNING, else the shipped table
         self.catalog = plans if isinstance(plans, Catalog) else Catalog.from_dir(plans)
         extra = self.tuning.extra_plans_dir()
         if extra is not None and extra.is_dir():

@@ -185,12 +185,15 @@ def tuning_from_dict(data: object, file: Optional[str] = None) -> TuningTable:
 
 def load_tuning(source: Union[str, Path, dict, TuningTable, None] = None) -> TuningTable:
     """Load a tuning table from a path, a JSON string, a dict, or (None) ``$MSCCLANG_TUNING``
-    when it is set, else the shipped defaults; TuningError naming the file (or the text's JSON
-    path) when the table cannot be read or is invalid."""
+    when it is set, else the shipped defaults (an empty table, every call to NCCL, where the
+    package was built without them); TuningError naming the file (or the text's JSON path) when
+    the table cannot be read or is invalid. The one reader of ``MSCCLANG_TUNING``."""
     if isinstance(source, TuningTable):
         return source
     if source is None:
         source = settings.tuning or DEFAULT_TUNING_FILE
+        if source == DEFAULT_TUNING_FILE and not DEFAULT_TUNING_FILE.is_file():
+            return TuningTable()
     if isinstance(source, dict):
         return tuning_from_dict(source)
     if isinstance(source, Path) or not str(source).lstrip().startswith("{"):
