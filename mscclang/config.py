@@ -20,11 +20,13 @@ environment, a test's dict). :func:`describe` lists every setting with its value
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, Optional, Sequence, TypeVar, Union
 
-from mscclang.errors import InvalidCall, LimitError, RuntimeUnavailable, SettingError, SpecUnsupported, WorkerError
+from mscclang.errors import (InvalidCall, LimitError, MscclangError, RuntimeUnavailable, SettingError, SpecUnsupported,
+                             WorkerError)
 from mscclang.units import BYTE_COUNT_EXAMPLES, format_bytes, parse_bytes
 
 __all__ = ["Settings", "settings", "EnvVar", "EnvSetting", "EnvBool", "EnvInt", "EnvFloat", "EnvBytes", "EnvStr",
@@ -62,18 +64,22 @@ class EnvSetting(EnvVar, Generic[T]):
     """One ``MSCCLANG_*`` variable ``name``: ``default`` (a value, or a callable giving it, when the
     default depends on the machine) applies when it is unset or blank; ``doc`` says what it does
     in one line; ``default_doc`` replaces the default in tables where the value alone would
-    mislead (``no cap``); ``error`` is the exception class a bad value raises."""
+    mislead (``no cap``); ``error`` is the exception class a bad value raises; ``check`` names
+    (``module:function``, since that code imports this module) the test of the code that reads a
+    file or folder the value names, which :meth:`checked` runs."""
 
     kind = "str"
 
     def __init__(self, name: str, default: Union[T, Callable[[], T], None], doc: str, *,
-                 default_doc: Optional[str] = None, error: type[Exception] = SettingError) -> None:
+                 default_doc: Optional[str] = None, error: type[Exception] = SettingError,
+                 check: Optional[str] = None) -> None:
         if not name.startswith("MSCCLANG_"):
             raise ValueError(f"setting {name!r}: every variable is named MSCCLANG_*")
         super().__init__(name, doc)
         self.default = default
         self.default_doc = default_doc
         self.error = error
+        self.check = check
 
     def __get__(self, obj: Optional["Settings"], owner: type) -> Any:
         return self if obj is None else self.parse(obj.environ.get(self.name))
@@ -93,6 +99,22 @@ class EnvSetting(EnvVar, Generic[T]):
         if raw is None or not str(raw).strip():
             return self.default_value()
         return self.convert(str(raw).strip())
+
+    def checked(self, raw: Optional[str]) -> Optional[T]:
+        """:meth:`parse`, then, for a set value, the ``check`` of the code that reads it (a file
+        that cannot be read, a folder with no plan): what it refuses raises :attr:`error` naming
+        the variable and the value, as :meth:`parse` does."""
+        value = self.parse(raw)
+        if self.check is None or raw is None or not str(raw).strip():
+            return value
+        module, func = self.check.split(":")
+        try:
+            getattr(importlib.import_module(module), func)(value)
+        except (MscclangError, OSError) as e:
+            if isinstance(e, self.error) and str(e).startswith(f"{self.name}="):
+                raise
+            raise self.fail(str(raw).strip(), str(e)) from None
+        return value
 
     def convert(self, text: str) -> T:
         """The value of a non-blank, stripped text (each kind overrides it)."""
@@ -286,11 +308,12 @@ class Settings:
         error=InvalidCall)
     tuning = EnvStr(
         "MSCCLANG_TUNING", None,
-        "tuning table of the collective API: a file or JSON text (unset: the shipped 2x H200 table)")
+        "tuning table of the collective API: a file or JSON text (unset: the shipped 2x H200 table)",
+        check="mscclang.comm.tuning:load_tuning")
     plans_dir = EnvPath(
         "MSCCLANG_PLANS_DIR", None,
         "folder of the plans the collective API chooses from (unset: the checkout's or the installed plans/); "
-        "a folder that is missing or holds no plan is refused")
+        "a folder that is missing or holds no plan is refused", check="mscclang.comm.catalog:check_plans_dir")
     comm_granule = EnvInt(
         "MSCCLANG_COMM_GRANULE", None,
         "force one padding granule (elements) for every collective call (unset: the plan's alignment)",
@@ -461,7 +484,8 @@ def worker_env(of: Optional[Settings] = None) -> dict[str, str]:
 
 def describe(of: Optional[Settings] = None) -> list[SettingInfo]:
     """Every setting with its default and its value in ``of`` (default :data:`settings`); a value
-    the setting refuses is shown as the raw text, with the reason in ``problem``."""
+    the setting refuses (:meth:`EnvSetting.checked`: a file or folder its reader refuses too) is
+    shown as the raw text, with the reason in ``problem``."""
     of = settings if of is None else of
     rows = []
     for s in declared():
@@ -470,7 +494,7 @@ def describe(of: Optional[Settings] = None) -> list[SettingInfo]:
         problem: Optional[str] = None
         if raw is not None:
             try:
-                value = s.show(s.parse(raw))
+                value = s.show(s.checked(raw))
             except Exception as e:  # any refusal (its class is the setting's) is reported, not raised
                 value, problem = repr(raw), str(e)
         default = s.default_doc if s.default_doc is not None else s.show(s.default_value())
@@ -499,7 +523,7 @@ def settings_markdown() -> str:
             "Every `MSCCLANG_*` environment variable mscclang reads. Each is read when it is needed, "
             "never cached; unset or blank means the default. A value a setting does not accept is an "
             "error naming the variable and what it accepts. `python3 -m mscclang env` prints the "
-            "values in effect.\n\n"
+            "values in effect and marks each one that would be refused (a file or folder included) with the reason.\n\n"
             "Kinds: `bool` is 1/true/yes/on or 0/false/no/off; `bytes` is a byte count such as "
             f"{', '.join(f'`{x}`' for x in BYTE_COUNT_EXAMPLES.split(', '))} (K = 1024 bytes; K, M, G, T "
             "with optional `B` or `iB`); `choice` is one of the listed words; `path` is a file or "

@@ -373,6 +373,55 @@ def test_env_command(monkeypatch, capsys):
     assert capsys.readouterr().out == settings_markdown()
 
 
+def _folder(tmp_path: Path, kind: str) -> str:
+    """A value of MSCCLANG_PLANS_DIR or MSCCLANG_TUNING of the given kind, made under tmp_path."""
+    f = tmp_path / "x"
+    if kind in ("empty", "no plan", "broken index"):
+        f.mkdir()
+    if kind == "no plan":
+        (f / "t.json").write_text((PACKAGE / "comm" / "tuning_2xh200.json").read_text())
+    elif kind == "broken index":
+        (f / "index.json").write_text("{not json")
+    elif kind in ("file", "not a table"):
+        f.write_text('{"format": "mscclang.plan/1"}' if kind == "not a table" else "{not json")
+    return str(ROOT / "plans") if kind == "good" else str(f)
+
+
+@pytest.mark.parametrize("var,kind,problem", [
+    ("MSCCLANG_PLANS_DIR", "missing", "no such folder"),
+    ("MSCCLANG_PLANS_DIR", "file", "not a folder"),
+    ("MSCCLANG_PLANS_DIR", "empty", "holds no plan"),
+    ("MSCCLANG_PLANS_DIR", "no plan", "no file of the folder is a plan"),
+    ("MSCCLANG_PLANS_DIR", "broken index", "not valid JSON"),
+    ("MSCCLANG_PLANS_DIR", "good", None),
+    ("MSCCLANG_TUNING", "missing", "cannot read tuning file"),
+    ("MSCCLANG_TUNING", "file", "not valid JSON"),
+    ("MSCCLANG_TUNING", "empty", "cannot read tuning file"),
+    ("MSCCLANG_TUNING", "not a table", "expected format 'mscclang.tuning/1'"),
+])
+def test_describe_refuses_what_the_catalog_and_the_tuning_loader_refuse(tmp_path, var, kind, problem):
+    value = _folder(tmp_path, kind)
+    row = next(r for r in config.describe(Settings({var: value})) if r.name == var)
+    if problem is None:
+        assert row.problem is None and row.value == value
+    else:
+        assert row.problem is not None and row.problem.startswith(f"{var}={value!r}: ") and problem in row.problem, row
+
+
+def test_describe_accepts_a_tuning_table_given_as_text():
+    text = (PACKAGE / "comm" / "tuning_2xh200.json").read_text()
+    assert next(r for r in config.describe(Settings({"MSCCLANG_TUNING": text}))
+                if r.name == "MSCCLANG_TUNING").problem is None
+    bad = next(r for r in config.describe(Settings({"MSCCLANG_TUNING": '{"rules": 3}'})) if r.name == "MSCCLANG_TUNING")
+    assert "expected format" in bad.problem
+
+
+def test_env_command_marks_a_plans_folder_without_plans(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("MSCCLANG_PLANS_DIR", str(tmp_path))
+    assert cli_main(["env"]) == 1
+    assert f"INVALID: MSCCLANG_PLANS_DIR='{tmp_path}': the folder holds no plan" in capsys.readouterr().out
+
+
 def test_describe_lists_every_setting_once():
     rows = config.describe(Settings({"MSCCLANG_TIMEOUT_S": "5"}))
     assert [r.name for r in rows] == [s.name for s in declared()]

@@ -200,6 +200,23 @@ def _holds_plans(folder: Path) -> bool:
     return (folder / "index.json").is_file() or (folder.is_dir() and any(folder.glob("*.json")))
 
 
+def _setting_folder(value: str) -> Path:
+    """The folder ``MSCCLANG_PLANS_DIR=value`` names; SettingError when it is not a folder or
+    holds no ``index.json`` and no ``*.json``."""
+    if not Path(value).is_dir():
+        raise Settings.plans_dir.fail(value, "no such folder" if not Path(value).exists() else "not a folder")
+    if not _holds_plans(Path(value)):
+        raise Settings.plans_dir.fail(value, "the folder holds no plan (no index.json, no *.json)")
+    return Path(value)
+
+
+def check_plans_dir(value: str) -> None:
+    """Refuse ``MSCCLANG_PLANS_DIR=value`` as :meth:`Catalog.from_dir` refuses it when the variable
+    holds it (SettingError naming the variable for a folder that is missing or holds no plan,
+    TuningError for a broken ``index.json``); the check ``mscclang env`` runs."""
+    Catalog.from_dir(_setting_folder(value), setting=value)
+
+
 def default_plans_dir() -> Optional[Path]:
     """``$MSCCLANG_PLANS_DIR``, else ``plans/`` of the checkout, else the installed copy
     (``mscclang/plans``, ``mscclang/_plans`` or ``<data root>/share/mscclang/plans``, see
@@ -208,11 +225,7 @@ def default_plans_dir() -> Optional[Path]:
     variable and the folder (every call would otherwise fall back to NCCL)."""
     env = settings.plans_dir
     if env:
-        if not Path(env).is_dir():
-            raise Settings.plans_dir.fail(env, "no such folder" if not Path(env).exists() else "not a folder")
-        if not _holds_plans(Path(env)):
-            raise Settings.plans_dir.fail(env, "the folder holds no plan (no index.json, no *.json)")
-        return Path(env)
+        return _setting_folder(env)
     here = Path(__file__).resolve().parent.parent
     cands = [here.parent / "plans", here / "plans", here / "_plans"]
     cands += [root / "share" / "mscclang" / "plans" for root in installed_data_dirs()]
@@ -241,11 +254,14 @@ class Catalog:
         return self._variants.get(key)
 
     @classmethod
-    def from_dir(cls, folder: Union[str, Path, None] = None) -> "Catalog":
+    def from_dir(cls, folder: Union[str, Path, None] = None, setting: Optional[str] = None) -> "Catalog":
         """Read a plans folder (its ``index.json``, else every ``*.json``); an absent folder
-        gives an empty catalog, except where ``MSCCLANG_PLANS_DIR`` names it
-        (:func:`default_plans_dir` refuses it)."""
-        folder = Path(folder) if folder is not None else default_plans_dir()
+        gives an empty catalog, except where ``MSCCLANG_PLANS_DIR`` names it (None:
+        :func:`default_plans_dir`, which refuses it; ``setting``: the variable's value that named
+        ``folder``): then a folder none of whose files is a plan is refused too."""
+        if folder is None:
+            folder, setting = default_plans_dir(), settings.plans_dir
+        folder = Path(folder) if folder is not None else None
         cat = cls()
         if folder is None or not folder.is_dir():
             return cat
@@ -275,8 +291,8 @@ class Catalog:
             except Exception:  # not a plan (e.g. a tuning file): skip
                 continue
             cat.add(PlanVariant.from_plan(plan, key=p.name[:-5], path=p))
-        if not len(cat) and settings.plans_dir and folder == default_plans_dir():
-            raise Settings.plans_dir.fail(settings.plans_dir, "no file of the folder is a plan")
+        if not len(cat) and setting:
+            raise Settings.plans_dir.fail(setting, "no file of the folder is a plan")
         return cat
 
     def matching(self, collective: str, world_size: int) -> list[PlanVariant]:
