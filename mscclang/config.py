@@ -25,8 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Mapping, Optional, Sequence, TypeVar, Union
 
-from mscclang.errors import (InvalidCall, LimitError, MscclangError, RuntimeUnavailable, SettingError, SpecUnsupported,
-                             WorkerError)
+from mscclang.errors import InvalidCall, LimitError, RuntimeUnavailable, SettingError, SpecUnsupported, WorkerError
 from mscclang.units import BYTE_COUNT_EXAMPLES, format_bytes, parse_bytes
 
 __all__ = ["Settings", "settings", "EnvVar", "EnvSetting", "EnvBool", "EnvInt", "EnvFloat", "EnvBytes", "EnvStr",
@@ -71,8 +70,7 @@ class EnvSetting(EnvVar, Generic[T]):
     kind = "str"
 
     def __init__(self, name: str, default: Union[T, Callable[[], T], None], doc: str, *,
-                 default_doc: Optional[str] = None, error: type[Exception] = SettingError,
-                 check: Optional[str] = None) -> None:
+                 default_doc: Optional[str] = None, error: type[Exception] = SettingError, check: Optional[str] = None) -> None:
         if not name.startswith("MSCCLANG_"):
             raise ValueError(f"setting {name!r}: every variable is named MSCCLANG_*")
         super().__init__(name, doc)
@@ -105,15 +103,12 @@ class EnvSetting(EnvVar, Generic[T]):
         that cannot be read, a folder with no plan): what it refuses raises :attr:`error` naming
         the variable and the value, as :meth:`parse` does."""
         value = self.parse(raw)
-        if self.check is None or raw is None or not str(raw).strip():
-            return value
-        module, func = self.check.split(":")
-        try:
-            getattr(importlib.import_module(module), func)(value)
-        except (MscclangError, OSError) as e:
-            if isinstance(e, self.error) and str(e).startswith(f"{self.name}="):
-                raise
-            raise self.fail(str(raw).strip(), str(e)) from None
+        if self.check and str(raw or "").strip():
+            module, func = self.check.split(":")
+            try:
+                getattr(importlib.import_module(module), func)(value)
+            except Exception as e:  # the reader's refusal, of its own class; named as this variable's
+                raise e if str(e).startswith(f"{self.name}=") else self.fail(str(raw).strip(), str(e)) from None
         return value
 
     def convert(self, text: str) -> T:

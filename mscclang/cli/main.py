@@ -57,14 +57,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(1, f"{self.prog}: error: {message}\n")
 
     def _check_value(self, action: argparse.Action, value: object) -> None:
-        try:
-            super()._check_value(action, value)  # type: ignore[misc]
-        except argparse.ArgumentError as e:
-            near = did_you_mean(str(value), action.choices or ()) if isinstance(
-                action, argparse._SubParsersAction) else None
-            if near is None:
-                raise
-            raise argparse.ArgumentError(action, f"invalid choice: {value!r} (did you mean {near}?)") from e
+        near = isinstance(action, argparse._SubParsersAction) and value not in action.choices and did_you_mean(
+            str(value), action.choices)
+        if near:
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r} (did you mean {near}?)")
+        super()._check_value(action, value)  # type: ignore[misc]
 
     def _get_value(self, action: argparse.Action, arg_string: str) -> object:
         value = super()._get_value(action, arg_string)  # type: ignore[misc]
@@ -130,8 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 def did_you_mean(word: str, known: Iterable[str]) -> Optional[str]:
     """The one of ``known`` (option or command names) closest to the mistyped ``word``, or None
     when none is close: the hint of an unknown flag and of an unknown command."""
-    near = difflib.get_close_matches(word, list(known), n=1)
-    return near[0] if near else None
+    return next(iter(difflib.get_close_matches(word, list(known), n=1)), None)
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

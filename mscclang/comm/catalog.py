@@ -31,11 +31,8 @@ ANY = "any"
 def infer_buffer_mode(plan: Plan) -> str:
     """``symmetric`` when some rank touches a peer's input or output buffer (zero-copy), else
     ``any`` (only peers' scratch is touched remotely)."""
-    for g in plan.gpus:
-        for rb in g.remote_buffers:
-            if rb.type in (BufferKind.input, BufferKind.output):
-                return SYMMETRIC
-    return ANY
+    return SYMMETRIC if any(rb.type in (BufferKind.input, BufferKind.output)
+                            for g in plan.gpus for rb in g.remote_buffers) else ANY
 
 
 @dataclass
@@ -90,12 +87,8 @@ class PlanVariant:
         return self.port_channels
 
     def label(self) -> str:
-        parts = [self.algorithm]
-        if self.instances is not None:
-            parts.append(f"i{self.instances}")
-        if self.threads is not None:
-            parts.append(f"t{self.threads}")
-        return " ".join(parts)
+        return " ".join([self.algorithm] + [f"{c}{n}" for c, n in (("i", self.instances), ("t", self.threads))
+                                            if n is not None])
 
     @classmethod
     def from_plan(cls, plan: Plan, key: Optional[str] = None, algorithm: Optional[str] = None,
@@ -135,9 +128,7 @@ def _variant_from_entry(e: dict, folder: Path, where: str) -> PlanVariant:
         if nm is None:
             raise TuningError("index entry names no plan file", where)
         fname = f"{nm}.json"
-    path = Path(fname)
-    if not path.is_absolute():
-        path = folder / path
+    path = folder / fname   # an absolute fname stays as it is
     key = path.name[:-5] if path.name.endswith(".json") else path.name
     algorithm = _get(e, "algorithm", "name", default=_algorithm_of(key))
     if algorithm == key:
@@ -185,15 +176,8 @@ def installed_data_dirs() -> list[Path]:
     import sys
     import sysconfig
 
-    roots = [Path(sys.prefix), Path(sysconfig.get_path("data"))]
-    user_base = getattr(site, "USER_BASE", None)
-    if user_base:
-        roots.append(Path(user_base))
-    out: list[Path] = []
-    for r in roots:
-        if r not in out:
-            out.append(r)
-    return out
+    roots = [sys.prefix, sysconfig.get_path("data"), *[b for b in [getattr(site, "USER_BASE", None)] if b]]
+    return list(dict.fromkeys(map(Path, roots)))   # each once, in this order
 
 
 def _holds_plans(folder: Path) -> bool:
@@ -259,9 +243,7 @@ class Catalog:
         gives an empty catalog, except where ``MSCCLANG_PLANS_DIR`` names it (None:
         :func:`default_plans_dir`, which refuses it; ``setting``: the variable's value that named
         ``folder``): then a folder none of whose files is a plan is refused too."""
-        if folder is None:
-            folder, setting = default_plans_dir(), settings.plans_dir
-        folder = Path(folder) if folder is not None else None
+        folder, setting = (Path(folder), setting) if folder is not None else (default_plans_dir(), settings.plans_dir)
         cat = cls()
         if folder is None or not folder.is_dir():
             return cat

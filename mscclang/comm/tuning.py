@@ -67,14 +67,8 @@ class Candidate(_Strict):
         """Short human label, e.g. ``allreduce_oneshot_ll i2 t512``."""
         if self.is_nccl:
             return NCCL
-        parts = [self.plan]
-        if self.instances is not None:
-            parts.append(f"i{self.instances}")
-        if self.threads is not None:
-            parts.append(f"t{self.threads}")
-        if self.packet_type is not None:
-            parts.append(self.packet_type)
-        return " ".join(parts)
+        marks = (("i", self.instances), ("t", self.threads), ("", self.packet_type))
+        return " ".join([self.plan] + [f"{c}{v}" for c, v in marks if v is not None])
 
 
 class Rule(_Strict):
