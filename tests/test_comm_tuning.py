@@ -117,9 +117,26 @@ def test_plans_dir_is_relative_to_the_file(tmp_path):
     doc = table([rule(None, "a")])
     doc["plans_dir"] = "extra"
     p = tmp_path / "sub" / "t.json"
-    p.parent.mkdir()
+    (tmp_path / "sub" / "extra").mkdir(parents=True)
     p.write_text(json.dumps(doc))
     assert load_tuning(p).extra_plans_dir() == (tmp_path / "sub" / "extra").resolve()
+
+
+def test_a_table_whose_plans_folder_is_gone_is_refused(monkeypatch, tmp_path):
+    """A tuning file copied without the plans the tuner compiled for it: refused naming the
+    folder, not read as if its rules named no such plans (their calls would go elsewhere)."""
+    doc = table([rule(None, "a")])
+    doc["plans_dir"] = "t.plans"
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(TuningError, match=f"{p}:plans_dir: no such folder {tmp_path / 't.plans'}"):
+        load_tuning(p)
+    monkeypatch.setenv("MSCCLANG_TUNING", str(p))
+    with pytest.raises(TuningError, match="plans_dir: no such folder"):
+        _communicator()
+    from mscclang.config import describe
+
+    assert "plans_dir: no such folder" in next(r.problem for r in describe() if r.name == "MSCCLANG_TUNING")
 
 
 def test_shipped_defaults_parse_and_cover_2_ranks():

@@ -84,7 +84,7 @@ class Communicator:
         self.tuning = load_tuning(tuning)   # None: $MSCCLANG_TUNING, else the shipped table
         self.catalog = plans if isinstance(plans, Catalog) else Catalog.from_dir(plans)
         extra = self.tuning.extra_plans_dir()
-        if extra is not None and extra.is_dir():
+        if extra is not None:
             for v in Catalog.from_dir(extra):
                 self.catalog.add(v)
         self.selector = Selector(self.tuning, self.catalog)

@@ -118,12 +118,15 @@ class TuningTable(_Strict):
     _base: Optional[Path] = PrivateAttr(default=None)
 
     def extra_plans_dir(self) -> Optional[Path]:
-        """Absolute folder of the extra plans named by ``plans_dir``, if any."""
+        """Absolute folder of the extra plans named by ``plans_dir``, if any; TuningError (JSON
+        path ``plans_dir``) when it is not a folder: the rules may name plans only it holds."""
         if not self.plans_dir:
             return None
         p = Path(self.plans_dir)
         if not p.is_absolute() and self._base is not None:
             p = self._base / p
+        if not p.is_dir():
+            raise TuningError(f"no such folder {p} (of the plans compiled for this table)", "plans_dir")
         return p
 
     def rule_for(self, collective: str, world_size: int, dtype: str, nbytes: int) -> Optional[Rule]:
@@ -206,6 +209,10 @@ def load_tuning(source: Union[str, Path, dict, TuningTable, None] = None) -> Tun
     table = tuning_from_dict(data, name)
     if name is not None:
         table._base = Path(name).resolve().parent
+    try:
+        table.extra_plans_dir()   # its folder is there
+    except TuningError as e:
+        raise TuningError(e.message, e.path, name) from None
     return table
 
 
