@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Generic, Mapping, Optional, Sequence, TypeVar, Union
 
 from mscclang.errors import InvalidCall, LimitError, RuntimeUnavailable, SettingError, SpecUnsupported, WorkerError
@@ -129,9 +130,20 @@ class EnvStr(EnvSetting[str]):
 
 
 class EnvPath(EnvSetting[str]):
-    """A file or folder path (the text as it is, stripped; relative to the working directory)."""
+    """A file or folder path (the text as it is, stripped; relative to the working directory).
+    With ``folder``, a path that is not a folder is refused, a missing one too unless ``made``
+    (a folder mscclang makes when it writes there)."""
 
     kind = "path"
+
+    def __init__(self, name: str, default: Optional[str], doc: str, *, folder: bool = False, made: bool = False, **kw: Any) -> None:
+        super().__init__(name, default, doc, **kw)
+        self.folder, self.made = folder, made
+
+    def convert(self, text: str) -> str:
+        if self.folder and not Path(text).is_dir() and (Path(text).exists() or not self.made):
+            raise self.fail(text, "not a folder" if Path(text).exists() else "no such folder")
+        return text
 
 
 class EnvBool(EnvSetting[bool]):
@@ -308,7 +320,7 @@ class Settings:
     plans_dir = EnvPath(
         "MSCCLANG_PLANS_DIR", None,
         "folder of the plans the collective API chooses from (unset: the checkout's or the installed plans/); "
-        "a folder that is missing or holds no plan is refused", check="mscclang.comm.catalog:check_plans_dir")
+        "a folder that is missing or holds no plan is refused", folder=True, check="mscclang.comm.catalog:check_plans_dir")
     comm_granule = EnvInt(
         "MSCCLANG_COMM_GRANULE", None,
         "force one padding granule (elements) for every collective call (unset: the plan's alignment)",
@@ -373,13 +385,13 @@ class Settings:
         "plan's count) or a count 1..1024")
     executor_dir = EnvPath(
         "MSCCLANG_EXECUTOR_DIR", None,
-        "folder of the executor's CUDA sources (unset: the checkout's executor/ or the installed copy)")
+        "folder of the executor's CUDA sources (unset: the checkout's executor/ or the installed copy)", folder=True)
     cache_dir = EnvPath(
-        "MSCCLANG_CACHE_DIR", None, "disk cache of built kernels",
-        default_doc="$XDG_CACHE_HOME/mscclang, else ~/.cache/mscclang")
+        "MSCCLANG_CACHE_DIR", None, "disk cache of built kernels (a folder, made when missing)",
+        default_doc="$XDG_CACHE_HOME/mscclang, else ~/.cache/mscclang", folder=True, made=True)
     cubin_dir = EnvPath(
         "MSCCLANG_CUBIN_DIR", None,
-        "folder of prebuilt kernels (mscclang build-kernel --out), looked up before building with NVRTC")
+        "folder of prebuilt kernels (mscclang build-kernel --out), looked up before building with NVRTC", folder=True)
 
     # --- plans and the simulator
     max_plan_bytes = EnvBytes(
@@ -522,7 +534,7 @@ def settings_markdown() -> str:
             "Kinds: `bool` is 1/true/yes/on or 0/false/no/off; `bytes` is a byte count such as "
             f"{', '.join(f'`{x}`' for x in BYTE_COUNT_EXAMPLES.split(', '))} (K = 1024 bytes; K, M, G, T "
             "with optional `B` or `iB`); `choice` is one of the listed words; `path` is a file or "
-            "folder.\n\n"
+            "folder (one that must be a folder refuses anything else).\n\n"
             "Every rank of a job must use the same settings.\n\n"
             "| variable | kind | default | what it does |\n|---|---|---|---|\n")
     rows = []

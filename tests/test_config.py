@@ -408,6 +408,34 @@ def test_describe_refuses_what_the_catalog_and_the_tuning_loader_refuse(tmp_path
         assert row.problem is not None and row.problem.startswith(f"{var}={value!r}: ") and problem in row.problem, row
 
 
+@pytest.mark.parametrize("var,kind,problem", [
+    ("MSCCLANG_EXECUTOR_DIR", "missing", "no such folder"), ("MSCCLANG_EXECUTOR_DIR", "file", "not a folder"),
+    ("MSCCLANG_CUBIN_DIR", "missing", "no such folder"), ("MSCCLANG_CUBIN_DIR", "file", "not a folder"),
+    ("MSCCLANG_CACHE_DIR", "file", "not a folder"), ("MSCCLANG_CACHE_DIR", "missing", None),
+    ("MSCCLANG_CUBIN_DIR", "empty", None), ("MSCCLANG_EXECUTOR_DIR", "empty", None),
+])
+def test_folder_settings_refuse_a_file_or_a_missing_folder(tmp_path, var, kind, problem):
+    """Seen: a MSCCLANG_EXECUTOR_DIR or MSCCLANG_CUBIN_DIR naming no folder was passed over in
+    silence (the checkout's sources, NVRTC builds); a kernel cache that is a file failed deep in a build."""
+    value = _folder(tmp_path, kind)
+    s = next(d for d in declared() if d.name == var)
+    row = next(r for r in config.describe(Settings({var: value})) if r.name == var)
+    if problem is None:
+        assert getattr(Settings({var: value}), s.attr) == value and row.problem is None
+    else:
+        with pytest.raises(MscclangError, match=f"{var}={re.escape(repr(value))}: {problem}"):
+            getattr(Settings({var: value}), s.attr)
+        assert problem in row.problem
+
+
+def test_the_runtime_refuses_an_executor_dir_that_is_not_there(monkeypatch, tmp_path):
+    from mscclang.runtime import build
+
+    monkeypatch.setenv("MSCCLANG_EXECUTOR_DIR", str(tmp_path / "nope"))
+    with pytest.raises(MscclangError, match="MSCCLANG_EXECUTOR_DIR=.*nope.*: no such folder"):
+        build.executor_dir()
+
+
 def test_describe_accepts_a_tuning_table_given_as_text():
     text = (PACKAGE / "comm" / "tuning_2xh200.json").read_text()
     assert next(r for r in config.describe(Settings({"MSCCLANG_TUNING": text}))

@@ -113,21 +113,16 @@ def _algorithm_of(key: str) -> str:
 
 
 def _get(e: dict, *names: str, default: Any = None) -> Any:
-    for n in names:
-        if n in e and e[n] is not None:
-            return e[n]
-    return default
+    return next((e[n] for n in names if e.get(n) is not None), default)
 
 
 def _variant_from_entry(e: dict, folder: Path, where: str) -> PlanVariant:
     if not isinstance(e, dict):
         raise TuningError("an index entry must be an object", where)
-    fname = _get(e, "file", "path", "plan_file")
+    nm = _get(e, "key", "name")
+    fname = _get(e, "file", "path", "plan_file", default=None if nm is None else f"{nm}.json")
     if fname is None:
-        nm = _get(e, "key", "name")
-        if nm is None:
-            raise TuningError("index entry names no plan file", where)
-        fname = f"{nm}.json"
+        raise TuningError("index entry names no plan file", where)
     path = folder / fname   # an absolute fname stays as it is
     key = path.name[:-5] if path.name.endswith(".json") else path.name
     algorithm = _get(e, "algorithm", "name", default=_algorithm_of(key))
@@ -185,10 +180,8 @@ def _holds_plans(folder: Path) -> bool:
 
 
 def _setting_folder(value: str) -> Path:
-    """The folder ``MSCCLANG_PLANS_DIR=value`` names; SettingError when it is not a folder or
-    holds no ``index.json`` and no ``*.json``."""
-    if not Path(value).is_dir():
-        raise Settings.plans_dir.fail(value, "no such folder" if not Path(value).exists() else "not a folder")
+    """The folder ``MSCCLANG_PLANS_DIR=value`` names (a folder: the setting's own rule);
+    SettingError when it holds no ``index.json`` and no ``*.json``."""
     if not _holds_plans(Path(value)):
         raise Settings.plans_dir.fail(value, "the folder holds no plan (no index.json, no *.json)")
     return Path(value)
