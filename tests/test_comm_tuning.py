@@ -100,6 +100,17 @@ def test_mscclang_tuning_reaches_the_communicator_through_load_tuning(monkeypatc
         _communicator()
 
 
+@pytest.mark.parametrize("text,path", [("{not json", None), ('{"format": "mscclang.tuning/1", "rules": 3}', "rules")])
+def test_a_table_given_as_text_in_mscclang_tuning_is_named_by_the_variable(monkeypatch, text, path):
+    """Seen: `MSCCLANG_TUNING='{...' mscclang demo` said only "not valid JSON", naming nothing."""
+    monkeypatch.setenv("MSCCLANG_TUNING", text)
+    with pytest.raises(TuningError, match=f"^MSCCLANG_TUNING{':' + path if path else ''}: ") as ei:
+        load_tuning(None)
+    assert ei.value.path == path
+    with pytest.raises(TuningError, match="^MSCCLANG_TUNING"):
+        _communicator()
+
+
 def test_without_the_shipped_table_the_default_is_an_empty_one(monkeypatch, tmp_path):
     """A package built without the shipped table: no rule (every call to NCCL), not an error;
     a MSCCLANG_TUNING is still read."""

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from mscclang.comm.errors import TuningError
 from mscclang.comm.names import DTYPES, plan_collective
-from mscclang.config import settings
+from mscclang.config import Settings, settings
 
 TUNING_FORMAT = "mscclang.tuning/1"
 NCCL = "nccl"
@@ -122,9 +122,7 @@ class TuningTable(_Strict):
         path ``plans_dir``) when it is not a folder: the rules may name plans only it holds."""
         if not self.plans_dir:
             return None
-        p = Path(self.plans_dir)
-        if not p.is_absolute() and self._base is not None:
-            p = self._base / p
+        p = (self._base or Path()) / self.plans_dir   # an absolute plans_dir stays as it is
         if not p.is_dir():
             raise TuningError(f"no such folder {p} (of the plans compiled for this table)", "plans_dir")
         return p
@@ -184,9 +182,11 @@ def load_tuning(source: Union[str, Path, dict, TuningTable, None] = None) -> Tun
     """Load a tuning table from a path, a JSON string, a dict, or (None) ``$MSCCLANG_TUNING``
     when it is set, else the shipped defaults (an empty table, every call to NCCL, where the
     package was built without them); TuningError naming the file (or the text's JSON path) when
-    the table cannot be read or is invalid. The one reader of ``MSCCLANG_TUNING``."""
+    the table cannot be read or is invalid (JSON text from ``MSCCLANG_TUNING``: naming the variable).
+    The one reader of ``MSCCLANG_TUNING``."""
     if isinstance(source, TuningTable):
         return source
+    label = Settings.tuning.name if source is None else None   # who gave a JSON text: the variable
     if source is None:
         source = settings.tuning or DEFAULT_TUNING_FILE
         if source == DEFAULT_TUNING_FILE and not DEFAULT_TUNING_FILE.is_file():
@@ -205,14 +205,14 @@ def load_tuning(source: Union[str, Path, dict, TuningTable, None] = None) -> Tun
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise TuningError(f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", None, name) from None
-    table = tuning_from_dict(data, name)
+        raise TuningError(f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", None, name or label) from None
+    table = tuning_from_dict(data, name or label)
     if name is not None:
         table._base = Path(name).resolve().parent
     try:
         table.extra_plans_dir()   # its folder is there
     except TuningError as e:
-        raise TuningError(e.message, e.path, name) from None
+        raise TuningError(e.message, e.path, name or label) from None
     return table
 
 
