@@ -168,7 +168,7 @@ def test_explicit_limits_and_environment(monkeypatch):
 
 def test_run_api_is_bounded():
     plan = load_plan(ONESHOT)
-    x = [np.zeros(1 << 18, dtype=np.float32)] * 2   # 1 MiB: the plan's largest message
+    x = [np.zeros(1 << 20, dtype=np.float32)] * 2
     with pytest.raises(LimitError, match="memory"):
         sim_run(plan, x, limits=Limits(16 << 20, 600))
     out = sim_run(plan, [np.ones(256, dtype=np.float32)] * 2)
