@@ -314,7 +314,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     rep.sizes = sizes
     dts = [parse_dtype(d) for d in dtypes] or [parse_dtype("float16")]
     for size in sizes:   # in the plan's range and whole elements of every dtype on every rank, or refused
-        check_message_range(p, size, f"message size {size}")
+        check_message_range(p, size, "the message size")
         for d in dts:
             message_to_bytes(p, size, d)
     deadline = _within_budget(p, sizes, dts, schedules, launches, symbolic, limits)
