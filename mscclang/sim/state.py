@@ -22,6 +22,8 @@ from mscclang.plan.models import BufferKind, Plan
 #: the simulator's default and least symbolic granule: the bytes of a buffer one row of a
 #: symbolic shadow stands for (a run may take any larger power of two that divides what it moves)
 SYM_GRANULE = 4
+#: the largest row of a symbolic shadow, in bytes (``verify``'s coarsest granule)
+MAX_SYMBOLIC_GRANULE = 4096
 
 
 class RankMemory:

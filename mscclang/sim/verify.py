@@ -25,6 +25,7 @@ from mscclang.sim.diagnosis import Findings, attribute_writers, chunk_notes, pla
 from mscclang.sim.postcondition import check_numeric, check_symbolic, derive_senders, random_inputs
 from mscclang.sim.program import Program, sim_program
 from mscclang.sim.report import Deadlock, Problem, Report
+from mscclang.sim.state import MAX_SYMBOLIC_GRANULE, SYM_GRANULE
 from mscclang.sim.runner import (PlanLike, as_plan, check_arguments, check_message_range, default_launches,
                                  message_to_bytes, nothing_to_verify, resolve_reduce_op)
 
@@ -38,10 +39,6 @@ def _blocks_per_message(plan: Plan) -> int:
 def _block_chunks(plan: Plan) -> int:
     g = plan.gpus[0]
     return collective(plan.collective).block_chunks(len(plan.gpus), g.input_chunks, g.output_chunks)
-
-
-#: the largest row of a symbolic shadow, in bytes (see :func:`symbolic_granule`)
-MAX_SYMBOLIC_GRANULE = 4096
 
 
 def default_sizes(plan: Plan) -> list[int]:
@@ -148,7 +145,7 @@ def symbolic_granule(prog: Program) -> int:
             walk(cops)
     g = MAX_SYMBOLIC_GRANULE
     for v in vals:
-        while g > 4 and v % g:
+        while g > SYM_GRANULE and v % g:
             g //= 2
     return g
 
