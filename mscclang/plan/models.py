@@ -153,6 +153,15 @@ PACKET_OPS = frozenset(
     {OpName.cpkt, OpName.upkt, OpName.ppkt, OpName.rppkt, OpName.repkt, OpName.respkt,
      OpName.recpkt, OpName.recspkt, OpName.gstorepkt}
 )
+#: packet ops -> the first destination operand they write as LL packets (the ones before it, a
+#: packet reduction's local result, are plain writes)
+PACKET_DST_FROM: dict[OpName, int] = {OpName.ppkt: 0, OpName.cpkt: 0, OpName.rppkt: 0, OpName.gstorepkt: 0,
+                                      OpName.respkt: 1, OpName.recpkt: 1, OpName.recspkt: 1}
+#: packet ops -> the first source operand they read as LL packets, waiting for their flags (the
+#: ones before it, a packet reduction's local source, are plain reads); ``gstorepkt`` reads packets
+#: from a scratch source only, so it is not listed
+PACKET_SRC_FROM: dict[OpName, int] = {OpName.upkt: 0, OpName.rppkt: 0, OpName.repkt: 1, OpName.respkt: 1,
+                                      OpName.recpkt: 1, OpName.recspkt: 1}
 #: reductions whose first source is local (plain) and may take a place in the order other than
 #: the first (``Op.src0_position``): every reduction but the switch ones, whose sources are a group
 POSITIONED_REDUCE_OPS = frozenset(

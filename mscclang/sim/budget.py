@@ -33,9 +33,10 @@ from mscclang.errors import LimitError, MscclangError
 from mscclang.plan.collectives import spec_from_plan
 from mscclang.plan.layout import make_layout, make_layouts, near_equal_split
 from mscclang.config import Settings, settings
-from mscclang.plan.models import (PACKET_OPS, PUT_SIGNAL_OPS, REDUCE_OPS, SIGNAL_OPS, SYNC_OPS, WAIT_OPS,
-                                  ChannelType, Op, OpName, Plan)
+from mscclang.plan.models import (PACKET_DST_FROM, PACKET_OPS, PACKET_SRC_FROM, PUT_SIGNAL_OPS, REDUCE_OPS, SIGNAL_OPS,
+                                  SYNC_OPS, WAIT_OPS, ChannelType, Op, OpName, Plan)
 from mscclang.sim.postcondition import CHUNKWISE_ELEMENTS
+from mscclang.sim.state import MAX_SYMBOLIC_GRANULE, SYM_GRANULE
 from mscclang.units import format_bytes
 
 __all__ = ["Limits", "Work", "SizeCost", "Estimate", "size_cost", "estimate_runs", "check_runs", "Deadline"]
@@ -53,7 +54,6 @@ _MEM_PER_ACTOR_PAIR = 8 * 4 * 1.25  # vector clocks: 4 per actor (vc, rvc and th
 #                                   at 128 ranks, where they dominate)
 _MEM_PER_ACCESS = 256            # one access in the race log (kept until overwritten)
 _MEM_PER_CHANNEL_END = 300       # a declared channel end: its pairing entries and the plan's lists
-_SIM_GRANULE = 4                 # the simulator's default symbolic granule (bytes per shadow row)
 
 #: seconds per unit of each term of the time estimate (:attr:`Estimate.terms`), fitted by
 #: ``tools/budget_table.py --fit`` to the CPU time of 55 measured verify runs (2 to 1000 ranks,
@@ -94,16 +94,6 @@ class Limits:
         return cls(settings.sim_max_memory, settings.sim_max_seconds)
 
 
-#: ops that wait for packets (their flags) before reading them
-_PACKET_READERS = frozenset({OpName.upkt, OpName.rppkt, OpName.repkt, OpName.respkt, OpName.recpkt,
-                             OpName.recspkt})
-
-
-#: packet ops -> the first destination they write as packets (the simulator's rule: the others,
-#: an unpacked reduction's local result, are plain writes)
-_PACKET_DST_FROM = {OpName.ppkt: 0, OpName.cpkt: 0, OpName.rppkt: 0, OpName.gstorepkt: 0,
-                    OpName.respkt: 1, OpName.recpkt: 1, OpName.recspkt: 1}
-
 
 @dataclass
 class Work:
@@ -138,9 +128,9 @@ class Work:
         self.chunk_refs += sum(x.size for x in refs) + (iters if unit else 0)
         if op.name in SIGNAL_OPS:
             self.signal_execs += iters * len(op.channel_ids)
-        if op.name in _PACKET_DST_FROM:
-            self.packet_writes += iters * len(op.dst_buff[_PACKET_DST_FROM[op.name]:])
-        if op.name in WAIT_OPS or op.name == OpName.sem_acquire or op.name in _PACKET_READERS:
+        if op.name in PACKET_DST_FROM:
+            self.packet_writes += iters * len(op.dst_buff[PACKET_DST_FROM[op.name]:])
+        if op.name in WAIT_OPS or op.name == OpName.sem_acquire or op.name in PACKET_SRC_FROM:
             self.steps += iters   # a wait (for a signal, a semaphore, packets) takes a step of its own
         if op.name in (OpName.nop, OpName.barrier):
             self.nops += iters
@@ -295,9 +285,9 @@ def _granule(plan: Plan, c: SizeCost, row_bytes: int = 0) -> int:
             lay.output.chunk_bytes, lay.output.block_bytes] + [
         op.iter_context.unit_size for g in plan.gpus for tb in g.threadblocks for op in tb.ops
         if op.iter_context is not None]
-    g = 4096
+    g = MAX_SYMBOLIC_GRANULE
     for v in vals:
-        while g > 4 and v % g:
+        while g > SYM_GRANULE and v % g:
             g //= 2
     return g
 
@@ -391,7 +381,7 @@ def _symbolic(plan: Plan, shape: tuple[int, ...], actors: int, ends: int, launch
     except MscclangError:
         return {}
     fused = plan.has_epilogue_ops()
-    gran = _SIM_GRANULE if fused else _granule(plan, c, shape[3] if len(shape) > 3 else 0)
+    gran = SYM_GRANULE if fused else _granule(plan, c, shape[3] if len(shape) > 3 else 0)
     nsym = len(plan.gpus) * max(plan.gpus[0].input_chunks, 1)
     pad = len(plan.gpus) * 4 * gran   # every buffer (in, out, res, scratch) rounds up to a row
     if not fused and (c.footprint + pad) // gran * nsym * 2 > SYMBOLIC_BUDGET:

@@ -39,7 +39,7 @@ from mscclang.sim.budget import Deadline
 from mscclang.sim.races import Access, AccessLog, Actor, OpRef, RaceInfo, Unpublished, ordered
 from mscclang.sim.report import Deadlock, Problem
 from mscclang.sim.schedules import REMOTE_WRITERS, SCHEDULES, ScheduleMixin
-from mscclang.sim.state import RankMemory
+from mscclang.sim.state import SYM_GRANULE, RankMemory
 from mscclang.sim.tasks import ChannelEnd, Task, Wait
 
 __all__ = ["ChannelEnd", "PKT_WRITERS", "Proxy", "REMOTE_WRITERS", "SCHEDULES", "Simulation",
@@ -88,7 +88,7 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
                  schedule: str = "round_robin", seed: int = 0, check_races: bool = True,
                  nsym: int = 0, spec: Optional[CollectiveSpec] = None,
                  poison_outputs: bool = False, max_steps: int = 10_000_000,
-                 lead: Optional[int] = None, sym_granule: int = 4,
+                 lead: Optional[int] = None, sym_granule: int = SYM_GRANULE,
                  deadline: Optional[Deadline] = None,
                  residuals: Optional[list[np.ndarray]] = None,
                  epilogue: Optional[EpilogueParams] = None) -> None:
@@ -114,8 +114,9 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         self.lead = (seed % max(n, 1)) if lead is None else lead
         self.spec = spec or spec_from_plan(plan)
         self.nsym = nsym
-        if not (isinstance(sym_granule, int) and sym_granule >= 4 and sym_granule & (sym_granule - 1) == 0):
-            raise PlanError(f"symbolic granule must be a power of two of at least 4 bytes, got {sym_granule!r}")
+        if not (isinstance(sym_granule, int) and sym_granule >= SYM_GRANULE and sym_granule & (sym_granule - 1) == 0):
+            raise PlanError(f"symbolic granule must be a power of two of at least {SYM_GRANULE} bytes, "
+                            f"got {sym_granule!r}")
         #: bytes per row of the symbolic shadows
         self.sym_granule = sym_granule
         self.poison = poison_outputs

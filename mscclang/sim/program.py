@@ -22,9 +22,9 @@ from mscclang.plan.layout import (
     pipeline_iterations,
     total_length,
 )
-from mscclang.plan.models import BufferKind, BufferRef, ChannelType, Op, OpName, Plan, ThreadBlock
+from mscclang.plan.models import (PACKET_DST_FROM, PACKET_SRC_FROM, BufferKind, BufferRef, ChannelType, Op, OpName,
+                                  Plan, ThreadBlock)
 
-PKT_SRC_TAIL = frozenset({OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt})
 DATA_OPS = frozenset({
     OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.copy, OpName.cpkt, OpName.upkt,
     OpName.ppkt, OpName.rppkt, OpName.re, OpName.res, OpName.rre, OpName.rres, OpName.repkt,
@@ -149,20 +149,12 @@ class _Resolver:
             raise PlanError(f"{where}: needs at least one source and one destination")
 
         def pk_src(i: int) -> bool:
-            if name in (OpName.upkt, OpName.rppkt):
-                return True
-            if name in PKT_SRC_TAIL:
-                return i > 0
             if name == OpName.gstorepkt:
                 return srcs_r[i].type == BufferKind.scratch
-            return False
+            return name in PACKET_SRC_FROM and i >= PACKET_SRC_FROM[name]
 
         def pk_dst(i: int) -> bool:
-            if name in (OpName.cpkt, OpName.ppkt, OpName.rppkt, OpName.gstorepkt):
-                return True
-            if name in (OpName.respkt, OpName.recpkt, OpName.recspkt):
-                return i > 0
-            return False
+            return name in PACKET_DST_FROM and i >= PACKET_DST_FROM[name]
 
         plans: list[tuple[list[int], list[int], bool]] = []
         if name in PAIRWISE_OPS:

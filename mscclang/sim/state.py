@@ -19,11 +19,18 @@ from mscclang.plan.layout import Layout
 from mscclang.plan.models import BufferKind, Plan
 
 
+#: the simulator's default and least symbolic granule: the bytes of a buffer one row of a
+#: symbolic shadow stands for (a run may take any larger power of two that divides what it moves)
+SYM_GRANULE = 4
+#: the largest row of a symbolic shadow, in bytes (``verify``'s coarsest granule)
+MAX_SYMBOLIC_GRANULE = 4096
+
+
 class RankMemory:
     """Buffers of one rank. Storage keys: ``"in"``, ``"out"``, ``"scr"``."""
 
     def __init__(self, plan: Plan, spec: CollectiveSpec, rank: int, layout: Layout,
-                 nsym: int = 0, granule: int = 4, residual: bool = False) -> None:
+                 nsym: int = 0, granule: int = SYM_GRANULE, residual: bool = False) -> None:
         self.rank = rank
         self.layout = layout
         ib, ob = layout.input_bytes, layout.output_bytes

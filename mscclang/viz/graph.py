@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from mscclang.errors import PlanError
-from mscclang.plan.models import PUT_SIGNAL_OPS, SEMAPHORE_OPS, SIGNAL_OPS, SYNC_OPS, WAIT_OPS, BufferKind, BufferRef, ChannelType, Gpu, Op, OpName, Plan, ThreadBlock
+from mscclang.plan.models import PACKET_DST_FROM, PACKET_SRC_FROM, PUT_SIGNAL_OPS, SEMAPHORE_OPS, SIGNAL_OPS, SYNC_OPS, WAIT_OPS, BufferKind, BufferRef, ChannelType, Gpu, Op, OpName, Plan, ThreadBlock
 
 __all__ = ["Edge", "OpNode", "PlanGraph", "PlanPicture", "build_graph", "op_family", "FAMILY_COLORS",
            "EDGE_STYLES", "LABEL_LIMIT", "NodeKey"]
@@ -58,16 +58,6 @@ for _n in (OpName.glre, OpName.glres, OpName.gstore, OpName.gstorepkt):
     _FAMILY[_n] = "switch"
 
 _SIGNALLING = SIGNAL_OPS | PUT_SIGNAL_OPS
-#: op -> which dst operands it writes as packets (slice start, or None for none)
-_PACKET_DST_FROM: dict[OpName, int] = {
-    OpName.ppkt: 0, OpName.cpkt: 0, OpName.rppkt: 0, OpName.gstorepkt: 0,
-    OpName.respkt: 1, OpName.recpkt: 1, OpName.recspkt: 1,
-}
-#: op -> which src operands it reads as packets
-_PACKET_SRC_FROM: dict[OpName, int] = {
-    OpName.upkt: 0, OpName.rppkt: 0,
-    OpName.repkt: 1, OpName.respkt: 1, OpName.recpkt: 1, OpName.recspkt: 1,
-}
 
 #: most ops drawn with labels by default
 LABEL_LIMIT = 1200
@@ -248,13 +238,13 @@ def build_graph(plan: Plan) -> PlanGraph:
                     k = seen_barrier[op.barrier_id]
                     seen_barrier[op.barrier_id] += 1
                     barrier_groups[(r, op.barrier_id, k)].append(key)
-                if name in _PACKET_DST_FROM:
-                    for ref in op.dst_buff[_PACKET_DST_FROM[name]:]:
+                if name in PACKET_DST_FROM:
+                    for ref in op.dst_buff[PACKET_DST_FROM[name]:]:
                         for rank, kind in _ref_targets(plan, gpu, tb, op, ref):
                             if kind == BufferKind.scratch:
                                 writers[rank].append((ref.index, ref.index + max(ref.size, 1), key))
-                if name in _PACKET_SRC_FROM:
-                    for ref in op.src_buff[_PACKET_SRC_FROM[name]:]:
+                if name in PACKET_SRC_FROM:
+                    for ref in op.src_buff[PACKET_SRC_FROM[name]:]:
                         if ref.type == BufferKind.scratch:
                             readers[r].append((ref.index, ref.index + max(ref.size, 1), key))
             blocks[(r, tb.id)] = keys
@@ -292,8 +282,8 @@ def build_graph(plan: Plan) -> PlanGraph:
 
 def _plain_refs(op: Op) -> tuple[list[BufferRef], list[BufferRef]]:
     """(sources read, destinations written) as plain data, i.e. not as LL packets."""
-    srcs = op.src_buff[:_PACKET_SRC_FROM.get(op.name, len(op.src_buff))]
-    dsts = op.dst_buff[:_PACKET_DST_FROM.get(op.name, len(op.dst_buff))]
+    srcs = op.src_buff[:PACKET_SRC_FROM.get(op.name, len(op.src_buff))]
+    dsts = op.dst_buff[:PACKET_DST_FROM.get(op.name, len(op.dst_buff))]
     return list(srcs), list(dsts)
 
 
