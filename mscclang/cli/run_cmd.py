@@ -38,7 +38,7 @@ from mscclang.cli.args import (GPU_DTYPES, MESSAGE_SIZE, SIM_DTYPES, add_progres
 def add_parser(sub: "argparse._SubParsersAction") -> None:
     p = sub.add_parser("run", help="run a plan on all visible GPUs, check it and time it")
     p.add_argument("plan", help="plan JSON file (mscclang or MSCCL++ format; '-' reads standard input)")
-    add_sizes_option(p, MESSAGE_SIZE, "1K and 1M")
+    add_sizes_option(p, MESSAGE_SIZE, "1K and 1M, clipped to the plan's message range")
     p.add_argument("--dtype", default="float16", type=dtype_arg(SIM_DTYPES),
                    help=f"on GPUs {', '.join(GPU_DTYPES)}, on the simulator also "
                         f"{', '.join(d for d in SIM_DTYPES if d not in GPU_DTYPES)}, or an alias "
@@ -75,11 +75,13 @@ def _fitting_sizes(plan: "Plan", wants: list[int], unit: int, dtype: str, limits
     def estimate(sizes: list[int]) -> "Estimate":
         return estimate_verify(plan, sizes, dts, SIM_SCHEDULES, 2)
 
+    floor = max(unit, plan.min_message_size)   # a size scaled down stays inside the plan's range
+
     def halve(size: int, est: "Estimate") -> int:
         smaller = (size // 2) // unit * unit
-        if smaller < unit:
+        if smaller < floor:
             raise LimitError(f"{est.what} would take {' and '.join(est.problems(limits))}, and so would "
-                             f"any size down to {unit} bytes")
+                             f"any size down to {floor} bytes")
         return smaller
 
     chosen: list[int] = []
@@ -144,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     if was_mscclpp:
         print(f"note: {args.plan} is an MSCCL++ plan; running it as imported "
               "(`mscclang import-mscclpp` writes the converted plan)", file=sys.stderr)
-    sizes = args.sizes or [1024, 1 << 20]
+    # the default sizes, 1K and 1M, clipped to the plan's message range (a size given is checked as given)
+    sizes = args.sizes or sorted({min(max(nb, plan.min_message_size), plan.max_message_size) for nb in (1024, 1 << 20)})
     from mscclang.sim.runner import message_to_bytes
 
     inputs = [message_to_bytes(plan, nb, args.dtype)[0] for nb in sizes]   # refuses a size of split elements
