@@ -110,12 +110,8 @@ def test_run_without_gpus_names_the_flags_it_does_not_apply(no_gpus, capsys):
 
 def test_run_s_default_sizes_stay_inside_the_plan_s_range(no_gpus, capsys):
     """The default sizes (1K and 1M) are clipped to the plan's message range: a plan whose
-    smallest message is 1 MiB runs at 1 MiB (it was refused: 1 KiB is outside its range); a size
-    given outside the range is refused in one line."""
+    smallest message is 1 MiB runs at 1 MiB only (the GPU runtime refuses 1 KiB there)."""
     plan = PLANS_DIR / "allreduce_rsag_pipelined.r4.i8.json"
     res = cli_inproc(capsys, "run", str(plan))
     assert res.returncode == 0, res.stderr
     assert "sizes 1M;" in res.stdout.splitlines()[1], res.stdout
-    res = cli_inproc(capsys, "run", str(plan), "--sizes", "1K")
-    assert res.returncode != 0 and "outside the plan's message sizes" in res.stderr, res.stderr
-    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) <= 2, res.stderr

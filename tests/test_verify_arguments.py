@@ -162,36 +162,11 @@ def test_verify_checks_every_parameter_first(kw: dict, what: str, no_run: None) 
             (verify_fused if "cases" in kw else verify)(plan, schedules=1, **kw)
 
 
-# ------------------------------------------------------------------ plain plans: explicit sizes in range
+# ------------------------------------------------------------------ plain plans: explicit sizes
 
 
-def _allgather(lo: int, hi: int) -> Plan:
-    from mscclang.algorithms.allgather import build_allgather_ll
-
-    return _sized(build_allgather_ll(4), lo, hi)
-
-
-@pytest.mark.parametrize("lo, hi, size", [(0, 64, 128), (256, 1024, 64)])
-def test_verify_refuses_an_explicit_size_outside_a_plain_plan_s_range(lo: int, hi: int, size: int,
-                                                                      no_run: None) -> None:
-    with pytest.raises(VerificationError, match=rf"{size} bytes.*outside the plan's message sizes \[{lo}, {hi}\]"):
-        verify(_sized(build_oneshot_ll(2), lo, hi), sizes=[64, size] if size != 64 else [size], schedules=1)
-
-
-def test_an_allgather_size_is_checked_as_its_output_size(no_run: None) -> None:
-    """4 ranks: a 128-byte message is 32 input bytes on each rank, in a [0, 64] range only by the
-    input; refused. A 64-byte message of a [48, 64] range (16 input bytes) is taken."""
-    with pytest.raises(VerificationError, match=r"128 bytes.*outside the plan's message sizes \[0, 64\]"):
-        verify(_allgather(0, 64), sizes=[128], schedules=1)
-    with pytest.raises(AssertionError, match="before the arguments were checked"):
-        verify(_allgather(48, 64), sizes=[64], schedules=1, dtypes=("float32",))
-
-
-def test_verify_cli_refuses_a_size_outside_the_range_in_one_line(tmp_path: Path) -> None:
-    f = tmp_path / "small.json"
-    f.write_text(__import__("json").dumps(plan_to_dict(_sized(build_oneshot_ll(2), 0, 64))))
-    p = subprocess.run([sys.executable, "-m", "mscclang", "verify", str(f), "--schedules", "1", "--sizes", "128"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert p.returncode != 0 and "OK" not in p.stdout, (p.stdout, p.stderr)
-    assert "outside the plan's message sizes [0, 64]" in p.stderr and "Traceback" not in p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+def test_a_plain_plan_is_verified_at_a_size_given_outside_its_range() -> None:
+    """A size given explicitly is verified even outside the plan's message range (the library's
+    tests verify the large-message plans at small sizes); a fused plan's sizes must lie in it."""
+    rep = verify(_sized(build_oneshot_ll(2), 0, 64), sizes=[128], schedules=1, dtypes=("float32",))
+    assert rep.ok and rep.runs >= 1 and rep.sizes == [128], rep
