@@ -78,7 +78,9 @@ def test_packet_clock_copies_are_counted_per_packet_destination_and_scratch_half
 
 def test_verify_holds_one_simulation_at_a_time(monkeypatch):
     """``verify`` frees each run's simulation before it builds the next (numeric runs and the
-    symbolic one), so the estimate's peak is one run's, not two: the 128-rank LL allgather's
+    symbolic one) when its estimate is large (``COLLECT_BETWEEN_RUNS``; a small verify skips the
+    collection, which costs more than it frees), so the estimate's peak is one run's, not two:
+    the 128-rank LL allgather's
     default verify (numeric runs, then the symbolic one) ran out of memory building the second
     simulation while the first still held its vector clocks."""
     import importlib
@@ -97,6 +99,7 @@ def test_verify_holds_one_simulation_at_a_time(monkeypatch):
             alive.append(weakref.ref(self))
 
     monkeypatch.setattr(verify_mod, "Simulation", Counted)
+    monkeypatch.setattr(verify_mod, "COLLECT_BETWEEN_RUNS", 0)   # this small verify as if it were large
     plan = ALGORITHMS["allreduce_oneshot_ll"].builder(4, instances=1, num_threads_per_block=512)
     rep = verify_mod.verify(plan, sizes=[4096], schedules=3)
     assert rep.runs >= 4 and len(alive) == rep.runs, (rep.runs, len(alive))

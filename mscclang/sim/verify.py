@@ -239,11 +239,18 @@ def estimate_verify(p: Plan, sizes: Sequence[int], dtypes: Sequence[np.dtype], s
                          symbolic_size=sym, what=what)
 
 
+#: a verify estimated at this much memory or more collects the last run's simulation (its
+#: reference cycles) before it builds the next, so that two are never alive at once; below it the
+#: collection (tens of ms on a large heap, per run) would cost more than the memory it frees
+COLLECT_BETWEEN_RUNS = 256 << 20
+
+
 def _within_budget(p: Plan, sizes: Sequence[int], dts: Sequence[np.dtype], schedules: int,
-                   launches: int, symbolic: bool, limits: Optional[Limits]) -> Deadline:
-    """Refuse (LimitError) runs the budget cannot hold; the deadline of the ones it can."""
-    estimate_verify(p, sizes, dts, schedules, launches, symbolic).check(limits)
-    return Deadline(limits, f"verifying {p.name}")
+                   launches: int, symbolic: bool, limits: Optional[Limits]) -> Estimate:
+    """Refuse (LimitError) runs the budget cannot hold; the estimate of the ones it can."""
+    est = estimate_verify(p, sizes, dts, schedules, launches, symbolic)
+    est.check(limits)
+    return est
 
 
 def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
@@ -313,7 +320,8 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     for size in sizes:   # whole elements of every dtype on every rank, or refused
         for d in dts:
             message_to_bytes(p, size, d)
-    deadline = _within_budget(p, sizes, dts, schedules, launches, symbolic, limits)
+    collect = _within_budget(p, sizes, dts, schedules, launches, symbolic, limits).memory_bytes >= COLLECT_BETWEEN_RUNS
+    deadline = Deadline(limits, f"verifying {p.name}")
     try:
         plan_op = resolve_reduce_op(p)
     except PlanError as e:
@@ -383,7 +391,8 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             ctx = ", ".join([f"size {size}", *filter(None, used), f"{sched} schedule seed {seed + i}"]) + (
                 f" (rank {lead} runs ahead)" if lead is not None else "")
             sim = inputs = None   # the last run's simulation is freed before the next is built
-            gc.collect()
+            if collect:
+                gc.collect()
             inputs = random_inputs(len(p.gpus), ib, dt, seed * 1000 + i)
             sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=dt, reduce_op=rop,
                              packet_type=pt, launches=launches, schedule=sched, seed=seed + i,
@@ -418,7 +427,8 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
         if ib % 4 == 0 and symbolic_bytes(prog, nsym, gran) <= SYMBOLIC_BUDGET:
             dt = parse_dtype("float32")
             sim = inputs = None
-            gc.collect()
+            if collect:
+                gc.collect()
             inputs = random_inputs(len(p.gpus), ib, dt, seed)
             sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=dt, reduce_op="sum",
                              packet_type=pts[0], launches=launches, schedule="round_robin",
