@@ -280,3 +280,48 @@ def test_the_cli_prints_a_refused_plan_in_one_line_per_rank(capsys, monkeypatch)
     assert rc == 1 and "Traceback" not in err
     assert "mscclang run: error: rank 0: PlanError: gpus[0].channels: rank 0 needs 12 side streams" in err
     assert err.count("PlanError") == 8
+
+
+def _fake_pool(monkeypatch, main, world: int = 3, **kw):
+    """A WorkerPool whose processes run ``main`` (tests/harness/fake_workers.py) instead of the
+    GPU worker, on a machine that claims ``world`` GPUs."""
+    import torch
+
+    from tests.harness import fake_workers
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: world)
+
+    class Pool(workers.WorkerPool):
+        _main = staticmethod(getattr(fake_workers, main))
+
+    return Pool(world_size=world, **kw)
+
+
+@pytest.mark.parametrize("main,said", [("rank1_fails", "CUDA error: out of memory"),
+                                       ("rank1_exits", "exited (code 3) while starting")])
+def test_a_rank_failing_its_start_ends_the_start_at_once(monkeypatch, main, said):
+    """One rank's start fails (a CUDA context out of memory) while the others wait for it at the
+    store: the pool raises at once naming that rank and kills the others, instead of waiting the
+    start limit (it hung a GPU test past its 240 s limit) for ranks that can never start."""
+    import time
+
+    t = time.monotonic()
+    with pytest.raises(WorkerError) as e:
+        _fake_pool(monkeypatch, main, start_timeout_s=300.0)
+    assert time.monotonic() - t < 30, "the start waited for ranks that cannot start"
+    text = str(e.value)
+    assert "rank 1:" in text and said in text, text
+    assert "[0, 2] were still starting: stopped" in text, text
+
+
+def test_the_start_limit_names_the_silent_ranks(monkeypatch):
+    with pytest.raises(WorkerError, match=r"rank\(s\) \[0, 1\]: not started within 2 s"):
+        _fake_pool(monkeypatch, "never_ready", world=2, start_timeout_s=2.0)
+
+
+def test_ranks_that_start_make_a_pool(monkeypatch):
+    pool = _fake_pool(monkeypatch, "all_ready")
+    assert pool.world_size == 3 and all(p.is_alive() for p in pool._procs)
+    pool.close()
+    assert not any(p.is_alive() for p in pool._procs) or pool._procs == []

@@ -136,6 +136,10 @@ def _worker_main(rank: int, world: int, port: int, timeout_s: float, conn: Any, 
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: no traceback per worker
+    import faulthandler
+
+    # WorkerPool.dump_stacks: every thread's Python stack to stderr, the worker goes on
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     os.environ.update(env)
     os.environ.update(worker_env())   # NVLink multicast off; plans with up to 31 port side streams run
     # the commands check every launch themselves: an asynchronous exception from the watchdog
@@ -211,29 +215,56 @@ class WorkerPool:
         self.restarts = 0
         self._start()
 
+    #: the function each worker process runs (module level, so a spawned process finds it)
+    _main = staticmethod(_worker_main)
+
     def _start(self) -> None:
+        """Start the workers and wait for each one's "ready". The first rank that fails (its
+        error, or its process gone) ends the wait at once: the others, which may be waiting for
+        it at the store, are killed and every failure is raised together, never a hang for the
+        whole start limit."""
         import multiprocessing as mp
+        import time
+        from multiprocessing.connection import wait
 
         ctx = mp.get_context("spawn")
         port = _free_port()
         n, share = self.world_size, self._share
         for r in range(n):
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_worker_main,
+            p = ctx.Process(target=type(self)._main,
                             args=(r, n, port, self._timeout_s, b, dict(self._env),
                                   device_of_rank(r, self._visible, share)), daemon=True)
             p.start()
             self._conns.append(a)
             self._procs.append(p)
-        errs = []
-        for r, c in enumerate(self._conns):
-            try:
-                kind, val = recv_from(c, self._procs[r], r, self._start_timeout_s)
-            except WorkerError as e:
-                kind, val = "error", str(e)
-            if kind != "ready":
-                errs.append(f"rank {r}:\n{val}")
+        pending = dict(enumerate(self._conns))
+        errs: list[str] = []
+        deadline = time.monotonic() + self._start_timeout_s
+        while pending and not errs:
+            ready = wait(list(pending.values()), timeout=0.5)
+            for r, c in list(pending.items()):
+                if c in ready:
+                    try:
+                        kind, val = c.recv()
+                    except EOFError:   # its pipe closed: the process ended without a word
+                        self._procs[r].join(timeout=5)
+                        kind, val = "error", f"worker process exited (code {self._procs[r].exitcode}) while starting"
+                elif not self._procs[r].is_alive():
+                    kind, val = "error", f"worker process exited (code {self._procs[r].exitcode}) while starting"
+                else:
+                    continue
+                del pending[r]
+                if kind != "ready":
+                    errs.append(f"rank {r}:\n{val}")
+            if pending and not errs and time.monotonic() > deadline:
+                errs.append(f"rank(s) {sorted(pending)}: not started within {self._start_timeout_s:.0f} s")
         if errs:
+            if pending:
+                errs.append(f"rank(s) {sorted(pending)} were still starting: stopped")
+            for p in self._procs:
+                if p.is_alive():
+                    p.kill()
             self.close()
             raise WorkerError("workers failed to start:\n" + "\n".join(errs))
 
@@ -294,6 +325,18 @@ class WorkerPool:
                     pass
             raise WorkerError(text, errs)
         return out
+
+    def dump_stacks(self) -> None:
+        """Every live worker writes each thread's Python stack to its stderr (SIGUSR1, through
+        faulthandler) and goes on: where a command that does not answer is waiting."""
+        import signal
+
+        for p in self._procs:
+            if p.is_alive() and p.pid is not None:
+                try:
+                    os.kill(p.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
 
     def close(self) -> None:
         for c in self._conns:

@@ -11,6 +11,7 @@ the ``own_gpus`` fixture).
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -52,8 +53,27 @@ def pool():
     p = WorkerPool(world_size=n, timeout_s=float(os.environ.get("MSCCLANG_TEST_TIMEOUT_S", "10")))
     # interpreter modules loaded (or built, when MSCCLANG_CUBIN_DIR is stale) before any test's limit
     print(f"\nkernels loaded: {p.run('tests.harness.runtime_checks:warm_kernels')[0]}", flush=True)
+    _watch(p, float(os.environ.get("MSCCLANG_TEST_DUMP_S", "180")))
     yield p
     p.close()
+
+
+def _watch(pool, after_s: float) -> None:
+    """A command of ``pool`` that has not answered after ``after_s`` seconds has every rank's
+    Python stacks written to its stderr (the test's captured output), then goes on waiting: the
+    test's own time limit (pytest-timeout) ends it, and the report shows where each rank was."""
+    run = pool.run
+
+    def watched(target, *args, **kwargs):
+        timer = threading.Timer(after_s, pool.dump_stacks)
+        timer.daemon = True
+        timer.start()
+        try:
+            return run(target, *args, **kwargs)
+        finally:
+            timer.cancel()
+
+    pool.run = watched
 
 
 def pytest_runtest_logreport(report) -> None:

@@ -10,18 +10,22 @@
 #
 # Independent test files run in parallel worker pools (pytest-xdist: each xdist worker holds its
 # own pool of rank processes, so WORKERS x RANKS processes share the GPU: each holds about 3.5 GB,
-# so 2 x 8 + 4 ranks overran an 80 GB H100). `wide` runs the 4-rank part and the 8-rank part at the
+# so 2 x 8 + 4 ranks overran an 80 GB H100; a module with pools of its own, marked xdist_group, runs on
+# one worker: started by every worker, they ran the GPU out of memory at a rank's CUDA context). `wide` runs the 4-rank part and the 8-rank part at the
 # same time. Tests marked `alone` (they measure the device's free memory) run after the pools.
 # Each part is bounded (LIMIT_S, default 470 s) and
 # prints its pytest summary line and wall time; the logs and each test's duration as it ends
 # (durations_NAME.txt) go to $OUT (default /tmp/out).
-# Settings: WORKERS (xdist workers of `all`, default 5), LIMIT_S, TEST_TIMEOUT (one test, 420 s),
+# Settings: WORKERS (xdist workers of `all`, default 5), LIMIT_S, TEST_TIMEOUT (one test, 240 s;
+# the longest took 102 s beside 4 other pools), MSCCLANG_TEST_DUMP_S (rank stacks dumped, 180 s),
 # F8 (the 8-rank part's files, in the order they run; default: those of the 4-rank part).
 set -u
 what=${1:?usage: bash tests/gpu/suite.sh all|wide}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [ -f .whl/prelude.sh ]; then . .whl/prelude.sh || exit 1; else export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"; fi
 export NCCL_NVLS_ENABLE=0 MSCCLANG_TEST_TIMEOUT_S=${MSCCLANG_TEST_TIMEOUT_S:-20} PYTHONUNBUFFERED=1
+# a worker command silent this long has each rank's Python stack dumped into the test's report
+export MSCCLANG_TEST_DUMP_S=${MSCCLANG_TEST_DUMP_S:-180}
 # the prebuilt kernels where they were carried (MSCCLANG_CUBIN_DIR naming no folder is refused)
 [ -d .cubins ] && export MSCCLANG_CUBIN_DIR="$PWD/.cubins"
 unset MSCCLANG_ENABLE_NVLS
@@ -36,10 +40,10 @@ part() {
   local name=$1 ranks=$2 n=$3; shift 3
   local per=1 log="$OUT/gpu_$name.log" t0=$(date +%s)
   [ "$gpus" -lt 2 ] && per=$ranks
-  local xd=""; [ "$n" -gt 1 ] && xd="-n $n --dist load"
+  local xd=""; [ "$n" -gt 1 ] && xd="-n $n --dist loadgroup"
   MSCCLANG_TEST_DURATIONS="$OUT/durations_$name.txt" MSCCLANG_RANKS_PER_GPU=$per MSCCLANG_TEST_WORLD=$([ "$per" = 1 ] && echo "$ranks") \
     timeout -k 10 "$LIMIT_S" python3 -m pytest -m gpu "$@" -o addopts="" -q -rfEs $xd --tb=short \
-    --timeout "${TEST_TIMEOUT:-420}" --durations=25 > "$log" 2>&1
+    --timeout "${TEST_TIMEOUT:-240}" --durations=25 > "$log" 2>&1
   echo "[$name] rc=$? wall $(( $(date +%s) - t0 )) s: $(grep -E '(passed|failed|error)' "$log" | tail -1)"
 }
 

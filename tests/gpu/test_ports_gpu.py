@@ -12,7 +12,7 @@ import pytest
 from mscclang.plan.io import plan_to_json
 from tests.harness import port_plans as pp
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("ports")]   # its own pool: started once (suite.sh)
 
 C = "tests.harness.runtime_checks"
 P = "tests.harness.port_checks"
