@@ -95,10 +95,10 @@ def test_program_signature_and_defaults():
     assert defaults == dict(instances=1, protocol="Simple", instr_fusion=True, auto_sync=True,
                             replication_policy=ReplicationPolicy.interleaved, reuse_resources=False,
                             num_threads_per_block=1024, use_double_scratch_buffer=False, buffer_alignment=16,
-                            min_message_size=0, max_message_size=2**64 - 1, strict=False, consistent=None,
+                            min_message_size=0, max_message_size=2**64 - 1, strict=False, consistent=None, batch_invariant=None,
                             chunk_unit=None, replicated_residual=None)
-    # MSCCL++'s parameters, in MSCCL++'s order; ours (strict, consistent, chunk_unit) come after them
-    assert list(sig.parameters)[-4:] == ["strict", "consistent", "chunk_unit", "replicated_residual"]
+    # MSCCL++'s parameters, in MSCCL++'s order; ours (strict, consistent, batch_invariant, chunk_unit) come after them
+    assert list(sig.parameters)[-5:] == ["strict", "consistent", "batch_invariant", "chunk_unit", "replicated_residual"]
     assert list(sig.parameters)[1:4] == ["name", "collective", "num_ranks"]
 
 

@@ -181,6 +181,7 @@ def emit(ir: IRProgram) -> Plan:
         chunk_factor=spec.chunk_factor * ir.instances if spec.row.sized else None,
         reduce_op=next(iter(reduce_ops)) if len(reduce_ops) == 1 else None,
         consistent=ir.consistent,
+        batch_invariant=ir.batch_invariant,
         chunk_unit=ir.chunk_unit,  # type: ignore[arg-type]
         replicated_residual=ir.replicated_residual,
         gpus=gpus,

@@ -186,6 +186,9 @@ class IRProgram:
     replicated: bool = False
     #: the plan's ``consistent`` promise (True: every rank gets the same bits; None: unsaid)
     consistent: Optional[bool] = None
+    #: the plan's ``batch_invariant`` promise (True: every reduced element is the canonical
+    #: expression at every size; False: disclaimed; None: unsaid)
+    batch_invariant: Optional[bool] = None
     #: the plan's ``chunk_unit`` ("row": fused plans whose chunks are whole rows)
     chunk_unit: Optional[str] = None
     #: the plan's ``replicated_residual`` (fused plans whose ranks take each other's residual rows)

@@ -61,7 +61,12 @@ class CollectiveProgram:
 
     ``strict`` (ours): a signal/wait imbalance on one channel is a :class:`~mscclang.DSLError`
     instead of a :class:`~mscclang.DSLWarning` (MSCCL++'s DSL compiles such programs; by default
-    so do we, and ``mscclang verify`` reports the deadlock). The other arguments are MSCCL++'s.
+    so do we, and ``mscclang verify`` reports the deadlock). ``consistent`` (ours) promises that
+    every rank gets the same bits of a reduced element; ``batch_invariant`` (ours) promises more:
+    every reduced element is the canonical expression (the ranks' sources in rank order, left to
+    right), at every size, so its bits never depend on the message size, the plan or the batch;
+    ``mscclang verify`` proves both promises and fails a plan that breaks one. The other arguments
+    are MSCCL++'s.
     """
 
     def __init__(
@@ -82,6 +87,7 @@ class CollectiveProgram:
         max_message_size: int = 2**64 - 1,
         strict: bool = False,
         consistent: Optional[bool] = None,
+        batch_invariant: Optional[bool] = None,
         chunk_unit: Optional[str] = None,
         replicated_residual: Optional[bool] = None,
     ) -> None:
@@ -108,7 +114,8 @@ class CollectiveProgram:
                 raise DSLError(f"{call}: unknown replication_policy {replication_policy!r}") from None
         _check_plan_fields(call, name=name, num_threads_per_block=num_threads_per_block,
                            buffer_alignment=buffer_alignment, min_message_size=min_message_size,
-                           max_message_size=max_message_size, consistent=consistent, chunk_unit=chunk_unit,
+                           max_message_size=max_message_size, consistent=consistent,
+                           batch_invariant=batch_invariant, chunk_unit=chunk_unit,
                            replicated_residual=replicated_residual)
         if (chunk_unit is not None or replicated_residual is not None) and not collective.spec.row.fused:
             raise DSLError(f"{call}: chunk_unit and replicated_residual are about AllReduceAddRMSNorm programs "
@@ -140,7 +147,7 @@ class CollectiveProgram:
             use_double_scratch_buffer=bool(use_double_scratch_buffer),
             buffer_alignment=buffer_alignment, min_message_size=min_message_size,
             max_message_size=max_message_size, strict=bool(strict), consistent=consistent,
-            chunk_unit=chunk_unit, replicated_residual=replicated_residual)
+            batch_invariant=batch_invariant, chunk_unit=chunk_unit, replicated_residual=replicated_residual)
         #: per rank, the collective's buffers (MSCCL++'s ``prog.buffers[rank][BufferType.input]``)
         self.buffers: list[dict[BufferType, "BaseBuffer"]] = [
             {BufferType.input: BaseBuffer(r, BufferType.input, 0, collective.input_chunks),

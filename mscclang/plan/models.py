@@ -493,6 +493,11 @@ class Plan(_Strict):
     # consistency"): true promises it (verify fails an inconsistent reduction), false disclaims
     # it (verify notes it), absent says nothing (verify warns)
     consistent: Optional[StrictBool] = None
+    # ours: every reduced output element is exactly the canonical expression (docs/semantics.md,
+    # "Batch invariance": the ranks' sources in rank order, left to right, rounded as the dtype
+    # says), at every size the plan serves; true promises it (verify fails a plan that breaks
+    # it), false disclaims it (the hierarchical plans), absent: verify reports whether it holds
+    batch_invariant: Optional[StrictBool] = None
     # ours (plan/2): "row" cuts the chunks of the input, residual and output at whole rows of the
     # epilogue's hidden size instead of buffer_alignment units (plan.layout)
     chunk_unit: Optional[Literal["row"]] = None
