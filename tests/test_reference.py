@@ -222,3 +222,27 @@ def test_mscclang_exposes_the_module_lazily() -> None:
     import mscclang
 
     assert mscclang.reference is reference
+
+
+def test_the_gpu_invariance_checks_run_on_the_simulator() -> None:
+    """tests/harness/invariance_checks.py (the GPU test's commands) on 2 CPU ranks of the
+    simulator, whose plans at these sizes fold in rank order: every count checked, 0 differing
+    elements, every call on a plan; the fused rows likewise."""
+    from types import SimpleNamespace
+
+    from mscclang.comm.catalog import Catalog
+    from mscclang.comm.sim_ranks import run_ranks
+    from tests.harness import invariance_checks as checks
+
+    def ranks(comm):
+        w = SimpleNamespace(state={"mscclang.comm/batch_invariant": comm}, rank=comm.rank, world_size=comm.world_size)
+        return [checks.check_collective(w, "reduce_scatter", "float8_e4m3fn/float16", counts=(1, 1000),
+                                        modes=("ordinary",)),
+                checks.check_fused_rows(w, "bfloat16", True, tokens=(1, 7), hiddens=(1024,))]
+
+    results, _, fb = run_ranks(2, ranks, catalog=Catalog.from_dir(PLANS), engine="sim", fallback=False)
+    for coll, fused in results:
+        assert coll["failures"] == fused["failures"] == []
+        assert len(coll["differing"]) == 2 and set(coll["differing"].values()) == {0}
+        assert len(fused["differing"]) == 10 and set(fused["differing"].values()) == {0}
+        assert None not in fused["plans"].values()
