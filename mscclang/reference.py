@@ -96,7 +96,7 @@ def all_reduce(tensors: Sequence[Any], op: Any = "sum", accum_dtype: Any = None)
 
     ``op`` is ``sum``, ``min``, ``max`` (any spelling the Communicator takes, torch's ``ReduceOp``
     included) or ``avg`` (torch.distributed's: the sum, then ``round(f32(sum) * f32(1/n))`` for
-    floating point, truncated division for int32). Sums fold the ranks in rank order, left to
+    floating point, as torch divides a CUDA tensor, truncated division for int32). Sums fold the ranks in rank order, left to
     right: float16 and bfloat16 compute each addition in float32 and round it to the dtype; float32
     adds in float32; int32 wraps; min and max are exact. fp8 (``float8_e4m3fn``, ``float8_e5m2``;
     sum only) converts every input to ``accum_dtype`` (``torch.float32``, the default, or

@@ -43,3 +43,24 @@ def test_every_element_is_the_canonical_result(pool, coll: str, dtype: str) -> N
 @pytest.mark.parametrize("dtype,quant", [("bfloat16", False), ("float16", False), ("bfloat16", True)])
 def test_fused_row_0_has_the_same_bits_at_every_token_count(pool, dtype: str, quant: bool) -> None:
     _no_difference(pool.run(f"{H}:check_fused_rows", dtype, quant))
+
+
+@pytest.mark.parametrize("ranks", [3, 5, 6, 7])
+def test_avg_divides_as_the_reference_defines_it(ranks: int) -> None:
+    """The torch backend's avg is the sum, then ``div_`` by the rank count: on a CUDA tensor torch
+    multiplies by the fp32 reciprocal, which mscclang.reference's avg reproduces (for 3, 5, 6
+    and 7 ranks it differs from the quotient torch computes on the CPU). One GPU, no pool."""
+    import torch
+
+    from mscclang.comm.sim_backend import torch_to_numpy
+    from mscclang.plan.reference import average
+    from tests.harness.data import spread
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        s = spread(1 << 20, dt, 7, device="cuda")
+        got = torch_to_numpy(s.clone().div_(ranks).cpu())   # what the backend's avg does after the sum
+        want = average(torch_to_numpy(s.cpu()), ranks)
+        differ = int((got.view(f"u{dt.itemsize}") != want.view(f"u{dt.itemsize}")).sum())
+        assert differ == 0, f"{dt}: {differ} elements of the CUDA division differ from mscclang.reference's avg"
