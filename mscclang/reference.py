@@ -68,8 +68,9 @@ def _op(op: Any) -> tuple[str, bool]:
         raise InvalidCall(f"unsupported reduce op {op!r}; supported: sum, min, max, avg") from None
 
 
-def _reduced(collective: str, api: str, tensors: Any, op: Any, accum_dtype: Any) -> tuple[list, list]:
-    """(the CPU tensors, every rank's canonical output as numpy) of a reducing collective."""
+def _reduced(collective: str, api: str, tensors: Any, op: Any, accum_dtype: Any) -> tuple[Any, list]:
+    """(rank 0's tensor on the CPU, every rank's canonical output as numpy) of a reducing
+    collective (all_reduce: one output, the same for every rank)."""
     import torch
 
     xs = _cpu(tensors, api)
@@ -85,9 +86,11 @@ def _reduced(collective: str, api: str, tensors: Any, op: Any, accum_dtype: Any)
     if avg and torch_dtype_info(xs[0].dtype).accumulates:
         raise InvalidCall(f"{api}: op avg is not defined on {xs[0].dtype} (fp8 reduces with sum only)")
     arrays = [torch_to_numpy(x) for x in xs]
+    like = xs[0]
+    del xs   # the numpy copies only, from here (large calls)
     outs = ([_numeric.reference_output(collective, arrays, 0, name, None, acc)] if collective == "allreduce"
             else _numeric.reference_outputs(collective, arrays, name, None, acc))
-    return xs, [_numeric.average(o, n) if avg else o for o in outs]
+    return like, [_numeric.average(o, n) if avg else o for o in outs]
 
 
 def all_reduce(tensors: Sequence[Any], op: Any = "sum", accum_dtype: Any = None) -> Any:
@@ -96,14 +99,14 @@ def all_reduce(tensors: Sequence[Any], op: Any = "sum", accum_dtype: Any = None)
 
     ``op`` is ``sum``, ``min``, ``max`` (any spelling the Communicator takes, torch's ``ReduceOp``
     included) or ``avg`` (torch.distributed's: the sum, then ``round(f32(sum) * f32(1/n))`` for
-    floating point, as torch divides a CUDA tensor, truncated division for int32). Sums fold the ranks in rank order, left to
-    right: float16 and bfloat16 compute each addition in float32 and round it to the dtype; float32
-    adds in float32; int32 wraps; min and max are exact. fp8 (``float8_e4m3fn``, ``float8_e5m2``;
-    sum only) converts every input to ``accum_dtype`` (``torch.float32``, the default, or
-    ``torch.float16``), adds in rank order in it and rounds once to fp8, saturating at the largest
-    finite value. One rank: its input, unchanged."""
-    xs, outs = _reduced("allreduce", "all_reduce", tensors, op, accum_dtype)
-    return numpy_to_torch(outs[0], xs[0]).reshape(xs[0].shape)
+    floating point, as torch divides a CUDA tensor, truncated division for int32). Sums fold the
+    ranks in rank order, left to right: float16 and bfloat16 compute each addition in float32 and
+    round it to the dtype; float32 adds in float32; int32 wraps; min and max are exact. fp8
+    (``float8_e4m3fn``, ``float8_e5m2``; sum only) converts every input to ``accum_dtype``
+    (``torch.float32``, the default, or ``torch.float16``), adds in rank order in it and rounds
+    once to fp8, saturating at the largest finite value. One rank: its input, unchanged."""
+    like, outs = _reduced("allreduce", "all_reduce", tensors, op, accum_dtype)
+    return numpy_to_torch(outs[0], like).reshape(like.shape)
 
 
 def reduce_scatter(tensors: Sequence[Any], op: Any = "sum", accum_dtype: Any = None) -> list:
@@ -112,8 +115,8 @@ def reduce_scatter(tensors: Sequence[Any], op: Any = "sum", accum_dtype: Any = N
     at index ``r``: block ``r`` (elements ``r k .. r k + k - 1``) of every input reduced as
     :func:`all_reduce` reduces (the same ops, order and rounding). An element count that ``n``
     does not divide raises InvalidCall."""
-    xs, outs = _reduced("reducescatter", "reduce_scatter", tensors, op, accum_dtype)
-    return [numpy_to_torch(o, xs[0]) for o in outs]
+    like, outs = _reduced("reducescatter", "reduce_scatter", tensors, op, accum_dtype)
+    return [numpy_to_torch(o, like) for o in outs]
 
 
 def all_reduce_add_rms_norm(tensors: Sequence[Any], residual: Any, weight: Any, eps: float = 1e-6,

@@ -97,11 +97,12 @@ def output_blocks(collective: str, world_size: int, rank: int, in_elems: int,
 
 
 def fp8_sum_arrays(views: Sequence[np.ndarray], dt: np.dtype, accum: str) -> np.ndarray:
-    """The fp8 sum of one reduction op (docs/semantics.md, "FP8 reductions"): ``views`` (arrays of ``dt``, at least two): each converted (exactly) to
-    ``accum`` (``float32`` or ``float16``), added in order in ``accum`` (each addition rounded to
-    it, to nearest even; float16 may overflow to infinity), the result rounded once to ``dt``: to
-    nearest even, values beyond the largest finite one (infinities too) to it with their sign,
-    NaN to NaN (ml_dtypes' own casts do not saturate, so the value is clamped first)."""
+    """The fp8 sum of one reduction op (docs/semantics.md, "FP8 reductions"): ``views`` (arrays
+    of ``dt``, at least two): each converted (exactly) to ``accum`` (``float32`` or ``float16``),
+    added in order in ``accum`` (each addition rounded to it, to nearest even; float16 may
+    overflow to infinity), the result rounded once to ``dt``: to nearest even, values beyond the
+    largest finite one (infinities too) to it with their sign, NaN to NaN (ml_dtypes' own casts
+    do not saturate, so the value is clamped first)."""
     if accum not in ACCUM_DTYPES:
         raise ValueError(f"unknown accumulation dtype {accum!r} ({', '.join(ACCUM_DTYPES)})")
     adt, m = np.dtype(accum), numpy_dtype_info(dt).max_finite  # type: ignore[union-attr]
