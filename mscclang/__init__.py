@@ -29,7 +29,8 @@ __all__ = [# the errors (mscclang.errors)
 
 def __getattr__(name: str):
     """Heavier entry points load on first use, so ``import mscclang`` (and DSL programs) stay
-    fast: ``mscclang.verify``, ``mscclang.Communicator``, ``mscclang.Executor``."""
+    fast: ``mscclang.verify``, ``mscclang.Communicator``, ``mscclang.Executor`` and the module
+    ``mscclang.reference`` (the canonical results, torch on the CPU)."""
     if name == "verify":
         from mscclang.sim.verify import verify
 
@@ -42,4 +43,8 @@ def __getattr__(name: str):
         from mscclang.runtime.executor import Executor
 
         return Executor
+    if name == "reference":
+        import mscclang.reference
+
+        return mscclang.reference
     raise AttributeError(f"module 'mscclang' has no attribute {name!r}")
