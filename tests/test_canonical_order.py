@@ -1,0 +1,232 @@
+"""Every reducing algorithm of the library sums in the canonical order (docs/semantics.md, "Batch
+invariance"): every reduced element is the ranks' sources in rank order, left to right, rounded
+to the dtype after each addition (fp8: one reduction op over all sources in the accumulation
+dtype, rounded once), so its bits do not depend on the plan, the grid or the message size.
+
+Run on the CPU simulator with order-sensitive data (:func:`tests.harness.data.spread`) and
+compared element by element, bit for bit, with :func:`mscclang.plan.reference.reference_outputs`
+(the rank-order fold). The fast tests build every reducing algorithm at 3, 4 and 8 ranks (the
+pipelined ones with small slices, so that a small message already spans several slices with a
+partial last one); the slow sweep takes every world size from 2 to 8, the shipped grids and
+slice sizes. The library's plans promise it (``batch_invariant``), the hierarchical ones with
+partial sums per node disclaim it."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from mscclang.algorithms import ALGORITHMS
+from mscclang.plan.collectives import TABLE
+from mscclang.plan.dtypes import ACCUM_DTYPES
+from mscclang.plan.io import load_plan
+from mscclang.plan.reference import fp8_sum_arrays, output_blocks, reference_outputs
+from mscclang.sim import run as sim_run
+from mscclang.sim.epilogue import EpilogueParams
+from mscclang.sim.fused import run_fused
+from tests.harness.data import spread
+
+#: the library's reducing algorithms, the fused ones apart (they are checked on their residual)
+REDUCING = sorted(n for n, i in ALGORITHMS.items() if TABLE[i.collective].reduces and not TABLE[i.collective].fused)
+FUSED = sorted(n for n, i in ALGORITHMS.items() if TABLE[i.collective].fused)
+#: builder keywords of the fast tests: slices of 64 bytes and two pipeline steps, so that small
+#: messages already run several slices; the size floors of the large-message plans lifted
+FAST_KW: dict[str, dict[str, Any]] = {
+    "allreduce_rsag_pipelined": {"unit": 64, "min_message_size": 0},
+    "allreduce_port_pipelined": {"steps": 2, "min_message_size": 0},
+}
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FP8 = ((torch.float8_e4m3fn, ml_dtypes.float8_e4m3fn), (torch.float8_e5m2, ml_dtypes.float8_e5m2))
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as numpy (bfloat16 and fp8 through ml_dtypes, by their bits)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    for tdt, ndt in FP8:
+        if t.dtype == tdt:
+            return t.view(torch.uint8).numpy().view(ndt)
+    return t.numpy()
+
+
+def _inputs(n: int, numel: int, dtype: torch.dtype, seed: int) -> list[np.ndarray]:
+    return [_numpy(spread(numel, dtype, seed * 1009 + q)) for q in range(n)]
+
+
+def _canonical(collective: str, xs: list[np.ndarray], accum: Optional[str]) -> list[np.ndarray]:
+    """Every rank's canonical output: the rank-order fold (fp8: one sum over all sources in
+    ``accum``, rounded once)."""
+    if accum is None or accum == ACCUM_DTYPES[0]:
+        return reference_outputs(collective, xs)
+    n, size = len(xs), xs[0].size
+    outs = []
+    for r in range(n):
+        blocks = output_blocks(collective, n, r, size)
+        out = np.empty(sum(b.length for b in blocks), dtype=xs[0].dtype)
+        for b in blocks:
+            out[b.out_start:b.out_start + b.length] = fp8_sum_arrays(
+                [xs[s][b.in_start:b.in_start + b.length] for s in b.sources], xs[0].dtype, accum)
+        outs.append(out)
+    return outs
+
+
+def _differences(got: list[np.ndarray], want: list[np.ndarray]) -> list[str]:
+    """``rank r: k of m elements differ (first at i)`` for every rank whose bits differ."""
+    bad = []
+    for r, (g, w) in enumerate(zip(got, want)):
+        isz = w.dtype.itemsize
+        neq = g.view(np.uint8).reshape(-1, isz) != w.view(np.uint8).reshape(-1, isz)
+        rows = neq.any(axis=1)
+        if g.shape != w.shape or rows.any():
+            bad.append(f"rank {r}: {int(rows.sum())} of {w.size} elements differ (first at {int(np.argmax(rows))})")
+    return bad
+
+
+def _check(plan: Any, numel: int, dtype: torch.dtype, seed: int, accum: Optional[str] = None) -> list[str]:
+    """The differences between the plan's simulated outputs and the canonical ones."""
+    xs = _inputs(plan.world_size, numel, dtype, seed)
+    got = sim_run(plan, xs, accum=accum)
+    return _differences(got, _canonical(plan.collective, xs, accum))
+
+
+def _sizes(n: int, instances: int) -> list[int]:
+    """Input element counts: one element per chunk, odd per-chunk counts, and (the pipelined
+    plans' 64-byte slices) several slices with a partial last one."""
+    grid = n * instances
+    return [grid, grid * 7, grid * 37 + n, grid * 96 + 5 * n]
+
+
+def _build(name: str, n: int, instances: int = 1, inplace: bool = False, **kw: Any) -> Any:
+    return ALGORITHMS[name].build(n, instances=instances, inplace=inplace, **{**FAST_KW.get(name, {}), **kw})
+
+
+# -- the promise ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_the_library_promises_batch_invariance_of_what_it_reduces(name):
+    info = ALGORITHMS[name]
+    v = info.variants[0]
+    plan = info.build(v.ranks, instances=v.instances, **v.kwargs())
+    if not TABLE[info.collective].reduces:
+        assert plan.batch_invariant is None, name        # nothing reduced: nothing to promise
+    elif name == "allreduce_hierarchical":
+        # per-node partial sums, (x0 + x1) + (x2 + x3); one GPU per node is one sum in rank order
+        assert plan.batch_invariant is (dict(v.params)["gpus_per_node"] == 1)
+    else:
+        assert plan.batch_invariant is True, name
+
+
+def test_the_shipped_plans_keep_the_promise(shipped_plans):
+    for path in shipped_plans:
+        plan = load_plan(path.read_text())
+        if not TABLE[plan.collective].reduces:
+            assert plan.batch_invariant is None, path.name
+        elif path.name.startswith("allreduce_hierarchical."):
+            assert plan.batch_invariant is (".gpus_per_node1." in path.name), path.name
+        else:
+            assert plan.batch_invariant is True, path.name
+
+
+# -- the numbers ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", (3, 4, 8))
+@pytest.mark.parametrize("name", REDUCING)
+def test_every_reduced_element_is_the_rank_order_fold(name, n):
+    """Every dtype (fp8 with both accumulation dtypes), in and out of place, one and two
+    instances, at every size of :func:`_sizes`."""
+    info = ALGORITHMS[name]
+    kw = {"gpus_per_node": 1} if name == "allreduce_hierarchical" else {}
+    bad = []
+    for k, inplace in ((1, info.inplace_modes[-1]), (2, info.inplace_modes[0])):
+        plan = _build(name, n, k, inplace, **kw)
+        for numel in _sizes(n, k):
+            for dt in DTYPES:
+                bad += [f"{plan.name} {numel} x {dt}: {d}" for d in _check(plan, numel, dt, numel)]
+        for (tdt, _), accum in zip(FP8, ACCUM_DTYPES):
+            numel = _sizes(n, k)[-1]
+            bad += [f"{plan.name} {numel} x {tdt} ({accum}): {d}" for d in _check(plan, numel, tdt, n, accum)]
+    assert not bad, "\n".join(bad[:10])
+
+
+def test_hierarchical_partial_sums_are_not_canonical():
+    """The disclaimer is not idle: 2 nodes of 2 GPUs sum (x0 + x1) + (x2 + x3)."""
+    plan = ALGORITHMS["allreduce_hierarchical"].build(4, gpus_per_node=2)
+    assert plan.batch_invariant is False
+    assert _check(plan, 4 * 64, torch.float32, 1)
+
+
+def _fused_check(plan: Any, rows: int, hidden: int, dtype: torch.dtype, seed: int) -> list[str]:
+    """The fused plan's residuals against residual + the rank-order fold (outputs: their norm,
+    which the simulator's own postcondition holds)."""
+    n = plan.world_size
+    xs = _inputs(n, rows * hidden, dtype, seed)
+    res = _inputs(1, rows * hidden, dtype, seed + 1)[0]
+    w = np.ones(hidden, dtype=np.float32)
+    run = run_fused(plan, xs, [res] * n, EpilogueParams(hidden=hidden, weight=w))
+    assert not run.problems, run.problems[:3]
+    total = reference_outputs("allreduce", xs)[0]
+    want = reference_outputs("allreduce", [total, res])[0]   # radd: the sum, then the residual
+    return _differences(run.residuals, [want] * n)
+
+
+@pytest.mark.parametrize("n", (3, 4, 8))
+@pytest.mark.parametrize("name", FUSED)
+def test_fused_residuals_hold_the_rank_order_fold(name, n):
+    plan = ALGORITHMS[name].build(n)
+    bad = []
+    for rows in (1, 7, 2 * n + 1):
+        for dt in DTYPES:
+            bad += [f"{plan.name} {rows} rows x {dt}: {d}" for d in _fused_check(plan, rows, 64, dt, rows)]
+    assert not bad, "\n".join(bad[:10])
+
+
+# -- the sweep --------------------------------------------------------------------------------------
+
+
+def _shipped_grids(name: str) -> list[tuple[int, Any]]:
+    """(instances, params) of the algorithm's shipped variants, each once."""
+    seen: dict[tuple[int, Any], None] = {}
+    for v in ALGORITHMS[name].variants:
+        seen.setdefault((v.instances, v.params), None)
+    return list(seen)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", range(2, 9))
+@pytest.mark.parametrize("name", REDUCING + FUSED)
+def test_sweep_every_world_size_grid_and_slice(name, n):
+    """Every world size 2..8, the shipped grids (instances, pipeline steps) at the shipped slice
+    size, messages from one element per chunk to several slices with a partial last one."""
+    bad = []
+    for k, params in _shipped_grids(name):
+        kw = dict(params)
+        if name == "allreduce_hierarchical":
+            if kw["gpus_per_node"] != 1:
+                continue
+        kw.pop("quant", None)
+        try:
+            plan = ALGORITHMS[name].build(n, instances=k, min_message_size=0, **kw)
+        except Exception as e:  # a grid this world size does not take (the port request budget)
+            if "port requests" in str(e):
+                continue
+            raise
+        if name in FUSED:
+            for rows in (1, n * k + 3, 64):
+                for dt in DTYPES:
+                    bad += [f"{plan.name} {rows} rows {dt}: {d}" for d in _fused_check(plan, rows, 256, dt, rows)]
+            continue
+        grid = n * k
+        unit = 128 * 1024 if name == "allreduce_rsag_pipelined" else 4096
+        sizes = [grid, grid * 129, grid * (unit // 4) * 2 + grid * 1000 + 3 * n]
+        for numel in sizes:
+            for dt in DTYPES:
+                bad += [f"{plan.name} {numel} {dt}: {d}" for d in _check(plan, numel, dt, numel)]
+        for (tdt, _), accum in zip(FP8, ACCUM_DTYPES):
+            bad += [f"{plan.name} {sizes[1]} {tdt} ({accum}): {d}" for d in _check(plan, sizes[1], tdt, n, accum)]
+    assert not bad, "\n".join(bad[:10])
