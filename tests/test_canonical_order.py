@@ -232,3 +232,81 @@ def test_sweep_every_world_size_grid_and_slice(name, n):
         for (tdt, _), accum in zip(FP8, ACCUM_DTYPES):
             bad += [f"{plan.name} {sizes[1]} {tdt} ({accum}): {d}" for d in _check(plan, sizes[1], tdt, n, accum)]
     assert not bad, "\n".join(bad[:10])
+
+
+# -- the DSL call that places the local source anywhere ---------------------------------------------
+
+
+def _zero_copy_reducescatter(n: int, reduce) -> Any:
+    """A zero-copy reduce-scatter whose reduction ``reduce(ch, r, peers)`` records."""
+    from mscclang.dsl import CollectiveProgram, MemoryChannel, Rank, ReduceScatter, SyncType
+
+    with CollectiveProgram("rs", ReduceScatter(n, 1, False), n, consistent=True) as prog:
+        ch = {(r, p): MemoryChannel(p, r) for r in range(n) for p in range(n) if p != r}
+        for r in range(n):
+            peers = [p for p in range(n) if p != r]
+            for p in peers:
+                ch[(r, p)].signal(tb=0, data_sync=SyncType.none, relaxed=True)
+            for p in peers:
+                ch[(r, p)].wait(tb=0, data_sync=SyncType.after, relaxed=True)
+            reduce(ch, r, peers, Rank)
+            for p in peers:
+                ch[(r, p)].signal(tb=0, data_sync=SyncType.before)
+            for p in peers:
+                ch[(r, p)].wait(tb=0, data_sync=SyncType.after)
+    return prog.to_plan()
+
+
+def test_read_reduce_is_the_fused_chain_with_the_local_source_anywhere():
+    from mscclang.dsl import read_reduce
+
+    def chain(ch, r, peers, Rank):
+        acc = Rank(r).get_input_buffer()[r:r + 1]
+        for p in peers:
+            ch[(r, p)].reduce(acc, [Rank(p).get_input_buffer()[r:r + 1]], tb=0,
+                              local_dst_chunk=Rank(r).get_output_buffer()[0:1])
+            acc = Rank(r).get_output_buffer()[0:1]
+
+    def one_op(pos):
+        def reduce(ch, r, peers, Rank):
+            read_reduce([ch[(r, p)] for p in peers], Rank(r).get_input_buffer()[r:r + 1],
+                        [Rank(p).get_input_buffer()[r:r + 1] for p in peers], tb=0,
+                        local_dst_chunk=Rank(r).get_output_buffer()[0:1], src_position=pos(r))
+        return reduce
+
+    def ops(plan):
+        return [[(o.name, o.src_buff, o.dst_buff, o.channel_ids, o.src0_position) for tb in g.threadblocks
+                 for o in tb.ops] for g in plan.gpus]
+
+    assert ops(_zero_copy_reducescatter(4, chain)) == ops(_zero_copy_reducescatter(4, one_op(lambda r: 0)))
+    plan = _zero_copy_reducescatter(4, one_op(lambda r: r))
+    assert [[o.src0_position for tb in g.threadblocks for o in tb.ops if o.name.value == "rre"]
+            for g in plan.gpus] == [[None], [1], [2], [3]]
+    assert not _check(plan, 4 * 37, torch.float32, 3)                  # the rank-order fold
+    assert _check(_zero_copy_reducescatter(4, chain), 4 * 37, torch.float32, 3)   # own first: not
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("no channels", "channels must be a non-empty list of MemoryChannels"),
+    ("port channel", "channels must be a non-empty list of MemoryChannels"),
+    ("one chunk short", "needs one remote chunk per channel and channels of one rank: 3 channels, 2 remote"),
+    ("two ranks' channels", "channels of one rank"),
+    ("chunk of another peer", "read_reduce(rank 0): remote source 0 rank 1 input[0:1] must belong to rank 2"),
+    ("position past the end", "src_position must be an int from 0 to 3"),
+])
+def test_read_reduce_refuses_bad_arguments(case, needle):
+    from mscclang.dsl import CollectiveProgram, MemoryChannel, PortChannel, Rank, ReduceScatter, read_reduce
+    from mscclang.errors import DSLError
+
+    with CollectiveProgram("rs", ReduceScatter(4, 1, False), 4):
+        ch = [MemoryChannel(p, 0) for p in (1, 2, 3)]
+        own, chunks = Rank(0).get_input_buffer()[0:1], [Rank(p).get_input_buffer()[0:1] for p in (1, 2, 3)]
+        args = {"no channels": ([], own, chunks),
+                "port channel": ([PortChannel(1, 0)], own, chunks[:1]),
+                "one chunk short": (ch, own, chunks[:2]),
+                "two ranks' channels": ([ch[0], MemoryChannel(0, 1)], own, chunks[:2]),
+                "chunk of another peer": (ch[1:], own, chunks[:2]),
+                "position past the end": (ch, own, chunks)}[case]
+        with pytest.raises(DSLError) as e:
+            read_reduce(*args, tb=0, src_position=4 if case == "position past the end" else 0)
+    assert needle in str(e.value), str(e.value)
