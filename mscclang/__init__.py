@@ -11,7 +11,7 @@ from mscclang.dsl import (  # noqa: F401
     JSON, AlgoSpec, AllGather, AllReduce, AllReduceAddRMSNorm, AllToAll, BaseBuffer, Broadcast, Buffer,
     BufferType, ChannelType, Chunk, Collective, CollectiveProgram, LoopIterationContext, MemoryChannel,
     PortChannel, Rank, RankGroup, ReduceOperationType, ReduceScatter, ReplicationPolicy, Semaphore,
-    SendRecv, SwitchChannel, SyncType, TestCollective, ThreadBlockGroup)
+    SendRecv, SwitchChannel, SyncType, TestCollective, ThreadBlockGroup, read_reduce)
 
 __version__ = "0.1.0"
 
@@ -24,7 +24,7 @@ __all__ = [# the errors (mscclang.errors)
            "BufferType", "ChannelType", "Chunk", "Collective", "CollectiveProgram", "JSON",
            "LoopIterationContext", "MemoryChannel", "PortChannel", "Rank", "RankGroup",
            "ReduceOperationType", "ReduceScatter", "ReplicationPolicy", "Semaphore", "SendRecv",
-           "SwitchChannel", "SyncType", "TestCollective", "ThreadBlockGroup"]
+           "SwitchChannel", "SyncType", "TestCollective", "ThreadBlockGroup", "read_reduce"]
 
 
 def __getattr__(name: str):

@@ -26,9 +26,11 @@ REASONS = {"epilogue": "no epilogue ops", "broadcast": "no broadcast collective"
 
 def _normalised(doc: dict) -> dict:
     """A plan document as the MSCCL++ round trip gives it back (``mscclang.plan.mscclpp``'s
-    docstring): no ``consistent``, no ops' ``src``, ``src0_position`` 1 dropped (local first)."""
+    docstring): no ``consistent`` or ``batch_invariant``, no ops' ``src``, ``src0_position`` 1
+    dropped (local first)."""
     doc = json.loads(json.dumps(doc))
     doc.pop("consistent", None)
+    doc.pop("batch_invariant", None)
     for g in doc["gpus"]:
         for tb in g["threadblocks"]:
             for op in tb["ops"]:
@@ -90,7 +92,8 @@ def _verify_round_trip(plan: Plan, back: Plan) -> None:
     from mscclang.sim import verify
     from mscclang.sim.verify import default_sizes
 
-    back.consistent = plan.consistent  # the promise MSCCL++ has no field for: it must still hold
+    back.consistent = plan.consistent  # the promises MSCCL++ has no field for: they must still hold
+    back.batch_invariant = plan.batch_invariant
     report = verify(back, sizes=[min(default_sizes(back))], schedules=1)
     assert report.ok, f"{plan.name}:\n{report}"
 

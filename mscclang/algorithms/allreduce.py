@@ -16,6 +16,11 @@ Memory-ordering rules followed by every program (docs/semantics.md):
   and read after the matching wait followed by a block sync.
 * A rank never exits while a peer may still touch its buffers: every remote access is followed
   by a signal that the owner waits for before it finishes.
+
+Every program sums each element in one reduction op over the ranks' chunks in rank order 0..n-1,
+the rank's own at its place (``src_position``): the canonical sum (docs/semantics.md, "Batch
+invariance"), the same on every rank, at every size and in every plan, which each plan promises
+(``batch_invariant``).
 """
 
 from __future__ import annotations
@@ -105,9 +110,9 @@ def build_rsag_simple(ranks: int, instances: int = 1, num_threads_per_block: int
 
     Every rank copies the peers' chunks of its input into its own scratch (slot ``p`` holds
     chunk ``p``) and signals every peer (data signal). After the peers' signals, rank ``r`` reads
-    chunk ``r`` from slot ``r`` of every peer's scratch, reduces it with its own input into its
-    output and writes the result back into the very slot it read (one ``rres``: every element
-    is read, reduced and written back by the same thread). A second signal/wait round publishes
+    chunk ``r`` from slot ``r`` of every peer's scratch, sums it with its own input in rank order
+    into its output and writes the result back into the very slot it read (one ``rres``: every
+    element is read, reduced and written back by the same thread). A second signal/wait round publishes
     the results, which every rank copies from its scratch slots into its output. Scratch: one
     slot per chunk (``ranks`` chunks, slot ``r`` unused on rank ``r``). Peers only ever touch
     each other's scratch. One thread block per instance.
@@ -137,7 +142,7 @@ def build_rsag_zero_copy(ranks: int, instances: int = 1, num_threads_per_block: 
     """Zero-copy reduce-scatter + all-gather (symmetric buffers).
 
     After a relaxed ready handshake, rank ``r`` reads chunk ``r`` of every peer's input
-    directly, reduces it with its own into its output and writes the result into chunk ``r`` of
+    directly, sums it with its own in rank order into its output and writes the result into chunk ``r`` of
     every peer's output (one ``rres``); a final signal/wait publishes the writes and keeps every
     rank alive until its peers are done with its buffers. One thread block per instance.
     """
@@ -163,8 +168,8 @@ def build_rsag_pipelined(ranks: int, instances: int = 1, num_threads_per_block: 
     Two thread blocks per instance run the same ``LoopIterationContext`` over ``unit``-byte
     slices of every chunk. Block 0, per slice: copy the slice of every other rank's chunk of the
     input into scratch (slot ``p`` holds chunk ``p``), signal the peers, wait for theirs,
-    read-reduce the slice of chunk ``r`` from slot ``r`` of every peer's scratch into its own
-    slot ``r`` and write the result back into the slots it read (one ``rres``: each element is
+    read-reduce the slice of chunk ``r`` from slot ``r`` of every peer's scratch and its own
+    input (in rank order) into its own slot ``r`` and write the result back into the slots it read (one ``rres``: each element is
     read, reduced and written back by the same thread), signal the peers again and release a
     semaphore. Block 1, per slice: wait for the peers' second signal and the semaphore, then
     copy every chunk's reduced slice from scratch into the output. So block 1 copies out slice

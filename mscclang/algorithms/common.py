@@ -27,6 +27,7 @@ from mscclang.dsl import (
     SyncType,
     ThreadBlockGroup,
 )
+from mscclang.dsl import read_reduce as read_reduce_op
 from mscclang.errors import DSLError
 from mscclang.plan.models import MAX_MESSAGE_SIZE, ChannelType, Op, OpName, Plan
 
@@ -97,22 +98,29 @@ def make_program(name: str, collective: Collective, ranks: int, instances: int, 
                  num_threads_per_block: int, min_message_size: int = 0,
                  max_message_size: int = MAX_MESSAGE_SIZE,
                  double_scratch: bool = False, chunk_unit: Optional[str] = None,
-                 replicated_residual: Optional[bool] = None) -> CollectiveProgram:
+                 replicated_residual: Optional[bool] = None,
+                 batch_invariant: Optional[bool] = None) -> CollectiveProgram:
     """A :class:`CollectiveProgram` with the library's settings: fusion and auto sync on, and the
-    promise that every rank gets the same bits (``consistent``, which plan generation proves)."""
+    promises that plan generation proves: every rank gets the same bits (``consistent``) and,
+    for a collective that reduces, every reduced element is the canonical sum (``batch_invariant``:
+    the ranks' sources in rank order, left to right, in one reduction op; docs/semantics.md,
+    "Batch invariance"). ``batch_invariant=False`` disclaims it (a program with partial sums);
+    a collective that reduces nothing promises nothing (None)."""
+    if batch_invariant is None and collective.spec.is_reduction:
+        batch_invariant = True
     return CollectiveProgram(
         name, collective, ranks, instances=instances, protocol=protocol, instr_fusion=True,
         auto_sync=True, num_threads_per_block=num_threads_per_block,
         use_double_scratch_buffer=double_scratch, min_message_size=min_message_size,
-        max_message_size=max_message_size, consistent=True, chunk_unit=chunk_unit,
-        replicated_residual=replicated_residual)
+        max_message_size=max_message_size, consistent=True, batch_invariant=batch_invariant,
+        chunk_unit=chunk_unit, replicated_residual=replicated_residual)
 
 
 def library_program(algorithm: str, collective: Callable[..., Collective], ranks: int, instances: int,
                     inplace: bool, protocol: str, num_threads_per_block: int, name: Optional[str],
                     min_message_size: int, max_message_size: int, double_scratch: bool = False,
                     chunk_unit: Optional[str] = None, replicated_residual: Optional[bool] = None,
-                    **collective_kw: Any) -> CollectiveProgram:
+                    batch_invariant: Optional[bool] = None, **collective_kw: Any) -> CollectiveProgram:
     """The program of one library builder: checks ``ranks`` and ``instances``, then a
     :func:`make_program` named by :func:`plan_name` for ``collective(ranks, 1, inplace=inplace,
     **collective_kw)`` (one chunk per rank)."""
@@ -121,7 +129,7 @@ def library_program(algorithm: str, collective: Callable[..., Collective], ranks
                         collective(ranks, 1, inplace=inplace, **collective_kw), ranks, instances,
                         protocol, num_threads_per_block, min_message_size, max_message_size,
                         double_scratch=double_scratch, chunk_unit=chunk_unit,
-                        replicated_residual=replicated_residual)
+                        replicated_residual=replicated_residual, batch_invariant=batch_invariant)
 
 
 def mesh(num_ranks: int, pairs: Optional[Sequence[tuple[int, int]]] = None) -> Channels:
@@ -280,13 +288,13 @@ def stage_peer_chunks(rank: int, ps: Sequence[int], scratch: BaseBuffer, inp: Ba
 
 def read_reduce(chans: Channels, rank: int, src: Chunk, remote: Sequence[tuple[int, Chunk]], dst: Chunk,
                 tb: int) -> None:
-    """``dst = src OP remote_0 OP remote_1 ...`` reading each peer's chunk through the channel to
-    it. Recorded as a chain (``dst = src OP r0``, then ``dst = dst OP r1`` ...) that is correct on
-    its own and that the compiler fuses into one ``rre``."""
-    cur = src
-    for p, chunk in remote:
-        chans[(rank, p)].reduce(cur, [chunk], tb=tb, local_dst_chunk=dst)
-        cur = dst
+    """``dst`` = the sum of ``src`` (``rank``'s chunk) and every peer ``p``'s ``chunk`` of
+    ``remote`` (``(p, chunk)`` pairs), read through the channel to ``p``: one ``rre`` adding the
+    ranks' chunks in rank order, ``src`` at ``rank``'s place (the canonical order, which a chain
+    of single-peer reductions cannot give: a chain starts with its local source)."""
+    remote = sorted(remote, key=lambda pc: pc[0])
+    read_reduce_op([chans[(rank, p)] for p, _ in remote], src, [c for _, c in remote], tb=tb, local_dst_chunk=dst,
+                   src_position=sum(1 for p, _ in remote if p < rank))
 
 
 # -- LL packets (one scratch slot per sender) ---------------------------------------------------

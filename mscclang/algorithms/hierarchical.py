@@ -80,12 +80,17 @@ def build_allreduce_hierarchical(ranks: int, instances: int = 1, num_threads_per
 
     Port requests per rank and instance: ``3 * (N - 1)`` plus ``N - 1`` flushes. Scratch: one
     slot per remote peer (``N - 1`` chunks).
+
+    Both reductions add in rank order (the node's GPUs, then the nodes' partial sums), so with
+    ``G > 1`` an element is ``(x0 + x1) + (x2 + x3)``, not the canonical sum: the plan says
+    ``batch_invariant`` false (the canonical sum would move raw inputs between nodes). With one
+    GPU per node step 3 is one sum over every rank in rank order, and the plan promises it.
     """
     algo = "allreduce_hierarchical"
     check_common(algo, ranks, instances)
     nodes, g = node_layout(algo, ranks, gpus_per_node)
     prog = library_program(algo, AllReduce, ranks, instances, inplace, "Simple", num_threads_per_block,
-                           name, min_message_size, max_message_size)
+                           name, min_message_size, max_message_size, batch_invariant=g == 1)
     n = ranks
     with prog:
         mem, port = _channels(n, g, nodes)
@@ -110,7 +115,8 @@ def build_allreduce_hierarchical(ranks: int, instances: int = 1, num_threads_per
             for q in rp:
                 port[(r, q)].wait(tb=0, data_sync=SyncType.after)
             own = lo * nodes + m
-            me.reduce(out[own:own + 1], [scratch[r][k:k + 1] for k in range(len(rp))], tb=0)
+            # the remote peers' slots hold their nodes' partial sums in node order: this node's at m
+            me.reduce(out[own:own + 1], [scratch[r][k:k + 1] for k in range(len(rp))], tb=0, src_position=m)
             # 4. inter-node all-gather of the reduced chunk
             for q in rp:
                 port[(r, q)].put_with_signal_and_flush(output_of(q, inplace)[own:own + 1], out[own:own + 1], tb=0)

@@ -136,7 +136,7 @@ def build_allreduce_port_pipelined(ranks: int, instances: int = 1, num_threads_p
     copy engines stream them back to back. Then, per step ``s``: block 0 waits for every peer's
     signal of step ``s``; blocks ``0 .. reduce_blocks - 1`` (a thread block group, between two
     barriers) reduce step ``s`` of the own shard from the input and the peers' slots into the
-    output; block 0 puts the result into every peer's output (``put``; ``pwsf`` at the last
+    output (one ``re``, the ranks in rank order); block 0 puts the result into every peer's output (``put``; ``pwsf`` at the last
     step, whose signal covers the earlier puts of the channel and whose flush keeps the next
     launch from reusing a buffer a copy still reads). While step ``s`` is reduced, the copies
     of the later steps are in flight, and each channel's all-gather copies queue behind its
@@ -189,8 +189,8 @@ def build_allreduce_port_pipelined(ranks: int, instances: int = 1, num_threads_p
                 for p in ps:
                     port[(r, p)].wait(tb=0, data_sync=SyncType.none)
                 me.barrier(group)       # every reducer sees the peers' step s
-                got = [scratch[r][slot(q, r, s):slot(q, r, s) + 1] for q in ps]
-                me.reduce(inp[c:c + 1], got, tb_group=reducers, dst_chunk=out[c:c + 1])
+                got = [scratch[r][slot(q, r, s):slot(q, r, s) + 1] for q in ps]   # the peers in rank order
+                me.reduce(inp[c:c + 1], got, tb_group=reducers, dst_chunk=out[c:c + 1], src_position=r)
                 me.barrier(group)       # block 0 sees the whole reduced step
                 for p in ps:
                     dst = output_of(p, inplace)[c:c + 1]

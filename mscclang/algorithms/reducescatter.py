@@ -1,6 +1,7 @@
 """Reduce-scatter programs of the library (``ReduceScatter(ranks, 1, inplace)``: input
 ``ranks`` chunks, output one chunk; rank ``r`` ends with input chunk ``r`` reduced over all
-ranks). In place, the output is input chunk ``r``.
+ranks, summed in rank order in one reduction op, as :mod:`mscclang.algorithms.allreduce` does). In
+place, the output is input chunk ``r``.
 
 Memory-ordering rules as in :mod:`mscclang.algorithms.allreduce`.
 """
@@ -49,7 +50,7 @@ def build_reducescatter_simple(ranks: int, instances: int = 1, num_threads_per_b
                                max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
     """Reduce-scatter through scratch (any buffers): copy the peers' chunks of the input into
     scratch, signal; after the peers' signals read-reduce the own chunk from every peer's
-    scratch into the output (``rre``); a final signal/wait keeps every rank from reusing its
+    scratch and the own input, in rank order, into the output (``rre``); a final signal/wait keeps every rank from reusing its
     scratch while a peer may still read it. One thread block per instance."""
     prog = library_program("reducescatter_simple", ReduceScatter, ranks, instances, inplace, "Simple",
                            num_threads_per_block, name, min_message_size, max_message_size)
@@ -70,7 +71,8 @@ def build_reducescatter_zero_copy(ranks: int, instances: int = 1, num_threads_pe
                                   inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
                                   max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
     """Zero-copy reduce-scatter (symmetric buffers): after a relaxed ready handshake read chunk
-    ``r`` of every peer's input directly and reduce it with the own into the output (``rre``);
+    ``r`` of every peer's input directly and sum it with the own in rank order into the output
+    (``rre``);
     a final signal/wait keeps every rank alive until its peers finished reading its input. One
     thread block per instance."""
     prog = library_program("reducescatter_zero_copy", ReduceScatter, ranks, instances, inplace, "Simple",

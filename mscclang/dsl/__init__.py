@@ -6,7 +6,7 @@ MSCCL++'s: ``program``, ``collectives``, ``rank``, ``channel``, ``general``, ``l
 ``thread_block_group``, ``utils`` (plus ``types``).
 """
 
-from mscclang.dsl.channel import MemoryChannel, PortChannel, SwitchChannel
+from mscclang.dsl.channel import MemoryChannel, PortChannel, SwitchChannel, read_reduce
 from mscclang.dsl.collectives import (
     AllGather,
     AllReduce,
@@ -31,5 +31,5 @@ __all__ = [
     "BufferType", "ChannelType", "Chunk", "Collective", "CollectiveProgram", "JSON",
     "LoopIterationContext", "MemoryChannel", "PortChannel", "Rank", "RankGroup",
     "ReduceOperationType", "ReduceScatter", "ReplicationPolicy", "Semaphore", "SendRecv",
-    "SwitchChannel", "SyncType", "TestCollective", "ThreadBlockGroup",
+    "SwitchChannel", "SyncType", "TestCollective", "ThreadBlockGroup", "read_reduce",
 ]

@@ -16,9 +16,10 @@ from mscclang.dsl._context import get_program
 from mscclang.dsl.program import CollectiveProgram
 from mscclang.dsl.thread_block_group import ThreadBlockGroup
 from mscclang.dsl.types import BufferType, ChannelType, Chunk, RankGroup, ReduceOperationType, SyncType
+from mscclang.errors import DSLError
 from mscclang.plan.models import OpName
 
-__all__ = ["MemoryChannel", "PortChannel", "SwitchChannel"]
+__all__ = ["MemoryChannel", "PortChannel", "SwitchChannel", "read_reduce"]
 
 
 def _local(c: Chunk) -> Ref:
@@ -139,29 +140,58 @@ class MemoryChannel(_PeerChannel):
         """``local_dst = local_src OP remote_0 OP ...`` reading the peer's chunks (``rre``);
         ``local_src`` enters the order after the first ``src_position`` remote chunks (see
         :meth:`mscclang.dsl.Rank.reduce`)."""
-        prog = get_program()
-        call = self._call("reduce")
-        targets = prog.tb_targets(self.src_rank, call, tb, tb_group)
-        t0 = targets[0][0]
-        if local_dst_chunk is None:
-            local_dst_chunk = local_src_chunk
-        prog.check_chunk(local_src_chunk, call, self.src_rank, t0, "local source")
-        prog.check_chunk(local_dst_chunk, call, self.src_rank, t0, "local destination")
         remotes = list(remote_src_chunks) if remote_src_chunks is not None else []
-        if not remotes:
-            raise prog.error(self.src_rank, t0, call, "remote_src_chunks is empty: nothing to reduce with")
-        for i, c in enumerate(remotes):
-            prog.check_chunk(c, call, self.src_rank, t0, f"remote source {i}", owner=self.dst_rank)
-        prog.check_same_size(self.src_rank, t0, call, ("local source", local_src_chunk),
-                             ("local destination", local_dst_chunk),
-                             *[(f"remote source {i}", c) for i, c in enumerate(remotes)])
-        rop = ReduceOperationType(reduce_op)
-        pos = prog.check_src_position(self.src_rank, t0, call, src_position, len(remotes))
-        for t, tbg in targets:
-            prog.add_op(self.src_rank, t, IROp(OpName.rre, src=[_local(local_src_chunk)] + [_remote(c) for c in remotes],
-                                               dst=[_local(local_dst_chunk)], channel_type=self.channel_type,
-                                               channels=[self.channel_id], tbg=tbg, reduce_op=rop,
-                                               origin=f"{call}(tb={t})", src_position=pos))
+        _read_reduce(self._call("reduce"), [self] * max(len(remotes), 1), local_src_chunk, remotes, tb, tb_group,
+                     local_dst_chunk, reduce_op, src_position)
+
+
+def read_reduce(channels: Sequence[MemoryChannel], local_src_chunk: Chunk, remote_src_chunks: Sequence[Chunk],
+                tb: Optional[int] = None, tb_group: Optional[ThreadBlockGroup] = None,
+                local_dst_chunk: Optional[Chunk] = None,
+                reduce_op: ReduceOperationType = ReduceOperationType.sum, src_position: int = 0) -> None:
+    """(ours) ``local_dst = local_src OP remote_0 OP ...`` as one ``rre`` that reads
+    ``remote_src_chunks[i]`` through ``channels[i]`` (memory channels of one rank, to any of its
+    peers); ``local_src`` enters the order after the first ``src_position`` remote chunks. A chain
+    of :meth:`MemoryChannel.reduce` calls fuses into the same op, but a chain starts with its
+    local source, so only this call places it anywhere: the ranks' chunks in rank order with the
+    own at its rank's place is the canonical sum (docs/semantics.md, "Batch invariance")."""
+    chans = list(channels) if channels is not None else []
+    if not chans or not all(isinstance(c, MemoryChannel) for c in chans):
+        raise DSLError(f"read_reduce: channels must be a non-empty list of MemoryChannels, got {channels!r}")
+    remotes = list(remote_src_chunks) if remote_src_chunks is not None else []
+    call = f"read_reduce(rank {chans[0].src_rank})"
+    if len(remotes) != len(chans) or len({c.src_rank for c in chans}) != 1:
+        raise get_program().error(chans[0].src_rank, tb, call, f"needs one remote chunk per channel and channels "
+                                  f"of one rank: {len(chans)} channels, {len(remotes)} remote chunks")
+    _read_reduce(call, chans, local_src_chunk, remotes, tb, tb_group, local_dst_chunk, reduce_op, src_position)
+
+
+def _read_reduce(call: str, chans: list[MemoryChannel], local_src_chunk: Chunk, remotes: list[Chunk],
+                 tb: Optional[int], tb_group: Optional[ThreadBlockGroup], local_dst_chunk: Optional[Chunk],
+                 reduce_op: ReduceOperationType, src_position: int) -> None:
+    """Record the ``rre`` of :meth:`MemoryChannel.reduce` and :func:`read_reduce` (remote chunk
+    ``i`` read through ``chans[i]``), after checking every argument."""
+    prog = get_program()
+    rank = chans[0].src_rank
+    targets = prog.tb_targets(rank, call, tb, tb_group)
+    t0 = targets[0][0]
+    if local_dst_chunk is None:
+        local_dst_chunk = local_src_chunk
+    prog.check_chunk(local_src_chunk, call, rank, t0, "local source")
+    prog.check_chunk(local_dst_chunk, call, rank, t0, "local destination")
+    if not remotes:
+        raise prog.error(rank, t0, call, "remote_src_chunks is empty: nothing to reduce with")
+    for i, (ch, c) in enumerate(zip(chans, remotes)):
+        prog.check_chunk(c, call, rank, t0, f"remote source {i}", owner=ch.dst_rank)
+    prog.check_same_size(rank, t0, call, ("local source", local_src_chunk), ("local destination", local_dst_chunk),
+                         *[(f"remote source {i}", c) for i, c in enumerate(remotes)])
+    rop = ReduceOperationType(reduce_op)
+    pos = prog.check_src_position(rank, t0, call, src_position, len(remotes))
+    ids = list(dict.fromkeys(ch.channel_id for ch in chans))   # each channel once, in first use order
+    for t, tbg in targets:
+        prog.add_op(rank, t, IROp(OpName.rre, src=[_local(local_src_chunk)] + [_remote(c) for c in remotes],
+                                  dst=[_local(local_dst_chunk)], channel_type=ChannelType.memory, channels=ids,
+                                  tbg=tbg, reduce_op=rop, origin=f"{call}(tb={t})", src_position=pos))
 
 
 class PortChannel(_PeerChannel):

@@ -24,8 +24,8 @@ MSCCL++ plans use the same key names and op names as ours (see docs/plan.schema.
 ``to_mscclpp`` emits keys in the order MSCCL++'s DSL writes them and omits empty optional fields,
 as that DSL does, so ``from_mscclpp(to_mscclpp(p))`` is ``p`` up to a normalisation, for every
 plan ``to_mscclpp`` accepts whose ``barrier_tbs``, ``chunk_factor`` and ``reduce_op`` are what
-import infers (true of plans built by the DSL): ``consistent`` and the ops' ``src``
-(MSCCL++ has no such fields) are absent, and so is ``src0_position`` 0 or 1 (local first).
+import infers (true of plans built by the DSL): ``consistent``, ``batch_invariant`` and the ops'
+``src`` (MSCCL++ has no such fields) are absent, and so is ``src0_position`` 0 or 1 (local first).
 """
 
 from __future__ import annotations
