@@ -79,12 +79,14 @@ def _build(info: Any, n: int, instances: int, inplace: bool, params: tuple) -> P
     return info.build(n, instances=instances, name=variant_stem(info, v), **v.kwargs())
 
 
-def _library_plans(coll: str, n: int) -> list[Plan]:
+def _library_plans(coll: str, n: int, dropped: list[str]) -> list[Plan]:
     """Every plan of the algorithm library for ``coll`` on ``n`` ranks the mode may generate:
     each algorithm without port channels (those run only where a tuning rule names them), in
     each in-place mode and parameter set it ships (every root of a rooted collective), with one
-    instance and with as many as fill :data:`GENERATED_BLOCKS` thread blocks."""
+    instance and with as many as fill :data:`GENERATED_BLOCKS` thread blocks where its builder
+    takes them (a build the builder refuses goes to ``dropped``, with why)."""
     from mscclang.algorithms import ALGORITHMS
+    from mscclang.errors import MscclangError
 
     out = []
     for info in ALGORITHMS.values():
@@ -95,9 +97,16 @@ def _library_plans(coll: str, n: int) -> list[Plan]:
         for inplace, params in shapes:
             for root in roots:
                 ps = params + ((("root", root),) if root is not None else ())
-                one = _build(info, n, 1, inplace, ps)
-                more = GENERATED_BLOCKS // max(one.max_threadblocks(), 1)
-                out += [one] + ([_build(info, n, more, inplace, ps)] if more > 1 else [])
+                k = 1
+                while k:
+                    try:
+                        plan = _build(info, n, k, inplace, ps)
+                    except MscclangError as e:
+                        dropped.append(f"{info.name} on {n} ranks with {k} instance(s): {e}")
+                        break
+                    out.append(plan)
+                    more = GENERATED_BLOCKS // max(plan.max_threadblocks(), 1) if k == 1 else 0
+                    k = more if more > 1 else 0
     return out
 
 
@@ -110,14 +119,16 @@ def generated_variants(coll: str, n: int) -> Generated:
         got = _GENERATED.get(key)
         if got is None:
             t0 = time.perf_counter()
-            keep, dropped = [], []
-            for plan in _library_plans(coll, n):
+            keep: list[PlanVariant] = []
+            dropped: list[str] = []
+            unbuilt: list[str] = []
+            for plan in _library_plans(coll, n, unbuilt):
                 why = prove_promise(plan)
                 if why is None:
                     keep.append(PlanVariant.from_plan(plan))
                 else:
                     dropped.append(f"{plan.name}: {why}")
-            got = _GENERATED[key] = Generated(tuple(keep), tuple(dropped), time.perf_counter() - t0)
+            got = _GENERATED[key] = Generated(tuple(keep), tuple(dropped + unbuilt), time.perf_counter() - t0)
             log.info("mscclang: batch-invariant mode: generated %d plan(s) of %s on %d ranks in %.2f s (%d dropped)",
                      len(keep), coll, n, got.seconds, len(dropped))
     return got
@@ -127,7 +138,8 @@ def refusal(what: str, why: str, rank: Optional[int] = None) -> BatchInvariantEr
     """The mode's one-line error for a call (``what``: the collective, world size, bytes and
     dtype) and the reason no plan keeping the contract serves it."""
     who = f"mscclang rank {rank}: " if rank is not None else "mscclang: "
-    return BatchInvariantError(f"{who}batch-invariant mode: {what} has no plan that keeps the contract: {why}")
+    return BatchInvariantError(f"{who}batch-invariant mode: {what} has no plan that keeps the contract: "
+                               + " ".join(why.split()))
 
 
 def call_words(api: str, n: int, nbytes: int, dtype: Any) -> str:
