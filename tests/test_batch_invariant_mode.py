@@ -136,7 +136,7 @@ def test_a_tuning_pick_without_the_promise_never_runs():
 
 # ---------------------------------------------------------------- the refusal
 def test_a_call_no_kept_plan_serves_raises_one_line_not_the_fallback(monkeypatch):
-    monkeypatch.setattr(invariant, "_library_plans", lambda coll, n, dropped: [])   # the library generates nothing
+    monkeypatch.setattr(invariant, "_library_variants", lambda coll, n, dropped: [])   # the library generates nothing
     plans = [_stub("allreduce", 2, "ar_unsaid", None)]
 
     def body(comm):

@@ -14,22 +14,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 from mscclang.comm.catalog import PlanVariant
-from mscclang.errors import CommError
+from mscclang.errors import CommError, MscclangError, PlanError
 from mscclang.plan.collectives import collective
 from mscclang.plan.models import Plan
 
-__all__ = ["BatchInvariantError", "Generated", "keeps_contract", "prove_promise", "generated_variants"]
+__all__ = ["BatchInvariantError", "Generated", "GeneratedVariant", "keeps_contract", "prove_promise",
+           "generated_variants"]
 
 log = logging.getLogger("mscclang.comm")
 
 #: thread blocks per rank the generated bandwidth variants aim at (besides one instance each)
 GENERATED_BLOCKS = 16
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
 _GENERATED: dict[tuple[str, int], "Generated"] = {}
 
 
@@ -40,8 +41,9 @@ class BatchInvariantError(CommError):
 
 @dataclass(frozen=True)
 class Generated:
-    """The library's plans of one collective on one world size that keep the contract
-    (``variants``), those dropped and why (``dropped``), and the seconds building and proving took."""
+    """The library's plans of one collective on one world size the mode may run (``variants``,
+    each proven at its first load), those dropped and why (``dropped``), and the seconds making
+    them took."""
 
     variants: tuple[PlanVariant, ...]
     dropped: tuple[str, ...]
@@ -70,23 +72,54 @@ def prove_promise(plan: Plan) -> Optional[str]:
     return probs[0].message if probs else None
 
 
-def _build(info: Any, n: int, instances: int, inplace: bool, params: tuple) -> Plan:
-    """One library plan, named as ``plans/`` names its variants."""
+@dataclass
+class GeneratedVariant(PlanVariant):
+    """A plan of the algorithm library the mode generated (:func:`generated_variants`): built at
+    its first load unless it already was (``make``), and proven there (:func:`prove_promise`); a
+    plan that does not keep the contract raises PlanError at that load and every later one, so it
+    never runs (alike on every rank: the library and the proof are deterministic)."""
+
+    make: Optional[Callable[[], Plan]] = field(default=None, repr=False, compare=False)
+    _refused: Optional[str] = field(default=None, repr=False, compare=False)   # "" once proven
+
+    def load(self) -> Plan:
+        with _LOCK:
+            if self._refused is None:
+                t0 = time.perf_counter()
+                try:
+                    self._plan = self._plan if self._plan is not None else self.make()  # type: ignore[misc]
+                    self._refused = prove_promise(self._plan) or ""
+                except MscclangError as e:   # the builder refuses this instance count
+                    self._refused = str(e)
+                log.info("mscclang: batch-invariant mode: %s built and proven in %.2f s%s", self.key,
+                         time.perf_counter() - t0, f": refused, {self._refused}" if self._refused else "")
+        if self._refused:
+            raise PlanError(f"{self.key}: {self._refused}")
+        return self._plan  # type: ignore[return-value]
+
+
+def _variant(info: Any, n: int, k: int, inplace: bool, params: tuple, plan: Optional[Plan] = None) -> GeneratedVariant:
+    """The variant of library algorithm ``info`` on ``n`` ranks with ``k`` instances, named as
+    ``plans/`` names its variants (``plan``: already built)."""
     from mscclang.algorithms.generate import variant_stem
     from mscclang.algorithms.registry import Variant
 
-    v = Variant(n, instances, None, inplace, params)
-    return info.build(n, instances=instances, name=variant_stem(info, v), **v.kwargs())
+    v = Variant(n, k, None, inplace, params)
+    key = variant_stem(info, v)
+    return GeneratedVariant(
+        key=key, algorithm=info.name, collective=info.collective, ranks=n, protocol=info.protocol,
+        buffer_mode=info.buffer_mode, inplace=inplace, min_bytes=info.min_message_size,
+        max_bytes=info.max_message_size, instances=k, threads=info.default_threads, root=dict(params).get("root"),
+        port_channels=False, _plan=plan, make=lambda: info.build(n, instances=k, name=key, **v.kwargs()))
 
 
-def _library_plans(coll: str, n: int, dropped: list[str]) -> list[Plan]:
+def _library_variants(coll: str, n: int, dropped: list[str]) -> list[GeneratedVariant]:
     """Every plan of the algorithm library for ``coll`` on ``n`` ranks the mode may generate:
     each algorithm without port channels (those run only where a tuning rule names them), in
     each in-place mode and parameter set it ships (every root of a rooted collective), with one
-    instance and with as many as fill :data:`GENERATED_BLOCKS` thread blocks where its builder
-    takes them (a build the builder refuses goes to ``dropped``, with why)."""
+    instance (built now: one that does not promise batch invariance goes to ``dropped``, with
+    why) and with as many as fill :data:`GENERATED_BLOCKS` thread blocks (built at first load)."""
     from mscclang.algorithms import ALGORITHMS
-    from mscclang.errors import MscclangError
 
     out = []
     for info in ALGORITHMS.values():
@@ -95,42 +128,37 @@ def _library_plans(coll: str, n: int, dropped: list[str]) -> list[Plan]:
         shapes = dict.fromkeys((v.inplace, tuple(p for p in v.params if p[0] != "root")) for v in info.variants)
         roots = range(n) if collective(coll).rooted else (None,)
         for inplace, params in shapes:
-            for root in roots:
-                ps = params + ((("root", root),) if root is not None else ())
-                k = 1
-                while k:
-                    try:
-                        plan = _build(info, n, k, inplace, ps)
-                    except MscclangError as e:
-                        dropped.append(f"{info.name} on {n} ranks with {k} instance(s): {e}")
-                        break
-                    out.append(plan)
-                    more = GENERATED_BLOCKS // max(plan.max_threadblocks(), 1) if k == 1 else 0
-                    k = more if more > 1 else 0
+            for ps in (params + ((("root", r),) if r is not None else ()) for r in roots):
+                one = _variant(info, n, 1, inplace, ps)
+                try:
+                    plan = one.make()  # type: ignore[misc]
+                except MscclangError as e:
+                    dropped.append(f"{one.key}: {e}")
+                    continue
+                if not keeps_contract(plan):
+                    dropped.append(f"{one.key}: it does not promise batch invariance")
+                    continue
+                one._plan = plan
+                more = GENERATED_BLOCKS // max(plan.max_threadblocks(), 1)
+                out += [one] + ([_variant(info, n, more, inplace, ps)] if more > 1 else [])
     return out
 
 
 def generated_variants(coll: str, n: int) -> Generated:
-    """The library's plans of ``coll`` on ``n`` ranks that keep the contract, built and proven
-    at the first request, then kept for the life of the process (every rank builds the same:
-    the library is deterministic)."""
+    """The library's plans of ``coll`` on ``n`` ranks that may keep the contract, made at the
+    first request and kept for the life of the process (every rank makes the same: the library
+    is deterministic). Each is proven at its first load (:class:`GeneratedVariant`), so a call
+    pays the proof of the plans it runs only."""
     key = (coll, n)
     with _LOCK:
         got = _GENERATED.get(key)
         if got is None:
             t0 = time.perf_counter()
-            keep: list[PlanVariant] = []
             dropped: list[str] = []
-            unbuilt: list[str] = []
-            for plan in _library_plans(coll, n, unbuilt):
-                why = prove_promise(plan)
-                if why is None:
-                    keep.append(PlanVariant.from_plan(plan))
-                else:
-                    dropped.append(f"{plan.name}: {why}")
-            got = _GENERATED[key] = Generated(tuple(keep), tuple(dropped + unbuilt), time.perf_counter() - t0)
-            log.info("mscclang: batch-invariant mode: generated %d plan(s) of %s on %d ranks in %.2f s (%d dropped)",
-                     len(keep), coll, n, got.seconds, len(dropped))
+            variants = _library_variants(coll, n, dropped)
+            got = _GENERATED[key] = Generated(tuple(variants), tuple(dropped), time.perf_counter() - t0)
+            log.info("mscclang: batch-invariant mode: %d plan(s) of %s on %d ranks made in %.2f s (%d dropped)",
+                     len(variants), coll, n, got.seconds, len(dropped))
     return got
 
 

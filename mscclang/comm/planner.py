@@ -213,7 +213,11 @@ class Planner:
             try:
                 plan = v.load()
             except MscclangError as e:
-                self.note_fallback(coll, f"plan {v.key} cannot be loaded: {e}", level=logging.ERROR)
+                if self.selector.batch_invariant:   # a generated plan its proof refused, say
+                    self._cannot.append(f"{v.key} is refused: {e}")
+                    self.note(coll, f"mscclang rank {self.rank}: {self._cannot[-1]}", level=logging.WARNING)
+                else:
+                    self.note_fallback(coll, f"plan {v.key} cannot be loaded: {e}", level=logging.ERROR)
                 continue
             if call.collective.rooted and (plan.root or 0) != root:
                 continue

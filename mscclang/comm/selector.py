@@ -22,7 +22,7 @@ from typing import Optional
 import logging
 
 from mscclang.comm.catalog import Catalog, PlanVariant
-from mscclang.comm.invariant import generated_variants, keeps_contract
+from mscclang.comm.invariant import GeneratedVariant, generated_variants, keeps_contract
 from mscclang.comm.names import dtype_name, plan_collective
 from mscclang.comm.tuning import Rule, TuningTable
 
@@ -60,9 +60,12 @@ class Choice:
 
 def keeps(v: PlanVariant) -> bool:
     """Whether the batch-invariant mode may run variant ``v``
-    (:func:`~mscclang.comm.invariant.keeps_contract`; a plan that cannot be loaded may not)."""
+    (:func:`~mscclang.comm.invariant.keeps_contract`; a plan that cannot be loaded may not; a
+    generated one is proven when loaded)."""
     from mscclang.errors import MscclangError
 
+    if isinstance(v, GeneratedVariant):
+        return True   # proven at its first load, which refuses it otherwise
     try:
         return keeps_contract(v.load())
     except (MscclangError, OSError):
@@ -199,6 +202,7 @@ def select_fused(catalog: Catalog, ranks: int, shape: FusedShape, invariant: boo
     up to 1 MiB; the two-shot: any size); a two-shot whose chunks are not rows runs only when the
     rows split evenly into chunks of whole rows. ``invariant``: only plans that keep the
     batch-invariance contract (:func:`keeps`)."""
+    from mscclang.errors import MscclangError
     from mscclang.plan.collectives import collective
     from mscclang.sim.fused import plan_quantises
 
@@ -209,8 +213,11 @@ def select_fused(catalog: Catalog, ranks: int, shape: FusedShape, invariant: boo
         if invariant and not keeps(v):
             continue
         kind = "twoshot" if "twoshot" in v.algorithm else "oneshot"
-        if kind not in found and plan_quantises(v.load()) == shape.quant:
-            found[kind] = v
+        try:
+            if kind not in found and plan_quantises(v.load()) == shape.quant:
+                found[kind] = v
+        except MscclangError:   # a generated plan its proof refused, say: never chosen
+            continue
     two = found.get("twoshot")
     even = False
     if two is not None:   # a two-shot's norm covers its rank's chunk: the chunks must be whole rows
