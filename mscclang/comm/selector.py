@@ -11,15 +11,15 @@ names them (``mscclang tune`` measures them like every other variant).
 In the batch-invariant mode (:mod:`mscclang.comm.invariant`) only plans that keep the contract are
 listed: a tuning rule's plan without the promise, and its torch.distributed candidate, are
 refused (logged once) in favour of the heuristic's plans that keep it; where the catalog has none
-for the call, the algorithm library's plans for the world size are generated and proven first.
+for the call, the algorithm library's plans for the world size are generated (each proven before
+it first runs).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
-
-import logging
 
 from mscclang.comm.catalog import Catalog, PlanVariant
 from mscclang.comm.invariant import GeneratedVariant, generated_variants, keeps_contract
@@ -82,6 +82,7 @@ class Selector:
         self.batch_invariant = batch_invariant
         self._memo: dict[tuple, list[Choice]] = {}
         self._refused: set[str] = set()
+        self._generated: dict[tuple[str, int], Catalog] = {}
 
     def choices(self, collective: str, world_size: int, nbytes: int, dtype: object) -> list[Choice]:
         """Ordered choices for a call; the list ends with torch.distributed when the rule names
@@ -117,11 +118,14 @@ class Selector:
 
     def generated(self, coll: str, n: int) -> Catalog:
         """The algorithm library's plans of ``coll`` on ``n`` ranks that keep the contract
-        (:func:`~mscclang.comm.invariant.generated_variants`: built and proven once per process),
-        which the batch-invariant mode runs where the catalog has none for a call. Kept apart from
-        the catalog, so the choice of a call the catalog serves never depends on what was
-        generated before it."""
-        return Catalog(generated_variants(coll, n).variants)
+        (:func:`~mscclang.comm.invariant.generated_variants`: made once per process, each proven
+        at its first load), which the batch-invariant mode runs where the catalog has none for a
+        call. Kept apart from the catalog, so the choice of a call the catalog serves never
+        depends on what was generated before it."""
+        got = self._generated.get((coll, n))
+        if got is None:
+            got = self._generated[(coll, n)] = Catalog(generated_variants(coll, n).variants)
+        return got
 
     def explain(self, coll: str, n: int, nbytes: int) -> str:
         """Why the batch-invariant mode lists no plan for a call of ``nbytes`` (its error's reason)."""
