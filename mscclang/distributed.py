@@ -318,9 +318,9 @@ class MscclangProcessGroup(dist.ProcessGroup):
             from mscclang.comm.invariant import call_words, refusal
 
             t = tensors[0]
-            raise refusal(call_words(what, self.size(), t.numel() * t.element_size(), str(t.dtype).replace("torch.", "")),
-                          f"it would go to the inner {torch_backend_for(tensors[0].device.type)} group ({reason})",
-                          self.rank())
+            dtype = str(t.dtype).replace("torch.", "")
+            raise refusal(call_words(what, self.size(), t.numel() * t.element_size(), dtype),
+                          f"it would go to the inner {torch_backend_for(t.device.type)} group ({reason})", self.rank())
         if agree is not None:
             self._agree(f"{what} of {', '.join(map(_shows, tensors))}{agree} on the inner group ({reason})")
         key, dev = f"{what}: {reason}", tensors[0].device.type if tensors else self._device_type

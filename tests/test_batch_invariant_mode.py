@@ -233,6 +233,24 @@ def test_generated_plans_give_the_rank_order_fold(promised, n):
             assert [outs[i].tobytes() for outs, _ in got] == [np.asarray(w).tobytes() for w in want], (coll, k)
 
 
+def test_a_generated_plan_its_proof_refuses_never_runs(promised, monkeypatch):
+    prove = invariant.prove_promise
+    monkeypatch.setattr(invariant, "prove_promise",
+                        lambda plan: "planted" if plan.name.startswith("allreduce_oneshot_ll") else prove(plan))
+
+    def body(comm):
+        comm.all_reduce(torch.ones(30))
+        return comm.last.variant.key
+
+    got, _, fb = run_ranks(3, body, catalog=Catalog(), engine="sim", batch_invariant=True)
+    assert fb.calls == [] and got == ["allreduce_twostep_ll.r3.i1.inplace"] * 3   # the one-shot comes first otherwise
+    monkeypatch.setattr(invariant, "prove_promise", lambda plan: "planted")
+    monkeypatch.setattr(invariant, "_GENERATED", {})
+    with pytest.raises(BatchInvariantError, match="all_reduce of 120 bytes \\(float32\\) on 3 ranks .*: "
+                                                  "allreduce_oneshot_ll.r3.i1 is refused: planted, and \\d+ more$"):
+        run_ranks(3, body, catalog=Catalog(), engine="sim", batch_invariant=True)
+
+
 # ---------------------------------------------------------------- the fused call
 def test_the_fused_call_runs_a_generated_plan_or_raises(monkeypatch):
     g = torch.Generator().manual_seed(3)

@@ -94,7 +94,7 @@ class GeneratedVariant(PlanVariant):
                 log.info("mscclang: batch-invariant mode: %s built and proven in %.2f s%s", self.key,
                          time.perf_counter() - t0, f": refused, {self._refused}" if self._refused else "")
         if self._refused:
-            raise PlanError(f"{self.key}: {self._refused}")
+            raise PlanError(self._refused)
         return self._plan  # type: ignore[return-value]
 
 

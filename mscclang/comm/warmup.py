@@ -46,8 +46,9 @@ class WarmedCall:
 def message_sizes(comm: "Communicator", coll: str, esz: int, max_bytes: int) -> list[int]:
     """The message sizes where the selector's choice for ``coll`` can change, in bytes, ascending:
     the heuristic's LL threshold, each rule's ``max_bytes`` and the byte after it, each catalog variant's ``min_bytes`` and
-    ``max_bytes`` and the byte after it (in the batch-invariant mode the generated variants' too), and the powers of two, from one element per block up to
-    ``max_bytes``; each rounded up to whole elements in every block."""
+    ``max_bytes`` and the byte after it (in the batch-invariant mode the generated variants' too),
+    and the powers of two, from one element per block up to ``max_bytes``; each rounded up to
+    whole elements in every block."""
     n = comm.world_size
     unit = esz * max(collective(coll).blocks(n))
     bounds: set[int] = {LL_THRESHOLD, LL_THRESHOLD + 1}   # the heuristic's LL/Simple switch
