@@ -55,7 +55,7 @@ The batch-invariant mode (``docs/semantics.md``): ``MSCCLANG_BATCH_INVARIANT=1``
 or ``new_group(backend="mscclang", pg_options=...)``; torch hands a registered backend's
 ``pg_options`` to its creator). The group's Communicator then runs every reduction on a plan that
 keeps the contract or raises; a reduction the Communicator cannot take (``reduce``, another reduce
-op or dtype, non-contiguous tensors) raises :class:`~mscclang.comm.invariant.BatchInvariantError`
+op or dtype, non-contiguous tensors) raises :class:`~mscclang.comm.errors.BatchInvariantError`
 instead of going to the inner group. Calls that reduce nothing still go there as above.
 """
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from mscclang.comm import invariant
 from mscclang.comm.catalog import Catalog
 from mscclang.comm.communicator import Communicator
-from mscclang.comm.invariant import BatchInvariantError
+from mscclang.comm.errors import BatchInvariantError
 from mscclang.comm.selector import Selector
 from mscclang.comm.sim_backend import SimBackend, torch_to_numpy
 from mscclang.comm.sim_ranks import catalog_of, run_ranks, stub_plan

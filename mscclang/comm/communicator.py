@@ -54,7 +54,7 @@ class Communicator:
     the message size, the plan or the batch), generated from the algorithm library and proven at
     first use where no shipped plan serves the call (:mod:`mscclang.comm.invariant`); a tuning
     rule's plan without the promise is refused, and a call no such plan can run raises
-    :class:`~mscclang.comm.invariant.BatchInvariantError` (one line naming the call and why)
+    :class:`~mscclang.comm.errors.BatchInvariantError` (one line naming the call and why)
     instead of falling back to torch.distributed. Point-to-point ``send``/``recv`` copy bits and
     still run on torch.distributed.
     """

@@ -11,7 +11,7 @@ the shape (:func:`mscclang.comm.selector.select_fused`); else the call falls bac
 library ``all_reduce`` plus the reference epilogue in torch (the same numerics), logged once per
 reason; in the batch-invariant mode only plans that keep the contract run (generated from the
 library where the catalog has none) and a call none serves raises
-:class:`~mscclang.comm.invariant.BatchInvariantError` instead of falling back.
+:class:`~mscclang.comm.errors.BatchInvariantError` instead of falling back.
 """
 
 from __future__ import annotations

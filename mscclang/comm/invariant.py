@@ -5,8 +5,9 @@ backend's ``BackendOptions(batch_invariant=True)``) a call runs only a plan that
 contract of ``docs/semantics.md``: every reduced element is the canonical rank-order fold, at
 every size the plan serves (:func:`keeps_contract`). Where no plan of the catalog keeps it (a
 world size without shipped plans, say), the algorithm library's plans for that world size are
-built, proven (:func:`prove_promise`) and kept for the life of the process
-(:func:`generated_variants`); a call nothing can serve raises :class:`BatchInvariantError`.
+made and kept for the life of the process (:func:`generated_variants`), each proven
+(:func:`prove_promise`) before it first runs; a call nothing can serve raises
+:class:`~mscclang.comm.errors.BatchInvariantError`.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from mscclang.comm.catalog import PlanVariant
-from mscclang.errors import CommError, MscclangError, PlanError
+from mscclang.comm.errors import BatchInvariantError
+from mscclang.errors import MscclangError, PlanError
 from mscclang.plan.collectives import collective
 from mscclang.plan.models import Plan
 
-__all__ = ["BatchInvariantError", "Generated", "GeneratedVariant", "keeps_contract", "prove_promise",
+__all__ = ["Generated", "GeneratedVariant", "keeps_contract", "prove_promise",
            "generated_variants"]
 
 log = logging.getLogger("mscclang.comm")
@@ -32,11 +34,6 @@ GENERATED_BLOCKS = 16
 
 _LOCK = threading.RLock()
 _GENERATED: dict[tuple[str, int], "Generated"] = {}
-
-
-class BatchInvariantError(CommError):
-    """A call of the batch-invariant mode that no plan keeping the contract can serve (one
-    line: the call, its world size, bytes and dtype, and why); nothing ran."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +59,9 @@ def keeps_contract(plan: Plan) -> bool:
 
 def prove_promise(plan: Plan) -> Optional[str]:
     """Why ``plan`` does not keep the contract, or None when it does: it must promise it
-    (:func:`keeps_contract`) and pass the simulator's symbolic proof. The one place the mode
-    proves a plan it generated."""
+    (:func:`keeps_contract`) and pass the simulator's symbolic proof
+    (:func:`mscclang.sim.verify.prove_consistent`). The one place the mode proves a plan it
+    generated."""
     if not keeps_contract(plan):
         return "it does not promise batch invariance"
     from mscclang.sim.verify import prove_consistent

@@ -13,7 +13,7 @@ to zero-copy plans (symmetric, registered or neither), so every rank chooses ali
 
 In the batch-invariant mode (the selector's ``batch_invariant``) torch.distributed never runs a
 call: one that no plan keeping the contract can run raises
-:class:`~mscclang.comm.invariant.BatchInvariantError`, one line naming the call and why.
+:class:`~mscclang.comm.errors.BatchInvariantError`, one line naming the call and why.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 from mscclang.comm.catalog import PlanVariant
-from mscclang.comm.errors import CommError
-from mscclang.comm.invariant import BatchInvariantError, call_words, refusal
+from mscclang.comm.errors import BatchInvariantError, CommError
+from mscclang.comm.invariant import call_words, refusal
 from mscclang.comm.padding import needs_padding, padded_block_elems
 from mscclang.comm.selector import Choice, Selector
 from mscclang.errors import InvalidCall, MscclangError
