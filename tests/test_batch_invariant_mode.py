@@ -117,6 +117,23 @@ def test_the_selector_lists_only_plans_that_keep_the_contract(caplog):
     assert sorted(labels(Selector(TuningTable(), cat), "allgather")) == ["ag_denied", "ag_unsaid"]
 
 
+def test_the_index_may_say_the_promise(tmp_path):
+    """An index entry's ``batch_invariant`` is read as it is (the plan file is not loaded for it);
+    anything but true or false is refused naming the entry."""
+    import json
+
+    from mscclang.comm.errors import TuningError
+    from mscclang.comm.selector import keeps
+
+    entry = {"file": "absent.json", "algorithm": "ar", "collective": "allreduce", "ranks": 2, "buffer_mode": "any"}
+    for promise, want in ((True, True), (False, False)):
+        (tmp_path / "index.json").write_text(json.dumps({"plans": [dict(entry, batch_invariant=promise)]}))
+        assert [keeps(v) for v in Catalog.from_dir(tmp_path)] == [want]
+    (tmp_path / "index.json").write_text(json.dumps({"plans": [dict(entry, batch_invariant="yes")]}))
+    with pytest.raises(TuningError, match=r"\[0\]: batch_invariant must be true or false, got 'yes'"):
+        Catalog.from_dir(tmp_path)
+
+
 def test_a_tuning_pick_without_the_promise_never_runs():
     plans = [_stub("allreduce", 2, "ar_kept", True), _stub("allreduce", 2, "ar_fast", None)]
 

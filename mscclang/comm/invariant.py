@@ -47,14 +47,12 @@ class Generated:
     seconds: float
 
 
-def keeps_contract(plan: Plan) -> bool:
-    """Whether the mode may run ``plan``: it promises batch invariance (``batch_invariant``
-    true). A plan of a collective that reduces nothing may also leave the promise unsaid (every
-    output element is a copy of one input element, whatever the plan, size or batch); a plan
-    that denies it never runs."""
-    if plan.batch_invariant is not None:
-        return plan.batch_invariant
-    return not collective(plan.collective).reduces
+def keeps_contract(promise: Optional[bool], coll: str) -> bool:
+    """Whether the mode may run a plan of collective ``coll`` whose ``batch_invariant`` is
+    ``promise``: it promises batch invariance. A plan of a collective that reduces nothing may
+    also leave the promise unsaid (every output element is a copy of one input element, whatever
+    the plan, size or batch); a plan that denies it never runs."""
+    return promise if promise is not None else not collective(coll).reduces
 
 
 def prove_promise(plan: Plan) -> Optional[str]:
@@ -62,7 +60,7 @@ def prove_promise(plan: Plan) -> Optional[str]:
     (:func:`keeps_contract`) and pass the simulator's symbolic proof
     (:func:`mscclang.sim.verify.prove_consistent`). The one place the mode proves a plan it
     generated."""
-    if not keeps_contract(plan):
+    if not keeps_contract(plan.batch_invariant, plan.collective):
         return "it does not promise batch invariance"
     from mscclang.sim.verify import prove_consistent
 
@@ -133,7 +131,7 @@ def _library_variants(coll: str, n: int, dropped: list[str]) -> list[GeneratedVa
                 except MscclangError as e:
                     dropped.append(f"{one.key}: {e}")
                     continue
-                if not keeps_contract(plan):
+                if not keeps_contract(plan.batch_invariant, plan.collective):
                     dropped.append(f"{one.key}: it does not promise batch invariance")
                     continue
                 one._plan = plan

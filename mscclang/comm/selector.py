@@ -60,14 +60,15 @@ class Choice:
 
 def keeps(v: PlanVariant) -> bool:
     """Whether the batch-invariant mode may run variant ``v``
-    (:func:`~mscclang.comm.invariant.keeps_contract`; a plan that cannot be loaded may not; a
-    generated one is proven when loaded)."""
+    (:func:`~mscclang.comm.invariant.keeps_contract` of the index's promise, else the plan's; a
+    plan that cannot be loaded may not; a generated one is proven when loaded)."""
     from mscclang.errors import MscclangError
 
     if isinstance(v, GeneratedVariant):
         return True   # proven at its first load, which refuses it otherwise
-    try:
-        return keeps_contract(v.load())
+    try:   # the index's word, else the plan's
+        return keeps_contract(v.batch_invariant if v.batch_invariant is not None else v.load().batch_invariant,
+                              v.collective)
     except (MscclangError, OSError):
         return False
 
