@@ -321,6 +321,11 @@ class Settings:
         "MSCCLANG_PLANS_DIR", None,
         "folder of the plans the collective API chooses from (unset: the checkout's or the installed plans/); "
         "a folder that is missing or holds no plan is refused", folder=True, check="mscclang.comm.catalog:check_plans_dir")
+    batch_invariant = EnvBool(
+        "MSCCLANG_BATCH_INVARIANT", False,
+        "batch-invariant mode: every reduction runs a plan that sums in rank order at every size (docs/semantics.md); "
+        "a call no such plan serves raises, never falls back to torch.distributed",
+        error=InvalidCall)
     comm_granule = EnvInt(
         "MSCCLANG_COMM_GRANULE", None,
         "force one padding granule (elements) for every collective call (unset: the plan's alignment)",

@@ -49,6 +49,14 @@ output tensors. Errors of the Communicator (``CollectiveTimeout``, ``CallMismatc
 ``InvalidCall``) propagate from the call when ``async_op`` is false and from ``wait()`` (and
 ``get_future()``, which never returns a failed future: one reaching DDP's reducer from a Python
 process group crashes the process) when it is true. ``destroy_process_group()`` closes the Communicator and the inner groups.
+
+The batch-invariant mode (``docs/semantics.md``): ``MSCCLANG_BATCH_INVARIANT=1``, or for one group
+``pg_options=BackendOptions(batch_invariant=True)`` (``init_process_group("mscclang", pg_options=...)``
+or ``new_group(backend="mscclang", pg_options=...)``; torch hands a registered backend's
+``pg_options`` to its creator). The group's Communicator then runs every reduction on a plan that
+keeps the contract or raises; a reduction the Communicator cannot take (``reduce``, another reduce
+op or dtype, non-contiguous tensors) raises :class:`~mscclang.comm.errors.BatchInvariantError`
+instead of going to the inner group. Calls that reduce nothing still go there as above.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+from dataclasses import dataclass
 from functools import cache
 from typing import Any, Callable, Optional
 
@@ -71,7 +80,8 @@ from mscclang.errors import InvalidCall
 from mscclang.plan.call import overlap
 from mscclang.plan.dtypes import DTYPES
 
-__all__ = ["BACKEND_NAME", "MscclangProcessGroup", "MscclangWork", "create_process_group", "register"]
+__all__ = ["BACKEND_NAME", "BackendOptions", "MscclangProcessGroup", "MscclangWork", "create_process_group",
+           "register"]
 
 log = logging.getLogger("mscclang.distributed")
 
@@ -82,6 +92,20 @@ _REDUCE = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX
 _REDUCE_BY_CODE = {int(k): v for k, v in _REDUCE.items()}
 _NO_TIMEOUT = datetime.timedelta(0)
 _P2P = "point-to-point runs on the inner group (the library's plans are collective)"
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """The options of one ``"mscclang"`` group, passed as ``pg_options`` to
+    ``init_process_group("mscclang", ...)`` or ``new_group(backend="mscclang", ...)``:
+    ``batch_invariant`` runs the group's Communicator in the batch-invariant mode (None:
+    ``MSCCLANG_BATCH_INVARIANT``; see the module docstring)."""
+
+    batch_invariant: Optional[bool] = None
+
+
+#: the calls of the inner group that reduce (refused in the batch-invariant mode)
+_REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})
 
 
 def _op_type(op: Any) -> Any:
@@ -139,11 +163,12 @@ class MscclangProcessGroup(dist.ProcessGroup):
     inner groups' collectives; ``device`` is the Communicator's (default: the current CUDA device,
     else the CPU). ``communicator``: an existing Communicator of this rank to run on instead of
     one made over the store (embedding, and the CPU tests on the simulator's back end); the group
-    closes it at shutdown."""
+    closes it at shutdown. ``batch_invariant``: the Communicator's mode (:class:`BackendOptions`)."""
 
     def __init__(self, store: Any, rank: int, world_size: int,
                  timeout: datetime.timedelta = datetime.timedelta(minutes=5),  # noqa: B008
-                 device: Any = None, communicator: Optional[Communicator] = None) -> None:
+                 device: Any = None, communicator: Optional[Communicator] = None,
+                 batch_invariant: Optional[bool] = None) -> None:
         super().__init__(rank, world_size)
         self._store, self._timeout = store, timeout
         self._device = torch.device(device) if device is not None else _device_for(rank)
@@ -155,7 +180,8 @@ class MscclangProcessGroup(dist.ProcessGroup):
             device=self._device, timeout_s=timeout.total_seconds())
         self._comm: Optional[Communicator] = communicator or Communicator(
             store=dist.PrefixStore("mscclang/comm/", store), rank=rank, world_size=world_size,
-            device=self._device, runtime_options={"timeout_s": timeout.total_seconds()}, fallback=self._fallback)
+            device=self._device, runtime_options={"timeout_s": timeout.total_seconds()}, fallback=self._fallback,
+            batch_invariant=batch_invariant)
         self._inner: dict[str, Any] = {}
         # the agreement before a call runs (see the module docstring), over the group's store
         self._calls = None if store is None else FallbackCalls(
@@ -287,7 +313,14 @@ class MscclangProcessGroup(dist.ProcessGroup):
         """``call`` on the inner group of the tensors' device type; with ``agree`` (the call's
         reduce op or root, "" for none) after the agreement of the call's tensors' shapes and
         dtypes, once per signature."""
-        self.communicator   # noqa: B018 - CommError once destroyed (a new inner group would be made otherwise)
+        comm = self.communicator   # CommError once destroyed (a new inner group would be made otherwise)
+        if comm.batch_invariant and what in _REDUCING:
+            from mscclang.comm.invariant import call_words, refusal
+
+            t = tensors[0]
+            dtype = str(t.dtype).replace("torch.", "")
+            raise refusal(call_words(what, self.size(), t.numel() * t.element_size(), dtype),
+                          f"it would go to the inner {torch_backend_for(t.device.type)} group ({reason})", self.rank())
         if agree is not None:
             self._agree(f"{what} of {', '.join(map(_shows, tensors))}{agree} on the inner group ({reason})")
         key, dev = f"{what}: {reason}", tensors[0].device.type if tensors else self._device_type
@@ -598,11 +631,17 @@ def _last(works: list, result: list) -> Any:
     return MscclangWork(list(result))
 
 
-def create_process_group(store: Any, rank: int, world_size: int, timeout: datetime.timedelta) -> MscclangProcessGroup:
+def create_process_group(opts: Any, pg_options: Optional[BackendOptions] = None) -> MscclangProcessGroup:
     """The creator torch calls for ``init_process_group("mscclang")`` and ``new_group(backend=
-    "mscclang")``: a :class:`MscclangProcessGroup` over ``store`` (already the group's
-    PrefixStore)."""
-    return MscclangProcessGroup(store, rank, world_size, timeout)
+    "mscclang")`` (registered with torch's extended API): a :class:`MscclangProcessGroup` over
+    ``opts.store`` (already the group's PrefixStore), ``opts.group_rank``, ``opts.group_size`` and
+    ``opts.timeout``, with the caller's ``pg_options`` (a :class:`BackendOptions`, or None);
+    InvalidCall for options of another kind."""
+    if pg_options is not None and not isinstance(pg_options, BackendOptions):
+        raise InvalidCall(f"pg_options of the mscclang backend must be mscclang.distributed.BackendOptions, "
+                          f"got {type(pg_options).__name__}")
+    return MscclangProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                                batch_invariant=pg_options.batch_invariant if pg_options is not None else None)
 
 
 def register() -> None:
@@ -610,7 +649,7 @@ def register() -> None:
     Idempotent (``import mscclang.distributed`` calls it)."""
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cuda", "cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cuda", "cpu"])
 
 
 register()

@@ -8,13 +8,13 @@ torch.distributed for what the library cannot do.
 from mscclang.comm.backend import Backend, RuntimeBackend
 from mscclang.comm.catalog import Catalog, PlanVariant, infer_buffer_mode
 from mscclang.comm.communicator import CallPlan, Communicator
-from mscclang.comm.errors import CommError, TuningError
+from mscclang.comm.errors import BatchInvariantError, CommError, TuningError
 from mscclang.comm.selector import Choice, Selector
 from mscclang.comm.tuning import (DEFAULT_TUNING_FILE, Candidate, Rule, TuningTable, load_tuning,
                                   save_tuning, tuning_to_json)
 
 __all__ = [
-    "Backend", "CallPlan", "Candidate", "Catalog", "Choice", "CommError", "Communicator",
+    "Backend", "BatchInvariantError", "CallPlan", "Candidate", "Catalog", "Choice", "CommError", "Communicator",
     "DEFAULT_TUNING_FILE", "PlanVariant", "Rule", "RuntimeBackend", "Selector", "TuningError",
     "TuningTable", "infer_buffer_mode", "load_tuning", "save_tuning", "tuning_to_json",
 ]

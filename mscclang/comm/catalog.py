@@ -5,7 +5,7 @@ Index entries are read tolerantly (the index belongs to the algorithm library): 
 object with a ``plans`` list, of objects with at least a file name (``file``/``path``) and
 preferably ``name``/``algorithm``, ``collective``, ``ranks``, ``protocol``, ``buffer_mode``,
 ``inplace``, ``min_message_size``/``max_message_size`` (or ``size_range``), ``instances`` and
-``threads``/``num_threads_per_block`` and ``port_channels``. Whatever an entry lacks is read from
+``threads``/``num_threads_per_block``, ``port_channels`` and ``batch_invariant``. Whatever an entry lacks is read from
 the plan file itself when first needed. Without an index every ``*.json`` in the folder is read.
 
 Variants that use port channels (:meth:`PlanVariant.uses_port_channels`) are opt-in: the
@@ -54,6 +54,8 @@ class PlanVariant:
     path: Optional[Path] = None
     #: uses port channels (``None``: not said by the index; read from the plan when asked)
     port_channels: Optional[bool] = None
+    #: the plan's batch-invariance promise (``None``: not said by the index; read from the plan)
+    batch_invariant: Optional[bool] = None
     _plan: Optional[Plan] = field(default=None, repr=False, compare=False)
 
     @property
@@ -104,7 +106,7 @@ class PlanVariant:
             buffer_mode=infer_buffer_mode(plan), inplace=plan.inplace,
             min_bytes=plan.min_message_size, max_bytes=plan.max_message_size,
             instances=instances, threads=plan.num_threads_per_block, root=plan.root, path=path,
-            port_channels=plan.uses_port_channels(), _plan=plan)
+            port_channels=plan.uses_port_channels(), batch_invariant=plan.batch_invariant, _plan=plan)
 
 
 def _algorithm_of(key: str) -> str:
@@ -146,11 +148,11 @@ def _variant_from_entry(e: dict, folder: Path, where: str) -> PlanVariant:
         max_bytes=int(hi) if hi is not None else MAX_MESSAGE_SIZE,
         instances=_get(e, "instances"), threads=_get(e, "threads", "num_threads_per_block"),
         root=_get(e, "root"), path=path)
-    ports = _get(e, "port_channels")
-    if ports is not None:
-        if not isinstance(ports, bool):
-            raise TuningError(f"port_channels must be true or false, got {ports!r}", where)
-        v.port_channels = ports
+    for name in ("port_channels", "batch_invariant"):
+        flag = _get(e, name)
+        if flag is not None and not isinstance(flag, bool):
+            raise TuningError(f"{name} must be true or false, got {flag!r}", where)
+        setattr(v, name, flag)
     if not v.collective or not v.ranks or not v.buffer_mode:
         # fill the gaps from the plan itself
         p = v.load()

@@ -25,7 +25,7 @@ from mscclang.comm.planner import CallPlan, Planner
 from mscclang.comm.selector import Choice, Selector
 from mscclang.comm.tracing import CallTrace, TracedCall, Tracing, check_traceable
 from mscclang.comm.tuning import TuningTable, load_tuning
-from mscclang.config import settings
+from mscclang.config import Settings, settings
 from mscclang.plan.collectives import collective
 
 log = logging.getLogger("mscclang.comm")
@@ -47,6 +47,16 @@ class Communicator:
     fallback runs on ``group``; else on a group of its own over the store (the explicit one, or
     the back end's ``store``: NCCL on CUDA, gloo on the CPU), made at the first fallback call;
     else on torch.distributed's default group.
+
+    ``batch_invariant`` (None: ``MSCCLANG_BATCH_INVARIANT``, off by default) turns on the
+    batch-invariant mode, read back as :attr:`batch_invariant`: every call runs a plan that keeps
+    the contract of ``docs/semantics.md`` (each reduced element is the rank-order fold, whatever
+    the message size, the plan or the batch), generated from the algorithm library and proven at
+    first use where no shipped plan serves the call (:mod:`mscclang.comm.invariant`); a tuning
+    rule's plan without the promise is refused, and a call no such plan can run raises
+    :class:`~mscclang.comm.errors.BatchInvariantError` (one line naming the call and why)
+    instead of falling back to torch.distributed. Point-to-point ``send``/``recv`` copy bits and
+    still run on torch.distributed.
     """
 
     def __init__(self, group: Any = None, *, store: Any = None, rank: Optional[int] = None,
@@ -54,7 +64,8 @@ class Communicator:
                  tuning: Union[str, os.PathLike, dict, TuningTable, None] = None,
                  plans: Union[str, os.PathLike, Catalog, None] = None,
                  backend: Optional[Backend] = None, fallback: Union[bool, Any] = True,
-                 runtime_options: Optional[dict] = None) -> None:
+                 runtime_options: Optional[dict] = None, batch_invariant: Optional[bool] = None) -> None:
+        self._batch_invariant = bool(Settings.batch_invariant.or_env(batch_invariant))
         self._logged: set[tuple[str, str]] = set()
         self._closed = False
         self._schedule = AutoRegister()
@@ -87,7 +98,7 @@ class Communicator:
         if extra is not None:
             for v in Catalog.from_dir(extra):
                 self.catalog.add(v)
-        self.selector = Selector(self.tuning, self.catalog)
+        self.selector = Selector(self.tuning, self.catalog, self._batch_invariant)
         # the engine
         if backend is None:
             backend = self._make_runtime(store, runtime_options or {})
@@ -125,6 +136,11 @@ class Communicator:
         if planner is not None:
             planner.backend = be
             planner.memo.clear()
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether this communicator runs in the batch-invariant mode (see the class docstring)."""
+        return self._batch_invariant
 
     @property
     def selector(self) -> Selector:
@@ -427,7 +443,7 @@ class Communicator:
         everything the runtime set up stay. Every rank must make the same change."""
         self._check_open("use_tuning")
         self.tuning = load_tuning(tuning)
-        self.selector = Selector(self.tuning, self.catalog)
+        self.selector = Selector(self.tuning, self.catalog, self._batch_invariant)
         self.planner.memo.clear()
 
     def select(self, collective: str, nbytes: int, dtype: Any) -> list[Choice]:

@@ -6,7 +6,7 @@ from typing import Optional
 
 from mscclang.errors import CommError, MscclangError
 
-__all__ = ["CommError", "TuningError"]
+__all__ = ["BatchInvariantError", "CommError", "TuningError"]
 
 
 class TuningError(MscclangError):
@@ -18,3 +18,9 @@ class TuningError(MscclangError):
         self.message = message
         where = ":".join(x for x in (file, path) if x)
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class BatchInvariantError(CommError):
+    """A call of the batch-invariant mode that no plan keeping the contract can serve: one line
+    naming the call (collective, world size, bytes, dtype) and why; nothing ran
+    (:mod:`mscclang.comm.invariant`)."""

@@ -9,7 +9,9 @@ through the planner's memo like every other call: a repeated call (the same tens
 parameters) launches what the engine resolved the first time. A catalog plan runs when one fits
 the shape (:func:`mscclang.comm.selector.select_fused`); else the call falls back to the
 library ``all_reduce`` plus the reference epilogue in torch (the same numerics), logged once per
-reason.
+reason; in the batch-invariant mode only plans that keep the contract run (generated from the
+library where the catalog has none) and a call none serves raises
+:class:`~mscclang.comm.errors.BatchInvariantError` instead of falling back.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from mscclang.comm.invariant import call_words, refusal
 from mscclang.comm.selector import FusedShape, select_fused
 from mscclang.plan.call import Call, FusedArgs, make_call
 from mscclang.plan.collectives import FUSED_NORM
@@ -110,11 +113,19 @@ def _planned(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any, 
     fc = check_call(x, residual, weight, eps, out, fp8_scale, comm.rank, comm.world_size, comm.device)
     be = comm.backend
     fc.reason = "no back end runs plans"
+    inv, n = comm.batch_invariant, comm.world_size
     if be is not None and not fc.call.empty:
-        variant = select_fused(comm.catalog, comm.world_size, fc.shape())
+        variant = select_fused(comm.catalog, n, fc.shape(), inv)
+        if variant is None and inv:
+            variant = select_fused(comm.selector.generated(FUSED_NORM, n), n, fc.shape(), inv)
         fc.plan = variant.load() if variant is not None else None
-        fc.reason = (f"no fused plan for {comm.world_size} ranks ({'FP8' if fc.quant else 'no FP8'}, "
-                     f"{'in place' if fc.dst is fc.x else 'out of place'}) in the catalog")
+        fc.reason = (f"no fused plan {'keeping it ' if inv else ''}for {n} ranks ({'FP8' if fc.quant else 'no FP8'}, "
+                     f"{'in place' if fc.dst is fc.x else 'out of place'}) in the catalog"
+                     + (" or the algorithm library" if inv else ""))
+    if inv and fc.plan is None and not fc.call.empty:
+        c = fc.call
+        raise refusal(call_words("all_reduce_add_rms_norm", n, c.message_bytes, c.dtype.name),
+                      fc.reason if be is not None else comm.planner.runtime_error or fc.reason, comm.rank)
     if key is not None:
         memo[key] = fc
     return fc

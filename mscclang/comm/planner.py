@@ -10,6 +10,10 @@ before falling back. Whether the runtime runs a size as it is (packet offsets) i
 the call, only about the way the call will run, so every rank plans alike whatever its memo holds.
 The memo of past calls is keyed by the tensors' addresses, sizes, dtypes and what each tensor is
 to zero-copy plans (symmetric, registered or neither), so every rank chooses alike.
+
+In the batch-invariant mode (the selector's ``batch_invariant``) torch.distributed never runs a
+call: one that no plan keeping the contract can run raises
+:class:`~mscclang.comm.errors.BatchInvariantError`, one line naming the call and why.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
 from mscclang.comm.catalog import PlanVariant
-from mscclang.comm.errors import CommError
+from mscclang.comm.errors import BatchInvariantError, CommError
+from mscclang.comm.invariant import call_words, refusal
 from mscclang.comm.padding import needs_padding, padded_block_elems
 from mscclang.comm.selector import Choice, Selector
 from mscclang.errors import InvalidCall, MscclangError
@@ -100,6 +105,7 @@ class Planner:
         self.note = note
         self.runtime_error = runtime_error
         self.memo: dict[tuple, CallPlan] = {}
+        self._cannot: list[str] = []   # the plans of the call being planned that cannot run here, and why
 
     def note_fallback(self, what: str, reason: str, level: int = logging.WARNING) -> None:
         """Log once that ``what`` falls back to torch.distributed, and why."""
@@ -138,8 +144,11 @@ class Planner:
         shape = call.shape
         nbytes = call.message_bytes
         if self.backend is None:
+            if self.selector.batch_invariant:
+                raise self.refuse(call, self.runtime_error or "no runtime")
             return CallPlan(coll, "nccl", None, None, shape, shape, call,
                             reason=self.runtime_error or "no runtime")
+        self._cannot = []
         reason = f"no plan for {coll} of {nbytes} bytes ({call.dtype.name}) on {n} ranks"
         dtype = inp.dtype
         # 1. the tuning's choices, in order: the first that runs without staging wins; a
@@ -181,7 +190,16 @@ class Planner:
             if got is not None:
                 got.registrable = want_reg
                 return got
+        if self.selector.batch_invariant:
+            why = (f"{self._cannot[0]}" + (f", and {len(self._cannot) - 1} more" if len(self._cannot) > 1 else "")
+                   if self._cannot else self.selector.explain(coll, n, nbytes))
+            raise self.refuse(call, why)
         return CallPlan(coll, "nccl", None, None, shape, shape, call, reason=reason, registrable=want_reg)
+
+    def refuse(self, call: Call, why: str) -> BatchInvariantError:
+        """The batch-invariant mode's one-line error for ``call`` (the caller raises it)."""
+        return refusal(call_words(call.collective.api or call.collective.name, self.world_size, call.message_bytes,
+                                  call.dtype.name), why, self.rank)
 
     def best_variant(self, call: Call, choice: Choice, inp: Any, out: Any, root: int) -> Optional[CallPlan]:
         """The best way one choice's variants can run the call (direct over copy-in over
@@ -195,7 +213,11 @@ class Planner:
             try:
                 plan = v.load()
             except MscclangError as e:
-                self.note_fallback(coll, f"plan {v.key} cannot be loaded: {e}", level=logging.ERROR)
+                if self.selector.batch_invariant:   # a generated plan its proof refused, say
+                    self._cannot.append(f"{v.key} is refused: {e}")
+                    self.note(coll, f"mscclang rank {self.rank}: {self._cannot[-1]}", level=logging.WARNING)
+                else:
+                    self.note_fallback(coll, f"plan {v.key} cannot be loaded: {e}", level=logging.ERROR)
                 continue
             if call.collective.rooted and (plan.root or 0) != root:
                 continue
@@ -203,6 +225,7 @@ class Planner:
             if why is not None:
                 self.note(coll, f"mscclang rank {self.rank}: plan {v.key} cannot run here: {why}",
                            level=logging.INFO)
+                self._cannot.append(f"{v.key} cannot run here: {why}")
                 continue
             cp = self.fit(call, v, plan, choice, inp, out, dry=True)
             blocked = blocked or (cp is not None and cp.sym_blocked)

@@ -99,11 +99,12 @@ class _BoundFallback:
 def run_ranks(world_size: int, fn: Callable[[Communicator], Any], *, plans: Sequence[Plan] = (),
               catalog: Optional[Catalog] = None, tuning: Optional[TuningTable] = None,
               engine: str = "reference", granule: Union[int, Callable[[Plan], int]] = 1,
-              fallback: bool = True,
+              fallback: bool = True, batch_invariant: Optional[bool] = None,
               timeout: float = 60.0, refuse_unaligned: int = 0,
               **world_options: Any) -> tuple[list[Any], SimWorld, ThreadFallback]:
     """Run ``fn(comm)`` on ``world_size`` threads, one communicator each; return the results
     (rank order), the world and the fallback. The first exception of any rank is re-raised.
+    ``batch_invariant`` goes to every :class:`Communicator`.
     ``world_options`` go to :class:`SimWorld` (``register``, ``staging_cap``, ``unexportable``,
     ``max_registrations``)."""
     world = SimWorld(world_size, engine=engine, granule=granule, timeout=timeout,
@@ -116,7 +117,7 @@ def run_ranks(world_size: int, fn: Callable[[Communicator], Any], *, plans: Sequ
     def body(r: int) -> None:
         try:
             comm = Communicator(backend=world.backend(r), tuning=tuning or TuningTable(), plans=cat,
-                                fallback=fb.bind(r) if fallback else False)
+                                fallback=fb.bind(r) if fallback else False, batch_invariant=batch_invariant)
             results[r] = fn(comm)
         except BaseException as e:  # re-raised in the caller
             errors[r] = e

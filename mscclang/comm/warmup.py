@@ -46,8 +46,9 @@ class WarmedCall:
 def message_sizes(comm: "Communicator", coll: str, esz: int, max_bytes: int) -> list[int]:
     """The message sizes where the selector's choice for ``coll`` can change, in bytes, ascending:
     the heuristic's LL threshold, each rule's ``max_bytes`` and the byte after it, each catalog variant's ``min_bytes`` and
-    ``max_bytes`` and the byte after it, and the powers of two, from one element per block up to
-    ``max_bytes``; each rounded up to whole elements in every block."""
+    ``max_bytes`` and the byte after it (in the batch-invariant mode the generated variants' too),
+    and the powers of two, from one element per block up to ``max_bytes``; each rounded up to
+    whole elements in every block."""
     n = comm.world_size
     unit = esz * max(collective(coll).blocks(n))
     bounds: set[int] = {LL_THRESHOLD, LL_THRESHOLD + 1}   # the heuristic's LL/Simple switch
@@ -58,7 +59,8 @@ def message_sizes(comm: "Communicator", coll: str, esz: int, max_bytes: int) -> 
     for r in comm.selector.table.rules:
         if r.max_bytes is not None:
             bounds.update((r.max_bytes, r.max_bytes + 1))
-    for v in comm.selector.catalog.matching(coll, n):
+    sel = comm.selector
+    for v in sel.catalog.matching(coll, n) + (sel.generated(coll, n).matching(coll, n) if sel.batch_invariant else []):
         bounds.update((v.min_bytes, v.max_bytes, v.max_bytes + 1))
     sizes = {-(-b // unit) * unit for b in bounds if 0 < b <= max_bytes}
     return sorted(s for s in sizes if s <= max_bytes)
