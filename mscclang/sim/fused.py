@@ -30,7 +30,8 @@ from mscclang.sim.budget import COMPILE_TERMS, SECONDS_PER, Deadline, Estimate, 
 from mscclang.sim.consistency import (ChunkFindings, check_numeric_consistency, check_symbolic_consistency,
                                       consistency_level, drop_numeric_duplicates)
 from mscclang.sim.diagnosis import Findings, annotate_sources
-from mscclang.sim.invariance import KIND as INVARIANCE_KIND, InvarianceProof, check_symbolic_invariance
+from mscclang.sim.invariance import (KIND as INVARIANCE_KIND, InvarianceCheck, InvarianceProof,
+                                     check_symbolic_invariance)
 from mscclang.sim.dtypes import dtype_name, parse_dtype
 from mscclang.sim.engine import Simulation, check_count
 from mscclang.sim.epilogue import MAX_HIDDEN, MIN_HIDDEN, PARTIAL, EpilogueParams, check_hidden
@@ -412,6 +413,7 @@ def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
     found = Findings(plan, rep)
     level = consistency_level(plan)
     spec = spec_from_plan(plan)
+    inv = InvarianceCheck(plan, None, [])
     for k, run in enumerate(runs):
         if max_problems is not None and len(rep.problems) >= max_problems:
             rep.notes.append(f"stopped after {len(rep.problems)} distinct problems (max_problems): counts cover the "
@@ -425,7 +427,8 @@ def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
         try:
             got = run_fused(plan, xs, res, params, schedule=run.schedule, seed=run.seed,
                             launches=1 if run.symbolic else launches, check_races=not run.symbolic,
-                            symbolic=run.symbolic, packet_type=run.packet, deadline=deadline)
+                            symbolic=run.symbolic, packet_type=run.packet, deadline=deadline,
+                            invariance=inv.found if run.symbolic else None)
         except MscclangError as e:
             if not isinstance(e, PlanError):
                 raise
@@ -434,12 +437,17 @@ def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
                                details={"op": at.group(0)} if at else {})], ctx)
             continue
         found.add(got.problems, ctx)
+        if run.symbolic:
+            proven = inv.proof.sizes if got.symbolic_ok else inv.proof.skipped
+            proven.append(run.rows * run.hidden * run.dtype.itemsize)
         if got.outputs and not run.symbolic:
             found.add(check_fused(xs, res, got.residuals, got.outputs, params, quant, launches), ctx)
             if level is not None and not run.own_residuals:
                 found.add(check_numeric_consistency(spec, [], got.outputs, launches, level, got.residuals), ctx)
         if progress is not None:
             progress(k + 1, len(runs))
+    if any(r.symbolic for r in runs):
+        inv.report(rep, found)
     rep.problems = drop_numeric_duplicates(rep.ranked())
     rep.seconds = time.perf_counter() - t0
     return rep

@@ -79,24 +79,37 @@ def _red(table: ExprTable, ids: Sequence[int]) -> int:
     return table.intern(Node("red", tuple(row)))
 
 
-def canonical(table: ExprTable, sources: Sequence[tuple[int, int]], residual: Optional[int] = None,
-              quant: Optional[bool] = None) -> tuple[int, str]:
+def canonical(table: ExprTable, sources: Sequence[tuple[int, int]], residual: Optional[int] = None) -> tuple[int, str]:
     """(id, rendering) of the canonical expression of ``sources`` ((rank, input chunk) pairs in
-    rank order); with ``residual`` (a chunk) that sum then the residual chunk, with ``quant``
-    (not None) also the norm of it (the fused output)."""
+    rank order), e.g. ``x0[2] + x1[2] + x2[2]``; with ``residual`` (a chunk) that sum then the
+    residual chunk (the fused collective's residual)."""
     i = _red(table, [table.leaf("x", p, k) for p, k in sources])
     text = " + ".join(f"x{p}[{k}]" for p, k in sources)
     if residual is not None:
         i = _red(table, [i, table.leaf("res", residual)])
         text += f" + res[{residual}]"
-    if quant is not None:
-        i = table.intern(Node("norm", (i, quant)))
-        text = f"norm({text})"
     return i, text
 
 
 def _same(table: ExprTable, got: int, want: int, form: str) -> bool:
     return got == want if form == "strict" else table.flat(got) == table.flat(want)
+
+
+def _wanted(spec: CollectiveSpec, layout: Layout, rank: int, table: ExprTable, granule: int, nbytes: int,
+            texts: dict[int, str]) -> np.ndarray:
+    """Per granule of ``rank``'s output (the fused collective: its residual, ``nbytes`` long) the
+    canonical id of the reduced chunk it lies in (0: not a reduced chunk); ``texts`` gets each
+    canonical's rendering."""
+    fused = spec.row.fused
+    want = np.zeros(nbytes // granule, dtype=np.int32)
+    for (r, c), exp in postcondition_of(spec).items():
+        if r != rank or not exp.reduced or len(exp.sources) < 2:
+            continue
+        off, ln = layout.span(BufferKind.residual if fused else BufferKind.output, c)
+        i, text = canonical(table, exp.sources, c if fused else None)
+        texts[i] = text
+        want[off // granule: (off + ln) // granule] = i
+    return want
 
 
 def check_symbolic_invariance(spec: CollectiveSpec, layouts: Sequence[Layout], out_exprs: Sequence[np.ndarray],
@@ -105,45 +118,59 @@ def check_symbolic_invariance(spec: CollectiveSpec, layouts: Sequence[Layout], o
                               quant: bool = False, found: Optional[ChunkFindings] = None) -> list[Problem]:
     """The ``batch-variant`` problems of one launch of a symbolic run (``what`` names it, e.g.
     ``"size 4096, launch 1"``): every reduced output chunk of every rank (``out_exprs[r]``: rank
-    ``r``'s output granule ids; for the fused collective also ``res_exprs[r]``, its residual's)
-    whose granules are not the canonical expression in a form of ``forms``. One problem per cause
-    (form and the op that computed the value), naming the chunk, the canonical expression, the
-    plan's and the ops with their program lines; ``level`` goes to its details. ``found`` gathers
-    the findings of several runs (sizes) into one problem per cause; the problems so far are
-    returned."""
+    ``r``'s output granule ids; for the fused collective also ``res_exprs[r]``, its residual's,
+    whose output granule ``j`` must be the norm of the canonical residual granule it is computed
+    from, ``j`` times the residual's bytes per output byte) whose granules are not the canonical
+    expression in a form of ``forms``. One problem per cause (form and the op that computed the
+    value), naming the chunk, the canonical expression, the plan's and the ops with their program
+    lines; ``level`` goes to its details. ``found`` gathers the findings of several runs (sizes)
+    into one problem per cause; the problems so far are returned."""
     found = ChunkFindings(what, level, KIND) if found is None else found
-    fused = spec.row.fused
-    for (r, c), exp in sorted(postcondition_of(spec).items()):
-        if not exp.reduced or len(exp.sources) < 2:
-            continue
-        parts = [("residual", BufferKind.residual, res_exprs, c, None),
-                 ("output", BufferKind.output, out_exprs, c, quant)] if fused else \
-                [("output", BufferKind.output, out_exprs, None, None)]
-        for name, kind, exprs, res, q in parts:
-            if exprs is None or exprs[r] is None:
+    texts: dict[int, str] = {}
+    for r, lay in enumerate(layouts):
+        if spec.row.fused:
+            if res_exprs is None or res_exprs[r] is None:
                 continue
-            off, ln = layouts[r].span(kind, c)
-            ids = np.unique(exprs[r][off // granule: (off + ln) // granule])
-            if ids.size == 0:
-                continue
-            want, text = canonical(table, exp.sources, res, q)
-            for form in forms:
-                bad = [int(i) for i in ids.tolist() if not _same(table, int(i), want, form)]
-                if not bad:
+            res_want = _wanted(spec, lay, r, table, granule, res_exprs[r].shape[0] * granule, texts)
+            ratio = max(lay.input_bytes // max(lay.output_bytes, 1), 1)
+            norms = {u: table.intern(Node("norm", (u, quant))) for u in np.unique(res_want).tolist() if u}
+            texts.update({n: f"norm({texts[u]})" for u, n in norms.items()})
+            out_want = np.array([norms.get(u, 0) for u in res_want[::ratio][:out_exprs[r].shape[0]].tolist()],
+                                dtype=np.int32)
+            parts = [("residual", BufferKind.residual, res_exprs[r], res_want),
+                     ("output", BufferKind.output, out_exprs[r], out_want)]
+        else:
+            parts = [("output", BufferKind.output, out_exprs[r],
+                      _wanted(spec, lay, r, table, granule, out_exprs[r].shape[0] * granule, texts))]
+        for name, kind, got, want in parts:
+            grid = lay.grid(kind)
+            for c in range(grid.num_chunks if grid is not None else 0):
+                off, ln = lay.span(kind, c)
+                g, w = got[off // granule: (off + ln) // granule], want[off // granule: (off + ln) // granule]
+                keep = w != 0
+                if not keep.any():
                     continue
-                got = bad[0]
-                chunk = f"rank {r} {name} chunk {c}"
-                ops = table.ops_in(got, r)
-                cause = (form, table.by_rank(table.cause_of, got, r) or ("copy",))
-                msg = (f"{chunk} ({what}) is not the canonical expression in {_WHY[form]}: canonical "
-                       f"{text}, the plan computes {table.render(got, r)} [{'; '.join(ops) or 'a copy'}] "
-                       f"(xR[k]: rank R's input chunk k; a + b + c adds left to right; (...) is rounded "
-                       f"by another op)")
-                found.add(cause, chunk, msg, {"rank": r, "chunk": c, "buffer": name, "form": form,
-                                              "canonical": text, "plan": table.render(got, r), "ops": ops,
-                                              "cause": cause})
-                break   # the flat form failing, the strict one fails too
+                pairs = np.unique(np.stack([g[keep], w[keep]], axis=1), axis=0).tolist()
+                for form in forms:
+                    bad = [(int(a), int(b)) for a, b in pairs if not _same(table, int(a), int(b), form)]
+                    if bad:
+                        _found(found, table, r, f"rank {r} {name} chunk {c}", what, form, bad[0], texts[bad[0][1]],
+                               {"rank": r, "chunk": c, "buffer": name})
+                        break   # the flat form failing, the strict one fails too
     return found.problems()
+
+
+def _found(found: ChunkFindings, table: ExprTable, r: int, chunk: str, what: str, form: str,
+           pair: tuple[int, int], text: str, details: dict) -> None:
+    """Record that ``chunk`` holds ``pair[0]`` where the canonical is ``pair[1]`` (``text``)."""
+    got = pair[0]
+    ops = table.ops_in(got, r)
+    cause = (form, table.by_rank(table.cause_of, got, r) or ("copy",))
+    msg = (f"{chunk} ({what}) is not the canonical expression in {_WHY[form]}: canonical {text}, the plan "
+           f"computes {table.render(got, r)} [{'; '.join(ops) or 'a copy'}] (xR[k]: rank R's input chunk k; "
+           f"a + b + c adds left to right; (...) is rounded by another op)")
+    found.add(cause, chunk, msg, {**details, "form": form, "canonical": text, "plan": table.render(got, r),
+                                  "ops": ops, "cause": cause})
 
 
 class InvarianceCheck:

@@ -544,7 +544,7 @@ def prove_batch_invariant(plan: PlanLike, dtypes: Optional[Sequence[str]] = None
     if not spec.is_reduction:
         return InvarianceProof([], [], [])
     if spec.row.fused:
-        return prove_fused_invariant(p, forms)
+        return prove_fused_invariant(p)
     proof = InvarianceProof([], [], [])
     found = ChunkFindings("", "error", INVARIANCE_KIND)
     for size in default_sizes(p):
