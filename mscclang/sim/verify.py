@@ -68,6 +68,37 @@ def default_sizes(plan: Plan) -> list[int]:
     return ok
 
 
+def proof_sizes(plan: Plan) -> list[int]:
+    """The sizes at which the batch-invariance proof runs (docs/verify.md, ``batch-variant``):
+    :func:`default_sizes` and, when none of them has a short last chunk (a plan whose size range
+    starts above them), the least size in range whose blocks' last chunk is short by ``d``
+    alignment units (``0 < d < block_chunks``), chunks and shortfall multiples of the largest
+    power of two (up to :data:`MAX_SYMBOLIC_GRANULE`) that keeps the symbolic run within
+    :data:`SYMBOLIC_BUDGET` (none does: the coarsest such size, which the proof then reports as
+    not followed). Ascending."""
+    sizes = default_sizes(plan)
+    if collective(plan.collective).fused:
+        return sizes
+    f, bc, a = _blocks_per_message(plan), max(_block_chunks(plan), 1), max(plan.buffer_alignment, 4)
+    if not sizes or any(s % (bc * a * f) for s in sizes):
+        return sizes
+    nsym = len(plan.gpus) * max(plan.gpus[0].input_chunks, 1)
+    first = None
+    g = MAX_SYMBOLIC_GRANULE
+    while g >= 4:
+        d = max(1, g // a)
+        step = g * a // math.gcd(g, a)   # chunk bytes: a multiple of both
+        chunk = max(step, -(-(-(-plan.min_message_size // f) + d * a) // (bc * step)) * step)
+        size = f * (bc * chunk - d * a)
+        if d < bc and size <= plan.max_message_size:
+            first = size if first is None else first
+            prog = sim_program(plan, *message_to_bytes(plan, size))
+            if symbolic_bytes(prog, nsym, symbolic_granule(prog)) <= SYMBOLIC_BUDGET:
+                return sorted(sizes + [size])
+        g //= 2
+    return sizes if first is None else sorted(sizes + [first])
+
+
 def _pipeline_ops(plan: Plan) -> list:
     return [op for g in plan.gpus for tb in g.threadblocks for op in tb.ops
             if op.name.value == "pipeline" and op.iter_context is not None]
@@ -315,6 +346,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     rep.postcondition = spec.has_postcondition
     reduces, packets = plan_uses(p)
     rep.problems.extend(protocol_warnings(p, packets))
+    given_sizes = sizes is not None
     if sizes is None:
         sizes = default_sizes(p)
         if not sizes:
@@ -373,9 +405,9 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
                 found.known(pr)
 
     stopped = False
-    inv = InvarianceCheck(p, user_dtypes, [s for s in sorted(sizes)[1:] if _symbolic_fits(p, progs[s].input_bytes,
-                                                                                     progs[s].output_bytes)]
-                      if symbolic and spec.is_reduction and spec.has_postcondition else [])
+    extra = [] if not (symbolic and spec.is_reduction and spec.has_postcondition) else [
+        x for x in (sorted(sizes) if given_sizes else proof_sizes(p)) if x != min(sizes)]
+    inv = InvarianceCheck(p, user_dtypes, extra)
     planned = len(sizes) * len(scheds) + (1 + len(inv.extra) if symbolic and sizes and spec.has_postcondition else 0)
 
     def ran() -> None:
@@ -463,6 +495,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             ran()
         else:
             rep.notes.append(f"symbolic check skipped at size {size}")
+        sim = inputs = None
         for size in inv.extra:
             try:
                 got = _symbolic_sim(p, spec, size, deadline)
@@ -547,7 +580,7 @@ def prove_batch_invariant(plan: PlanLike, dtypes: Optional[Sequence[str]] = None
         return prove_fused_invariant(p)
     proof = InvarianceProof([], [], [])
     found = ChunkFindings("", "error", INVARIANCE_KIND)
-    for size in default_sizes(p):
+    for size in proof_sizes(p):
         got = _symbolic_sim(p, spec, size)
         if got is None:
             proof.skipped.append(size)
