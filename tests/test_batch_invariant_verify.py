@@ -112,7 +112,7 @@ def test_own_input_first_then_the_rest_in_rank_order_passes() -> None:
     plan = one_reducer(3, 1, own_first, True)
     rep = verify(plan, schedules=2)
     assert rep.passed(strict=True) and rep.batch_invariant is True and not _variant(rep)
-    assert any(n.startswith("batch invariant (promised; proven at sizes") and n.endswith(": yes")
+    assert any(n.startswith("batch invariant (promised; checked at sizes") and n.endswith(": yes")
                for n in rep.notes)
     # the same sum with rank 2's input second is not canonical
     def swapped(rank: Any, inp: Any, out: Any, got: dict) -> None:
@@ -189,7 +189,7 @@ def test_without_a_promise_the_report_says_whether_it_holds() -> None:
     rep = verify(promising(ring, None), schedules=1, dtypes=("float32",))
     assert rep.ok and rep.batch_invariant is False and not _variant(rep)
     note = next(n for n in rep.notes if n.startswith("batch invariant"))
-    assert "(not promised; proven at sizes" in note and ": no: rank 0 output chunk" in note and "canonical x0[" in note
+    assert "(not promised; checked at sizes" in note and ": no: rank 0 output chunk" in note and "canonical x0[" in note
     rep = verify(promising(ring, False), schedules=1, dtypes=("float32",))
     assert rep.ok and not _variant(rep)
     assert any(n.startswith("batch invariant (not promised (batch_invariant: false)") for n in rep.notes)
@@ -211,7 +211,7 @@ def test_the_cli_prints_the_verdict(capsys, tmp_path: Path) -> None:
     good = tmp_path / "good.json"
     good.write_text(json.dumps(plan_to_dict(promising(plan, None))))
     res = cli_inproc(capsys, "verify", str(good), "--schedules", "1")
-    assert res.returncode == 0 and "note: batch invariant (not promised; proven at sizes" in res.stdout
+    assert res.returncode == 0 and "note: batch invariant (not promised; checked at sizes" in res.stdout
 
 
 def test_generation_proves_every_promise() -> None:

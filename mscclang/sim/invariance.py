@@ -190,7 +190,7 @@ class InvarianceCheck:
         """Errors for a promise that does not hold; otherwise a note saying whether it holds."""
         probs = self.found.problems()
         rep.batch_invariant = None if not self.proof.sizes else not probs
-        sizes = f"sizes {', '.join(map(str, sorted(self.proof.sizes)))}" + (
+        sizes = f"checked at sizes {', '.join(map(str, sorted(self.proof.sizes)))}" + (
             f"; not followed symbolically at {', '.join(map(str, self.proof.skipped))}" if self.proof.skipped else "")
         if self.level == "error" and probs:
             findings.add(probs, f"symbolic, {sizes}")
@@ -202,5 +202,5 @@ class InvarianceCheck:
             return
         if probs:
             annotate_sources(probs[0], self.plan)
-        rep.notes.append(f"batch invariant ({promise}; proven at {sizes}): "
+        rep.notes.append(f"batch invariant ({promise}; {sizes}): "
                          + (f"no: {probs[0].message}" if probs else "yes"))

@@ -497,8 +497,10 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             rep.notes.append(f"symbolic check skipped at size {size}")
         sim = inputs = None
         for size in inv.extra:
+            if inv.found.found:
+                break   # it does not hold: the other sizes add only chunks
             try:
-                got = _symbolic_sim(p, spec, size, deadline)
+                got = _symbolic_sim(p, spec, size, deadline, progs.get(size))
             except Deadlock:
                 got = None   # the runs at this size report it
             rep.runs += 1
@@ -524,13 +526,14 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     return rep
 
 
-def _symbolic_sim(p: Plan, spec: CollectiveSpec, size: int,
-                  deadline: Optional[Deadline] = None) -> Optional[tuple[Program, Simulation, int]]:
+def _symbolic_sim(p: Plan, spec: CollectiveSpec, size: int, deadline: Optional[Deadline] = None,
+                  prog: Optional[Program] = None) -> Optional[tuple[Program, Simulation, int]]:
     """(program, finished simulation, granule) of one symbolic run of ``p`` at ``size`` (fp32, one
-    launch, no race checks); None when its data moves cannot be followed symbolically there (not
-    4-byte aligned, or past :data:`SYMBOLIC_BUDGET`)."""
+    launch, no race checks; ``prog``: the program at that size, when compiled already); None when
+    its data moves cannot be followed symbolically there (not 4-byte aligned, or past
+    :data:`SYMBOLIC_BUDGET`)."""
     ib, ob = message_to_bytes(p, size)
-    prog = sim_program(p, ib, ob)
+    prog = sim_program(p, ib, ob) if prog is None else prog
     gran = symbolic_granule(prog)
     nsym = len(p.gpus) * max(p.gpus[0].input_chunks, 1)
     if ib % 4 or symbolic_bytes(prog, nsym, gran) > SYMBOLIC_BUDGET:
