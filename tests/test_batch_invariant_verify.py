@@ -84,7 +84,7 @@ def test_a_ring_allreduce_that_promises_it_fails_naming_chunk_canonical_and_ops(
     c = found[0].details["chunk"]
     assert found[0].details["canonical"] == " + ".join(f"x{r}[{c}]" for r in range(4))
     assert found[0].details["plan"] != found[0].details["canonical"]
-    assert f"canonical {found[0].details['canonical']}, the plan computes {found[0].details['plan']}" in msg
+    assert f"canonical:   {found[0].details['canonical']}\n" in msg and f"the plan:    {found[0].details['plan']} " in msg
     assert " re" in msg and "allreduce_ring.py:" in msg   # the ops and their program lines
 
 
@@ -207,7 +207,8 @@ def test_the_cli_prints_the_verdict(capsys, tmp_path: Path) -> None:
     bad.write_text(json.dumps(plan_to_dict(promising(plan, True, own_first=True))))
     res = cli_inproc(capsys, "verify", str(bad), "--schedules", "1", "--dtype", "fp16")
     assert res.returncode == 1
-    assert "batch-variant: rank " in res.stdout and "canonical x0[" in res.stdout and "the plan computes" in res.stdout
+    assert "batch-variant: rank 2 output chunk 0 " in res.stdout and "canonical:   x0[0] + x1[0] + x2[0] + x3[0]" in res.stdout
+    assert "the plan:    x" in res.stdout and "computed by: rank " in res.stdout
     good = tmp_path / "good.json"
     good.write_text(json.dumps(plan_to_dict(promising(plan, None))))
     res = cli_inproc(capsys, "verify", str(good), "--schedules", "1")
@@ -227,4 +228,4 @@ def test_generation_proves_every_promise() -> None:
     bad = names[0]
     files[bad] = render_plan(promising(plan_from_dict(json.loads(files[bad])), True, own_first=True))
     lines = generate.broken_invariance_promises(files)
-    assert len(lines) == 1 and lines[0].startswith(bad) and "canonical x0[" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith(bad) and "canonical:   x0[" in lines[0]

@@ -166,9 +166,11 @@ def _found(found: ChunkFindings, table: ExprTable, r: int, chunk: str, what: str
     got = pair[0]
     ops = table.ops_in(got, r)
     cause = (form, table.by_rank(table.cause_of, got, r) or ("copy",))
-    msg = (f"{chunk} ({what}) is not the canonical expression in {_WHY[form]}: canonical {text}, the plan "
-           f"computes {table.render(got, r)} [{'; '.join(ops) or 'a copy'}] (xR[k]: rank R's input chunk k; "
-           f"a + b + c adds left to right; (...) is rounded by another op)")
+    msg = (f"{chunk} is not the canonical expression in {_WHY[form]} ({what}):\n"
+           f"  canonical:   {text}\n"
+           f"  the plan:    {table.render(got, r)}   (xR[k]: rank R's input chunk k, added left to right; "
+           f"(...): rounded by another op)\n"
+           f"  computed by: {'; '.join(ops) or 'a copy'}")
     found.add(cause, chunk, msg, {**details, "form": form, "canonical": text, "plan": table.render(got, r),
                                   "ops": ops, "cause": cause})
 
@@ -200,7 +202,10 @@ class InvarianceCheck:
         if rep.batch_invariant is None:
             rep.notes.append(f"batch invariant: not proven ({promise}): no size could be followed symbolically")
             return
-        if probs:
-            annotate_sources(probs[0], self.plan)
-        rep.notes.append(f"batch invariant ({promise}; {sizes}): "
-                         + (f"no: {probs[0].message}" if probs else "yes"))
+        d = probs[0].details if probs else {}
+        note = Problem(KIND, f"batch invariant ({promise}; {sizes}): " + (
+            f"no: rank {d['rank']} {d['buffer']} chunk {d['chunk']} is {d['plan']}, not the canonical "
+            f"{d['canonical']} ({d['form']} form; computed by {'; '.join(d['ops']) or 'a copy'}; "
+            f"{len(probs)} cause(s))" if probs else "yes"))
+        annotate_sources(note, self.plan)   # the ops' program lines
+        rep.notes.append(note.message)
