@@ -189,7 +189,9 @@ class InvarianceCheck:
         self.proof = InvarianceProof([], [], [])
 
     def report(self, rep: Report, findings: Findings) -> None:
-        """Errors for a promise that does not hold; otherwise a note saying whether it holds."""
+        """Errors for a promise that does not hold; otherwise a note saying whether it holds (that
+        it holds only for a plan that passes otherwise: a race makes the symbolic run one
+        schedule's, which proves nothing)."""
         probs = self.found.problems()
         rep.batch_invariant = None if not self.proof.sizes else not probs
         sizes = f"checked at sizes {', '.join(map(str, sorted(self.proof.sizes)))}" + (
@@ -201,6 +203,9 @@ class InvarianceCheck:
             self.plan.batch_invariant]
         if rep.batch_invariant is None:
             rep.notes.append(f"batch invariant: not proven ({promise}): no size could be followed symbolically")
+            return
+        if not probs and rep.failed:
+            rep.batch_invariant = None   # a plan that fails otherwise (a race, say) proves nothing
             return
         d = probs[0].details if probs else {}
         note = Problem(KIND, f"batch invariant ({promise}; {sizes}): " + (
