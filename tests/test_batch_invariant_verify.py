@@ -229,3 +229,15 @@ def test_generation_proves_every_promise() -> None:
     files[bad] = render_plan(promising(plan_from_dict(json.loads(files[bad])), True, own_first=True))
     lines = generate.broken_invariance_promises(files)
     assert len(lines) == 1 and lines[0].startswith(bad) and "canonical:   x0[" in lines[0]
+
+
+@pytest.mark.slow
+def test_every_shipped_plan_that_promises_it_keeps_it(shipped_plans) -> None:
+    broken = []
+    for f in shipped_plans:
+        plan = load_plan(f)
+        if plan.batch_invariant:
+            proof = prove_batch_invariant(plan)
+            if not proof.holds:
+                broken.append(f"{f.name}: {proof.problems[0].message if proof.problems else 'no size proven'}")
+    assert broken == []

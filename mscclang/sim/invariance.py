@@ -176,15 +176,16 @@ def _found(found: ChunkFindings, table: ExprTable, r: int, chunk: str, what: str
 
 
 class InvarianceCheck:
-    """:func:`mscclang.sim.verify.verify`'s (and the fused verify's) batch-invariance proof: the findings of its symbolic runs (the one at the
-    smallest size and one at each of the ``extra`` sizes) in the forms ``dtypes`` demand (None:
-    every dtype), reported as the plan's promise says (:meth:`report`)."""
+    """:func:`mscclang.sim.verify.verify`'s (and the fused verify's) batch-invariance proof: the
+    findings of its symbolic runs (the one at the smallest size and one at each of the ``extra``
+    sizes: for a plan that promises it, the other proof sizes) in the forms ``dtypes`` demand (None: every dtype),
+    reported as the plan's promise says (:meth:`report`)."""
 
     def __init__(self, plan: Plan, dtypes: Optional[Sequence[np.dtype]], extra: list[int]) -> None:
         self.plan = plan
         self.level = invariance_level(plan)
         self.forms = forms_for(dtypes)
-        self.extra = extra if plan.batch_invariant is not False else []
+        self.extra = extra
         self.found = ChunkFindings("", self.level, KIND)
         self.proof = InvarianceProof([], [], [])
 

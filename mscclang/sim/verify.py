@@ -405,7 +405,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
                 found.known(pr)
 
     stopped = False
-    extra = [] if not (symbolic and spec.is_reduction and spec.has_postcondition) else [
+    extra = [] if not (symbolic and spec.is_reduction and spec.has_postcondition and p.batch_invariant) else [
         x for x in (sorted(sizes) if given_sizes else proof_sizes(p)) if x != min(sizes)]
     inv = InvarianceCheck(p, user_dtypes, extra)
     planned = len(sizes) * len(scheds) + (1 + len(inv.extra) if symbolic and sizes and spec.has_postcondition else 0)
