@@ -175,7 +175,7 @@ def prove_fused_invariant(plan: Plan) -> InvarianceProof:
                    SCALES[0] if plan_quantises(plan) else None, FP8_TYPES[0], True, False, True)
         xs, res, params = _data(plan, run)
         got = run_fused(plan, xs, res, params, symbolic=True, invariance=found)
-        (proof.sizes if got.symbolic_ok else proof.skipped).append(c.rows * c.hidden * c.dtypes[0].itemsize)
+        proof.ran(c.rows * c.hidden * c.dtypes[0].itemsize, got.symbolic_ok)
     proof.problems = found.problems()
     for pr in proof.problems:
         annotate_sources(pr, plan)
@@ -438,8 +438,7 @@ def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
             continue
         found.add(got.problems, ctx)
         if run.symbolic:
-            proven = inv.proof.sizes if got.symbolic_ok else inv.proof.skipped
-            proven.append(run.rows * run.hidden * run.dtype.itemsize)
+            inv.proof.ran(run.rows * run.hidden * run.dtype.itemsize, got.symbolic_ok)
         if got.outputs and not run.symbolic:
             found.add(check_fused(xs, res, got.residuals, got.outputs, params, quant, launches), ctx)
             if level is not None and not run.own_residuals:

@@ -51,16 +51,14 @@ class InvarianceProof:
     sizes: list[int]
     skipped: list[int]
 
+    def ran(self, size: int, followed: bool) -> None:
+        """Count a symbolic run at ``size``: proven there, or not ``followed`` symbolically."""
+        (self.sizes if followed else self.skipped).append(size)
+
     @property
     def holds(self) -> bool:
         """No problem, and at least one size proven."""
         return not self.problems and bool(self.sizes)
-
-
-def invariance_level(plan: Plan) -> Optional[str]:
-    """How a ``batch-variant`` finding counts for ``plan``: ``"error"`` when it promises batch
-    invariance (``batch_invariant: true``), else None (the report says whether it holds)."""
-    return "error" if plan.batch_invariant else None
 
 
 def forms_for(dtypes: Optional[Sequence[np.dtype]]) -> tuple[str, ...]:
@@ -89,10 +87,6 @@ def canonical(table: ExprTable, sources: Sequence[tuple[int, int]], residual: Op
         i = _red(table, [i, table.leaf("res", residual)])
         text += f" + res[{residual}]"
     return i, text
-
-
-def _same(table: ExprTable, got: int, want: int, form: str) -> bool:
-    return got == want if form == "strict" else table.flat(got) == table.flat(want)
 
 
 def _wanted(spec: CollectiveSpec, layout: Layout, rank: int, table: ExprTable, granule: int, nbytes: int,
@@ -152,38 +146,39 @@ def check_symbolic_invariance(spec: CollectiveSpec, layouts: Sequence[Layout], o
                     continue
                 pairs = np.unique(np.stack([g[keep], w[keep]], axis=1), axis=0).tolist()
                 for form in forms:
-                    bad = [(int(a), int(b)) for a, b in pairs if not _same(table, int(a), int(b), form)]
+                    bad = [(a, b) for a, b in pairs if (a != b if form == "strict" else table.flat(a) != table.flat(b))]
                     if bad:
-                        _found(found, table, r, f"rank {r} {name} chunk {c}", what, form, bad[0], texts[bad[0][1]],
-                               {"rank": r, "chunk": c, "buffer": name})
+                        _found(found, table, (r, c, name), what, form, bad[0][0], texts[bad[0][1]])
                         break   # the flat form failing, the strict one fails too
     return found.problems()
 
 
-def _found(found: ChunkFindings, table: ExprTable, r: int, chunk: str, what: str, form: str,
-           pair: tuple[int, int], text: str, details: dict) -> None:
-    """Record that ``chunk`` holds ``pair[0]`` where the canonical is ``pair[1]`` (``text``)."""
-    got = pair[0]
+def _found(found: ChunkFindings, table: ExprTable, where: tuple[int, int, str], what: str, form: str, got: int,
+           text: str) -> None:
+    """Record that rank ``r``'s chunk ``c`` of buffer ``name`` (``where``) holds ``got`` where the
+    canonical is ``text``."""
+    r, c, name = where
     ops = table.ops_in(got, r)
     cause = (form, table.by_rank(table.cause_of, got, r) or ("copy",))
-    msg = (f"{chunk} is not the canonical expression in {_WHY[form]} ({what}):\n"
+    msg = (f"rank {r} {name} chunk {c} is not the canonical expression in {_WHY[form]} ({what}):\n"
            f"  canonical:   {text}\n"
            f"  the plan:    {table.render(got, r)}   (xR[k]: rank R's input chunk k, added left to right; "
            f"(...): rounded by another op)\n"
            f"  computed by: {'; '.join(ops) or 'a copy'}")
-    found.add(cause, chunk, msg, {**details, "form": form, "canonical": text, "plan": table.render(got, r),
-                                  "ops": ops, "cause": cause})
+    found.add(cause, f"rank {r} {name} chunk {c}", msg, {"rank": r, "chunk": c, "buffer": name, "form": form,
+                                                         "canonical": text, "plan": table.render(got, r),
+                                                         "ops": ops, "cause": cause})
 
 
 class InvarianceCheck:
     """:func:`mscclang.sim.verify.verify`'s (and the fused verify's) batch-invariance proof: the
     findings of its symbolic runs (the one at the smallest size and one at each of the ``extra``
-    sizes: for a plan that promises it, the other proof sizes) in the forms ``dtypes`` demand (None: every dtype),
-    reported as the plan's promise says (:meth:`report`)."""
+    sizes: for a plan that promises it, the other proof sizes) in the forms ``dtypes`` demand
+    (None: every dtype), reported as the plan's promise says (:meth:`report`)."""
 
     def __init__(self, plan: Plan, dtypes: Optional[Sequence[np.dtype]], extra: list[int]) -> None:
         self.plan = plan
-        self.level = invariance_level(plan)
+        self.level = "error" if plan.batch_invariant else None   # a promise broken: errors
         self.forms = forms_for(dtypes)
         self.extra = extra
         self.found = ChunkFindings("", self.level, KIND)

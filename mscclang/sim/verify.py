@@ -487,14 +487,15 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
                                                               gran, k + 1, level), ctx)
                         check_symbolic_invariance(spec, prog.layouts, sim.out_exprs[k], sim.exprs, gran,
                                                   f"size {size}, launch {k + 1}", inv.level, inv.forms, found=inv.found)
-                    inv.proof.sizes.append(size)
-                else:
+                inv.proof.ran(size, sim.sym_ok)
+                if not sim.sym_ok:
                     rep.notes.append(f"symbolic check skipped: size {size} moves bytes that are not 4-byte aligned")
             except Deadlock as e:
                 add([e.problem], ctx)
             ran()
         else:
             rep.notes.append(f"symbolic check skipped at size {size}")
+            inv.proof.ran(size, False)
         sim = inputs = None
         for size in inv.extra:
             if inv.found.found:
@@ -504,10 +505,8 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
             except Deadlock:
                 got = None   # the runs at this size report it
             rep.runs += 1
-            if got is None:
-                inv.proof.skipped.append(size)
-            else:
-                inv.proof.sizes.append(size)
+            inv.proof.ran(size, got is not None)
+            if got is not None:
                 check_symbolic_invariance(spec, got[0].layouts, got[1].out_exprs[0], got[1].exprs, got[2],
                                           f"size {size}", inv.level, inv.forms, found=inv.found)
             ran()
@@ -585,11 +584,10 @@ def prove_batch_invariant(plan: PlanLike, dtypes: Optional[Sequence[str]] = None
     found = ChunkFindings("", "error", INVARIANCE_KIND)
     for size in proof_sizes(p):
         got = _symbolic_sim(p, spec, size)
+        proof.ran(size, got is not None)
         if got is None:
-            proof.skipped.append(size)
             continue
         prog, sim, gran = got
-        proof.sizes.append(size)
         proof.problems = check_symbolic_invariance(spec, prog.layouts, sim.out_exprs[0], sim.exprs, gran,
                                                    f"size {size}", "error", forms, found=found)
     for pr in proof.problems:
