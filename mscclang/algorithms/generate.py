@@ -23,7 +23,7 @@ from mscclang.plan.io import plan_to_dict
 from mscclang.plan.models import OpName, Plan
 
 __all__ = ["variant_stem", "shipped", "render_plan", "index_entry", "generate_files", "check_files",
-           "write_files", "inconsistent_plans"]
+           "write_files", "inconsistent_plans", "broken_invariance_promises"]
 
 
 def variant_stem(info: AlgorithmInfo, v: Variant) -> str:
@@ -170,6 +170,22 @@ def inconsistent_plans(files: dict[str, str]) -> list[str]:
         if fname == INDEX_FILE:
             continue
         probs = prove_consistent(plan_from_dict(json.loads(text)))
+        if probs:
+            out.append(f"{fname}: {probs[0].message}" + (f" (and {len(probs) - 1} more)" if len(probs) > 1 else ""))
+    return out
+
+
+def broken_invariance_promises(files: dict[str, str]) -> list[str]:
+    """One line per generated plan that promises batch invariance (``batch_invariant: true``) and
+    breaks it, from :func:`mscclang.sim.verify.prove_batch_invariant` (every dtype, at the sizes
+    covering the plan's chunk grids); empty when every promise holds."""
+    from mscclang.plan.io import plan_from_dict
+    from mscclang.sim.verify import prove_batch_invariant
+
+    out = []
+    for fname, text in sorted(files.items()):
+        plan = plan_from_dict(json.loads(text)) if fname != INDEX_FILE else None
+        probs = prove_batch_invariant(plan).problems if plan is not None and plan.batch_invariant else []
         if probs:
             out.append(f"{fname}: {probs[0].message}" + (f" (and {len(probs) - 1} more)" if len(probs) > 1 else ""))
     return out

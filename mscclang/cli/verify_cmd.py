@@ -13,7 +13,9 @@ lists and may be repeated); ``--schedules`` is capped at
 :data:`~mscclang.cli.args.MAX_LAUNCHES` (16). A progress bar with an ETA is drawn on stderr when
 it is a terminal (or with ``--progress``). The first eight problems are printed, causes first
 (deadlocks, unbalanced channels and semaphores before the races they imply); ``--all`` prints
-every problem in full. A size is :data:`~mscclang.cli.args.MESSAGE_SIZE`, refused unless whole
+every problem in full. A reduction's report says in a note whether every reduced element is the
+canonical expression (``batch invariant (...): yes`` or ``no: ...``); a plan that promises it
+(``"batch_invariant": true``) and breaks it fails (``batch-variant``, docs/verify.md). A size is :data:`~mscclang.cli.args.MESSAGE_SIZE`, refused unless whole
 elements of every dtype on every rank (:func:`mscclang.sim.runner.message_to_bytes`). A Python DSL program (``.py``) is refused with the command that compiles
 it: verify checks plans, and a program's own arguments (ranks, instances) are for
 ``mscclang compile`` to take."""

@@ -53,12 +53,14 @@ def _groups(spec: CollectiveSpec) -> list[list[tuple[int, int]]]:
     return [m for m in by.values() if len({r for r, _ in m}) > 1]
 
 
-class _Findings:
-    """Differences gathered per cause (the other rank and the pair of top ops), one problem each."""
+class ChunkFindings:
+    """Findings of chunks gathered per cause (for ``inconsistent``: the other rank and the pair
+    of top ops), one problem of ``kind`` each, listing its chunks; ``level`` goes to its details."""
 
-    def __init__(self, launch: int, level: Optional[str]) -> None:
+    def __init__(self, launch: object, level: Optional[str], kind: str = KIND) -> None:
         self.launch = launch
         self.level = level
+        self.kind = kind
         self.found: dict[tuple, dict] = {}
 
     def add(self, key: tuple, chunk: str, message: str, details: dict) -> None:
@@ -72,15 +74,16 @@ class _Findings:
         out = []
         for f in self.found.values():
             chunks = f["chunks"]
-            more = f" (and {len(chunks) - 1} more chunk{'s' * (len(chunks) != 2)}: {', '.join(chunks[1:6])}" \
+            sep = "\n  " if "\n" in f["message"] else " "   # a message of several lines: one more
+            more = f"{sep}(and {len(chunks) - 1} more chunk{'s' * (len(chunks) != 2)}: {', '.join(chunks[1:6])}" \
                    f"{'...' if len(chunks) > 6 else ''})" if len(chunks) > 1 else ""
-            out.append(Problem(KIND, f["message"] + more, details={**f["details"], "chunks": chunks,
+            out.append(Problem(self.kind, f["message"] + more, details={**f["details"], "chunks": chunks,
                                                                    "level": self.level}))
         return out
 
 
 def _compare(table: ExprTable, ra: int, ia: np.ndarray, rb: int, ib: np.ndarray, what: str,
-             found: _Findings) -> None:
+             found: ChunkFindings) -> None:
     """Record where granule ids ``ia`` (rank ``ra``) and ``ib`` (rank ``rb``) of ``what`` differ."""
     bad = np.nonzero(ia != ib)[0]
     if bad.size == 0:
@@ -112,7 +115,7 @@ def check_symbolic_consistency(spec: CollectiveSpec, layouts: Sequence[Layout], 
     """The ``inconsistent`` problems of one launch of a symbolic run (see the module docstring):
     ``out_exprs[r]`` holds rank ``r``'s output granule ids; for the fused collective
     ``res_exprs[r]`` its residual's, and every rank's whole residual and output are compared."""
-    found = _Findings(launch, level)
+    found = ChunkFindings(launch, level)
     if spec.row.fused:
         for name, exprs, kind in (("residual", res_exprs, BufferKind.residual),
                                   ("output", out_exprs, BufferKind.output)):
@@ -148,7 +151,7 @@ def check_numeric_consistency(spec: CollectiveSpec, layouts: Sequence[Layout], o
     defined as the same reduction must hold the same bytes on every rank; for the fused
     collective (``residuals``: the ranks' residuals after the launch) the whole residual and
     output."""
-    found = _Findings(launch, level)
+    found = ChunkFindings(launch, level)
 
     def cmp(ra: int, a: np.ndarray, rb: int, b: np.ndarray, what: str) -> None:
         if a.shape == b.shape and np.array_equal(a, b):

@@ -169,6 +169,8 @@ def group_key(problem: Problem) -> tuple:
         return (k, d["op"])
     if k == "inconsistent" and "ranks" in d:  # one cause: a rank pair and the ops they differ in
         return (k, tuple(d["ranks"]), d.get("how"), repr(d.get("cause")))
+    if k == "batch-variant" and "cause" in d:   # one cause: the form and the op that computed the value
+        return (k, repr(d["cause"]))
     if k == "deadlock":
         if d.get("cycle"):
             return (k, "cycle", frozenset((e[0], e[1], e[2]) for e in d["cycle"]))

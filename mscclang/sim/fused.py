@@ -27,9 +27,11 @@ from mscclang.plan.collectives import spec_from_plan
 from mscclang.plan.dtypes import EPILOGUE_DTYPES
 from mscclang.plan.models import OpName, Plan
 from mscclang.sim.budget import COMPILE_TERMS, SECONDS_PER, Deadline, Estimate, Limits, estimate_runs
-from mscclang.sim.consistency import (check_numeric_consistency, check_symbolic_consistency, consistency_level,
-                                      drop_numeric_duplicates)
-from mscclang.sim.diagnosis import Findings
+from mscclang.sim.consistency import (ChunkFindings, check_numeric_consistency, check_symbolic_consistency,
+                                      consistency_level, drop_numeric_duplicates)
+from mscclang.sim.diagnosis import Findings, annotate_sources
+from mscclang.sim.invariance import (KIND as INVARIANCE_KIND, InvarianceCheck, InvarianceProof,
+                                     check_symbolic_invariance)
 from mscclang.sim.dtypes import dtype_name, parse_dtype
 from mscclang.sim.engine import Simulation, check_count
 from mscclang.sim.epilogue import MAX_HIDDEN, MIN_HIDDEN, PARTIAL, EpilogueParams, check_hidden
@@ -41,7 +43,7 @@ from mscclang.sim.runner import (check_arguments, check_message_range, check_run
 from mscclang.sim.schedules import SCHEDULES
 
 __all__ = ["Case", "FusedRun", "plan_quantises", "run_fused", "verify_fused", "estimate_fused", "default_cases",
-           "ACT_DTYPES"]
+           "ACT_DTYPES", "prove_fused_invariant"]
 
 #: where a PlanError of a run names its op ("rank 0 tb 0 op 5")
 _OP_AT = re.compile(r"rank \d+ tb \d+ op [\d.]+")
@@ -62,6 +64,8 @@ class FusedRun:
     outputs: list[np.ndarray]
     residuals: list[np.ndarray]
     problems: list[Problem] = field(default_factory=list)
+    #: a symbolic run whose data moves were followed to the end
+    symbolic_ok: bool = False
 
 
 def plan_quantises(plan: Plan) -> bool:
@@ -108,11 +112,12 @@ def run_fused(plan: Plan, inputs: Sequence[np.ndarray], residuals: Sequence[np.n
               params: EpilogueParams, *, schedule: str = "round_robin", seed: int = 0,
               launches: int = 1, check_races: bool = False, symbolic: bool = False,
               packet_type: str = "LL16", deadline: Optional[Deadline] = None,
-              limits: Optional[Limits] = None) -> FusedRun:
+              limits: Optional[Limits] = None, invariance: Optional[ChunkFindings] = None) -> FusedRun:
     """Run a fused plan: ``inputs`` and ``residuals`` are flat arrays of the activation dtype,
     one per rank, ``rows * params.hidden`` elements each, a message in the plan's message size
     range. Every argument is checked first (PlanError or VerificationError naming it); without a ``deadline`` the run is estimated and refused
-    (LimitError) when it exceeds ``limits``, else bounded by their time."""
+    (LimitError) when it exceeds ``limits``, else bounded by their time. A ``symbolic`` run gathers
+    its batch-invariance findings (:mod:`mscclang.sim.invariance`) into ``invariance`` when given."""
     n = len(plan.gpus)
     check_run_arguments(schedule, seed, launches, packet_type)
     rows, act = _check_call(plan, inputs, residuals, params)
@@ -139,8 +144,12 @@ def run_fused(plan: Plan, inputs: Sequence[np.ndarray], residuals: Sequence[np.n
         for k in range(len(sim.out_exprs)):
             probs += check_symbolic_consistency(sim.spec, prog.layouts, sim.out_exprs[k], sim.exprs, sim.sym_granule,
                                                 k + 1, consistency_level(plan), sim.res_exprs[k])
+            if invariance is not None:
+                check_symbolic_invariance(sim.spec, prog.layouts, sim.out_exprs[k], sim.exprs, sim.sym_granule,
+                                          f"{rows} rows x {params.hidden}, launch {k + 1}", invariance.level,
+                                          ("flat",), sim.res_exprs[k], plan_quantises(plan), found=invariance)
     return FusedRun([o.view(odt).copy() for o in sim.outputs[-1]],
-                    [x.view(act).copy() for x in sim.residual_outputs[-1]], probs)
+                    [x.view(act).copy() for x in sim.residual_outputs[-1]], probs, symbolic and sim.sym_ok)
 
 
 def prove_fused_consistent(plan: Plan) -> list[Problem]:
@@ -153,6 +162,24 @@ def prove_fused_consistent(plan: Plan) -> list[Problem]:
     params = EpilogueParams(16, np.ones(16, dtype=np.float32), 1e-6, scale=1.0 if plan_quantises(plan) else None)
     run = run_fused(plan, xs, [res] * n, params, symbolic=True)
     return [p for p in run.problems if p.kind == "inconsistent"]
+
+
+def prove_fused_invariant(plan: Plan) -> InvarianceProof:
+    """:func:`mscclang.sim.verify.prove_batch_invariant` of a fused plan: one symbolic run of each
+    of its :func:`default_cases` (row counts 1 to 5 ranks, row lengths 8 to 40) in its first
+    dtype; the activations are never fp8, so the ``flat`` form."""
+    proof = InvarianceProof([], [], [])
+    found = ChunkFindings("", "error", INVARIANCE_KIND)
+    for c in default_cases(plan):
+        run = _Run(c.rows, c.hidden, c.dtypes[0], "LL16", "round_robin", 0, EPS_VALUES[0],
+                   SCALES[0] if plan_quantises(plan) else None, FP8_TYPES[0], True, False, True)
+        xs, res, params = _data(plan, run)
+        got = run_fused(plan, xs, res, params, symbolic=True, invariance=found)
+        proof.ran(c.rows * c.hidden * c.dtypes[0].itemsize, got.symbolic_ok)
+    proof.problems = found.problems()
+    for pr in proof.problems:
+        annotate_sources(pr, plan)
+    return proof
 
 
 @dataclass(frozen=True)
@@ -386,6 +413,7 @@ def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
     found = Findings(plan, rep)
     level = consistency_level(plan)
     spec = spec_from_plan(plan)
+    inv = InvarianceCheck(plan, None, [])
     for k, run in enumerate(runs):
         if max_problems is not None and len(rep.problems) >= max_problems:
             rep.notes.append(f"stopped after {len(rep.problems)} distinct problems (max_problems): counts cover the "
@@ -399,7 +427,8 @@ def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
         try:
             got = run_fused(plan, xs, res, params, schedule=run.schedule, seed=run.seed,
                             launches=1 if run.symbolic else launches, check_races=not run.symbolic,
-                            symbolic=run.symbolic, packet_type=run.packet, deadline=deadline)
+                            symbolic=run.symbolic, packet_type=run.packet, deadline=deadline,
+                            invariance=inv.found if run.symbolic else None)
         except MscclangError as e:
             if not isinstance(e, PlanError):
                 raise
@@ -408,12 +437,16 @@ def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
                                details={"op": at.group(0)} if at else {})], ctx)
             continue
         found.add(got.problems, ctx)
+        if run.symbolic:
+            inv.proof.ran(run.rows * run.hidden * run.dtype.itemsize, got.symbolic_ok)
         if got.outputs and not run.symbolic:
             found.add(check_fused(xs, res, got.residuals, got.outputs, params, quant, launches), ctx)
             if level is not None and not run.own_residuals:
                 found.add(check_numeric_consistency(spec, [], got.outputs, launches, level, got.residuals), ctx)
         if progress is not None:
             progress(k + 1, len(runs))
+    if any(r.symbolic for r in runs):
+        inv.report(rep, found)
     rep.problems = drop_numeric_duplicates(rep.ranked())
     rep.seconds = time.perf_counter() - t0
     return rep

@@ -21,7 +21,7 @@ from mscclang.errors import VerificationError
 #: deadlocks, unbalanced signal/wait and semaphores, unsynchronised signals) before the races
 #: they imply, and races before the wrong outputs they cause
 KINDS = ("plan", "deadlock", "unbalanced-channel", "unbalanced-semaphore", "unsynced-signal",
-         "race", "multimem-relaxed", "postcondition", "symbolic", "inconsistent", "protocol")
+         "race", "multimem-relaxed", "postcondition", "symbolic", "inconsistent", "batch-variant", "protocol")
 
 #: kinds that are warnings: reported, but they fail a run only under ``strict``.
 #: ``multimem-relaxed``: a hazard that exists only because a relaxed signal/wait is the one edge
@@ -126,6 +126,9 @@ class Report:
     postcondition: bool = True
     #: no op moved any byte at any size checked: an OK is then vacuous
     vacuous: bool = False
+    #: whether every reduced output element is the canonical expression at the sizes proven
+    #: (:mod:`mscclang.sim.invariance`); None: not checked (no symbolic run of a reduction)
+    batch_invariant: Optional[bool] = None
 
     @property
     def errors(self) -> list[Problem]:

@@ -16,12 +16,15 @@ from mscclang.errors import MscclangError, PlanError, VerificationError
 from mscclang.plan.collectives import CollectiveSpec, check_senders, collective, spec_from_plan
 from mscclang.plan.models import REDUCE_OP_NAMES, BufferKind, Plan
 from mscclang.sim.budget import SYMBOLIC_BUDGET, Deadline, Estimate, Limits, estimate_runs
-from mscclang.sim.consistency import (check_numeric_consistency, check_symbolic_consistency, consistency_level,
-                                      drop_numeric_duplicates)
+from mscclang.sim.consistency import (ChunkFindings, check_numeric_consistency, check_symbolic_consistency,
+                                      consistency_level, drop_numeric_duplicates)
 from mscclang.sim.dtypes import accumulates, dtype_name, parse_dtype
 from mscclang.sim.engine import SCHEDULES, Simulation
 from mscclang.sim.fused import default_cases, prove_fused_consistent, verify_fused
-from mscclang.sim.diagnosis import Findings, attribute_writers, chunk_notes, plan_uses, protocol_warnings
+from mscclang.sim.diagnosis import (Findings, annotate_sources, attribute_writers, chunk_notes, plan_uses,
+                                    protocol_warnings)
+from mscclang.sim.invariance import (KIND as INVARIANCE_KIND, InvarianceCheck, InvarianceProof,
+                                     check_symbolic_invariance, forms_for)
 from mscclang.sim.postcondition import check_numeric, check_symbolic, derive_senders, random_inputs
 from mscclang.sim.program import Program, sim_program
 from mscclang.sim.report import Deadlock, Problem, Report
@@ -63,6 +66,37 @@ def default_sizes(plan: Plan) -> list[int]:
     if ps is not None and ps not in ok:
         ok = sorted(ok + [ps])
     return ok
+
+
+def proof_sizes(plan: Plan) -> list[int]:
+    """The sizes at which the batch-invariance proof runs (docs/verify.md, ``batch-variant``):
+    :func:`default_sizes` and, when none of them has a short last chunk (a plan whose size range
+    starts above them), the least size in range whose blocks' last chunk is short by ``d``
+    alignment units (``0 < d < block_chunks``), chunks and shortfall multiples of the largest
+    power of two (up to :data:`MAX_SYMBOLIC_GRANULE`) that keeps the symbolic run within
+    :data:`SYMBOLIC_BUDGET` (none does: the coarsest such size, which the proof then reports as
+    not followed). Ascending."""
+    sizes = default_sizes(plan)
+    if collective(plan.collective).fused:
+        return sizes
+    f, bc, a = _blocks_per_message(plan), max(_block_chunks(plan), 1), max(plan.buffer_alignment, 4)
+    if not sizes or any(s % (bc * a * f) for s in sizes):
+        return sizes
+    nsym = len(plan.gpus) * max(plan.gpus[0].input_chunks, 1)
+    first = None
+    g = MAX_SYMBOLIC_GRANULE
+    while g >= 4:
+        d = max(1, g // a)
+        step = g * a // math.gcd(g, a)   # chunk bytes: a multiple of both
+        chunk = max(step, -(-(-(-plan.min_message_size // f) + d * a) // (bc * step)) * step)
+        size = f * (bc * chunk - d * a)
+        if d < bc and size <= plan.max_message_size:
+            first = size if first is None else first
+            prog = sim_program(plan, *message_to_bytes(plan, size))
+            if symbolic_bytes(prog, nsym, symbolic_granule(prog)) <= SYMBOLIC_BUDGET:
+                return sorted(sizes + [size])
+        g //= 2
+    return sizes if first is None else sorted(sizes + [first])
 
 
 def _pipeline_ops(plan: Plan) -> list:
@@ -301,6 +335,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
         return verify_fused(p, sizes=sizes, dtypes=dtypes, schedules=schedules, seed=seed, launches=launches,
                             reduce_ops=reduce_ops, packet_types=packet_types, symbolic=symbolic,
                             max_problems=max_problems, progress=progress, limits=limits)
+    user_dtypes = None if dtypes is None else [parse_dtype(d) for d in dtypes]
     if dtypes is None:
         dtypes = DEFAULT_DTYPES
     if launches is None:
@@ -311,6 +346,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     rep.postcondition = spec.has_postcondition
     reduces, packets = plan_uses(p)
     rep.problems.extend(protocol_warnings(p, packets))
+    given_sizes = sizes is not None
     if sizes is None:
         sizes = default_sizes(p)
         if not sizes:
@@ -369,7 +405,10 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
                 found.known(pr)
 
     stopped = False
-    planned = len(sizes) * len(scheds) + (1 if symbolic and sizes and spec.has_postcondition else 0)
+    extra = [] if not (symbolic and spec.is_reduction and spec.has_postcondition and p.batch_invariant) else [
+        x for x in (sorted(sizes) if given_sizes else proof_sizes(p)) if x != min(sizes)]
+    inv = InvarianceCheck(p, user_dtypes, extra)
+    planned = len(sizes) * len(scheds) + (1 + len(inv.extra) if symbolic and sizes and spec.has_postcondition else 0)
 
     def ran() -> None:
         if progress is not None:
@@ -446,13 +485,33 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
                         add(probs, ctx)
                         consistent(check_symbolic_consistency(spec, prog.layouts, sim.out_exprs[k], sim.exprs,
                                                               gran, k + 1, level), ctx)
-                else:
+                        check_symbolic_invariance(spec, prog.layouts, sim.out_exprs[k], sim.exprs, gran,
+                                                  f"size {size}, launch {k + 1}", inv.level, inv.forms, found=inv.found)
+                inv.proof.ran(size, sim.sym_ok)
+                if not sim.sym_ok:
                     rep.notes.append(f"symbolic check skipped: size {size} moves bytes that are not 4-byte aligned")
             except Deadlock as e:
                 add([e.problem], ctx)
             ran()
         else:
             rep.notes.append(f"symbolic check skipped at size {size}")
+            inv.proof.ran(size, False)
+        sim = inputs = None
+        for size in inv.extra:
+            if inv.found.found:
+                break   # it does not hold: the other sizes add only chunks
+            try:
+                got = _symbolic_sim(p, spec, size, deadline, progs.get(size))
+            except Deadlock:
+                got = None   # the runs at this size report it
+            rep.runs += 1
+            inv.proof.ran(size, got is not None)
+            if got is not None:
+                check_symbolic_invariance(spec, got[0].layouts, got[1].out_exprs[0], got[1].exprs, got[2],
+                                          f"size {size}", inv.level, inv.forms, found=inv.found)
+            ran()
+        if spec.is_reduction:
+            inv.report(rep, found)
     rep.problems = drop_numeric_duplicates(rep.problems)
     if disclaimed:
         rep.notes.append(f"the plan does not promise rank-consistent results (consistent: false): "
@@ -464,6 +523,25 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     rep.problems = rep.ranked()
     rep.seconds = time.perf_counter() - t0
     return rep
+
+
+def _symbolic_sim(p: Plan, spec: CollectiveSpec, size: int, deadline: Optional[Deadline] = None,
+                  prog: Optional[Program] = None) -> Optional[tuple[Program, Simulation, int]]:
+    """(program, finished simulation, granule) of one symbolic run of ``p`` at ``size`` (fp32, one
+    launch, no race checks; ``prog``: the program at that size, when compiled already); None when
+    its data moves cannot be followed symbolically there (not 4-byte aligned, or past
+    :data:`SYMBOLIC_BUDGET`)."""
+    ib, ob = message_to_bytes(p, size)
+    prog = sim_program(p, ib, ob) if prog is None else prog
+    gran = symbolic_granule(prog)
+    nsym = len(p.gpus) * max(p.gpus[0].input_chunks, 1)
+    if ib % 4 or symbolic_bytes(prog, nsym, gran) > SYMBOLIC_BUDGET:
+        return None
+    inputs = random_inputs(len(p.gpus), ib, parse_dtype("float32"), 0)
+    sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=parse_dtype("float32"), launches=1, spec=spec,
+                     nsym=nsym, sym_granule=gran, check_races=False, deadline=deadline)
+    sim.run()
+    return (prog, sim, gran) if sim.sym_ok else None
 
 
 def prove_consistent(plan: PlanLike) -> list[Problem]:
@@ -479,19 +557,39 @@ def prove_consistent(plan: PlanLike) -> list[Problem]:
     if spec.row.fused:
         return prove_fused_consistent(p)
     sizes = default_sizes(p)
-    if not sizes:
+    got = _symbolic_sim(p, spec, min(sizes)) if sizes else None
+    if got is None:
         return []
-    ib, ob = message_to_bytes(p, min(sizes))
-    prog = sim_program(p, ib, ob)
-    gran = symbolic_granule(prog)
-    nsym = len(p.gpus) * max(p.gpus[0].input_chunks, 1)
-    if ib % 4 or symbolic_bytes(prog, nsym, gran) > SYMBOLIC_BUDGET:
-        return []
-    dt = parse_dtype("float32")
-    inputs = random_inputs(len(p.gpus), ib, dt, 0)
-    sim = Simulation(prog, [x.view(np.uint8) for x in inputs], dtype=dt, launches=1, spec=spec, nsym=nsym,
-                     sym_granule=gran, check_races=False)
-    sim.run()
-    if not sim.sym_ok:
-        return []
+    prog, sim, gran = got
     return check_symbolic_consistency(spec, prog.layouts, sim.out_exprs[0], sim.exprs, gran, 1, "error")
+
+
+def prove_batch_invariant(plan: PlanLike, dtypes: Optional[Sequence[str]] = None) -> InvarianceProof:
+    """Whether every reduced output element of ``plan`` is the canonical expression
+    (:mod:`mscclang.sim.invariance`) in the forms ``dtypes`` demand (default: every dtype, fp8
+    included), whatever the plan promises: one symbolic run at each of its :func:`default_sizes`
+    (a fused plan's: each of its default cases), which cover every chunk grid the plan has
+    (docs/verify.md, ``batch-variant``). No race checks: :func:`verify` does those. A plan that
+    is not a reduction holds trivially (no size is run)."""
+    from mscclang.sim.fused import prove_fused_invariant
+
+    p = as_plan(plan)
+    spec = spec_from_plan(p)
+    forms = forms_for(None if dtypes is None else [parse_dtype(d) for d in dtypes])
+    if not spec.is_reduction:
+        return InvarianceProof([], [], [])
+    if spec.row.fused:
+        return prove_fused_invariant(p)
+    proof = InvarianceProof([], [], [])
+    found = ChunkFindings("", "error", INVARIANCE_KIND)
+    for size in proof_sizes(p):
+        got = _symbolic_sim(p, spec, size)
+        proof.ran(size, got is not None)
+        if got is None:
+            continue
+        prog, sim, gran = got
+        proof.problems = check_symbolic_invariance(spec, prog.layouts, sim.out_exprs[0], sim.exprs, gran,
+                                                   f"size {size}", "error", forms, found=found)
+    for pr in proof.problems:
+        annotate_sources(pr, p)
+    return proof
