@@ -282,3 +282,19 @@ def test_the_fused_call_runs_a_generated_plan_or_raises(monkeypatch):
     got, _, fb = run_ranks(3, body, catalog=Catalog(), engine="sim", batch_invariant=True)
     assert fb.calls == [] and all(name.startswith("allreduce_add_rms_norm_oneshot_ll.r3.") for name, _, _ in got)
     assert all(torch.equal(x, got[0][1]) and torch.equal(r, got[0][2]) for _, x, r in got)
+
+
+def test_the_mode_proves_the_order_not_only_the_flag():
+    """A generated plan that promises batch invariance but sums around a ring is refused by the
+    mode's proof (the rank-consistency proof alone passes it: every rank gets the ring's bits)."""
+    from pathlib import Path
+
+    from mscclang.cli.compile_cmd import compile_file
+
+    ring = compile_file(Path(__file__).parent / "programs" / "allreduce_ring.py", ["--num_gpus", "4"])
+    ring = ring.model_copy(update={"batch_invariant": True})
+    why = invariant.prove_promise(ring)
+    assert why is not None and "not the canonical expression" in why, why
+    from mscclang.algorithms.allreduce import build_rsag_simple
+
+    assert invariant.prove_promise(build_rsag_simple(4)) is None

@@ -57,15 +57,24 @@ def keeps_contract(promise: Optional[bool], coll: str) -> bool:
 
 def prove_promise(plan: Plan) -> Optional[str]:
     """Why ``plan`` does not keep the contract, or None when it does: it must promise it
-    (:func:`keeps_contract`) and pass the simulator's symbolic proof
-    (:func:`mscclang.sim.verify.prove_consistent`). The one place the mode proves a plan it
-    generated."""
+    (:func:`keeps_contract`), every rank must get the same bits
+    (:func:`mscclang.sim.verify.prove_consistent`) and, for a reduction, every reduced element
+    must be the canonical expression at every size
+    (:func:`mscclang.sim.verify.prove_batch_invariant`). The one place the mode proves a plan
+    it generated."""
     if not keeps_contract(plan.batch_invariant, plan.collective):
         return "it does not promise batch invariance"
-    from mscclang.sim.verify import prove_consistent
+    from mscclang.sim.verify import prove_batch_invariant, prove_consistent
 
     probs = prove_consistent(plan)
-    return probs[0].message if probs else None
+    if probs:
+        return probs[0].message
+    proof = prove_batch_invariant(plan)
+    if proof.problems:
+        return proof.problems[0].message.splitlines()[0]
+    if proof.skipped and not proof.sizes:
+        return f"its data moves could not be followed symbolically at sizes {proof.skipped}"
+    return None
 
 
 @dataclass
