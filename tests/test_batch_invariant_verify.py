@@ -231,6 +231,30 @@ def test_generation_proves_every_promise() -> None:
     assert len(lines) == 1 and lines[0].startswith(bad) and "canonical:   x0[" in lines[0]
 
 
+def test_generate_plans_refuses_a_broken_promise(monkeypatch, tmp_path, capsys) -> None:
+    """`mscclang generate-plans` proves every promise before it writes: a plan that promises
+    batch invariance and sums around a ring (every rank gets the same bits, so the consistency
+    proof passes it) stops it, naming the plan."""
+    from mscclang.algorithms import generate
+    from mscclang.algorithms.generate import render_plan
+    from mscclang.cli.compile_cmd import compile_file
+    from mscclang.cli.main import main
+
+    made = generate.generate_files
+    ring = compile_file(ROOT / "tests" / "programs" / "allreduce_ring.py", ["--num_gpus", "4"])
+
+    def with_ring(only=None):
+        files = made(["allreduce_oneshot_ll"])
+        files["allreduce_ring.r4.json"] = render_plan(promising(ring, True))
+        return files
+
+    monkeypatch.setattr(generate, "generate_files", with_ring)
+    assert main(["generate-plans", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "promise batch invariance and break it" in err and "allreduce_ring.r4.json" in err, err
+    assert not list(tmp_path.glob("*.json"))
+
+
 @pytest.mark.slow
 def test_every_shipped_plan_that_promises_it_keeps_it(shipped_plans) -> None:
     broken = []

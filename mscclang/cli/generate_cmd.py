@@ -24,7 +24,8 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mscclang.algorithms.generate import check_files, generate_files, inconsistent_plans, write_files
+    from mscclang.algorithms.generate import (broken_invariance_promises, check_files, generate_files,
+                                              inconsistent_plans, write_files)
     from mscclang.algorithms.index import default_plans_dir
 
     out_dir = args.out if args.out is not None else default_plans_dir()
@@ -34,6 +35,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"mscclang generate-plans: {len(broken)} library plan(s) give ranks different bits, though "
               "every library plan promises the same bits on every rank (docs/semantics.md, \"Rank "
               "consistency\"); nothing written:", file=sys.stderr)
+        for line in broken:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    broken = broken_invariance_promises(files)
+    if broken:
+        print(f"mscclang generate-plans: {len(broken)} library plan(s) promise batch invariance and break it "
+              "(docs/semantics.md, \"Batch invariance\"); nothing written:", file=sys.stderr)
         for line in broken:
             print(f"  {line}", file=sys.stderr)
         return 1
