@@ -87,6 +87,16 @@ def test_collective_names():
         pc.plan_collective("all_foo")
 
 
+def test_the_fused_row_has_its_api_name():
+    row = pc.TABLE[pc.FUSED_NORM]
+    assert row.api == "all_reduce_add_rms_norm" and row.fused
+    assert pc.collective("all_reduce_add_rms_norm") is row
+    # the names a one-tensor call takes (prepare, select, tuning rules) leave the fused one out
+    assert pc.FUSED_NORM not in pc.API_TO_PLAN.values()
+    with pytest.raises(InvalidCall, match=r"unknown collective 'all_reduce_add_rms_norm'"):
+        pc.plan_collective("all_reduce_add_rms_norm")
+
+
 def test_comm_names_keep_their_error_type():
     from mscclang.comm.errors import CommError
     from mscclang.comm.names import dtype_name, plan_collective

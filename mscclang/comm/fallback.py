@@ -440,7 +440,7 @@ def run_fallback(fb: Any, collective: str, inp: Any, out: Any, op: str, root: in
     accumulation dtype ``accum``, float32 when None) are gathered and reduced here
     (:func:`_fp8_reduction`)."""
     row = collective_row(collective)
-    if row.api is None:
+    if row.api is None or row.fused:
         raise CommError(f"no torch.distributed fallback for collective {collective!r}")
     info = torch_dtype_info(inp.dtype)
     if info is not None and info.accumulates:
