@@ -107,3 +107,17 @@ def test_comm_names_keep_their_error_type():
     assert dtype_name("bf16") == "bfloat16" and dtype_name(np.dtype(np.float32)) == "float32"
     with pytest.raises(CommError, match=r"unsupported dtype uint8; supported: float16, bfloat16, float32, int32"):
         dtype_name("uint8")
+
+
+def test_a_call_carries_its_root():
+    import torch
+
+    from mscclang.plan.call import make_call, sized_call
+
+    x, cpu = torch.ones(8), torch.device("cpu")
+    assert make_call("broadcast", 0, 4, cpu, x, x, root=3).root == 3
+    assert make_call("allreduce", 0, 4, cpu, x, x, root=3).root == 0   # a root means nothing there
+    assert sized_call("broadcast", 0, 4, pd.dtype_info("float32"), 32, 32, root=2).root == 2
+    for bad in (4, -1, True, "1"):
+        with pytest.raises(InvalidCall, match=rf"rank 0: broadcast root {bad!r} is not a rank of 4"):
+            make_call("broadcast", 0, 4, cpu, x, x, root=bad)
