@@ -60,15 +60,14 @@ def test_torch_stays_an_optional_import():
 
 def test_views_derive_from_the_table():
     from mscclang.cli import args
-    from mscclang.comm import names
     from mscclang.sim.dtypes import dtype_name, parse_dtype
 
-    assert args.GPU_DTYPES == names.DTYPES == pd.GPU_DTYPES
+    assert args.GPU_DTYPES == pd.GPU_DTYPES
     assert args.SIM_DTYPES == pd.SIM_DTYPES
     assert args.BUILD_DTYPE == {"float16": ("f16",), "bfloat16": ("bf16",), "float32": ("f32",), "int32": ("i32",),
                                 "float8_e4m3": ("f8e4m3_a32", "f8e4m3_a16"), "float8_e5m2": ("f8e5m2_a32", "f8e5m2_a16")}
-    assert names.DTYPE_SIZES == {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "float8_e4m3": 1,
-                                 "float8_e5m2": 1}
+    assert {d.name: d.itemsize for d in pd.DTYPES if d.gpu} == {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4,
+                                                                 "float8_e4m3": 1, "float8_e5m2": 1}
     for d in pd.DTYPES:
         assert parse_dtype(d.name) == d.numpy and dtype_name(d.numpy) == d.name
 
@@ -97,16 +96,15 @@ def test_the_fused_row_has_its_api_name():
         pc.plan_collective("all_reduce_add_rms_norm")
 
 
-def test_comm_names_keep_their_error_type():
+def test_the_communicators_name_lookups_raise_its_error():
     from mscclang.comm.errors import CommError
-    from mscclang.comm.names import dtype_name, plan_collective
 
-    assert plan_collective("send_recv") == "sendrecv"
+    assert pc.plan_collective("send_recv") == "sendrecv"
     with pytest.raises(CommError, match=r"unknown collective 'all_foo'"):
-        plan_collective("all_foo")
-    assert dtype_name("bf16") == "bfloat16" and dtype_name(np.dtype(np.float32)) == "float32"
+        pc.plan_collective("all_foo")
+    assert pd.gpu_dtype("bf16").name == "bfloat16" and pd.gpu_dtype(np.dtype(np.float32)).name == "float32"
     with pytest.raises(CommError, match=r"unsupported dtype uint8; supported: float16, bfloat16, float32, int32"):
-        dtype_name("uint8")
+        pd.gpu_dtype("uint8")
 
 
 def test_a_call_carries_its_root():

@@ -20,14 +20,14 @@ from mscclang.comm.backend import Backend, RuntimeBackend
 from mscclang.comm.catalog import Catalog
 from mscclang.comm.errors import CommError
 from mscclang.comm.fallback import FallbackCalls, TorchFallback, run_fallback
-from mscclang.comm.names import dtype_name, plan_collective
 from mscclang.comm.planner import CallPlan, Planner
 from mscclang.comm.selector import Choice, Selector
 from mscclang.comm.tracing import CallTrace, TracedCall, Tracing, check_traceable
 from mscclang.comm.tuning import TuningTable, load_tuning
 from mscclang.config import Settings, settings
 from mscclang.plan.call import Call
-from mscclang.plan.collectives import collective
+from mscclang.plan.collectives import collective, plan_collective
+from mscclang.plan.dtypes import gpu_dtype
 
 log = logging.getLogger("mscclang.comm")
 
@@ -293,7 +293,7 @@ class Communicator:
         self._check_open("send")
         dst = self._check_peer(dst, "send dst")
         self.planner.check_tensor("send tensor", tensor)
-        dtype_name(tensor.dtype)
+        gpu_dtype(tensor.dtype)
         self._note_fallback("send", "point-to-point send/recv runs through torch.distributed")
         self._need_fallback("send").send(tensor, dst)
 
@@ -302,7 +302,7 @@ class Communicator:
         self._check_open("recv")
         src = self._check_peer(src, "recv src")
         self.planner.check_tensor("recv tensor", tensor)
-        dtype_name(tensor.dtype)
+        gpu_dtype(tensor.dtype)
         self._note_fallback("recv", "point-to-point send/recv runs through torch.distributed")
         self._need_fallback("recv").recv(tensor, src)
         return tensor
@@ -650,7 +650,7 @@ class Communicator:
             tensors = [inp]
         else:
             tensors = [inp, out]
-        be.describe_call(f"registration of the tensors of {coll} of {inp.numel()} x {dtype_name(inp.dtype)}")
+        be.describe_call(f"registration of the tensors of {coll} of {inp.numel()} x {gpu_dtype(inp.dtype).name}")
         try:
             return all(be.register(tensors))
         finally:

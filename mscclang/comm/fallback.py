@@ -30,7 +30,7 @@ from mscclang.config import nccl_env, settings
 from mscclang.errors import InvalidCall
 from mscclang.plan.call import Call
 from mscclang.plan.collectives import collective as collective_row
-from mscclang.plan.dtypes import ACCUM_DTYPES, torch_dtype_info
+from mscclang.plan.dtypes import ACCUM_DTYPES, gpu_dtype, torch_dtype_info
 from mscclang.plan.reference import fp8_sum_arrays
 from mscclang.runtime.store_group import StoreGroup
 
@@ -363,6 +363,13 @@ class TorchFallback:
             self._ready = False
 
 
+def call_text(collective: str, inp: Any, out: Any) -> str:
+    """A call as the ranks compare it and errors name it, e.g. ``allgather of 8 x float32 into
+    16`` (the plan collective, element counts, dtype; CommError for a dtype mscclang does not run)."""
+    into = f" into {out.numel()}" if out.numel() != inp.numel() else ""
+    return f"{collective} of {inp.numel()} x {gpu_dtype(inp.dtype).name}{into}"
+
+
 class FallbackCalls:
     """The call check before every gloo fallback collective (the CPU path): the ranks first
     all-gather an 8-byte digest of their call's description (collective, element counts,
@@ -383,8 +390,6 @@ class FallbackCalls:
     def check(self, fb: Any, call: Call, inp: Any, out: Any) -> None:
         """CallMismatch on every rank unless every rank makes ``call`` (on ``inp`` and ``out``) on
         ``fb`` (see the class)."""
-        from mscclang.comm.names import call_text
-
         row = call.collective
         red = (f" {call.op}{f' accumulated in {call.accum}' if call.accum else ''}" if row.reduces
                else f" from rank {call.root}" if row.rooted else "")

@@ -23,8 +23,9 @@ from typing import Optional
 
 from mscclang.comm.catalog import Catalog, PlanVariant
 from mscclang.comm.invariant import GeneratedVariant, generated_variants, keeps_contract
-from mscclang.comm.names import dtype_name, plan_collective
 from mscclang.comm.tuning import Rule, TuningTable
+from mscclang.plan.collectives import plan_collective
+from mscclang.plan.dtypes import gpu_dtype
 
 log = logging.getLogger("mscclang.comm")
 
@@ -89,7 +90,7 @@ class Selector:
         """Ordered choices for a call; the list ends with torch.distributed when the rule names
         it, and is empty when no plan can run the call at all (the caller falls back)."""
         coll = plan_collective(collective)
-        dt = dtype_name(dtype)
+        dt = gpu_dtype(dtype).name
         key = (coll, world_size, nbytes, dt)
         hit = self._memo.get(key)
         if hit is not None:
