@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mscclang.errors import InvalidCall
+from mscclang.errors import CommError, InvalidCall
 from mscclang.plan import collectives as pc
 from mscclang.plan import dtypes as pd
 
@@ -97,8 +97,6 @@ def test_the_fused_row_has_its_api_name():
 
 
 def test_the_communicators_name_lookups_raise_its_error():
-    from mscclang.comm.errors import CommError
-
     assert pc.plan_collective("send_recv") == "sendrecv"
     with pytest.raises(CommError, match=r"unknown collective 'all_foo'"):
         pc.plan_collective("all_foo")
@@ -119,3 +117,14 @@ def test_a_call_carries_its_root():
     for bad in (4, -1, True, "1"):
         with pytest.raises(InvalidCall, match=rf"rank 0: broadcast root {bad!r} is not a rank of 4"):
             make_call("broadcast", 0, 4, cpu, x, x, root=bad)
+
+
+def test_a_call_of_a_message_size():
+    from mscclang.plan.call import message_call
+
+    ag = message_call("all_gather", 4, 4096, "bf16", rank=2)
+    assert (ag.collective.name, ag.rank, ag.world, ag.in_bytes, ag.out_bytes) == ("allgather", 2, 4, 1024, 4096)
+    assert ag.message_bytes == 4096 and ag.dtype.name == "bfloat16"
+    assert message_call("reduce_scatter", 4, 4096, "float32").out_bytes == 1024
+    with pytest.raises(CommError, match="unsupported dtype uint8"):
+        message_call("all_reduce", 4, 4096, "uint8")

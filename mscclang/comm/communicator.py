@@ -20,12 +20,12 @@ from mscclang.comm.backend import Backend, RuntimeBackend
 from mscclang.comm.catalog import Catalog
 from mscclang.comm.errors import CommError
 from mscclang.comm.fallback import FallbackCalls, TorchFallback, run_fallback
-from mscclang.comm.planner import CallPlan, Planner
+from mscclang.comm.planner import CallPlan, Planner, comm_errors
 from mscclang.comm.selector import Choice, Selector
 from mscclang.comm.tracing import CallTrace, TracedCall, Tracing, check_traceable
 from mscclang.comm.tuning import TuningTable, load_tuning
 from mscclang.config import Settings, settings
-from mscclang.plan.call import Call
+from mscclang.plan.call import Call, message_call
 from mscclang.plan.collectives import collective, plan_collective
 from mscclang.plan.dtypes import gpu_dtype
 
@@ -450,7 +450,9 @@ class Communicator:
     def select(self, collective: str, nbytes: int, dtype: Any) -> list[Choice]:
         """The selector's ordered choices for a message of ``nbytes`` (introspection)."""
         self._check_open("select")
-        return self.selector.choices(collective, self.world_size, nbytes, dtype)
+        with comm_errors():
+            return self.selector.choices(message_call(plan_collective(collective), self.world_size, nbytes, dtype,
+                                                      self.rank))
 
     def trace(self) -> Tracing:
         """A context manager recording the per-op GPU timeline of the collectives called inside

@@ -79,7 +79,7 @@ class CallPlan:
 
 
 @contextmanager
-def _comm_errors() -> Iterator[None]:
+def comm_errors() -> Iterator[None]:
     """What the plan layer's call checks refuse, as the communicator's CommError (an InvalidCall)."""
     try:
         yield
@@ -125,7 +125,7 @@ class Planner:
 
     def check_tensor(self, what: str, t: Any) -> None:
         """A tensor argument: a contiguous torch tensor on this communicator's device."""
-        with _comm_errors():
+        with comm_errors():
             check_tensor(t, what, self.rank, self.device, "communicator")
 
     def make_call(self, coll: str, inp: Any, out: Any, op: Any = "sum", accum: Any = None,
@@ -133,7 +133,7 @@ class Planner:
         """The checked call (:func:`mscclang.plan.call.make_call`, this communicator's rank and
         device): the one check of a call's tensors; what it refuses comes back as CommError (an
         InvalidCall), the communicator's error."""
-        with _comm_errors():
+        with comm_errors():
             return make_call(coll, self.rank, self.world_size, self.device, inp, out, op, accum, epi, root=root)
 
     def plan_call(self, call: Call, inp: Any, out: Any) -> CallPlan:
@@ -150,7 +150,6 @@ class Planner:
                             reason=self.runtime_error or "no runtime")
         self._cannot = []
         reason = f"no plan for {coll} of {nbytes} bytes ({call.dtype.name}) on {n} ranks"
-        dtype = inp.dtype
         # 1. the tuning's choices, in order: the first that runs without staging wins; a
         #    torch.distributed choice wins only over the choices after it (a plan listed before
         #    it that needs staging still runs on mscclang: the rule ranked it faster, and staging
@@ -162,8 +161,7 @@ class Planner:
         for phase in (1, 2):
             if phase == 2 and (staged is not None or nccl is not None):
                 break
-            choices = (self.selector.choices(coll, n, nbytes, dtype) if phase == 1
-                       else self.selector.extra_choices(coll, n, nbytes, dtype))
+            choices = self.selector.choices(call) if phase == 1 else self.selector.extra_choices(call)
             for choice in choices:
                 if choice.is_nccl:
                     if not self.has_fallback:
@@ -192,7 +190,7 @@ class Planner:
                 return got
         if self.selector.batch_invariant:
             why = (f"{self._cannot[0]}" + (f", and {len(self._cannot) - 1} more" if len(self._cannot) > 1 else "")
-                   if self._cannot else self.selector.explain(coll, n, nbytes))
+                   if self._cannot else self.selector.explain(call))
             raise self.refuse(call, why)
         return CallPlan(coll, "nccl", None, None, shape, shape, call, reason=reason, registrable=want_reg)
 

@@ -18,10 +18,11 @@ from typing import Any, Optional, Union
 
 from mscclang.errors import InvalidCall
 from mscclang.plan.collectives import BlockShape, Collective, collective as collective_row
-from mscclang.plan.dtypes import EPILOGUE_DTYPES, DtypeInfo, check_reduction, find_dtype, kernel_code, torch_dtype_info
+from mscclang.plan.dtypes import (EPILOGUE_DTYPES, DtypeInfo, check_reduction, find_dtype, gpu_dtype, kernel_code,
+                                  torch_dtype_info)
 from mscclang.plan.models import ReduceOp
 
-__all__ = ["Call", "EpiCall", "FusedArgs", "make_call", "check_tensor", "overlap", "reduce_op_name",
+__all__ = ["Call", "EpiCall", "FusedArgs", "make_call", "message_call", "check_tensor", "overlap", "reduce_op_name",
            "MIN_HIDDEN", "MAX_HIDDEN", "PARTIAL"]
 
 #: the fused collective's hidden sizes: multiples of PARTIAL from MIN_HIDDEN to MAX_HIDDEN
@@ -356,3 +357,11 @@ def sized_call(coll: Union[str, Collective], rank: int, world: int, dtype: Dtype
     epi = EpiCall(0, 0, None, hidden, 0.0) if hidden else None
     return Call(row, rank, world, in_ptr, in_bytes, out_ptr, out_bytes, dtype, opname, acc, in_ptr == out_ptr,
                 shape, epi, _root(row, rank, world, root))
+
+
+def message_call(coll: Union[str, Collective], world: int, nbytes: int, dtype: object, rank: int = 0) -> Call:
+    """The :class:`Call` of a message of ``nbytes`` (the collective's message side, as plans' size
+    ranges and tuning rules name calls) of ``dtype`` (any spelling of a dtype the GPU runs;
+    CommError for another) on ``rank`` of ``world``: what the selector is asked about a size."""
+    row = coll if isinstance(coll, Collective) else collective_row(coll)
+    return sized_call(row, rank, world, gpu_dtype(dtype), *row.call_bytes(world, nbytes))
