@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from mscclang.config import Settings, settings
 from mscclang.errors import CollectiveTimeout, InvalidCall, NotPrepared, PlanError, RuntimeUnavailable
-from mscclang.plan.models import PACKET_OPS, BufferKind, ChannelType, Plan
+from mscclang.plan.models import PACKET_OPS, BufferKind, ChannelType, PacketType, Plan
 from mscclang.plan.call import Call, FusedArgs, check_tensor, make_call, sized_call
 from mscclang.plan.collectives import collective
 from mscclang.plan.dtypes import dtype_info, torch_dtype_code, torch_dtype_info
@@ -205,7 +205,7 @@ class Executor:
             return True
         pkt = packet_code(packet_type) if packet_type is not None else lp.default_packet
         packed = self.contexts.packed(lp, in_bytes, out_bytes)
-        return not (packed.uses_packets and packed.packet_align < (8 if pkt == "ll16" else 4))
+        return not (packed.uses_packets and packed.packet_align < PacketType.of(pkt).align)
 
     def prepare(self, plan: Plan, input: Any, output: Any = None, dtype: Any = None,
                 packet_type: Any = None, reduce_op: Any = None, accum_dtype: Any = None,
