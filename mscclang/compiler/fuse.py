@@ -196,8 +196,8 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None, run: Optio
         return _grow(a, b, run, src=b.src[1:], channels=b.channels, union=True,
                      channel_type=a.channel_type if a.channel_type != ChannelType.none else b.channel_type)
     # reduce + put of its result
-    if na in _REDUCES and nb == OpName.put \
-            and b.channel_type == ChannelType.memory and a.channel_type in (ChannelType.none, ChannelType.memory):
+    if (na in _REDUCES and nb == OpName.put
+            and b.channel_type == ChannelType.memory and a.channel_type in (ChannelType.none, ChannelType.memory)):
         d = a.dst[0]
         writeback = na in (OpName.rre, OpName.rres)
         if all(s == d for s in b.src) and _independent(a, b, allowed=d, spec=spec, writeback=writeback, prior=prior):
@@ -217,8 +217,8 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None, run: Optio
         if b.src == [d] and _independent(a, b, allowed=d, spec=spec, prior=prior):
             return _grow(a, b, run, dst=b.dst, name=OpName.recpkt)
         return None
-    if na in (OpName.recpkt, OpName.recspkt) and nb in (OpName.ppkt, OpName.rppkt) \
-            and b.channel_type == ChannelType.memory:
+    if (na in (OpName.recpkt, OpName.recspkt) and nb in (OpName.ppkt, OpName.rppkt)
+            and b.channel_type == ChannelType.memory):
         fwd = a.dst[0] if nb == OpName.ppkt else a.dst[1]
         if all(s == fwd for s in b.src) and _independent(a, b, allowed=fwd, spec=spec, prior=prior):
             return _grow(a, b, run, dst=b.dst, channels=b.channels, union=True, name=OpName.recspkt,

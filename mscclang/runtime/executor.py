@@ -342,8 +342,8 @@ class Executor:
         if self.launcher.stream_capturing(s) or (reg is not None and (reg.session is not None or reg.verify)):
             return None
         key = self.entries.last_key
-        if key is None or ent.pending is not None or opr.mode == "staged" \
-                or not all(isinstance(b, int) for b in key.buffers()):
+        if (key is None or ent.pending is not None or opr.mode == "staged"
+                or not all(isinstance(b, int) for b in key.buffers())):
             return None   # registered tensors (not symmetric ones): their uses are counted at every call
         return Bound(lp, key, ent, opr, call, describe_call(lp.plan, call.in_bytes, call.out_bytes, call.kernel_code,
                                                             pkt, call.op), pkt, self.entries.epoch, epi)

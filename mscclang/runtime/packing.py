@@ -377,8 +377,8 @@ class _Packer:
         S, D = op.src_buff, op.dst_buff
         norm = op.name == OpName.rmsnorm
         want = (BufferKind.residual, BufferKind.output) if norm else (None, BufferKind.residual)
-        if len(S) != 1 or len(D) != 1 or S[0].type is None or D[0].type != want[1] or \
-                (want[0] is not None and S[0].type != want[0]):
+        if (len(S) != 1 or len(D) != 1 or S[0].type is None or D[0].type != want[1]
+                or (want[0] is not None and S[0].type != want[0])):
             raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({op.name.value}): the GPU runtime "
                             "runs it on one local source and one local destination "
                             + ("(residual -> output)" if norm else "(input/output/scratch -> residual)"), where)

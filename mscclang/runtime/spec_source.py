@@ -493,8 +493,8 @@ def generate(plan: Plan, packed: PackedRank, dtype: str, packet: str, reduce_op:
     ('f16', 'bf16', 'f32', 'i32', 'f8e4m3_a32', ...: :data:`~mscclang.plan.dtypes.KERNEL_CODES`), ``packet`` ('ll16', 'll8') and ``reduce_op`` ('sum', 'min',
     'max'). Raises SpecUnsupported for what it does not specialise (port/switch ops, more than
     ``max_steps`` op segments, parameters over 4 KiB, misaligned packet offsets)."""
-    if dtype not in _DT or packet not in {p.code for p in PacketType} or reduce_op not in _OP \
-            or (kernel_dtype(dtype).accumulates and reduce_op != "sum"):
+    if (dtype not in _DT or packet not in {p.code for p in PacketType} or reduce_op not in _OP
+            or (kernel_dtype(dtype).accumulates and reduce_op != "sum")):
         raise SpecUnsupported(f"unsupported combination {dtype}/{packet}/{reduce_op}")
     rank = packed.rank
     g_plan = plan.gpus[rank]
