@@ -22,10 +22,7 @@ from typing import Any, Optional, Sequence
 
 from mscclang.errors import PlanError
 from mscclang.plan.layout import Layout, Piece, make_layout, make_layouts, pipeline_iterations
-from mscclang.plan.models import (
-    RELAXED_OPS, SEMAPHORE_OPS, SIGNAL_OPS, SYNC_OPS, WAIT_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, PacketType, Plan,
-    ThreadBlock,
-)
+from mscclang.plan.models import RELAXED_OPS, SEMAPHORE_OPS, SIGNAL_OPS, SYNC_OPS, WAIT_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, PacketType, Plan, ThreadBlock
 from mscclang.runtime.device_plan import (
     DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_RADD, DOP_RMSNORM, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE,
     DOP_SIGNAL, DOP_WAIT, FLAG_READS_PACKETS, FLAG_RELAXED, MAX_BLOCK_BYTES, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT,
