@@ -46,13 +46,14 @@ def upward_imports(package: Path = PACKAGE) -> list[str]:
         for node in ast.walk(ast.parse(f.read_text(), str(f))):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                found.append(f"{rel}:{node.lineno} a relative import")
+                continue
+            elif isinstance(node, ast.ImportFrom):
                 targets = [node.module] if node.module != "mscclang" else [
                     f"mscclang.{a.name}" if (package / a.name).exists() or (package / f"{a.name}.py").exists()
                     else "mscclang" for a in node.names]
             else:
-                if isinstance(node, ast.ImportFrom):
-                    found.append(f"{rel}:{node.lineno} a relative import")
                 continue
             for there in {_room(t) for t in targets if t.split(".")[0] == "mscclang"} - {here}:
                 if FLOOR[there] >= FLOOR[here]:
