@@ -516,8 +516,8 @@ class _Checker:
                     raise PlanError(f"{name} copies {s.size} chunk(s) from src_buff[{k}] into "
                                     f"{d.size} chunk(s)", f"{path}.dst_buff[{k}].size")
         else:
-            refs = [("src_buff", k, x) for k, x in enumerate(op.src_buff)] + \
-                   [("dst_buff", k, x) for k, x in enumerate(op.dst_buff)]
+            refs = ([("src_buff", k, x) for k, x in enumerate(op.src_buff)]
+                    + [("dst_buff", k, x) for k, x in enumerate(op.dst_buff)])
             if refs:
                 size0 = refs[0][2].size
                 for side, k, ref in refs[1:]:
