@@ -30,6 +30,7 @@ from mscclang.errors import PlanError, VerificationError
 from mscclang.plan.collectives import CollectiveSpec, spec_from_plan
 from mscclang.plan.models import PACKET_TYPES, SEMAPHORE_OPS, SIGNAL_OPS, WAIT_OPS, BufferKind, ChannelType, OpName, Plan, channel_ordinals, paired_indices
 from mscclang.sim.deadlock import DeadlockMixin
+from mscclang.sim.diagnosis import race_problem
 from mscclang.sim.epilogue import EpilogueParams
 from mscclang.sim.epilogue_exec import EpilogueMixin
 from mscclang.sim.exprs import ExprTable
@@ -37,7 +38,7 @@ from mscclang.sim.packets import PKT_WRITERS, PacketMixin
 from mscclang.sim.ports import PortMixin, Proxy, Trigger
 from mscclang.sim.program import COp, Program
 from mscclang.sim.budget import Deadline
-from mscclang.sim.races import Access, AccessLog, Actor, OpRef, RaceInfo, Unpublished, ordered
+from mscclang.sim.races import Access, AccessLog, Actor, OpRef, RaceInfo, Unpublished
 from mscclang.sim.report import Deadlock, Problem
 from mscclang.sim.schedules import REMOTE_WRITERS, SCHEDULES, ScheduleMixin
 from mscclang.sim.state import SYM_GRANULE, RankMemory
@@ -218,53 +219,10 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
 
     # ---------------------------------------------------------------- problems
     def _on_race(self, info: RaceInfo) -> None:
-        a, b = info.first, info.second
-        key = (a.op, b.op)
-        if key in self._race_keys:
-            return
-        self._race_keys.add(key)
-        kinds = ("write" if a.write else "read", "write" if b.write else "read")
-        hint = ""
-        handover = (a.host and a.op.name.startswith("launch start: scratch")) or \
-            (b.host and b.op.name.startswith("launch start: scratch"))
-        host = a if a.host else b
-        other = b if a.host else a
-        started = host.host and host.op.name.startswith("launch start")
-        if started and other.op.tb <= -2 and other.op.rank == host.op.rank:
-            # a new launch is handed a buffer (scratch, inputs or outputs) its own rank's proxy
-            # still reads or writes for an earlier launch
-            if handover:
-                half = " half" if self.plan.use_double_scratch_buffer else ""
-                what = f"reuses this scratch{half}"
-            else:
-                what = "is handed this buffer"
-            hint = (f" (the launch that {what} is not ordered after this "
-                    "rank's port proxy's access of an earlier launch: a kernel exit does not wait "
-                    "for the proxy; a flush of the channel, in that launch or a later one before "
-                    "the reuse, or an edge from a rank that received the proxy's data would order "
-                    "it)")
-        elif handover:
-            pk = a.packet or b.packet
-            hint = (" (scratch reused by the next launch while a peer writes it with no edge from "
-                    "this rank's current launch" + ("; packet scratch reused across launches needs "
-                    "use_double_scratch_buffer" if pk and not self.plan.use_double_scratch_buffer
-                                                    else "") + ")")
-        elif a.launch != b.launch and ((a.packet and a.write) or (b.packet and b.write)) and \
-                info.storage.endswith(".scr") and not self.plan.use_double_scratch_buffer:
-            hint = (" (packet scratch reused by a later launch: no chain of edges orders the "
-                    "earlier launch's access before the reuse; use_double_scratch_buffer, or an "
-                    "edge from the reader to the writer's next launch, would order it)")
-        elif (a.host and a.op.name.startswith("launch start")) or (b.host and b.op.name.startswith("launch start")):
-            hint = " (a peer touches this rank's buffer with no ready edge from its current launch)"
-        elif (a.host and a.op.name.startswith("launch end")) or (b.host and b.op.name.startswith("launch end")):
-            hint = " (data arrives after the owner may have finished: no signal->wait publishes it)"
-        hint += self._unpublished_hint(info)
-        self.problems.append(Problem(
-            "race",
-            f"{a.op} {kinds[0]}s and {b.op} {kinds[1]}s bytes [{info.start}, {info.end}) of "
-            f"{info.storage} with no happens-before order between them{hint}",
-            details={"first": a.op, "second": b.op, "storage": info.storage,
-                     "range": (info.start, info.end), "exec_ordered": info.exec_ordered}))
+        key = (info.first.op, info.second.op)
+        if key not in self._race_keys:   # one problem per pair of ops
+            self._race_keys.add(key)
+            self.problems.append(race_problem(info, self.unpublished, self.plan.use_double_scratch_buffer))
 
     def problem(self, kind: str, message: str, **details) -> None:
         self.problems.append(Problem(kind, message, details=details))
@@ -437,22 +395,6 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         if len(self.unpublished) < 4096 and (miss := task.actor.missing(thread, vc, rvc)):
             self.unpublished.append(Unpublished(thread, vc.copy(), rvc.copy(), opref, what, miss, via))
         return vc, rvc
-
-    def _unpublished_hint(self, info: RaceInfo) -> str:
-        """Why the later access of a race missed the earlier one, when a thread published
-        without an acquisition that another thread of its block made (and that would have
-        ordered them) and the later access comes after what that thread published (by the proxy
-        that carried it out, for a port request)."""
-        for e in self.unpublished:
-            if e.via is not None and info.second.op.tb <= -2 and info.second.tid != e.via:
-                continue  # a proxy's access: that of the request's own proxy
-            a = next((a for a in e.missing if ordered(info.first, a.vc, a.rvc)), None)
-            if a and info.rvc is not None and not (info.rvc < e.rvc).any() and not ordered(info.first, e.vc, e.rvc):
-                return (f" ({e.what} of {e.op} is sent by thread {e.thread} of its block, which did not make the "
-                        f"wait of {a.op} on {a.what}: thread {a.thread} did; what a thread acquires reaches the "
-                        "block's other threads only at a later nop or barrier)")
-        return ""
-
 
     # ---------------------------------------------------------------- barriers
     def _barrier(self, task: Task, cop: COp) -> Iterator:
