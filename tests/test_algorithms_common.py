@@ -14,6 +14,7 @@ from mscclang.algorithms.common import (
     input_of,
     library_program,
     mesh,
+    mesh_program,
     output_of,
     peers,
     put_to_peers,
@@ -24,6 +25,7 @@ from mscclang.algorithms.common import (
     unpack_packets_from_peers,
 )
 from mscclang.dsl import AllGather, AllReduce, Broadcast, Buffer, BufferType, SyncType
+from mscclang.dsl._context import get_program
 from mscclang.errors import DSLError
 from mscclang.plan.models import OpName
 
@@ -56,6 +58,20 @@ def test_library_program_checks_and_names() -> None:
         library_program("algo", AllGather, 1, 1, False, "LL", 512, None, 0, 1)
     with pytest.raises(DSLError, match="algo: instances must be a positive int, got 0"):
         library_program("algo", AllGather, 2, 0, False, "LL", 512, None, 0, 1)
+
+
+def test_mesh_program_enters_the_program_with_its_channels() -> None:
+    with mesh_program("algo", AllGather, 3, 2, True, "LL", 512, None, 16, 4096, double_scratch=True) as (prog, ch):
+        assert get_program() is prog and prog.name == "algo.r3.i2" and prog.use_double_scratch_buffer
+        assert sorted(ch) == [(s, d) for s in range(3) for d in range(3) if s != d]
+        assert [prog.ir.ranks[r].memory for r in range(3)] == [[1, 2], [0, 2], [0, 1]]
+    with pytest.raises(DSLError, match="no active program"):
+        get_program()
+    with mesh_program("algo", AllGather, 3, 1, False, "LL", 512, None, 0, 1, channels=lambda n: {}) as (prog, ch):
+        assert ch == {} and prog.ir.ranks[0].memory == []
+    with pytest.raises(DSLError, match="algo: ranks must be an int >= 2, got 1"):
+        with mesh_program("algo", AllGather, 1, 1, False, "LL", 512, None, 0, 1):
+            pass
 
 
 def test_output_of_is_the_input_in_place() -> None:

@@ -1,5 +1,6 @@
-"""What ships and what does not: the package imports no test code, only the command line parses
-arguments, and test modules share code through tests/harness and tests/conftest.py only."""
+"""What ships and what does not: the package's rooms import only downwards (the layer table below),
+the package imports no test code, only the command line parses arguments, and test modules share
+code through tests/harness and tests/conftest.py only."""
 
 from __future__ import annotations
 
@@ -19,6 +20,55 @@ def _imports(path: Path) -> set[str]:
             names.add(node.module)
             names.update(f"{node.module}.{a.name}" for a in node.names)
     return names
+
+
+# The package's rooms (a subpackage, or a top-level module), lowest floor first. A room may import
+# only rooms on lower floors: rooms on one floor never import each other.
+LAYERS = [("errors", "units"), ("config",), ("plan",), ("compiler", "sim", "runtime", "viz"), ("dsl",),
+          ("algorithms",), ("comm",), ("distributed", "reference"), ("__init__", "bench"), ("cli",),
+          ("__main__",)]
+FLOOR = {room: floor for floor, rooms in enumerate(LAYERS) for room in rooms}
+
+
+def _room(module: str) -> str:
+    """The room of a dotted module name under ``mscclang`` (``mscclang`` alone is ``__init__``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def upward_imports(package: Path = PACKAGE) -> list[str]:
+    """Every import of the package that does not run down the layer table, as ``file:line a -> b``.
+    Every import counts: module level, inside functions, and under ``if TYPE_CHECKING:``."""
+    found = []
+    for f in sorted(package.rglob("*.py")):
+        rel = f.relative_to(package)
+        here = rel.stem if len(rel.parts) == 1 else rel.parts[0]
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                found.append(f"{rel}:{node.lineno} a relative import")
+                continue
+            elif isinstance(node, ast.ImportFrom):
+                targets = [node.module] if node.module != "mscclang" else [
+                    f"mscclang.{a.name}" if (package / a.name).exists() or (package / f"{a.name}.py").exists()
+                    else "mscclang" for a in node.names]
+            else:
+                continue
+            for there in {_room(t) for t in targets if t.split(".")[0] == "mscclang"} - {here}:
+                if FLOOR[there] >= FLOOR[here]:
+                    found.append(f"{rel}:{node.lineno} {here} -> {there}")
+    return found
+
+
+def test_every_room_of_the_package_is_on_a_floor():
+    rooms = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+             if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert rooms == set(FLOOR)
+
+
+def test_imports_run_down_the_layers_only():
+    assert upward_imports() == []
 
 
 def test_the_package_imports_no_test_code():

@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 
 from mscclang.errors import PlanError
+from mscclang.errors import RuntimeUnavailable
 from mscclang.plan.dtypes import kernel_dtype
 from mscclang.plan.io import load_plan, plan_to_json
 from mscclang.plan.layout import make_layout, total_length
 from mscclang.plan.models import (
     REDUCE_OP_NAMES,
-    BufferRef, ChannelDesc, ChannelType, Op, OpName, RemoteBuffer, ThreadBlockChannels,
+    BufferRef, ChannelDesc, ChannelType, Op, OpName, PacketType, RemoteBuffer, ThreadBlockChannels,
 )
 from mscclang.runtime import build, device_plan as dp, packing as pk, structs
 from mscclang.plan import samples as sp
@@ -37,11 +38,21 @@ def test_every_variant_builds_for_sm90():
     for m in mods:
         assert m.cubin[:4] == b"\x7fELF"
         ops = ("sum",) if kernel_dtype(m.dtype).accumulates else REDUCE_OP_NAMES   # fp8: the sum only
-        assert len(build.PACKET_TYPES) * len(ops) == build.module_kernels(m.dtype)
-        for pkt in build.PACKET_TYPES:
+        assert len(PacketType) * len(ops) == build.module_kernels(m.dtype)
+        for pkt in (p.code for p in PacketType):
             for op in ops:
                 for nt in (1024, 512):
                     assert build.kernel_name(m.dtype, pkt, op, nt).encode() in m.cubin
+
+
+def test_packet_types_name_their_code_and_alignment():
+    from mscclang.runtime.state import packet_code
+
+    assert [(p.code, p.size, p.align) for p in PacketType] == [("ll8", 8, 4), ("ll16", 16, 8)]
+    assert PacketType.of(None) is PacketType.LL16 and PacketType.of("ll8") is PacketType.of(PacketType.LL8)
+    assert packet_code(None) == "ll16" and packet_code(PacketType.LL8) == "ll8" and packet_code("Ll16") == "ll16"
+    with pytest.raises(RuntimeUnavailable, match="unknown packet type 'LL4'; use 'LL8' or 'LL16'"):
+        packet_code("LL4")
 
 
 def test_kernel_variant_by_block_size():

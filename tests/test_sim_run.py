@@ -121,3 +121,24 @@ def test_runahead_lead_is_checked_and_run_accepts_it() -> None:
         outs = run(plan, xs, launches=3, schedule="runahead", seed=seed)
         for o in outs:
             assert np.array_equal(o, xs[0] + xs[1])
+
+
+def test_run_state_numbers_every_thread_once_blocks_then_hosts_then_proxies() -> None:
+    """A run's threads: each rank's blocks in order, then one host per rank, then one proxy per
+    (rank, port channel), in that order; every vector clock has one entry per thread."""
+    from mscclang.plan import load_plan
+    from mscclang.plan.collectives import spec_from_plan
+    from mscclang.plan.models import ChannelType
+    from mscclang.sim.engine import run_state
+    from mscclang.sim.program import sim_program
+
+    plan = load_plan("plans/allgather_port.r4.i1.json")
+    st = run_state(sim_program(plan, 4096, 4 * 4096), spec_from_plan(plan), 0, 4)
+    blocks = [a.tid for acts in st.block_actors for a in acts]
+    hosts = [a.tid for a in st.hosts]
+    proxies = [p.actor.tid for p in st.proxies.values()]
+    assert blocks + hosts + proxies == list(range(st.nthreads)) and st.host_tids == set(hosts)
+    assert len(blocks) == sum(len(g.threadblocks) for g in plan.gpus) and len(hosts) == 4
+    ports = [(r, c) for r, g in enumerate(plan.gpus) for c in range(len(g.peers(ChannelType.port)))]
+    assert ports and list(st.proxies) == ports
+    assert all(len(a.vc) == st.nthreads for a in st.hosts + [p.actor for p in st.proxies.values()])

@@ -19,7 +19,7 @@ from mscclang.algorithms.fused import build_fused_oneshot_ll
 from mscclang.errors import VerificationError
 from mscclang.plan.io import plan_from_dict, plan_to_dict
 from mscclang.plan.models import Plan
-from mscclang.sim import run, verify
+from mscclang.sim import VerifyOptions, run, verify
 from mscclang.sim.epilogue import EpilogueParams
 from mscclang.sim.fused import estimate_fused, run_fused, verify_fused
 
@@ -170,3 +170,27 @@ def test_a_plain_plan_is_verified_at_a_size_given_outside_its_range() -> None:
     tests verify the large-message plans at small sizes); a fused plan's sizes must lie in it."""
     rep = verify(_sized(build_oneshot_ll(2), 0, 64), sizes=[128], schedules=1, dtypes=("float32",))
     assert rep.ok and rep.runs >= 1 and rep.sizes == [128], rep
+
+
+# ------------------------------------------------------------------ the options record
+
+
+def test_verify_takes_the_options_record_and_keywords_replace_its_fields() -> None:
+    """``verify(plan, VerifyOptions(...), k=v)`` is ``verify(plan, ...)`` with that field
+    replaced, for a plain and a fused plan (which gets the record whole); an unknown keyword is
+    a TypeError naming it."""
+    for plan in (build_oneshot_ll(2), _fused(0, 64)):
+        base = VerifyOptions(schedules=2, seed=5, dtypes=("float32",), packet_types=("LL16",), symbolic=False)
+        got = verify(plan, base, seed=3)
+        want = verify(plan, schedules=2, seed=3, dtypes=("float32",), packet_types=("LL16",), symbolic=False)
+        assert got.ok and (got.runs, got.sizes, got.schedules, got.dtypes) == (
+            want.runs, want.sizes, want.schedules, want.dtypes), (got, want)
+        assert base.seed == 5   # the record is not changed
+        with pytest.raises(TypeError, match="shedules"):
+            verify(plan, shedules=2)
+
+
+def test_senders_are_refused_for_a_fused_plan_however_it_is_verified() -> None:
+    for check in (verify, verify_fused):
+        with pytest.raises(VerificationError, match="senders are only meaningful for sendrecv"):
+            check(_fused(), schedules=1, senders=[1, 0])

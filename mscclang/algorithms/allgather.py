@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mscclang.algorithms.common import (data_handshake, get_from_peers, input_of, library_program, mesh,
-                                        output_of, peers, put_to_peers, ready_handshake,
-                                        send_packets_to_peers, unpack_packets_from_peers)
+from mscclang.algorithms.common import (data_handshake, get_from_peers, input_of, mesh_program, output_of,
+                                        peers, put_to_peers, ready_handshake, send_packets_to_peers,
+                                        unpack_packets_from_peers)
 from mscclang.dsl import AllGather, Buffer, Rank
 from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
 
@@ -23,12 +23,10 @@ def build_allgather_ll(ranks: int, instances: int = 1, num_threads_per_block: in
     """LL allgather: thread block ``j`` packs the input into the ``j``-th peer's scratch (slot
     of the sender) and unpacks that peer's packets into its output chunk; block 0 also copies
     the input into the rank's own output chunk (out of place). Double scratch."""
-    prog = library_program("allgather_ll", AllGather, ranks, instances, inplace, "LL", num_threads_per_block,
-                           name, min_message_size, max_message_size, double_scratch=True)
     n = ranks
-    with prog:
+    with mesh_program("allgather_ll", AllGather, ranks, instances, inplace, "LL", num_threads_per_block,
+                      name, min_message_size, max_message_size, double_scratch=True) as (prog, ch):
         scratch = [Buffer(r, n) for r in range(n)]
-        ch = mesh(n)
         for r in range(n):
             inp, out, ps = input_of(r), output_of(r), peers(r, n)
             send_packets_to_peers(ch, r, ps, scratch, src=lambda p: inp[0])
@@ -46,12 +44,10 @@ def build_allgather_simple(ranks: int, instances: int = 1, num_threads_per_block
     output (one multi-source ``get``) and copies its own input (out of place); a final
     signal/wait keeps every rank from reusing its scratch while a peer may still read it. One
     thread block per instance."""
-    prog = library_program("allgather_simple", AllGather, ranks, instances, inplace, "Simple",
-                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    with prog:
+    with mesh_program("allgather_simple", AllGather, ranks, instances, inplace, "Simple",
+                      num_threads_per_block, name, min_message_size, max_message_size) as (prog, ch):
         scratch = [Buffer(r, 1) for r in range(n)]
-        ch = mesh(n)
         for r in range(n):
             rank, inp, out, ps = Rank(r), input_of(r), output_of(r), peers(r, n)
             rank.copy(scratch[r][0], inp[0], tb=0)
@@ -70,11 +66,9 @@ def build_allgather_zero_copy(ranks: int, instances: int = 1, num_threads_per_bl
     its input straight into its chunk of every peer's output (one multi-destination ``put``),
     copies it into its own output (out of place), then signals every peer and waits for theirs.
     One thread block per instance."""
-    prog = library_program("allgather_zero_copy", AllGather, ranks, instances, inplace, "Simple",
-                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    with prog:
-        ch = mesh(n)
+    with mesh_program("allgather_zero_copy", AllGather, ranks, instances, inplace, "Simple",
+                      num_threads_per_block, name, min_message_size, max_message_size) as (prog, ch):
         for r in range(n):
             inp, out, ps = input_of(r), output_of(r), peers(r, n)
             ready_handshake(ch, r, ps, ps, 0)

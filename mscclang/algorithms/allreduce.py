@@ -28,9 +28,10 @@ from __future__ import annotations
 from typing import Optional
 
 from mscclang.algorithms.common import (check_common, data_handshake, input_of, library_program, mesh,
-                                        output_of, peers, put_to_peers, read_reduce, ready_handshake,
-                                        reduce_packets_from_peers, send_packets_to_peers, sender_slot,
-                                        signal_all, stage_peer_chunks, unpack_packets_from_peers, wait_all)
+                                        mesh_program, output_of, peers, put_to_peers, read_reduce,
+                                        ready_handshake, reduce_packets_from_peers, send_packets_to_peers,
+                                        sender_slot, signal_all, stage_peer_chunks,
+                                        unpack_packets_from_peers, wait_all)
 from mscclang.dsl import AllReduce, Buffer, LoopIterationContext, Rank, Semaphore, SyncType, ThreadBlockGroup
 from mscclang.errors import DSLError
 from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
@@ -51,18 +52,16 @@ def build_oneshot_ll(ranks: int, instances: int = 1, num_threads_per_block: int 
     input chunk with the packets every peer sent for that chunk into the output (one ``repkt``).
     Scratch: one slot of ``ranks`` chunks per peer, double buffered. Two ops per block.
     """
-    prog = library_program("allreduce_oneshot_ll", AllReduce, ranks, instances, inplace, "LL",
-                           num_threads_per_block, name, min_message_size, max_message_size,
-                           double_scratch=True)
     n = ranks
 
     def slot(sender: int, receiver: int, c: int) -> int:
         """Where ``sender``'s packets of chunk ``c`` land in ``receiver``'s scratch."""
         return sender_slot(sender, receiver) * n + c
 
-    with prog:
+    with mesh_program("allreduce_oneshot_ll", AllReduce, ranks, instances, inplace, "LL",
+                      num_threads_per_block, name, min_message_size, max_message_size,
+                      double_scratch=True) as (prog, ch):
         scratch = [Buffer(r, (n - 1) * n) for r in range(n)]
-        ch = mesh(n)
         for r in range(n):
             rank, inp, out, ps = Rank(r), input_of(r), output_of(r, inplace), peers(r, n)
             for c in range(n):
@@ -85,13 +84,11 @@ def build_twostep_ll(ranks: int, instances: int = 1, num_threads_per_block: int 
     (``respkt``), and finally unpacks ``p``'s reduced chunk into the output (``upkt``).
     Scratch: ``ranks`` reduce-scatter slots then ``ranks`` all-gather slots, double buffered.
     """
-    prog = library_program("allreduce_twostep_ll", AllReduce, ranks, instances, inplace, "LL",
-                           num_threads_per_block, name, min_message_size, max_message_size,
-                           double_scratch=True)
     n = ranks
-    with prog:
+    with mesh_program("allreduce_twostep_ll", AllReduce, ranks, instances, inplace, "LL",
+                      num_threads_per_block, name, min_message_size, max_message_size,
+                      double_scratch=True) as (prog, ch):
         scratch = [Buffer(r, 2 * n) for r in range(n)]
-        ch = mesh(n)
         for r in range(n):
             inp, out, ps = input_of(r), output_of(r, inplace), peers(r, n)
             group = ThreadBlockGroup(list(range(len(ps))))
@@ -117,12 +114,10 @@ def build_rsag_simple(ranks: int, instances: int = 1, num_threads_per_block: int
     slot per chunk (``ranks`` chunks, slot ``r`` unused on rank ``r``). Peers only ever touch
     each other's scratch. One thread block per instance.
     """
-    prog = library_program("allreduce_rsag_simple", AllReduce, ranks, instances, inplace, "Simple",
-                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    with prog:
+    with mesh_program("allreduce_rsag_simple", AllReduce, ranks, instances, inplace, "Simple",
+                      num_threads_per_block, name, min_message_size, max_message_size) as (prog, ch):
         scratch = [Buffer(r, n) for r in range(n)]
-        ch = mesh(n)
         for r in range(n):
             rank, inp, out, ps = Rank(r), input_of(r), output_of(r, inplace), peers(r, n)
             stage_peer_chunks(r, ps, scratch[r], inp)
@@ -146,11 +141,9 @@ def build_rsag_zero_copy(ranks: int, instances: int = 1, num_threads_per_block: 
     every peer's output (one ``rres``); a final signal/wait publishes the writes and keeps every
     rank alive until its peers are done with its buffers. One thread block per instance.
     """
-    prog = library_program("allreduce_rsag_zero_copy", AllReduce, ranks, instances, inplace, "Simple",
-                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    with prog:
-        ch = mesh(n)
+    with mesh_program("allreduce_rsag_zero_copy", AllReduce, ranks, instances, inplace, "Simple",
+                      num_threads_per_block, name, min_message_size, max_message_size) as (prog, ch):
         for r in range(n):
             inp, out, ps = input_of(r), output_of(r, inplace), peers(r, n)
             ready_handshake(ch, r, ps, ps, 0)

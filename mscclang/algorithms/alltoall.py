@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mscclang.algorithms.common import (data_handshake, get_from_peers, input_of, library_program, mesh,
-                                        output_of, peers, put_to_peers, ready_handshake,
-                                        send_packets_to_peers, stage_peer_chunks, unpack_packets_from_peers)
+from mscclang.algorithms.common import (data_handshake, get_from_peers, input_of, mesh_program, output_of,
+                                        peers, put_to_peers, ready_handshake, send_packets_to_peers,
+                                        stage_peer_chunks, unpack_packets_from_peers)
 from mscclang.dsl import AllToAll, Buffer, Rank
 from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
 
@@ -24,12 +24,10 @@ def build_alltoall_ll(ranks: int, instances: int = 1, num_threads_per_block: int
     peer's scratch (slot of the sender), then unpacks the chunk that peer sent into the output;
     block 0 also copies the rank's own chunk (out of place). Works in place: each block reads a
     chunk before it overwrites it. Double scratch."""
-    prog = library_program("alltoall_ll", AllToAll, ranks, instances, inplace, "LL", num_threads_per_block,
-                           name, min_message_size, max_message_size, double_scratch=True)
     n = ranks
-    with prog:
+    with mesh_program("alltoall_ll", AllToAll, ranks, instances, inplace, "LL", num_threads_per_block,
+                      name, min_message_size, max_message_size, double_scratch=True) as (prog, ch):
         scratch = [Buffer(r, n) for r in range(n)]
-        ch = mesh(n)
         for r in range(n):
             inp, out, ps = input_of(r), output_of(r, inplace), peers(r, n)
             send_packets_to_peers(ch, r, ps, scratch, src=lambda p: inp[p])
@@ -48,12 +46,10 @@ def build_alltoall_simple(ranks: int, instances: int = 1, num_threads_per_block:
     chunk (out of place); a final signal/wait keeps every rank from reusing its scratch while a
     peer may still read it. Works in place (the input is copied before the output is written).
     One thread block per instance."""
-    prog = library_program("alltoall_simple", AllToAll, ranks, instances, inplace, "Simple",
-                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    with prog:
+    with mesh_program("alltoall_simple", AllToAll, ranks, instances, inplace, "Simple",
+                      num_threads_per_block, name, min_message_size, max_message_size) as (prog, ch):
         scratch = [Buffer(r, n) for r in range(n)]
-        ch = mesh(n)
         for r in range(n):
             inp, out, ps = input_of(r), output_of(r, inplace), peers(r, n)
             stage_peer_chunks(r, ps, scratch[r], inp)
@@ -72,11 +68,9 @@ def build_alltoall_zero_copy(ranks: int, instances: int = 1, num_threads_per_blo
     handshake put each peer's chunk of the input straight into that peer's output (one
     multi-destination ``put``), copy the own chunk, then signal every peer and wait for theirs.
     One thread block per instance."""
-    prog = library_program("alltoall_zero_copy", AllToAll, ranks, instances, inplace, "Simple",
-                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    with prog:
-        ch = mesh(n)
+    with mesh_program("alltoall_zero_copy", AllToAll, ranks, instances, inplace, "Simple",
+                      num_threads_per_block, name, min_message_size, max_message_size) as (prog, ch):
         for r in range(n):
             inp, out, ps = input_of(r), output_of(r), peers(r, n)
             ready_handshake(ch, r, ps, ps, 0)

@@ -14,7 +14,8 @@ as callables map a peer rank to the chunk used for that peer.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from mscclang.dsl import (
     BaseBuffer,
@@ -35,7 +36,7 @@ __all__ = [
     "MAX_PORT_REQUESTS", "PortChannels", "check_port_requests", "local_peers", "node_layout", "port_mesh",
     "port_requests", "remote_peers",
     "Channels", "announce_ready", "await_ready", "check_common", "data_handshake", "get_from_peers", "input_of", "library_program",
-    "make_program", "mesh", "output_of", "peers", "plan_name", "put_to_peers", "read_reduce",
+    "make_program", "mesh", "mesh_program", "output_of", "peers", "plan_name", "put_to_peers", "read_reduce",
     "ready_handshake", "reduce_packets_from_peers", "send_packets_to_peers", "sender_slot",
     "signal_all", "stage_peer_chunks", "unpack_packets_from_peers", "wait_all",
 ]
@@ -139,6 +140,18 @@ def mesh(num_ranks: int, pairs: Optional[Sequence[tuple[int, int]]] = None) -> C
     if pairs is None:
         pairs = [(s, d) for s in range(num_ranks) for d in range(num_ranks) if s != d]
     return {(s, d): MemoryChannel(d, s) for s, d in pairs}
+
+
+@contextmanager
+def mesh_program(*args: Any, channels: Callable[[int], Channels] = mesh,
+                 **kw: Any) -> Iterator[tuple[CollectiveProgram, Channels]]:
+    """The prologue of a library builder: :func:`library_program` (same arguments), entered,
+    yielding it with ``channels(ranks)`` made in it (by default :func:`mesh`, a memory channel
+    for every ordered pair of ranks). The block records the ops; ``prog.to_plan()`` after it
+    gives the plan."""
+    prog = library_program(*args, **kw)
+    with prog:
+        yield prog, channels(prog.num_ranks)
 
 
 def port_mesh(pairs: Sequence[tuple[int, int]]) -> PortChannels:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mscclang.algorithms.common import input_of, library_program, mesh, output_of, peers, sender_slot
+from mscclang.algorithms.common import input_of, mesh_program, output_of, peers, sender_slot
 from mscclang.dsl import AllReduceAddRMSNorm, Buffer, Rank
 from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
 
@@ -34,15 +34,13 @@ def build_fused_oneshot_ll(ranks: int, instances: int = 1, num_threads_per_block
     """One-shot fused allreduce + residual + RMSNorm (see the module docstring); ``quant``: the
     norm writes FP8 (never in place: the FP8 output is not the input)."""
     algo = "allreduce_add_rms_norm_oneshot_ll" + ("_fp8" if quant else "")
-    prog = library_program(algo, AllReduceAddRMSNorm, ranks, instances, inplace, "LL", num_threads_per_block,
-                           name, min_message_size, max_message_size, double_scratch=True)
     n = ranks
-    with prog:
+    with mesh_program(algo, AllReduceAddRMSNorm, ranks, instances, inplace, "LL", num_threads_per_block,
+                      name, min_message_size, max_message_size, double_scratch=True) as (prog, ch):
         scratch = [Buffer(r, (n - 1) * n) for r in range(n)]
         for r in range(n):  # packet slots take twice their plain bytes: keep the sums clear of them
             Buffer(r, (n - 1) * n)
         sums = [Buffer(r, n) for r in range(n)]
-        ch = mesh(n)
         for r in range(n):
             rank, inp, out, res, ps = Rank(r), input_of(r), output_of(r, inplace), Rank(r).get_residual_buffer(), peers(r, n)
             for c in range(n):
@@ -61,11 +59,10 @@ def build_fused_twoshot_ll(ranks: int, instances: int = 1, num_threads_per_block
                            max_message_size: int = MAX_MESSAGE_SIZE, quant: bool = False) -> Plan:
     """Two-shot fused allreduce + residual + RMSNorm (see the module docstring)."""
     algo = "allreduce_add_rms_norm_twoshot_ll" + ("_fp8" if quant else "")
-    prog = library_program(algo, AllReduceAddRMSNorm, ranks, instances, inplace, "LL", num_threads_per_block,
-                           name, min_message_size, max_message_size, double_scratch=True, chunk_unit="row",
-                           replicated_residual=True)
     n = ranks
-    with prog:
+    with mesh_program(algo, AllReduceAddRMSNorm, ranks, instances, inplace, "LL", num_threads_per_block,
+                      name, min_message_size, max_message_size, double_scratch=True, chunk_unit="row",
+                      replicated_residual=True) as (prog, ch):
         # per rank: the peers' input chunks, the sum, the peers' normed rows, their residual rows
         parts = [Buffer(r, n - 1) for r in range(n)]
         normed = [Buffer(r, n - 1) for r in range(n)]
@@ -73,7 +70,6 @@ def build_fused_twoshot_ll(ranks: int, instances: int = 1, num_threads_per_block
         for r in range(n):  # packet slots take twice their plain bytes: keep the sum clear of them
             Buffer(r, 3 * (n - 1))
         total = [Buffer(r, 1) for r in range(n)]
-        ch = mesh(n)
         for r in range(n):
             rank, inp, out, res, ps = Rank(r), input_of(r), output_of(r, inplace), Rank(r).get_residual_buffer(), peers(r, n)
             for p in ps:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mscclang.algorithms.common import (data_handshake, input_of, library_program, mesh, peers, read_reduce,
+from mscclang.algorithms.common import (data_handshake, input_of, mesh_program, peers, read_reduce,
                                         ready_handshake, reduce_packets_from_peers, send_packets_to_peers,
                                         stage_peer_chunks)
 from mscclang.dsl import Buffer, Chunk, Rank, ReduceScatter
@@ -31,13 +31,11 @@ def build_reducescatter_ll(ranks: int, instances: int = 1, num_threads_per_block
     """LL reduce-scatter: thread block ``j`` packs the ``j``-th peer's chunk of the input into
     that peer's scratch (slot of the sender); then all blocks (a thread block group) reduce the
     rank's own chunk with every peer's packets into the output (``repkt``). Double scratch."""
-    prog = library_program("reducescatter_ll", ReduceScatter, ranks, instances, inplace, "LL",
-                           num_threads_per_block, name, min_message_size, max_message_size,
-                           double_scratch=True)
     n = ranks
-    with prog:
+    with mesh_program("reducescatter_ll", ReduceScatter, ranks, instances, inplace, "LL",
+                      num_threads_per_block, name, min_message_size, max_message_size,
+                      double_scratch=True) as (prog, ch):
         scratch = [Buffer(r, n) for r in range(n)]
-        ch = mesh(n)
         for r in range(n):
             inp, ps = input_of(r), peers(r, n)
             send_packets_to_peers(ch, r, ps, scratch, src=lambda p: inp[p])
@@ -52,12 +50,10 @@ def build_reducescatter_simple(ranks: int, instances: int = 1, num_threads_per_b
     scratch, signal; after the peers' signals read-reduce the own chunk from every peer's
     scratch and the own input, in rank order, into the output (``rre``); a final signal/wait keeps every rank from reusing its
     scratch while a peer may still read it. One thread block per instance."""
-    prog = library_program("reducescatter_simple", ReduceScatter, ranks, instances, inplace, "Simple",
-                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    with prog:
+    with mesh_program("reducescatter_simple", ReduceScatter, ranks, instances, inplace, "Simple",
+                      num_threads_per_block, name, min_message_size, max_message_size) as (prog, ch):
         scratch = [Buffer(r, n) for r in range(n)]
-        ch = mesh(n)
         for r in range(n):
             inp, ps = input_of(r), peers(r, n)
             stage_peer_chunks(r, ps, scratch[r], inp)
@@ -75,11 +71,9 @@ def build_reducescatter_zero_copy(ranks: int, instances: int = 1, num_threads_pe
     (``rre``);
     a final signal/wait keeps every rank alive until its peers finished reading its input. One
     thread block per instance."""
-    prog = library_program("reducescatter_zero_copy", ReduceScatter, ranks, instances, inplace, "Simple",
-                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    with prog:
-        ch = mesh(n)
+    with mesh_program("reducescatter_zero_copy", ReduceScatter, ranks, instances, inplace, "Simple",
+                      num_threads_per_block, name, min_message_size, max_message_size) as (prog, ch):
         for r in range(n):
             inp, ps = input_of(r), peers(r, n)
             ready_handshake(ch, r, ps, ps, 0)

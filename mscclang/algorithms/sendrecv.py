@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mscclang.algorithms.common import (Channels, data_handshake, input_of, library_program, mesh, output_of,
+from mscclang.algorithms.common import (Channels, data_handshake, input_of, mesh, mesh_program, output_of,
                                         ready_handshake)
 from mscclang.dsl import Buffer, Rank, SendRecv
 from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
@@ -41,12 +41,10 @@ def build_sendrecv_ll(ranks: int, instances: int = 1, num_threads_per_block: int
     launch); otherwise it could run two launches ahead and overwrite packets of the
     double-buffered scratch that the receiver has not read yet. With two ranks every rank
     receives from the rank it sends to, which bounds the lead to one launch."""
-    prog = library_program("sendrecv_ll", SendRecv, ranks, instances, inplace, "LL", num_threads_per_block,
-                           name, min_message_size, max_message_size, double_scratch=True)
     n = ranks
-    with prog:
+    with mesh_program("sendrecv_ll", SendRecv, ranks, instances, inplace, "LL", num_threads_per_block,
+                      name, min_message_size, max_message_size, double_scratch=True, channels=_ring) as (prog, ch):
         scratch = [Buffer(r, 1) for r in range(n)]
-        ch = _ring(n)
         for r in range(n):
             inp, out = input_of(r), output_of(r, inplace)
             nxt, prv = _neighbours(r, n)
@@ -64,12 +62,10 @@ def build_sendrecv_simple(ranks: int, instances: int = 1, num_threads_per_block:
     launch started (relaxed), wait for the next rank's word, put the input into its scratch and
     signal it; wait for the previous rank's data signal and copy the scratch into the output.
     One thread block per instance."""
-    prog = library_program("sendrecv_simple", SendRecv, ranks, instances, inplace, "Simple",
-                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    with prog:
+    with mesh_program("sendrecv_simple", SendRecv, ranks, instances, inplace, "Simple",
+                      num_threads_per_block, name, min_message_size, max_message_size, channels=_ring) as (prog, ch):
         scratch = [Buffer(r, 1) for r in range(n)]
-        ch = _ring(n)
         for r in range(n):
             inp, out = input_of(r), output_of(r, inplace)
             nxt, prv = _neighbours(r, n)
@@ -86,11 +82,9 @@ def build_sendrecv_zero_copy(ranks: int, instances: int = 1, num_threads_per_blo
     """Zero-copy send/recv (symmetric buffers, out of place only): after the relaxed ready word
     of the next rank, put the input straight into its output and signal it; wait for the
     previous rank's signal before finishing. One thread block per instance."""
-    prog = library_program("sendrecv_zero_copy", SendRecv, ranks, instances, inplace, "Simple",
-                           num_threads_per_block, name, min_message_size, max_message_size)
     n = ranks
-    with prog:
-        ch = _ring(n)
+    with mesh_program("sendrecv_zero_copy", SendRecv, ranks, instances, inplace, "Simple",
+                      num_threads_per_block, name, min_message_size, max_message_size, channels=_ring) as (prog, ch):
         for r in range(n):
             nxt, prv = _neighbours(r, n)
             ready_handshake(ch, r, to=[prv], frm=[nxt], tb=0)

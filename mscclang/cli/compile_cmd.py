@@ -114,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
     if function is None and (args.ranks is not None or args.instances is not None
                              or args.protocol is not None):
         function = "program"
-    with warnings.catch_warnings(record=True) as caught, \
-            Progress(None, f"compile {Path(args.program).name}", unit="step", enabled=args.progress) as bar:
+    with (warnings.catch_warnings(record=True) as caught,
+          Progress(None, f"compile {Path(args.program).name}", unit="step", enabled=args.progress) as bar):
         warnings.simplefilter("always", MscclangWarning)
 
         def step(done: int, total: Optional[int], note: str) -> None:

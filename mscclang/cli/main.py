@@ -141,8 +141,8 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
         typos = [(x, did_you_mean(x, known)) for x in (y.split("=")[0] for y in extra)
                  if x.startswith("-") and not _NEGATIVE.match(x)]
         hint = "; ".join(f"{x}: did you mean {near}?" for x, near in typos if near)
-        hint = f" ({hint})" if hint else "" if all(x.startswith("-") for x in extra) else \
-            " (a list is one comma list per option: --sizes 1K,4M)"
+        hint = (f" ({hint})" if hint else "" if all(x.startswith("-") for x in extra)
+                else " (a list is one comma list per option: --sizes 1K,4M)")
         target.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     return args
 
@@ -220,8 +220,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if len(got) == 1:
             raise KeyboardInterrupt
 
-    if ours := threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    if ours := (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
         signal.signal(signal.SIGINT, on_sigint)
     try:
         return _main(argv)

@@ -28,7 +28,7 @@ import numpy as np
 from mscclang.comm.errors import CommError
 from mscclang.config import nccl_env, settings
 from mscclang.errors import InvalidCall
-from mscclang.plan.call import Call
+from mscclang.plan.call import Call, overlap
 from mscclang.plan.collectives import collective as collective_row
 from mscclang.plan.dtypes import ACCUM_DTYPES, gpu_dtype, torch_dtype_info
 from mscclang.plan.reference import fp8_sum_arrays
@@ -44,11 +44,6 @@ def _torch_op(op: str) -> Any:
     import torch.distributed as dist
 
     return {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
-
-
-def _overlap(a: Any, b: Any) -> bool:
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def torch_backend_for(device_type: str) -> str:
@@ -270,7 +265,7 @@ class TorchFallback:
 
         pg = self.own_backend
         if pg is not None:
-            src = inp.clone() if _overlap(inp, out) else inp
+            src = inp.clone() if overlap(inp.data_ptr(), inp.nbytes, out.data_ptr(), out.nbytes) else inp
             pg._allgather_base(out, src).wait()
             return
         getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, inp, group=self.group)   # torch 2.13
@@ -282,7 +277,7 @@ class TorchFallback:
         if pg is not None:
             opts = dist.ReduceScatterOptions()
             opts.reduceOp = _torch_op(op)
-            src = inp.clone() if _overlap(inp, out) else inp
+            src = inp.clone() if overlap(inp.data_ptr(), inp.nbytes, out.data_ptr(), out.nbytes) else inp
             pg._reduce_scatter_base(out, src, opts).wait()
             return
         rs = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)   # torch 2.13's name first
@@ -291,7 +286,7 @@ class TorchFallback:
     def all_to_all(self, inp: Any, out: Any) -> None:
         import torch.distributed as dist
 
-        src = inp.clone() if _overlap(inp, out) else inp
+        src = inp.clone() if overlap(inp.data_ptr(), inp.nbytes, out.data_ptr(), out.nbytes) else inp
         pg = self.own_backend
         if pg is not None:
             pg.alltoall_base(out, src, [], [], dist.AllToAllOptions()).wait()
@@ -336,7 +331,7 @@ class TorchFallback:
         import torch.distributed as dist
 
         nxt, prv = (rank + 1) % world_size, (rank - 1) % world_size
-        src = inp.clone() if _overlap(inp, out) else inp
+        src = inp.clone() if overlap(inp.data_ptr(), inp.nbytes, out.data_ptr(), out.nbytes) else inp
         pg = self.own_backend
         if pg is not None:
             # one all-to-all with uneven splits (everything to rank+1, from rank-1): a single

@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mscclang.compiler.fuse import may_fuse
-from mscclang.compiler.ir import SYNC_AFTER, SYNC_BEFORE, SYNC_OP_NAMES, IROp, IRProgram
+from mscclang.compiler.ir import SYNC_AFTER, SYNC_BEFORE, IROp, IRProgram
 from mscclang.compiler.meter import report, reporting
 from mscclang.config import Settings, settings
 from mscclang.errors import LimitError
-from mscclang.plan.models import REDUCE_OPS, OpName
+from mscclang.plan.models import REDUCE_OPS, SYNC_OPS, OpName
 from mscclang.units import format_bytes
 
 __all__ = ["check_ranks", "check_ops", "check_plan", "estimate_plan", "PlanEstimate", "reporting", "report",
@@ -165,7 +165,7 @@ def _tally(ops: list[IROp], fusion: bool, remotes: set, t: _Tally) -> None:
             close()
             head, syncs = op, 0
             t.refs += len(op.src) + len(op.dst)
-        if op.name in SYNC_OP_NAMES:
+        if op.name in SYNC_OPS:
             syncs |= op.data_sync
     close()
 

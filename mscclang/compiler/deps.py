@@ -34,10 +34,10 @@ from typing import Optional
 
 import networkx as nx
 
-from mscclang.compiler.ir import IROp, IRProgram
+from mscclang.compiler.ir import IROp, IRProgram, signal_side
 from mscclang.compiler.validate import channel_pairs
 from mscclang.errors import CompileError
-from mscclang.plan.models import BufferKind, ChannelType, OpName
+from mscclang.plan.models import BufferKind, OpName
 
 Node = tuple
 
@@ -123,16 +123,9 @@ def build_graph(ir: IRProgram) -> nx.DiGraph:
     wai: dict[tuple, list[Node]] = defaultdict(list)
     for (rank, _t), flat in flat_by_tb.items():
         for node, op in flat:
-            if op.channel_type not in (ChannelType.memory, ChannelType.port):
-                continue
-            is_sig = op.name in (OpName.signal, OpName.rlxsignal) or (
-                op.channel_type == ChannelType.port and op.name in (OpName.pws, OpName.pwsf))
-            is_wait = op.name in (OpName.wait, OpName.rlxwait)
-            for c in op.channels:
-                if is_sig:
-                    sig[(rank, op.channel_type, c)].append(node)
-                elif is_wait:
-                    wai[(rank, op.channel_type, c)].append(node)
+            side = signal_side(op)
+            for c in op.channels if side else ():
+                (sig if side == "signal" else wai)[(rank, op.channel_type, c)].append(node)
     pairs = channel_pairs(ir)
     for (rank, ctype, c), sends in sig.items():
         pj = pairs.get((rank, ctype, c))

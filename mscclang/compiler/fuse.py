@@ -45,16 +45,15 @@ from typing import Optional
 from mscclang.compiler.ir import SYNC_AFTER, Access, AccessIndex, IROp, IRProgram, Ref, accesses, alias_range
 from mscclang.compiler.meter import each_rank
 from mscclang.plan.collectives import CollectiveSpec
-from mscclang.plan.models import ChannelType, OpName
+from mscclang.plan.models import SEMAPHORE_OPS, SYNC_OPS, ChannelType, OpName
 
-_CHANNEL_SYNC = frozenset({OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait, OpName.flush})
-_SEM = frozenset({OpName.sem_acquire, OpName.sem_release})
+_CHANNEL_SYNC = SYNC_OPS - SEMAPHORE_OPS
 _PUTS = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.ppkt})
 _REDUCES = (OpName.re, OpName.res, OpName.rre, OpName.rres)
 #: (a, b): the kinds of op some rule may merge (``b`` into ``a``)
 _KINDS = frozenset({(OpName.nop, OpName.nop), (OpName.nop, OpName.barrier), (OpName.barrier, OpName.nop),
                     (OpName.pipeline, OpName.nop), (OpName.repkt, OpName.cpkt), (OpName.glre, OpName.gstore)}
-                   | {(n, n) for n in _CHANNEL_SYNC | _SEM | _PUTS | {OpName.get, OpName.rppkt, OpName.re,
+                   | {(n, n) for n in SYNC_OPS | _PUTS | {OpName.get, OpName.rppkt, OpName.re,
                                                                         OpName.repkt, OpName.rre}}
                    | {(n, OpName.put) for n in _REDUCES}
                    | {(n, OpName.ppkt) for n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt)}
@@ -167,14 +166,14 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None, run: Optio
         return a
     if na == OpName.pipeline and nb == OpName.nop and a.body:
         last = a.body[-1]
-        if last.name == OpName.nop or (last.name in _CHANNEL_SYNC | _SEM and last.data_sync & SYNC_AFTER):
+        if last.name == OpName.nop or (last.name in SYNC_OPS and last.data_sync & SYNC_AFTER):
             return a
     # channel sync ops
     if na in _CHANNEL_SYNC and nb == na and a.channel_type == b.channel_type:
         if not (run.channels if run else set(a.channels)).isdisjoint(b.channels):
             return None
         return _grow(a, b, run, channels=b.channels, data_sync=a.data_sync | b.data_sync)
-    if na in _SEM and nb == na:
+    if na in SEMAPHORE_OPS and nb == na:
         if not (run.semaphores if run else set(a.semaphores)).isdisjoint(b.semaphores):
             return None
         return _grow(a, b, run, semaphores=b.semaphores, data_sync=a.data_sync | b.data_sync)
@@ -197,8 +196,8 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None, run: Optio
         return _grow(a, b, run, src=b.src[1:], channels=b.channels, union=True,
                      channel_type=a.channel_type if a.channel_type != ChannelType.none else b.channel_type)
     # reduce + put of its result
-    if na in _REDUCES and nb == OpName.put \
-            and b.channel_type == ChannelType.memory and a.channel_type in (ChannelType.none, ChannelType.memory):
+    if (na in _REDUCES and nb == OpName.put
+            and b.channel_type == ChannelType.memory and a.channel_type in (ChannelType.none, ChannelType.memory)):
         d = a.dst[0]
         writeback = na in (OpName.rre, OpName.rres)
         if all(s == d for s in b.src) and _independent(a, b, allowed=d, spec=spec, writeback=writeback, prior=prior):
@@ -218,8 +217,8 @@ def try_fuse(a: IROp, b: IROp, spec: Optional[CollectiveSpec] = None, run: Optio
         if b.src == [d] and _independent(a, b, allowed=d, spec=spec, prior=prior):
             return _grow(a, b, run, dst=b.dst, name=OpName.recpkt)
         return None
-    if na in (OpName.recpkt, OpName.recspkt) and nb in (OpName.ppkt, OpName.rppkt) \
-            and b.channel_type == ChannelType.memory:
+    if (na in (OpName.recpkt, OpName.recspkt) and nb in (OpName.ppkt, OpName.rppkt)
+            and b.channel_type == ChannelType.memory):
         fwd = a.dst[0] if nb == OpName.ppkt else a.dst[1]
         if all(s == fwd for s in b.src) and _independent(a, b, allowed=fwd, spec=spec, prior=prior):
             return _grow(a, b, run, dst=b.dst, channels=b.channels, union=True, name=OpName.recspkt,

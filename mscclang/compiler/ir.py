@@ -19,18 +19,23 @@ from dataclasses import dataclass, field, replace
 from typing import Iterator, Optional, Sequence
 
 from mscclang.plan.collectives import CollectiveSpec
-from mscclang.plan.models import BufferKind, ChannelType, OpName, ReduceOp
+from mscclang.plan.models import PUT_SIGNAL_OPS, SIGNAL_OPS, WAIT_OPS, BufferKind, ChannelType, OpName, ReduceOp
 
 # Data-sync bits (same values as mscclang.dsl.types.SyncType; kept as ints here so that the
 # compiler does not import the DSL).
 SYNC_BEFORE = 1
 SYNC_AFTER = 2
 
-#: ops that are executed by one thread per channel/semaphore and honour ``data_sync``
-SYNC_OP_NAMES = frozenset({
-    OpName.signal, OpName.rlxsignal, OpName.wait, OpName.rlxwait, OpName.flush,
-    OpName.sem_acquire, OpName.sem_release,
-})
+
+def signal_side(op: IROp) -> Optional[str]:
+    """Which end of a channel's signal/wait pairing ``op`` is, by the plan's op table:
+    ``"signal"`` (a signal, or a put-with-signal on a port channel), ``"wait"``, or None (any
+    other op, and every op off the memory and port channels)."""
+    if op.channel_type not in (ChannelType.memory, ChannelType.port):
+        return None
+    if op.name in SIGNAL_OPS or (op.channel_type == ChannelType.port and op.name in PUT_SIGNAL_OPS):
+        return "signal"
+    return "wait" if op.name in WAIT_OPS else None
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mscclang.compiler.ir import SYNC_AFTER, SYNC_BEFORE, SYNC_OP_NAMES, IROp, IRProgram
+from mscclang.compiler.ir import SYNC_AFTER, SYNC_BEFORE, IROp, IRProgram
 from mscclang.compiler.meter import each_rank
-from mscclang.plan.models import OpName
+from mscclang.plan.models import SYNC_OPS, OpName
 
 
 def merge_syncs(ops: list[IROp]) -> list[IROp]:
@@ -39,10 +39,10 @@ def sync_ops(ops: list[IROp]) -> list[IROp]:
     for op in ops:
         if op.body is not None:
             op = replace(op, body=sync_ops(op.body))
-        if op.name in SYNC_OP_NAMES and op.data_sync & SYNC_BEFORE:
+        if op.name in SYNC_OPS and op.data_sync & SYNC_BEFORE:
             out.append(IROp(OpName.nop, origin=f"sync before {op.describe()}", source=op.source))
         out.append(op)
-        if op.name in SYNC_OP_NAMES and op.data_sync & SYNC_AFTER:
+        if op.name in SYNC_OPS and op.data_sync & SYNC_AFTER:
             out.append(IROp(OpName.nop, origin=f"sync after {op.describe()}", source=op.source))
     return merge_syncs(out)
 

@@ -31,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
-from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref, op_where
+from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref, op_where, signal_side
 from mscclang.compiler.meter import each_rank
 from mscclang.compiler.replicate import check_interleaved_ranges
 from mscclang.compiler.source import user_frame, user_stacklevel
@@ -185,19 +185,12 @@ def signal_wait_counts(ir: IRProgram, sources: Optional[dict] = None) -> tuple[C
             if op.body is not None:
                 visit(rank, op.body, op.iter_context)
                 continue
-            if op.channel_type not in (ChannelType.memory, ChannelType.port):
-                continue
-            is_sig = op.name in (OpName.signal, OpName.rlxsignal) or (
-                op.channel_type == ChannelType.port and op.name in (OpName.pws, OpName.pwsf))
-            is_wait = op.name in (OpName.wait, OpName.rlxwait)
-            for c in op.channels:
+            side = signal_side(op)
+            for c in op.channels if side else ():
                 key = (rank, op.channel_type, c, ctx)
-                if is_sig:
-                    sig[key] += 1
-                elif is_wait:
-                    wai[key] += 1
-                if sources is not None and (is_sig or is_wait):
-                    sources.setdefault(("signal" if is_sig else "wait", key), op.source)
+                (sig if side == "signal" else wai)[key] += 1
+                if sources is not None:
+                    sources.setdefault((side, key), op.source)
 
     for r in ir.ranks:
         for ops in r.tbs:

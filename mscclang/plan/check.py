@@ -184,7 +184,108 @@ def _kind_name(kind: BufferKind) -> str:
             BufferKind.residual: "residual", BufferKind.weight: "weight"}[kind]
 
 
+def _check_fields(plan: Plan) -> None:
+    """The plan's own fields: at least one rank, and ``root``, ``replicated_residual``,
+    ``chunk_unit`` and epilogue ops only for the collectives they are about."""
+    if not plan.gpus:
+        raise PlanError("a plan needs at least one rank", "gpus")
+    row = TABLE.get(plan.collective)
+    rooted, fused = row is not None and row.rooted, row is not None and row.fused
+    if plan.root is not None and not rooted:
+        raise PlanError(f"'root' is only meaningful for broadcast, not {plan.collective}", "root")
+    if plan.replicated_residual is not None and not fused:
+        raise PlanError(f"'replicated_residual' is about the residual of {FUSED_NORM} plans, not "
+                        f"{plan.collective}", "replicated_residual")
+    if fused and not plan.has_epilogue_ops():
+        raise PlanError(f"an {FUSED_NORM} plan adds the residual and normalises: it needs radd and rmsnorm "
+                        "ops (docs/semantics.md, \"Epilogue ops\")", "collective")
+    if plan.chunk_unit is not None and not fused:
+        raise PlanError(f"'chunk_unit' \"row\" cuts chunks at rows of the epilogue's hidden size: only "
+                        f"{FUSED_NORM} plans have rows, not {plan.collective}", "chunk_unit")
+
+
+def _check_packet_alignment(plan: Plan) -> None:
+    """Packet offsets are multiples of the alignment (chunk slots), of 8 (thread-block
+    group shares) and of a pipeline's ``unit_size`` (its slices). An LL16 packet carries 8
+    payload bytes, so a plan with packet ops needs ``buffer_alignment`` of at least 8 and
+    packet pipelines a ``unit_size`` divisible by 8, as the GPU's device plan does."""
+    first: Optional[str] = None
+    for path, op in iter_op_paths(plan):
+        if op.name in PACKET_OPS and first is None:
+            first = path
+        if op.name == OpName.pipeline and op.iter_context is not None and op.iter_context.unit_size % 8:
+            inner = [o.name.value for o in op.ops or [] if o.name in PACKET_OPS]
+            if inner:
+                raise PlanError(f"a pipeline with packet ops ({inner[0]}) needs unit_size divisible "
+                                f"by 8 (the payload of one LL16 packet), got {op.iter_context.unit_size}",
+                                f"{path}.iter_context.unit_size")
+    a = plan.buffer_alignment
+    if first is not None and a < 8:
+        raise PlanError(f"a plan with packet ops (the first at {first}) needs buffer_alignment of at "
+                        f"least 8 (the payload of one LL16 packet), got {a}", "buffer_alignment")
+
+
+def _check_double_scratch(plan: Plan) -> None:
+    """With double scratch a launch picks a half of every scratch it touches, the peer's too,
+    by the same offset rule: every rank must have the same scratch chunk count."""
+    if not plan.use_double_scratch_buffer:
+        return
+    first = plan.gpus[0].scratch_chunks
+    for r, gpu in enumerate(plan.gpus):
+        if gpu.scratch_chunks != first:
+            raise PlanError(
+                f"use_double_scratch_buffer needs the same scratch_chunks on every rank: rank {r} "
+                f"has {gpu.scratch_chunks}, rank 0 has {first} (give every rank the largest count)",
+                f"gpus[{r}].scratch_chunks")
+
+
+def _check_reduce_ops(plan: Plan) -> None:
+    """A launch runs one reduce op: the reductions that name one must agree (with the
+    plan's ``reduce_op`` when it is set)."""
+    want = plan.reduce_op
+    where = "reduce_op" if want is not None else None
+    for path, op in iter_op_paths(plan):
+        if op.reduce_op is None:
+            continue
+        if want is None:
+            want, where = op.reduce_op, f"{path}.reduce_op"
+        elif op.reduce_op != want:
+            raise PlanError(f"this op reduces with {op.reduce_op.value} but {where} says {want.value}: "
+                            "one launch runs one reduce op", f"{path}.reduce_op")
+
+
+def _check_collective(plan: Plan) -> None:
+    """Every rank's input and output chunk counts are the collective's (an in-place plan whose
+    input is its whole output may leave one of them 0), and ``chunk_factor`` is positive."""
+    try:
+        spec = spec_from_plan(plan)
+    except PlanError as e:
+        raise PlanError(e.message, e.path or "collective") from None
+    if plan.chunk_factor is not None and plan.chunk_factor < 1:
+        raise PlanError(f"chunk_factor must be positive, got {plan.chunk_factor}", "chunk_factor")
+    full_alias = (spec.inplace and spec.input_in_output(0) == 0
+                  and spec.input_chunks == spec.output_chunks)
+    for r, gpu in enumerate(plan.gpus):
+        cin, cout = gpu.input_chunks, gpu.output_chunks
+        ok_in = cin == spec.input_chunks or (full_alias and cin == 0 and cout == spec.output_chunks)
+        ok_out = cout == spec.output_chunks or (full_alias and cout == 0 and cin == spec.input_chunks)
+        if not ok_in:
+            raise PlanError(
+                f"rank {r} has {cin} input chunks but {spec.name} over {spec.num_ranks} ranks "
+                f"with chunk factor {spec.chunk_factor} needs {spec.input_chunks}",
+                f"gpus[{r}].input_chunks")
+        if not ok_out:
+            raise PlanError(
+                f"rank {r} has {cout} output chunks but {spec.name} over {spec.num_ranks} ranks "
+                f"with chunk factor {spec.chunk_factor} needs {spec.output_chunks}",
+                f"gpus[{r}].output_chunks")
+
+
 class _Checker:
+    """The checks of each rank of a plan (:meth:`check_gpu`: its channels, remote buffers,
+    thread blocks, ops and their operands, barriers and thread-block groups), with the per-rank
+    lookups its ops repeat; the plan-level checks are the functions above."""
+
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.n = len(plan.gpus)
@@ -205,103 +306,6 @@ class _Checker:
         if got is None:
             got = self._switch[gpu.id] = gpu.switch_groups()
         return got
-
-    # ------------------------------------------------------------------ plan level
-    def run(self) -> None:
-        plan = self.plan
-        if not plan.gpus:
-            raise PlanError("a plan needs at least one rank", "gpus")
-        row = TABLE.get(plan.collective)
-        rooted, fused = row is not None and row.rooted, row is not None and row.fused
-        if plan.root is not None and not rooted:
-            raise PlanError(f"'root' is only meaningful for broadcast, not {plan.collective}", "root")
-        if plan.replicated_residual is not None and not fused:
-            raise PlanError(f"'replicated_residual' is about the residual of {FUSED_NORM} plans, not "
-                            f"{plan.collective}", "replicated_residual")
-        if fused and not plan.has_epilogue_ops():
-            raise PlanError(f"an {FUSED_NORM} plan adds the residual and normalises: it needs radd and rmsnorm "
-                            "ops (docs/semantics.md, \"Epilogue ops\")", "collective")
-        if plan.chunk_unit is not None and not fused:
-            raise PlanError(f"'chunk_unit' \"row\" cuts chunks at rows of the epilogue's hidden size: only "
-                            f"{FUSED_NORM} plans have rows, not {plan.collective}", "chunk_unit")
-        self.check_collective()
-        for r, gpu in enumerate(plan.gpus):
-            self.check_gpu(r, gpu)
-        self.check_reduce_ops()
-        self.check_double_scratch()
-        self.check_packet_alignment()
-
-    def check_packet_alignment(self) -> None:
-        """Packet offsets are multiples of the alignment (chunk slots), of 8 (thread-block
-        group shares) and of a pipeline's ``unit_size`` (its slices). An LL16 packet carries 8
-        payload bytes, so a plan with packet ops needs ``buffer_alignment`` of at least 8 and
-        packet pipelines a ``unit_size`` divisible by 8, as the GPU's device plan does."""
-        first: Optional[str] = None
-        for path, op in iter_op_paths(self.plan):
-            if op.name in PACKET_OPS and first is None:
-                first = path
-            if op.name == OpName.pipeline and op.iter_context is not None and op.iter_context.unit_size % 8:
-                inner = [o.name.value for o in op.ops or [] if o.name in PACKET_OPS]
-                if inner:
-                    raise PlanError(f"a pipeline with packet ops ({inner[0]}) needs unit_size divisible "
-                                    f"by 8 (the payload of one LL16 packet), got {op.iter_context.unit_size}",
-                                    f"{path}.iter_context.unit_size")
-        a = self.plan.buffer_alignment
-        if first is not None and a < 8:
-            raise PlanError(f"a plan with packet ops (the first at {first}) needs buffer_alignment of at "
-                            f"least 8 (the payload of one LL16 packet), got {a}", "buffer_alignment")
-
-    def check_double_scratch(self) -> None:
-        """With double scratch a launch picks a half of every scratch it touches, the peer's too,
-        by the same offset rule: every rank must have the same scratch chunk count."""
-        if not self.plan.use_double_scratch_buffer:
-            return
-        first = self.plan.gpus[0].scratch_chunks
-        for r, gpu in enumerate(self.plan.gpus):
-            if gpu.scratch_chunks != first:
-                raise PlanError(
-                    f"use_double_scratch_buffer needs the same scratch_chunks on every rank: rank {r} "
-                    f"has {gpu.scratch_chunks}, rank 0 has {first} (give every rank the largest count)",
-                    f"gpus[{r}].scratch_chunks")
-
-    def check_reduce_ops(self) -> None:
-        """A launch runs one reduce op: the reductions that name one must agree (with the
-        plan's ``reduce_op`` when it is set)."""
-        want = self.plan.reduce_op
-        where = "reduce_op" if want is not None else None
-        for path, op in iter_op_paths(self.plan):
-            if op.reduce_op is None:
-                continue
-            if want is None:
-                want, where = op.reduce_op, f"{path}.reduce_op"
-            elif op.reduce_op != want:
-                raise PlanError(f"this op reduces with {op.reduce_op.value} but {where} says {want.value}: "
-                                "one launch runs one reduce op", f"{path}.reduce_op")
-
-    def check_collective(self) -> None:
-        plan = self.plan
-        try:
-            spec = spec_from_plan(plan)
-        except PlanError as e:
-            raise PlanError(e.message, e.path or "collective") from None
-        if plan.chunk_factor is not None and plan.chunk_factor < 1:
-            raise PlanError(f"chunk_factor must be positive, got {plan.chunk_factor}", "chunk_factor")
-        full_alias = (spec.inplace and spec.input_in_output(0) == 0
-                      and spec.input_chunks == spec.output_chunks)
-        for r, gpu in enumerate(plan.gpus):
-            cin, cout = gpu.input_chunks, gpu.output_chunks
-            ok_in = cin == spec.input_chunks or (full_alias and cin == 0 and cout == spec.output_chunks)
-            ok_out = cout == spec.output_chunks or (full_alias and cout == 0 and cin == spec.input_chunks)
-            if not ok_in:
-                raise PlanError(
-                    f"rank {r} has {cin} input chunks but {spec.name} over {spec.num_ranks} ranks "
-                    f"with chunk factor {spec.chunk_factor} needs {spec.input_chunks}",
-                    f"gpus[{r}].input_chunks")
-            if not ok_out:
-                raise PlanError(
-                    f"rank {r} has {cout} output chunks but {spec.name} over {spec.num_ranks} ranks "
-                    f"with chunk factor {spec.chunk_factor} needs {spec.output_chunks}",
-                    f"gpus[{r}].output_chunks")
 
     # ------------------------------------------------------------------ rank level
     def check_gpu(self, r: int, gpu: Gpu) -> None:
@@ -516,8 +520,8 @@ class _Checker:
                     raise PlanError(f"{name} copies {s.size} chunk(s) from src_buff[{k}] into "
                                     f"{d.size} chunk(s)", f"{path}.dst_buff[{k}].size")
         else:
-            refs = [("src_buff", k, x) for k, x in enumerate(op.src_buff)] + \
-                   [("dst_buff", k, x) for k, x in enumerate(op.dst_buff)]
+            refs = ([("src_buff", k, x) for k, x in enumerate(op.src_buff)]
+                    + [("dst_buff", k, x) for k, x in enumerate(op.dst_buff)])
             if refs:
                 size0 = refs[0][2].size
                 for side, k, ref in refs[1:]:
@@ -699,7 +703,14 @@ def validate_plan(plan: Plan) -> None:
     returns ``None`` when the plan is consistent. See the module docstring for what is checked.
     """
     check_format(plan)
-    _Checker(plan).run()
+    _check_fields(plan)
+    _check_collective(plan)
+    checker = _Checker(plan)
+    for r, gpu in enumerate(plan.gpus):
+        checker.check_gpu(r, gpu)
+    _check_reduce_ops(plan)
+    _check_double_scratch(plan)
+    _check_packet_alignment(plan)
 
 
 def iter_op_paths(plan: Plan) -> Sequence[tuple[str, Op]]:

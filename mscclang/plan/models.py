@@ -128,8 +128,33 @@ class ReduceOp(str, Enum):
 
 
 class PacketType(str, Enum):
+    """An LL packet format, named by its packet size in bytes: ``LL16`` (the default: two 4-byte
+    data words, each with its flag) or ``LL8`` (one data word and its flag). Half of a packet is
+    payload, and packet offsets must be aligned to it (:attr:`align`)."""
+
     LL8 = "LL8"
     LL16 = "LL16"
+
+    @property
+    def code(self) -> str:
+        """The runtime's spelling in kernel names and specialisations: ``"ll8"``, ``"ll16"``."""
+        return self.value.lower()
+
+    @property
+    def size(self) -> int:
+        """The bytes of one packet, the number in its name: LL16 16, LL8 8."""
+        return int(self.value[2:])
+
+    @property
+    def align(self) -> int:
+        """The payload bytes of one packet, the alignment its packet offsets need: LL16 8, LL8 4."""
+        return self.size // 2
+
+    @classmethod
+    def of(cls, p: object) -> "PacketType":
+        """The packet type named by ``p``: a PacketType, or its name in any case (``"ll8"``);
+        ``None`` is the default, LL16. ValueError for anything else."""
+        return cls.LL16 if p is None else cls(str(getattr(p, "value", p)).upper())
 
 
 SIGNAL_OPS = frozenset({OpName.signal, OpName.rlxsignal})

@@ -23,13 +23,12 @@ from typing import Optional, Sequence
 from mscclang.config import settings
 from mscclang.errors import RuntimeUnavailable
 from mscclang.plan.dtypes import EPILOGUE_DTYPES, KERNEL_CODES, dtype_info, kernel_dtype
-from mscclang.plan.models import REDUCE_OP_NAMES
+from mscclang.plan.models import REDUCE_OP_NAMES, PacketType
 
 _log = logging.getLogger("mscclang.runtime")
 
 #: kernel dtype codes the kernels are built for (:data:`mscclang.plan.dtypes.KERNEL_CODES`)
 DTYPES = KERNEL_CODES
-PACKET_TYPES = ("ll16", "ll8")
 #: dtypes whose modules also hold the epilogue kernels (activation dtypes of fused plans)
 EPI_DTYPES = tuple(dtype_info(d).code for d in EPILOGUE_DTYPES)
 _DT_MACRO = {c: f"DT_{c.upper()}" for c in DTYPES}
@@ -43,7 +42,7 @@ FP8_MIN_ARCH = 89
 def module_kernels(dtype: str) -> int:
     """How many kernels (per block-size bound) the module of kernel code ``dtype`` holds: every
     packet type x reduce op, fp8 the sum only."""
-    return len(PACKET_TYPES) * (1 if kernel_dtype(dtype).accumulates else len(REDUCE_OP_NAMES))
+    return len(PacketType) * (1 if kernel_dtype(dtype).accumulates else len(REDUCE_OP_NAMES))
 
 
 BLOCK_VARIANTS = (1024, 512)  # __launch_bounds__ of the kernel variants (kernels.cu)

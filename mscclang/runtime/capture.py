@@ -99,8 +99,8 @@ class CaptureGlue:
             rin.uses += 1
         if isinstance(rout, Region) and rout is not rin:
             rout.uses += 1
-        if ((isinstance(rin, Region) and not rin.pinned) or (isinstance(rout, Region) and not rout.pinned)) \
-                and self._capturing_now():
+        if (((isinstance(rin, Region) and not rin.pinned) or (isinstance(rout, Region) and not rout.pinned))
+                and self._capturing_now()):
             reg.pin(rin, rout)
         self.hook()
         return got

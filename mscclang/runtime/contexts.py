@@ -187,8 +187,8 @@ class ContextPool:
         key = (id(ctx), id(sym_in), id(sym_out))
         bases = (_bases(sym_in), _bases(sym_out))
         got = None if port else lp.addresses.get(key)
-        if got is not None and got.ctx is ctx and got.sym_in is sym_in and got.sym_out is sym_out \
-                and got.bases == bases:
+        if (got is not None and got.ctx is ctx and got.sym_in is sym_in and got.sym_out is sym_out
+                and got.bases == bases):
             return got.addr
         plan = lp.plan
         r = self.comm.rank

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from mscclang.config import Settings, settings
 from mscclang.errors import CollectiveTimeout, InvalidCall, NotPrepared, PlanError, RuntimeUnavailable
-from mscclang.plan.models import PACKET_OPS, BufferKind, ChannelType, Plan
+from mscclang.plan.models import PACKET_OPS, BufferKind, ChannelType, PacketType, Plan
 from mscclang.plan.call import Call, FusedArgs, check_tensor, make_call, sized_call
 from mscclang.plan.collectives import collective
 from mscclang.plan.dtypes import dtype_info, torch_dtype_code, torch_dtype_info
@@ -205,7 +205,7 @@ class Executor:
             return True
         pkt = packet_code(packet_type) if packet_type is not None else lp.default_packet
         packed = self.contexts.packed(lp, in_bytes, out_bytes)
-        return not (packed.uses_packets and packed.packet_align < (8 if pkt == "ll16" else 4))
+        return not (packed.uses_packets and packed.packet_align < PacketType.of(pkt).align)
 
     def prepare(self, plan: Plan, input: Any, output: Any = None, dtype: Any = None,
                 packet_type: Any = None, reduce_op: Any = None, accum_dtype: Any = None,
@@ -342,8 +342,8 @@ class Executor:
         if self.launcher.stream_capturing(s) or (reg is not None and (reg.session is not None or reg.verify)):
             return None
         key = self.entries.last_key
-        if key is None or ent.pending is not None or opr.mode == "staged" \
-                or not all(isinstance(b, int) for b in key.buffers()):
+        if (key is None or ent.pending is not None or opr.mode == "staged"
+                or not all(isinstance(b, int) for b in key.buffers())):
             return None   # registered tensors (not symmetric ones): their uses are counted at every call
         return Bound(lp, key, ent, opr, call, describe_call(lp.plan, call.in_bytes, call.out_bytes, call.kernel_code,
                                                             pkt, call.op), pkt, self.entries.epoch, epi)

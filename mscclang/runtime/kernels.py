@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from mscclang.errors import PlanError, RuntimeUnavailable
+from mscclang.plan.models import PacketType
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.build import EPI_DTYPES, block_variant, build_module, find_prebuilt, kernel_name
 from mscclang.runtime.spec_build import SpecBuilder
@@ -119,7 +120,7 @@ class KernelCache:
         ``smem`` bytes of dynamic shared memory can run: packet offsets aligned for the packet
         type, the shared-memory attribute set above 48 KiB, every block co-resident (cross-block
         waits need it). ``where`` names the rank (and call) in the message."""
-        need = 8 if packet == "ll16" else 4
+        need = PacketType.of(packet).align
         if uses_packets and packet_align < need:
             raise PlanError(f"{where}: packet offsets at this size are only {packet_align}-byte aligned; "
                             f"{packet.upper()} needs {need} (raise buffer_alignment or use LL8)")

@@ -22,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 from mscclang.errors import PlanError
 from mscclang.plan.layout import Layout, Piece, make_layout, make_layouts, pipeline_iterations
-from mscclang.plan.models import RELAXED_OPS, SEMAPHORE_OPS, SIGNAL_OPS, SYNC_OPS, WAIT_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, Plan, ThreadBlock
+from mscclang.plan.models import RELAXED_OPS, SEMAPHORE_OPS, SIGNAL_OPS, SYNC_OPS, WAIT_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, PacketType, Plan, ThreadBlock
 from mscclang.runtime.device_plan import (
     DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_RADD, DOP_RMSNORM, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE,
     DOP_SIGNAL, DOP_WAIT, FLAG_READS_PACKETS, FLAG_RELAXED, MAX_BLOCK_BYTES, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT,
@@ -161,7 +161,7 @@ class _Packer:
         self.layout = layout
         self.port = PortPacker(plan, rank)
         self.unit = max(plan.buffer_alignment, 8)
-        self.packet_align = 8
+        self.packet_align = max(p.align for p in PacketType)
         self.uses_packets = False
         self.norms: list[tuple[str, list[tuple[int, int]], tuple[int, int]]] = []
 
@@ -374,8 +374,8 @@ class _Packer:
         S, D = op.src_buff, op.dst_buff
         norm = op.name == OpName.rmsnorm
         want = (BufferKind.residual, BufferKind.output) if norm else (None, BufferKind.residual)
-        if len(S) != 1 or len(D) != 1 or S[0].type is None or D[0].type != want[1] or \
-                (want[0] is not None and S[0].type != want[0]):
+        if (len(S) != 1 or len(D) != 1 or S[0].type is None or D[0].type != want[1]
+                or (want[0] is not None and S[0].type != want[0])):
             raise PlanError(f"rank {self.rank} thread block {tb.id} op {index} ({op.name.value}): the GPU runtime "
                             "runs it on one local source and one local destination "
                             + ("(residual -> output)" if norm else "(input/output/scratch -> residual)"), where)

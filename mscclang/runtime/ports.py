@@ -45,13 +45,6 @@ def is_port_op(op: Op) -> bool:
     return op.channel_type == ChannelType.port or op.name in (OpName.flush, OpName.pws, OpName.pwsf)
 
 
-def port_peers(plan: Plan, rank: int) -> list[tuple[int, int]]:
-    """(peer, ordinal) of each port channel of ``rank`` in index order, as plain pairs:
-    :meth:`mscclang.plan.models.Plan.channel_ordinals` of the port channels. Kept for the
-    executor's callers; new code calls ``plan.channel_ordinals(rank, ChannelType.port)``."""
-    return [(c.peer, c.ordinal) for c in plan.channel_ordinals(rank, ChannelType.port)]
-
-
 def pair_slots(plan: Plan, rank: int, kind: ChannelType) -> dict[tuple[int, int], int]:
     """Slot of each inbound counter of ``rank`` for channels of ``kind``, keyed by (peer,
     ordinal): the peer's ordinal-th channel to this rank signals it, and this rank's ordinal-th

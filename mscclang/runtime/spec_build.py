@@ -151,8 +151,8 @@ def pack_args(layout: ArgsLayout, addr: Addresses, sync: SyncLayout, rank: int) 
     put("bars", sb + sync.barriers)
     put("scratch", addr.scratch_base)
     put("half", addr.scratch_half)
-    if len(addr.peer_abort) != layout.n_peers or len(addr.remote) != layout.n_remote \
-            or len(addr.channels) != layout.n_channels:
+    if (len(addr.peer_abort) != layout.n_peers or len(addr.remote) != layout.n_remote
+            or len(addr.channels) != layout.n_channels):
         raise RuntimeUnavailable("internal: specialised kernel parameters do not match the device plan's tables")
     put("rank_npeers", (rank & 0xFFFFFFFF) | (len(addr.peer_abort) << 32))
     for i, p in enumerate(addr.peer_abort):

@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 from mscclang.config import settings
 from mscclang.errors import SpecUnsupported
 from mscclang.plan.dtypes import EPILOGUE_DTYPES, KERNEL_CODES, kernel_dtype
-from mscclang.plan.models import BufferKind, ChannelType, Plan
+from mscclang.plan.models import BufferKind, ChannelType, PacketType, Plan
 from mscclang.runtime.device_plan import (
     DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_RADD, DOP_RMSNORM, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE,
     DOP_SIGNAL, DOP_WAIT, FLAG_READS_PACKETS, FLAG_RELAXED, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT, SLOT_REMOTE0,
@@ -39,7 +39,6 @@ MAX_STEPS = 512          # emitted op segments of one rank, all blocks together
 MAX_ARGS_BYTES = 4096    # kernel parameter struct (the classic limit, safe on every driver)
 _DT = {c: (f"DT_{c.upper()}", kernel_dtype(c).itemsize) for c in KERNEL_CODES}
 _OP = {"sum": "ROP_SUM", "min": "ROP_MIN", "max": "ROP_MAX"}
-_PKT = {"ll16": 16, "ll8": 8}
 
 
 
@@ -246,8 +245,8 @@ class _Gen:
         self.packed = packed
         self.dt, self.es = _DT[dtype]
         self.op = _OP[reduce_op]
-        self.pkt = _PKT[packet]
-        self.P = 8 if self.pkt == 16 else 4
+        pt = PacketType.of(packet)
+        self.pkt, self.P = pt.size, pt.align
         self.nt = nt
         self.remote_kinds = list(remote_kinds)
         self.steps = 0
@@ -494,8 +493,8 @@ def generate(plan: Plan, packed: PackedRank, dtype: str, packet: str, reduce_op:
     ('f16', 'bf16', 'f32', 'i32', 'f8e4m3_a32', ...: :data:`~mscclang.plan.dtypes.KERNEL_CODES`), ``packet`` ('ll16', 'll8') and ``reduce_op`` ('sum', 'min',
     'max'). Raises SpecUnsupported for what it does not specialise (port/switch ops, more than
     ``max_steps`` op segments, parameters over 4 KiB, misaligned packet offsets)."""
-    if dtype not in _DT or packet not in _PKT or reduce_op not in _OP \
-            or (kernel_dtype(dtype).accumulates and reduce_op != "sum"):
+    if (dtype not in _DT or packet not in {p.code for p in PacketType} or reduce_op not in _OP
+            or (kernel_dtype(dtype).accumulates and reduce_op != "sum")):
         raise SpecUnsupported(f"unsupported combination {dtype}/{packet}/{reduce_op}")
     rank = packed.rank
     g_plan = plan.gpus[rank]

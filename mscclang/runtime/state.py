@@ -11,18 +11,16 @@ from typing import Any, Optional
 
 from mscclang.errors import PlanError, RuntimeUnavailable
 from mscclang.plan.collectives import collective
-from mscclang.plan.models import REDUCE_OPS, Plan
+from mscclang.plan.models import PACKET_TYPES, REDUCE_OPS, PacketType, Plan
 from mscclang.runtime.device_plan import RankTables, SyncLayout, rank_tables
 
 
 def packet_code(p: Any) -> str:
-    """'ll16' (default, ``None``) or 'll8' from a packet type name or enum."""
-    if p is None:
-        return "ll16"
-    s = str(getattr(p, "value", p)).lower()
-    if s not in ("ll16", "ll8"):
-        raise RuntimeUnavailable(f"unknown packet type {p!r}; use 'LL16' or 'LL8'")
-    return s
+    """The runtime's code (:attr:`PacketType.code`) of a packet type name or enum, LL16's for ``None``."""
+    try:
+        return PacketType.of(p).code
+    except ValueError:
+        raise RuntimeUnavailable(f"unknown packet type {p!r}; use {' or '.join(map(repr, PACKET_TYPES))}") from None
 
 
 

@@ -9,8 +9,8 @@
 from mscclang.sim.engine import SCHEDULES, Simulation
 from mscclang.sim.program import sim_program
 from mscclang.sim.report import Deadlock, Problem, Report
-from mscclang.sim.runner import run
+from mscclang.sim.runner import VerifyOptions, run
 from mscclang.sim.verify import default_launches, default_sizes, verify
 
-__all__ = ["Deadlock", "Problem", "Report", "SCHEDULES", "Simulation", "sim_program",
+__all__ = ["Deadlock", "Problem", "Report", "SCHEDULES", "Simulation", "VerifyOptions", "sim_program",
            "default_launches", "default_sizes", "run", "verify"]

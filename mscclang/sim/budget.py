@@ -342,8 +342,8 @@ def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: i
             # the race log's accesses, the clocks every signal keeps, and a clock copy per packet
             # written: kept until a later launch overwrites it (a double scratch alternates halves)
             kept_launches = min(launches, 2 if plan.use_double_scratch_buffer else 1)
-            run["logs"] = launches * (c.work.operand_execs * _MEM_PER_ACCESS + c.work.signal_execs * 2 * actors * 8) \
-                + kept_launches * c.work.packet_writes * actors * 8
+            run["logs"] = (launches * (c.work.operand_execs * _MEM_PER_ACCESS + c.work.signal_execs * 2 * actors * 8)
+                           + kept_launches * c.work.packet_writes * actors * 8)
             # transients: the largest op's copies (as float64 when reducing), one rank's check
             run["transient"] = c.work.op_bytes * 8 / used[0] + (
                 checked / len(plan.gpus) / used[0] * 16 if plan.gpus else 0)

@@ -75,8 +75,8 @@ class ChunkFindings:
         for f in self.found.values():
             chunks = f["chunks"]
             sep = "\n  " if "\n" in f["message"] else " "   # a message of several lines: one more
-            more = f"{sep}(and {len(chunks) - 1} more chunk{'s' * (len(chunks) != 2)}: {', '.join(chunks[1:6])}" \
-                   f"{'...' if len(chunks) > 6 else ''})" if len(chunks) > 1 else ""
+            more = (f"{sep}(and {len(chunks) - 1} more chunk{'s' * (len(chunks) != 2)}: {', '.join(chunks[1:6])}"
+                    f"{'...' if len(chunks) > 6 else ''})" if len(chunks) > 1 else "")
             out.append(Problem(self.kind, f["message"] + more, details={**f["details"], "chunks": chunks,
                                                                    "level": self.level}))
         return out

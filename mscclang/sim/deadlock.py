@@ -40,8 +40,8 @@ class DeadlockMixin:
                     continue
                 for c in self._remaining(t):
                     n = c.op.name
-                    if n in SIGNAL_OPS | PUT_SIGNAL_OPS and \
-                            c.op.channel_type.value == stype and sch in (c.channels or [g.channel for g in c.groups]):
+                    if (n in SIGNAL_OPS | PUT_SIGNAL_OPS and c.op.channel_type.value == stype
+                            and sch in (c.channels or [g.channel for g in c.groups])):
                         out.append(t)
                         break
             return out, "" if out else f"no block of rank {srank} will signal its {stype} channel {sch} again"

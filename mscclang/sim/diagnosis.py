@@ -1,5 +1,7 @@
 """Turning the simulator's raw findings into diagnoses a person can act on.
 
+* :func:`race_problem`: a race as what each side did and, where the cause is known, what would
+  order them;
 * :func:`group_key`: what makes two findings the same bug (so a bug seen at many sizes, dtypes,
   schedules and launches is reported once, with its count and cases);
 * :func:`classify`: a race that only a relaxed signal/wait publishing multimem stores leaves
@@ -14,11 +16,12 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from mscclang.plan.check import iter_op_paths
 from mscclang.plan.collectives import spec_from_plan
 from mscclang.plan.models import PACKET_OPS, REDUCE_OPS, SIGNAL_OPS, WAIT_OPS, BufferKind, ChannelType, Op, Plan
+from mscclang.sim.races import RaceInfo, Unpublished, ordered
 from mscclang.sim.report import Problem
 
 _LAUNCH = re.compile(r"launch \d+")
@@ -449,3 +452,70 @@ class Findings:
             pr.add_case(context)
             self.groups[key] = pr
             self.report.problems.append(pr)
+
+
+def race_problem(info: RaceInfo, unpublished: Sequence[Unpublished], double_scratch: bool) -> Problem:
+    """A race the simulator found as a problem a person can act on: what each side did to which
+    bytes, and why nothing orders them where the cause is known (a launch handed a buffer its own
+    rank's proxy still uses, scratch reused across launches, data arriving after its owner may
+    have finished, a thread publishing without an acquisition another thread of its block made:
+    :func:`_unpublished_hint` over ``unpublished``). ``double_scratch``: the plan's
+    ``use_double_scratch_buffer``."""
+    a, b = info.first, info.second
+    kinds = ("write" if a.write else "read", "write" if b.write else "read")
+    hint = ""
+    handover = ((a.host and a.op.name.startswith("launch start: scratch"))
+                or (b.host and b.op.name.startswith("launch start: scratch")))
+    host = a if a.host else b
+    other = b if a.host else a
+    started = host.host and host.op.name.startswith("launch start")
+    if started and other.op.tb <= -2 and other.op.rank == host.op.rank:
+        # a new launch is handed a buffer (scratch, inputs or outputs) its own rank's proxy
+        # still reads or writes for an earlier launch
+        if handover:
+            half = " half" if double_scratch else ""
+            what = f"reuses this scratch{half}"
+        else:
+            what = "is handed this buffer"
+        hint = (f" (the launch that {what} is not ordered after this "
+                "rank's port proxy's access of an earlier launch: a kernel exit does not wait "
+                "for the proxy; a flush of the channel, in that launch or a later one before "
+                "the reuse, or an edge from a rank that received the proxy's data would order "
+                "it)")
+    elif handover:
+        pk = a.packet or b.packet
+        hint = (" (scratch reused by the next launch while a peer writes it with no edge from "
+                "this rank's current launch" + ("; packet scratch reused across launches needs "
+                "use_double_scratch_buffer" if pk and not double_scratch else "") + ")")
+    elif (a.launch != b.launch and ((a.packet and a.write) or (b.packet and b.write))
+          and info.storage.endswith(".scr") and not double_scratch):
+        hint = (" (packet scratch reused by a later launch: no chain of edges orders the "
+                "earlier launch's access before the reuse; use_double_scratch_buffer, or an "
+                "edge from the reader to the writer's next launch, would order it)")
+    elif (a.host and a.op.name.startswith("launch start")) or (b.host and b.op.name.startswith("launch start")):
+        hint = " (a peer touches this rank's buffer with no ready edge from its current launch)"
+    elif (a.host and a.op.name.startswith("launch end")) or (b.host and b.op.name.startswith("launch end")):
+        hint = " (data arrives after the owner may have finished: no signal->wait publishes it)"
+    hint += _unpublished_hint(info, unpublished)
+    return Problem(
+        "race",
+        f"{a.op} {kinds[0]}s and {b.op} {kinds[1]}s bytes [{info.start}, {info.end}) of "
+        f"{info.storage} with no happens-before order between them{hint}",
+        details={"first": a.op, "second": b.op, "storage": info.storage,
+                 "range": (info.start, info.end), "exec_ordered": info.exec_ordered})
+
+
+def _unpublished_hint(info: RaceInfo, unpublished: Sequence[Unpublished]) -> str:
+    """Why the later access of a race missed the earlier one, when a thread published
+    without an acquisition that another thread of its block made (and that would have
+    ordered them) and the later access comes after what that thread published (by the proxy
+    that carried it out, for a port request)."""
+    for e in unpublished:
+        if e.via is not None and info.second.op.tb <= -2 and info.second.tid != e.via:
+            continue  # a proxy's access: that of the request's own proxy
+        a = next((a for a in e.missing if ordered(info.first, a.vc, a.rvc)), None)
+        if a and info.rvc is not None and not (info.rvc < e.rvc).any() and not ordered(info.first, e.vc, e.rvc):
+            return (f" ({e.what} of {e.op} is sent by thread {e.thread} of its block, which did not make the "
+                    f"wait of {a.op} on {a.what}: thread {a.thread} did; what a thread acquires reaches the "
+                    "block's other threads only at a later nop or barrier)")
+    return ""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numbers
 import random
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
@@ -29,6 +30,7 @@ from mscclang.errors import PlanError, VerificationError
 from mscclang.plan.collectives import CollectiveSpec, spec_from_plan
 from mscclang.plan.models import PACKET_TYPES, SEMAPHORE_OPS, SIGNAL_OPS, WAIT_OPS, BufferKind, ChannelType, OpName, Plan, channel_ordinals, paired_indices
 from mscclang.sim.deadlock import DeadlockMixin
+from mscclang.sim.diagnosis import race_problem
 from mscclang.sim.epilogue import EpilogueParams
 from mscclang.sim.epilogue_exec import EpilogueMixin
 from mscclang.sim.exprs import ExprTable
@@ -36,7 +38,7 @@ from mscclang.sim.packets import PKT_WRITERS, PacketMixin
 from mscclang.sim.ports import PortMixin, Proxy, Trigger
 from mscclang.sim.program import COp, Program
 from mscclang.sim.budget import Deadline
-from mscclang.sim.races import Access, AccessLog, Actor, OpRef, RaceInfo, Unpublished, ordered
+from mscclang.sim.races import Access, AccessLog, Actor, OpRef, RaceInfo, Unpublished
 from mscclang.sim.report import Deadlock, Problem
 from mscclang.sim.schedules import REMOTE_WRITERS, SCHEDULES, ScheduleMixin
 from mscclang.sim.state import SYM_GRANULE, RankMemory
@@ -70,6 +72,94 @@ def check_run_arguments(schedule: str, seed: int, launches: int, packet_type: st
     check_count("seed", seed, 0)
 
 
+@dataclass
+class RunState:
+    """The state one run of a program starts from (:func:`run_state`), which :class:`Simulation`
+    takes as its own attributes: each rank's memory, the threads (one actor per thread block,
+    rank's host and port channel's proxy, their ids numbered blocks, then hosts, then proxies),
+    each channel end's peer end, the semaphores, and the run's progress, empty."""
+
+    mem: list[RankMemory]
+    hosts: list[Actor]
+    block_actors: list[list[Actor]]
+    proxies: dict[tuple[int, int], Proxy]
+    host_tids: set[int]
+    #: threads in all (the length of every vector clock)
+    nthreads: int
+    #: (rank, channel type, index) -> the peer's end; an unpaired channel's end no op can reach
+    pair: dict[tuple, tuple]
+    #: semaphores as tokens: [value, initial tokens left (negative: releases still owed),
+    #: queue of (vc, rvc) of the releases not yet acquired]
+    sems: dict[tuple[int, int], list]
+    rank_launch: list[int]
+    tasks_of: list[list[Task]]
+    problems: list[Problem] = field(default_factory=list)
+    _race_keys: set = field(default_factory=set)
+    outputs: list[list[np.ndarray]] = field(default_factory=list)
+    out_shadows: list[list[np.ndarray]] = field(default_factory=list)
+    #: per launch and rank, the expression ids of the output's granules (symbolic runs) and of
+    #: the residual's (fused plans), ids of :attr:`exprs`
+    out_exprs: list[list[np.ndarray]] = field(default_factory=list)
+    res_exprs: list[list[np.ndarray]] = field(default_factory=list)
+    residual_outputs: list[list[np.ndarray]] = field(default_factory=list)
+    exprs: ExprTable = field(default_factory=ExprTable)
+    sym_ok: bool = True
+    ends: dict[tuple, ChannelEnd] = field(default_factory=dict)
+    barriers: dict[tuple[int, int], dict] = field(default_factory=dict)
+    #: signals, releases and port requests sent without what other threads acquired
+    unpublished: list[Unpublished] = field(default_factory=list)
+    waiting: dict[tuple, list[Task]] = field(default_factory=dict)
+    flag_pages: dict[int, dict[int, bool]] = field(default_factory=dict)
+    runnable: list[Task] = field(default_factory=list)
+    rr: deque[Task] = field(default_factory=deque)
+    live: dict[int, int] = field(default_factory=dict)
+    waited_ranks: set[int] = field(default_factory=set)
+    steps: int = 0
+
+
+def _pairing(plan: Plan) -> dict[tuple, tuple]:
+    """Each channel end's peer end, (rank, channel type, index) -> the same of the peer; an
+    unpaired channel gets an end no op can reach (its waits deadlock). A channel to a rank
+    outside the plan is a PlanError."""
+    n = len(plan.gpus)
+    pair: dict[tuple, tuple] = {}
+    for ctype in (ChannelType.memory, ChannelType.port):
+        peers = [g.peers(ctype) for g in plan.gpus]
+        for a in range(n):
+            for gidx, b in enumerate(peers[a]):
+                if not 0 <= b < n:
+                    raise PlanError(f"rank {a} {ctype.value} channel {gidx} connects to rank {b}, not in the plan")
+        table = paired_indices(peers)
+        for a in range(n):
+            for gidx, c in enumerate(channel_ordinals(peers[a])):
+                back = table[a][gidx]
+                pair[(a, ctype.value, gidx)] = (c.peer, ctype.value, back if back is not None else f"hidden{a}.{c.ordinal}")
+    return pair
+
+
+def run_state(program: Program, spec: CollectiveSpec, nsym: int, sym_granule: int) -> RunState:
+    """The :class:`RunState` a run of ``program`` starts from (``nsym`` symbolic inputs, shadows
+    in rows of ``sym_granule`` bytes; PlanError for a channel to a rank outside the plan)."""
+    plan = program.plan
+    n = len(plan.gpus)
+    blocks = [len(g.threadblocks) for g in plan.gpus]
+    first = [sum(blocks[:r]) for r in range(n)]   # each rank's first block thread
+    host_tids = list(range(sum(blocks), sum(blocks) + n))
+    ports = [(r, c) for r, g in enumerate(plan.gpus) for c in range(len(g.peers(ChannelType.port)))]
+    base = sum(blocks) + n   # the first proxy's thread
+    t = base + len(ports)
+    residual = plan.has_epilogue_ops()
+    return RunState(
+        mem=[RankMemory(plan, spec, r, program.layouts[r], nsym, sym_granule, residual) for r in range(n)],
+        hosts=[Actor(tid, t) for tid in host_tids],
+        block_actors=[[Actor(first[r] + i, t) for i in range(blocks[r])] for r in range(n)],
+        proxies={k: Proxy(k[0], k[1], Actor(base + i, t)) for i, k in enumerate(ports)},
+        host_tids=set(host_tids), nthreads=t, pair=_pairing(plan),
+        sems={(r, i): [s.init_value, s.init_value, deque()] for r, g in enumerate(plan.gpus)
+              for i, s in enumerate(g.semaphores)},
+        rank_launch=[0] * n, tasks_of=[[] for _ in range(n)])
+
+
 class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueMixin):
     """One run of a compiled plan on given inputs under one schedule.
 
@@ -95,7 +185,6 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         plan = program.plan
         self.epilogue = epilogue
         self.residuals = residuals
-        self.residual_outputs: list[list[np.ndarray]] = []
         self.plan: Plan = plan
         self.program = program
         self.n = len(plan.gpus)
@@ -123,130 +212,17 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         self.max_steps = max_steps
         #: checked at every step: a run past its time limit stops with a LimitError
         self.deadline = deadline
-        residual = plan.has_epilogue_ops()
-        self.mem = [RankMemory(plan, self.spec, r, program.layouts[r], nsym, sym_granule, residual)
-                    for r in range(self.n)]
         self.inputs = inputs
-        self.problems: list[Problem] = []
-        self._race_keys: set = set()
-        self.outputs: list[list[np.ndarray]] = []
-        self.out_shadows: list[list[np.ndarray]] = []
-        #: per launch and rank, the expression ids of the output's granules (symbolic runs) and
-        #: of the residual's (fused plans), ids of :attr:`exprs`
-        self.out_exprs: list[list[np.ndarray]] = []
-        self.res_exprs: list[list[np.ndarray]] = []
-        self.exprs = ExprTable()
-        self.sym_ok = True
-
-        # thread ids: blocks, then hosts, then proxies
-        self.tid_base: list[int] = []
-        t = 0
-        for g in plan.gpus:
-            self.tid_base.append(t)
-            t += len(g.threadblocks)
-        self.host_tid = list(range(t, t + self.n))
-        t += self.n
-        self.port_peers = [g.peers(ChannelType.port) for g in plan.gpus]
-        self.proxy_tid: dict[tuple[int, int], int] = {}
-        for r in range(self.n):
-            for c in range(len(self.port_peers[r])):
-                self.proxy_tid[(r, c)] = t
-                t += 1
-        self.nthreads = t
-        self.hosts = [Actor(self.host_tid[r], t) for r in range(self.n)]
-        self.block_actors = [[Actor(self.tid_base[r] + i, t) for i in range(len(g.threadblocks))]
-                             for r, g in enumerate(plan.gpus)]
-        self.proxies: dict[tuple[int, int], Proxy] = {
-            k: Proxy(k[0], k[1], Actor(v, t)) for k, v in self.proxy_tid.items()}
-        self.log = AccessLog(set(self.host_tid), self._on_race) if check_races else None
-
-        # channel ends and pairing
-        self.ends: dict[tuple, ChannelEnd] = {}
-        self.pair: dict[tuple, tuple] = {}
-        for ctype in (ChannelType.memory, ChannelType.port):
-            peers = [g.peers(ctype) for g in plan.gpus]
-            for a in range(self.n):
-                for gidx, b in enumerate(peers[a]):
-                    if not 0 <= b < self.n:
-                        raise PlanError(f"rank {a} {ctype.value} channel {gidx} connects to rank {b}, not in the plan")
-            table = paired_indices(peers)
-            for a in range(self.n):
-                for gidx, c in enumerate(channel_ordinals(peers[a])):
-                    back = table[a][gidx]
-                    b = c.peer
-                    # an unpaired channel gets an end no op can reach: its waits deadlock
-                    key_b = (b, ctype.value, back) if back is not None else (b, ctype.value, f"hidden{a}.{c.ordinal}")
-                    self.pair[(a, ctype.value, gidx)] = key_b
-        #: semaphores as tokens: [value, initial tokens left (negative: releases still owed),
-        #: queue of (vc, rvc) of the releases not yet acquired]
-        self.sems: dict[tuple[int, int], list] = {}
-        for r, g in enumerate(plan.gpus):
-            for i, s in enumerate(g.semaphores):
-                self.sems[(r, i)] = [s.init_value, s.init_value, deque()]
-        self.barriers: dict[tuple[int, int], dict] = {}
-        #: signals, releases and port requests sent without what other threads acquired
-        self.unpublished: list[Unpublished] = []
-
-        # scheduling
-        self.waiting: dict[tuple, list[Task]] = {}
-        self.flag_pages: dict[int, dict[int, bool]] = {}
-        self.runnable: list[Task] = []
-        self.rr: deque[Task] = deque()
-        self.live: dict[int, int] = {}
-        self.rank_launch = [0] * self.n
-        self.tasks_of: list[list[Task]] = [[] for _ in range(self.n)]
-        self.waited_ranks: set[int] = set()
-        self.steps = 0
+        state = run_state(program, self.spec, nsym, sym_granule)
+        vars(self).update(vars(state))   # the run's own attributes: every op's lookup stays one dict hit
+        self.log = AccessLog(state.host_tids, self._on_race) if check_races else None
 
     # ---------------------------------------------------------------- problems
     def _on_race(self, info: RaceInfo) -> None:
-        a, b = info.first, info.second
-        key = (a.op, b.op)
-        if key in self._race_keys:
-            return
-        self._race_keys.add(key)
-        kinds = ("write" if a.write else "read", "write" if b.write else "read")
-        hint = ""
-        handover = (a.host and a.op.name.startswith("launch start: scratch")) or \
-            (b.host and b.op.name.startswith("launch start: scratch"))
-        host = a if a.host else b
-        other = b if a.host else a
-        started = host.host and host.op.name.startswith("launch start")
-        if started and other.op.tb <= -2 and other.op.rank == host.op.rank:
-            # a new launch is handed a buffer (scratch, inputs or outputs) its own rank's proxy
-            # still reads or writes for an earlier launch
-            if handover:
-                half = " half" if self.plan.use_double_scratch_buffer else ""
-                what = f"reuses this scratch{half}"
-            else:
-                what = "is handed this buffer"
-            hint = (f" (the launch that {what} is not ordered after this "
-                    "rank's port proxy's access of an earlier launch: a kernel exit does not wait "
-                    "for the proxy; a flush of the channel, in that launch or a later one before "
-                    "the reuse, or an edge from a rank that received the proxy's data would order "
-                    "it)")
-        elif handover:
-            pk = a.packet or b.packet
-            hint = (" (scratch reused by the next launch while a peer writes it with no edge from "
-                    "this rank's current launch" + ("; packet scratch reused across launches needs "
-                    "use_double_scratch_buffer" if pk and not self.plan.use_double_scratch_buffer
-                                                    else "") + ")")
-        elif a.launch != b.launch and ((a.packet and a.write) or (b.packet and b.write)) and \
-                info.storage.endswith(".scr") and not self.plan.use_double_scratch_buffer:
-            hint = (" (packet scratch reused by a later launch: no chain of edges orders the "
-                    "earlier launch's access before the reuse; use_double_scratch_buffer, or an "
-                    "edge from the reader to the writer's next launch, would order it)")
-        elif (a.host and a.op.name.startswith("launch start")) or (b.host and b.op.name.startswith("launch start")):
-            hint = " (a peer touches this rank's buffer with no ready edge from its current launch)"
-        elif (a.host and a.op.name.startswith("launch end")) or (b.host and b.op.name.startswith("launch end")):
-            hint = " (data arrives after the owner may have finished: no signal->wait publishes it)"
-        hint += self._unpublished_hint(info)
-        self.problems.append(Problem(
-            "race",
-            f"{a.op} {kinds[0]}s and {b.op} {kinds[1]}s bytes [{info.start}, {info.end}) of "
-            f"{info.storage} with no happens-before order between them{hint}",
-            details={"first": a.op, "second": b.op, "storage": info.storage,
-                     "range": (info.start, info.end), "exec_ordered": info.exec_ordered}))
+        key = (info.first.op, info.second.op)
+        if key not in self._race_keys:   # one problem per pair of ops
+            self._race_keys.add(key)
+            self.problems.append(race_problem(info, self.unpublished, self.plan.use_double_scratch_buffer))
 
     def problem(self, kind: str, message: str, **details) -> None:
         self.problems.append(Problem(kind, message, details=details))
@@ -419,22 +395,6 @@ class Simulation(ScheduleMixin, PacketMixin, PortMixin, DeadlockMixin, EpilogueM
         if len(self.unpublished) < 4096 and (miss := task.actor.missing(thread, vc, rvc)):
             self.unpublished.append(Unpublished(thread, vc.copy(), rvc.copy(), opref, what, miss, via))
         return vc, rvc
-
-    def _unpublished_hint(self, info: RaceInfo) -> str:
-        """Why the later access of a race missed the earlier one, when a thread published
-        without an acquisition that another thread of its block made (and that would have
-        ordered them) and the later access comes after what that thread published (by the proxy
-        that carried it out, for a port request)."""
-        for e in self.unpublished:
-            if e.via is not None and info.second.op.tb <= -2 and info.second.tid != e.via:
-                continue  # a proxy's access: that of the request's own proxy
-            a = next((a for a in e.missing if ordered(info.first, a.vc, a.rvc)), None)
-            if a and info.rvc is not None and not (info.rvc < e.rvc).any() and not ordered(info.first, e.vc, e.rvc):
-                return (f" ({e.what} of {e.op} is sent by thread {e.thread} of its block, which did not make the "
-                        f"wait of {a.op} on {a.what}: thread {a.thread} did; what a thread acquires reaches the "
-                        "block's other threads only at a later nop or barrier)")
-        return ""
-
 
     # ---------------------------------------------------------------- barriers
     def _barrier(self, task: Task, cop: COp) -> Iterator:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -38,8 +38,8 @@ from mscclang.sim.epilogue import MAX_HIDDEN, MIN_HIDDEN, PARTIAL, EpilogueParam
 from mscclang.sim.postcondition import check_fused
 from mscclang.sim.program import sim_program
 from mscclang.sim.report import Deadlock, Problem, Report
-from mscclang.sim.runner import (check_arguments, check_message_range, check_run_arguments, default_launches,
-                                 nothing_to_verify)
+from mscclang.sim.runner import (VerifyOptions, check_arguments, check_message_range, check_run_arguments,
+                                 default_launches, nothing_to_verify)
 from mscclang.sim.schedules import SCHEDULES
 
 __all__ = ["Case", "FusedRun", "plan_quantises", "run_fused", "verify_fused", "estimate_fused", "default_cases",
@@ -309,21 +309,20 @@ class _Resolved:
     notes: list[str]
 
 
-def _resolve(plan: Plan, sizes: Optional[Sequence[int]], dtypes: Optional[Sequence[str]], schedules: int,
-             seed: int, launches: int, reduce_ops: Optional[Sequence[str]], packet_types: Sequence[str],
-             cases: Optional[Sequence[tuple[int, int]]], max_problems: Optional[int] = None) -> _Resolved:
+def _resolve(plan: Plan, o: VerifyOptions, launches: int, cases: Optional[Sequence[tuple[int, int]]]) -> _Resolved:
     """:func:`verify_fused`'s arguments checked (VerificationError, PlanError for the hidden
     rule, naming what is wrong) before anything is allocated, and resolved; arguments that leave
     no case to run are refused (:func:`~mscclang.sim.runner.nothing_to_verify`)."""
-    sizes = None if sizes is None else list(sizes)
-    check_arguments(sizes, schedules, seed, launches, list(packet_types), max_problems)
-    if reduce_ops is not None and list(reduce_ops) != ["sum"]:
-        raise VerificationError(f"the fused collective sums: reduce ops {list(reduce_ops)} do not apply")
-    dts = [parse_dtype(d) for d in (dtypes or ACT_DTYPES)]
+    sizes = None if o.sizes is None else list(o.sizes)
+    check_arguments(sizes, o.schedules, o.seed, launches, list(o.packet_types), o.max_problems)
+    o.check_senders(spec_from_plan(plan))
+    if o.reduce_ops is not None and list(o.reduce_ops) != ["sum"]:
+        raise VerificationError(f"the fused collective sums: reduce ops {list(o.reduce_ops)} do not apply")
+    dts = [parse_dtype(d) for d in (o.dtypes or ACT_DTYPES)]
     bad = [dtype_name(d) for d in dts if dtype_name(d) not in ACT_DTYPES]
     if bad:
         raise VerificationError(f"{', '.join(bad)}: the fused collective's activations are {', '.join(ACT_DTYPES)}")
-    pts = list(packet_types) or ["LL16"]
+    pts = list(o.packet_types) or ["LL16"]
     notes: list[str] = []
     if cases is not None:
         found = []
@@ -344,14 +343,13 @@ def _resolve(plan: Plan, sizes: Optional[Sequence[int]], dtypes: Optional[Sequen
     return _Resolved(got, pts, notes)
 
 
-def estimate_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None, dtypes: Optional[Sequence[str]] = None,
-                   schedules: int = 10, seed: int = 0, launches: Optional[int] = None,
-                   packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
-                   cases: Optional[Sequence[tuple[int, int]]] = None) -> Estimate:
+def estimate_fused(plan: Plan, options: Optional[VerifyOptions] = None, *,
+                   cases: Optional[Sequence[tuple[int, int]]] = None, **keywords: Any) -> Estimate:
     """What :func:`verify_fused` with these arguments would take (:mod:`mscclang.sim.budget`)."""
-    launches = default_launches(plan) if launches is None else launches
-    got = _resolve(plan, sizes, dtypes, schedules, seed, launches, None, packet_types, cases)
-    runs = _plan_runs(plan, got.cases, got.pts, schedules, seed, symbolic)
+    o = replace(options or VerifyOptions(), **keywords)
+    launches = default_launches(plan) if o.launches is None else o.launches
+    got = _resolve(plan, o, launches, cases)
+    runs = _plan_runs(plan, got.cases, got.pts, o.schedules, o.seed, o.symbolic)
     return _estimate(plan, runs, launches, f"verifying {plan.name} over {len(got.cases)} case(s) with {len(runs)} run(s)")
 
 
@@ -380,13 +378,11 @@ def _estimate(plan: Plan, runs: Sequence["_Run"], launches: int, what: str) -> E
     return Estimate(memory, sum(SECONDS_PER[k] * v for k, v in terms.items()), what, [], terms)
 
 
-def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
-                 dtypes: Optional[Sequence[str]] = None, schedules: int = 10, seed: int = 0,
-                 launches: Optional[int] = None, reduce_ops: Optional[Sequence[str]] = None,
-                 packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
-                 max_problems: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None,
-                 limits: Optional[Limits] = None, cases: Optional[Sequence[tuple[int, int]]] = None) -> Report:
-    """Verify a fused plan (see the module docstring) over ``cases`` (rows, hidden), else the
+def verify_fused(plan: Plan, options: Optional[VerifyOptions] = None, *,
+                 cases: Optional[Sequence[tuple[int, int]]] = None, **keywords: Any) -> Report:
+    """Verify a fused plan (see the module docstring) with ``options``
+    (:class:`~mscclang.sim.runner.VerifyOptions`, each keyword replacing that field, as
+    :func:`mscclang.sim.verify` takes them) over ``cases`` (rows, hidden), else the
     cases of ``sizes`` (bytes of x, the same bytes in every dtype: per size and dtype the largest
     and smallest hidden size its elements' rows take), else :func:`default_cases` (sized per
     dtype); ``dtypes`` among :data:`ACT_DTYPES` (default: all), ``launches`` by default
@@ -397,25 +393,26 @@ def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
     refused (LimitError) past ``limits``, then bounded by their time. Problems are grouped by cause, as
     :func:`mscclang.sim.verify` groups them. Returns a :class:`Report`."""
     t0 = time.perf_counter()
-    launches = default_launches(plan) if launches is None else launches
-    got = _resolve(plan, sizes, dtypes, schedules, seed, launches, reduce_ops, packet_types, cases, max_problems)
+    o = replace(options or VerifyOptions(), **keywords)
+    launches = default_launches(plan) if o.launches is None else o.launches
+    got = _resolve(plan, o, launches, cases)
     rep = Report(plan.name, launches=launches)
     rep.postcondition = True
     rep.sizes = sorted({c.rows * c.hidden * d.itemsize for c in got.cases for d in c.dtypes})
     rep.notes.extend(got.notes)
-    runs = _plan_runs(plan, got.cases, got.pts, schedules, seed, symbolic)
+    runs = _plan_runs(plan, got.cases, got.pts, o.schedules, o.seed, o.symbolic)
     most = max(len(c.dtypes) for c in got.cases) * len(got.pts)
-    rep.schedules = [SCHEDULES[i % len(SCHEDULES)] for i in range(max(schedules, most))]
+    rep.schedules = [SCHEDULES[i % len(SCHEDULES)] for i in range(max(o.schedules, most))]
     quant = plan_quantises(plan)
     _estimate(plan, runs, launches,
-              f"verifying {plan.name} over {len(got.cases)} case(s) with {len(runs)} run(s)").check(limits)
-    deadline = Deadline(limits, f"verifying {plan.name}")
+              f"verifying {plan.name} over {len(got.cases)} case(s) with {len(runs)} run(s)").check(o.limits)
+    deadline = Deadline(o.limits, f"verifying {plan.name}")
     found = Findings(plan, rep)
     level = consistency_level(plan)
     spec = spec_from_plan(plan)
     inv = InvarianceCheck(plan, None, [])
     for k, run in enumerate(runs):
-        if max_problems is not None and len(rep.problems) >= max_problems:
+        if o.max_problems is not None and len(rep.problems) >= o.max_problems:
             rep.notes.append(f"stopped after {len(rep.problems)} distinct problems (max_problems): counts cover the "
                              "runs made")
             break
@@ -443,8 +440,8 @@ def verify_fused(plan: Plan, *, sizes: Optional[Sequence[int]] = None,
             found.add(check_fused(xs, res, got.residuals, got.outputs, params, quant, launches), ctx)
             if level is not None and not run.own_residuals:
                 found.add(check_numeric_consistency(spec, [], got.outputs, launches, level, got.residuals), ctx)
-        if progress is not None:
-            progress(k + 1, len(runs))
+        if o.progress is not None:
+            o.progress(k + 1, len(runs))
     if any(r.symbolic for r in runs):
         inv.report(rep, found)
     rep.problems = drop_numeric_duplicates(rep.ranked())

@@ -278,8 +278,8 @@ class AccessLog:
     def _same_block_ok(self, prev: Access, c: Access, single: bool) -> bool:
         """Whether two accesses of one block are ordered: by a nop or barrier between them (an
         earlier epoch), by touching each byte from the same thread (same mapping), or ``single``."""
-        return single or epoch(prev.clk) < epoch(c.clk) or (prev.delta == c.delta and prev.unit == c.unit) \
-            or self._exempt(prev, c)
+        return (single or epoch(prev.clk) < epoch(c.clk) or (prev.delta == c.delta and prev.unit == c.unit)
+                or self._exempt(prev, c))
 
     def access(self, storage: str, a: int, b: int, c: Access, vc: np.ndarray,
                rvc: np.ndarray, same_thread_ordered: bool, touch: bool = False) -> None:

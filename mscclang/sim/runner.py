@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
 from mscclang.errors import PlanError, VerificationError
-from mscclang.plan.collectives import collective
+from mscclang.plan.collectives import CollectiveSpec, collective
 from mscclang.plan.io import load_plan
 from mscclang.plan.dtypes import ACCUM_DTYPES
 from mscclang.plan.models import PACKET_TYPES, REDUCE_OP_NAMES, REDUCE_OPS, OpName, Plan
@@ -57,6 +58,38 @@ def default_launches(plan: Plan) -> int:
     single scratch; a double scratch alternates halves, so its halves are reused from the third
     launch on."""
     return 3 if plan.use_double_scratch_buffer else 2
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What one verify runs, the one home of its options and their defaults:
+    :func:`mscclang.sim.verify` takes them as keywords (or this record as ``options``) and hands
+    the record whole to :func:`~mscclang.sim.fused.verify_fused` for a fused plan. ``sizes``:
+    message sizes in bytes (default: the plan's default sizes); ``dtypes``, ``reduce_ops`` and
+    ``packet_types`` taken in rotation over the ``schedules`` runs of each size (seeded from
+    ``seed``); ``launches`` per run (default: :func:`default_launches`); ``symbolic``: the
+    symbolic postcondition run; ``max_problems``: stop starting runs once that many distinct
+    problems are known; ``senders``: sendrecv's sender of each rank; ``progress(done, total)``
+    after every run; ``limits``: the budget (default: the environment's). Values are checked by
+    the verify that takes them (:func:`check_arguments`), never here."""
+
+    sizes: Optional[Sequence[int]] = None
+    dtypes: Optional[Sequence[str]] = None
+    schedules: int = 10
+    seed: int = 0
+    launches: Optional[int] = None
+    reduce_ops: Optional[Sequence[str]] = None
+    packet_types: Sequence[str] = ("LL16", "LL8")
+    symbolic: bool = True
+    max_problems: Optional[int] = None
+    senders: Optional[Sequence[int]] = None
+    progress: Optional[Callable[[int, int], None]] = None
+    limits: Optional[Limits] = None
+
+    def check_senders(self, spec: CollectiveSpec) -> None:
+        """``senders`` only for a collective that has them (VerificationError otherwise)."""
+        if self.senders is not None and not spec.row.has_senders:
+            raise VerificationError(f"senders are only meaningful for sendrecv plans, not {spec.name}")
 
 
 def check_arguments(sizes: Optional[Sequence[int]], schedules: int, seed: int, launches: int,
@@ -186,4 +219,4 @@ def run(plan: PlanLike, inputs: Sequence[np.ndarray], *, output_bytes: Optional[
     return [o.view(dt).copy() for o in sim.outputs[-1]]
 
 
-__all__ = ["run", "as_plan", "resolve_reduce_op", "message_to_bytes", "message_unit", "OpName"]
+__all__ = ["run", "VerifyOptions", "as_plan", "resolve_reduce_op", "message_to_bytes", "message_unit", "OpName"]

@@ -8,11 +8,11 @@ import dataclasses
 import gc
 import math
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from mscclang.errors import MscclangError, PlanError, VerificationError
+from mscclang.errors import MscclangError, PlanError
 from mscclang.plan.collectives import CollectiveSpec, check_senders, collective, spec_from_plan
 from mscclang.plan.models import REDUCE_OP_NAMES, BufferKind, Plan
 from mscclang.sim.budget import SYMBOLIC_BUDGET, Deadline, Estimate, Limits, estimate_runs
@@ -29,8 +29,8 @@ from mscclang.sim.postcondition import check_numeric, check_symbolic, derive_sen
 from mscclang.sim.program import Program, sim_program
 from mscclang.sim.report import Deadlock, Problem, Report
 from mscclang.sim.state import MAX_SYMBOLIC_GRANULE, SYM_GRANULE
-from mscclang.sim.runner import (PlanLike, as_plan, check_arguments, default_launches, message_to_bytes,
-                                 nothing_to_verify, resolve_reduce_op)
+from mscclang.sim.runner import (PlanLike, VerifyOptions, as_plan, check_arguments, default_launches,
+                                 message_to_bytes, nothing_to_verify, resolve_reduce_op)
 
 DEFAULT_DTYPES = ("float16", "bfloat16", "float32", "int32")
 
@@ -287,15 +287,10 @@ def _within_budget(p: Plan, sizes: Sequence[int], dts: Sequence[np.dtype], sched
     return est
 
 
-def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
-           dtypes: Optional[Sequence[str]] = None, schedules: int = 10, seed: int = 0,
-           launches: Optional[int] = None, reduce_ops: Optional[Sequence[str]] = None,
-           packet_types: Sequence[str] = ("LL16", "LL8"), symbolic: bool = True,
-           max_problems: Optional[int] = None,
-           senders: Optional[Sequence[int]] = None,
-           progress: Optional[Callable[[int, int], None]] = None,
-           limits: Optional[Limits] = None) -> Report:
-    """Verify ``plan``. For every message size, ``schedules`` runs are made: run ``i`` uses
+def verify(plan: PlanLike, options: Optional[VerifyOptions] = None, **keywords: Any) -> Report:
+    """Verify ``plan`` with ``options`` (:class:`~mscclang.sim.runner.VerifyOptions`; default:
+    its defaults), each keyword replacing that field (``verify(plan, schedules=3)``; an unknown
+    keyword is a TypeError). For every message size, ``schedules`` runs are made: run ``i`` uses
     schedule round_robin / random / adversarial / runahead in turn (seeded ``seed + i``; the
     ``runahead`` runs of the ``s``-th size lead with rank ``(s + i // 4) % ranks``, so with the
     default 10 schedules and 3 sizes up to four ranks each get to run ahead), and takes the
@@ -327,21 +322,18 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     dtypes, reduce ops (for a plan that reduces) and packet types (for a plan with packet ops) of
     the runs made, and warns (``protocol``) of a plan declaring LL without a packet op."""
     t0 = time.perf_counter()
+    o = dataclasses.replace(options or VerifyOptions(), **keywords)
     p = as_plan(plan)
     spec = spec_from_plan(p)
-    if senders is not None and not spec.row.has_senders:
-        raise VerificationError(f"senders are only meaningful for sendrecv plans, not {spec.name}")
+    o.check_senders(spec)
     if spec.row.fused:  # row-shaped cases and its own postcondition, the same options
-        return verify_fused(p, sizes=sizes, dtypes=dtypes, schedules=schedules, seed=seed, launches=launches,
-                            reduce_ops=reduce_ops, packet_types=packet_types, symbolic=symbolic,
-                            max_problems=max_problems, progress=progress, limits=limits)
-    user_dtypes = None if dtypes is None else [parse_dtype(d) for d in dtypes]
-    if dtypes is None:
-        dtypes = DEFAULT_DTYPES
-    if launches is None:
-        launches = default_launches(p)
-    sizes = None if sizes is None else list(sizes)
-    check_arguments(sizes, schedules, seed, launches, list(packet_types), max_problems, reduce_ops)
+        return verify_fused(p, o)
+    user_dtypes = None if o.dtypes is None else [parse_dtype(d) for d in o.dtypes]
+    dtypes = DEFAULT_DTYPES if o.dtypes is None else o.dtypes
+    launches = default_launches(p) if o.launches is None else o.launches
+    sizes = None if o.sizes is None else list(o.sizes)
+    schedules, seed, symbolic, max_problems, progress = o.schedules, o.seed, o.symbolic, o.max_problems, o.progress
+    check_arguments(sizes, schedules, seed, launches, list(o.packet_types), max_problems, o.reduce_ops)
     rep = Report(p.name, launches=launches)
     rep.postcondition = spec.has_postcondition
     reduces, packets = plan_uses(p)
@@ -356,18 +348,16 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     for size in sizes:   # whole elements of every dtype on every rank, or refused
         for d in dts:
             message_to_bytes(p, size, d)
-    collect = _within_budget(p, sizes, dts, schedules, launches, symbolic, limits).memory_bytes >= COLLECT_BETWEEN_RUNS
-    deadline = Deadline(limits, f"verifying {p.name}")
+    collect = _within_budget(p, sizes, dts, schedules, launches, symbolic, o.limits).memory_bytes >= COLLECT_BETWEEN_RUNS
+    deadline = Deadline(o.limits, f"verifying {p.name}")
     try:
         plan_op = resolve_reduce_op(p)
     except PlanError as e:
         rep.problems.append(Problem("plan", str(e)))
         rep.seconds = time.perf_counter() - t0
         return rep
-    if reduce_ops is None:
-        reduce_ops = REDUCE_OP_NAMES if spec.is_reduction else (plan_op,)
-    rops = list(reduce_ops)
-    pts = list(packet_types) or ["LL16"]
+    rops = list(o.reduce_ops if o.reduce_ops is not None else REDUCE_OP_NAMES if spec.is_reduction else (plan_op,))
+    pts = list(o.packet_types) or ["LL16"]
     scheds = [SCHEDULES[i % len(SCHEDULES)] for i in range(max(schedules, 1))]
     rep.schedules = scheds
     found = Findings(p, rep)
@@ -400,7 +390,7 @@ def verify(plan: PlanLike, *, sizes: Optional[Sequence[int]] = None,
     if progs:
         rep.vacuous = not any(_moves_bytes(pr) for pr in progs.values())
         if spec.row.has_senders:
-            spec = _sendrecv_spec(p, spec, progs[max(progs)], senders, rep)
+            spec = _sendrecv_spec(p, spec, progs[max(progs)], o.senders, rep)
             for pr in rep.problems:
                 found.known(pr)
 
