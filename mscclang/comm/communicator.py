@@ -15,18 +15,18 @@ import operator
 import os
 from typing import Any, Optional, Union
 
-from mscclang.comm.autoregister import AutoRegister
 from mscclang.comm.backend import Backend, RuntimeBackend
 from mscclang.comm.catalog import Catalog
 from mscclang.comm.errors import CommError
-from mscclang.comm.fallback import FallbackCalls, TorchFallback, run_fallback
+from mscclang.comm.fallback import FallbackCalls, TorchFallback
+from mscclang.comm.launch import Launch, capturing
 from mscclang.comm.planner import CallPlan, Planner, comm_errors
 from mscclang.comm.selector import Choice, Selector
-from mscclang.comm.tracing import CallTrace, TracedCall, Tracing, check_traceable
+from mscclang.comm.tracing import Tracing, check_traceable
 from mscclang.comm.tuning import TuningTable, load_tuning
 from mscclang.config import Settings, settings
-from mscclang.plan.call import Call, message_call
-from mscclang.plan.collectives import collective, plan_collective
+from mscclang.plan.call import message_call
+from mscclang.plan.collectives import plan_collective
 from mscclang.plan.dtypes import gpu_dtype
 
 log = logging.getLogger("mscclang.comm")
@@ -69,16 +69,8 @@ class Communicator:
         self._batch_invariant = bool(Settings.batch_invariant.or_env(batch_invariant))
         self._logged: set[tuple[str, str]] = set()
         self._closed = False
-        self._schedule = AutoRegister()
         self._runtime_error: Optional[str] = None
-        self.last: Optional[CallPlan] = None
-        #: calls that ran on a mscclang plan (collectives and fused calls); every other call went
-        #: to torch.distributed. 0 after a run: no mscclang plan ran (e.g. no GPU runtime here)
-        self.plan_calls = 0
-        self._tracer: Optional[CallTrace] = None   # inside a comm.trace() block
         self._traces = 0
-        #: the plan the last all_reduce_add_rms_norm ran (None: none ran, or the fallback)
-        self.last_fused: Optional[str] = None
         # the store the fallback may build its own group from: an explicit one, or the back
         # end's (e.g. the GPU runtime's); None when built from torch.distributed's group
         own_store = store
@@ -124,6 +116,7 @@ class Communicator:
             and check_store is not None else None
         self.planner = Planner(self.rank, self.world_size, self.device, self.backend, self.selector,
                                self._fallback is not None, self._note, self._runtime_error)
+        self._runs = Launch(self.planner, self.backend, self._fallback, self._calls, self._note)
 
     @property
     def backend(self) -> Optional[Backend]:
@@ -135,8 +128,24 @@ class Communicator:
         self._backend = be
         planner = self.__dict__.get("planner")
         if planner is not None:
-            planner.backend = be
+            planner.backend = self._runs.engine = be
             planner.memo.clear()
+
+    @property
+    def plan_calls(self) -> int:
+        """Calls that ran on a mscclang plan (collectives and fused calls); every other call went
+        to torch.distributed. 0 after a run: no mscclang plan ran (e.g. no GPU runtime here)."""
+        return self._runs.plan_calls
+
+    @property
+    def last(self) -> Optional[CallPlan]:
+        """The CallPlan of the last collective call (None: none ran)."""
+        return self._runs.last
+
+    @property
+    def last_fused(self) -> Optional[str]:
+        """The plan the last all_reduce_add_rms_norm ran (None: none ran, or the fallback)."""
+        return self._runs.last_fused
 
     @property
     def batch_invariant(self) -> bool:
@@ -233,7 +242,8 @@ class Communicator:
         once to fp8, to nearest even, saturating at the largest finite value (docs/semantics.md,
         "FP8 reductions"). ``accum_dtype`` with any other dtype, an fp8 ``min``/``max``, or another
         accumulation dtype raise :class:`~mscclang.errors.InvalidCall` naming it."""
-        return self._call("allreduce", tensor, tensor if out is None else out, op, accum=accum_dtype)
+        self._check_open("allreduce")
+        return self._runs.call("allreduce", tensor, tensor if out is None else out, op, accum=accum_dtype)
 
     def all_reduce_add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6,
                                 out: Any = None, fp8_scale: Any = None) -> Any:
@@ -243,49 +253,54 @@ class Communicator:
         before anything runs; see :mod:`mscclang.comm.fused_norm` for the rules and the
         fallback. ``last_fused`` names the plan the last such call ran (None: the fallback)."""
         self._check_open("all_reduce_add_rms_norm")
-        from mscclang.comm.fused_norm import fused_call
+        from mscclang.comm.fused_norm import planned
 
-        return fused_call(self, x, residual, weight, eps, out, fp8_scale)
+        return self._runs.run_fused(planned(self, x, residual, weight, eps, out, fp8_scale))
 
     def prepare_all_reduce_add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6,
                                         out: Any = None, fp8_scale: Any = None) -> Optional[str]:
         """:meth:`prepare` for :meth:`all_reduce_add_rms_norm` (same arguments): the fused
         plan's name, or None when the call will fall back. Collective."""
         self._check_open("prepare_all_reduce_add_rms_norm")
-        from mscclang.comm.fused_norm import prepare_fused
+        from mscclang.comm.fused_norm import planned
 
-        return prepare_fused(self, x, residual, weight, eps, out, fp8_scale)
+        return self._runs.prepare_fused(planned(self, x, residual, weight, eps, out, fp8_scale))
 
     def all_gather(self, tensor: Any, out: Any = None) -> Any:
         """Gather every rank's ``tensor`` into ``out`` (``world_size`` times as many elements,
         rank order). In place when ``tensor`` is ``out``'s block of this rank."""
         if out is None:
-            out = self._default_out("allgather", tensor)
-        return self._call("allgather", tensor, out, "sum")
+            out = self.planner.default_out("allgather", tensor)
+        self._check_open("allgather")
+        return self._runs.call("allgather", tensor, out, "sum")
 
     def reduce_scatter(self, tensor: Any, op: Any = "sum", out: Any = None, accum_dtype: Any = None) -> Any:
         """Reduce ``tensor`` over all ranks and keep this rank's block (``numel / world_size``
         elements). In place when ``out`` is ``tensor``'s block of this rank. fp8 and
         ``accum_dtype``: as for :meth:`all_reduce`."""
         if out is None:
-            out = self._default_out("reducescatter", tensor)
-        return self._call("reducescatter", tensor, out, op, accum=accum_dtype)
+            out = self.planner.default_out("reducescatter", tensor)
+        self._check_open("reducescatter")
+        return self._runs.call("reducescatter", tensor, out, op, accum=accum_dtype)
 
     def all_to_all(self, tensor: Any, out: Any = None) -> Any:
         """Block ``j`` of rank ``i``'s input goes to block ``i`` of rank ``j``'s output; in place
         unless ``out`` is given."""
         out = tensor if out is None else out
-        return self._call("alltoall", tensor, out, "sum")
+        self._check_open("alltoall")
+        return self._runs.call("alltoall", tensor, out, "sum")
 
     def broadcast(self, tensor: Any, root: int = 0) -> Any:
         """Copy ``root``'s ``tensor`` into every rank's ``tensor`` (in place)."""
-        return self._call("broadcast", tensor, tensor, "sum", root=self._rank_arg(root, "broadcast root"))
+        self._check_open("broadcast")
+        return self._runs.call("broadcast", tensor, tensor, "sum", root=self._rank_arg(root, "broadcast root"))
 
     def send_recv(self, tensor: Any, out: Any = None) -> Any:
         """Ring shift: every rank sends ``tensor`` to ``rank + 1`` and receives ``rank - 1``'s
         into ``out`` (in place when ``out`` is None)."""
         out = tensor if out is None else out
-        return self._call("sendrecv", tensor, out, "sum")
+        self._check_open("sendrecv")
+        return self._runs.call("sendrecv", tensor, out, "sum")
 
     def send(self, tensor: Any, dst: int) -> None:
         """Point-to-point send (through torch.distributed: plans are collective, a lone send is
@@ -294,8 +309,8 @@ class Communicator:
         dst = self._check_peer(dst, "send dst")
         self.planner.check_tensor("send tensor", tensor)
         gpu_dtype(tensor.dtype)
-        self._note_fallback("send", "point-to-point send/recv runs through torch.distributed")
-        self._need_fallback("send").send(tensor, dst)
+        self._runs.note_fallback("send", "point-to-point send/recv runs through torch.distributed")
+        self._runs.need_fallback("send").send(tensor, dst)
 
     def recv(self, tensor: Any, src: int) -> Any:
         """Point-to-point receive into ``tensor`` (through torch.distributed)."""
@@ -303,8 +318,8 @@ class Communicator:
         src = self._check_peer(src, "recv src")
         self.planner.check_tensor("recv tensor", tensor)
         gpu_dtype(tensor.dtype)
-        self._note_fallback("recv", "point-to-point send/recv runs through torch.distributed")
-        self._need_fallback("recv").recv(tensor, src)
+        self._runs.note_fallback("recv", "point-to-point send/recv runs through torch.distributed")
+        self._runs.need_fallback("recv").recv(tensor, src)
         return tensor
 
     def prepare(self, collective: str, tensor: Any, out: Any = None, op: Any = "sum",
@@ -317,30 +332,8 @@ class Communicator:
         coll = plan_collective(collective)
         root = self._rank_arg(root, f"{coll} root")
         if out is None:
-            out = self._default_out(coll, tensor)
-        key, cp = self.planner.lookup(coll, tensor, out, op, root, accum_dtype)
-        if cp.call.empty:
-            return cp
-        be = self.backend
-        if cp.registrable and be is not None and be.registration_mode() != "off" and not _capturing():
-            # a zero-copy plan runs on these tensors once registered: prepare is collective
-            if self._register_call(coll, tensor, out):
-                if cp.temp:
-                    self._release_temp(cp, key)   # the staged plan's buffer above the cap is moot now
-                _, cp = self.planner.lookup(coll, tensor, out, op, root, accum_dtype)
-        if cp.temp:
-            # staging above the cap that a capture of this call will use: kept until close()
-            self.backend.pin_staging(list(cp.temp))
-            cp.temp = ()
-        if cp.bufs:
-            # a prepared call keeps its staging (and its memo entry) when a larger one replaces it
-            self.backend.pin_staging(list(cp.bufs))
-        if cp.mode != "nccl" and self.backend is not None and cp.plan is not None:
-            pt = cp.choice.packet_type if cp.choice else None
-            a, b = self.planner.operands(cp, tensor, out)
-            self.backend.prepare(cp.plan, cp.call if cp.mode == "direct" else cp.call.on(a, b, cp.plan.inplace),
-                                 packet_type=pt)
-        return cp
+            out = self.planner.default_out(coll, tensor)
+        return self._runs.prepare(coll, tensor, out, op, root, accum_dtype)
 
     def warm_up(self, collectives: Any = None, dtype: Any = None, max_bytes: Optional[int] = None,
                 symmetric: bool = True) -> list:
@@ -351,11 +344,11 @@ class Communicator:
         (:mod:`mscclang.comm.warmup`). Collective; not inside a CUDA graph capture. Returns one
         :class:`~mscclang.comm.warmup.WarmedCall` per call."""
         self._check_open("warm_up")
-        if _capturing():
+        if capturing():
             raise CommError(f"rank {self.rank}: warm_up cannot run inside a CUDA graph capture")
         from mscclang.comm.warmup import DEFAULT_MAX_BYTES, warm_up
 
-        return warm_up(self, collectives, dtype, DEFAULT_MAX_BYTES if max_bytes is None else max_bytes, symmetric)
+        return warm_up(self._runs, collectives, dtype, DEFAULT_MAX_BYTES if max_bytes is None else max_bytes, symmetric)
 
     def register(self, *tensors: Any) -> list[bool]:
         """Collective: register ordinary CUDA tensors so that zero-copy plans run on them directly
@@ -370,7 +363,7 @@ class Communicator:
             self.planner.check_tensor(f"register tensor {i}", t)
         if self.backend is None or not tensors:
             return [False] * len(tensors)
-        if _capturing():
+        if capturing():
             raise CommError(f"rank {self.rank}: register() cannot run inside CUDA graph capture: register "
                             "before capturing, or capture inside graph_capture()")
         self.backend.describe_call(f"register of {len(tensors)} tensor(s)")
@@ -421,7 +414,7 @@ class Communicator:
         :meth:`graph_capture`). Returns whether deferred registration is enabled in it (every rank
         runs the same torch allocator settings; else ordinary tensors are staged as outside)."""
         self._check_open("begin_graph_capture")
-        if _capturing():
+        if capturing():
             raise CommError(f"rank {self.rank}: begin_graph_capture() must run before the capture starts")
         if self.backend is None:
             return False
@@ -465,7 +458,7 @@ class Communicator:
         self._check_open("trace")
         check_traceable(self.backend, self.rank)
         self._traces += 1
-        return Tracing(self, getattr(self.backend, "store", None), f"mscclang/trace/{self._traces}")
+        return Tracing(self._runs, getattr(self.backend, "store", None), f"mscclang/trace/{self._traces}")
 
     def memory(self) -> dict[str, int]:
         """What this communicator holds on its GPU, in bytes by kind (and counts): the runtime's
@@ -502,7 +495,7 @@ class Communicator:
         thread: what fails to be released (after an abort, say: a dead peer's mappings) is logged,
         never raised. Idempotent; afterwards every other method raises CommError."""
         self._closed = True
-        self._schedule.clear()
+        self._runs.schedule.clear()
         self.planner.memo.clear()
         be, self.backend = self.backend, None
         for what, step in (("the torch.distributed fallback",
@@ -546,124 +539,6 @@ class Communicator:
             raise CommError(f"rank {self.rank}: {what} {r} is not another rank of {self.world_size} (it is this one)")
         return r
 
-    def _default_out(self, coll: str, tensor: Any) -> Any:
-        """A new output of the collective's size for ``tensor`` (the input itself when the
-        collective's output is its input's size)."""
-        import torch
-
-        self.planner.check_tensor(f"{coll} input", tensor)
-        row = collective(coll)
-        bi, bo = row.blocks(self.world_size)
-        if bi == bo:
-            return tensor
-        if tensor.numel() % bi:
-            raise CommError(f"{row.api} needs an element count divisible by the world size {self.world_size}, "
-                            f"got {tensor.numel()}")
-        return torch.empty(row.output_elems(self.world_size, tensor.numel()), dtype=tensor.dtype, device=tensor.device)
-
-    def _launch(self, cp: CallPlan, inp: Any, out: Any) -> None:
-        if cp.mode == "nccl":
-            if self._tracer is not None:
-                self._tracer.skipped.append(f"{cp.collective} (torch.distributed fallback)")
-            if self.backend is not None:
-                self.backend.check()   # a pending abort of the runtime surfaces at any call
-            self._run_fallback(cp, inp, out)
-            return
-        assert self.backend is not None and cp.plan is not None and cp.choice is not None
-        self.plan_calls += 1
-        pt = cp.choice.packet_type
-        k, kp = cp.shape.block_elems, cp.padded.block_elems
-        a, b = self.planner.operands(cp, inp, out)
-        if cp.mode == "copy_in":
-            a.copy_(inp)
-        elif cp.mode == "staged":
-            if cp.bufs and _capturing():
-                # a captured graph uses these buffers: never released before close()
-                self.backend.pin_staging(list(cp.bufs))
-            a.view(cp.shape.in_blocks, kp)[:, :k].copy_(inp.view(cp.shape.in_blocks, k))
-        bound = cp.bound
-        call = cp.call if cp.mode == "direct" else cp.call.on(a, b, cp.plan.inplace)
-        if self._tracer is not None:
-            rt = self.backend.execute_traced(cp.plan, call, a, b, packet_type=pt)
-            self._tracer.calls.append(TracedCall(cp.plan.collective, cp.plan.name, inp.numel() * inp.element_size(), rt))
-        elif bound is None or not self.backend.launch_bound(bound):
-            got = self.backend.execute(cp.plan, call, a, b, packet_type=pt)
-            if not cp.temp:   # a memo hit launches what the engine resolved now
-                cp.bound = got
-        if cp.mode == "staged":
-            out.view(cp.shape.out_blocks, k).copy_(b.view(cp.shape.out_blocks, kp)[:, :k])
-
-    def _call(self, coll: str, inp: Any, out: Any, op: Any, root: int = 0, accum: Any = None) -> Any:
-        self._check_open(coll)
-        key, cp = self.planner.lookup(coll, inp, out, op, root, accum)
-        if cp.bound is not None and cp.mode == "direct" and not cp.registrable and self._tracer is None:
-            # a memo hit of a call that runs on the caller's tensors: launch what the engine
-            # resolved at its first call (nothing is checked or resolved again)
-            if self.backend.launch_bound(cp.bound):
-                self.last = cp
-                self.plan_calls += 1
-                return out
-            cp.bound = None   # stale: resolved again below
-        if cp.call.empty:
-            return out
-        if cp.registrable and self._auto_register(cp.call, inp, out):
-            if cp.temp:
-                # the staged plan's buffer above the cap is moot now (every rank registered alike)
-                self._release_temp(cp, key)
-            key, cp = self.planner.lookup(coll, inp, out, op, root, accum)
-        self.last = cp
-        if cp.shape.block_elems == 0:
-            return out
-        self._launch(cp, inp, out)
-        done = self.last
-        if done is not None and done.temp:
-            # staging above the cap: released (collectively) now that the call's work is done
-            self._release_temp(done, key)
-        return out
-
-    def _release_temp(self, cp: CallPlan, key: Optional[tuple]) -> None:
-        temp, cp.temp, cp.bufs = cp.temp, (), ()
-        cp.inp = cp.out = None
-        if key is not None:
-            self.planner.memo.pop(key, None)
-        if self.backend is not None and temp:
-            self.backend.release(list(temp))
-
-    def _auto_register(self, call: Call, inp: Any, out: Any) -> bool:
-        """The automatic registration schedule (:mod:`mscclang.comm.autoregister`)."""
-        be = self.backend
-        if be is None or be.registration_mode() != "auto" or _capturing():
-            return False
-        coll = call.collective.name
-        return self._schedule.call(be, (coll, inp.numel(), out.numel(), inp.dtype, call.op, call.root),
-                                   lambda: self._register_call(coll, inp, out), (inp, out))
-
-    def _register_call(self, coll: str, inp: Any, out: Any) -> bool:
-        """Register a call's tensors (the containing one when its input lies in its output or the
-        reverse); whether all were registered."""
-        be = self.backend
-        if be is None:
-            return False
-        a0, a1 = inp.data_ptr(), inp.data_ptr() + inp.numel() * inp.element_size()
-        b0, b1 = out.data_ptr(), out.data_ptr() + out.numel() * out.element_size()
-        if b0 <= a0 and a1 <= b1:
-            tensors = [out]
-        elif a0 <= b0 and b1 <= a1:
-            tensors = [inp]
-        else:
-            tensors = [inp, out]
-        be.describe_call(f"registration of the tensors of {coll} of {inp.numel()} x {gpu_dtype(inp.dtype).name}")
-        try:
-            return all(be.register(tensors))
-        finally:
-            be.describe_call("")
-
-    def _need_fallback(self, what: str) -> TorchFallback:
-        if self._fallback is None:
-            raise CommError(f"rank {self.rank}: {what} cannot run on mscclang and the "
-                            "torch.distributed fallback is disabled")
-        return self._fallback
-
     def _note(self, what: str, message: str, level: int = logging.WARNING) -> None:
         """Log ``message`` once per (what, message) for this communicator."""
         key = (what, message)
@@ -671,41 +546,3 @@ class Communicator:
             return
         self._logged.add(key)
         log.log(level, "%s", message)
-
-    def _note_fallback(self, what: str, reason: str, level: int = logging.WARNING) -> None:
-        self._note(what, f"mscclang rank {self.rank}: {what} falls back to torch.distributed: "
-                         f"{reason}", level)
-
-    def _run_fallback(self, cp: CallPlan, inp: Any, out: Any) -> None:
-        coll = cp.collective
-        if cp.choice is not None and cp.choice.is_nccl:
-            # the tuning chose NCCL on purpose: note it quietly
-            self._note_fallback(coll, cp.reason, level=logging.INFO)
-        else:
-            self._note_fallback(coll, _reason_kind(cp.reason))
-        fb = self._need_fallback(coll)
-        if isinstance(fb, TorchFallback):
-            cp.ran_on = fb.backend_name
-        if self._calls is not None:
-            self._calls.check(fb, cp.call, inp, out)   # CallMismatch before gloo sees the call
-        run_fallback(fb, cp.call, inp, out)
-
-
-def _reason_kind(reason: str) -> str:
-    """A log key that does not vary with the message size (so it is logged once)."""
-    if reason.startswith("no plan for "):
-        parts = reason.split(" ")
-        # "no plan for COLL of N bytes (DTYPE) on N ranks" -> drop the byte count
-        if len(parts) > 6:
-            parts[5] = "N"
-        return " ".join(parts)
-    return reason
-
-
-def _capturing() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-    except Exception:  # pragma: no cover
-        return False

@@ -96,18 +96,17 @@ def reference_epilogue(summed: Any, fc: FusedCall) -> None:
     dst.copy_(y)
 
 
-def _planned(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any, fp8_scale: Any) -> FusedCall:
+def planned(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any, fp8_scale: Any) -> FusedCall:
     """The call's FusedCall from the planner's memo (checked and planned on a miss): keyed by
     the tensors' addresses, shapes and dtypes and the parameters (a tensor scale is read at every
-    call: not memoised)."""
+    call: not memoised). Reads ``comm``; the memo is the planner's."""
     dst = x if out is None else out
     key = None
-    memo = comm.planner.memo
     if not hasattr(fp8_scale, "item") and getattr(x, "is_contiguous", None) and x.is_contiguous():
         key = (FUSED_NORM, x.data_ptr(), dst.data_ptr(), residual.data_ptr(), getattr(weight, "data_ptr", id)(),
                tuple(x.shape), x.dtype, dst.dtype, tuple(getattr(weight, "shape", ())), eps, fp8_scale,
                dst.is_contiguous(), residual.is_contiguous())
-        got = memo.get(key)
+        got = comm.planner.memo.get(key)
         if got is not None:
             return got
     fc = check_call(x, residual, weight, eps, out, fp8_scale, comm.rank, comm.world_size, comm.device)
@@ -127,44 +126,5 @@ def _planned(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any, 
         raise refusal(call_words("all_reduce_add_rms_norm", n, c.message_bytes, c.dtype.name),
                       fc.reason if be is not None else comm.planner.runtime_error or fc.reason, comm.rank)
     if key is not None:
-        memo[key] = fc
+        comm.planner.remember(key, fc)
     return fc
-
-
-def fused_call(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any = None,
-               fp8_scale: Any = None) -> Any:
-    """The body of ``Communicator.all_reduce_add_rms_norm`` (see the module docstring);
-    returns the tensor that holds the norm (``out``, or ``x``) and sets ``comm.last_fused`` to
-    the plan that ran (None: the fallback ran)."""
-    fc = _planned(comm, x, residual, weight, eps, out, fp8_scale)
-    if fc.call.empty:
-        return fc.dst
-    be = comm.backend
-    if fc.plan is not None and be is not None:
-        if fc.bound is None or not be.launch_bound(fc.bound):
-            fc.bound = be.execute(fc.plan, fc.call, fc.x, fc.dst, residual=fc.residual, weight=fc.weight)
-        comm.last_fused = fc.plan.name
-        comm.plan_calls += 1
-        return fc.dst
-    comm.last_fused = None
-    comm._note("all_reduce_add_rms_norm", f"mscclang rank {comm.rank}: all_reduce_add_rms_norm falls back to "
-                                          f"all_reduce + the torch epilogue: {fc.reason}")
-    summed = x.clone()
-    comm.all_reduce(summed)
-    reference_epilogue(summed, fc)
-    return fc.dst
-
-
-def prepare_fused(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any = None,
-                  fp8_scale: Any = None) -> Optional[str]:
-    """``Communicator.prepare_all_reduce_add_rms_norm``: check the call and do its setup (the
-    fused plan's, or the fallback all_reduce's) outside a CUDA graph capture, so the same call
-    can then be captured. Returns the fused plan's name, or None when the call will fall back."""
-    fc = _planned(comm, x, residual, weight, eps, out, fp8_scale)
-    if comm.backend is None or fc.call.empty:
-        return None
-    if fc.plan is not None:
-        comm.backend.prepare(fc.plan, fc.call)
-        return fc.plan.name
-    comm.prepare("all_reduce", x)
-    return None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from mscclang.comm.catalog import PlanVariant
 from mscclang.comm.errors import BatchInvariantError, CommError
@@ -30,7 +30,7 @@ from mscclang.comm.padding import needs_padding, padded_block_elems
 from mscclang.comm.selector import Choice, Selector
 from mscclang.errors import InvalidCall, MscclangError
 from mscclang.plan.call import Call, FusedArgs, check_tensor, make_call
-from mscclang.plan.collectives import BlockShape
+from mscclang.plan.collectives import BlockShape, collective
 from mscclang.plan.models import Plan
 
 _MODE_RANK = {"direct": 0, "copy_in": 1, "staged": 2}
@@ -127,6 +127,22 @@ class Planner:
         """A tensor argument: a contiguous torch tensor on this communicator's device."""
         with comm_errors():
             check_tensor(t, what, self.rank, self.device, "communicator")
+
+    def default_out(self, coll: str, tensor: Any) -> Any:
+        """A new output of the collective's size for ``tensor`` (the input itself when the
+        collective's output is its input's size); CommError when ``tensor`` does not divide
+        into the collective's blocks."""
+        import torch
+
+        self.check_tensor(f"{coll} input", tensor)
+        row = collective(coll)
+        bi, bo = row.blocks(self.world_size)
+        if bi == bo:
+            return tensor
+        if tensor.numel() % bi:
+            raise CommError(f"{row.api} needs an element count divisible by the world size {self.world_size}, "
+                            f"got {tensor.numel()}")
+        return torch.empty(row.output_elems(self.world_size, tensor.numel()), dtype=tensor.dtype, device=tensor.device)
 
     def make_call(self, coll: str, inp: Any, out: Any, op: Any = "sum", accum: Any = None,
                   epi: Optional[FusedArgs] = None, root: int = 0) -> Call:
@@ -349,7 +365,16 @@ class Planner:
                 if be is not None:
                     be.describe_call("")
             if key is not None:
-                if len(self.memo) >= _MEMO_SIZE:
-                    self.memo.pop(next(iter(self.memo)))
-                self.memo[key] = cp
+                self.remember(key, cp)
         return key, cp
+
+    def remember(self, key: tuple, record: Any) -> None:
+        """Memoise ``record`` under ``key`` (the oldest entry goes when the memo is full)."""
+        if len(self.memo) >= _MEMO_SIZE:
+            self.memo.pop(next(iter(self.memo)))
+        self.memo[key] = record
+
+    def forget(self, keys: Iterable[tuple]) -> None:
+        """Drop the memo's entries under ``keys`` (those not there are ignored)."""
+        for key in keys:
+            self.memo.pop(key, None)

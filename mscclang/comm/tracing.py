@@ -84,29 +84,29 @@ class Tracing:
     ``store`` (every rank must leave its block: collective), with ``key`` naming this block
     among the communicator's."""
 
-    def __init__(self, comm: Any, store: Any, key: str) -> None:
-        self._comm = comm
+    def __init__(self, runs: Any, store: Any, key: str) -> None:
+        self._runs = runs   # the communicator's Launch
         self._store = store
         self._key = key
-        self.result = CallTrace(comm.rank)
+        self.result = CallTrace(runs.rank)
 
     def __enter__(self) -> CallTrace:
-        if getattr(self._comm, "_tracer", None) is not None:
-            raise MscclangError(f"rank {self._comm.rank}: comm.trace() blocks do not nest")
-        self._comm._tracer = self.result
+        if self._runs.tracer is not None:
+            raise MscclangError(f"rank {self._runs.rank}: comm.trace() blocks do not nest")
+        self._runs.tracer = self.result
         return self.result
 
     def __exit__(self, *exc: Any) -> None:
-        self._comm._tracer = None
+        self._runs.tracer = None
         if exc[0] is not None:
             return
         ran = [c.trace.t0_ns for c in self.result.calls if c.trace.events]
         mine = min(ran) if ran else 0
-        if self._store is None or self._comm.world_size == 1:
+        if self._store is None or self._runs.planner.world_size == 1:
             self.result.base_ns = mine or None
             return
-        self._store.set(f"{self._key}/{self._comm.rank}", str(mine))
-        firsts = [int(self._store.get(f"{self._key}/{r}")) for r in range(self._comm.world_size)]
+        self._store.set(f"{self._key}/{self._runs.rank}", str(mine))
+        firsts = [int(self._store.get(f"{self._key}/{r}")) for r in range(self._runs.planner.world_size)]
         ran_any = [t for t in firsts if t]
         self.result.base_ns = min(ran_any) if ran_any else None
 

@@ -21,7 +21,8 @@ from mscclang.comm.selector import LL_THRESHOLD
 from mscclang.plan.collectives import collective, plan_collective
 
 if TYPE_CHECKING:
-    from mscclang.comm.communicator import Communicator
+    from mscclang.comm.launch import Launch
+    from mscclang.comm.planner import Planner
 
 #: the collectives warmed when none are named
 DEFAULT_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
@@ -43,32 +44,33 @@ class WarmedCall:
     ms: float
 
 
-def message_sizes(comm: "Communicator", coll: str, esz: int, max_bytes: int) -> list[int]:
+def message_sizes(planner: "Planner", coll: str, esz: int, max_bytes: int) -> list[int]:
     """The message sizes where the selector's choice for ``coll`` can change, in bytes, ascending:
     the heuristic's LL threshold, each rule's ``max_bytes`` and the byte after it, each catalog variant's ``min_bytes`` and
     ``max_bytes`` and the byte after it (in the batch-invariant mode the generated variants' too),
     and the powers of two, from one element per block up to ``max_bytes``; each rounded up to
     whole elements in every block."""
-    n = comm.world_size
+    n = planner.world_size
     unit = esz * max(collective(coll).blocks(n))
     bounds: set[int] = {LL_THRESHOLD, LL_THRESHOLD + 1}   # the heuristic's LL/Simple switch
     p = unit
     while p <= max_bytes:
         bounds.add(p)
         p *= 2
-    for r in comm.selector.table.rules:
+    sel = planner.selector
+    for r in sel.table.rules:
         if r.max_bytes is not None:
             bounds.update((r.max_bytes, r.max_bytes + 1))
-    sel = comm.selector
     for v in sel.catalog.matching(coll, n) + (sel.generated(coll, n).matching(coll, n) if sel.batch_invariant else []):
         bounds.update((v.min_bytes, v.max_bytes, v.max_bytes + 1))
     sizes = {-(-b // unit) * unit for b in bounds if 0 < b <= max_bytes}
     return sorted(s for s in sizes if s <= max_bytes)
 
 
-def warm_up(comm: "Communicator", collectives: Optional[Iterable[str]] = None, dtype: Any = None,
+def warm_up(runs: "Launch", collectives: Optional[Iterable[str]] = None, dtype: Any = None,
             max_bytes: int = DEFAULT_MAX_BYTES, symmetric: bool = True) -> list[WarmedCall]:
-    """Run the warm-up calls (see the module docstring) on ``comm`` and return them, one record
+    """Run the warm-up calls (see the module docstring) through ``runs`` (a communicator's
+    :class:`~mscclang.comm.launch.Launch`) and return them, one record
     per call. ``collectives``: API or plan names (default :data:`DEFAULT_COLLECTIVES`);
     ``dtype``: the tensors' dtype (default bfloat16); ``symmetric``: also on symmetric tensors
     (ignored without a runtime that has them). Bad arguments raise
@@ -89,16 +91,16 @@ def warm_up(comm: "Communicator", collectives: Optional[Iterable[str]] = None, d
             raise CommError(f"warm_up: {name!r} cannot be warmed (it takes a root, a peer or "
                             "more than one tensor); warm it with a call of its own")
     esz = torch.empty((), dtype=dtype).element_size()
-    device = comm.device if comm.device is not None else "cpu"
-    be = comm.backend
+    planner, be = runs.planner, runs.engine
+    world = planner.world_size
+    device = planner.device if planner.device is not None else "cpu"
     kinds = ["ordinary"] + (["symmetric"] if symmetric and be is not None else [])
-    plans = {c: message_sizes(comm, c, esz, max_bytes) for c in colls}
+    plans = {c: message_sizes(planner, c, esz, max_bytes) for c in colls}
     # one pair of scratch tensors per kind, as large as the largest call's sides
-    ib = max((collective(c).call_bytes(comm.world_size, s[-1])[0] for c, s in plans.items() if s), default=0)
-    ob = max((collective(c).call_bytes(comm.world_size, s[-1])[1] for c, s in plans.items() if s), default=0)
+    ib = max((collective(c).call_bytes(world, s[-1])[0] for c, s in plans.items() if s), default=0)
+    ob = max((collective(c).call_bytes(world, s[-1])[1] for c, s in plans.items() if s), default=0)
     done: list[WarmedCall] = []
-    memo = comm.planner.memo
-    before = set(memo)
+    before = set(planner.memo)
     for kind in kinds:
         if kind == "symmetric":   # symmetric staging memory, released (collectively) below
             big_in, big_out = be.empty_staging(ib // esz, dtype), be.empty_staging(ob // esz, dtype)
@@ -108,18 +110,19 @@ def warm_up(comm: "Communicator", collectives: Optional[Iterable[str]] = None, d
         for c, sizes in plans.items():
             row = collective(c)
             for nbytes in sizes:
-                i, o = row.call_bytes(comm.world_size, nbytes)
+                i, o = row.call_bytes(world, nbytes)
                 inp = big_in[:i // esz]
                 out = inp if i == o else big_out[:o // esz]   # in place where the API's default is
                 t0 = time.perf_counter()
-                comm._call(c, inp, out, "sum")
+                runs.call(c, inp, out, "sum")
                 ms = (time.perf_counter() - t0) * 1e3
-                cp = comm.last
+                cp = runs.last
                 plan = cp.plan.name if cp is not None and cp.plan is not None else None
                 done.append(WarmedCall(c, nbytes, kind, plan, cp.mode if cp is not None else "nccl", ms))
-        comm.synchronize()
-        for key in [k for k in memo if k not in before]:
-            memo.pop(key, None)   # keyed by the scratch's addresses: no later call finds them
+        if be is not None:
+            be.synchronize()
+        # keyed by the scratch's addresses: no later call finds them
+        planner.forget([k for k in planner.memo if k not in before])
         if kind == "symmetric":
             be.release([big_in, big_out])
         del big_in, big_out
