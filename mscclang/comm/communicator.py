@@ -255,7 +255,7 @@ class Communicator:
         self._check_open("all_reduce_add_rms_norm")
         from mscclang.comm.fused_norm import planned
 
-        return self._runs.run_fused(planned(self, x, residual, weight, eps, out, fp8_scale))
+        return self._runs.run_fused(planned(self.planner, x, residual, weight, eps, out, fp8_scale))
 
     def prepare_all_reduce_add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6,
                                         out: Any = None, fp8_scale: Any = None) -> Optional[str]:
@@ -264,7 +264,7 @@ class Communicator:
         self._check_open("prepare_all_reduce_add_rms_norm")
         from mscclang.comm.fused_norm import planned
 
-        return self._runs.prepare_fused(planned(self, x, residual, weight, eps, out, fp8_scale))
+        return self._runs.prepare_fused(planned(self.planner, x, residual, weight, eps, out, fp8_scale))
 
     def all_gather(self, tensor: Any, out: Any = None) -> Any:
         """Gather every rank's ``tensor`` into ``out`` (``world_size`` times as many elements,

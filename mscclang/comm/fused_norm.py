@@ -96,27 +96,27 @@ def reference_epilogue(summed: Any, fc: FusedCall) -> None:
     dst.copy_(y)
 
 
-def planned(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any, fp8_scale: Any) -> FusedCall:
-    """The call's FusedCall from the planner's memo (checked and planned on a miss): keyed by
-    the tensors' addresses, shapes and dtypes and the parameters (a tensor scale is read at every
-    call: not memoised). Reads ``comm``; the memo is the planner's."""
+def planned(planner: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any, fp8_scale: Any) -> FusedCall:
+    """The call's FusedCall from the memo of ``planner`` (a :class:`~mscclang.comm.planner.Planner`;
+    checked and planned on a miss): keyed by the tensors' addresses, shapes and dtypes and the
+    parameters (a tensor scale is read at every call: not memoised)."""
     dst = x if out is None else out
     key = None
     if not hasattr(fp8_scale, "item") and getattr(x, "is_contiguous", None) and x.is_contiguous():
         key = (FUSED_NORM, x.data_ptr(), dst.data_ptr(), residual.data_ptr(), getattr(weight, "data_ptr", id)(),
                tuple(x.shape), x.dtype, dst.dtype, tuple(getattr(weight, "shape", ())), eps, fp8_scale,
                dst.is_contiguous(), residual.is_contiguous())
-        got = comm.planner.memo.get(key)
+        got = planner.memo.get(key)
         if got is not None:
             return got
-    fc = check_call(x, residual, weight, eps, out, fp8_scale, comm.rank, comm.world_size, comm.device)
-    be = comm.backend
+    fc = check_call(x, residual, weight, eps, out, fp8_scale, planner.rank, planner.world_size, planner.device)
+    be = planner.backend
     fc.reason = "no back end runs plans"
-    inv, n = comm.batch_invariant, comm.world_size
+    inv, n = planner.selector.batch_invariant, planner.world_size
     if be is not None and not fc.call.empty:
-        variant = select_fused(comm.catalog, n, fc.shape(), inv)
+        variant = select_fused(planner.selector.catalog, n, fc.shape(), inv)
         if variant is None and inv:
-            variant = select_fused(comm.selector.generated(FUSED_NORM, n), n, fc.shape(), inv)
+            variant = select_fused(planner.selector.generated(FUSED_NORM, n), n, fc.shape(), inv)
         fc.plan = variant.load() if variant is not None else None
         fc.reason = (f"no fused plan {'keeping it ' if inv else ''}for {n} ranks ({'FP8' if fc.quant else 'no FP8'}, "
                      f"{'in place' if fc.dst is fc.x else 'out of place'}) in the catalog"
@@ -124,7 +124,7 @@ def planned(comm: Any, x: Any, residual: Any, weight: Any, eps: Any, out: Any, f
     if inv and fc.plan is None and not fc.call.empty:
         c = fc.call
         raise refusal(call_words("all_reduce_add_rms_norm", n, c.message_bytes, c.dtype.name),
-                      fc.reason if be is not None else comm.planner.runtime_error or fc.reason, comm.rank)
+                      fc.reason if be is not None else planner.runtime_error or fc.reason, planner.rank)
     if key is not None:
-        comm.planner.remember(key, fc)
+        planner.remember(key, fc)
     return fc

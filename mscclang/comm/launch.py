@@ -42,6 +42,7 @@ class Launch:
     def __init__(self, planner: Planner, engine: Any, fallback: Any, calls: Optional[FallbackCalls],
                  note: Callable[..., None]) -> None:
         self.planner = planner
+        self.rank = planner.rank
         self.engine = engine
         self.fallback = fallback
         self.calls = calls
@@ -51,10 +52,6 @@ class Launch:
         self.last: Optional[CallPlan] = None
         self.last_fused: Optional[str] = None
         self.plan_calls = 0
-
-    @property
-    def rank(self) -> int:
-        return self.planner.rank
 
     # ------------------------------------------------------------------ collectives
     def call(self, coll: str, inp: Any, out: Any, op: Any, root: int = 0, accum: Any = None) -> Any:
