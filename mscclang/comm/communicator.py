@@ -253,18 +253,14 @@ class Communicator:
         before anything runs; see :mod:`mscclang.comm.fused_norm` for the rules and the
         fallback. ``last_fused`` names the plan the last such call ran (None: the fallback)."""
         self._check_open("all_reduce_add_rms_norm")
-        from mscclang.comm.fused_norm import planned
-
-        return self._runs.run_fused(planned(self.planner, x, residual, weight, eps, out, fp8_scale))
+        return self._runs.fused(x, residual, weight, eps, out, fp8_scale)
 
     def prepare_all_reduce_add_rms_norm(self, x: Any, residual: Any, weight: Any, eps: float = 1e-6,
                                         out: Any = None, fp8_scale: Any = None) -> Optional[str]:
         """:meth:`prepare` for :meth:`all_reduce_add_rms_norm` (same arguments): the fused
         plan's name, or None when the call will fall back. Collective."""
         self._check_open("prepare_all_reduce_add_rms_norm")
-        from mscclang.comm.fused_norm import planned
-
-        return self._runs.prepare_fused(planned(self.planner, x, residual, weight, eps, out, fp8_scale))
+        return self._runs.prepare_fused(x, residual, weight, eps, out, fp8_scale)
 
     def all_gather(self, tensor: Any, out: Any = None) -> Any:
         """Gather every rank's ``tensor`` into ``out`` (``world_size`` times as many elements,

@@ -27,6 +27,8 @@ from mscclang.comm.errors import CommError
 from mscclang.comm.fallback import FallbackCalls, TorchFallback, run_fallback
 from mscclang.comm.planner import CallPlan, Planner
 from mscclang.comm.tracing import CallTrace, TracedCall
+from mscclang.plan.call import FusedArgs
+from mscclang.plan.collectives import FUSED_NORM
 from mscclang.plan.dtypes import gpu_dtype
 
 
@@ -183,38 +185,41 @@ class Launch:
             be.describe_call("")
 
     # ------------------------------------------------------------------ the fused call
-    def run_fused(self, fc: Any) -> Any:
-        """Run a planned fused call (:class:`~mscclang.comm.fused_norm.FusedCall`): its plan, or
-        the library ``all_reduce`` plus the reference epilogue in torch. Returns the tensor that
-        holds the norm."""
+    def fused(self, x: Any, residual: Any, weight: Any, eps: Any, out: Any, scale: Any) -> Any:
+        """Plan (or find in the memo) and run a fused call: its plan, or the library ``all_reduce``
+        plus the reference epilogue in torch. Returns the tensor that holds the norm."""
+        dst = x if out is None else out
+        _, cp = self.planner.lookup(FUSED_NORM, x, dst, "sum", 0, None, FusedArgs(residual, weight, eps, scale))
+        if cp.call.empty:
+            return dst
+        be = self.engine
+        if cp.plan is not None and be is not None:
+            if cp.bound is None or not be.launch_bound(cp.bound):
+                cp.bound = be.execute(cp.plan, cp.call, x, dst, residual=residual, weight=weight)
+            self.last_fused = cp.plan.name
+            self.plan_calls += 1
+            return dst
         from mscclang.comm.fused_norm import reference_epilogue
 
-        if fc.call.empty:
-            return fc.dst
-        be = self.engine
-        if fc.plan is not None and be is not None:
-            if fc.bound is None or not be.launch_bound(fc.bound):
-                fc.bound = be.execute(fc.plan, fc.call, fc.x, fc.dst, residual=fc.residual, weight=fc.weight)
-            self.last_fused = fc.plan.name
-            self.plan_calls += 1
-            return fc.dst
         self.last_fused = None
         self.note("all_reduce_add_rms_norm", f"mscclang rank {self.rank}: all_reduce_add_rms_norm falls back to "
-                                             f"all_reduce + the torch epilogue: {fc.reason}")
-        summed = fc.x.clone()
+                                             f"all_reduce + the torch epilogue: {cp.reason}")
+        summed = x.clone()
         self.call("allreduce", summed, summed, "sum")
-        reference_epilogue(summed, fc)
-        return fc.dst
+        reference_epilogue(summed, residual, weight, dst, cp.call.epi)
+        return dst
 
-    def prepare_fused(self, fc: Any) -> Optional[str]:
+    def prepare_fused(self, x: Any, residual: Any, weight: Any, eps: Any, out: Any, scale: Any) -> Optional[str]:
         """The fused call's setup (its plan's, or the fallback all_reduce's): the plan's name, or
         None when the call will fall back."""
-        if self.engine is None or fc.call.empty:
+        dst = x if out is None else out
+        _, cp = self.planner.lookup(FUSED_NORM, x, dst, "sum", 0, None, FusedArgs(residual, weight, eps, scale))
+        if self.engine is None or cp.call.empty:
             return None
-        if fc.plan is not None:
-            self.engine.prepare(fc.plan, fc.call)
-            return fc.plan.name
-        self.prepare("allreduce", fc.x, fc.x, "sum", 0, None)
+        if cp.plan is not None:
+            self.engine.prepare(cp.plan, cp.call)
+            return cp.plan.name
+        self.prepare("allreduce", x, x, "sum", 0, None)
         return None
 
     # ------------------------------------------------------------------ the fallback

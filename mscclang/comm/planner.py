@@ -27,7 +27,7 @@ from mscclang.comm.catalog import PlanVariant
 from mscclang.comm.errors import BatchInvariantError, CommError
 from mscclang.comm.invariant import call_words, refusal
 from mscclang.comm.padding import needs_padding, padded_block_elems
-from mscclang.comm.selector import Choice, Selector
+from mscclang.comm.selector import Choice, FusedShape, Selector, select_fused
 from mscclang.errors import InvalidCall, MscclangError
 from mscclang.plan.call import Call, FusedArgs, check_tensor, make_call
 from mscclang.plan.collectives import BlockShape, collective
@@ -159,6 +159,8 @@ class Planner:
         n = self.world_size
         shape = call.shape
         nbytes = call.message_bytes
+        if call.collective.fused:
+            return self.plan_fused(call)
         if self.backend is None:
             if self.selector.batch_invariant:
                 raise self.refuse(call, self.runtime_error or "no runtime")
@@ -209,6 +211,30 @@ class Planner:
                    if self._cannot else self.selector.explain(call))
             raise self.refuse(call, why)
         return CallPlan(coll, "nccl", None, None, shape, shape, call, reason=reason, registrable=want_reg)
+
+    def plan_fused(self, call: Call) -> CallPlan:
+        """The fused call's plan (:func:`~mscclang.comm.selector.select_fused`; in the batch-invariant
+        mode from the algorithm library where the catalog has none): ``direct``, or ``nccl`` for the
+        fallback (``all_reduce`` plus the reference epilogue); the batch-invariant mode raises
+        instead of falling back."""
+        n, be, inv = self.world_size, self.backend, self.selector.batch_invariant
+        cp = CallPlan(call.collective.name, "nccl", None, None, call.shape, call.shape, call,
+                      reason="no back end runs plans")
+        if be is not None:
+            shape = FusedShape.of(call)
+            v = select_fused(self.selector.catalog, n, shape, inv)
+            if v is None and inv:
+                v = select_fused(self.selector.generated(call.collective.name, n), n, shape, inv)
+            # the fused memo key holds no buffer class (lookup): right only while no fused plan is zero-copy
+            assert v is None or not v.symmetric, f"fused plan {v.key} is zero-copy"
+            if v is not None:
+                cp.mode, cp.variant, cp.plan = "direct", v, v.load()
+            cp.reason = (f"no fused plan {'keeping it ' if inv else ''}for {n} ranks "
+                         f"({'FP8' if call.epi.quant else 'no FP8'}, {'in place' if call.inplace else 'out of place'}) "
+                         "in the catalog" + (" or the algorithm library" if inv else ""))
+        if inv and cp.plan is None:
+            raise self.refuse(call, cp.reason if be is not None else self.runtime_error or cp.reason)
+        return cp
 
     def refuse(self, call: Call, why: str) -> BatchInvariantError:
         """The batch-invariant mode's one-line error for ``call`` (the caller raises it)."""
@@ -333,14 +359,29 @@ class Planner:
             return a, out
         return inp, out
 
-    def lookup(self, coll: str, inp: Any, out: Any, op: str, root: int, accum: Any = None
-               ) -> tuple[Optional[tuple], CallPlan]:
+    def lookup(self, coll: str, inp: Any, out: Any, op: str, root: int, accum: Any = None,
+               epi: Optional[FusedArgs] = None) -> tuple[Optional[tuple], CallPlan]:
         """The memo key of a call and its CallPlan (checked, planned and memoised on a miss, so a
-        repeated call checks nothing again). Shared by the collectives and :meth:`prepare`, so a
-        prepared call is found again when captured."""
+        repeated call checks nothing again). Shared by the collectives, the fused call (``epi``:
+        its arguments) and :meth:`prepare`, so a prepared call is found again when captured.
+
+        The one key rule: the call's tensors' addresses, sizes, dtypes and devices, the op, the
+        accumulation dtype, the root and what each tensor is to zero-copy plans; a fused call's
+        key is the out-of-place key plus the residual's and the weight's addresses and shapes,
+        x's shape, eps and the FP8 scale (a tensor scale is read at every call: no key)."""
         key = None
         be = self.backend
-        if out is inp:
+        if epi is not None:
+            # no buffer class in a fused key: the classes are in the plain key so that the ranks
+            # choose alike between a zero-copy plan and a staged one, and no fused plan is
+            # zero-copy (plan_fused asserts it), so what the tensors are changes no choice
+            if not hasattr(epi.scale, "item") and getattr(inp, "is_contiguous", None) and inp.is_contiguous() \
+                    and out.is_contiguous():
+                res, w = epi.residual, epi.weight
+                key = (coll, inp.data_ptr(), out.data_ptr(), inp.numel(), out.numel(), inp.dtype, out.dtype,
+                       inp.device, out.device, op, accum, root, None, res.data_ptr(), getattr(w, "data_ptr", id)(),
+                       tuple(inp.shape), tuple(getattr(w, "shape", ())), epi.eps, epi.scale, res.is_contiguous())
+        elif out is inp:
             # in place (the common call): the tensor is read once
             if getattr(inp, "is_contiguous", None) and inp.is_contiguous():
                 key = (coll, inp.data_ptr(), inp.numel(), inp.dtype, inp.device, op, accum, root,
@@ -354,7 +395,7 @@ class Planner:
                    out.dtype, inp.device, out.device, op, accum, root, sym)
         cp = self.memo.get(key) if key is not None else None
         if cp is None:
-            call = self.make_call(coll, inp, out, op, accum, root=root)
+            call = self.make_call(coll, inp, out, op, accum, epi, root=root)
             if call.empty:   # nothing to run
                 return key, CallPlan(coll, "empty", None, None, call.shape, call.shape, call)
             if be is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from mscclang.comm.catalog import Catalog, PlanVariant
 from mscclang.comm.invariant import GeneratedVariant, generated_variants, keeps_contract
@@ -200,6 +200,12 @@ class FusedShape:
     nbytes: int
     quant: bool
     inplace: bool
+
+    @classmethod
+    def of(cls, call: Any) -> "FusedShape":
+        """The shape of a checked fused :class:`~mscclang.plan.call.Call`."""
+        h = call.epi.hidden
+        return cls(call.in_bytes // call.dtype.itemsize // h, h, call.in_bytes, call.epi.quant, call.inplace)
 
 
 def select_fused(catalog: Catalog, ranks: int, shape: FusedShape, invariant: bool = False) -> Optional[PlanVariant]:

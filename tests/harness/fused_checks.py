@@ -38,14 +38,14 @@ def _sim_expected(comm: Any, xs: list, res: Any, w: Any, eps: float, scale: Opti
                   rank: int) -> tuple[Optional[str], Any, Any]:
     """(plan name, residual, output) the simulator gives this rank for the plan the call picks."""
     from mscclang.comm.fused_norm import check_call
-    from mscclang.comm.selector import select_fused
+    from mscclang.comm.selector import FusedShape, select_fused
     from mscclang.comm.sim_backend import torch_to_numpy
     from mscclang.plan.dtypes import torch_dtype_info
     from mscclang.sim.epilogue import EpilogueParams
     from mscclang.sim.fused import run_fused
 
     call = check_call(xs[rank].clone(), res.clone(), w, eps, out, scale)
-    v = select_fused(comm.catalog, comm.world_size, call.shape())
+    v = select_fused(comm.catalog, comm.world_size, FusedShape.of(call))
     if v is None:
         return None, None, None
     plan = v.load()
