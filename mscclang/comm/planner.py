@@ -375,8 +375,8 @@ class Planner:
             # no buffer class in a fused key: the classes are in the plain key so that the ranks
             # choose alike between a zero-copy plan and a staged one, and no fused plan is
             # zero-copy (plan_fused asserts it), so what the tensors are changes no choice
-            if not hasattr(epi.scale, "item") and getattr(inp, "is_contiguous", None) and inp.is_contiguous() \
-                    and out.is_contiguous():
+            if (not hasattr(epi.scale, "item") and getattr(inp, "is_contiguous", None) and inp.is_contiguous()
+                    and out.is_contiguous()):
                 res, w = epi.residual, epi.weight
                 key = (coll, inp.data_ptr(), out.data_ptr(), inp.numel(), out.numel(), inp.dtype, out.dtype,
                        inp.device, out.device, op, accum, root, None, res.data_ptr(), getattr(w, "data_ptr", id)(),
