@@ -73,8 +73,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d   # AllgatherOptions is not re-exported by torch.distributed
 
 from mscclang.comm.communicator import Communicator
-from mscclang.comm.fallback import FallbackCalls, HostStaged, TorchFallback, torch_backend_for
-from mscclang.comm.names import call_text
+from mscclang.comm.fallback import FallbackCalls, HostStaged, TorchFallback, call_text, torch_backend_for
 from mscclang.config import settings
 from mscclang.errors import InvalidCall
 from mscclang.plan.call import overlap

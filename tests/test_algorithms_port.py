@@ -25,6 +25,7 @@ from mscclang.comm.catalog import Catalog
 from mscclang.comm.selector import Selector
 from mscclang.comm.tuning import DEFAULT_TUNING_FILE, Candidate, Rule, TuningTable
 from mscclang.errors import DSLError, PlanError
+from mscclang.plan.call import message_call
 from mscclang.plan.io import load_plan, plan_from_dict, plan_to_dict
 from mscclang.plan.models import ChannelType, OpName, Plan
 from mscclang.runtime.topology import Topology, check_topology
@@ -271,9 +272,10 @@ def test_selector_never_picks_port_variants_by_itself(catalog: Catalog) -> None:
     for coll in ("allreduce", "allgather", "alltoall"):
         for n in (2, 4, 8):
             for nbytes in (64 * 1024, 64 * MiB, 1 << 30):
-                got = [v.algorithm for c in sel.choices(coll, n, nbytes, "bfloat16") for v in c.variants]
+                call = message_call(coll, n, nbytes, "bfloat16")
+                got = [v.algorithm for c in sel.choices(call) for v in c.variants]
                 assert got and not set(got) & set(CE + HIER), (coll, n, nbytes)
-                extra = [v.algorithm for c in sel.extra_choices(coll, n, nbytes, "bfloat16") for v in c.variants]
+                extra = [v.algorithm for c in sel.extra_choices(call) for v in c.variants]
                 assert not set(extra) & set(CE + HIER)
     # the shipped defaults do not name them either
     assert not any(a in DEFAULT_TUNING_FILE.read_text() for a in CE + HIER)
@@ -283,10 +285,10 @@ def test_a_tuning_rule_selects_them_by_name(catalog: Catalog) -> None:
     rule = Rule(collective="allreduce", world_size=2, candidates=[
         Candidate(plan="allreduce_port_pipelined.r2.i1.steps8.inplace"), Candidate(plan="nccl")])
     sel = Selector(TuningTable(rules=[rule]), catalog)
-    first = sel.choices("all_reduce", 2, 1 << 30, "bfloat16")[0]
+    first = sel.choices(message_call("all_reduce", 2, 1 << 30, "bfloat16"))[0]
     assert [v.key for v in first.variants] == ["allreduce_port_pipelined.r2.i1.steps8.inplace"]
     # by algorithm: every shipped variant of it for the world size
     rule = Rule(collective="allgather", world_size=8, candidates=[Candidate(plan="allgather_hierarchical")])
     keys = {v.key for v in Selector(TuningTable(rules=[rule]), catalog).choices(
-        "all_gather", 8, 1 << 30, "bfloat16")[0].variants}
+        message_call("all_gather", 8, 1 << 30, "bfloat16"))[0].variants}
     assert {"allgather_hierarchical.r8.i1.gpus_per_node2", "allgather_hierarchical.r8.i4.gpus_per_node4.inplace"} <= keys

@@ -24,6 +24,7 @@ from mscclang.comm.sim_backend import SimBackend, torch_to_numpy
 from mscclang.comm.sim_ranks import catalog_of, run_ranks, stub_plan
 from mscclang.comm.tuning import TuningTable, tuning_from_dict
 from mscclang.errors import InvalidCall
+from mscclang.plan.call import message_call
 from mscclang.plan.reference import reference_outputs
 from tests.harness.data import spread
 
@@ -105,7 +106,8 @@ def test_the_selector_lists_only_plans_that_keep_the_contract(caplog):
     table = _table("allreduce", "ar_unsaid", "nccl")
 
     def labels(sel, coll):
-        return [c.variant.key if c.variants else "nccl" for c in sel.choices(coll, 4, 4096, "float32")]
+        return [c.variant.key if c.variants else "nccl"
+                for c in sel.choices(message_call(coll, 4, 4096, "float32"))]
 
     assert labels(Selector(table, cat), "allreduce") == ["ar_unsaid", "nccl"]
     with caplog.at_level(logging.WARNING, "mscclang.comm"):

@@ -9,7 +9,7 @@ import torch
 
 from mscclang.bench.worker import BenchConfig, BenchWorker
 from mscclang.comm.catalog import Catalog, default_plans_dir
-from mscclang.comm.names import busbw_factor
+from mscclang.plan.collectives import collective
 from mscclang.comm.sim_ranks import run_ranks
 from mscclang.comm.tuning import load_tuning
 
@@ -67,9 +67,9 @@ def test_mscclang_cells_at_n_ranks(n):
 
 @pytest.mark.parametrize("n", [3, 4, 8])
 def test_busbw_factors_for_n(n):
-    assert busbw_factor("all_reduce", n) == pytest.approx(2 * (n - 1) / n)
+    assert collective("all_reduce").busbw(n) == pytest.approx(2 * (n - 1) / n)
     for coll in ("all_gather", "reduce_scatter", "all_to_all"):
-        assert busbw_factor(coll, n) == pytest.approx((n - 1) / n)
+        assert collective(coll).busbw(n) == pytest.approx((n - 1) / n)
 
 
 @pytest.mark.parametrize("n", [2, 4])

@@ -9,7 +9,7 @@ from mscclang.bench.results import BenchResult, Record, load_result, merge, read
 from mscclang.bench.sizes import DEFAULT_SIZES, format_size, parse_size, parse_sizes
 from mscclang.bench.targets import check_targets
 from mscclang.comm.errors import CommError
-from mscclang.comm.names import busbw_factor
+from mscclang.plan.collectives import collective
 
 K, M = 1 << 10, 1 << 20
 
@@ -26,8 +26,9 @@ def test_parse_sizes():
 
 
 def test_busbw_factors():
-    assert busbw_factor("all_reduce", 2) == 1.0 and busbw_factor("allreduce", 8) == 1.75
-    assert busbw_factor("all_gather", 4) == 0.75 and busbw_factor("broadcast", 8) == 1.0
+    assert collective("all_reduce").busbw(2) == 1.0 and collective("allreduce").busbw(8) == 1.75
+    assert collective("all_gather").busbw(4) == 0.75 and collective("broadcast").busbw(8) == 1.0
+    assert collective("all_reduce_add_rms_norm").busbw(8) == 1.75   # the fused call moves an all-reduce's bytes
 
 
 def fixture() -> BenchResult:
@@ -35,7 +36,7 @@ def fixture() -> BenchResult:
     recs = []
 
     def add(coll, impl, nbytes, us, mode="graph", **kw):
-        bw = nbytes / us / 1e3 * busbw_factor(coll, 2)
+        bw = nbytes / us / 1e3 * collective(coll).busbw(2)
         recs.append(Record(coll, impl, mode, nbytes, "bfloat16", us=us, busbw=round(bw, 2), ok=True, **kw))
 
     add("all_reduce", "mscclang", K, 2.0, plan="allreduce_oneshot_ll.r2.i1 (direct)")
@@ -158,7 +159,7 @@ def test_targets_never_count_an_nccl_fallback_as_met():
     """Where a tuning rule made the library run NCCL, equal bandwidth is not our kernel's: the
     verdict says so and counts as missed; other world sizes get the 2-GPU targets as reference."""
     res = fixture()
-    bw = 256 * M / 480.0 / 1e3 * busbw_factor("all_to_all", 2)
+    bw = 256 * M / 480.0 / 1e3 * collective("all_to_all").busbw(2)
     res.records.append(Record("all_to_all", "mscclang", "graph", 256 * M, "bfloat16", us=480.0,
                               busbw=round(bw, 2), ok=True, plan="nccl"))
     res.records.append(Record("all_to_all", "nccl", "graph", 256 * M, "bfloat16", us=480.0,

@@ -73,14 +73,14 @@ def test_dtype_names_and_aliases():
 
 
 def test_every_dtype_name_is_one_the_simulator_and_the_communicator_accept():
-    from mscclang.comm.names import dtype_name
+    from mscclang.plan.dtypes import gpu_dtype
     from mscclang.sim.dtypes import parse_dtype as sim_parse
 
     for name in set(SIM_DTYPES) | set(DTYPE_ALIASES):
         canon = parse_dtype(name, SIM_DTYPES)
         sim_parse(canon)  # raises when the simulator does not know it
         if canon in GPU_DTYPES:
-            assert dtype_name(canon) == canon
+            assert gpu_dtype(canon).name == canon
 
 
 # ------------------------------------------------------------------------ the commands use it

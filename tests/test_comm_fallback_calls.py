@@ -9,11 +9,13 @@ backend alike."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from mscclang.plan.call import make_call
 from tests.harness.dist_ranks import spawn_ranks
 
 #: (what rank 0 calls, what rank 1 calls, the words CallMismatch must hold); each call is
@@ -143,12 +145,17 @@ def test_every_call_is_compared_and_the_store_only_asked_on_a_difference(monkeyp
             out.copy_(torch.cat([inp, inp if self.other is None else self.other]))
 
     fb, calls, x = Peer(), FallbackCalls(dist.HashStore(), 0, 2, 5.0), torch.ones(8)
+
+    def check(coll, out, op="sum", root=0, accum=None):
+        call = replace(make_call(coll, 0, 2, torch.device("cpu"), x, out, op, root=root), accum=accum)
+        calls.check(fb, call, x, out)
+
     for _ in range(3):
-        calls.check(fb, "allreduce", x, x, "sum", 0, None)
-    calls.check(fb, "broadcast", x, x, "sum", 1, None)
+        check("allreduce", x)
+    check("broadcast", x, root=1)
     assert fb.gathers == 4 and asked == []
     fb.other = torch.tensor([12345], dtype=torch.int64)
-    calls.check(fb, "allgather", x, torch.ones(16), "sum", 0, None)
-    calls.check(fb, "allreduce", x, x, "max", 0, "float32")
+    check("allgather", torch.ones(16))
+    check("allreduce", x, "max", accum="float32")
     assert fb.gathers == 6 and asked == ["allgather of 8 x float32 into 16",
                                          "allreduce of 8 x float32 max accumulated in float32"]

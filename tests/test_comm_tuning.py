@@ -7,6 +7,7 @@ import pytest
 from mscclang.comm.errors import TuningError
 from mscclang.comm.tuning import (DEFAULT_TUNING_FILE, TuningTable, load_tuning, save_tuning,
                                   tuning_from_dict, tuning_to_json)
+from mscclang.plan.call import message_call
 
 
 def table(rules):
@@ -221,7 +222,7 @@ def test_shipped_defaults_keep_an_any_buffer_plan_before_nccl(coll):
                 assert names.index("nccl") > min(i for i, c in enumerate(rule.candidates)
                                                  if c.us == min(anyb)), (coll, nbytes, names)
             continue
-        choices = sel.choices(coll, 2, nbytes, "bfloat16")
+        choices = sel.choices(message_call(coll, 2, nbytes, "bfloat16"))
         assert choices, (coll, nbytes)
         upto = next((i for i, c in enumerate(choices) if c.is_nccl), len(choices))
         assert any(not v.symmetric and v.fits(nbytes) for c in choices[:upto] for v in c.variants), \
@@ -240,7 +241,7 @@ def test_shipped_defaults_use_the_bandwidth_variants(coll):
     t = load_tuning(DEFAULT_TUNING_FILE)
     sel = Selector(t, cat)
     for nbytes in _probe_sizes(t, coll):
-        plans = [c for c in sel.choices(coll, 2, nbytes, "bfloat16") if not c.is_nccl]
+        plans = [c for c in sel.choices(message_call(coll, 2, nbytes, "bfloat16")) if not c.is_nccl]
         blocks = [grids[c.variant.key] for c in plans]
         if nbytes > 64 * 1024:
             assert blocks[0] >= 16, (coll, nbytes, [c.label() for c in plans])

@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mscclang.errors import InvalidCall
+from mscclang.errors import CommError, InvalidCall
 from mscclang.plan import collectives as pc
 from mscclang.plan import dtypes as pd
 
@@ -60,15 +60,14 @@ def test_torch_stays_an_optional_import():
 
 def test_views_derive_from_the_table():
     from mscclang.cli import args
-    from mscclang.comm import names
     from mscclang.sim.dtypes import dtype_name, parse_dtype
 
-    assert args.GPU_DTYPES == names.DTYPES == pd.GPU_DTYPES
+    assert args.GPU_DTYPES == pd.GPU_DTYPES
     assert args.SIM_DTYPES == pd.SIM_DTYPES
     assert args.BUILD_DTYPE == {"float16": ("f16",), "bfloat16": ("bf16",), "float32": ("f32",), "int32": ("i32",),
                                 "float8_e4m3": ("f8e4m3_a32", "f8e4m3_a16"), "float8_e5m2": ("f8e5m2_a32", "f8e5m2_a16")}
-    assert names.DTYPE_SIZES == {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4, "float8_e4m3": 1,
-                                 "float8_e5m2": 1}
+    assert {d.name: d.itemsize for d in pd.DTYPES if d.gpu} == {"float16": 2, "bfloat16": 2, "float32": 4, "int32": 4,
+                                                                 "float8_e4m3": 1, "float8_e5m2": 1}
     for d in pd.DTYPES:
         assert parse_dtype(d.name) == d.numpy and dtype_name(d.numpy) == d.name
 
@@ -87,13 +86,45 @@ def test_collective_names():
         pc.plan_collective("all_foo")
 
 
-def test_comm_names_keep_their_error_type():
-    from mscclang.comm.errors import CommError
-    from mscclang.comm.names import dtype_name, plan_collective
+def test_the_fused_row_has_its_api_name():
+    row = pc.TABLE[pc.FUSED_NORM]
+    assert row.api == "all_reduce_add_rms_norm" and row.fused
+    assert pc.collective("all_reduce_add_rms_norm") is row
+    # the names a one-tensor call takes (prepare, select, tuning rules) leave the fused one out
+    assert pc.FUSED_NORM not in pc.API_TO_PLAN.values()
+    with pytest.raises(InvalidCall, match=r"unknown collective 'all_reduce_add_rms_norm'"):
+        pc.plan_collective("all_reduce_add_rms_norm")
 
-    assert plan_collective("send_recv") == "sendrecv"
+
+def test_the_communicators_name_lookups_raise_its_error():
+    assert pc.plan_collective("send_recv") == "sendrecv"
     with pytest.raises(CommError, match=r"unknown collective 'all_foo'"):
-        plan_collective("all_foo")
-    assert dtype_name("bf16") == "bfloat16" and dtype_name(np.dtype(np.float32)) == "float32"
+        pc.plan_collective("all_foo")
+    assert pd.gpu_dtype("bf16").name == "bfloat16" and pd.gpu_dtype(np.dtype(np.float32)).name == "float32"
     with pytest.raises(CommError, match=r"unsupported dtype uint8; supported: float16, bfloat16, float32, int32"):
-        dtype_name("uint8")
+        pd.gpu_dtype("uint8")
+
+
+def test_a_call_carries_its_root():
+    import torch
+
+    from mscclang.plan.call import make_call, sized_call
+
+    x, cpu = torch.ones(8), torch.device("cpu")
+    assert make_call("broadcast", 0, 4, cpu, x, x, root=3).root == 3
+    assert make_call("allreduce", 0, 4, cpu, x, x, root=3).root == 0   # a root means nothing there
+    assert sized_call("broadcast", 0, 4, pd.dtype_info("float32"), 32, 32, root=2).root == 2
+    for bad in (4, -1, True, "1"):
+        with pytest.raises(InvalidCall, match=rf"rank 0: broadcast root {bad!r} is not a rank of 4"):
+            make_call("broadcast", 0, 4, cpu, x, x, root=bad)
+
+
+def test_a_call_of_a_message_size():
+    from mscclang.plan.call import message_call
+
+    ag = message_call("all_gather", 4, 4096, "bf16", rank=2)
+    assert (ag.collective.name, ag.rank, ag.world, ag.in_bytes, ag.out_bytes) == ("allgather", 2, 4, 1024, 4096)
+    assert ag.message_bytes == 4096 and ag.dtype.name == "bfloat16"
+    assert message_call("reduce_scatter", 4, 4096, "float32").out_bytes == 1024
+    with pytest.raises(CommError, match="unsupported dtype uint8"):
+        message_call("all_reduce", 4, 4096, "uint8")

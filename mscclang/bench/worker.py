@@ -26,9 +26,9 @@ from mscclang.bench.cells import Cell, gen_input
 from mscclang.bench.fused import FUSED, FUSED_IMPLS, fused_sizes
 from mscclang.bench.results import ORDINARY, Record
 from mscclang.bench.sizes import format_size
-from mscclang.comm.names import busbw_factor
 from mscclang.config import nccl_env, settings
 from mscclang.plan.collectives import collective as collective_row
+from mscclang.plan.collectives import plan_collective
 from mscclang.plan.dtypes import DTYPES, torch_dtype
 
 MiB = 1 << 20
@@ -325,7 +325,6 @@ class BenchWorker:
         ``coll`` at this world size; without a communicator, let the cell report why."""
         if self.comm is None:
             return True
-        from mscclang.comm.names import plan_collective
 
         return bool(self.comm.catalog.find_all(algo, plan_collective(coll), self.world))
 
@@ -341,7 +340,6 @@ class BenchWorker:
                 self.comm.use_tuning(self._tuning0)
                 self._forced = None
             return
-        from mscclang.comm.names import plan_collective
 
         self.comm.use_tuning({"format": "mscclang.tuning/1", "source": f"bench: {algo} forced",
                               "plans_dir": None,
@@ -378,7 +376,6 @@ class BenchWorker:
         out = cell.out.reshape(-1)
         if dt.is_floating_point and not bool(torch.isfinite(out.float() if out.element_size() == 1 else out).all()):
             return False, "non-finite values in the output (unwritten or wrong)"
-        from mscclang.comm.names import plan_collective
         from mscclang.plan.reference import output_blocks
 
         # where each output element comes from: the collective's definition (broadcast: root 0)
@@ -533,7 +530,7 @@ class BenchWorker:
         if cell is None:  # pragma: no cover - agree(ok) implies a cell
             return
         iters = iters_for(nbytes, self.cfg.iters_scale)
-        factor = busbw_factor("allreduce" if coll == FUSED else coll, n)
+        factor = collective_row(coll).busbw(n)
         for m in modes:
             times: list[float] = []
             err = ""

@@ -25,7 +25,7 @@ MODES = ("graph", "eager")
 
 
 def _list(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
-    from mscclang.comm.names import plan_collective
+    from mscclang.plan.collectives import plan_collective
     from mscclang.plan.collectives import PLAN_TO_API
 
     out = []

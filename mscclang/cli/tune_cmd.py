@@ -107,7 +107,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mscclang.comm.names import plan_collective
+    from mscclang.plan.collectives import plan_collective
 
     colls = []
     for c in args.collectives.split(","):

@@ -20,13 +20,14 @@ from mscclang.comm.backend import Backend, RuntimeBackend
 from mscclang.comm.catalog import Catalog
 from mscclang.comm.errors import CommError
 from mscclang.comm.fallback import FallbackCalls, TorchFallback, run_fallback
-from mscclang.comm.names import dtype_name, plan_collective
-from mscclang.comm.planner import CallPlan, Planner
+from mscclang.comm.planner import CallPlan, Planner, comm_errors
 from mscclang.comm.selector import Choice, Selector
 from mscclang.comm.tracing import CallTrace, TracedCall, Tracing, check_traceable
 from mscclang.comm.tuning import TuningTable, load_tuning
 from mscclang.config import Settings, settings
-from mscclang.plan.collectives import collective
+from mscclang.plan.call import Call, message_call
+from mscclang.plan.collectives import collective, plan_collective
+from mscclang.plan.dtypes import gpu_dtype
 
 log = logging.getLogger("mscclang.comm")
 
@@ -292,7 +293,7 @@ class Communicator:
         self._check_open("send")
         dst = self._check_peer(dst, "send dst")
         self.planner.check_tensor("send tensor", tensor)
-        dtype_name(tensor.dtype)
+        gpu_dtype(tensor.dtype)
         self._note_fallback("send", "point-to-point send/recv runs through torch.distributed")
         self._need_fallback("send").send(tensor, dst)
 
@@ -301,7 +302,7 @@ class Communicator:
         self._check_open("recv")
         src = self._check_peer(src, "recv src")
         self.planner.check_tensor("recv tensor", tensor)
-        dtype_name(tensor.dtype)
+        gpu_dtype(tensor.dtype)
         self._note_fallback("recv", "point-to-point send/recv runs through torch.distributed")
         self._need_fallback("recv").recv(tensor, src)
         return tensor
@@ -449,7 +450,9 @@ class Communicator:
     def select(self, collective: str, nbytes: int, dtype: Any) -> list[Choice]:
         """The selector's ordered choices for a message of ``nbytes`` (introspection)."""
         self._check_open("select")
-        return self.selector.choices(collective, self.world_size, nbytes, dtype)
+        with comm_errors():
+            return self.selector.choices(message_call(plan_collective(collective), self.world_size, nbytes, dtype,
+                                                      self.rank))
 
     def trace(self) -> Tracing:
         """A context manager recording the per-op GPU timeline of the collectives called inside
@@ -558,13 +561,13 @@ class Communicator:
                             f"got {tensor.numel()}")
         return torch.empty(row.output_elems(self.world_size, tensor.numel()), dtype=tensor.dtype, device=tensor.device)
 
-    def _launch(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int, accum: Optional[str] = None) -> None:
+    def _launch(self, cp: CallPlan, inp: Any, out: Any) -> None:
         if cp.mode == "nccl":
             if self._tracer is not None:
                 self._tracer.skipped.append(f"{cp.collective} (torch.distributed fallback)")
             if self.backend is not None:
                 self.backend.check()   # a pending abort of the runtime surfaces at any call
-            self._run_fallback(cp, inp, out, op, root, accum)
+            self._run_fallback(cp, inp, out)
             return
         assert self.backend is not None and cp.plan is not None and cp.choice is not None
         self.plan_calls += 1
@@ -603,7 +606,7 @@ class Communicator:
             cp.bound = None   # stale: resolved again below
         if cp.call.empty:
             return out
-        if cp.registrable and self._auto_register(coll, inp, out, cp.call.op, root):
+        if cp.registrable and self._auto_register(cp.call, inp, out):
             if cp.temp:
                 # the staged plan's buffer above the cap is moot now (every rank registered alike)
                 self._release_temp(cp, key)
@@ -611,7 +614,7 @@ class Communicator:
         self.last = cp
         if cp.shape.block_elems == 0:
             return out
-        self._launch(cp, inp, out, cp.call.op, root, cp.call.accum)
+        self._launch(cp, inp, out)
         done = self.last
         if done is not None and done.temp:
             # staging above the cap: released (collectively) now that the call's work is done
@@ -626,12 +629,13 @@ class Communicator:
         if self.backend is not None and temp:
             self.backend.release(list(temp))
 
-    def _auto_register(self, coll: str, inp: Any, out: Any, op: str, root: int) -> bool:
+    def _auto_register(self, call: Call, inp: Any, out: Any) -> bool:
         """The automatic registration schedule (:mod:`mscclang.comm.autoregister`)."""
         be = self.backend
         if be is None or be.registration_mode() != "auto" or _capturing():
             return False
-        return self._schedule.call(be, (coll, inp.numel(), out.numel(), inp.dtype, op, root),
+        coll = call.collective.name
+        return self._schedule.call(be, (coll, inp.numel(), out.numel(), inp.dtype, call.op, call.root),
                                    lambda: self._register_call(coll, inp, out), (inp, out))
 
     def _register_call(self, coll: str, inp: Any, out: Any) -> bool:
@@ -648,7 +652,7 @@ class Communicator:
             tensors = [inp]
         else:
             tensors = [inp, out]
-        be.describe_call(f"registration of the tensors of {coll} of {inp.numel()} x {dtype_name(inp.dtype)}")
+        be.describe_call(f"registration of the tensors of {coll} of {inp.numel()} x {gpu_dtype(inp.dtype).name}")
         try:
             return all(be.register(tensors))
         finally:
@@ -672,8 +676,7 @@ class Communicator:
         self._note(what, f"mscclang rank {self.rank}: {what} falls back to torch.distributed: "
                          f"{reason}", level)
 
-    def _run_fallback(self, cp: CallPlan, inp: Any, out: Any, op: str, root: int,
-                      accum: Optional[str] = None) -> None:
+    def _run_fallback(self, cp: CallPlan, inp: Any, out: Any) -> None:
         coll = cp.collective
         if cp.choice is not None and cp.choice.is_nccl:
             # the tuning chose NCCL on purpose: note it quietly
@@ -684,8 +687,8 @@ class Communicator:
         if isinstance(fb, TorchFallback):
             cp.ran_on = fb.backend_name
         if self._calls is not None:
-            self._calls.check(fb, coll, inp, out, op, root, accum)   # CallMismatch before gloo sees the call
-        run_fallback(fb, coll, inp, out, op, root, self.rank, self.world_size, accum)
+            self._calls.check(fb, cp.call, inp, out)   # CallMismatch before gloo sees the call
+        run_fallback(fb, cp.call, inp, out)
 
 
 def _reason_kind(reason: str) -> str:

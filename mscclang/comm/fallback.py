@@ -28,9 +28,9 @@ import numpy as np
 from mscclang.comm.errors import CommError
 from mscclang.config import nccl_env, settings
 from mscclang.errors import InvalidCall
-from mscclang.plan.call import overlap
+from mscclang.plan.call import Call, overlap
 from mscclang.plan.collectives import collective as collective_row
-from mscclang.plan.dtypes import ACCUM_DTYPES, torch_dtype_info
+from mscclang.plan.dtypes import ACCUM_DTYPES, gpu_dtype, torch_dtype_info
 from mscclang.plan.reference import fp8_sum_arrays
 from mscclang.runtime.store_group import StoreGroup
 
@@ -358,6 +358,13 @@ class TorchFallback:
             self._ready = False
 
 
+def call_text(collective: str, inp: Any, out: Any) -> str:
+    """A call as the ranks compare it and errors name it, e.g. ``allgather of 8 x float32 into
+    16`` (the plan collective, element counts, dtype; CommError for a dtype mscclang does not run)."""
+    into = f" into {out.numel()}" if out.numel() != inp.numel() else ""
+    return f"{collective} of {inp.numel()} x {gpu_dtype(inp.dtype).name}{into}"
+
+
 class FallbackCalls:
     """The call check before every gloo fallback collective (the CPU path): the ranks first
     all-gather an 8-byte digest of their call's description (collective, element counts,
@@ -375,14 +382,13 @@ class FallbackCalls:
     def __init__(self, store: Any, rank: int, world_size: int, timeout_s: float, name: str = "fallback-calls") -> None:
         self._group = StoreGroup(store, rank, world_size, name, timeout_s)
 
-    def check(self, fb: Any, collective: str, inp: Any, out: Any, op: str, root: int, accum: Optional[str]) -> None:
-        """CallMismatch on every rank unless every rank makes this call on ``fb`` (see the class)."""
-        from mscclang.comm.names import call_text
-
-        row = collective_row(collective)
-        red = f" {op}{f' accumulated in {accum}' if accum else ''}" if row.reduces \
-            else f" from rank {root}" if row.rooted else ""
-        self.agree(call_text(collective, inp, out) + red, fb=fb, tag="torch.distributed fallback")
+    def check(self, fb: Any, call: Call, inp: Any, out: Any) -> None:
+        """CallMismatch on every rank unless every rank makes ``call`` (on ``inp`` and ``out``) on
+        ``fb`` (see the class)."""
+        row = call.collective
+        red = (f" {call.op}{f' accumulated in {call.accum}' if call.accum else ''}" if row.reduces
+               else f" from rank {call.root}" if row.rooted else "")
+        self.agree(call_text(row.name, inp, out) + red, fb=fb, tag="torch.distributed fallback")
 
     def agree(self, text: str, error: str = "", fb: Any = None, data: bytes = b"",
               tag: str = "torch.distributed backend") -> list[bytes]:
@@ -428,28 +434,26 @@ def _fp8_reduction(fb: Any, collective: str, inp: Any, out: Any, rank: int, worl
     out.reshape(-1).copy_(torch.from_numpy(total.view(np.uint8).copy()).view(inp.dtype))
 
 
-def run_fallback(fb: Any, collective: str, inp: Any, out: Any, op: str, root: int, rank: int,
-                 world_size: int, accum: Optional[str] = None) -> None:
-    """Run one collective call (plan names) on a fallback: :class:`TorchFallback`, or any object
+def run_fallback(fb: Any, call: Call, inp: Any, out: Any) -> None:
+    """Run ``call`` (on ``inp`` and ``out``) on a fallback: :class:`TorchFallback`, or any object
     with its methods (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
     ``broadcast``, ``send_recv``). fp8 tensors move as bytes; their reductions (sum, in the
-    accumulation dtype ``accum``, float32 when None) are gathered and reduced here
-    (:func:`_fp8_reduction`)."""
-    row = collective_row(collective)
-    if row.api is None:
-        raise CommError(f"no torch.distributed fallback for collective {collective!r}")
+    accumulation dtype, float32 when None) are gathered and reduced here (:func:`_fp8_reduction`)."""
+    row = call.collective
+    if row.api is None or row.fused:
+        raise CommError(f"no torch.distributed fallback for collective {row.name!r}")
     info = torch_dtype_info(inp.dtype)
     if info is not None and info.accumulates:
         import torch
 
         if row.reduces:
-            _fp8_reduction(fb, collective, inp, out, rank, world_size, accum or ACCUM_DTYPES[0])
+            _fp8_reduction(fb, row.name, inp, out, call.rank, call.world, call.accum or ACCUM_DTYPES[0])
             return
         inp, out = inp.view(torch.uint8), out.view(torch.uint8)
     run = getattr(fb, row.api)   # the fallback's method of the collective's API name
     if row.rooted:
-        run(out, root)
+        run(out, call.root)
     elif row.has_senders:
-        run(inp, out, rank, world_size)
+        run(inp, out, call.rank, call.world)
     else:
-        run(inp, out, *((op,) if row.reduces else ()))
+        run(inp, out, *((call.op,) if row.reduces else ()))

@@ -79,7 +79,7 @@ class CallPlan:
 
 
 @contextmanager
-def _comm_errors() -> Iterator[None]:
+def comm_errors() -> Iterator[None]:
     """What the plan layer's call checks refuse, as the communicator's CommError (an InvalidCall)."""
     try:
         yield
@@ -125,18 +125,18 @@ class Planner:
 
     def check_tensor(self, what: str, t: Any) -> None:
         """A tensor argument: a contiguous torch tensor on this communicator's device."""
-        with _comm_errors():
+        with comm_errors():
             check_tensor(t, what, self.rank, self.device, "communicator")
 
     def make_call(self, coll: str, inp: Any, out: Any, op: Any = "sum", accum: Any = None,
-                  epi: Optional[FusedArgs] = None) -> Call:
+                  epi: Optional[FusedArgs] = None, root: int = 0) -> Call:
         """The checked call (:func:`mscclang.plan.call.make_call`, this communicator's rank and
         device): the one check of a call's tensors; what it refuses comes back as CommError (an
         InvalidCall), the communicator's error."""
-        with _comm_errors():
-            return make_call(coll, self.rank, self.world_size, self.device, inp, out, op, accum, epi)
+        with comm_errors():
+            return make_call(coll, self.rank, self.world_size, self.device, inp, out, op, accum, epi, root=root)
 
-    def plan_call(self, call: Call, inp: Any, out: Any, root: int = 0) -> CallPlan:
+    def plan_call(self, call: Call, inp: Any, out: Any) -> CallPlan:
         """How ``call`` (on ``inp``/``out``, whose views staging and copy-in take) runs: see the
         module docstring."""
         coll = call.collective.name
@@ -150,7 +150,6 @@ class Planner:
                             reason=self.runtime_error or "no runtime")
         self._cannot = []
         reason = f"no plan for {coll} of {nbytes} bytes ({call.dtype.name}) on {n} ranks"
-        dtype = inp.dtype
         # 1. the tuning's choices, in order: the first that runs without staging wins; a
         #    torch.distributed choice wins only over the choices after it (a plan listed before
         #    it that needs staging still runs on mscclang: the rule ranked it faster, and staging
@@ -162,8 +161,7 @@ class Planner:
         for phase in (1, 2):
             if phase == 2 and (staged is not None or nccl is not None):
                 break
-            choices = (self.selector.choices(coll, n, nbytes, dtype) if phase == 1
-                       else self.selector.extra_choices(coll, n, nbytes, dtype))
+            choices = self.selector.choices(call) if phase == 1 else self.selector.extra_choices(call)
             for choice in choices:
                 if choice.is_nccl:
                     if not self.has_fallback:
@@ -172,7 +170,7 @@ class Planner:
                         nccl = CallPlan(coll, "nccl", choice, None, shape, shape, call,
                                         reason="tuning selects torch.distributed")
                     break
-                best = self.best_variant(call, choice, inp, out, root)
+                best = self.best_variant(call, choice, inp, out)
                 if best is None:
                     continue
                 if best.mode != "staged":
@@ -192,7 +190,7 @@ class Planner:
                 return got
         if self.selector.batch_invariant:
             why = (f"{self._cannot[0]}" + (f", and {len(self._cannot) - 1} more" if len(self._cannot) > 1 else "")
-                   if self._cannot else self.selector.explain(coll, n, nbytes))
+                   if self._cannot else self.selector.explain(call))
             raise self.refuse(call, why)
         return CallPlan(coll, "nccl", None, None, shape, shape, call, reason=reason, registrable=want_reg)
 
@@ -201,14 +199,14 @@ class Planner:
         return refusal(call_words(call.collective.api or call.collective.name, self.world_size, call.message_bytes,
                                   call.dtype.name), why, self.rank)
 
-    def best_variant(self, call: Call, choice: Choice, inp: Any, out: Any, root: int) -> Optional[CallPlan]:
+    def best_variant(self, call: Call, choice: Choice, inp: Any, out: Any) -> Optional[CallPlan]:
         """The best way one choice's variants can run the call (direct over copy-in over
         staged; the variant whose in-place mode matches the call first), or ``None``."""
         coll = call.collective.name
         best: Optional[CallPlan] = None
         blocked = False
         for v in sorted(choice.variants, key=lambda v: v.inplace != call.inplace):
-            if call.collective.rooted and v.root is not None and v.root != root:
+            if call.collective.rooted and v.root is not None and v.root != call.root:
                 continue
             try:
                 plan = v.load()
@@ -219,7 +217,7 @@ class Planner:
                 else:
                     self.note_fallback(coll, f"plan {v.key} cannot be loaded: {e}", level=logging.ERROR)
                 continue
-            if call.collective.rooted and (plan.root or 0) != root:
+            if call.collective.rooted and (plan.root or 0) != call.root:
                 continue
             why = self.backend.runnable(plan) if self.backend is not None else None
             if why is not None:
@@ -340,13 +338,13 @@ class Planner:
                    out.dtype, inp.device, out.device, op, accum, root, sym)
         cp = self.memo.get(key) if key is not None else None
         if cp is None:
-            call = self.make_call(coll, inp, out, op, accum)
+            call = self.make_call(coll, inp, out, op, accum, root=root)
             if call.empty:   # nothing to run
                 return key, CallPlan(coll, "empty", None, None, call.shape, call.shape, call)
             if be is not None:
                 be.describe_call(call.describe())
             try:
-                cp = self.plan_call(call, inp, out, root)
+                cp = self.plan_call(call, inp, out)
             finally:
                 if be is not None:
                     be.describe_call("")

@@ -1,4 +1,5 @@
-"""The selector: which plan variant runs a call, by (collective, world size, bytes, dtype).
+"""The selector: which plan variant runs a :class:`~mscclang.plan.call.Call`, by its collective,
+world size, message bytes and dtype.
 
 The tuning table names candidates per size range; the catalog says which variants exist. The
 selector turns a call into an ordered list of :class:`Choice` (plan variants, possibly ending with
@@ -23,8 +24,8 @@ from typing import Optional
 
 from mscclang.comm.catalog import Catalog, PlanVariant
 from mscclang.comm.invariant import GeneratedVariant, generated_variants, keeps_contract
-from mscclang.comm.names import dtype_name, plan_collective
 from mscclang.comm.tuning import Rule, TuningTable
+from mscclang.plan.call import Call
 
 log = logging.getLogger("mscclang.comm")
 
@@ -85,11 +86,12 @@ class Selector:
         self._refused: set[str] = set()
         self._generated: dict[tuple[str, int], Catalog] = {}
 
-    def choices(self, collective: str, world_size: int, nbytes: int, dtype: object) -> list[Choice]:
-        """Ordered choices for a call; the list ends with torch.distributed when the rule names
-        it, and is empty when no plan can run the call at all (the caller falls back)."""
-        coll = plan_collective(collective)
-        dt = dtype_name(dtype)
+    def choices(self, call: Call) -> list[Choice]:
+        """Ordered choices for ``call`` (by its collective, world size, message bytes and dtype;
+        :func:`~mscclang.plan.call.message_call` makes one of a size); the list ends with
+        torch.distributed when the rule names it, and is empty when no plan can run the call at
+        all (the caller falls back)."""
+        coll, world_size, nbytes, dt = call.collective.name, call.world, call.message_bytes, call.dtype.name
         key = (coll, world_size, nbytes, dt)
         hit = self._memo.get(key)
         if hit is not None:
@@ -104,14 +106,14 @@ class Selector:
         self._memo[key] = out
         return out
 
-    def extra_choices(self, collective: str, world_size: int, nbytes: int, dtype: object) -> list[Choice]:
+    def extra_choices(self, call: Call) -> list[Choice]:
         """The catalog's other variants for a call, in heuristic order: those :meth:`choices`
         does not list (in the batch-invariant mode, then the generated plans' too). The
         communicator tries them only when nothing :meth:`choices` lists can run the call (e.g.
         every named variant is missing, or only torch.distributed is left and the fallback is
         disabled)."""
-        listed = {v.key for c in self.choices(collective, world_size, nbytes, dtype) for v in c.variants}
-        coll = plan_collective(collective)
+        listed = {v.key for c in self.choices(call) for v in c.variants}
+        coll, world_size, nbytes = call.collective.name, call.world, call.message_bytes
         more = self.heuristic(coll, world_size, nbytes)
         if self.batch_invariant:
             more += self.heuristic(coll, world_size, nbytes, self.generated(coll, world_size))
@@ -128,8 +130,9 @@ class Selector:
             got = self._generated[(coll, n)] = Catalog(generated_variants(coll, n).variants)
         return got
 
-    def explain(self, coll: str, n: int, nbytes: int) -> str:
-        """Why the batch-invariant mode lists no plan for a call of ``nbytes`` (its error's reason)."""
+    def explain(self, call: Call) -> str:
+        """Why the batch-invariant mode lists no plan for ``call`` (its error's reason)."""
+        coll, n, nbytes = call.collective.name, call.world, call.message_bytes
         fit = [v for v in self.catalog.matching(coll, n) if v.fits(nbytes)]
         gen = generated_variants(coll, n)
         if not fit and not gen.variants and not gen.dropped:

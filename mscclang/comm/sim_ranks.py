@@ -10,10 +10,10 @@ from typing import Any, Callable, Optional, Sequence, Union
 from mscclang.comm.catalog import Catalog, PlanVariant
 from mscclang.comm.communicator import Communicator
 from mscclang.comm.errors import CommError
-from mscclang.comm.names import plan_collective
 from mscclang.comm.sim_backend import SimWorld, numpy_to_torch, torch_to_numpy
 from mscclang.comm.tuning import TuningTable
 from mscclang.plan.collectives import collective as collective_row
+from mscclang.plan.collectives import plan_collective
 from mscclang.plan.models import MAX_MESSAGE_SIZE, BufferKind, ChannelDesc, ChannelType, Gpu, Plan, RemoteBuffer
 
 def stub_plan(collective: str, world_size: int, *, name: Optional[str] = None, inplace: bool = False,

@@ -35,8 +35,9 @@ from typing import Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from mscclang.comm.errors import TuningError
-from mscclang.comm.names import DTYPES, plan_collective
 from mscclang.config import Settings, settings
+from mscclang.plan.collectives import plan_collective
+from mscclang.plan.dtypes import GPU_DTYPES
 
 TUNING_FORMAT = "mscclang.tuning/1"
 NCCL = "nccl"
@@ -92,8 +93,8 @@ class Rule(_Strict):
     @classmethod
     def _dtypes(cls, v: list[str]) -> list[str]:
         for d in v:
-            if d != "*" and d not in DTYPES:
-                raise ValueError(f"unknown dtype {d!r}; use one of {', '.join(DTYPES)} or '*'")
+            if d != "*" and d not in GPU_DTYPES:
+                raise ValueError(f"unknown dtype {d!r}; use one of {', '.join(GPU_DTYPES)} or '*'")
         return v
 
     def applies(self, collective: str, world_size: int, dtype: str) -> bool:

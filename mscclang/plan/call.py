@@ -18,10 +18,11 @@ from typing import Any, Optional, Union
 
 from mscclang.errors import InvalidCall
 from mscclang.plan.collectives import BlockShape, Collective, collective as collective_row
-from mscclang.plan.dtypes import EPILOGUE_DTYPES, DtypeInfo, check_reduction, find_dtype, kernel_code, torch_dtype_info
+from mscclang.plan.dtypes import (EPILOGUE_DTYPES, DtypeInfo, check_reduction, find_dtype, gpu_dtype, kernel_code,
+                                  torch_dtype_info)
 from mscclang.plan.models import ReduceOp
 
-__all__ = ["Call", "EpiCall", "FusedArgs", "make_call", "check_tensor", "overlap", "reduce_op_name",
+__all__ = ["Call", "EpiCall", "FusedArgs", "make_call", "message_call", "check_tensor", "overlap", "reduce_op_name",
            "MIN_HIDDEN", "MAX_HIDDEN", "PARTIAL"]
 
 #: the fused collective's hidden sizes: multiples of PARTIAL from MIN_HIDDEN to MAX_HIDDEN
@@ -109,7 +110,8 @@ class Call:
     ``world``, the input and output addresses and bytes, the element type ``dtype`` (the input's;
     a fused call's FP8 output is ``epi.fp8``), the reduce ``op`` and fp8 accumulation dtype
     ``accum``, whether the buffers are the collective's in-place layout, the call's blocks
-    ``shape`` (elements) and its fused part ``epi``."""
+    ``shape`` (elements), its fused part ``epi`` and the ``root`` of a rooted collective (0 for
+    every other)."""
 
     collective: Collective
     rank: int
@@ -124,6 +126,7 @@ class Call:
     inplace: bool
     shape: BlockShape
     epi: Optional[EpiCall] = None
+    root: int = 0
 
     @property
     def empty(self) -> bool:
@@ -198,7 +201,7 @@ def _info(t: Any, rank: int, what: str) -> DtypeInfo:
 
 def make_call(coll: Union[str, Collective], rank: int, world: int, device: Any, inp: Any, out: Any,
               op: Any = "sum", accum: Any = None, epi: Optional[FusedArgs] = None,
-              owner: str = "communicator") -> Call:
+              owner: str = "communicator", root: int = 0) -> Call:
     """The :class:`Call` of ``coll`` (a plan or API name, or a table row) on ``rank`` of
     ``world`` with tensors ``inp`` and ``out`` on ``device`` (a CUDA device index for the runtime,
     a ``torch.device`` for the collective API; ``owner`` names which in messages), reduced with
@@ -206,9 +209,11 @@ def make_call(coll: Union[str, Collective], rank: int, world: int, device: Any, 
     (InvalidCall naming the first thing wrong): tensors, contiguous, on the device, of one dtype
     mscclang runs (a fused FP8 output aside), ``op`` and ``accum`` what the dtype reduces with,
     sizes that fit the collective, buffers that either do not overlap or are the collective's
-    in-place layout, and for the fused collective (``epi``) its residual, weight and parameters."""
+    in-place layout, for the fused collective (``epi``) its residual, weight and parameters, and
+    for a rooted one its ``root``, a rank of ``world``."""
     row = coll if isinstance(coll, Collective) else collective_row(coll)
     name = row.api or row.name
+    root = _root(row, rank, world, root)
     for what, t in (("input", inp), ("output", out)):
         check_tensor(t, f"{name} {what}", rank, device, owner)
     dt = _info(inp, rank, f"{name} input")
@@ -239,7 +244,16 @@ def make_call(coll: Union[str, Collective], rank: int, world: int, device: Any, 
                          row.inplace, "the same tensor")
             raise InvalidCall(f"rank {rank}: {name} input and output overlap but are not the in-place layout "
                               f"({where})")
-    return Call(row, rank, world, in_ptr, in_b, out_ptr, out_b, dt, opname, acc, inplace, shape)
+    return Call(row, rank, world, in_ptr, in_b, out_ptr, out_b, dt, opname, acc, inplace, shape, root=root)
+
+
+def _root(row: Collective, rank: int, world: int, root: Any) -> int:
+    """A rooted collective's ``root`` (InvalidCall unless a rank of ``world``), else 0."""
+    if not row.rooted:
+        return 0
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < world:
+        raise InvalidCall(f"rank {rank}: {row.api or row.name} root {root!r} is not a rank of {world}")
+    return root
 
 
 def _number(v: Any) -> Optional[float]:
@@ -329,7 +343,8 @@ def _fused(rank: int, device: Any, owner: str, x: Any, out: Any, dt: DtypeInfo, 
 
 
 def sized_call(coll: Union[str, Collective], rank: int, world: int, dtype: DtypeInfo, in_bytes: int, out_bytes: int,
-               op: Any = "sum", accum: Any = None, in_ptr: int = 0, out_ptr: int = 1, hidden: int = 0) -> Call:
+               op: Any = "sum", accum: Any = None, in_ptr: int = 0, out_ptr: int = 1, hidden: int = 0,
+               root: int = 0) -> Call:
     """The :class:`Call` of a call known by its sizes only (preparing one before its tensors
     exist; a fused call's ``hidden`` size, whose residual and weight come with each call): the
     sizes must fit the collective (InvalidCall); the addresses default to two distinct ones."""
@@ -341,4 +356,12 @@ def sized_call(coll: Union[str, Collective], rank: int, world: int, dtype: Dtype
     shape = BlockShape(1, 1, in_bytes // isz) if hidden else _shape(row, rank, world, in_bytes // isz, out_bytes // isz)
     epi = EpiCall(0, 0, None, hidden, 0.0) if hidden else None
     return Call(row, rank, world, in_ptr, in_bytes, out_ptr, out_bytes, dtype, opname, acc, in_ptr == out_ptr,
-                shape, epi)
+                shape, epi, _root(row, rank, world, root))
+
+
+def message_call(coll: Union[str, Collective], world: int, nbytes: int, dtype: object, rank: int = 0) -> Call:
+    """The :class:`Call` of a message of ``nbytes`` (the collective's message side, as plans' size
+    ranges and tuning rules name calls) of ``dtype`` (any spelling of a dtype the GPU runs;
+    CommError for another) on ``rank`` of ``world``: what the selector is asked about a size."""
+    row = coll if isinstance(coll, Collective) else collective_row(coll)
+    return sized_call(row, rank, world, gpu_dtype(dtype), *row.call_bytes(world, nbytes))

@@ -171,23 +171,25 @@ TABLE: dict[str, Collective] = {c.name: c for c in (
                torch="all_to_all_single"),
     Collective("sendrecv", "send_recv", in_chunks="1", out_chunks="1", sources="sender"),
     Collective("broadcast", "broadcast", in_chunks="1", out_chunks="1", sources="root", torch="broadcast"),
-    Collective(FUSED_NORM, None, reduces=True, inplace_copy=False, bus=2.0, fused=True),
+    Collective(FUSED_NORM, "all_reduce_add_rms_norm", reduces=True, inplace_copy=False, bus=2.0, fused=True),
     Collective("test", None, in_chunks="1", out_chunks="1", inplace_copy=False, sized=False, postcondition=False),
     Collective("custom", None, in_chunks="1", out_chunks="1", inplace_copy=False, sized=False, postcondition=False),
 )}
 #: every plan ``collective`` name
 COLLECTIVES = tuple(TABLE)
-#: API name (``Communicator`` method) -> plan ``collective`` name, for the collectives the
-#: communicator runs
-API_TO_PLAN: dict[str, str] = {c.api: c.name for c in TABLE.values() if c.api}
+#: API name (``Communicator`` method) -> plan ``collective`` name, for the one-tensor collectives
+#: the communicator runs by name (``prepare``, ``select``, tuning rules; not the fused one, whose
+#: call takes a residual and a weight)
+API_TO_PLAN: dict[str, str] = {c.api: c.name for c in TABLE.values() if c.api and not c.fused}
 #: plan ``collective`` name -> API name
 PLAN_TO_API: dict[str, str] = {v: k for k, v in API_TO_PLAN.items()}
+_BY_API: dict[str, Collective] = {c.api: c for c in TABLE.values() if c.api}
 
 
 def collective(name: str) -> Collective:
-    """The table's row of a plan collective name, or of an API name (``all_reduce``); PlanError
-    (JSON path ``collective``) for any other name."""
-    row = TABLE.get(name) or TABLE.get(API_TO_PLAN.get(name, ""))
+    """The table's row of a plan collective name, or of an API name (``all_reduce``,
+    ``all_reduce_add_rms_norm``); PlanError (JSON path ``collective``) for any other name."""
+    row = TABLE.get(name) or _BY_API.get(name)
     if row is None:
         raise PlanError(unknown_collective_message(name), "collective")
     return row

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Optional
 
-from mscclang.errors import InvalidCall
+from mscclang.errors import CommError, InvalidCall
 
 
 @dataclass(frozen=True)
@@ -214,6 +214,15 @@ def dtype_info(spelling: object) -> DtypeInfo:
     info = find_dtype(spelling)
     if info is None:
         raise ValueError(f"unknown dtype {spelling!r}; known: {', '.join(SIM_DTYPES)}")
+    return info
+
+
+def gpu_dtype(spelling: object) -> DtypeInfo:
+    """:func:`find_dtype` of a dtype the GPU runs (a torch or numpy dtype, a name, alias or
+    code); :class:`~mscclang.errors.CommError` naming the supported ones for any other."""
+    info = find_dtype(spelling)
+    if info is None or not info.gpu:
+        raise CommError(f"unsupported dtype {spelling}; supported: {', '.join(GPU_DTYPES)}")
     return info
 
 
