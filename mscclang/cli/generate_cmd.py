@@ -30,21 +30,17 @@ def run(args: argparse.Namespace) -> int:
 
     out_dir = args.out if args.out is not None else default_plans_dir()
     files = generate_files(args.only)  # a MscclangError is reported by mscclang.cli.main
-    broken = inconsistent_plans(files)
-    if broken:
-        print(f"mscclang generate-plans: {len(broken)} library plan(s) give ranks different bits, though "
-              "every library plan promises the same bits on every rank (docs/semantics.md, \"Rank "
-              "consistency\"); nothing written:", file=sys.stderr)
-        for line in broken:
-            print(f"  {line}", file=sys.stderr)
-        return 1
-    broken = broken_invariance_promises(files)
-    if broken:
-        print(f"mscclang generate-plans: {len(broken)} library plan(s) promise batch invariance and break it "
-              "(docs/semantics.md, \"Batch invariance\"); nothing written:", file=sys.stderr)
-        for line in broken:
-            print(f"  {line}", file=sys.stderr)
-        return 1
+    proofs = ((inconsistent_plans, "give ranks different bits, though every library plan promises the same "
+                                   "bits on every rank (docs/semantics.md, \"Rank consistency\")"),
+              (broken_invariance_promises, "promise batch invariance and break it (docs/semantics.md, "
+                                           "\"Batch invariance\")"))
+    for prove, what in proofs:
+        broken = prove(files)
+        if broken:
+            print(f"mscclang generate-plans: {len(broken)} library plan(s) {what}; nothing written:", file=sys.stderr)
+            for line in broken:
+                print(f"  {line}", file=sys.stderr)
+            return 1
     if args.check:
         problems = check_files(out_dir, files)
         if problems:
