@@ -3,12 +3,12 @@
 ``from mscclang import *`` gives the whole DSL (compatible with the MSCCL++ DSL)."""
 
 from mscclang.errors import (  # noqa: F401
-    CallMismatch, CollectiveTimeout, CommError, CompileError, DSLError, DSLWarning, InvalidCall, LimitError,
+    CallMismatch, CollectiveTimeout, CommError, CountsError, CompileError, DSLError, DSLWarning, InvalidCall, LimitError,
     MscclangError, MscclangWarning, NotPrepared, PlanError, RegistrationError, RuntimeUnavailable, SettingError,
     SpecUnsupported, VerificationError, WorkerError)
 
 from mscclang.dsl import (  # noqa: F401
-    JSON, AlgoSpec, AllGather, AllReduce, AllReduceAddRMSNorm, AllToAll, BaseBuffer, Broadcast, Buffer,
+    JSON, AlgoSpec, AllGather, AllGatherV, AllReduce, AllReduceAddRMSNorm, AllToAll, AllToAllV, BaseBuffer, Broadcast, Buffer,
     BufferType, ChannelType, Chunk, Collective, CollectiveProgram, LoopIterationContext, MemoryChannel,
     PortChannel, Rank, RankGroup, ReduceOperationType, ReduceScatter, ReplicationPolicy, Semaphore,
     SendRecv, SwitchChannel, SyncType, TestCollective, ThreadBlockGroup, read_reduce)
@@ -16,11 +16,12 @@ from mscclang.dsl import (  # noqa: F401
 __version__ = "0.1.0"
 
 __all__ = [# the errors (mscclang.errors)
-           "CallMismatch", "CollectiveTimeout", "CommError", "CompileError", "DSLError", "DSLWarning", "InvalidCall",
+           "CallMismatch", "CollectiveTimeout", "CommError", "CountsError", "CompileError", "DSLError", "DSLWarning", "InvalidCall",
            "LimitError", "MscclangError", "MscclangWarning", "NotPrepared", "PlanError", "RegistrationError",
            "RuntimeUnavailable", "SettingError", "SpecUnsupported", "VerificationError", "WorkerError",
            # the DSL (mscclang.dsl.__all__)
-           "AlgoSpec", "AllGather", "AllReduce", "AllReduceAddRMSNorm", "AllToAll", "BaseBuffer", "Broadcast", "Buffer",
+           "AlgoSpec", "AllGather", "AllGatherV", "AllReduce", "AllReduceAddRMSNorm", "AllToAll", "AllToAllV",
+           "BaseBuffer", "Broadcast", "Buffer",
            "BufferType", "ChannelType", "Chunk", "Collective", "CollectiveProgram", "JSON",
            "LoopIterationContext", "MemoryChannel", "PortChannel", "Rank", "RankGroup",
            "ReduceOperationType", "ReduceScatter", "ReplicationPolicy", "Semaphore", "SendRecv",

@@ -56,6 +56,13 @@ class CommError(InvalidCall):
     """A collective call that cannot be done as asked (wrong sizes, dtype, device, rank)."""
 
 
+class CountsError(InvalidCall):
+    """A count matrix a plan with segments cannot run (docs/semantics.md, "Data-dependent
+    counts"): a negative count, a buffer's segments past its rows, a scratch segment past its
+    slot, counts that disagree across ranks. The message names the rank, the buffer and the
+    entry; the GPU kernel checks the same rule and every rank raises it."""
+
+
 class SettingError(MscclangError, ValueError):
     """An ``MSCCLANG_*`` environment variable holds a value its setting does not accept (see
     :mod:`mscclang.config`); the message names the variable, the value and what is accepted."""

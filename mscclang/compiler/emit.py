@@ -36,6 +36,7 @@ from mscclang.plan.models import (
     RankGroup,
     RemoteBuffer,
     RemoteBufferRefs,
+    SegmentedBuffer,
     SemaphoreDesc,
     TbgInfo,
     ThreadBlock,
@@ -154,7 +155,9 @@ def _rank(r: IRRank) -> Gpu:
         tbs.append(ThreadBlock(id=t, ops=emitted, channels=chans, remote_buffer_refs=rrefs))
     return Gpu(id=r.rank, input_chunks=r.input_chunks, output_chunks=r.output_chunks,
                scratch_chunks=r.scratch_chunks, threadblocks=tbs, channels=_channel_descs(r),
-               remote_buffers=remote_list, semaphores=[SemaphoreDesc(init_value=v) for v in r.semaphores])
+               remote_buffers=remote_list, semaphores=[SemaphoreDesc(init_value=v) for v in r.semaphores],
+               segments=[SegmentedBuffer(type=k, counts=[list(e) for e in v]) for k, v in sorted(
+                   r.segments.items(), key=lambda kv: "ios".index(kv[0].value))] or None)
 
 
 def emit(ir: IRProgram) -> Plan:
@@ -165,7 +168,7 @@ def emit(ir: IRProgram) -> Plan:
     spec = ir.spec
     epilogue = any(op.name in EPILOGUE_OPS for r in ir.ranks for ops in r.tbs for op in _all_ops(ops))
     return Plan(
-        format=plan_format(epilogue),
+        format=plan_format(epilogue, any(r.segments for r in ir.ranks)),
         name=ir.name,
         collective=spec.name,
         protocol=ir.protocol,  # type: ignore[arg-type]

@@ -148,6 +148,9 @@ class IRRank:
     switch: list[IRSwitch] = field(default_factory=list)
     semaphores: list[int] = field(default_factory=list)
     tbs: list[list[IROp]] = field(default_factory=list)
+    #: plan/3: the count-matrix entry of each segment of a segmented buffer (its chunks are its
+    #: segments; see :mod:`mscclang.plan.segments`)
+    segments: dict[BufferKind, list[tuple[int, int]]] = field(default_factory=dict)
 
     def chunks(self, kind: BufferKind) -> int:
         return {BufferKind.input: self.input_chunks, BufferKind.output: self.output_chunks,
@@ -208,7 +211,8 @@ class IRProgram:
         collective spec are shared)."""
         ranks = [replace(r, memory=list(r.memory), port=list(r.port),
                          switch=[IRSwitch(s.buffer, list(s.ranks)) for s in r.switch],
-                         semaphores=list(r.semaphores), tbs=[[op.copy() for op in ops] for ops in r.tbs])
+                         semaphores=list(r.semaphores), tbs=[[op.copy() for op in ops] for ops in r.tbs],
+                         segments={k: list(v) for k, v in r.segments.items()})
                  for r in self.ranks]
         return replace(self, ranks=ranks)
 

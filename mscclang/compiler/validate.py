@@ -18,6 +18,9 @@ DSL call that recorded the op:
   program is compiled with ``strict=True``, which makes it a ``DSLError``;
 * semaphores: acquires equal releases per semaphore; a semaphore that starts at 0 needs a thread
   block that releases it before acquiring it;
+* segments (plan/3): an op's operands are all segments or all chunks, their ``t``-th segments
+  name the same count-matrix entry, and no pipeline, switch op, epilogue op or replicated
+  program (``instances > 1``) moves a segment (:func:`check_segment_op`);
 * with ``instances > 1`` and the interleaved replication policy, overlapping chunks of one buffer
   are addressed with identical ranges everywhere
   (:func:`mscclang.compiler.replicate.check_interleaved_ranges`).
@@ -78,6 +81,7 @@ def _check_op(ir: IRProgram, r: IRRank, tb: int, idx: str, op: IROp) -> None:
             if inner.name == OpName.pipeline:
                 raise DSLError(f"{where(r.rank, tb, f'{idx}.{j}', inner)}: pipelines cannot be nested")
             _check_op(ir, r, tb, f"{idx}.{j}", inner)
+            check_segment_op(ir, where(r.rank, tb, f"{idx}.{j}", inner), inner, in_pipeline=True)
         return
     # channels
     if op.channel_type in (ChannelType.memory, ChannelType.port):
@@ -139,6 +143,7 @@ def _check_op(ir: IRProgram, r: IRRank, tb: int, idx: str, op: IROp) -> None:
         if refs and any(x.size != refs[0].size for x in refs):
             sizes = ", ".join(f"{x.describe()}: {x.size}" for x in refs)
             raise DSLError(f"{w}: size mismatch among operands ({sizes})")
+    check_segment_op(ir, w, op)
     # packets only in scratch
     for role, ref in packet_refs(op):
         if ref.buffer != BufferKind.scratch:
@@ -304,6 +309,36 @@ def check_semaphores(ir: IRProgram) -> None:
                 tbs = sorted(first.get(s, {}))
                 raise DSLError(f"semaphore {s} of rank {r.rank} starts at 0, but every thread block that uses it "
                                f"(tbs {tbs}) acquires it before releasing it: the first acquire can never succeed")
+
+
+def _segments_of(ir: IRProgram, ref: Ref) -> Optional[list[tuple[int, int]]]:
+    seg = ir.ranks[ref.rank].segments.get(ref.buffer) if ref.switch is None else None
+    return None if seg is None else seg[ref.index: ref.end]
+
+
+def check_segment_op(ir: IRProgram, w: str, op: IROp, in_pipeline: bool = False) -> None:
+    """The segment rules of one op (see the module docstring); ``w`` names it."""
+    refs = op.src + op.dst
+    segs = [(x, _segments_of(ir, x)) for x in refs]
+    moved = [(x, e) for x, e in segs if e is not None]
+    if not moved:
+        return
+    first, entries = moved[0]
+    if in_pipeline:
+        raise DSLError(f"{w}: a pipeline cannot move segments ({first.describe()}): their lengths are known at "
+                       "run time only")
+    if ir.instances > 1:
+        raise DSLError(f"{w}: a program that moves segments runs one instance (instances={ir.instances}): a "
+                       "segment is not split")
+    if op.name in _SWITCH or op.name in (OpName.radd, OpName.rmsnorm):
+        raise DSLError(f"{w}: {op.name.value} cannot take a segment ({first.describe()})")
+    for x, e in segs:
+        if e is None:
+            raise DSLError(f"{w}: {first.describe()} is a segment of rank {first.rank} but {x.describe()} is a chunk "
+                           "range: an op moves segments or chunks, not both")
+        if e != entries:
+            raise DSLError(f"{w}: {x.describe()} holds the counts {[list(c) for c in e]} but {first.describe()} holds "
+                           f"{[list(c) for c in entries]}: every operand of an op moves the same count's rows")
 
 
 def validate(ir: IRProgram) -> IRProgram:

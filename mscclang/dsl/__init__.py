@@ -9,9 +9,11 @@ MSCCL++'s: ``program``, ``collectives``, ``rank``, ``channel``, ``general``, ``l
 from mscclang.dsl.channel import MemoryChannel, PortChannel, SwitchChannel, read_reduce
 from mscclang.dsl.collectives import (
     AllGather,
+    AllGatherV,
     AllReduce,
     AllReduceAddRMSNorm,
     AllToAll,
+    AllToAllV,
     Broadcast,
     Collective,
     ReduceScatter,
@@ -27,7 +29,7 @@ from mscclang.dsl.types import BufferType, ChannelType, Chunk, RankGroup, Reduce
 from mscclang.dsl.utils import AlgoSpec, ReplicationPolicy
 
 __all__ = [
-    "AlgoSpec", "AllGather", "AllReduce", "AllReduceAddRMSNorm", "AllToAll", "BaseBuffer", "Broadcast", "Buffer",
+    "AlgoSpec", "AllGather", "AllGatherV", "AllReduce", "AllReduceAddRMSNorm", "AllToAll", "AllToAllV", "BaseBuffer", "Broadcast", "Buffer",
     "BufferType", "ChannelType", "Chunk", "Collective", "CollectiveProgram", "JSON",
     "LoopIterationContext", "MemoryChannel", "PortChannel", "Rank", "RankGroup",
     "ReduceOperationType", "ReduceScatter", "ReplicationPolicy", "Semaphore", "SendRecv",

@@ -9,8 +9,8 @@ from mscclang.errors import DSLError, PlanError
 from mscclang.plan.collectives import FUSED_NORM, CollectiveSpec, Expect
 from mscclang.plan.models import BufferKind
 
-__all__ = ["AllGather", "AllReduce", "AllReduceAddRMSNorm", "AllToAll", "Broadcast", "Collective", "ReduceScatter",
-           "SendRecv", "TestCollective"]
+__all__ = ["AllGather", "AllGatherV", "AllReduce", "AllReduceAddRMSNorm", "AllToAll", "AllToAllV", "Broadcast",
+           "Collective", "ReduceScatter", "SendRecv", "TestCollective"]
 
 
 class Collective:
@@ -114,6 +114,44 @@ class AllToAll(Collective):
 
     def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
         super().__init__(num_ranks, chunk_factor, inplace)
+
+
+def _one_segment_each(name: str, chunk_factor: object, inplace: object) -> None:
+    """A counted collective has one segment per count entry, out of place (DSLError otherwise;
+    the arguments exist so that the library's builders call every collective alike)."""
+    if chunk_factor != 1 or inplace:
+        raise DSLError(f"{name}: one segment per count entry, out of place (chunk_factor=1, inplace=False), "
+                       f"got chunk_factor={chunk_factor!r}, inplace={inplace!r}")
+
+
+class AllToAllV(Collective):
+    """All-to-all with data-dependent counts (ours; docs/dsl.md, "Data-dependent counts"): rank
+    ``r``'s input is ``n`` segments, segment ``p`` the ``counts[r][p]`` rows for rank ``p``; its
+    output is ``n`` segments, segment ``p`` the ``counts[p][r]`` rows from rank ``p``, which
+    must equal input segment ``r`` of rank ``p``. The counts are read at run time."""
+
+    name = "alltoallv"
+
+    def __init__(self, num_ranks: int, chunk_factor: int = 1, inplace: bool = False) -> None:
+        _one_segment_each(type(self).__name__, chunk_factor, inplace)
+        super().__init__(num_ranks, 1, False)
+
+    def __repr__(self) -> str:
+        return f"AllToAllV({self.num_ranks})"
+
+
+class AllGatherV(Collective):
+    """All-gather with data-dependent counts (ours): rank ``r``'s input is one segment of
+    ``counts[r][r]`` rows; its output is ``n`` segments, segment ``p`` rank ``p``'s rows."""
+
+    name = "allgatherv"
+
+    def __init__(self, num_ranks: int, chunk_factor: int = 1, inplace: bool = False) -> None:
+        _one_segment_each(type(self).__name__, chunk_factor, inplace)
+        super().__init__(num_ranks, 1, False)
+
+    def __repr__(self) -> str:
+        return f"AllGatherV({self.num_ranks})"
 
 
 class SendRecv(Collective):

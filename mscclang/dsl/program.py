@@ -153,6 +153,10 @@ class CollectiveProgram:
             {BufferType.input: BaseBuffer(r, BufferType.input, 0, collective.input_chunks),
              BufferType.output: BaseBuffer(r, BufferType.output, 0, collective.output_chunks)}
             for r in range(num_ranks)]
+        if collective.spec.row.counted:   # the buffers are segments (docs/dsl.md, "Data-dependent counts")
+            for r, rank in enumerate(self._ir.ranks):
+                for kind, output in ((BufferType.input, False), (BufferType.output, True)):
+                    rank.segments[kind] = collective.spec.row.segment_entries(num_ranks, r, output)
         if BufferType.residual in collective.buffer_sizes():
             for r, bufs in enumerate(self.buffers):
                 bufs[BufferType.residual] = BaseBuffer(r, BufferType.residual, 0, collective.input_chunks)

@@ -53,18 +53,53 @@ class BaseBuffer:
 
 
 class Buffer(BaseBuffer):
-    """``size`` fresh scratch chunks of ``rank`` (allocated after the rank's earlier ones)."""
+    """``size`` fresh scratch chunks of ``rank`` (allocated after the rank's earlier ones).
 
-    def __init__(self, rank: int, size: int) -> None:
+    With ``segments`` (ours; docs/dsl.md, "Data-dependent counts"), a list of count-matrix entries
+    ``(i, j)``, the buffer is that many scratch *segments* instead: slot ``k`` holds up to the
+    call's capacity rows, and segment ``k`` is ``counts[i][j]`` rows of it. ``size`` may then be
+    left out (it must equal the number of segments). A rank's scratch is all chunks or all
+    segments."""
+
+    def __init__(self, rank: int, size: Optional[int] = None,
+                 segments: Optional[Sequence[tuple[int, int]]] = None) -> None:
         prog = get_program()
-        call = f"Buffer(rank={rank}, size={size})"
+        call = f"Buffer(rank={rank}, size={size})" if segments is None else f"Buffer(rank={rank}, segments=...)"
         prog.check_rank(rank, call)
+        entries = _check_entries(prog, rank, call, segments) if segments is not None else None
+        if entries is not None and size is None:
+            size = len(entries)
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise prog.error(rank, None, call, f"size must be a positive int, got {size!r}")
         gpu = prog.gpus[rank]
+        if entries is not None and size != len(entries):
+            raise prog.error(rank, None, call, f"size {size} but {len(entries)} segments")
+        has = BufferType.scratch in gpu.segments
+        if gpu.scratch_chunks and has != (entries is not None):
+            raise prog.error(rank, None, call, "a rank's scratch is all chunks or all segments: "
+                             f"rank {rank} already has scratch {'segments' if has else 'chunks'}")
         super().__init__(rank, BufferType.scratch, gpu.scratch_chunks, size)
         gpu.scratch_chunks += size
+        if entries is not None:
+            gpu.segments.setdefault(BufferType.scratch, []).extend(entries)
         prog.touch()
+
+
+def _check_entries(prog, rank: int, call: str, segments: object) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
+    """``segments`` as a non-empty list of count-matrix entries ``(i, j)`` of the program's
+    ranks (DSLError naming the bad one)."""
+    n = len(prog.gpus)
+    if isinstance(segments, (str, bytes)) or not hasattr(segments, "__len__") or not len(segments):  # type: ignore[arg-type]
+        raise prog.error(rank, None, call, f"segments must be a non-empty list of (i, j) count entries, got {segments!r}")
+    out = []
+    for k, e in enumerate(segments):  # type: ignore[union-attr, arg-type]
+        ok = isinstance(e, (tuple, list)) and len(e) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n for v in e)
+        if not ok:
+            raise prog.error(rank, None, call, f"segments[{k}] = {e!r} is not an entry (i, j) of the {n} x {n} "
+                             "count matrix")
+        out.append((e[0], e[1]))
+    return out
 
 
 class Semaphore:

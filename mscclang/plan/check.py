@@ -47,6 +47,7 @@ from typing import Optional, Sequence
 
 from mscclang.errors import PlanError
 from mscclang.plan.collectives import FUSED_NORM, TABLE, spec_from_plan
+from mscclang.plan.segments import check_segments
 from mscclang.plan.models import (
     EPILOGUE_OPS,
     BufferKind,
@@ -56,6 +57,7 @@ from mscclang.plan.models import (
     PACKET_OPS,
     PLAN_FORMAT,
     PLAN_FORMAT_2,
+    PLAN_FORMAT_3,
     SEMAPHORE_OPS,
     SYNC_OPS,
     Op,
@@ -686,13 +688,17 @@ class _Checker:
 
 def check_format(plan: Plan) -> None:
     """The format rule: a plan holding an epilogue op (``radd``, ``rmsnorm``) must say
-    ``mscclang.plan/2``; PlanError naming the first such op of a ``/1`` plan."""
-    if plan.format == PLAN_FORMAT:
-        ops = plan.epilogue_ops()
-        if ops:
-            path, op = ops[0]
-            raise PlanError(f"{op.name.value} is an epilogue op: a plan holding it must say format "
-                            f"{PLAN_FORMAT_2!r}, not {PLAN_FORMAT!r}", f"{path}.name")
+    ``mscclang.plan/2``, a plan with segmented buffers ``mscclang.plan/3``, and no plan has
+    both; PlanError naming the first op or segmented buffer the format does not allow."""
+    ops = plan.epilogue_ops()
+    if ops and plan.format != PLAN_FORMAT_2:
+        path, op = ops[0]
+        raise PlanError(f"{op.name.value} is an epilogue op: a plan holding it must say format "
+                        f"{PLAN_FORMAT_2!r}, not {plan.format!r}", f"{path}.name")
+    seg = next((r for r, g in enumerate(plan.gpus) if g.segments), None)
+    if seg is not None and plan.format != PLAN_FORMAT_3:
+        raise PlanError(f"rank {seg} has segmented buffers: a plan with them must say format "
+                        f"{PLAN_FORMAT_3!r}, not {plan.format!r}", f"gpus[{seg}].segments")
 
 
 def validate_plan(plan: Plan) -> None:
@@ -704,6 +710,7 @@ def validate_plan(plan: Plan) -> None:
     """
     check_format(plan)
     _check_fields(plan)
+    check_segments(plan)
     _check_collective(plan)
     checker = _Checker(plan)
     for r, gpu in enumerate(plan.gpus):

@@ -43,7 +43,10 @@ class Collective:
       (rank ``p``), the ``"root"`` (broadcast) or the rank's ``"sender"`` (sendrecv: the previous
       rank unless the plan names them); ``from_block``: which input block of those ranks,
       ``"0"`` or the receiving ``"rank"``'s; ``fused``: the epilogue collective (plan/2);
-      ``torch``: its ``torch.distributed`` function (one tensor, or output and input)."""
+      ``torch``: its ``torch.distributed`` function (one tensor, or output and input);
+      ``counted``: its buffers are segments whose row counts are read at run time from the
+      call's count matrix (:meth:`segment_entries`; docs/semantics.md, "Data-dependent
+      counts")."""
 
     name: str
     api: Optional[str]
@@ -62,6 +65,7 @@ class Collective:
     from_block: str = "0"
     fused: bool = False
     torch: Optional[str] = None
+    counted: bool = False
 
     @property
     def rooted(self) -> bool:
@@ -151,6 +155,23 @@ class Collective:
         """nccl-tests' bus-bandwidth factor: bus bandwidth = message bytes / time * factor."""
         return self.bus * (n - 1) / n if self.bus and n > 1 else 1.0
 
+    def segment_entries(self, n: int, rank: int, output: bool) -> list[tuple[int, int]]:
+        """A counted collective's segments of ``rank``'s input (or ``output``), in buffer order:
+        the count-matrix entry ``(i, j)`` whose value is each segment's row count. The one home
+        of the rule. all-to-all-v: the input holds the rows for each peer ``p`` (entry
+        ``(rank, p)``), the output the rows from each peer (``(p, rank)``); all-gather-v: the
+        input is the rank's own rows (``(rank, rank)``), the output every rank's (``(p, p)``)."""
+        if self.name == "alltoallv":
+            return [(p, rank) for p in range(n)] if output else [(rank, p) for p in range(n)]
+        if self.name == "allgatherv":
+            return [(p, p) for p in range(n)] if output else [(rank, rank)]
+        raise PlanError(f"{self.name} has no segments")
+
+    def segment_source(self, rank: int, segment: int) -> tuple[int, int]:
+        """(rank, input segment) whose rows a counted collective's output segment ``segment`` of
+        ``rank`` must hold: all-to-all-v ``(segment, rank)``, all-gather-v ``(segment, 0)``."""
+        return (segment, rank) if self.name == "alltoallv" else (segment, 0)
+
     def chunk_factor(self, n: int, in_chunks: int, out_chunks: int) -> int:
         """A plan's chunks per rank ``f`` from rank 0's chunk counts (0 when they do not divide)."""
         if not self.sized:
@@ -172,6 +193,10 @@ TABLE: dict[str, Collective] = {c.name: c for c in (
     Collective("sendrecv", "send_recv", in_chunks="1", out_chunks="1", sources="sender"),
     Collective("broadcast", "broadcast", in_chunks="1", out_chunks="1", sources="root", torch="broadcast"),
     Collective(FUSED_NORM, "all_reduce_add_rms_norm", reduces=True, inplace_copy=False, bus=2.0, fused=True),
+    Collective("alltoallv", "all_to_all_v", in_blocks="n", out_blocks="n", bus=1.0, sources="each",
+               from_block="rank", inplace_copy=False, counted=True),
+    Collective("allgatherv", "all_gather_v", out_blocks="n", in_chunks="1", message="output", bus=1.0,
+               sources="each", inplace_copy=False, counted=True),
     Collective("test", None, in_chunks="1", out_chunks="1", inplace_copy=False, sized=False, postcondition=False),
     Collective("custom", None, in_chunks="1", out_chunks="1", inplace_copy=False, sized=False, postcondition=False),
 )}
@@ -179,8 +204,8 @@ TABLE: dict[str, Collective] = {c.name: c for c in (
 COLLECTIVES = tuple(TABLE)
 #: API name (``Communicator`` method) -> plan ``collective`` name, for the one-tensor collectives
 #: the communicator runs by name (``prepare``, ``select``, tuning rules; not the fused one, whose
-#: call takes a residual and a weight)
-API_TO_PLAN: dict[str, str] = {c.api: c.name for c in TABLE.values() if c.api and not c.fused}
+#: call takes a residual and a weight, nor the counted ones, whose call takes counts)
+API_TO_PLAN: dict[str, str] = {c.api: c.name for c in TABLE.values() if c.api and not c.fused and not c.counted}
 #: plan ``collective`` name -> API name
 PLAN_TO_API: dict[str, str] = {v: k for k, v in API_TO_PLAN.items()}
 _BY_API: dict[str, Collective] = {c.api: c for c in TABLE.values() if c.api}

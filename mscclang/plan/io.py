@@ -19,7 +19,7 @@ from mscclang.config import Settings, settings
 from mscclang.errors import PlanError
 from mscclang.units import format_bytes
 from mscclang.plan.check import check_format, validate_plan
-from mscclang.plan.models import PLAN_FORMAT, PLAN_FORMAT_2, PLAN_FORMATS, Plan
+from mscclang.plan.models import PLAN_FORMAT, PLAN_FORMATS, Plan
 
 
 def json_path(loc: tuple[Any, ...]) -> str:
@@ -94,8 +94,8 @@ def plan_from_dict(data: Any) -> Plan:
             f"missing 'format' (expected {PLAN_FORMAT!r}); an MSCCL++ plan must be converted with "
             "mscclang.plan.from_mscclpp() or `mscclang import-mscclpp`", "format")
     if fmt not in PLAN_FORMATS:
-        raise PlanError(f"unsupported format {_short(fmt)}, expected {PLAN_FORMAT!r} or "
-                        f"{PLAN_FORMAT_2!r}", "format")
+        raise PlanError(f"unsupported format {_short(fmt)}, expected one of "
+                        f"{', '.join(map(repr, PLAN_FORMATS))}", "format")
     count_ops(data)
     try:
         plan = Plan.model_validate(data)

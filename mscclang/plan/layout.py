@@ -318,6 +318,18 @@ def make_layout(plan: Plan, rank: int, input_bytes: int, output_bytes: int, row_
     )
 
 
+def counted_layouts(plan: Plan, in_bytes: Sequence[int], out_bytes: Sequence[int], slot_bytes: int) -> list[Layout]:
+    """The layouts of a plan with segmented buffers (plan/3) for one call: rank ``r``'s input and
+    output hold ``in_bytes[r]`` and ``out_bytes[r]`` bytes and no chunk grid (their segments'
+    spans come from the count matrix, :func:`mscclang.plan.segments.segment_span`), and each
+    scratch slot (segment or chunk) is ``slot_bytes`` long (the call's capacity rows)."""
+    factor = scratch_factor(plan)
+    return [Layout(input=Grid(in_bytes[r], 0, 0, 1), output=Grid(out_bytes[r], 0, 0, 1), chunk_bytes=slot_bytes,
+                   scratch_chunks=g.scratch_chunks, alignment=plan.buffer_alignment, input_bytes=in_bytes[r],
+                   output_bytes=out_bytes[r], scratch_factor=factor)
+            for r, g in enumerate(plan.gpus)]
+
+
 def scratch_factor(plan: Plan) -> int:
     """Allocated scratch bytes per plain slot byte: 2 for LL packets (an LL plan, or one with
     packet ops), times 2 again with double scratch buffering."""

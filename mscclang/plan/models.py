@@ -1,8 +1,9 @@
-"""Pydantic models of the execution plan, formats ``mscclang.plan/1`` and ``mscclang.plan/2``.
+"""Pydantic models of the execution plan, formats ``mscclang.plan/1``, ``/2`` and ``/3``.
 
 ``mscclang.plan/2`` is ``/1`` plus the epilogue ops (``radd``, ``rmsnorm``) and their buffers
-(``r`` residual, ``w`` weight): a plan holding an epilogue op says ``/2``, every other plan
-``/1`` (:func:`plan_format`).
+(``r`` residual, ``w`` weight). ``mscclang.plan/3`` is ``/1`` plus segmented buffers
+(:class:`SegmentedBuffer`: row counts read at run time from the call's count matrix). A plan
+says the lowest format that holds it (:func:`plan_format`).
 
 The plan is the contract between the front half (DSL, compiler) and the back half (simulator,
 GPU runtime). It carries everything an MSCCL++ 0.9 execution plan carries (same key names, same op
@@ -34,8 +35,10 @@ from mscclang.errors import PlanError
 PLAN_FORMAT = "mscclang.plan/1"
 #: the format of plans with epilogue ops (:data:`EPILOGUE_OPS`)
 PLAN_FORMAT_2 = "mscclang.plan/2"
+#: the format of plans with segmented buffers (:class:`SegmentedBuffer`)
+PLAN_FORMAT_3 = "mscclang.plan/3"
 #: every format the loader accepts
-PLAN_FORMATS = (PLAN_FORMAT, PLAN_FORMAT_2)
+PLAN_FORMATS = (PLAN_FORMAT, PLAN_FORMAT_2, PLAN_FORMAT_3)
 #: largest message size a plan can name (an unsigned 64-bit byte count)
 MAX_MESSAGE_SIZE = 2**64 - 1
 #: largest chunk count, chunk index, id or rank a plan can name (a signed 32-bit value)
@@ -373,10 +376,11 @@ class PairedEnd:
     index: int
 
 
-def plan_format(has_epilogue: bool) -> str:
-    """The format a plan must say: ``mscclang.plan/2`` when it holds an epilogue op, else
-    ``mscclang.plan/1`` (the one place the rule is written)."""
-    return PLAN_FORMAT_2 if has_epilogue else PLAN_FORMAT
+def plan_format(has_epilogue: bool, has_segments: bool = False) -> str:
+    """The format a plan must say: ``mscclang.plan/2`` when it holds an epilogue op,
+    ``mscclang.plan/3`` when it has segmented buffers, else ``mscclang.plan/1`` (the one place
+    the rule is written; no plan has both)."""
+    return PLAN_FORMAT_2 if has_epilogue else PLAN_FORMAT_3 if has_segments else PLAN_FORMAT
 
 
 def channel_ordinals(peers: Sequence[int]) -> list[ChannelOrdinal]:
@@ -466,6 +470,29 @@ class SemaphoreDesc(_Strict):
     init_value: Count = 0
 
 
+class SegmentedBuffer(_Strict):
+    """plan/3: one buffer of a rank cut into segments whose row counts are read at run time from
+    the call's count matrix (docs/semantics.md, "Data-dependent counts"). ``counts[k]`` is the
+    entry ``[i, j]`` whose value is segment ``k``'s row count. The input and the output are
+    packed (segment ``k`` starts where segment ``k - 1`` ends); scratch is slots (segment ``k``
+    starts at ``k`` times the call's capacity rows). A buffer reference's ``index``/``size`` into
+    a segmented buffer count segments, and the rank's chunk count of the buffer is the number of
+    segments."""
+
+    type: BufferKind
+    counts: list[Annotated[list[Count], Field(min_length=2, max_length=2)]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _kind(self) -> "SegmentedBuffer":
+        if self.type not in (BufferKind.input, BufferKind.output, BufferKind.scratch):
+            raise ValueError(f"only the input, output and scratch can be segmented, not {self.type.value!r}")
+        return self
+
+    def entries(self) -> list[tuple[int, int]]:
+        """The count-matrix entry of each segment, as (i, j) pairs."""
+        return [(i, j) for i, j in self.counts]
+
+
 class Gpu(_Strict):
     id: Count
     input_chunks: Count
@@ -475,6 +502,15 @@ class Gpu(_Strict):
     channels: list[ChannelDesc] = Field(default_factory=list)
     remote_buffers: list[RemoteBuffer] = Field(default_factory=list)
     semaphores: list[SemaphoreDesc] = Field(default_factory=list)
+    # plan/3: the rank's segmented buffers (at most one entry per buffer kind)
+    segments: Optional[list[SegmentedBuffer]] = None
+
+    def segmented(self, kind: BufferKind) -> Optional[SegmentedBuffer]:
+        """The segments of buffer ``kind`` (None: the buffer is cut into chunks)."""
+        for s in self.segments or ():
+            if s.type == kind:
+                return s
+        return None
 
     def peers(self, channel_type: ChannelType) -> list[int]:
         """Peer rank of each channel of ``channel_type`` (global channel index order)."""
@@ -497,7 +533,7 @@ class Gpu(_Strict):
 class Plan(_Strict):
     """A whole execution plan: one entry of ``gpus`` per rank."""
 
-    format: Literal["mscclang.plan/1", "mscclang.plan/2"] = PLAN_FORMAT
+    format: Literal["mscclang.plan/1", "mscclang.plan/2", "mscclang.plan/3"] = PLAN_FORMAT
     name: Text
     collective: Text
     protocol: Literal["Simple", "LL"] = "Simple"
@@ -548,7 +584,27 @@ class Plan(_Strict):
                     )
         if self.min_message_size > self.max_message_size:
             raise ValueError("min_message_size exceeds max_message_size")
+        n = len(self.gpus)
+        for r, g in enumerate(self.gpus):
+            seen: set[BufferKind] = set()
+            for k, sb in enumerate(g.segments or ()):
+                if sb.type in seen:
+                    raise ValueError(f"gpus[{r}].segments[{k}]: buffer {sb.type.value!r} is segmented twice")
+                seen.add(sb.type)
+                chunks = {BufferKind.input: g.input_chunks, BufferKind.output: g.output_chunks,
+                          BufferKind.scratch: g.scratch_chunks}[sb.type]
+                if chunks != len(sb.counts):
+                    raise ValueError(f"gpus[{r}].segments[{k}]: {len(sb.counts)} segments, but the rank's "
+                                     f"{sb.type.name}_chunks is {chunks} (a segmented buffer has one chunk per segment)")
+                for m, (i, j) in enumerate(sb.counts):
+                    if i >= n or j >= n:
+                        raise ValueError(f"gpus[{r}].segments[{k}].counts[{m}]: entry [{i}, {j}] is outside "
+                                         f"the {n} x {n} count matrix")
         return self
+
+    def has_segments(self) -> bool:
+        """Whether some rank has a segmented buffer (a plan/3 plan, run with a count matrix)."""
+        return any(g.segments for g in self.gpus)
 
     @property
     def world_size(self) -> int:

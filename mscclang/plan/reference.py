@@ -36,7 +36,7 @@ from mscclang.plan.dtypes import ACCUM_DTYPES, numpy_dtype_info
 from mscclang.plan.models import REDUCE_OP_NAMES
 
 #: the collectives defined here (plan spelling)
-COLLECTIVES: tuple[str, ...] = tuple(c.name for c in TABLE.values() if c.api and not c.fused)
+COLLECTIVES: tuple[str, ...] = tuple(c.name for c in TABLE.values() if c.api and not c.fused and not c.counted)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Optional
 from mscclang.errors import PlanError
 from mscclang.plan.layout import (
     Layout,
+    counted_layouts,
     Piece,
     group_slice,
     iteration_slice,
@@ -24,6 +25,7 @@ from mscclang.plan.layout import (
 )
 from mscclang.plan.models import (PACKET_DST_FROM, PACKET_SRC_FROM, BufferKind, BufferRef, ChannelType, Op, OpName,
                                   Plan, ThreadBlock)
+from mscclang.plan.segments import CountedCall, segment_span
 
 DATA_OPS = frozenset({
     OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.copy, OpName.cpkt, OpName.upkt,
@@ -91,9 +93,29 @@ def _where(rank: int, tb: int, index: str, name: str) -> str:
 
 
 class _Resolver:
-    def __init__(self, plan: Plan, layouts: list[Layout]) -> None:
+    def __init__(self, plan: Plan, layouts: list[Layout], counted: Optional[CountedCall] = None) -> None:
         self.plan = plan
         self.layouts = layouts
+        self.counted = counted
+
+    def segment_pieces(self, operands: list[Operand], refs: list[BufferRef], size: int, where: str) -> list[Piece]:
+        """The pieces of an op over segments: segment ``t`` of every operand is one piece of its
+        count's rows (zero-row segments move nothing), adjacent pieces merged."""
+        c = self.counted
+        if c is None:
+            raise PlanError(f"{where}: the plan moves segments: a run needs the call's counts")
+        out: list[Piece] = []
+        for t in range(size):
+            spans = [segment_span(self.plan, c, o.rank, o.kind, r.index + t) for o, r in zip(operands, refs)]
+            length = spans[0].rows * c.row_bytes
+            if length <= 0:
+                continue
+            offs = tuple(sp.start * c.row_bytes for sp in spans)
+            if out and all(p + out[-1].length == o for p, o in zip(out[-1].offsets, offs)):
+                out[-1] = Piece(out[-1].offsets, out[-1].length + length)
+            else:
+                out.append(Piece(offs, length))
+        return out
 
     def ref(self, rank: int, tb: ThreadBlock, op: Op, ref: BufferRef, packet: bool,
             where: str) -> list[Operand]:
@@ -193,6 +215,12 @@ class _Resolver:
                 dst_refs.extend([dsts_r[i]] * len(ops_))
             if len(srcs) > 1 and not red:
                 raise PlanError(f"{where}: a copy needs exactly one source")
+            if self.plan.gpus[(srcs + dsts)[0].rank].segmented((srcs + dsts)[0].kind) is not None:
+                g = Group(srcs, dsts, self.segment_pieces(srcs + dsts, src_refs + dst_refs, size, where), red, [],
+                          chans[min(gi, len(chans) - 1)] if chans else None)
+                g._chunk_lens = []  # type: ignore[attr-defined]
+                out.append(g)
+                continue
             operands = [(o.kind, r.index) for o, r in zip(srcs + dsts, src_refs + dst_refs)]
             for o, r in zip(srcs + dsts, src_refs + dst_refs):
                 if o.packet and o.kind != BufferKind.scratch:
@@ -304,12 +332,20 @@ def _pads_for(g: Group, member: int, size: int, alignment: int, iteration: Optio
     return out
 
 
-def sim_program(plan: Plan, input_bytes: int, output_bytes: int, row_bytes: int = 0) -> Program:
+def sim_program(plan: Plan, input_bytes: int, output_bytes: int, row_bytes: int = 0,
+                counted: Optional[CountedCall] = None) -> Program:
     """Resolve every op of every block of ``plan`` for the given byte sizes (``row_bytes``: a
-    row-chunked fused plan's input row, :func:`mscclang.plan.layout.make_layout`)."""
+    row-chunked fused plan's input row, :func:`mscclang.plan.layout.make_layout`). A plan with
+    segments is resolved for one call, ``counted`` (its counts and sizes; ``input_bytes`` and
+    ``output_bytes`` are then rank 0's)."""
     n = len(plan.gpus)
-    layouts = make_layouts(plan, input_bytes, output_bytes, row_bytes)
-    res = _Resolver(plan, layouts)
+    if counted is not None:
+        rb = counted.row_bytes
+        layouts = counted_layouts(plan, [v * rb for v in counted.in_rows], [v * rb for v in counted.out_rows],
+                                  counted.capacity * rb)
+    else:
+        layouts = make_layouts(plan, input_bytes, output_bytes, row_bytes)
+    res = _Resolver(plan, layouts, counted)
     align = plan.buffer_alignment
     blocks: list[list[list[COp]]] = []
     for r, gpu in enumerate(plan.gpus):

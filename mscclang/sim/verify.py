@@ -328,6 +328,9 @@ def verify(plan: PlanLike, options: Optional[VerifyOptions] = None, **keywords: 
     o.check_senders(spec)
     if spec.row.fused:  # row-shaped cases and its own postcondition, the same options
         return verify_fused(p, o)
+    if p.has_segments():  # its sizes are count matrices (mscclang.sim.counted)
+        from mscclang.sim.counted import verify_counted
+        return verify_counted(p, o)
     user_dtypes = None if o.dtypes is None else [parse_dtype(d) for d in o.dtypes]
     dtypes = DEFAULT_DTYPES if o.dtypes is None else o.dtypes
     launches = default_launches(p) if o.launches is None else o.launches
