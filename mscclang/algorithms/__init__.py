@@ -20,6 +20,7 @@ from mscclang.algorithms.allreduce import (
     build_twostep_ll,
 )
 from mscclang.algorithms.alltoall import build_alltoall_ll, build_alltoall_simple, build_alltoall_zero_copy
+from mscclang.algorithms.alltoallv import build_alltoallv_ll, build_alltoallv_simple, build_alltoallv_zero_copy
 from mscclang.algorithms.broadcast import build_broadcast_ll, build_broadcast_simple
 from mscclang.algorithms.fused import build_fused_oneshot_ll, build_fused_twoshot_ll
 from mscclang.algorithms.hierarchical import build_allgather_hierarchical, build_allreduce_hierarchical
@@ -206,6 +207,14 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {info.name: info for info in (
     _info("alltoall_zero_copy", "alltoall", "Simple", "symmetric", (False,), _ALL, build_alltoall_zero_copy,
           "direct puts of each peer's chunk into its output after a ready handshake", 1024,
           _variants(_by_blocks(_one))),
+    _info("alltoallv_ll", "alltoallv", "LL", "any", (False,), (0, 1 * MiB), build_alltoallv_ll,
+          "ready handshake, packets of each peer's rows into its scratch slot, unpacked by the peer", 512,
+          _variants((1,))),
+    _info("alltoallv_simple", "alltoallv", "Simple", "any", (False,), _ALL, build_alltoallv_simple,
+          "rows for each peer staged in own scratch, read by the peer after a data signal", 1024,
+          _variants((1,))),
+    _info("alltoallv_zero_copy", "alltoallv", "Simple", "symmetric", (False,), _ALL, build_alltoallv_zero_copy,
+          "direct puts of each peer's rows into its output after a ready handshake", 1024, _variants((1,))),
     _info("broadcast_ll", "broadcast", "LL", "any", BOTH, (0, 1 * MiB), build_broadcast_ll,
           "root packs its input into every peer's scratch", 512,
           _every_root(_by_blocks(_one, (1, 4), LL_BLOCKS), BOTH)),

@@ -25,11 +25,12 @@ def build_alltoallv_ll(ranks: int, instances: int = 1, num_threads_per_block: in
     """LL all-to-all-v: block ``j`` handles the ``j``-th peer ``p``: after the ready handshake with
     ``p`` it packs the rows for ``p`` as LL packets into slot ``r`` of ``p``'s scratch (one slot
     per sender, each the call's capacity rows), then unpacks the rows ``p`` sent into output
-    segment ``p``; block 0 also copies the rank's own rows. Single scratch: the handshake orders
-    a launch's writes after the peer's reads of the previous one."""
+    segment ``p``; block 0 also copies the rank's own rows. Double scratch, as every LL plan
+    that shares a scratch (the handshake alone would order a launch's writes after the peer's
+    reads of the previous one)."""
     n = ranks
     with mesh_program("alltoallv_ll", AllToAllV, ranks, instances, inplace, "LL", num_threads_per_block,
-                      name, min_message_size, max_message_size) as (prog, ch):
+                      name, min_message_size, max_message_size, double_scratch=True) as (prog, ch):
         scratch = [Buffer(r, segments=[(s, r) for s in range(n)]) for r in range(n)]
         for r in range(n):
             inp, out, me = input_of(r), output_of(r), Rank(r)

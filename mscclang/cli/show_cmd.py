@@ -235,6 +235,9 @@ def _rank_lines(plan: Plan, r: int, tb_filter: Optional[int]) -> list[str]:
     n_tb = len(g.threadblocks)
     lines = [f"rank {r}: input {g.input_chunks} chunk(s), output {g.output_chunks}, "
              f"scratch {g.scratch_chunks}; {n_tb} thread block{'s' if n_tb != 1 else ''}"]
+    for sb in g.segments or ():   # plan/3: what each segment's rows are
+        lines.append(f"  {sb.type.name} segments (rows of counts[i][j]): "
+                     + " ".join(f"{k}=c[{i}][{j}]" for k, (i, j) in enumerate(sb.entries())))
     chan_parts = []
     for ct in (ChannelType.memory, ChannelType.port):
         peers = g.peers(ct)

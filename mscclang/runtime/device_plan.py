@@ -111,6 +111,10 @@ def check_runnable(plan: Plan, allow_switch: bool = False, topology: Optional[To
     first every rule of the plan format (:func:`mscclang.plan.check.validate_plan`, which
     ``load_plan`` and ``verify`` apply too: what one refuses the other does)."""
     validate_plan(plan)
+    seg = next((g.id for g in plan.gpus if g.segments), None)
+    if seg is not None:
+        raise PlanError(f"plan {plan.name!r} has segmented buffers (data-dependent counts): the simulator runs "
+                        "and verifies it, the GPU executor does not run such plans yet", f"gpus[{seg}].segments")
     topo = topology or Topology(plan.world_size, plan.world_size)
     for g in plan.gpus:
         channel_transports(plan, g.id, topo)

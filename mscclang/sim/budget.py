@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from mscclang.errors import LimitError, MscclangError
 from mscclang.plan.collectives import spec_from_plan
-from mscclang.plan.layout import make_layout, make_layouts, near_equal_split
+from mscclang.plan.layout import make_layout, make_layouts, near_equal_split, scratch_factor
 from mscclang.config import Settings, settings
 from mscclang.plan.models import (PACKET_DST_FROM, PACKET_OPS, PACKET_SRC_FROM, PUT_SIGNAL_OPS, REDUCE_OPS, SIGNAL_OPS,
                                   SYNC_OPS, WAIT_OPS, ChannelType, Op, OpName, Plan)
@@ -39,7 +39,10 @@ from mscclang.sim.postcondition import CHUNKWISE_ELEMENTS
 from mscclang.sim.state import MAX_SYMBOLIC_GRANULE, SYM_GRANULE
 from mscclang.units import format_bytes
 
-__all__ = ["Limits", "Work", "SizeCost", "Estimate", "size_cost", "estimate_runs", "check_runs", "Deadline"]
+if TYPE_CHECKING:  # pragma: no cover
+    from mscclang.plan.segments import CountedCall
+
+__all__ = ["Limits", "Work", "SizeCost", "Estimate", "size_cost", "counted_cost", "estimate_runs", "check_runs", "Deadline"]
 
 # --- memory coefficients, fitted to measured verify runs (tracemalloc and ru_maxrss peaks) of
 # library and synthetic plans up to 128 ranks on CPython 3.11 / numpy 2, with a margin
@@ -118,9 +121,11 @@ class Work:
     moved_bytes: int = 0    # operand bytes of every data op (copies, packets, reductions)
     packet_bytes: int = 0   # operand bytes of packet ops (flags written and polled per word)
 
-    def add(self, op: Op, iters: int, chunk_bytes: int, unit: Optional[int], alignment: int) -> None:
+    def add(self, op: Op, iters: int, chunk_bytes: int, unit: Optional[int], alignment: int,
+            lens: Optional[list[int]] = None) -> None:
         """``op`` executed ``iters`` times (a pipeline's inner op: ``unit`` bytes per iteration;
-        the pipeline, not its inner ops, takes a step per iteration)."""
+        the pipeline, not its inner ops, takes a step per iteration). ``lens``: each operand's
+        bytes where they are not its chunks times ``chunk_bytes`` (segments)."""
         refs = op.src_buff + op.dst_buff
         self.op_execs += iters
         self.steps += 0 if unit else iters
@@ -136,7 +141,8 @@ class Work:
             self.nops += iters
         if op.name in SYNC_OPS or op.name in PUT_SIGNAL_OPS:
             self.channel_execs += iters * len(op.channel_ids)
-        lens = [min(x.size * chunk_bytes, unit) if unit else x.size * chunk_bytes for x in refs]
+        if lens is None:
+            lens = [min(x.size * chunk_bytes, unit) if unit else x.size * chunk_bytes for x in refs]
         if lens:
             self.op_bytes = max(self.op_bytes, (len(refs) + 2) * max(lens))
             if (part := _share(op, max(lens), alignment)):
@@ -273,6 +279,36 @@ def size_cost(plan: Plan, size: int, input_bytes: int, output_bytes: int, row_by
                     outputs * _sources_per_element(plan), t)
 
 
+def counted_cost(plan: Plan, call: "CountedCall") -> SizeCost:
+    """The cost of simulating a plan with segments for one call (its counts and sizes): every
+    rank's input, output and scratch slots, and each op's operands at their segments' bytes."""
+    from mscclang.plan.segments import ref_entries
+
+    footprint = outputs = buffers = scratch = inputs = checked = 0
+    t = Work()
+    rb = call.row_bytes
+    factor = scratch_factor(plan)
+    for r, g in enumerate(plan.gpus):
+        ib, ob = call.in_rows[r] * rb, call.out_rows[r] * rb
+        sb = g.scratch_chunks * call.capacity * rb
+        footprint += ib + ob + sb * factor
+        buffers += ib + ob
+        scratch += sb
+        outputs += ob
+        inputs += ib
+        checked += 2 * ob
+        t.accesses += 3
+        for tb in g.threadblocks:
+            for op in tb.ops:
+                refs = op.src_buff + op.dst_buff
+                ents = [ref_entries(plan, r, tb, op, x) for x in refs]
+                lens = [sum(call.rows(e) for e in es) * rb if es is not None else x.size * call.capacity * rb
+                        for x, es in zip(refs, ents)]
+                t.add(op, 1, call.capacity * rb, None, plan.buffer_alignment, lens)
+    return SizeCost(inputs, inputs // max(len(plan.gpus), 1), outputs // max(len(plan.gpus), 1), footprint, buffers,
+                    scratch, outputs, inputs, checked, t)
+
+
 #: the most memory the symbolic shadows of one run may take (a larger run is skipped)
 SYMBOLIC_BUDGET = 256 << 20
 
@@ -305,20 +341,22 @@ def _channel_ends(plan: Plan) -> int:
 def estimate_runs(plan: Plan, sizes: Sequence[tuple[int, ...]], runs_per_size: int,
                   launches: int, *, itemsizes: Sequence[int] = (2, 4),
                   symbolic_size: Optional[tuple[int, ...]] = None, postcondition: bool = True,
-                  what: str = "this simulation") -> Estimate:
+                  what: str = "this simulation", costs: Optional[Sequence[SizeCost]] = None) -> Estimate:
     """Estimate ``runs_per_size`` runs of ``launches`` launches at each ``(size, input bytes,
     output bytes[, row bytes])`` of ``sizes`` (row bytes: a row-chunked fused plan's input row)
     with dtypes of ``itemsizes`` bytes in rotation (every size's program and postcondition index
     kept at once, as ``verify`` does), plus one symbolic run at ``symbolic_size``; without
     ``postcondition`` the outputs are not checked (``run``). Sizes the collective does not allow
     are left out (the simulation reports them itself). :attr:`Estimate.memory_terms` names the
-    parts of the memory estimate."""
-    costs: list[SizeCost] = []
-    for shape in sizes:
-        try:
-            costs.append(size_cost(plan, *shape))
-        except MscclangError:
-            continue
+    parts of the memory estimate. ``costs``: the sizes' costs where the caller has them (a plan
+    with segments: :func:`counted_cost` of each call), ``sizes`` then ignored."""
+    if costs is None:
+        costs = []
+        for shape in sizes:
+            try:
+                costs.append(size_cost(plan, *shape))
+            except MscclangError:
+                continue
     isz = sorted({max(int(x), 1) for x in itemsizes}) or [1]
     actors = _actors(plan)
     ends = _channel_ends(plan)
@@ -415,10 +453,11 @@ def _add_terms(terms: dict[str, float], c: SizeCost, actors: int, ends: int, run
 def check_runs(plan: Plan, sizes: Sequence[tuple[int, int, int]], runs_per_size: int, launches: int,
                *, itemsizes: Sequence[int] = (2, 4),
                symbolic_size: Optional[tuple[int, ...]] = None, postcondition: bool = True,
-               what: str = "this simulation", limits: Optional[Limits] = None) -> Estimate:
+               what: str = "this simulation", limits: Optional[Limits] = None,
+               costs: Optional[Sequence[SizeCost]] = None) -> Estimate:
     """:func:`estimate_runs`, then refuse (:class:`LimitError`) what exceeds ``limits``."""
     est = estimate_runs(plan, sizes, runs_per_size, launches, itemsizes=itemsizes,
-                        symbolic_size=symbolic_size, postcondition=postcondition, what=what)
+                        symbolic_size=symbolic_size, postcondition=postcondition, what=what, costs=costs)
     est.check(limits)
     return est
 

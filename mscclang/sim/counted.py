@@ -22,7 +22,7 @@ from mscclang.errors import MscclangError, PlanError, VerificationError
 from mscclang.plan.collectives import TABLE
 from mscclang.plan.models import BufferKind, Plan
 from mscclang.plan.segments import CountedCall, count_cases, counted_call, prove_capacity, row_alignment, segment_span
-from mscclang.sim.budget import Deadline
+from mscclang.sim.budget import Deadline, check_runs, counted_cost
 from mscclang.sim.diagnosis import Findings
 from mscclang.sim.engine import Simulation, check_run_arguments
 from mscclang.sim.program import sim_program
@@ -136,14 +136,25 @@ def verify_counted(plan: Plan, options: VerifyOptions) -> Report:
     pts = list(options.packet_types) or ["LL16"]
     widths = [w for w in ROW_WIDTHS if w % row_alignment(plan) == 0]
     cases = count_cases(n, seed=options.seed)
+    calls = {}
+    for case in cases:
+        for w in widths:
+            try:
+                calls[(case.name, w)] = counted_call(plan, case.counts, w)
+            except MscclangError as e:
+                found.add([Problem("plan", f"{case.name}: {e}")], case.name)
+    check_runs(plan, [], options.schedules, launches, itemsizes=(1,), what=f"verifying {plan.name}",
+               limits=options.limits, costs=[counted_cost(plan, c) for c in calls.values()])
     planned = len(cases) * len(widths) * options.schedules
-    rep.sizes = [w for w in widths]
+    rep.row_widths = list(widths)
     rep.schedules = [SCHEDULES[i % len(SCHEDULES)] for i in range(options.schedules)]
     moved = False
     for case in cases:
         for w in widths:
+            call = calls.get((case.name, w))
+            if call is None:
+                continue
             try:
-                call = counted_call(plan, case.counts, w)
                 prog = sim_program(plan, call.in_rows[0] * w, 0, counted=call)
             except MscclangError as e:
                 found.add([Problem("plan", f"{case.name}: {e}")], case.name)

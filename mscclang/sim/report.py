@@ -116,6 +116,8 @@ class Report:
     runs: int = 0
     seconds: float = 0.0
     sizes: list[int] = field(default_factory=list)
+    #: a plan with segments: the row widths (bytes) its count matrices ran in, instead of sizes
+    row_widths: list[int] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
     schedules: list[str] = field(default_factory=list)
     reduce_ops: list[str] = field(default_factory=list)
@@ -211,7 +213,9 @@ class Report:
         """The printout: headline, what ran, notes, then the problems ranked (:meth:`ranked`):
         the first :data:`SHOW_PROBLEMS` (12 lines each) and a count of the rest, or with
         ``show_all`` every problem in full."""
-        ran = [f"sizes {', '.join(_fmt_size(s) for s in self.sizes)}", f"dtypes {', '.join(self.dtypes) or '-'}"]
+        ran = [f"sizes {', '.join(_fmt_size(s) for s in self.sizes)}" if not self.row_widths else
+               f"count matrices in rows of {', '.join(map(str, self.row_widths))} bytes",
+               f"dtypes {', '.join(self.dtypes) or '-'}"]
         ran += [f"{what} {', '.join(vs)}" for what, vs in (("reduce ops", self.reduce_ops),
                                                           ("packets", self.packet_types)) if vs]
         lines = [f"verify {self.plan_name}: {self.headline()}",

@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
-from mscclang.plan.models import SEMAPHORE_OPS, SIGNAL_OPS, SYNC_OPS, BufferRef, ChannelType, Gpu, Op, OpName, Plan, ThreadBlock
+from mscclang.plan.models import SEMAPHORE_OPS, SIGNAL_OPS, SYNC_OPS, BufferKind, BufferRef, ChannelType, Gpu, Op, OpName, Plan, ThreadBlock
 from mscclang.viz.graph import OpNode
 # ------------------------------------------------------------------------------------------------
 # labels
 
 
-def _chunks(ref: BufferRef) -> str:
+def _chunks(ref: BufferRef, owner: Optional[Gpu] = None, kind: Optional[BufferKind] = None) -> str:
+    """``4`` or ``4:6`` (chunks), or for a segment of ``owner``'s buffer ``kind`` its count entry
+    (``[c1,2]``: the rows of counts[1][2]; ``[c1,2+1]`` two segments)."""
+    seg = owner.segmented(kind) if owner is not None and kind is not None else None
+    if seg is not None and ref.index < len(seg.counts):
+        i, j = seg.counts[ref.index]
+        return f"[c{i},{j}{f'+{ref.size - 1}' if ref.size > 1 else ''}]"
     return f"{ref.index}" if ref.size == 1 else f"{ref.index}:{ref.index + ref.size}"
 
 
-def _short_ref(gpu: Gpu, tb: ThreadBlock, op: Op, ref: BufferRef) -> str:
+def _short_ref(plan: Plan, gpu: Gpu, tb: ThreadBlock, op: Op, ref: BufferRef) -> str:
     if ref.type is not None:
-        return f"{ref.type.value}{_chunks(ref)}"
+        return f"{ref.type.value}{_chunks(ref, gpu, ref.type)}"
     if ref.buffer_id is not None:
         lst = tb.remote_buffer_list(op.channel_type)
         if ref.buffer_id < len(lst) and lst[ref.buffer_id] < len(gpu.remote_buffers):
             rb = gpu.remote_buffers[lst[ref.buffer_id]]
-            return f"{rb.type.value}{_chunks(ref)}@r{rb.rank}"
+            owner = plan.gpus[rb.rank] if rb.rank < len(plan.gpus) else None
+            return f"{rb.type.value}{_chunks(ref, owner, rb.type)}@r{rb.rank}"
         return f"?{_chunks(ref)}@?"
     lst = tb.channel_list(ChannelType.switch)
     sid = ref.switch_channel_id
@@ -56,8 +63,8 @@ def _detail(plan: Plan, node: OpNode) -> str:
         return "sem " + ",".join(str(s) for s in op.semaphore_ids)
     if op.name == OpName.barrier:
         return f"id {op.barrier_id}"
-    srcs = [_short_ref(gpu, tb, op, x) for x in op.src_buff]
-    dsts = [_short_ref(gpu, tb, op, x) for x in op.dst_buff]
+    srcs = [_short_ref(plan, gpu, tb, op, x) for x in op.src_buff]
+    dsts = [_short_ref(plan, gpu, tb, op, x) for x in op.dst_buff]
     if not srcs and not dsts:
         return ""
     return f"{_refs(srcs)}\u2192{_refs(dsts)}"
@@ -88,7 +95,8 @@ OP_GLOSSARY: dict[OpName, str] = {
 
 #: how to read a box's label
 LABEL_KEY = ("Box labels: 'k name' is op k of its thread block ('i.j': op j of pipeline i); the second line is "
-             "the chunks it moves, src\u2192dst (i input, o output, s scratch; 4:6 chunks 4 and 5; @r2 on "
+             "the chunks it moves, src\u2192dst (i input, o output, s scratch; 4:6 chunks 4 and 5; [c1,2] the "
+             "segment of counts[1][2] rows; @r2 on "
              "rank 2; @sw0 through switch channel 0; +n: n more operands), or the peers it signals "
              "(\u2192r2) or waits for (\u2190r2). Narrow grey boxes are nops (block syncs).")
 
