@@ -21,7 +21,7 @@ from tests.harness.trust_checks import library_inplace_mscclpp
 
 #: the refusal reasons a shipped plan may meet, by a phrase of the message
 REASONS = {"epilogue": "no epilogue ops", "broadcast": "no broadcast collective",
-           "place": "adds its local source at place"}
+           "place": "adds its local source at place", "segments": "not mscclang.plan/3"}
 
 
 def _normalised(doc: dict) -> dict:
@@ -53,6 +53,8 @@ def _reason(plan: Plan, e: PlanError) -> str:
     assert kind is not None, f"{plan.name}: refused for an unexpected reason: {e}"
     if kind == "epilogue":
         assert plan.format == "mscclang.plan/2" and plan.epilogue_ops(), plan.name
+    elif kind == "segments":   # MSCCL++ plans scale every size with the message: no data-dependent counts
+        assert plan.has_segments(), plan.name
     elif kind == "broadcast":
         assert plan.collective == "broadcast", plan.name
     else:

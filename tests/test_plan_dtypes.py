@@ -74,7 +74,10 @@ def test_views_derive_from_the_table():
 
 def test_collective_names():
     assert set(pc.PLAN_TO_API) <= set(pc.COLLECTIVES) == set(pc.TABLE)
-    assert [c.name for c in pc.TABLE.values() if c.multi_block] == ["allgather", "reducescatter", "alltoall"]
+    assert [c.name for c in pc.TABLE.values() if c.multi_block] == ["allgather", "reducescatter", "alltoall",
+                                                                    "alltoallv", "allgatherv"]
+    assert [c.name for c in pc.TABLE.values() if c.counted] == ["alltoallv", "allgatherv"]
+    assert not set(pc.API_TO_PLAN.values()) & {"alltoallv", "allgatherv"}
     assert [c.name for c in pc.TABLE.values() if c.inplace_copy] == ["allreduce", "allgather", "alltoall", "sendrecv",
                                                                      "broadcast"]
     for api, plan in pc.API_TO_PLAN.items():

@@ -55,7 +55,8 @@ def _small(p: Path) -> bool:
 @pytest.mark.parametrize("path", [p for p in SHIPPED if _small(p)], ids=lambda p: p.name)
 def test_shipped_plan_verifies_small(path: Path) -> None:
     plan = load_plan(path)
-    rep = verify(plan, sizes=default_sizes(plan)[:1], schedules=2)
+    # a plan with segments runs over its count matrices (mscclang.plan.segments.count_cases)
+    rep = verify(plan, sizes=None if plan.has_segments() else default_sizes(plan)[:1], schedules=2)
     assert rep.ok, str(rep)
 
 

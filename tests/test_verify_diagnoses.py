@@ -52,8 +52,8 @@ def test_misspelled_collective_is_a_load_error_naming_the_valid_ones(tmp_path, c
         load_plan(doc)
     assert ei.value.path == "collective"
     assert "'allgathr'" in str(ei.value) and "did you mean 'allgather'" in str(ei.value)
-    assert ("allreduce, allgather, reducescatter, alltoall, sendrecv, broadcast, allreduce_add_rms_norm, test, "
-            "custom") in str(ei.value)
+    assert ("allreduce, allgather, reducescatter, alltoall, sendrecv, broadcast, allreduce_add_rms_norm, alltoallv, "
+            "allgatherv, test, custom") in str(ei.value)
     # a Plan object made without the checks is refused by verify too (no silent skip)
     with pytest.raises(PlanError):
         verify(plan_from_dict(doc), schedules=1)

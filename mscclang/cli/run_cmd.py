@@ -106,6 +106,23 @@ def _fitting_sizes(plan: "Plan", wants: list[int], unit: int, dtype: str, limits
     return chosen
 
 
+def _simulate_counted(plan: "Plan", args: argparse.Namespace) -> int:
+    """A plan with segmented buffers: the GPU executor does not run those yet, so verify it on the
+    simulator over its count matrices (a size, dtype or reduce op given is refused: its sizes
+    are its counts)."""
+    from mscclang.sim.verify import verify
+
+    given = [f for f, v in (("--sizes", args.sizes), ("--reduce-op", args.reduce_op)) if v]
+    if given:
+        raise MscclangError(f"{', '.join(given)}: plan {plan.name!r} moves segments whose sizes are its count matrix; "
+                            "run it without them")
+    print(f"mscclang run: plan {plan.name!r} has segmented buffers (data-dependent counts): the GPU executor does not "
+          "run such plans yet; verifying on the simulator over its count matrices", file=sys.stderr)
+    rep = verify(plan, schedules=SIM_SCHEDULES, **({"packet_types": [args.packet_type]} if args.packet_type else {}))
+    print(rep)
+    return rep.exit_code()
+
+
 def _simulate_instead(plan: "Plan", sizes: list[int], args: argparse.Namespace) -> int:
     """Without GPUs: verify the plan on the simulator at the requested sizes, scaled down (with
     a message) until their simulation fits the simulator's limits (``MSCCLANG_SIM_MAX_MEMORY`` /
@@ -146,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
     if was_mscclpp:
         print(f"note: {args.plan} is an MSCCL++ plan; running it as imported "
               "(`mscclang import-mscclpp` writes the converted plan)", file=sys.stderr)
+    if plan.has_segments():   # data-dependent counts: the simulator, over its count matrices
+        return _simulate_counted(plan, args)
     # the default sizes, 1K and 1M, clipped to the plan's message range (a size given is checked as given)
     sizes = args.sizes or sorted({min(max(nb, plan.min_message_size), plan.max_message_size) for nb in (1024, 1 << 20)})
     from mscclang.sim.runner import message_to_bytes
