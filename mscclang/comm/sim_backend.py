@@ -18,6 +18,7 @@ that cannot be exported (like torch's expandable segments).
 
 from __future__ import annotations
 
+import ctypes
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -26,9 +27,10 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from mscclang.comm.backend import Backend
+from mscclang.comm.backend import Engine
 from mscclang.comm.catalog import SYMMETRIC, infer_buffer_mode
 from mscclang.comm.errors import CommError
+from mscclang.comm.launch import capturing
 from mscclang.errors import CallMismatch, PlanError, RuntimeUnavailable
 from mscclang.plan import reference
 from mscclang.plan.call import Call
@@ -36,6 +38,7 @@ from mscclang.plan.collectives import collective
 from mscclang.plan.dtypes import dtype_info, torch_dtype_info
 from mscclang.plan.models import Plan
 from mscclang.runtime.registration import AllocInfo, BufferName, Region, Registry, zero_copy_operands
+from mscclang.runtime.staging import StagingPool, TensorBuf
 
 
 #: integer types of the sizes of the ml_dtypes types (bfloat16, fp8), which torch and numpy
@@ -109,7 +112,7 @@ class SimWorld:
         self.world_size = world_size
         self.engine = engine
         # bytes every block must be a multiple of: a number, or a function of the plan (e.g.
-        # mscclang.comm.backend.runtime_granule, the GPU runtime's rule)
+        # mscclang.runtime.state.runtime_granule, the GPU runtime's rule)
         self.granule = granule
         self.timeout = timeout
         # like the GPU runtime: refuse (PlanError, before launching) multi-block calls whose
@@ -209,33 +212,50 @@ class SimWorld:
         return res
 
 
-class SimBackend(Backend):
-    """One rank's view of a :class:`SimWorld` (CPU tensors)."""
+def _host(ptr: int, nbytes: int, dtype: Any) -> np.ndarray:
+    """The ``nbytes`` at CPU address ``ptr`` as a writable numpy view of ``dtype``: the buffers a
+    checked :class:`~mscclang.plan.call.Call` names (live CPU tensors of the caller's, or staging)."""
+    if nbytes == 0:
+        return np.zeros(0, dtype)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr)).view(dtype)
 
-    def __init__(self, world: SimWorld, rank: int) -> None:
+
+class SimMemory:
+    """The simulator's memory part: symmetric buffers are CPU tensors kept in allocation order
+    (their index is their number, as on the GPU); staging runs the GPU runtime's policy
+    (:class:`~mscclang.runtime.staging.StagingPool`) over them. ``held()``: the registry's
+    report. ``released``: the bytes of every staging buffer released (for tests)."""
+
+    def __init__(self, world: SimWorld, rank: int, held: Callable[[], dict]) -> None:
         import torch
 
         self.world = world
         self.rank = rank
-        self.world_size = world.world_size
-        self.device = torch.device("cpu")
+        self.held = held
         self._allocs: list[Any] = []
-        self.prepared: list[str] = []
-        self.released: list[int] = []       # bytes of each staging buffer released
         self._staging_ptrs: set[int] = set()
-        self._storages: dict[int, tuple] = {}   # storage address -> (bytes, id, weak reference)
-        self._ids = 0
-        self.registry = Registry(_SimComm(world, rank), _SimIpc(self), mode=world.register,
-                                 max_regions=world.max_registrations, verify=False)
+        self.released: list[int] = []
+        self.pool = StagingPool(lambda n, api: TensorBuf(self.empty(n, torch.uint8, staging=True)),
+                                lambda bufs, why: self.release([b.tensor for b in bufs]), lambda tag: None,
+                                self.cap if self.cap is not None else 1 << 62, capturing, rank)
 
-    def empty(self, numel: int, dtype: Any) -> Any:
+    @property
+    def cap(self) -> Optional[int]:
+        """The world's ``staging_cap``."""
+        return self.world.staging_cap
+
+    def empty(self, numel: int, dtype: Any, staging: bool = False) -> Any:
+        """A zeroed CPU tensor (like the GPU runtime's symmetric memory), kept as a symmetric buffer."""
         import torch
 
-        t = torch.zeros(numel, dtype=dtype)  # zeroed, like the GPU runtime's symmetric memory
+        t = torch.zeros(numel, dtype=dtype)
         self._allocs.append(t)
+        if staging:
+            self._staging_ptrs.add(t.data_ptr())
         return t
 
-    def _sym_of(self, ptr: int) -> Any:
+    def symmetric_of(self, ptr: int) -> Any:
+        """The symmetric buffer holding address ``ptr`` (its index, base and size), or None."""
         for i, a in enumerate(self._allocs):
             base = a.data_ptr()
             size = max(a.numel() * a.element_size(), 1)
@@ -244,25 +264,11 @@ class SimBackend(Backend):
         return None
 
     def is_symmetric(self, tensor: Any) -> bool:
-        return self._sym_of(tensor.data_ptr()) is not None
+        return self.symmetric_of(tensor.data_ptr()) is not None
 
-    def fits(self, plan: Plan, in_bytes: int, out_bytes: int, packet_type: Optional[str] = None) -> bool:
-        """Like the GPU runtime (``refuse_unaligned``): multi-block calls whose blocks are not a
-        multiple of that many bytes do not fit."""
-        k = self.world.refuse_unaligned
-        if not k:
-            return True
-        n = self.world_size
-        coll = plan.collective
-        blocks = {"allgather": (1, n), "reducescatter": (n, 1), "alltoall": (n, n)}.get(coll, (1, 1))
-        block = in_bytes // blocks[0]
-        return blocks[0] * blocks[1] == 1 or block % k == 0
-
-    # registration and staging (the GPU runtime's rules, on the CPU)
-    def empty_staging(self, numel: int, dtype: Any) -> Any:
-        t = self.empty(numel, dtype)
-        self._staging_ptrs.add(t.data_ptr())
-        return t
+    def stage(self, role: str, nbytes: int, keep: bool = False) -> tuple[Any, bool, bool]:
+        buf, replaced = self.pool.buffer(role, nbytes, keep)
+        return buf.tensor, buf.temp, replaced
 
     def release(self, tensors: list) -> None:
         # collective, as on the GPU: every rank releases the corresponding buffers at the same call
@@ -275,24 +281,47 @@ class SimBackend(Backend):
                     self._allocs[i] = _Freed(p)
                     break
 
-    def staging_cap(self) -> Optional[int]:
-        return self.world.staging_cap
+    def pin(self, tensors: list) -> None:
+        for b in self.pool.held():
+            if any(b.tensor.data_ptr() == t.data_ptr() for t in tensors):
+                b.pinned = True
 
     def staging_bytes(self) -> int:
         """Bytes of staging held now."""
         return sum(a.numel() * a.element_size() for a in self._allocs
                    if not isinstance(a, _Freed) and a.data_ptr() in self._staging_ptrs)
 
-    def registration_mode(self) -> str:
+    def memory(self) -> dict[str, int]:
+        out = {"staging": self.staging_bytes()}
+        out.update(self.held())
+        return out
+
+
+class SimRegistry:
+    """The simulator's registry part: the GPU runtime's
+    :class:`~mscclang.runtime.registration.Registry` (``registry``) over the world's threads, a
+    tensor's storage standing for its allocation. No capture sessions (no CUDA graphs here)."""
+
+    def __init__(self, world: SimWorld, rank: int, memory: SimMemory) -> None:
+        self.world = world
+        self.rank = rank
+        self.symmetric = memory
+        self.storages: dict[int, tuple] = {}   # storage address -> (bytes, id, weak reference)
+        self._ids = 0
+        self.registry = Registry(_SimComm(world, rank), _SimIpc(self), mode=world.register,
+                                 max_regions=world.max_registrations, verify=False)
+
+    @property
+    def mode(self) -> str:
         return self.registry.mode
 
     def zero_copy_ok(self, inp: Any, out: Any) -> bool:
         esz = inp.element_size()
-        return zero_copy_operands(self._sym_of, self.registry, inp.data_ptr(), out.data_ptr(),
+        return zero_copy_operands(self.symmetric.symmetric_of, self.registry, inp.data_ptr(), out.data_ptr(),
                                   inp.numel() * esz, out.numel() * esz) is not None
 
-    def buffer_class(self, tensor: Any) -> Any:
-        got = self._sym_of(tensor.data_ptr())
+    def classify(self, tensor: Any) -> Any:
+        got = self.symmetric.symmetric_of(tensor.data_ptr())
         if got is not None:
             return BufferName("sym", got.index)
         reg = self.registry.lookup(tensor.data_ptr(), tensor.numel() * tensor.element_size())
@@ -305,15 +334,15 @@ class SimBackend(Backend):
         sym: list[bool] = []
         for t in tensors:
             n = t.numel() * t.element_size()
-            if self.is_symmetric(t) or n == 0:
+            if self.symmetric.is_symmetric(t) or n == 0:
                 items.append((None, n, None))
-                sym.append(self.is_symmetric(t))
+                sym.append(self.symmetric.is_symmetric(t))
                 continue
             st = t.untyped_storage()
-            old = self._storages.get(st.data_ptr())
+            old = self.storages.get(st.data_ptr())
             if old is None or old[2].expired() or old[0] != st.nbytes():
                 self._ids += 1   # a new allocation (a new storage at a reused address gets a new id)
-                self._storages[st.data_ptr()] = (st.nbytes(), self._ids, StorageWeakRef(st))
+                self.storages[st.data_ptr()] = (st.nbytes(), self._ids, StorageWeakRef(st))
             items.append((t.data_ptr(), n, StorageWeakRef(st)))
             sym.append(False)
         got = self.registry.register(items)
@@ -322,21 +351,57 @@ class SimBackend(Backend):
     def deregister(self, tensors: list) -> int:
         return self.registry.deregister([(t.data_ptr(), t.numel() * t.element_size()) for t in tensors])
 
-    def registration_uses(self, cls: Any) -> int:
+    def uses(self, cls: Any) -> int:
         if not (isinstance(cls, BufferName) and cls.kind == "reg"):
             return 0
         return self.registry.uses(cls.index)
 
-    def memory(self) -> dict[str, int]:
-        out = {"staging": self.staging_bytes()}
-        out.update(self.registry.memory())
-        return out
+    def begin_capture(self, arena_bytes: Optional[int] = None) -> bool:
+        return False
+
+    def end_capture(self, failed: bool = False) -> int:
+        return 0
+
+
+class SimLaunch:
+    """The simulator's launch part: every launch runs for all ranks at once on the world (after
+    the checks the GPU runtime makes: layout, granule, ``refuse_unaligned``). ``prepared``: the
+    plans prepared (for tests). No traced kernels."""
+
+    traces = False
+
+    def __init__(self, world: SimWorld, rank: int, memory: SimMemory, registry: SimRegistry) -> None:
+        self.world = world
+        self.rank = rank
+        self.symmetric = memory
+        self.registry = registry.registry
+        self.prepared: list[str] = []
+
+    def launch_bound(self, bound: Any) -> bool:
+        return False
+
+    def runnable(self, plan: Plan) -> Optional[str]:
+        return None
+
+    def trace(self, plan: Plan, call: Call, packet_type: Optional[str] = None) -> Any:
+        raise RuntimeUnavailable(f"rank {self.rank}: the simulator has no traced kernels")
+
+    def fits(self, plan: Plan, in_bytes: int, out_bytes: int, packet_type: Optional[str] = None) -> bool:
+        """Like the GPU runtime (``refuse_unaligned``): multi-block calls whose blocks are not a
+        multiple of that many bytes do not fit."""
+        k = self.world.refuse_unaligned
+        if not k:
+            return True
+        n = self.world.world_size
+        blocks = {"allgather": (1, n), "reducescatter": (n, 1), "alltoall": (n, n)}.get(plan.collective, (1, 1))
+        block = in_bytes // blocks[0]
+        return blocks[0] * blocks[1] == 1 or block % k == 0
 
     def granule(self, plan: Plan) -> int:
         g = self.world.granule
         return int(g(plan)) if callable(g) else int(g)
 
-    def prepare(self, plan: Plan, call: Call, *, packet_type: Optional[str] = None) -> None:
+    def prepare_call(self, plan: Plan, call: Call, packet_type: Optional[str] = None) -> None:
         self.prepared.append(plan.name)
 
     def _check(self, plan: Plan, call: Call) -> None:
@@ -353,17 +418,17 @@ class SimBackend(Backend):
         if block % granule:
             raise CommError(f"rank {self.rank}: block of {block} bytes is not a multiple of the granule {granule}")
 
-    def execute(self, plan: Plan, call: Call, inp: Any, out: Any, *, packet_type: Optional[str] = None,
-                residual: Any = None, weight: Any = None) -> Any:
+    def run_call(self, plan: Plan, call: Call, packet_type: Optional[str] = None) -> Any:
         if call.epi is not None:
-            return self._execute_fused(plan, call, inp, out, residual, weight)
+            self._run_fused(plan, call)
+            return None
         self._check(plan, call)
         sym = None
         peers: tuple = (None, None)
         bases: tuple = (None, None)
         if infer_buffer_mode(plan) == SYMMETRIC:
-            zc = zero_copy_operands(self._sym_of, self.registry, call.in_ptr, call.out_ptr, call.in_bytes,
-                                    call.out_bytes)
+            zc = zero_copy_operands(self.symmetric.symmetric_of, self.registry, call.in_ptr, call.out_ptr,
+                                    call.in_bytes, call.out_bytes)
             if zc is None:
                 raise CommError(f"rank {self.rank}: zero-copy plan {plan.name} needs symmetric "
                                 "buffers (from Communicator.empty) or registered tensors")
@@ -381,33 +446,55 @@ class SimBackend(Backend):
             peers = tuple({q: a for q, a in b.peer_bases.items() if q != self.rank} if isinstance(b, Region)
                           else None for b in (zc.in_buf, zc.out_buf))
             bases = (zc.in_buf.base, zc.out_buf.base)
-        launch = _Launch(plan, torch_to_numpy(inp), out.numel(), call.op, packet_type, sym, call.accum, peers, bases)
+        dt = call.dtype.numpy
+        inp = _host(call.in_ptr, call.in_bytes, dt).copy()
+        launch = _Launch(plan, inp, call.out_bytes // call.dtype.itemsize, call.op, packet_type, sym, call.accum,
+                         peers, bases)
         res = self.world.launch(self.rank, launch)
-        out.reshape(-1).copy_(numpy_to_torch(res, out))
+        _host(call.out_ptr, call.out_bytes, dt)[:] = np.asarray(res).astype(dt, copy=False)
         return None
 
-    def _execute_fused(self, plan: Plan, call: Call, inp: Any, out: Any, residual: Any, weight: Any) -> None:
+    def _run_fused(self, plan: Plan, call: Call) -> None:
         """A fused (plan/2) call on the simulator: the residual is read and written."""
         from mscclang.sim.epilogue import EpilogueParams
 
         call.check_plan(plan)
         e = call.epi
-        q = dtype_info(e.fp8).numpy if e.fp8 is not None else None
-        params = EpilogueParams(e.hidden, torch_to_numpy(weight), e.eps, scale=e.scale, fp8=q)
-        launch = _Launch(plan, torch_to_numpy(inp), out.numel(), "sum", None, None,
-                         residual=torch_to_numpy(residual), epilogue=params)
+        if not e.weight_ptr:
+            raise CommError(f"rank {self.rank}: the simulator runs {plan.name} with a weight only")
+        dt = call.dtype.numpy
+        wdt = dtype_info(e.weight_dtype).numpy
+        weight = _host(e.weight_ptr, e.hidden * wdt.itemsize, wdt).copy()
+        residual = _host(e.residual_ptr, call.in_bytes, dt)
+        params = EpilogueParams(e.hidden, weight, e.eps, scale=e.scale, fp8=dtype_info(e.fp8).numpy if e.fp8 else None)
+        out_elems = call.out_bytes // (1 if e.fp8 else call.dtype.itemsize)
+        launch = _Launch(plan, _host(call.in_ptr, call.in_bytes, dt).copy(), out_elems, "sum", None, None,
+                         residual=residual.copy(), epilogue=params)
         res_out, new_res = self.world.launch(self.rank, launch)  # type: ignore[misc]
-        residual.reshape(-1).copy_(numpy_to_torch(new_res, residual))
-        if out.dtype.itemsize == 1:  # FP8: the bytes
-            import torch
-
-            out.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(np.ascontiguousarray(res_out).view(np.uint8)))
+        residual[:] = np.asarray(new_res).astype(dt, copy=False)
+        if e.fp8:   # the FP8 bytes
+            _host(call.out_ptr, call.out_bytes, np.uint8)[:] = np.ascontiguousarray(res_out).view(np.uint8)
         else:
-            out.reshape(-1).copy_(numpy_to_torch(res_out, out))
+            _host(call.out_ptr, call.out_bytes, dt)[:] = np.asarray(res_out).astype(dt, copy=False)
+
+
+class SimBackend(Engine):
+    """One rank's engine over a :class:`SimWorld` (CPU tensors): :class:`SimLaunch`,
+    :class:`SimMemory` and :class:`SimRegistry`; its lifecycle has nothing to wait for."""
+
+    def __init__(self, world: SimWorld, rank: int) -> None:
+        import torch
+
+        self.world = world
+        held = lambda: registry.registry.memory()  # noqa: E731 - the registry is made below
+        memory = SimMemory(world, rank, held)
+        registry = SimRegistry(world, rank, memory)
+        super().__init__(SimLaunch(world, rank, memory, registry), memory, registry, rank, world.world_size,
+                         torch.device("cpu"))
 
 
 class _Freed:
-    """A released staging buffer's place in :attr:`SimBackend._allocs` (keeps indices stable)."""
+    """A released staging buffer's place in :attr:`SimMemory._allocs` (keeps indices stable)."""
 
     def __init__(self, ptr: int) -> None:
         self._ptr = ptr
@@ -442,21 +529,21 @@ class _SimIpc:
     """Registration's driver calls on the CPU: a registered tensor's storage stands for its
     allocation; a peer's allocation is "mapped" at its own address (one address space)."""
 
-    def __init__(self, backend: SimBackend) -> None:
-        self.backend = backend
+    def __init__(self, owner: SimRegistry) -> None:
+        self.owner = owner
         self.opened = 0
         self.closed = 0
 
     def describe(self, ptr: int) -> AllocInfo:
-        for base, (size, bid, _) in self.backend._storages.items():
+        for base, (size, bid, _) in self.owner.storages.items():
             if base <= ptr < base + max(size, 1):
-                bad = self.backend.world.unexportable
-                ok = not (bad is not None and bad(self.backend.rank, ptr))
+                bad = self.owner.world.unexportable
+                ok = not (bad is not None and bad(self.owner.rank, ptr))
                 return AllocInfo(base, size, bid, ok, "" if ok else "a simulated expandable segment")
         raise RuntimeUnavailable(f"{ptr:#x} is not in a known allocation")
 
     def export(self, base: int) -> bytes:
-        size, bid, _ = self.backend._storages[base]
+        size, bid, _ = self.owner.storages[base]
         return struct.pack("<QQQ", base, size, bid).ljust(64, b"\0")
 
     def open(self, handle: bytes) -> int:

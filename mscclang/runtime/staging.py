@@ -160,3 +160,58 @@ class TensorBuf:
         self.index = index
         self.pinned = False
         self.temp = False
+
+
+class SymmetricMemory:
+    """The GPU runtime's memory part of the collective API (:class:`mscclang.comm.backend.MemoryPart`):
+    ``comm``'s symmetric allocations (a :class:`~mscclang.runtime.bootstrap.Bootstrap`), the
+    padded staging of ``pool`` (the executor's :class:`StagingPool`), and ``held()``, the
+    executor's own memory report."""
+
+    def __init__(self, comm: Any, pool: StagingPool, held: Callable[[], dict]) -> None:
+        self.comm = comm
+        self.pool = pool
+        self.held = held
+
+    @property
+    def cap(self) -> Optional[int]:
+        """Bytes of staging kept between calls."""
+        return self.pool.cap
+
+    def empty(self, numel: int, dtype: Any, staging: bool = False) -> Any:
+        """Collective: a zeroed symmetric tensor (``staging``: reported as staging)."""
+        return self.comm.alloc(numel, dtype, label="staging" if staging else "")
+
+    def is_symmetric(self, tensor: Any) -> bool:
+        """Whether ``tensor`` lies in a symmetric allocation of the caller's (not the runtime's own staging)."""
+        got = self.comm.symmetric_of(tensor.data_ptr())
+        return got is not None and not got.internal
+
+    def stage(self, role: str, nbytes: int, keep: bool = False) -> tuple[Any, bool, bool]:
+        """The pool's buffer for ``role`` (:meth:`StagingPool.buffer`) as a uint8 tensor, whether
+        it is temporary and whether it replaced the one kept before."""
+        sa, replaced = self.pool.buffer(role, nbytes, keep)
+        return self.comm.tensor_of(sa), sa.temp, replaced
+
+    def release(self, tensors: list) -> None:
+        """Collective: release the symmetric allocations holding ``tensors`` (staging above the
+        cap, or outgrown)."""
+        allocs = []
+        for t in tensors:
+            got = self.comm.symmetric_of(t.data_ptr())
+            if got is not None:
+                allocs.append(got)
+        self.pool.release(allocs, "staging")
+
+    def pin(self, tensors: list) -> None:
+        """Keep the allocations holding ``tensors`` until close."""
+        for t in tensors:
+            got = self.comm.symmetric_of(t.data_ptr())
+            if got is not None:
+                got.pinned = True
+
+    def memory(self) -> dict[str, int]:
+        """The executor's report and the communicator's symmetric memory and registrations."""
+        out = dict(self.held())
+        out.update(self.comm.memory())
+        return out
