@@ -1,9 +1,12 @@
-"""A CPU backend for the communicator: one thread per rank, every launch run for all ranks at
+"""A CPU engine for the communicator: one thread per rank, every launch run for all ranks at
 once by the simulator (``engine="sim"``) or by the collective's definition (``engine="reference"``).
+:class:`SimBackend` assembles its three parts (:class:`SimLaunch`, :class:`SimMemory`,
+:class:`SimRegistry`; see :mod:`mscclang.comm.backend`). A launch reads and writes the buffers its
+checked call names, by address (they are CPU memory).
 
 Used by the CPU tests and by machines without GPUs (e.g. the README's main job falls back to it).
 It also polices the communicator: symmetric (zero-copy) plans must get buffers from
-:meth:`SimBackend.empty` at the same allocation and offset on every rank, or tensors registered
+:meth:`SimMemory.empty` at the same allocation and offset on every rank, or tensors registered
 at the same registration on every rank, every peer address a rank would use being exactly where
 that peer's registered tensor lives; in-place plans must get the collective's in-place layout and
 out-of-place plans non-overlapping buffers, and every block must be a multiple of ``granule`` bytes.
