@@ -52,13 +52,16 @@ def test_each_part_is_implemented_by_the_object_that_does_the_work(proto, cls):
                 assert p.name in got.parameters, f"{cls.__name__}.{name} takes no {p.name}"
 
 
+def _is_getattr(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+
+
 def _forwarders(path: Path) -> list[str]:
     """Methods whose body (past the docstring) only calls the same-named method of another object
     with their own parameters, and ``getattr(getattr(...))`` chains."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
-                and node.args and isinstance(node.args[0], ast.Call) and getattr(node.args[0].func, "id", "") == "getattr":
+        if _is_getattr(node) and node.args and _is_getattr(node.args[0]):
             found.append(f"{path.name}:{node.lineno} getattr chain")
         if not isinstance(node, ast.FunctionDef):
             continue

@@ -265,8 +265,9 @@ class CaptureGlue:
         return bool(s is not None and s.enabled and self._capturing() and reg.can_defer(p, a, q, b))
 
     def classify(self, t: Any) -> Any:
-        """What a tensor is to zero-copy plans (part of the collective API's memo key): a :class:`BufferName` (a symmetric allocation's, or
-        a registration's), ``"defer"`` (capturing in a session, exportable), or None."""
+        """What a tensor is to zero-copy plans (part of the collective API's memo key): a
+        :class:`BufferName` (a symmetric allocation's, or a registration's), ``"defer"``
+        (capturing in a session, exportable), or None."""
         p = t.data_ptr()
         got = self.comm.symmetric_of(p)
         if got is not None:
