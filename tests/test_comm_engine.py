@@ -1,5 +1,5 @@
 """The engine as three parts (``mscclang/comm/backend.py``): the runtime's own objects and the
-simulator's implement each part's protocol, ``RuntimeBackend`` only assembles the runtime's (no
+simulator's implement each part's protocol (the simulator runs the runtime's memory part), ``RuntimeBackend`` only assembles the runtime's (no
 method of its forwards to another object's), and the lifecycle steps are the executor's."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mscclang.comm.backend import Engine, LaunchPart, MemoryPart, RegistryPart, RuntimeBackend
-from mscclang.comm.sim_backend import SimLaunch, SimMemory, SimRegistry, SimWorld
+from mscclang.comm.sim_backend import SimLaunch, SimRegistry, SimWorld
 from mscclang.runtime.capture import CaptureGlue
 from mscclang.runtime.executor import Executor
 from mscclang.runtime.staging import SymmetricMemory
@@ -31,7 +31,7 @@ def _members(proto: type) -> tuple[list[str], dict[str, inspect.Signature]]:
 
 @pytest.mark.parametrize("proto,cls", [
     (LaunchPart, Executor), (MemoryPart, SymmetricMemory), (RegistryPart, CaptureGlue),
-    (LaunchPart, SimLaunch), (MemoryPart, SimMemory), (RegistryPart, SimRegistry),
+    (LaunchPart, SimLaunch), (RegistryPart, SimRegistry),
 ])
 def test_each_part_is_implemented_by_the_object_that_does_the_work(proto, cls):
     """Every member of the part exists on the class; a method takes the part's positional
@@ -116,9 +116,17 @@ def test_synchronize_releases_what_registered_tensors_that_died_left_mapped():
 
 
 def test_the_simulator_engine_is_the_same_three_parts():
-    be = SimWorld(1).backend(0)
-    assert isinstance(be.launch, SimLaunch) and isinstance(be.memory, SimMemory)
+    """Its memory part is the GPU runtime's, over the simulator's allocations."""
+    be = SimWorld(1, staging_cap=4096).backend(0)
+    assert isinstance(be.launch, SimLaunch) and isinstance(be.memory, SymmetricMemory)
     assert isinstance(be.registry, SimRegistry) and be.registry.mode == "off" and not be.launch.traces
     t = be.memory.empty(4, torch.float32)
     assert be.memory.is_symmetric(t) and be.registry.classify(t) == ("sym", 0)
-    assert be.memory.memory()["staging"] == 0
+    staged, temp, replaced = be.memory.stage("io", 100)
+    assert staged.dtype == torch.uint8 and not temp and not replaced and be.memory.cap == 4096
+    assert be.memory.memory()["staging"] == staged.numel() and be.registry.classify(staged) == ("sym", 1)
+    big, temp, _ = be.memory.stage("io", 8192)     # above the cap: temporary
+    assert temp
+    be.memory.pin([staged])
+    be.memory.release([staged, big])               # the pinned one stays
+    assert be.memory.comm.released == [8192] and be.memory.is_symmetric(staged) and not be.memory.is_symmetric(big)

@@ -1,12 +1,13 @@
 """A CPU engine for the communicator: one thread per rank, every launch run for all ranks at
 once by the simulator (``engine="sim"``) or by the collective's definition (``engine="reference"``).
-:class:`SimBackend` assembles its three parts (:class:`SimLaunch`, :class:`SimMemory`,
+:class:`SimBackend` assembles its three parts (:class:`SimLaunch`, the GPU runtime's
+:class:`~mscclang.runtime.staging.SymmetricMemory` over :class:`SimAllocations`, and
 :class:`SimRegistry`; see :mod:`mscclang.comm.backend`). A launch reads and writes the buffers its
 checked call names, by address (they are CPU memory).
 
 Used by the CPU tests and by machines without GPUs (e.g. the README's main job falls back to it).
 It also polices the communicator: symmetric (zero-copy) plans must get buffers from
-:meth:`SimMemory.empty` at the same allocation and offset on every rank, or tensors registered
+:meth:`SimAllocations.alloc` (``Communicator.empty``) at the same allocation and offset on every rank, or tensors registered
 at the same registration on every rank, every peer address a rank would use being exactly where
 that peer's registered tensor lives; in-place plans must get the collective's in-place layout and
 out-of-place plans non-overlapping buffers, and every block must be a multiple of ``granule`` bytes.
@@ -25,7 +26,6 @@ import ctypes
 import struct
 import threading
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
@@ -41,7 +41,7 @@ from mscclang.plan.collectives import collective
 from mscclang.plan.dtypes import dtype_info, torch_dtype_info
 from mscclang.plan.models import Plan
 from mscclang.runtime.registration import AllocInfo, BufferName, Region, Registry, zero_copy_operands
-from mscclang.runtime.staging import StagingPool, TensorBuf
+from mscclang.runtime.staging import StagingPool, SymmetricMemory
 
 
 #: integer types of the sizes of the ml_dtypes types (bfloat16, fp8), which torch and numpy
@@ -223,81 +223,70 @@ def _host(ptr: int, nbytes: int, dtype: Any) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr)).view(dtype)
 
 
-class SimMemory:
-    """The simulator's memory part: symmetric buffers are CPU tensors kept in allocation order
-    (their index is their number, as on the GPU); staging runs the GPU runtime's policy
-    (:class:`~mscclang.runtime.staging.StagingPool`) over them. ``held()``: the registry's
-    report. ``released``: the bytes of every staging buffer released (for tests)."""
+@dataclass(eq=False)
+class SimAlloc:
+    """A symmetric buffer of the simulator: the runtime's
+    :class:`~mscclang.runtime.bootstrap.SymAlloc` over a CPU ``tensor`` (``index``: its number in
+    allocation order, the same on every rank; ``label="staging"``: reported as staging)."""
 
-    def __init__(self, world: SimWorld, rank: int, held: Callable[[], dict]) -> None:
-        import torch
-
-        self.world = world
-        self.rank = rank
-        self.held = held
-        self._allocs: list[Any] = []
-        self._staging_ptrs: set[int] = set()
-        self.released: list[int] = []
-        self.pool = StagingPool(lambda n, api: TensorBuf(self.empty(n, torch.uint8, staging=True)),
-                                lambda bufs, why: self.release([b.tensor for b in bufs]), lambda tag: None,
-                                self.cap if self.cap is not None else 1 << 62, capturing, rank)
+    index: int
+    tensor: Any
+    label: str = ""
+    pinned: bool = False
+    temp: bool = False
+    internal: bool = False
 
     @property
-    def cap(self) -> Optional[int]:
-        """The world's ``staging_cap``."""
-        return self.world.staging_cap
+    def base(self) -> int:
+        return self.tensor.data_ptr()
 
-    def empty(self, numel: int, dtype: Any, staging: bool = False) -> Any:
-        """A zeroed CPU tensor (like the GPU runtime's symmetric memory), kept as a symmetric buffer."""
+    @property
+    def size(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+
+class SimAllocations:
+    """One rank's symmetric buffers on the simulator, what the GPU runtime's communicator offers
+    its :class:`~mscclang.runtime.staging.SymmetricMemory` (the engine's memory part): zeroed CPU
+    tensors kept in allocation order. Releasing is collective, as on the GPU. ``released``: the
+    bytes of every buffer released (for tests)."""
+
+    def __init__(self, world: SimWorld, rank: int) -> None:
+        self.world = world
+        self.rank = rank
+        self._allocs: list[Optional[SimAlloc]] = []   # None: released (indices stay)
+        self.released: list[int] = []
+
+    def _alloc(self, numel: int, dtype: Any, label: str = "") -> SimAlloc:
         import torch
 
-        t = torch.zeros(numel, dtype=dtype)
-        self._allocs.append(t)
-        if staging:
-            self._staging_ptrs.add(t.data_ptr())
-        return t
+        a = SimAlloc(len(self._allocs), torch.zeros(numel, dtype=dtype), label)
+        self._allocs.append(a)
+        return a
 
-    def symmetric_of(self, ptr: int) -> Any:
-        """The symmetric buffer holding address ``ptr`` (its index, base and size), or None."""
-        for i, a in enumerate(self._allocs):
-            base = a.data_ptr()
-            size = max(a.numel() * a.element_size(), 1)
-            if base <= ptr < base + size:
-                return SimpleNamespace(index=i, base=base, size=size, internal=False)
+    def alloc(self, numel: int, dtype: Any, label: str = "") -> Any:
+        return self._alloc(numel, dtype, label).tensor
+
+    def tensor_of(self, a: SimAlloc) -> Any:
+        return a.tensor
+
+    def symmetric_of(self, ptr: int) -> Optional[SimAlloc]:
+        """The buffer holding address ``ptr``, or None."""
+        for a in self._allocs:
+            if a is not None and a.base <= ptr < a.base + max(a.size, 1):
+                return a
         return None
 
-    def is_symmetric(self, tensor: Any) -> bool:
-        return self.symmetric_of(tensor.data_ptr()) is not None
-
-    def stage(self, role: str, nbytes: int, keep: bool = False) -> tuple[Any, bool, bool]:
-        buf, replaced = self.pool.buffer(role, nbytes, keep)
-        return buf.tensor, buf.temp, replaced
-
-    def release(self, tensors: list) -> None:
-        # collective, as on the GPU: every rank releases the corresponding buffers at the same call
-        self.world.exchange(self.rank, b"", f"release {len(tensors)} staging buffer(s)")
-        for t in tensors:
-            p = t.data_ptr()
-            for i, a in enumerate(self._allocs):
-                if a.data_ptr() == p:
-                    self.released.append(a.numel() * a.element_size())
-                    self._allocs[i] = _Freed(p)
-                    break
-
-    def pin(self, tensors: list) -> None:
-        for b in self.pool.held():
-            if any(b.tensor.data_ptr() == t.data_ptr() for t in tensors):
-                b.pinned = True
-
-    def staging_bytes(self) -> int:
-        """Bytes of staging held now."""
-        return sum(a.numel() * a.element_size() for a in self._allocs
-                   if not isinstance(a, _Freed) and a.data_ptr() in self._staging_ptrs)
+    def free(self, allocs: list, why: str) -> None:
+        """Collective (the staging pool's release): drop ``allocs`` on every rank at the same call."""
+        self.world.exchange(self.rank, b"", f"release {len(allocs)} staging buffer(s)")
+        for a in allocs:
+            self.released.append(a.size)
+            self._allocs[a.index] = None
 
     def memory(self) -> dict[str, int]:
-        out = {"staging": self.staging_bytes()}
-        out.update(self.held())
-        return out
+        """Bytes of staging held now."""
+        return {"staging": sum(a.size for a in self._allocs if a is not None and a.label == "staging")}
 
 
 class SimRegistry:
@@ -305,10 +294,10 @@ class SimRegistry:
     :class:`~mscclang.runtime.registration.Registry` (``registry``) over the world's threads, a
     tensor's storage standing for its allocation. No capture sessions (no CUDA graphs here)."""
 
-    def __init__(self, world: SimWorld, rank: int, memory: SimMemory) -> None:
+    def __init__(self, world: SimWorld, rank: int, allocs: SimAllocations) -> None:
         self.world = world
         self.rank = rank
-        self.symmetric = memory
+        self.symmetric = allocs
         self.storages: dict[int, tuple] = {}   # storage address -> (bytes, id, weak reference)
         self._ids = 0
         self.registry = Registry(_SimComm(world, rank), _SimIpc(self), mode=world.register,
@@ -337,9 +326,10 @@ class SimRegistry:
         sym: list[bool] = []
         for t in tensors:
             n = t.numel() * t.element_size()
-            if self.symmetric.is_symmetric(t) or n == 0:
+            mine = self.symmetric.symmetric_of(t.data_ptr()) is not None
+            if mine or n == 0:
                 items.append((None, n, None))
-                sym.append(self.symmetric.is_symmetric(t))
+                sym.append(mine)
                 continue
             st = t.untyped_storage()
             old = self.storages.get(st.data_ptr())
@@ -373,10 +363,10 @@ class SimLaunch:
 
     traces = False
 
-    def __init__(self, world: SimWorld, rank: int, memory: SimMemory, registry: SimRegistry) -> None:
+    def __init__(self, world: SimWorld, rank: int, allocs: SimAllocations, registry: SimRegistry) -> None:
         self.world = world
         self.rank = rank
-        self.symmetric = memory
+        self.symmetric = allocs
         self.registry = registry.registry
         self.prepared: list[str] = []
 
@@ -482,34 +472,22 @@ class SimLaunch:
 
 
 class SimBackend(Engine):
-    """One rank's engine over a :class:`SimWorld` (CPU tensors): :class:`SimLaunch`,
-    :class:`SimMemory` and :class:`SimRegistry`; its lifecycle has nothing to wait for."""
+    """One rank's engine over a :class:`SimWorld` (CPU tensors): :class:`SimLaunch`, the GPU
+    runtime's :class:`~mscclang.runtime.staging.SymmetricMemory` over :class:`SimAllocations`
+    and a :class:`~mscclang.runtime.staging.StagingPool` capped at the world's ``staging_cap``,
+    and :class:`SimRegistry`; its lifecycle has nothing to wait for."""
 
     def __init__(self, world: SimWorld, rank: int) -> None:
         import torch
 
         self.world = world
-        held = lambda: registry.registry.memory()  # noqa: E731 - the registry is made below
-        memory = SimMemory(world, rank, held)
-        registry = SimRegistry(world, rank, memory)
-        super().__init__(SimLaunch(world, rank, memory, registry), memory, registry, rank, world.world_size,
+        allocs = SimAllocations(world, rank)
+        registry = SimRegistry(world, rank, allocs)
+        pool = StagingPool(lambda n, api: allocs._alloc(n, torch.uint8, "staging"), allocs.free, lambda tag: None,
+                           world.staging_cap if world.staging_cap is not None else 1 << 62, capturing, rank)
+        memory = SymmetricMemory(allocs, pool, registry.registry.memory)
+        super().__init__(SimLaunch(world, rank, allocs, registry), memory, registry, rank, world.world_size,
                          torch.device("cpu"))
-
-
-class _Freed:
-    """A released staging buffer's place in :attr:`SimMemory._allocs` (keeps indices stable)."""
-
-    def __init__(self, ptr: int) -> None:
-        self._ptr = ptr
-
-    def data_ptr(self) -> int:
-        return -1
-
-    def numel(self) -> int:
-        return 0
-
-    def element_size(self) -> int:
-        return 1
 
 
 @dataclass

@@ -151,22 +151,12 @@ class StagingPool:
         self._big.clear()
 
 
-class TensorBuf:
-    """A staging buffer of an engine that stages through tensors (a CPU back end)."""
-
-    def __init__(self, tensor: Any, index: Optional[int] = None) -> None:
-        self.tensor = tensor
-        self.size = tensor.numel() * tensor.element_size()
-        self.index = index
-        self.pinned = False
-        self.temp = False
-
-
 class SymmetricMemory:
-    """The GPU runtime's memory part of the collective API (:class:`mscclang.comm.backend.MemoryPart`):
-    ``comm``'s symmetric allocations (a :class:`~mscclang.runtime.bootstrap.Bootstrap`), the
-    padded staging of ``pool`` (the executor's :class:`StagingPool`), and ``held()``, the
-    executor's own memory report."""
+    """The collective API's memory part (:class:`mscclang.comm.backend.MemoryPart`) over
+    ``comm``'s symmetric allocations (the GPU runtime's
+    :class:`~mscclang.runtime.bootstrap.Bootstrap`, or the simulator's allocations: ``alloc``,
+    ``symmetric_of``, ``tensor_of``, ``memory``), the padded staging of ``pool`` (the executor's
+    :class:`StagingPool`), and ``held()``, the rest of the engine's memory report."""
 
     def __init__(self, comm: Any, pool: StagingPool, held: Callable[[], dict]) -> None:
         self.comm = comm
@@ -211,7 +201,7 @@ class SymmetricMemory:
                 got.pinned = True
 
     def memory(self) -> dict[str, int]:
-        """The executor's report and the communicator's symmetric memory and registrations."""
+        """``held()`` and ``comm``'s report (symmetric memory, staging, registrations)."""
         out = dict(self.held())
         out.update(self.comm.memory())
         return out
