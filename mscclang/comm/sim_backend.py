@@ -257,7 +257,8 @@ class SimAllocations:
         self._allocs: list[Optional[SimAlloc]] = []   # None: released (indices stay)
         self.released: list[int] = []
 
-    def _alloc(self, numel: int, dtype: Any, label: str = "") -> SimAlloc:
+    def new(self, numel: int, dtype: Any, label: str = "") -> SimAlloc:
+        """A new zeroed buffer, kept in allocation order (its record; the staging pool's allocator)."""
         import torch
 
         a = SimAlloc(len(self._allocs), torch.zeros(numel, dtype=dtype), label)
@@ -265,7 +266,7 @@ class SimAllocations:
         return a
 
     def alloc(self, numel: int, dtype: Any, label: str = "") -> Any:
-        return self._alloc(numel, dtype, label).tensor
+        return self.new(numel, dtype, label).tensor
 
     def tensor_of(self, a: SimAlloc) -> Any:
         return a.tensor
@@ -483,7 +484,7 @@ class SimBackend(Engine):
         self.world = world
         allocs = SimAllocations(world, rank)
         registry = SimRegistry(world, rank, allocs)
-        pool = StagingPool(lambda n, api: allocs._alloc(n, torch.uint8, "staging"), allocs.free, lambda tag: None,
+        pool = StagingPool(lambda n, api: allocs.new(n, torch.uint8, "staging"), allocs.free, lambda tag: None,
                            world.staging_cap if world.staging_cap is not None else 1 << 62, capturing, rank)
         memory = SymmetricMemory(allocs, pool, registry.registry.memory)
         super().__init__(SimLaunch(world, rank, allocs, registry), memory, registry, rank, world.world_size,
