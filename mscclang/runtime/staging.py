@@ -136,15 +136,6 @@ class StagingPool:
         """The staging kept for ``lp`` up to the cap ((None, None) before its first staged call)."""
         return self._kept.get(("plan", id(lp)), (None, None))
 
-    def held(self) -> list:
-        """Every buffer the pool keeps now."""
-        out: list = []
-        for pair in list(self._kept.values()) + list(self._big.values()):
-            for x in pair:
-                if x is not None and all(x is not y for y in out):
-                    out.append(x)
-        return out
-
     def clear(self) -> None:
         """Forget every kept buffer (close: the engine frees the allocations)."""
         self._kept.clear()
