@@ -20,7 +20,7 @@ from mscclang.comm.catalog import Catalog
 from mscclang.comm.communicator import Communicator
 from mscclang.comm.errors import BatchInvariantError
 from mscclang.comm.selector import Selector
-from mscclang.comm.sim_backend import SimBackend, torch_to_numpy
+from mscclang.comm.sim_backend import SimLaunch, torch_to_numpy
 from mscclang.comm.sim_ranks import catalog_of, run_ranks, stub_plan
 from mscclang.comm.tuning import TuningTable, tuning_from_dict
 from mscclang.errors import InvalidCall
@@ -177,7 +177,7 @@ def test_a_call_no_kept_plan_serves_raises_one_line_not_the_fallback(monkeypatch
 
 
 def test_a_plan_that_cannot_run_here_is_named_in_the_refusal(monkeypatch):
-    monkeypatch.setattr(SimBackend, "runnable", lambda self, plan: "its memory channels cross nodes", raising=False)
+    monkeypatch.setattr(SimLaunch, "runnable", lambda self, plan: "its memory channels cross nodes")
     plans = [_stub("reducescatter", 2, "rs_kept", True)]
 
     def body(comm):

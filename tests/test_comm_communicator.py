@@ -281,7 +281,7 @@ def test_prepare_allocates_staging_without_launching():
     def body(comm):
         x = torch.ones(7, dtype=torch.float16)
         cp = comm.prepare("all_reduce", x)
-        return cp.mode, comm.backend.prepared
+        return cp.mode, comm.backend.launch.prepared
 
     results, world, _ = run_ranks(2, body, plans=[stub_plan("allreduce", 2, name="ar", inplace=True)],
                                   granule=16)
@@ -320,7 +320,7 @@ def test_cpu_communicator_from_store_falls_back_to_gloo(tmp_path):
 
 
 def test_sizes_the_runtime_cannot_run_are_padded_up_front():
-    """The runtime is asked before the call (Backend.fits), never taught by a refusal."""
+    """The runtime is asked before the call (LaunchPart.fits), never taught by a refusal."""
     n = 2
 
     def body(comm):
@@ -437,8 +437,8 @@ def test_the_runtime_is_asked_only_about_the_way_a_call_runs():
 
     def body(comm):
         asked = []
-        real = comm.backend.fits
-        comm.backend.fits = lambda plan, a, b, pt=None: asked.append(plan.name) or real(plan, a, b, pt)
+        real = comm.backend.launch.fits
+        comm.backend.launch.fits = lambda plan, a, b, pt=None: asked.append(plan.name) or real(plan, a, b, pt)
         out = []
         for numel in (300_000, 700_001, 20_000):
             x = torch.ones(numel, dtype=torch.bfloat16)
@@ -456,18 +456,17 @@ def test_the_runtime_is_asked_only_about_the_way_a_call_runs():
 def test_close_always_returns_and_says_what_it_left(caplog):
     """Found on a GPU: after a peer died, close() raised (a dead peer's mapping could not be
     closed, from a thread with no current context). It logs and returns."""
-    from mscclang.comm.backend import Backend
+    from mscclang.comm.sim_backend import SimWorld
 
-    class Failing(Backend):
-        rank, world_size = 0, 1
-
-        def close(self) -> None:
-            raise RuntimeError("cuIpcCloseMemHandle failed: CUDA_ERROR_INVALID_CONTEXT")
+    def failing() -> None:
+        raise RuntimeError("cuIpcCloseMemHandle failed: CUDA_ERROR_INVALID_CONTEXT")
 
     from mscclang.comm.sim_ranks import catalog_of
     from mscclang.comm.tuning import TuningTable
 
-    comm = Communicator(backend=Failing(), plans=catalog_of([]), tuning=TuningTable(), fallback=False)
+    be = SimWorld(1).backend(0)
+    be.close = failing
+    comm = Communicator(backend=be, plans=catalog_of([]), tuning=TuningTable(), fallback=False)
     with caplog.at_level("WARNING", logger="mscclang.comm"):
         comm.close()
     assert comm.backend is None and "CUDA_ERROR_INVALID_CONTEXT" in caplog.text
@@ -475,7 +474,7 @@ def test_close_always_returns_and_says_what_it_left(caplog):
 
 
 def test_a_memo_hit_launches_what_the_engine_bound():
-    """A memo hit hands the engine's own resolution back (Backend.launch_bound): nothing is
+    """A memo hit hands the engine's own resolution back (LaunchPart.launch_bound): nothing is
     checked, classified or looked up again below the memo; a stale binding (False) falls back to
     execute, whose new binding the memo keeps."""
     from types import SimpleNamespace
@@ -483,16 +482,16 @@ def test_a_memo_hit_launches_what_the_engine_bound():
     def body(comm):
         be = comm.backend
         seen = []
-        real_execute = be.execute
+        real_execute = be.launch.run_call
 
         def execute(*a, **k):
             seen.append("execute")
             real_execute(*a, **k)
             return SimpleNamespace(n=len(seen))
 
-        be.execute = execute
+        be.launch.run_call = execute
         answers = iter([True, False, True])
-        be.launch_bound = lambda bound: seen.append(f"bound {bound.n}") or next(answers)
+        be.launch.launch_bound = lambda bound: seen.append(f"bound {bound.n}") or next(answers)
         x = torch.arange(8, dtype=torch.float32)
         comm.all_reduce(x)        # planned, executed: the binding kept
         comm.all_reduce(x)        # memo hit: the binding

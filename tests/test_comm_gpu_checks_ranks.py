@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.harness import comm_checks as gpu_checks
-from mscclang.comm.backend import runtime_granule
+from mscclang.runtime.state import runtime_granule
 from mscclang.comm.sim_ranks import run_ranks
 from mscclang.comm.tuning import load_tuning
 

@@ -86,7 +86,7 @@ def test_fresh_tensors_register_on_a_doubling_schedule_and_never_match_a_reused_
         labels, classes, outs = [], [], []
         for i in range(calls):
             x = _x(comm.rank, seed=i)            # a new storage every call (the old one is freed)
-            classes.append(comm.backend.buffer_class(x))
+            classes.append(comm.backend.registry.classify(x))
             comm.all_reduce(x)
             labels.append(comm.last.label())
             outs.append(x.clone())
@@ -127,7 +127,7 @@ def test_prepare_registers_the_tensors_of_the_call_it_prepares():
         x = _x(comm.rank)
         cp = comm.prepare("all_reduce", x)
         comm.all_reduce(x)
-        return cp.label(), comm.last.label(), comm.backend.prepared
+        return cp.label(), comm.last.label(), comm.backend.launch.prepared
 
     results, world, _ = run_ranks(N, body, plans=PLANS, tuning=TUNING, register="explicit")
     for prepared, ran, names in results:
@@ -215,10 +215,10 @@ def test_staging_above_the_cap_is_released_after_each_call():
             x = _x(comm.rank, n=1024, seed=i)    # 4 KiB: above the cap
             comm.all_reduce(x)
             outs.append(x)
-            held.append(be.staging_bytes())
+            held.append(be.memory.comm.memory()["staging"])
         small = _x(comm.rank, n=64)               # 256 B: under the cap, kept
         comm.all_reduce(small)
-        return held, outs, be.released, be.staging_bytes(), comm.last.label(), comm.memory()
+        return held, outs, be.memory.comm.released, be.memory.comm.memory()["staging"], comm.last.label(), comm.memory()
 
     results, world, _ = run_ranks(N, body, plans=ZC_ONLY, tuning=_tuning("zc"), register="off", staging_cap=cap)
     for held, outs, released, after, label, mem in results:
@@ -237,12 +237,12 @@ def test_outgrown_staging_is_released_and_prepare_keeps_staging_above_the_cap():
         be = comm.backend
         comm.all_reduce(_x(comm.rank, n=64))      # 256 B staging
         comm.all_reduce(_x(comm.rank, n=200))     # grows to 1 KiB: the 256 B buffer is released
-        grown = list(be.released)
+        grown = list(be.memory.comm.released)
         x = _x(comm.rank, n=1024)
         comm.prepare("all_reduce", x)             # 4 KiB, above the cap: prepare keeps it
         comm.all_reduce(x)
         comm.all_reduce(x)
-        return grown, list(be.released), be.staging_bytes(), x
+        return grown, list(be.memory.comm.released), be.memory.comm.memory()["staging"], x
 
     results, _, _ = run_ranks(N, body, plans=ZC_ONLY, tuning=_tuning("zc"), register="off", staging_cap=2048)
     for grown, released, held, x in results:
@@ -272,7 +272,7 @@ def test_the_world_catches_a_wrong_peer_address():
         x = _x(comm.rank)
         comm.register(x)
         if comm.rank == 0:
-            reg = comm.backend.registry.lookup(x.data_ptr(), x.numel() * 4)
+            reg = comm.backend.registry.registry.lookup(x.data_ptr(), x.numel() * 4)
             reg.peer_bases[1] += 4
         comm.all_reduce(x)
 
@@ -305,7 +305,7 @@ def test_staging_of_a_prepared_call_survives_a_larger_call_and_its_memo_entry_to
         comm.all_reduce(_x(comm.rank, n=200))     # grows the staging
         small.copy_(_x(comm.rank, n=64, seed=3))
         comm.all_reduce(small)
-        return list(be.released), comm.last.inp.data_ptr() == buf, small
+        return list(be.memory.comm.released), comm.last.inp.data_ptr() == buf, small
 
     results, _, _ = run_ranks(N, body, plans=ZC_ONLY, tuning=_tuning("zc"), register="off", staging_cap=2048)
     for released, same, small in results:
@@ -351,14 +351,14 @@ def test_staging_allocated_before_an_auto_registration_is_released():
         x = _x(comm.rank, n=1024)   # 4 KiB: above the cap
         comm.all_reduce(x)
         first = comm.last.label()
-        held = be.staging_bytes()
+        held = be.memory.comm.memory()["staging"]
         y = _x(comm.rank, n=1024, seed=1)
         x.copy_(y)
         comm.all_reduce(x)
         z = _x(comm.rank, n=2048)   # prepare registers too
         cp = comm.prepare("all_reduce", z)
-        return (first, held, list(be.released), comm.last.label(), comm.memory(), x.clone(), cp.label(),
-                be.staging_bytes())
+        return (first, held, list(be.memory.comm.released), comm.last.label(), comm.memory(), x.clone(), cp.label(),
+                be.memory.comm.memory()["staging"])
 
     results, world, _ = run_ranks(N, body, plans=ZC_ONLY, tuning=_tuning("zc"), register="auto", staging_cap=cap)
     want = _x(0, n=1024, seed=1) + _x(1, n=1024, seed=1)

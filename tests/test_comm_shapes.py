@@ -10,7 +10,7 @@ import types
 import pytest
 
 from tests.harness import comm_checks as gpu_checks
-from mscclang.comm.backend import runtime_granule
+from mscclang.runtime.state import runtime_granule
 from mscclang.comm.sim_ranks import run_ranks
 from mscclang.comm.tuning import load_tuning
 

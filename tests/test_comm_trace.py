@@ -22,16 +22,16 @@ def _traced_engine(comm, store, t0_ns):
     b = comm.backend
     calls = []
 
-    def execute_traced(plan, call, inp, out, *, packet_type=None):
-        b.execute(plan, call, inp, out, packet_type=packet_type)
+    def trace(plan, call, packet_type=None):
+        b.launch.run_call(plan, call, packet_type)
         ops = [(tb.id, i, op) for tb in plan.gpus[b.rank].threadblocks for i, op in enumerate(tb.ops)]
         ev = [{"name": op.name.value, "ph": "X", "pid": b.rank, "tid": tid, "ts": 2.0 * k, "dur": 2.0,
                "args": {"op": op.name.value, "index": i}} for k, (tid, i, op) in enumerate(ops)]
         calls.append(plan.name)
         return RankTrace(b.rank, t0_ns + 10_000 * (len(calls) - 1), ev, [])
 
-    b.traces = True
-    b.execute_traced = execute_traced
+    b.launch.traces = True
+    b.launch.trace = trace
     b.store = store
     return calls
 

@@ -215,7 +215,7 @@ def test_registered_call_gets_an_entry_keyed_by_its_registration_and_is_pinned_w
     cl, comms, exs, cap = _setup(2, fcu)
     al = [cl.devices[r].alloc(64 * MiB) for r in range(2)]
     ts = [FakeT(al[r].base + 4096 * (r + 1), MiB) for r in range(2)]
-    assert cl.run(lambda r: exs[r].register([ts[r]])) == [[True], [True]]
+    assert cl.run(lambda r: exs[r].capture.register([ts[r]])) == [[True], [True]]
     ex = exs[0]
     lp = _lp(stub_plan("allreduce", 2, name="zc", symmetric=True, inplace=True))
     seen = []
@@ -233,15 +233,15 @@ def test_registered_call_gets_an_entry_keyed_by_its_registration_and_is_pinned_w
     cap[0] = True
     _resolve(ex, lp, p, p, MiB, MiB)
     assert reg.pinned    # a captured graph uses it: kept until close
-    assert ex.zero_copy_ok(ts[0], ts[0]) and ex.buffer_class(ts[0]) == ("reg", 0)
-    assert ex.buffer_class(FakeT(al[0].base + 32 * MiB, 64)) is None
+    assert ex.capture.zero_copy_ok(ts[0], ts[0]) and ex.capture.classify(ts[0]) == ("reg", 0)
+    assert ex.capture.classify(FakeT(al[0].base + 32 * MiB, 64)) is None
 
 
 def test_released_registrations_take_their_entries_and_device_plans_with_them(fcu):
     cl, comms, exs, cap = _setup(2, fcu)
     al = [cl.devices[r].alloc(64 * MiB) for r in range(2)]
     ts = [FakeT(al[r].base, MiB) for r in range(2)]
-    cl.run(lambda r: exs[r].register([ts[r]]))
+    cl.run(lambda r: exs[r].capture.register([ts[r]]))
     ex = exs[0]
     lp = _lp(stub_plan("allreduce", 2, name="zc", symmetric=True, inplace=True))
     blob = fcu.mem_alloc(4096)
@@ -254,7 +254,7 @@ def test_released_registrations_take_their_entries_and_device_plans_with_them(fc
     k_sym = EntryKey(MiB, MiB, "f16", "ll16", "sum", "sym", 3, 3)
     lp.fast = {k_reg: "a", k_sym: "b"}
     ex._loaded = {1: lp}
-    assert cl.run(lambda r: exs[r].deregister([ts[r]])) == [1, 1]
+    assert cl.run(lambda r: exs[r].capture.deregister([ts[r]])) == [1, 1]
     assert list(lp.fast) == [k_sym] and list(ctx.plans) == [DevPlanKey(MiB, MiB, 3, 3)]
     assert fcu.freed == [blob]
 
@@ -272,11 +272,11 @@ def test_staging_is_capped_grown_released_temporary_and_kept(fcu):
     assert comm.released == [si, so] and comm.barriers == ["staging", "staging", "release outgrown staging"]
     t_in, t_out = ex.staging.get(lp, 10000, 10000)      # above the cap: temporary
     assert t_in.temp and t_out.temp and ex.staging.plan_staging(lp) == (si2, so2)
-    ex.release_symmetric([t_in, t_out], "staging above the cap")
+    ex.staging.release([t_in, t_out], "staging above the cap")
     assert comm.released[-2:] == [t_in, t_out]
     k_in, k_out = ex.staging.get(lp, 10000, 10000, keep=True)   # prepare keeps it: found again
     assert k_in.pinned and ex.staging.get(lp, 10000, 10000) == (k_in, k_out)
-    ex.release_symmetric([k_in, k_out])              # pinned: never released before close
+    ex.staging.release([k_in, k_out])              # pinned: never released before close
     assert k_in in comm._sym
     cap[0] = True
     with pytest.raises(NotPrepared, match="above the staging cap"):
@@ -338,7 +338,7 @@ def test_capture_session_slot_aborts_until_registration_then_holds_the_peers_add
 
     def body(r):
         ex = exs[r]
-        assert ex.begin_graph_capture(arena_bytes=64 << 10)
+        assert ex.capture.begin_capture(arena_bytes=64 << 10)
         cap_r = [True]
         ex._capturing = lambda: cap_r[0]
         ent, st = _resolve(ex, lps[r], ptrs[r], ptrs[r], nbytes, nbytes)
@@ -350,7 +350,7 @@ def test_capture_session_slot_aborts_until_registration_then_holds_the_peers_add
         assert fcu.read(head["abort_word"], 4) == (1).to_bytes(4, "little")
         assert head["error_record"] == ex.abort.dev and head["n_remote"] == 0
         cap_r[0] = False
-        return ex.end_graph_capture()
+        return ex.capture.end_capture()
 
     assert cl.run(body) == [1, 1]
     for r in range(2):
@@ -377,13 +377,13 @@ def test_capture_sessions_that_disagree_leave_every_slot_aborting(fcu):
 
     def body(r):
         ex = exs[r]
-        ex.begin_graph_capture(arena_bytes=64 << 10)
+        ex.capture.begin_capture(arena_bytes=64 << 10)
         ex._capturing = lambda: True
         for k in range(2 if r == 0 else 1):
             p = al[r].base + k * 4 * MiB
             slots[r].append(_resolve(ex, lps[r], p, p, nbytes, nbytes)[0].blob)
         ex._capturing = lambda: False
-        return ex.end_graph_capture()
+        return ex.capture.end_capture()
 
     with pytest.raises(RankErrors):
         cl.run(body)
@@ -399,7 +399,7 @@ def test_deferred_call_needs_the_sizes_run_before_and_room_in_the_arena(fcu):
     a = cl.devices[0].alloc(64 * MiB)
     ex = exs[0]
     lp = _lp(plan)
-    ex.begin_graph_capture(arena_bytes=ARENA_STRIDE)
+    ex.capture.begin_capture(arena_bytes=ARENA_STRIDE)
     cap[0] = True
     with pytest.raises(NotPrepared, match="was not prepared"):
         _resolve(ex, lp, a.base, a.base, 4096, 4096)
@@ -420,10 +420,10 @@ def test_executor_register_refuses_inside_a_capture_and_reports_symmetric_tensor
     cl, comms, exs, cap = _setup(1, fcu)
     ex, comm = exs[0], comms[0]
     sa = comm._sym_alloc(4096)
-    assert ex.register([FakeT(sa.base, 4096)]) == [True]
+    assert ex.capture.register([FakeT(sa.base, 4096)]) == [True]
     cap[0] = True
     with pytest.raises(NotPrepared, match="inside CUDA graph capture"):
-        ex.register([FakeT(0x1234_0000, 64)])
+        ex.capture.register([FakeT(0x1234_0000, 64)])
 
 
 # ------------------------------------------------------------------------------------------
@@ -556,8 +556,8 @@ def test_the_collective_apis_staging_is_symmetric_to_the_plans_that_run_on_it(fc
     ex = exs[0]
     sa, replaced = ex.staging.buffer("io", 1000)
     assert not sa.internal and sa.label == "staging" and not replaced
-    assert ex.buffer_class(FakeT(sa.base, 1000)) == ("sym", sa.index)
-    assert ex.zero_copy_ok(FakeT(sa.base, 1000), FakeT(sa.base, 1000))
+    assert ex.capture.classify(FakeT(sa.base, 1000)) == ("sym", sa.index)
+    assert ex.capture.zero_copy_ok(FakeT(sa.base, 1000), FakeT(sa.base, 1000))
     bigger, replaced = ex.staging.buffer("io", 5000)
     assert bigger.size >= 5000 and replaced and comms[0].released == [sa]
     lp = _lp(stub_plan("allreduce", 1, name="zc1", symmetric=True))
@@ -621,7 +621,7 @@ def test_registered_and_captured_calls_are_never_bound(fcu):
     ex = exs[0]
     al = [cl.devices[r].alloc(64 * MiB) for r in range(2)]
     ts = [FakeT(al[r].base, MiB) for r in range(2)]
-    cl.run(lambda r: exs[r].register([ts[r]]))
+    cl.run(lambda r: exs[r].capture.register([ts[r]]))
     ex.launcher.stream_capturing = lambda s: cap[0]
     ex.launcher.launch = lambda *a, **k: None
     ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)

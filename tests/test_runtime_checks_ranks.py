@@ -38,12 +38,12 @@ class SimExecutor:
 
     def execute(self, plan, inp, out, packet_type=None, reduce_op="sum", accum_dtype=None) -> None:
         b = self.backend
-        if infer_buffer_mode(plan) == SYMMETRIC and not (b.is_symmetric(inp) and b.is_symmetric(out)):
+        if infer_buffer_mode(plan) == SYMMETRIC and not (b.memory.is_symmetric(inp) and b.memory.is_symmetric(out)):
             # like the GPU executor: zero-copy plans on plain tensors run through staging buffers
             key = (plan.name, inp.numel(), out.numel(), inp.dtype)
             if key not in self.staging:
-                so = b.empty(out.numel(), out.dtype)
-                self.staging[key] = (None if plan.inplace else b.empty(inp.numel(), inp.dtype), so)
+                so = b.memory.empty(out.numel(), out.dtype)
+                self.staging[key] = (None if plan.inplace else b.memory.empty(inp.numel(), inp.dtype), so)
             si, so = self.staging[key]
             if plan.inplace:   # the input lies in the output: stage the output, input at its offset
                 so.copy_(out)
@@ -65,7 +65,7 @@ class SimExecutor:
 
         b = self.backend
         call = make_call(plan.collective, b.rank, plan.world_size, b.device, inp, out, reduce_op, accum_dtype)
-        b.execute(plan, call, inp, out, packet_type=packet_type)
+        b.launch.run_call(plan, call, packet_type)
 
     def prepare(self, *args, **kw) -> None:
         pass
@@ -104,7 +104,7 @@ def on_ranks(n: int, fn: Callable[[Any], dict], corrupt: Optional[dict] = None) 
         b = world.backend(r)
         w = types.SimpleNamespace(rank=r, world_size=n, device=torch.device("cpu"), state={},
                                   executor=SimExecutor(b, (corrupt or {}).get(r)),
-                                  comm=types.SimpleNamespace(alloc=b.empty, barrier=lambda: None))
+                                  comm=types.SimpleNamespace(alloc=b.memory.empty, barrier=lambda: None))
         try:
             results[r] = fn(w)
         except BaseException as e:  # noqa: BLE001 - re-raised below

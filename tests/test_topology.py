@@ -71,24 +71,16 @@ def test_communicator_skips_plans_the_layout_cannot_carry():
     import torch
 
     from mscclang.comm import Communicator
-    from mscclang.comm.backend import Backend
+    from mscclang.comm.sim_backend import SimWorld
     from mscclang.comm.tuning import TuningTable
     from mscclang.comm.sim_ranks import catalog_of
 
-    class OneGpuNodes(Backend):
-        def __init__(self) -> None:
-            self.rank, self.world_size, self.device = 0, 2, torch.device("cpu")
-            self.executed = 0
-
-        def runnable(self, plan):
-            try:
-                check_runnable(plan, topology=Topology(2, 1))
-            except PlanError as e:
-                return str(e)
-            return None
-
-        def execute(self, *a, **k):
-            self.executed += 1
+    def one_gpu_nodes(plan):
+        try:
+            check_runnable(plan, topology=Topology(2, 1))
+        except PlanError as e:
+            return str(e)
+        return None
 
     class Fallback:
         def __init__(self) -> None:
@@ -98,7 +90,9 @@ def test_communicator_skips_plans_the_layout_cannot_carry():
             self.calls += 1
 
     plan = load_plan(ROOT / "plans" / "allreduce_oneshot_ll.r2.i1.inplace.json")
-    be, fb = OneGpuNodes(), Fallback()
+    be, fb, executed = SimWorld(2).backend(0), Fallback(), []
+    be.launch.runnable = one_gpu_nodes
+    be.launch.run_call = lambda *a, **k: executed.append(a)
     comm = Communicator(backend=be, plans=catalog_of([plan]), tuning=TuningTable(), fallback=fb)
     comm.all_reduce(torch.ones(256))
-    assert comm.last.mode == "nccl" and fb.calls == 1 and be.executed == 0
+    assert comm.last.mode == "nccl" and fb.calls == 1 and executed == []

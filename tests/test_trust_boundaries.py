@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mscclang.comm import Communicator
-from mscclang.comm.backend import Backend
+from mscclang.comm.backend import Engine
 from mscclang.comm.errors import CommError
 from mscclang.comm.tuning import TuningTable
 from mscclang.errors import CallMismatch, CollectiveTimeout, InvalidCall
@@ -22,32 +22,39 @@ from mscclang.runtime.watchdog import AbortWatchdog
 from mscclang.comm.sim_ranks import catalog_of, stub_plan
 
 
-class _GpuLikeBackend(Backend):
-    """A back end that says it runs on cuda:0 and fails the test if anything reaches it."""
+class _GpuLikeParts:
+    """The parts of an engine that says it runs on cuda:0: they call no tensor anything and fail
+    the test if a call reaches them."""
+
+    traces, mode, cap = False, "off", None
 
     def __init__(self) -> None:
-        self.rank, self.world_size, self.device = 0, 2, torch.device("cuda", 0)
         self.calls: list[str] = []
 
-    def execute(self, plan, inp, out, **kw):
-        self.calls.append("execute")
-        raise AssertionError("a CPU tensor reached the engine")
+    def classify(self, tensor):
+        return None
 
-    def prepare(self, plan, inp, out, **kw):
-        self.calls.append("prepare")
-        raise AssertionError("a CPU tensor reached the engine")
+    def _reached(self, what: str) -> None:
+        self.calls.append(what)
+        raise AssertionError(f"{what}: a CPU tensor reached the engine")
 
-    def empty(self, numel, dtype):
-        self.calls.append("empty")
-        raise AssertionError("staging was allocated for a CPU tensor")
+    def run_call(self, *a, **kw):
+        self._reached("run_call")
+
+    def prepare_call(self, *a, **kw):
+        self._reached("prepare_call")
+
+    def empty(self, *a, **kw):
+        self._reached("empty")
 
 
 @pytest.fixture
 def gpu_comm():
-    be = _GpuLikeBackend()
+    be = _GpuLikeParts()
     plans = [stub_plan(c, 2) for c in ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast",
                                        "sendrecv")]
-    comm = Communicator(backend=be, plans=catalog_of(plans), tuning=TuningTable(), fallback=False)
+    engine = Engine(be, be, be, 0, 2, torch.device("cuda", 0))
+    comm = Communicator(backend=engine, plans=catalog_of(plans), tuning=TuningTable(), fallback=False)
     return comm, be
 
 

@@ -477,8 +477,8 @@ class BenchWorker:
         last = getattr(self.comm, "last", None)
         if last is None or getattr(last, "mode", "") == "nccl":
             return ""
-        ex = getattr(getattr(self.comm, "backend", None), "executor", None)
-        return str(getattr(ex, "last_kernel", "") or "")
+        be = self.comm.backend
+        return "" if be is None else str(getattr(be.launch, "last_kernel", "") or "")
 
     def measure(self, cell: Cell, mode: str, iters: int) -> list[float]:
         """Sorted per-call times of ``cell`` in ``mode`` ("graph" or "eager")."""

@@ -5,7 +5,7 @@ on the plans of the library (chosen by the selector from a tuning file) and fall
 torch.distributed for what the library cannot do.
 """
 
-from mscclang.comm.backend import Backend, RuntimeBackend
+from mscclang.comm.backend import Engine, RuntimeBackend
 from mscclang.comm.catalog import Catalog, PlanVariant, infer_buffer_mode
 from mscclang.comm.communicator import CallPlan, Communicator
 from mscclang.comm.errors import BatchInvariantError, CommError, TuningError
@@ -14,7 +14,7 @@ from mscclang.comm.tuning import (DEFAULT_TUNING_FILE, Candidate, Rule, TuningTa
                                   save_tuning, tuning_to_json)
 
 __all__ = [
-    "Backend", "BatchInvariantError", "CallPlan", "Candidate", "Catalog", "Choice", "CommError", "Communicator",
-    "DEFAULT_TUNING_FILE", "PlanVariant", "Rule", "RuntimeBackend", "Selector", "TuningError",
+    "BatchInvariantError", "CallPlan", "Candidate", "Catalog", "Choice", "CommError", "Communicator",
+    "DEFAULT_TUNING_FILE", "Engine", "PlanVariant", "Rule", "RuntimeBackend", "Selector", "TuningError",
     "TuningTable", "infer_buffer_mode", "load_tuning", "save_tuning", "tuning_to_json",
 ]

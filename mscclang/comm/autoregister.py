@@ -33,7 +33,7 @@ class AutoRegister:
     def __init__(self) -> None:
         self._misses: dict[tuple, Misses] = {}
 
-    def call(self, backend: Any, signature: tuple, register: Callable[[], bool], tensors: tuple) -> bool:
+    def call(self, registry: Any, signature: tuple, register: Callable[[], bool], tensors: tuple) -> bool:
         """One more call of ``signature`` whose tensors are not registered: ``register()`` them
         when the schedule says so (collective: every rank decides alike). Returns whether they
         were registered."""
@@ -44,12 +44,12 @@ class AutoRegister:
         n = rec.calls
         if not rec.reused:
             # a registration this schedule made, run on again after its first call: reuse
-            rec.reused = any(backend.registration_uses(c) >= 2 for c in rec.registrations)
+            rec.reused = any(registry.uses(c) >= 2 for c in rec.registrations)
         if not rec.reused and n & (n - 1):
             return False
         done = register()
         if done and not rec.reused:
-            rec.registrations = (rec.registrations + [backend.buffer_class(t) for t in tensors])[-8:]
+            rec.registrations = (rec.registrations + [registry.classify(t) for t in tensors])[-8:]
         return done
 
     def clear(self) -> None:

@@ -15,7 +15,7 @@ import operator
 import os
 from typing import Any, Optional, Union
 
-from mscclang.comm.backend import Backend, RuntimeBackend
+from mscclang.comm.backend import Engine, RuntimeBackend
 from mscclang.comm.catalog import Catalog
 from mscclang.comm.errors import CommError
 from mscclang.comm.fallback import FallbackCalls, TorchFallback
@@ -64,7 +64,7 @@ class Communicator:
                  world_size: Optional[int] = None, device: Any = None,
                  tuning: Union[str, os.PathLike, dict, TuningTable, None] = None,
                  plans: Union[str, os.PathLike, Catalog, None] = None,
-                 backend: Optional[Backend] = None, fallback: Union[bool, Any] = True,
+                 backend: Optional[Engine] = None, fallback: Union[bool, Any] = True,
                  runtime_options: Optional[dict] = None, batch_invariant: Optional[bool] = None) -> None:
         self._batch_invariant = bool(Settings.batch_invariant.or_env(batch_invariant))
         self._logged: set[tuple[str, str]] = set()
@@ -78,7 +78,7 @@ class Communicator:
             self.rank, self.world_size = backend.rank, backend.world_size
             self.device = backend.device
             if own_store is None and group is None:
-                own_store = getattr(backend, "store", None)
+                own_store = backend.store
         else:
             self.rank, self.world_size, store, self.device = self._resolve(group, store, rank,
                                                                            world_size, device)
@@ -119,16 +119,16 @@ class Communicator:
         self._runs = Launch(self.planner, self.backend, self._fallback, self._calls, self._note)
 
     @property
-    def backend(self) -> Optional[Backend]:
+    def backend(self) -> Optional[Engine]:
         """The execution engine (None: no runtime here, or closed: calls fall back)."""
         return self._backend
 
     @backend.setter
-    def backend(self, be: Optional[Backend]) -> None:
+    def backend(self, be: Optional[Engine]) -> None:
         self._backend = be
         planner = self.__dict__.get("planner")
         if planner is not None:
-            planner.backend = self._runs.engine = be
+            planner.engine = self._runs.engine = be
             planner.memo.clear()
 
     @property
@@ -198,7 +198,7 @@ class Communicator:
         gname = "default" if group is None else getattr(group, "group_name", str(id(group)))
         return r, n, dist.PrefixStore(f"mscclang/{gname}/", base), device
 
-    def _make_runtime(self, store: Any, options: dict) -> Optional[Backend]:
+    def _make_runtime(self, store: Any, options: dict) -> Optional[Engine]:
         if getattr(self.device, "type", None) != "cuda":
             self._runtime_error = f"no GPU runtime on device {self.device}"
             return None
@@ -225,12 +225,12 @@ class Communicator:
         numel = math.prod(dims)
         if self.backend is None:
             return torch.empty(dims, dtype=dtype, device=self.device)
-        return self.backend.empty(numel, dtype).view(dims)
+        return self.backend.memory.empty(numel, dtype).view(dims)
 
     def is_symmetric(self, tensor: Any) -> bool:
         """Whether ``tensor`` lies in a buffer from :meth:`empty`."""
         self._check_open("is_symmetric")
-        return self.backend is not None and self.backend.is_symmetric(tensor)
+        return self.backend is not None and self.backend.memory.is_symmetric(tensor)
 
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, tensor: Any, op: Any = "sum", out: Any = None, accum_dtype: Any = None) -> Any:
@@ -364,7 +364,7 @@ class Communicator:
                             "before capturing, or capture inside graph_capture()")
         self.backend.describe_call(f"register of {len(tensors)} tensor(s)")
         try:
-            return list(self.backend.register(list(tensors)))
+            return list(self.backend.registry.register(list(tensors)))
         finally:
             self.backend.describe_call("")
 
@@ -376,7 +376,7 @@ class Communicator:
             self.planner.check_tensor(f"deregister tensor {i}", t)
         if self.backend is None or not tensors:
             return 0
-        return int(self.backend.deregister(list(tensors)))
+        return int(self.backend.registry.deregister(list(tensors)))
 
     @contextlib.contextmanager
     def graph_capture(self, arena_bytes: Optional[int] = None) -> Any:
@@ -414,7 +414,7 @@ class Communicator:
             raise CommError(f"rank {self.rank}: begin_graph_capture() must run before the capture starts")
         if self.backend is None:
             return False
-        return bool(self.backend.begin_graph_capture(arena_bytes))
+        return bool(self.backend.registry.begin_capture(arena_bytes))
 
     def register_graph_buffers(self, failed: bool = False) -> int:
         """Collective, after the capture ended: register the buffers of the zero-copy calls captured
@@ -426,7 +426,7 @@ class Communicator:
         self._check_open("register_graph_buffers")
         if self.backend is None:
             return 0
-        return int(self.backend.end_graph_capture(failed))
+        return int(self.backend.registry.end_capture(failed))
 
     def use_tuning(self, tuning: Union[str, os.PathLike, dict, TuningTable]) -> None:
         """Replace the tuning table (e.g. the tuner forcing one candidate); the plan catalog and
@@ -454,7 +454,7 @@ class Communicator:
         self._check_open("trace")
         check_traceable(self.backend, self.rank)
         self._traces += 1
-        return Tracing(self._runs, getattr(self.backend, "store", None), f"mscclang/trace/{self._traces}")
+        return Tracing(self._runs, self.backend.store, f"mscclang/trace/{self._traces}")
 
     def memory(self) -> dict[str, int]:
         """What this communicator holds on its GPU, in bytes by kind (and counts): the runtime's
@@ -467,8 +467,8 @@ class Communicator:
         between calls. ``total_bytes`` sums the byte kinds held here. The torch.distributed
         fallback's memory (NCCL's) is not included."""
         self._check_open("memory")
-        out = dict(self.backend.memory()) if self.backend is not None else {}
-        cap = self.backend.staging_cap() if self.backend is not None else None
+        out = dict(self.backend.memory.memory()) if self.backend is not None else {}
+        cap = self.backend.memory.cap if self.backend is not None else None
         if cap is not None:
             out["staging_cap"] = int(cap)
         out["total_bytes"] = sum(v for k, v in out.items() if k in _BYTE_KINDS)

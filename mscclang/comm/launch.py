@@ -1,5 +1,5 @@
 """Running a planned call: :class:`Launch` executes a :class:`~mscclang.comm.planner.CallPlan` on
-an engine (:class:`~mscclang.comm.backend.Backend`).
+an engine (:class:`~mscclang.comm.backend.Engine`).
 
 It is the one place a plan runs, for the collectives, the fused call, ``prepare`` and the
 warm-up alike:
@@ -62,7 +62,7 @@ class Launch:
         if cp.bound is not None and cp.mode == "direct" and not cp.registrable and self.tracer is None:
             # a memo hit of a call that runs on the caller's tensors: launch what the engine
             # resolved at its first call (nothing is checked or resolved again)
-            if self.engine.launch_bound(cp.bound):
+            if self.engine.launch.launch_bound(cp.bound):
                 self.last = cp
                 self.plan_calls += 1
                 return out
@@ -104,14 +104,14 @@ class Launch:
         elif cp.mode == "staged":
             if cp.bufs and capturing():
                 # a captured graph uses these buffers: never released before close()
-                be.pin_staging(list(cp.bufs))
+                be.memory.pin(list(cp.bufs))
             a.view(cp.shape.in_blocks, kp)[:, :k].copy_(inp.view(cp.shape.in_blocks, k))
         call = cp.call if cp.mode == "direct" else cp.call.on(a, b, cp.plan.inplace)
         if self.tracer is not None:
-            rt = be.execute_traced(cp.plan, call, a, b, packet_type=pt)
+            rt = be.launch.trace(cp.plan, call, pt)
             self.tracer.calls.append(TracedCall(cp.plan.collective, cp.plan.name, inp.numel() * inp.element_size(), rt))
-        elif cp.bound is None or not be.launch_bound(cp.bound):
-            got = be.execute(cp.plan, call, a, b, packet_type=pt)
+        elif cp.bound is None or not be.launch.launch_bound(cp.bound):
+            got = be.launch.run_call(cp.plan, call, pt)
             if not cp.temp:   # a memo hit launches what the engine resolved now
                 cp.bound = got
         if cp.mode == "staged":
@@ -124,7 +124,7 @@ class Launch:
         if cp.call.empty:
             return cp
         be = self.engine
-        if cp.registrable and be is not None and be.registration_mode() != "off" and not capturing():
+        if cp.registrable and be is not None and be.registry.mode != "off" and not capturing():
             # a zero-copy plan runs on these tensors once registered: prepare is collective
             if self.register_call(cp, inp, out):
                 if cp.temp:
@@ -132,16 +132,16 @@ class Launch:
                 _, cp = self.planner.lookup(coll, inp, out, op, root, accum)
         if cp.temp:
             # staging above the cap that a capture of this call will use: kept until close()
-            be.pin_staging(list(cp.temp))
+            be.memory.pin(list(cp.temp))
             cp.temp = ()
         if cp.bufs:
             # a prepared call keeps its staging (and its memo entry) when a larger one replaces it
-            be.pin_staging(list(cp.bufs))
+            be.memory.pin(list(cp.bufs))
         if cp.mode != "nccl" and be is not None and cp.plan is not None:
             pt = cp.choice.packet_type if cp.choice else None
             a, b = self.planner.operands(cp, inp, out)
-            be.prepare(cp.plan, cp.call if cp.mode == "direct" else cp.call.on(a, b, cp.plan.inplace),
-                       packet_type=pt)
+            be.launch.prepare_call(cp.plan, cp.call if cp.mode == "direct" else cp.call.on(a, b, cp.plan.inplace),
+                                   pt)
         return cp
 
     def release_temp(self, cp: CallPlan, key: Optional[tuple]) -> None:
@@ -151,16 +151,17 @@ class Launch:
         if key is not None:
             self.planner.forget([key])
         if self.engine is not None and temp:
-            self.engine.release(list(temp))
+            self.engine.memory.release(list(temp))
 
     # ------------------------------------------------------------------ registration
     def _auto_register(self, cp: CallPlan, inp: Any, out: Any) -> bool:
         """The automatic registration schedule (:mod:`mscclang.comm.autoregister`)."""
         be = self.engine
-        if be is None or be.registration_mode() != "auto" or capturing():
+        if be is None or be.registry.mode != "auto" or capturing():
             return False
         call = cp.call
-        return self.schedule.call(be, (call.collective.name, inp.numel(), out.numel(), inp.dtype, call.op, call.root),
+        signature = (call.collective.name, inp.numel(), out.numel(), inp.dtype, call.op, call.root)
+        return self.schedule.call(be.registry, signature,
                                   lambda: self.register_call(cp, inp, out), (inp, out))
 
     def register_call(self, cp: CallPlan, inp: Any, out: Any) -> bool:
@@ -180,7 +181,7 @@ class Launch:
         be.describe_call(f"registration of the tensors of {cp.call.collective.name} of {inp.numel()} x "
                          f"{gpu_dtype(inp.dtype).name}")
         try:
-            return all(be.register(tensors))
+            return all(be.registry.register(tensors))
         finally:
             be.describe_call("")
 
@@ -194,8 +195,8 @@ class Launch:
             return dst
         be = self.engine
         if cp.plan is not None and be is not None:
-            if cp.bound is None or not be.launch_bound(cp.bound):
-                cp.bound = be.execute(cp.plan, cp.call, x, dst, residual=residual, weight=weight)
+            if cp.bound is None or not be.launch.launch_bound(cp.bound):
+                cp.bound = be.launch.run_call(cp.plan, cp.call)
             self.last_fused = cp.plan.name
             self.plan_calls += 1
             return dst
@@ -217,7 +218,7 @@ class Launch:
         if self.engine is None or cp.call.empty:
             return None
         if cp.plan is not None:
-            self.engine.prepare(cp.plan, cp.call)
+            self.engine.launch.prepare_call(cp.plan, cp.call)
             return cp.plan.name
         self.prepare("allreduce", x, x, "sum", 0, None)
         return None

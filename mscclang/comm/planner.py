@@ -46,8 +46,8 @@ class CallPlan:
     ``sym_blocked``: (a staged variant) staged only because its tensors are not symmetric or
     registered; ``bufs``: the staging buffers ``inp``/``out`` are views of; ``temp``: those of them
     above the staging cap, released after the call; ``bound``: what the engine resolved for this
-    call (:meth:`mscclang.comm.backend.Backend.bind`), so a memo hit launches without checking or
-    classifying the tensors again."""
+    call (:meth:`mscclang.comm.backend.LaunchPart.run_call`'s result), so a memo hit launches
+    without checking or classifying the tensors again."""
 
     collective: str
     mode: str
@@ -89,17 +89,17 @@ def comm_errors() -> Iterator[None]:
         raise CommError(str(e)) from None
 
 class Planner:
-    """Plans the calls of one rank's communicator. ``backend`` is the engine (None: no runtime,
+    """Plans the calls of one rank's communicator. ``engine`` is the engine (None: no runtime,
     every call falls back), ``selector`` the tuning's choices, ``has_fallback`` whether
     torch.distributed may run calls, ``note(what, message, level)`` logs once per message,
     ``runtime_error`` says why there is no runtime."""
 
-    def __init__(self, rank: int, world_size: int, device: Any, backend: Any, selector: Selector,
+    def __init__(self, rank: int, world_size: int, device: Any, engine: Any, selector: Selector,
                  has_fallback: bool, note: Callable[..., None], runtime_error: Optional[str] = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.device = device
-        self.backend = backend
+        self.engine = engine
         self.selector = selector
         self.has_fallback = has_fallback
         self.note = note
@@ -116,9 +116,9 @@ class Planner:
         that buffer is temporary: the back end's staging pool (one policy for the runtime's
         staging and this communicator's). A buffer that replaced the one kept for ``role`` means
         the memo's entries that viewed the old one must be planned again (on every rank alike)."""
-        if self.backend is None:
+        if self.engine is None:
             raise CommError("staging needs the GPU runtime")
-        whole, temp, replaced = self.backend.stage(role, nbytes)
+        whole, temp, replaced = self.engine.memory.stage(role, nbytes)
         if replaced:
             self.memo.clear()
         return whole[:nbytes], whole, temp
@@ -161,7 +161,7 @@ class Planner:
         nbytes = call.message_bytes
         if call.collective.fused:
             return self.plan_fused(call)
-        if self.backend is None:
+        if self.engine is None:
             if self.selector.batch_invariant:
                 raise self.refuse(call, self.runtime_error or "no runtime")
             return CallPlan(coll, "nccl", None, None, shape, shape, call,
@@ -217,7 +217,7 @@ class Planner:
         mode from the algorithm library where the catalog has none): ``direct``, or ``nccl`` for the
         fallback (``all_reduce`` plus the reference epilogue); the batch-invariant mode raises
         instead of falling back."""
-        n, be, inv = self.world_size, self.backend, self.selector.batch_invariant
+        n, be, inv = self.world_size, self.engine, self.selector.batch_invariant
         cp = CallPlan(call.collective.name, "nccl", None, None, call.shape, call.shape, call,
                       reason="no back end runs plans")
         if be is not None:
@@ -261,7 +261,7 @@ class Planner:
                 continue
             if call.collective.rooted and (plan.root or 0) != call.root:
                 continue
-            why = self.backend.runnable(plan) if self.backend is not None else None
+            why = self.engine.launch.runnable(plan) if self.engine is not None else None
             if why is not None:
                 self.note(coll, f"mscclang rank {self.rank}: plan {v.key} cannot run here: {why}",
                            level=logging.INFO)
@@ -280,12 +280,12 @@ class Planner:
     def fit(self, call: Call, v: Any, plan: Any, choice: Choice, inp: Any, out: Any,
             dry: bool = False) -> Optional[CallPlan]:
         """How variant ``v`` can run the call (``dry``: decide without allocating staging)."""
-        if self.backend is None:
+        if self.engine is None:
             return None
         coll, shape, esz, inplace = call.collective.name, call.shape, call.dtype.itemsize, call.inplace
-        granule = max(1, int(self.backend.granule(plan)))
+        granule = max(1, int(self.engine.launch.granule(plan)))
         pad = needs_padding(shape, esz, granule)
-        sym_ok = not v.symmetric or self.backend.zero_copy_ok(inp, out)
+        sym_ok = not v.symmetric or self.engine.registry.zero_copy_ok(inp, out)
         runs = call.fits_plan(plan) or (plan.inplace and call.collective.inplace_copy)
         if not pad and sym_ok and runs:
             # asked up front, alike on every rank, and only of a way the call would run (the
@@ -338,7 +338,7 @@ class Planner:
     def fits(self, plan: Any, choice: Choice, shape: BlockShape, esz: int) -> bool:
         """Whether the runtime runs ``plan`` on buffers of ``shape`` as they are (packet offsets
         aligned for the packet type)."""
-        return bool(self.backend.fits(plan, shape.in_elems * esz, shape.out_elems * esz, choice.packet_type))
+        return bool(self.engine.launch.fits(plan, shape.in_elems * esz, shape.out_elems * esz, choice.packet_type))
 
     @staticmethod
     def wider_granule(plan: Any, shape: BlockShape, esz: int, granule: int) -> tuple[int, bool]:
@@ -370,7 +370,7 @@ class Planner:
         key is the out-of-place key plus the residual's and the weight's addresses and shapes,
         x's shape, eps and the FP8 scale (a tensor scale is read at every call: no key)."""
         key = None
-        be = self.backend
+        be = self.engine
         if epi is not None:
             # no buffer class in a fused key: the classes are in the plain key so that the ranks
             # choose alike between a zero-copy plan and a staged one, and no fused plan is
@@ -385,12 +385,12 @@ class Planner:
             # in place (the common call): the tensor is read once
             if getattr(inp, "is_contiguous", None) and inp.is_contiguous():
                 key = (coll, inp.data_ptr(), inp.numel(), inp.dtype, inp.device, op, accum, root,
-                       None if be is None else be.buffer_class(inp))
+                       None if be is None else be.registry.classify(inp))
         elif getattr(inp, "is_contiguous", None) and inp.is_contiguous() and out.is_contiguous():
             # what the tensors are to zero-copy plans (symmetric, registered, or neither) is part of
             # the key: an address may come back as an ordinary tensor on one rank and a symmetric
             # or registered one on another, and the ranks must choose alike
-            sym = None if be is None else (be.buffer_class(inp), be.buffer_class(out))
+            sym = None if be is None else (be.registry.classify(inp), be.registry.classify(out))
             key = (coll, inp.data_ptr(), out.data_ptr(), inp.numel(), out.numel(), inp.dtype,
                    out.dtype, inp.device, out.device, op, accum, root, sym)
         cp = self.memo.get(key) if key is not None else None

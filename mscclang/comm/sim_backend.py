@@ -1,9 +1,13 @@
-"""A CPU backend for the communicator: one thread per rank, every launch run for all ranks at
+"""A CPU engine for the communicator: one thread per rank, every launch run for all ranks at
 once by the simulator (``engine="sim"``) or by the collective's definition (``engine="reference"``).
+:class:`SimBackend` assembles its three parts (:class:`SimLaunch`, the GPU runtime's
+:class:`~mscclang.runtime.staging.SymmetricMemory` over :class:`SimAllocations`, and
+:class:`SimRegistry`; see :mod:`mscclang.comm.backend`). A launch reads and writes the buffers its
+checked call names, by address (they are CPU memory).
 
 Used by the CPU tests and by machines without GPUs (e.g. the README's main job falls back to it).
 It also polices the communicator: symmetric (zero-copy) plans must get buffers from
-:meth:`SimBackend.empty` at the same allocation and offset on every rank, or tensors registered
+:meth:`SimAllocations.alloc` (``Communicator.empty``) at the same allocation and offset on every rank, or tensors registered
 at the same registration on every rank, every peer address a rank would use being exactly where
 that peer's registered tensor lives; in-place plans must get the collective's in-place layout and
 out-of-place plans non-overlapping buffers, and every block must be a multiple of ``granule`` bytes.
@@ -18,17 +22,18 @@ that cannot be exported (like torch's expandable segments).
 
 from __future__ import annotations
 
+import ctypes
 import struct
 import threading
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from mscclang.comm.backend import Backend
+from mscclang.comm.backend import Engine
 from mscclang.comm.catalog import SYMMETRIC, infer_buffer_mode
 from mscclang.comm.errors import CommError
+from mscclang.comm.launch import capturing
 from mscclang.errors import CallMismatch, PlanError, RuntimeUnavailable
 from mscclang.plan import reference
 from mscclang.plan.call import Call
@@ -36,6 +41,7 @@ from mscclang.plan.collectives import collective
 from mscclang.plan.dtypes import dtype_info, torch_dtype_info
 from mscclang.plan.models import Plan
 from mscclang.runtime.registration import AllocInfo, BufferName, Region, Registry, zero_copy_operands
+from mscclang.runtime.staging import StagingPool, SymmetricMemory
 
 
 #: integer types of the sizes of the ml_dtypes types (bfloat16, fp8), which torch and numpy
@@ -109,7 +115,7 @@ class SimWorld:
         self.world_size = world_size
         self.engine = engine
         # bytes every block must be a multiple of: a number, or a function of the plan (e.g.
-        # mscclang.comm.backend.runtime_granule, the GPU runtime's rule)
+        # mscclang.runtime.state.runtime_granule, the GPU runtime's rule)
         self.granule = granule
         self.timeout = timeout
         # like the GPU runtime: refuse (PlanError, before launching) multi-block calls whose
@@ -209,90 +215,106 @@ class SimWorld:
         return res
 
 
-class SimBackend(Backend):
-    """One rank's view of a :class:`SimWorld` (CPU tensors)."""
+def _host(ptr: int, nbytes: int, dtype: Any) -> np.ndarray:
+    """The ``nbytes`` at CPU address ``ptr`` as a writable numpy view of ``dtype``: the buffers a
+    checked :class:`~mscclang.plan.call.Call` names (live CPU tensors of the caller's, or staging)."""
+    if nbytes == 0:
+        return np.zeros(0, dtype)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr)).view(dtype)
+
+
+@dataclass(eq=False)
+class SimAlloc:
+    """A symmetric buffer of the simulator: the runtime's
+    :class:`~mscclang.runtime.bootstrap.SymAlloc` over a CPU ``tensor`` (``index``: its number in
+    allocation order, the same on every rank; ``label="staging"``: reported as staging)."""
+
+    index: int
+    tensor: Any
+    label: str = ""
+    pinned: bool = False
+    temp: bool = False
+    internal: bool = False
+
+    @property
+    def base(self) -> int:
+        return self.tensor.data_ptr()
+
+    @property
+    def size(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+
+class SimAllocations:
+    """One rank's symmetric buffers on the simulator, what the GPU runtime's communicator offers
+    its :class:`~mscclang.runtime.staging.SymmetricMemory` (the engine's memory part): zeroed CPU
+    tensors kept in allocation order. Releasing is collective, as on the GPU. ``released``: the
+    bytes of every buffer released (for tests)."""
 
     def __init__(self, world: SimWorld, rank: int) -> None:
-        import torch
-
         self.world = world
         self.rank = rank
-        self.world_size = world.world_size
-        self.device = torch.device("cpu")
-        self._allocs: list[Any] = []
-        self.prepared: list[str] = []
-        self.released: list[int] = []       # bytes of each staging buffer released
-        self._staging_ptrs: set[int] = set()
-        self._storages: dict[int, tuple] = {}   # storage address -> (bytes, id, weak reference)
+        self._allocs: list[Optional[SimAlloc]] = []   # None: released (indices stay)
+        self.released: list[int] = []
+
+    def new(self, numel: int, dtype: Any, label: str = "") -> SimAlloc:
+        """A new zeroed buffer, kept in allocation order (its record; the staging pool's allocator)."""
+        import torch
+
+        a = SimAlloc(len(self._allocs), torch.zeros(numel, dtype=dtype), label)
+        self._allocs.append(a)
+        return a
+
+    def alloc(self, numel: int, dtype: Any, label: str = "") -> Any:
+        return self.new(numel, dtype, label).tensor
+
+    def tensor_of(self, a: SimAlloc) -> Any:
+        return a.tensor
+
+    def symmetric_of(self, ptr: int) -> Optional[SimAlloc]:
+        """The buffer holding address ``ptr``, or None."""
+        for a in self._allocs:
+            if a is not None and a.base <= ptr < a.base + max(a.size, 1):
+                return a
+        return None
+
+    def free(self, allocs: list, why: str) -> None:
+        """Collective (the staging pool's release): drop ``allocs`` on every rank at the same call."""
+        self.world.exchange(self.rank, b"", f"release {len(allocs)} staging buffer(s)")
+        for a in allocs:
+            self.released.append(a.size)
+            self._allocs[a.index] = None
+
+    def memory(self) -> dict[str, int]:
+        """Bytes of staging held now."""
+        return {"staging": sum(a.size for a in self._allocs if a is not None and a.label == "staging")}
+
+
+class SimRegistry:
+    """The simulator's registry part: the GPU runtime's
+    :class:`~mscclang.runtime.registration.Registry` (``registry``) over the world's threads, a
+    tensor's storage standing for its allocation. No capture sessions (no CUDA graphs here)."""
+
+    def __init__(self, world: SimWorld, rank: int, allocs: SimAllocations) -> None:
+        self.world = world
+        self.rank = rank
+        self.symmetric = allocs
+        self.storages: dict[int, tuple] = {}   # storage address -> (bytes, id, weak reference)
         self._ids = 0
         self.registry = Registry(_SimComm(world, rank), _SimIpc(self), mode=world.register,
                                  max_regions=world.max_registrations, verify=False)
 
-    def empty(self, numel: int, dtype: Any) -> Any:
-        import torch
-
-        t = torch.zeros(numel, dtype=dtype)  # zeroed, like the GPU runtime's symmetric memory
-        self._allocs.append(t)
-        return t
-
-    def _sym_of(self, ptr: int) -> Any:
-        for i, a in enumerate(self._allocs):
-            base = a.data_ptr()
-            size = max(a.numel() * a.element_size(), 1)
-            if base <= ptr < base + size:
-                return SimpleNamespace(index=i, base=base, size=size, internal=False)
-        return None
-
-    def is_symmetric(self, tensor: Any) -> bool:
-        return self._sym_of(tensor.data_ptr()) is not None
-
-    def fits(self, plan: Plan, in_bytes: int, out_bytes: int, packet_type: Optional[str] = None) -> bool:
-        """Like the GPU runtime (``refuse_unaligned``): multi-block calls whose blocks are not a
-        multiple of that many bytes do not fit."""
-        k = self.world.refuse_unaligned
-        if not k:
-            return True
-        n = self.world_size
-        coll = plan.collective
-        blocks = {"allgather": (1, n), "reducescatter": (n, 1), "alltoall": (n, n)}.get(coll, (1, 1))
-        block = in_bytes // blocks[0]
-        return blocks[0] * blocks[1] == 1 or block % k == 0
-
-    # registration and staging (the GPU runtime's rules, on the CPU)
-    def empty_staging(self, numel: int, dtype: Any) -> Any:
-        t = self.empty(numel, dtype)
-        self._staging_ptrs.add(t.data_ptr())
-        return t
-
-    def release(self, tensors: list) -> None:
-        # collective, as on the GPU: every rank releases the corresponding buffers at the same call
-        self.world.exchange(self.rank, b"", f"release {len(tensors)} staging buffer(s)")
-        for t in tensors:
-            p = t.data_ptr()
-            for i, a in enumerate(self._allocs):
-                if a.data_ptr() == p:
-                    self.released.append(a.numel() * a.element_size())
-                    self._allocs[i] = _Freed(p)
-                    break
-
-    def staging_cap(self) -> Optional[int]:
-        return self.world.staging_cap
-
-    def staging_bytes(self) -> int:
-        """Bytes of staging held now."""
-        return sum(a.numel() * a.element_size() for a in self._allocs
-                   if not isinstance(a, _Freed) and a.data_ptr() in self._staging_ptrs)
-
-    def registration_mode(self) -> str:
+    @property
+    def mode(self) -> str:
         return self.registry.mode
 
     def zero_copy_ok(self, inp: Any, out: Any) -> bool:
         esz = inp.element_size()
-        return zero_copy_operands(self._sym_of, self.registry, inp.data_ptr(), out.data_ptr(),
+        return zero_copy_operands(self.symmetric.symmetric_of, self.registry, inp.data_ptr(), out.data_ptr(),
                                   inp.numel() * esz, out.numel() * esz) is not None
 
-    def buffer_class(self, tensor: Any) -> Any:
-        got = self._sym_of(tensor.data_ptr())
+    def classify(self, tensor: Any) -> Any:
+        got = self.symmetric.symmetric_of(tensor.data_ptr())
         if got is not None:
             return BufferName("sym", got.index)
         reg = self.registry.lookup(tensor.data_ptr(), tensor.numel() * tensor.element_size())
@@ -305,15 +327,16 @@ class SimBackend(Backend):
         sym: list[bool] = []
         for t in tensors:
             n = t.numel() * t.element_size()
-            if self.is_symmetric(t) or n == 0:
+            mine = self.symmetric.symmetric_of(t.data_ptr()) is not None
+            if mine or n == 0:
                 items.append((None, n, None))
-                sym.append(self.is_symmetric(t))
+                sym.append(mine)
                 continue
             st = t.untyped_storage()
-            old = self._storages.get(st.data_ptr())
+            old = self.storages.get(st.data_ptr())
             if old is None or old[2].expired() or old[0] != st.nbytes():
                 self._ids += 1   # a new allocation (a new storage at a reused address gets a new id)
-                self._storages[st.data_ptr()] = (st.nbytes(), self._ids, StorageWeakRef(st))
+                self.storages[st.data_ptr()] = (st.nbytes(), self._ids, StorageWeakRef(st))
             items.append((t.data_ptr(), n, StorageWeakRef(st)))
             sym.append(False)
         got = self.registry.register(items)
@@ -322,21 +345,57 @@ class SimBackend(Backend):
     def deregister(self, tensors: list) -> int:
         return self.registry.deregister([(t.data_ptr(), t.numel() * t.element_size()) for t in tensors])
 
-    def registration_uses(self, cls: Any) -> int:
+    def uses(self, cls: Any) -> int:
         if not (isinstance(cls, BufferName) and cls.kind == "reg"):
             return 0
         return self.registry.uses(cls.index)
 
-    def memory(self) -> dict[str, int]:
-        out = {"staging": self.staging_bytes()}
-        out.update(self.registry.memory())
-        return out
+    def begin_capture(self, arena_bytes: Optional[int] = None) -> bool:
+        return False
+
+    def end_capture(self, failed: bool = False) -> int:
+        return 0
+
+
+class SimLaunch:
+    """The simulator's launch part: every launch runs for all ranks at once on the world (after
+    the checks the GPU runtime makes: layout, granule, ``refuse_unaligned``). ``prepared``: the
+    plans prepared (for tests). No traced kernels."""
+
+    traces = False
+
+    def __init__(self, world: SimWorld, rank: int, allocs: SimAllocations, registry: SimRegistry) -> None:
+        self.world = world
+        self.rank = rank
+        self.symmetric = allocs
+        self.registry = registry.registry
+        self.prepared: list[str] = []
+
+    def launch_bound(self, bound: Any) -> bool:
+        return False
+
+    def runnable(self, plan: Plan) -> Optional[str]:
+        return None
+
+    def trace(self, plan: Plan, call: Call, packet_type: Optional[str] = None) -> Any:
+        raise RuntimeUnavailable(f"rank {self.rank}: the simulator has no traced kernels")
+
+    def fits(self, plan: Plan, in_bytes: int, out_bytes: int, packet_type: Optional[str] = None) -> bool:
+        """Like the GPU runtime (``refuse_unaligned``): multi-block calls whose blocks are not a
+        multiple of that many bytes do not fit."""
+        k = self.world.refuse_unaligned
+        if not k:
+            return True
+        n = self.world.world_size
+        blocks = {"allgather": (1, n), "reducescatter": (n, 1), "alltoall": (n, n)}.get(plan.collective, (1, 1))
+        block = in_bytes // blocks[0]
+        return blocks[0] * blocks[1] == 1 or block % k == 0
 
     def granule(self, plan: Plan) -> int:
         g = self.world.granule
         return int(g(plan)) if callable(g) else int(g)
 
-    def prepare(self, plan: Plan, call: Call, *, packet_type: Optional[str] = None) -> None:
+    def prepare_call(self, plan: Plan, call: Call, packet_type: Optional[str] = None) -> None:
         self.prepared.append(plan.name)
 
     def _check(self, plan: Plan, call: Call) -> None:
@@ -353,17 +412,17 @@ class SimBackend(Backend):
         if block % granule:
             raise CommError(f"rank {self.rank}: block of {block} bytes is not a multiple of the granule {granule}")
 
-    def execute(self, plan: Plan, call: Call, inp: Any, out: Any, *, packet_type: Optional[str] = None,
-                residual: Any = None, weight: Any = None) -> Any:
+    def run_call(self, plan: Plan, call: Call, packet_type: Optional[str] = None) -> Any:
         if call.epi is not None:
-            return self._execute_fused(plan, call, inp, out, residual, weight)
+            self._run_fused(plan, call)
+            return None
         self._check(plan, call)
         sym = None
         peers: tuple = (None, None)
         bases: tuple = (None, None)
         if infer_buffer_mode(plan) == SYMMETRIC:
-            zc = zero_copy_operands(self._sym_of, self.registry, call.in_ptr, call.out_ptr, call.in_bytes,
-                                    call.out_bytes)
+            zc = zero_copy_operands(self.symmetric.symmetric_of, self.registry, call.in_ptr, call.out_ptr,
+                                    call.in_bytes, call.out_bytes)
             if zc is None:
                 raise CommError(f"rank {self.rank}: zero-copy plan {plan.name} needs symmetric "
                                 "buffers (from Communicator.empty) or registered tensors")
@@ -381,45 +440,55 @@ class SimBackend(Backend):
             peers = tuple({q: a for q, a in b.peer_bases.items() if q != self.rank} if isinstance(b, Region)
                           else None for b in (zc.in_buf, zc.out_buf))
             bases = (zc.in_buf.base, zc.out_buf.base)
-        launch = _Launch(plan, torch_to_numpy(inp), out.numel(), call.op, packet_type, sym, call.accum, peers, bases)
+        dt = call.dtype.numpy
+        inp = _host(call.in_ptr, call.in_bytes, dt).copy()
+        launch = _Launch(plan, inp, call.out_bytes // call.dtype.itemsize, call.op, packet_type, sym, call.accum,
+                         peers, bases)
         res = self.world.launch(self.rank, launch)
-        out.reshape(-1).copy_(numpy_to_torch(res, out))
+        _host(call.out_ptr, call.out_bytes, dt)[:] = np.asarray(res).astype(dt, copy=False)
         return None
 
-    def _execute_fused(self, plan: Plan, call: Call, inp: Any, out: Any, residual: Any, weight: Any) -> None:
+    def _run_fused(self, plan: Plan, call: Call) -> None:
         """A fused (plan/2) call on the simulator: the residual is read and written."""
         from mscclang.sim.epilogue import EpilogueParams
 
         call.check_plan(plan)
         e = call.epi
-        q = dtype_info(e.fp8).numpy if e.fp8 is not None else None
-        params = EpilogueParams(e.hidden, torch_to_numpy(weight), e.eps, scale=e.scale, fp8=q)
-        launch = _Launch(plan, torch_to_numpy(inp), out.numel(), "sum", None, None,
-                         residual=torch_to_numpy(residual), epilogue=params)
+        if not e.weight_ptr:
+            raise CommError(f"rank {self.rank}: the simulator runs {plan.name} with a weight only")
+        dt = call.dtype.numpy
+        wdt = dtype_info(e.weight_dtype).numpy
+        weight = _host(e.weight_ptr, e.hidden * wdt.itemsize, wdt).copy()
+        residual = _host(e.residual_ptr, call.in_bytes, dt)
+        params = EpilogueParams(e.hidden, weight, e.eps, scale=e.scale, fp8=dtype_info(e.fp8).numpy if e.fp8 else None)
+        out_elems = call.out_bytes // (1 if e.fp8 else call.dtype.itemsize)
+        launch = _Launch(plan, _host(call.in_ptr, call.in_bytes, dt).copy(), out_elems, "sum", None, None,
+                         residual=residual.copy(), epilogue=params)
         res_out, new_res = self.world.launch(self.rank, launch)  # type: ignore[misc]
-        residual.reshape(-1).copy_(numpy_to_torch(new_res, residual))
-        if out.dtype.itemsize == 1:  # FP8: the bytes
-            import torch
-
-            out.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(np.ascontiguousarray(res_out).view(np.uint8)))
+        residual[:] = np.asarray(new_res).astype(dt, copy=False)
+        if e.fp8:   # the FP8 bytes
+            _host(call.out_ptr, call.out_bytes, np.uint8)[:] = np.ascontiguousarray(res_out).view(np.uint8)
         else:
-            out.reshape(-1).copy_(numpy_to_torch(res_out, out))
+            _host(call.out_ptr, call.out_bytes, dt)[:] = np.asarray(res_out).astype(dt, copy=False)
 
 
-class _Freed:
-    """A released staging buffer's place in :attr:`SimBackend._allocs` (keeps indices stable)."""
+class SimBackend(Engine):
+    """One rank's engine over a :class:`SimWorld` (CPU tensors): :class:`SimLaunch`, the GPU
+    runtime's :class:`~mscclang.runtime.staging.SymmetricMemory` over :class:`SimAllocations`
+    and a :class:`~mscclang.runtime.staging.StagingPool` capped at the world's ``staging_cap``,
+    and :class:`SimRegistry`; its lifecycle has nothing to wait for."""
 
-    def __init__(self, ptr: int) -> None:
-        self._ptr = ptr
+    def __init__(self, world: SimWorld, rank: int) -> None:
+        import torch
 
-    def data_ptr(self) -> int:
-        return -1
-
-    def numel(self) -> int:
-        return 0
-
-    def element_size(self) -> int:
-        return 1
+        self.world = world
+        allocs = SimAllocations(world, rank)
+        registry = SimRegistry(world, rank, allocs)
+        pool = StagingPool(lambda n, api: allocs.new(n, torch.uint8, "staging"), allocs.free, lambda tag: None,
+                           world.staging_cap if world.staging_cap is not None else 1 << 62, capturing, rank)
+        memory = SymmetricMemory(allocs, pool, registry.registry.memory)
+        super().__init__(SimLaunch(world, rank, allocs, registry), memory, registry, rank, world.world_size,
+                         torch.device("cpu"))
 
 
 @dataclass
@@ -442,21 +511,21 @@ class _SimIpc:
     """Registration's driver calls on the CPU: a registered tensor's storage stands for its
     allocation; a peer's allocation is "mapped" at its own address (one address space)."""
 
-    def __init__(self, backend: SimBackend) -> None:
-        self.backend = backend
+    def __init__(self, owner: SimRegistry) -> None:
+        self.owner = owner
         self.opened = 0
         self.closed = 0
 
     def describe(self, ptr: int) -> AllocInfo:
-        for base, (size, bid, _) in self.backend._storages.items():
+        for base, (size, bid, _) in self.owner.storages.items():
             if base <= ptr < base + max(size, 1):
-                bad = self.backend.world.unexportable
-                ok = not (bad is not None and bad(self.backend.rank, ptr))
+                bad = self.owner.world.unexportable
+                ok = not (bad is not None and bad(self.owner.rank, ptr))
                 return AllocInfo(base, size, bid, ok, "" if ok else "a simulated expandable segment")
         raise RuntimeUnavailable(f"{ptr:#x} is not in a known allocation")
 
     def export(self, base: int) -> bytes:
-        size, bid, _ = self.backend._storages[base]
+        size, bid, _ = self.owner.storages[base]
         return struct.pack("<QQQ", base, size, bid).ljust(64, b"\0")
 
     def open(self, handle: bytes) -> int:

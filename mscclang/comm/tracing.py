@@ -113,6 +113,6 @@ class Tracing:
 
 def check_traceable(backend: Any, rank: int) -> None:
     """RuntimeUnavailable unless ``backend`` can run traced launches (the GPU runtime's)."""
-    if backend is None or not getattr(backend, "traces", False):
+    if backend is None or not backend.launch.traces:
         raise RuntimeUnavailable(f"rank {rank}: comm.trace() needs the GPU runtime (traced kernels); on a "
                                  "CPU, `mscclang predict PLAN --trace FILE` writes the predicted timeline")

@@ -103,7 +103,8 @@ def warm_up(runs: "Launch", collectives: Optional[Iterable[str]] = None, dtype: 
     before = set(planner.memo)
     for kind in kinds:
         if kind == "symmetric":   # symmetric staging memory, released (collectively) below
-            big_in, big_out = be.empty_staging(ib // esz, dtype), be.empty_staging(ob // esz, dtype)
+            big_in = be.memory.empty(ib // esz, dtype, staging=True)
+            big_out = be.memory.empty(ob // esz, dtype, staging=True)
         else:
             big_in = torch.zeros(ib // esz, dtype=dtype, device=device)
             big_out = torch.zeros(ob // esz, dtype=dtype, device=device)
@@ -124,6 +125,6 @@ def warm_up(runs: "Launch", collectives: Optional[Iterable[str]] = None, dtype: 
         # keyed by the scratch's addresses: no later call finds them
         planner.forget([k for k in planner.memo if k not in before])
         if kind == "symmetric":
-            be.release([big_in, big_out])
+            be.memory.release([big_in, big_out])
         del big_in, big_out
     return done

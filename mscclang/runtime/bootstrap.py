@@ -130,7 +130,7 @@ class Bootstrap(StoreGroup):
 
     def _sym_release(self, allocs: list[SymAlloc]) -> None:
         """Close the peers' mappings of ``allocs`` and free them, here. Collective in effect: the
-        caller (:meth:`mscclang.runtime.executor.Executor.release_symmetric`) makes every rank
+        caller (:meth:`mscclang.runtime.staging.StagingPool.release`) makes every rank
         finish its GPU work and meet before any rank calls this, so no peer still reads or writes
         them."""
         for sa in allocs:

@@ -21,7 +21,8 @@ from mscclang.errors import InvalidCall, NotPrepared, RuntimeUnavailable
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.device_plan import MAX_FLAGS, SYNC_ABORT_OFF, SYNC_FLAGS_OFF, pack_blob
 from mscclang.runtime.packing import pack_blocks
-from mscclang.runtime.registration import ARENA_STRIDE, Region, ZeroCopy, allocator_config, zero_copy_operands
+from mscclang.runtime.registration import (ARENA_STRIDE, BufferName, Region, ZeroCopy, allocator_config,
+                                           zero_copy_operands)
 from mscclang.runtime.state import EntryKey, LaunchEntry, LoadedPlan, Operands, describe_call
 from mscclang.runtime.structs import CONSTANTS, PLAN_HEADER
 
@@ -49,7 +50,9 @@ class CaptureGlue:
     (its ``registry``, when it has one); ``forget(indices)`` drops what the runtime built on
     released registrations; ``capturing`` / ``capturing_now`` say whether the caller captures;
     ``error_record`` is the device address of the error record; ``check_tensor(t, what)`` checks
-    a tensor argument."""
+    a tensor argument.
+
+    It is the collective API's registry part (:class:`mscclang.comm.backend.RegistryPart`)."""
 
     def __init__(self, comm: Any, forget: Callable[[set], None], capturing: Callable[[], bool],
                  capturing_now: Callable[[], bool], error_record: int,
@@ -68,6 +71,19 @@ class CaptureGlue:
     def registry(self) -> Any:
         """The communicator's registry, or None."""
         return getattr(self.comm, "registry", None)
+
+    @property
+    def mode(self) -> str:
+        """The registry's mode (``auto``, ``explicit`` or ``off``); ``off`` without a registry."""
+        reg = self.registry
+        return reg.mode if reg is not None else "off"
+
+    def uses(self, cls: Any) -> int:
+        """Launches that ran on the registration a :meth:`classify` value names (0 for anything else)."""
+        reg = self.registry
+        if reg is None or not (isinstance(cls, BufferName) and cls.kind == "reg"):
+            return 0
+        return reg.uses(cls.index)
 
     def hook(self) -> None:
         """Have the registry tell us about released registrations (once)."""
@@ -193,8 +209,10 @@ class CaptureGlue:
 
     # collective steps ----------------------------------------------------------------------------
     def register(self, tensors: list) -> list[bool]:
-        """Collective: register ordinary CUDA tensors for zero-copy plans (see
-        :meth:`mscclang.runtime.executor.Executor.register`)."""
+        """Collective: register ordinary CUDA tensors for zero-copy plans (every rank passes its
+        corresponding tensors, in the same order). Returns, per tensor, whether zero-copy plans now
+        run on it directly (symmetric tensors: always). See :mod:`mscclang.runtime.registration`
+        for the rule. Not inside a CUDA graph capture (use :meth:`begin_capture`)."""
         from torch.multiprocessing.reductions import StorageWeakRef
 
         reg = self._need_registry()
@@ -218,7 +236,8 @@ class CaptureGlue:
         return [s or g is not None for s, g in zip(sym, res)]
 
     def deregister(self, tensors: list) -> int:
-        """Collective: drop the registrations of ``tensors``; how many were dropped."""
+        """Collective: drop the registrations of ``tensors`` (releasing their mappings and device
+        plans unless a captured graph uses them). Returns how many were dropped."""
         reg = self._need_registry()
         items = []
         for i, t in enumerate(tensors):
@@ -227,7 +246,9 @@ class CaptureGlue:
         return reg.deregister(items)
 
     def zero_copy_ok(self, input: Any, output: Any) -> bool:
-        """Whether a zero-copy plan runs on these tensors without staging."""
+        """Whether a zero-copy plan runs on these tensors without staging: both symmetric,
+        registered (or one of each, or one inside the other's registration), or, while capturing in
+        a capture session, exportable (registered at the session's end)."""
         esz = input.element_size()
         p, q = input.data_ptr(), output.data_ptr()
         a, b = input.numel() * esz, output.numel() * esz
@@ -243,9 +264,10 @@ class CaptureGlue:
         s = reg.session
         return bool(s is not None and s.enabled and self._capturing() and reg.can_defer(p, a, q, b))
 
-    def buffer_class(self, t: Any) -> Any:
-        """What a tensor is to zero-copy plans: a :class:`BufferName` (a symmetric allocation's, or
-        a registration's), ``"defer"`` (capturing in a session, exportable), or None."""
+    def classify(self, t: Any) -> Any:
+        """What a tensor is to zero-copy plans (part of the collective API's memo key): a
+        :class:`BufferName` (a symmetric allocation's, or a registration's), ``"defer"``
+        (capturing in a session, exportable), or None."""
         p = t.data_ptr()
         got = self.comm.symmetric_of(p)
         if got is not None:
@@ -263,7 +285,7 @@ class CaptureGlue:
             return "defer" if reg.exportable(p, n) else None
         return None
 
-    def begin(self, arena_bytes: Optional[int] = None) -> bool:
+    def begin_capture(self, arena_bytes: Optional[int] = None) -> bool:
         """Collective, before ``torch.cuda.graph`` starts: open a capture session (arena space
         left by earlier sessions, plus a new arena when that is less than ``arena_bytes``).
         Returns whether deferring is enabled (every rank runs the same allocator settings)."""
@@ -289,7 +311,7 @@ class CaptureGlue:
                 config += f"|arena failed on rank {self.comm.rank}: {e}"
         return reg.begin_capture(config).enabled
 
-    def end(self, failed: bool = False) -> int:
+    def end_capture(self, failed: bool = False) -> int:
         """Collective, after the capture ended: register the buffers of the calls captured in the
         session and write their device plans. Returns the number of calls registered."""
         reg = self._need_registry()

@@ -40,6 +40,7 @@ from mscclang.runtime.proxy import PortLaunch, PortProxy
 from mscclang.runtime.staging import StagingPool
 from mscclang.runtime.state import (
     Bound, LaunchEntry, LoadedPlan, Operands, Spec, SpecKey, describe_call, packet_code, plan_reduce_op,
+    runtime_granule,
 )
 from mscclang.runtime.topology import topology_from_env
 
@@ -60,7 +61,14 @@ class Executor:
     kernels are built (in the background; see :mod:`mscclang.runtime.entries`). ``watchdog``:
     what to do when a launch gives up while no host call would notice (CUDA graph replays):
     'raise' (default, env MSCCLANG_ASYNC_ERROR), 'abort' or 'log' (see
-    :mod:`mscclang.runtime.abort`)."""
+    :mod:`mscclang.runtime.abort`).
+
+    It is the collective API's launch part (:class:`mscclang.comm.backend.LaunchPart`:
+    :meth:`run_call`, :meth:`launch_bound`, :meth:`prepare_call`, :meth:`fits`, :meth:`granule`,
+    :meth:`runnable`, :meth:`trace`), its :attr:`capture` the registry part."""
+
+    #: the interpreter has a traced variant (:meth:`trace`)
+    traces = True
 
     def __init__(self, comm: Optional[Bootstrap] = None, timeout_s: Optional[float] = None,
                  cooperative: bool = False, specialize: Optional[str] = None,
@@ -89,6 +97,8 @@ class Executor:
         self.comm = comm
         self.timeout_ns = timeout_ns
         self._loaded: dict[int, LoadedPlan] = {}
+        self._runnable: dict[int, tuple[Plan, Optional[str]]] = {}   # id(plan) -> (plan, reason or None)
+        self._forced_granule = settings.comm_granule
         if not hasattr(self, "_last_call"):
             self._last_call = None
         self.arch = arch
@@ -139,12 +149,21 @@ class Executor:
     # loading ----------------------------------------------------------------------------------
     def runnable(self, plan: Plan) -> Optional[str]:
         """Why this executor cannot run ``plan`` (None when it can): the load-time checks, without
-        keeping the plan."""
-        try:
-            self._accept(plan)
-        except PlanError as e:
-            return str(e)
-        return None
+        keeping the plan (their answer is kept)."""
+        got = self._runnable.get(id(plan))
+        if got is None or got[0] is not plan:
+            try:
+                self._accept(plan)
+                got = (plan, None)
+            except PlanError as e:
+                got = (plan, str(e))
+            self._runnable[id(plan)] = got
+        return got[1]
+
+    def granule(self, plan: Plan) -> int:
+        """Bytes every block of a collective API call of ``plan`` must be a multiple of:
+        :func:`~mscclang.runtime.state.runtime_granule`, or ``$MSCCLANG_COMM_GRANULE`` when set."""
+        return self._forced_granule or runtime_granule(plan)
 
     def _accept(self, plan: Plan) -> int:
         r = self.comm.rank
@@ -355,21 +374,30 @@ class Executor:
         in microseconds from the rank's first op, its global-timer start, and where the launch
         departed from the plan's op order). Untraced calls never run the traced kernel.
         Collective like :meth:`execute`; never inside a CUDA graph capture."""
-        import dataclasses
+        lp = self._loaded_plan(plan)
+        self._traceable(lp)
+        return self.trace(lp, self.call(lp, input, output, reduce_op, accum_dtype), packet_type)
 
-        from mscclang.runtime.entries import device_plan_of
-        from mscclang.runtime.trace import decode, trace_words
-
+    def _traceable(self, lp: LoadedPlan) -> None:
+        """A traced launch of ``lp`` may start: no abort pending, no capture, no epilogue ops."""
         ab = self.abort
         if ab.aborted or ab.state():
             ab.check()
         if self._capturing():
             raise NotPrepared(f"rank {self.comm.rank}: a traced launch cannot be captured in a CUDA graph")
-        lp = self._loaded_plan(plan)
         if lp.epi is not None:
             raise InvalidCall(f"rank {self.comm.rank}: plan {lp.plan.name} has epilogue ops, which have no traced "
                               "kernel")
-        call = self.call(lp, input, output, reduce_op, accum_dtype)
+
+    def trace(self, plan: Union[Plan, LoadedPlan], call: Call, packet_type: Any = None) -> "RankTrace":
+        """:meth:`execute_traced` of a checked ``call`` (:meth:`call`; the collective API's)."""
+        import dataclasses
+
+        from mscclang.runtime.entries import device_plan_of
+        from mscclang.runtime.trace import decode, trace_words
+
+        lp = self._loaded_plan(plan)
+        self._traceable(lp)
         pkt = self._packet(lp, packet_type)
         s = self.launcher.current_stream()
         ent, opr = self.entries.resolve(lp, call, pkt, s, count=False)
@@ -475,54 +503,7 @@ class Executor:
 
         return bool(torch.cuda.is_current_stream_capturing())
 
-    # registration and capture ------------------------------------------------------------------
-    def register(self, tensors: list) -> list[bool]:
-        """Collective: register ordinary CUDA tensors for zero-copy plans (every rank passes its
-        corresponding tensors, in the same order). Returns, per tensor, whether zero-copy plans now
-        run on it directly (symmetric tensors: always). See :mod:`mscclang.runtime.registration`
-        for the rule. Not inside a CUDA graph capture (use :meth:`begin_graph_capture`)."""
-        return self.capture.register(tensors)
-
-    def deregister(self, tensors: list) -> int:
-        """Collective: drop the registrations of ``tensors`` (releasing their mappings and device
-        plans unless a captured graph uses them). Returns how many were dropped."""
-        return self.capture.deregister(tensors)
-
-    def zero_copy_ok(self, input: Any, output: Any) -> bool:
-        """Whether a zero-copy plan runs on these tensors without staging: both symmetric,
-        registered (or one of each, or one inside the other's registration), or, while capturing in
-        a capture session, exportable (registered at the session's end)."""
-        return self.capture.zero_copy_ok(input, output)
-
-    def buffer_class(self, t: Any) -> Any:
-        """What a tensor is to zero-copy plans (part of the collective API's memo key)."""
-        return self.capture.buffer_class(t)
-
-    def begin_graph_capture(self, arena_bytes: Optional[int] = None) -> bool:
-        """Collective, before ``torch.cuda.graph`` starts: open a capture session (see
-        :class:`~mscclang.runtime.capture.CaptureGlue`). Returns whether deferring is enabled."""
-        return self.capture.begin(arena_bytes)
-
-    def end_graph_capture(self, failed: bool = False) -> int:
-        """Collective, after the capture ended: register the buffers of the calls captured in the
-        session and write their device plans. Returns the number of calls registered."""
-        return self.capture.end(failed)
-
-    def release_symmetric(self, allocs: list, why: str = "staging") -> None:
-        """Collective: free symmetric allocations (staging) and everything built on them, see
-        :meth:`mscclang.runtime.staging.StagingPool.release`."""
-        self.staging.release(allocs, why)
-
-    def release_tensors(self, tensors: list) -> None:
-        """Collective: release the symmetric allocations holding ``tensors`` (the collective API's
-        staging above the cap, or outgrown)."""
-        allocs = []
-        for t in tensors:
-            got = self.comm.symmetric_of(t.data_ptr())
-            if got is not None:
-                allocs.append(got)
-        self.staging.release(allocs, "staging")
-
+    # staging --------------------------------------------------------------------------------------
     def _release(self, allocs: list, why: str) -> None:
         """Free symmetric allocations and everything built on them, once every rank's GPU
         finished its work and the ranks met (so no peer still reads or writes them)."""
@@ -566,8 +547,18 @@ class Executor:
 
     def synchronize(self) -> None:
         """Wait for this executor's launches and raise CollectiveTimeout if one gave up; bounded
-        (:meth:`mscclang.runtime.abort.Waits.synchronize`)."""
+        (:meth:`mscclang.runtime.abort.Waits.synchronize`). The device is idle then: the mappings
+        of registered tensors that died here are released (their peers' memory is freed once every
+        rank has done so), without waiting for the next registration step."""
         self.waits.synchronize()
+        reg = self.capture.registry
+        if reg is not None:
+            reg.prune()
+
+    def describe_call(self, desc: str) -> None:
+        """Name the call being set up (``""`` when done): the communicator's collective setup
+        steps name it when the ranks disagree."""
+        self.comm.call = desc
 
     # lifetime ---------------------------------------------------------------------------------
     def reset(self) -> None:

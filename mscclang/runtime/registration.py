@@ -96,7 +96,7 @@ def allocator_config() -> str:
 
 
 class BufferName(NamedTuple):
-    """What a buffer is to zero-copy plans (``Executor.buffer_class``, the executor's cache keys):
+    """What a buffer is to zero-copy plans (``CaptureGlue.classify``, the executor's cache keys):
     ``kind`` 'sym' (a caller's symmetric allocation), 'internal' (the runtime's staging) or 'reg'
     (a registration), and ``index``: the allocation's index or the registration's ``seq``. A
     NamedTuple, not a dataclass: it is hashed in every memo and launch-entry lookup, and a

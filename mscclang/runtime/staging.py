@@ -136,27 +136,63 @@ class StagingPool:
         """The staging kept for ``lp`` up to the cap ((None, None) before its first staged call)."""
         return self._kept.get(("plan", id(lp)), (None, None))
 
-    def held(self) -> list:
-        """Every buffer the pool keeps now."""
-        out: list = []
-        for pair in list(self._kept.values()) + list(self._big.values()):
-            for x in pair:
-                if x is not None and all(x is not y for y in out):
-                    out.append(x)
-        return out
-
     def clear(self) -> None:
         """Forget every kept buffer (close: the engine frees the allocations)."""
         self._kept.clear()
         self._big.clear()
 
 
-class TensorBuf:
-    """A staging buffer of an engine that stages through tensors (a CPU back end)."""
+class SymmetricMemory:
+    """The collective API's memory part (:class:`mscclang.comm.backend.MemoryPart`) over
+    ``comm``'s symmetric allocations (the GPU runtime's
+    :class:`~mscclang.runtime.bootstrap.Bootstrap`, or the simulator's allocations: ``alloc``,
+    ``symmetric_of``, ``tensor_of``, ``memory``), the padded staging of ``pool`` (the executor's
+    :class:`StagingPool`), and ``held()``, the rest of the engine's memory report."""
 
-    def __init__(self, tensor: Any, index: Optional[int] = None) -> None:
-        self.tensor = tensor
-        self.size = tensor.numel() * tensor.element_size()
-        self.index = index
-        self.pinned = False
-        self.temp = False
+    def __init__(self, comm: Any, pool: StagingPool, held: Callable[[], dict]) -> None:
+        self.comm = comm
+        self.pool = pool
+        self.held = held
+
+    @property
+    def cap(self) -> Optional[int]:
+        """Bytes of staging kept between calls."""
+        return self.pool.cap
+
+    def empty(self, numel: int, dtype: Any, staging: bool = False) -> Any:
+        """Collective: a zeroed symmetric tensor (``staging``: reported as staging)."""
+        return self.comm.alloc(numel, dtype, label="staging" if staging else "")
+
+    def is_symmetric(self, tensor: Any) -> bool:
+        """Whether ``tensor`` lies in a symmetric allocation of the caller's (not the runtime's own staging)."""
+        got = self.comm.symmetric_of(tensor.data_ptr())
+        return got is not None and not got.internal
+
+    def stage(self, role: str, nbytes: int, keep: bool = False) -> tuple[Any, bool, bool]:
+        """The pool's buffer for ``role`` (:meth:`StagingPool.buffer`) as a uint8 tensor, whether
+        it is temporary and whether it replaced the one kept before."""
+        sa, replaced = self.pool.buffer(role, nbytes, keep)
+        return self.comm.tensor_of(sa), sa.temp, replaced
+
+    def release(self, tensors: list) -> None:
+        """Collective: release the symmetric allocations holding ``tensors`` (staging above the
+        cap, or outgrown)."""
+        allocs = []
+        for t in tensors:
+            got = self.comm.symmetric_of(t.data_ptr())
+            if got is not None:
+                allocs.append(got)
+        self.pool.release(allocs, "staging")
+
+    def pin(self, tensors: list) -> None:
+        """Keep the allocations holding ``tensors`` until close."""
+        for t in tensors:
+            got = self.comm.symmetric_of(t.data_ptr())
+            if got is not None:
+                got.pinned = True
+
+    def memory(self) -> dict[str, int]:
+        """``held()`` and ``comm``'s report (symmetric memory, staging, registrations)."""
+        out = dict(self.held())
+        out.update(self.comm.memory())
+        return out

@@ -24,6 +24,17 @@ def packet_code(p: Any) -> str:
 
 
 
+def runtime_granule(plan: Plan) -> int:
+    """The runtime's granule for a collective API call of ``plan``: collectives whose buffers hold
+    several blocks (allgather, reduce-scatter, all-to-all) have block starts inside the buffer,
+    which the runtime needs aligned (packet offsets), so their blocks are padded to the plan's
+    ``buffer_alignment`` (at least 16 bytes); single-block calls take any element count. The CPU
+    engine can apply the same rule (``SimWorld(granule=runtime_granule)``)."""
+    if collective(plan.collective).multi_block:
+        return max(16, plan.buffer_alignment)
+    return 1
+
+
 def plan_reduce_op(plan: Plan) -> str:
     """The plan's reduce op: ``plan.reduce_op``, else the ops' (they must agree), else sum."""
     if plan.reduce_op is not None:

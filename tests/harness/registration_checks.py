@@ -168,7 +168,7 @@ def graph_ordinary(w: Any, colls=("all_reduce", "all_gather", "reduce_scatter", 
     labels: dict[str, str] = {}
     checked = 0
     graphs = []
-    cap = comm.backend.staging_cap()
+    cap = comm.backend.memory.cap
     try:
         for coll in colls:
             for nbytes in sizes:
