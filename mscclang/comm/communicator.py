@@ -15,6 +15,7 @@ import operator
 import os
 from typing import Any, Optional, Union
 
+from mscclang.comm.alltoallv import CountedCalls
 from mscclang.comm.backend import Engine, RuntimeBackend
 from mscclang.comm.catalog import Catalog
 from mscclang.comm.errors import CommError
@@ -117,6 +118,9 @@ class Communicator:
         self.planner = Planner(self.rank, self.world_size, self.device, self.backend, self.selector,
                                self._fallback is not None, self._note, self._runtime_error)
         self._runs = Launch(self.planner, self.backend, self._fallback, self._calls, self._note)
+        self._counted = CountedCalls(self.rank, self.world_size, self.device, lambda: self._backend,
+                                     lambda inp, out: self.all_gather(inp, out=out), self._runs.need_fallback,
+                                     self.catalog, self._note)
 
     @property
     def backend(self) -> Optional[Engine]:
@@ -285,6 +289,31 @@ class Communicator:
         out = tensor if out is None else out
         self._check_open("alltoall")
         return self._runs.call("alltoall", tensor, out, "sum")
+
+    def all_to_all_v(self, x: Any, send_counts: Any, *, out: Any = None) -> tuple[Any, Any]:
+        """All-to-all with per-peer row counts known on the device only (expert parallelism's
+        dispatch): ``x`` is ``[N, ...]`` rows, the rows for rank ``p`` after those for the ranks
+        before ``p``; ``send_counts`` an integer tensor of ``world_size`` entries on this
+        communicator's device (``send_counts[p]`` rows go to rank ``p``); ``out`` is
+        ``[capacity, ...]`` rows of ``x``'s shape and dtype, receiving the rows from rank ``p``
+        after those from the ranks before ``p``; the rows past them are left as they were.
+        Returns ``(out, recv_counts)``, ``recv_counts`` a device tensor of ``send_counts``'s dtype.
+
+        With ``out`` given the call does not synchronise with the host, so a CUDA graph captured
+        once replays it with new counts; every rank must pass an ``out`` of the same capacity.
+        Without ``out`` the call reads the exchanged counts on the host once (a synchronisation)
+        to size it. Counts that cannot run (negative, more rows than ``x`` holds or ``out`` takes)
+        raise :class:`~mscclang.errors.CountsError` on every rank, naming the rank and the count.
+        Rows may be any dtype mscclang moves (fp8 included) and any width that is a multiple of 4
+        bytes. The plans are the ``alltoallv_*`` of the library (:mod:`mscclang.comm.alltoallv`);
+        ``last_all_to_all_v`` names the one the last call ran (None: torch.distributed)."""
+        self._check_open("all_to_all_v")
+        return self._counted.all_to_all_v(x, send_counts, out)
+
+    @property
+    def last_all_to_all_v(self) -> Optional[str]:
+        """The plan the last :meth:`all_to_all_v` ran (None: the torch.distributed fallback)."""
+        return self._counted.last
 
     def broadcast(self, tensor: Any, root: int = 0) -> Any:
         """Copy ``root``'s ``tensor`` into every rank's ``tensor`` (in place)."""

@@ -293,6 +293,17 @@ class TorchFallback:
             return
         dist.all_to_all_single(out, src, group=self.group)
 
+    def all_to_all_v(self, inp: Any, out: Any, sends: list, recvs: list) -> None:
+        """``all_to_all_single`` with splits: ``sends[q]`` rows of ``inp`` to rank ``q``, ``recvs[p]``
+        rows of ``out`` from rank ``p`` (rows: the first dimension)."""
+        import torch.distributed as dist
+
+        pg = self.own_backend
+        if pg is not None:
+            pg.alltoall_base(out, inp, list(recvs), list(sends), dist.AllToAllOptions()).wait()
+            return
+        dist.all_to_all_single(out, inp, list(recvs), list(sends), group=self.group)
+
     def broadcast(self, tensor: Any, root: int) -> None:
         import torch.distributed as dist
 

@@ -99,6 +99,11 @@ class _Launch:
     #: plan/2 (fused) launches: this rank's residual and the epilogue's parameters
     residual: Optional[np.ndarray] = None
     epilogue: Any = None
+    #: plan/3 (segments) launches: the count matrix as the exchange left it, the row's bytes and
+    #: the scratch slot's rows
+    counts: Optional[list] = None
+    row_bytes: int = 0
+    capacity: int = 0
 
 
 class SimWorld:
@@ -160,6 +165,11 @@ class SimWorld:
         assert first is not None
         for r, s in enumerate(slots):
             assert s is not None
+            if s.counts is not None:
+                if s.counts != first.counts or (s.row_bytes, s.capacity) != (first.row_bytes, first.capacity):
+                    raise CommError(f"rank {r} launched {first.plan.name} with another count matrix, row or capacity "
+                                    "than rank 0")
+                continue
             if s.inp.nbytes != first.inp.nbytes or s.out_elems != first.out_elems:
                 raise CommError(f"rank {r} launched {first.plan.name} with other sizes than rank 0")
             if s.reduce_op != first.reduce_op or s.accum != first.accum:
@@ -176,6 +186,10 @@ class SimWorld:
                                         f"registered {what} at {addr:#x}, but it is at {want:#x}")
         inputs = [s.inp for s in slots]  # type: ignore[union-attr]
         self._slots = [None] * self.world_size  # free for the next launch
+        if first.counts is not None:
+            self._results = self._counted(first, inputs, [s.out_elems for s in slots])  # type: ignore[union-attr]
+            self.launches.append(first.plan.name)
+            return
         if first.residual is not None:
             from mscclang.sim.fused import run_fused
 
@@ -194,6 +208,33 @@ class SimWorld:
             outs = reference_outputs(first.plan, inputs, first.out_elems, first.reduce_op)
         self._results = list(outs)
         self.launches.append(first.plan.name)
+
+    def _counted(self, first: _Launch, inputs: list[np.ndarray], out_elems: list[int]) -> list[np.ndarray]:
+        """A plan with segments, for every rank: the count matrix checked as the GPU checks it,
+        then the simulator (or, with the reference engine, the rows moved by definition). Each
+        rank's output holds what it received and, past it, its output as it was."""
+        from mscclang.comm.alltoallv import counted_call_of
+        from mscclang.sim.counted import run_counted
+
+        plan, rb = first.plan, first.row_bytes
+        call = counted_call_of(plan, first.counts, rb, first.capacity,   # CountsError alike on every rank
+                               [k // rb for k in out_elems])
+        raw = [x.view(np.uint8) for x in inputs]
+        outs = [np.zeros(n * x.itemsize, np.uint8) for n, x in zip(out_elems, inputs)]
+        if self.engine == "sim":
+            got = run_counted(plan, raw, call.counts, rb, out_rows=call.out_rows, capacity=call.capacity,
+                              packet_type=first.packet_type or "LL16")
+        else:
+            n = len(inputs)
+            got = [np.concatenate([np.zeros(0, np.uint8)] + [raw[p][sum(call.counts[p][:r]) * rb:
+                                                                     sum(call.counts[p][:r + 1]) * rb]
+                                                              for p in range(n)]) for r in range(n)]
+        results = []
+        for r, (o, g) in enumerate(zip(outs, got)):
+            recv = sum(row[r] for row in call.counts) * rb
+            o[:recv] = g[:recv]
+            results.append((o, recv))
+        return results
 
     def launch(self, rank: int, launch: _Launch) -> np.ndarray:
         self._slots[rank] = launch
@@ -398,6 +439,19 @@ class SimLaunch:
     def prepare_call(self, plan: Plan, call: Call, packet_type: Optional[str] = None) -> None:
         self.prepared.append(plan.name)
 
+    def _run_counted(self, plan: Plan, call: Call, packet_type: Optional[str]) -> None:
+        """A plan with segments: the count matrix read where the call names it (int32, as the
+        exchange left it), the rows received written into the output, the rest left as it was."""
+        a = call.counted
+        assert a is not None
+        n = call.world
+        m = _host(a.counts_ptr, n * (2 * n + 2) * 4, np.int32).reshape(n, 2 * n + 2).tolist()
+        inp = _host(call.in_ptr, call.in_bytes, np.uint8).copy()
+        launch = _Launch(plan, inp, call.out_bytes, call.op, packet_type, None, counts=m, row_bytes=a.row_bytes,
+                         capacity=a.capacity)
+        res, nbytes = self.world.launch(self.rank, launch)
+        _host(call.out_ptr, call.out_bytes, np.uint8)[:nbytes] = res[:nbytes]
+
     def _check(self, plan: Plan, call: Call) -> None:
         """What this engine needs beyond the checked call: the plan runs the buffers as they are
         (:meth:`~mscclang.plan.call.Call.check_plan`), whole granules (and, like the GPU runtime
@@ -415,6 +469,9 @@ class SimLaunch:
     def run_call(self, plan: Plan, call: Call, packet_type: Optional[str] = None) -> Any:
         if call.epi is not None:
             self._run_fused(plan, call)
+            return None
+        if call.counted is not None:
+            self._run_counted(plan, call, packet_type)
             return None
         self._check(plan, call)
         sym = None

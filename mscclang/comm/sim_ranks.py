@@ -4,6 +4,7 @@ torch.distributed's part)."""
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -85,6 +86,25 @@ class _BoundFallback:
 
     def broadcast(self, tensor: Any, root: int) -> None:
         self.fb._run("broadcast", self.rank, tensor.clone(), tensor, root=root)
+
+    def all_to_all_v(self, inp: Any, out: Any, sends: list, recvs: list) -> None:
+        """Rows by the definition: every rank's input and send counts exchanged, this rank's
+        rows picked out in rank order."""
+        import pickle
+
+        import torch
+
+        row = inp[0].numel() * inp.element_size() if inp.dim() and inp.shape[0] else 0
+        mine = inp.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        every = [pickle.loads(b) for b in self.fb.world.exchange(self.rank, pickle.dumps((mine, list(sends), row)),
+                                                                 "all_to_all_v")]
+        got = b"".join(data[sum(s[: self.rank]) * rb: sum(s[: self.rank + 1]) * rb] for data, s, rb in every)
+        width = math.prod(out.shape[1:]) * out.element_size()
+        if len(got) != sum(recvs) * width:
+            raise CommError(f"rank {self.rank}: all_to_all_v: the splits disagree with the rows received")
+        if got:
+            out.reshape(-1).view(torch.uint8)[: len(got)].copy_(torch.frombuffer(bytearray(got), dtype=torch.uint8))
+        self.fb.calls.append("all_to_all_v")
 
     def send_recv(self, inp: Any, out: Any, rank: int, world_size: int) -> None:
         self.fb._run("sendrecv", self.rank, inp.clone(), out)

@@ -22,7 +22,7 @@ from mscclang.plan.dtypes import (EPILOGUE_DTYPES, DtypeInfo, check_reduction, f
                                   torch_dtype_info)
 from mscclang.plan.models import ReduceOp
 
-__all__ = ["Call", "EpiCall", "FusedArgs", "make_call", "message_call", "check_tensor", "overlap", "reduce_op_name",
+__all__ = ["Call", "CountedArgs", "EpiCall", "FusedArgs", "make_call", "make_counted_call", "message_call", "check_tensor", "overlap", "reduce_op_name",
            "MIN_HIDDEN", "MAX_HIDDEN", "PARTIAL"]
 
 #: the fused collective's hidden sizes: multiples of PARTIAL from MIN_HIDDEN to MAX_HIDDEN
@@ -105,6 +105,22 @@ class EpiCall:
 
 
 @dataclass(frozen=True)
+class CountedArgs:
+    """The part of a :class:`Call` of a collective with data-dependent counts (all-to-all-v):
+    the address of the call's count matrix (int32 ``[world][2 world + 2]`` in device memory:
+    row ``i`` is what rank ``i`` contributed: its counts to every rank, its input rows, its
+    output rows, the rows it expects from every rank or -1; docs/semantics.md, "Data-dependent
+    counts"), the bytes of one row, this rank's input and output rows and the rows of a
+    scratch slot (``capacity``, the same on every rank)."""
+
+    counts_ptr: int
+    row_bytes: int
+    in_rows: int
+    out_rows: int
+    capacity: int
+
+
+@dataclass(frozen=True)
 class Call:
     """One checked call: its :class:`~mscclang.plan.collectives.Collective` row, this ``rank`` of
     ``world``, the input and output addresses and bytes, the element type ``dtype`` (the input's;
@@ -127,6 +143,7 @@ class Call:
     shape: BlockShape
     epi: Optional[EpiCall] = None
     root: int = 0
+    counted: Optional[CountedArgs] = None
 
     @property
     def empty(self) -> bool:
@@ -245,6 +262,47 @@ def make_call(coll: Union[str, Collective], rank: int, world: int, device: Any, 
             raise InvalidCall(f"rank {rank}: {name} input and output overlap but are not the in-place layout "
                               f"({where})")
     return Call(row, rank, world, in_ptr, in_b, out_ptr, out_b, dt, opname, acc, inplace, shape, root=root)
+
+
+#: the columns of a count matrix's row beyond the counts: the input rows, the output rows
+COUNT_COLUMNS = 2
+
+
+def make_counted_call(coll: Union[str, Collective], rank: int, world: int, device: Any, x: Any, out: Any,
+                      counts: Any, capacity: int, owner: str = "communicator") -> Call:
+    """The :class:`Call` of a collective with data-dependent counts (``all_to_all_v``) after
+    checking its tensors (InvalidCall naming the first thing wrong): ``x`` and ``out`` contiguous
+    on ``device``, of one dtype mscclang moves, at least 1-D, rows of the same shape (``x[i]``
+    and ``out[i]``: the rows moved), a row a multiple of 4 bytes, not overlapping; ``counts``
+    the call's int32 ``[world, 2 world + 2]`` count matrix on ``device``. ``capacity``: the rows
+    of a scratch slot, the same on every rank."""
+    row = coll if isinstance(coll, Collective) else collective_row(coll)
+    name = row.api or row.name
+    for what, t in (("x", x), ("out", out), ("the count matrix", counts)):
+        check_tensor(t, f"{name}: {what}", rank, device, owner)
+    dt = _info(x, rank, f"{name}: x")
+    if out.dtype != x.dtype:
+        raise InvalidCall(f"rank {rank}: {name}: out has dtype {out.dtype}, x {x.dtype} (they must match)")
+    if x.dim() < 1 or out.dim() != x.dim() or tuple(out.shape[1:]) != tuple(x.shape[1:]):
+        raise InvalidCall(f"rank {rank}: {name}: x of shape {tuple(x.shape)} and out of shape {tuple(out.shape)} "
+                          "must be rows of one shape (they may differ in the first dimension only)")
+    esz = x.element_size()
+    width = math.prod(x.shape[1:])
+    row_bytes = width * esz
+    if row_bytes == 0 or row_bytes % 4:
+        raise InvalidCall(f"rank {rank}: {name}: a row of x ({tuple(x.shape[1:])} x {x.dtype}) is {row_bytes} bytes; "
+                          "rows must be a positive multiple of 4 bytes")
+    if getattr(counts, "dtype", None) is None or "int32" not in str(counts.dtype) or \
+            tuple(counts.shape) != (world, 2 * world + COUNT_COLUMNS):
+        raise InvalidCall(f"rank {rank}: {name}: the count matrix must be int32 of shape "
+                          f"({world}, {2 * world + COUNT_COLUMNS}), got {getattr(counts, 'dtype', None)} "
+                          f"{tuple(getattr(counts, 'shape', ()))}")
+    in_b, out_b = x.numel() * esz, out.numel() * esz
+    if in_b and out_b and overlap(x.data_ptr(), in_b, out.data_ptr(), out_b):
+        raise InvalidCall(f"rank {rank}: {name}: x and out overlap (the call runs out of place)")
+    args = CountedArgs(counts.data_ptr(), row_bytes, x.shape[0], out.shape[0], capacity)
+    return Call(row, rank, world, x.data_ptr(), in_b, out.data_ptr(), out_b, dt, "sum", None, False,
+                BlockShape(1, 1, x.numel()), counted=args)
 
 
 def _root(row: Collective, rank: int, world: int, root: Any) -> int:
