@@ -64,8 +64,10 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import math
 from dataclasses import dataclass
 from functools import cache
+from fractions import Fraction
 from typing import Any, Callable, Optional
 
 import torch
@@ -497,8 +499,19 @@ class MscclangProcessGroup(dist.ProcessGroup):
         reason = self._fallback_reason([output, input])
         if every and len({x for r in every for side in r for x in side}) == 1 and not reason:   # equal everywhere
             return self._run(opts, [output], self.communicator.all_to_all, input.reshape(-1), out=output.view(-1))
+        words = None if reason else _as_words(input, output, [x for r in every for side in r for x in side])
+        if words is not None:   # uneven splits: the all-to-all-v plans, the splits copied to the device
+            x, out, scale = words
+            counts, expect = (torch.tensor([int(k * scale) for k in ks], dtype=torch.int32, device=self._device)
+                              for ks in (ins, outs))
+            if every:   # the splits agreed through the store: the largest output of any rank sizes the scratch
+                cap = int(max(sum(r[1]) for r in every) * scale)
+                return self._run(opts, [output], self.communicator.all_to_all_v, x, counts, out=out, capacity=cap)
+            # no store: the counts agreed on the device; the exchanged counts read once size the call
+            return self._run(opts, [output], lambda: out.copy_(self.communicator.all_to_all_v(
+                x, counts, expect_counts=expect)[0]))
         o, i = (output, input) if output_splits or input_splits else (_flat(output), _flat(input))
-        return self._to_inner("all_to_all", reason or "explicit splits", [output, input],
+        return self._to_inner("all_to_all", reason or "splits that are not whole 4-byte words", [output, input],
                               lambda g: g.alltoall_base(o, i, output_splits, input_splits, opts))
 
     def alltoall_base(self, output: Any, input: Any, output_splits: list, input_splits: list,  # noqa: A002
@@ -593,6 +606,19 @@ def _shows(t: Any) -> str:
     if not isinstance(t, torch.Tensor):
         return f"a {type(t).__name__}, not a tensor"
     return f"a tensor of shape {tuple(t.shape)}, {t.dtype}, on {t.device}"
+
+
+def _as_words(x: Any, out: Any, splits: list) -> Optional[tuple[Any, Any, Fraction]]:
+    """``x`` and ``out`` as the rows :meth:`Communicator.all_to_all_v` moves, with its rows per
+    split row: their own rows when a row is whole 4-byte words, else (rows of 1 or 2 bytes) 4-byte
+    words when every split is whole words; None when neither is."""
+    row = math.prod(x.shape[1:]) * x.element_size()
+    if row % 4 == 0:
+        return x, out, Fraction(1)
+    if any(k * row % 4 for k in splits):
+        return None
+    return (x.reshape(-1).view(torch.uint8).view(torch.int32), out.reshape(-1).view(torch.uint8).view(torch.int32),
+            Fraction(row, 4))
 
 
 def _flat(t: Any) -> Any:

@@ -170,3 +170,29 @@ def test_an_engine_without_segments_falls_back_to_torch(monkeypatch) -> None:
         want = _reference(counts, xs, r)
         assert plan is None and torch.equal(got[: len(want)], want)
     assert fb.calls == ["all_to_all_v"] * n
+
+
+def test_expectations_and_capacities_that_disagree_raise_on_every_rank() -> None:
+    n = 2
+
+    def body(comm):
+        msgs = []
+        r = comm.rank
+        try:   # rank 1 expects 3 rows from rank 0, which sends it 2
+            comm.all_to_all_v(torch.ones(4, 4), torch.tensor([2, 2]), expect_counts=torch.tensor([2, 2] if r == 0 else [3, 2]))
+        except CountsError as e:
+            msgs.append(str(e))
+        try:   # outputs of different capacities, none given
+            comm.all_to_all_v(torch.ones(4, 4), torch.tensor([2, 2]), out=torch.zeros(4 + r, 4))
+        except CountsError as e:
+            msgs.append(str(e))
+        got, _ = comm.all_to_all_v(torch.full((4, 4), float(r)), torch.tensor([2, 2]), out=torch.zeros(4 + r, 4),
+                                   capacity=5)
+        return msgs, got
+
+    res, _, _ = run_ranks(n, body, plans=_plans(n), engine="sim")
+    assert res[0][0] == res[1][0]
+    assert "rank 1 expects 3 rows from rank 0, but rank 0 sends it 2" in res[0][0][0]
+    assert "passed a capacity of 5 rows, rank 0 4" in res[0][0][1]
+    for r, (_, got) in enumerate(res):
+        assert torch.equal(got[:4], torch.cat([torch.zeros(2, 4), torch.ones(2, 4)]))

@@ -145,3 +145,35 @@ def test_methods_called_without_options_use_the_defaults(catalog):
 
     results, _, fb = run_ranks(WORLD, body, catalog=catalog, tuning=load_tuning(), engine="sim")
     assert results == [True, True] and fb.calls == []
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_uneven_all_to_alls_run_the_all_to_all_v_plans(catalog, world):
+    """``all_to_all_single`` with explicit splits (zeros among them) and list ``all_to_all`` of
+    unequal sizes run on the all-to-all-v plans: rows of 2-D tensors, and 1-D 16-bit tensors as
+    4-byte words; every rank's bytes against the result computed locally."""
+    def body(comm):
+        pg, r, n = _pg(comm), comm.rank, comm.world_size
+        sends = [[(p + 2 * q) % 3 * 2 for q in range(n)] for p in range(n)]   # rank p sends sends[p][q] to q
+        recvs = [sends[p][r] for p in range(n)]
+        rows = [torch.arange(sum(sends[p]) * 3, dtype=torch.float32).view(-1, 3) + 100 * p for p in range(n)]
+        out = torch.full((sum(recvs), 3), -1.0)
+        pg.alltoall_base(out, rows[r], recvs, sends[r], _opts(dist.AllToAllOptions)).wait()
+        want = torch.cat([rows[p][sum(sends[p][:r]): sum(sends[p][: r + 1])] for p in range(n)])
+        assert torch.equal(out, want)
+        assert comm.last_all_to_all_v is not None and comm.last_all_to_all_v.startswith("alltoallv_")
+        flat = [(torch.arange(sum(sends[p]), dtype=torch.int32) + 1000 * p).to(torch.bfloat16) for p in range(n)]
+        out = torch.zeros(sum(recvs), dtype=torch.bfloat16)
+        pg.alltoall_base(out, flat[r], recvs, sends[r], _opts(dist.AllToAllOptions)).wait()
+        want = torch.cat([flat[p][sum(sends[p][:r]): sum(sends[p][: r + 1])] for p in range(n)])
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+        ins = [torch.full((sends[r][q],), float(10 * r + q)) for q in range(n)]
+        outs = [torch.empty(recvs[p]) for p in range(n)]
+        pg.alltoall(outs, ins, _opts(dist.AllToAllOptions)).wait()
+        assert all(torch.equal(o, torch.full((recvs[p],), float(10 * p + r))) for p, o in enumerate(outs))
+        assert pg._inner == {}
+        return True
+
+    results, _, fb = run_ranks(world, body, catalog=catalog, tuning=load_tuning(), engine="sim")
+    assert results == [True] * world
+    assert fb.calls == []   # every call ran a plan

@@ -61,7 +61,8 @@ class CountedCalls:
         """The count matrix of the last exchange (int32 ``[n, 2 n + 2]``, on the device)."""
         return self._matrix
 
-    def all_to_all_v(self, x: Any, send_counts: Any, out: Any = None, expect: Any = None) -> tuple[Any, Any]:
+    def all_to_all_v(self, x: Any, send_counts: Any, out: Any = None, expect: Any = None,
+                     capacity: Optional[int] = None) -> tuple[Any, Any]:
         """See :meth:`mscclang.comm.communicator.Communicator.all_to_all_v`."""
         import torch
 
@@ -96,8 +97,11 @@ class CountedCalls:
             total = sum(host[p][r] for p in range(n))
             out = x.new_empty((total, *x.shape[1:]))
             capacity = max(sum(host[p][q] for p in range(n)) for q in range(n))
-        else:
+        elif capacity is None:
             capacity = int(out.shape[0])
+        elif isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < out.shape[0]:
+            raise InvalidCall(f"rank {r}: {what}: capacity {capacity!r} must be an int of at least out's "
+                              f"{out.shape[0]} rows")
         call = make_counted_call(ALLTOALLV, r, n, self.device, x, out, m, capacity)
         plan = self._choose(call, x, out)
         if plan is None:

@@ -290,7 +290,8 @@ class Communicator:
         self._check_open("alltoall")
         return self._runs.call("alltoall", tensor, out, "sum")
 
-    def all_to_all_v(self, x: Any, send_counts: Any, *, out: Any = None) -> tuple[Any, Any]:
+    def all_to_all_v(self, x: Any, send_counts: Any, *, out: Any = None, capacity: Optional[int] = None,
+                     expect_counts: Any = None) -> tuple[Any, Any]:
         """All-to-all with per-peer row counts known on the device only (expert parallelism's
         dispatch): ``x`` is ``[N, ...]`` rows, the rows for rank ``p`` after those for the ranks
         before ``p``; ``send_counts`` an integer tensor of ``world_size`` entries on this
@@ -300,7 +301,12 @@ class Communicator:
         Returns ``(out, recv_counts)``, ``recv_counts`` a device tensor of ``send_counts``'s dtype.
 
         With ``out`` given the call does not synchronise with the host, so a CUDA graph captured
-        once replays it with new counts; every rank must pass an ``out`` of the same capacity.
+        once replays it with new counts. ``capacity`` is the most rows any rank's ``out`` takes,
+        the same on every rank (default: ``out``'s rows, which must then be the same on every
+        rank); it sizes the plans' scratch. ``expect_counts`` (like ``send_counts``): the rows this
+        rank expects from each rank (torch.distributed's output splits); a rank whose expectation
+        differs from what its sender sends raises :class:`~mscclang.errors.CountsError` on every
+        rank.
         Without ``out`` the call reads the exchanged counts on the host once (a synchronisation)
         to size it. Counts that cannot run (negative, more rows than ``x`` holds or ``out`` takes)
         raise :class:`~mscclang.errors.CountsError` on every rank, naming the rank and the count.
@@ -308,7 +314,7 @@ class Communicator:
         bytes. The plans are the ``alltoallv_*`` of the library (:mod:`mscclang.comm.alltoallv`);
         ``last_all_to_all_v`` names the one the last call ran (None: torch.distributed)."""
         self._check_open("all_to_all_v")
-        return self._counted.all_to_all_v(x, send_counts, out)
+        return self._counted.all_to_all_v(x, send_counts, out, expect_counts, capacity)
 
     @property
     def last_all_to_all_v(self) -> Optional[str]:

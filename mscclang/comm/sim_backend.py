@@ -34,7 +34,7 @@ from mscclang.comm.backend import Engine
 from mscclang.comm.catalog import SYMMETRIC, infer_buffer_mode
 from mscclang.comm.errors import CommError
 from mscclang.comm.launch import capturing
-from mscclang.errors import CallMismatch, PlanError, RuntimeUnavailable
+from mscclang.errors import CallMismatch, CountsError, PlanError, RuntimeUnavailable
 from mscclang.plan import reference
 from mscclang.plan.call import Call
 from mscclang.plan.collectives import collective
@@ -166,9 +166,12 @@ class SimWorld:
         for r, s in enumerate(slots):
             assert s is not None
             if s.counts is not None:
-                if s.counts != first.counts or (s.row_bytes, s.capacity) != (first.row_bytes, first.capacity):
-                    raise CommError(f"rank {r} launched {first.plan.name} with another count matrix, row or capacity "
-                                    "than rank 0")
+                if s.counts != first.counts or s.row_bytes != first.row_bytes:
+                    raise CommError(f"rank {r} launched {first.plan.name} with another count matrix or row than "
+                                    "rank 0")
+                if s.capacity != first.capacity:
+                    raise CountsError(f"rank {r} passed a capacity of {s.capacity} rows, rank 0 {first.capacity}: "
+                                      "every rank passes the same (the most rows any rank's out takes)")
                 continue
             if s.inp.nbytes != first.inp.nbytes or s.out_elems != first.out_elems:
                 raise CommError(f"rank {r} launched {first.plan.name} with other sizes than rank 0")
