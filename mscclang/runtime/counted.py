@@ -1,0 +1,277 @@
+"""The GPU executor's side of data-dependent counts (plans with segmented buffers,
+docs/semantics.md "Data-dependent counts"): the device format of segment ops and count checks,
+and what a launch of such a plan needs.
+
+A segment op's device record (flag ``FLAG_SEGMENTS``) holds no lengths: piece ``t`` names its
+count entry ``i * n + j``, and each operand a word that the kernel turns into a byte offset with
+the call's count matrix, ``row_bytes`` and ``capacity`` (``executor/plan_layout.cuh``): a scratch
+slot ``k`` starts at ``k * capacity * row_bytes``; segment ``k`` of a packed input or output
+after the rows of the ``k`` segments before it in the owner rank's buffer, whose entries lie in
+the plan's *segment table* (one u32 list per segmented buffer, identical lists stored once). So
+the records depend on the plan alone; the sizes, the matrix's device address and the tables go
+into the header (:func:`counted_blob`). Every block checks the matrix against the plan's
+*count checks* (:func:`count_tables`, the same on every rank) before any data moves and aborts
+with ``WHAT_COUNTS``, which the host raises as :class:`~mscclang.errors.CountsError`
+(:func:`counts_error_text`). :func:`evaluate_record` computes what the kernel computes, on the
+host, so tests hold the format to the simulator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from mscclang.errors import PlanError
+from mscclang.plan.layout import Piece, counted_layouts
+from mscclang.plan.models import BufferKind, BufferRef, Op, Plan, ThreadBlock
+from mscclang.plan.segments import ref_entries, ref_target
+from mscclang.runtime.structs import CONSTANTS, COUNT_CHECK, PLAN_HEADER
+
+SEG_SLOT = CONSTANTS["SEG_SLOT"]
+CHECK_NONNEG, CHECK_EXPECT, CHECK_INPUT, CHECK_OUTPUT, CHECK_SCRATCH = (
+    CONSTANTS[k] for k in ("CHECK_NONNEG", "CHECK_EXPECT", "CHECK_INPUT", "CHECK_OUTPUT", "CHECK_SCRATCH"))
+WHAT_COUNTS = CONSTANTS["WHAT_COUNTS"]
+_KINDS = (BufferKind.input, BufferKind.output, BufferKind.scratch)
+
+
+@dataclass(frozen=True)
+class CountedLaunch:
+    """What one launch of a plan with segments needs beyond a plain call: ``counts_ptr``, the
+    device address of the int32 count matrix ``[n][2n+2]`` (fixed per communicator, so a CUDA
+    graph replays with the counts written between replays), ``row_bytes``, ``capacity`` (rows of
+    a scratch slot, the same on every rank) and this rank's ``in_rows`` / ``out_rows``."""
+
+    counts_ptr: int
+    row_bytes: int
+    capacity: int
+    in_rows: int
+    out_rows: int
+
+    @property
+    def in_bytes(self) -> int:
+        return self.in_rows * self.row_bytes
+
+    @property
+    def out_bytes(self) -> int:
+        return self.out_rows * self.row_bytes
+
+
+@dataclass(frozen=True)
+class CountCheck:
+    """One constraint on the count matrix (``CHECK_*`` of plan_layout.cuh): ``kind``, the
+    ``rank`` it bounds, and the ``count`` entries of the segment table from ``first`` (for
+    ``CHECK_EXPECT``: the senders ``0 .. count-1``)."""
+
+    kind: int
+    rank: int
+    first: int
+    count: int
+
+
+@dataclass(frozen=True)
+class CountTables:
+    """The segment table of a plan (``words``: count entries ``i * n + j``; ``lists``: where
+    rank ``r``'s buffer ``kind`` starts in it) and its count checks, in the order the kernel
+    reports the first that fails. The same on every rank."""
+
+    n: int
+    words: tuple[int, ...]
+    lists: dict[tuple[int, BufferKind], int]
+    checks: tuple[CountCheck, ...]
+
+    def entries(self, first: int, count: int) -> list[tuple[int, int]]:
+        """The ``(i, j)`` entries of ``count`` words from ``first``."""
+        return [divmod(w, self.n) for w in self.words[first:first + count]]
+
+
+def count_tables(plan: Plan) -> CountTables:
+    """:class:`CountTables` of ``plan``: every count a segment of any rank names is at least 0;
+    every rank's stated expectations match the senders' counts; each rank's packed input and
+    output segments fit its rows; each scratch segment fits a slot."""
+    n = len(plan.gpus)
+    words: list[int] = []
+    seen: dict[tuple[int, ...], int] = {}
+    lists: dict[tuple[int, BufferKind], int] = {}
+    for g in plan.gpus:
+        for kind in _KINDS:
+            sb = g.segmented(kind)
+            if sb is None:
+                continue
+            key = tuple(i * n + j for i, j in sb.entries())
+            if key not in seen:
+                seen[key] = len(words)
+                words += key
+            lists[(g.id, kind)] = seen[key]
+    sizes = {k: len(plan.gpus[k[0]].segmented(k[1]).entries()) for k in lists}  # type: ignore[union-attr]
+    checks = [CountCheck(CHECK_NONNEG, r, lists[(r, k)], sizes[(r, k)]) for (r, k) in lists]
+    checks += [CountCheck(CHECK_EXPECT, i, 0, n) for i in range(n)] if lists else []
+    for kind, code in ((BufferKind.input, CHECK_INPUT), (BufferKind.output, CHECK_OUTPUT),
+                       (BufferKind.scratch, CHECK_SCRATCH)):
+        checks += [CountCheck(code, r, lists[(r, k)], sizes[(r, k)]) for (r, k) in lists if k == kind]
+    return CountTables(n, tuple(words), lists, tuple(checks))
+
+
+def segment_pieces(plan: Plan, tables: CountTables, rank: int, tb: ThreadBlock, op: Op,
+                   refs: Sequence[BufferRef]) -> Optional[list[tuple[int, int, tuple[int, ...]]]]:
+    """The device pieces of one record over segments, ``(entry, 0, operand words)`` per
+    segment (None: the record moves chunks). The plan check holds the operands to one entry per
+    segment (:func:`mscclang.plan.segments.check_segments`)."""
+    entries = ref_entries(plan, rank, tb, op, refs[0])
+    if entries is None:
+        return None
+    targets = [ref_target(plan, rank, tb, op, r) for r in refs]
+    out = []
+    for t, (i, j) in enumerate(entries):
+        words = []
+        for ref, target in zip(refs, targets):
+            if target is None:
+                raise PlanError(f"rank {rank} thread block {tb.id}: a segment operand does not resolve")
+            k = ref.index + t
+            words.append((k << 32) | (SEG_SLOT if target[1] == BufferKind.scratch else tables.lists[target]))
+        out.append((i * tables.n + j, 0, tuple(words)))
+    return out
+
+
+def counted_layout_of(plan: Plan, rank: int, launch: CountedLaunch):  # type: ignore[no-untyped-def]
+    """``rank``'s layout for ``launch`` (its chunk ops' grid, its scratch)."""
+    n = len(plan.gpus)
+    return counted_layouts(plan, [launch.in_bytes] * n, [launch.out_bytes] * n,
+                           launch.capacity * launch.row_bytes)[rank]
+
+
+def counted_scratch_bytes(plan: Plan, launch: CountedLaunch) -> int:
+    """Scratch bytes every rank allocates for ``launch``: the largest rank's slots."""
+    n = len(plan.gpus)
+    return max(lay.scratch_alloc_bytes for lay in counted_layouts(
+        plan, [launch.in_bytes] * n, [launch.out_bytes] * n, launch.capacity * launch.row_bytes))
+
+
+def counted_blob(blob: bytes, tables: CountTables, launch: CountedLaunch) -> bytes:
+    """A device plan (``pack_blob``'s bytes) with the counts in its header and the segment
+    table and count checks appended (16-byte aligned)."""
+    head = PLAN_HEADER.unpack(blob)
+    out = bytearray(blob)
+    out += b"\0" * (-len(out) % 16)
+    seg_off = len(out)
+    out += b"".join(w.to_bytes(4, "little") for w in tables.words)
+    out += b"\0" * (-len(out) % 16)
+    check_off = len(out)
+    for c in tables.checks:
+        out += COUNT_CHECK.pack(kind=c.kind, rank=c.rank, first=c.first, count=c.count)
+    if len(out) >= 2**32:
+        raise PlanError(f"device plan of {len(out)} bytes exceeds 4 GiB")
+    head.update(counts=launch.counts_ptr, row_bytes=launch.row_bytes, capacity=launch.capacity,
+                seg_table=seg_off, check_table=check_off, n_ranks=tables.n, n_checks=len(tables.checks))
+    out[:PLAN_HEADER.size] = PLAN_HEADER.pack(**head)
+    return bytes(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernel's arithmetic, on the host
+
+
+def matrix(counts: Sequence[Sequence[int]], in_rows: Sequence[int], out_rows: Sequence[int],
+           expect: Optional[Sequence[Sequence[int]]] = None) -> list[list[int]]:
+    """The device count matrix ``[n][2n+2]``: row ``i`` is ``counts[i]``, ``in_rows[i]``,
+    ``out_rows[i]``, then the rows rank ``i`` expects from each rank (``-1``: not stated)."""
+    n = len(counts)
+    return [list(counts[i]) + [in_rows[i], out_rows[i]] + (list(expect[i]) if expect else [-1] * n)
+            for i in range(n)]
+
+
+def check_failure(tables: CountTables, m: Sequence[Sequence[int]], capacity: int) -> Optional[dict[str, int]]:
+    """The error record fields the kernel writes for matrix ``m`` (None: the counts pass): the
+    first failing check's ``kind``, ``rank``, entry ``i``, ``j`` (-1 for sums), ``seen`` (the
+    count, sum or sender's count) and ``bound``."""
+    n = tables.n
+    for c in tables.checks:
+        if c.kind == CHECK_EXPECT:
+            for j in range(n):
+                want = m[c.rank][n + 2 + j]
+                if want >= 0 and want != m[j][c.rank]:
+                    return dict(kind=c.kind, rank=c.rank, i=c.rank, j=j, seen=m[j][c.rank], bound=want)
+            continue
+        ents = tables.entries(c.first, c.count)
+        if c.kind in (CHECK_INPUT, CHECK_OUTPUT):
+            total = sum(m[i][j] for i, j in ents)
+            bound = m[c.rank][n if c.kind == CHECK_INPUT else n + 1]
+            if total > bound:
+                return dict(kind=c.kind, rank=c.rank, i=-1, j=-1, seen=total, bound=bound)
+            continue
+        for i, j in ents:
+            v = m[i][j]
+            if (c.kind == CHECK_NONNEG and v < 0) or (c.kind == CHECK_SCRATCH and v > capacity):
+                return dict(kind=c.kind, rank=c.rank, i=i, j=j, seen=v, bound=0 if c.kind == CHECK_NONNEG else capacity)
+    return None
+
+
+def counts_error_text(kind: int, rank: int, i: int, j: int, seen: int, bound: int) -> str:
+    """The one line of a failed count check (the kernel's error record, or
+    :func:`check_failure`)."""
+    if kind == CHECK_NONNEG:
+        return f"count [{i}][{j}] is {seen} (a segment of rank {rank}): counts must be at least 0"
+    if kind == CHECK_EXPECT:
+        return f"rank {i} expects {bound} rows from rank {j}, rank {j} sends {seen}"
+    if kind == CHECK_SCRATCH:
+        return f"rank {rank}: count [{i}][{j}] = {seen} rows passes the capacity of {bound} rows (a scratch segment)"
+    what, verb = ("input", "sends") if kind == CHECK_INPUT else ("output", "receives")
+    return (f"rank {rank}: its {what} segments hold {seen} rows (the counts it {verb}), more than its {what}'s "
+            f"{bound} rows")
+
+
+@dataclass(frozen=True)
+class EvalPiece:
+    """One piece of a segment record as the kernel computes it: ``length`` bytes at the plain
+    byte ``offsets`` of each operand's buffer (packet operands live at twice those)."""
+
+    length: int
+    offsets: tuple[int, ...]
+
+
+def evaluate_record(rec, tables: CountTables, m: Sequence[Sequence[int]], row_bytes: int,  # type: ignore[no-untyped-def]
+                    capacity: int) -> list[EvalPiece]:
+    """The byte pieces a block moves for segment record ``rec``
+    (:class:`~mscclang.runtime.spec_source.Rec`) and matrix ``m``: the kernel's ``run_data``
+    over segments (run-time total, the thread-block-group split, each piece's offsets)."""
+    from mscclang.runtime.spec_source import op_range
+
+    def offset(w: int) -> int:
+        k, lo = w >> 32, w & 0xFFFFFFFF
+        if lo == SEG_SLOT:
+            return k * capacity * row_bytes
+        return row_bytes * sum(m[i][j] for i, j in tables.entries(lo, k))
+
+    lens = [m[e // tables.n][e % tables.n] * row_bytes for e, _, _ in rec.pieces]
+    a, b = op_range(dataclasses.replace(rec, total=sum(lens)), None, 0)
+    out: list[EvalPiece] = []
+    pos = 0
+    for ln, (_, _, words) in zip(lens, rec.pieces):
+        lo, hi = max(a, pos), min(b, pos + ln)
+        if lo < hi:
+            out.append(EvalPiece(hi - lo, tuple(offset(w) + lo - pos for w in words)))
+        pos += ln
+    return out
+
+
+def merged(pieces: Sequence[Piece | EvalPiece]) -> list[tuple[int, tuple[int, ...]]]:
+    """``(length, offsets)`` of ``pieces`` with empty ones dropped and adjacent ones merged (to
+    compare cuts of the same bytes)."""
+    out: list[tuple[int, tuple[int, ...]]] = []
+    for p in pieces:
+        if p.length <= 0:
+            continue
+        if out and all(a + out[-1][0] == b for a, b in zip(out[-1][1], p.offsets)):
+            out[-1] = (out[-1][0] + p.length, out[-1][1])
+        else:
+            out.append((p.length, tuple(p.offsets)))
+    return out
+
+
+def pack_counted(plan: Plan, rank: int, launch: CountedLaunch, static: Optional[dict] = None):  # type: ignore[no-untyped-def]
+    """``rank``'s block regions for ``launch`` (:func:`mscclang.runtime.packing.pack_blocks` on
+    the counted layout; the segment records do not depend on it, chunk ops on scratch do)."""
+    from mscclang.runtime.packing import pack_blocks
+
+    return pack_blocks(plan, rank, launch.in_bytes, launch.out_bytes, static,
+                       layout=counted_layout_of(plan, rank, launch))
