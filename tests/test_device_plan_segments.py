@@ -172,3 +172,12 @@ def test_port_channels_over_segments_are_refused_naming_the_op() -> None:
             Rank(r).copy(output_of(r)[r], input_of(r)[r], tb=1)
     with pytest.raises(PlanError, match=r"rank 0 thread block 0 op 0 \(put\): port channels do not move segments yet"):
         check_runnable(prog.to_plan())
+
+
+def test_the_specialised_kernel_leaves_segment_plans_to_the_interpreter() -> None:
+    from mscclang.errors import SpecUnsupported
+    from mscclang.runtime.spec_source import generate
+
+    plan = build_alltoallv_simple(2)
+    with pytest.raises(SpecUnsupported, match="runs on the interpreter"):
+        generate(plan, pack_counted(plan, 0, CountedLaunch(0, 8, 4, 8, 8)), "f32", "ll16", "sum")
