@@ -19,8 +19,9 @@ host, so tests hold the format to the simulator.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from mscclang.errors import PlanError
 from mscclang.plan.layout import Piece, counted_layouts
@@ -275,3 +276,94 @@ def pack_counted(plan: Plan, rank: int, launch: CountedLaunch, static: Optional[
 
     return pack_blocks(plan, rank, launch.in_bytes, launch.out_bytes, static,
                        layout=counted_layout_of(plan, rank, launch))
+
+
+# ---------------------------------------------------------------------------------------------
+# launching (the executor's entry point for plans with segments)
+
+
+def run_counted_launch(ex: Any, plan: Plan, input: Any, output: Any, launch: CountedLaunch,  # noqa: A002
+                       packet_type: Any = None, stream: Any = None) -> None:
+    """Launch ``plan`` (a plan with segments) on this rank of executor ``ex`` with torch tensors
+    ``input`` (at least ``launch.in_bytes``) and ``output`` (at least ``launch.out_bytes``) on
+    the current torch stream (or ``stream``). The kernel reads the count matrix at
+    ``launch.counts_ptr`` when it runs and checks it first (every rank reaches the same verdict;
+    a failed check raises :class:`~mscclang.errors.CountsError` at the next call or
+    synchronisation, on every rank). The first launch of a (sizes, capacity, counts address,
+    buffers) builds its device plan (collective when the scratch grows): do it before a CUDA
+    graph capture; the capture then replays with whatever counts the matrix holds. A zero-copy
+    plan runs on symmetric buffers only. InvalidCall for a plan without segments, a row size
+    the plan cannot move or tensors smaller than the launch. Collective: every rank calls it
+    with the same plan, ``row_bytes`` and ``capacity``."""
+    from mscclang.errors import InvalidCall, NotPrepared
+    from mscclang.plan.call import check_tensor
+    from mscclang.plan.dtypes import kernel_code, torch_dtype_info
+    from mscclang.plan.segments import row_alignment
+    from mscclang.runtime.device_plan import pack_blob
+    from mscclang.runtime import cuda as cu
+    from mscclang.runtime.state import DevPlan, DevPlanKey, LaunchEntry, Operands
+
+    ab = ex.abort
+    if ab.aborted or ab.state():
+        ab.check()
+    r = ex.comm.rank
+    lp = ex.load(plan)
+    if not plan.has_segments() or lp.has_port:
+        raise InvalidCall(f"rank {r}: plan {plan.name} " + ("has port channels, which do not run with segments yet"
+                                                            if lp.has_port else "has no segments: run it with execute"))
+    align = row_alignment(plan)
+    if launch.row_bytes < 1 or launch.row_bytes % align or launch.capacity < 0 or min(launch.in_rows, launch.out_rows) < 0:
+        raise InvalidCall(f"rank {r}: row_bytes must be a positive multiple of {align} and capacity and rows at least "
+                          f"0, got row_bytes={launch.row_bytes}, capacity={launch.capacity}, in_rows={launch.in_rows}, "
+                          f"out_rows={launch.out_rows}")
+    for what, t, need in (("input", input, launch.in_bytes), ("output", output, launch.out_bytes)):
+        check_tensor(t, what, r, ex.comm.device)
+        if t.numel() * t.element_size() < need:
+            raise InvalidCall(f"rank {r}: the {what} holds {t.numel() * t.element_size()} bytes, the launch "
+                              f"needs {need}")
+    info = torch_dtype_info(input.dtype)
+    if info is None or not info.gpu:
+        raise InvalidCall(f"rank {r}: dtype {input.dtype} is not one the GPU runs")
+    pkt = ex._packet(lp, packet_type)
+    s = ex.launcher.current_stream() if stream is None else int(getattr(stream, "cuda_stream", stream))
+    in_ptr, out_ptr = input.data_ptr(), output.data_ptr()
+    sym_in = sym_out = None
+    opr = Operands()
+    if lp.zero_copy:
+        sym_in, sym_out = ex.comm.symmetric_of(in_ptr), ex.comm.symmetric_of(out_ptr)
+        if sym_in is None or sym_out is None or sym_in.internal or sym_out.internal:
+            raise InvalidCall(f"rank {r}: plan {plan.name} writes into the peers' buffers: run it on symmetric "
+                              "buffers (Communicator.alloc)")
+        opr = Operands("sym", in_ptr - sym_in.base, out_ptr - sym_out.base)
+    row = ("counted", launch.counts_ptr, launch.row_bytes, launch.capacity)
+    key = DevPlanKey(launch.in_bytes, launch.out_bytes, getattr(sym_in, "index", None),
+                     getattr(sym_out, "index", None), row)   # type: ignore[arg-type]
+    ctx = lp.ctx
+    dp = ctx.plans.get(key) if ctx is not None and ctx.scratch_bytes >= counted_scratch_bytes(plan, launch) else None
+    dt = kernel_code(info.code)
+    f = ex.kernels.interpreter(dt, pkt, lp.default_op, lp.nthreads)
+    if dp is None:
+        if ex.launcher.stream_capturing(s):
+            raise NotPrepared(f"rank {r}: the first launch of plan {plan.name} at these sizes sets up its device "
+                              "plan: launch it once before capturing")
+        ctx = ex.contexts.ensure(lp, launch.in_bytes, launch.out_bytes, need=counted_scratch_bytes(plan, launch))
+        packed = pack_counted(plan, r, launch, lp.static)
+        addr = ex.contexts.addresses(lp, ctx, sym_in, sym_out, packed)
+        blob = counted_blob(pack_blob(plan, packed, addr, ctx.sync), count_tables(plan), launch)
+        p = _upload(blob, s)
+        smem = max((len(b.region) for b in packed.blocks), default=16)
+        dp = DevPlan(p, len(blob), len(packed.blocks), smem, packed.packet_align, packed.uses_packets, packed, addr)
+        ex.kernels.fit(f, lp.nthreads, dp.smem, dp.n_blocks, f"rank {r}", dp.uses_packets, dp.packet_align, pkt)
+        ctx.plans[key] = dp
+    ent = LaunchEntry(f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), None, None, ctx, None)
+    ab.user_thread = threading.get_ident()
+    ex.run(lp, ent, opr, in_ptr, out_ptr, launch.in_bytes, launch.out_bytes, s)
+
+
+def _upload(blob: bytes, stream: int) -> int:
+    """``blob`` in device memory, copied on ``stream`` (ordered before the launch that follows)."""
+    from mscclang.runtime import cuda as cu
+
+    p = cu.mem_alloc(len(blob))
+    cu.htod(p, blob, stream)
+    return p
