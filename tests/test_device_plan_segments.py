@@ -17,13 +17,14 @@ from mscclang.errors import CountsError
 from mscclang.plan.models import MAX_MESSAGE_SIZE
 from mscclang.plan.segments import CountedCall, check_counts, count_cases, counted_call
 from mscclang.runtime.counted import (
-    CHECK_EXPECT, CHECK_INPUT, CHECK_NONNEG, CHECK_OUTPUT, CHECK_SCRATCH, CountedLaunch, check_failure, count_tables,
-    counted_blob, counts_error_text, evaluate_record, matrix, merged, pack_counted,
+    CHECK_EXPECT, CHECK_INPUT, CHECK_NONNEG, CHECK_OUTPUT, CHECK_SCRATCH, CountedLaunch, count_tables, counted_blob,
+    counts_error_text, matrix, pack_counted,
 )
 from mscclang.runtime.device_plan import DOP_DATA, FLAG_SEGMENTS, check_runnable
 from mscclang.runtime.spec_source import parse_region
 from mscclang.runtime.structs import COUNT_CHECK, PLAN_HEADER
 from mscclang.sim.program import sim_program
+from tests.harness.counted_format import check_failure, evaluate_record, merged
 
 BUILDERS = (build_alltoallv_ll, build_alltoallv_simple, build_alltoallv_zero_copy)
 

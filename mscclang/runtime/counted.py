@@ -12,19 +12,17 @@ the records depend on the plan alone; the sizes, the matrix's device address and
 into the header (:func:`counted_blob`). Every block checks the matrix against the plan's
 *count checks* (:func:`count_tables`, the same on every rank) before any data moves and aborts
 with ``WHAT_COUNTS``, which the host raises as :class:`~mscclang.errors.CountsError`
-(:func:`counts_error_text`). :func:`evaluate_record` computes what the kernel computes, on the
-host, so tests hold the format to the simulator.
+(:func:`counts_error_text`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from mscclang.errors import PlanError
-from mscclang.plan.layout import Piece, counted_layouts
+from mscclang.plan.layout import counted_layouts
 from mscclang.plan.models import BufferKind, BufferRef, Op, Plan, ThreadBlock
 from mscclang.plan.segments import ref_entries, ref_target
 from mscclang.runtime.structs import CONSTANTS, COUNT_CHECK, PLAN_HEADER
@@ -169,7 +167,7 @@ def counted_blob(blob: bytes, tables: CountTables, launch: CountedLaunch) -> byt
 
 
 # ---------------------------------------------------------------------------------------------
-# the kernel's arithmetic, on the host
+# the host's side of the count matrix
 
 
 def matrix(counts: Sequence[Sequence[int]], in_rows: Sequence[int], out_rows: Sequence[int],
@@ -181,35 +179,8 @@ def matrix(counts: Sequence[Sequence[int]], in_rows: Sequence[int], out_rows: Se
             for i in range(n)]
 
 
-def check_failure(tables: CountTables, m: Sequence[Sequence[int]], capacity: int) -> Optional[dict[str, int]]:
-    """The error record fields the kernel writes for matrix ``m`` (None: the counts pass): the
-    first failing check's ``kind``, ``rank``, entry ``i``, ``j`` (-1 for sums), ``seen`` (the
-    count, sum or sender's count) and ``bound``."""
-    n = tables.n
-    for c in tables.checks:
-        if c.kind == CHECK_EXPECT:
-            for j in range(n):
-                want = m[c.rank][n + 2 + j]
-                if want >= 0 and want != m[j][c.rank]:
-                    return dict(kind=c.kind, rank=c.rank, i=c.rank, j=j, seen=m[j][c.rank], bound=want)
-            continue
-        ents = tables.entries(c.first, c.count)
-        if c.kind in (CHECK_INPUT, CHECK_OUTPUT):
-            total = sum(m[i][j] for i, j in ents)
-            bound = m[c.rank][n if c.kind == CHECK_INPUT else n + 1]
-            if total > bound:
-                return dict(kind=c.kind, rank=c.rank, i=-1, j=-1, seen=total, bound=bound)
-            continue
-        for i, j in ents:
-            v = m[i][j]
-            if (c.kind == CHECK_NONNEG and v < 0) or (c.kind == CHECK_SCRATCH and v > capacity):
-                return dict(kind=c.kind, rank=c.rank, i=i, j=j, seen=v, bound=0 if c.kind == CHECK_NONNEG else capacity)
-    return None
-
-
 def counts_error_text(kind: int, rank: int, i: int, j: int, seen: int, bound: int) -> str:
-    """The one line of a failed count check (the kernel's error record, or
-    :func:`check_failure`)."""
+    """The one line of a failed count check (from the kernel's error record)."""
     if kind == CHECK_NONNEG:
         return f"count [{i}][{j}] is {seen} (a segment of rank {rank}): counts must be at least 0"
     if kind == CHECK_EXPECT:
@@ -219,54 +190,6 @@ def counts_error_text(kind: int, rank: int, i: int, j: int, seen: int, bound: in
     what, verb = ("input", "sends") if kind == CHECK_INPUT else ("output", "receives")
     return (f"rank {rank}: its {what} segments hold {seen} rows (the counts it {verb}), more than its {what}'s "
             f"{bound} rows")
-
-
-@dataclass(frozen=True)
-class EvalPiece:
-    """One piece of a segment record as the kernel computes it: ``length`` bytes at the plain
-    byte ``offsets`` of each operand's buffer (packet operands live at twice those)."""
-
-    length: int
-    offsets: tuple[int, ...]
-
-
-def evaluate_record(rec, tables: CountTables, m: Sequence[Sequence[int]], row_bytes: int,  # type: ignore[no-untyped-def]
-                    capacity: int) -> list[EvalPiece]:
-    """The byte pieces a block moves for segment record ``rec``
-    (:class:`~mscclang.runtime.spec_source.Rec`) and matrix ``m``: the kernel's ``run_data``
-    over segments (run-time total, the thread-block-group split, each piece's offsets)."""
-    from mscclang.runtime.spec_source import op_range
-
-    def offset(w: int) -> int:
-        k, lo = w >> 32, w & 0xFFFFFFFF
-        if lo == SEG_SLOT:
-            return k * capacity * row_bytes
-        return row_bytes * sum(m[i][j] for i, j in tables.entries(lo, k))
-
-    lens = [m[e // tables.n][e % tables.n] * row_bytes for e, _, _ in rec.pieces]
-    a, b = op_range(dataclasses.replace(rec, total=sum(lens)), None, 0)
-    out: list[EvalPiece] = []
-    pos = 0
-    for ln, (_, _, words) in zip(lens, rec.pieces):
-        lo, hi = max(a, pos), min(b, pos + ln)
-        if lo < hi:
-            out.append(EvalPiece(hi - lo, tuple(offset(w) + lo - pos for w in words)))
-        pos += ln
-    return out
-
-
-def merged(pieces: Sequence[Piece | EvalPiece]) -> list[tuple[int, tuple[int, ...]]]:
-    """``(length, offsets)`` of ``pieces`` with empty ones dropped and adjacent ones merged (to
-    compare cuts of the same bytes)."""
-    out: list[tuple[int, tuple[int, ...]]] = []
-    for p in pieces:
-        if p.length <= 0:
-            continue
-        if out and all(a + out[-1][0] == b for a, b in zip(out[-1][1], p.offsets)):
-            out[-1] = (out[-1][0] + p.length, out[-1][1])
-        else:
-            out.append((p.length, tuple(p.offsets)))
-    return out
 
 
 def pack_counted(plan: Plan, rank: int, launch: CountedLaunch, static: Optional[dict] = None):  # type: ignore[no-untyped-def]
