@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from mscclang import AllToAllV, PlanError
+from mscclang import AllToAllV, Buffer, PlanError, ThreadBlockGroup
 from mscclang.algorithms.alltoallv import build_alltoallv_ll, build_alltoallv_simple, build_alltoallv_zero_copy
-from mscclang.algorithms.common import input_of, mesh_program, output_of, port_mesh
+from mscclang.algorithms.common import input_of, mesh_program, output_of, peers, port_mesh
 from mscclang.dsl import Rank
 from mscclang.errors import CountsError
 from mscclang.plan.models import MAX_MESSAGE_SIZE
@@ -68,6 +68,30 @@ def test_segment_records_evaluate_to_the_simulators_pieces(builder, n: int) -> N
                                 out_rows=[sum(case.counts[p][r] for p in range(n)) + rng.randrange(3) for r in range(n)])
             compared += _compare(plan, call)
     assert compared >= len(count_cases(n)) * 2 * n * (n - 1)
+
+
+def _tbg_plan(n: int):  # type: ignore[no-untyped-def]
+    """Thread-block groups over segments: a copy of every input segment into its scratch slot
+    (several pieces, packed into slots) split over 3 blocks, puts over 2, a copy over 2."""
+    with mesh_program("a2av_tbg", AllToAllV, n, 1, False, "Simple", 1024, None, 0, MAX_MESSAGE_SIZE) as (prog, ch):
+        scratch = [Buffer(r, segments=[(r, p) for p in range(n)]) for r in range(n)]
+        for r in range(n):
+            inp, out, me = input_of(r), output_of(r), Rank(r)
+            me.copy(scratch[r][0:n], inp[0:n], tb_group=ThreadBlockGroup([0, 1, 2]))
+            for j, p in enumerate(peers(r, n)):
+                ch[(r, p)].put(output_of(p)[r], inp[p], tb_group=ThreadBlockGroup([3 + 2 * j, 4 + 2 * j]))
+            me.copy(out[r], scratch[r][r], tb_group=ThreadBlockGroup([0, 1]))
+    return prog.to_plan()
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_thread_block_groups_split_the_run_time_total_as_the_simulator(n: int) -> None:
+    plan = _tbg_plan(n)
+    assert any(op.tbg_info is not None and op.tbg_info.tbg_size == 3 for op in plan.gpus[0].threadblocks[0].ops)
+    for case in count_cases(n, rows=5, seed=n):
+        for row_bytes in (8, 24):
+            cap = max([v for row in case.counts for v in row] + [1]) + 1
+            assert _compare(plan, counted_call(plan, case.counts, row_bytes, capacity=cap)) > 0
 
 
 def test_segment_records_do_not_depend_on_sizes_or_counts() -> None:
