@@ -206,3 +206,10 @@ def test_the_specialised_kernel_leaves_segment_plans_to_the_interpreter() -> Non
     plan = build_alltoallv_simple(2)
     with pytest.raises(SpecUnsupported, match="runs on the interpreter"):
         generate(plan, pack_counted(plan, 0, CountedLaunch(0, 8, 4, 8, 8)), "f32", "ll16", "sum")
+
+
+def test_a_plan_with_segments_is_not_packed_for_a_message_size() -> None:
+    from mscclang.runtime.packing import pack_blocks
+
+    with pytest.raises(PlanError, match="execute_counted"):
+        pack_blocks(build_alltoallv_ll(2), 0, 1024, 1024)

@@ -485,6 +485,9 @@ def pack_blocks(plan: Plan, rank: int, input_bytes: int, output_bytes: int,
     row of a row-chunked fused plan (:func:`mscclang.plan.layout.make_layout`). ``layout``: the
     rank's layout when given (a call of a plan with segments:
     :func:`mscclang.runtime.counted.counted_layout_of`)."""
+    if layout is None and plan.has_segments():
+        raise PlanError(f"plan {plan.name!r} has segmented buffers: its sizes come from a call's counts, not a "
+                        "message size; run it with Executor.execute_counted", f"gpus[{rank}].segments")
     layout = layout or make_layout(plan, rank, input_bytes, output_bytes, row_bytes)
     pk = _Packer(plan, rank, layout, static)
     blocks = [pk.block(tb) for tb in plan.gpus[rank].threadblocks]
