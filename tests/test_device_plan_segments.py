@@ -13,7 +13,7 @@ from mscclang import AllToAllV, Buffer, PlanError, ThreadBlockGroup
 from mscclang.algorithms.alltoallv import build_alltoallv_ll, build_alltoallv_simple, build_alltoallv_zero_copy
 from mscclang.algorithms.common import input_of, mesh_program, output_of, peers, port_mesh
 from mscclang.dsl import Rank
-from mscclang.errors import CountsError
+from mscclang.errors import CountsError, InvalidCall, NotPrepared
 from mscclang.plan.models import MAX_MESSAGE_SIZE
 from mscclang.plan.segments import CountedCall, check_counts, count_cases, counted_call
 from mscclang.runtime.counted import (
@@ -213,3 +213,134 @@ def test_a_plan_with_segments_is_not_packed_for_a_message_size() -> None:
 
     with pytest.raises(PlanError, match="execute_counted"):
         pack_blocks(build_alltoallv_ll(2), 0, 1024, 1024)
+
+
+# -- the executor's launch, on the host (fake CUDA, fake collaborators) ------------------------
+
+
+class _Tensor:
+    """What the launch reads of a CUDA tensor."""
+
+    def __init__(self, nbytes: int, addr: int) -> None:
+        import torch
+
+        self.dtype, self.is_cuda, self.device = torch.int32, True, "cuda:0"
+        self._n, self._a = nbytes // 4, addr
+
+    def data_ptr(self) -> int:
+        return self._a
+
+    def numel(self) -> int:
+        return self._n
+
+    def element_size(self) -> int:
+        return 4
+
+    def get_device(self) -> int:
+        return 0
+
+    def is_contiguous(self) -> bool:
+        return True
+
+
+class _FakeExecutor:
+    """The executor's parts a counted launch uses; device memory is a dict of uploaded blobs."""
+
+    def __init__(self, plan, rank: int = 0, others: bytes = b"") -> None:  # type: ignore[no-untyped-def]
+        import types
+
+        from mscclang.runtime.device_plan import sync_layout
+        from mscclang.runtime.state import Context, LoadedPlan
+
+        self.blobs: dict[int, bytes] = {}
+        self.runs: list[tuple] = []
+        self.capturing = False
+        self.lp = LoadedPlan(plan, False, "ll16", "sum", plan.num_threads_per_block, len(plan.gpus[rank].threadblocks))
+        self.abort = types.SimpleNamespace(aborted=False, state=lambda: 0, user_thread=None)
+        self.comm = types.SimpleNamespace(rank=rank, world_size=len(plan.gpus), device=0,
+                                          allgather_bytes=lambda data, tag: [data] + [others or data] * (len(plan.gpus) - 1))
+        self.launcher = types.SimpleNamespace(current_stream=lambda: 5, stream_capturing=lambda s: self.capturing)
+        self.kernels = types.SimpleNamespace(interpreter=lambda *a: 77, fit=lambda *a: None)
+        self.grown: list[int] = []
+
+        def ensure(lp, i, o, need):  # type: ignore[no-untyped-def]
+            self.grown.append(need)
+            if lp.ctx is None or lp.ctx.scratch_bytes < need:
+                lp.ctx = Context(sync_layout(plan, rank), 0x1000, 0x200000, need, {}, {})
+            return lp.ctx
+
+        def addresses(lp, ctx, si, so, packed):  # type: ignore[no-untyped-def]
+            from mscclang.runtime.device_plan import Addresses
+
+            return Addresses(ctx.sync_base, ctx.scratch_base, 0, 0xE000, [0xF000], [(0xA0000 + 256 * k, 2)
+                             for k in range(len(plan.gpus[rank].remote_buffers))], [(1, 2, 3)] * len(lp.table(rank).memory))
+
+        self.contexts = types.SimpleNamespace(ensure=ensure, addresses=addresses)
+
+    def load(self, plan):  # type: ignore[no-untyped-def]
+        return self.lp
+
+    def _packet(self, lp, p) -> str:  # type: ignore[no-untyped-def]
+        return "ll16"
+
+    def run(self, lp, ent, opr, in_ptr, out_ptr, in_bytes, out_bytes, s) -> None:  # type: ignore[no-untyped-def]
+        self.runs.append((ent.blob, ent.func, opr.mode, in_ptr, out_ptr, in_bytes, out_bytes, s))
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):  # type: ignore[no-untyped-def]
+    from mscclang.runtime import cuda as cu
+
+    mem: dict[int, bytes] = {}
+    nxt = [0x7000_0000]
+
+    def mem_alloc(n: int) -> int:
+        p = nxt[0]
+        nxt[0] += (n + 255) // 256 * 256
+        return p
+
+    monkeypatch.setattr(cu, "mem_alloc", mem_alloc)
+    monkeypatch.setattr(cu, "htod", lambda p, data, stream=0: mem.__setitem__(p, bytes(data)))
+    return mem
+
+
+def test_a_counted_launch_uploads_a_plan_with_the_counts_and_reuses_it(fake_cuda) -> None:
+    from mscclang.runtime.counted import counted_scratch_bytes, run_counted_launch
+
+    plan = build_alltoallv_ll(2)
+    ex = _FakeExecutor(plan)
+    launch = CountedLaunch(0xC0_0000, 16, 5, 10, 12)
+    inp, out = _Tensor(160, 0x9000_0000), _Tensor(192, 0x9100_0000)
+    run_counted_launch(ex, plan, inp, out, launch)
+    run_counted_launch(ex, plan, inp, out, launch)
+    assert len(fake_cuda) == 1 and ex.grown == [counted_scratch_bytes(plan, launch)]
+    (p, blob), = fake_cuda.items()
+    h = PLAN_HEADER.unpack(blob)
+    t = count_tables(plan)
+    assert (h["counts"], h["row_bytes"], h["capacity"], h["n_ranks"], h["n_checks"]) == (0xC0_0000, 16, 5, 2, len(t.checks))
+    assert ex.runs == [(p, 77, "direct", 0x9000_0000, 0x9100_0000, 160, 192, 5)] * 2
+    ex.capturing = True   # a new launch shape cannot be set up inside a capture; a known one runs
+    run_counted_launch(ex, plan, inp, out, launch)
+    with pytest.raises(NotPrepared, match="launch it once before capturing"):
+        run_counted_launch(ex, plan, inp, out, CountedLaunch(0xC0_0000, 16, 6, 10, 12))
+
+
+def test_a_counted_launch_refuses_what_it_cannot_run(fake_cuda) -> None:
+    from mscclang.runtime.counted import run_counted_launch
+
+    plan = build_alltoallv_ll(2)
+    ex = _FakeExecutor(plan)
+    with pytest.raises(InvalidCall, match="row_bytes must be a positive multiple of 8"):
+        run_counted_launch(ex, plan, _Tensor(160, 0x1000), _Tensor(160, 0x2000), CountedLaunch(0, 12, 5, 10, 10))
+    with pytest.raises(InvalidCall, match="the output holds 160 bytes, the launch needs 192"):
+        run_counted_launch(ex, plan, _Tensor(160, 0x1000), _Tensor(160, 0x2000), CountedLaunch(0, 16, 5, 10, 12))
+    ex = _FakeExecutor(plan, others=b"16 7")
+    with pytest.raises(InvalidCall, match="the same row_bytes and capacity on every rank, got rank 0: 16 5, rank 1: 16 7"):
+        run_counted_launch(ex, plan, _Tensor(160, 0x1000), _Tensor(192, 0x2000), CountedLaunch(0, 16, 5, 10, 12))
+    zc = build_alltoallv_zero_copy(2)
+    ex = _FakeExecutor(zc)
+    ex.lp.zero_copy = True
+    ex.comm.symmetric_of = lambda p: None
+    with pytest.raises(InvalidCall, match="run it on symmetric buffers"):
+        run_counted_launch(ex, zc, _Tensor(160, 0x1000), _Tensor(192, 0x2000), CountedLaunch(0, 16, 5, 10, 12))
+    assert not fake_cuda

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from mscclang.errors import PlanError
-from mscclang.plan.layout import counted_layouts
+from mscclang.plan.layout import Layout, counted_layouts
 from mscclang.plan.models import BufferKind, BufferRef, Op, Plan, ThreadBlock
 from mscclang.plan.segments import ref_entries, ref_target
 from mscclang.runtime.structs import CONSTANTS, COUNT_CHECK, PLAN_HEADER
+
+if TYPE_CHECKING:
+    from mscclang.runtime.packing import PackedRank
 
 SEG_SLOT = CONSTANTS["SEG_SLOT"]
 CHECK_NONNEG, CHECK_EXPECT, CHECK_INPUT, CHECK_OUTPUT, CHECK_SCRATCH = (
@@ -132,7 +135,7 @@ def segment_pieces(plan: Plan, tables: CountTables, rank: int, tb: ThreadBlock, 
     return out
 
 
-def counted_layout_of(plan: Plan, rank: int, launch: CountedLaunch):  # type: ignore[no-untyped-def]
+def counted_layout_of(plan: Plan, rank: int, launch: CountedLaunch) -> Layout:
     """``rank``'s layout for ``launch`` (its chunk ops' grid, its scratch)."""
     n = len(plan.gpus)
     return counted_layouts(plan, [launch.in_bytes] * n, [launch.out_bytes] * n,
@@ -192,7 +195,7 @@ def counts_error_text(kind: int, rank: int, i: int, j: int, seen: int, bound: in
             f"{bound} rows")
 
 
-def pack_counted(plan: Plan, rank: int, launch: CountedLaunch, static: Optional[dict] = None):  # type: ignore[no-untyped-def]
+def pack_counted(plan: Plan, rank: int, launch: CountedLaunch, static: Optional[dict] = None) -> PackedRank:
     """``rank``'s block regions for ``launch`` (:func:`mscclang.runtime.packing.pack_blocks` on
     the counted layout; the segment records do not depend on it, chunk ops on scratch do)."""
     from mscclang.runtime.packing import pack_blocks
@@ -269,14 +272,20 @@ def run_counted_launch(ex: Any, plan: Plan, input: Any, output: Any, launch: Cou
         if ex.launcher.stream_capturing(s):
             raise NotPrepared(f"rank {r}: the first launch of plan {plan.name} at these sizes sets up its device "
                               "plan: launch it once before capturing")
+        # the slots' offsets in a peer's scratch are computed with this rank's sizes: they must agree
+        theirs = ex.comm.allgather_bytes(f"{launch.row_bytes} {launch.capacity}".encode(), f"counted launch of {plan.name}")
+        if len(set(theirs)) > 1:
+            raise InvalidCall(f"rank {r}: plan {plan.name} needs the same row_bytes and capacity on every rank, got "
+                              + ", ".join(f"rank {q}: {b.decode()}" for q, b in enumerate(theirs)))
         ctx = ex.contexts.ensure(lp, launch.in_bytes, launch.out_bytes, need=counted_scratch_bytes(plan, launch))
         packed = pack_counted(plan, r, launch, lp.static)
+        smem = max((len(b.region) for b in packed.blocks), default=16)
+        ex.kernels.fit(f, lp.nthreads, smem, len(packed.blocks), f"rank {r}", packed.uses_packets, packed.packet_align,
+                       pkt)
         addr = ex.contexts.addresses(lp, ctx, sym_in, sym_out, packed)
         blob = counted_blob(pack_blob(plan, packed, addr, ctx.sync), count_tables(plan), launch)
-        p = _upload(blob, s)
-        smem = max((len(b.region) for b in packed.blocks), default=16)
-        dp = DevPlan(p, len(blob), len(packed.blocks), smem, packed.packet_align, packed.uses_packets, packed, addr)
-        ex.kernels.fit(f, lp.nthreads, dp.smem, dp.n_blocks, f"rank {r}", dp.uses_packets, dp.packet_align, pkt)
+        dp = DevPlan(_upload(blob, s), len(blob), len(packed.blocks), smem, packed.packet_align, packed.uses_packets,
+                     packed, addr)
         ctx.plans[key] = dp
     ent = LaunchEntry(f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), None, None, ctx, None)
     ab.user_thread = threading.get_ident()
