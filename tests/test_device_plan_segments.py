@@ -319,6 +319,7 @@ def test_a_counted_launch_uploads_a_plan_with_the_counts_and_reuses_it(fake_cuda
     t = count_tables(plan)
     assert (h["counts"], h["row_bytes"], h["capacity"], h["n_ranks"], h["n_checks"]) == (0xC0_0000, 16, 5, 2, len(t.checks))
     assert ex.runs == [(p, 77, "direct", 0x9000_0000, 0x9100_0000, 160, 192, 5)] * 2
+    assert ex._last_call == f"alltoallv of 160 B in, 192 B out i32 on plan {plan.name} LL16 (counted)"
     ex.capturing = True   # a new launch shape cannot be set up inside a capture; a known one runs
     run_counted_launch(ex, plan, inp, out, launch)
     with pytest.raises(NotPrepared, match="launch it once before capturing"):

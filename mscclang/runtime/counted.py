@@ -227,7 +227,7 @@ def run_counted_launch(ex: Any, plan: Plan, input: Any, output: Any, launch: Cou
     from mscclang.plan.segments import row_alignment
     from mscclang.runtime.device_plan import pack_blob
     from mscclang.runtime import cuda as cu
-    from mscclang.runtime.state import DevPlan, DevPlanKey, LaunchEntry, Operands
+    from mscclang.runtime.state import DevPlan, DevPlanKey, LaunchEntry, Operands, describe_call
 
     ab = ex.abort
     if ab.aborted or ab.state():
@@ -289,6 +289,7 @@ def run_counted_launch(ex: Any, plan: Plan, input: Any, output: Any, launch: Cou
         ctx.plans[key] = dp
     ent = LaunchEntry(f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), None, None, ctx, None)
     ab.user_thread = threading.get_ident()
+    ex._last_call = describe_call(plan, launch.in_bytes, launch.out_bytes, dt, pkt, lp.default_op) + " (counted)"
     ex.run(lp, ent, opr, in_ptr, out_ptr, launch.in_bytes, launch.out_bytes, s)
 
 
