@@ -59,13 +59,15 @@ class _Call:
         self.launch = CountedLaunch(self.m.data_ptr(), row_bytes, max_rows, self.rows, self.rows)
 
     def write(self, counts: list[list[int]], inputs: list[np.ndarray], expect: Any = None) -> None:
-        """The count matrix and this rank's input, written on the current stream."""
+        """The count matrix, this rank's input and a zeroed output, finished before it returns (a
+        zero-copy peer writes into the output once every rank met)."""
         import torch
 
         full = [self.rows] * self.n
         self.m.copy_(torch.tensor(matrix(counts, full, full, expect), dtype=torch.int32))
         self.inp.view(self.rows, self.words).copy_(torch.from_numpy(inputs[self.w.rank]))
         self.out.fill_(0)
+        torch.cuda.synchronize()
 
     def run(self) -> None:
         self.w.executor.execute_counted(self.plan, self.inp, self.out, self.launch)
@@ -120,7 +122,6 @@ def alltoallv_graph(w: Any, plan_json: str, row_bytes: int = 48, max_rows: int =
         counts = _counts(rng, c.n, max_rows)
         inputs = _inputs(seed * 1000 + k, c.n, c.rows, c.words)
         c.write(counts, inputs)
-        torch.cuda.synchronize()
         w.comm.barrier()
         g.replay()
         torch.cuda.synchronize()
