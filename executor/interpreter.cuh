@@ -398,9 +398,102 @@ __device__ bool packet_range(const Ctx& c, int opi, u8* const* p, u32 pmask, int
   return true;
 }
 
-// stream range of a data op for this block: pipeline iteration slice, then thread-block-group split
-__device__ __forceinline__ void op_range(const DevOp* op, long long iter, u64 unit, u64& A, u64& B) {
-  u64 total = op->total;
+// ---------------------------------------------------------------------------------------------
+// data-dependent counts: a segment op's lengths and offsets come from the count matrix (checked
+// at the start of the launch: every count a segment names is >= 0 here)
+__device__ __forceinline__ u64 seg_rows(const Ctx& c, u32 e) {
+  const u32 n = c.n_ranks;
+  const i32 v = c.counts[(u64)(e / n) * (2ull * n + 2ull) + (e % n)];
+  return v > 0 ? (u64)v : 0ull;
+}
+__device__ __forceinline__ u64 seg_offset(const Ctx& c, u64 w) {
+  const u32 lo = (u32)w, k = (u32)(w >> 32);
+  if (lo == SEG_SLOT) return (u64)k * c.capacity * c.row_bytes;
+  u64 rows = 0;
+  for (u32 t = 0; t < k; ++t) rows += seg_rows(c, c.segs[lo + t]);
+  return rows * c.row_bytes;
+}
+
+// one count check (plan_layout.cuh, CHECK_*); on failure, `f` (if given) gets what failed
+struct CountFail {
+  i32 rank, i, j;
+  i64 seen, bound;
+};
+__device__ __forceinline__ i32 count_at(const Ctx& c, u32 i, u32 j) {
+  return c.counts[(u64)i * (2ull * c.n_ranks + 2ull) + j];
+}
+__device__ bool check_counts_one(const Ctx& c, const CountCheck& k, CountFail* f) {
+  const u32 n = c.n_ranks;
+  if (k.kind == CHECK_EXPECT) {
+    for (u32 j = 0; j < k.count; ++j) {
+      const i32 want = count_at(c, k.rank, n + 2u + j), sent = count_at(c, j, k.rank);
+      if (want >= 0 && want != sent) {
+        if (f) *f = CountFail{(i32)k.rank, (i32)k.rank, (i32)j, sent, want};
+        return false;
+      }
+    }
+    return true;
+  }
+  if (k.kind == CHECK_INPUT || k.kind == CHECK_OUTPUT) {
+    i64 sum = 0;
+    for (u32 t = 0; t < k.count; ++t) {
+      const u32 e = c.segs[k.first + t];
+      sum += count_at(c, e / n, e % n);
+    }
+    const i64 bound = count_at(c, k.rank, k.kind == CHECK_INPUT ? n : n + 1u);
+    if (sum > bound) {
+      if (f) *f = CountFail{(i32)k.rank, -1, -1, sum, bound};
+      return false;
+    }
+    return true;
+  }
+  for (u32 t = 0; t < k.count; ++t) {
+    const u32 e = c.segs[k.first + t];
+    const i32 v = count_at(c, e / n, e % n);
+    if ((k.kind == CHECK_NONNEG && v < 0) || (k.kind == CHECK_SCRATCH && (i64)v > (i64)c.capacity)) {
+      if (f) *f = CountFail{(i32)k.rank, (i32)(e / n), (i32)(e % n), v, k.kind == CHECK_NONNEG ? 0 : (i64)c.capacity};
+      return false;
+    }
+  }
+  return true;
+}
+
+// Every block checks the count matrix before any data moves; the same table and matrix on every
+// rank give every block of every rank the same verdict. The first failing check (in table order)
+// goes into the error record (what = WHAT_COUNTS, op_index = its kind, channel = i << 16 | j or
+// -1, expected = its bound, seen = the count or sum) and the launch aborts. All threads call it.
+__device__ __noinline__ bool counts_ok(const Ctx& c, u32* bad) {
+  for (u32 i = threadIdx.x; i < c.n_checks; i += blockDim.x)
+    if (!check_counts_one(c, c.checks[i], nullptr)) atomicMin(bad, i);
+  __syncthreads();
+  const u32 b = *bad;
+  if (b == 0xffffffffu) return true;
+  if (threadIdx.x == 0) {
+    CountFail f{0, -1, -1, 0, 0};
+    check_counts_one(c, c.checks[b], &f);
+    ErrorRecord* r = c.err;
+    if (atomicCAS(&r->state, 0u, 1u) == 0u) {
+      r->rank = f.rank;
+      r->block = (i32)blockIdx.x;
+      r->op_index = (i32)c.checks[b].kind;
+      r->what = WHAT_COUNTS;
+      r->channel = f.i < 0 ? -1 : (f.i << 16) | f.j;
+      r->expected = (u64)f.bound;
+      r->seen = (u64)f.seen;
+      r->elapsed_ns = 0;
+      __threadfence_system();
+      atomicExch(&r->state, 2u);
+      __threadfence_system();
+    }
+    raise_abort(c);
+    hold_for_host(c);
+  }
+  return false;
+}
+
+// stream range of a data op for this block (`total`: the op's stream bytes): pipeline iteration
+// slice, then thread-block-group split
+__device__ __forceinline__ void op_range(const DevOp* op, u64 total, long long iter, u64 unit, u64& A, u64& B) {
   u64 a = 0, b = total;
   if (iter >= 0) {
     a = (u64)iter * unit;
@@ -427,19 +520,26 @@ __device__ __forceinline__ void op_range(const DevOp* op, long long iter, u64 un
 template <int DT, int OP, int PKT, int U, int UP, int EPI = 0>
 __device__ bool run_data(const Ctx& c, const DevOp* op, int opi, long long iter, u64 unit,
                          const EpiArgs* e = nullptr) {
-  u64 A, B;
-  op_range(op, iter, unit, A, B);
-  if (A >= B) return true;
   const u16* opnd = op_operands(op);
   const int ns = op->n_src, n = ns + op->n_dst;
-  u32 pmask = 0;
-  for (int k = 0; k < n; ++k) pmask |= (u32)((opnd[k] >> 8) & OPND_MODE_PACKET) << k;
   const u64* pc = op_pieces(op);
   const u32 stride = 2u + (u32)n;
+  // segments (never in pipelines): piece lengths and the op's total from the count matrix
+  const bool seg = (op->flags & FLAG_SEGMENTS) != 0u;
+  u64 total = op->total;
+  if (seg) {
+    total = 0;
+    for (u32 i = 0; i < op->n_pieces; ++i) total += seg_rows(c, (u32)pc[i * stride]) * c.row_bytes;
+  }
+  u64 A, B;
+  op_range(op, total, iter, unit, A, B);
+  if (A >= B) return true;
+  u32 pmask = 0;
+  for (int k = 0; k < n; ++k) pmask |= (u32)((opnd[k] >> 8) & OPND_MODE_PACKET) << k;
   u64 pos = 0;
   u8* p[MSCCLANG_MAX_OPERANDS];
   for (u32 i = 0; i < op->n_pieces; ++i, pc += stride) {
-    u64 plen = pc[0];
+    const u64 plen = seg ? seg_rows(c, (u32)pc[0]) * c.row_bytes : pc[0];
     u64 lo = A > pos ? A : pos;
     u64 hi = B < pos + plen ? B : pos + plen;
     if (lo < hi) {
@@ -447,14 +547,14 @@ __device__ bool run_data(const Ctx& c, const DevOp* op, int opi, long long iter,
       u64 len = hi - lo;
 #pragma unroll 1
       for (int k = 0; k < n; ++k) {
-        u64 off = pc[2 + k] + d;
+        u64 off = (seg ? seg_offset(c, pc[2 + k]) : pc[2 + k]) + d;
         if (EPI && (opnd[k] & 0xffu) == OPND_SLOT_RESIDUAL)
           p[k] = (u8*)e->residual + off;
         else
           p[k] = operand_base(c, opnd[k]) + ((pmask >> k & 1u) ? 2ull * off : off);
       }
       if (pmask) {
-        u64 pvalid = pc[1];
+        u64 pvalid = seg ? plen : pc[1];
         u64 valid = pvalid > d ? pvalid - d : 0ull;
         if (!packet_range<DT, OP, PKT, UP>(c, opi, p, pmask, ns, n - ns, len, valid)) return false;
       } else {
@@ -658,6 +758,7 @@ __device__ __forceinline__ void interpret(const u8* __restrict__ blob, u8* in, u
   extern __shared__ __align__(16) u8 smem[];
   __shared__ Ctx s_c;
   __shared__ u32 s_stop;
+  __shared__ u32 s_bad;   // the first count check that failed (~0u: none)
   const PlanHeader* H = (const PlanHeader*)blob;
   // the block table follows the header at a fixed offset: no dependent load on the header
   const BlockEntry be = ((const BlockEntry*)(blob + sizeof(PlanHeader)))[blockIdx.x];
@@ -683,6 +784,14 @@ __device__ __forceinline__ void interpret(const u8* __restrict__ blob, u8* in, u
     c.err = (ErrorRecord*)H->error_record;
     c.timeout_ns = timeout_ns;
     c.rank = (i32)H->rank;
+    c.n_ranks = H->n_ranks;
+    c.n_checks = H->n_checks;
+    c.counts = (const i32*)H->counts;
+    c.segs = (const u32*)(blob + H->seg_table);
+    c.checks = (const CountCheck*)(blob + H->check_table);
+    c.row_bytes = H->row_bytes;
+    c.capacity = H->capacity;
+    s_bad = 0xffffffffu;
   } else if (threadIdx.x >= 32 && threadIdx.x < 40) {
     // warm L1 with the address tables (peer aborts, remote buffers, channels) that lie between
     // the block table and the first region
@@ -693,6 +802,12 @@ __device__ __forceinline__ void interpret(const u8* __restrict__ blob, u8* in, u
   for (u32 i = threadIdx.x; i < be.bytes / 16u; i += blockDim.x) ((uint4*)smem)[i] = src[i];
   __syncthreads();
   const Ctx& c = s_c;
+  // a plan with segments: the count matrix is checked first (bad counts are reported as such,
+  // even after an earlier abort)
+  if (c.n_checks != 0u && !counts_ok(c, &s_bad)) {
+    port_finals(c, smem);
+    return;
+  }
   if (s_stop) {  // a peer or an earlier launch aborted: record it (if nobody did) and exit
     if (threadIdx.x == 0) {
       record_error(c, -1, WHAT_PEER_ABORT, -1, 0, 0, 0);

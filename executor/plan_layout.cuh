@@ -16,7 +16,7 @@ typedef unsigned long long u64;
 typedef long long i64;
 
 #define MSCCLANG_PLAN_MAGIC 0x4C43534Du   // "MSCL"
-#define MSCCLANG_PLAN_VERSION 1u
+#define MSCCLANG_PLAN_VERSION 2u
 #define MSCCLANG_MAX_FLAGS 1024           // flag slots per scratch (>= blocks of any plan)
 #define MSCCLANG_MAX_BARRIERS 64          // barrier ids per rank
 #define MSCCLANG_MAX_OPERANDS 16          // sources + destinations of one op
@@ -61,6 +61,26 @@ enum DevOpKind : u32 {
 #define WHAT_SEMAPHORE 4
 #define WHAT_PEER_ABORT 5
 #define WHAT_PORT_FLUSH 6
+#define WHAT_COUNTS 7     // the count matrix failed a check (ErrorRecord: op_index = CHECK_*, see CountCheck)
+
+// DevOp.flags bits
+#define FLAG_RELAXED 1u
+#define FLAG_READS_PACKETS 2u
+#define FLAG_SEGMENTS 4u  // a data op over segments: pieces {count entry i*n+j, 0, operand words...}
+
+// Data-dependent counts (plans with segmented buffers). The header's `counts` is the call's int32
+// matrix [n][2n+2]: row i = rank i's contribution (columns 0..n-1 counts[i][j], n its input rows,
+// n+1 its output rows, n+2+j the rows it expects from rank j, -1: not stated). A segment data op's
+// piece length is counts[i][j] * row_bytes; its operand word w gives the operand's byte offset:
+// (w & 0xffffffff) == SEG_SLOT: a scratch slot, offset (w >> 32) * capacity * row_bytes;
+// otherwise a packed buffer, offset row_bytes * (sum of counts of the (w >> 32) entries at u32
+// index (w & 0xffffffff) of the segment table: the segments before it in the owner's buffer).
+#define SEG_SLOT 0xffffffffu
+#define CHECK_NONNEG 0    // entries [first, first + count) of the segment table: each >= 0
+#define CHECK_EXPECT 1    // rank i = rank, j = first: counts[i][n+2+j] < 0 or == counts[j][i]
+#define CHECK_INPUT 2     // sum of the entries <= counts[rank][n]
+#define CHECK_OUTPUT 3    // sum of the entries <= counts[rank][n+1]
+#define CHECK_SCRATCH 4   // each entry <= capacity
 
 struct PlanHeader {
   u32 magic;
@@ -83,6 +103,22 @@ struct PlanHeader {
   u64 remote_table;     // blob offset of RemoteBuf[n_remote]
   u64 channel_table;    // blob offset of ChannelDev[n_channels]
   u64 block_table;      // blob offset of BlockEntry[n_blocks]
+  // data-dependent counts (all zero when the plan has no segments)
+  u64 counts;           // i32[n_ranks][2 n_ranks + 2] count matrix (device pointer, fixed per communicator)
+  u64 row_bytes;        // bytes of one row
+  u64 capacity;         // rows of one scratch slot
+  u64 seg_table;        // blob offset of the u32 segment table (count entries i*n+j)
+  u64 check_table;      // blob offset of CountCheck[n_checks]
+  u32 n_ranks;
+  u32 n_checks;         // count checks every block runs before any data moves (0: none)
+};
+
+// One constraint on the count matrix (CHECK_*), the same table on every rank.
+struct CountCheck {
+  u32 kind;
+  u32 rank;    // the rank whose buffer (or expectation) it bounds
+  u32 first;   // u32 index into the segment table (CHECK_EXPECT: the sender j)
+  u32 count;   // entries
 };
 
 struct RemoteBuf {

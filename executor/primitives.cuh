@@ -268,6 +268,14 @@ struct Ctx {
   ErrorRecord* err;
   u64 timeout_ns;
   i32 rank;
+  // data-dependent counts (plans with segments; see plan_layout.cuh)
+  u32 n_ranks;
+  u32 n_checks;
+  const i32* counts;
+  const u32* segs;
+  const CountCheck* checks;
+  u64 row_bytes;
+  u64 capacity;
 };
 
 template <class C>

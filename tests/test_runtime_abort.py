@@ -116,6 +116,27 @@ def test_the_launching_thread_acknowledges_as_it_raises(host):
         ab.close()
 
 
+@pytest.mark.parametrize("kind,i,j,seen,bound,text", [
+    (2, -1, -1, 70, 64, "rank 3: its output segments hold 70 rows .the counts it receives., more than its output's 64 rows"),
+    (0, 1, 3, -2, 0, r"count \[1\]\[3\] is -2"),
+    (1, 1, 3, 4, 5, "rank 1 expects 5 rows from rank 3, rank 3 sends 4"),
+])
+def test_a_failed_count_check_raises_counts_error(host, kind, i, j, seen, bound, text):
+    from mscclang.errors import CountsError
+
+    code = {0: 0, 1: 1, 2: 3}[kind]   # CHECK_NONNEG, CHECK_EXPECT, CHECK_OUTPUT
+    rec = ERROR_RECORD.pack(state=2, rank=3 if kind == 2 else i, block=0, op_index=code, what=7,
+                            channel=-1 if i < 0 else (i << 16) | j, expected=bound % (1 << 64), seen=seen % (1 << 64))
+    ctypes.memmove(host.buf, rec, len(rec))
+    ab = _state()
+    try:
+        with pytest.raises(CountsError, match=r"rank 0: the call's count matrix fails a check, no data moved: " + text):
+            ab.check()
+        assert host.word(abmod.ACK_OFFSET) == 1
+    finally:
+        ab.close()
+
+
 def test_close_lets_held_launches_end(host):
     ab = _state()
     host.set_state(2)

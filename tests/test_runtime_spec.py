@@ -317,10 +317,11 @@ def _refused_at_load(plan) -> bool:
     """Whether ``plan`` never reaches the generator: the runtime refuses it at load, or it has
     port channels (the executor runs those on the interpreter, next to the proxy; the generator
     refuses their port records), or it has epilogue ops (plan/2: they run on the interpreter's
-    epilogue kernels, never the specialised one)."""
+    epilogue kernels, never the specialised one), or segments (plan/3: their lengths come from
+    the count matrix when the interpreter runs)."""
     from mscclang.errors import PlanError
 
-    if plan.uses_port_channels() or plan.has_epilogue_ops():
+    if plan.uses_port_channels() or plan.has_epilogue_ops() or plan.has_segments():
         return True
     try:
         dp.check_runnable(plan)

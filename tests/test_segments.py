@@ -159,12 +159,6 @@ def test_plan_check_refuses_an_op_over_different_counts() -> None:
         load_plan(json.dumps(d))
 
 
-def test_the_runtime_refuses_segments_for_now() -> None:
-    from mscclang.runtime.device_plan import check_runnable
-    with pytest.raises(PlanError, match="GPU executor does not run such plans yet"):
-        check_runnable(build_alltoallv_ll(2))
-
-
 # -- counts -----------------------------------------------------------------------------------
 
 def test_counts_are_checked_naming_rank_buffer_and_entry() -> None:

@@ -135,7 +135,7 @@ def segment_span(plan: Plan, call: CountedCall, rank: int, kind: BufferKind, ind
 # the plan's own rules
 
 
-def _ref_target(plan: Plan, rank: int, tb: ThreadBlock, op: Op, ref: BufferRef) -> Optional[tuple[int, BufferKind]]:
+def ref_target(plan: Plan, rank: int, tb: ThreadBlock, op: Op, ref: BufferRef) -> Optional[tuple[int, BufferKind]]:
     """(owner rank, buffer kind) of a local or remote reference (None: a switch reference, or one
     whose ids do not resolve: other checks report those)."""
     if ref.type is not None:
@@ -151,7 +151,7 @@ def _ref_target(plan: Plan, rank: int, tb: ThreadBlock, op: Op, ref: BufferRef) 
 
 def ref_entries(plan: Plan, rank: int, tb: ThreadBlock, op: Op, ref: BufferRef) -> Optional[list[tuple[int, int]]]:
     """The count-matrix entries of the segments ``ref`` spans (None: a chunk reference)."""
-    target = _ref_target(plan, rank, tb, op, ref)
+    target = ref_target(plan, rank, tb, op, ref)
     if target is None:
         return None
     sb = plan.gpus[target[0]].segmented(target[1])
@@ -206,7 +206,7 @@ def _check_op(plan: Plan, rank: int, tb: ThreadBlock, op: Op, path: str) -> None
         where = f"{path}.{side}[{k}]"
         if ref.switch_channel_id is not None:
             continue
-        target = _ref_target(plan, rank, tb, op, ref)
+        target = ref_target(plan, rank, tb, op, ref)
         if target is None:
             continue
         sb = plan.gpus[target[0]].segmented(target[1])
@@ -277,7 +277,7 @@ def prove_capacity(plan: Plan) -> CapacityProof:
             for i, op in enumerate(tb.ops):
                 for side, refs in (("src", op.src_buff), ("dst", op.dst_buff)):
                     for k, ref in enumerate(refs):
-                        target = _ref_target(plan, r, tb, op, ref)
+                        target = ref_target(plan, r, tb, op, ref)
                         if target is None or plan.gpus[target[0]].segmented(target[1]) is None:
                             continue
                         proof.checked += 1

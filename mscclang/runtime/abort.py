@@ -22,8 +22,9 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from mscclang.errors import CollectiveTimeout
+from mscclang.errors import CollectiveTimeout, CountsError
 from mscclang.runtime import cuda as cu
+from mscclang.runtime.counted import WHAT_COUNTS, counts_error_text
 from mscclang.runtime.structs import ERROR_RECORD
 from mscclang.runtime.watchdog import AbortWatchdog
 
@@ -69,7 +70,8 @@ class AbortState:
             ctypes.c_uint32.from_address(self.host + ACK_OFFSET).value = 1
 
     def check(self) -> None:
-        """Raise CollectiveTimeout if a launch gave up (until :meth:`rearm`)."""
+        """Raise CollectiveTimeout if a launch gave up (until :meth:`rearm`); CountsError when
+        it gave up because the count matrix failed a check (a plan with segments)."""
         st = self.state()
         if st == 0 and not self.aborted:
             return
@@ -81,7 +83,10 @@ class AbortState:
         msg = self.text()
         if self.watchdog is not None and self.watchdog.fired:
             msg += " (reported earlier by the watchdog)"
-        raise CollectiveTimeout(msg)
+        raise (CountsError if self._record()["what"] == WHAT_COUNTS else CollectiveTimeout)(msg)
+
+    def _record(self) -> dict[str, int]:
+        return ERROR_RECORD.unpack(ctypes.string_at(self.host, ERROR_RECORD.size))
 
     def text(self) -> str:
         """The current abort's message, built once (the watchdog's thread or the caller's)."""
@@ -90,11 +95,16 @@ class AbortState:
         return self._msg
 
     def _message(self) -> str:
-        rec = ERROR_RECORD.unpack(ctypes.string_at(self.host, ERROR_RECORD.size))
+        rec = self._record()
         what = _WHAT.get(rec["what"], f"kind {rec['what']}")
         chan = f" on channel {rec['channel']}" if rec["channel"] >= 0 and rec["what"] in (1, 3, 4, 6) else ""
         if rec["state"] == 0:
             head = f"rank {self.comm.rank}: a host-side wait gave up"
+        elif rec["what"] == WHAT_COUNTS:   # the kernel's count check (mscclang.runtime.counted)
+            ch = rec["channel"]
+            head = f"rank {self.comm.rank}: the call's count matrix fails a check, no data moved: " + counts_error_text(
+                rec["op_index"], rec["rank"], ch >> 16 if ch >= 0 else -1, ch & 0xFFFF if ch >= 0 else -1,
+                _signed(rec["seen"]), _signed(rec["expected"]))
         else:
             head = (f"rank {rec['rank']} thread block {rec['block']} op {rec['op_index']} gave up waiting for "
                     f"{what}{chan} (expected {rec['expected']}, saw {rec['seen']}) after "
@@ -151,6 +161,11 @@ class AbortState:
         if self.host:
             cu.host_free(self.host)
             self.host = 0
+
+
+def _signed(v: int) -> int:
+    """A u64 field of the error record read as the i64 the kernel stored."""
+    return v - (1 << 64) if v >= 1 << 63 else v
 
 
 class Drainer:

@@ -67,10 +67,11 @@ class ContextPool:
             v = lp.group_scratch[key] = group_scratch_bytes(lp.plan, in_bytes, out_bytes, row)
         return v
 
-    def ensure(self, lp: LoadedPlan, in_bytes: int, out_bytes: int, row: int = 0) -> Context:
-        """The plan's context, made or grown (collective, see the module docstring)."""
+    def ensure(self, lp: LoadedPlan, in_bytes: int, out_bytes: int, row: int = 0, need: Optional[int] = None) -> Context:
+        """The plan's context, made or grown (collective, see the module docstring); ``need``: the
+        scratch bytes when the sizes do not say (a plan with segments: its call's slots)."""
         ctx = lp.ctx
-        need = self.group_scratch(lp, in_bytes, out_bytes, row)
+        need = self.group_scratch(lp, in_bytes, out_bytes, row) if need is None else need
         if ctx is not None and ctx.scratch_bytes >= need:
             return ctx
         if self.capturing():

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 from mscclang.config import CUDA_MAX_CONNECTIONS, Settings
 from mscclang.errors import PlanError
 from mscclang.plan.check import validate_plan
+from mscclang.plan.segments import ref_entries
 from mscclang.plan.models import SEMAPHORE_OPS, SIGNAL_OPS, SWITCH_OPS, WAIT_OPS, BufferKind, ChannelOrdinal, ChannelType, Op, OpName, Plan, ThreadBlock
 from mscclang.runtime.ports import check_port_plan, is_port_op, pair_slots, port_inbound_slots
 from mscclang.runtime.topology import Topology, channel_transports
@@ -40,8 +41,9 @@ SLOT_INPUT, SLOT_OUTPUT, SLOT_SCRATCH, SLOT_REMOTE0 = 0, 1, 2, 3
 SLOT_RESIDUAL = CONSTANTS["OPND_SLOT_RESIDUAL"]   # the call's residual (epilogue kernels; never remote)
 MODE_PACKET = 1
 KIND_CODE = {BufferKind.input: 0, BufferKind.output: 1, BufferKind.scratch: 2}
-FLAG_RELAXED = 1
-FLAG_READS_PACKETS = 2
+FLAG_RELAXED = CONSTANTS["FLAG_RELAXED"]
+FLAG_READS_PACKETS = CONSTANTS["FLAG_READS_PACKETS"]
+FLAG_SEGMENTS = CONSTANTS["FLAG_SEGMENTS"]   # a data op over segments (mscclang.runtime.counted)
 
 _PAIRWISE_OPS = frozenset({OpName.put, OpName.get, OpName.copy, OpName.cpkt, OpName.ppkt, OpName.upkt})
 
@@ -111,10 +113,6 @@ def check_runnable(plan: Plan, allow_switch: bool = False, topology: Optional[To
     first every rule of the plan format (:func:`mscclang.plan.check.validate_plan`, which
     ``load_plan`` and ``verify`` apply too: what one refuses the other does)."""
     validate_plan(plan)
-    seg = next((g.id for g in plan.gpus if g.segments), None)
-    if seg is not None:
-        raise PlanError(f"plan {plan.name!r} has segmented buffers (data-dependent counts): the simulator runs "
-                        "and verifies it, the GPU executor does not run such plans yet", f"gpus[{seg}].segments")
     topo = topology or Topology(plan.world_size, plan.world_size)
     for g in plan.gpus:
         channel_transports(plan, g.id, topo)
@@ -144,6 +142,9 @@ def _check_op(plan: Plan, rank: int, tb: ThreadBlock, i: int, op: Op, allow_swit
               inner: Optional[int]) -> None:
     where = where_of(rank, tb.id, i, inner)
     if is_port_op(op):
+        if any(ref_entries(plan, rank, tb, op, x) is not None for x in op.src_buff + op.dst_buff):
+            raise PlanError(f"rank {rank} thread block {tb.id} op {i} ({op.name.value}): port channels do not move "
+                            "segments yet (the proxy does not read the count matrix)", where)
         return   # checked while packing (mscclang.runtime.ports)
     if op.name in SWITCH_OPS or op.channel_type == ChannelType.switch:
         raise PlanError(f"rank {rank} thread block {tb.id} op {i} ({op.name.value}) uses a switch channel "

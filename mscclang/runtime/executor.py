@@ -30,6 +30,7 @@ from mscclang.runtime.abort import AbortState, Waits
 from mscclang.runtime.capture import CaptureGlue
 from mscclang.runtime.bootstrap import Bootstrap
 from mscclang.runtime.contexts import ContextPool
+from mscclang.runtime.counted import CountedLaunch, run_counted_launch
 from mscclang.runtime.device_plan import MAX_FLAGS, check_runnable, process_work_queues
 from mscclang.runtime.engine import Engine, Key as EngineKey, bindings as engine_bindings
 from mscclang.runtime.entries import Entries
@@ -345,6 +346,12 @@ class Executor:
         self._last_call = describe_call(lp.plan, call.in_bytes, call.out_bytes, call.kernel_code, pkt, call.op)
         self.run(lp, ent, opr, call.in_ptr, call.out_ptr, call.in_bytes, call.out_bytes, s, epi)
         return self._bound(lp, call, ent, opr, pkt, epi, s)
+
+    def execute_counted(self, plan: Plan, input: Any, output: Any, launch: CountedLaunch, packet_type: Any = None,
+                        stream: Any = None) -> None:
+        """Run a plan with segments (data-dependent counts): see
+        :func:`mscclang.runtime.counted.run_counted_launch`."""
+        run_counted_launch(self, plan, input, output, launch, packet_type, stream)
 
     def _packet(self, lp: LoadedPlan, packet_type: Any) -> str:
         return packet_code(packet_type) if packet_type is not None else lp.default_packet

@@ -25,9 +25,10 @@ from mscclang.plan.layout import Layout, Piece, make_layout, make_layouts, pipel
 from mscclang.plan.models import RELAXED_OPS, SEMAPHORE_OPS, SIGNAL_OPS, SYNC_OPS, WAIT_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, PacketType, Plan, ThreadBlock
 from mscclang.runtime.device_plan import (
     DOP_BARRIER, DOP_DATA, DOP_NOP, DOP_PIPELINE, DOP_RADD, DOP_RMSNORM, DOP_SEM_ACQUIRE, DOP_SEM_RELEASE,
-    DOP_SIGNAL, DOP_WAIT, FLAG_READS_PACKETS, FLAG_RELAXED, MAX_BLOCK_BYTES, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT,
+    DOP_SIGNAL, DOP_WAIT, FLAG_READS_PACKETS, FLAG_RELAXED, FLAG_SEGMENTS, MAX_BLOCK_BYTES, MODE_PACKET, SLOT_INPUT, SLOT_OUTPUT,
     SLOT_REMOTE0, SLOT_RESIDUAL, SLOT_SCRATCH, where_of as _where,
 )
+from mscclang.runtime.counted import CountTables, count_tables, segment_pieces
 from mscclang.runtime.ports import PortPacker, PortScript, is_port_op
 from mscclang.runtime.structs import BLOCK_HEADER, DEV_OP
 
@@ -141,6 +142,8 @@ class _DataOp:
     reads_packets: bool
     tbg: tuple[int, int]
     kind: int = DOP_DATA   # DOP_RADD / DOP_RMSNORM: the epilogue ops
+    #: an op over segments: its size-free pieces (mscclang.runtime.counted.segment_pieces)
+    segs: Optional[tuple[tuple[int, int, tuple[int, ...]], ...]] = None
 
 
 def _grid_kind(kind: BufferKind, norm: bool) -> BufferKind:
@@ -164,6 +167,14 @@ class _Packer:
         self.packet_align = max(p.align for p in PacketType)
         self.uses_packets = False
         self.norms: list[tuple[str, list[tuple[int, int]], tuple[int, int]]] = []
+        self._tables: Optional[CountTables] = None
+
+    @property
+    def tables(self) -> CountTables:
+        """The plan's segment table and count checks (made when a segment op is first packed)."""
+        if self._tables is None:
+            self._tables = count_tables(self.plan)
+        return self._tables
 
     # operands ---------------------------------------------------------------------------------
     def operand(self, ref: BufferRef, op: Op, tb: ThreadBlock, where: str, packet: bool) -> tuple[int, BufferKind]:
@@ -248,11 +259,17 @@ class _Packer:
             descs.append(d)
             kinds.append(k)
         tbg = (op.tbg_info.tb_id, op.tbg_info.tbg_size) if op.tbg_info is not None else (0, 1)
+        segs = segment_pieces(self.plan, self.tables, self.rank, tb, op, refs) if self.plan.has_segments() else None
         return _DataOp(index, where, tb.id, tuple(descs), tuple(kinds), tuple(refs), tuple(packets), len(srcs),
-                       extend or any(dst_packet), any(src_packet), tbg, kind)
+                       extend or any(dst_packet), any(src_packet), tbg, kind, None if segs is None else tuple(segs))
 
     def data_record(self, d: "_DataOp") -> DevRecord:
         """The data record of ``d`` at this packer's message size."""
+        if d.segs is not None:   # lengths and offsets from the count matrix, at run time
+            self.uses_packets = self.uses_packets or any(d.packets)
+            return DevRecord(d.kind, d.index, list(d.descs), d.n_src, pieces=list(d.segs),
+                             flags=FLAG_SEGMENTS | (FLAG_READS_PACKETS if d.reads_packets else 0), tbg=d.tbg,
+                             tbg_unit=self.unit)
         if d.whole_slots:
             raw = self.pack_pieces([_grid_kind(k, False) for k in d.kinds], d.refs, d.where)
         else:
@@ -461,12 +478,17 @@ class _Packer:
 
 
 def pack_blocks(plan: Plan, rank: int, input_bytes: int, output_bytes: int,
-                static: Optional[dict] = None, row_bytes: int = 0) -> PackedRank:
+                static: Optional[dict] = None, row_bytes: int = 0, layout: Optional[Layout] = None) -> PackedRank:
     """Pack ``rank``'s thread blocks for one message size (sizes in bytes). ``static``: a dict kept
     per (plan, rank) by the caller, where the records that do not depend on the size are kept
     between sizes (packing a new size then packs its data ops only). ``row_bytes``: the input
-    row of a row-chunked fused plan (:func:`mscclang.plan.layout.make_layout`)."""
-    layout = make_layout(plan, rank, input_bytes, output_bytes, row_bytes)
+    row of a row-chunked fused plan (:func:`mscclang.plan.layout.make_layout`). ``layout``: the
+    rank's layout when given (a call of a plan with segments:
+    :func:`mscclang.runtime.counted.counted_layout_of`)."""
+    if layout is None and plan.has_segments():
+        raise PlanError(f"plan {plan.name!r} has segmented buffers: its sizes come from a call's counts, not a "
+                        "message size; run it with Executor.execute_counted", f"gpus[{rank}].segments")
+    layout = layout or make_layout(plan, rank, input_bytes, output_bytes, row_bytes)
     pk = _Packer(plan, rank, layout, static)
     blocks = [pk.block(tb) for tb in plan.gpus[rank].threadblocks]
     sb = layout.scratch_alloc_bytes

@@ -496,6 +496,8 @@ def generate(plan: Plan, packed: PackedRank, dtype: str, packet: str, reduce_op:
     if (dtype not in _DT or packet not in {p.code for p in PacketType} or reduce_op not in _OP
             or (kernel_dtype(dtype).accumulates and reduce_op != "sum")):
         raise SpecUnsupported(f"unsupported combination {dtype}/{packet}/{reduce_op}")
+    if plan.has_segments():
+        raise SpecUnsupported("a plan with segments runs on the interpreter (its lengths come from the count matrix)")
     rank = packed.rank
     g_plan = plan.gpus[rank]
     remote_kinds = [rb.type for rb in g_plan.remote_buffers]

@@ -102,8 +102,10 @@ PLAN_HEADER = Struct("PlanHeader", (
     ("abort_word", "u64"), ("error_record", "u64"), ("semaphores", "u64"), ("barriers", "u64"),
     ("n_peers", "u32"), ("n_remote", "u32"), ("n_channels", "u32"), ("n_semaphores", "u32"),
     ("peer_abort_table", "u64"), ("remote_table", "u64"), ("channel_table", "u64"),
-    ("block_table", "u64"),
+    ("block_table", "u64"), ("counts", "u64"), ("row_bytes", "u64"), ("capacity", "u64"), ("seg_table", "u64"),
+    ("check_table", "u64"), ("n_ranks", "u32"), ("n_checks", "u32"),
 ))
+COUNT_CHECK = Struct("CountCheck", (("kind", "u32"), ("rank", "u32"), ("first", "u32"), ("count", "u32")))
 REMOTE_BUF = Struct("RemoteBuf", (("base", "u64"), ("kind", "u32"), ("pad", "u32")))
 CHANNEL_DEV = Struct("ChannelDev", (("inbound", "u64"), ("remote_inbound", "u64"), ("expected", "u64")))
 BLOCK_ENTRY = Struct("BlockEntry", (("offset", "u32"), ("bytes", "u32")))
@@ -125,12 +127,13 @@ EPI_ARGS = Struct("EpiArgs", (
     ("eps", "f32"), ("scale", "f32"), ("pad", "u32"),
 ))
 
-ALL_STRUCTS = (PLAN_HEADER, REMOTE_BUF, CHANNEL_DEV, BLOCK_ENTRY, BLOCK_HEADER, DEV_OP, ERROR_RECORD, EPI_ARGS)
+ALL_STRUCTS = (PLAN_HEADER, REMOTE_BUF, CHANNEL_DEV, BLOCK_ENTRY, BLOCK_HEADER, DEV_OP, ERROR_RECORD, EPI_ARGS,
+               COUNT_CHECK)
 
 # constants that must match plan_layout.cuh (asserted too)
 CONSTANTS = {
     "MSCCLANG_PLAN_MAGIC": 0x4C43534D,
-    "MSCCLANG_PLAN_VERSION": 1,
+    "MSCCLANG_PLAN_VERSION": 2,
     "MSCCLANG_MAX_FLAGS": 1024,
     "MSCCLANG_MAX_BARRIERS": 64,
     "MSCCLANG_MAX_OPERANDS": 16,
@@ -140,7 +143,9 @@ CONSTANTS = {
     "OPND_SLOT_INPUT": 0, "OPND_SLOT_OUTPUT": 1, "OPND_SLOT_SCRATCH": 2, "OPND_SLOT_REMOTE0": 3,
     "OPND_MODE_PACKET": 1, "BUF_KIND_INPUT": 0, "BUF_KIND_OUTPUT": 1, "BUF_KIND_SCRATCH": 2,
     "WHAT_SIGNAL": 1, "WHAT_PACKET": 2, "WHAT_BARRIER": 3, "WHAT_SEMAPHORE": 4,
-    "WHAT_PEER_ABORT": 5, "WHAT_PORT_FLUSH": 6,
+    "WHAT_PEER_ABORT": 5, "WHAT_PORT_FLUSH": 6, "WHAT_COUNTS": 7,
+    "FLAG_RELAXED": 1, "FLAG_READS_PACKETS": 2, "FLAG_SEGMENTS": 4, "SEG_SLOT": 0xFFFFFFFF,
+    "CHECK_NONNEG": 0, "CHECK_EXPECT": 1, "CHECK_INPUT": 2, "CHECK_OUTPUT": 3, "CHECK_SCRATCH": 4,
     "DOP_PORT_TRIGGER": 8, "DOP_PORT_FLUSH": 9, "DOP_PORT_FINAL": 10,
     "DOP_RADD": 13, "DOP_RMSNORM": 14, "OPND_SLOT_RESIDUAL": 255,
     "EPI_W_F32": 0, "EPI_W_ACT": 1, "EPI_Q_NONE": 0, "EPI_Q_E4M3": 1, "EPI_Q_E5M2": 2, "EPI_MAX_HIDDEN": 65536,

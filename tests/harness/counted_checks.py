@@ -1,0 +1,175 @@
+"""GPU-test commands for plans with segments (data-dependent counts), run on every rank of the
+worker pool: the library's all-to-all-v plans through ``Executor.execute_counted`` with random
+count matrices against a numpy reference, CUDA-graph replays with new counts written into the
+count matrix between replays, and counts a check refuses (CountsError on every rank, then a
+reset and a correct run). Every rank draws the same matrices and inputs from the same seed."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from mscclang.cli.run_checks import worker_device, worker_plan
+from mscclang.errors import CollectiveTimeout, CountsError
+from mscclang.plan.models import BufferKind
+from mscclang.runtime.counted import CountedLaunch, matrix
+
+
+def _counts(rng: np.random.Generator, n: int, max_rows: int) -> list[list[int]]:
+    """A skewed matrix: most entries small, some zero, a few at ``max_rows``."""
+    m = rng.choice([0, 1, 2, max_rows // 2, max_rows], size=(n, n), p=[0.2, 0.3, 0.2, 0.2, 0.1])
+    return [[int(v) for v in row] for row in m]
+
+
+def _inputs(seed: int, n: int, rows: int, words: int) -> list[np.ndarray]:
+    """Every rank's input, ``rows`` rows of ``words`` int32 (the same on every rank's host)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(-2**31, 2**31 - 1, size=(rows, words), dtype=np.int32) for _ in range(n)]
+
+
+def _expected(counts: list[list[int]], inputs: list[np.ndarray], r: int) -> np.ndarray:
+    """Rank ``r``'s output rows: for each rank ``p`` in order, the rows ``p`` sent to ``r``."""
+    parts = [inputs[p][sum(counts[p][:r]):sum(counts[p][:r + 1])] for p in range(len(counts))]
+    return np.concatenate(parts)
+
+
+class _Call:
+    """One rank's tensors of a counted plan: the count matrix (device, fixed address), input and
+    output (symmetric for zero-copy plans) of ``n * max_rows`` rows each."""
+
+    def __init__(self, w: Any, plan_json: str, row_bytes: int, max_rows: int) -> None:
+        import torch
+
+        self.w, self.plan = w, worker_plan(w, plan_json)
+        self.n = n = len(self.plan.gpus)
+        self.dev = worker_device(w)
+        self.row_bytes, self.max_rows, self.rows = row_bytes, max_rows, n * max_rows
+        self.words = row_bytes // 4
+        self.m = torch.full((n, 2 * n + 2), -1, dtype=torch.int32, device=self.dev)
+        numel = self.rows * self.words
+        zero_copy = any(rb.type != BufferKind.scratch for g in self.plan.gpus for rb in g.remote_buffers)
+        if zero_copy:
+            self.inp = w.comm.alloc(numel, dtype=torch.int32)
+            self.out = w.comm.alloc(numel, dtype=torch.int32)
+        else:
+            self.inp = torch.zeros(numel, dtype=torch.int32, device=self.dev)
+            self.out = torch.zeros(numel, dtype=torch.int32, device=self.dev)
+        self.launch = CountedLaunch(self.m.data_ptr(), row_bytes, max_rows, self.rows, self.rows)
+
+    def write(self, counts: list[list[int]], inputs: list[np.ndarray], expect: Any = None) -> None:
+        """The count matrix, this rank's input and a zeroed output, finished before it returns (a
+        zero-copy peer writes into the output once every rank met)."""
+        import torch
+
+        full = [self.rows] * self.n
+        self.m.copy_(torch.tensor(matrix(counts, full, full, expect), dtype=torch.int32))
+        self.inp.view(self.rows, self.words).copy_(torch.from_numpy(inputs[self.w.rank]))
+        self.out.fill_(0)
+        torch.cuda.synchronize()
+
+    def run(self) -> None:
+        self.w.executor.execute_counted(self.plan, self.inp, self.out, self.launch)
+
+    def bad(self, counts: list[list[int]], inputs: list[np.ndarray]) -> int:
+        """Wrong int32 words of this rank's received rows (and any word written past them)."""
+        want = _expected(counts, inputs, self.w.rank)
+        got = self.out.view(self.rows, self.words).cpu().numpy()
+        k = len(want)
+        return int((got[:k] != want).sum()) + int((got[k:] != 0).sum())
+
+
+def alltoallv_random(w: Any, plan_json: str, row_bytes: int = 48, max_rows: int = 16, cases: int = 20,
+                     seed: int = 0) -> dict:
+    """``cases`` random count matrices, each launched once and checked."""
+    c = _Call(w, plan_json, row_bytes, max_rows)
+    rng = np.random.default_rng(seed)
+    bad = 0
+    for k in range(cases):
+        counts = _counts(rng, c.n, max_rows)
+        inputs = _inputs(seed * 1000 + k, c.n, c.rows, c.words)
+        c.write(counts, inputs)
+        w.comm.barrier()
+        c.run()
+        w.executor.synchronize()
+        bad += c.bad(counts, inputs)
+    return {"rank": w.rank, "bad": bad, "kernel": w.executor.last_kernel}
+
+
+def alltoallv_graph(w: Any, plan_json: str, row_bytes: int = 48, max_rows: int = 16, replays: int = 100,
+                    seed: int = 1) -> dict:
+    """One launch captured in a CUDA graph (after an eager launch sets it up), replayed
+    ``replays`` times with a new count matrix and new inputs written before each replay."""
+    import torch
+
+    c = _Call(w, plan_json, row_bytes, max_rows)
+    rng = np.random.default_rng(seed)
+    counts = _counts(rng, c.n, max_rows)
+    inputs = _inputs(seed, c.n, c.rows, c.words)
+    c.write(counts, inputs)
+    c.run()
+    w.executor.synchronize()
+    s = torch.cuda.Stream(device=c.dev)
+    s.wait_stream(torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        c.run()
+    torch.cuda.synchronize()
+    bad = 0
+    for k in range(replays):
+        counts = _counts(rng, c.n, max_rows)
+        inputs = _inputs(seed * 1000 + k, c.n, c.rows, c.words)
+        c.write(counts, inputs)
+        w.comm.barrier()
+        g.replay()
+        torch.cuda.synchronize()
+        w.executor.check()
+        bad += c.bad(counts, inputs)
+    return {"rank": w.rank, "bad": bad, "replays": replays}
+
+
+def alltoallv_bad_counts(w: Any, plan_json: str, how: str, row_bytes: int = 48, max_rows: int = 16,
+                         timeout_s: float = 2.0) -> dict:
+    """Counts a check refuses (``how``: 'capacity' one entry over the slot capacity, 'rows' one
+    entry over the buffers' rows, 'negative' one entry below zero, 'expect' a rank expecting other rows than sent):
+    the launch raises CountsError (never a timeout, never a hang); then a reset and a good run."""
+    ex = w.executor
+    old = ex.timeout_ns
+    ex.timeout_ns = int(timeout_s * 1e9)
+    c = _Call(w, plan_json, row_bytes, max_rows)
+    n = c.n
+    counts = [[1] * n for _ in range(n)]
+    expect = None
+    if how == "capacity":
+        counts[n - 1][0] = max_rows + 1
+    elif how == "rows":
+        counts[n - 1][0] = c.rows + 1
+    elif how == "negative":
+        counts[0][n - 1] = -3
+    else:
+        expect = [[-1] * n for _ in range(n)]
+        expect[0][n - 1] = counts[n - 1][0] + 1
+    inputs = _inputs(3, n, c.rows, c.words)
+    c.write(counts, inputs, expect)
+    w.comm.barrier()
+    t0 = time.perf_counter()
+    raised, kind = "", ""
+    try:
+        c.run()
+        ex.synchronize()
+        ex.check()
+    except (CountsError, CollectiveTimeout) as e:
+        raised, kind = str(e), type(e).__name__
+    elapsed = time.perf_counter() - t0
+    untouched = int((c.out != 0).sum().item())
+    ex.timeout_ns = old
+    ex.reset()
+    good = [[2] * n for _ in range(n)]
+    c.write(good, inputs)
+    w.comm.barrier()
+    c.run()
+    ex.synchronize()
+    return {"rank": w.rank, "raised": raised, "kind": kind, "elapsed_s": elapsed, "written": untouched,
+            "after_reset_bad": c.bad(good, inputs)}
