@@ -14,8 +14,8 @@ One call is two launches, with no host synchronisation when ``out`` is given:
 The receive counts come back as a device tensor (column ``rank`` of the matrix). Without
 ``out``, the call reads the matrix on the host once to size it (its docstring says so). The
 plan is the LL one for small calls (the capacity's bytes within its range, rows a multiple of
-8 bytes), the zero-copy one when ``x`` and ``out`` are symmetric or registered, else the one
-through scratch. An engine that does not run plans with segments (the GPU executor, for now)
+8 bytes), the zero-copy one when ``x`` and ``out`` are symmetric (``Communicator.empty``), else
+the one through scratch. An engine that does not run plans with segments (the GPU executor, for now)
 sends the call to torch.distributed's ``all_to_all_single`` with the splits read on the host.
 """
 
@@ -135,7 +135,8 @@ class CountedCalls:
         found: dict[str, PlanVariant] = {}
         for v in self.catalog.matching(ALLTOALLV, self.world):
             found.setdefault(v.algorithm, v)
-        zero_copy = eng.registry.zero_copy_ok(x, out) if x.numel() and out.numel() else False
+        # zero-copy on symmetric buffers (registered tensors do not run plans with segments on the GPU)
+        zero_copy = bool(x.numel() and out.numel()) and eng.memory.is_symmetric(x) and eng.memory.is_symmetric(out)
         order = ["alltoallv_ll"] if a.row_bytes % 8 == 0 else []
         order += ["alltoallv_zero_copy"] if zero_copy else []
         order += ["alltoallv_simple"]

@@ -221,9 +221,35 @@ def run_counted_launch(ex: Any, plan: Plan, input: Any, output: Any, launch: Cou
     plan runs on symmetric buffers only. InvalidCall for a plan without segments, a row size
     the plan cannot move or tensors smaller than the launch. Collective: every rank calls it
     with the same plan, ``row_bytes`` and ``capacity``."""
-    from mscclang.errors import InvalidCall, NotPrepared
+    from mscclang.errors import InvalidCall
     from mscclang.plan.call import check_tensor
     from mscclang.plan.dtypes import kernel_code, torch_dtype_info
+
+    r = ex.comm.rank
+    for what, t, need in (("input", input, launch.in_bytes), ("output", output, launch.out_bytes)):
+        check_tensor(t, what, r, ex.comm.device)
+        if t.numel() * t.element_size() < need:
+            raise InvalidCall(f"rank {r}: the {what} holds {t.numel() * t.element_size()} bytes, the launch "
+                              f"needs {need}")
+    info = torch_dtype_info(input.dtype)
+    if info is None or not info.gpu:
+        raise InvalidCall(f"rank {r}: dtype {input.dtype} is not one the GPU runs")
+    launch_counted(ex, plan, input.data_ptr(), output.data_ptr(), kernel_code(info.code), launch, packet_type, stream)
+
+
+def run_counted_call(ex: Any, plan: Plan, call: Any, packet_type: Any = None, stream: Any = None) -> None:
+    """:func:`run_counted_launch` of a call the collective API checked
+    (:func:`mscclang.plan.call.make_counted_call`): its addresses, dtype and counted part."""
+    a = call.counted
+    launch = CountedLaunch(a.counts_ptr, a.row_bytes, a.capacity, a.in_rows, a.out_rows)
+    launch_counted(ex, plan, call.in_ptr, call.out_ptr, call.kernel_code, launch, packet_type, stream)
+
+
+def launch_counted(ex: Any, plan: Plan, in_ptr: int, out_ptr: int, dt: str, launch: CountedLaunch,
+                   packet_type: Any = None, stream: Any = None) -> None:
+    """The launch of :func:`run_counted_launch` on checked buffers at ``in_ptr``/``out_ptr`` of
+    kernel dtype code ``dt``."""
+    from mscclang.errors import InvalidCall, NotPrepared
     from mscclang.plan.segments import row_alignment
     from mscclang.runtime.device_plan import pack_blob
     from mscclang.runtime import cuda as cu
@@ -242,17 +268,8 @@ def run_counted_launch(ex: Any, plan: Plan, input: Any, output: Any, launch: Cou
         raise InvalidCall(f"rank {r}: row_bytes must be a positive multiple of {align} and capacity and rows at least "
                           f"0, got row_bytes={launch.row_bytes}, capacity={launch.capacity}, in_rows={launch.in_rows}, "
                           f"out_rows={launch.out_rows}")
-    for what, t, need in (("input", input, launch.in_bytes), ("output", output, launch.out_bytes)):
-        check_tensor(t, what, r, ex.comm.device)
-        if t.numel() * t.element_size() < need:
-            raise InvalidCall(f"rank {r}: the {what} holds {t.numel() * t.element_size()} bytes, the launch "
-                              f"needs {need}")
-    info = torch_dtype_info(input.dtype)
-    if info is None or not info.gpu:
-        raise InvalidCall(f"rank {r}: dtype {input.dtype} is not one the GPU runs")
     pkt = ex._packet(lp, packet_type)
     s = ex.launcher.current_stream() if stream is None else int(getattr(stream, "cuda_stream", stream))
-    in_ptr, out_ptr = input.data_ptr(), output.data_ptr()
     sym_in = sym_out = None
     opr = Operands()
     if lp.zero_copy:
@@ -266,7 +283,6 @@ def run_counted_launch(ex: Any, plan: Plan, input: Any, output: Any, launch: Cou
                      getattr(sym_out, "index", None), row)   # type: ignore[arg-type]
     ctx = lp.ctx
     dp = ctx.plans.get(key) if ctx is not None and ctx.scratch_bytes >= counted_scratch_bytes(plan, launch) else None
-    dt = kernel_code(info.code)
     f = ex.kernels.interpreter(dt, pkt, lp.default_op, lp.nthreads)
     if dp is None:
         if ex.launcher.stream_capturing(s):

@@ -30,7 +30,7 @@ from mscclang.runtime.abort import AbortState, Waits
 from mscclang.runtime.capture import CaptureGlue
 from mscclang.runtime.bootstrap import Bootstrap
 from mscclang.runtime.contexts import ContextPool
-from mscclang.runtime.counted import CountedLaunch, run_counted_launch
+from mscclang.runtime.counted import CountedLaunch, run_counted_call, run_counted_launch
 from mscclang.runtime.device_plan import MAX_FLAGS, check_runnable, process_work_queues
 from mscclang.runtime.engine import Engine, Key as EngineKey, bindings as engine_bindings
 from mscclang.runtime.entries import Entries
@@ -331,6 +331,9 @@ class Executor:
         nothing (None when it must be resolved at every launch: registered tensors, whose uses are
         counted; a capture session; a CUDA graph capture; a specialised kernel still wanted;
         staging)."""
+        if call.counted is not None:   # a plan with segments (mscclang.runtime.counted)
+            run_counted_call(self, plan if isinstance(plan, Plan) else plan.plan, call, packet_type, stream)
+            return None
         ab = self.abort
         if ab.aborted or ab.state():
             ab.check()

@@ -54,3 +54,11 @@ def test_bad_counts_raise_counts_error_on_every_rank(pool, name, how, text):
         assert re.search(text, r["raised"]), r["raised"]
         assert r["elapsed_s"] < 10 and r["written"] == 0
         assert r["after_reset_bad"] == 0
+
+
+def test_communicator_all_to_all_v_in_a_cuda_graph(pool):
+    """The public API on ordinary tensors: eager (with and without ``out``), then captured with
+    ``torch.cuda.set_sync_debug_mode("error")`` and replayed 100 times with new counts."""
+    for r in pool.run(f"{C}:communicator_alltoallv", 100):
+        assert r["bad"] == 0, f"rank {r['rank']}: {r['bad']} of {r['replays']} replays wrong"
+        assert r["plan"] is not None and r["plan"].startswith("alltoallv_"), r

@@ -173,3 +173,64 @@ def alltoallv_bad_counts(w: Any, plan_json: str, how: str, row_bytes: int = 48, 
     ex.synchronize()
     return {"rank": w.rank, "raised": raised, "kind": kind, "elapsed_s": elapsed, "written": untouched,
             "after_reset_bad": c.bad(good, inputs)}
+
+
+def communicator_alltoallv(w: Any, replays: int = 100, rows_per_peer: int = 6, width: int = 24,
+                           seed: int = 3) -> dict:
+    """``Communicator.all_to_all_v`` on ordinary tensors, as a user calls it: eager with and
+    without ``out`` against torch, then one call (count exchange and plan) captured in a CUDA
+    graph under ``torch.cuda.set_sync_debug_mode("error")`` (no host synchronisation in the
+    captured call) and replayed ``replays`` times with new send counts and inputs written into
+    the captured tensors: every rank's bytes compared after each replay."""
+    import torch
+
+    from tests.harness.comm_checks import communicator
+
+    comm = communicator(w)
+    n, r = w.world_size, w.rank
+    dev = torch.device("cuda", int(w.comm.device))
+    cap = n * rows_per_peer
+    gen = np.random.default_rng(seed)
+
+    def draw(k: int) -> tuple[list[list[int]], list[Any]]:
+        m = gen.integers(0, rows_per_peer + 1, size=(n, n)).tolist()
+        xs = [torch.randn(cap, width, generator=torch.Generator().manual_seed(1000 * k + p)).to(torch.bfloat16)
+              for p in range(n)]
+        return m, xs
+
+    def want(m: list[list[int]], xs: list[Any]) -> Any:
+        return torch.cat([xs[p][sum(m[p][:r]): sum(m[p][: r + 1])] for p in range(n)])
+
+    bad = 0
+    m, xs = draw(0)
+    x = xs[r].to(dev)
+    send = torch.tensor(m[r], dtype=torch.int32, device=dev)
+    got, recv = comm.all_to_all_v(x, send)                      # sized on the host
+    bad += int(not torch.equal(got.cpu().view(torch.int16), want(m, xs).view(torch.int16)))
+    out = torch.zeros(cap, width, dtype=torch.bfloat16, device=dev)
+    comm.all_to_all_v(x, send, out=out)                         # sets the plan up before the capture
+    torch.cuda.synchronize(dev)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream(device=dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(g, stream=s):
+            _, recv = comm.all_to_all_v(x, send, out=out)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    plan = comm.last_all_to_all_v
+    for k in range(1, replays + 1):
+        m, xs = draw(k)
+        x.copy_(xs[r].to(dev))
+        send.copy_(torch.tensor(m[r], dtype=torch.int32))
+        torch.cuda.synchronize(dev)
+        w.comm.barrier()
+        g.replay()
+        torch.cuda.synchronize(dev)
+        w.executor.check()
+        w_ = want(m, xs)
+        ok = torch.equal(out[: len(w_)].cpu().view(torch.int16), w_.view(torch.int16))
+        ok = ok and recv.cpu().tolist() == [m[p][r] for p in range(n)]
+        bad += int(not ok)
+    return {"rank": r, "bad": bad, "replays": replays, "plan": plan}
