@@ -107,17 +107,16 @@ def _fitting_sizes(plan: "Plan", wants: list[int], unit: int, dtype: str, limits
 
 
 def _simulate_counted(plan: "Plan", args: argparse.Namespace) -> int:
-    """A plan with segmented buffers: the GPU executor does not run those yet, so verify it on the
-    simulator over its count matrices (a size, dtype or reduce op given is refused: its sizes
-    are its counts)."""
+    """A plan with segmented buffers: its sizes are a count matrix, not message sizes, so verify it
+    on the simulator over its count matrices (a size or reduce op given is refused)."""
     from mscclang.sim.verify import verify
 
     given = [f for f, v in (("--sizes", args.sizes), ("--reduce-op", args.reduce_op)) if v]
     if given:
         raise MscclangError(f"{', '.join(given)}: plan {plan.name!r} moves segments whose sizes are its count matrix; "
                             "run it without them")
-    print(f"mscclang run: plan {plan.name!r} has segmented buffers (data-dependent counts): the GPU executor does not "
-          "run such plans yet; verifying on the simulator over its count matrices", file=sys.stderr)
+    print(f"mscclang run: plan {plan.name!r} has segmented buffers (data-dependent counts): verifying it on the "
+          "simulator over its count matrices (on GPUs it runs through Communicator.all_to_all_v)", file=sys.stderr)
     rep = verify(plan, schedules=SIM_SCHEDULES, **({"packet_types": [args.packet_type]} if args.packet_type else {}))
     print(rep)
     return rep.exit_code()
