@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
-from mscclang.bench import fused
+from mscclang.bench import alltoallv, fused
 from mscclang.bench.cells import Cell, gen_input
 from mscclang.bench.fused import FUSED, FUSED_IMPLS, fused_sizes
 from mscclang.bench.results import ORDINARY, Record
@@ -214,7 +214,8 @@ class BenchWorker:
     def setup(self) -> None:
         import torch
 
-        wants_comm = any(is_mscclang(i) for i in self.cfg.impls) or FUSED in self.cfg.colls
+        wants_comm = (any(is_mscclang(i) for i in self.cfg.impls) or FUSED in self.cfg.colls
+                      or any(c in alltoallv.CASES for c in self.cfg.colls))
         if wants_comm:
             try:
                 self.comm = self.make_comm()
@@ -265,6 +266,8 @@ class BenchWorker:
 
         if coll == fused.FUSED:
             return fused.make_cell(self, impl, nbytes)
+        if coll in alltoallv.CASES:
+            return alltoallv.make_cell(self, coll, impl, nbytes)
         n, esz, dt, dev = self.world, self.esz, self.dtype, self.device
         total = nbytes // esz
         row = collective_row(coll)
@@ -348,13 +351,17 @@ class BenchWorker:
 
     def check(self, coll: str, cell: Cell) -> tuple[bool, str]:
         """Fresh random inputs, poisoned output, one call, compare with the reference."""
-        seed = fused.fill(self, cell) if coll == fused.FUSED else self.fill(cell)  # type: ignore[arg-type]
+        counted = coll in alltoallv.CASES
+        seed = (fused.fill(self, cell) if coll == fused.FUSED else alltoallv.fill(self, cell)  # type: ignore[arg-type]
+                if counted else self.fill(cell))
         _sync(self.device)
         self.barrier()
         cell.op()
         _sync(self.device)
         if coll == fused.FUSED:
             return fused.compare(self, cell, seed)  # type: ignore[arg-type]
+        if counted:
+            return alltoallv.compare(self, cell, seed)  # type: ignore[arg-type]
         return self.compare(coll, cell, seed)
 
     def fill(self, cell: Cell) -> int:
@@ -513,7 +520,7 @@ class BenchWorker:
             emit_all("skipped: time limit")
             return
         n = self.world
-        if coll != FUSED and ((nbytes // self.esz) % n or nbytes % self.esz):
+        if coll != FUSED and coll not in alltoallv.CASES and ((nbytes // self.esz) % n or nbytes % self.esz):
             emit_all(f"skipped: {nbytes} bytes do not split into {n} ranks of {self.cfg.dtype}")
             return
         ok, err, cell = self.check_call(coll, impl, nbytes)
@@ -530,7 +537,7 @@ class BenchWorker:
         if cell is None:  # pragma: no cover - agree(ok) implies a cell
             return
         iters = iters_for(nbytes, self.cfg.iters_scale)
-        factor = collective_row(coll).busbw(n)
+        factor = collective_row("alltoallv" if coll in alltoallv.CASES else coll).busbw(n)
         for m in modes:
             times: list[float] = []
             err = ""
@@ -557,8 +564,9 @@ class BenchWorker:
 
         self.setup()
         for coll in self.cfg.colls:
-            sizes = fused_sizes(self.cfg, self.esz) if coll == FUSED else self.cfg.sizes
-            impls = FUSED_IMPLS if coll == FUSED else self.cfg.impls
+            sizes = (fused_sizes(self.cfg, self.esz) if coll == FUSED else alltoallv.sizes(self.cfg, self.esz, self.world)
+                     if coll in alltoallv.CASES else self.cfg.sizes)
+            impls = FUSED_IMPLS if coll == FUSED else alltoallv.IMPLS if coll in alltoallv.CASES else self.cfg.impls
             for nbytes in sizes:
                 for impl in impls:
                     if impl == "symm" and (coll != "all_reduce" or self.cfg.dtype != "bfloat16"):

@@ -19,7 +19,8 @@ from mscclang.cli.args import (GPU_DTYPES, add_output_option, add_sizes_option, 
 from mscclang.comm.errors import CommError
 from mscclang.comm.tuning import load_tuning
 
-ALL_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "all_reduce_add_rms_norm")
+ALL_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "all_reduce_add_rms_norm",
+             "all_to_all_v", "all_to_all_v_skewed")
 DEFAULT_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 MODES = ("graph", "eager")
 
@@ -60,11 +61,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--collectives", default=None,
                    help=f"comma list of {', '.join(ALL_COLLS)} (default: the first four; with "
                         "--first-calls: all_reduce)")
-    p.add_argument("--hidden", type=int_range_arg(8, 65536), default=DEFAULT_HIDDEN, metavar="H",
+    p.add_argument("--hidden", type=int_range_arg(8, 65536), default=None, metavar="H",
                    help="all_reduce_add_rms_norm: elements per row (default 8192); its sizes are the bytes "
                         "of x, whole rows (default 1 to 512 tokens); its columns are the fused call, "
                         "mscclang's allreduce + torch's norm, NCCL + torch's norm and FlashInfer's "
-                        "allreduce_fusion (when installed)")
+                        "allreduce_fusion (when installed). all_to_all_v, all_to_all_v_skewed (uniform and "
+                        "skewed routing): elements per row (default 7168); sizes are the bytes each rank "
+                        "sends (default 1 to 4096 rows per peer); columns mscclang's all_to_all_v and NCCL's "
+                        "all_to_all_single with splits")
     p.add_argument("--impls", default=",".join(IMPLS),
                    help="comma list of mscclang (symmetric tensors from comm.empty), ordinary "
                         "(mscclang on torch.empty tensors, captured inside comm.graph_capture()), "
@@ -133,9 +137,13 @@ def bench_config(args: argparse.Namespace) -> Any:
     chosen = _list(colls, ALL_COLLS, "collective")
     extra: dict = {}
     if "all_reduce_add_rms_norm" in chosen:   # its sizes are whole rows of x (mscclang.bench.fused)
-        extra["hidden"] = getattr(args, "hidden", 8192)
+        extra["hidden"] = getattr(args, "hidden", None) or DEFAULT_HIDDEN
         if args.sizes:
             extra["fused_sizes"] = list(args.sizes)
+    if {"all_to_all_v", "all_to_all_v_skewed"} & set(chosen):   # rows of --hidden (mscclang.bench.alltoallv)
+        extra["hidden"] = getattr(args, "hidden", None) or 7168
+        if args.sizes:
+            extra["a2av_sizes"] = list(args.sizes)
     gpn = getattr(args, "gpus_per_node", None)
     if gpn is not None:
         if gpn < 1:
@@ -224,7 +232,7 @@ def _check_mode_options(args: argparse.Namespace) -> None:
     given = {"--quick": args.quick, "--impls": args.impls != ",".join(IMPLS),
              "--modes": args.modes != ",".join(MODES), "--algos": bool(args.algos),
              "--gpus-per-node": args.gpus_per_node is not None,
-             "--hidden": args.hidden != DEFAULT_HIDDEN, "--sizes": args.sizes is not None,
+             "--hidden": args.hidden is not None, "--sizes": args.sizes is not None,
              "--collectives": args.collectives is not None, "--calls": args.calls is not None,
              "--repeats": args.repeats is not None, "--json": args.json is not None,
              "--warm-up": bool(getattr(args, "warm_up", False))}
