@@ -24,6 +24,7 @@ CALLS = {
     "all_gather": lambda c: c.all_gather(torch.ones(8)),
     "reduce_scatter": lambda c: c.reduce_scatter(torch.ones(8)),
     "all_to_all": lambda c: c.all_to_all(torch.ones(8)),
+    "all_to_all_v": lambda c: c.all_to_all_v(torch.ones(4, 4), torch.tensor([2, 2])),
     "broadcast": lambda c: c.broadcast(torch.ones(8)),
     "send_recv": lambda c: c.send_recv(torch.ones(8)),
     "send": lambda c: c.send(torch.ones(8), 1),
