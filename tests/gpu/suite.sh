@@ -8,6 +8,7 @@
 #   bash tests/gpu/suite.sh all    # every file of tests/gpu, 2 ranks sharing the GPU
 #   bash tests/gpu/suite.sh wide   # the 4- and 8-rank parts: consistency, every shipped plan, fused
 #   bash tests/gpu/suite.sh invariant   # the 4- and 8-rank part of batch invariance
+#   bash tests/gpu/suite.sh files F...  # the given test files only, 2 ranks
 #
 # Independent test files run in parallel worker pools (pytest-xdist: each xdist worker holds its
 # own pool of rank processes, so WORKERS x RANKS processes share the GPU: each holds about 3.5 GB,
@@ -21,7 +22,7 @@
 # the longest took 102 s beside 4 other pools), MSCCLANG_TEST_DUMP_S (rank stacks dumped, 180 s),
 # F8 (the 8-rank part's files, in the order they run; default: those of the 4-rank part).
 set -u
-what=${1:?usage: bash tests/gpu/suite.sh all|wide|invariant}
+what=${1:?usage: bash tests/gpu/suite.sh all|wide|invariant|files F...}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [ -f .whl/prelude.sh ]; then . .whl/prelude.sh || exit 1; else export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"; fi
 export NCCL_NVLS_ENABLE=0 MSCCLANG_TEST_TIMEOUT_S=${MSCCLANG_TEST_TIMEOUT_S:-20} PYTHONUNBUFFERED=1
@@ -57,12 +58,15 @@ case "$what" in
     part ranks4 4 1 $F &
     part ranks8 8 "${WIDE_WORKERS:-1}" ${F8:-$F} &
     wait ;;
+  files)   # the given test files only, 2 ranks sharing the GPU (after a change, before `all`)
+    shift
+    part files 2 "${WORKERS:-2}" "$@" ;;
   invariant)   # batch invariance at 4 and 8 ranks (2 ranks: in `all`)
     F=tests/gpu/test_batch_invariant_gpu.py
     part invariant4 4 1 $F &
     part invariant8 8 1 $F &
     wait ;;
-  *) echo "usage: bash tests/gpu/suite.sh all|wide|invariant" >&2; exit 2 ;;
+  *) echo "usage: bash tests/gpu/suite.sh all|wide|invariant|files F..." >&2; exit 2 ;;
 esac
 for f in "$OUT"/gpu_*.log; do
   echo "== $f"; grep -E "^(FAILED|ERROR)|^E  |SKIPPED|^[0-9.]+s (call|setup)" "$f" | cut -c1-220 | head -60
