@@ -21,7 +21,6 @@ sends the call to torch.distributed's ``all_to_all_single`` with the splits read
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from mscclang.comm.catalog import Catalog, PlanVariant
@@ -37,25 +36,29 @@ UNSIZED = 2**31 - 1
 __all__ = ["CountedCalls", "ALLTOALLV"]
 
 
-@dataclass
 class CountedCalls:
-    """The all-to-all-v calls of one rank: ``rank`` of ``world`` on ``device``; ``engine()``
-    the communicator's engine (None: none); ``all_gather(inp, out)`` its all-gather (the count
-    exchange); ``fallback()`` its torch.distributed fallback (CommError when disabled);
-    ``catalog`` its plans; ``note(what, message)`` logs once. ``last``: the plan the last call
-    ran (None: the fallback)."""
+    """The all-to-all-v calls of one rank, beside the rank's :class:`~mscclang.comm.launch.Launch`
+    ``runs`` (its planner's rank, world and device, its engine, its torch.distributed fallback
+    and its log), the communicator's ``catalog`` and its ``all_gather(inp, out)`` (the count
+    exchange). ``last``: the plan the last call ran (None: the fallback)."""
 
-    rank: int
-    world: int
-    device: Any
-    engine: Callable[[], Any]
-    all_gather: Callable[[Any, Any], Any]
-    fallback: Callable[[str], Any]
-    catalog: Catalog
-    note: Callable[[str, str], None]
-    last: Optional[str] = None
-    _row: Any = field(default=None, repr=False)
-    _matrix: Any = field(default=None, repr=False)
+    def __init__(self, runs: Any, catalog: Catalog, all_gather: Callable[[Any, Any], Any]) -> None:
+        self.runs = runs
+        self.rank, self.world, self.device = runs.planner.rank, runs.planner.world_size, runs.planner.device
+        self.catalog = catalog
+        self.all_gather = all_gather
+        self.note = runs.note
+        self.last: Optional[str] = None
+        self._row: Any = None
+        self._matrix: Any = None
+
+    def engine(self) -> Any:
+        """The rank's engine now (None: none, or closed)."""
+        return self.runs.engine
+
+    def fallback(self, what: str) -> Any:
+        """The torch.distributed fallback (CommError when disabled)."""
+        return self.runs.need_fallback(what)
 
     def matrix(self) -> Any:
         """The count matrix of the last exchange (int32 ``[n, 2 n + 2]``, on the device)."""

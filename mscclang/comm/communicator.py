@@ -118,9 +118,7 @@ class Communicator:
         self.planner = Planner(self.rank, self.world_size, self.device, self.backend, self.selector,
                                self._fallback is not None, self._note, self._runtime_error)
         self._runs = Launch(self.planner, self.backend, self._fallback, self._calls, self._note)
-        self._counted = CountedCalls(self.rank, self.world_size, self.device, lambda: self._backend,
-                                     lambda inp, out: self.all_gather(inp, out=out), self._runs.need_fallback,
-                                     self.catalog, self._note)
+        self._counted = CountedCalls(self._runs, self.catalog, lambda inp, out: self.all_gather(inp, out=out))
 
     @property
     def backend(self) -> Optional[Engine]:
