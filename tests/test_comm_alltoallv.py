@@ -196,3 +196,16 @@ def test_expectations_and_capacities_that_disagree_raise_on_every_rank() -> None
     assert "passed a capacity of 5 rows, rank 0 4" in res[0][0][1]
     for r, (_, got) in enumerate(res):
         assert torch.equal(got[:4], torch.cat([torch.zeros(2, 4), torch.ones(2, 4)]))
+
+
+def test_recv_counts_outlive_the_next_call() -> None:
+    n = 2
+
+    def body(comm):
+        r = comm.rank
+        _, first = comm.all_to_all_v(torch.ones(4, 4), torch.tensor([1, 3], dtype=torch.int32), out=torch.zeros(6, 4))
+        comm.all_to_all_v(torch.ones(4, 4), torch.tensor([2, 2], dtype=torch.int32), out=torch.zeros(6, 4))
+        return first.tolist()
+
+    res, _, _ = run_ranks(n, body, plans=_plans(n), engine="sim")
+    assert res == [[1, 1], [3, 3]]

@@ -93,7 +93,7 @@ class CountedCalls:
             row[n + 2:].copy_(self._counts_arg(expect, "the expected receive counts"))
         self.all_gather(row, self._matrix.view(-1))
         m = self._matrix
-        recv = m[:, r].to(counts.dtype)
+        recv = m[:, r].to(counts.dtype, copy=True)   # its own tensor: the next call rewrites the matrix
         host = None
         if out is None:   # one host read of the matrix: this rank's rows, every rank's capacity
             host = self._host_matrix(what)
