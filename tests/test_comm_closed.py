@@ -25,6 +25,8 @@ CALLS = {
     "reduce_scatter": lambda c: c.reduce_scatter(torch.ones(8)),
     "all_to_all": lambda c: c.all_to_all(torch.ones(8)),
     "all_to_all_v": lambda c: c.all_to_all_v(torch.ones(4, 4), torch.tensor([2, 2])),
+    "moe_dispatch": lambda c: c.moe_dispatch(torch.ones(2, 8), torch.zeros(2, 1, dtype=torch.int64), 2, capacity=4),
+    "moe_combine": lambda c: c.moe_combine(torch.ones(1, 4, 8), torch.ones(2, 1), None),
     "broadcast": lambda c: c.broadcast(torch.ones(8)),
     "send_recv": lambda c: c.send_recv(torch.ones(8)),
     "send": lambda c: c.send(torch.ones(8), 1),

@@ -21,6 +21,7 @@ from mscclang.comm.catalog import Catalog
 from mscclang.comm.errors import CommError
 from mscclang.comm.fallback import FallbackCalls, TorchFallback
 from mscclang.comm.launch import Launch, capturing
+from mscclang.comm.moe import MoECalls, MoEHandle
 from mscclang.comm.planner import CallPlan, Planner, comm_errors
 from mscclang.comm.selector import Choice, Selector
 from mscclang.comm.tracing import Tracing, check_traceable
@@ -119,6 +120,8 @@ class Communicator:
                                self._fallback is not None, self._note, self._runtime_error)
         self._runs = Launch(self.planner, self.backend, self._fallback, self._calls, self._note)
         self._counted = CountedCalls(self._runs, self.catalog, lambda inp, out: self.all_gather(inp, out=out))
+        self._moe = MoECalls(self.rank, self.world_size, self.device, lambda inp, out: self.all_gather(inp, out=out),
+                             lambda x, counts, out, cap: self.all_to_all_v(x, counts, out=out, capacity=cap))
 
     @property
     def backend(self) -> Optional[Engine]:
@@ -299,9 +302,9 @@ class Communicator:
         Returns ``(out, recv_counts)``, ``recv_counts`` a device tensor of ``send_counts``'s dtype.
 
         With ``out`` given the call does not synchronise with the host, so a CUDA graph captured
-        once replays it with new counts. ``capacity`` is the most rows any rank's ``out`` takes,
-        the same on every rank (default: ``out``'s rows, which must then be the same on every
-        rank); it sizes the plans' scratch. ``expect_counts`` (like ``send_counts``): the rows this
+        once replays it with new counts. ``capacity`` bounds the rows any one rank sends any one
+        rank, the same on every rank (default: ``out``'s rows, which must then be the same on
+        every rank); it sizes the plans' scratch slots. ``expect_counts`` (like ``send_counts``): the rows this
         rank expects from each rank (torch.distributed's output splits); a rank whose expectation
         differs from what its sender sends raises :class:`~mscclang.errors.CountsError` on every
         rank.
@@ -313,6 +316,29 @@ class Communicator:
         ``last_all_to_all_v`` names the one the last call ran (None: torch.distributed)."""
         self._check_open("all_to_all_v")
         return self._counted.all_to_all_v(x, send_counts, out, expect_counts, capacity)
+
+    def moe_dispatch(self, tokens: Any, topk_idx: Any, num_experts: int, *, capacity: int,
+                     check: bool = True) -> tuple[Any, Any, MoEHandle]:
+        """Expert-parallel dispatch: each token's row ``tokens[t]`` (``[T, H]``) goes to the rank
+        of each of its experts ``topk_idx[t]`` (``[T, k]`` ints; expert ``e`` on rank ``e //
+        (num_experts // world_size)``; ``-1``: a dropped slot). Returns ``(expert_tokens,
+        expert_counts, handle)``: ``expert_tokens`` ``[local_experts, capacity, H]``, each local
+        expert's rows ordered by (source rank, token, slot); ``expert_counts`` ``[local_experts]``
+        on the device; ``handle`` for :meth:`moe_combine`. Every step runs on the device (no host
+        synchronisation inside a CUDA graph capture; see :mod:`mscclang.comm.moe`). Bad shapes
+        raise InvalidCall at once; with ``check`` (outside a capture) expert ids out of range and
+        experts over ``capacity`` raise InvalidCall on every rank (one host read)."""
+        self._check_open("moe_dispatch")
+        return self._moe.dispatch(tokens, topk_idx, num_experts, capacity, check)
+
+    def moe_combine(self, expert_out: Any, topk_weights: Any, handle: MoEHandle) -> Any:
+        """Expert-parallel combine: the experts' outputs ``expert_out`` (``[local_experts,
+        capacity, H]``, the dispatch's layout) go back to their tokens' ranks, and each token's
+        ``k`` rows are summed with ``topk_weights`` (``[T, k]``) in slot order in fp32, then cast:
+        deterministic (no atomics), a token's bits independent of the rest of the batch.
+        Returns ``[T, H]``."""
+        self._check_open("moe_combine")
+        return self._moe.combine(expert_out, topk_weights, handle)
 
     @property
     def last_all_to_all_v(self) -> Optional[str]:

@@ -1,0 +1,153 @@
+"""Communicator.moe_dispatch and moe_combine on the library's all-to-all-v plans, run by the
+simulator (one thread per rank), against a one-process reference in plain torch: every rank's
+expert rows and counts, and every rank's combined tokens bit for bit, at 2, 4 and 8 ranks, for
+routings with an expert that gets no token, one expert that gets every token, T = 1 and T up to
+the capacity; a token's combined bits do not depend on the batch; bad input is refused on every
+rank."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mscclang.comm.sim_ranks import run_ranks
+from mscclang.errors import InvalidCall
+from tests.harness.sim_plans import library_plans
+
+H = 8
+
+
+def _plans(n: int) -> list:
+    return library_plans(["alltoallv_ll", "alltoallv_simple", "allgather_ll"], n)
+
+
+def _routing(kind: str, n: int, T: int, k: int, E: int, seed: int) -> list[torch.Tensor]:
+    """Each rank's topk_idx [T, k]."""
+    out = []
+    for r in range(n):
+        g = torch.Generator().manual_seed(seed * 100 + r)
+        if kind == "one expert takes all":
+            idx = torch.zeros(T, k, dtype=torch.int64)
+            idx[:, 1:] = -1                                   # the other slots dropped
+        elif kind == "an expert gets nothing":
+            idx = torch.stack([torch.randperm(E - 1, generator=g)[:k] + 1 for _ in range(T)])   # never expert 0
+        else:
+            idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+            idx[torch.rand(T, k, generator=g) < 0.2] = -1     # dropped slots
+        out.append(idx)
+    return out
+
+
+def _tokens(n: int, T: int, seed: int) -> list[torch.Tensor]:
+    return [torch.randn(T, H, generator=torch.Generator().manual_seed(seed * 7 + r)).to(torch.bfloat16)
+            for r in range(n)]
+
+
+def _ref_dispatch(toks, idxs, E, n, C, r):
+    """Rank r's expert rows: for each local expert, rows by (source rank, token, slot)."""
+    L = E // n
+    out = torch.zeros(L, C, H, dtype=toks[0].dtype)
+    counts = [0] * L
+    for l in range(L):
+        e = r * L + l
+        for p in range(n):
+            for t in range(idxs[p].shape[0]):
+                for j in range(idxs[p].shape[1]):
+                    if int(idxs[p][t, j]) == e:
+                        if counts[l] < C:
+                            out[l, counts[l]] = toks[p][t]
+                        counts[l] += 1
+    return out, counts
+
+
+def _expert_fn(x: torch.Tensor, r: int) -> torch.Tensor:
+    return (x.float() * (r + 2) - 1).to(x.dtype)
+
+
+def _ref_combine(toks, idxs, ws, n, E, r):
+    L = E // n
+    T, k = idxs[r].shape
+    acc = torch.zeros(T, H, dtype=torch.float32)
+    for j in range(k):
+        for t in range(T):
+            e = int(idxs[r][t, j])
+            if e >= 0 and float(ws[r][t, j]) != 0:
+                acc[t] = acc[t] + ws[r][t, j].float() * _expert_fn(toks[r][t:t + 1], e // L)[0].float()
+    return acc.to(toks[0].dtype)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("kind,T", [("random", 5), ("an expert gets nothing", 3), ("one expert takes all", 4),
+                                    ("random", 1)])
+def test_dispatch_and_combine_match_plain_torch(n: int, kind: str, T: int) -> None:
+    E, k = 2 * n, 2
+    C = n * T * k                                              # up to every token of every rank
+    idxs = _routing(kind, n, T, k, E, n + T)
+    toks = _tokens(n, T, n)
+    ws = [torch.rand(T, k, generator=torch.Generator().manual_seed(50 + r)) for r in range(n)]
+
+    def body(comm):
+        r = comm.rank
+        ex, counts, h = comm.moe_dispatch(toks[r], idxs[r], E, capacity=C)
+        y = comm.moe_combine(_expert_fn(ex, r), ws[r], h)
+        return ex.clone(), counts.clone(), y
+
+    res, _, fb = run_ranks(n, body, plans=_plans(n), engine="sim")
+    for r, (ex, counts, y) in enumerate(res):
+        want, want_counts = _ref_dispatch(toks, idxs, E, n, C, r)
+        assert counts.tolist() == want_counts, r
+        for l, c in enumerate(want_counts):
+            assert torch.equal(ex[l, :c].view(torch.int16), want[l, :c].view(torch.int16)), (r, l)
+        assert torch.equal(y.view(torch.int16), _ref_combine(toks, idxs, ws, n, E, r).view(torch.int16)), r
+    assert fb.calls == []
+
+
+def test_a_tokens_combined_bits_do_not_depend_on_the_batch() -> None:
+    n, E, k = 2, 4, 2
+    first = {}
+    for T in (1, 5, 33):
+        idxs = _routing("random", n, T, k, E, 9)
+        for idx in idxs:
+            idx[0] = torch.tensor([1, 3])                      # token 0: the same experts every time
+        toks = _tokens(n, T, 3)
+        base = _tokens(n, 1, 3)
+        for r in range(n):
+            toks[r][0] = base[r][0]
+        ws = [torch.rand(T, k, generator=torch.Generator().manual_seed(T)) for _ in range(n)]
+        for r in range(n):
+            ws[r][0] = torch.tensor([0.3, 0.7])
+
+        def body(comm):
+            ex, _, h = comm.moe_dispatch(toks[comm.rank], idxs[comm.rank], E, capacity=n * T * k)
+            return comm.moe_combine(_expert_fn(ex, comm.rank), ws[comm.rank], h)[0]
+
+        res, _, _ = run_ranks(n, body, plans=_plans(n), engine="sim")
+        for r, y0 in enumerate(res):
+            first.setdefault(r, y0)
+            assert torch.equal(y0.view(torch.int16), first[r].view(torch.int16)), (T, r)
+
+
+def test_bad_input_is_refused_on_every_rank() -> None:
+    n, E = 2, 4
+
+    def body(comm):
+        msgs = []
+        x = torch.ones(3, H, dtype=torch.bfloat16)
+        for args, kw in (((x, torch.tensor([[0, 1], [2, 4], [1, 1]]), E), {"capacity": 8}),      # id 4 out of range
+                         ((x, torch.tensor([[0, 1], [0, 2], [0, 1]]), E), {"capacity": 2}),      # expert 0 gets 6 rows
+                         ((x, torch.zeros(3, 5, dtype=torch.int64), E), {"capacity": 8}),       # k > experts
+                         ((x, torch.zeros(2, 2, dtype=torch.int64), E), {"capacity": 8}),       # T mismatch
+                         ((x, torch.zeros(3, 2, dtype=torch.int64), 3), {"capacity": 8})):      # 3 experts, 2 ranks
+            try:
+                comm.moe_dispatch(*args, **kw)
+            except InvalidCall as e:
+                msgs.append(str(e))
+        return msgs
+
+    res, _, _ = run_ranks(n, body, plans=_plans(n), engine="sim")
+    assert res[0][:2] == res[1][:2] and len(res[0]) == 5
+    assert "rank 0: moe_dispatch: 1 expert id(s) outside -1 .. 3" in res[0][0]
+    assert "expert 0 (rank 0) gets 6 rows, more than its capacity of 2" in res[0][1]
+    assert "k = 5 experts per token is more than the 4 experts" in res[0][2]
+    assert "topk_idx must be [T, k] with T = 3" in res[0][3]
+    assert "3 experts do not spread evenly over 2 ranks" in res[0][4]
