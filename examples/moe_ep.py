@@ -41,7 +41,7 @@ def main() -> int:
         print("run me with a launcher: torchrun --nproc-per-node N examples/moe_ep.py", file=sys.stderr)
         return 2
 
-    import mscclang.distributed  # noqa: F401  (the "mscclang" backend)
+    import mscclang.distributed  # noqa: F401  (registers the "mscclang" backend)
     from mscclang import Communicator
 
     cuda = torch.cuda.is_available()

@@ -12,7 +12,6 @@ import json
 import logging
 import multiprocessing as mp
 import os
-import socket
 import subprocess
 import sys
 import traceback
@@ -22,6 +21,8 @@ from typing import Callable
 import pytest
 import torch
 import torch.distributed as dist
+
+from tests.harness.launch import free_port, torchrun_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 WORLD = 2
@@ -375,21 +376,10 @@ def test_import_registers_once():
     assert dist.Backend.backend_list.count(md.BACKEND_NAME) == 1
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_ddp_example_under_torchrun():
     """examples/ddp_mscclang.py: 50 DDP steps on mscclang, then on gloo, bit-identical; on a CPU
     no mscclang plan runs (every call falls back to gloo), and the script says so."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        "--master-port", str(_free_port()), str(ROOT / "examples" / "ddp_mscclang.py")],
-                       env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    p = torchrun_cpu(ROOT / "examples" / "ddp_mscclang.py")
     assert p.returncode == 0, p.stdout + p.stderr
     for r in (0, 1):
         assert (f"ddp_mscclang: rank {r}: 50 steps on mscclang and on gloo: parameters bit-identical "
@@ -407,7 +397,7 @@ def test_torch_callers_under_torchrun(tmp_path):
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     out = tmp_path / "checks.json"
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        "--master-port", str(_free_port()), str(ROOT / "tools" / "backend_checks.py"),
+                        "--master-port", str(free_port()), str(ROOT / "tools" / "backend_checks.py"),
                         "--out", str(out)], env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     import json
@@ -438,7 +428,7 @@ def test_the_default_group_can_be_destroyed_and_made_again_under_torchrun(tmp_pa
         for r in (0, 1):
             (tmp_path / f"ok{r}").unlink(missing_ok=True)
         p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                            "--master-port", str(_free_port()), str(script)],
+                            "--master-port", str(free_port()), str(script)],
                            env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         assert (tmp_path / "ok0").exists() and (tmp_path / "ok1").exists()
@@ -449,7 +439,7 @@ def _torchrun(script, *args, timeout=180):
     env["CUDA_VISIBLE_DEVICES"] = ""
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", str(_free_port()), str(script), *args],
+                           "--master-port", str(free_port()), str(script), *args],
                           env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 

@@ -7,28 +7,16 @@ from __future__ import annotations
 
 import ast
 import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness.launch import ROOT, torchrun_cpu
+
 SCRIPT = ROOT / "examples" / "graph_allreduce.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_runs_under_torchrun_on_the_cpu():
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")   # this checkout's mscclang
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        "--master-port", str(_free_port()), str(SCRIPT), "--numel", "1000", "--replays", "3"],
-                       env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    p = torchrun_cpu(SCRIPT, "--numel", "1000", "--replays", "3")
     assert p.returncode == 0, p.stdout + p.stderr
     for r in (0, 1):
         # on a CPU every call falls back: gloo is compared with gloo, and the script says so

@@ -6,29 +6,16 @@ it."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness.launch import ROOT, torchrun_cpu
+
 SCRIPT = ROOT / "examples" / "moe_ep.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_runs_under_torchrun_on_the_cpu():
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        "--master-port", str(_free_port()), str(SCRIPT), "--steps", "2", "--experts", "8",
-                        "--hidden", "64", "--tokens", "5"],
-                       capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+    p = torchrun_cpu(SCRIPT, "--steps", "2", "--experts", "8", "--hidden", "64", "--tokens", "5")
     assert p.returncode == 0, p.stdout + p.stderr
     lines = [ln for ln in p.stdout.splitlines() if "EP layer" in ln]
     assert len(lines) == 2 and all(ln.endswith("ok (fallback: the exchanges ran on torch.distributed)") for ln in lines)

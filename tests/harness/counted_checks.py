@@ -175,6 +175,24 @@ def alltoallv_bad_counts(w: Any, plan_json: str, how: str, row_bytes: int = 48, 
             "after_reset_bad": c.bad(good, inputs)}
 
 
+def _captured(dev: Any, body: Any) -> tuple[Any, Any]:
+    """``body()`` captured in a CUDA graph on a side stream with ``torch.cuda.set_sync_debug_mode
+    ("error")`` (a host synchronisation inside it raises); the graph and what ``body`` returned."""
+    import torch
+
+    torch.cuda.synchronize(dev)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream(device=dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(g, stream=s):
+            got = body()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return g, got
+
+
 def communicator_alltoallv(w: Any, replays: int = 100, rows_per_peer: int = 6, width: int = 24,
                            seed: int = 3) -> dict:
     """``Communicator.all_to_all_v`` on ordinary tensors, as a user calls it: eager with and
@@ -209,16 +227,7 @@ def communicator_alltoallv(w: Any, replays: int = 100, rows_per_peer: int = 6, w
     bad += int(not torch.equal(got.cpu().view(torch.int16), want(m, xs).view(torch.int16)))
     out = torch.zeros(cap, width, dtype=torch.bfloat16, device=dev)
     comm.all_to_all_v(x, send, out=out)                         # sets the plan up before the capture
-    torch.cuda.synchronize(dev)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream(device=dev)
-    s.wait_stream(torch.cuda.current_stream(dev))
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.graph(g, stream=s):
-            _, recv = comm.all_to_all_v(x, send, out=out)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    g, (_, recv) = _captured(dev, lambda: comm.all_to_all_v(x, send, out=out))
     plan = comm.last_all_to_all_v
     for k in range(1, replays + 1):
         m, xs = draw(k)
@@ -288,16 +297,7 @@ def communicator_moe(w: Any, replays: int = 100, tokens: int = 8, hidden: int = 
         return ex, cnt, comm.moe_combine((ex.float() * scale).to(ex.dtype), wt, h)
 
     layer()
-    torch.cuda.synchronize(dev)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream(device=dev)
-    s.wait_stream(torch.cuda.current_stream(dev))
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.graph(g, stream=s):
-            ex, cnt, y = layer()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    g, (ex, cnt, y) = _captured(dev, layer)
     bad = 0
     for step in range(1, replays + 1):
         for t, v in zip((x, idx, wt), draw(step, r)):
