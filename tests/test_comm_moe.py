@@ -46,7 +46,7 @@ def _tokens(n: int, T: int, seed: int) -> list[torch.Tensor]:
 def _ref_dispatch(toks, idxs, E, n, C, r):
     """Rank r's expert rows: for each local expert, rows by (source rank, token, slot)."""
     L = E // n
-    out = torch.zeros(L, C, H, dtype=toks[0].dtype)
+    out = torch.zeros(L, C, toks[0].shape[1], dtype=toks[0].dtype)
     counts = [0] * L
     for l in range(L):
         e = r * L + l
@@ -151,3 +151,40 @@ def test_bad_input_is_refused_on_every_rank() -> None:
     assert "k = 5 experts per token is more than the 4 experts" in res[0][2]
     assert "topk_idx must be [T, k] with T = 3" in res[0][3]
     assert "3 experts do not spread evenly over 2 ranks" in res[0][4]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_fp8_dispatch_carries_each_rows_scale(n: int) -> None:
+    from mscclang.comm.moe import quantize_rows
+
+    E, k, T = 2 * n, 2, 4
+    C = n * T * k
+    idxs = _routing("random", n, T, k, E, 11)
+    toks = [t.float() * (r + 1) for r, t in enumerate(_tokens(n, T, 4))]
+
+    def body(comm):
+        (q, scale), counts, _ = comm.moe_dispatch(toks[comm.rank], idxs[comm.rank], E, capacity=C, fp8=True)
+        return q.clone(), scale.clone(), counts.clone()
+
+    res, _, _ = run_ranks(n, body, plans=_plans(n), engine="sim")
+    payload = [quantize_rows(t) for t in toks]
+    for r, (q, scale, counts) in enumerate(res):
+        want, want_counts = _ref_dispatch(payload, idxs, E, n, C, r)   # the same rows, as bytes
+        assert counts.tolist() == want_counts and q.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
+        for l, c in enumerate(want_counts):
+            assert torch.equal(q[l, :c].view(torch.uint8), want[l, :c, :H]), (r, l)
+            assert torch.equal(scale[l, :c].view(torch.uint8).reshape(c, 4), want[l, :c, H:]), (r, l)
+            deq = q[l, :c].float() * scale[l, :c, None]
+            src = want[l, :c, :H].view(torch.float8_e4m3fn).float() * want[l, :c, H:].contiguous().view(torch.float32)
+            assert torch.equal(deq, src)
+
+
+def test_fp8_rows_must_be_whole_words() -> None:
+    def body(comm):
+        try:
+            comm.moe_dispatch(torch.ones(2, 6), torch.zeros(2, 1, dtype=torch.int64), 2, capacity=4, fp8=True)
+        except InvalidCall as e:
+            return str(e)
+
+    res, _, _ = run_ranks(2, body, plans=_plans(2), engine="sim")
+    assert "H must be a multiple of 4" in res[0]

@@ -318,7 +318,7 @@ class Communicator:
         return self._counted.all_to_all_v(x, send_counts, out, expect_counts, capacity)
 
     def moe_dispatch(self, tokens: Any, topk_idx: Any, num_experts: int, *, capacity: int,
-                     check: bool = True) -> tuple[Any, Any, MoEHandle]:
+                     check: bool = True, fp8: bool = False) -> tuple[Any, Any, MoEHandle]:
         """Expert-parallel dispatch: each token's row ``tokens[t]`` (``[T, H]``) goes to the rank
         of each of its experts ``topk_idx[t]`` (``[T, k]`` ints; expert ``e`` on rank ``e //
         (num_experts // world_size)``; ``-1``: a dropped slot). Returns ``(expert_tokens,
@@ -327,9 +327,13 @@ class Communicator:
         on the device; ``handle`` for :meth:`moe_combine`. Every step runs on the device (no host
         synchronisation inside a CUDA graph capture; see :mod:`mscclang.comm.moe`). Bad shapes
         raise InvalidCall at once; with ``check`` (outside a capture) expert ids out of range and
-        experts over ``capacity`` raise InvalidCall on every rank (one host read)."""
+        experts over ``capacity`` raise InvalidCall on every rank (one host read). With ``fp8``
+        each row travels as float8_e4m3fn with its float32 scale (``max|row| / 448``) and
+        ``expert_tokens`` is ``(rows [local_experts, capacity, H] float8_e4m3fn, scales
+        [local_experts, capacity] float32)``, a row being about ``rows.float() * scale``
+        (:func:`mscclang.comm.moe.quantize_rows`; H a multiple of 4)."""
         self._check_open("moe_dispatch")
-        return self._moe.dispatch(tokens, topk_idx, num_experts, capacity, check)
+        return self._moe.dispatch(tokens, topk_idx, num_experts, capacity, check, fp8)
 
     def moe_combine(self, expert_out: Any, topk_weights: Any, handle: MoEHandle) -> Any:
         """Expert-parallel combine: the experts' outputs ``expert_out`` (``[local_experts,

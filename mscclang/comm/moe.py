@@ -90,13 +90,19 @@ class MoECalls:
         return k, num_experts // n, num_experts
 
     def dispatch(self, tokens: Any, topk_idx: Any, num_experts: int, capacity: int,
-                 check: bool = True) -> tuple[Any, Any, MoEHandle]:
+                 check: bool = True, fp8: bool = False) -> tuple[Any, Any, MoEHandle]:
         """See :meth:`mscclang.comm.communicator.Communicator.moe_dispatch`."""
         import torch
 
         n, r = self.world, self.rank
         k, L, E = self._shapes(tokens, topk_idx, num_experts, capacity)
         T, H = int(tokens.shape[0]), int(tokens.shape[1])
+        if fp8:
+            if H % 4:
+                raise InvalidCall(f"rank {r}: moe_dispatch: an FP8 row ({H} bytes) and its 4-byte scale travel "
+                                  "as one row of whole 4-byte words: H must be a multiple of 4")
+            tokens = quantize_rows(tokens).view(torch.int32)   # moved as 4-byte words
+            H = (H + 4) // 4
         dev = tokens.device
         e = topk_idx.reshape(-1).to(torch.int64)
         valid = (e >= 0) & (e < E)
@@ -123,7 +129,12 @@ class MoECalls:
         expert.index_copy_(0, place, out)
         expert_counts = local.sum(0)
         handle = MoEHandle(order, send, recv, place, T, k, valid, L, capacity)
-        return expert[: L * capacity].view(L, capacity, H), expert_counts, handle
+        rows = expert[: L * capacity]
+        if fp8:   # each row: the bytes of float8_e4m3fn, then its float32 scale
+            b = rows.view(torch.uint8)
+            q = b[:, :-4].contiguous().view(torch.float8_e4m3fn).view(L, capacity, -1)
+            return (q, b[:, -4:].contiguous().view(torch.float32).view(L, capacity)), expert_counts, handle
+        return rows.view(L, capacity, H), expert_counts, handle
 
     def combine(self, expert_out: Any, topk_weights: Any, handle: MoEHandle) -> Any:
         """See :meth:`mscclang.comm.communicator.Communicator.moe_combine`."""
@@ -151,6 +162,24 @@ class MoECalls:
         for j in range(h.k):                                        # slot order, fp32: the same bits at any T
             acc = acc + torch.where(w[:, j:j + 1] != 0, w[:, j:j + 1] * slots[:, j].float(), 0.0)
         return acc.to(expert_out.dtype)
+
+
+#: the largest finite float8_e4m3fn: a row's scale maps its largest magnitude onto it
+FP8_MAX = 448.0
+
+
+def quantize_rows(x: Any) -> Any:
+    """The FP8 payload of rows ``x`` (``[T, H]``): per row ``scale = max|x| / 448`` (1 for a zero
+    row), ``q = (x / scale)`` as float8_e4m3fn (round to nearest even, in range by construction),
+    laid out as one uint8 row of ``H`` bytes of ``q`` then the 4 bytes of ``scale`` (float32):
+    ``x`` is about ``q.float() * scale``."""
+    import torch
+
+    xf = x.float()
+    amax = xf.abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (xf / scale).to(torch.float8_e4m3fn)
+    return torch.cat([q.view(torch.uint8), scale.view(torch.uint8).view(-1, 4)], dim=1)
 
 
 def _places(local: Any, L: int, C: int, n: int) -> Any:
