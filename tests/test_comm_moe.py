@@ -188,3 +188,27 @@ def test_fp8_rows_must_be_whole_words() -> None:
 
     res, _, _ = run_ranks(2, body, plans=_plans(2), engine="sim")
     assert "H must be a multiple of 4" in res[0]
+
+
+def test_ranks_with_different_token_counts() -> None:
+    n, E, k = 4, 8, 2
+    Ts = [1, 6, 0, 3]
+    C = sum(Ts) * k
+    idxs = [_routing("random", n, T, k, E, 20 + T)[r] if T else torch.zeros(0, k, dtype=torch.int64)
+            for r, T in enumerate(Ts)]
+    toks = [_tokens(n, max(T, 1), 5)[r][:T] for r, T in enumerate(Ts)]
+    ws = [torch.rand(T, k, generator=torch.Generator().manual_seed(r)) for r, T in enumerate(Ts)]
+
+    def body(comm):
+        r = comm.rank
+        ex, counts, h = comm.moe_dispatch(toks[r], idxs[r], E, capacity=C)
+        return ex.clone(), counts.clone(), comm.moe_combine(_expert_fn(ex, r), ws[r], h)
+
+    res, _, _ = run_ranks(n, body, plans=_plans(n), engine="sim")
+    for r, (ex, counts, y) in enumerate(res):
+        want, want_counts = _ref_dispatch(toks, idxs, E, n, C, r)
+        assert counts.tolist() == want_counts
+        for l, c in enumerate(want_counts):
+            assert torch.equal(ex[l, :c].view(torch.int16), want[l, :c].view(torch.int16))
+        assert y.shape == (Ts[r], H)
+        assert torch.equal(y.view(torch.int16), _ref_combine(toks, idxs, ws, n, E, r).view(torch.int16))

@@ -153,7 +153,7 @@ class MoECalls:
         flat = torch.cat([expert_out.reshape(L * C, H), expert_out.new_zeros((1, H))])
         back = flat[h.place]                                        # rows in the order they arrived
         rows = expert_out.new_zeros((h.tokens * h.k, H))            # in send order, then un-sorted below
-        self.all_to_all_v(back, h.recv, rows, h.tokens * h.k)
+        self.all_to_all_v(back, h.recv, rows, L * C)               # a slot: what one expert rank sent
         slots = torch.empty_like(rows)
         slots.index_copy_(0, h.order, rows)                         # slot s = t * k + j
         slots = slots.view(h.tokens, h.k, H)
