@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from mscclang import AllToAllV, AllGatherV, Buffer, CollectiveProgram, CountsError, DSLError, MemoryChannel, PlanError, Rank
+from mscclang import AllToAllV, AllGatherV, Buffer, CollectiveProgram, CountsError, DSLError, PlanError, Rank
 from mscclang.algorithms.alltoallv import build_alltoallv_ll, build_alltoallv_simple, build_alltoallv_zero_copy
 from mscclang.algorithms.common import input_of, mesh_program, output_of, peers
 from mscclang.errors import LimitError, VerificationError
@@ -53,16 +53,22 @@ def test_alltoallv_buffers_are_segments_and_the_plan_says_plan3() -> None:
     assert again == plan
 
 
+def _put_to_each_peer(ch, r: int, n: int, src) -> None:
+    """Block j of rank r: ready handshake with its peer p, put ``src(p)`` into p's output segment
+    r, then a data handshake."""
+    for j, p in enumerate(peers(r, n)):
+        ch[(r, p)].signal(tb=j, relaxed=True)
+        ch[(r, p)].wait(tb=j, relaxed=True)
+        ch[(r, p)].put(output_of(p)[r], src(p), tb=j)
+        ch[(r, p)].signal(tb=j)
+        ch[(r, p)].wait(tb=j)
+
+
 def test_allgatherv_segments() -> None:
     n = 3
     with mesh_program("agv", AllGatherV, n, 1, False, "Simple", 256, None, 0, 2**64 - 1) as (prog, ch):
         for r in range(n):
-            for j, p in enumerate(peers(r, n)):
-                ch[(r, p)].signal(tb=j, relaxed=True)
-                ch[(r, p)].wait(tb=j, relaxed=True)
-                ch[(r, p)].put(output_of(p)[r], input_of(r)[0], tb=j)
-                ch[(r, p)].signal(tb=j)
-                ch[(r, p)].wait(tb=j)
+            _put_to_each_peer(ch, r, n, lambda p: input_of(r)[0])
             Rank(r).copy(output_of(r)[r], input_of(r)[0], tb=0)
     plan = prog.to_plan()
     assert plan.gpus[2].segmented(BufferKind.input).entries() == [(2, 2)]
@@ -232,12 +238,7 @@ def test_verify_finds_a_missing_segment() -> None:
     n = 3
     with mesh_program("no_own_rows", AllToAllV, n, 1, False, "Simple", 256, None, 0, 2**64 - 1) as (prog, ch):
         for r in range(n):
-            for j, p in enumerate(peers(r, n)):
-                ch[(r, p)].signal(tb=j, relaxed=True)
-                ch[(r, p)].wait(tb=j, relaxed=True)
-                ch[(r, p)].put(output_of(p)[r], input_of(r)[p], tb=j)
-                ch[(r, p)].signal(tb=j)
-                ch[(r, p)].wait(tb=j)
+            _put_to_each_peer(ch, r, n, lambda p: input_of(r)[p])
     rep = verify(prog.to_plan(), schedules=1)
     assert not rep.ok
     assert any(p.kind == "postcondition" and "output segment" in p.message for p in rep.problems)

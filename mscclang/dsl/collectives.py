@@ -116,42 +116,35 @@ class AllToAll(Collective):
         super().__init__(num_ranks, chunk_factor, inplace)
 
 
-def _one_segment_each(name: str, chunk_factor: object, inplace: object) -> None:
-    """A counted collective has one segment per count entry, out of place (DSLError otherwise;
-    the arguments exist so that the library's builders call every collective alike)."""
-    if chunk_factor != 1 or inplace:
-        raise DSLError(f"{name}: one segment per count entry, out of place (chunk_factor=1, inplace=False), "
-                       f"got chunk_factor={chunk_factor!r}, inplace={inplace!r}")
+class CountedCollective(Collective):
+    """Base of the collectives with data-dependent counts (ours; docs/dsl.md, "Data-dependent
+    counts"): one segment per count entry, out of place; ``chunk_factor`` and ``inplace`` exist
+    so that the library's builders call every collective alike (DSLError for other values)."""
+
+    def __init__(self, num_ranks: int, chunk_factor: int = 1, inplace: bool = False) -> None:
+        if chunk_factor != 1 or inplace:
+            raise DSLError(f"{type(self).__name__}: one segment per count entry, out of place (chunk_factor=1, "
+                           f"inplace=False), got chunk_factor={chunk_factor!r}, inplace={inplace!r}")
+        super().__init__(num_ranks, 1, False)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.num_ranks})"
 
 
-class AllToAllV(Collective):
-    """All-to-all with data-dependent counts (ours; docs/dsl.md, "Data-dependent counts"): rank
-    ``r``'s input is ``n`` segments, segment ``p`` the ``counts[r][p]`` rows for rank ``p``; its
-    output is ``n`` segments, segment ``p`` the ``counts[p][r]`` rows from rank ``p``, which
-    must equal input segment ``r`` of rank ``p``. The counts are read at run time."""
+class AllToAllV(CountedCollective):
+    """All-to-all with data-dependent counts: rank ``r``'s input is ``n`` segments, segment ``p``
+    the ``counts[r][p]`` rows for rank ``p``; its output is ``n`` segments, segment ``p`` the
+    ``counts[p][r]`` rows from rank ``p``, which must equal input segment ``r`` of rank ``p``.
+    The counts are read at run time."""
 
     name = "alltoallv"
 
-    def __init__(self, num_ranks: int, chunk_factor: int = 1, inplace: bool = False) -> None:
-        _one_segment_each(type(self).__name__, chunk_factor, inplace)
-        super().__init__(num_ranks, 1, False)
 
-    def __repr__(self) -> str:
-        return f"AllToAllV({self.num_ranks})"
-
-
-class AllGatherV(Collective):
-    """All-gather with data-dependent counts (ours): rank ``r``'s input is one segment of
+class AllGatherV(CountedCollective):
+    """All-gather with data-dependent counts: rank ``r``'s input is one segment of
     ``counts[r][r]`` rows; its output is ``n`` segments, segment ``p`` rank ``p``'s rows."""
 
     name = "allgatherv"
-
-    def __init__(self, num_ranks: int, chunk_factor: int = 1, inplace: bool = False) -> None:
-        _one_segment_each(type(self).__name__, chunk_factor, inplace)
-        super().__init__(num_ranks, 1, False)
-
-    def __repr__(self) -> str:
-        return f"AllGatherV({self.num_ranks})"
 
 
 class SendRecv(Collective):
