@@ -21,9 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
-from mscclang.bench import alltoallv, fused
 from mscclang.bench.cells import Cell, gen_input
-from mscclang.bench.fused import FUSED, FUSED_IMPLS, fused_sizes
+from mscclang.bench.families import family_of
 from mscclang.bench.results import ORDINARY, Record
 from mscclang.bench.sizes import format_size
 from mscclang.config import nccl_env, settings
@@ -214,8 +213,8 @@ class BenchWorker:
     def setup(self) -> None:
         import torch
 
-        wants_comm = (any(is_mscclang(i) for i in self.cfg.impls) or FUSED in self.cfg.colls
-                      or any(c in alltoallv.CASES for c in self.cfg.colls))
+        wants_comm = (any(is_mscclang(i) for i in self.cfg.impls)
+                      or any(family_of(c) is not None for c in self.cfg.colls))
         if wants_comm:
             try:
                 self.comm = self.make_comm()
@@ -264,10 +263,9 @@ class BenchWorker:
         import torch
         import torch.distributed as dist
 
-        if coll == fused.FUSED:
-            return fused.make_cell(self, impl, nbytes)
-        if coll in alltoallv.CASES:
-            return alltoallv.make_cell(self, coll, impl, nbytes)
+        fam = family_of(coll)
+        if fam is not None:
+            return fam.make_cell(self, coll, impl, nbytes)
         n, esz, dt, dev = self.world, self.esz, self.dtype, self.device
         total = nbytes // esz
         row = collective_row(coll)
@@ -351,18 +349,13 @@ class BenchWorker:
 
     def check(self, coll: str, cell: Cell) -> tuple[bool, str]:
         """Fresh random inputs, poisoned output, one call, compare with the reference."""
-        counted = coll in alltoallv.CASES
-        seed = (fused.fill(self, cell) if coll == fused.FUSED else alltoallv.fill(self, cell)  # type: ignore[arg-type]
-                if counted else self.fill(cell))
+        fam = family_of(coll)
+        seed = self.fill(cell) if fam is None else fam.fill(self, cell)
         _sync(self.device)
         self.barrier()
         cell.op()
         _sync(self.device)
-        if coll == fused.FUSED:
-            return fused.compare(self, cell, seed)  # type: ignore[arg-type]
-        if counted:
-            return alltoallv.compare(self, cell, seed)  # type: ignore[arg-type]
-        return self.compare(coll, cell, seed)
+        return self.compare(coll, cell, seed) if fam is None else fam.compare(self, cell, seed)
 
     def fill(self, cell: Cell) -> int:
         """Fresh random inputs (a new seed, the same on every rank) and a poisoned output for
@@ -505,7 +498,8 @@ class BenchWorker:
         algo = impl.partition(":")[2]
         if algo and not self._algo_serves(algo, coll):
             return   # an --algos column of another collective: no cell (the table omits it)
-        modes = self.cfg.modes
+        fam = family_of(coll)
+        modes = list(fam.modes) if fam is not None and fam.modes else self.cfg.modes
         base = dict(coll=coll, impl=impl, bytes=nbytes, dtype=self.cfg.dtype)
 
         def emit_all(error: str, plan: Optional[str] = None) -> None:
@@ -520,7 +514,7 @@ class BenchWorker:
             emit_all("skipped: time limit")
             return
         n = self.world
-        if coll != FUSED and coll not in alltoallv.CASES and ((nbytes // self.esz) % n or nbytes % self.esz):
+        if fam is None and ((nbytes // self.esz) % n or nbytes % self.esz):
             emit_all(f"skipped: {nbytes} bytes do not split into {n} ranks of {self.cfg.dtype}")
             return
         ok, err, cell = self.check_call(coll, impl, nbytes)
@@ -537,12 +531,13 @@ class BenchWorker:
         if cell is None:  # pragma: no cover - agree(ok) implies a cell
             return
         iters = iters_for(nbytes, self.cfg.iters_scale)
-        factor = collective_row("alltoallv" if coll in alltoallv.CASES else coll).busbw(n)
+        factor = collective_row(coll if fam is None else fam.bus).busbw(n)
         for m in modes:
             times: list[float] = []
             err = ""
             try:
-                times = self.measure(cell, m, iters)
+                times = (self.measure(cell, m, iters) if fam is None or fam.measure is None
+                         else fam.measure(self, cell, m, iters))
                 ok = all(math.isfinite(t) and t > 0 for t in times)
             except Exception as e:  # noqa: BLE001
                 ok, err = False, error_text(e)
@@ -555,18 +550,27 @@ class BenchWorker:
             kernel = self.last_kernel(impl)
             self.emit(Record(mode=m, us=round(med, 3), busbw=round(nbytes / med / 1e3 * factor, 2), ok=True,
                              plan=cell.plan or None, iters=iters, us_min=round(times[0], 3),
-                             us_max=round(times[-1], 3), extra={"kernel": kernel} if kernel else {}, **base))
+                             us_max=round(times[-1], 3), extra=self._extra(kernel, m, times), **base))
         cell.keep.clear()
         del cell
+
+    @staticmethod
+    def _extra(kernel: str, mode: str, times: list[float]) -> dict:
+        """A record's extra fields: the kernel that ran, and for a ``chain`` mode (per-period
+        samples, sorted) the 99th percentile."""
+        extra: dict = {"kernel": kernel} if kernel else {}
+        if mode == "chain" and times:
+            extra["p99"] = round(times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)], 3)
+        return extra
 
     def run(self) -> None:
         import torch
 
         self.setup()
         for coll in self.cfg.colls:
-            sizes = (fused_sizes(self.cfg, self.esz) if coll == FUSED else alltoallv.sizes(self.cfg, self.esz, self.world)
-                     if coll in alltoallv.CASES else self.cfg.sizes)
-            impls = FUSED_IMPLS if coll == FUSED else alltoallv.IMPLS if coll in alltoallv.CASES else self.cfg.impls
+            fam = family_of(coll)
+            sizes = self.cfg.sizes if fam is None else fam.sizes(self.cfg, self.esz, self.world)
+            impls = self.cfg.impls if fam is None else fam.impls
             for nbytes in sizes:
                 for impl in impls:
                     if impl == "symm" and (coll != "all_reduce" or self.cfg.dtype != "bfloat16"):

@@ -20,7 +20,7 @@ from mscclang.comm.errors import CommError
 from mscclang.comm.tuning import load_tuning
 
 ALL_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "all_reduce_add_rms_norm",
-             "all_to_all_v", "all_to_all_v_skewed")
+             "all_to_all_v", "all_to_all_v_skewed", "moe", "moe_skewed")
 DEFAULT_COLLS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 MODES = ("graph", "eager")
 
@@ -68,7 +68,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "allreduce_fusion (when installed). all_to_all_v, all_to_all_v_skewed (uniform and "
                         "skewed routing): elements per row (default 7168); sizes are the bytes each rank "
                         "sends (default 1 to 4096 rows per peer); columns mscclang's all_to_all_v and NCCL's "
-                        "all_to_all_single with splits")
+                        "all_to_all_single with splits. moe, moe_skewed (dispatch -> expert -> combine, uniform "
+                        "and skewed top-8 routing over 32 experts a rank): elements per row (default 7168); "
+                        "sizes are one rank's tokens (default 1 to 4096); columns mscclang's moe_dispatch/"
+                        "moe_combine, torch's all_to_all_single layer and DeepEP (when installed); timed "
+                        "fresh, as 128 chained pairs (p50, p99) and as a CUDA graph")
     p.add_argument("--impls", default=",".join(IMPLS),
                    help="comma list of mscclang (symmetric tensors from comm.empty), ordinary "
                         "(mscclang on torch.empty tensors, captured inside comm.graph_capture()), "
@@ -144,6 +148,10 @@ def bench_config(args: argparse.Namespace) -> Any:
         extra["hidden"] = getattr(args, "hidden", None) or 7168
         if args.sizes:
             extra["a2av_sizes"] = list(args.sizes)
+    if {"moe", "moe_skewed"} & set(chosen):   # tokens of --hidden (mscclang.bench.moe)
+        extra["hidden"] = getattr(args, "hidden", None) or 7168
+        if args.sizes:
+            extra["moe_sizes"] = list(args.sizes)
     gpn = getattr(args, "gpus_per_node", None)
     if gpn is not None:
         if gpn < 1:
