@@ -105,7 +105,7 @@ def test_dispatch_and_combine_match_plain_torch(n: int, kind: str, T: int) -> No
 def test_a_tokens_combined_bits_do_not_depend_on_the_batch() -> None:
     n, E, k = 2, 4, 2
     first = {}
-    for T in (1, 5, 33):
+    for T in (1, 5, 33, 512):
         idxs = _routing("random", n, T, k, E, 9)
         for idx in idxs:
             idx[0] = torch.tensor([1, 3])                      # token 0: the same experts every time
@@ -212,3 +212,42 @@ def test_ranks_with_different_token_counts() -> None:
             assert torch.equal(ex[l, :c].view(torch.int16), want[l, :c].view(torch.int16))
         assert y.shape == (Ts[r], H)
         assert torch.equal(y.view(torch.int16), _ref_combine(toks, idxs, ws, n, E, r).view(torch.int16))
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_rank_major_layout_keeps_the_rows_as_they_arrived(n: int) -> None:
+    E, k, T = 2 * n, 2, 5
+    L, C = 2, n * T * k
+    idxs = _routing("random", n, T, k, E, 31)
+    toks = _tokens(n, T, 8)
+    ws = [torch.rand(T, k, generator=torch.Generator().manual_seed(70 + r)) for r in range(n)]
+
+    def body(comm):
+        r = comm.rank
+        rows, counts, h = comm.moe_dispatch(toks[r], idxs[r], E, capacity=C, layout="rank")
+        y = comm.moe_combine(_expert_fn(rows, r), ws[r], h)
+        try:
+            comm.moe_combine(rows.view(L, C, H), ws[r], h)
+        except InvalidCall as e:
+            bad = str(e)
+        try:
+            comm.moe_dispatch(toks[r], idxs[r], E, capacity=C, layout="token")
+        except InvalidCall as e:
+            bad2 = str(e)
+        return rows.clone(), counts.clone(), y, bad, bad2
+
+    res, _, _ = run_ranks(n, body, plans=_plans(n), engine="sim")
+    for r, (rows, counts, y, bad, bad2) in enumerate(res):
+        assert rows.shape == (L * C, H) and counts.shape == (n, L)
+        at = 0
+        for p in range(n):                                    # by source rank, then local expert, then token
+            for l in range(L):
+                e = r * L + l
+                want = [toks[p][t] for t in range(T) for j in range(k) if int(idxs[p][t, j]) == e]
+                assert int(counts[p, l]) == len(want), (r, p, l)
+                for i, row in enumerate(want):
+                    assert torch.equal(rows[at + i].view(torch.int16), row.view(torch.int16)), (r, p, l, i)
+                at += len(want)
+        assert torch.equal(y.view(torch.int16), _ref_combine(toks, idxs, ws, n, E, r).view(torch.int16)), r
+        assert f"expert_out must be [{L * C}, H] (the dispatch's rank-major layout)" in bad
+        assert "layout must be one of expert, rank, got 'token'" in bad2

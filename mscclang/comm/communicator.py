@@ -318,7 +318,7 @@ class Communicator:
         return self._counted.all_to_all_v(x, send_counts, out, expect_counts, capacity)
 
     def moe_dispatch(self, tokens: Any, topk_idx: Any, num_experts: int, *, capacity: int,
-                     check: bool = True, fp8: bool = False) -> tuple[Any, Any, MoEHandle]:
+                     check: bool = True, fp8: bool = False, layout: str = "expert") -> tuple[Any, Any, MoEHandle]:
         """Expert-parallel dispatch: each token's row ``tokens[t]`` (``[T, H]``) goes to the rank
         of each of its experts ``topk_idx[t]`` (``[T, k]`` ints; expert ``e`` on rank ``e //
         (num_experts // world_size)``; ``-1``: a dropped slot). Returns ``(expert_tokens,
@@ -331,16 +331,19 @@ class Communicator:
         each row travels as float8_e4m3fn with its float32 scale (``max|row| / 448``) and
         ``expert_tokens`` is ``(rows [local_experts, capacity, H] float8_e4m3fn, scales
         [local_experts, capacity] float32)``, a row being about ``rows.float() * scale``
-        (:func:`mscclang.comm.moe.quantize_rows`; H a multiple of 4)."""
+        (:func:`mscclang.comm.moe.quantize_rows`; H a multiple of 4). With ``layout="rank"`` the
+        rows stay as they arrived: ``[local_experts * capacity, H]`` by source rank, then local
+        expert, then token, and ``expert_counts`` is ``[world_size, local_experts]`` (rows from
+        each rank for each local expert)."""
         self._check_open("moe_dispatch")
-        return self._moe.dispatch(tokens, topk_idx, num_experts, capacity, check, fp8)
+        return self._moe.dispatch(tokens, topk_idx, num_experts, capacity, check, fp8, layout)
 
     def moe_combine(self, expert_out: Any, topk_weights: Any, handle: MoEHandle) -> Any:
-        """Expert-parallel combine: the experts' outputs ``expert_out`` (``[local_experts,
-        capacity, H]``, the dispatch's layout) go back to their tokens' ranks, and each token's
-        ``k`` rows are summed with ``topk_weights`` (``[T, k]``) in slot order in fp32, then cast:
-        deterministic (no atomics), a token's bits independent of the rest of the batch.
-        Returns ``[T, H]``."""
+        """Expert-parallel combine: the experts' outputs ``expert_out`` (in the dispatch's layout:
+        ``[local_experts, capacity, H]``, or the rank-major rows) go back to their tokens' ranks,
+        and each token's ``k`` rows are summed with ``topk_weights`` (``[T, k]``) in slot order in
+        fp32, then cast: deterministic (no atomics), a token's bits independent of the rest of the
+        batch. Returns ``[T, H]``."""
         self._check_open("moe_combine")
         return self._moe.combine(expert_out, topk_weights, handle)
 

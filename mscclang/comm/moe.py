@@ -17,6 +17,10 @@ CUDA graph captures a layer and replays it with new routing:
    token) comes from prefix sums of the matrix and one ``searchsorted``; rows move with
    ``index_copy_`` onto distinct places.
 
+With ``layout="rank"`` step 4 is skipped: the rows stay as they arrived (``[L * capacity, H]``,
+by source rank, then local expert, then token), and the counts come as the ``[world, L]`` matrix of
+rows from each rank for each local expert; combine then sends the rows back as they are.
+
 Combine gathers the experts' outputs back into the order they arrived, sends them back with the
 reverse all-to-all-v, un-sorts them into (token, slot) order and sums each token's ``k`` rows
 with the router's weights **in slot order, in fp32**, then casts: no atomics and no
@@ -36,7 +40,11 @@ from typing import Any, Callable
 
 from mscclang.errors import InvalidCall
 
-__all__ = ["MoEHandle", "MoECalls"]
+__all__ = ["MoEHandle", "MoECalls", "LAYOUTS"]
+
+#: the dispatch's output layouts: by local expert (``[L, capacity, H]``, for a grouped GEMM) or as
+#: the rows arrived (``[L * capacity, H]``, by source rank, then local expert, then token)
+LAYOUTS = ("expert", "rank")
 
 
 @dataclass
@@ -45,7 +53,7 @@ class MoEHandle:
     flattened ``[T * k]`` slots), the rows each rank sent and received (``send`` / ``recv``,
     device tensors of ``world`` entries), each received row's place in the expert-major buffer
     (``place``, ``L * capacity`` entries; rows not received point past it), the token count,
-    ``k`` and the slots that were sent (``valid``)."""
+    ``k``, the slots that were sent (``valid``) and the ``layout`` the rows were returned in."""
 
     order: Any
     send: Any
@@ -56,6 +64,7 @@ class MoEHandle:
     valid: Any
     local_experts: int
     capacity: int
+    layout: str = "expert"
 
 
 class MoECalls:
@@ -90,12 +99,14 @@ class MoECalls:
         return k, num_experts // n, num_experts
 
     def dispatch(self, tokens: Any, topk_idx: Any, num_experts: int, capacity: int,
-                 check: bool = True, fp8: bool = False) -> tuple[Any, Any, MoEHandle]:
+                 check: bool = True, fp8: bool = False, layout: str = "expert") -> tuple[Any, Any, MoEHandle]:
         """See :meth:`mscclang.comm.communicator.Communicator.moe_dispatch`."""
         import torch
 
         n, r = self.world, self.rank
         k, L, E = self._shapes(tokens, topk_idx, num_experts, capacity)
+        if layout not in LAYOUTS:
+            raise InvalidCall(f"rank {r}: moe_dispatch: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         T, H = int(tokens.shape[0]), int(tokens.shape[1])
         if fp8:
             if H % 4:
@@ -124,17 +135,22 @@ class MoECalls:
         x = tokens[order // k]                                      # the rows, in send order (dropped last)
         out = tokens.new_empty((L * capacity, H))
         self.all_to_all_v(x, send, out, L * capacity)
-        place = _places(local, L, capacity, n)
-        expert = tokens.new_zeros((L * capacity + 1, H))
-        expert.index_copy_(0, place, out)
-        expert_counts = local.sum(0)
-        handle = MoEHandle(order, send, recv, place, T, k, valid, L, capacity)
-        rows = expert[: L * capacity]
+        shape: tuple[int, ...] = (L * capacity,)
+        if layout == "rank":   # the rows as they arrived, and how many came from each rank for each expert
+            handle = MoEHandle(order, send, recv, None, T, k, valid, L, capacity, layout)
+            rows, expert_counts = out, local
+        else:
+            place = _places(local, L, capacity, n)
+            expert = tokens.new_zeros((L * capacity + 1, H))
+            expert.index_copy_(0, place, out)
+            expert_counts = local.sum(0)
+            handle = MoEHandle(order, send, recv, place, T, k, valid, L, capacity)
+            rows, shape = expert[: L * capacity], (L, capacity)
         if fp8:   # each row: the bytes of float8_e4m3fn, then its float32 scale
             b = rows.view(torch.uint8)
-            q = b[:, :-4].contiguous().view(torch.float8_e4m3fn).view(L, capacity, -1)
-            return (q, b[:, -4:].contiguous().view(torch.float32).view(L, capacity)), expert_counts, handle
-        return rows.view(L, capacity, H), expert_counts, handle
+            q = b[:, :-4].contiguous().view(torch.float8_e4m3fn).view(*shape, -1)
+            return (q, b[:, -4:].contiguous().view(torch.float32).view(shape)), expert_counts, handle
+        return rows.view(*shape, H), expert_counts, handle
 
     def combine(self, expert_out: Any, topk_weights: Any, handle: MoEHandle) -> Any:
         """See :meth:`mscclang.comm.communicator.Communicator.moe_combine`."""
@@ -143,15 +159,21 @@ class MoECalls:
         h = handle
         L, C = h.local_experts, h.capacity
         what = f"rank {self.rank}: moe_combine"
-        if getattr(expert_out, "dim", lambda: 0)() != 3 or tuple(expert_out.shape[:2]) != (L, C):
-            raise InvalidCall(f"{what}: expert_out must be [{L}, {C}, H] (the dispatch's layout), got "
-                              f"shape {tuple(getattr(expert_out, 'shape', ()))}")
+        lead = (L * C,) if h.layout == "rank" else (L, C)
+        dims = len(lead) + 1
+        if getattr(expert_out, "dim", lambda: 0)() != dims or tuple(expert_out.shape[:dims - 1]) != lead:
+            want = ", ".join(str(d) for d in lead)
+            raise InvalidCall(f"{what}: expert_out must be [{want}, H] (the dispatch's {h.layout}-major layout), "
+                              f"got shape {tuple(getattr(expert_out, 'shape', ()))}")
         if getattr(topk_weights, "shape", None) is None or tuple(topk_weights.shape) != (h.tokens, h.k):
             raise InvalidCall(f"{what}: topk_weights must be [{h.tokens}, {h.k}] (the dispatch's tokens and k), got "
                               f"shape {tuple(getattr(topk_weights, 'shape', ()))}")
-        H = int(expert_out.shape[2])
-        flat = torch.cat([expert_out.reshape(L * C, H), expert_out.new_zeros((1, H))])
-        back = flat[h.place]                                        # rows in the order they arrived
+        H = int(expert_out.shape[-1])
+        if h.layout == "rank":
+            back = expert_out                                       # already in the order they arrived
+        else:
+            flat = torch.cat([expert_out.reshape(L * C, H), expert_out.new_zeros((1, H))])
+            back = flat[h.place]                                    # rows in the order they arrived
         rows = expert_out.new_zeros((h.tokens * h.k, H))            # in send order, then un-sorted below
         self.all_to_all_v(back, h.recv, rows, L * C)               # a slot: what one expert rank sent
         slots = torch.empty_like(rows)

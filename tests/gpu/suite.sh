@@ -7,7 +7,7 @@
 #
 #   bash tests/gpu/suite.sh all    # every file of tests/gpu, 2 ranks sharing the GPU
 #   bash tests/gpu/suite.sh wide   # the 4- and 8-rank parts: consistency, every shipped plan, fused
-#   bash tests/gpu/suite.sh invariant   # the 4- and 8-rank part of batch invariance
+#   bash tests/gpu/suite.sh invariant   # the 4- and 8-rank parts of batch invariance, all-to-all-v, MoE
 #   bash tests/gpu/suite.sh files F...  # the given test files only, 2 ranks
 #
 # Independent test files run in parallel worker pools (pytest-xdist: each xdist worker holds its
@@ -61,8 +61,8 @@ case "$what" in
   files)   # the given test files only, 2 ranks sharing the GPU (after a change, before `all`)
     shift
     part files 2 "${WORKERS:-2}" "$@" ;;
-  invariant)   # batch invariance at 4 and 8 ranks (2 ranks: in `all`)
-    F=tests/gpu/test_batch_invariant_gpu.py
+  invariant)   # batch invariance, all-to-all-v and MoE at 4 and 8 ranks (2 ranks: in `all`)
+    F="tests/gpu/test_batch_invariant_gpu.py tests/gpu/test_alltoallv_gpu.py"
     part invariant4 4 1 $F &
     part invariant8 8 1 $F &
     wait ;;

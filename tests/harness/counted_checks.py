@@ -309,3 +309,51 @@ def communicator_moe(w: Any, replays: int = 100, tokens: int = 8, hidden: int = 
         ok = ok and torch.equal(y.cpu().view(torch.int16), want.view(torch.int16))
         bad += int(not ok)
     return {"rank": r, "bad": bad, "replays": replays}
+
+
+def moe_batch_invariance(w: Any, batches: tuple = (1, 5, 33, 512), hidden: int = 64, k: int = 2, seed: int = 9) -> dict:
+    """Token 0 (the same row, experts and weights on every batch) dispatched and combined within
+    batches of ``batches`` tokens, eager in the expert-major layout and captured in a CUDA graph
+    in the rank-major one: its combined bits on this rank must be the same in every batch and
+    layout. Returns the batches whose token 0 differed from the first (``differ``), empty when
+    invariant."""
+    import torch
+
+    from tests.harness.comm_checks import communicator
+
+    comm = communicator(w)
+    n, r = w.world_size, w.rank
+    E = 2 * n
+    dev = torch.device("cuda", int(w.comm.device))
+    first, differ = None, []
+    for T in batches:
+        g = torch.Generator().manual_seed(seed * 1000 + T * 10 + r)
+        x = torch.randn(T, hidden, generator=g).to(torch.bfloat16)
+        idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+        wt = torch.rand(T, k, generator=g)
+        g0 = torch.Generator().manual_seed(seed + r)
+        x[0] = torch.randn(hidden, generator=g0).to(torch.bfloat16)
+        idx[0] = torch.tensor([0, E - 1])
+        wt[0] = torch.tensor([0.3, 0.7])
+        x, idx, wt = x.to(dev), idx.to(dev), wt.to(dev)
+        C = n * T * k
+        for layout in ("expert", "rank"):
+            def layer() -> Any:
+                ex, _, h = comm.moe_dispatch(x, idx, E, capacity=C, check=False, layout=layout)
+                return comm.moe_combine((ex.float() * (r + 1)).to(ex.dtype), wt, h)
+
+            if layout == "expert":
+                y = layer()
+            else:
+                layer()
+                graph, y = _captured(dev, layer)
+                w.comm.barrier()
+                graph.replay()
+            torch.cuda.synchronize(dev)
+            w.executor.check()
+            y0 = y[0].cpu().view(torch.int16)
+            if first is None:
+                first = y0
+            elif not torch.equal(first, y0):
+                differ.append((T, layout))
+    return {"rank": r, "differ": differ}
