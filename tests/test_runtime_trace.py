@@ -122,3 +122,40 @@ def test_ranks_are_put_on_one_time_base():
     got = align([b, a, RankTrace(2, 0, [])])
     assert sorted((e["pid"], e["ts"]) for e in got) == [(0, 0.0), (1, 3.0)]
     assert b.events[0]["ts"] == 0.5   # the traces are not changed
+
+
+@pytest.mark.parametrize("name", ["alltoallv_ll.r2.i1", "alltoallv_simple.r4.i1"])
+def test_a_counted_launch_trace_names_each_segment_ops_rows(name):
+    """A plan with segments: each segment op's event carries the count entries of its segments,
+    the rows they held in this call and their bytes; chunk ops carry none."""
+    from mscclang.plan.segments import counted_call, ref_entries
+    from mscclang.runtime.counted import CountedLaunch, pack_counted
+
+    plan = load_plan(ROOT / "plans" / f"{name}.json")
+    n = plan.world_size
+    counts = [[(3 * i + 5 * j) % 7 for j in range(n)] for i in range(n)]
+    call = counted_call(plan, counts, 48, capacity=8)
+    seen = 0
+    for rank in range(n):
+        launch = CountedLaunch(0, 48, 8, call.in_rows[rank], call.out_rows[rank])
+        regions = [b.region for b in pack_counted(plan, rank, launch).blocks]
+        lay = trace_words([len(record_ops(r)) for r in regions])
+        words = [lay.stride] + [0] * (lay.words - 1)
+        for b, region in enumerate(regions):
+            for i, _ in enumerate(record_ops(region)):
+                words[1 + b * lay.stride + 2 * i: 3 + b * lay.stride + 2 * i] = [100 + 10 * i, 105 + 10 * i]
+        rt = decode(plan, rank, regions, words, counted=call)
+        assert rt.problems == []
+        for e in rt.events:
+            tb = plan.gpus[rank].threadblocks[e["tid"]]
+            op = tb.ops[e["args"]["index"]]
+            entries = next((x for x in (ref_entries(plan, rank, tb, op, r) for r in list(op.src_buff) + list(op.dst_buff))
+                            if x is not None), None)
+            if entries is None:
+                assert "rows" not in e["args"]
+                continue
+            rows = [counts[i][j] for i, j in entries]
+            assert e["args"]["rows"] == sum(rows) and e["args"]["bytes"] == 48 * sum(rows)
+            assert e["args"]["segments"] == " ".join(f"[{i},{j}]={v}" for (i, j), v in zip(entries, rows))
+            seen += 1
+    assert seen

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from mscclang.comm.catalog import Catalog, PlanVariant
+from mscclang.comm.tracing import TracedCall
 from mscclang.errors import CountsError, InvalidCall
 from mscclang.plan.call import COUNT_COLUMNS, check_tensor, make_counted_call
 from mscclang.plan.models import Plan
@@ -106,11 +107,18 @@ class CountedCalls:
             raise InvalidCall(f"rank {r}: {what}: capacity {capacity!r} must be an int of at least 0")
         call = make_counted_call(ALLTOALLV, r, n, self.device, x, out, m, capacity)
         plan = self._choose(call, x, out)
+        tracer = self.runs.tracer   # an open comm.trace() block: the launch traced, its segments' rows shown
         if plan is None:
+            if tracer is not None:
+                tracer.skipped.append(f"{ALLTOALLV} (torch.distributed fallback)")
             self._fallback(x, out, host, what)
             return out, recv
         self.last = plan.name
-        self.engine().launch.run_call(plan, call)
+        if tracer is not None:
+            rt = self.engine().launch.trace(plan, call)
+            tracer.calls.append(TracedCall(ALLTOALLV, plan.name, x.numel() * x.element_size(), rt))
+        else:
+            self.engine().launch.run_call(plan, call)
         return out, recv
 
     def _counts_arg(self, t: Any, what: str) -> Any:

@@ -29,6 +29,7 @@ from mscclang.runtime.structs import CONSTANTS, COUNT_CHECK, PLAN_HEADER
 
 if TYPE_CHECKING:
     from mscclang.runtime.packing import PackedRank
+    from mscclang.runtime.trace import RankTrace
 
 SEG_SLOT = CONSTANTS["SEG_SLOT"]
 CHECK_NONNEG, CHECK_EXPECT, CHECK_INPUT, CHECK_OUTPUT, CHECK_SCRATCH = (
@@ -237,18 +238,22 @@ def run_counted_launch(ex: Any, plan: Plan, input: Any, output: Any, launch: Cou
     launch_counted(ex, plan, input.data_ptr(), output.data_ptr(), kernel_code(info.code), launch, packet_type, stream)
 
 
-def run_counted_call(ex: Any, plan: Plan, call: Any, packet_type: Any = None, stream: Any = None) -> None:
+def run_counted_call(ex: Any, plan: Plan, call: Any, packet_type: Any = None, stream: Any = None,
+                     traced: bool = False) -> Optional["RankTrace"]:
     """:func:`run_counted_launch` of a call the collective API checked
-    (:func:`mscclang.plan.call.make_counted_call`): its addresses, dtype and counted part."""
+    (:func:`mscclang.plan.call.make_counted_call`): its addresses, dtype and counted part. With
+    ``traced``, :func:`launch_counted`'s traced launch and its trace."""
     a = call.counted
     launch = CountedLaunch(a.counts_ptr, a.row_bytes, a.capacity, a.in_rows, a.out_rows)
-    launch_counted(ex, plan, call.in_ptr, call.out_ptr, call.kernel_code, launch, packet_type, stream)
+    return launch_counted(ex, plan, call.in_ptr, call.out_ptr, call.kernel_code, launch, packet_type, stream, traced)
 
 
 def launch_counted(ex: Any, plan: Plan, in_ptr: int, out_ptr: int, dt: str, launch: CountedLaunch,
-                   packet_type: Any = None, stream: Any = None) -> None:
+                   packet_type: Any = None, stream: Any = None, traced: bool = False) -> Optional["RankTrace"]:
     """The launch of :func:`run_counted_launch` on checked buffers at ``in_ptr``/``out_ptr`` of
-    kernel dtype code ``dt``."""
+    kernel dtype code ``dt``. With ``traced`` it runs the interpreter's traced variant, waits for
+    it, reads the count matrix back and returns this rank's trace, whose segment ops carry the
+    rows and bytes they moved (:func:`mscclang.runtime.trace.decode`); never inside a capture."""
     from mscclang.errors import InvalidCall, NotPrepared
     from mscclang.plan.segments import row_alignment
     from mscclang.runtime.device_plan import pack_blob
@@ -283,7 +288,9 @@ def launch_counted(ex: Any, plan: Plan, in_ptr: int, out_ptr: int, dt: str, laun
                      getattr(sym_out, "index", None), row)   # type: ignore[arg-type]
     ctx = lp.ctx
     dp = ctx.plans.get(key) if ctx is not None and ctx.scratch_bytes >= counted_scratch_bytes(plan, launch) else None
-    f = ex.kernels.interpreter(dt, pkt, lp.default_op, lp.nthreads)
+    if traced and ex.launcher.stream_capturing(s):
+        raise NotPrepared(f"rank {r}: a traced launch cannot be captured in a CUDA graph")
+    f = ex.kernels.interpreter(dt, pkt, lp.default_op, lp.nthreads, traced=traced)
     if dp is None:
         if ex.launcher.stream_capturing(s):
             raise NotPrepared(f"rank {r}: the first launch of plan {plan.name} at these sizes sets up its device "
@@ -305,8 +312,45 @@ def launch_counted(ex: Any, plan: Plan, in_ptr: int, out_ptr: int, dt: str, laun
         ctx.plans[key] = dp
     ent = LaunchEntry(f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), None, None, ctx, None)
     ab.user_thread = threading.get_ident()
-    ex._last_call = describe_call(plan, launch.in_bytes, launch.out_bytes, dt, pkt, lp.default_op) + " (counted)"
-    ex.run(lp, ent, opr, in_ptr, out_ptr, launch.in_bytes, launch.out_bytes, s)
+    ex._last_call = (describe_call(plan, launch.in_bytes, launch.out_bytes, dt, pkt, lp.default_op) + " (counted"
+                     + (", traced)" if traced else ")"))
+    if not traced:
+        ex.run(lp, ent, opr, in_ptr, out_ptr, launch.in_bytes, launch.out_bytes, s)
+        return None
+    return _traced_run(ex, plan, lp, ent, opr, dp, in_ptr, out_ptr, launch, s)
+
+
+def _traced_run(ex: Any, plan: Plan, lp: Any, ent: Any, opr: Any, dp: Any, in_ptr: int, out_ptr: int,
+                launch: CountedLaunch, s: int) -> "RankTrace":
+    """The traced launch of :func:`launch_counted`: a zeroed trace buffer, the launch, then the
+    buffer and the count matrix read back (a wait) and decoded with the call's counts."""
+    from mscclang.plan.segments import counted_call
+    from mscclang.runtime import cuda as cu
+    from mscclang.runtime.trace import decode, trace_words
+
+    n = len(plan.gpus)
+    lay = trace_words([b.n_records for b in dp.packed.blocks])
+    buf = cu.mem_alloc(lay.nbytes)
+    try:
+        cu.memset_d8(buf, 0, lay.nbytes, s)
+        cu.htod(buf, int(lay.stride).to_bytes(8, "little"), s)
+        ex.launcher.trace_ptr = buf
+        try:
+            ex.run(lp, ent, opr, in_ptr, out_ptr, launch.in_bytes, launch.out_bytes, s)
+        finally:
+            ex.launcher.trace_ptr = 0
+        raw = cu.dtoh(buf, lay.nbytes, s)
+        cols = 2 * n + 2
+        mat = cu.dtoh(launch.counts_ptr, 4 * n * cols, s)
+    finally:
+        cu.mem_free(buf)
+    ex.abort.check()
+    words = [int.from_bytes(raw[8 * i:8 * i + 8], "little") for i in range(lay.words)]
+    m = [[int.from_bytes(mat[4 * (i * cols + j): 4 * (i * cols + j) + 4], "little", signed=True) for j in range(cols)]
+         for i in range(n)]
+    call = counted_call(plan, [row[:n] for row in m], launch.row_bytes, [row[n] for row in m],
+                        [row[n + 1] for row in m], launch.capacity)
+    return decode(plan, ex.comm.rank, [b.region for b in dp.packed.blocks], words, counted=call)
 
 
 def _upload(blob: bytes, stream: int) -> int:

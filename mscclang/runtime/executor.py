@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union, cast
 
 from mscclang.config import Settings, settings
 from mscclang.errors import CollectiveTimeout, InvalidCall, NotPrepared, PlanError, RuntimeUnavailable
@@ -400,8 +400,13 @@ class Executor:
                               "kernel")
 
     def trace(self, plan: Union[Plan, LoadedPlan], call: Call, packet_type: Any = None) -> "RankTrace":
-        """:meth:`execute_traced` of a checked ``call`` (:meth:`call`; the collective API's)."""
+        """:meth:`execute_traced` of a checked ``call`` (:meth:`call`; the collective API's; a
+        counted call's trace carries its segments' rows and bytes)."""
         import dataclasses
+
+        if call.counted is not None:   # a plan with segments (mscclang.runtime.counted)
+            got = run_counted_call(self, plan if isinstance(plan, Plan) else plan.plan, call, packet_type, traced=True)
+            return cast("RankTrace", got)
 
         from mscclang.runtime.entries import device_plan_of
         from mscclang.runtime.trace import decode, trace_words

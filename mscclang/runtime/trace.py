@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence
 
 from mscclang.errors import PlanError
 from mscclang.plan.models import ChannelType, Plan
+from mscclang.plan.segments import CountedCall, ref_entries
 from mscclang.runtime.ports import DOP_PORT_FINAL
 from mscclang.runtime.structs import BLOCK_HEADER, DEV_OP
 
@@ -81,11 +82,14 @@ def align(traces: Sequence[RankTrace]) -> list[dict]:
     return [dict(e, ts=e["ts"] + (t.t0_ns - base) / 1e3) for t in ran for e in t.events]
 
 
-def decode(plan: Plan, rank: int, regions: Sequence[bytes], words: Sequence[int]) -> RankTrace:
+def decode(plan: Plan, rank: int, regions: Sequence[bytes], words: Sequence[int],
+           counted: Optional[CountedCall] = None) -> RankTrace:
     """The Chrome trace events (``ph: X``; ``pid`` the rank, ``tid`` the thread block) of one
     rank's traced launch, and its departures from the plan (:class:`RankTrace`): ``regions`` the
     packed block regions it ran, ``words`` its trace buffer read back. Records that did not run
-    (an aborted launch) are left out. PlanError when the buffer does not fit the regions."""
+    (an aborted launch) are left out. For a plan with segments, ``counted`` (the call's count
+    matrix as it ran) gives each segment op's ``segments`` (``"[i,j]=rows"`` per segment of its
+    first operand), ``rows`` and ``bytes``. PlanError when the buffer does not fit the regions."""
     if not words:
         raise PlanError(f"rank {rank}: empty trace buffer")
     stride = int(words[0])
@@ -122,6 +126,8 @@ def decode(plan: Plan, rank: int, regions: Sequence[bytes], words: Sequence[int]
             args["peers"] = peers
         if op.src:
             args["src"] = op.src
+        if counted is not None:
+            args.update(_segment_args(plan, rank, tb, op, counted))
         out.append({"name": op.name.value, "ph": "X", "pid": rank, "tid": tb.id, "ts": (s - t0) / 1e3,
                     "dur": (e - s) / 1e3, "args": args})
     return RankTrace(rank, t0, out, _order_problems(rank, expected, spans))
@@ -142,6 +148,17 @@ def _order_problems(rank: int, expected: dict[int, list[int]], spans: dict[tuple
                            f"before op {prev[0]} ended")
             prev = (index, span[1])
     return out
+
+
+def _segment_args(plan: Plan, rank: int, tb: Any, op: Any, counted: CountedCall) -> dict[str, Any]:
+    """The rows a segment op moved in this call (nothing for a chunk op)."""
+    for ref in list(op.src_buff) + list(op.dst_buff):
+        entries = ref_entries(plan, rank, tb, op, ref)
+        if entries is not None:
+            rows = [counted.rows(e) for e in entries]
+            return {"segments": " ".join(f"[{i},{j}]={v}" for (i, j), v in zip(entries, rows)),
+                    "rows": sum(rows), "bytes": sum(rows) * counted.row_bytes}
+    return {}
 
 
 def _peers(g: Any, tb: Any, op: Any) -> list[int]:

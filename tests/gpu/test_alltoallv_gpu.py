@@ -76,3 +76,11 @@ def test_moe_token_bits_do_not_depend_on_the_batch(pool):
     in a CUDA graph (rank-major): the same in each."""
     for r in pool.run(f"{C}:moe_batch_invariance"):
         assert r["differ"] == [], f"rank {r['rank']}: token 0 differs at (T, layout) {r['differ']}"
+
+
+def test_a_traced_all_to_all_v_shows_its_segments_rows(pool):
+    """``comm.trace()`` around ``all_to_all_v``: the call traced (not skipped), exact, and its
+    segment ops' events carry the rows of the count entries they moved."""
+    for r in pool.run(f"{C}:communicator_alltoallv_traced"):
+        assert r["exact"] and r["calls"] == 1 and r["skipped"] == [] and r["problems"] == [], r
+        assert r["segment_events"] > 0 and r["rows_ok"], r

@@ -357,3 +357,38 @@ def moe_batch_invariance(w: Any, batches: tuple = (1, 5, 33, 512), hidden: int =
             elif not torch.equal(first, y0):
                 differ.append((T, layout))
     return {"rank": r, "differ": differ}
+
+
+def communicator_alltoallv_traced(w: Any, rows_per_peer: int = 5, width: int = 16, seed: int = 4) -> dict:
+    """``Communicator.all_to_all_v`` inside ``comm.trace()``: the result still exact, and every
+    count entry a segment op's event names holds the rows of the call's matrix, its bytes those
+    rows' (``rows_ok``); the calls traced, the problems and what was skipped."""
+    import torch
+
+    from tests.harness.comm_checks import communicator
+
+    comm = communicator(w)
+    n, r = w.world_size, w.rank
+    dev = torch.device("cuda", int(w.comm.device))
+    m = np.random.default_rng(seed).integers(0, rows_per_peer + 1, size=(n, n)).tolist()
+    xs = [torch.randn(n * rows_per_peer, width, generator=torch.Generator().manual_seed(p)).to(torch.bfloat16)
+          for p in range(n)]
+    x = xs[r].to(dev)
+    send = torch.tensor(m[r], dtype=torch.int32, device=dev)
+    out = torch.zeros(n * rows_per_peer, width, dtype=torch.bfloat16, device=dev)
+    with comm.trace() as tr:
+        comm.all_to_all_v(x, send, out=out)
+    torch.cuda.synchronize(dev)
+    want = torch.cat([xs[p][sum(m[p][:r]): sum(m[p][: r + 1])] for p in range(n)])
+    exact = torch.equal(out[: len(want)].cpu().view(torch.int16), want.view(torch.int16))
+    seg = [e["args"] for e in tr.events if "rows" in e["args"]]
+    named = []   # ((i, j), rows) of every segment an event names
+    for a in seg:
+        for part in a["segments"].split():
+            key, _, v = part.partition("=")
+            i, j = (int(t) for t in key.strip("[]").split(","))
+            named.append(((i, j), int(v)))
+    rows_ok = (bool(named) and all(v == m[i][j] for (i, j), v in named)
+               and all(a["bytes"] == a["rows"] * width * 2 for a in seg))
+    return {"rank": r, "exact": exact, "calls": len(tr.calls), "segment_events": len(seg), "rows_ok": rows_ok,
+            "problems": tr.problems, "skipped": tr.skipped}
