@@ -166,9 +166,9 @@ def _designed_defaults(monkeypatch):
 @pytest.fixture
 def fcu(monkeypatch):
     f = FakeCu()
-    from mscclang.runtime import capture, contexts, entries, kernels
+    from mscclang.runtime import capture, contexts, entries, kernels, trace
 
-    for mod in (exmod, capture, contexts, entries, kernels):
+    for mod in (exmod, capture, contexts, entries, kernels, trace):
         monkeypatch.setattr(mod, "cu", f)
     return f
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from mscclang.bench.alltoallv import fill  # fresh random rows per rank, a poisoned output: the same here
 from mscclang.bench.cells import Cell, gen_input
 
 if TYPE_CHECKING:
@@ -239,14 +240,6 @@ def _deepep_cell(w: "BenchWorker", x: Any, out: Any, idx: list, weights: list, E
             return False, f"deepep combine: {int(bad.sum())} elements differ from x times its ranks"
         return True, ""
     return MoECell(op, x, out, idx, weights, E, lambda: [], plan="deep_ep intranode", own_check=own_check)
-
-
-def fill(w: "BenchWorker", cell: MoECell) -> int:
-    """Fresh random tokens (per rank) and a poisoned output; the seed :func:`compare` needs."""
-    w.seed += 1
-    cell.inp.view(-1).copy_(gen_input(w.seed, w.rank, cell.inp.numel(), w.dtype, w.device))
-    cell.out.fill_(float("nan"))
-    return w.seed
 
 
 def compare(w: "BenchWorker", cell: MoECell, seed: int) -> tuple[bool, str]:

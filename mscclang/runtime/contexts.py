@@ -13,7 +13,7 @@ an upload ordered on the launching stream): no store exchange, no device synchro
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from mscclang.errors import NotPrepared, RuntimeUnavailable

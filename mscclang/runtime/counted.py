@@ -326,26 +326,13 @@ def _traced_run(ex: Any, plan: Plan, lp: Any, ent: Any, opr: Any, dp: Any, in_pt
     buffer and the count matrix read back (a wait) and decoded with the call's counts."""
     from mscclang.plan.segments import counted_call
     from mscclang.runtime import cuda as cu
-    from mscclang.runtime.trace import decode, trace_words
+    from mscclang.runtime.trace import decode, run_traced
 
-    n = len(plan.gpus)
-    lay = trace_words([b.n_records for b in dp.packed.blocks])
-    buf = cu.mem_alloc(lay.nbytes)
-    try:
-        cu.memset_d8(buf, 0, lay.nbytes, s)
-        cu.htod(buf, int(lay.stride).to_bytes(8, "little"), s)
-        ex.launcher.trace_ptr = buf
-        try:
-            ex.run(lp, ent, opr, in_ptr, out_ptr, launch.in_bytes, launch.out_bytes, s)
-        finally:
-            ex.launcher.trace_ptr = 0
-        raw = cu.dtoh(buf, lay.nbytes, s)
-        cols = 2 * n + 2
-        mat = cu.dtoh(launch.counts_ptr, 4 * n * cols, s)
-    finally:
-        cu.mem_free(buf)
+    n, cols = len(plan.gpus), 2 * len(plan.gpus) + 2
+    words = run_traced(ex.launcher, [b.n_records for b in dp.packed.blocks], s, lambda: ex.run(
+        lp, ent, opr, in_ptr, out_ptr, launch.in_bytes, launch.out_bytes, s))
+    mat = cu.dtoh(launch.counts_ptr, 4 * n * cols, s)
     ex.abort.check()
-    words = [int.from_bytes(raw[8 * i:8 * i + 8], "little") for i in range(lay.words)]
     m = [[int.from_bytes(mat[4 * (i * cols + j): 4 * (i * cols + j) + 4], "little", signed=True) for j in range(cols)]
          for i in range(n)]
     call = counted_call(plan, [row[:n] for row in m], launch.row_bytes, [row[n] for row in m],

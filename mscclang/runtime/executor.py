@@ -409,7 +409,7 @@ class Executor:
             return cast("RankTrace", got)
 
         from mscclang.runtime.entries import device_plan_of
-        from mscclang.runtime.trace import decode, trace_words
+        from mscclang.runtime.trace import decode, run_traced
 
         lp = self._loaded_plan(plan)
         self._traceable(lp)
@@ -423,21 +423,9 @@ class Executor:
         f = self.kernels.interpreter(call.kernel_code, pkt, call.op, lp.nthreads, traced=True)
         self.kernels.fit(f, lp.nthreads, dp.smem, dp.n_blocks, f"rank {self.comm.rank}", dp.uses_packets,
                          dp.packet_align, pkt)
-        lay = trace_words([b.n_records for b in dp.packed.blocks])
-        buf = cu.mem_alloc(lay.nbytes)
-        try:
-            cu.memset_d8(buf, 0, lay.nbytes, s)
-            cu.htod(buf, int(lay.stride).to_bytes(8, "little"), s)
-            self.launcher.trace_ptr = buf
-            try:
-                self.run(lp, dataclasses.replace(ent, func=f, handle=cu.ptr(f), spec=None), opr, call.in_ptr,
-                         call.out_ptr, call.in_bytes, call.out_bytes, s)
-            finally:
-                self.launcher.trace_ptr = 0
-            raw = cu.dtoh(buf, lay.nbytes, s)
-        finally:
-            cu.mem_free(buf)
-        words = [int.from_bytes(raw[8 * i:8 * i + 8], "little") for i in range(lay.words)]
+        words = run_traced(self.launcher, [b.n_records for b in dp.packed.blocks], s, lambda: self.run(
+            lp, dataclasses.replace(ent, func=f, handle=cu.ptr(f), spec=None), opr, call.in_ptr, call.out_ptr,
+            call.in_bytes, call.out_bytes, s))
         return decode(lp.plan, self.comm.rank, [b.region for b in dp.packed.blocks], words)
 
     def launch_bound(self, b: Bound, stream: Any = None) -> bool:

@@ -20,11 +20,12 @@ also checks the launch against the plan: every op of every block ran, in the blo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from mscclang.errors import PlanError
 from mscclang.plan.models import ChannelType, Plan
 from mscclang.plan.segments import CountedCall, ref_entries
+from mscclang.runtime import cuda as cu
 from mscclang.runtime.ports import DOP_PORT_FINAL
 from mscclang.runtime.structs import BLOCK_HEADER, DEV_OP
 
@@ -45,6 +46,26 @@ def trace_words(n_records: Sequence[int]) -> TraceLayout:
     """The buffer for blocks holding ``n_records`` device records each (``BlockPlan.n_records``)."""
     stride = 2 * max(n_records, default=0)
     return TraceLayout(stride, 1 + stride * len(n_records))
+
+
+def run_traced(launcher: Any, n_records: Sequence[int], stream: int, run: Callable[[], None]) -> list[int]:
+    """``run()`` (one launch through ``launcher``, on ``stream``) with a zeroed trace buffer for
+    blocks of ``n_records`` device records handed to the launcher, then the buffer read back (a
+    wait for the launch) and freed: its u64 words, for :func:`decode`."""
+    lay = trace_words(n_records)
+    buf = cu.mem_alloc(lay.nbytes)
+    try:
+        cu.memset_d8(buf, 0, lay.nbytes, stream)
+        cu.htod(buf, int(lay.stride).to_bytes(8, "little"), stream)
+        launcher.trace_ptr = buf
+        try:
+            run()
+        finally:
+            launcher.trace_ptr = 0
+        raw = cu.dtoh(buf, lay.nbytes, stream)
+    finally:
+        cu.mem_free(buf)
+    return [int.from_bytes(raw[8 * i:8 * i + 8], "little") for i in range(lay.words)]
 
 
 def record_ops(region: bytes) -> list[tuple[int, int]]:
