@@ -19,14 +19,15 @@ from mscclang.comm.alltoallv import CountedCalls
 from mscclang.comm.backend import Engine, RuntimeBackend
 from mscclang.comm.catalog import Catalog
 from mscclang.comm.errors import CommError
-from mscclang.comm.fallback import FallbackCalls, TorchFallback
+from mscclang.comm.fallback import TorchFallback
 from mscclang.comm.launch import Launch, capturing
+from mscclang.comm.membership import make_fallback, membership
 from mscclang.comm.moe import MoECalls, MoEHandle
 from mscclang.comm.planner import CallPlan, Planner, comm_errors
 from mscclang.comm.selector import Choice, Selector
 from mscclang.comm.tracing import Tracing, check_traceable
 from mscclang.comm.tuning import TuningTable, load_tuning
-from mscclang.config import Settings, settings
+from mscclang.config import Settings
 from mscclang.plan.call import message_call
 from mscclang.plan.collectives import plan_collective
 from mscclang.plan.dtypes import gpu_dtype
@@ -73,19 +74,8 @@ class Communicator:
         self._closed = False
         self._runtime_error: Optional[str] = None
         self._traces = 0
-        # the store the fallback may build its own group from: an explicit one, or the back
-        # end's (e.g. the GPU runtime's); None when built from torch.distributed's group
-        own_store = store
-        if backend is not None:
-            self.rank, self.world_size = backend.rank, backend.world_size
-            self.device = backend.device
-            if own_store is None and group is None:
-                own_store = backend.store
-        else:
-            self.rank, self.world_size, store, self.device = self._resolve(group, store, rank,
-                                                                           world_size, device)
-        if not 0 <= self.rank < self.world_size:
-            raise CommError(f"rank {self.rank} is not in a world of {self.world_size}")
+        m = membership(group, store, rank, world_size, device, backend)
+        self.rank, self.world_size, self.device = m.rank, m.world_size, m.device
         # tuning table and plan catalog
         self.tuning = load_tuning(tuning)   # None: $MSCCLANG_TUNING, else the shipped table
         self.catalog = plans if isinstance(plans, Catalog) else Catalog.from_dir(plans)
@@ -94,28 +84,9 @@ class Communicator:
             for v in Catalog.from_dir(extra):
                 self.catalog.add(v)
         self.selector = Selector(self.tuning, self.catalog, self._batch_invariant)
-        # the engine
-        if backend is None:
-            backend = self._make_runtime(store, runtime_options or {})
-        self.backend = backend
-        # the fallback
-        if fallback is True:
-            # a fallback group made here is bounded like the runtime's spins: a dead or hung peer
-            # ends in torch's NCCL watchdog within the same timeout (a caller's group keeps its own)
-            t = (runtime_options or {}).get("timeout_s") or (settings.timeout_s if settings.is_set("timeout_s")
-                                                             else None)
-            self._fallback = TorchFallback(group, store=own_store, rank=self.rank,
-                                           world_size=self.world_size, device=self.device,
-                                           **({"timeout_s": float(t)} if t else {}))
-        elif fallback is False or fallback is None:
-            self._fallback = None
-        else:
-            self._fallback = fallback
-        # the gloo fallback's call check, over the explicit store, the back end's or torch.distributed's
-        check_store = store if store is not None else own_store
-        self._calls = FallbackCalls(check_store, self.rank, self.world_size, self._fallback.timeout_s) \
-            if isinstance(self._fallback, TorchFallback) and self._fallback.backend_name == "gloo" \
-            and check_store is not None else None
+        # the engine, then the fallback (mscclang.comm.membership)
+        self.backend = backend if backend is not None else self._make_runtime(m.store, runtime_options or {})
+        self._fallback, self._calls = make_fallback(fallback, group, m, runtime_options or {})
         self.planner = Planner(self.rank, self.world_size, self.device, self.backend, self.selector,
                                self._fallback is not None, self._note, self._runtime_error)
         self._runs = Launch(self.planner, self.backend, self._fallback, self._calls, self._note)
@@ -174,34 +145,6 @@ class Communicator:
     def from_torch(cls, group: Any = None, **kw: Any) -> "Communicator":
         """A communicator over torch.distributed's default group (or ``group``)."""
         return cls(group, **kw)
-
-    @staticmethod
-    def _resolve(group: Any, store: Any, rank: Optional[int], world_size: Optional[int],
-                 device: Any) -> tuple[int, int, Any, Any]:
-        import torch
-
-        if device is None:
-            device = (torch.device("cuda", torch.cuda.current_device())
-                      if torch.cuda.is_available() else torch.device("cpu"))
-        elif not isinstance(device, torch.device):
-            device = torch.device(device)
-        if store is not None:
-            if rank is None or world_size is None:
-                raise CommError("a communicator built from a store needs rank and world_size")
-            return rank, world_size, store, device
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            raise CommError("torch.distributed is not initialised: call "
-                            "torch.distributed.init_process_group first, or pass store, rank "
-                            "and world_size")
-        r = dist.get_rank(group) if rank is None else rank
-        n = dist.get_world_size(group) if world_size is None else world_size
-        from torch.distributed import distributed_c10d as c10d
-
-        base = c10d._get_default_store()
-        gname = "default" if group is None else getattr(group, "group_name", str(id(group)))
-        return r, n, dist.PrefixStore(f"mscclang/{gname}/", base), device
 
     def _make_runtime(self, store: Any, options: dict) -> Optional[Engine]:
         if getattr(self.device, "type", None) != "cuda":
