@@ -354,8 +354,8 @@ class Planner:
             return cp.inp, cp.out
         if cp.mode == "copy_in":
             k = cp.shape.block_elems
-            a = out[self.rank * k:(self.rank + 1) * k] if cp.call.collective.inplace == "input_in_output" \
-                else out[:inp.numel()]
+            a = (out[self.rank * k:(self.rank + 1) * k] if cp.call.collective.inplace == "input_in_output"
+                 else out[:inp.numel()])
             return a, out
         return inp, out
 

@@ -487,8 +487,8 @@ class SimLaunch:
                 raise CommError(f"rank {self.rank}: zero-copy plan {plan.name} needs symmetric "
                                 "buffers (from Communicator.empty) or registered tensors")
             # in-place allgather/reducescatter: this rank's block sits at rank * block bytes
-            shift = call.collective.inplace_offset(self.rank, call.shape.block_elems * call.dtype.itemsize) \
-                if plan.inplace else 0
+            shift = (call.collective.inplace_offset(self.rank, call.shape.block_elems * call.dtype.itemsize)
+                     if plan.inplace else 0)
             d_in = zc.in_delta - (shift if call.collective.inplace == "input_in_output" else 0)
             d_out = zc.out_delta - (shift if call.collective.inplace == "output_in_input" else 0)
             kind = lambda b: "reg" if isinstance(b, Region) else "sym"  # noqa: E731

@@ -292,8 +292,8 @@ def make_counted_call(coll: Union[str, Collective], rank: int, world: int, devic
     if row_bytes == 0 or row_bytes % 4:
         raise InvalidCall(f"rank {rank}: {name}: a row of x ({tuple(x.shape[1:])} x {x.dtype}) is {row_bytes} bytes; "
                           "rows must be a positive multiple of 4 bytes")
-    if getattr(counts, "dtype", None) is None or "int32" not in str(counts.dtype) or \
-            tuple(counts.shape) != (world, 2 * world + COUNT_COLUMNS):
+    if (getattr(counts, "dtype", None) is None or "int32" not in str(counts.dtype)
+            or tuple(counts.shape) != (world, 2 * world + COUNT_COLUMNS)):
         raise InvalidCall(f"rank {rank}: {name}: the count matrix must be int32 of shape "
                           f"({world}, {2 * world + COUNT_COLUMNS}), got {getattr(counts, 'dtype', None)} "
                           f"{tuple(getattr(counts, 'shape', ()))}")
