@@ -209,3 +209,28 @@ def test_recv_counts_outlive_the_next_call() -> None:
 
     res, _, _ = run_ranks(n, body, plans=_plans(n), engine="sim")
     assert res == [[1, 1], [3, 3]]
+
+
+def test_a_repeated_call_chooses_its_plan_once(monkeypatch) -> None:
+    """The plan choice is remembered per slot size, row alignment and symmetry: the catalog is
+    scanned once for repeated calls, again for a slot size that changes the choice."""
+    from mscclang.comm.catalog import Catalog
+
+    scans = []
+    real = Catalog.matching
+    monkeypatch.setattr(Catalog, "matching", lambda self, coll, n, *a, **kw: (
+        scans.append(coll) if coll == "alltoallv" else None, real(self, coll, n, *a, **kw))[1])
+    n = 2
+    counts = _counts(n, 5)
+    xs = _inputs(n, counts, (8,), torch.bfloat16)          # 16-byte rows: LL can move them
+
+    def body(comm):
+        plans = []
+        for cap in (16, 16, 16, 1 << 17, 1 << 17):    # 2 MiB slots, past LL's range: the Simple plan
+            comm.all_to_all_v(xs[comm.rank], torch.tensor(counts[comm.rank]), out=torch.zeros(cap, 8).bfloat16())
+            plans.append(comm.last_all_to_all_v.split(".")[0])
+        return plans
+
+    res, _, _ = run_ranks(n, body, plans=_plans(n), engine="sim")
+    assert res[0] == res[1] and res[0][:3] == ["alltoallv_ll"] * 3 and res[0][3:] == ["alltoallv_simple"] * 2
+    assert len(scans) == 2 * n                       # two choices on each rank

@@ -33,6 +33,8 @@ from mscclang.plan.models import Plan
 ALLTOALLV = "alltoallv"
 #: what a row says when its rank gave no output (sized after the exchange)
 UNSIZED = 2**31 - 1
+#: the plan choices an all-to-all-v communicator remembers (slot sizes x alignments x symmetry)
+CHOICES = 64
 
 __all__ = ["CountedCalls", "ALLTOALLV"]
 
@@ -52,6 +54,7 @@ class CountedCalls:
         self.last: Optional[str] = None
         self._row: Any = None
         self._matrix: Any = None
+        self._choices: dict[tuple, Optional[Plan]] = {}
 
     def engine(self) -> Any:
         """The rank's engine now (None: none, or closed)."""
@@ -136,18 +139,29 @@ class CountedCalls:
         return m
 
     def _choose(self, call: Any, x: Any, out: Any) -> Optional[Plan]:
-        """The plan to run (None: the engine runs none, or the catalog has none)."""
+        """The plan to run (None: the engine runs none, or the catalog has none), remembered per
+        engine, slot bytes, row alignment and symmetry (at most :data:`CHOICES` of them), so a
+        repeated call scans the catalog once."""
         eng = self.engine()
         if eng is None:
             return None
         a = call.counted
-        nbytes = a.capacity * a.row_bytes
+        # zero-copy on symmetric buffers (registered tensors do not run plans with segments on the GPU)
+        zero_copy = bool(x.numel() and out.numel()) and eng.memory.is_symmetric(x) and eng.memory.is_symmetric(out)
+        key = (id(eng), a.capacity * a.row_bytes, a.row_bytes % 8 == 0, zero_copy)
+        if key not in self._choices:
+            if len(self._choices) >= CHOICES:
+                self._choices.clear()
+            self._choices[key] = self._pick(eng, key[1], key[2], zero_copy)
+        return self._choices[key]
+
+    def _pick(self, eng: Any, nbytes: int, packets: bool, zero_copy: bool) -> Optional[Plan]:
+        """:meth:`_choose`'s choice: LL where rows are whole 8-byte words and the slots fit its
+        range, zero-copy on symmetric buffers, else Simple (a note names why none runs)."""
         found: dict[str, PlanVariant] = {}
         for v in self.catalog.matching(ALLTOALLV, self.world):
             found.setdefault(v.algorithm, v)
-        # zero-copy on symmetric buffers (registered tensors do not run plans with segments on the GPU)
-        zero_copy = bool(x.numel() and out.numel()) and eng.memory.is_symmetric(x) and eng.memory.is_symmetric(out)
-        order = ["alltoallv_ll"] if a.row_bytes % 8 == 0 else []
+        order = ["alltoallv_ll"] if packets else []
         order += ["alltoallv_zero_copy"] if zero_copy else []
         order += ["alltoallv_simple"]
         for name in order:
