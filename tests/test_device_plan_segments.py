@@ -260,7 +260,7 @@ class _FakeExecutor:
         self.comm = types.SimpleNamespace(rank=rank, world_size=len(plan.gpus), device=0,
                                           allgather_bytes=lambda data, tag: [data] + [others or data] * (len(plan.gpus) - 1))
         self.launcher = types.SimpleNamespace(current_stream=lambda: 5, stream_capturing=lambda s: self.capturing)
-        self.kernels = types.SimpleNamespace(interpreter=lambda *a: 77, fit=lambda *a: None)
+        self.kernels = types.SimpleNamespace(interpreter=lambda *a, **kw: 77, fit=lambda *a: None)
         self.grown: list[int] = []
 
         def ensure(lp, i, o, need):  # type: ignore[no-untyped-def]
