@@ -26,6 +26,12 @@ Subcommands (each writes one JSON line of results to stdout, and to ``--out FILE
   size's host work goes; ``--profile-skip K`` leaves the first K sizes out (a plan's first call
   sets the plan up). ``stream --profile N`` does the same for
   the whole stream (``profile``).
+* ``walk [--numel 1024] [--ordinary-numel 1048576]``: a memo hit's route as it runs (an in-place
+  ``all_reduce`` of an ordinary fp32 tensor after three calls of it, under ``sys.setprofile``):
+  its *stays* (entries into a mscclang file, returns included), the distinct files and the
+  crossings between ``mscclang/comm`` and ``mscclang/runtime``; then rank 0's cProfile of 200
+  calls on an ordinary tensor of ``--ordinary-numel`` elements, per call (where the host time of
+  the ordinary, staged path goes).
 * ``abort --mode graph|eager|hung --runs 3`` (CUDA only, 2 GPUs): rank 0 replays a captured CUDA
   graph of a 1,000-element bf16 all_reduce on a symmetric tensor (``comm.empty``), synchronising
   every 10 replays; its peer stops after 20 replays (graph, eager: the process exits; hung: it
@@ -429,6 +435,66 @@ def init_group(local: int, world: int) -> None:
         dist.init_process_group("gloo")
 
 
+def walk(r: Rank, numel: int, ordinary_numel: int) -> dict:
+    """The route of a memo hit, counted as it runs: ``Communicator.all_reduce`` in place on an
+    ordinary tensor of ``numel`` fp32 elements, after three calls of the same tensor, under
+    ``sys.setprofile``. A *stay* is each entry into a mscclang file (calls and returns both: the
+    file the running frame is in changes to a mscclang file); ``files`` the distinct ones;
+    ``crossings`` the moves between ``mscclang/comm`` and ``mscclang/runtime``. Then rank 0's
+    cProfile of 200 calls on an ordinary tensor of ``ordinary_numel`` elements (the staged
+    path's host time: where it goes)."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    res = r.base("walk")
+    x = torch.randn(numel, device=r.device)
+    for _ in range(3):
+        r.comm.all_reduce(x)
+    r.sync()
+    seen: list[str] = []
+
+    def where(frame: Any) -> Optional[str]:
+        f = frame.f_code.co_filename if frame is not None else ""
+        return f.split("/mscclang/", 1)[1] if "/mscclang/" in f and "/tools/" not in f else None
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event not in ("call", "return"):
+            return
+        now = where(frame if event == "call" else frame.f_back)
+        if now is not None and (not seen or seen[-1] != now):
+            seen.append(now)
+
+    sys.setprofile(hook)
+    try:
+        r.comm.all_reduce(x)
+    finally:
+        sys.setprofile(None)
+    r.sync()
+    crossings = sum(1 for a, b in zip(seen, seen[1:]) if {a.split("/")[0], b.split("/")[0]} == {"comm", "runtime"})
+    res.update(mismatches=0, numel=numel, stays=len(seen), files=len(set(seen)), crossings=crossings, route=seen,
+               plan=getattr(r.comm.last, "label", lambda: None)() if r.comm.last is not None else None)
+    y = torch.randn(ordinary_numel, device=r.device)
+    for _ in range(5):
+        r.comm.all_reduce(y)
+    r.sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(200):
+        r.comm.all_reduce(y)
+    prof.disable()
+    r.sync()
+    st = pstats.Stats(prof)
+    rows = sorted(((k, v) for k, v in st.stats.items() if "/mscclang/" in k[0]),   # type: ignore[attr-defined]
+                  key=lambda kv: -kv[1][3])[:25]
+    res["ordinary_profile"] = [f"{v[2] / 200 * 1e6:8.2f} {v[3] / 200 * 1e6:8.2f} {v[1] / 200:6.1f} "
+                               f"{'/'.join(k[0].split('/')[-2:])}:{k[1]}({k[2]})" for k, v in rows]
+    res["ordinary_profile_header"] = "own_us/call cum_us/call calls/call where (mscclang, by cumulative time)"
+    res["ordinary_plan"] = r.comm.last.label() if r.comm.last is not None else None
+    return res
+
+
 def rank_main(args: argparse.Namespace) -> tuple[Optional[dict], int]:
     """This process's rank of ``stream``/``memory`` (the process group from the environment);
     rank 0's result (None elsewhere) and the exit status."""
@@ -438,6 +504,8 @@ def rank_main(args: argparse.Namespace) -> tuple[Optional[dict], int]:
         res = stream(r, args.calls, args.seed, args.profile)
     elif args.cmd == "first":
         res = first_calls(r, args.sizes, args.seed, args.profile, args.profile_skip)
+    elif args.cmd == "walk":
+        res = walk(r, args.numel, args.ordinary_numel)
     else:
         res = memory(r, args.sizes, args.seed)
     r.sync()
@@ -539,6 +607,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     f.add_argument("--profile", type=int, default=0, metavar="N", help="rank 0 under cProfile: the top N functions")
     f.add_argument("--profile-skip", type=int, default=0, metavar="K",
                    help="profile from the K-th size on (the sizes before set a plan up)")
+    w = sub.add_parser("walk", parents=[common], help="a memo hit's route (stays, files, crossings) and the "
+                       "ordinary-tensor path's profile")
+    w.add_argument("--numel", type=int, default=1024)
+    w.add_argument("--ordinary-numel", type=int, default=1 << 20)
     a = sub.add_parser("abort", parents=[common], help="a peer stops mid-stream (CUDA only, 2 GPUs)")
     a.add_argument("--mode", choices=("graph", "eager", "hung"), default="graph")
     a.add_argument("--runs", type=int, default=3)
