@@ -192,10 +192,7 @@ PACKET_SRC_FROM: dict[OpName, int] = {OpName.upkt: 0, OpName.rppkt: 0, OpName.re
                                       OpName.recpkt: 1, OpName.recspkt: 1}
 #: reductions whose first source is local (plain) and may take a place in the order other than
 #: the first (``Op.src0_position``): every reduction but the switch ones, whose sources are a group
-POSITIONED_REDUCE_OPS = frozenset(
-    {OpName.re, OpName.res, OpName.rre, OpName.rres, OpName.repkt, OpName.respkt, OpName.recpkt,
-     OpName.recspkt}
-)
+POSITIONED_REDUCE_OPS = REDUCE_OPS - {OpName.glre, OpName.glres}
 SWITCH_OPS = frozenset({OpName.glre, OpName.glres, OpName.gstore, OpName.gstorepkt})
 #: ops only a ``mscclang.plan/2`` plan may hold
 EPILOGUE_OPS = frozenset({OpName.radd, OpName.rmsnorm})
@@ -401,18 +398,9 @@ def paired_indices(peers_by_rank: Sequence[Sequence[int]]) -> list[list[Optional
     channels: ``result[a][j]`` is the global index, on rank ``peers_by_rank[a][j]``, of the
     channel paired with rank ``a``'s channel ``j`` (None when unpaired). The same rule: the j-th
     channel from A to B pairs with B's j-th channel to A."""
-    ends: dict[tuple[int, int, int], int] = {}
-    ordinals: list[list[int]] = []
-    for a, peers in enumerate(peers_by_rank):
-        seen: dict[int, int] = {}
-        row = []
-        for j, b in enumerate(peers):
-            o = seen.get(b, 0)
-            seen[b] = o + 1
-            ends[(a, b, o)] = j
-            row.append(o)
-        ordinals.append(row)
-    return [[ends.get((b, a, o)) for b, o in zip(peers, ordinals[a])] for a, peers in enumerate(peers_by_rank)]
+    ordinals = [channel_ordinals(peers) for peers in peers_by_rank]
+    ends = {(a, c.peer, c.ordinal): j for a, row in enumerate(ordinals) for j, c in enumerate(row)}
+    return [[ends.get((c.peer, a, c.ordinal)) for c in row] for a, row in enumerate(ordinals)]
 
 
 def paired_index(rank: int, peers: Sequence[int], index: int, peer_peers: Sequence[int]) -> Optional[int]:
@@ -427,15 +415,9 @@ def paired_index(rank: int, peers: Sequence[int], index: int, peer_peers: Sequen
     Raises ``IndexError`` when ``index`` is not one of ``peers``'s positions."""
     if not 0 <= index < len(peers):
         raise IndexError(f"channel {index} does not exist (the rank has {len(peers)})")
-    peer = peers[index]
-    ordinal = sum(1 for p in peers[:index] if p == peer)
-    seen = 0
-    for j, p in enumerate(peer_peers):
-        if p == rank:
-            if seen == ordinal:
-                return j
-            seen += 1
-    return None
+    ordinal = channel_ordinals(peers[:index + 1])[index].ordinal
+    back = [j for j, p in enumerate(peer_peers) if p == rank]
+    return back[ordinal] if ordinal < len(back) else None
 
 
 class ChannelDesc(_Strict):
@@ -504,6 +486,13 @@ class Gpu(_Strict):
     semaphores: list[SemaphoreDesc] = Field(default_factory=list)
     # plan/3: the rank's segmented buffers (at most one entry per buffer kind)
     segments: Optional[list[SegmentedBuffer]] = None
+
+    def chunks(self, kind: BufferKind) -> int:
+        """The rank's chunk count of buffer ``kind`` (the residual has the input's; the weight
+        none, it is read whole)."""
+        return {BufferKind.input: self.input_chunks, BufferKind.output: self.output_chunks,
+                BufferKind.scratch: self.scratch_chunks, BufferKind.residual: self.input_chunks,
+                BufferKind.weight: 0}[kind]
 
     def segmented(self, kind: BufferKind) -> Optional[SegmentedBuffer]:
         """The segments of buffer ``kind`` (None: the buffer is cut into chunks)."""
@@ -591,8 +580,7 @@ class Plan(_Strict):
                 if sb.type in seen:
                     raise ValueError(f"gpus[{r}].segments[{k}]: buffer {sb.type.value!r} is segmented twice")
                 seen.add(sb.type)
-                chunks = {BufferKind.input: g.input_chunks, BufferKind.output: g.output_chunks,
-                          BufferKind.scratch: g.scratch_chunks}[sb.type]
+                chunks = g.chunks(sb.type)
                 if chunks != len(sb.counts):
                     raise ValueError(f"gpus[{r}].segments[{k}]: {len(sb.counts)} segments, but the rank's "
                                      f"{sb.type.name}_chunks is {chunks} (a segmented buffer has one chunk per segment)")

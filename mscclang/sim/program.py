@@ -280,10 +280,7 @@ class _Resolver:
         return lens
 
     def _nchunks(self, o: Operand) -> int:
-        g = self.plan.gpus[o.rank]
-        return {BufferKind.input: g.input_chunks, BufferKind.output: g.output_chunks,
-                BufferKind.scratch: g.scratch_chunks, BufferKind.residual: g.input_chunks,
-                BufferKind.weight: 0}[o.kind]
+        return self.plan.gpus[o.rank].chunks(o.kind)
 
 
 def _owner(total: int, pos: int, size: int, alignment: int) -> int:
