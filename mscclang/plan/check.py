@@ -55,7 +55,6 @@ from mscclang.plan.models import (
     ChannelType,
     Gpu,
     PACKET_OPS,
-    PLAN_FORMAT,
     PLAN_FORMAT_2,
     PLAN_FORMAT_3,
     REDUCE_OPS,

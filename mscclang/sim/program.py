@@ -335,7 +335,6 @@ def sim_program(plan: Plan, input_bytes: int, output_bytes: int, row_bytes: int 
     row-chunked fused plan's input row, :func:`mscclang.plan.layout.make_layout`). A plan with
     segments is resolved for one call, ``counted`` (its counts and sizes; ``input_bytes`` and
     ``output_bytes`` are then rank 0's)."""
-    n = len(plan.gpus)
     if counted is not None:
         rb = counted.row_bytes
         layouts = counted_layouts(plan, [v * rb for v in counted.in_rows], [v * rb for v in counted.out_rows],
