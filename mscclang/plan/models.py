@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Annotated, Literal, Optional, Sequence
+from typing import Annotated, Iterator, Literal, Optional, Sequence
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StrictBool, model_validator
 
@@ -334,6 +334,12 @@ class ThreadBlock(_Strict):
     channels: list[ThreadBlockChannels] = Field(default_factory=list)
     remote_buffer_refs: list[RemoteBufferRefs] = Field(default_factory=list)
 
+    def all_ops(self) -> Iterator[Op]:
+        """Every op of the block in order, each pipeline's inner ops right after it."""
+        for op in self.ops:
+            yield op
+            yield from op.ops or ()
+
     def channel_list(self, channel_type: ChannelType) -> list[int]:
         """Global channel indexes this block uses for ``channel_type`` (TB-local order)."""
         for c in self.channels:
@@ -487,6 +493,10 @@ class Gpu(_Strict):
     # plan/3: the rank's segmented buffers (at most one entry per buffer kind)
     segments: Optional[list[SegmentedBuffer]] = None
 
+    def all_ops(self) -> Iterator[Op]:
+        """Every op of the rank's thread blocks (:meth:`ThreadBlock.all_ops`)."""
+        return (op for tb in self.threadblocks for op in tb.all_ops())
+
     def chunks(self, kind: BufferKind) -> int:
         """The rank's chunk count of buffer ``kind`` (the residual has the input's; the weight
         none, it is read whole)."""
@@ -590,6 +600,10 @@ class Plan(_Strict):
                                          f"the {n} x {n} count matrix")
         return self
 
+    def all_ops(self) -> Iterator[Op]:
+        """Every op of every rank (:meth:`ThreadBlock.all_ops`)."""
+        return (op for g in self.gpus for op in g.all_ops())
+
     def has_segments(self) -> bool:
         """Whether some rank has a segmented buffer (a plan/3 plan, run with a count matrix)."""
         return any(g.segments for g in self.gpus)
@@ -637,8 +651,7 @@ class Plan(_Strict):
     def has_epilogue_ops(self) -> bool:
         """Whether some op (or pipeline inner op) is an epilogue op (:data:`EPILOGUE_OPS`): the
         plan/2 fused collective's residual exists. Stops at the first one."""
-        return any(op.name in EPILOGUE_OPS or (op.ops and any(i.name in EPILOGUE_OPS for i in op.ops))
-                   for g in self.gpus for tb in g.threadblocks for op in tb.ops)
+        return any(op.name in EPILOGUE_OPS for op in self.all_ops())
 
     def epilogue_ops(self) -> list[tuple[str, "Op"]]:
         """Every epilogue op (:data:`EPILOGUE_OPS`) with its JSON path, pipeline inner ops

@@ -218,9 +218,8 @@ class _Model:
         for g in self.plan.gpus:
             for tb in g.threadblocks:
                 used: set[int] = set()
-                for op in tb.ops:
-                    for o in (op.ops or [op]):
-                        used |= self.peers_of(g.id, tb, o)
+                for o in tb.all_ops():   # a pipeline op itself names no peer
+                    used |= self.peers_of(g.id, tb, o)
                 keys = {q if not self.topo.same_node(g.id, q) else -1 for q in used}
                 for q in keys:
                     n[(g.id, q)] = n.get((g.id, q), 0) + 1

@@ -89,28 +89,19 @@ def annotate_sources(problem: Problem, plan: Plan) -> None:
     """Append ``(program.py:42)`` after every op a message names whose op records ``src``."""
     found: dict[tuple[int, int, str], str] = {}
 
-    def text_sub(m: re.Match) -> str:
+    def sub(m: re.Match, as_tuple: bool) -> str:
         r, tb, idx = int(m.group(1)), int(m.group(2)), m.group(3)
         src = src_of(plan, r, tb, idx)
         if src is None:
             return m.group(0)
         found[(r, tb, idx)] = src
+        if as_tuple:
+            return f"(rank {r}, tb {tb}, op {idx}, {src})"
         tail = problem.message[m.end(): m.end() + len(src) + 3]
-        if src in tail:
-            return m.group(0)
-        return f"{m.group(0)} ({src})"
+        return m.group(0) if src in tail else f"{m.group(0)} ({src})"
 
-    def tuple_sub(m: re.Match) -> str:
-        r, tb, idx = int(m.group(1)), int(m.group(2)), m.group(3)
-        src = src_of(plan, r, tb, idx)
-        if src is None:
-            return m.group(0)
-        found[(r, tb, idx)] = src
-        return f"(rank {r}, tb {tb}, op {idx}, {src})"
-
-    msg = _OP_TUPLE.sub(tuple_sub, problem.message)
-    problem.message = msg
-    problem.message = _OP_TEXT.sub(text_sub, msg)
+    problem.message = _OP_TUPLE.sub(lambda m: sub(m, True), problem.message)
+    problem.message = _OP_TEXT.sub(lambda m: sub(m, False), problem.message)
     if found:
         problem.details.setdefault("src", {}).update(found)
 
