@@ -330,21 +330,8 @@ def derive_senders(program: Program) -> list[set[int]]:
     n = len(program.plan.gpus)
     inplace = program.plan.inplace
     origin: dict[tuple[int, BufferKind], set[int]] = {(r, BufferKind.input): {r} for r in range(n)}
-    flows: set[tuple[tuple[tuple[int, BufferKind], ...], tuple[tuple[int, BufferKind], ...]]] = set()
-
-    def walk(cops: list) -> None:
-        for cop in cops:
-            for it in cop.iterations:
-                walk(it)
-            for grp in cop.groups:
-                if grp.stream_length() == 0:
-                    continue
-                flows.add((tuple((o.rank, o.kind) for o in grp.srcs),
-                           tuple((o.rank, o.kind) for o in grp.dsts)))
-
-    for blocks in program.blocks:
-        for cops in blocks:
-            walk(cops)
+    flows = {(tuple((o.rank, o.kind) for o in grp.srcs), tuple((o.rank, o.kind) for o in grp.dsts))
+             for grp in program.groups() if grp.stream_length() > 0}
     changed = True
     while changed:
         changed = False

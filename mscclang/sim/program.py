@@ -9,7 +9,7 @@ or the schedule, so one compiled program serves every run at that size.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 from mscclang.errors import PlanError
 from mscclang.plan.layout import (
@@ -86,6 +86,15 @@ class Program:
     output_bytes: int
     layouts: list[Layout]
     blocks: list[list[list[COp]]]          # [rank][tb] -> ops
+
+    def groups(self) -> Iterator[Group]:
+        """Every group of every op of every block, a pipeline's iterations' included."""
+        def walk(cops: list[COp]) -> Iterator[Group]:
+            for c in cops:
+                yield from c.groups
+                for it in c.iterations:
+                    yield from walk(it)
+        return (g for blocks in self.blocks for cops in blocks for g in walk(cops))
 
 
 def _where(rank: int, tb: int, index: str, name: str) -> str:

@@ -162,21 +162,12 @@ def symbolic_granule(prog: Program) -> int:
         sb = lay.scratch_alloc_bytes
         sb += (-sb) % 8
         vals.append(sb // 2 if plan.use_double_scratch_buffer else sb)
-
-    def walk(cops: list) -> None:
-        for c in cops:
-            for it in c.iterations:
-                walk(it)
-            for g in c.groups:
-                for piece in g.pieces:
-                    vals.append(piece.length)
-                    vals.extend(piece.offsets)
-                for (_, x, y) in g.pads:
-                    vals.extend((x, y))
-
-    for blocks in prog.blocks:
-        for cops in blocks:
-            walk(cops)
+    for grp in prog.groups():
+        for piece in grp.pieces:
+            vals.append(piece.length)
+            vals.extend(piece.offsets)
+        for (_, x, y) in grp.pads:
+            vals.extend((x, y))
     g = MAX_SYMBOLIC_GRANULE
     for v in vals:
         while g > SYM_GRANULE and v % g:
@@ -196,12 +187,7 @@ def symbolic_bytes(prog: Program, nsym: int, granule: int) -> int:
 
 def _moves_bytes(prog: Program) -> bool:
     """Whether any data op of ``prog`` moves at least one byte."""
-    def walk(cops: list) -> bool:
-        for c in cops:
-            if any(g.stream_length() > 0 for g in c.groups) or any(walk(it) for it in c.iterations):
-                return True
-        return False
-    return any(walk(cops) for blocks in prog.blocks for cops in blocks)
+    return any(g.stream_length() > 0 for g in prog.groups())
 
 
 def _sendrecv_spec(p: Plan, spec: CollectiveSpec, prog: Program,
