@@ -28,7 +28,7 @@ from mscclang.sim.invariance import (KIND as INVARIANCE_KIND, InvarianceCheck, I
 from mscclang.sim.postcondition import check_numeric, check_symbolic, derive_senders, random_inputs
 from mscclang.sim.program import Program, sim_program
 from mscclang.sim.report import Deadlock, Problem, Report
-from mscclang.sim.state import MAX_SYMBOLIC_GRANULE, SYM_GRANULE
+from mscclang.sim.state import MAX_SYMBOLIC_GRANULE, granule_of
 from mscclang.sim.runner import (PlanLike, VerifyOptions, as_plan, check_arguments, default_launches,
                                  message_to_bytes, nothing_to_verify, resolve_reduce_op)
 
@@ -168,11 +168,7 @@ def symbolic_granule(prog: Program) -> int:
             vals.extend(piece.offsets)
         for (_, x, y) in grp.pads:
             vals.extend((x, y))
-    g = MAX_SYMBOLIC_GRANULE
-    for v in vals:
-        while g > SYM_GRANULE and v % g:
-            g //= 2
-    return g
+    return granule_of(vals)
 
 
 def symbolic_bytes(prog: Program, nsym: int, granule: int) -> int:
