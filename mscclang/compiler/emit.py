@@ -20,6 +20,8 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref
 from mscclang.compiler.meter import each_rank
 from mscclang.plan.models import (
@@ -47,13 +49,10 @@ from mscclang.plan.models import (
 _TYPES = (ChannelType.memory, ChannelType.port, ChannelType.switch)
 
 
-def _all_ops(ops: list[IROp]):
+def _all_ops(ops: list[IROp]) -> Iterator[IROp]:
     for op in ops:
-        if op.body is not None:
-            yield op
-            yield from op.body
-        else:
-            yield op
+        yield op
+        yield from op.body or ()
 
 
 def _channel_descs(r: IRRank) -> list[ChannelDesc]:
