@@ -521,12 +521,8 @@ class Gpu(_Strict):
 
     def switch_groups(self) -> list[tuple[BufferKind, list[int]]]:
         """(buffer kind, ranks) of each switch channel, in global switch channel order."""
-        out: list[tuple[BufferKind, list[int]]] = []
-        for c in self.channels:
-            if c.channel_type == ChannelType.switch:
-                for g in c.rank_groups:
-                    out.append((c.buffer_type, list(g.ranks)))  # type: ignore[arg-type]
-        return out
+        return [(c.buffer_type, list(g.ranks)) for c in self.channels  # type: ignore[misc]
+                if c.channel_type == ChannelType.switch for g in c.rank_groups]
 
 
 class Plan(_Strict):

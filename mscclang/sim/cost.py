@@ -204,11 +204,8 @@ class _Model:
         return rb.rank, rb.type, ct
 
     def peers_of(self, rank: int, tb: Any, op: Op) -> set[int]:
-        out = set()
-        for ref in list(op.src_buff) + list(op.dst_buff):
-            if ref.type is None and ref.buffer_id is not None:
-                out.add(self.where(rank, tb, op, ref)[0])
-        return out - {rank}
+        return {self.where(rank, tb, op, ref)[0] for ref in list(op.src_buff) + list(op.dst_buff)
+                if ref.type is None and ref.buffer_id is not None} - {rank}
 
     def _sharers(self) -> dict[tuple[int, int], int]:
         """Thread blocks of each rank sharing each link (rank, peer). Within a node the GPUs hang

@@ -356,10 +356,7 @@ def sim_program(plan: Plan, input_bytes: int, output_bytes: int, row_bytes: int 
     for r, gpu in enumerate(plan.gpus):
         rank_blocks = []
         for tb in gpu.threadblocks:
-            cops: list[COp] = []
-            for i, op in enumerate(tb.ops):
-                cops.append(_compile_op(res, r, tb, op, str(i), align))
-            rank_blocks.append(cops)
+            rank_blocks.append([_compile_op(res, r, tb, op, str(i), align) for i, op in enumerate(tb.ops)])
         blocks.append(rank_blocks)
     return Program(plan, input_bytes, output_bytes, layouts, blocks)
 
