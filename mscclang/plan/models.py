@@ -342,17 +342,11 @@ class ThreadBlock(_Strict):
 
     def channel_list(self, channel_type: ChannelType) -> list[int]:
         """Global channel indexes this block uses for ``channel_type`` (TB-local order)."""
-        for c in self.channels:
-            if c.channel_type == channel_type:
-                return c.channel_ids
-        return []
+        return next((c.channel_ids for c in self.channels if c.channel_type == channel_type), [])
 
     def remote_buffer_list(self, channel_type: ChannelType) -> list[int]:
         """Indexes into the rank's ``remote_buffers`` for access through ``channel_type``."""
-        for r in self.remote_buffer_refs:
-            if r.access_channel_type == channel_type:
-                return r.remote_buffer_ids
-        return []
+        return next((r.remote_buffer_ids for r in self.remote_buffer_refs if r.access_channel_type == channel_type), [])
 
 
 class RankGroup(_Strict):
@@ -506,18 +500,11 @@ class Gpu(_Strict):
 
     def segmented(self, kind: BufferKind) -> Optional[SegmentedBuffer]:
         """The segments of buffer ``kind`` (None: the buffer is cut into chunks)."""
-        for s in self.segments or ():
-            if s.type == kind:
-                return s
-        return None
+        return next((s for s in self.segments or () if s.type == kind), None)
 
     def peers(self, channel_type: ChannelType) -> list[int]:
         """Peer rank of each channel of ``channel_type`` (global channel index order)."""
-        out: list[int] = []
-        for c in self.channels:
-            if c.channel_type == channel_type:
-                out.extend(c.connected_to)
-        return out
+        return [p for c in self.channels if c.channel_type == channel_type for p in c.connected_to]
 
     def switch_groups(self) -> list[tuple[BufferKind, list[int]]]:
         """(buffer kind, ranks) of each switch channel, in global switch channel order."""

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import re
+from itertools import groupby
 from typing import Any, Optional, Sequence
 
 from mscclang.plan.check import iter_op_paths
@@ -166,10 +167,9 @@ def group_key(problem: Problem) -> tuple:
     if k == "batch-variant" and "cause" in d:   # one cause: the form and the op that computed the value
         return (k, repr(d["cause"]))
     if k == "deadlock":
-        if d.get("cycle"):
-            return (k, "cycle", frozenset((e[0], e[1], e[2]) for e in d["cycle"]))
-        if d.get("blocked"):
-            return (k, "blocked", frozenset((e[0], e[1], e[2]) for e in d["blocked"]))
+        for what in ("cycle", "blocked"):
+            if d.get(what):
+                return (k, what, frozenset((e[0], e[1], e[2]) for e in d[what]))
     if k == "unsynced-signal" and "op" in d:
         return (k, _opkey(d["op"]))
     if k == "unbalanced-semaphore" and "rank" in d:
@@ -384,15 +384,8 @@ def chunk_notes(problems: list[Problem]) -> list[str]:
 
 def _ranges(xs: list[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out: list[str] = []
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ", ".join(out)
+    runs = [[x for _, x in run] for _, run in groupby(enumerate(xs), lambda p: p[1] - p[0])]
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def plan_uses(plan: Plan) -> tuple[bool, bool]:

@@ -4,7 +4,7 @@ barriers). What the edges mean: the package docstring (:mod:`mscclang.viz`)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -106,10 +106,8 @@ class PlanGraph:
     acyclic: bool = True
 
     def edge_counts(self) -> dict[str, int]:
-        out: dict[str, int] = {k: 0 for k in EDGE_STYLES}
-        for e in self.edges:
-            out[e.kind] += 1
-        return out
+        counts = Counter(e.kind for e in self.edges)
+        return {k: counts[k] for k in EDGE_STYLES}
 
     @property
     def span(self) -> float:
