@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from mscclang.errors import PlanError
 from mscclang.plan.collectives import FUSED_NORM, TABLE, spec_from_plan
@@ -271,23 +271,21 @@ class _Checker:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.n = len(plan.gpus)
-        self._peers: dict[tuple[int, ChannelType], list[int]] = {}
-        self._switch: dict[int, list] = {}
+        self._memo: dict[tuple, list] = {}
+
+    def _once(self, key: tuple, make: Callable[[], list]) -> list:
+        """``make()``, computed once per ``key`` (ops look the rank's lists up again and again)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     def peers(self, gpu: Gpu, ct: ChannelType) -> list[int]:
-        """``gpu.peers(ct)``, computed once per rank (ops look it up again and again)."""
-        key = (gpu.id, ct)
-        got = self._peers.get(key)
-        if got is None:
-            got = self._peers[key] = gpu.peers(ct)
-        return got
+        """``gpu.peers(ct)``, computed once per rank."""
+        return self._once((gpu.id, ct), lambda: gpu.peers(ct))
 
     def switch_groups(self, gpu: Gpu) -> list:
         """``gpu.switch_groups()``, computed once per rank."""
-        got = self._switch.get(gpu.id)
-        if got is None:
-            got = self._switch[gpu.id] = gpu.switch_groups()
-        return got
+        return self._once((gpu.id, "switch groups"), gpu.switch_groups)
 
     # ------------------------------------------------------------------ rank level
     def check_gpu(self, r: int, gpu: Gpu) -> None:
