@@ -35,13 +35,12 @@ from mscclang.sim.runner import (PlanLike, VerifyOptions, as_plan, check_argumen
 DEFAULT_DTYPES = ("float16", "bfloat16", "float32", "int32")
 
 
-def _blocks_per_message(plan: Plan) -> int:
-    return max(collective(plan.collective).blocks(len(plan.gpus)))
-
-
-def _block_chunks(plan: Plan) -> int:
-    g = plan.gpus[0]
-    return collective(plan.collective).block_chunks(len(plan.gpus), g.input_chunks, g.output_chunks)
+def _grain(plan: Plan) -> tuple[int, int, int]:
+    """(blocks per message, chunks per block (at least 1), alignment unit (at least 4 bytes)): what
+    every size the sizes below choose is a multiple of."""
+    row, g = collective(plan.collective), plan.gpus[0]
+    return (max(row.blocks(len(plan.gpus))), max(row.block_chunks(len(plan.gpus), g.input_chunks, g.output_chunks), 1),
+            max(plan.buffer_alignment, 4))
 
 
 def default_sizes(plan: Plan) -> list[int]:
@@ -53,9 +52,7 @@ def default_sizes(plan: Plan) -> list[int]:
     (:func:`~mscclang.sim.fused.default_cases`), each in the dtypes it is run in."""
     if collective(plan.collective).fused:
         return sorted({c.rows * c.hidden * d.itemsize for c in default_cases(plan) for d in c.dtypes})
-    a = max(plan.buffer_alignment, 4)
-    bc = max(_block_chunks(plan), 1)
-    f = _blocks_per_message(plan)
+    f, bc, a = _grain(plan)
     block = bc * a
     cands = [block * f, (3 * block + 4) * f, 32 * block * f]
     ok = [s for s in cands if plan.min_message_size <= s <= plan.max_message_size]
@@ -79,7 +76,7 @@ def proof_sizes(plan: Plan) -> list[int]:
     sizes = default_sizes(plan)
     if collective(plan.collective).fused:
         return sizes
-    f, bc, a = _blocks_per_message(plan), max(_block_chunks(plan), 1), max(plan.buffer_alignment, 4)
+    f, bc, a = _grain(plan)
     if not sizes or any(s % (bc * a * f) for s in sizes):
         return sizes
     nsym = len(plan.gpus) * max(plan.gpus[0].input_chunks, 1)
@@ -118,9 +115,7 @@ def pipeline_size(plan: Plan, max_tries: int = 12) -> Optional[int]:
     pipes = _pipeline_ops(plan)
     if not pipes:
         return None
-    a = max(plan.buffer_alignment, 4)
-    bc = max(_block_chunks(plan), 1)
-    f = _blocks_per_message(plan)
+    f, bc, a = _grain(plan)
     unit = max(op.iter_context.unit_size for op in pipes)
     step = bc * f * (a * MAX_SYMBOLIC_GRANULE // math.gcd(a, MAX_SYMBOLIC_GRANULE))
     size = bc * f * (unit + MAX_SYMBOLIC_GRANULE)
