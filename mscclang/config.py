@@ -116,6 +116,13 @@ class EnvSetting(EnvVar, Generic[T]):
         """The value of a non-blank, stripped text (each kind overrides it)."""
         return text  # type: ignore[return-value]
 
+    def _parsed(self, text: str, parse: Callable[[str], Any], why: str) -> Any:
+        """``parse(text)``; its ValueError becomes :meth:`fail` with ``why``."""
+        try:
+            return parse(text)
+        except ValueError:
+            raise self.fail(text, why) from None
+
     def fail(self, text: object, why: str) -> Exception:
         """The exception for a refused value (the caller raises it)."""
         return self.error(f"{self.name}={text!r}: {why}")
@@ -177,10 +184,7 @@ class EnvInt(EnvSetting[int]):
         self.what = what
 
     def convert(self, text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise self.fail(text, f"not {self.what}") from None
+        n = self._parsed(text, int, f"not {self.what}")
         if self.minimum is not None and n < self.minimum:
             raise self.error(f"{self.name}={n}: must be at least {self.minimum}")
         return n
@@ -197,10 +201,7 @@ class EnvFloat(EnvSetting[float]):
         self.positive = positive
 
     def convert(self, text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise self.fail(text, "not a number (e.g. 30, 2.5, 0.05)") from None
+        v = self._parsed(text, float, "not a number (e.g. 30, 2.5, 0.05)")
         if v != v or v in (float("inf"), float("-inf")):
             raise self.fail(text, "not a finite number")
         if self.positive and v <= 0:
@@ -220,10 +221,7 @@ class EnvBytes(EnvSetting[int]):
         self.minimum = minimum
 
     def convert(self, text: str) -> int:
-        try:
-            n = parse_bytes(text)
-        except ValueError:
-            raise self.fail(text, f"not a byte count (e.g. {BYTE_COUNT_EXAMPLES})") from None
+        n = self._parsed(text, parse_bytes, f"not a byte count (e.g. {BYTE_COUNT_EXAMPLES})")
         if n < self.minimum:
             raise self.fail(text, f"must be at least {self.minimum} bytes" if self.minimum > 1
                             else "must be positive")

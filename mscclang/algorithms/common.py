@@ -208,15 +208,7 @@ def port_requests(plan: Plan) -> int:
     ``put``/``pws``/``pwsf`` (a put with its signal is one request, as in MSCCL++'s trigger),
     one per channel of a ``signal``, of a ``flush`` and of a ``pwsf``'s flush. Ops inside a
     pipeline count once (their number of iterations depends on the message size)."""
-    most = 0
-    for g in plan.gpus:
-        n = 0
-        for tb in g.threadblocks:
-            for op in tb.ops:
-                for inner in (op.ops or [op]) if op.name == OpName.pipeline else [op]:
-                    n += _op_requests(inner)
-        most = max(most, n)
-    return most
+    return max((sum(_op_requests(op) for op in g.all_ops()) for g in plan.gpus), default=0)
 
 
 def check_port_requests(algorithm: str, plan: Plan, limit: int = MAX_PORT_REQUESTS) -> Plan:

@@ -60,12 +60,8 @@ def render_plan(plan: Plan) -> str:
 
 
 def _pipeline_unit(plan: Plan) -> Optional[int]:
-    for g in plan.gpus:
-        for tb in g.threadblocks:
-            for op in tb.ops:
-                if op.name == OpName.pipeline and op.iter_context is not None:
-                    return op.iter_context.unit_size
-    return None
+    return next((op.iter_context.unit_size for op in plan.all_ops()
+                 if op.name == OpName.pipeline and op.iter_context is not None), None)
 
 
 def index_entry(info: AlgorithmInfo, v: Variant, plan: Plan, filename: str) -> dict[str, Any]:

@@ -37,7 +37,7 @@ import networkx as nx
 from mscclang.compiler.ir import IROp, IRProgram, signal_side
 from mscclang.compiler.validate import channel_pairs
 from mscclang.errors import CompileError
-from mscclang.plan.models import BufferKind, OpName
+from mscclang.plan.models import PACKET_DST_FROM, PACKET_SRC_FROM, BufferKind, OpName
 
 Node = tuple
 
@@ -54,22 +54,14 @@ def _flat(rank: int, tb: int, ops: list[IROp]) -> list[tuple[Node, IROp]]:
 
 def _packet_writes(op: IROp) -> list[tuple[int, int, int]]:
     """(owner rank, start, end) of scratch packet ranges written by ``op`` (plain chunk units)."""
-    n = op.name
-    refs = []
-    if n in (OpName.cpkt, OpName.ppkt, OpName.rppkt):
-        refs = op.dst
-    elif n in (OpName.respkt, OpName.recpkt, OpName.recspkt):
-        refs = op.dst[1:]
+    start = PACKET_DST_FROM.get(op.name)
+    refs = op.dst[start:] if start is not None else []
     return [(r.rank, r.index, r.end) for r in refs if r.buffer == BufferKind.scratch and r.switch is None]
 
 
 def _packet_reads(op: IROp) -> list[tuple[int, int, int]]:
-    n = op.name
-    refs = []
-    if n in (OpName.upkt, OpName.rppkt, OpName.gstorepkt):
-        refs = op.src
-    elif n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt):
-        refs = op.src[1:]
+    start = 0 if op.name == OpName.gstorepkt else PACKET_SRC_FROM.get(op.name)   # gstorepkt: its scratch source
+    refs = op.src[start:] if start is not None else []
     return [(r.rank, r.index, r.end) for r in refs if r.buffer == BufferKind.scratch and not r.remote]
 
 

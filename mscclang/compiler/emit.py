@@ -20,6 +20,8 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from mscclang.compiler.ir import IROp, IRProgram, IRRank, Ref
 from mscclang.compiler.meter import each_rank
 from mscclang.plan.models import (
@@ -47,13 +49,10 @@ from mscclang.plan.models import (
 _TYPES = (ChannelType.memory, ChannelType.port, ChannelType.switch)
 
 
-def _all_ops(ops: list[IROp]):
+def _all_ops(ops: list[IROp]) -> Iterator[IROp]:
     for op in ops:
-        if op.body is not None:
-            yield op
-            yield from op.body
-        else:
-            yield op
+        yield op
+        yield from op.body or ()
 
 
 def _channel_descs(r: IRRank) -> list[ChannelDesc]:
@@ -163,10 +162,10 @@ def _rank(r: IRRank) -> Gpu:
 def emit(ir: IRProgram) -> Plan:
     """Pass 6: number channels and remote buffers and build the plan (see the module docstring)."""
     gpus = [_rank(r) for r in each_rank(ir.ranks)]
-    reduce_ops = {op.reduce_op for r in ir.ranks for ops in r.tbs for op in _all_ops(ops)
-                  if op.name in REDUCE_OPS and op.reduce_op is not None}
+    every = [op for r in ir.ranks for ops in r.tbs for op in _all_ops(ops)]
+    reduce_ops = {op.reduce_op for op in every if op.name in REDUCE_OPS and op.reduce_op is not None}
     spec = ir.spec
-    epilogue = any(op.name in EPILOGUE_OPS for r in ir.ranks for ops in r.tbs for op in _all_ops(ops))
+    epilogue = any(op.name in EPILOGUE_OPS for op in every)
     return Plan(
         format=plan_format(epilogue, any(r.segments for r in ir.ranks)),
         name=ir.name,

@@ -39,16 +39,14 @@ from mscclang.compiler.meter import each_rank
 from mscclang.compiler.replicate import check_interleaved_ranges
 from mscclang.compiler.source import user_frame, user_stacklevel
 from mscclang.errors import DSLError, DSLWarning
-from mscclang.plan.models import BufferKind, ChannelType, OpName, paired_index, paired_indices
+from mscclang.plan.models import (PACKET_DST_FROM, PACKET_SRC_FROM, REDUCE_OPS, SWITCH_OPS, BufferKind, ChannelType,
+                                  OpName, paired_index, paired_indices)
 
 #: the largest number of thread blocks one rank may use
 MAX_THREADBLOCKS = 1024
 
 _SAME_SIZE_PAIRS = frozenset({OpName.copy, OpName.cpkt, OpName.upkt, OpName.put, OpName.pws, OpName.pwsf,
                               OpName.ppkt, OpName.get})
-_REDUCES = frozenset({OpName.re, OpName.res, OpName.rre, OpName.rres, OpName.repkt, OpName.respkt,
-                      OpName.recpkt, OpName.recspkt, OpName.glre, OpName.glres})
-_SWITCH = frozenset({OpName.glre, OpName.glres, OpName.gstore, OpName.gstorepkt})
 
 
 where = op_where
@@ -56,16 +54,12 @@ where = op_where
 
 def packet_refs(op: IROp) -> list[tuple[str, Ref]]:
     """Operands of ``op`` that hold LL packets (they must be in scratch)."""
-    n = op.name
     out: list[tuple[str, Ref]] = []
-    if n in (OpName.cpkt, OpName.ppkt):
-        out += [("destination", d) for d in op.dst]
-    elif n == OpName.upkt:
-        out += [("source", s) for s in op.src]
-    elif n in (OpName.rppkt, OpName.gstorepkt):
-        out += [("source", s) for s in op.src] + [("destination", d) for d in op.dst]
-    elif n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt):
-        out += [("packet source", s) for s in op.src[1:]] + [("packet destination", d) for d in op.dst[1:]]
+    # gstorepkt reads its scratch source as packets (PACKET_SRC_FROM lists packet reads that wait for flags)
+    for role, refs, start in (("source", op.src, 0 if op.name == OpName.gstorepkt else PACKET_SRC_FROM.get(op.name)),
+                              ("destination", op.dst, PACKET_DST_FROM.get(op.name))):
+        if start is not None:   # a packet reduction's packet operands follow its plain one
+            out += [(f"packet {role}" if start else role, x) for x in refs[start:]]
     return out
 
 
@@ -105,7 +99,7 @@ def _check_op(ir: IRProgram, r: IRRank, tb: int, idx: str, op: IROp) -> None:
             if ref.size < 1 or ref.index < 0:
                 raise DSLError(f"{w}: {role} {ref.describe()} is empty or negative")
             if ref.switch is not None:
-                if op.name not in _SWITCH:
+                if op.name not in SWITCH_OPS:
                     raise DSLError(f"{w}: {role} {ref.describe()} is a multicast reference outside a switch op")
                 if not 0 <= ref.switch < len(r.switch):
                     raise DSLError(f"{w}: {role} uses switch channel {ref.switch}, which rank {r.rank} does not have")
@@ -138,7 +132,7 @@ def _check_op(ir: IRProgram, r: IRRank, tb: int, idx: str, op: IROp) -> None:
             if s.size != d.size:
                 raise DSLError(f"{w}: size mismatch: source {s.describe()} has {s.size} chunks, "
                                f"destination {d.describe()} has {d.size}")
-    elif op.name in _REDUCES or op.name in (OpName.rppkt, OpName.gstore, OpName.gstorepkt):
+    elif op.name in REDUCE_OPS or op.name in (OpName.rppkt, OpName.gstore, OpName.gstorepkt):
         refs = op.src + op.dst
         if refs and any(x.size != refs[0].size for x in refs):
             sizes = ", ".join(f"{x.describe()}: {x.size}" for x in refs)
@@ -330,7 +324,7 @@ def check_segment_op(ir: IRProgram, w: str, op: IROp, in_pipeline: bool = False)
     if ir.instances > 1:
         raise DSLError(f"{w}: a program that moves segments runs one instance (instances={ir.instances}): a "
                        "segment is not split")
-    if op.name in _SWITCH or op.name in (OpName.radd, OpName.rmsnorm):
+    if op.name in SWITCH_OPS or op.name in (OpName.radd, OpName.rmsnorm):
         raise DSLError(f"{w}: {op.name.value} cannot take a segment ({first.describe()})")
     for x, e in segs:
         if e is None:

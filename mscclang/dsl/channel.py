@@ -71,15 +71,19 @@ class _PeerChannel:
         call = self._call(method)
         targets = prog.tb_targets(self.src_rank, call, tb, tb_group)
         t0 = targets[0][0]
-        prog.check_chunk(src_chunk, call, self.src_rank, t0, "source")
-        prog.check_chunk(dst_chunk, call, self.src_rank, t0, "destination", owner=self.dst_rank)
+        pull = name == OpName.get   # the source is the peer's (checked after the local destination)
+        checks = ([(dst_chunk, "destination", None), (src_chunk, "source", self.dst_rank)] if pull
+                  else [(src_chunk, "source", None), (dst_chunk, "destination", self.dst_rank)])
+        for chunk, what, owner in checks:
+            prog.check_chunk(chunk, call, self.src_rank, t0, what, owner=owner)
         prog.check_same_size(self.src_rank, t0, call, ("destination", dst_chunk), ("source", src_chunk))
         if dst_packets:
             prog.check_scratch(self.src_rank, t0, call, "destination", dst_chunk)
         if src_packets:
             prog.check_scratch(self.src_rank, t0, call, "source", src_chunk)
         for t, tbg in targets:
-            prog.add_op(self.src_rank, t, IROp(name, src=[_local(src_chunk)], dst=[_remote(dst_chunk)],
+            src, dst = (_remote(src_chunk), _local(dst_chunk)) if pull else (_local(src_chunk), _remote(dst_chunk))
+            prog.add_op(self.src_rank, t, IROp(name, src=[src], dst=[dst],
                                                channel_type=self.channel_type, channels=[self.channel_id],
                                                tbg=tbg, origin=f"{call}(tb={t})"))
 
@@ -90,9 +94,6 @@ class MemoryChannel(_PeerChannel):
 
     channel_type = ChannelType.memory
     _kind = "MemoryChannel"
-
-    def __init__(self, dst_rank: int, src_rank: int) -> None:
-        super().__init__(dst_rank, src_rank)
 
     def signal(self, tb: int, data_sync: SyncType = SyncType.both, relaxed: bool = False) -> None:
         """Bump the peer's semaphore (release; ``relaxed``: order execution only)."""
@@ -110,17 +111,7 @@ class MemoryChannel(_PeerChannel):
     def get(self, dst_chunk: Chunk, src_chunk: Chunk, tb: Optional[int] = None,
             tb_group: Optional[ThreadBlockGroup] = None) -> None:
         """Copy the peer's ``src_chunk`` into local ``dst_chunk`` (``get``)."""
-        prog = get_program()
-        call = self._call("get")
-        targets = prog.tb_targets(self.src_rank, call, tb, tb_group)
-        t0 = targets[0][0]
-        prog.check_chunk(dst_chunk, call, self.src_rank, t0, "destination")
-        prog.check_chunk(src_chunk, call, self.src_rank, t0, "source", owner=self.dst_rank)
-        prog.check_same_size(self.src_rank, t0, call, ("destination", dst_chunk), ("source", src_chunk))
-        for t, tbg in targets:
-            prog.add_op(self.src_rank, t, IROp(OpName.get, src=[_remote(src_chunk)], dst=[_local(dst_chunk)],
-                                               channel_type=self.channel_type, channels=[self.channel_id],
-                                               tbg=tbg, origin=f"{call}(tb={t})"))
+        self._transfer(OpName.get, "get", dst_chunk, src_chunk, tb, tb_group)
 
     def put_packets(self, dst_chunk: Chunk, src_chunk: Chunk, tb: Optional[int] = None,
                     tb_group: Optional[ThreadBlockGroup] = None) -> None:
@@ -201,9 +192,6 @@ class PortChannel(_PeerChannel):
     channel_type = ChannelType.port
     _kind = "PortChannel"
 
-    def __init__(self, dst_rank: int, src_rank: int) -> None:
-        super().__init__(dst_rank, src_rank)
-
     def signal(self, tb: int, data_sync: SyncType = SyncType.both) -> None:
         """Signal the peer after every earlier put of this channel has landed."""
         self._sync_op(OpName.signal, "signal", tb, data_sync)
@@ -282,52 +270,45 @@ class SwitchChannel:
                 raise prog.error(rank, tb, call, f"chunks {offset}..{offset + size - 1} are out of bounds of rank {r}'s "
                                                  f"{self.buffer_type.name} buffer ({n} chunks)")
 
-    def _sref(self, rank: int, offset: int, size: int) -> Ref:
-        return Ref(rank, self.buffer_type, offset, size, switch=self.channel_ids[rank])
+    def _op(self, name: OpName, method: str, rank: int, chunk: Chunk, offset: int, size: int, tb: int,
+            reduce_op: Optional[ReduceOperationType] = None) -> None:
+        """Record switch op ``name`` of ``rank`` between its local ``chunk`` (a reduce's
+        destination, a store's source) and every member's buffer[offset:offset+size], after
+        checking every argument."""
+        prog = get_program()
+        call = f"{self!r}.at_rank({rank}).{method}"
+        what = "destination" if name == OpName.glre else "source"
+        if rank not in self.rank_group.ranks:
+            raise prog.error(rank, tb, call, "the rank is not in the group")
+        prog.check_tb(rank, tb, call)
+        self._check_range(prog, rank, tb, call, offset, size)
+        prog.check_chunk(chunk, call, rank, tb, what)
+        if chunk.size != size:
+            raise prog.error(rank, tb, call, f"size mismatch: {what} {chunk} has {chunk.size} chunks, size is {size}")
+        if name == OpName.gstorepkt:
+            prog.check_scratch(rank, tb, call, "source", chunk)
+            if self.buffer_type != BufferType.scratch:
+                raise prog.error(rank, tb, call, "broadcast_packets needs a switch channel over scratch buffers")
+        local, switch = [_local(chunk)], [Ref(rank, self.buffer_type, offset, size, switch=self.channel_ids[rank])]
+        reads = name == OpName.glre
+        prog.add_op(rank, tb, IROp(name, src=switch if reads else local, dst=local if reads else switch,
+                                   channel_type=ChannelType.switch, channels=[self.channel_ids[rank]],
+                                   reduce_op=None if reduce_op is None else ReduceOperationType(reduce_op),
+                                   origin=f"{call}(tb={tb})"))
 
     def reduce(self, rank: int, buffer_offset: int, size: int, dst_chunk: Chunk, tb: int,
                reduce_op: ReduceOperationType = ReduceOperationType.sum) -> None:
         """On ``rank``: ``dst_chunk = OP over the group of buffer[offset:offset+size]`` (``glre``)."""
-        prog = get_program()
-        call = f"{self!r}.at_rank({rank}).reduce"
-        if rank not in self.rank_group.ranks:
-            raise prog.error(rank, tb, call, "the rank is not in the group")
-        prog.check_tb(rank, tb, call)
-        self._check_range(prog, rank, tb, call, buffer_offset, size)
-        prog.check_chunk(dst_chunk, call, rank, tb, "destination")
-        if dst_chunk.size != size:
-            raise prog.error(rank, tb, call, f"size mismatch: destination {dst_chunk} has {dst_chunk.size} chunks, size is {size}")
-        prog.add_op(rank, tb, IROp(OpName.glre, src=[self._sref(rank, buffer_offset, size)], dst=[_local(dst_chunk)],
-                                   channel_type=ChannelType.switch, channels=[self.channel_ids[rank]],
-                                   reduce_op=ReduceOperationType(reduce_op), origin=f"{call}(tb={tb})"))
-
-    def _store(self, name: OpName, method: str, rank: int, src_chunk: Chunk, buffer_offset: int, size: int,
-               tb: int) -> None:
-        prog = get_program()
-        call = f"{self!r}.at_rank({rank}).{method}"
-        if rank not in self.rank_group.ranks:
-            raise prog.error(rank, tb, call, "the rank is not in the group")
-        prog.check_tb(rank, tb, call)
-        self._check_range(prog, rank, tb, call, buffer_offset, size)
-        prog.check_chunk(src_chunk, call, rank, tb, "source")
-        if src_chunk.size != size:
-            raise prog.error(rank, tb, call, f"size mismatch: source {src_chunk} has {src_chunk.size} chunks, size is {size}")
-        if name == OpName.gstorepkt:
-            prog.check_scratch(rank, tb, call, "source", src_chunk)
-            if self.buffer_type != BufferType.scratch:
-                raise prog.error(rank, tb, call, "broadcast_packets needs a switch channel over scratch buffers")
-        prog.add_op(rank, tb, IROp(name, src=[_local(src_chunk)], dst=[self._sref(rank, buffer_offset, size)],
-                                   channel_type=ChannelType.switch, channels=[self.channel_ids[rank]],
-                                   origin=f"{call}(tb={tb})"))
+        self._op(OpName.glre, "reduce", rank, dst_chunk, buffer_offset, size, tb, reduce_op)
 
     def broadcast(self, rank: int, src_chunk: Chunk, buffer_offset: int, size: int, tb: int) -> None:
         """On ``rank``: store ``src_chunk`` into every member's buffer[offset:offset+size] (``gstore``)."""
-        self._store(OpName.gstore, "broadcast", rank, src_chunk, buffer_offset, size, tb)
+        self._op(OpName.gstore, "broadcast", rank, src_chunk, buffer_offset, size, tb)
 
     def broadcast_packets(self, rank: int, src_chunk: Chunk, buffer_offset: int, size: int, tb: int) -> None:
         """On ``rank``: re-emit the LL packets of local scratch ``src_chunk`` into every member's
         scratch[offset:offset+size] (``gstorepkt``)."""
-        self._store(OpName.gstorepkt, "broadcast_packets", rank, src_chunk, buffer_offset, size, tb)
+        self._op(OpName.gstorepkt, "broadcast_packets", rank, src_chunk, buffer_offset, size, tb)
 
     class SwitchChannelRankView:
         """``SwitchChannel.at_rank(r)``: the channel's ops with the rank filled in."""

@@ -64,25 +64,27 @@ class Collective:
         return f"{type(self).__name__}({self.num_ranks}, {self.chunk_factor}, inplace={self.inplace})"
 
 
-class AllGather(Collective):
+class _PlainCollective(Collective):
+    """Base of the collectives whose only parameters are ``num_ranks``, ``chunk_factor`` and
+    ``inplace`` (no root, no free chunk counts)."""
+
+    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
+        super().__init__(num_ranks, chunk_factor, inplace)
+
+
+class AllGather(_PlainCollective):
     """Every rank ends with all ranks' inputs: input ``f`` chunks, output ``n*f``."""
 
     name = "allgather"
 
-    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
-        super().__init__(num_ranks, chunk_factor, inplace)
 
-
-class AllReduce(Collective):
+class AllReduce(_PlainCollective):
     """Every output chunk is the reduction of that chunk over all ranks: ``n*f`` / ``n*f``."""
 
     name = "allreduce"
 
-    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
-        super().__init__(num_ranks, chunk_factor, inplace)
 
-
-class AllReduceAddRMSNorm(Collective):
+class AllReduceAddRMSNorm(_PlainCollective):
     """The fused allreduce + residual add + RMSNorm (``allreduce_add_rms_norm``, a plan/2
     collective): chunks as :class:`AllReduce` (``n*f`` / ``n*f``), plus the residual buffer
     (``Rank.get_residual_buffer()``, the input's chunks). Every rank's residual must end as
@@ -91,29 +93,20 @@ class AllReduceAddRMSNorm(Collective):
 
     name = FUSED_NORM
 
-    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
-        super().__init__(num_ranks, chunk_factor, inplace)
-
     def buffer_sizes(self) -> dict[BufferKind, int]:
         return {**super().buffer_sizes(), BufferKind.residual: self.input_chunks}
 
 
-class ReduceScatter(Collective):
+class ReduceScatter(_PlainCollective):
     """Rank ``r`` ends with block ``r`` reduced over all ranks: ``n*f`` / ``f``."""
 
     name = "reducescatter"
 
-    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
-        super().__init__(num_ranks, chunk_factor, inplace)
 
-
-class AllToAll(Collective):
+class AllToAll(_PlainCollective):
     """Block ``p`` of rank ``r``'s output is block ``r`` of rank ``p``'s input: ``n*f`` / ``n*f``."""
 
     name = "alltoall"
-
-    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
-        super().__init__(num_ranks, chunk_factor, inplace)
 
 
 class CountedCollective(Collective):
@@ -147,13 +140,10 @@ class AllGatherV(CountedCollective):
     name = "allgatherv"
 
 
-class SendRecv(Collective):
+class SendRecv(_PlainCollective):
     """Rank ``r`` receives rank ``r-1``'s input: ``f`` / ``f``."""
 
     name = "sendrecv"
-
-    def __init__(self, num_ranks: int, chunk_factor: int, inplace: bool) -> None:
-        super().__init__(num_ranks, chunk_factor, inplace)
 
 
 class Broadcast(Collective):

@@ -291,10 +291,7 @@ class CollectiveProgram:
     def barrier_id(self, rank: int, tbs: Sequence[int]) -> int:
         """The barrier id of this set of thread blocks on ``rank`` (one id per distinct set)."""
         table = self._barrier_ids[rank]
-        key = tuple(sorted(tbs))
-        if key not in table:
-            table[key] = len(table)
-        return table[key]
+        return table.setdefault(tuple(sorted(tbs)), len(table))
 
     def touch(self) -> None:
         """Note a change of the recorded program (channels, buffers, semaphores)."""

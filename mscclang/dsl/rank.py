@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from mscclang.compiler.ir import IROp, Ref
 from mscclang.dsl._context import get_program
@@ -10,6 +10,9 @@ from mscclang.dsl.thread_block_group import ThreadBlockGroup
 from mscclang.dsl.types import BufferType, Chunk, ReduceOperationType, SyncType
 from mscclang.errors import DSLError
 from mscclang.plan.models import MAX_COUNT, OpName
+
+if TYPE_CHECKING:
+    from mscclang.dsl.program import CollectiveProgram
 
 __all__ = ["BaseBuffer", "Buffer", "Rank", "Semaphore"]
 
@@ -161,17 +164,24 @@ class Rank:
                            "program has a residual buffer")
         return bufs[BufferType.residual]
 
+    def _epilogue(self, method: str, tb: int, residual_chunk: Chunk, other: Chunk,
+                  what: str) -> tuple["CollectiveProgram", str, int]:
+        """The checks an epilogue op starts with: the block, both chunks (``other`` named
+        ``what``), and a residual chunk of the residual buffer; (program, call, block)."""
+        prog = get_program()
+        call = f"Rank({self.rank}).{method}"
+        t = prog.check_tb(self.rank, tb, call)
+        prog.check_chunk(residual_chunk, call, self.rank, t, "residual chunk")
+        prog.check_chunk(other, call, self.rank, t, what)
+        if residual_chunk.buffer != BufferType.residual:
+            raise prog.error(self.rank, t, call, f"residual chunk {residual_chunk} must be a chunk of the residual buffer")
+        return prog, call, t
+
     def add_residual(self, residual_chunk: Chunk, src_chunk: Chunk, tb: int) -> None:
         """``residual_chunk += src_chunk`` elementwise, each sum through fp32 rounded to the
         activation dtype (``radd``). ``src_chunk`` is an input, output or scratch chunk of this
         rank, ``residual_chunk`` the same number of residual chunks."""
-        prog = get_program()
-        call = f"Rank({self.rank}).add_residual"
-        t = prog.check_tb(self.rank, tb, call)
-        prog.check_chunk(residual_chunk, call, self.rank, t, "residual chunk")
-        prog.check_chunk(src_chunk, call, self.rank, t, "source")
-        if residual_chunk.buffer != BufferType.residual:
-            raise prog.error(self.rank, t, call, f"residual chunk {residual_chunk} must be a chunk of the residual buffer")
+        prog, call, t = self._epilogue("add_residual", tb, residual_chunk, src_chunk, "source")
         if src_chunk.buffer not in (BufferType.input, BufferType.output, BufferType.scratch):
             raise prog.error(self.rank, t, call, f"source {src_chunk} must be an input, output or scratch chunk")
         prog.check_same_size(self.rank, t, call, ("residual chunk", residual_chunk), ("source", src_chunk))
@@ -185,13 +195,7 @@ class Rank:
         At execution the chunks must hold whole rows (the hidden size is a parameter of the
         call). The compiler puts a ``nop`` between an ``add_residual`` and the norm of its rows
         in one block; rows added in another block must be ordered before the norm (a barrier)."""
-        prog = get_program()
-        call = f"Rank({self.rank}).rms_norm"
-        t = prog.check_tb(self.rank, tb, call)
-        prog.check_chunk(residual_chunk, call, self.rank, t, "residual chunk")
-        prog.check_chunk(dst_chunk, call, self.rank, t, "destination")
-        if residual_chunk.buffer != BufferType.residual:
-            raise prog.error(self.rank, t, call, f"residual chunk {residual_chunk} must be a chunk of the residual buffer")
+        prog, call, t = self._epilogue("rms_norm", tb, residual_chunk, dst_chunk, "destination")
         if dst_chunk.buffer == BufferType.input and prog.ir.spec.inplace:  # the input is the output
             dst_chunk = Chunk(dst_chunk.rank, BufferType.output, dst_chunk.index, dst_chunk.size)
         if dst_chunk.buffer != BufferType.output or (dst_chunk.index, dst_chunk.size) != (residual_chunk.index, residual_chunk.size):

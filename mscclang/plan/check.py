@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from mscclang.errors import PlanError
 from mscclang.plan.collectives import FUSED_NORM, TABLE, spec_from_plan
@@ -55,9 +55,9 @@ from mscclang.plan.models import (
     ChannelType,
     Gpu,
     PACKET_OPS,
-    PLAN_FORMAT,
     PLAN_FORMAT_2,
     PLAN_FORMAT_3,
+    REDUCE_OPS,
     SEMAPHORE_OPS,
     SYNC_OPS,
     Op,
@@ -173,19 +173,6 @@ _CHANNEL_PER_REMOTE = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.get
 _PACKET_SWITCH_DST = frozenset({OpName.gstorepkt})
 
 
-def _chunks(gpu: Gpu, kind: BufferKind) -> int:
-    if kind in (BufferKind.input, BufferKind.residual):
-        return gpu.input_chunks
-    if kind == BufferKind.output:
-        return gpu.output_chunks
-    return gpu.scratch_chunks
-
-
-def _kind_name(kind: BufferKind) -> str:
-    return {BufferKind.input: "input", BufferKind.output: "output", BufferKind.scratch: "scratch",
-            BufferKind.residual: "residual", BufferKind.weight: "weight"}[kind]
-
-
 def _check_fields(plan: Plan) -> None:
     """The plan's own fields: at least one rank, and ``root``, ``replicated_residual``,
     ``chunk_unit`` and epilogue ops only for the collectives they are about."""
@@ -268,19 +255,12 @@ def _check_collective(plan: Plan) -> None:
     full_alias = (spec.inplace and spec.input_in_output(0) == 0
                   and spec.input_chunks == spec.output_chunks)
     for r, gpu in enumerate(plan.gpus):
-        cin, cout = gpu.input_chunks, gpu.output_chunks
-        ok_in = cin == spec.input_chunks or (full_alias and cin == 0 and cout == spec.output_chunks)
-        ok_out = cout == spec.output_chunks or (full_alias and cout == 0 and cin == spec.input_chunks)
-        if not ok_in:
-            raise PlanError(
-                f"rank {r} has {cin} input chunks but {spec.name} over {spec.num_ranks} ranks "
-                f"with chunk factor {spec.chunk_factor} needs {spec.input_chunks}",
-                f"gpus[{r}].input_chunks")
-        if not ok_out:
-            raise PlanError(
-                f"rank {r} has {cout} output chunks but {spec.name} over {spec.num_ranks} ranks "
-                f"with chunk factor {spec.chunk_factor} needs {spec.output_chunks}",
-                f"gpus[{r}].output_chunks")
+        got, need = (gpu.input_chunks, gpu.output_chunks), (spec.input_chunks, spec.output_chunks)
+        for k, what in enumerate(("input", "output")):
+            if got[k] != need[k] and not (full_alias and got[k] == 0 and got[1 - k] == need[1 - k]):
+                raise PlanError(
+                    f"rank {r} has {got[k]} {what} chunks but {spec.name} over {spec.num_ranks} ranks "
+                    f"with chunk factor {spec.chunk_factor} needs {need[k]}", f"gpus[{r}].{what}_chunks")
 
 
 class _Checker:
@@ -291,23 +271,21 @@ class _Checker:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.n = len(plan.gpus)
-        self._peers: dict[tuple[int, ChannelType], list[int]] = {}
-        self._switch: dict[int, list] = {}
+        self._memo: dict[tuple, list] = {}
+
+    def _once(self, key: tuple, make: Callable[[], list]) -> list:
+        """``make()``, computed once per ``key`` (ops look the rank's lists up again and again)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
     def peers(self, gpu: Gpu, ct: ChannelType) -> list[int]:
-        """``gpu.peers(ct)``, computed once per rank (ops look it up again and again)."""
-        key = (gpu.id, ct)
-        got = self._peers.get(key)
-        if got is None:
-            got = self._peers[key] = gpu.peers(ct)
-        return got
+        """``gpu.peers(ct)``, computed once per rank."""
+        return self._once((gpu.id, ct), lambda: gpu.peers(ct))
 
     def switch_groups(self, gpu: Gpu) -> list:
         """``gpu.switch_groups()``, computed once per rank."""
-        got = self._switch.get(gpu.id)
-        if got is None:
-            got = self._switch[gpu.id] = gpu.switch_groups()
-        return got
+        return self._once((gpu.id, "switch groups"), gpu.switch_groups)
 
     # ------------------------------------------------------------------ rank level
     def check_gpu(self, r: int, gpu: Gpu) -> None:
@@ -437,9 +415,7 @@ class _Checker:
                     raise PlanError(f"{name} does not take '{field}'", f"{path}.{field}")
         if op.name not in SEMAPHORE_OPS and op.semaphore_ids:
             raise PlanError(f"{name} does not take 'semaphore_ids'", f"{path}.semaphore_ids")
-        if op.reduce_op is not None and op.name not in (OpName.re, OpName.res, OpName.rre, OpName.rres,
-                                                         OpName.repkt, OpName.respkt, OpName.recpkt,
-                                                         OpName.recspkt, OpName.glre, OpName.glres):
+        if op.reduce_op is not None and op.name not in REDUCE_OPS:
             raise PlanError(f"{name} is not a reduction and takes no 'reduce_op'", f"{path}.reduce_op")
         if op.tbg_info is not None and op.name in _NO_TBG:
             raise PlanError(f"{name} cannot be split over a thread-block group", f"{path}.tbg_info")
@@ -564,10 +540,10 @@ class _Checker:
                 raise PlanError(_WEIGHT_REF, f"{path}.type")
             if want == S and ref.type != BufferKind.scratch:
                 raise PlanError(f"{name} keeps packets here, so this operand must be scratch ('s'), "
-                                f"not {_kind_name(ref.type)}", f"{path}.type")
+                                f"not {ref.type.name}", f"{path}.type")
             if kinds is not None and ref.type not in kinds:
-                allowed = " or ".join(f"{_kind_name(k)} ('{k.value}')" for k in sorted(kinds, key=lambda k: k.value))
-                raise PlanError(f"{name} needs {allowed} here, not {_kind_name(ref.type)}", f"{path}.type")
+                allowed = " or ".join(f"{k.name} ('{k.value}')" for k in sorted(kinds, key=lambda k: k.value))
+                raise PlanError(f"{name} needs {allowed} here, not {ref.type.name}", f"{path}.type")
             self.in_range(gpu, ref.type, ref, f"rank {r}", path)
         elif want in (R, RS):
             if not ref.is_remote:
@@ -582,7 +558,7 @@ class _Checker:
             rb = gpu.remote_buffers[rbl[ref.buffer_id]]
             if want == RS and rb.type != BufferKind.scratch:
                 raise PlanError(f"{name} writes packets, so its remote destination must be scratch, "
-                                f"not rank {rb.rank}'s {_kind_name(rb.type)}", f"{path}.buffer_id")
+                                f"not rank {rb.rank}'s {rb.type.name}", f"{path}.buffer_id")
             self.in_range(self.plan.gpus[rb.rank], rb.type, ref, f"rank {rb.rank} (remote)", path)
         else:  # switch
             if not ref.is_switch:
@@ -596,17 +572,17 @@ class _Checker:
             kind, ranks = self.switch_groups(gpu)[tb_list[ref.switch_channel_id]]
             if op.name in _PACKET_SWITCH_DST and kind != BufferKind.scratch:
                 raise PlanError(f"{name} stores packets, so its switch channel must bind scratch, "
-                                f"not {_kind_name(kind)}", f"{path}.switch_channel_id")
+                                f"not {kind.name}", f"{path}.switch_channel_id")
             for member in ranks:
                 self.in_range(self.plan.gpus[member], kind, ref, f"rank {member} (switch member)", path)
 
     def in_range(self, gpu: Gpu, kind: BufferKind, ref: BufferRef, who: str, path: str) -> None:
         if kind == BufferKind.weight:
             raise PlanError(_WEIGHT_REF, path)
-        count = _chunks(gpu, kind)
+        count = gpu.chunks(kind)
         if ref.index + ref.size > count:
             raise PlanError(f"chunks {ref.index}..{ref.index + ref.size - 1} are outside {who}'s "
-                            f"{_kind_name(kind)} buffer of {count} chunk(s)", f"{path}.index")
+                            f"{kind.name} buffer of {count} chunk(s)", f"{path}.index")
 
     # ------------------------------------------------------------------ cross-op checks
     def _all_ops(self, gpu: Gpu):

@@ -43,7 +43,7 @@ from typing import Iterable, Optional, Sequence
 
 from mscclang.errors import PlanError
 from mscclang.plan.collectives import TABLE
-from mscclang.plan.models import BufferKind, Plan
+from mscclang.plan.models import PACKET_OPS, BufferKind, Plan
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -338,13 +338,4 @@ def scratch_factor(plan: Plan) -> int:
 
 
 def _has_packet_scratch(plan: Plan) -> bool:
-    from mscclang.plan.models import PACKET_OPS
-
-    for g in plan.gpus:
-        for tb in g.threadblocks:
-            for op in tb.ops:
-                if op.name in PACKET_OPS:
-                    return True
-                if op.ops and any(i.name in PACKET_OPS for i in op.ops):
-                    return True
-    return False
+    return any(op.name in PACKET_OPS for op in plan.all_ops())

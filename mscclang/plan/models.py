@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Annotated, Literal, Optional, Sequence
+from typing import Annotated, Iterator, Literal, Optional, Sequence
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, StrictBool, model_validator
 
@@ -192,10 +192,7 @@ PACKET_SRC_FROM: dict[OpName, int] = {OpName.upkt: 0, OpName.rppkt: 0, OpName.re
                                       OpName.recpkt: 1, OpName.recspkt: 1}
 #: reductions whose first source is local (plain) and may take a place in the order other than
 #: the first (``Op.src0_position``): every reduction but the switch ones, whose sources are a group
-POSITIONED_REDUCE_OPS = frozenset(
-    {OpName.re, OpName.res, OpName.rre, OpName.rres, OpName.repkt, OpName.respkt, OpName.recpkt,
-     OpName.recspkt}
-)
+POSITIONED_REDUCE_OPS = REDUCE_OPS - {OpName.glre, OpName.glres}
 SWITCH_OPS = frozenset({OpName.glre, OpName.glres, OpName.gstore, OpName.gstorepkt})
 #: ops only a ``mscclang.plan/2`` plan may hold
 EPILOGUE_OPS = frozenset({OpName.radd, OpName.rmsnorm})
@@ -337,19 +334,19 @@ class ThreadBlock(_Strict):
     channels: list[ThreadBlockChannels] = Field(default_factory=list)
     remote_buffer_refs: list[RemoteBufferRefs] = Field(default_factory=list)
 
+    def all_ops(self) -> Iterator[Op]:
+        """Every op of the block in order, each pipeline's inner ops right after it."""
+        for op in self.ops:
+            yield op
+            yield from op.ops or ()
+
     def channel_list(self, channel_type: ChannelType) -> list[int]:
         """Global channel indexes this block uses for ``channel_type`` (TB-local order)."""
-        for c in self.channels:
-            if c.channel_type == channel_type:
-                return c.channel_ids
-        return []
+        return next((c.channel_ids for c in self.channels if c.channel_type == channel_type), [])
 
     def remote_buffer_list(self, channel_type: ChannelType) -> list[int]:
         """Indexes into the rank's ``remote_buffers`` for access through ``channel_type``."""
-        for r in self.remote_buffer_refs:
-            if r.access_channel_type == channel_type:
-                return r.remote_buffer_ids
-        return []
+        return next((r.remote_buffer_ids for r in self.remote_buffer_refs if r.access_channel_type == channel_type), [])
 
 
 class RankGroup(_Strict):
@@ -401,18 +398,9 @@ def paired_indices(peers_by_rank: Sequence[Sequence[int]]) -> list[list[Optional
     channels: ``result[a][j]`` is the global index, on rank ``peers_by_rank[a][j]``, of the
     channel paired with rank ``a``'s channel ``j`` (None when unpaired). The same rule: the j-th
     channel from A to B pairs with B's j-th channel to A."""
-    ends: dict[tuple[int, int, int], int] = {}
-    ordinals: list[list[int]] = []
-    for a, peers in enumerate(peers_by_rank):
-        seen: dict[int, int] = {}
-        row = []
-        for j, b in enumerate(peers):
-            o = seen.get(b, 0)
-            seen[b] = o + 1
-            ends[(a, b, o)] = j
-            row.append(o)
-        ordinals.append(row)
-    return [[ends.get((b, a, o)) for b, o in zip(peers, ordinals[a])] for a, peers in enumerate(peers_by_rank)]
+    ordinals = [channel_ordinals(peers) for peers in peers_by_rank]
+    ends = {(a, c.peer, c.ordinal): j for a, row in enumerate(ordinals) for j, c in enumerate(row)}
+    return [[ends.get((c.peer, a, c.ordinal)) for c in row] for a, row in enumerate(ordinals)]
 
 
 def paired_index(rank: int, peers: Sequence[int], index: int, peer_peers: Sequence[int]) -> Optional[int]:
@@ -427,15 +415,9 @@ def paired_index(rank: int, peers: Sequence[int], index: int, peer_peers: Sequen
     Raises ``IndexError`` when ``index`` is not one of ``peers``'s positions."""
     if not 0 <= index < len(peers):
         raise IndexError(f"channel {index} does not exist (the rank has {len(peers)})")
-    peer = peers[index]
-    ordinal = sum(1 for p in peers[:index] if p == peer)
-    seen = 0
-    for j, p in enumerate(peer_peers):
-        if p == rank:
-            if seen == ordinal:
-                return j
-            seen += 1
-    return None
+    ordinal = channel_ordinals(peers[:index + 1])[index].ordinal
+    back = [j for j, p in enumerate(peer_peers) if p == rank]
+    return back[ordinal] if ordinal < len(back) else None
 
 
 class ChannelDesc(_Strict):
@@ -505,29 +487,29 @@ class Gpu(_Strict):
     # plan/3: the rank's segmented buffers (at most one entry per buffer kind)
     segments: Optional[list[SegmentedBuffer]] = None
 
+    def all_ops(self) -> Iterator[Op]:
+        """Every op of the rank's thread blocks (:meth:`ThreadBlock.all_ops`)."""
+        return (op for tb in self.threadblocks for op in tb.all_ops())
+
+    def chunks(self, kind: BufferKind) -> int:
+        """The rank's chunk count of buffer ``kind`` (the residual has the input's; the weight
+        none, it is read whole)."""
+        return {BufferKind.input: self.input_chunks, BufferKind.output: self.output_chunks,
+                BufferKind.scratch: self.scratch_chunks, BufferKind.residual: self.input_chunks,
+                BufferKind.weight: 0}[kind]
+
     def segmented(self, kind: BufferKind) -> Optional[SegmentedBuffer]:
         """The segments of buffer ``kind`` (None: the buffer is cut into chunks)."""
-        for s in self.segments or ():
-            if s.type == kind:
-                return s
-        return None
+        return next((s for s in self.segments or () if s.type == kind), None)
 
     def peers(self, channel_type: ChannelType) -> list[int]:
         """Peer rank of each channel of ``channel_type`` (global channel index order)."""
-        out: list[int] = []
-        for c in self.channels:
-            if c.channel_type == channel_type:
-                out.extend(c.connected_to)
-        return out
+        return [p for c in self.channels if c.channel_type == channel_type for p in c.connected_to]
 
     def switch_groups(self) -> list[tuple[BufferKind, list[int]]]:
         """(buffer kind, ranks) of each switch channel, in global switch channel order."""
-        out: list[tuple[BufferKind, list[int]]] = []
-        for c in self.channels:
-            if c.channel_type == ChannelType.switch:
-                for g in c.rank_groups:
-                    out.append((c.buffer_type, list(g.ranks)))  # type: ignore[arg-type]
-        return out
+        return [(c.buffer_type, list(g.ranks)) for c in self.channels  # type: ignore[misc]
+                if c.channel_type == ChannelType.switch for g in c.rank_groups]
 
 
 class Plan(_Strict):
@@ -591,8 +573,7 @@ class Plan(_Strict):
                 if sb.type in seen:
                     raise ValueError(f"gpus[{r}].segments[{k}]: buffer {sb.type.value!r} is segmented twice")
                 seen.add(sb.type)
-                chunks = {BufferKind.input: g.input_chunks, BufferKind.output: g.output_chunks,
-                          BufferKind.scratch: g.scratch_chunks}[sb.type]
+                chunks = g.chunks(sb.type)
                 if chunks != len(sb.counts):
                     raise ValueError(f"gpus[{r}].segments[{k}]: {len(sb.counts)} segments, but the rank's "
                                      f"{sb.type.name}_chunks is {chunks} (a segmented buffer has one chunk per segment)")
@@ -601,6 +582,10 @@ class Plan(_Strict):
                         raise ValueError(f"gpus[{r}].segments[{k}].counts[{m}]: entry [{i}, {j}] is outside "
                                          f"the {n} x {n} count matrix")
         return self
+
+    def all_ops(self) -> Iterator[Op]:
+        """Every op of every rank (:meth:`ThreadBlock.all_ops`)."""
+        return (op for g in self.gpus for op in g.all_ops())
 
     def has_segments(self) -> bool:
         """Whether some rank has a segmented buffer (a plan/3 plan, run with a count matrix)."""
@@ -649,8 +634,7 @@ class Plan(_Strict):
     def has_epilogue_ops(self) -> bool:
         """Whether some op (or pipeline inner op) is an epilogue op (:data:`EPILOGUE_OPS`): the
         plan/2 fused collective's residual exists. Stops at the first one."""
-        return any(op.name in EPILOGUE_OPS or (op.ops and any(i.name in EPILOGUE_OPS for i in op.ops))
-                   for g in self.gpus for tb in g.threadblocks for op in tb.ops)
+        return any(op.name in EPILOGUE_OPS for op in self.all_ops())
 
     def epilogue_ops(self) -> list[tuple[str, "Op"]]:
         """Every epilogue op (:data:`EPILOGUE_OPS`) with its JSON path, pipeline inner ops

@@ -149,27 +149,16 @@ def _gpu_from(d: Any, path: str) -> dict:
     return out
 
 
-def _walk(plan: Plan):
-    for g in plan.gpus:
-        for tb in g.threadblocks:
-            for op in tb.ops:
-                yield op
-                yield from op.ops or []
-
-
 def _fill_barrier_tbs(plan: Plan) -> None:
     for g in plan.gpus:
         users: dict[int, set[int]] = {}
         for t, tb in enumerate(g.threadblocks):
-            for op in tb.ops:
-                for o in [op, *(op.ops or [])]:
-                    if o.name == OpName.barrier and o.barrier_id is not None:
-                        users.setdefault(o.barrier_id, set()).add(t)
-        for tb in g.threadblocks:
-            for op in tb.ops:
-                for o in [op, *(op.ops or [])]:
-                    if o.name == OpName.barrier and o.barrier_tbs is None and o.barrier_id is not None:
-                        o.barrier_tbs = sorted(users[o.barrier_id])
+            for o in tb.all_ops():
+                if o.name == OpName.barrier and o.barrier_id is not None:
+                    users.setdefault(o.barrier_id, set()).add(t)
+        for o in g.all_ops():
+            if o.name == OpName.barrier and o.barrier_tbs is None and o.barrier_id is not None:
+                o.barrier_tbs = sorted(users[o.barrier_id])
 
 
 def from_mscclpp(data: dict, check: bool = True) -> Plan:
@@ -203,7 +192,7 @@ def from_mscclpp(data: dict, check: bool = True) -> Plan:
     _fill_barrier_tbs(plan)
     if plan.gpus:
         plan.chunk_factor = _derived_chunk_factor(plan)
-    named = {o.reduce_op for o in _walk(plan) if o.reduce_op is not None}
+    named = {o.reduce_op for o in plan.all_ops() if o.reduce_op is not None}
     if len(named) == 1:
         plan.reduce_op = named.pop()
     if check:

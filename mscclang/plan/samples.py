@@ -8,7 +8,7 @@ definition (:func:`mscclang.plan.reference.reference_output`).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Optional
 
 from mscclang.plan.models import (
     BufferKind, BufferRef, ChannelDesc, ChannelType, Gpu, IterContext, Op, OpName, Plan,
@@ -47,6 +47,16 @@ def _wait(relaxed: bool, n: int) -> Op:
     return Op(name=OpName.rlxwait if relaxed else OpName.wait, channel_ids=list(range(n)), channel_type=MEM)
 
 
+def _gpu(r: int, n_in: int, n_out: int, n_scratch: int, tbs: list[ThreadBlock], peers: list[int],
+         remote: tuple[BufferKind, ...] = (), connected: Optional[list[int]] = None, **fields: Any) -> Gpu:
+    """Rank ``r`` with one memory channel to each of ``connected`` (default ``peers``) and, for each
+    kind of ``remote`` in turn, a remote buffer of that kind on every peer."""
+    return Gpu(id=r, input_chunks=n_in, output_chunks=n_out, scratch_chunks=n_scratch, threadblocks=tbs,
+               channels=[ChannelDesc(channel_type=MEM, connected_to=peers if connected is None else connected)],
+               remote_buffers=[RemoteBuffer(rank=q, type=t, access_channel_types=[MEM]) for t in remote for q in peers],
+               **fields)
+
+
 NOP = Op(name=OpName.nop)
 
 
@@ -65,11 +75,9 @@ def allreduce_oneshot_ll(n: int = 2, nblocks: int = 1, nthreads: int = 512) -> P
         ops = []
         tbg = TbgInfo(tb_id=0, tbg_size=nblocks)
         for pi, q in enumerate(peers):
-            j = peers.index(q)
             slot_at_q = _peers(n, q).index(r) * n
             ops.append(Op(name=OpName.ppkt, channel_type=MEM, src_buff=[_l(I, 0, n)],
                           dst_buff=[_r(pi, slot_at_q, n)], tbg_info=tbg))
-            del j
         ops.append(Op(name=OpName.repkt, reduce_op="sum",
                       src_buff=[_l(I, 0, n)] + [_l(S, k * n, n) for k in range(len(peers))],
                       dst_buff=[_l(O, 0, n)], tbg_info=tbg))
@@ -78,9 +86,7 @@ def allreduce_oneshot_ll(n: int = 2, nblocks: int = 1, nthreads: int = 512) -> P
             tops = [o.model_copy(update={"tbg_info": TbgInfo(tb_id=t, tbg_size=nblocks)} if o.tbg_info else {})
                     for o in ops]
             tbs.append(_tb(t, tops, len(peers), len(peers)))
-        gpus.append(Gpu(id=r, input_chunks=n, output_chunks=n, scratch_chunks=n * (n - 1), threadblocks=tbs,
-                        channels=[ChannelDesc(channel_type=MEM, connected_to=peers)],
-                        remote_buffers=[RemoteBuffer(rank=q, type=S, access_channel_types=[MEM]) for q in peers]))
+        gpus.append(_gpu(r, n, n, n * (n - 1), tbs, peers, (S,)))
     return _plan(f"allreduce_oneshot_ll_{n}r_{nblocks}b", "allreduce", n, gpus, "LL", True, nthreads)
 
 
@@ -96,10 +102,7 @@ def allreduce_twostep_ll(n: int = 2) -> Plan:
                       src_buff=[_l(I, r)] + [_l(S, q) for q in peers],
                       dst_buff=[_l(O, r)] + [_r(pi, n + r) for pi in range(len(peers))]))
         ops += [Op(name=OpName.upkt, src_buff=[_l(S, n + q)], dst_buff=[_l(O, q)]) for q in peers]
-        gpus.append(Gpu(id=r, input_chunks=n, output_chunks=n, scratch_chunks=2 * n,
-                        threadblocks=[_tb(0, ops, len(peers), len(peers))],
-                        channels=[ChannelDesc(channel_type=MEM, connected_to=peers)],
-                        remote_buffers=[RemoteBuffer(rank=q, type=S, access_channel_types=[MEM]) for q in peers]))
+        gpus.append(_gpu(r, n, n, 2 * n, [_tb(0, ops, len(peers), len(peers))], peers, (S,)))
     return _plan(f"allreduce_twostep_ll_{n}r", "allreduce", n, gpus, "LL", True)
 
 
@@ -122,10 +125,7 @@ def allreduce_copyfwd_ll(n: int = 2, send_fused: bool = False) -> Plan:
             ops.append(Op(name=OpName.rppkt, channel_type=MEM, src_buff=[_l(S, 3 * n + r)],
                           dst_buff=[_r(pi, n + r) for pi in range(len(peers))]))
         ops += [Op(name=OpName.upkt, src_buff=[_l(S, n + q)], dst_buff=[_l(O, q)]) for q in peers]
-        gpus.append(Gpu(id=r, input_chunks=n, output_chunks=n, scratch_chunks=4 * n,
-                        threadblocks=[_tb(0, ops, len(peers), len(peers))],
-                        channels=[ChannelDesc(channel_type=MEM, connected_to=peers)],
-                        remote_buffers=[RemoteBuffer(rank=q, type=S, access_channel_types=[MEM]) for q in peers]))
+        gpus.append(_gpu(r, n, n, 4 * n, [_tb(0, ops, len(peers), len(peers))], peers, (S,)))
     return _plan(f"allreduce_copyfwd_ll_{n}r{'_fused' if send_fused else ''}", "allreduce", n, gpus, "LL", True)
 
 
@@ -145,11 +145,7 @@ def allreduce_scratch_simple(n: int = 2) -> Plan:
                   src_buff=[_l(I, r)] + [_l(S, q) for q in peers],
                   dst_buff=[_l(O, r)] + [_r(k + pi, r) for pi in range(k)]),
                NOP, _sig(False, k), _wait(False, k), NOP]
-        rbs = [RemoteBuffer(rank=q, type=S, access_channel_types=[MEM]) for q in peers]
-        rbs += [RemoteBuffer(rank=q, type=O, access_channel_types=[MEM]) for q in peers]
-        gpus.append(Gpu(id=r, input_chunks=n, output_chunks=n, scratch_chunks=n,
-                        threadblocks=[_tb(0, ops, k, 2 * k)],
-                        channels=[ChannelDesc(channel_type=MEM, connected_to=peers)], remote_buffers=rbs))
+        gpus.append(_gpu(r, n, n, n, [_tb(0, ops, k, 2 * k)], peers, (S, O)))
     return _plan(f"allreduce_scratch_simple_{n}r", "allreduce", n, gpus)
 
 
@@ -174,11 +170,7 @@ def allreduce_read_simple(n: int = 2, fused: bool = False) -> Plan:
                     Op(name=OpName.get, channel_type=MEM, src_buff=[_r(k + pi, q) for pi, q in enumerate(peers)],
                        dst_buff=[_l(O, q) for q in peers]),
                     NOP, _sig(False, k), _wait(False, k), NOP]
-        rbs = [RemoteBuffer(rank=q, type=I, access_channel_types=[MEM]) for q in peers]
-        rbs += [RemoteBuffer(rank=q, type=O, access_channel_types=[MEM]) for q in peers]
-        gpus.append(Gpu(id=r, input_chunks=n, output_chunks=n, scratch_chunks=0,
-                        threadblocks=[_tb(0, ops, k, 2 * k)],
-                        channels=[ChannelDesc(channel_type=MEM, connected_to=peers)], remote_buffers=rbs))
+        gpus.append(_gpu(r, n, n, 0, [_tb(0, ops, k, 2 * k)], peers, (I, O)))
     return _plan(f"allreduce_read_simple_{n}r{'_fused' if fused else ''}", "allreduce", n, gpus)
 
 
@@ -193,10 +185,7 @@ def allgather_simple(n: int = 2) -> Plan:
                _sig(True, k), _wait(True, k), NOP,
                Op(name=OpName.put, channel_type=MEM, src_buff=[_l(I, 0)] * k, dst_buff=[_r(pi, r) for pi in range(k)]),
                NOP, _sig(False, k), _wait(False, k), NOP]
-        gpus.append(Gpu(id=r, input_chunks=1, output_chunks=n, scratch_chunks=0,
-                        threadblocks=[_tb(0, ops, k, k)],
-                        channels=[ChannelDesc(channel_type=MEM, connected_to=peers)],
-                        remote_buffers=[RemoteBuffer(rank=q, type=O, access_channel_types=[MEM]) for q in peers]))
+        gpus.append(_gpu(r, 1, n, 0, [_tb(0, ops, k, k)], peers, (O,)))
     return _plan(f"allgather_simple_{n}r", "allgather", n, gpus)
 
 
@@ -221,9 +210,7 @@ def allgather_put(n: int = 2, nblocks: int = 1, nthreads: int = 1024) -> Plan:
                 id=b, ops=ops,
                 channels=[ThreadBlockChannels(channel_type=MEM, channel_ids=[b * k + pi for pi in range(k)])],
                 remote_buffer_refs=[RemoteBufferRefs(access_channel_type=MEM, remote_buffer_ids=list(range(k)))]))
-        gpus.append(Gpu(id=r, input_chunks=1, output_chunks=n, scratch_chunks=0, threadblocks=tbs,
-                        channels=[ChannelDesc(channel_type=MEM, connected_to=peers * nblocks)],
-                        remote_buffers=[RemoteBuffer(rank=q, type=O, access_channel_types=[MEM]) for q in peers]))
+        gpus.append(_gpu(r, 1, n, 0, tbs, peers, (O,), connected=peers * nblocks))
     return _plan(f"allgather_put_{n}r_{nblocks}b", "allgather", n, gpus, nthreads=nthreads)
 
 
@@ -247,11 +234,8 @@ def allgather_pipeline(n: int = 2, unit: int = 1 << 16) -> Plan:
                           dst_buff=[_r(pi, r) for pi in range(k)])]),
                Op(name=OpName.copy, src_buff=[_l(S, 0)], dst_buff=[_l(O, r)]),
                NOP, _sig(False, k), _wait(False, k), NOP]
-        gpus.append(Gpu(id=r, input_chunks=1, output_chunks=n, scratch_chunks=1,
-                        threadblocks=[_tb(0, tb0, 0, 0), _tb(1, tb1, k, k)],
-                        channels=[ChannelDesc(channel_type=MEM, connected_to=peers)],
-                        remote_buffers=[RemoteBuffer(rank=q, type=O, access_channel_types=[MEM]) for q in peers],
-                        semaphores=[SemaphoreDesc(init_value=0)]))
+        gpus.append(_gpu(r, 1, n, 1, [_tb(0, tb0, 0, 0), _tb(1, tb1, k, k)], peers, (O,),
+                         semaphores=[SemaphoreDesc(init_value=0)]))
     return _plan(f"allgather_pipeline_{n}r", "allgather", n, gpus)
 
 
@@ -262,9 +246,7 @@ def missing_signal(n: int = 2) -> Plan:
         peers = _peers(n, r)
         k = len(peers)
         ops = [Op(name=OpName.copy, src_buff=[_l(I, 0, n)], dst_buff=[_l(O, 0, n)]), NOP, _wait(False, k), NOP]
-        gpus.append(Gpu(id=r, input_chunks=n, output_chunks=n, scratch_chunks=0,
-                        threadblocks=[_tb(0, ops, k, 0)],
-                        channels=[ChannelDesc(channel_type=MEM, connected_to=peers)]))
+        gpus.append(_gpu(r, n, n, 0, [_tb(0, ops, k, 0)], peers))
     return _plan(f"missing_signal_{n}r", "allreduce", n, gpus)
 
 

@@ -36,7 +36,7 @@ from mscclang.config import Settings, settings
 from mscclang.plan.models import (PACKET_DST_FROM, PACKET_OPS, PACKET_SRC_FROM, PUT_SIGNAL_OPS, REDUCE_OPS, SIGNAL_OPS,
                                   SYNC_OPS, WAIT_OPS, ChannelType, Op, OpName, Plan)
 from mscclang.sim.postcondition import CHUNKWISE_ELEMENTS
-from mscclang.sim.state import MAX_SYMBOLIC_GRANULE, SYM_GRANULE
+from mscclang.sim.state import SYM_GRANULE, granule_of
 from mscclang.units import format_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -321,11 +321,7 @@ def _granule(plan: Plan, c: SizeCost, row_bytes: int = 0) -> int:
             lay.output.chunk_bytes, lay.output.block_bytes] + [
         op.iter_context.unit_size for g in plan.gpus for tb in g.threadblocks for op in tb.ops
         if op.iter_context is not None]
-    g = MAX_SYMBOLIC_GRANULE
-    for v in vals:
-        while g > SYM_GRANULE and v % g:
-            g //= 2
-    return g
+    return granule_of(vals)
 
 
 def _actors(plan: Plan) -> int:

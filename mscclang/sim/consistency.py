@@ -18,7 +18,7 @@ severity follows the plan's promise (:func:`consistency_level`).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -51,6 +51,19 @@ def _groups(spec: CollectiveSpec) -> list[list[tuple[int, int]]]:
         if exp.reduced and len(exp.sources) > 1:
             by.setdefault(tuple(exp.sources), []).append((r, c))
     return [m for m in by.values() if len({r for r, _ in m}) > 1]
+
+
+def _same_pairs(spec: CollectiveSpec, layouts: Sequence[Layout]) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """(first rank of a :func:`_groups` set, its chunk's output offset, another rank of the set, its
+    output chunk, that chunk's offset, the length both have): every output chunk that must hold
+    the bits of the first chunk of its set (another rank's, of the same length)."""
+    for members in _groups(spec):
+        r0, c0 = members[0]
+        off0, ln0 = layouts[r0].span(BufferKind.output, c0)
+        for r, c in members[1:]:
+            off, ln = layouts[r].span(BufferKind.output, c)
+            if ln == ln0 and r != r0:
+                yield r0, off0, r, c, off, ln
 
 
 class ChunkFindings:
@@ -131,16 +144,9 @@ def check_symbolic_consistency(spec: CollectiveSpec, layouts: Sequence[Layout], 
                     lo, hi = off // granule, (off + ln) // granule
                     _compare(table, 0, exprs[0][lo:hi], r, exprs[r][lo:hi], f"{name} chunk {c}", found)
         return found.problems()
-    for members in _groups(spec):
-        r0, c0 = members[0]
-        off0, ln0 = layouts[r0].span(BufferKind.output, c0)
-        ref = out_exprs[r0][off0 // granule: (off0 + ln0) // granule]
-        for r, c in members[1:]:
-            off, ln = layouts[r].span(BufferKind.output, c)
-            if ln != ln0 or r == r0:
-                continue
-            got = out_exprs[r][off // granule: (off + ln) // granule]
-            _compare(table, r0, ref, r, got, f"output chunk {c}", found)
+    for r0, off0, r, c, off, ln in _same_pairs(spec, layouts):
+        _compare(table, r0, out_exprs[r0][off0 // granule: (off0 + ln) // granule], r,
+                 out_exprs[r][off // granule: (off + ln) // granule], f"output chunk {c}", found)
     return found.problems()
 
 
@@ -165,14 +171,8 @@ def check_numeric_consistency(spec: CollectiveSpec, layouts: Sequence[Layout], o
             for r in range(1, len(bufs or ())):
                 cmp(0, np.asarray(bufs[0]).view(np.uint8), r, np.asarray(bufs[r]).view(np.uint8), f"the {name}")
         return found.problems()
-    for members in _groups(spec):
-        r0, c0 = members[0]
-        off0, ln0 = layouts[r0].span(BufferKind.output, c0)
-        ref = outputs[r0][off0: off0 + ln0]
-        for r, c in members[1:]:
-            off, ln = layouts[r].span(BufferKind.output, c)
-            if ln == ln0 and r != r0:
-                cmp(r0, ref, r, outputs[r][off: off + ln], f"output chunk {c}")
+    for r0, off0, r, c, off, ln in _same_pairs(spec, layouts):
+        cmp(r0, outputs[r0][off0: off0 + ln], r, outputs[r][off: off + ln], f"output chunk {c}")
     return found.problems()
 
 

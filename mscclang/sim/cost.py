@@ -204,11 +204,8 @@ class _Model:
         return rb.rank, rb.type, ct
 
     def peers_of(self, rank: int, tb: Any, op: Op) -> set[int]:
-        out = set()
-        for ref in list(op.src_buff) + list(op.dst_buff):
-            if ref.type is None and ref.buffer_id is not None:
-                out.add(self.where(rank, tb, op, ref)[0])
-        return out - {rank}
+        return {self.where(rank, tb, op, ref)[0] for ref in list(op.src_buff) + list(op.dst_buff)
+                if ref.type is None and ref.buffer_id is not None} - {rank}
 
     def _sharers(self) -> dict[tuple[int, int], int]:
         """Thread blocks of each rank sharing each link (rank, peer). Within a node the GPUs hang
@@ -218,9 +215,8 @@ class _Model:
         for g in self.plan.gpus:
             for tb in g.threadblocks:
                 used: set[int] = set()
-                for op in tb.ops:
-                    for o in (op.ops or [op]):
-                        used |= self.peers_of(g.id, tb, o)
+                for o in tb.all_ops():   # a pipeline op itself names no peer
+                    used |= self.peers_of(g.id, tb, o)
                 keys = {q if not self.topo.same_node(g.id, q) else -1 for q in used}
                 for q in keys:
                     n[(g.id, q)] = n.get((g.id, q), 0) + 1

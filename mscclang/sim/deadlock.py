@@ -34,25 +34,14 @@ class DeadlockMixin:
             if src is None:
                 return [], f"no channel of rank {self._peer_of(key)} is paired with it"
             srank, stype, sch = src
-            out = []
-            for t in live:
-                if t.rank != srank:
-                    continue
-                for c in self._remaining(t):
-                    n = c.op.name
-                    if (n in SIGNAL_OPS | PUT_SIGNAL_OPS and c.op.channel_type.value == stype
-                            and sch in (c.channels or [g.channel for g in c.groups])):
-                        out.append(t)
-                        break
+            out = [t for t in live if t.rank == srank and any(
+                c.op.name in SIGNAL_OPS | PUT_SIGNAL_OPS and c.op.channel_type.value == stype
+                and sch in (c.channels or [g.channel for g in c.groups]) for c in self._remaining(t))]
             return out, "" if out else f"no block of rank {srank} will signal its {stype} channel {sch} again"
         if info[0] == "flag":
             r = info[1]
-            out = []
-            for t in live:
-                for c in self._remaining(t):
-                    if c.op.name in PKT_WRITERS and any(d.rank == r and d.packet for g in c.groups for d in g.dsts):
-                        out.append(t)
-                        break
+            out = [t for t in live if any(c.op.name in PKT_WRITERS and any(
+                d.rank == r and d.packet for g in c.groups for d in g.dsts) for c in self._remaining(t))]
             return out, "" if out else f"no block will write packets into rank {r}'s scratch again"
         if info[0] == "bar":
             _, r, bid, g, need, members = info

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import re
+from itertools import groupby
 from typing import Any, Optional, Sequence
 
 from mscclang.plan.check import iter_op_paths
@@ -89,28 +90,19 @@ def annotate_sources(problem: Problem, plan: Plan) -> None:
     """Append ``(program.py:42)`` after every op a message names whose op records ``src``."""
     found: dict[tuple[int, int, str], str] = {}
 
-    def text_sub(m: re.Match) -> str:
+    def sub(m: re.Match, as_tuple: bool) -> str:
         r, tb, idx = int(m.group(1)), int(m.group(2)), m.group(3)
         src = src_of(plan, r, tb, idx)
         if src is None:
             return m.group(0)
         found[(r, tb, idx)] = src
+        if as_tuple:
+            return f"(rank {r}, tb {tb}, op {idx}, {src})"
         tail = problem.message[m.end(): m.end() + len(src) + 3]
-        if src in tail:
-            return m.group(0)
-        return f"{m.group(0)} ({src})"
+        return m.group(0) if src in tail else f"{m.group(0)} ({src})"
 
-    def tuple_sub(m: re.Match) -> str:
-        r, tb, idx = int(m.group(1)), int(m.group(2)), m.group(3)
-        src = src_of(plan, r, tb, idx)
-        if src is None:
-            return m.group(0)
-        found[(r, tb, idx)] = src
-        return f"(rank {r}, tb {tb}, op {idx}, {src})"
-
-    msg = _OP_TUPLE.sub(tuple_sub, problem.message)
-    problem.message = msg
-    problem.message = _OP_TEXT.sub(text_sub, msg)
+    problem.message = _OP_TUPLE.sub(lambda m: sub(m, True), problem.message)
+    problem.message = _OP_TEXT.sub(lambda m: sub(m, False), problem.message)
     if found:
         problem.details.setdefault("src", {}).update(found)
 
@@ -175,10 +167,9 @@ def group_key(problem: Problem) -> tuple:
     if k == "batch-variant" and "cause" in d:   # one cause: the form and the op that computed the value
         return (k, repr(d["cause"]))
     if k == "deadlock":
-        if d.get("cycle"):
-            return (k, "cycle", frozenset((e[0], e[1], e[2]) for e in d["cycle"]))
-        if d.get("blocked"):
-            return (k, "blocked", frozenset((e[0], e[1], e[2]) for e in d["blocked"]))
+        for what in ("cycle", "blocked"):
+            if d.get(what):
+                return (k, what, frozenset((e[0], e[1], e[2]) for e in d[what]))
     if k == "unsynced-signal" and "op" in d:
         return (k, _opkey(d["op"]))
     if k == "unbalanced-semaphore" and "rank" in d:
@@ -393,15 +384,8 @@ def chunk_notes(problems: list[Problem]) -> list[str]:
 
 def _ranges(xs: list[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out: list[str] = []
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ", ".join(out)
+    runs = [[x for _, x in run] for _, run in groupby(enumerate(xs), lambda p: p[1] - p[0])]
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def plan_uses(plan: Plan) -> tuple[bool, bool]:

@@ -106,14 +106,14 @@ class PacketMixin:
                                      delta=a - 2 * (pos + done), unit=unit,
                                      packet=i not in stale, single=single)
                         if m.shadow is not None:
-                            shadows.append(self._sh_pkt(m, key, half, off, n))
+                            shadows.append(self._sh_get(m, "scr", off, n, half))
                     else:
                         a = base + off
                         datas.append(m.storage[key][a: a + n].copy())
                         self._record(actor, s.rank, key, a, a + n, False, opref, launch,
                                      delta=a - (pos + done), unit=unit, single=single)
                         if m.shadow is not None:
-                            shadows.append(self._sh_plain(m, key, a, n))
+                            shadows.append(self._sh_get(m, key, a, n))
                 if g.reduce and nsrc > 1:
                     rop = "sum" if cop.op.name == OpName.radd else self.reduce_op
                     result = reduce_bytes(datas, self.dtype, rop, self.accum)
@@ -155,7 +155,7 @@ class PacketMixin:
             self._record(actor, d.rank, key, s0, s1, True, opref, launch,
                          delta=s0 - 2 * delta_pos, unit=unit, packet=True, single=single)
             if m.shadow is not None:
-                self._sh_put_pkt(m, half, off, n, sh)
+                self._sh_put(m, "scr", off, n, sh, half)
             self._wake_flags(d.rank, s0, s1)
         else:
             if d.kind == BufferKind.scratch:
@@ -165,48 +165,41 @@ class PacketMixin:
             self._record(actor, d.rank, key, a, a + n, True, opref, launch,
                          delta=a - delta_pos, unit=unit, single=single)
             if m.shadow is not None:
-                self._sh_put_plain(m, key, a, n, sh)
+                self._sh_put(m, key, a, n, sh)
 
     # symbolic shadows (one row of symbol counts and one expression id per granule of
     # ``sym_granule`` bytes: 4, or a larger power of two when every access of the run is aligned
     # to it)
-    def _sh_plain(self, m: RankMemory, key: str, a: int, n: int) -> Optional[Sym]:
+    def _sh_rows(self, off: int, n: int, half: Optional[int] = None) -> Optional[tuple[int, int, int]]:
+        """The shadow rows (first, end, step) of bytes [off, off + n): plain, or with ``half`` the
+        packets of those payload offsets in the scratch half at ``half`` (every other row). None,
+        voiding the run's symbolic results, when the bytes are not whole granules."""
         g = self.sym_granule
-        if a % g or n % g:
+        if off % g or n % g or (half or 0) % g:
             self.sym_ok = False
             return None
-        return _sym_get(m, key, a // g, (a + n) // g, 1)
+        if half is None:
+            return off // g, (off + n) // g, 1
+        return half // g + 2 * (off // g), half // g + 2 * ((off + n) // g), 2
 
-    def _sh_pkt(self, m: RankMemory, key: str, half: int, off: int, n: int) -> Optional[Sym]:
-        g = self.sym_granule
-        if off % g or n % g or half % g:
-            self.sym_ok = False
-            return None
-        h = half // g
-        return _sym_get(m, "scr", h + 2 * (off // g), h + 2 * ((off + n) // g), 2)
+    def _sh_get(self, m: RankMemory, key: str, off: int, n: int, half: Optional[int] = None) -> Optional[Sym]:
+        """The shadow of bytes [off, off + n) of ``key`` (with ``half``: packets in scratch)."""
+        rows = self._sh_rows(off, n, half)
+        return None if rows is None else _sym_get(m, key, *rows)
 
-    def _sh_put_plain(self, m: RankMemory, key: str, a: int, n: int, sh: Optional[Sym]) -> None:
-        g = self.sym_granule
-        if sh is None or a % g or n % g:
+    def _sh_put(self, m: RankMemory, key: str, off: int, n: int, sh: Optional[Sym], half: Optional[int] = None) -> None:
+        """Bytes [off, off + n) of ``key`` (with ``half``: packets in scratch) get the shadow ``sh``."""
+        rows = self._sh_rows(off, n, half)
+        if rows is None or sh is None:
             self.sym_ok = False
-            return
-        _sym_set(m, key, a // g, (a + n) // g, 1, sh)
-
-    def _sh_put_pkt(self, m: RankMemory, half: int, off: int, n: int, sh: Optional[Sym]) -> None:
-        g = self.sym_granule
-        if sh is None or off % g or n % g or half % g:
-            self.sym_ok = False
-            return
-        h = half // g
-        _sym_set(m, "scr", h + 2 * (off // g), h + 2 * ((off + n) // g), 2, sh)
+        else:
+            _sym_set(m, key, *rows, sh)
 
     def _sh_clear(self, m: RankMemory, s0: int, s1: int) -> None:
         """Scratch bytes [s0, s1) now hold zero-payload packets."""
-        g = self.sym_granule
-        if s0 % g or s1 % g:
-            self.sym_ok = False
-            return
-        _sym_set(m, "scr", s0 // g, s1 // g, 1, None)
+        rows = self._sh_rows(s0, s1 - s0)
+        if rows is not None:
+            _sym_set(m, "scr", *rows, None)
 
     def _op_label(self, opref: OpRef, cop: COp) -> str:
         """How a consistency report names the op that computed a value."""

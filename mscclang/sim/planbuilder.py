@@ -189,13 +189,10 @@ class PlanBuilder:
         gpus = []
         cin, cout, cs = self.chunks
         for r, st in enumerate(self.ranks):
-            chans = []
-            for ctype in ("memory", "port"):
-                if st.peers[ctype]:
-                    chans.append({"channel_type": ctype, "connected_to": list(st.peers[ctype])})
-            for kind, ranks in st.switch:
-                chans.append({"channel_type": "switch", "buffer_type": kind,
-                              "rank_groups": [{"size": len(ranks), "ranks": list(ranks)}]})
+            chans = [{"channel_type": ctype, "connected_to": list(st.peers[ctype])}
+                     for ctype in ("memory", "port") if st.peers[ctype]]
+            chans += [{"channel_type": "switch", "buffer_type": kind,
+                       "rank_groups": [{"size": len(ranks), "ranks": list(ranks)}]} for kind, ranks in st.switch]
             tbs = []
             for t in sorted(st.tbs):
                 tb = st.tbs[t]

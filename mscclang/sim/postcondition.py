@@ -235,14 +235,12 @@ def check_numeric(spec: CollectiveSpec, layouts: list[Layout], inputs: list[np.n
     One problem per wrong (rank, output chunk), all of them unless ``limit`` is given; a chunk
     that still holds the poison the outputs are filled with before the launch is reported as
     never written. Each problem's details carry ``rank``, ``chunk`` and ``unwritten``."""
-    probs: list[Problem] = []
     isz = dt.itemsize
     if max((lay.output_bytes for lay in layouts), default=0) // isz > CHUNKWISE_ELEMENTS:
         return _check_numeric_chunkwise(spec, layouts, inputs, outputs, dt, op, launch, limit)
     g = _gather(spec, layouts, isz)
-    for (r, c) in g.bad_lengths:
-        probs.append(Problem("postcondition", f"rank {r} output chunk {c}: source chunks have other "
-                             "lengths than the output chunk", details={"rank": r, "chunk": c}))
+    probs = [Problem("postcondition", f"rank {r} output chunk {c}: source chunks have other lengths than the "
+                     "output chunk", details={"rank": r, "chunk": c}) for (r, c) in g.bad_lengths]
     flat = np.concatenate([np.ascontiguousarray(x).view(dt)[: g.nin[p]] for p, x in enumerate(inputs)])
     ut = _UINT[isz]
     flat_u = flat.view(ut)
@@ -330,28 +328,13 @@ def derive_senders(program: Program) -> list[set[int]]:
     n = len(program.plan.gpus)
     inplace = program.plan.inplace
     origin: dict[tuple[int, BufferKind], set[int]] = {(r, BufferKind.input): {r} for r in range(n)}
-    flows: set[tuple[tuple[tuple[int, BufferKind], ...], tuple[tuple[int, BufferKind], ...]]] = set()
-
-    def walk(cops: list) -> None:
-        for cop in cops:
-            for it in cop.iterations:
-                walk(it)
-            for grp in cop.groups:
-                if grp.stream_length() == 0:
-                    continue
-                flows.add((tuple((o.rank, o.kind) for o in grp.srcs),
-                           tuple((o.rank, o.kind) for o in grp.dsts)))
-
-    for blocks in program.blocks:
-        for cops in blocks:
-            walk(cops)
+    flows = {(tuple((o.rank, o.kind) for o in grp.srcs), tuple((o.rank, o.kind) for o in grp.dsts))
+             for grp in program.groups() if grp.stream_length() > 0}
     changed = True
     while changed:
         changed = False
         for srcs, dsts in flows:
-            got: set[int] = set()
-            for s in srcs:
-                got |= origin.get(s, set())
+            got: set[int] = set().union(*(origin.get(s, ()) for s in srcs))
             if not got:
                 continue
             for d in dsts:

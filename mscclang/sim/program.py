@@ -9,7 +9,7 @@ or the schedule, so one compiled program serves every run at that size.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 from mscclang.errors import PlanError
 from mscclang.plan.layout import (
@@ -86,6 +86,15 @@ class Program:
     output_bytes: int
     layouts: list[Layout]
     blocks: list[list[list[COp]]]          # [rank][tb] -> ops
+
+    def groups(self) -> Iterator[Group]:
+        """Every group of every op of every block, a pipeline's iterations' included."""
+        def walk(cops: list[COp]) -> Iterator[Group]:
+            for c in cops:
+                yield from c.groups
+                for it in c.iterations:
+                    yield from walk(it)
+        return (g for blocks in self.blocks for cops in blocks for g in walk(cops))
 
 
 def _where(rank: int, tb: int, index: str, name: str) -> str:
@@ -280,10 +289,7 @@ class _Resolver:
         return lens
 
     def _nchunks(self, o: Operand) -> int:
-        g = self.plan.gpus[o.rank]
-        return {BufferKind.input: g.input_chunks, BufferKind.output: g.output_chunks,
-                BufferKind.scratch: g.scratch_chunks, BufferKind.residual: g.input_chunks,
-                BufferKind.weight: 0}[o.kind]
+        return self.plan.gpus[o.rank].chunks(o.kind)
 
 
 def _owner(total: int, pos: int, size: int, alignment: int) -> int:
@@ -338,7 +344,6 @@ def sim_program(plan: Plan, input_bytes: int, output_bytes: int, row_bytes: int 
     row-chunked fused plan's input row, :func:`mscclang.plan.layout.make_layout`). A plan with
     segments is resolved for one call, ``counted`` (its counts and sizes; ``input_bytes`` and
     ``output_bytes`` are then rank 0's)."""
-    n = len(plan.gpus)
     if counted is not None:
         rb = counted.row_bytes
         layouts = counted_layouts(plan, [v * rb for v in counted.in_rows], [v * rb for v in counted.out_rows],
@@ -351,10 +356,7 @@ def sim_program(plan: Plan, input_bytes: int, output_bytes: int, row_bytes: int 
     for r, gpu in enumerate(plan.gpus):
         rank_blocks = []
         for tb in gpu.threadblocks:
-            cops: list[COp] = []
-            for i, op in enumerate(tb.ops):
-                cops.append(_compile_op(res, r, tb, op, str(i), align))
-            rank_blocks.append(cops)
+            rank_blocks.append([_compile_op(res, r, tb, op, str(i), align) for i, op in enumerate(tb.ops)])
         blocks.append(rank_blocks)
     return Program(plan, input_bytes, output_bytes, layouts, blocks)
 

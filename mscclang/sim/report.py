@@ -12,6 +12,7 @@ Severity: every kind is an *error* except those in :data:`WARNING_KINDS`. A repo
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -228,9 +229,7 @@ class Report:
         for p in ordered[:shown]:
             lines.extend("  " + ln for ln in str(p).splitlines()[:None if show_all else 12])
         if len(ordered) > shown:
-            rest: dict[str, int] = {}
-            for p in ordered[shown:]:
-                rest[p.kind] = rest.get(p.kind, 0) + 1
+            rest = Counter(p.kind for p in ordered[shown:])
             lines.append(f"  ... and {len(ordered) - shown} more: "
                          + ", ".join(f"{n} {k}" for k, n in rest.items()) + " (--all prints every problem)")
         if self.warnings and not self.failed:

@@ -58,16 +58,9 @@ class ScheduleMixin:
         seeded pick among that rank's blocks and proxies): the lead runs as far ahead as the
         plan lets it, launch after launch, and a rank runs only when every rank before it is
         blocked or finished."""
-        n = self.n
-        best = n
-        cands: list[int] = []
-        for i, t in enumerate(lst):
-            pr = (t.rank - self.lead) % n
-            if pr < best:
-                best = pr
-                cands = [i]
-            elif pr == best:
-                cands.append(i)
+        order = [(t.rank - self.lead) % self.n for t in lst]
+        best = min(order)
+        cands = [i for i, pr in enumerate(order) if pr == best]
         return cands[self.rng.randrange(len(cands))] if len(cands) > 1 else cands[0]
 
     def _adversarial_index(self, lst: list[Task]) -> int:

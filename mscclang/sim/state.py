@@ -10,7 +10,7 @@ writes whole 16-byte packets, so its writes are rounded to an even number of wor
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterable, Optional
 
 import numpy as np
 
@@ -24,6 +24,16 @@ from mscclang.plan.models import BufferKind, Plan
 SYM_GRANULE = 4
 #: the largest row of a symbolic shadow, in bytes (``verify``'s coarsest granule)
 MAX_SYMBOLIC_GRANULE = 4096
+
+
+def granule_of(values: Iterable[int]) -> int:
+    """The largest power of two from :data:`SYM_GRANULE` to :data:`MAX_SYMBOLIC_GRANULE` that
+    divides every one of ``values`` (:data:`SYM_GRANULE` when no larger one does)."""
+    g = MAX_SYMBOLIC_GRANULE
+    for v in values:
+        while g > SYM_GRANULE and v % g:
+            g //= 2
+    return g
 
 
 class RankMemory:

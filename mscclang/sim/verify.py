@@ -28,20 +28,19 @@ from mscclang.sim.invariance import (KIND as INVARIANCE_KIND, InvarianceCheck, I
 from mscclang.sim.postcondition import check_numeric, check_symbolic, derive_senders, random_inputs
 from mscclang.sim.program import Program, sim_program
 from mscclang.sim.report import Deadlock, Problem, Report
-from mscclang.sim.state import MAX_SYMBOLIC_GRANULE, SYM_GRANULE
+from mscclang.sim.state import MAX_SYMBOLIC_GRANULE, granule_of
 from mscclang.sim.runner import (PlanLike, VerifyOptions, as_plan, check_arguments, default_launches,
                                  message_to_bytes, nothing_to_verify, resolve_reduce_op)
 
 DEFAULT_DTYPES = ("float16", "bfloat16", "float32", "int32")
 
 
-def _blocks_per_message(plan: Plan) -> int:
-    return max(collective(plan.collective).blocks(len(plan.gpus)))
-
-
-def _block_chunks(plan: Plan) -> int:
-    g = plan.gpus[0]
-    return collective(plan.collective).block_chunks(len(plan.gpus), g.input_chunks, g.output_chunks)
+def _grain(plan: Plan) -> tuple[int, int, int]:
+    """(blocks per message, chunks per block (at least 1), alignment unit (at least 4 bytes)): what
+    every size the sizes below choose is a multiple of."""
+    row, g = collective(plan.collective), plan.gpus[0]
+    return (max(row.blocks(len(plan.gpus))), max(row.block_chunks(len(plan.gpus), g.input_chunks, g.output_chunks), 1),
+            max(plan.buffer_alignment, 4))
 
 
 def default_sizes(plan: Plan) -> list[int]:
@@ -53,9 +52,7 @@ def default_sizes(plan: Plan) -> list[int]:
     (:func:`~mscclang.sim.fused.default_cases`), each in the dtypes it is run in."""
     if collective(plan.collective).fused:
         return sorted({c.rows * c.hidden * d.itemsize for c in default_cases(plan) for d in c.dtypes})
-    a = max(plan.buffer_alignment, 4)
-    bc = max(_block_chunks(plan), 1)
-    f = _blocks_per_message(plan)
+    f, bc, a = _grain(plan)
     block = bc * a
     cands = [block * f, (3 * block + 4) * f, 32 * block * f]
     ok = [s for s in cands if plan.min_message_size <= s <= plan.max_message_size]
@@ -79,7 +76,7 @@ def proof_sizes(plan: Plan) -> list[int]:
     sizes = default_sizes(plan)
     if collective(plan.collective).fused:
         return sizes
-    f, bc, a = _blocks_per_message(plan), max(_block_chunks(plan), 1), max(plan.buffer_alignment, 4)
+    f, bc, a = _grain(plan)
     if not sizes or any(s % (bc * a * f) for s in sizes):
         return sizes
     nsym = len(plan.gpus) * max(plan.gpus[0].input_chunks, 1)
@@ -118,9 +115,7 @@ def pipeline_size(plan: Plan, max_tries: int = 12) -> Optional[int]:
     pipes = _pipeline_ops(plan)
     if not pipes:
         return None
-    a = max(plan.buffer_alignment, 4)
-    bc = max(_block_chunks(plan), 1)
-    f = _blocks_per_message(plan)
+    f, bc, a = _grain(plan)
     unit = max(op.iter_context.unit_size for op in pipes)
     step = bc * f * (a * MAX_SYMBOLIC_GRANULE // math.gcd(a, MAX_SYMBOLIC_GRANULE))
     size = bc * f * (unit + MAX_SYMBOLIC_GRANULE)
@@ -162,26 +157,13 @@ def symbolic_granule(prog: Program) -> int:
         sb = lay.scratch_alloc_bytes
         sb += (-sb) % 8
         vals.append(sb // 2 if plan.use_double_scratch_buffer else sb)
-
-    def walk(cops: list) -> None:
-        for c in cops:
-            for it in c.iterations:
-                walk(it)
-            for g in c.groups:
-                for piece in g.pieces:
-                    vals.append(piece.length)
-                    vals.extend(piece.offsets)
-                for (_, x, y) in g.pads:
-                    vals.extend((x, y))
-
-    for blocks in prog.blocks:
-        for cops in blocks:
-            walk(cops)
-    g = MAX_SYMBOLIC_GRANULE
-    for v in vals:
-        while g > SYM_GRANULE and v % g:
-            g //= 2
-    return g
+    for grp in prog.groups():
+        for piece in grp.pieces:
+            vals.append(piece.length)
+            vals.extend(piece.offsets)
+        for (_, x, y) in grp.pads:
+            vals.extend((x, y))
+    return granule_of(vals)
 
 
 def symbolic_bytes(prog: Program, nsym: int, granule: int) -> int:
@@ -196,12 +178,7 @@ def symbolic_bytes(prog: Program, nsym: int, granule: int) -> int:
 
 def _moves_bytes(prog: Program) -> bool:
     """Whether any data op of ``prog`` moves at least one byte."""
-    def walk(cops: list) -> bool:
-        for c in cops:
-            if any(g.stream_length() > 0 for g in c.groups) or any(walk(it) for it in c.iterations):
-                return True
-        return False
-    return any(walk(cops) for blocks in prog.blocks for cops in blocks)
+    return any(g.stream_length() > 0 for g in prog.groups())
 
 
 def _sendrecv_spec(p: Plan, spec: CollectiveSpec, prog: Program,

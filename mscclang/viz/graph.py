@@ -4,7 +4,7 @@ barriers). What the edges mean: the package docstring (:mod:`mscclang.viz`)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -39,23 +39,16 @@ EDGE_STYLES: dict[str, tuple[str, str]] = {
     "data": ("#2e8b3e", "-"),
 }
 
-_FAMILY: dict[OpName, str] = {}
-for _n in SYNC_OPS - SEMAPHORE_OPS:
-    _FAMILY[_n] = "signal/wait"
-for _n in SEMAPHORE_OPS:
-    _FAMILY[_n] = "semaphore"
-for _n in (OpName.nop, OpName.barrier):
-    _FAMILY[_n] = "block sync"
-for _n in (OpName.copy, OpName.put, OpName.get, OpName.pws, OpName.pwsf):
-    _FAMILY[_n] = "copy/put/get"
-for _n in (OpName.cpkt, OpName.upkt, OpName.ppkt, OpName.rppkt):
-    _FAMILY[_n] = "packets"
-for _n in (OpName.re, OpName.res, OpName.rre, OpName.rres):
-    _FAMILY[_n] = "reduce"
-for _n in (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt):
-    _FAMILY[_n] = "packet reduce"
-for _n in (OpName.glre, OpName.glres, OpName.gstore, OpName.gstorepkt):
-    _FAMILY[_n] = "switch"
+_FAMILY: dict[OpName, str] = {name: family for family, names in (
+    ("signal/wait", SYNC_OPS - SEMAPHORE_OPS),
+    ("semaphore", SEMAPHORE_OPS),
+    ("block sync", (OpName.nop, OpName.barrier)),
+    ("copy/put/get", (OpName.copy, OpName.put, OpName.get, OpName.pws, OpName.pwsf)),
+    ("packets", (OpName.cpkt, OpName.upkt, OpName.ppkt, OpName.rppkt)),
+    ("reduce", (OpName.re, OpName.res, OpName.rre, OpName.rres)),
+    ("packet reduce", (OpName.repkt, OpName.respkt, OpName.recpkt, OpName.recspkt)),
+    ("switch", (OpName.glre, OpName.glres, OpName.gstore, OpName.gstorepkt)),
+) for name in names}
 
 _SIGNALLING = SIGNAL_OPS | PUT_SIGNAL_OPS
 
@@ -113,10 +106,8 @@ class PlanGraph:
     acyclic: bool = True
 
     def edge_counts(self) -> dict[str, int]:
-        out: dict[str, int] = {k: 0 for k in EDGE_STYLES}
-        for e in self.edges:
-            out[e.kind] += 1
-        return out
+        counts = Counter(e.kind for e in self.edges)
+        return {k: counts[k] for k in EDGE_STYLES}
 
     @property
     def span(self) -> float:

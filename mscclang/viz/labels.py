@@ -52,10 +52,8 @@ def _detail(plan: Plan, node: OpNode) -> str:
     if op.name in SYNC_OPS - SEMAPHORE_OPS:
         peers = gpu.peers(op.channel_type) if op.channel_type in (ChannelType.memory, ChannelType.port) else []
         lst = tb.channel_list(op.channel_type)
-        names = []
-        for cid in op.channel_ids:
-            g = lst[cid] if cid < len(lst) else None
-            names.append(f"r{peers[g]}" if g is not None and g < len(peers) else "?")
+        ids = [lst[cid] if cid < len(lst) else None for cid in op.channel_ids]
+        names = [f"r{peers[g]}" if g is not None and g < len(peers) else "?" for g in ids]
         if len(names) > 3:
             return "r: " + ",".join(names[:2]) + f",+{len(names) - 2}"
         return ("\u2192" if op.name in SIGNAL_OPS else "\u2190") + ",".join(names) if names else ""
