@@ -64,10 +64,6 @@ class CountedCalls:
         """The torch.distributed fallback (CommError when disabled)."""
         return self.runs.need_fallback(what)
 
-    def matrix(self) -> Any:
-        """The count matrix of the last exchange (int32 ``[n, 2 n + 2]``, on the device)."""
-        return self._matrix
-
     def all_to_all_v(self, x: Any, send_counts: Any, out: Any = None, expect: Any = None,
                      capacity: Optional[int] = None) -> tuple[Any, Any]:
         """See :meth:`mscclang.comm.communicator.Communicator.all_to_all_v`."""
