@@ -390,5 +390,6 @@ def communicator_alltoallv_traced(w: Any, rows_per_peer: int = 5, width: int = 1
             named.append(((i, j), int(v)))
     rows_ok = (bool(named) and all(v == m[i][j] for (i, j), v in named)
                and all(a["bytes"] == a["rows"] * width * 2 for a in seg))
-    return {"rank": r, "exact": exact, "calls": len(tr.calls), "segment_events": len(seg), "rows_ok": rows_ok,
+    return {"rank": r, "exact": exact, "calls": [c.collective for c in tr.calls], "segment_events": len(seg),
+            "rows_ok": rows_ok,
             "problems": tr.problems, "skipped": tr.skipped}
