@@ -530,3 +530,35 @@ def test_broadcast_from_any_root_runs_a_shipped_plan(n):
     assert fb.calls == []
     for seen in results:
         assert all(mode != "nccl" and f"root{root}" in label for root, mode, label in seen), seen
+
+
+def test_a_staged_or_copy_in_memo_hit_reuses_its_call_on_the_plans_buffers(monkeypatch):
+    """The call on the staging buffers (or the input's place in the output) is made at the first
+    run and reused by every memo hit: the same buffers each time, so nothing is rebuilt."""
+    from mscclang.plan.call import Call
+
+    made = []
+    real = Call.on
+    monkeypatch.setattr(Call, "on", lambda self, a, b, inplace: (made.append(1), real(self, a, b, inplace))[1])
+    n = 2
+
+    def body(comm):
+        r = comm.rank
+        x, out = rand(r, 8, torch.float16), torch.empty(8, dtype=torch.float16)
+        y = rand(r, 7, torch.float16)                          # 14 bytes: staged, padded to the granule
+        z = torch.empty_like(y)
+        got = []
+        for _ in range(3):
+            comm.all_reduce(x, out=out)                         # copy_in
+            m1 = comm.last.mode
+            z.copy_(y)
+            got.append((m1, out.clone(), comm.all_reduce(z).clone(), comm.last.mode))
+        return got, x, y
+
+    results, _, _ = run_ranks(n, body, plans=[stub_plan("allreduce", n, name="ar", inplace=True)], granule=16)
+    for got, _, _ in results:
+        for m1, o, s, m2 in got:
+            assert (m1, m2) == ("copy_in", "staged")
+            assert torch.equal(o, ref_reduce([results[0][1], results[1][1]]))
+            assert torch.equal(s, ref_reduce([results[0][2], results[1][2]]))
+    assert len(made) == 2 * n                                   # one per path and rank, not one per call

@@ -47,7 +47,8 @@ class CallPlan:
     registered; ``bufs``: the staging buffers ``inp``/``out`` are views of; ``temp``: those of them
     above the staging cap, released after the call; ``bound``: what the engine resolved for this
     call (:meth:`mscclang.comm.backend.LaunchPart.run_call`'s result), so a memo hit launches
-    without checking or classifying the tensors again."""
+    without checking or classifying the tensors again; ``moved``: the call on the buffers a
+    ``copy_in`` or ``staged`` plan runs on, made once."""
 
     collective: str
     mode: str
@@ -66,6 +67,9 @@ class CallPlan:
     bufs: tuple = ()
     temp: tuple = ()
     bound: Any = None       # the engine's resolution of this call, for launches that check nothing again
+    #: the call on the buffers a copy_in or staged plan runs on (made at its first run: the same
+    #: buffers at every memo hit)
+    moved: Optional[Call] = None
     ran_on: str = "nccl"    # the torch.distributed backend that ran a fallback call
 
     def label(self) -> str:
