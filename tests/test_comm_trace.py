@@ -22,8 +22,8 @@ def _traced_engine(comm, store, t0_ns):
     b = comm.backend
     calls = []
 
-    def trace(plan, call, packet_type=None):
-        b.launch.run_call(plan, call, packet_type)
+    def trace(plan, call, packet_type=None, copies=None):
+        b.launch.run_call(plan, call, packet_type, copies)
         ops = [(tb.id, i, op) for tb in plan.gpus[b.rank].threadblocks for i, op in enumerate(tb.ops)]
         ev = [{"name": op.name.value, "ph": "X", "pid": b.rank, "tid": tid, "ts": 2.0 * k, "dur": 2.0,
                "args": {"op": op.name.value, "index": i}} for k, (tid, i, op) in enumerate(ops)]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from mscclang.errors import RuntimeUnavailable
-from mscclang.plan.call import Call
+from mscclang.plan.call import Call, Copies
 from mscclang.plan.models import Plan
 
 
@@ -28,12 +28,14 @@ class LaunchPart(Protocol):
 
     traces: bool
 
-    def run_call(self, plan: Plan, call: Call, packet_type: Optional[str] = None) -> Any:
+    def run_call(self, plan: Plan, call: Call, packet_type: Optional[str] = None,
+                 copies: Optional[Copies] = None) -> Any:
         """Run ``plan`` for the checked ``call`` (:func:`mscclang.plan.call.make_call`: nothing is
         checked again) on the buffers it names (the caller's, the output with the input copied in,
-        or staging; a fused call's ``call.epi`` names its residual, read and written, and weight).
-        Returns what :meth:`launch_bound` launches again for the same call (None: resolve every
-        call)."""
+        or staging; a fused call's ``call.epi`` names its residual, read and written, and weight),
+        with ``copies`` enqueued before and after the kernel in stream order (the input into the
+        plan's buffers, the output back). Returns what :meth:`launch_bound` launches again for
+        the same call, copies included (None: resolve every call)."""
 
     def launch_bound(self, bound: Any) -> bool:
         """Launch what :meth:`run_call` returned, checking nothing again; False (nothing launched)
@@ -54,8 +56,8 @@ class LaunchPart(Protocol):
     def runnable(self, plan: Plan) -> Optional[str]:
         """Why ``plan`` cannot run here (e.g. a channel the node layout cannot carry), or None."""
 
-    def trace(self, plan: Plan, call: Call, packet_type: Optional[str] = None) -> Any:
-        """:meth:`run_call` through a traced kernel, waited for: this rank's
+    def trace(self, plan: Plan, call: Call, packet_type: Optional[str] = None, copies: Optional[Copies] = None) -> Any:
+        """:meth:`run_call` through a traced kernel (the copies untraced), waited for: this rank's
         :class:`~mscclang.runtime.trace.RankTrace` (RuntimeUnavailable when ``traces`` is False)."""
 
 

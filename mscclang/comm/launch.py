@@ -27,7 +27,7 @@ from mscclang.comm.errors import CommError
 from mscclang.comm.fallback import FallbackCalls, TorchFallback, run_fallback
 from mscclang.comm.planner import CallPlan, Planner
 from mscclang.comm.tracing import CallTrace, TracedCall
-from mscclang.plan.call import FusedArgs
+from mscclang.plan.call import Call, Copies, FusedArgs
 from mscclang.plan.collectives import FUSED_NORM
 from mscclang.plan.dtypes import gpu_dtype
 
@@ -59,9 +59,11 @@ class Launch:
     def call(self, coll: str, inp: Any, out: Any, op: Any, root: int = 0, accum: Any = None) -> Any:
         """Plan (or find in the memo) and run one collective call; returns ``out``."""
         key, cp = self.planner.lookup(coll, inp, out, op, root, accum)
-        if cp.bound is not None and cp.mode == "direct" and not cp.registrable and self.tracer is None:
-            # a memo hit of a call that runs on the caller's tensors: launch what the engine
-            # resolved at its first call (nothing is checked or resolved again)
+        if (cp.bound is not None and self.tracer is None
+                and (not cp.registrable or self.engine.registry.mode != "auto")):
+            # a memo hit: launch what the engine resolved at the call's first run, its staging
+            # or copy-in copies included (nothing is checked or resolved again); a call the
+            # automatic registration schedule may register goes the long way
             if self.engine.launch.launch_bound(cp.bound):
                 self.last = cp
                 self.plan_calls += 1
@@ -97,29 +99,29 @@ class Launch:
         assert be is not None and cp.plan is not None and cp.choice is not None
         self.plan_calls += 1
         pt = cp.choice.packet_type
-        k, kp = cp.shape.block_elems, cp.padded.block_elems
-        a, b = self.planner.operands(cp, inp, out)
-        if cp.mode == "copy_in":
-            a.copy_(inp)
-        elif cp.mode == "staged":
-            if cp.bufs and capturing():
+        call, copies = cp.call, None
+        if cp.mode != "direct":
+            if cp.mode == "staged" and cp.bufs and capturing():
                 # a captured graph uses these buffers: never released before close()
                 be.memory.pin(list(cp.bufs))
-            a.view(cp.shape.in_blocks, kp)[:, :k].copy_(inp.view(cp.shape.in_blocks, k))
-        call = cp.call
-        if cp.mode != "direct":   # the staging buffers, or the input's place in the output: the same at every hit
-            if cp.moved is None or cp.moved.in_ptr != a.data_ptr() or cp.moved.out_ptr != b.data_ptr():
-                cp.moved = cp.call.on(a, b, cp.plan.inplace)
-            call = cp.moved
+            call, copies = self._moved(cp, inp, out)
         if self.tracer is not None:
-            rt = be.launch.trace(cp.plan, call, pt)
+            rt = be.launch.trace(cp.plan, call, pt, copies)
             self.tracer.calls.append(TracedCall(cp.plan.collective, cp.plan.name, inp.numel() * inp.element_size(), rt))
         elif cp.bound is None or not be.launch.launch_bound(cp.bound):
-            got = be.launch.run_call(cp.plan, call, pt)
+            got = be.launch.run_call(cp.plan, call, pt, copies)
             if not cp.temp:   # a memo hit launches what the engine resolved now
                 cp.bound = got
-        if cp.mode == "staged":
-            out.view(cp.shape.out_blocks, k).copy_(b.view(cp.shape.out_blocks, kp)[:, :k])
+
+    def _moved(self, cp: CallPlan, inp: Any, out: Any) -> tuple[Call, Copies]:
+        """The call on the buffers a copy_in or staged plan runs on (the input's place in the
+        output, or the staging buffers: the same at every memo hit, so made once) and the copies
+        between them and the caller's tensors."""
+        a, b = self.planner.operands(cp, inp, out)
+        if cp.moved is None or cp.moved.in_ptr != a.data_ptr() or cp.moved.out_ptr != b.data_ptr():
+            cp.moved = cp.call.on(a, b, cp.plan.inplace)
+            cp.copies = cp.call.copies(cp.moved, cp.mode == "staged")
+        return cp.moved, cp.copies
 
     def prepare(self, coll: str, inp: Any, out: Any, op: Any, root: int, accum: Any) -> CallPlan:
         """A call's setup without running it (selection, registration where a zero-copy plan would
@@ -143,9 +145,7 @@ class Launch:
             be.memory.pin(list(cp.bufs))
         if cp.mode != "nccl" and be is not None and cp.plan is not None:
             pt = cp.choice.packet_type if cp.choice else None
-            a, b = self.planner.operands(cp, inp, out)
-            be.launch.prepare_call(cp.plan, cp.call if cp.mode == "direct" else cp.call.on(a, b, cp.plan.inplace),
-                                   pt)
+            be.launch.prepare_call(cp.plan, cp.call if cp.mode == "direct" else self._moved(cp, inp, out)[0], pt)
         return cp
 
     def release_temp(self, cp: CallPlan, key: Optional[tuple]) -> None:

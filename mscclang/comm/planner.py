@@ -29,7 +29,7 @@ from mscclang.comm.invariant import call_words, refusal
 from mscclang.comm.padding import needs_padding, padded_block_elems
 from mscclang.comm.selector import Choice, FusedShape, Selector, select_fused
 from mscclang.errors import InvalidCall, MscclangError
-from mscclang.plan.call import Call, FusedArgs, check_tensor, make_call
+from mscclang.plan.call import Call, Copies, FusedArgs, check_tensor, make_call
 from mscclang.plan.collectives import BlockShape, collective
 from mscclang.plan.models import Plan
 
@@ -70,6 +70,8 @@ class CallPlan:
     #: the call on the buffers a copy_in or staged plan runs on (made at its first run: the same
     #: buffers at every memo hit)
     moved: Optional[Call] = None
+    #: the copies between the caller's tensors and ``moved``'s buffers (made with it)
+    copies: Optional[Copies] = None
     ran_on: str = "nccl"    # the torch.distributed backend that ran a fallback call
 
     def label(self) -> str:

@@ -36,7 +36,7 @@ from mscclang.comm.errors import CommError
 from mscclang.comm.launch import capturing
 from mscclang.errors import CallMismatch, CountsError, PlanError, RuntimeUnavailable
 from mscclang.plan import reference
-from mscclang.plan.call import Call
+from mscclang.plan.call import Call, Copies
 from mscclang.plan.collectives import collective
 from mscclang.plan.dtypes import dtype_info, torch_dtype_info
 from mscclang.plan.models import Plan
@@ -267,6 +267,24 @@ def _host(ptr: int, nbytes: int, dtype: Any) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr)).view(dtype)
 
 
+def _copy(copies: tuple) -> None:
+    """Run :class:`~mscclang.plan.call.Copy` records on CPU memory."""
+    for c in copies:
+        for r in range(c.rows):
+            ctypes.memmove(c.dst + r * c.dst_pitch, c.src + r * c.src_pitch, c.width)
+
+
+@dataclass(frozen=True)
+class SimBound:
+    """What :meth:`SimLaunch.run_call` returns: the call, launched again by
+    :meth:`SimLaunch.launch_bound`."""
+
+    plan: Plan
+    call: Call
+    packet_type: Optional[str]
+    copies: Optional[Copies]
+
+
 @dataclass(eq=False)
 class SimAlloc:
     """A symmetric buffer of the simulator: the runtime's
@@ -416,12 +434,14 @@ class SimLaunch:
         self.prepared: list[str] = []
 
     def launch_bound(self, bound: Any) -> bool:
-        return False
+        """Launch a :class:`SimBound` again (the simulator checks the call again each time)."""
+        self._launch(bound.plan, bound.call, bound.packet_type, bound.copies)
+        return True
 
     def runnable(self, plan: Plan) -> Optional[str]:
         return None
 
-    def trace(self, plan: Plan, call: Call, packet_type: Optional[str] = None) -> Any:
+    def trace(self, plan: Plan, call: Call, packet_type: Optional[str] = None, copies: Optional[Copies] = None) -> Any:
         raise RuntimeUnavailable(f"rank {self.rank}: the simulator has no traced kernels")
 
     def fits(self, plan: Plan, in_bytes: int, out_bytes: int, packet_type: Optional[str] = None) -> bool:
@@ -469,13 +489,27 @@ class SimLaunch:
         if block % granule:
             raise CommError(f"rank {self.rank}: block of {block} bytes is not a multiple of the granule {granule}")
 
-    def run_call(self, plan: Plan, call: Call, packet_type: Optional[str] = None) -> Any:
+    def run_call(self, plan: Plan, call: Call, packet_type: Optional[str] = None,
+                 copies: Optional[Copies] = None) -> Any:
+        """Run the call with its ``copies`` around it; a :class:`SimBound` to launch it again
+        (None for a plan with segments, as on the GPU)."""
+        self._launch(plan, call, packet_type, copies)
+        return SimBound(plan, call, packet_type, copies) if call.counted is None else None
+
+    def _launch(self, plan: Plan, call: Call, packet_type: Optional[str], copies: Optional[Copies]) -> None:
+        if copies is not None:
+            _copy(copies.before)
+        self._run(plan, call, packet_type)
+        if copies is not None:
+            _copy(copies.after)
+
+    def _run(self, plan: Plan, call: Call, packet_type: Optional[str]) -> None:
         if call.epi is not None:
             self._run_fused(plan, call)
-            return None
+            return
         if call.counted is not None:
             self._run_counted(plan, call, packet_type)
-            return None
+            return
         self._check(plan, call)
         sym = None
         peers: tuple = (None, None)
@@ -506,7 +540,7 @@ class SimLaunch:
                          peers, bases)
         res = self.world.launch(self.rank, launch)
         _host(call.out_ptr, call.out_bytes, dt)[:] = np.asarray(res).astype(dt, copy=False)
-        return None
+        return
 
     def _run_fused(self, plan: Plan, call: Call) -> None:
         """A fused (plan/2) call on the simulator: the residual is read and written."""

@@ -22,7 +22,7 @@ from mscclang.plan.dtypes import (EPILOGUE_DTYPES, DtypeInfo, check_reduction, f
                                   torch_dtype_info)
 from mscclang.plan.models import ReduceOp
 
-__all__ = ["Call", "CountedArgs", "EpiCall", "FusedArgs", "make_call", "make_counted_call", "message_call", "check_tensor", "overlap", "reduce_op_name",
+__all__ = ["Call", "Copy", "Copies", "CountedArgs", "EpiCall", "FusedArgs", "make_call", "make_counted_call", "message_call", "check_tensor", "overlap", "reduce_op_name",
            "MIN_HIDDEN", "MAX_HIDDEN", "PARTIAL"]
 
 #: the fused collective's hidden sizes: multiples of PARTIAL from MIN_HIDDEN to MAX_HIDDEN
@@ -121,6 +121,38 @@ class CountedArgs:
 
 
 @dataclass(frozen=True)
+class Copy:
+    """One device copy enqueued with a call's kernel: ``rows`` rows of ``width`` bytes from
+    ``src`` (row starts ``src_pitch`` bytes apart) to ``dst`` (``dst_pitch`` apart); one row is a
+    flat copy. Made once per call by :meth:`Call.copies` from the addresses it names."""
+
+    dst: int
+    src: int
+    width: int
+    rows: int = 1
+    dst_pitch: int = 0
+    src_pitch: int = 0
+
+
+@dataclass(frozen=True)
+class Copies:
+    """The copies a call runs around its kernel when the plan runs on other buffers than the
+    caller's (:meth:`Call.copies`): ``before`` (the input into the plan's buffers) and ``after``
+    (the output back), on the kernel's stream, in that order."""
+
+    before: tuple[Copy, ...] = ()
+    after: tuple[Copy, ...] = ()
+
+
+def _blocks(dst: int, dst_elems: int, src: int, src_elems: int, rows: int, elems: int, esz: int) -> Copy:
+    """``rows`` blocks of ``elems`` elements, from blocks of ``src_elems`` to blocks of
+    ``dst_elems``: one flat copy when neither side is padded."""
+    if rows == 1 or dst_elems == src_elems == elems:
+        return Copy(dst, src, rows * elems * esz)
+    return Copy(dst, src, elems * esz, rows, dst_elems * esz, src_elems * esz)
+
+
+@dataclass(frozen=True)
 class Call:
     """One checked call: its :class:`~mscclang.plan.collectives.Collective` row, this ``rank`` of
     ``world``, the input and output addresses and bytes, the element type ``dtype`` (the input's;
@@ -181,6 +213,19 @@ class Call:
         return replace(self, in_ptr=inp.data_ptr(), in_bytes=inp.numel() * esz, out_ptr=out.data_ptr(),
                        out_bytes=out.numel() * esz, inplace=inplace,
                        shape=BlockShape(bi, bo, inp.numel() // bi if bi else 0))
+
+    def copies(self, moved: "Call", staged: bool) -> Copies:
+        """The copies that run this call on ``moved`` (:meth:`on`): ``staged`` (the blocks
+        padded to ``moved``'s, on staging buffers): every input block into its padded block
+        before the kernel and the first ``block_elems`` of every output block back after it;
+        otherwise (an out-of-place call on an in-place plan) the input into its place in the
+        output before the kernel."""
+        esz, k = self.dtype.itemsize, self.shape.block_elems
+        if not staged:
+            return Copies((Copy(moved.in_ptr, self.in_ptr, self.in_bytes),))
+        kp = moved.shape.block_elems
+        return Copies((_blocks(moved.in_ptr, kp, self.in_ptr, k, self.shape.in_blocks, k, esz),),
+                      (_blocks(self.out_ptr, k, moved.out_ptr, kp, self.shape.out_blocks, k, esz),))
 
     def fits_plan(self, plan: Any) -> bool:
         """Whether ``plan`` runs these buffers as they are: an in-place plan only the in-place

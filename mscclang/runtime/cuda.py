@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from mscclang.errors import RuntimeUnavailable
 
@@ -223,6 +223,76 @@ def raw_stream_is_capturing() -> Any:
         return status.value != 0
 
     return capturing
+
+
+class _Memcpy2D(ctypes.Structure):
+    """The driver's ``CUDA_MEMCPY2D``."""
+
+    _fields_ = [("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t), ("srcMemoryType", ctypes.c_int),
+                ("srcHost", ctypes.c_void_p), ("srcDevice", ctypes.c_uint64), ("srcArray", ctypes.c_void_p),
+                ("srcPitch", ctypes.c_size_t), ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t),
+                ("dstMemoryType", ctypes.c_int), ("dstHost", ctypes.c_void_p), ("dstDevice", ctypes.c_uint64),
+                ("dstArray", ctypes.c_void_p), ("dstPitch", ctypes.c_size_t), ("WidthInBytes", ctypes.c_size_t),
+                ("Height", ctypes.c_size_t)]
+
+
+_MEMORYTYPE_DEVICE = 2  # CU_MEMORYTYPE_DEVICE
+
+
+def copier(c: Any) -> Callable[[int], None]:
+    """``f(stream)``: enqueue the device copy ``c`` (a :class:`mscclang.plan.call.Copy`) on
+    ``stream``, its arguments built once here: libcuda's ``cuMemcpyDtoDAsync`` or (several rows)
+    ``cuMemcpy2DAsync`` through ctypes (a fraction of a microsecond per call), or the
+    cuda.bindings wrappers when libcuda cannot be opened that way. Capturable in a CUDA graph."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        flat, two = lib.cuMemcpyDtoDAsync_v2, lib.cuMemcpy2DAsync_v2
+    except (OSError, AttributeError):
+        lib = None
+    if c.width == 0 or c.rows == 0:
+        return _no_copy
+    if c.rows == 1:
+        if lib is None:
+            return lambda s: dtod(c.dst, c.src, c.width, s)
+        flat.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+        flat.restype = ctypes.c_int
+        dst, src, n = c.dst, c.src, c.width
+
+        def run_flat(s: int) -> None:
+            err = flat(dst, src, n, s)
+            if err:
+                check(err, "cuMemcpyDtoDAsync")
+
+        return run_flat
+    if lib is None:
+        return lambda s: _copy_2d(c, s)
+    m = _Memcpy2D(srcMemoryType=_MEMORYTYPE_DEVICE, srcDevice=c.src, srcPitch=c.src_pitch,
+                  dstMemoryType=_MEMORYTYPE_DEVICE, dstDevice=c.dst, dstPitch=c.dst_pitch, WidthInBytes=c.width,
+                  Height=c.rows)
+    two.argtypes = [ctypes.POINTER(_Memcpy2D), ctypes.c_void_p]
+    two.restype = ctypes.c_int
+    ref = ctypes.byref(m)
+
+    def run_2d(s: int) -> None:
+        err = two(ref, s)
+        if err:
+            check(err, "cuMemcpy2DAsync")
+
+    return run_2d   # ``ref`` keeps the struct alive
+
+
+def _no_copy(stream: int) -> None:
+    """An empty copy: nothing to enqueue."""
+
+
+def _copy_2d(c: Any, stream: int) -> None:
+    """``cuMemcpy2DAsync`` of ``c`` through cuda.bindings."""
+    drv = driver()
+    m = drv.CUDA_MEMCPY2D()
+    m.srcMemoryType = m.dstMemoryType = drv.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    m.srcDevice, m.srcPitch, m.dstDevice, m.dstPitch = c.src, c.src_pitch, c.dst, c.dst_pitch
+    m.WidthInBytes, m.Height = c.width, c.rows
+    check(drv.cuMemcpy2DAsync(m, stream), "cuMemcpy2DAsync")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union, cast
 from mscclang.config import Settings, settings
 from mscclang.errors import CollectiveTimeout, InvalidCall, NotPrepared, PlanError, RuntimeUnavailable
 from mscclang.plan.models import PACKET_OPS, BufferKind, ChannelType, PacketType, Plan
-from mscclang.plan.call import Call, FusedArgs, check_tensor, make_call, sized_call
+from mscclang.plan.call import Call, Copies, FusedArgs, check_tensor, make_call, sized_call
 from mscclang.plan.collectives import collective
 from mscclang.plan.dtypes import dtype_info, torch_dtype_code, torch_dtype_info
 from mscclang.runtime import cuda as cu
@@ -324,9 +324,10 @@ class Executor:
         return self.run_call(lp, call, packet_type, stream)
 
     def run_call(self, plan: Union[Plan, LoadedPlan], call: Call, packet_type: Any = None,
-                 stream: Any = None) -> Optional[Bound]:
+                 stream: Any = None, copies: Optional[Copies] = None) -> Optional[Bound]:
         """Launch a checked ``call`` of ``plan`` (:meth:`call`; the collective API hands its own,
-        so a call is checked once) on the current stream (or ``stream``). Returns a :class:`Bound`
+        so a call is checked once) on the current stream (or ``stream``), with ``copies`` (the
+        collective API's staging and copy-in) enqueued before and after it. Returns a :class:`Bound`
         when the same call may be launched again with :meth:`launch_bound`, checking and resolving
         nothing (None when it must be resolved at every launch: registered tensors, whose uses are
         counted; a capture session; a CUDA graph capture; a specialised kernel still wanted;
@@ -347,8 +348,20 @@ class Executor:
                 lp, call.in_bytes, call.out_bytes, self._row(lp, call)).norms)
         ent, opr = self.entries.resolve(lp, call, pkt, s)
         self._last_call = describe_call(lp.plan, call.in_bytes, call.out_bytes, call.kernel_code, pkt, call.op)
+        before, after = self._copiers(copies)
+        for f in before:
+            f(s)
         self.run(lp, ent, opr, call.in_ptr, call.out_ptr, call.in_bytes, call.out_bytes, s, epi)
-        return self._bound(lp, call, ent, opr, pkt, epi, s)
+        for f in after:
+            f(s)
+        return self._bound(lp, call, ent, opr, pkt, epi, s, before, after)
+
+    @staticmethod
+    def _copiers(copies: Optional[Copies]) -> tuple[tuple, tuple]:
+        """``copies`` as functions of the stream, built once (:func:`mscclang.runtime.cuda.copier`)."""
+        if copies is None:
+            return (), ()
+        return tuple(map(cu.copier, copies.before)), tuple(map(cu.copier, copies.after))
 
     def execute_counted(self, plan: Plan, input: Any, output: Any, launch: CountedLaunch, packet_type: Any = None,
                         stream: Any = None) -> None:
@@ -365,7 +378,7 @@ class Executor:
         return call.row_bytes if lp.plan.chunk_unit == "row" else 0
 
     def _bound(self, lp: LoadedPlan, call: Call, ent: LaunchEntry, opr: Operands, pkt: str, epi: Optional[bytes],
-               s: int) -> Optional[Bound]:
+               s: int, before: tuple = (), after: tuple = ()) -> Optional[Bound]:
         """What :meth:`run_call` returns (see there)."""
         reg = self.capture.registry
         if self.launcher.stream_capturing(s) or (reg is not None and (reg.session is not None or reg.verify)):
@@ -375,7 +388,7 @@ class Executor:
                 or not all(isinstance(b, int) for b in key.buffers())):
             return None   # registered tensors (not symmetric ones): their uses are counted at every call
         return Bound(lp, key, ent, opr, call, describe_call(lp.plan, call.in_bytes, call.out_bytes, call.kernel_code,
-                                                            pkt, call.op), pkt, self.entries.epoch, epi)
+                                                            pkt, call.op), pkt, self.entries.epoch, epi, before, after)
 
     def execute_traced(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
                        reduce_op: Any = None, accum_dtype: Any = None) -> "RankTrace":
@@ -399,9 +412,11 @@ class Executor:
             raise InvalidCall(f"rank {self.comm.rank}: plan {lp.plan.name} has epilogue ops, which have no traced "
                               "kernel")
 
-    def trace(self, plan: Union[Plan, LoadedPlan], call: Call, packet_type: Any = None) -> "RankTrace":
-        """:meth:`execute_traced` of a checked ``call`` (:meth:`call`; the collective API's; a
-        counted call's trace carries its segments' rows and bytes)."""
+    def trace(self, plan: Union[Plan, LoadedPlan], call: Call, packet_type: Any = None,
+              copies: Optional[Copies] = None) -> "RankTrace":
+        """:meth:`execute_traced` of a checked ``call`` (:meth:`call`; the collective API's, with
+        its ``copies`` around the traced kernel, untraced; a counted call's trace carries its
+        segments' rows and bytes)."""
         import dataclasses
 
         if call.counted is not None:   # a plan with segments (mscclang.runtime.counted)
@@ -423,9 +438,14 @@ class Executor:
         f = self.kernels.interpreter(call.kernel_code, pkt, call.op, lp.nthreads, traced=True)
         self.kernels.fit(f, lp.nthreads, dp.smem, dp.n_blocks, f"rank {self.comm.rank}", dp.uses_packets,
                          dp.packet_align, pkt)
+        before, after = self._copiers(copies)
+        for c in before:
+            c(s)
         words = run_traced(self.launcher, [b.n_records for b in dp.packed.blocks], s, lambda: self.run(
             lp, dataclasses.replace(ent, func=f, handle=cu.ptr(f), spec=None), opr, call.in_ptr, call.out_ptr,
             call.in_bytes, call.out_bytes, s))
+        for c in after:
+            c(s)
         return decode(lp.plan, self.comm.rank, [b.region for b in dp.packed.blocks], words)
 
     def launch_bound(self, b: Bound, stream: Any = None) -> bool:
@@ -446,7 +466,11 @@ class Executor:
         self._last_call = b.desc
         self.entries.touch(b.lp, b.key)
         c = b.call
+        for f in b.before:
+            f(s)
         self.run(b.lp, b.entry, b.operands, c.in_ptr, c.out_ptr, c.in_bytes, c.out_bytes, s, b.epi)
+        for f in b.after:
+            f(s)
         return True
 
     def run(self, lp: LoadedPlan, ent: LaunchEntry, opr: Operands, in_ptr: int, out_ptr: int, in_bytes: int,

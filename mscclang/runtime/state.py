@@ -211,7 +211,8 @@ class Bound:
     holds it): the loaded plan, entry key and entry, how the buffers map, the checked
     :class:`~mscclang.plan.call.Call` (addresses, sizes, reduce op, accumulation), its
     description and packet type, the entries' ``epoch`` it is valid for (any entry dropped or
-    replaced since invalidates it) and a fused call's ``EpiArgs`` bytes."""
+    replaced since invalidates it), a fused call's ``EpiArgs`` bytes, and the copies enqueued
+    ``before`` and ``after`` the kernel (functions of the stream: the collective API's staging)."""
 
     lp: Any
     key: EntryKey
@@ -222,6 +223,8 @@ class Bound:
     packet: str
     epoch: int
     epi: Optional[bytes] = None
+    before: tuple = ()
+    after: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)
