@@ -562,3 +562,44 @@ def test_a_staged_or_copy_in_memo_hit_reuses_its_call_on_the_plans_buffers(monke
             assert torch.equal(o, ref_reduce([results[0][1], results[1][1]]))
             assert torch.equal(s, ref_reduce([results[0][2], results[1][2]]))
     assert len(made) == 2 * n                                   # one per path and rank, not one per call
+
+
+def test_a_memo_hit_launches_the_bound_call_with_its_copies(monkeypatch):
+    """Every memo hit of a call the engine bound (direct, copy_in and staged alike, an ordinary
+    tensor's call included while the automatic registration is off) launches the binding: the
+    engine resolves each call once, and the copies around the kernel run at every launch."""
+    from mscclang.comm.sim_backend import SimLaunch
+
+    runs, bound = [], []
+    real_run, real_bound = SimLaunch.run_call, SimLaunch.launch_bound
+    monkeypatch.setattr(SimLaunch, "run_call", lambda self, *a, **k: (runs.append(1), real_run(self, *a, **k))[1])
+    monkeypatch.setattr(SimLaunch, "launch_bound", lambda self, b: (bound.append(1), real_bound(self, b))[1])
+    n, calls = 2, 4
+
+    def body(comm):
+        r = comm.rank
+        x, out = rand(r, 8, torch.float16), torch.empty(8, dtype=torch.float16)
+        y = rand(r, 7, torch.float16)                          # 14 bytes: staged, padded to the granule
+        z, w = torch.empty_like(y), rand(r, 16, torch.float16)
+        v = torch.empty_like(w)
+        got = []
+        for i in range(calls):
+            x.add_(i)   # new values at every call: the copies run at every launch
+            comm.all_reduce(x, out=out)                         # copy_in
+            m1 = comm.last.mode
+            z.copy_(y + i)
+            s = comm.all_reduce(z).clone()
+            m2 = comm.last.mode
+            v.copy_(w + i)
+            got.append((m1, m2, x.clone(), y + i, out.clone(), s, v.clone(), comm.all_reduce(v).clone(), comm.last.mode))
+        return got
+
+    results, _, _ = run_ranks(n, body, plans=[stub_plan("allreduce", n, name="ar", inplace=True)], granule=16)
+    for i in range(calls):
+        rows = [res[i] for res in results]
+        assert {(r[0], r[1], r[8]) for r in rows} == {("copy_in", "staged", "direct")}
+        for k, (src, dst) in enumerate([(2, 4), (3, 5), (6, 7)]):
+            want = ref_reduce([r[src] for r in rows])
+            assert all(torch.equal(r[dst], want) for r in rows), (i, k)
+    assert len(runs) == 3 * n                                  # one resolution per path and rank
+    assert len(bound) == 3 * n * (calls - 1)                   # every later call launches the binding
