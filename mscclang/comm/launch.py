@@ -106,10 +106,10 @@ class Launch:
                 be.memory.pin(list(cp.bufs))
             call, copies = self._moved(cp, inp, out)
         if self.tracer is not None:
-            rt = be.launch.trace(cp.plan, call, pt, copies)
+            rt = be.launch.trace(cp.plan, call, pt, copies=copies)
             self.tracer.calls.append(TracedCall(cp.plan.collective, cp.plan.name, inp.numel() * inp.element_size(), rt))
         elif cp.bound is None or not be.launch.launch_bound(cp.bound):
-            got = be.launch.run_call(cp.plan, call, pt, copies)
+            got = be.launch.run_call(cp.plan, call, pt, copies=copies)
             if not cp.temp:   # a memo hit launches what the engine resolved now
                 cp.bound = got
 
