@@ -34,9 +34,10 @@ def _members(proto: type) -> tuple[list[str], dict[str, inspect.Signature]]:
     (LaunchPart, SimLaunch), (RegistryPart, SimRegistry),
 ])
 def test_each_part_is_implemented_by_the_object_that_does_the_work(proto, cls):
-    """Every member of the part exists on the class; a method takes the part's positional
-    parameters in its places and its optional ones by name (the GPU path runs only on a GPU: a
-    rename that misses one side fails here)."""
+    """Every member of the part exists on the class; a method takes the part's parameters in
+    their places, optional ones included, so a caller may pass any of them by position (the GPU
+    path runs only on a GPU: a rename or a reordering that misses one side fails here; the
+    executor's ``run_call`` once took a stream where the part takes the copies)."""
     attrs, methods = _members(proto)
     assert methods and all(hasattr(cls, a) for a in attrs), (cls, attrs)
     for name, want in methods.items():
@@ -47,9 +48,10 @@ def test_each_part_is_implemented_by_the_object_that_does_the_work(proto, cls):
         assert len(have) >= len(need), (cls.__name__, name)
         assert all(p.default is p.empty for p in have[:len(need)]), (cls.__name__, name)
         assert all(p.default is not p.empty for p in have[len(need):]), (cls.__name__, name)
-        for p in want.parameters.values():
+        order = [p.name for p in got.parameters.values()]
+        for i, p in enumerate(want.parameters.values()):
             if p.default is not p.empty:
-                assert p.name in got.parameters, f"{cls.__name__}.{name} takes no {p.name}"
+                assert i < len(order) and order[i] == p.name, f"{cls.__name__}.{name} takes {p.name} elsewhere: {order}"
 
 
 def _is_getattr(node: ast.AST) -> bool:

@@ -321,10 +321,10 @@ class Executor:
             ab.check()
         lp = self._loaded_plan(plan)
         call = self.call(lp, input, output, reduce_op, accum_dtype, residual, weight, epilogue)
-        return self.run_call(lp, call, packet_type, stream)
+        return self.run_call(lp, call, packet_type, stream=stream)
 
     def run_call(self, plan: Union[Plan, LoadedPlan], call: Call, packet_type: Any = None,
-                 stream: Any = None, copies: Optional[Copies] = None) -> Optional[Bound]:
+                 copies: Optional[Copies] = None, stream: Any = None) -> Optional[Bound]:
         """Launch a checked ``call`` of ``plan`` (:meth:`call`; the collective API hands its own,
         so a call is checked once) on the current stream (or ``stream``), with ``copies`` (the
         collective API's staging and copy-in) enqueued before and after it. Returns a :class:`Bound`
