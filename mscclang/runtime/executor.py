@@ -52,6 +52,9 @@ log = logging.getLogger("mscclang.runtime")
 
 __all__ = ["Executor", "Epilogue", "LoadedPlan", "torch_dtype_code", "plan_reduce_op"]
 
+#: distinct copy sets (a staged or copy-in call's) whose copy functions an executor keeps
+COPIES_KEPT = 256
+
 
 class Executor:
     """Runs plans on this rank's GPU. ``comm`` defaults to a Bootstrap over torch.distributed's
@@ -98,6 +101,8 @@ class Executor:
         self.comm = comm
         self.timeout_ns = timeout_ns
         self._loaded: dict[int, LoadedPlan] = {}
+        #: the copy functions of each Copies a call brought (:meth:`_copiers`), the latest COPIES_KEPT
+        self._copies: dict[Copies, tuple[tuple, tuple]] = {}
         self._runnable: dict[int, tuple[Plan, Optional[str]]] = {}   # id(plan) -> (plan, reason or None)
         self._forced_granule = settings.comm_granule
         if not hasattr(self, "_last_call"):
@@ -356,12 +361,18 @@ class Executor:
             f(s)
         return self._bound(lp, call, ent, opr, pkt, epi, s, before, after)
 
-    @staticmethod
-    def _copiers(copies: Optional[Copies]) -> tuple[tuple, tuple]:
-        """``copies`` as functions of the stream, built once (:func:`mscclang.runtime.cuda.copier`)."""
+    def _copiers(self, copies: Optional[Copies]) -> tuple[tuple, tuple]:
+        """``copies`` as functions of the stream (:func:`mscclang.runtime.cuda.copier`), built once
+        per distinct Copies: a call that is not bound (a specialised kernel still building, say)
+        finds them again."""
         if copies is None:
             return (), ()
-        return tuple(map(cu.copier, copies.before)), tuple(map(cu.copier, copies.after))
+        got = self._copies.get(copies)
+        if got is None:
+            if len(self._copies) >= COPIES_KEPT:
+                self._copies.pop(next(iter(self._copies)))
+            got = self._copies[copies] = (tuple(map(cu.copier, copies.before)), tuple(map(cu.copier, copies.after)))
+        return got
 
     def execute_counted(self, plan: Plan, input: Any, output: Any, launch: CountedLaunch, packet_type: Any = None,
                         stream: Any = None) -> None:
