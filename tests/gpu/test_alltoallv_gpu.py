@@ -86,3 +86,16 @@ def test_a_traced_all_to_all_v_shows_its_segments_rows(pool):
         assert r["exact"] and r["calls"] == ["allgather", "alltoallv"], r
         assert r["skipped"] == [] and r["problems"] == [], r
         assert r["segment_events"] > 0 and r["rows_ok"], r
+
+
+def test_moe_routings_fp8_and_bad_input_eager(pool):
+    """The simulator tests' routings (an expert with no token, one expert with every token, T = 1,
+    capacity up to every token) and the FP8 payload, eager on ordinary tensors, exact against the
+    one-process reference on every rank; each bad input refused on every rank in one line."""
+    got = pool.run(f"{C}:moe_cases")
+    for r in got:
+        assert r["bad"] == [], f"rank {r['rank']}: {r['bad']}"
+        assert all(r["refused"]), f"rank {r['rank']} ran a bad call: {r['refused']}"
+    first = got[0]["refused"]
+    assert "outside -1" in first[0] and "more than its capacity of 2" in first[1], first
+    assert "experts per token is more than" in first[2] and "topk_idx must be [T, k]" in first[3], first

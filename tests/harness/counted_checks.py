@@ -393,3 +393,66 @@ def communicator_alltoallv_traced(w: Any, rows_per_peer: int = 5, width: int = 1
     return {"rank": r, "exact": exact, "calls": [c.collective for c in tr.calls], "segment_events": len(seg),
             "rows_ok": rows_ok,
             "problems": tr.problems, "skipped": tr.skipped}
+
+
+def moe_cases(w: Any, hidden: int = 64) -> dict:
+    """``moe_dispatch`` and ``moe_combine`` eager on ordinary tensors, as a user calls them, for
+    the routings of the simulator tests (random with dropped slots, an expert that gets no token,
+    one expert that takes every token, T = 1, capacity up to every token of every rank), each
+    rank's expert rows, counts and combined tokens compared bit for bit with the one-process
+    reference; the FP8 payload's rows and scales; then the bad inputs, each refused on every rank
+    in one line, and a correct call after them. Returns the cases that differed (``bad``) and the
+    refusals' messages (``refused``)."""
+    import torch
+
+    from mscclang.comm.moe import quantize_rows
+    from mscclang.errors import InvalidCall
+    from tests.harness.comm_checks import communicator
+    from tests.harness.moe_ref import expert_fn, ref_combine, ref_dispatch, routing, tokens
+
+    comm = communicator(w)
+    n, r = w.world_size, w.rank
+    dev = torch.device("cuda", int(w.comm.device))
+    bad: list[str] = []
+    for kind, T in (("random", 5), ("an expert gets nothing", 3), ("one expert takes all", 4), ("random", 1)):
+        E, k = 2 * n, 2
+        C = n * T * k
+        idxs, toks = routing(kind, n, T, k, E, n + T), tokens(n, T, n, hidden)
+        ws = [torch.rand(T, k, generator=torch.Generator().manual_seed(50 + p)) for p in range(n)]
+        ex, counts, h = comm.moe_dispatch(toks[r].to(dev), idxs[r].to(dev), E, capacity=C)
+        y = comm.moe_combine(expert_fn(ex, r), ws[r].to(dev), h).cpu()
+        want, want_counts = ref_dispatch(toks, idxs, E, n, C, r)
+        ok = counts.cpu().tolist() == want_counts and all(
+            torch.equal(ex[l, :c].cpu().view(torch.int16), want[l, :c].view(torch.int16)) for l, c in enumerate(want_counts))
+        if not (ok and torch.equal(y.view(torch.int16), ref_combine(toks, idxs, ws, n, E, r).view(torch.int16))):
+            bad.append(f"{kind}, T={T}")
+    E, k, T = 2 * n, 2, 4
+    C = n * T * k
+    idxs = routing("random", n, T, k, E, 11)
+    toks = [t.float() * (p + 1) for p, t in enumerate(tokens(n, T, 4, hidden))]
+    (q, scale), counts, _ = comm.moe_dispatch(toks[r].to(dev), idxs[r].to(dev), E, capacity=C, fp8=True)
+    want, want_counts = ref_dispatch([quantize_rows(t) for t in toks], idxs, E, n, C, r)
+    ok = counts.cpu().tolist() == want_counts
+    for l, c in enumerate(want_counts):
+        ok = ok and torch.equal(q[l, :c].cpu().view(torch.uint8), want[l, :c, :hidden])
+        ok = ok and torch.equal(scale[l, :c].cpu().view(torch.uint8).reshape(c, 4), want[l, :c, hidden:])
+    if not ok:
+        bad.append("fp8 payload")
+    refused = []
+    x = torch.ones(3, hidden, dtype=torch.bfloat16, device=dev)
+    ids = lambda rows: torch.tensor(rows, device=dev)  # noqa: E731
+    for args, kw in (((x, ids([[0, 1], [2, 2 * n], [1, 1]]), 2 * n), {"capacity": 8}),     # an id out of range
+                     ((x, ids([[0, 1], [0, 1], [0, 1]]), 2 * n), {"capacity": 2}),        # expert 0 over capacity
+                     ((x, torch.zeros(3, 2 * n + 1, dtype=torch.int64, device=dev), 2 * n), {"capacity": 8}),
+                     ((x, torch.zeros(2, 2, dtype=torch.int64, device=dev), 2 * n), {"capacity": 8})):
+        try:
+            comm.moe_dispatch(*args, **kw)
+            refused.append("")
+        except InvalidCall as e:
+            refused.append(str(e).splitlines()[0])
+    ex, counts, h = comm.moe_dispatch(x, ids([[0, 1]] * 3), 2 * n, capacity=3 * n)   # usable afterwards
+    if counts.cpu().tolist()[:1] != ([3 * n] if r == 0 else [0]):
+        bad.append("the call after the refusals")
+    torch.cuda.synchronize(dev)
+    w.executor.check()
+    return {"rank": r, "bad": bad, "refused": refused}
