@@ -276,10 +276,15 @@ class MscclangProcessGroup(dist.ProcessGroup):
         its :meth:`_agree`, once per signature (sizes, dtype, reduce op and, where the tensors
         overlap, the input's offset in the output), checked by the Communicator's own check of a
         call (sizes, dtype, the in-place layout)."""
-        if not (self._runs(inp) and (out is inp or self._runs(out))):
-            return False
-        n, gap = inp.numel(), 0 if out is inp else inp.data_ptr() - out.data_ptr()
-        key = (coll, n, out.numel(), inp.dtype, op, gap and (gap if -n * inp.element_size() < gap < out.nbytes else None))
+        if out is inp:   # in place (all_reduce, broadcast): the short key
+            if not self._runs(inp):
+                return False
+            key: tuple = (coll, inp.numel(), inp.dtype, op)
+        else:
+            if not (self._runs(inp) and self._runs(out)):
+                return False
+            n, gap = inp.numel(), inp.data_ptr() - out.data_ptr()
+            key = (coll, n, out.numel(), inp.dtype, op, gap and (gap if -n * inp.element_size() < gap < out.nbytes else None))
         if key not in self._agreed:   # the hot path's whole cost: one tuple, one lookup
             self._agree(lambda: f"{call_text(coll, inp, out)} {op}".rstrip(),   # op: a reduction's only
                         lambda: self.communicator.planner.make_call(coll, _flat(inp), _flat(out), op or "sum"), key=key)
@@ -359,11 +364,11 @@ class MscclangProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllreduceOptions()
         op = _op_type(opts.reduceOp)
-        if op == dist.ReduceOp.AVG:
-            return self._averaged(opts, tensors, dist.AllreduceOptions(), lambda o: self.allreduce(tensors, o))
-        name = _REDUCE_BY_CODE.get(int(op))
+        name = _REDUCE_BY_CODE.get(int(op))   # the common case first: one look-up, no comparison
         if name is not None and len(tensors) == 1 and self._lean("allreduce", tensors[0], tensors[0], name):
             return self._run(opts, tensors, self.communicator.all_reduce, _flat(tensors[0]), name)
+        if op == dist.ReduceOp.AVG:
+            return self._averaged(opts, tensors, dist.AllreduceOptions(), lambda o: self.allreduce(tensors, o))
         reason = self._fallback_reason(tensors, op) or "several tensors"
         return self._to_inner("all_reduce", reason, tensors, lambda g: g.allreduce(tensors, opts), f" {op}")
 
