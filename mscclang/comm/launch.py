@@ -266,10 +266,12 @@ def _reason_kind(reason: str) -> str:
 
 
 def capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
+    """Whether the current CUDA stream is capturing a graph (False without CUDA). No stream
+    captures before torch initialised CUDA, and ``is_initialized`` is a flag, where
+    ``is_available`` asks the driver for the device count at every call."""
     try:
         import torch
 
-        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+        return bool(torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
     except Exception:  # pragma: no cover
         return False
