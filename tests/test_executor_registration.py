@@ -693,3 +693,38 @@ def test_a_traced_launch_runs_the_trace_kernel_with_its_buffer_and_decodes_it(fc
     assert len(events) == n_ops and {e["pid"] for e in events} == {0}
     assert min(e["ts"] for e in events) == 0.0 and all(e["dur"] > 0 for e in events)
     assert ex.launcher.trace_ptr == 0 and launched[1][1] in fcu.freed   # the buffer was freed
+
+
+def test_a_bound_call_enqueues_its_copies_around_the_kernel_at_every_launch(fcu):
+    """The collective API's staging and copy-in: run_call takes the call's Copies (by position
+    too: the engine part's order) and enqueues the copies before and after the kernel on the
+    launch's stream; the Bound it returns does the same at every launch_bound, with the copy
+    functions built once per Copies."""
+    from mscclang.plan.call import Copies, Copy
+
+    cl, comms, exs, cap = _setup(2, fcu)
+    ex = exs[0]
+    events, built = [], []
+
+    def copier(c):
+        built.append(c)
+        return lambda s: events.append(("copy", c.dst, c.src, s))
+
+    fcu.copier = copier
+    ex.launcher.stream_capturing = lambda s: False
+    ex.launcher.current_stream = lambda: 7
+    ex.launcher.launch = lambda ent, a, b, da, db, s, t, epi=None: events.append(("kernel", a, b, s))
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
+    lp = ex.load(_any_buffer_plan())
+    _ready_any(ex, lp, fcu, 64 * MiB)
+    a, b = 0x7000_0000, 0x7800_0000
+    call = sized_call(lp.plan.collective, 0, 2, dtype_info("float16"), 4096, 4096, "sum", None, a, b)
+    copies = Copies((Copy(a, 0x9000_0000, 4096),), (Copy(0x9800_0000, b, 2048, 2, 2048, 2048),))
+    bound = ex.run_call(lp, call, "ll16", copies)
+    want = [("copy", a, 0x9000_0000, 7), ("kernel", a, b, 7), ("copy", 0x9800_0000, b, 7)]
+    assert bound is not None and events == want
+    for _ in range(2):
+        assert ex.launch_bound(bound)
+    assert events == want * 3
+    ex.run_call(lp, call, "ll16", copies=copies)   # unbound again: the copy functions are kept
+    assert len(built) == 2 and events == want * 4
