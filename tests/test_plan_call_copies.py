@@ -59,3 +59,14 @@ def test_unpadded_staging_and_copy_in_are_one_flat_copy():
     place = out[32:64]   # copy-in: rank 1's block of the output
     moved = call.on(Buf(place), Buf(out), True)
     assert call.copies(moved, staged=False) == Copies((Copy(place.ctypes.data, inp.ctypes.data, 64),))
+
+
+def test_the_2d_copy_struct_has_the_drivers_layout():
+    """runtime.cuda's ctypes CUDA_MEMCPY2D: 128 bytes, the fields at the driver header's offsets."""
+    from mscclang.runtime.cuda import _Memcpy2D
+
+    offsets = {name: getattr(_Memcpy2D, name).offset for name, _ in _Memcpy2D._fields_}
+    assert ctypes.sizeof(_Memcpy2D) == 128
+    assert (offsets["srcMemoryType"], offsets["srcDevice"], offsets["srcPitch"]) == (16, 32, 48)
+    assert (offsets["dstMemoryType"], offsets["dstDevice"], offsets["dstPitch"]) == (72, 88, 104)
+    assert (offsets["WidthInBytes"], offsets["Height"]) == (112, 120)
