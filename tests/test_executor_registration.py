@@ -728,3 +728,34 @@ def test_a_bound_call_enqueues_its_copies_around_the_kernel_at_every_launch(fcu)
     assert events == want * 3
     ex.run_call(lp, call, "ll16", copies=copies)   # unbound again: the copy functions are kept
     assert len(built) == 2 and events == want * 4
+
+
+def test_a_size_whose_kernel_is_building_is_bound_and_its_calls_still_count(fcu, monkeypatch):
+    """The 'auto' policy: a bound call of a size whose specialised kernel is wanted launches the
+    interpreter's entry and counts the call, so the background build starts at the second call as
+    it would through a resolution; once it is built the binding gives itself up (nothing
+    launched) and the next run_call binds the specialised entry."""
+    cl, comms, exs, cap = _setup(2, fcu)
+    ex = exs[0]
+    launched = []
+    ex.launcher.stream_capturing = lambda s: False
+    ex.launcher.launch = lambda ent, a, b, da, db, s, t, epi=None: launched.append(ent.spec)
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
+    lp = ex.load(_any_buffer_plan())
+    _ready_any(ex, lp, fcu, 64 * MiB)
+    ex.specialize = "auto"
+    builds = _Builds(ex, monkeypatch)
+    n = 49164
+    call = sized_call(lp.plan.collective, 0, 2, dtype_info("float16"), n, n, "sum", None, 0x7000_0000, 0x7800_0000)
+    bound = ex.run_call(lp, call, "ll16")
+    assert bound is not None and bound.entry.pending is not None and builds.later == []
+    assert ex.launch_bound(bound) and len(builds.later) == 1     # the second call starts the build
+    assert ex.launch_bound(bound) and launched == [None, None, None]   # still building: the interpreter
+    sentinel = types.SimpleNamespace(name="k0")
+    monkeypatch.setattr(ex.kernels, "finish", lambda fut: sentinel)
+    monkeypatch.setattr(ex.entries, "_spec_launch", lambda sp, dp, ctx: ("launch", sp))
+    builds.futures[0].set_result(("src", b"cubin", "nvrtc"))
+    assert not ex.launch_bound(bound) and len(launched) == 3    # built: resolve again
+    again = ex.run_call(lp, call, "ll16")
+    assert again is not None and again.entry.spec == ("launch", sentinel) and again.entry.pending is None
+    assert ex.launch_bound(again) and launched[-2:] == [("launch", sentinel)] * 2

@@ -135,7 +135,7 @@ class Entries:
         else:
             self._lru.move_to_end(lk)
             if ent.pending is not None and count:
-                ent = self._advance(lp, key, ent, prepare)
+                ent = self.advance(lp, key, ent, prepare)
         if (prepare or self._capturing()) and lk not in self._pinned:
             self._pinned.add(lk)
         return ent, opr
@@ -208,10 +208,12 @@ class Entries:
         ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(args))
         return SpecLaunch(sp, args, ctypes.addressof(ptrs), ptrs)
 
-    def _advance(self, lp: LoadedPlan, key: EntryKey, ent: LaunchEntry, now: bool) -> LaunchEntry:
-        """One more call of an entry whose specialised kernel is wanted: count it, start its
-        background build at the policy's count, and switch to the kernel once built (``now``:
-        prepare, build on this thread). Never inside a capture."""
+    def advance(self, lp: LoadedPlan, key: EntryKey, ent: LaunchEntry, now: bool = False) -> LaunchEntry:
+        """One more call of an entry whose specialised kernel is wanted (a resolved call, or a
+        bound one: :meth:`Executor.launch_bound`): count it, start its background build at the
+        policy's count, and switch to the kernel once built (``now``: prepare, build on this
+        thread). Returns the entry to launch: another than ``ent`` once switched. Never inside a
+        capture."""
         pend = ent.pending
         if self._capturing():
             return ent

@@ -335,8 +335,9 @@ class Executor:
         collective API's staging and copy-in) enqueued before and after it. Returns a :class:`Bound`
         when the same call may be launched again with :meth:`launch_bound`, checking and resolving
         nothing (None when it must be resolved at every launch: registered tensors, whose uses are
-        counted; a capture session; a CUDA graph capture; a specialised kernel still wanted;
-        staging)."""
+        counted; a capture session; a CUDA graph capture; the executor's own staging). A size
+        whose specialised kernel is still wanted is bound too: :meth:`launch_bound` counts its
+        calls and gives the binding up once the kernel is built."""
         if call.counted is not None:   # a plan with segments (mscclang.runtime.counted)
             run_counted_call(self, plan if isinstance(plan, Plan) else plan.plan, call, packet_type, stream)
             return None
@@ -395,7 +396,7 @@ class Executor:
         if self.launcher.stream_capturing(s) or (reg is not None and (reg.session is not None or reg.verify)):
             return None
         key = self.entries.last_key
-        if (key is None or ent.pending is not None or opr.mode == "staged"
+        if (key is None or opr.mode == "staged"
                 or not all(isinstance(b, int) for b in key.buffers())):
             return None   # registered tensors (not symmetric ones): their uses are counted at every call
         return Bound(lp, key, ent, opr, call, describe_call(lp.plan, call.in_bytes, call.out_bytes, call.kernel_code,
@@ -462,8 +463,8 @@ class Executor:
     def launch_bound(self, b: Bound, stream: Any = None) -> bool:
         """Launch a call :meth:`run_call` returned as bound, on the current stream (or
         ``stream``), checking nothing again; False (nothing launched) when the binding is stale or
-        the call must be resolved now (a capture, a capture session): call :meth:`execute`
-        instead."""
+        the call must be resolved now (a capture, a capture session, its specialised kernel just
+        built): call :meth:`execute` instead."""
         if b.epoch != self.entries.epoch:
             return False
         ab = self.abort
@@ -473,6 +474,8 @@ class Executor:
         reg = self.capture.registry
         if self.launcher.stream_capturing(s) or (reg is not None and reg.session is not None):
             return False
+        if b.entry.pending is not None and self.entries.advance(b.lp, b.key, b.entry) is not b.entry:
+            return False   # its specialised kernel is built (or given up): resolved and bound again
         ab.user_thread = threading.get_ident()
         self._last_call = b.desc
         self.entries.touch(b.lp, b.key)
