@@ -70,3 +70,16 @@ def test_the_2d_copy_struct_has_the_drivers_layout():
     assert (offsets["srcMemoryType"], offsets["srcDevice"], offsets["srcPitch"]) == (16, 32, 48)
     assert (offsets["dstMemoryType"], offsets["dstDevice"], offsets["dstPitch"]) == (72, 88, 104)
     assert (offsets["WidthInBytes"], offsets["Height"]) == (112, 120)
+
+
+def test_without_libcuda_through_ctypes_a_copy_is_one_flat_copy_per_row(monkeypatch):
+    """runtime.cuda.copier's fallback: the project's dtod, once per row, on the given stream;
+    nothing for an empty copy."""
+    from mscclang.runtime import cuda
+
+    monkeypatch.setattr(cuda.ctypes, "CDLL", lambda name: (_ for _ in ()).throw(OSError(name)))
+    done = []
+    monkeypatch.setattr(cuda, "dtod", lambda dst, src, n, s: done.append((dst, src, n, s)))
+    cuda.copier(Copy(100, 500, 14, 3, 16, 14))(7)
+    cuda.copier(Copy(100, 500, 0, 3, 16, 14))(7)
+    assert done == [(100, 500, 14, 7), (116, 514, 14, 7), (132, 528, 14, 7)]

@@ -242,30 +242,29 @@ _MEMORYTYPE_DEVICE = 2  # CU_MEMORYTYPE_DEVICE
 def copier(c: Any) -> Callable[[int], None]:
     """``f(stream)``: enqueue the device copy ``c`` (a :class:`mscclang.plan.call.Copy`) on
     ``stream``, its arguments built once here: libcuda's ``cuMemcpyDtoDAsync`` or (several rows)
-    ``cuMemcpy2DAsync`` through ctypes (a fraction of a microsecond per call), or the
-    cuda.bindings wrappers when libcuda cannot be opened that way. Capturable in a CUDA graph."""
+    ``cuMemcpy2DAsync`` through ctypes (a fraction of a microsecond per call), or one :func:`dtod`
+    per row when libcuda cannot be opened that way. Capturable in a CUDA graph."""
+    rows = [(c.dst + r * c.dst_pitch, c.src + r * c.src_pitch) for r in range(c.rows if c.width else 0)]
     try:
         lib = ctypes.CDLL("libcuda.so.1")
         flat, two = lib.cuMemcpyDtoDAsync_v2, lib.cuMemcpy2DAsync_v2
     except (OSError, AttributeError):
-        lib = None
-    if c.width == 0 or c.rows == 0:
-        return _no_copy
-    if c.rows == 1:
-        if lib is None:
-            return lambda s: dtod(c.dst, c.src, c.width, s)
+        def each_row(s: int) -> None:
+            for dst, src in rows:
+                dtod(dst, src, c.width, s)
+
+        return each_row
+    if len(rows) <= 1:
         flat.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
         flat.restype = ctypes.c_int
-        dst, src, n = c.dst, c.src, c.width
 
         def run_flat(s: int) -> None:
-            err = flat(dst, src, n, s)
-            if err:
-                check(err, "cuMemcpyDtoDAsync")
+            for dst, src in rows:
+                err = flat(dst, src, c.width, s)
+                if err:
+                    check(err, "cuMemcpyDtoDAsync")
 
         return run_flat
-    if lib is None:
-        return lambda s: _copy_2d(c, s)
     m = _Memcpy2D(srcMemoryType=_MEMORYTYPE_DEVICE, srcDevice=c.src, srcPitch=c.src_pitch,
                   dstMemoryType=_MEMORYTYPE_DEVICE, dstDevice=c.dst, dstPitch=c.dst_pitch, WidthInBytes=c.width,
                   Height=c.rows)
@@ -279,20 +278,6 @@ def copier(c: Any) -> Callable[[int], None]:
             check(err, "cuMemcpy2DAsync")
 
     return run_2d   # ``ref`` keeps the struct alive
-
-
-def _no_copy(stream: int) -> None:
-    """An empty copy: nothing to enqueue."""
-
-
-def _copy_2d(c: Any, stream: int) -> None:
-    """``cuMemcpy2DAsync`` of ``c`` through cuda.bindings."""
-    drv = driver()
-    m = drv.CUDA_MEMCPY2D()
-    m.srcMemoryType = m.dstMemoryType = drv.CUmemorytype.CU_MEMORYTYPE_DEVICE
-    m.srcDevice, m.srcPitch, m.dstDevice, m.dstPitch = c.src, c.src_pitch, c.dst, c.dst_pitch
-    m.WidthInBytes, m.Height = c.width, c.rows
-    check(drv.cuMemcpy2DAsync(m, stream), "cuMemcpy2DAsync")
 
 
 @dataclass(frozen=True)
