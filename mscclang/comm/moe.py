@@ -194,12 +194,15 @@ def quantize_rows(x: Any) -> Any:
     """The FP8 payload of rows ``x`` (``[T, H]``): per row ``scale = max|x| / 448`` (1 for a zero
     row), ``q = (x / scale)`` as float8_e4m3fn (round to nearest even, in range by construction),
     laid out as one uint8 row of ``H`` bytes of ``q`` then the 4 bytes of ``scale`` (float32):
-    ``x`` is about ``q.float() * scale``."""
+    ``x`` is about ``q.float() * scale``. Both divisions are IEEE float32 divisions of two tensors,
+    so the bytes are the same on every device: torch's CUDA division by a Python number multiplies
+    by its reciprocal instead, and ``1/448`` is not a float32, so a CUDA rank's scales would differ
+    in the last bit from a CPU rank's (and from the reference)."""
     import torch
 
     xf = x.float()
     amax = xf.abs().amax(dim=1, keepdim=True)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
     q = (xf / scale).to(torch.float8_e4m3fn)
     return torch.cat([q.view(torch.uint8), scale.view(torch.uint8).view(-1, 4)], dim=1)
 

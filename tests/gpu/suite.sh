@@ -20,7 +20,8 @@
 # (durations_NAME.txt) go to $OUT (default /tmp/out).
 # Settings: WORKERS (xdist workers of `all`, default 5), LIMIT_S, TEST_TIMEOUT (one test, 240 s;
 # the longest took 102 s beside 4 other pools), MSCCLANG_TEST_DUMP_S (rank stacks dumped, 180 s),
-# F8 (the 8-rank part's files, in the order they run; default: those of the 4-rank part).
+# F8 (the 8-rank part's files, in the order they run; default: those of the 4-rank part), FI (the
+# files or test ids of `invariant`, after a change to one of them).
 set -u
 what=${1:?usage: bash tests/gpu/suite.sh all|wide|invariant|files F...}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -62,7 +63,7 @@ case "$what" in
     shift
     part files 2 "${WORKERS:-2}" "$@" ;;
   invariant)   # batch invariance, all-to-all-v and MoE at 4 and 8 ranks (2 ranks: in `all`)
-    F="tests/gpu/test_batch_invariant_gpu.py tests/gpu/test_alltoallv_gpu.py"
+    F=${FI:-"tests/gpu/test_batch_invariant_gpu.py tests/gpu/test_alltoallv_gpu.py"}
     part invariant4 4 1 $F &
     part invariant8 8 1 $F &
     wait ;;

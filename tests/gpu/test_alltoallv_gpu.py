@@ -99,3 +99,19 @@ def test_moe_routings_fp8_and_bad_input_eager(pool):
     first = got[0]["refused"]
     assert "outside -1" in first[0] and "more than its capacity of 2" in first[1], first
     assert "experts per token is more than" in first[2] and "topk_idx must be [T, k]" in first[3], first
+
+
+def test_fp8_rows_quantize_to_the_same_bytes_on_the_gpu_and_the_cpu():
+    """``quantize_rows`` on a CUDA tensor gives the CPU's bytes, scales included, for rows whose
+    maxima make ``max / 448`` differ from ``max * (1/448)`` (CUDA's division by a Python number)."""
+    import torch
+
+    from mscclang.comm.moe import quantize_rows
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x = torch.randn(4096, 64, generator=torch.Generator().manual_seed(3)) * torch.logspace(-3, 3, 4096)[:, None]
+    x[7] = 0
+    cpu, gpu = quantize_rows(x), quantize_rows(x.cuda()).cpu()
+    differ = (cpu != gpu).any(dim=1).nonzero().flatten().tolist()
+    assert differ == [], f"{len(differ)} of 4096 rows differ, first {differ[:5]}"
