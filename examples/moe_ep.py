@@ -45,9 +45,13 @@ def main() -> int:
     from mscclang import Communicator
 
     cuda = torch.cuda.is_available()
+    backend = "gloo"
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if cuda else "gloo")
+        # one GPU per rank; with fewer GPUs (MSCCLANG_RANKS_PER_GPU=2 or more) ranks share them,
+        # and NCCL, which refuses two ranks on one GPU, gives way to gloo for the process group
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        backend = "nccl" if int(os.environ.get("MSCCLANG_RANKS_PER_GPU", "1") or 1) < 2 else "gloo"
+    dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     comm = Communicator.from_torch()
