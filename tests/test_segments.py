@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from mscclang import AllToAllV, AllGatherV, Buffer, CollectiveProgram, CountsError, DSLError, PlanError, Rank
-from mscclang.algorithms.alltoallv import build_alltoallv_ll, build_alltoallv_simple, build_alltoallv_zero_copy
-from mscclang.algorithms.common import input_of, mesh_program, output_of, peers
+from mscclang.algorithms.alltoallv import (build_alltoallv_ll, build_alltoallv_port, build_alltoallv_simple,
+                                          build_alltoallv_zero_copy)
+from mscclang.algorithms.common import input_of, mesh_program, output_of, peers, port_mesh, ready_handshake
 from mscclang.errors import LimitError, VerificationError
 from mscclang.plan.io import load_plan, plan_from_dict, plan_to_dict
 from mscclang.plan.segments import CountedCall, check_counts, count_cases, counted_call, prove_capacity, segment_span
@@ -23,7 +24,7 @@ from mscclang.sim.budget import Limits
 from mscclang.sim.counted import POISON, check_counted, run_counted
 from mscclang.sim.verify import verify
 
-BUILDERS = (build_alltoallv_ll, build_alltoallv_simple, build_alltoallv_zero_copy)
+BUILDERS = (build_alltoallv_ll, build_alltoallv_simple, build_alltoallv_zero_copy, build_alltoallv_port)
 
 
 def _reference(counts: list[list[int]], inputs: list[np.ndarray], row: int) -> list[np.ndarray]:
@@ -206,6 +207,48 @@ def test_run_counted_matches_a_numpy_reference(builder, n: int) -> None:
             outs = run_counted(plan, ins, counts, row, packet_type=pt, launches=2, schedule="random", seed=3)
             for got, want in zip(outs, _reference(counts, ins, row)):
                 assert np.array_equal(got, want), (case.name, pt)
+
+
+def test_a_port_put_moves_scratch_segments_only() -> None:
+    """A port put's copy has its length fixed on the host, so it cannot move a packed segment
+    (whose place and length are counts): the plan check refuses it, naming the operand."""
+    n = 2
+    with mesh_program("port_direct", AllToAllV, n, 1, False, "Simple", 256, None, 0, 2**64 - 1) as (prog, ch):
+        port = port_mesh([(0, 1), (1, 0)])
+        for r in range(n):
+            ready_handshake(ch, r, [1 - r], [1 - r], tb=0)
+            port[(r, 1 - r)].put_with_signal(output_of(1 - r)[r], input_of(r)[1 - r], tb=0)
+            port[(r, 1 - r)].wait(tb=0)
+            port[(r, 1 - r)].flush(tb=0)
+            Rank(r).copy(output_of(r)[r], input_of(r)[r], tb=1)
+    doc = json.dumps(plan_to_dict(prog.to_plan()))
+    with pytest.raises(PlanError, match=r"a port put copies each segment as its whole scratch slot .* rank 0's "
+                                        r"input segments lie where the counts put them") as e:
+        load_plan(doc)
+    assert "threadblocks[0].ops[" in str(e.value) and "src_buff[0]" in str(e.value)
+
+
+def test_a_port_put_copies_the_whole_slot_in_the_simulator_and_the_proxy_script() -> None:
+    """The simulator and the runtime's proxy script agree that a port put over a segment copies
+    its slot's capacity rows, whatever the count (the copy engine cannot read it), at the slots'
+    places: send slot p of the sender, receive slot n + r of the receiver."""
+    from mscclang.plan.layout import Piece
+    from mscclang.runtime.counted import CountedLaunch, pack_counted
+    from mscclang.sim.program import sim_program
+
+    n, row, cap = 2, 24, 5
+    plan = build_alltoallv_port(n)
+    call = counted_call(plan, [[2, 1], [0, 3]], row, capacity=cap)
+    prog = sim_program(plan, 3 * row, 0, counted=call)
+    port_groups = [g for g in prog.groups() if g.channel is not None]
+    assert len(port_groups) == n and all(g.pieces == [Piece((1 * cap * row, (n + 0) * cap * row) if g.srcs[0].rank == 0
+                                                            else (0, (n + 1) * cap * row), cap * row)]
+                                          for g in port_groups), [(g.srcs, g.pieces) for g in port_groups]
+    for r in range(n):
+        script = pack_counted(plan, r, CountedLaunch(0, row, cap, 3, 3)).port
+        copies = [c for ch in script.channels for t in ch.triggers for c in t.copies]
+        assert [(c.src, c.src_off, c.dst_off, c.length) for c in copies] == [
+            (BufferKind.scratch, (1 - r) * cap * row, (n + r) * cap * row, cap * row)]
 
 
 def test_run_counted_refuses_rows_that_split_a_packet() -> None:

@@ -20,7 +20,7 @@ from mscclang.algorithms.allreduce import (
     build_twostep_ll,
 )
 from mscclang.algorithms.alltoall import build_alltoall_ll, build_alltoall_simple, build_alltoall_zero_copy
-from mscclang.algorithms.alltoallv import build_alltoallv_ll, build_alltoallv_simple, build_alltoallv_zero_copy
+from mscclang.algorithms.alltoallv import build_alltoallv_ll, build_alltoallv_port, build_alltoallv_simple, build_alltoallv_zero_copy
 from mscclang.algorithms.broadcast import build_broadcast_ll, build_broadcast_simple
 from mscclang.algorithms.fused import build_fused_oneshot_ll, build_fused_twoshot_ll
 from mscclang.algorithms.hierarchical import build_allgather_hierarchical, build_allreduce_hierarchical
@@ -242,6 +242,9 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {info.name: info for info in (
           _port_variants(SHIPPED_RANKS, BOTH, ((),)), port_channels=True),
     _info("alltoall_port", "alltoall", "Simple", "symmetric", (False,), (1 * MiB, MAX_MESSAGE_SIZE),
           build_alltoall_port, "copy-engine puts of each peer's chunk into its output", 1024,
+          _port_variants(SHIPPED_RANKS, (False,), ((),)), port_channels=True),
+    _info("alltoallv_port", "alltoallv", "Simple", "any", (False,), _ALL, build_alltoallv_port,
+          "rows staged in send slots, copy-engine puts of whole slots into the peers' receive slots", 1024,
           _port_variants(SHIPPED_RANKS, (False,), ((),)), port_channels=True),
     _info("allreduce_hierarchical", "allreduce", "Simple", "symmetric", BOTH, _ALL, build_allreduce_hierarchical,
           "intra-node reduce-scatter (memory), inter-node allreduce of the shard (port), intra-node "

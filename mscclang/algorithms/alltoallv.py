@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-from mscclang.algorithms.common import data_handshake, input_of, mesh_program, output_of, peers, ready_handshake
-from mscclang.dsl import AllToAllV, Buffer, Rank
+from mscclang.algorithms.common import (check_port_requests, data_handshake, input_of, mesh_program, output_of, peers,
+                                        port_mesh, ready_handshake)
+from mscclang.dsl import AllToAllV, Buffer, Rank, SyncType
 from mscclang.plan.models import MAX_MESSAGE_SIZE, Plan
 
-__all__ = ["build_alltoallv_ll", "build_alltoallv_simple", "build_alltoallv_zero_copy"]
+__all__ = ["build_alltoallv_ll", "build_alltoallv_port", "build_alltoallv_simple", "build_alltoallv_zero_copy"]
 
 
 def build_alltoallv_ll(ranks: int, instances: int = 1, num_threads_per_block: int = 512,
@@ -82,3 +83,42 @@ def build_alltoallv_zero_copy(ranks: int, instances: int = 1, num_threads_per_bl
                 data_handshake(ch, r, [p], [p], tb=j)
             me.copy(out[r], inp[r], tb=0)
     return prog.to_plan()
+
+
+def build_alltoallv_port(ranks: int, instances: int = 1, num_threads_per_block: int = 1024,
+                         inplace: bool = False, name: Optional[str] = None, min_message_size: int = 0,
+                         max_message_size: int = MAX_MESSAGE_SIZE) -> Plan:
+    """Copy-engine all-to-all-v (any buffers; the copy engine moves the rows between GPUs, no SM
+    does). A port put copies each segment as its whole scratch slot (the copy engine cannot read a
+    count, docs/dsl.md), so the rows travel slot to slot: rank ``r``'s scratch holds a send slot
+    per peer (segment ``p``: the rows for ``p``) and a receive slot per peer (segment ``n + q``: the
+    rows ``q`` sent). Block ``j`` (one per peer ``p``) stages input segment ``p`` into send slot
+    ``p``; after a barrier block 0, which has done the ready handshake with every peer (its
+    receive slot is free again), puts each send slot into the peer's receive slot ``r`` with a
+    signal, waits for every peer's signal and flushes its channels (the next launch restages the
+    send slots); after a second barrier block ``j`` unpacks receive slot ``p`` into output segment
+    ``p``. Block ``n`` copies the rank's own rows meanwhile. Every put moves the call's capacity
+    rows: this plan suits large, even counts (the rows per peer near the capacity)."""
+    n = ranks
+    with mesh_program("alltoallv_port", AllToAllV, ranks, instances, inplace, "Simple", num_threads_per_block,
+                      name, min_message_size, max_message_size) as (prog, ready):
+        port = port_mesh([(s, d) for s in range(n) for d in range(n) if s != d])
+        scratch = [Buffer(r, segments=[(r, p) for p in range(n)] + [(q, r) for q in range(n)]) for r in range(n)]
+        for r in range(n):
+            inp, out, me, ps = input_of(r), output_of(r), Rank(r), peers(r, n)
+            group = list(range(n))            # block 0 and the peers' blocks
+            me.copy(out[r], inp[r], tb=n)
+            ready_handshake(ready, r, ps, ps, tb=0)
+            for j, p in enumerate(ps, 1):
+                me.copy(scratch[r][p], inp[p], tb=j)
+            me.barrier(group)
+            for p in ps:
+                port[(r, p)].put_with_signal(scratch[p][n + r], scratch[r][p], tb=0)
+            for p in ps:
+                port[(r, p)].wait(tb=0, data_sync=SyncType.none)
+            for p in ps:
+                port[(r, p)].flush(tb=0, data_sync=SyncType.after)
+            me.barrier(group)
+            for j, p in enumerate(ps, 1):
+                me.copy(out[p], scratch[r][n + p], tb=j)
+    return check_port_requests("alltoallv_port", prog.to_plan())

@@ -177,6 +177,10 @@ REDUCE_OPS = frozenset(
     {OpName.re, OpName.res, OpName.rre, OpName.rres, OpName.repkt, OpName.respkt,
      OpName.recpkt, OpName.recspkt, OpName.glre, OpName.glres}
 )
+#: ops that move source i into destination i when they have as many of each (one source: into
+#: every destination); every other op with several sources reduces them
+PAIRWISE_OPS = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.copy,
+                          OpName.cpkt, OpName.upkt, OpName.ppkt, OpName.rppkt})
 PACKET_OPS = frozenset(
     {OpName.cpkt, OpName.upkt, OpName.ppkt, OpName.rppkt, OpName.repkt, OpName.respkt,
      OpName.recpkt, OpName.recspkt, OpName.gstorepkt}

@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 
 from mscclang.errors import CountsError, PlanError
 from mscclang.plan.collectives import TABLE
-from mscclang.plan.models import BufferKind, BufferRef, ChannelType, Op, OpName, PACKET_OPS, Plan, ThreadBlock
+from mscclang.plan.models import PACKET_OPS, PAIRWISE_OPS, BufferKind, BufferRef, ChannelType, Op, OpName, Plan, ThreadBlock
 
 #: the buffers a counted call's sizes name, by kind
 _ROWS = {BufferKind.input: "in_rows", BufferKind.output: "out_rows"}
@@ -160,14 +160,26 @@ def ref_entries(plan: Plan, rank: int, tb: ThreadBlock, op: Op, ref: BufferRef) 
     return sb.entries()[ref.index: ref.index + ref.size]
 
 
+def moves_whole_slots(op: Op) -> bool:
+    """Whether ``op`` moves each of its segments as the segment's whole scratch slot: a put over
+    a port channel (``put``, ``pws``, ``pwsf``) is a copy the host enqueues for the copy engine
+    (or a network send) with its length fixed when the launch is enqueued, and neither can read a
+    count from device memory without a host round trip. So it copies the slot's ``capacity``
+    rows whatever the count (the rows past the count carry the source slot's unspecified
+    contents), and both its operands must be scratch segments, whose places do not depend on the
+    counts (:func:`check_segments`)."""
+    return op.channel_type == ChannelType.port and op.name in (OpName.put, OpName.pws, OpName.pwsf)
+
+
 def check_segments(plan: Plan) -> None:
     """The rules of segmented buffers, beyond each field's shape: a counted collective (its row
     of the collective table says ``counted``) segments every rank's input and output exactly as
     the collective says (:meth:`~mscclang.plan.collectives.Collective.segment_entries`), and no
     other sized collective has segments; a segmented plan is out of place; an op's operands are
     all segments or all chunks; the operands' ``t``-th segments name the same count entry (so
-    every operand moves the same rows); a reference stays within its buffer's segments; and no
-    pipeline, switch channel or epilogue op touches a segment. PlanError with the JSON path."""
+    every operand moves the same rows); a reference stays within its buffer's segments; a port
+    put moves scratch segments only (:func:`moves_whole_slots`); and no pipeline, switch channel
+    or epilogue op touches a segment. PlanError with the JSON path."""
     n = len(plan.gpus)
     row = TABLE.get(plan.collective)
     for r, g in enumerate(plan.gpus):
@@ -200,7 +212,10 @@ def check_segments(plan: Plan) -> None:
 
 def _check_op(plan: Plan, rank: int, tb: ThreadBlock, op: Op, path: str) -> None:
     refs = [("src_buff", k, x) for k, x in enumerate(op.src_buff)] + [("dst_buff", k, x) for k, x in enumerate(op.dst_buff)]
-    seen: list[tuple[str, list[tuple[int, int]]]] = []
+    # the operands that move the same rows: every one, or source i with destination i of a
+    # pairwise op with as many of each (a fused put to several peers)
+    pairs = op.name in PAIRWISE_OPS and len(op.src_buff) == len(op.dst_buff) > 1
+    seen: list[tuple[str, int, list[tuple[int, int]]]] = []
     chunked: Optional[str] = None
     for side, k, ref in refs:
         where = f"{path}.{side}[{k}]"
@@ -215,20 +230,26 @@ def _check_op(plan: Plan, rank: int, tb: ThreadBlock, op: Op, path: str) -> None
             continue
         if op.name in (OpName.radd, OpName.rmsnorm):
             raise PlanError(f"{op.name.value} cannot take a segment", where)
+        if target[1] != BufferKind.scratch and moves_whole_slots(op):
+            raise PlanError(f"a port put copies each segment as its whole scratch slot (the copy engine cannot read "
+                            f"a count), and rank {target[0]}'s {target[1].name} segments lie where the counts put "
+                            "them: copy them through a scratch slot", where)
         if ref.index + ref.size > len(sb.counts):
             raise PlanError(f"segments {ref.index}..{ref.index + ref.size - 1} of rank {target[0]}'s "
                             f"{target[1].name} are out of range ({len(sb.counts)} segments)", where)
-        seen.append((where, sb.entries()[ref.index: ref.index + ref.size]))
+        seen.append((where, k if pairs else 0, sb.entries()[ref.index: ref.index + ref.size]))
     if seen and chunked:
         raise PlanError(f"an op moves segments or chunks, not both: {seen[0][0]} is a segment, {chunked} a chunk "
                         "range", path)
     if seen and any(op.name == x for x in (OpName.glre, OpName.glres, OpName.gstore, OpName.gstorepkt)):
         raise PlanError("switch channels do not take segments", path)
-    for where, entries in seen[1:]:
-        if entries != seen[0][1]:
+    first: dict[int, tuple[str, list[tuple[int, int]]]] = {}
+    for where, group, entries in seen:
+        w0, e0 = first.setdefault(group, (where, entries))
+        if entries != e0:
             raise PlanError(f"the operands' segments hold different counts: {[list(e) for e in entries]} here, "
-                            f"{[list(e) for e in seen[0][1]]} at {seen[0][0]} (an op moves one count's rows in "
-                            "every operand)", where)
+                            f"{[list(e) for e in e0]} at {w0} (an op moves one count's rows in every operand"
+                            + (" pair" if pairs else "") + ")", where)
 
 
 def row_alignment(plan: Plan) -> int:

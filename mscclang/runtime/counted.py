@@ -265,9 +265,8 @@ def launch_counted(ex: Any, plan: Plan, in_ptr: int, out_ptr: int, dt: str, laun
         ab.check()
     r = ex.comm.rank
     lp = ex.load(plan)
-    if not plan.has_segments() or lp.has_port:
-        raise InvalidCall(f"rank {r}: plan {plan.name} " + ("has port channels, which do not run with segments yet"
-                                                            if lp.has_port else "has no segments: run it with execute"))
+    if not plan.has_segments():
+        raise InvalidCall(f"rank {r}: plan {plan.name} has no segments: run it with execute")
     align = row_alignment(plan)
     if launch.row_bytes < 1 or launch.row_bytes % align or launch.capacity < 0 or min(launch.in_rows, launch.out_rows) < 0:
         raise InvalidCall(f"rank {r}: row_bytes must be a positive multiple of {align} and capacity and rows at least "
@@ -305,12 +304,19 @@ def launch_counted(ex: Any, plan: Plan, in_ptr: int, out_ptr: int, dt: str, laun
         smem = max((len(b.region) for b in packed.blocks), default=16)
         ex.kernels.fit(f, lp.nthreads, smem, len(packed.blocks), f"rank {r}", packed.uses_packets, packed.packet_align,
                        pkt)
-        addr = ex.contexts.addresses(lp, ctx, sym_in, sym_out, packed)
+        area = 0
+        if packed.port is not None:   # port puts copy whole scratch slots: their script has fixed lengths
+            area = cu.mem_alloc(packed.port.area_bytes)
+            cu.memset_d8(area, 0, packed.port.area_bytes, s)
+        addr = ex.contexts.addresses(lp, ctx, sym_in, sym_out, packed, area)
         blob = counted_blob(pack_blob(plan, packed, addr, ctx.sync), count_tables(plan), launch)
         dp = DevPlan(_upload(blob, s), len(blob), len(packed.blocks), smem, packed.packet_align, packed.uses_packets,
-                     packed, addr)
+                     packed, addr, area)
+        if lp.has_port:
+            dp.port_launch = ex.entries.port_launch(lp, dp, launch.in_bytes, launch.out_bytes,
+                                                    lambda q: pack_counted(plan, q, launch, lp.static).port)
         ctx.plans[key] = dp
-    ent = LaunchEntry(f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), None, None, ctx, None)
+    ent = LaunchEntry(f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), None, None, ctx, dp.port_launch)
     ab.user_thread = threading.get_ident()
     ex._last_call = (describe_call(plan, launch.in_bytes, launch.out_bytes, dt, pkt, lp.default_op) + " (counted"
                      + (", traced)" if traced else ")"))

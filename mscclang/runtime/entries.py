@@ -162,7 +162,7 @@ class Entries:
             dp = self.contexts.device_plan(lp, in_bytes, out_bytes, sym_in, sym_out, stream, row)
             self.kernels.fit(f, lp.nthreads, dp.smem, dp.n_blocks, f"rank {r}", dp.uses_packets,
                              dp.packet_align, pkt)
-            port = self._port_launch(lp, dp, in_bytes, out_bytes) if lp.has_port else None
+            port = self.port_launch(lp, dp, in_bytes, out_bytes) if lp.has_port else None
             spec, pending = None, None
             # port plans run on the interpreter (the specialised kernel has no port ops)
             if not lp.has_port:
@@ -263,8 +263,12 @@ class Entries:
         return new
 
     # port channels ------------------------------------------------------------------------------
-    def _port_launch(self, lp: LoadedPlan, dp: DevPlan, in_bytes: int, out_bytes: int) -> Optional[PortLaunch]:
-        """What the proxy needs for every launch of this entry (None: no port work on this rank)."""
+    def port_launch(self, lp: LoadedPlan, dp: DevPlan, in_bytes: int, out_bytes: int,
+                    peer_script: Optional[Callable[[int], Optional[PortScript]]] = None) -> Optional[PortLaunch]:
+        """What the proxy needs for every launch of device plan ``dp`` (None: no port work on this
+        rank). ``peer_script(q)``: rank ``q``'s port script at these sizes, for the copies a peer
+        on another node sends here (default: ``q``'s plan packed at these sizes; a counted
+        launch passes its own packing)."""
         plan = lp.plan
         r = self.comm.rank
         ctx = lp.ctx
@@ -280,7 +284,8 @@ class Entries:
                     continue
                 o = c.ordinal
                 if theirs is None:
-                    theirs = pack_blocks(plan, g.id, in_bytes, out_bytes).port
+                    theirs = (peer_script(g.id) if peer_script is not None
+                              else pack_blocks(plan, g.id, in_bytes, out_bytes).port)
                 incoming.append(Incoming(theirs.channels[kq], ctx.sync_base + ctx.sync.port_inbound + 8 * pin[(g.id, o)],
                                          [rb.type for rb in g.remote_buffers],
                                          self.engine.comm(EngineKey(lp.serial, g.id, r, o))))

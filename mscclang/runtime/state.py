@@ -65,6 +65,7 @@ class DevPlan:
     packed: Any = None       # PackedRank (the specialised kernel's source comes from it)
     addr: Any = None         # Addresses (the specialised kernel's parameters)
     port_area: int = 0       # device port area (port channels: triggers, done words, signal slots)
+    port_launch: Any = None  # a counted plan's proxy work (PortLaunch; fixed-size plans keep it per entry)
 
 
 @dataclass

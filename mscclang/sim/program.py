@@ -23,9 +23,9 @@ from mscclang.plan.layout import (
     pipeline_iterations,
     total_length,
 )
-from mscclang.plan.models import (PACKET_DST_FROM, PACKET_SRC_FROM, BufferKind, BufferRef, ChannelType, Op, OpName,
+from mscclang.plan.models import (PACKET_DST_FROM, PACKET_SRC_FROM, PAIRWISE_OPS, BufferKind, BufferRef, ChannelType, Op, OpName,
                                   Plan, ThreadBlock)
-from mscclang.plan.segments import CountedCall, segment_span
+from mscclang.plan.segments import CountedCall, moves_whole_slots, segment_span
 
 DATA_OPS = frozenset({
     OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.copy, OpName.cpkt, OpName.upkt,
@@ -33,8 +33,6 @@ DATA_OPS = frozenset({
     OpName.respkt, OpName.recpkt, OpName.recspkt, OpName.glre, OpName.glres, OpName.gstore,
     OpName.gstorepkt, OpName.radd,
 })
-PAIRWISE_OPS = frozenset({OpName.put, OpName.pws, OpName.pwsf, OpName.get, OpName.copy,
-                          OpName.cpkt, OpName.upkt, OpName.ppkt, OpName.rppkt})
 
 
 @dataclass(frozen=True)
@@ -107,16 +105,19 @@ class _Resolver:
         self.layouts = layouts
         self.counted = counted
 
-    def segment_pieces(self, operands: list[Operand], refs: list[BufferRef], size: int, where: str) -> list[Piece]:
+    def segment_pieces(self, operands: list[Operand], refs: list[BufferRef], size: int, where: str,
+                       whole: bool = False) -> list[Piece]:
         """The pieces of an op over segments: segment ``t`` of every operand is one piece of its
-        count's rows (zero-row segments move nothing), adjacent pieces merged."""
+        count's rows (zero-row segments move nothing), adjacent pieces merged; with ``whole``
+        (a port put, :func:`mscclang.plan.segments.moves_whole_slots`) the piece is the whole
+        scratch slot, ``capacity`` rows whatever the count, as the copy engine moves it."""
         c = self.counted
         if c is None:
             raise PlanError(f"{where}: the plan moves segments: a run needs the call's counts")
         out: list[Piece] = []
         for t in range(size):
             spans = [segment_span(self.plan, c, o.rank, o.kind, r.index + t) for o, r in zip(operands, refs)]
-            length = spans[0].rows * c.row_bytes
+            length = (c.capacity if whole else spans[0].rows) * c.row_bytes
             if length <= 0:
                 continue
             offs = tuple(sp.start * c.row_bytes for sp in spans)
@@ -225,7 +226,8 @@ class _Resolver:
             if len(srcs) > 1 and not red:
                 raise PlanError(f"{where}: a copy needs exactly one source")
             if self.plan.gpus[(srcs + dsts)[0].rank].segmented((srcs + dsts)[0].kind) is not None:
-                g = Group(srcs, dsts, self.segment_pieces(srcs + dsts, src_refs + dst_refs, size, where), red, [],
+                g = Group(srcs, dsts, self.segment_pieces(srcs + dsts, src_refs + dst_refs, size, where,
+                                                          moves_whole_slots(op)), red, [],
                           chans[min(gi, len(chans) - 1)] if chans else None)
                 g._chunk_lens = []  # type: ignore[attr-defined]
                 out.append(g)

@@ -1,6 +1,6 @@
-"""GPU tests of plans with segments (data-dependent counts, ``pytest -m gpu``): the library's three
+"""GPU tests of plans with segments (data-dependent counts, ``pytest -m gpu``): the library's four
 all-to-all-v plans (LL packets into scratch slots, Simple through scratch with ``get``, zero-copy
-``put`` into the peers' outputs) through ``Executor.execute_counted`` at every world size the pool
+``put`` into the peers' outputs, copy-engine puts of whole scratch slots over port channels) through ``Executor.execute_counted`` at every world size the pool
 has, with random count matrices against a numpy reference; 100 CUDA-graph replays, each with a new
 count matrix written into the same device matrix; and counts the kernel's check refuses
 (over a scratch slot's capacity, over the buffers' rows, negative, an expectation the sender does not meet): CountsError on every rank
@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import pytest
 
-from mscclang.algorithms.alltoallv import build_alltoallv_ll, build_alltoallv_simple, build_alltoallv_zero_copy
+from mscclang.algorithms.alltoallv import (build_alltoallv_ll, build_alltoallv_port, build_alltoallv_simple,
+                                          build_alltoallv_zero_copy)
 from mscclang.plan.io import plan_to_json
 
 pytestmark = pytest.mark.gpu
 
 C = "tests.harness.counted_checks"
-BUILDERS = {"ll": build_alltoallv_ll, "simple": build_alltoallv_simple, "zero_copy": build_alltoallv_zero_copy}
+BUILDERS = {"ll": build_alltoallv_ll, "simple": build_alltoallv_simple, "zero_copy": build_alltoallv_zero_copy,
+            "port": build_alltoallv_port}
 
 
 def _json(pool, name: str) -> str:
