@@ -262,7 +262,7 @@ def test_dropped_remote_ready_handshake_is_caught() -> None:
 
 def test_catalog_marks_port_variants(catalog: Catalog) -> None:
     ports = {v.algorithm for v in catalog if v.uses_port_channels()}
-    assert ports == set(CE + HIER)
+    assert ports == set(CE + HIER) | {"alltoallv_port"}   # the all-to-all-v one: tests/test_segments.py
     v = catalog.get("allreduce_hierarchical.r8.i1.gpus_per_node4")
     assert v is not None and v.port_channels is True and v.ranks == 8 and v.symmetric
 

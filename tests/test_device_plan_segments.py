@@ -10,8 +10,9 @@ import random
 import pytest
 
 from mscclang import AllToAllV, Buffer, PlanError, ThreadBlockGroup
-from mscclang.algorithms.alltoallv import build_alltoallv_ll, build_alltoallv_simple, build_alltoallv_zero_copy
-from mscclang.algorithms.common import input_of, mesh_program, output_of, peers, port_mesh
+from mscclang.algorithms.alltoallv import (build_alltoallv_ll, build_alltoallv_port, build_alltoallv_simple,
+                                          build_alltoallv_zero_copy)
+from mscclang.algorithms.common import input_of, mesh_program, output_of, peers
 from mscclang.dsl import Rank
 from mscclang.errors import CountsError, InvalidCall, NotPrepared
 from mscclang.plan.models import MAX_MESSAGE_SIZE
@@ -186,17 +187,15 @@ def test_the_header_carries_the_counts_and_the_tables_follow_the_plan() -> None:
                                                               t.checks[-1].count)
 
 
-def test_port_channels_over_segments_are_refused_naming_the_op() -> None:
-    with mesh_program("a2av_port", AllToAllV, 2, 1, False, "Simple", 1024, None, 0, MAX_MESSAGE_SIZE,
-                      channels=lambda n: port_mesh([(0, 1), (1, 0)])) as (prog, ch):
-        for r in range(2):
-            p = 1 - r
-            ch[(r, p)].put(output_of(p)[r], input_of(r)[p], tb=0)
-            ch[(r, p)].signal(tb=0)
-            ch[(r, p)].wait(tb=0)
-            Rank(r).copy(output_of(r)[r], input_of(r)[r], tb=1)
-    with pytest.raises(PlanError, match=r"rank 0 thread block 0 op 0 \(put\): port channels do not move segments yet"):
-        check_runnable(prog.to_plan())
+def test_port_puts_of_scratch_segments_run_as_whole_slot_copies() -> None:
+    """The copy-engine all-to-all-v is runnable (its port puts move whole scratch slots), and its
+    device plan for a launch carries the proxy's script with one whole-slot copy per peer."""
+    plan = build_alltoallv_port(4)
+    check_runnable(plan)
+    packed = pack_counted(plan, 1, CountedLaunch(0, 16, 6, 10, 10))
+    copies = [c for ch in packed.port.channels for t in ch.triggers for c in t.copies]
+    assert sorted((c.src_off, c.dst_off, c.length) for c in copies) == [
+        (p * 6 * 16, (4 + 1) * 6 * 16, 6 * 16) for p in (0, 2, 3)]
 
 
 def test_the_specialised_kernel_leaves_segment_plans_to_the_interpreter() -> None:
@@ -269,13 +268,17 @@ class _FakeExecutor:
                 lp.ctx = Context(sync_layout(plan, rank), 0x1000, 0x200000, need, {}, {})
             return lp.ctx
 
-        def addresses(lp, ctx, si, so, packed):  # type: ignore[no-untyped-def]
+        def addresses(lp, ctx, si, so, packed, area=0):  # type: ignore[no-untyped-def]
             from mscclang.runtime.device_plan import Addresses
 
             return Addresses(ctx.sync_base, ctx.scratch_base, 0, 0xE000, [0xF000], [(0xA0000 + 256 * k, 2)
                              for k in range(len(plan.gpus[rank].remote_buffers))], [(1, 2, 3)] * len(lp.table(rank).memory))
 
+        from mscclang.runtime.contexts import ContextPool
+
+        # the real upload (pack_blob, the counted part, the DevPlan) over these fakes
         self.contexts = types.SimpleNamespace(ensure=ensure, addresses=addresses)
+        self.contexts.upload = lambda *a, **kw: ContextPool.upload(self.contexts, *a, **kw)
 
     def load(self, plan):  # type: ignore[no-untyped-def]
         return self.lp

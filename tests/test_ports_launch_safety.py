@@ -148,6 +148,29 @@ def test_shipped_port_plans_fit_their_buffers(shipped_plans):
     assert checked > 0, "no shipped plan has a rank with port ops: nothing was checked"
 
 
+def test_shipped_counted_port_plans_fit_their_slots(shipped_plans):
+    """Every port plan with segments in plans/ at two slot sizes: each proxy copy (a whole scratch
+    slot) stays inside the counted launch's scratch, on every rank."""
+    from mscclang.runtime.counted import CountedLaunch, counted_scratch_bytes, pack_counted
+
+    checked = 0
+    for stem, plan, gpn in pp.shipped_port_plans(shipped_plans, counted=True):
+        for row, cap in ((16, 3), (4096, 64)):
+            launch = CountedLaunch(0, row, cap, 5, 7)
+            scratch = counted_scratch_bytes(plan, launch)
+            for r in range(plan.world_size):
+                pk = pack_counted(plan, r, launch)
+                remote = [0x900000] * len(plan.gpus[r].remote_buffers)
+                res = px.Resolved(0x10000, 0x20000, 0x30000, remote, (5 * row, 7 * row, scratch),
+                                  [scratch] * len(remote))
+                try:
+                    px.launch_ops(pk.port, 0x1000, res, [0x77000] * len(pk.port.channels), [None] * len(pk.port.channels), [])
+                except PlanError as e:  # pragma: no cover - the message says which plan
+                    raise AssertionError(f"{stem} rank {r} at rows of {row} B, capacity {cap}: {e}") from e
+                checked += 1
+    assert checked >= 3 * 2 * 2, "the copy-engine all-to-all-v plans were not all checked"
+
+
 def _port_executor(monkeypatch, rank, stream, drv):
     """An Executor shell with a prepared port proxy on the recording driver ``drv``."""
     monkeypatch.setattr(px.cu, "driver", lambda: drv)

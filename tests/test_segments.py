@@ -211,7 +211,8 @@ def test_run_counted_matches_a_numpy_reference(builder, n: int) -> None:
 
 def test_a_port_put_moves_scratch_segments_only() -> None:
     """A port put's copy has its length fixed on the host, so it cannot move a packed segment
-    (whose place and length are counts): the plan check refuses it, naming the operand."""
+    (whose place and length are counts): the DSL refuses it naming the op, and so does the plan
+    check of a JSON plan, naming the operand's JSON path."""
     n = 2
     with mesh_program("port_direct", AllToAllV, n, 1, False, "Simple", 256, None, 0, 2**64 - 1) as (prog, ch):
         port = port_mesh([(0, 1), (1, 0)])
@@ -221,11 +222,17 @@ def test_a_port_put_moves_scratch_segments_only() -> None:
             port[(r, 1 - r)].wait(tb=0)
             port[(r, 1 - r)].flush(tb=0)
             Rank(r).copy(output_of(r)[r], input_of(r)[r], tb=1)
-    doc = json.dumps(plan_to_dict(prog.to_plan()))
-    with pytest.raises(PlanError, match=r"a port put copies each segment as its whole scratch slot .* rank 0's "
-                                        r"input segments lie where the counts put them") as e:
-        load_plan(doc)
-    assert "threadblocks[0].ops[" in str(e.value) and "src_buff[0]" in str(e.value)
+    with pytest.raises(DSLError, match=r"rank 0, tb 0, op \d .*put_with_signal.*: a port put copies each segment as its "
+                                        r"whole scratch slot .* rank 0's input\[1:2\] lies where the counts put it"):
+        prog.to_plan()
+    d = _doc(build_alltoallv_port(2))
+    ops = d["gpus"][0]["threadblocks"][0]["ops"]
+    i = next(i for i, op in enumerate(ops) if op["name"] == "pws")
+    ops[i]["src_buff"][0] = {"type": "i", "index": 1, "size": 1}   # the same entry (0, 1), but packed
+    with pytest.raises(PlanError, match=rf"gpus\[0\]\.threadblocks\[0\]\.ops\[{i}\]\.src_buff\[0\]: a port put copies "
+                                        r"each segment as its whole scratch slot .* rank 0's input segments lie where "
+                                        r"the counts put them"):
+        load_plan(json.dumps(d))
 
 
 def test_a_port_put_copies_the_whole_slot_in_the_simulator_and_the_proxy_script() -> None:

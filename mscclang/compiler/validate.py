@@ -19,7 +19,8 @@ DSL call that recorded the op:
 * semaphores: acquires equal releases per semaphore; a semaphore that starts at 0 needs a thread
   block that releases it before acquiring it;
 * segments (plan/3): an op's operands are all segments or all chunks, their ``t``-th segments
-  name the same count-matrix entry, and no pipeline, switch op, epilogue op or replicated
+  name the same count-matrix entry, a port put moves scratch segments only
+  (:func:`mscclang.plan.segments.moves_whole_slots`), and no pipeline, switch op, epilogue op or replicated
   program (``instances > 1``) moves a segment (:func:`check_segment_op`);
 * with ``instances > 1`` and the interleaved replication policy, overlapping chunks of one buffer
   are addressed with identical ranges everywhere
@@ -39,6 +40,7 @@ from mscclang.compiler.meter import each_rank
 from mscclang.compiler.replicate import check_interleaved_ranges
 from mscclang.compiler.source import user_frame, user_stacklevel
 from mscclang.errors import DSLError, DSLWarning
+from mscclang.plan.segments import moves_whole_slots
 from mscclang.plan.models import (PACKET_DST_FROM, PACKET_SRC_FROM, REDUCE_OPS, SWITCH_OPS, BufferKind, ChannelType,
                                   OpName, paired_index, paired_indices)
 
@@ -326,6 +328,12 @@ def check_segment_op(ir: IRProgram, w: str, op: IROp, in_pipeline: bool = False)
                        "segment is not split")
     if op.name in SWITCH_OPS or op.name in (OpName.radd, OpName.rmsnorm):
         raise DSLError(f"{w}: {op.name.value} cannot take a segment ({first.describe()})")
+    packed = [x for x, e in moved if x.buffer != BufferKind.scratch]
+    if packed and moves_whole_slots(op):  # type: ignore[arg-type]
+        raise DSLError(f"{w}: a port put copies each segment as its whole scratch slot (the copy engine cannot read "
+                       f"a count), and rank {packed[0].rank}'s {packed[0].describe()} lies where the counts put it: copy it "
+                       "through a scratch "
+                       "slot")
     for x, e in segs:
         if e is None:
             raise DSLError(f"{w}: {first.describe()} is a segment of rank {first.rank} but {x.describe()} is a chunk "

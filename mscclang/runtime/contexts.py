@@ -158,25 +158,29 @@ class ContextPool:
         """The device plan of these sizes and buffers on the plan's context (made or grown first),
         built now if new: packed on the host, uploaded on ``stream`` (ordered before the launch that
         follows on it); ``row``: a row-chunked plan's input row bytes."""
-        plan = lp.plan
         ctx = self.ensure(lp, in_bytes, out_bytes, row)
         key = DevPlanKey(in_bytes, out_bytes, getattr(sym_in, "index", None), getattr(sym_out, "index", None), row)
         dp = ctx.plans.get(key)
-        if dp is not None:
-            return dp
-        packed = self.packed(lp, in_bytes, out_bytes, row)
+        return dp if dp is not None else self.upload(lp, ctx, key, self.packed(lp, in_bytes, out_bytes, row),
+                                                     sym_in, sym_out, stream)
+
+    def upload(self, lp: LoadedPlan, ctx: Context, key: DevPlanKey, packed: Any, sym_in: Any, sym_out: Any,
+               stream: int, finish: Optional[Callable[[bytes], bytes]] = None) -> DevPlan:
+        """Device plan ``key`` on ``ctx`` from a rank's ``packed`` blocks: its port area (zeroed),
+        its addresses and its blob (``finish``: what a counted launch appends to it), uploaded on
+        ``stream``."""
         area = 0
         if packed.port is not None:
             area = cu.mem_alloc(packed.port.area_bytes)
             cu.memset_d8(area, 0, packed.port.area_bytes, stream)
         addr = self.addresses(lp, ctx, sym_in, sym_out, packed, area)
-        blob = pack_blob(plan, packed, addr, ctx.sync)
+        blob = pack_blob(lp.plan, packed, addr, ctx.sync)
+        blob = finish(blob) if finish is not None else blob
         p = cu.mem_alloc(len(blob))
         cu.htod(p, blob, stream)
         smem = max((len(b.region) for b in packed.blocks), default=16)
-        dp = DevPlan(p, len(blob), len(packed.blocks), smem, packed.packet_align, packed.uses_packets,
-                     packed, addr, area)
-        ctx.plans[key] = dp
+        ctx.plans[key] = dp = DevPlan(p, len(blob), len(packed.blocks), smem, packed.packet_align,
+                                      packed.uses_packets, packed, addr, area)
         return dp
 
     def addresses(self, lp: LoadedPlan, ctx: Context, sym_in: Any, sym_out: Any, packed: Any = None,

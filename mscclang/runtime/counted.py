@@ -256,9 +256,8 @@ def launch_counted(ex: Any, plan: Plan, in_ptr: int, out_ptr: int, dt: str, laun
     rows and bytes they moved (:func:`mscclang.runtime.trace.decode`); never inside a capture."""
     from mscclang.errors import InvalidCall, NotPrepared
     from mscclang.plan.segments import row_alignment
-    from mscclang.runtime.device_plan import pack_blob
     from mscclang.runtime import cuda as cu
-    from mscclang.runtime.state import DevPlan, DevPlanKey, LaunchEntry, Operands, describe_call
+    from mscclang.runtime.state import DevPlanKey, LaunchEntry, Operands, describe_call
 
     ab = ex.abort
     if ab.aborted or ab.state():
@@ -300,22 +299,12 @@ def launch_counted(ex: Any, plan: Plan, in_ptr: int, out_ptr: int, dt: str, laun
             raise InvalidCall(f"rank {r}: plan {plan.name} needs the same row_bytes and capacity on every rank, got "
                               + ", ".join(f"rank {q}: {b.decode()}" for q, b in enumerate(theirs)))
         ctx = ex.contexts.ensure(lp, launch.in_bytes, launch.out_bytes, need=counted_scratch_bytes(plan, launch))
-        packed = pack_counted(plan, r, launch, lp.static)
-        smem = max((len(b.region) for b in packed.blocks), default=16)
-        ex.kernels.fit(f, lp.nthreads, smem, len(packed.blocks), f"rank {r}", packed.uses_packets, packed.packet_align,
-                       pkt)
-        area = 0
-        if packed.port is not None:   # port puts copy whole scratch slots: their script has fixed lengths
-            area = cu.mem_alloc(packed.port.area_bytes)
-            cu.memset_d8(area, 0, packed.port.area_bytes, s)
-        addr = ex.contexts.addresses(lp, ctx, sym_in, sym_out, packed, area)
-        blob = counted_blob(pack_blob(plan, packed, addr, ctx.sync), count_tables(plan), launch)
-        dp = DevPlan(_upload(blob, s), len(blob), len(packed.blocks), smem, packed.packet_align, packed.uses_packets,
-                     packed, addr, area)
-        if lp.has_port:
+        dp = ex.contexts.upload(lp, ctx, key, pack_counted(plan, r, launch, lp.static), sym_in, sym_out, s,
+                                lambda blob: counted_blob(blob, count_tables(plan), launch))
+        ex.kernels.fit(f, lp.nthreads, dp.smem, dp.n_blocks, f"rank {r}", dp.uses_packets, dp.packet_align, pkt)
+        if lp.has_port:   # port puts copy whole scratch slots: the proxy's script has fixed lengths
             dp.port_launch = ex.entries.port_launch(lp, dp, launch.in_bytes, launch.out_bytes,
                                                     lambda q: pack_counted(plan, q, launch, lp.static).port)
-        ctx.plans[key] = dp
     ent = LaunchEntry(f, dp.blob, dp.n_blocks, lp.nthreads, dp.smem, cu.ptr(f), None, None, ctx, dp.port_launch)
     ab.user_thread = threading.get_ident()
     ex._last_call = (describe_call(plan, launch.in_bytes, launch.out_bytes, dt, pkt, lp.default_op) + " (counted"
@@ -344,12 +333,3 @@ def _traced_run(ex: Any, plan: Plan, lp: Any, ent: Any, opr: Any, dp: Any, in_pt
     call = counted_call(plan, [row[:n] for row in m], launch.row_bytes, [row[n] for row in m],
                         [row[n + 1] for row in m], launch.capacity)
     return decode(plan, ex.comm.rank, [b.region for b in dp.packed.blocks], words, counted=call)
-
-
-def _upload(blob: bytes, stream: int) -> int:
-    """``blob`` in device memory, copied on ``stream`` (ordered before the launch that follows)."""
-    from mscclang.runtime import cuda as cu
-
-    p = cu.mem_alloc(len(blob))
-    cu.htod(p, blob, stream)
-    return p

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 from mscclang.config import CUDA_MAX_CONNECTIONS, Settings
 from mscclang.errors import PlanError
 from mscclang.plan.check import validate_plan
-from mscclang.plan.segments import ref_entries
 from mscclang.plan.models import SEMAPHORE_OPS, SIGNAL_OPS, SWITCH_OPS, WAIT_OPS, BufferKind, ChannelOrdinal, ChannelType, Op, OpName, Plan, ThreadBlock
 from mscclang.runtime.ports import check_port_plan, is_port_op, pair_slots, port_inbound_slots
 from mscclang.runtime.topology import Topology, channel_transports
@@ -142,10 +141,7 @@ def _check_op(plan: Plan, rank: int, tb: ThreadBlock, i: int, op: Op, allow_swit
               inner: Optional[int]) -> None:
     where = where_of(rank, tb.id, i, inner)
     if is_port_op(op):
-        if any(ref_entries(plan, rank, tb, op, x) is not None for x in op.src_buff + op.dst_buff):
-            raise PlanError(f"rank {rank} thread block {tb.id} op {i} ({op.name.value}): port channels do not move "
-                            "segments yet (the proxy does not read the count matrix)", where)
-        return   # checked while packing (mscclang.runtime.ports)
+        return   # checked while packing (mscclang.runtime.ports); over segments, moves_whole_slots
     if op.name in SWITCH_OPS or op.channel_type == ChannelType.switch:
         raise PlanError(f"rank {rank} thread block {tb.id} op {i} ({op.name.value}) uses a switch channel "
                         "(NVLink multicast), which this executor does not run"

@@ -201,10 +201,12 @@ SAMPLES = {
 }
 
 
-def shipped_port_plans(files: Optional[Sequence[Path]] = None) -> list[tuple[str, Plan, int]]:
+def shipped_port_plans(files: Optional[Sequence[Path]] = None, counted: bool = False) -> list[tuple[str, Plan, int]]:
     """(file stem, plan, GPUs per node) of every plan of ``files`` (default: the checkout's
     shipped plans, :func:`tests.harness.shipped.shipped_plan_files`) that uses port channels; GPUs
-    per node from the stem's ``gpus_per_node<N>`` part (default: all ranks on one node)."""
+    per node from the stem's ``gpus_per_node<N>`` part (default: all ranks on one node). Plans with
+    segments (sized by a call's counts, not a message size) only with ``counted``, and then only
+    they."""
     from mscclang.plan.io import load_plan
     from tests.harness.shipped import shipped_plan_files
 
@@ -214,6 +216,8 @@ def shipped_port_plans(files: Optional[Sequence[Path]] = None) -> list[tuple[str
         if '"port"' not in text:
             continue
         plan = load_plan(text)
+        if plan.has_segments() != counted:
+            continue
         gpn = plan.world_size
         for part in f.stem.split("."):
             if part.startswith("gpus_per_node"):
