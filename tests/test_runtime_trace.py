@@ -124,11 +124,12 @@ def test_ranks_are_put_on_one_time_base():
     assert b.events[0]["ts"] == 0.5   # the traces are not changed
 
 
-@pytest.mark.parametrize("name", ["alltoallv_ll.r2.i1", "alltoallv_simple.r4.i1"])
+@pytest.mark.parametrize("name", ["alltoallv_ll.r2.i1", "alltoallv_simple.r4.i1", "alltoallv_port.r4.i1"])
 def test_a_counted_launch_trace_names_each_segment_ops_rows(name):
     """A plan with segments: each segment op's event carries the count entries of its segments,
-    the rows they held in this call and their bytes; chunk ops carry none."""
-    from mscclang.plan.segments import counted_call, ref_entries
+    the rows they held in this call and the bytes it moved (a port put: its whole slots); chunk
+    ops carry none."""
+    from mscclang.plan.segments import counted_call, moves_whole_slots, ref_entries
     from mscclang.runtime.counted import CountedLaunch, pack_counted
 
     plan = load_plan(ROOT / "plans" / f"{name}.json")
@@ -155,7 +156,8 @@ def test_a_counted_launch_trace_names_each_segment_ops_rows(name):
                 assert "rows" not in e["args"]
                 continue
             rows = [counts[i][j] for i, j in entries]
-            assert e["args"]["rows"] == sum(rows) and e["args"]["bytes"] == 48 * sum(rows)
+            moved = 8 * len(rows) if moves_whole_slots(op) else sum(rows)
+            assert e["args"]["rows"] == sum(rows) and e["args"]["bytes"] == 48 * moved, (name, op.name)
             assert e["args"]["segments"] == " ".join(f"[{i},{j}]={v}" for (i, j), v in zip(entries, rows))
             seen += 1
     assert seen

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from mscclang.errors import PlanError
 from mscclang.plan.models import ChannelType, Plan
-from mscclang.plan.segments import CountedCall, ref_entries
+from mscclang.plan.segments import CountedCall, moves_whole_slots, ref_entries
 from mscclang.runtime import cuda as cu
 from mscclang.runtime.ports import DOP_PORT_FINAL
 from mscclang.runtime.structs import BLOCK_HEADER, DEV_OP
@@ -172,13 +172,15 @@ def _order_problems(rank: int, expected: dict[int, list[int]], spans: dict[tuple
 
 
 def _segment_args(plan: Plan, rank: int, tb: Any, op: Any, counted: CountedCall) -> dict[str, Any]:
-    """The rows a segment op moved in this call (nothing for a chunk op)."""
+    """The rows a segment op moved in this call and its bytes (a port put's: its whole slots;
+    nothing for a chunk op)."""
     for ref in list(op.src_buff) + list(op.dst_buff):
         entries = ref_entries(plan, rank, tb, op, ref)
         if entries is not None:
             rows = [counted.rows(e) for e in entries]
+            moved = len(rows) * counted.capacity if moves_whole_slots(op) else sum(rows)
             return {"segments": " ".join(f"[{i},{j}]={v}" for (i, j), v in zip(entries, rows)),
-                    "rows": sum(rows), "bytes": sum(rows) * counted.row_bytes}
+                    "rows": sum(rows), "bytes": moved * counted.row_bytes}
     return {}
 
 
