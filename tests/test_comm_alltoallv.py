@@ -234,3 +234,37 @@ def test_a_repeated_call_chooses_its_plan_once(monkeypatch) -> None:
     res, _, _ = run_ranks(n, body, plans=_plans(n), engine="sim")
     assert res[0] == res[1] and res[0][:3] == ["alltoallv_ll"] * 3 and res[0][3:] == ["alltoallv_simple"] * 2
     assert len(scans) == 2 * n                       # two choices on each rank
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_tuning_rule_picks_the_copy_engine_plan_or_torch(n: int) -> None:
+    """The copy-engine ``alltoallv_port`` runs where a tuning rule names it (never by itself),
+    exact on every rank with counts below and at the capacity; a rule naming nccl first sends the
+    call to torch.distributed; a rule naming the zero-copy plan on ordinary tensors is passed
+    over for the next choice."""
+    from mscclang.comm.tuning import TuningTable
+
+    counts = _counts(n, 11)
+    xs = _inputs(n, counts, (6,), torch.bfloat16)
+    cap = max(max(row) for row in counts)   # the capacity: the largest count (some segments at it)
+
+    def table(*plans: str) -> TuningTable:
+        return TuningTable(rules=[{"collective": "all_to_all_v", "candidates": [{"plan": p} for p in plans]}]
+                           if plans else [])
+
+    def body(comm):
+        r = comm.rank
+        out = torch.zeros((n * cap, 6), dtype=torch.bfloat16)
+        got, recv = comm.all_to_all_v(xs[r], torch.tensor(counts[r]), out=out, capacity=cap)
+        return got.clone(), comm.last_all_to_all_v
+
+    algos = ALGOS + ["alltoallv_port"]
+    for rule, want_plan in ((table("alltoallv_port"), "alltoallv_port"), (table(), "alltoallv_simple"),   # rows of 12 bytes: no LL
+                            (table("alltoallv_zero_copy", "alltoallv_port"), "alltoallv_port"),
+                            (table("nccl", "alltoallv_port"), None)):
+        res, _, fb = run_ranks(n, body, plans=_plans(n, algos), engine="sim", tuning=rule)
+        for r, (got, plan) in enumerate(res):
+            want = _reference(counts, xs, r)
+            assert torch.equal(got[: len(want)].view(torch.int16), want.view(torch.int16)), (want_plan, r)
+            assert (plan or "").split(".")[0] == (want_plan or ""), (rule, plan)
+        assert bool(fb.calls) == (want_plan is None)

@@ -13,10 +13,12 @@ One call is two launches, with no host synchronisation when ``out`` is given:
 
 The receive counts come back as a device tensor (column ``rank`` of the matrix). Without
 ``out``, the call reads the matrix on the host once to size it (its docstring says so). The
-plan is the LL one for small calls (the capacity's bytes within its range, rows a multiple of
-8 bytes), the zero-copy one when ``x`` and ``out`` are symmetric (``Communicator.empty``), else
-the one through scratch. An engine that does not run plans with segments (the GPU executor, for now)
-sends the call to torch.distributed's ``all_to_all_single`` with the splits read on the host.
+plan is the one a tuning rule for ``alltoallv`` names at the slot bytes (``capacity *
+row_bytes``), else the LL one for small calls (the capacity's bytes within its range, rows a
+multiple of 8 bytes), the zero-copy one when ``x`` and ``out`` are symmetric
+(``Communicator.empty``), else the one through scratch. The copy-engine ``alltoallv_port`` runs
+only where a rule names it. Without an engine that runs the plan, the call goes to
+torch.distributed's ``all_to_all_single`` with the splits read on the host.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Callable, Optional
 
 from mscclang.comm.catalog import Catalog, PlanVariant
 from mscclang.comm.tracing import TracedCall
+from mscclang.comm.tuning import NCCL, TuningTable
 from mscclang.errors import CountsError, InvalidCall
 from mscclang.plan.call import COUNT_COLUMNS, check_tensor, make_counted_call
 from mscclang.plan.models import Plan
@@ -42,11 +45,14 @@ __all__ = ["CountedCalls", "ALLTOALLV"]
 class CountedCalls:
     """The all-to-all-v calls of one rank, beside the rank's :class:`~mscclang.comm.launch.Launch`
     ``runs`` (its planner's rank, world and device, its engine, its torch.distributed fallback
-    and its log), the communicator's ``catalog`` and its ``all_gather(inp, out)`` (the count
-    exchange). ``last``: the plan the last call ran (None: the fallback)."""
+    and its log), the communicator's ``catalog``, its ``all_gather(inp, out)`` (the count
+    exchange) and its tuning ``table``. ``last``: the plan the last call ran (None: the
+    fallback)."""
 
-    def __init__(self, runs: Any, catalog: Catalog, all_gather: Callable[[Any, Any], Any]) -> None:
+    def __init__(self, runs: Any, catalog: Catalog, all_gather: Callable[[Any, Any], Any],
+                 table: Optional[TuningTable] = None) -> None:
         self.runs = runs
+        self.table = table
         self.rank, self.world, self.device = runs.planner.rank, runs.planner.world_size, runs.planner.device
         self.catalog = catalog
         self.all_gather = all_gather
@@ -144,25 +150,36 @@ class CountedCalls:
         a = call.counted
         # zero-copy on symmetric buffers (registered tensors do not run plans with segments on the GPU)
         zero_copy = bool(x.numel() and out.numel()) and eng.memory.is_symmetric(x) and eng.memory.is_symmetric(out)
-        key = (id(eng), a.capacity * a.row_bytes, a.row_bytes % 8 == 0, zero_copy)
+        key = (id(eng), a.capacity * a.row_bytes, a.row_bytes % 8 == 0, zero_copy, call.dtype.name)
         if key not in self._choices:
             if len(self._choices) >= CHOICES:
                 self._choices.clear()
-            self._choices[key] = self._pick(eng, key[1], key[2], zero_copy)
+            self._choices[key] = self._pick(eng, key[1], key[2], zero_copy, call.dtype.name)
         return self._choices[key]
 
-    def _pick(self, eng: Any, nbytes: int, packets: bool, zero_copy: bool) -> Optional[Plan]:
-        """:meth:`_choose`'s choice: LL where rows are whole 8-byte words and the slots fit its
-        range, zero-copy on symmetric buffers, else Simple (a note names why none runs)."""
+    def _pick(self, eng: Any, nbytes: int, packets: bool, zero_copy: bool, dtype: str) -> Optional[Plan]:
+        """:meth:`_choose`'s choice for slots of ``nbytes``: first the plans the tuning table's
+        rule for all-to-all-v at these slot bytes names, in its order (``nccl``: torch.distributed;
+        the only way to the copy-engine ``alltoallv_port``), then LL where rows are whole 8-byte
+        words and the slots fit its range, zero-copy on symmetric buffers, else Simple. A plan
+        the buffers cannot take (zero-copy on ordinary tensors, LL on rows of 4-byte words) is
+        passed over; a note names why none runs."""
         found: dict[str, PlanVariant] = {}
         for v in self.catalog.matching(ALLTOALLV, self.world):
             found.setdefault(v.algorithm, v)
-        order = ["alltoallv_ll"] if packets else []
+        rule = self.table.rule_for(ALLTOALLV, self.world, dtype, nbytes) if self.table is not None else None
+        order = [c.plan for c in rule.candidates] if rule is not None else []
+        order += ["alltoallv_ll"] if packets else []
         order += ["alltoallv_zero_copy"] if zero_copy else []
         order += ["alltoallv_simple"]
         for name in order:
+            if name == NCCL:
+                self.note(ALLTOALLV, f"mscclang rank {self.rank}: all_to_all_v runs on torch.distributed: the "
+                          f"tuning rule for slots of {nbytes} bytes names nccl first")
+                return None
             v = found.get(name)
-            if v is None or (v.protocol == "LL" and not v.fits(nbytes)):
+            if (v is None or (v.protocol == "LL" and not (packets and v.fits(nbytes)))
+                    or (v.symmetric and not zero_copy)):
                 continue
             plan = v.load()
             why = eng.launch.runnable(plan)

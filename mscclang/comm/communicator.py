@@ -90,7 +90,8 @@ class Communicator:
         self.planner = Planner(self.rank, self.world_size, self.device, self.backend, self.selector,
                                self._fallback is not None, self._note, self._runtime_error)
         self._runs = Launch(self.planner, self.backend, self._fallback, self._calls, self._note)
-        self._counted = CountedCalls(self._runs, self.catalog, lambda inp, out: self.all_gather(inp, out=out))
+        self._counted = CountedCalls(self._runs, self.catalog, lambda inp, out: self.all_gather(inp, out=out),
+                                    self.tuning)
         self._moe = MoECalls(self.rank, self.world_size, self.device, lambda inp, out: self.all_gather(inp, out=out),
                              lambda x, counts, out, cap: self.all_to_all_v(x, counts, out=out, capacity=cap))
 

@@ -85,7 +85,7 @@ class Rule(_Strict):
     @classmethod
     def _coll(cls, v: str) -> str:
         try:
-            return plan_collective(v)
+            return plan_collective(v, counted=True)
         except Exception as e:  # CommError -> a validation message
             raise ValueError(str(e)) from None
 
@@ -130,7 +130,7 @@ class TuningTable(_Strict):
 
     def rule_for(self, collective: str, world_size: int, dtype: str, nbytes: int) -> Optional[Rule]:
         """The rule that applies to a call, or ``None`` (see the module docstring)."""
-        coll = plan_collective(collective)
+        coll = plan_collective(collective, counted=True)
         rules = [r for r in self.rules if r.applies(coll, world_size, dtype)]
         for by_dtype in ([r for r in rules if r.exact_dtype(dtype)], [r for r in rules if "*" in r.dtypes]):
             for group in ([r for r in by_dtype if r.world_size is not None],

@@ -247,30 +247,34 @@ def unknown_collective_message(name: object) -> str:
     return f"unknown collective {name!r}{hint}; known: {', '.join(COLLECTIVES)}"
 
 
-def find_plan_collective(name: str) -> Optional[str]:
+#: API name -> plan name of the collectives with data-dependent counts (``all_to_all_v``)
+COUNTED_API_TO_PLAN: dict[str, str] = {c.api: c.name for c in TABLE.values() if c.api and c.counted}
+
+
+def find_plan_collective(name: str, counted: bool = False) -> Optional[str]:
     """Plan name of a collective the communicator runs, given either spelling (``all_reduce``,
-    ``allreduce``, ``All-Reduce``), or ``None`` when it names none."""
+    ``allreduce``, ``All-Reduce``), or ``None`` when it names none; with ``counted`` the
+    collectives with data-dependent counts too (``all_to_all_v``: what a tuning rule may name)."""
     key = str(name).strip().lower().replace("-", "_")
-    if key in API_TO_PLAN:
-        return API_TO_PLAN[key]
+    names = {**API_TO_PLAN, **COUNTED_API_TO_PLAN} if counted else API_TO_PLAN
+    if key in names:
+        return names[key]
     key2 = key.replace("_", "")
-    if key2 in PLAN_TO_API:
-        return key2
-    return None
+    return key2 if key2 in names.values() else None
 
 
-def unknown_api_collective_message(name: object) -> str:
+def unknown_api_collective_message(name: object, counted: bool = False) -> str:
     """The error text for a name :func:`find_plan_collective` does not know."""
-    return f"unknown collective {name!r}; known: {', '.join(API_TO_PLAN)}"
+    return f"unknown collective {name!r}; known: {', '.join([*API_TO_PLAN, *(COUNTED_API_TO_PLAN if counted else ())])}"
 
 
-def plan_collective(name: str) -> str:
-    """Plan name of a collective given either spelling (``all_reduce`` or ``allreduce``);
-    :class:`~mscclang.errors.CommError` (an ``InvalidCall``) naming the known API names for
-    anything else."""
-    found = find_plan_collective(name)
+def plan_collective(name: str, counted: bool = False) -> str:
+    """Plan name of a collective given either spelling (``all_reduce`` or ``allreduce``; with
+    ``counted`` also ``all_to_all_v``); :class:`~mscclang.errors.CommError` (an ``InvalidCall``)
+    naming the known API names for anything else."""
+    found = find_plan_collective(name, counted)
     if found is None:
-        raise CommError(unknown_api_collective_message(name))
+        raise CommError(unknown_api_collective_message(name, counted))
     return found
 
 
