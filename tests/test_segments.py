@@ -343,6 +343,9 @@ def test_cli_verify_and_show(tmp_path) -> None:
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "takes mscclang.plan/1 plans, not mscclang.plan/3" in r.stderr
     assert "Traceback" not in r.stderr
+    path.write_text(json.dumps(plan_to_dict(build_alltoallv_port(2))))
+    r = subprocess.run([sys.executable, "-m", "mscclang", "show", str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "pws         s[1:2] -> s[2:3]@r1  [ch0->r1; whole slots]" in r.stdout, r.stdout
 
 
 def test_cli_run_verifies_a_counted_plan_on_the_simulator(tmp_path) -> None:

@@ -19,7 +19,9 @@ from typing import Optional
 from mscclang.cli.args import suffix_arg
 from mscclang.errors import PlanError
 from mscclang.plan.io import plan_from_document, read_plan_document
+from mscclang.plan.segments import moves_whole_slots
 from mscclang.plan.models import (
+    BufferKind,
     BufferRef,
     ChannelType,
     Gpu,
@@ -219,6 +221,8 @@ def format_op(op: Op, names: _Names, label: str) -> list[str]:
         extras.append(f"tbg {op.tbg_info.tb_id}/{op.tbg_info.tbg_size}")
     if op.reduce_op is not None:
         extras.append(op.reduce_op.value)
+    if moves_whole_slots(op) and names.gpu.segmented(BufferKind.scratch) is not None:
+        extras.append("whole slots")   # a port put of segments copies each slot's capacity
     tail = ("  [" + "; ".join(extras) + "]") if extras else ""
     sep = "  " if body else ""
     return [f"{label:>6}  {op.name.value:<10}{sep}{body}{tail}".rstrip() + _src(op)]
