@@ -29,3 +29,18 @@ def test_no_prebuilt_directory_is_silent(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="mscclang.runtime"):
         assert build.find_prebuilt("f16", "sm_90") is None
     assert not caplog.records
+
+
+def test_traced_modules_have_prebuilt_names_of_their_own(tmp_path, monkeypatch, caplog):
+    """``build-kernel --traced`` copies the traced modules beside the others, under names of
+    their own (their sources differ); a folder without them is silent, one with them is used."""
+    monkeypatch.setenv("MSCCLANG_CUBIN_DIR", str(tmp_path))
+    name = build.prebuilt_name("bf16", "sm_90", traced=True)
+    assert name.startswith("mscclang_bf16_trace_sm_90_") and name != build.prebuilt_name("bf16", "sm_90")
+    (tmp_path / build.prebuilt_name("bf16", "sm_90")).write_bytes(b"u")
+    with caplog.at_level(logging.WARNING, logger="mscclang.runtime"):
+        assert build.find_prebuilt("bf16", "sm_90", traced=True) is None
+    assert not caplog.records
+    (tmp_path / name).write_bytes(b"t")
+    assert build.find_prebuilt("bf16", "sm_90", traced=True) == tmp_path / name
+    assert build.find_prebuilt("bf16", "sm_90") == tmp_path / build.prebuilt_name("bf16", "sm_90")

@@ -1,6 +1,8 @@
 """``mscclang build-kernel``: compile every kernel variant with NVRTC for one arch, no GPU needed
 (CI runs it), and compile the device-plan layout checks.
 
+``--traced`` also builds the traced variants (``comm.trace()``, ``mscclang trace``), which a GPU
+run would otherwise build with NVRTC at its first traced launch (about a minute per dtype).
 ``--arch`` takes ``sm_90``, ``90`` or ``sm_90a``; an architecture the installed NVRTC cannot
 target is refused before anything is compiled, with the list of those it can. A progress bar with
 an ETA is drawn on stderr when it is a terminal (or with ``--progress``).
@@ -38,6 +40,8 @@ def add_parser(sub: "argparse._SubParsersAction") -> None:
     add_output_option(p, metavar="DIR", help="also copy the cubins here, named for MSCCLANG_CUBIN_DIR")
     p.add_argument("--no-cache", action="store_true", help="ignore the disk cache")
     p.add_argument("--jobs", type=int_range_arg(1, 256), default=1, help="parallel compiler processes")
+    p.add_argument("--traced", action="store_true",
+                   help="also the traced variants (comm.trace(), mscclang trace), so a GPU run does not build them")
     add_progress_flag(p)
     g = p.add_argument_group("plan-specialised kernels (prebuilt for MSCCLANG_CUBIN_DIR)")
     g.add_argument("--plan", action="append", default=[], metavar="FILE", help="plan JSON file (repeatable)")
@@ -84,11 +88,11 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _build_one(job: tuple[str, str, bool]) -> "object":
+def _build_one(job: tuple[str, str, bool, bool]) -> "object":
     from mscclang.runtime import build
 
-    dtype, arch, use_cache = job
-    return build.build_module(dtype, arch, use_cache=use_cache)
+    dtype, arch, use_cache, traced = job
+    return build.build_module(dtype, arch, use_cache=use_cache, traced=traced)
 
 
 def prebuild_plans(args: argparse.Namespace, arch: str) -> int:
@@ -135,31 +139,32 @@ def run(args: argparse.Namespace) -> int:
             raise RuntimeUnavailable(f"--arch {arch}: the fp8 kernels need sm_{build.FP8_MIN_ARCH} or newer "
                                      "(hardware fp8 conversions)")
         dtypes = [c for c in dtypes if c not in fp8]
+    jobs = [(d, False) for d in dtypes] + ([(d, True) for d in dtypes] if args.traced else [])
     mods = []
     # the ETA counts kernels (an fp8 module holds a third of the others'); the layout checks, a
     # fraction of a second, are no step of it (counted as one, they made every ETA the elapsed time)
-    with Progress(len(dtypes), f"build kernels for {arch}", unit="module", enabled=args.progress,
-                  work=sum(build.module_kernels(d) for d in dtypes)) as bar:
+    with Progress(len(jobs), f"build kernels for {arch}", unit="module", enabled=args.progress,
+                  work=sum(build.module_kernels(d) for d, _ in jobs)) as bar:
         bar.set_note("layout checks")
         build.compile_source(layout_asserts(), arch, name="layout_asserts.cu")
-        if args.jobs <= 1 or len(dtypes) <= 1:
-            for d in dtypes:
-                bar.set_note(d)
-                mods.append(build.build_module(d, arch, use_cache=not args.no_cache))
+        if args.jobs <= 1 or len(jobs) <= 1:
+            for d, traced in jobs:
+                bar.set_note(d + (" traced" if traced else ""))
+                mods.append(build.build_module(d, arch, use_cache=not args.no_cache, traced=traced))
                 bar.update(work=build.module_kernels(d))
         else:
             import multiprocessing as mp
 
-            bar.set_note(f"{len(dtypes)} dtypes on {min(args.jobs, len(dtypes))} processes")
+            bar.set_note(f"{len(jobs)} modules on {min(args.jobs, len(jobs))} processes")
 
             # a Pool, not a ProcessPoolExecutor: on Ctrl-C it can be terminated at once
-            pool = mp.get_context("spawn").Pool(min(args.jobs, len(dtypes)), initializer=_ignore_sigint)
+            pool = mp.get_context("spawn").Pool(min(args.jobs, len(jobs)), initializer=_ignore_sigint)
             try:
                 done = {}
-                for m in pool.imap_unordered(_build_one, [(d, arch, not args.no_cache) for d in dtypes]):
-                    done[m.dtype] = m
+                for m in pool.imap_unordered(_build_one, [(d, arch, not args.no_cache, t) for d, t in jobs]):
+                    done[(m.dtype, m.traced)] = m
                     bar.update(work=build.module_kernels(m.dtype))
-                mods = [done[d] for d in dtypes]
+                mods = [done[j] for j in jobs]
                 pool.close()
             finally:
                 pool.terminate()
@@ -167,11 +172,11 @@ def run(args: argparse.Namespace) -> int:
     maj, mnr = build.nvrtc_version()
     print(f"layout static_asserts: ok ({arch})")
     for m in mods:
-        print(f"{m.dtype}: {len(m.cubin)} bytes {'(cached) ' if m.cached else ''}{m.path}")
+        print(f"{m.dtype}{' traced' if m.traced else ''}: {len(m.cubin)} bytes {'(cached) ' if m.cached else ''}{m.path}")
         if args.out:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(m.path, out / build.prebuilt_name(m.dtype, arch))
+            shutil.copyfile(m.path, out / build.prebuilt_name(m.dtype, arch, m.traced))
     n = sum(build.module_kernels(m.dtype) for m in mods)
     print(f"{n} kernels for {arch} with NVRTC {maj}.{mnr} in {time.time() - t0:.1f}s")
     return 0

@@ -175,6 +175,7 @@ class BuiltModule:
     cubin: bytes
     path: Path
     cached: bool
+    traced: bool = False
 
 
 def arch_string(arch: str | int | tuple[int, int]) -> str:
@@ -232,7 +233,7 @@ def build_module(dtype: str, arch: str | int | tuple[int, int] = "sm_90", option
     ).hexdigest()[:32]
     path = cache_dir() / f"mscclang_{dtype}{'_trace' if traced else ''}_{arch}_{key}.cubin"
     if use_cache and path.is_file():
-        return BuiltModule(dtype, arch, path.read_bytes(), path, True)
+        return BuiltModule(dtype, arch, path.read_bytes(), path, True, traced)
     cubin = compile_source(src, arch, options, name=f"mscclang_{dtype}.cu")
     if use_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -240,28 +241,33 @@ def build_module(dtype: str, arch: str | int | tuple[int, int] = "sm_90", option
         with os.fdopen(fd, "wb") as f:
             f.write(cubin)
         os.replace(tmp, path)
-    return BuiltModule(dtype, arch, cubin, path, False)
+    return BuiltModule(dtype, arch, cubin, path, False, traced)
 
 
-def prebuilt_name(dtype: str, arch: str) -> str:
-    """File name of a prebuilt cubin (``mscclang build-kernel --out DIR``): keyed by dtype, arch
-    and the sources' hash, so a stale file is never picked up."""
-    return f"mscclang_{dtype}_{arch_string(arch)}_{source_hash(module_source(dtype))[:16]}.cubin"
+def prebuilt_name(dtype: str, arch: str, traced: bool = False) -> str:
+    """File name of a prebuilt cubin (``mscclang build-kernel --out DIR``, ``--traced`` for the
+    traced variants): keyed by dtype, arch and the sources' hash, so a stale file is never picked
+    up."""
+    kind = f"{dtype}_trace" if traced else dtype
+    return f"mscclang_{kind}_{arch_string(arch)}_{source_hash(module_source(dtype, traced))[:16]}.cubin"
 
 
-def find_prebuilt(dtype: str, arch: str) -> Optional[Path]:
+def find_prebuilt(dtype: str, arch: str, traced: bool = False) -> Optional[Path]:
     """A prebuilt cubin from ``MSCCLANG_CUBIN_DIR`` matching the current sources, if any. When the
     directory is set but holds none for these sources (e.g. built from other sources), a warning
     names the file expected and those present: the caller then builds with NVRTC, which takes
-    tens of seconds per dtype."""
+    tens of seconds per dtype. Traced modules are optional there: none is no warning."""
     d = settings.cubin_dir
     if not d:
         return None
-    name = prebuilt_name(dtype, arch)
+    name = prebuilt_name(dtype, arch, traced)
     p = Path(d) / name
     if p.is_file():
         return p
-    others = sorted(q.name for q in Path(d).glob(f"mscclang_{dtype}_{arch_string(arch)}_*.cubin"))
+    kind = f"{dtype}_trace" if traced else dtype
+    others = sorted(q.name for q in Path(d).glob(f"mscclang_{kind}_{arch_string(arch)}_*.cubin"))
+    if traced and not others:
+        return None
     _log.warning("MSCCLANG_CUBIN_DIR=%s has no %s for the current executor sources (%s); building %s with "
                  "NVRTC instead (run `python3 -m mscclang build-kernel --out %s` to refresh)",
                  d, name, "stale: " + ", ".join(others) if others else "none for this dtype and arch", dtype, d)

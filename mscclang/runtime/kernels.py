@@ -100,7 +100,7 @@ class KernelCache:
         mkey = dtype + ("_trace" if traced else "")
         mod = self._modules.get(mkey)
         if mod is None:
-            pre = None if traced else find_prebuilt(dtype, self.arch)
+            pre = find_prebuilt(dtype, self.arch, traced)
             if pre is not None:
                 err, m = drv.cuModuleLoadData(pre.read_bytes())
                 mod = m if int(err) == 0 else None
