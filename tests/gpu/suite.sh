@@ -2,7 +2,7 @@
 # The whole GPU suite in two commands of at most 8 minutes each, on a machine with ONE GPU (ranks
 # share it through MSCCLANG_RANKS_PER_GPU; functional checks, no timing means anything) or on
 # several GPUs (one rank per GPU). Run from the repository root on the GPU machine, carrying
-# .cubins (python3 -m mscclang build-kernel --out .cubins) and, where the machine lacks pydantic,
+# .cubins (python3 -m mscclang build-kernel --out .cubins --traced) and, where the machine lacks pydantic,
 # .whl (wheels of the missing packages and a prelude.sh that installs them):
 #
 #   bash tests/gpu/suite.sh all    # every file of tests/gpu, 2 ranks sharing the GPU
