@@ -302,9 +302,9 @@ def _fake_build(monkeypatch, seconds_per_kernel: float):
     monkeypatch.setattr(build, "compile_source", lambda *a, **k: b"")
     monkeypatch.setattr(build, "nvrtc_version", lambda: (13, 0))
 
-    def build_module(dtype, arch, use_cache=True):
+    def build_module(dtype, arch, use_cache=True, traced=False):
         clock.now += seconds_per_kernel * build.module_kernels(dtype)
-        return SimpleNamespace(dtype=dtype, cubin=b"x", cached=False, path="/nowhere")
+        return SimpleNamespace(dtype=dtype, cubin=b"x", cached=False, path="/nowhere", traced=traced)
 
     monkeypatch.setattr(build, "build_module", build_module)
 
@@ -330,3 +330,8 @@ def test_build_kernel_eta_is_not_the_elapsed_time(capsys, monkeypatch):
     assert "1m00s elapsed, ETA 40s" in at, lines
     at = next(ln for ln in lines if "2/3 modules" in ln)
     assert "1m20s elapsed, ETA 20s" in at, lines
+    # --traced: each module twice (bf16, then its traced variant: 60 s each)
+    res = cli_inproc(capsys, "build-kernel", "--dtype", "bf16", "--traced", "--progress")
+    assert res.returncode == 0 and "bf16 traced: 1 bytes" in res.stdout, (res.stdout, res.stderr)
+    at = next(ln for ln in _etas(res.stderr) if "1/2 modules" in ln)
+    assert "1m00s elapsed, ETA 1m00s" in at, at
