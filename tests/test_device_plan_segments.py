@@ -348,3 +348,22 @@ def test_a_counted_launch_refuses_what_it_cannot_run(fake_cuda) -> None:
     with pytest.raises(InvalidCall, match="run it on symmetric buffers"):
         run_counted_launch(ex, zc, _Tensor(160, 0x1000), _Tensor(192, 0x2000), CountedLaunch(0, 16, 5, 10, 12))
     assert not fake_cuda
+
+
+def test_a_launch_that_does_not_fit_is_refused_at_every_call(fake_cuda) -> None:
+    """The kernel's fit is checked before the device plan is kept: a second call of a shape that
+    does not fit is refused again, never launched."""
+    from mscclang.runtime.counted import run_counted_launch
+
+    plan = build_alltoallv_ll(2)
+    ex = _FakeExecutor(plan)
+
+    def fit(*a):  # type: ignore[no-untyped-def]
+        raise PlanError("rank 0: 2 blocks do not fit")
+
+    ex.kernels.fit = fit
+    launch = CountedLaunch(0xC0_0000, 16, 5, 10, 12)
+    for _ in range(2):
+        with pytest.raises(PlanError, match="do not fit"):
+            run_counted_launch(ex, plan, _Tensor(160, 0x9000_0000), _Tensor(192, 0x9100_0000), launch)
+    assert ex.runs == [] and not fake_cuda

@@ -147,7 +147,7 @@ class CaptureGlue:
         packed = pack_blocks(plan, r, in_bytes, out_bytes)
         f = kernels.interpreter(dt, pkt, op, lp.nthreads, epi=epi)
         nb = len(packed.blocks)
-        smem = max((len(b.region) for b in packed.blocks), default=16)
+        smem = packed.smem
         kernels.fit(f, lp.nthreads, smem, nb, f"rank {r}", packed.uses_packets, packed.packet_align, pkt)
         anyb = types.SimpleNamespace(peer_bases=collections.defaultdict(int))
         nbytes = len(pack_blob(plan, packed, contexts.addresses(lp, ctx, anyb, anyb), ctx.sync))

@@ -299,9 +299,12 @@ def launch_counted(ex: Any, plan: Plan, in_ptr: int, out_ptr: int, dt: str, laun
             raise InvalidCall(f"rank {r}: plan {plan.name} needs the same row_bytes and capacity on every rank, got "
                               + ", ".join(f"rank {q}: {b.decode()}" for q, b in enumerate(theirs)))
         ctx = ex.contexts.ensure(lp, launch.in_bytes, launch.out_bytes, need=counted_scratch_bytes(plan, launch))
-        dp = ex.contexts.upload(lp, ctx, key, pack_counted(plan, r, launch, lp.static), sym_in, sym_out, s,
+        packed = pack_counted(plan, r, launch, lp.static)
+        # before the upload: a device plan kept for a launch that cannot run would skip this check
+        ex.kernels.fit(f, lp.nthreads, packed.smem, len(packed.blocks), f"rank {r}", packed.uses_packets,
+                       packed.packet_align, pkt)
+        dp = ex.contexts.upload(lp, ctx, key, packed, sym_in, sym_out, s,
                                 lambda blob: counted_blob(blob, count_tables(plan), launch))
-        ex.kernels.fit(f, lp.nthreads, dp.smem, dp.n_blocks, f"rank {r}", dp.uses_packets, dp.packet_align, pkt)
         if lp.has_port:   # port puts copy whole scratch slots: the proxy's script has fixed lengths
             dp.port_launch = ex.entries.port_launch(lp, dp, launch.in_bytes, launch.out_bytes,
                                                     lambda q: pack_counted(plan, q, launch, lp.static).port)

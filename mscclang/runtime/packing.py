@@ -115,6 +115,11 @@ class PackedRank:
     #: output's own grid), checked per call (whole rows, and the output rows where they belong)
     norms: list[tuple[str, list[tuple[int, int]], tuple[int, int]]] = field(default_factory=list)
 
+    @property
+    def smem(self) -> int:
+        """Dynamic shared memory of a launch: the largest block region (at least 16 bytes)."""
+        return max((len(b.region) for b in self.blocks), default=16)
+
 
 _STEP_BYTES, _STEP_DATA, _STEP_PIPE, _STEP_PORT = 0, 1, 2, 3
 
