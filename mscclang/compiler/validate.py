@@ -331,9 +331,8 @@ def check_segment_op(ir: IRProgram, w: str, op: IROp, in_pipeline: bool = False)
     packed = [x for x, e in moved if x.buffer != BufferKind.scratch]
     if packed and moves_whole_slots(op):  # type: ignore[arg-type]
         raise DSLError(f"{w}: a port put copies each segment as its whole scratch slot (the copy engine cannot read "
-                       f"a count), and rank {packed[0].rank}'s {packed[0].describe()} lies where the counts put it: copy it "
-                       "through a scratch "
-                       "slot")
+                       f"a count), and rank {packed[0].rank}'s {packed[0].describe()} lies where the counts put it: "
+                       "copy it through a scratch slot")
     for x, e in segs:
         if e is None:
             raise DSLError(f"{w}: {first.describe()} is a segment of rank {first.rank} but {x.describe()} is a chunk "

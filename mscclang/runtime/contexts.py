@@ -178,8 +178,7 @@ class ContextPool:
         blob = finish(blob) if finish is not None else blob
         p = cu.mem_alloc(len(blob))
         cu.htod(p, blob, stream)
-        smem = packed.smem
-        ctx.plans[key] = dp = DevPlan(p, len(blob), len(packed.blocks), smem, packed.packet_align,
+        ctx.plans[key] = dp = DevPlan(p, len(blob), len(packed.blocks), packed.smem, packed.packet_align,
                                       packed.uses_packets, packed, addr, area)
         return dp
 

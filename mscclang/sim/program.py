@@ -23,8 +23,8 @@ from mscclang.plan.layout import (
     pipeline_iterations,
     total_length,
 )
-from mscclang.plan.models import (PACKET_DST_FROM, PACKET_SRC_FROM, PAIRWISE_OPS, BufferKind, BufferRef, ChannelType, Op, OpName,
-                                  Plan, ThreadBlock)
+from mscclang.plan.models import (PACKET_DST_FROM, PACKET_SRC_FROM, PAIRWISE_OPS, BufferKind, BufferRef, ChannelType,
+                                  Op, OpName, Plan, ThreadBlock)
 from mscclang.plan.segments import CountedCall, moves_whole_slots, segment_span
 
 DATA_OPS = frozenset({
