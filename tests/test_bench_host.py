@@ -214,8 +214,8 @@ def test_the_command_line_parses_the_host_options():
 def test_bad_combinations_are_refused_in_one_line(tmp_path, capsys, args, needle):
     res = cli_inproc(capsys, "bench", *args, "--out", str(tmp_path / "o"))
     user_error(res, needle)
-    assert [ln for ln in res.stderr.splitlines() if ln.startswith("mscclang bench: error:")] == \
-        [ln for ln in res.stderr.splitlines() if "error" in ln], res.stderr
+    assert ([ln for ln in res.stderr.splitlines() if ln.startswith("mscclang bench: error:")]
+            == [ln for ln in res.stderr.splitlines() if "error" in ln]), res.stderr
     assert not (tmp_path / "o").exists()
 
 

@@ -103,3 +103,23 @@ def test_no_test_module_imports_another():
         if hits:
             found.append((f.name, hits))
     assert found == []
+
+
+def _backslash_continuations(path: Path) -> list[int]:
+    """Lines of ``path`` that end in a backslash outside strings (a line continuation)."""
+    import io
+    import tokenize
+
+    text = path.read_text()
+    lines = text.splitlines()
+    inside = set()   # lines a token runs past the end of (a multi-line string's own backslashes)
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        inside.update(range(tok.start[0], tok.end[0]))
+    return [i for i, ln in enumerate(lines, 1) if ln.rstrip().endswith("\\") and i not in inside
+            and not ln.lstrip().startswith("#")]
+
+
+def test_the_package_and_tools_continue_lines_in_parentheses_never_with_a_backslash():
+    found = [(str(f.relative_to(ROOT)), n) for top in (PACKAGE, ROOT / "tools")
+             for f in sorted(top.rglob("*.py")) for n in _backslash_continuations(f)]
+    assert found == []

@@ -140,8 +140,8 @@ def test_oneshot_source_is_straight_line_with_constants(monkeypatch):
     monkeypatch.delenv("MSCCLANG_SPEC_FLAGS")
     # rank 1 packs into the same slot of rank 0's scratch: only the comment line differs
     s1 = _gen(plan, rank=1)
-    assert [ln for ln in s1.source.splitlines() if not ln.startswith("//")] == \
-           [ln for ln in src.splitlines() if not ln.startswith("//")]
+    assert ([ln for ln in s1.source.splitlines() if not ln.startswith("//")]
+            == [ln for ln in src.splitlines() if not ln.startswith("//")])
 
 
 def test_sources_depend_on_plan_and_size_only():

@@ -40,8 +40,8 @@ def main(argv: object = None) -> int:
 
     rank = int(os.environ["RANK"])
     cuda = torch.cuda.is_available()
-    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()) if cuda \
-        else torch.device("cpu")
+    dev = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()) if cuda
+           else torch.device("cpu"))
     if cuda:
         torch.cuda.set_device(dev)
     dist.init_process_group("mscclang", timeout=datetime.timedelta(seconds=args.timeout))

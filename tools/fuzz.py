@@ -82,8 +82,8 @@ def seed_documents(root: Path = ROOT, max_bytes: int = 600_000) -> list[tuple[st
     """(name, parsed JSON) of every seed: the shipped plans, the tests' golden and broken plans,
     the hand-built plans of :mod:`mscclang.plan.samples`, MSCCL++ conversions of a few of
     them and small fully connected plans. Files above ``max_bytes`` are left out."""
-    files = sorted((root / "plans").glob("*.json")) + sorted((root / "tests" / "golden").glob("*.json")) \
-        + sorted((root / "tests" / "plans_broken").glob("*.json"))
+    files = (sorted((root / "plans").glob("*.json")) + sorted((root / "tests" / "golden").glob("*.json"))
+             + sorted((root / "tests" / "plans_broken").glob("*.json")))
     out: list[tuple[str, Any]] = []
     for f in files:
         if f.name == "index.json" or f.stat().st_size > max_bytes:
@@ -216,8 +216,8 @@ def _m_keyed(rng: random.Random, doc: Any, paths: list[tuple], keys: Sequence[st
     p = rng.choice(cands)
     old = _get(doc, p)
     if isinstance(old, list):
-        new: Any = rng.choice(values(old[0] if old else 0)) if rng.random() < 0.3 else \
-            [rng.choice(values(x)) for x in old] or [rng.choice(values(0))]
+        new: Any = (rng.choice(values(old[0] if old else 0)) if rng.random() < 0.3
+                    else [rng.choice(values(x)) for x in old] or [rng.choice(values(0))])
     else:
         new = rng.choice(values(old))
     return _set(doc, p, new), f"{tag} {_fmt_path(p)} -> {str(new)[:40]}"

@@ -489,8 +489,8 @@ def _alias(doc: dict, buf: Optional[tuple]) -> Optional[tuple]:
 
 
 def _same_grid_inplace(doc: dict) -> bool:
-    return bool(doc.get("inplace")) and doc.get("collective") in ("allreduce", "broadcast", "sendrecv") \
-        and all(g["input_chunks"] == g["output_chunks"] for g in doc["gpus"])
+    return (bool(doc.get("inplace")) and doc.get("collective") in ("allreduce", "broadcast", "sendrecv")
+            and all(g["input_chunks"] == g["output_chunks"] for g in doc["gpus"]))
 
 
 def _conflicts(doc: dict, rank: int, tb: int, a: dict, b: dict) -> list[tuple[tuple, tuple, tuple]]:
@@ -580,8 +580,8 @@ def judge(doc: dict, site: Site) -> Optional[str]:
         nxt = lst[k + 1]["name"] if k + 1 < len(lst) else None
         if nxt is None and site.inner is None:
             return "the block's last op: the kernel's end orders everything before it"
-        if prev is not None and nxt is not None and prev not in SYNC_OPS and nxt not in SYNC_OPS \
-                and _meet_ok(doc, site, _epoch_around(lst, k - 1, -1), _epoch_around(lst, k + 1, 1)):
+        if (prev is not None and nxt is not None and prev not in SYNC_OPS and nxt not in SYNC_OPS
+                and _meet_ok(doc, site, _epoch_around(lst, k - 1, -1), _epoch_around(lst, k + 1, 1))):
             return ("the ops the nop separated touch no common bytes, or the same bytes split among "
                     "the threads the same way")
         if prev == "rlxwait" and ll_double and packet_writes_follow(k + 1):
@@ -590,9 +590,9 @@ def judge(doc: dict, site: Site) -> Optional[str]:
         w, p = (lst[k], lst[k + 2]) if site.operator == "swap_trigger_nop" else (lst[k - 1], lst[k + 1])
         waited = [_peer_of(doc, site.rank, site.tb, w.get("channel_type", "none"), c) for c in _ids(w)]
         posted = [_peer_of(doc, site.rank, site.tb, "port", c) for c in p.get("channel_ids") or []]
-        if w["name"] in ACQUIRES and p["name"] in ("put", "pws", "pwsf") and p.get("channel_type") == "port" \
-                and all(ref.get("type") == "i" for ref in p.get("src_buff") or []) \
-                and len(posted) <= len(waited) and None not in posted and posted == waited[:len(posted)]:
+        if (w["name"] in ACQUIRES and p["name"] in ("put", "pws", "pwsf") and p.get("channel_type") == "port"
+                and all(ref.get("type") == "i" for ref in p.get("src_buff") or [])
+                and len(posted) <= len(waited) and None not in posted and posted == waited[:len(posted)]):
             return ("every entry k of the port request goes to the peer that thread k waited on and sends "
                     "the rank's input: thread k has the only edge entry k needs, the peer's ready signal")
     if site.operator == "drop_ready_pair":

@@ -84,8 +84,8 @@ def _check_call(plan: Plan, inputs: Sequence[np.ndarray], residuals: Sequence[np
     if len(inputs) != n or len(residuals) != n:
         raise PlanError(f"plan {plan.name!r} has {n} ranks: give {n} inputs and {n} residuals, got "
                         f"{len(inputs)} and {len(residuals)}")
-    arrays = [("input", r, np.asarray(x)) for r, x in enumerate(inputs)] + \
-             [("residual", r, np.asarray(x)) for r, x in enumerate(residuals)]
+    arrays = ([("input", r, np.asarray(x)) for r, x in enumerate(inputs)]
+              + [("residual", r, np.asarray(x)) for r, x in enumerate(residuals)])
     act, count = arrays[0][2].dtype, arrays[0][2].size
     params.check_activation(act)
     for what, r, a in arrays:
@@ -104,8 +104,8 @@ def _check_call(plan: Plan, inputs: Sequence[np.ndarray], residuals: Sequence[np
 def _sizes(plan: Plan, rows: int, params: EpilogueParams, act: np.dtype) -> tuple[int, int, int]:
     """(input bytes, output bytes, input row bytes) of a run."""
     ib = rows * params.hidden * act.itemsize
-    return ib, (rows * params.hidden * np.dtype(params.fp8).itemsize if plan_quantises(plan) else ib), \
-        params.hidden * act.itemsize
+    ob = rows * params.hidden * np.dtype(params.fp8).itemsize if plan_quantises(plan) else ib
+    return ib, ob, params.hidden * act.itemsize
 
 
 def run_fused(plan: Plan, inputs: Sequence[np.ndarray], residuals: Sequence[np.ndarray],
