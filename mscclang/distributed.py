@@ -75,10 +75,9 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d   # AllgatherOptions is not re-exported by torch.distributed
 
 from mscclang.comm.communicator import Communicator
-from mscclang.comm.fallback import FallbackCalls, HostStaged, TorchFallback, call_text, torch_backend_for
+from mscclang.comm.fallback import FallbackCalls, TorchFallback, call_text, torch_backend_for
 from mscclang.config import settings
 from mscclang.errors import InvalidCall
-from mscclang.plan.call import overlap
 from mscclang.plan.dtypes import DTYPES
 
 __all__ = ["BACKEND_NAME", "BackendOptions", "MscclangProcessGroup", "MscclangWork", "create_process_group",
@@ -233,15 +232,11 @@ class MscclangProcessGroup(dist.ProcessGroup):
         pg = self._inner.get(device_type)
         if pg is None and device_type == self._device_type and self._fallback is not None:
             pg = self._inner[device_type] = self._fallback.own_backend   # the Communicator's own
-        if pg is None:
-            prefix = dist.PrefixStore(f"mscclang/inner/{device_type}/", self._store)
-            if torch_backend_for(device_type) == "nccl":
-                opts = dist.ProcessGroupNCCL.Options()
-                opts._timeout = self._timeout
-                pg = dist.ProcessGroupNCCL(prefix, self.rank(), self.size(), opts)
-            else:
-                pg = HostStaged(dist.ProcessGroupGloo(prefix, self.rank(), self.size(), self._timeout))
-            self._inner[device_type] = pg
+        if pg is None:   # made as the Communicator's own is: one home for torch groups over a store
+            pg = self._inner[device_type] = TorchFallback(
+                store=dist.PrefixStore(f"mscclang/inner/{device_type}/", self._store), rank=self.rank(),
+                world_size=self.size(), device=torch.device(device_type),
+                timeout_s=self._timeout.total_seconds()).own_backend
         return pg
 
     def _agree(self, text: Any, check: Callable[[], Any] = lambda: None, error: str = "", key: Any = None,

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-import numpy as np
-
 from mscclang.comm.sim_backend import numpy_to_torch, torch_to_numpy
 from mscclang.errors import InvalidCall
 from mscclang.plan import reference as _numeric
