@@ -78,9 +78,13 @@ def _watch(pool, after_s: float) -> None:
 
 def pytest_runtest_logreport(report) -> None:
     """With ``MSCCLANG_TEST_DURATIONS=FILE``, one line per test phase as it ends (seconds, phase,
-    outcome, test): the durations survive a run cut by its time limit (pytest's own
-    ``--durations`` table prints only at the end). Under xdist the controller writes it."""
+    outcome, test), and under a failed phase the end of its report and captured output: they
+    survive a run cut by its time limit (pytest's own ``--durations`` table and failure reports
+    print only at the end). Under xdist the controller writes it."""
     path = os.environ.get("MSCCLANG_TEST_DURATIONS")
     if path and (report.when == "call" or report.duration > 1.0):
         with open(path, "a") as f:
             f.write(f"{report.duration:8.2f} {report.when:8} {report.outcome:7} {report.nodeid}\n")
+            if report.failed:   # the reason too: a run cut by its time limit never prints its summary
+                f.write("".join("    | " + line + "\n" for line in str(report.longrepr).splitlines()[-40:]))
+                f.write("".join("    | " + line + "\n" for _, text in report.sections for line in text.splitlines()[-60:]))

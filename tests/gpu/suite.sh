@@ -19,7 +19,9 @@
 # same time. Tests marked `alone` (they measure the device's free memory) run after the pools.
 # Each part is bounded (LIMIT_S, default 470 s) and
 # prints its pytest summary line and wall time; the logs and each test's duration as it ends
-# (durations_NAME.txt) go to $OUT (default /tmp/out).
+# (durations_NAME.txt, with a failed test's report under it) go to $OUT (default /tmp/out). The
+# rank processes write straight into the log (--capture=sys), so what they print (the stacks
+# dumped after MSCCLANG_TEST_DUMP_S, an abort's report) survives a part cut by its limit.
 # Settings: WORKERS (xdist workers of `all`, default 5), LIMIT_S, TEST_TIMEOUT (one test, 240 s;
 # the longest took 102 s beside 4 other pools), MSCCLANG_TEST_DUMP_S (rank stacks dumped, 180 s),
 # F8 (the 8-rank part's files, in the order they run; default: those of the 4-rank part), FI (the
@@ -47,7 +49,7 @@ part() {
   [ "$gpus" -lt 2 ] && per=$ranks
   local xd=""; [ "$n" -gt 1 ] && xd="-n $n --dist loadgroup"
   MSCCLANG_TEST_DURATIONS="$OUT/durations_$name.txt" MSCCLANG_RANKS_PER_GPU=$per MSCCLANG_TEST_WORLD=$([ "$per" = 1 ] && echo "$ranks") \
-    timeout -k 10 "$LIMIT_S" python3 -m pytest -m gpu "$@" -o addopts="" -q -rfEs $xd --tb=short \
+    timeout -k 10 "$LIMIT_S" python3 -m pytest -m gpu "$@" -o addopts="" -q -rfEs $xd --tb=short --capture=sys \
     --timeout "${TEST_TIMEOUT:-240}" --durations=25 > "$log" 2>&1
   echo "[$name] rc=$? wall $(( $(date +%s) - t0 )) s: $(grep -E '(passed|failed|error)' "$log" | tail -1)"
 }
