@@ -17,9 +17,9 @@ long the load took, how long the collective took, and whether it failed (its ker
   that waits for its own context's work takes about 2 s.
 * ``own_first_thread``: as ``own_first`` with the load on another thread, while the launching thread
   makes small CUDA calls: whether a load blocks the rest of the process (the context's lock).
-* ``port_thread``: rank 0 runs a port-channel plan (its copies issued by the proxy thread of this
-  process) and another thread loads during it: a load holding the context's lock while it waits
-  for a kernel that waits for the proxy's copies stalls until the timeout.
+* ``port_thread``: rank 0 runs a port-channel plan (its copies enqueued at launch on side streams
+  that wait for the kernel's triggers) and another thread loads during it: the load must wait for
+  the side streams as well as the kernel; any host call the copies still needed would stall.
 * ``torch_lazy``: ``peer_first`` with a never-run torch kernel instead of a module.
 """
 
