@@ -36,7 +36,8 @@ exact). Data movement is compared exactly:
   ranks sharing a GPU, where the reference would be gloo on CUDA tensors, which gloo cannot
   reduce-scatter: against the same run on the CPU over gloo, within 1e-5);
 * tensor parallelism: a DeviceMesh over the backend, ``ColwiseParallel`` then ``RowwiseParallel``
-  on a two-layer MLP, the output against the unsharded model (within 1e-5);
+  on a two-layer MLP, the output the same bytes on every rank and within 1e-5 of the unsharded
+  model's;
 * torch.compile of a function calling ``torch.distributed._functional_collectives.all_reduce``
   (backends ``eager`` and ``inductor``), exact;
 * the host time per eager ``dist.all_reduce`` of 4,096 bf16 elements against the same call on the
@@ -367,6 +368,7 @@ class Checks:
         y = tp(x)
         y = y.full_tensor() if hasattr(y, "full_tensor") else y
         want = ref(x)
+        self.agree(y, "tensor-parallel output (every rank)")   # the row-parallel all-reduce's result
         if not torch.allclose(y, want, atol=1e-5, rtol=1e-5):
             raise AssertionError(f"tensor-parallel output: max |diff| {float((y - want).abs().max())}")
 
