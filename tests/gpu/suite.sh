@@ -22,8 +22,11 @@
 # (durations_NAME.txt, with a failed test's report under it) go to $OUT (default /tmp/out). The
 # rank processes write straight into the log (--capture=sys), so what they print (the stacks
 # dumped after MSCCLANG_TEST_DUMP_S, an abort's report) survives a part cut by its limit.
-# Settings: WORKERS (xdist workers of `all`, default 5), LIMIT_S, TEST_TIMEOUT (one test, 240 s;
-# the longest took 102 s beside 4 other pools), MSCCLANG_TEST_DUMP_S (rank stacks dumped, 180 s),
+# Settings: SERIAL=1 (`wide` and `invariant` run their 4-rank part, then the 8-rank part, not both
+# at once: 12 rank processes on one GPU stalled intermittently in session 21; then the two
+# LIMIT_S together must fit the call's limit), WORKERS (xdist workers of `all`, default 5),
+# LIMIT_S, TEST_TIMEOUT (one test, 240 s; the longest took 102 s beside 4 other pools),
+# MSCCLANG_TEST_DUMP_S (rank stacks dumped, 180 s),
 # F8 (the 8-rank part's files, in the order they run; default: those of the 4-rank part), FI (the
 # files or test ids of `invariant`, after a change to one of them).
 set -u
@@ -60,17 +63,25 @@ case "$what" in
     part ranks2_alone 2 1 tests/gpu -m "gpu and alone" ;;
   wide)
     F="tests/gpu/test_consistency_gpu.py tests/gpu/test_plans_gpu.py tests/gpu/test_fused_gpu.py"
-    part ranks4 4 1 $F &
-    part ranks8 8 "${WIDE_WORKERS:-1}" ${F8:-$F} &
-    wait ;;
+    if [ "${SERIAL:-0}" = 1 ]; then
+      part ranks4 4 1 $F; part ranks8 8 "${WIDE_WORKERS:-1}" ${F8:-$F}
+    else
+      part ranks4 4 1 $F &
+      part ranks8 8 "${WIDE_WORKERS:-1}" ${F8:-$F} &
+      wait
+    fi ;;
   files)   # the given test files only, 2 ranks sharing the GPU (after a change, before `all`)
     shift
     part files 2 "${WORKERS:-2}" "$@" ;;
   invariant)   # batch invariance, all-to-all-v and MoE at 4 and 8 ranks (2 ranks: in `all`)
     F=${FI:-"tests/gpu/test_batch_invariant_gpu.py tests/gpu/test_alltoallv_gpu.py"}
-    part invariant4 4 1 $F &
-    part invariant8 8 1 $F &
-    wait ;;
+    if [ "${SERIAL:-0}" = 1 ]; then
+      part invariant4 4 1 $F; part invariant8 8 1 $F
+    else
+      part invariant4 4 1 $F &
+      part invariant8 8 1 $F &
+      wait
+    fi ;;
   *) echo "usage: bash tests/gpu/suite.sh all|wide|invariant|files F..." >&2; exit 2 ;;
 esac
 for f in "$OUT"/gpu_*.log; do
