@@ -12,8 +12,9 @@ is checked is that torch's callers reach the right operations), except the CUDA-
 the host-overhead measurement.
 
 Checks, each result compared with the reference every rank computes locally. The inputs' sums
-depend on their order (normal values times ``2**k``, ``k`` in -8..7). After every all-reduce each
-rank's bytes are compared with every other rank's (through their digests). A reduction that ran
+depend on their order (``tests.harness.data``: normal values times ``2**k``, ``k`` in -8..7;
+int32 over its whole range, wrapping). After every all-reduce each rank's bytes are compared
+with every other rank's (through their digests). A reduction that ran
 on a plan must give the canonical result of ``mscclang.reference`` (the ranks folded in rank
 order, whatever the size or plan) bit for bit; one the Communicator handed to torch (no plan for
 it: every call without a GPU) or that went to the inner torch group (float64, ``reduce``) sums in
@@ -57,6 +58,7 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -65,19 +67,11 @@ import torch.distributed as dist
 import mscclang.distributed  # noqa: F401 - registers the "mscclang" backend
 from mscclang import reference
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repository: tests.harness
+from tests.harness.data import rank_input  # noqa: E402 - order-sensitive data, the GPU suite's
+
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.int32)
 SIZES = (1, 1000, 65537, 1 << 20)
-
-
-def order_sensitive(seed: int, rank: int, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Rank ``rank``'s input, the same in every process: standard normal values times ``2**k``
-    (``k`` uniform in -8..7, so that a sum's bits depend on its order), rounded to ``dtype``;
-    int32: uniform in +-2**20."""
-    g = torch.Generator().manual_seed(seed * 1000 + rank)
-    if not dtype.is_floating_point:
-        return torch.randint(-(1 << 20), 1 << 20, (numel,), generator=g).to(dtype).to(device)
-    k = torch.randint(-8, 8, (numel,), generator=g).double()
-    return (torch.randn(numel, generator=g, dtype=torch.float64) * torch.exp2(k)).to(dtype).to(device)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -106,7 +100,7 @@ class Checks:
     def xs(self, numel: int, dtype: torch.dtype) -> list[torch.Tensor]:
         """Every rank's input for the next call (the same on every rank)."""
         self.seed += 1
-        return [order_sensitive(self.seed, r, numel, dtype, self.device) for r in range(self.world)]
+        return [rank_input(self.seed, r, numel, dtype, self.device) for r in range(self.world)]
 
     @staticmethod
     def same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
