@@ -80,7 +80,10 @@ def pytest_runtest_logreport(report) -> None:
     """With ``MSCCLANG_TEST_DURATIONS=FILE``, one line per test phase as it ends (seconds, phase,
     outcome, test), and under a failed phase the end of its report and captured output: they
     survive a run cut by its time limit (pytest's own ``--durations`` table and failure reports
-    print only at the end). Under xdist the controller writes it."""
+    print only at the end). Under xdist the controller alone writes it (the hook runs in each
+    worker too, which wrote every line twice)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     path = os.environ.get("MSCCLANG_TEST_DURATIONS")
     if path and (report.when == "call" or report.duration > 1.0):
         with open(path, "a") as f:
