@@ -358,7 +358,8 @@ class Settings:
         error=RuntimeUnavailable)
     ranks_per_gpu = EnvInt(
         "MSCCLANG_RANKS_PER_GPU", 1,
-        "worker processes per GPU, for functional tests on fewer GPUs than ranks (timings mean nothing)",
+        "worker processes per GPU, for functional tests on fewer GPUs than ranks (timings mean nothing; "
+        "their kernels time-share the GPU, so many processes at once can slow a collective to the timeout)",
         minimum=1, error=WorkerError)
     specialize = EnvChoice(
         "MSCCLANG_SPECIALIZE", "auto", ("auto", "always", "never"),
