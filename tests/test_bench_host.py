@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from mscclang.bench import host
-from mscclang.bench.host import (HOST_FORMAT, JSONL, LABELS, HostRecord, HostWorker, host_config, host_rows,
-                                 host_us_per_call, markdown, render)
+from mscclang.bench.host import (HOST_FORMAT, JSONL, LABELS, HostRecord, HostWorker, floor_backend,
+                                 floor_group_class, host_config, host_rows, host_us_per_call, markdown, render)
 from mscclang.bench.results import read_jsonl
 from mscclang.bench.targets import check_first_call_targets, check_host_targets, torch_launch_us
 from mscclang.comm.catalog import Catalog, default_plans_dir
@@ -49,6 +49,7 @@ def _worker(comm, cfg, out):
     pool = max(cfg.sizes)
     w.sym = (comm.empty(pool, dtype=torch.uint8), comm.empty(pool, dtype=torch.uint8))
     w.group = MscclangProcessGroup(None, comm.rank, comm.world_size, device="cpu", communicator=comm)
+    w.floor_group = floor_group_class()(comm.rank, comm.world_size)
     return w
 
 
@@ -85,11 +86,11 @@ def test_every_row_runs_on_the_simulator(tmp_path):
     recs = read_jsonl(tmp_path / JSONL, HostRecord.from_dict)
     assert [(r.call, r.elements) for r in recs] == host_rows(cfg) == [
         ("add", 512), ("copy", 512), ("symmetric", 512), ("symmetric", 2048), ("ordinary", 512),
-        ("ordinary", 2048), ("fused", 16 * 64), ("dist", 512), ("dist", 2048)]
+        ("ordinary", 2048), ("fused", 16 * 64), ("dist", 512), ("dist", 2048), ("floor", 512)]
     for r in recs:
         assert r.ok and r.error is None and r.us > 0 and r.rank_us == [r.us], r
         assert r.bytes == 2 * r.elements
-        if r.call not in ("add", "copy"):
+        if r.call not in ("add", "copy", "floor"):
             assert r.plan and "nccl" not in r.plan and ".r2." in r.plan, r
     for bad, skipped in results:
         assert not bad.ok and bad.us is None and bad.error.startswith("check failed: ") and "wrong" in bad.error
@@ -129,7 +130,8 @@ def test_host_verdicts_against_the_torch_launch():
             _rec("symmetric", K, 15.0), _rec("symmetric", M, 16.6),  # 1.5 launches: met; 1M: 1.107x: missed
             _rec("ordinary", K, 30.5), _rec("ordinary", M, 30.0),    # just over 3 launches; flat
             _rec("fused", 65536, 20.0),                             # 2 launches: met
-            _rec("dist", K, 36.0), _rec("dist", M, None, ok=False, error="check failed: x")]
+            _rec("dist", K, 36.0), _rec("dist", M, None, ok=False, error="check failed: x"),
+            _rec("floor", K, 9.15)]                                 # torch's own part of a dist call
     assert torch_launch_us(recs) == pytest.approx(10.0)
     got = {(v.coll, v.bytes): v for v in check_host_targets(recs)}
     sym = LABELS["symmetric"]
@@ -140,12 +142,15 @@ def test_host_verdicts_against_the_torch_launch():
     assert got[(f"{LABELS['fused']}, 64K elements", 2 * 65536)].ok is True
     d = got[(f"{LABELS['dist']}, 1K elements", 2 * K)]
     assert d.ok is True and "(36.6 us)" in d.goal   # 1.2 x the ordinary call's 30.5
+    # no Python backend can do better than the Communicator's call plus torch's own part
+    assert d.value == "36.0 us = 1.18x; torch's own part 9.2 us: 1.30x at the least"
     assert got[(f"{LABELS['dist']}, 1M elements", 2 * M)].ok is None   # not measured
     assert got[(f"{sym}: 1M against 1K elements", 2 * M)].ok is False
     assert got[(f"{LABELS['ordinary']}: 1M against 1K elements", 2 * M)].ok is True
     assert got[(f"{LABELS['dist']}: 1M against 1K elements", 2 * M)].ok is None
     md = markdown(recs)
     assert f"| {sym} | 1K | 15.00 | 1.50 | - |" in md
+    assert f"| {LABELS['floor']} | 1K | 9.15 | 0.92 | - |" in md
     assert f"| {LABELS['dist']} | 1M | FAIL | - | - |" in md and f"- {LABELS['dist']}, 1M: check failed: x" in md
     assert "5 of 8 measured targets met." in md
     assert "| call | size | goal | measured | verdict |" in md and "| MISSED |" in md
@@ -154,6 +159,15 @@ def test_host_verdicts_against_the_torch_launch():
     assert all(v.ok is None for v in check_host_targets(recs[1:]) if "torch launches" in v.goal)
     skipped = markdown([_rec("dist", K, None, ok=False, error="skipped: no group")])
     assert f"| {LABELS['dist']} | 1K | skip | - | - |" in skipped
+
+
+def test_the_floor_group_does_nothing_and_registers_once():
+    import torch.distributed as dist
+
+    assert floor_backend() == floor_backend() and dist.Backend.backend_list.count(floor_backend()) == 1
+    t = torch.ones(4)
+    g = floor_group_class()(0, 1)
+    assert g.allreduce([t]).wait() is True and torch.equal(t, torch.ones(4)) and g.getBackendName() == floor_backend()
 
 
 def test_first_call_verdicts():

@@ -13,7 +13,11 @@ rank's. Rows (:data:`LABELS`):
   backend, each at every size (default 1K, 64K and 1M elements). The backend's group is a
   ``new_group(backend="mscclang")`` whose Communicator is the one the other rows call, so the
   ``dist`` row differs from the ``ordinary`` one by the backend's path alone;
-* the fused ``all_reduce_add_rms_norm`` of 16 tokens of 4,096.
+* the fused ``all_reduce_add_rms_norm`` of 16 tokens of 4,096;
+* ``torch.distributed.all_reduce`` through a process group written in Python that does nothing
+  (``floor``, smallest size only): torch's own part of every ``dist`` call, which a Python
+  backend cannot avoid, so the ``dist`` rows' ratio to the Communicator is at least
+  ``(Communicator + floor) / Communicator``.
 
 Every mscclang row is prepared (``comm.prepare``, as the sweep does) and checked against the
 reference on random data before it is timed (a wrong result is a failure, not a time); its input
@@ -28,6 +32,7 @@ as ``host.json`` (or ``--json PATH``) and ``host.md``.
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -59,7 +64,12 @@ LABELS = {"add": "torch x.add_(1)", "copy": "torch y.copy_(x)",
           "symmetric": "Communicator.all_reduce, symmetric tensor",
           "ordinary": "Communicator.all_reduce, ordinary tensor",
           "fused": f"all_reduce_add_rms_norm, T={FUSED_TOKENS}",
-          "dist": "torch.distributed.all_reduce (mscclang backend)"}
+          "dist": "torch.distributed.all_reduce (mscclang backend)",
+          "floor": "torch.distributed.all_reduce (a Python group that does nothing)"}
+#: rows timed without a checked call first (they compute nothing of their own)
+UNCHECKED = (*TORCH_LAUNCHES, "floor")
+#: the backend name of the ``floor`` row's group
+FLOOR_BACKEND = "mscclang_bench_floor"
 
 
 @dataclass
@@ -106,7 +116,7 @@ def host_rows(cfg: BenchConfig) -> list[tuple[str, int]]:
     sizes = sorted(cfg.extra["elements"])
     return ([(c, sizes[0]) for c in TORCH_LAUNCHES] + [("symmetric", n) for n in sizes]
             + [("ordinary", n) for n in sizes] + [("fused", FUSED_TOKENS * cfg.extra["hidden"])]
-            + [("dist", n) for n in sizes])
+            + [("dist", n) for n in sizes] + [("floor", sizes[0])])
 
 
 def host_us_per_call(call: Callable[[], Any], calls: int, repeats: int, sync: Callable[[], None],
@@ -131,6 +141,8 @@ class HostWorker(BenchWorker):
 
     group: Any = None                 # the mscclang process group of the ``dist`` rows
     group_error: Optional[str] = None
+    floor_group: Any = None           # the do-nothing group of the ``floor`` row
+    floor_error: Optional[str] = None
 
     def make_comm(self) -> Any:
         """The Communicator of a ``new_group(backend="mscclang")`` (with ``cfg.tuning``), so that
@@ -146,10 +158,14 @@ class HostWorker(BenchWorker):
             comm = self.group.communicator
             if self.cfg.tuning:
                 comm.use_tuning(self.cfg.tuning)
-            return comm
         except Exception as e:  # noqa: BLE001 - recorded on the dist rows
             self.group, self.group_error = None, error_text(e)
             return super().make_comm()
+        try:
+            self.floor_group = dist.new_group(backend=floor_backend())
+        except Exception as e:  # noqa: BLE001 - recorded on the floor row
+            self.floor_error = error_text(e)
+        return comm
 
     def each_rank(self, value: float) -> list[float]:
         """Every rank's ``value``, in rank order (over the gloo group)."""
@@ -171,10 +187,11 @@ class HostWorker(BenchWorker):
             return Cell((lambda: x.add_(1)) if call == "add" else (lambda: y.copy_(x)), x, y, elements)
         if call == "fused":
             return self.make_cell(FUSED, "mscclang", elements * self.esz)
-        if call == "dist":
-            group = self.group
+        if call in ("dist", "floor"):
+            group, why = ((self.group, self.group_error) if call == "dist"
+                          else (self.floor_group, self.floor_error or self.group_error))
             if group is None:
-                raise RuntimeError(f"skipped: no mscclang process group here ({self.group_error})")
+                raise RuntimeError(f"skipped: no {'mscclang' if call == 'dist' else 'do-nothing'} process group here ({why})")
             x = torch.empty(elements, dtype=dt, device=dev)
             return Cell(lambda: dist.all_reduce(x, group=group), x, x, elements)
         return self.make_cell("all_reduce", "mscclang" if call == "symmetric" else ORDINARY, elements * self.esz)
@@ -188,7 +205,7 @@ class HostWorker(BenchWorker):
         ok, err, cell = True, "", None
         try:
             cell = self.host_cell(call, elements)
-            if call not in TORCH_LAUNCHES:
+            if call not in UNCHECKED:
                 ok, err = self.check(FUSED if call == "fused" else "all_reduce", cell)
                 cell.inp.zero_()   # the timed calls then add zeros: no value grows
                 if call != "fused" and self.comm is not None and self.comm.last is not None:
@@ -228,6 +245,37 @@ class HostWorker(BenchWorker):
             if self.rank == 0:
                 state = f"{rec.us:9.2f} us" if rec.ok else (rec.error or "")[:160]
                 print(f"{rec.label:48s} {format_size(elements):>5s} {state}", flush=True)
+
+
+def floor_backend() -> str:
+    """The name of a torch.distributed backend whose groups are :func:`floor_group_class`'s,
+    registered once per process."""
+    import torch.distributed as dist
+
+    if FLOOR_BACKEND not in dist.Backend.backend_list:   # torch keeps the names lower case
+        dist.Backend.register_backend(FLOOR_BACKEND, lambda store, rank, size, timeout: floor_group_class()(rank, size),
+                                      devices=["cpu", "cuda"])
+    return FLOOR_BACKEND
+
+
+@functools.cache
+def floor_group_class() -> type:
+    """A process group written in Python that does nothing: its ``allreduce`` returns a completed
+    Work (the ``floor`` row's group; made with ``(rank, size)``)."""
+    import torch.distributed as dist
+
+    class Done(dist.Work):
+        def wait(self, timeout: Any = None) -> bool:
+            return True
+
+    class Floor(dist.ProcessGroup):
+        def allreduce(self, tensors: list, opts: Any = None) -> Any:
+            return Done()
+
+        def getBackendName(self) -> str:  # noqa: N802 - torch's name
+            return FLOOR_BACKEND
+
+    return Floor
 
 
 def host_entry(rank: int, world: int, cfg: BenchConfig, port: int) -> None:

@@ -155,10 +155,13 @@ def torch_launch_us(records: Sequence[Any]) -> Optional[float]:
 def check_host_targets(records: Sequence[Any]) -> list[Verdict]:
     """Verdicts on a ``bench --host`` result (:class:`~mscclang.bench.host.HostRecord` rows, in
     order): every :data:`HOST_LAUNCHES` row against the torch launch, every ``dist`` row against
-    the Communicator's call on an ordinary tensor of its size, and each :data:`HOST_SIZED` row
-    kind's largest size against its smallest; not measured where a figure is missing."""
+    the Communicator's call on an ordinary tensor of its size (with the least ratio a Python
+    backend can reach, given the ``floor`` row), and each :data:`HOST_SIZED` row kind's largest
+    size against its smallest; not measured where a figure is missing."""
     unit = torch_launch_us(records)
     us = {(r.call, r.elements): r.us for r in records if r.ok}
+    # the ``floor`` row: torch.distributed's own time per call, through a group that does nothing
+    floor = next((r.us for r in records if r.call == "floor" and r.ok), None)
     out: list[Verdict] = []
 
     def judged(what: str, r: Any, goal: str, mine: Optional[float], limit: Optional[float], note: str = "") -> None:
@@ -174,8 +177,11 @@ def check_host_targets(records: Sequence[Any]) -> list[Verdict]:
                    "" if unit is None or mine is None else f" = {mine / unit:.2f} launches")
         elif r.call == "dist":
             comm = us.get(("ordinary", r.elements))
+            note = "" if comm is None or mine is None else f" = {mine / comm:.2f}x"
+            if comm is not None and floor is not None:
+                note += f"; torch's own part {floor:.1f} us: {(comm + floor) / comm:.2f}x at the least"
             judged(what, r, f"<= {DIST_OVER_COMM} x Communicator.all_reduce, ordinary tensor", mine,
-                   None if comm is None else DIST_OVER_COMM * comm)
+                   None if comm is None else DIST_OVER_COMM * comm, note)
     for call in HOST_SIZED:
         rows = sorted((r for r in records if r.call == call), key=lambda r: r.elements)
         if len(rows) < 2:
