@@ -68,8 +68,6 @@ LABELS = {"add": "torch x.add_(1)", "copy": "torch y.copy_(x)",
           "floor": "torch.distributed.all_reduce (a Python group that does nothing)"}
 #: rows timed without a checked call first (they compute nothing of their own)
 UNCHECKED = (*TORCH_LAUNCHES, "floor")
-#: the backend name of the ``floor`` row's group
-FLOOR_BACKEND = "mscclang_bench_floor"
 
 
 @dataclass
@@ -142,7 +140,6 @@ class HostWorker(BenchWorker):
     group: Any = None                 # the mscclang process group of the ``dist`` rows
     group_error: Optional[str] = None
     floor_group: Any = None           # the do-nothing group of the ``floor`` row
-    floor_error: Optional[str] = None
 
     def make_comm(self) -> Any:
         """The Communicator of a ``new_group(backend="mscclang")`` (with ``cfg.tuning``), so that
@@ -161,10 +158,8 @@ class HostWorker(BenchWorker):
         except Exception as e:  # noqa: BLE001 - recorded on the dist rows
             self.group, self.group_error = None, error_text(e)
             return super().make_comm()
-        try:
-            self.floor_group = dist.new_group(backend=floor_backend())
-        except Exception as e:  # noqa: BLE001 - recorded on the floor row
-            self.floor_error = error_text(e)
+        # no new_group: torch.distributed's calls run a group object handed to them as it is
+        self.floor_group = floor_group_class()(self.rank, self.world)
         return comm
 
     def each_rank(self, value: float) -> list[float]:
@@ -188,10 +183,9 @@ class HostWorker(BenchWorker):
         if call == "fused":
             return self.make_cell(FUSED, "mscclang", elements * self.esz)
         if call in ("dist", "floor"):
-            group, why = ((self.group, self.group_error) if call == "dist"
-                          else (self.floor_group, self.floor_error or self.group_error))
-            if group is None:
-                raise RuntimeError(f"skipped: no {'mscclang' if call == 'dist' else 'do-nothing'} process group here ({why})")
+            group = self.group if call == "dist" else self.floor_group
+            if group is None:   # both are made with the mscclang group, or neither
+                raise RuntimeError(f"skipped: no mscclang process group here ({self.group_error})")
             x = torch.empty(elements, dtype=dt, device=dev)
             return Cell(lambda: dist.all_reduce(x, group=group), x, x, elements)
         return self.make_cell("all_reduce", "mscclang" if call == "symmetric" else ORDINARY, elements * self.esz)
@@ -247,17 +241,6 @@ class HostWorker(BenchWorker):
                 print(f"{rec.label:48s} {format_size(elements):>5s} {state}", flush=True)
 
 
-def floor_backend() -> str:
-    """The name of a torch.distributed backend whose groups are :func:`floor_group_class`'s,
-    registered once per process."""
-    import torch.distributed as dist
-
-    if FLOOR_BACKEND not in dist.Backend.backend_list:   # torch keeps the names lower case
-        dist.Backend.register_backend(FLOOR_BACKEND, lambda store, rank, size, timeout: floor_group_class()(rank, size),
-                                      devices=["cpu", "cuda"])
-    return FLOOR_BACKEND
-
-
 @functools.cache
 def floor_group_class() -> type:
     """A process group written in Python that does nothing: its ``allreduce`` returns a completed
@@ -273,7 +256,7 @@ def floor_group_class() -> type:
             return Done()
 
         def getBackendName(self) -> str:  # noqa: N802 - torch's name
-            return FLOOR_BACKEND
+            return "floor"
 
     return Floor
 
