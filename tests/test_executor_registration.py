@@ -8,6 +8,7 @@ with the peers' addresses."""
 
 from __future__ import annotations
 
+import ctypes
 import types
 from pathlib import Path
 
@@ -599,7 +600,8 @@ def test_a_bound_call_launches_without_resolving_again_until_an_entry_changes(fc
     launched = []
     ex.launcher.stream_capturing = lambda s: False
     ex.launcher.launch = lambda ent, a, b, da, db, s, t, epi=None: launched.append((ent.blob, a, b))
-    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, word=ctypes.c_uint32(0),
+                                     user_thread=None)
     lp = ex.load(_any_buffer_plan())
     _ready_any(ex, lp, fcu, 64 * MiB)
     a, b = FakeT(0x7000_0000, 4096), FakeT(0x7800_0000, 4096)
@@ -624,7 +626,8 @@ def test_registered_and_captured_calls_are_never_bound(fcu):
     cl.run(lambda r: exs[r].capture.register([ts[r]]))
     ex.launcher.stream_capturing = lambda s: cap[0]
     ex.launcher.launch = lambda *a, **k: None
-    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, word=ctypes.c_uint32(0),
+                                     user_thread=None)
     plan = stub_plan("allreduce", 2, name="zc", symmetric=True, inplace=True)
     _ready(ex, ex.load(plan), fcu, MiB)
     assert ex.execute(plan, ts[0], ts[0]) is None   # a registration's uses are counted per call
@@ -662,7 +665,8 @@ def test_a_traced_launch_runs_the_trace_kernel_with_its_buffer_and_decodes_it(fc
     ex = exs[0]
     ex.launcher.stream_capturing = lambda s: False
     ex.launcher.trace_ptr = 0
-    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, word=ctypes.c_uint32(0),
+                                     user_thread=None)
     lp = ex.load(_any_buffer_plan())
     _ready_any(ex, lp, fcu, 64 * MiB)
     real = ex.kernels.interpreter
@@ -714,7 +718,8 @@ def test_a_bound_call_enqueues_its_copies_around_the_kernel_at_every_launch(fcu)
     ex.launcher.stream_capturing = lambda s: False
     ex.launcher.current_stream = lambda: 7
     ex.launcher.launch = lambda ent, a, b, da, db, s, t, epi=None: events.append(("kernel", a, b, s))
-    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, word=ctypes.c_uint32(0),
+                                     user_thread=None)
     lp = ex.load(_any_buffer_plan())
     _ready_any(ex, lp, fcu, 64 * MiB)
     a, b = 0x7000_0000, 0x7800_0000
@@ -740,7 +745,8 @@ def test_a_size_whose_kernel_is_building_is_bound_and_its_calls_still_count(fcu,
     launched = []
     ex.launcher.stream_capturing = lambda s: False
     ex.launcher.launch = lambda ent, a, b, da, db, s, t, epi=None: launched.append(ent.spec)
-    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, word=ctypes.c_uint32(0),
+                                     user_thread=None)
     lp = ex.load(_any_buffer_plan())
     _ready_any(ex, lp, fcu, 64 * MiB)
     ex.specialize = "auto"

@@ -398,7 +398,8 @@ class Executor:
                s: int, before: tuple = (), after: tuple = ()) -> Optional[Bound]:
         """What :meth:`run_call` returns (see there)."""
         reg = self.capture.registry
-        if self.launcher.stream_capturing(s) or (reg is not None and (reg.session is not None or reg.verify)):
+        session = None if reg is None else reg.sessions.session
+        if self.launcher.stream_capturing(s) or session is not None or (reg is not None and reg.verify):
             return None
         key = self.entries.last_key
         if (key is None or opr.mode == "staged"
@@ -473,11 +474,11 @@ class Executor:
         if b.epoch != self.entries.epoch:
             return False
         ab = self.abort
-        if ab.aborted or ab.state():
+        if ab.aborted or ab.word.value:   # AbortState.state() without the call: the memo hit's path
             ab.check()
         s = self.launcher.current_stream() if stream is None else int(getattr(stream, "cuda_stream", stream))
         reg = self.capture.registry
-        if self.launcher.stream_capturing(s) or (reg is not None and reg.session is not None):
+        if self.launcher.stream_capturing(s) or (reg is not None and reg.sessions.session is not None):
             return False
         if b.entry.pending is not None and self.entries.advance(b.lp, b.key, b.entry) is not b.entry:
             return False   # its specialised kernel is built (or given up): resolved and bound again
