@@ -618,6 +618,30 @@ def test_a_bound_call_launches_without_resolving_again_until_an_entry_changes(fc
     assert not ex.launch_bound(bound) and len(launched) == 4
 
 
+def test_a_bound_launch_makes_its_entry_the_most_recent_every_time(fcu):
+    """Entries.touch knows the latest bound call it touched by identity (no key hashed again);
+    any resolve in between changes the order, so the next bound launch moves its entry again:
+    past the cap the least recently used entry goes, never the bound call's."""
+    cl, comms, exs, cap = _setup(2, fcu)
+    ex = exs[0]
+    ex.launcher.stream_capturing = lambda s: False
+    ex.launcher.launch = lambda *a, **k: None
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, word=ctypes.c_uint32(0),
+                                     user_thread=None)
+    lp = ex.load(_any_buffer_plan())
+    _ready_any(ex, lp, fcu, 64 * MiB)
+    ex.entries.cap = 3
+    a, b = FakeT(0x7000_0000, 4096), FakeT(0x7800_0000, 4096)
+    bound = ex.execute(lp.plan, a, b)
+    assert ex.launch_bound(bound) and ex.launch_bound(bound)   # the second: the latest, by identity
+    for n in (8192, 16384):                                    # two newer entries: the bound one is oldest
+        _resolve(ex, lp, 0x7000_0000, 0x7800_0000, n, n)
+    assert ex.launch_bound(bound)                              # the most recent again
+    _resolve(ex, lp, 0x7000_0000, 0x7800_0000, 32768, 32768)   # past the cap: one entry evicted
+    assert bound.key in lp.fast and EntryKey(8192, 8192, "f16", "ll16", "sum") not in lp.fast
+    assert ex.entries.evicted == 1
+
+
 def test_registered_and_captured_calls_are_never_bound(fcu):
     cl, comms, exs, cap = _setup(2, fcu)
     ex = exs[0]

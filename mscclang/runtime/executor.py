@@ -406,7 +406,8 @@ class Executor:
                 or not all(isinstance(b, int) for b in key.buffers())):
             return None   # registered tensors (not symmetric ones): their uses are counted at every call
         return Bound(lp, key, ent, opr, call, describe_call(lp.plan, call.in_bytes, call.out_bytes, call.kernel_code,
-                                                            pkt, call.op), pkt, self.entries.epoch, epi, before, after)
+                                                            pkt, call.op), pkt, self.entries.epoch, epi, before, after,
+                     (id(lp), key))
 
     def execute_traced(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
                        reduce_op: Any = None, accum_dtype: Any = None) -> "RankTrace":
@@ -484,7 +485,7 @@ class Executor:
             return False   # its specialised kernel is built (or given up): resolved and bound again
         ab.user_thread = threading.get_ident()
         self._last_call = b.desc
-        self.entries.touch(b.lp, b.key)
+        self.entries.touch(b.recent)
         c = b.call
         for f in b.before:
             f(s)
