@@ -8,6 +8,7 @@ with the peers' addresses."""
 
 from __future__ import annotations
 
+import ctypes
 import types
 from pathlib import Path
 
@@ -599,7 +600,8 @@ def test_a_bound_call_launches_without_resolving_again_until_an_entry_changes(fc
     launched = []
     ex.launcher.stream_capturing = lambda s: False
     ex.launcher.launch = lambda ent, a, b, da, db, s, t, epi=None: launched.append((ent.blob, a, b))
-    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, word=ctypes.c_uint32(0),
+                                     user_thread=None)
     lp = ex.load(_any_buffer_plan())
     _ready_any(ex, lp, fcu, 64 * MiB)
     a, b = FakeT(0x7000_0000, 4096), FakeT(0x7800_0000, 4096)
@@ -616,6 +618,30 @@ def test_a_bound_call_launches_without_resolving_again_until_an_entry_changes(fc
     assert not ex.launch_bound(bound) and len(launched) == 4
 
 
+def test_a_bound_launch_makes_its_entry_the_most_recent_every_time(fcu):
+    """Entries.touch knows the latest bound call it touched by identity (no key hashed again);
+    any resolve in between changes the order, so the next bound launch moves its entry again:
+    past the cap the least recently used entry goes, never the bound call's."""
+    cl, comms, exs, cap = _setup(2, fcu)
+    ex = exs[0]
+    ex.launcher.stream_capturing = lambda s: False
+    ex.launcher.launch = lambda *a, **k: None
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, word=ctypes.c_uint32(0),
+                                     user_thread=None)
+    lp = ex.load(_any_buffer_plan())
+    _ready_any(ex, lp, fcu, 64 * MiB)
+    ex.entries.cap = 3
+    a, b = FakeT(0x7000_0000, 4096), FakeT(0x7800_0000, 4096)
+    bound = ex.execute(lp.plan, a, b)
+    assert ex.launch_bound(bound) and ex.launch_bound(bound)   # the second: the latest, by identity
+    for n in (8192, 16384):                                    # two newer entries: the bound one is oldest
+        _resolve(ex, lp, 0x7000_0000, 0x7800_0000, n, n)
+    assert ex.launch_bound(bound)                              # the most recent again
+    _resolve(ex, lp, 0x7000_0000, 0x7800_0000, 32768, 32768)   # past the cap: one entry evicted
+    assert bound.key in lp.fast and EntryKey(8192, 8192, "f16", "ll16", "sum") not in lp.fast
+    assert ex.entries.evicted == 1
+
+
 def test_registered_and_captured_calls_are_never_bound(fcu):
     cl, comms, exs, cap = _setup(2, fcu)
     ex = exs[0]
@@ -624,7 +650,8 @@ def test_registered_and_captured_calls_are_never_bound(fcu):
     cl.run(lambda r: exs[r].capture.register([ts[r]]))
     ex.launcher.stream_capturing = lambda s: cap[0]
     ex.launcher.launch = lambda *a, **k: None
-    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, word=ctypes.c_uint32(0),
+                                     user_thread=None)
     plan = stub_plan("allreduce", 2, name="zc", symmetric=True, inplace=True)
     _ready(ex, ex.load(plan), fcu, MiB)
     assert ex.execute(plan, ts[0], ts[0]) is None   # a registration's uses are counted per call
@@ -662,7 +689,8 @@ def test_a_traced_launch_runs_the_trace_kernel_with_its_buffer_and_decodes_it(fc
     ex = exs[0]
     ex.launcher.stream_capturing = lambda s: False
     ex.launcher.trace_ptr = 0
-    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, word=ctypes.c_uint32(0),
+                                     user_thread=None)
     lp = ex.load(_any_buffer_plan())
     _ready_any(ex, lp, fcu, 64 * MiB)
     real = ex.kernels.interpreter
@@ -714,7 +742,8 @@ def test_a_bound_call_enqueues_its_copies_around_the_kernel_at_every_launch(fcu)
     ex.launcher.stream_capturing = lambda s: False
     ex.launcher.current_stream = lambda: 7
     ex.launcher.launch = lambda ent, a, b, da, db, s, t, epi=None: events.append(("kernel", a, b, s))
-    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, word=ctypes.c_uint32(0),
+                                     user_thread=None)
     lp = ex.load(_any_buffer_plan())
     _ready_any(ex, lp, fcu, 64 * MiB)
     a, b = 0x7000_0000, 0x7800_0000
@@ -740,7 +769,8 @@ def test_a_size_whose_kernel_is_building_is_bound_and_its_calls_still_count(fcu,
     launched = []
     ex.launcher.stream_capturing = lambda s: False
     ex.launcher.launch = lambda ent, a, b, da, db, s, t, epi=None: launched.append(ent.spec)
-    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, user_thread=None)
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, word=ctypes.c_uint32(0),
+                                     user_thread=None)
     lp = ex.load(_any_buffer_plan())
     _ready_any(ex, lp, fcu, 64 * MiB)
     ex.specialize = "auto"

@@ -304,7 +304,7 @@ def test_capture_sessions_whose_calls_differ_raise_everywhere_and_complete_nothi
         _capture(cl, calls)
     assert all(isinstance(e, CallMismatch) and "abort on replay" in str(e) for e in ei.value.errors)
     for r in range(2):
-        assert cl.ipcs[r].maps == {} and cl.registry(r).session is None
+        assert cl.ipcs[r].maps == {} and cl.registry(r).sessions.session is None
 
 
 def test_capture_with_same_count_but_different_calls_raises():

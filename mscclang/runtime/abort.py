@@ -46,7 +46,9 @@ class AbortState:
         self.comm = comm
         self._last_call = last_call
         self.host, self.dev = cu.host_alloc_mapped(AREA_BYTES)
-        self._state = ctypes.c_uint32.from_address(self.host)
+        #: the launches' error word in host-mapped memory, nonzero once one gave up (a plain
+        #: read: the memo hit's launch reads it without a call)
+        self.word = ctypes.c_uint32.from_address(self.host)
         self.aborted = False
         self.reported = False          # the current abort was raised to the caller by a host call
         self._msg: Optional[str] = None
@@ -58,7 +60,7 @@ class AbortState:
 
     def state(self) -> int:
         """Nonzero once a launch gave up (a plain read of host-mapped memory)."""
-        return self._state.value if self.host else 0
+        return self.word.value
 
     def pending(self) -> bool:
         """Whether a launch gave up since the last reset (or a host wait declared it)."""
@@ -159,6 +161,7 @@ class AbortState:
     def free(self) -> None:
         """Free the record (after the device is idle)."""
         if self.host:
+            self.word = ctypes.c_uint32(0)   # nothing reads freed memory
             cu.host_free(self.host)
             self.host = 0
 

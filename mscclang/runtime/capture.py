@@ -58,6 +58,8 @@ class CaptureGlue:
                  capturing_now: Callable[[], bool], error_record: int,
                  check_tensor: Callable[[Any, str], None]) -> None:
         self.comm = comm
+        #: the communicator's registry (made with it), or None: an attribute, read at every memo hit
+        self.registry: Any = getattr(comm, "registry", None)
         self.state = CaptureState()
         self._forget = forget
         self._capturing = capturing
@@ -67,10 +69,6 @@ class CaptureGlue:
         self._hooked = False
         self.hook()
 
-    @property
-    def registry(self) -> Any:
-        """The communicator's registry, or None."""
-        return getattr(self.comm, "registry", None)
 
     @property
     def mode(self) -> str:
@@ -128,9 +126,10 @@ class CaptureGlue:
         docstring). None outside a session (or when the buffers cannot be exported: the call is
         staged). Needs the kernel loaded and a context large enough: the same sizes run or
         prepared before (on any tensors). Only host queries here: no allocation, no IPC call."""
-        reg = self.registry
-        if reg is None or reg.session is None or not reg.session.enabled or not self._capturing():
+        s = None if self.registry is None else self.registry.sessions.session
+        if s is None or not s.enabled or not self._capturing():
             return None
+        reg = self.registry
         if lp.has_port:   # the proxy's copies need the peers' addresses at capture: staged instead
             return None
         if not reg.can_defer(in_ptr, in_bytes, out_ptr, out_bytes):
@@ -198,10 +197,10 @@ class CaptureGlue:
         the session's end). With ``MSCCLANG_CHECK_REGISTRATION``: compare every zero-copy call's
         buffers across ranks (outside captures)."""
         reg = self.registry
-        if reg is None or (reg.session is None and not reg.verify):
+        if reg is None or (reg.sessions.session is None and not reg.verify):
             return
         capturing = self._capturing()
-        if reg.session is not None and capturing:
+        if reg.sessions.session is not None and capturing:
             reg.note_call(f"{describe_call(lp.plan, key.in_bytes, key.out_bytes, dt, key.packet, key.op)} "
                           f"{key.how()}")
         if reg.verify and lp.zero_copy and not capturing:
@@ -261,7 +260,7 @@ class CaptureGlue:
             return False
         if reg.active and zero_copy_operands({p: si, q: so}.get, reg, p, q, a, b) is not None:
             return True
-        s = reg.session
+        s = reg.sessions.session
         return bool(s is not None and s.enabled and self._capturing() and reg.can_defer(p, a, q, b))
 
     def classify(self, t: Any) -> Any:
@@ -280,7 +279,7 @@ class CaptureGlue:
             g = reg.lookup(p, n)
             if g is not None:
                 return g.index
-        s = reg.session
+        s = reg.sessions.session
         if s is not None and s.enabled and self._capturing():
             return "defer" if reg.exportable(p, n) else None
         return None

@@ -171,18 +171,37 @@ def device_attribute(dev: int, attr_name: str) -> int:
 
 def raw_launch_kernel() -> Any:
     """``cuLaunchKernel`` of the process's libcuda through ctypes (about a microsecond per call
-    less than the cuda.bindings wrapper), or None when libcuda cannot be opened that way. Called
-    as ``f(function_handle, gx, gy, gz, bx, by, bz, smem, stream, params_address, None)``;
-    returns the CUresult as an int."""
+    less than the cuda.bindings wrapper), or None when libcuda cannot be opened that way. It has
+    no ``argtypes`` (converting eleven arguments through them cost 0.7 us a call on a 2-core CPU):
+    call it as ``f(function, gx, gy, gz, bx, by, bz, smem, stream, params, None)`` with the
+    function handle, the stream and the parameter block's address as ``ctypes.c_void_p`` (a
+    plain int would pass as a 32-bit C int) and the counts as ints below 2**31; it returns the
+    CUresult as an int."""
     try:
         lib = ctypes.CDLL("libcuda.so.1")
         fn = lib.cuLaunchKernel
     except (OSError, AttributeError):
         return None
-    u = ctypes.c_uint
-    fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     fn.restype = ctypes.c_int
     return fn
+
+
+class PointerArgs:
+    """Pointer arguments (``ctypes.c_void_p``) of raw addresses and handles for ctypes calls
+    without argtypes, made once per address: the hot path reads ``known.get(address)`` (no Python
+    frame) and calls :meth:`make` on a miss. At most ``limit`` are kept (then all are forgotten
+    together: they are values, never stale)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.known: dict[int, ctypes.c_void_p] = {}
+        self.limit = limit
+
+    def make(self, address: int) -> ctypes.c_void_p:
+        """The argument of ``address``, kept for the next call."""
+        if len(self.known) >= self.limit:
+            self.known.clear()
+        p = self.known[address] = ctypes.c_void_p(address)
+        return p
 
 
 def raw_current_stream() -> Any:
@@ -209,13 +228,15 @@ def raw_stream_is_capturing() -> Any:
         fn = lib.cuStreamIsCapturing
     except (OSError, AttributeError):
         return stream_is_capturing
-    fn.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
-    fn.restype = ctypes.c_int
+    fn.restype = ctypes.c_int   # no argtypes: the stream goes as a c_void_p (raw_launch_kernel)
     status = ctypes.c_int(0)
     ref = ctypes.byref(status)
+    args = PointerArgs()
+    known = args.known
 
     def capturing(stream: int) -> bool:
-        err = fn(stream, ref)
+        st = known.get(stream)
+        err = fn(args.make(stream) if st is None else st, ref)
         if err == _CAPTURE_IMPLICIT:   # the legacy stream while another stream captures globally
             return True
         if err:
@@ -254,13 +275,18 @@ def copier(c: Any) -> Callable[[int], None]:
                 dtod(dst, src, c.width, s)
 
         return each_row
+    # no argtypes (raw_launch_kernel): every argument but the stream is converted here, once
+    flat.restype = two.restype = ctypes.c_int
+    streams = PointerArgs(64)
+    known = streams.known
     if len(rows) <= 1:
-        flat.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
-        flat.restype = ctypes.c_int
+        args = [(ctypes.c_uint64(dst), ctypes.c_uint64(src), ctypes.c_size_t(c.width)) for dst, src in rows]
 
         def run_flat(s: int) -> None:
-            for dst, src in rows:
-                err = flat(dst, src, c.width, s)
+            st = known.get(s)
+            st = streams.make(s) if st is None else st
+            for dst, src, n in args:
+                err = flat(dst, src, n, st)
                 if err:
                     check(err, "cuMemcpyDtoDAsync")
 
@@ -268,12 +294,11 @@ def copier(c: Any) -> Callable[[int], None]:
     m = _Memcpy2D(srcMemoryType=_MEMORYTYPE_DEVICE, srcDevice=c.src, srcPitch=c.src_pitch,
                   dstMemoryType=_MEMORYTYPE_DEVICE, dstDevice=c.dst, dstPitch=c.dst_pitch, WidthInBytes=c.width,
                   Height=c.rows)
-    two.argtypes = [ctypes.POINTER(_Memcpy2D), ctypes.c_void_p]
-    two.restype = ctypes.c_int
     ref = ctypes.byref(m)
 
     def run_2d(s: int) -> None:
-        err = two(ref, s)
+        st = known.get(s)
+        err = two(ref, streams.make(s) if st is None else st)
         if err:
             check(err, "cuMemcpy2DAsync")
 

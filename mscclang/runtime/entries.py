@@ -72,6 +72,7 @@ class Entries:
         self._capturing_now = capturing_now
         self.cap = settings.max_launch_entries
         self._lru: "OrderedDict[tuple[int, EntryKey], LoadedPlan]" = OrderedDict()
+        self._latest: Optional[tuple] = None   # the key :meth:`touch` made most recent, while it is
         self._pinned: set[tuple[int, EntryKey]] = set()
         self.evicted = 0
         #: bumped whenever an entry is dropped or replaced (what holds an entry checks it)
@@ -136,6 +137,7 @@ class Entries:
             self._lru.move_to_end(lk)
             if ent.pending is not None and count:
                 ent = self.advance(lp, key, ent, prepare)
+        self._latest = None   # the order changed: the next touch moves its key
         if (prepare or self._capturing()) and lk not in self._pinned:
             self._pinned.add(lk)
         return ent, opr
@@ -315,11 +317,15 @@ class Entries:
         return pl
 
     # bookkeeping --------------------------------------------------------------------------------
-    def touch(self, lp: LoadedPlan, key: EntryKey) -> None:
-        """A bound call of this entry ran (it is recently used)."""
-        lk = (id(lp), key)
+    def touch(self, lk: tuple) -> None:
+        """A bound call ran (its entry is recently used): ``lk`` is its :class:`Bound`'s ``recent``
+        key. The latest one touched is known by identity, so repeated launches of one bound call
+        hash no key (an ``EntryKey`` hash is a Python call over nine fields)."""
+        if lk is self._latest:
+            return
         if lk in self._lru:
             self._lru.move_to_end(lk)
+            self._latest = lk
 
     def forget(self, loaded: list[LoadedPlan], idx: set) -> None:
         """Drop the entries and device plans built on the buffers named by ``idx`` (symmetric

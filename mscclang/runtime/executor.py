@@ -398,14 +398,16 @@ class Executor:
                s: int, before: tuple = (), after: tuple = ()) -> Optional[Bound]:
         """What :meth:`run_call` returns (see there)."""
         reg = self.capture.registry
-        if self.launcher.stream_capturing(s) or (reg is not None and (reg.session is not None or reg.verify)):
+        session = None if reg is None else reg.sessions.session
+        if self.launcher.stream_capturing(s) or session is not None or (reg is not None and reg.verify):
             return None
         key = self.entries.last_key
         if (key is None or opr.mode == "staged"
                 or not all(isinstance(b, int) for b in key.buffers())):
             return None   # registered tensors (not symmetric ones): their uses are counted at every call
         return Bound(lp, key, ent, opr, call, describe_call(lp.plan, call.in_bytes, call.out_bytes, call.kernel_code,
-                                                            pkt, call.op), pkt, self.entries.epoch, epi, before, after)
+                                                            pkt, call.op), pkt, self.entries.epoch, epi, before, after,
+                     (id(lp), key))
 
     def execute_traced(self, plan: Union[Plan, LoadedPlan], input: Any, output: Any, packet_type: Any = None,
                        reduce_op: Any = None, accum_dtype: Any = None) -> "RankTrace":
@@ -473,17 +475,17 @@ class Executor:
         if b.epoch != self.entries.epoch:
             return False
         ab = self.abort
-        if ab.aborted or ab.state():
+        if ab.aborted or ab.word.value:   # AbortState.state() without the call: the memo hit's path
             ab.check()
         s = self.launcher.current_stream() if stream is None else int(getattr(stream, "cuda_stream", stream))
         reg = self.capture.registry
-        if self.launcher.stream_capturing(s) or (reg is not None and reg.session is not None):
+        if self.launcher.stream_capturing(s) or (reg is not None and reg.sessions.session is not None):
             return False
         if b.entry.pending is not None and self.entries.advance(b.lp, b.key, b.entry) is not b.entry:
             return False   # its specialised kernel is built (or given up): resolved and bound again
         ab.user_thread = threading.get_ident()
         self._last_call = b.desc
-        self.entries.touch(b.lp, b.key)
+        self.entries.touch(b.recent)
         c = b.call
         for f in b.before:
             f(s)

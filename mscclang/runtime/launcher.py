@@ -37,6 +37,7 @@ class Launcher:
         self._eparam_ptrs = (ctypes.c_void_p * 7)(*[ctypes.addressof(self._eparams) + 8 * i for i in range(6)],
                                                   ctypes.addressof(self._eargs))
         self._raw = cu.raw_launch_kernel()              # ctypes cuLaunchKernel (None: use cuda.bindings)
+        self._ptr = cu.PointerArgs()                    # its pointer arguments, made once per value
         self._raw_stream = cu.raw_current_stream()      # torch's current raw stream getter (or None)
         self.stream_capturing = cu.raw_stream_is_capturing()
         drv = cu.driver()
@@ -106,7 +107,12 @@ class Launcher:
     def _run(self, func: Any, handle: int, grid: int, block: int, smem: int, s: int, params: int) -> None:
         """The one launch ladder."""
         if self._raw is not None and not self.cooperative:
-            err = self._raw(handle, grid, 1, 1, block, 1, 1, smem, s, params, None)
+            known = self._ptr.known
+            h, st, pa = known.get(handle), known.get(s), known.get(params)
+            if h is None or st is None or pa is None:
+                make = self._ptr.make
+                h, st, pa = make(handle), make(s), make(params)
+            err = self._raw(h, grid, 1, 1, block, 1, 1, smem, st, pa, None)
             if err:
                 cu.check(err, "cuLaunchKernel")
             return

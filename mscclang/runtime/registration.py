@@ -385,11 +385,6 @@ class Registry:
                 r.pinned = True
 
     # -------------------------------------------------------------------------------- graph capture
-    @property
-    def session(self) -> Optional[CaptureSession]:
-        """The open capture session, or None (:mod:`mscclang.runtime.sessions`)."""
-        return self.sessions.session
-
     def begin_capture(self, config: str) -> CaptureSession:
         """Collective: open a capture session (:meth:`CaptureSessions.begin`)."""
         return self.sessions.begin(config)

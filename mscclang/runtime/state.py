@@ -226,6 +226,9 @@ class Bound:
     epi: Optional[bytes] = None
     before: tuple = ()
     after: tuple = ()
+    #: its key in the entries' recently-used order, ``(id(lp), key)``, made once
+    #: (:meth:`mscclang.runtime.entries.Entries.touch` knows the latest by identity)
+    recent: tuple = ()
 
 
 @dataclass(frozen=True, slots=True)

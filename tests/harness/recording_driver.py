@@ -3,7 +3,25 @@ of host code that enqueues GPU work (the port proxy, the executor's launch paths
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import ctypes
+from typing import Any, Callable, Optional
+
+_u = ctypes.c_uint
+#: C prototypes of the libcuda functions mscclang.runtime.cuda calls through ctypes without argtypes
+LAUNCH_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, _u, _u, _u, _u, _u, _u, _u, ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_void_p)
+MEMCPY_DTOD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
+MEMCPY_2D = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+STREAM_IS_CAPTURING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+
+
+def no_argtypes(fn: Callable[..., int], proto: Any) -> tuple[Any, Any]:
+    """``fn`` reached as ``ctypes.CDLL`` reaches a libcuda function: a foreign function at a C
+    address, with no argtypes, so the caller's own conversion of each argument is what arrives
+    (as ``proto`` declares it, in C). Returns the function and the callback behind it (keep both
+    alive)."""
+    cb = proto(fn)
+    return ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.cast(cb, ctypes.c_void_p).value), cb
 
 
 class RecordingDriver:
