@@ -4,8 +4,9 @@
 # several GPUs (one rank per GPU). Run from the repository root on the GPU machine, carrying
 # .cubins (python3 -m mscclang build-kernel --out .cubins --traced) and, where the machine lacks pydantic,
 # .whl (wheels of the missing packages and a prelude.sh that installs them). A device call carries at
-# most 64 MiB (the tracked tree is about 32): the 16 cubins of --traced are 34 MB, so move the
-# four f8*_trace_* modules out of .cubins before the call (no GPU test traces an FP8 plan):
+# most 64 MiB (the tracked tree is about 33): the 16 cubins of --traced are 34 MB, so carry them
+# compressed (`tar cJf .whl/cubins.tar.xz .cubins`: 1.6 MB) and unpack them first on the machine
+# (`tar xJf .whl/cubins.tar.xz`):
 #
 #   bash tests/gpu/suite.sh all    # every file of tests/gpu, 2 ranks sharing the GPU
 #   bash tests/gpu/suite.sh wide   # the 4- and 8-rank parts: consistency, every shipped plan, fused
