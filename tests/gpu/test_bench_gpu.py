@@ -45,7 +45,7 @@ def _bench(env: dict, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_host_mode_on_ranks_sharing_a_gpu(shared_env, tmp_path):
-    from mscclang.bench.host import LABELS, host_config, host_rows
+    from mscclang.bench.host import LABELS, UNCHECKED, host_config, host_rows
 
     p = _bench(shared_env, "--host", "--json", str(tmp_path / "h.json"), "--out", str(tmp_path / "out"))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -56,8 +56,11 @@ def test_host_mode_on_ranks_sharing_a_gpu(shared_env, tmp_path):
     bad = [r for r in res if not r["ok"] or not r["us"] > 0]
     assert not bad, bad
     for r in res:
-        if r["call"] not in ("add", "copy"):   # every mscclang row ran a plan of the library
+        if r["call"] in UNCHECKED:   # torch's launches and the do-nothing group run no plan
+            assert not r.get("plan"), r
+        else:   # every mscclang row ran a plan of the library
             assert r.get("plan") and not r["plan"].startswith("nccl") and r["plan"] != "fallback", r
+    assert [r["call"] for r in res].count("floor") == 1
     for label in LABELS.values():
         assert f"| {label} |" in p.stdout, label
     assert "## Targets (host time)" in p.stdout and "| not measured |" not in p.stdout
