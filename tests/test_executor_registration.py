@@ -789,3 +789,28 @@ def test_a_size_whose_kernel_is_building_is_bound_and_its_calls_still_count(fcu,
     again = ex.run_call(lp, call, "ll16")
     assert again is not None and again.entry.spec == ("launch", sentinel) and again.entry.pending is None
     assert ex.launch_bound(again) and launched[-2:] == [("launch", sentinel)] * 2
+
+
+def test_a_bound_call_whose_kernel_is_building_asks_torch_nothing(fcu, monkeypatch):
+    """launch_bound has just asked the driver whether the stream captures; counting a bound call
+    towards its specialised kernel does not ask torch again (a Python round trip of about 2 us
+    per call on a GPU host, while the kernel builds)."""
+    cl, comms, exs, cap = _setup(2, fcu)
+    ex = exs[0]
+    ex.launcher.stream_capturing = lambda s: False
+    ex.launcher.launch = lambda ent, a, b, da, db, s, t, epi=None: None
+    ex.abort = types.SimpleNamespace(dev=0xE0_0000, aborted=False, state=lambda: 0, word=ctypes.c_uint32(0),
+                                     user_thread=None)
+    lp = ex.load(_any_buffer_plan())
+    _ready_any(ex, lp, fcu, 64 * MiB)
+    ex.specialize = "auto"
+    _Builds(ex, monkeypatch)
+    n = 49164
+    call = sized_call(lp.plan.collective, 0, 2, dtype_info("float16"), n, n, "sum", None, 0x7000_0000, 0x7800_0000)
+    bound = ex.run_call(lp, call, "ll16")
+    assert bound is not None and bound.entry.pending is not None
+    asked = []
+    monkeypatch.setattr(ex, "_capturing", lambda: asked.append(1) or False)
+    for _ in range(3):
+        assert ex.launch_bound(bound)
+    assert bound.entry.pending is not None and asked == []

@@ -103,7 +103,7 @@ class CaptureGlue:
         registered (or one symmetric and one registered), else None. A registration used inside a
         capture is pinned (kept until close)."""
         reg = self.registry
-        if reg is None or not reg.active:
+        if reg is None or not reg.by_base:
             return None
         got = zero_copy_operands({in_ptr: si, out_ptr: so}.get, reg, in_ptr, out_ptr, in_bytes, out_bytes)
         if got is None:
@@ -258,7 +258,7 @@ class CaptureGlue:
         reg = self.registry
         if reg is None:
             return False
-        if reg.active and zero_copy_operands({p: si, q: so}.get, reg, p, q, a, b) is not None:
+        if reg.by_base and zero_copy_operands({p: si, q: so}.get, reg, p, q, a, b) is not None:
             return True
         s = reg.sessions.session
         return bool(s is not None and s.enabled and self._capturing() and reg.can_defer(p, a, q, b))
@@ -275,7 +275,7 @@ class CaptureGlue:
         if reg is None:
             return None
         n = t.numel() * t.element_size()
-        if reg.active:
+        if reg.by_base:
             g = reg.lookup(p, n)
             if g is not None:
                 return g.index

@@ -210,14 +210,16 @@ class Entries:
         ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(args))
         return SpecLaunch(sp, args, ctypes.addressof(ptrs), ptrs)
 
-    def advance(self, lp: LoadedPlan, key: EntryKey, ent: LaunchEntry, now: bool = False) -> LaunchEntry:
+    def advance(self, lp: LoadedPlan, key: EntryKey, ent: LaunchEntry, now: bool = False,
+                capturing: Optional[bool] = None) -> LaunchEntry:
         """One more call of an entry whose specialised kernel is wanted (a resolved call, or a
         bound one: :meth:`Executor.launch_bound`): count it, start its background build at the
         policy's count, and switch to the kernel once built (``now``: prepare, build on this
         thread). Returns the entry to launch: another than ``ent`` once switched. Never inside a
-        capture."""
+        capture: ``capturing`` is whether the call's stream is capturing when the caller has just
+        asked (a bound call asks the driver), else None and it is asked here."""
         pend = ent.pending
-        if self._capturing():
+        if self._capturing() if capturing is None else capturing:
             return ent
         sk = pend.key
         if now:

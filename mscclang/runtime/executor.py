@@ -481,7 +481,8 @@ class Executor:
         reg = self.capture.registry
         if self.launcher.stream_capturing(s) or (reg is not None and reg.sessions.session is not None):
             return False
-        if b.entry.pending is not None and self.entries.advance(b.lp, b.key, b.entry) is not b.entry:
+        if (b.entry.pending is not None
+                and self.entries.advance(b.lp, b.key, b.entry, capturing=False) is not b.entry):
             return False   # its specialised kernel is built (or given up): resolved and bound again
         ab.user_thread = threading.get_ident()
         self._last_call = b.desc

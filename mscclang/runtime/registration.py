@@ -214,7 +214,9 @@ class Registry:
         self.on_release: list[Callable[[list[Region]], None]] = []
         self.sessions = CaptureSessions(self)
         self._table: dict[int, Region] = {}     # eager registrations by seq: the same seqs on every rank
-        self._by_base: dict[int, Region] = {}   # usable eager registrations by base address (this rank)
+        #: usable eager registrations by base address (this rank); others only test it (empty: no
+        #: registration can match, the memo hit's cheap test) and read it through :meth:`lookup`
+        self.by_base: dict[int, Region] = {}
         self.kept: list[Region] = []           # graph registrations, and evicted ones a graph pins
         self._maps: dict[tuple[int, int], _Mapping] = {}   # (peer, peer's buffer id) -> mapping here
         self._seq = 0
@@ -232,15 +234,10 @@ class Registry:
     def world_size(self) -> int:
         return int(self.comm.world_size)
 
-    @property
-    def active(self) -> bool:
-        """Whether any eager registration may match (cheap test for the hot path)."""
-        return bool(self._by_base)
-
     def lookup(self, ptr: int, nbytes: int) -> Optional[Region]:
         """The live registration of the tensor at ``ptr`` (``nbytes`` long), or None. The hot path:
         a dict look-up and a weak-reference check."""
-        r = self._by_base.get(ptr)
+        r = self.by_base.get(ptr)
         if r is None or nbytes > r.size:
             return None
         ref = r.ref
@@ -444,13 +441,13 @@ class Registry:
             r.released = True
             r.keys = []
         self._table.clear()
-        self._by_base.clear()
+        self.by_base.clear()
         self.kept.clear()
         self.sessions.session = None
 
     # -------------------------------------------------------------------------------- internals
     def _existing(self, ptr: int, nbytes: int, alive: bool = True) -> Optional[Region]:
-        r = self._by_base.get(ptr)
+        r = self.by_base.get(ptr)
         if r is None or r.size != nbytes or (alive and not r.alive()):
             return None
         return r
@@ -551,12 +548,12 @@ class Registry:
             self._evict({victim.seq})
 
     def _rebuild(self) -> None:
-        """``_by_base`` from the table: the newest usable registration at each base."""
-        self._by_base = {}
+        """``by_base`` from the table: the newest usable registration at each base."""
+        self.by_base = {}
         for s in sorted(self._table):
             r = self._table[s]
             if not r.released:
-                self._by_base[r.base] = r
+                self.by_base[r.base] = r
 
     def note(self, key: str, message: str) -> None:
         if key in self._logged:
