@@ -205,7 +205,7 @@ class BenchWorker:
             "dtype": self.cfg.dtype, "torch": torch.__version__, "nccl": nccl,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"), "config": self.cfg.to_dict(),
             "mscclang": {"error": self.comm_error,
-                         "tuning": getattr(getattr(self.comm, "tuning", None), "source", None)},
+                         "tuning": None if self.comm is None else self.comm.tuning.source},
         }
         (self.out_dir / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
