@@ -121,9 +121,14 @@ class MscclangWork(dist.Work):
     returns True, or raises the operation's error; ``get_future()`` returns a completed future
     holding the output tensors, or raises the error."""
 
+    _error: Optional[BaseException] = None
+    _event: Any = None
+
     def __init__(self, result: list, error: Optional[BaseException] = None, event: Any = None) -> None:
-        super().__init__()
-        self._result, self._error, self._event = result, error, event
+        dist.Work.__init__(self)
+        self._result = result
+        if error is not None or event is not None:   # a synchronous call's Work sets neither
+            self._error, self._event = error, event
 
     def wait(self, timeout: datetime.timedelta = _NO_TIMEOUT) -> bool:
         if self._error is not None:
@@ -173,6 +178,7 @@ class MscclangProcessGroup(dist.ProcessGroup):
         self._store, self._timeout = store, timeout
         self._device = torch.device(device) if device is not None else _device_for(rank)
         self._device_type = self._device.type
+        self._dtypes = _runnable_dtypes()
         # one torch group per device type: the Communicator's fallback group is the inner group
         # of its device type (made from the store at the first call that needs it)
         self._fallback = None if communicator is not None else TorchFallback(
@@ -353,15 +359,17 @@ class MscclangProcessGroup(dist.ProcessGroup):
     # ------------------------------------------------------------------ all-reduce
     def _runs(self, t: Any) -> bool:
         """Whether ``t`` runs on the Communicator as it is (the fast path's whole check)."""
-        return (t.dtype in _runnable_dtypes() and t.is_contiguous()
+        return (t.dtype in self._dtypes and t.is_contiguous()
                 and (t.is_cuda if self._device_type == "cuda" else t.device.type == self._device_type))
 
     def allreduce(self, tensors: list, opts: Any = None) -> Any:
         opts = opts if opts is not None else dist.AllreduceOptions()
-        op = _op_type(opts.reduceOp)
-        name = _REDUCE_BY_CODE.get(int(op))   # the common case first: one look-up, no comparison
+        rop = opts.reduceOp
+        # the common case first: ReduceOp's own comparison with SUM, without unwrapping its type
+        name = "sum" if rop == dist.ReduceOp.SUM else _REDUCE_BY_CODE.get(int(_op_type(rop)))
         if name is not None and len(tensors) == 1 and self._lean("allreduce", tensors[0], tensors[0], name):
             return self._run(opts, tensors, self.communicator.all_reduce, _flat(tensors[0]), name)
+        op = _op_type(rop)
         if op == dist.ReduceOp.AVG:
             return self._averaged(opts, tensors, dist.AllreduceOptions(), lambda o: self.allreduce(tensors, o))
         reason = self._fallback_reason(tensors, op) or "several tensors"
