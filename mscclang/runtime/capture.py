@@ -69,7 +69,6 @@ class CaptureGlue:
         self._hooked = False
         self.hook()
 
-
     @property
     def mode(self) -> str:
         """The registry's mode (``auto``, ``explicit`` or ``off``); ``off`` without a registry."""
