@@ -240,6 +240,44 @@ def test_ctrl_c_in_process_exits_130_with_one_line(capsys, monkeypatch):
     assert res.stderr.strip() == "mscclang verify: interrupted"
 
 
+def test_ctrl_c_in_process_reports_nothing_from_a_thread_in_a_gc_callback(capsys, monkeypatch):
+    """The interrupt raised in a thread the command started may land while that thread runs a gc
+    callback (hypothesis registers one), where Python can only report it as unraisable: the
+    command still prints its one line, and nothing reaches ``sys.unraisablehook``."""
+    import gc
+
+    import mscclang.cli.verify_cmd as verify_cmd
+
+    reported: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    inside = threading.Event()
+
+    def slow_callback(phase: str, info: dict) -> None:
+        if phase == "start" and threading.current_thread() is worker:
+            inside.set()
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:   # the interrupt arrives here, between two bytecodes
+                pass
+
+    worker = threading.Thread(target=gc.collect, daemon=True)
+
+    def interrupted(args):
+        worker.start()
+        assert inside.wait(10)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(verify_cmd, "run", interrupted)
+    gc.callbacks.append(slow_callback)
+    try:
+        res = cli_inproc(capsys, "verify", str(SMALL))
+    finally:
+        gc.callbacks.remove(slow_callback)
+    worker.join(5)
+    assert res.returncode == 130 and res.stderr.strip() == "mscclang verify: interrupted"
+    assert reported == []
+    assert sys.unraisablehook == reported.append   # put back once the thread ended
+
+
 def test_ctrl_c_ends_a_long_verify_without_traceback():
     """A real SIGINT to ``mscclang verify`` in the middle of a long run (the progress bar shows it
     has started)."""

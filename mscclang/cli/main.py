@@ -176,15 +176,18 @@ def _stop_started(threads: Optional[set[int]], children: set[int], wait_s: float
     ``children``, by ``id``), raise KeyboardInterrupt in each thread it started (not in
     ``threads``, by ident: the simulator's rank threads, a progress ticker; None: leave them), and
     wait at most ``wait_s`` in all for them to end. Until they have, a thread ended by the
-    interrupt prints no traceback."""
+    interrupt prints no traceback, and one whose interrupt Python could only report as unraisable
+    (it landed in a gc callback) reports nothing."""
     import ctypes
     import multiprocessing
 
     end = time.monotonic() + wait_s
     procs = [p for p in multiprocessing.active_children() if id(p) not in children]
     started = [t for t in threading.enumerate() if threads is not None and t.ident not in threads]
-    hook = threading.excepthook
+    hook, unraisable = threading.excepthook, sys.unraisablehook
     threading.excepthook = lambda a: None if a.exc_type is KeyboardInterrupt else hook(a)
+    # a thread interrupted inside a gc callback (or a __del__) can only report it as unraisable
+    sys.unraisablehook = lambda a: None if a.exc_type is KeyboardInterrupt else unraisable(a)
     for p in procs:
         p.terminate()
     for t in started:
@@ -194,7 +197,7 @@ def _stop_started(threads: Optional[set[int]], children: set[int], wait_s: float
     for p in procs:
         p.kill()   # no-op when it ended
     if not any(t.is_alive() for t in started):
-        threading.excepthook = hook
+        threading.excepthook, sys.unraisablehook = hook, unraisable
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
