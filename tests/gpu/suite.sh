@@ -33,7 +33,8 @@
 # LIMIT_S, TEST_TIMEOUT (one test, 240 s; the longest took 102 s beside 4 other pools),
 # MSCCLANG_TEST_DUMP_S (rank stacks dumped, 180 s),
 # F8 (the 8-rank part's files, in the order they run; default: those of the 4-rank part), FI (the
-# files or test ids of `invariant`, after a change to one of them).
+# files or test ids of `invariant`, after a change to one of them), RANKS (the parts of `wide` and
+# `invariant` to run, default "4 8"; RANKS=8 runs the 8-rank part alone, when a call cut it).
 set -u
 what=${1:?usage: bash tests/gpu/suite.sh all|wide|invariant|files F...}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -62,6 +63,9 @@ part() {
   echo "[$name] rc=$? wall $(( $(date +%s) - t0 )) s: $(grep -E '(passed|failed|error)' "$log" | tail -1)"
 }
 
+# has N: whether RANKS names the N-rank part of `wide` and `invariant`
+has() { case " ${RANKS:-4 8} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
 case "$what" in
   all)   # the tests marked `alone` (they measure the device's free memory) after the pools
     part ranks2 2 "${WORKERS:-5}" tests/gpu -m "gpu and not alone"
@@ -69,7 +73,8 @@ case "$what" in
   wide)
     F="tests/gpu/test_consistency_gpu.py tests/gpu/test_plans_gpu.py tests/gpu/test_fused_gpu.py"
     if [ "${PARALLEL:-0}" != 1 ]; then
-      part ranks4 4 1 $F; part ranks8 8 "${WIDE_WORKERS:-1}" ${F8:-$F}
+      has 4 && part ranks4 4 1 $F
+      has 8 && part ranks8 8 "${WIDE_WORKERS:-1}" ${F8:-$F}
     else
       part ranks4 4 1 $F &
       part ranks8 8 "${WIDE_WORKERS:-1}" ${F8:-$F} &
@@ -81,7 +86,8 @@ case "$what" in
   invariant)   # batch invariance, all-to-all-v and MoE at 4 and 8 ranks (2 ranks: in `all`)
     F=${FI:-"tests/gpu/test_batch_invariant_gpu.py tests/gpu/test_alltoallv_gpu.py"}
     if [ "${PARALLEL:-0}" != 1 ]; then
-      part invariant4 4 1 $F; part invariant8 8 1 $F
+      has 4 && part invariant4 4 1 $F
+      has 8 && part invariant8 8 1 $F
     else
       part invariant4 4 1 $F &
       part invariant8 8 1 $F &
