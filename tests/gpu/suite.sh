@@ -76,8 +76,8 @@ case "$what" in
       has 4 && part ranks4 4 1 $F
       has 8 && part ranks8 8 "${WIDE_WORKERS:-1}" ${F8:-$F}
     else
-      part ranks4 4 1 $F &
-      part ranks8 8 "${WIDE_WORKERS:-1}" ${F8:-$F} &
+      has 4 && part ranks4 4 1 $F &
+      has 8 && part ranks8 8 "${WIDE_WORKERS:-1}" ${F8:-$F} &
       wait
     fi ;;
   files)   # the given test files only, 2 ranks sharing the GPU (after a change, before `all`)
@@ -89,8 +89,8 @@ case "$what" in
       has 4 && part invariant4 4 1 $F
       has 8 && part invariant8 8 1 $F
     else
-      part invariant4 4 1 $F &
-      part invariant8 8 1 $F &
+      has 4 && part invariant4 4 1 $F &
+      has 8 && part invariant8 8 1 $F &
       wait
     fi ;;
   *) echo "usage: bash tests/gpu/suite.sh all|wide|invariant|files F..." >&2; exit 2 ;;
