@@ -20,16 +20,17 @@
 # `invariant` run their 4-rank part, then their 8-rank part. Tests marked `alone` (they measure the
 # device's free memory) run after the pools.
 # Each part is bounded (LIMIT_S; by default 470 s for `all` and `files`, else 170 s for a 4-rank part
-# and 300 s for an 8-rank one) and
-# prints its pytest summary line and wall time; the logs and each test's duration as it ends
-# (durations_NAME.txt, with a failed test's report under it) go to $OUT (default /tmp/out). The
-# rank processes write straight into the log (--capture=sys), so what they print (the stacks
-# dumped after MSCCLANG_TEST_DUMP_S, an abort's report) survives a part cut by its limit.
+# and 300 s for an 8-rank one) and prints its pytest summary line and wall time; the logs and each
+# test's duration as it ends (durations_NAME.txt, with a failed test's report under it) go to $OUT
+# (default /tmp/out). The rank processes write straight into the log (--capture=sys), so what they
+# print (the stacks dumped after MSCCLANG_TEST_DUMP_S, an abort's report) survives a part cut by its
+# limit.
 # Settings: PARALLEL=1 (`wide` and `invariant` run both parts at once: 12 rank processes time-share
 # the one GPU, and 3 of 6 such runs in sessions 21-22 stalled past the 20 s collective timeout;
 # the cause is not proved, and it is not a module load, which waits only for its own process's
-# kernels; run one part after the other, `wide` took 261 s and `invariant` 291 s on one H100, with
-# no stall; by default the two parts' bounds add up to 470 s, so a command stays within 8 minutes),
+# kernels; run one part after the other, `wide` took 261 s and `invariant` 291 s on one H100; one
+# part alone stalled once, the 8-rank `invariant` in session 29, 1 of its 3 runs; by default the
+# two parts' bounds add up to 470 s, so a command stays within 8 minutes),
 # WORKERS (xdist workers of `all`, default 5),
 # LIMIT_S, TEST_TIMEOUT (one test, 240 s; the longest took 102 s beside 4 other pools),
 # MSCCLANG_TEST_DUMP_S (rank stacks dumped, 180 s),
